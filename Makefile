@@ -1,0 +1,36 @@
+# The verbs. `make run` and `make test` do all set-up on a fresh machine themselves.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+STATE   ?= .ftwatch-state
+
+.PHONY: install run test bench check lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,torch]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job on its embedded defaults: a real 3-worker DDP trainer (gloo) with one rank
+# SIGKILLed in its first attempt; ftwatch decides restart_job and the training resumes and finishes.
+run: $(STAMP)
+	rm -rf $(STATE)
+	FTWATCH_INJECT_FAULT=sigkill $(BIN)/ftwatch run --state-dir $(STATE) --nproc-per-node 3 \
+	    --enable-job-restart=True --max-num-of-job-restart=3 \
+	    --enable-job-hang-detection=True --job-hang-interval=60 \
+	    -- $(BIN)/python examples/train_ddp.py --steps 30 --checkpoint-dir $(STATE)/ckpt
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_engine.py
+
+check: $(STAMP)
+	$(BIN)/ftwatch check examples/ftwatch.yaml
+
+clean:
+	rm -rf $(VENV) $(STATE) build dist *.egg-info

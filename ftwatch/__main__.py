@@ -1,0 +1,3 @@
+from ftwatch.cli import main
+import sys
+sys.exit(main())

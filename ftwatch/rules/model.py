@@ -1,0 +1,59 @@
+"""The rule model: what a keyword rule is, once loaded (stage 3, the rule engine's input).
+
+Rule files (YAML, see ``ftwatch/rules/packs/``) are turned into these by ``ftwatch.rules.loader``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ftwatch.events import Action, FailureClass, Severity
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """One thing to look for in a line.
+
+    Attributes:
+        text: a literal keyword, or a regex in the subset shared by RE2 and Hyperscan
+            (no backreferences, no lookaround).
+        regex: True when ``text`` is a regex.
+        caseless: match ignoring case.
+    """
+
+    text: str
+    regex: bool = False
+    caseless: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A keyword rule: any of its patterns in a record makes a finding.
+
+    Attributes:
+        id: unique, dotted (``nccl.unhandled_system_error``).
+        patterns: any one matching is a hit.
+        failure_class, action, severity: the verdict.
+        priority: when several rules hit one record (a traceback), the highest priority
+            wins, then the most drastic action. Generic rules (any Python exception) sit
+            low; fallout rules (a peer closed the connection) sit high, so a traceback
+            that ends in a gloo "Connection closed by peer" is fallout, not user code.
+        examples / counterexamples: lines that must / must not hit (``ftwatch test-rules``).
+        source: where the string and its classification come from.
+        description: what it means, in one line.
+        tags: free labels (component: nccl, gloo, cuda ...).
+        location: ``file:line`` of the rule's definition.
+    """
+
+    id: str
+    patterns: tuple[Pattern, ...]
+    failure_class: FailureClass
+    action: Action
+    severity: Severity = Severity.ERROR
+    priority: int = 0
+    examples: tuple[str, ...] = ()
+    counterexamples: tuple[str, ...] = ()
+    source: str = ""
+    description: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    location: str = ""
