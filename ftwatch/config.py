@@ -1,0 +1,495 @@
+"""The one config model (SPEC M4) and the AIMaster flag dialect (SPEC M1).
+
+A config file is YAML; every section is a pydantic model with ``extra="forbid"``, so an unknown
+key is an error. ``load_config`` reports every problem at once, each with the ``file:line`` of the
+offending key, as one ``ConfigError``. ``parse_aimaster_flags`` reads the PAI-DLC AIMaster flags
+verbatim (seed ``000``, "全量参数说明") into ``policy`` fields.
+
+Paths the config refers to (``rules.files``, ``alerting.templates``) are relative to the config
+file's folder; ``storage`` paths are relative to the working directory, like ``--state-dir``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal, Sequence, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ftwatch.errors import ConfigError, Issue
+
+_STRICT = ConfigDict(extra="forbid")
+_AIMASTER = "AIMaster doc (seeds/000), 全量参数说明"
+
+
+class JobConfig(BaseModel):
+    """Which job this is."""
+
+    model_config = _STRICT
+    id: str | None = Field(None, description="The job id; null: the caller derives one (e.g. from the command).")
+
+
+class PolicyConfig(BaseModel):
+    """The fault-tolerance policy: the AIMaster flags in snake_case, with AIMaster's defaults.
+
+    Source for every default and meaning: the AIMaster doc (seeds/000, 全量参数说明).
+    """
+
+    model_config = _STRICT
+    job_execution_mode: Literal["Sync", "Async"] = Field(
+        "Sync", description="Sync: a retryable failure restarts the whole job; Async: only the failed instance.")
+    enable_job_restart: bool = Field(False, description="Allow restarting the job (Sync, or a PS/Chief in Async).")
+    max_num_of_job_restart: int = Field(3, ge=0, description="Restarts allowed before the job is failed.")
+    enable_job_hang_detection: bool = Field(
+        False, description="Restart when no instance wrote stdout/stderr for job_hang_interval (Sync only).")
+    job_hang_interval: int = Field(1800, gt=0, description="Seconds of silence of every instance that is a hang.")
+    enable_c4d_hang_detection: bool = Field(
+        False, description="C4D slow/hang diagnosis; takes effect only with enable_job_hang_detection.")
+    enable_job_exit_hang_detection: bool = Field(
+        False, description="Restart when one instance succeeded but the job has not ended in time (Sync only).")
+    job_exit_hang_interval: int = Field(600, gt=0, description="Seconds after the first successful exit.")
+    fault_tolerant_policy: Literal["OnFailure", "ExitCodeAndErrorMsg", "Never"] = Field(
+        "ExitCodeAndErrorMsg", description="OnFailure: restart on any failure; ExitCodeAndErrorMsg: only "
+        "when exit code / error message is retryable; Never: fail at once.")
+    max_num_of_same_error: int = Field(
+        10, ge=0, description="The job fails when one error occurs on one instance more often than this.")
+    max_tolerated_failure_rate: float = Field(
+        -1.0, description="The job fails when more than this fraction (0..1) of instances failed; -1: off.")
+
+    @field_validator("job_execution_mode", "fault_tolerant_policy", mode="before")
+    @classmethod
+    def _canonical_case(cls, value: Any, info: Any) -> Any:
+        choices = ("Sync", "Async") if info.field_name == "job_execution_mode" else (
+            "OnFailure", "ExitCodeAndErrorMsg", "Never")
+        if isinstance(value, str):
+            for choice in choices:
+                if value.strip().lower() == choice.lower():
+                    return choice
+        return value
+
+    @field_validator("max_tolerated_failure_rate")
+    @classmethod
+    def _rate(cls, value: float) -> float:
+        if value != -1 and not 0 <= value <= 1:
+            raise ValueError("must be -1 (off) or between 0 and 1")
+        return value
+
+
+class SupervisorConfig(BaseModel):
+    """The local supervisor (``ftwatch run``): how workers are launched and stopped."""
+
+    model_config = _STRICT
+    nproc_per_node: int = Field(1, gt=0, description="Worker processes to launch on this machine.")
+    grace_period: float = Field(10.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping.")
+    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to the workers.")
+    master_port: int = Field(0, ge=0, le=65535, description="MASTER_PORT; 0: pick a free port.")
+    restart_delay: float = Field(1.0, ge=0, description="Seconds to wait before a restart.")
+
+
+class RulesConfig(BaseModel):
+    """Which rules run."""
+
+    model_config = _STRICT
+    builtin: bool = Field(True, description="Load the built-in rule packs.")
+    files: list[Path] = Field(default_factory=list, description="Extra rule YAML files.")
+    retryable_errors: list[str] = Field(
+        default_factory=list, description="Extra retryable keywords (AIMaster set_retryable_errors).")
+
+
+class ConsoleReceiver(BaseModel):
+    """Alerts printed to the console."""
+
+    model_config = _STRICT
+    type: Literal["console"] = Field(description="Receiver kind.")
+    name: str = Field(description="Unique receiver name.")
+
+
+class WebhookReceiver(BaseModel):
+    """Alerts POSTed as JSON to a URL (the URL and headers may hold secrets: never printed)."""
+
+    model_config = _STRICT
+    type: Literal["webhook"] = Field(description="Receiver kind.")
+    name: str = Field(description="Unique receiver name.")
+    url: str = Field(repr=False, pattern=r"^https?://", description="http(s) URL to POST to.")
+    headers: dict[str, str] = Field(default_factory=dict, repr=False, description="Extra HTTP headers.")
+    timeout: float = Field(5.0, gt=0, description="Seconds per request.")
+    max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
+
+
+Receiver = Annotated[Union[ConsoleReceiver, WebhookReceiver], Field(discriminator="type")]
+RECEIVER_TYPES = ("console", "webhook")
+
+
+class AlertingConfig(BaseModel):
+    """Where alerts go and how they read."""
+
+    model_config = _STRICT
+    language: Literal["en", "zh"] = Field("en", description="Alert language.")
+    receivers: list[Receiver] = Field(
+        default_factory=lambda: [ConsoleReceiver(type="console", name="console")],
+        description="Receivers (a `type:` each); default: one console receiver.")
+    templates: dict[str, Path] = Field(
+        default_factory=dict, description="Receiver type -> template file that overrides the built-in one.")
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> "AlertingConfig":
+        names = [r.name for r in self.receivers]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"receiver names must be unique: {', '.join(dups)}")
+        unknown = sorted(set(self.templates) - set(RECEIVER_TYPES))
+        if unknown:
+            raise ValueError(f"templates for unknown receiver types {unknown}; known: {list(RECEIVER_TYPES)}")
+        return self
+
+
+class StorageConfig(BaseModel):
+    """Where state and events are kept."""
+
+    model_config = _STRICT
+    state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
+    sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The SQLite file: ``sqlite`` or ``<state_dir>/ftwatch.db``."""
+        return self.sqlite if self.sqlite is not None else self.state_dir / "ftwatch.db"
+
+
+class Config(BaseModel):
+    """The whole config file."""
+
+    model_config = _STRICT
+    job: JobConfig = Field(default_factory=JobConfig, description="The job.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="AIMaster policy flags.")
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig, description="Local workers.")
+    rules: RulesConfig = Field(default_factory=RulesConfig, description="Rules.")
+    alerting: AlertingConfig = Field(default_factory=AlertingConfig, description="Alerting.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage.")
+
+    def with_policy(self, **overrides: Any) -> "Config":
+        """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).
+
+        Raises:
+            ConfigError: an override is unknown or invalid (file ``<overrides>``).
+        """
+        data = self.policy.model_dump() | overrides
+        try:
+            policy = PolicyConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError([Issue("<overrides>", 0, f"policy.{_dotted(e['loc'])}: {e['msg']}")
+                               for e in exc.errors()]) from None
+        return self.model_copy(update={"policy": policy})
+
+
+# --------------------------------------------------------------------------- YAML with line numbers
+
+Loc = tuple[Union[str, int], ...]
+
+
+def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int], list[Issue]]:
+    """YAML text -> (plain data, {path: line of its key}, duplicate-key issues).
+
+    Raises:
+        ConfigError: the YAML does not parse.
+    """
+    loader = yaml.SafeLoader(text)
+    lines: dict[Loc, int] = {(): 1}
+    issues: list[Issue] = []
+
+    def walk(node: yaml.Node, path: Loc) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                line = key_node.start_mark.line + 1
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    issues.append(Issue(file, line, "merge keys (<<) are not supported"))
+                    continue
+                key = walk(key_node, path)
+                if not isinstance(key, (str, int, float, bool)) and key is not None:
+                    issues.append(Issue(file, line, f"{_dotted(path)}: keys must be plain scalars"))
+                    continue
+                here = path + (key,)
+                if key in out:
+                    issues.append(Issue(file, line, f"{_dotted(here)}: duplicate key (first at line {lines[here]})"))
+                else:
+                    lines[here] = line
+                out[key] = walk(value_node, here)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            items = []
+            for i, item in enumerate(node.value):
+                lines[path + (i,)] = item.start_mark.line + 1
+                items.append(walk(item, path + (i,)))
+            return items
+        return loader.construct_object(node, deep=True)
+
+    try:
+        root = loader.get_single_node()
+        return (walk(root, ()) if root is not None else None), lines, issues
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise ConfigError(Issue(file, mark.line + 1 if mark else 0, f"YAML: {exc.problem or exc}")) from None
+    except RecursionError:
+        raise ConfigError(Issue(file, 0, "YAML: structure too deep (recursive alias?)")) from None
+    finally:
+        loader.dispose()
+
+
+def _dotted(loc: Sequence[Any]) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[") or "<root>"
+
+
+def _locate(loc: Loc, lines: dict[Loc, int]) -> tuple[Loc, int]:
+    """Map a pydantic error location to (data path, line), skipping union tags."""
+    path: Loc = ()
+    for part in loc:
+        if path + (part,) in lines:
+            path = path + (part,)
+    return path, lines.get(path, 0)
+
+
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    """The model class a pydantic location points into (for "did you mean")."""
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if part in RECEIVER_TYPES and model in (ConsoleReceiver, WebhookReceiver):
+            model = {"console": ConsoleReceiver, "webhook": WebhookReceiver}[part]
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) else None
+        if field is None:
+            return None
+        model = next((a for a in _flat_args(field.annotation)
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return model if isinstance(model, type) else None
+
+
+def _flat_args(tp: Any) -> list[Any]:
+    args = typing.get_args(tp)
+    return [x for a in args for x in _flat_args(a)] if args else [tp]
+
+
+def _message(err: dict[str, Any], path: Loc) -> str:
+    loc = tuple(err["loc"])
+    if err["type"] == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        key = str(loc[-1])
+        allowed = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        return f"{_dotted(path)}: unknown key{hint}"
+    if err["type"] == "missing":
+        return f"{_dotted(path + loc[-1:])}: required key is missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{_dotted(path)}: {msg}"
+
+
+def load_config(path: str | Path) -> Config:
+    """Load and validate a YAML config file.
+
+    Args:
+        path: the file. An empty file (or one holding only comments) gives the defaults.
+
+    Returns:
+        The validated ``Config``; relative ``rules.files`` and ``alerting.templates`` are resolved
+        against the file's folder.
+
+    Raises:
+        ConfigError: every problem found (YAML syntax, duplicate keys, unknown keys, bad values,
+            missing referenced files), each as an ``Issue(file, line, message)``.
+    """
+    path = Path(path)
+    file = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(Issue(file, 0, f"cannot read: {exc}")) from None
+    data, lines, issues = _compose(text, file)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(issues + [Issue(file, 1, "the top level must be a mapping of sections")])
+    issues += _check_files(data, path.parent, lines, file)
+    config = None
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            where, line = _locate(tuple(err["loc"]), lines)
+            issues.append(Issue(file, line, _message(err, where)))
+    if issues:
+        raise ConfigError(sorted(issues, key=lambda i: i.line))
+    assert config is not None
+    return config.model_copy(update={
+        "rules": config.rules.model_copy(update={"files": [_under(path.parent, p) for p in config.rules.files]}),
+        "alerting": config.alerting.model_copy(update={
+            "templates": {k: _under(path.parent, p) for k, p in config.alerting.templates.items()}}),
+    })
+
+
+def _under(base: Path, p: Path) -> Path:
+    return p if p.is_absolute() else base / p
+
+
+def _check_files(data: dict[str, Any], base: Path, lines: dict[Loc, int], file: str) -> list[Issue]:
+    """Second pass, on the raw data so it runs even when validation fails: referenced files exist."""
+    refs: list[tuple[Loc, Any]] = []
+    rules, alerting = data.get("rules"), data.get("alerting")
+    if isinstance(rules, dict) and isinstance(rules.get("files"), list):
+        refs += [(("rules", "files", i), p) for i, p in enumerate(rules["files"])]
+    if isinstance(alerting, dict) and isinstance(alerting.get("templates"), dict):
+        refs += [(("alerting", "templates", k), p) for k, p in alerting["templates"].items()]
+    return [Issue(file, lines.get(loc, 0), f"{_dotted(loc)}: no such file: {_under(base, Path(p))}")
+            for loc, p in refs if isinstance(p, str) and not _under(base, Path(p)).is_file()]
+
+
+# --------------------------------------------------------------------------- AIMaster flags (M1)
+
+#: The AIMaster flags, verbatim (seed 000, 全量参数说明) -> PolicyConfig field.
+AIMASTER_FLAGS: dict[str, str] = {
+    "--" + name.replace("_", "-"): name for name in PolicyConfig.model_fields
+}
+_BOOL_WORDS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def parse_aimaster_flags(args: str | Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """Read AIMaster flags (``ErrorMonitoringArgs``) into policy fields.
+
+    Accepts ``--flag=value`` and ``--flag value``; booleans take ``True/False/true/false/1/0`` and a
+    bare boolean flag means True. A flag given twice: the last one wins (as with argparse). A ``--``
+    ends the flags: it and everything after it are returned unread (the training command).
+
+    Args:
+        args: one string (split like a shell, as DLC's ``ErrorMonitoringArgs``) or an argv list.
+
+    Returns:
+        ({policy field: validated value} for the flags given, [the arguments not recognised, in order]).
+
+    Raises:
+        ConfigError: every bad value or missing value, each Issue naming its flag (file ``<argv>``).
+    """
+    try:
+        argv = shlex.split(args) if isinstance(args, str) else list(args)
+    except ValueError as exc:  # unbalanced quotes
+        raise ConfigError(Issue("<argv>", 0, f"cannot split the flags: {exc}")) from None
+    raw: dict[str, Any] = {}
+    flag_of: dict[str, str] = {}
+    rest: list[str] = []
+    issues: list[Issue] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--":  # what follows belongs to the training command
+            rest += argv[i - 1:]
+            break
+        flag, eq, value = arg.partition("=")
+        field = AIMASTER_FLAGS.get(flag)
+        if field is None:
+            rest.append(arg)
+            continue
+        is_bool = PolicyConfig.model_fields[field].annotation is bool
+        if not eq:
+            nxt = argv[i] if i < len(argv) else None
+            if is_bool:
+                if nxt is not None and nxt.lower() in _BOOL_WORDS:
+                    value, i = nxt, i + 1
+                else:
+                    value = "true"
+            elif nxt is None or nxt.startswith("--"):
+                issues.append(Issue("<argv>", 0, f"{flag}: needs a value"))
+                continue
+            else:
+                value, i = nxt, i + 1
+        if is_bool:
+            if value.lower() not in _BOOL_WORDS:
+                issues.append(Issue("<argv>", 0, f"{flag}={value}: expected True or False"))
+                continue
+            raw[field] = _BOOL_WORDS[value.lower()]
+        else:
+            raw[field] = value
+        flag_of[field] = flag
+    try:
+        policy = PolicyConfig.model_validate(raw)
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = str(err["loc"][0])
+            msg = err["msg"].removeprefix("Value error, ")
+            issues.append(Issue("<argv>", 0, f"{flag_of[field]}={raw[field]}: {msg}"))
+        policy = None
+    if issues:
+        raise ConfigError(issues)
+    assert policy is not None
+    return {name: getattr(policy, name) for name in raw}, rest
+
+
+# --------------------------------------------------------------------------- reference table
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return " \\| ".join(str(a) for a in args)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin in (Union, types.UnionType):
+        return " \\| ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is list:
+        return f"list[{_type_name(args[0])}]"
+    if origin is dict:
+        return f"map[{_type_name(args[0])}, {_type_name(args[1])}]"
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp.__name__
+    return {Path: "path"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return ""
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        value = [v.model_dump(mode="json") for v in value]
+    elif isinstance(value, Path):
+        value = str(value)
+    return f"`{yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix('...').strip()}`"
+
+
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def config_reference() -> str:
+    """A Markdown table of every config key: key, type (with bounds), default and description.
+
+    Generated from the models' ``Field(description=...)``, so the README never drifts.
+    """
+    rows = ["| key | type | default | description |", "|---|---|---|---|"]
+
+    def emit(model: type[BaseModel], prefix: str, note: str = "") -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                emit(ann, key + ".")
+                continue
+            bounds = ", ".join(f"{sym} {getattr(m, attr)}" for m in field.metadata
+                               for attr, sym in _BOUNDS.items() if hasattr(m, attr))
+            typ = _type_name(ann) + (f" ({bounds})" if bounds else "")
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{key}` | {typ} | {_default(field)} | {note}{desc} |")
+            if name == "receivers":
+                for sub in (ConsoleReceiver, WebhookReceiver):
+                    kind = typing.get_args(sub.model_fields["type"].annotation)[0]
+                    emit(sub, f"{key}[].", f"({kind}) ")
+
+    emit(Config, "")
+    rows.append("")
+    rows.append(f"Policy defaults and meanings: {_AIMASTER}.")
+    return "\n".join(rows)

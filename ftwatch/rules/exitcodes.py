@@ -1,0 +1,183 @@
+"""Exit codes and signals -> findings (SPEC R4).
+
+The table is data: ``ftwatch/rules/packs/exit_codes.tsv``, the ``exit_code`` rows of the research
+table ``shared/data/fault-tables/error_strings.tsv`` (columns ``pattern pattern_type component class
+recommended_action source classified_by meaning notes``; tab-separated, no quoting). Each row says
+where its classification comes from (kubedl / kubeflow training-operator / DLRover).
+
+A death by signal N is looked up as code 128+N, the shell's convention (``bash(1)``, "EXIT STATUS":
+"the exit status of a command that terminates on fatal signal N is 128+N"), whether the process
+reports it as ``signal=N``, as Popen's ``returncode=-N``, or as a shell's ``128+N``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import signal as _signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftwatch.errors import ConfigError, Issue
+from ftwatch.events import Action, FailureClass, Finding, ProcessExit, Severity
+
+_COLUMNS = ("pattern", "pattern_type", "component", "class", "recommended_action", "source",
+            "classified_by", "meaning", "notes")
+#: The highest signal number on Linux (SIGRTMAX); 128+1 .. 128+64 from a shell are signal deaths.
+_MAX_SIGNAL = 64
+#: The exit code every failing program uses: it says nothing about why (R7 treats it as generic).
+GENERIC_EXIT_CODE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ExitCodeRow:
+    """One classified exit code.
+
+    Attributes:
+        code: the exit status (signals as 128+N).
+        failure_class, action: the verdict.
+        meaning: a short paraphrase (``SIGKILL (also container OOM kill)``).
+        source: where the code's meaning comes from; classified_by: whose retry decision it copies.
+    """
+
+    code: int
+    failure_class: FailureClass
+    action: Action
+    meaning: str = ""
+    source: str = ""
+    classified_by: str = ""
+
+
+@dataclass(frozen=True)
+class ExitCodeTable:
+    """Exit code -> classification.
+
+    Attributes:
+        rows: {code: row}.
+        location: the file it came from (``""`` for an empty table).
+    """
+
+    rows: dict[int, ExitCodeRow] = field(default_factory=dict)
+    location: str = ""
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "ExitCodeTable":
+        """Load a table file; without ``path``, the packaged ``packs/exit_codes.tsv``.
+
+        Rows whose ``pattern_type`` is not ``exit_code`` are skipped, so the research table
+        ``error_strings.tsv`` loads as well. A missing packaged file gives an empty table (every
+        non-zero code is then generic); a missing explicit ``path`` is an error.
+
+        Raises:
+            ConfigError: the file is unreadable, a header is missing, or a row is bad (file:line each).
+        """
+        if path is None:
+            resource = importlib.resources.files("ftwatch.rules").joinpath("packs", "exit_codes.tsv")
+            if not resource.is_file():
+                return cls()
+            return cls.parse(resource.read_text(encoding="utf-8"), "ftwatch/rules/packs/exit_codes.tsv")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(Issue(str(path), 0, f"cannot read exit-code table: {exc}")) from None
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, location: str = "<exit_codes>") -> "ExitCodeTable":
+        """Parse TSV text (see the module docstring). Raises ConfigError with every bad row."""
+        lines = text.splitlines()
+        if not lines or tuple(lines[0].split("\t")[:len(_COLUMNS)]) != _COLUMNS:
+            raise ConfigError(Issue(location, 1, f"header must be: {' '.join(_COLUMNS)}"))
+        rows: dict[int, ExitCodeRow] = {}
+        issues: list[Issue] = []
+        for number, line in enumerate(lines[1:], start=2):
+            if not line.strip():
+                continue
+            cells = dict(zip(_COLUMNS, line.split("\t")))
+            if cells.get("pattern_type") != "exit_code":
+                continue
+            try:
+                code = int(cells["pattern"])
+                row = ExitCodeRow(code, FailureClass(cells.get("class", "")),
+                                  Action.parse(cells.get("recommended_action", "")),
+                                  cells.get("meaning", ""), cells.get("source", ""), cells.get("classified_by", ""))
+            except ValueError as exc:
+                issues.append(Issue(location, number, f"bad exit-code row: {exc}"))
+                continue
+            if code in rows:
+                issues.append(Issue(location, number, f"exit code {code} is listed twice"))
+            rows[code] = row
+        if issues:
+            raise ConfigError(issues)
+        return cls(rows, location)
+
+    def get(self, code: int) -> ExitCodeRow | None:
+        """The row for ``code``, or None."""
+        return self.rows.get(code)
+
+
+def signal_name(number: int) -> str:
+    """``9`` -> ``SIGKILL``; an unnamed number -> ``SIG<n>``."""
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def decode_exit(exit: ProcessExit) -> tuple[int, int | None]:
+    """(code to look up, signal number or None) for an exit.
+
+    ``signal=9``, ``returncode=-9`` and ``returncode=137`` all give ``(137, 9)``.
+    """
+    if exit.signal is not None:
+        return 128 + exit.signal, exit.signal
+    code = exit.returncode if exit.returncode is not None else 0
+    if code < 0:
+        return 128 - code, -code
+    if 128 < code <= 128 + _MAX_SIGNAL:
+        return code, code - 128
+    return code, None
+
+
+def exit_finding(exit: ProcessExit, table: ExitCodeTable, seq: int = 0) -> Finding | None:
+    """A finding for a worker's exit (R4), or None for a clean exit or one ftwatch caused.
+
+    Rule ids: ``exit.sig<name>`` for a signal death (``exit.sigkill``), else ``exit.<code>``.
+    A code the table does not list, and the generic code 1, get ``fields["generic"] = True`` and
+    user_code / fail_job (R7 may reclassify a generic exit as fallout).
+
+    Args:
+        exit: the exit; ``stopped_by_us`` exits (the SIGTERM ftwatch sent) are never findings.
+        table: the classification.
+        seq: the ordering number for the finding.
+
+    Returns:
+        A Finding of kind ``exit_code`` with fields ``exitcode`` (the code looked up), ``signal``,
+        ``signal_name``, ``returncode`` (as reported), ``meaning`` and ``generic``; or None.
+    """
+    if exit.stopped_by_us or exit.ok:
+        return None
+    code, sig = decode_exit(exit)
+    if code == 0:
+        return None
+    row = table.get(code)
+    generic = sig is None and (row is None or code == GENERIC_EXIT_CODE)
+    who = exit.origin.instance + (f" (rank {exit.origin.rank})" if exit.origin.rank is not None else "")
+    name = signal_name(sig) if sig is not None else None
+    if sig is not None:
+        line = f"{who} was killed by signal {sig} ({name})"
+        rule_id = f"exit.{name.lower()}"
+    else:
+        line = f"{who} exited with code {code}"
+        rule_id = f"exit.{code}"
+    if row is not None:
+        failure_class, action, meaning = row.failure_class, row.action, row.meaning
+        source = row.source + (f"; classified by {row.classified_by}" if row.classified_by else "")
+    else:
+        failure_class, action, meaning = FailureClass.USER_CODE, Action.FAIL_JOB, "not in the exit-code table"
+        source = f"{table.location or 'no exit-code table'}: code not listed, user_code by default (R4)"
+    return Finding(
+        rule_id=rule_id, kind="exit_code", failure_class=failure_class, action=action,
+        severity=Severity.ERROR, origin=exit.origin, line=line, time=exit.time, seq=seq,
+        fields={"exitcode": code, "signal": sig, "signal_name": name, "returncode": exit.returncode,
+                "meaning": meaning, "generic": generic},
+        source=source)

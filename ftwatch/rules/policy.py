@@ -1,0 +1,247 @@
+"""Findings -> a Decision: root cause (SPEC R7), modes (D1), policies (D2), budgets (D3).
+
+The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
+
+- ``--fault-tolerant-policy``: ``OnFailure`` restarts on any failure ("无条件重启"), whatever the
+  root cause or its rule recommends; ``ExitCodeAndErrorMsg`` restarts only when the failed
+  instance's exit code / error message is retryable (here: the root cause's class is
+  ``FailureClass.retryable`` and its rule does not recommend ``fail_job``); ``Never`` fails at once.
+- ``--job-execution-mode``: ``Sync`` restarts the whole job, which needs ``--enable-job-restart``;
+  ``Async`` restarts only the failed instance, except a PS or Chief instance, which restarts nothing
+  (the job fails) unless ``--enable-job-restart``, and then the whole job. Hang detection is
+  Sync-only: a hang finding in Async only notifies.
+- ``--max-num-of-job-restart``: restarts beyond it fail the job (in Async, per instance);
+  ``--max-num-of-same-error``: one error on one instance seen more often than this fails the job;
+  ``--max-tolerated-failure-rate``: more failed instances than this fraction fails the job.
+
+Root cause (R7): the earliest (time, seq) real error. In Sync that is across every instance; in
+Async instances are independent, so only the failed instance's findings are considered.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ftwatch.config import PolicyConfig
+from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
+from ftwatch.rules.budgets import BudgetStore
+
+#: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
+#: ``job-ps-1`` ... (the role as the name or a dash/underscore/dot-separated part of it).
+_PS_CHIEF = re.compile(r"(?:^|[-_.])(?:ps|chief)(?:$|[-_.\d])", re.IGNORECASE)
+_HANG_KINDS = ("hang", "exit_hang")
+
+
+@dataclass(frozen=True)
+class Incident:
+    """Why the policy is asked now.
+
+    Attributes:
+        trigger: a failing exit, a hang or an exit hang.
+        findings: every finding of this attempt so far, all instances, any order (the trigger may
+            or may not be among them).
+        world_size: the number of instances.
+        failed_instances: instances that failed on their own (not stopped by ftwatch).
+        attempt: 0 for the first run.
+    """
+
+    trigger: Finding
+    findings: tuple[Finding, ...]
+    world_size: int
+    failed_instances: frozenset[str]
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The R7 reading of a set of findings.
+
+    Attributes:
+        root_cause: the earliest real error; else the earliest fallout; else None.
+        fallout_only: True when there is no real error, only fallout.
+        real: every real error, earliest first.
+    """
+
+    root_cause: Finding | None
+    fallout_only: bool
+    real: tuple[Finding, ...]
+
+
+def is_ps_or_chief(instance: str) -> bool:
+    """True for an AIMaster PS / Chief instance name (``ps-0``, ``chief-0``, ``job-ps-1``)."""
+    return bool(_PS_CHIEF.search(instance))
+
+
+def _generic_exit(f: Finding) -> bool:
+    if f.kind != "exit_code":
+        return False
+    default = f.fields.get("signal") is None and f.fields.get("exitcode") == 1
+    return bool(f.fields.get("generic", default))
+
+
+def analyse(findings: Sequence[Finding]) -> Analysis:
+    """Find the root cause (R7).
+
+    A real error has severity >= ERROR and a class other than fallout / info. A generic exit (code
+    1 or an unlisted code) is itself fallout when its instance has log findings and all of them
+    (ignoring info) are fallout: that rank died because another one did.
+    """
+    log_classes: dict[str, set[FailureClass]] = {}
+    for f in findings:
+        if f.kind != "exit_code" and f.failure_class is not FailureClass.INFO:
+            log_classes.setdefault(f.origin.instance, set()).add(f.failure_class)
+
+    def fallout(f: Finding) -> bool:
+        if f.failure_class is FailureClass.FALLOUT:
+            return True
+        return _generic_exit(f) and log_classes.get(f.origin.instance) == {FailureClass.FALLOUT}
+
+    order = sorted(findings, key=lambda f: (f.time, f.seq))
+    real = tuple(f for f in order if f.severity >= Severity.ERROR
+                 and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO) and not fallout(f))
+    if real:
+        return Analysis(real[0], False, real)
+    falls = [f for f in order if fallout(f)]
+    return Analysis(falls[0] if falls else None, bool(falls), ())
+
+
+def _who(f: Finding) -> str:
+    return f"rank {f.rank}" if f.rank is not None else f.origin.instance
+
+
+class Policy:
+    """The decision maker for one job.
+
+    Args:
+        policy: the AIMaster flags.
+        budgets: the job's persistent budgets (changed by ``decide``; closed on a final decision).
+        job: the job id, used in every Target.
+    """
+
+    def __init__(self, policy: PolicyConfig, budgets: BudgetStore, job: str):
+        self.policy = policy
+        self.budgets = budgets
+        self.job = job
+
+    def root_cause(self, findings: Sequence[Finding]) -> Finding | None:
+        """The root cause of ``findings`` (R7): see ``analyse``."""
+        return analyse(findings).root_cause
+
+    # ------------------------------------------------------------------ decide
+
+    def decide(self, incident: Incident, now: float) -> Decision:
+        """Decide what to do about an incident, spend budgets, and say why.
+
+        Args:
+            incident: the trigger and the attempt's findings.
+            now: epoch seconds; the decision's time.
+
+        Returns:
+            A Decision whose ``restarts_used`` / ``restarts_left`` are after this decision
+            (per instance for an Async instance restart, else job-level) and whose
+            ``policy_clause`` names the clause (D1/D2/D3/R5) that chose the action. A FAIL_JOB
+            decision closes the budget store (``failed``).
+        """
+        p, trig = self.policy, incident.trigger
+        sync = p.job_execution_mode == "Sync"
+        findings = incident.findings if trig in incident.findings else incident.findings + (trig,)
+        scope = findings if sync else tuple(f for f in findings if f.origin.instance == trig.origin.instance)
+        an = analyse(scope)
+        rc = an.root_cause or trig
+        instance = rc.origin.instance if rc.origin.instance in incident.failed_instances else trig.origin.instance
+        per_instance = not sync and not is_ps_or_chief(instance)
+
+        def done(action: Action, clause: str, target: Target | None = None) -> Decision:
+            if per_instance:
+                used = self.budgets.instance_restarts(instance)
+            else:
+                used = self.budgets.restarts_used
+            if action is Action.FAIL_JOB:
+                self.budgets.close("failed")
+            return Decision(time=now, action=action, target=target or Target(self.job), root_cause=rc,
+                            policy_clause=clause, restarts_used=used,
+                            restarts_left=max(0, p.max_num_of_job_restart - used),
+                            findings=findings, attempt=incident.attempt)
+
+        if not sync and trig.kind in _HANG_KINDS:
+            return done(Action.NOTIFY, f"R5 {trig.kind.replace('_', ' ')} detection is Sync-only "
+                                       "(AIMaster), this job is Async → notify")
+
+        occurrence = f"{incident.attempt}:{self.budgets.instance_restarts(instance)}"
+        counts = self.budgets.count_errors(dict.fromkeys(f.fingerprint for f in an.real), occurrence)
+
+        if p.fault_tolerant_policy == "Never":
+            return done(Action.FAIL_JOB, "D2 Never: failures are not tolerated → fail_job")
+        rate = p.max_tolerated_failure_rate
+        failed = len(incident.failed_instances)
+        if rate != -1 and incident.world_size > 0 and failed / incident.world_size > rate:
+            return done(Action.FAIL_JOB, f"D3 max_tolerated_failure_rate: {failed}/{incident.world_size} "
+                                         f"instances failed ({failed / incident.world_size:.2f} > {rate:g}) → fail_job")
+        worst = max(counts.items(), key=lambda kv: kv[1], default=None)
+        if worst is not None and worst[1] > p.max_num_of_same_error:
+            return done(Action.FAIL_JOB, f"D3 max_num_of_same_error: {worst[0]} seen {worst[1]} times "
+                                         f"(> {p.max_num_of_same_error}) → fail_job")
+
+        # D2: restart or not, and which kind of restart the root cause asks for.
+        cls = FailureClass.RETRYABLE_INFRA if an.fallout_only else rc.failure_class
+        what = (f"only fallout found (earliest: {rc.rule_id} on {_who(rc)}), treated as retryable_infra"
+                if an.fallout_only else f"{cls.value} root cause")
+        head = f"D2 {p.fault_tolerant_policy}: {what}"
+        if p.fault_tolerant_policy == "ExitCodeAndErrorMsg" and not an.fallout_only:
+            if not cls.retryable:
+                return done(Action.FAIL_JOB, f"{head} is not retryable → fail_job")
+            if rc.action is Action.FAIL_JOB:
+                return done(Action.FAIL_JOB, f"{head}, but its rule {rc.rule_id} recommends fail_job → fail_job")
+        kind = Action.RESTART_JOB
+        if not an.fallout_only and rc.action in (Action.ISOLATE_NODE, Action.RESTART_IN_PLACE):
+            kind = rc.action
+
+        # D1 + D3: whole job or one instance, if the budget allows.
+        max_restarts = p.max_num_of_job_restart
+        if per_instance:
+            used = self.budgets.instance_restarts(instance)
+            if used >= max_restarts:
+                return done(Action.FAIL_JOB, f"{head} → restart; D3 max_num_of_job_restart: restart budget of "
+                                             f"{instance} exhausted ({used}/{max_restarts}) → fail_job")
+            self.budgets.use_instance_restart(instance)
+            target = Target(self.job, instance, rc.rank if rc.origin.instance == instance else trig.rank,
+                            rc.origin.node if kind is not Action.RESTART_JOB else None)
+            action = Action.RESTART_INSTANCE if kind is Action.RESTART_JOB else kind
+            how = {Action.RESTART_INSTANCE: "restart_instance", Action.RESTART_IN_PLACE: "restart_in_place",
+                   Action.ISOLATE_NODE: f"isolate_node {rc.origin.node} and restart"}[action]
+            return done(action, f"{head} → {how} (Async: instance {instance} only)", target)
+
+        if sync:
+            scope_text = "Sync: whole job"
+            if not p.enable_job_restart:
+                return done(Action.FAIL_JOB, f"{head} → restart, but D1 Sync: restarts are disabled "
+                                             "(enable_job_restart=False) → fail_job")
+        else:
+            if not p.enable_job_restart:
+                return done(Action.FAIL_JOB, f"{head} → restart, but D1 Async: {instance} is a PS/Chief "
+                                             "instance and enable_job_restart=False → restarts nothing → fail_job")
+            scope_text = f"Async: {instance} is a PS/Chief instance, enable_job_restart=True → whole job"
+        used = self.budgets.restarts_used
+        if used >= max_restarts:
+            return done(Action.FAIL_JOB, f"{head} → restart; D3 max_num_of_job_restart: restart budget "
+                                         f"exhausted ({used}/{max_restarts}) → fail_job")
+        self.budgets.use_job_restart()
+        if kind is Action.ISOLATE_NODE:
+            target = Target(self.job, rc.origin.instance, rc.rank, rc.origin.node)
+            return done(kind, f"{head} → isolate_node {rc.origin.node} and restart ({scope_text})", target)
+        if kind is Action.RESTART_IN_PLACE:
+            return done(kind, f"{head} → restart_in_place ({scope_text}, in place)")
+        return done(Action.RESTART_JOB, f"{head} → restart_job ({scope_text})")
+
+    def finished(self, now: float, ok: bool) -> Decision:
+        """The job ended by itself: NONE ("job succeeded") or FAIL_JOB; closes the budget store."""
+        self.budgets.close("succeeded" if ok else "failed")
+        used = self.budgets.restarts_used
+        clause = ("the job ended by itself: job succeeded → none" if ok
+                  else "the job ended by itself with a failure → fail_job")
+        return Decision(time=now, action=Action.NONE if ok else Action.FAIL_JOB, target=Target(self.job),
+                        root_cause=None, policy_clause=clause, restarts_used=used,
+                        restarts_left=max(0, self.policy.max_num_of_job_restart - used),
+                        attempt=self.budgets.attempt)

@@ -1,0 +1,169 @@
+"""Stall tracking: job hang and exit hang (SPEC R5, R6).
+
+Semantics follow the AIMaster doc (seeds/000, 全量参数说明):
+
+- **job hang** (``--enable-job-hang-detection``, ``--job-hang-interval``, default 1800 s): "if the
+  stdout and stderr of every instance have not been updated within the interval, restart the job".
+- **exit hang** (``--enable-job-exit-hang-detection``, ``--job-exit-hang-interval``, default 600 s):
+  "after one instance has succeeded, if the job has not ended within the interval, restart the job".
+- Both are supported for Sync jobs only (same doc); ``HangTracker.from_policy`` switches them off
+  for Async.
+
+**Boundary**: a timer fires when ``now - since >= interval``, i.e. at exactly the interval, never
+before. With a 1 s tick that is at most one tick after the doc's "longer than".
+
+Time is plain float seconds (epoch); the tracker reads no clock: callers pass ``time`` / ``now``
+(from ``Tick`` events; tests use ``FakeClock``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity, iso
+
+if TYPE_CHECKING:
+    from ftwatch.config import PolicyConfig
+
+_SOURCE = "AIMaster doc (seeds/000): --enable-job-hang-detection / --job-hang-interval"
+_EXIT_SOURCE = "AIMaster doc (seeds/000): --enable-job-exit-hang-detection / --job-exit-hang-interval"
+
+
+@dataclass(slots=True)
+class _Instance:
+    origin: Origin
+    last: float  # last output, or start when none yet
+    spoke: bool = False
+
+
+class HangTracker:
+    """Per-instance last-output times and the two hang timers.
+
+    Args:
+        job_hang_interval: seconds of silence of every running instance that make a job hang;
+            None (or <= 0) = off.
+        exit_hang_interval: seconds after the first successful exit of an attempt by which the job
+            must have ended; None (or <= 0) = off.
+
+    Instances are keyed by ``Origin.instance``. Output from an instance that is not running (never
+    ``started``, or already ``exited``) is ignored.
+    """
+
+    def __init__(self, job_hang_interval: float | None, exit_hang_interval: float | None):
+        self.job_hang_interval = _interval(job_hang_interval)
+        self.exit_hang_interval = _interval(exit_hang_interval)
+        self._running: dict[str, _Instance] = {}
+        self._first_ok_exit: float | None = None
+        self._hang_fired = False
+        self._exit_hang_fired = False
+        self._seq = 0
+
+    @classmethod
+    def from_policy(cls, policy: "PolicyConfig") -> "HangTracker":
+        """The tracker a ``PolicyConfig`` asks for: off unless enabled, and off in Async mode."""
+        sync = policy.job_execution_mode == "Sync"
+        return cls(policy.job_hang_interval if sync and policy.enable_job_hang_detection else None,
+                   policy.job_exit_hang_interval if sync and policy.enable_job_exit_hang_detection else None)
+
+    # ------------------------------------------------------------------ events
+
+    def started(self, origin: Origin, time: float) -> None:
+        """An instance started at ``time`` (a restarted instance starts its silence clock afresh)."""
+        self._running[origin.instance] = _Instance(origin, time)
+
+    def output(self, instance: str, time: float) -> None:
+        """An instance wrote output at ``time``. O(1); call once per chunk, not per line."""
+        inst = self._running.get(instance)
+        if inst is not None and time > inst.last:
+            inst.last = time
+            inst.spoke = True
+
+    def exited(self, origin: Origin, ok: bool, time: float) -> None:
+        """An instance ended; ``ok`` = exit status 0. The first ok exit starts the exit-hang timer."""
+        if self._running.pop(origin.instance, None) is not None and ok and self._first_ok_exit is None:
+            self._first_ok_exit = time
+
+    def set_job_hang_interval(self, seconds: float | None) -> None:
+        """Change the job-hang interval now (R6 staged intervals, SDK ``reset_config``); None/<=0 = off.
+
+        Takes effect at the next ``check``; silence already accumulated counts against the new value.
+        """
+        self.job_hang_interval = _interval(seconds)
+
+    def reset(self, time: float) -> None:
+        """A new attempt begins at ``time``: both timers re-arm, and every instance still tracked
+        as running counts as started at ``time``."""
+        self._first_ok_exit = None
+        self._hang_fired = self._exit_hang_fired = False
+        for inst in self._running.values():
+            inst.last, inst.spoke = time, False
+
+    # ------------------------------------------------------------------ checks
+
+    @property
+    def running(self) -> tuple[Origin, ...]:
+        """The instances tracked as running."""
+        return tuple(i.origin for i in self._running.values())
+
+    def check(self, now: float) -> list[Finding]:
+        """Findings for the timers that are due at ``now`` (each fires at most once per attempt).
+
+        Returns:
+            [] or [hang finding] and/or [exit-hang finding], kinds ``hang`` / ``exit_hang``, class
+            HANG, action RESTART_JOB, origin = the culprit (the instance silent longest).
+        """
+        found: list[Finding] = []
+        if not self._running:
+            return found
+        if self.job_hang_interval is not None and not self._hang_fired:
+            newest = max(i.last for i in self._running.values())
+            if now - newest >= self.job_hang_interval:
+                self._hang_fired = True
+                found.append(self._job_hang(now, now - newest))
+        if (self.exit_hang_interval is not None and not self._exit_hang_fired
+                and self._first_ok_exit is not None and now - self._first_ok_exit >= self.exit_hang_interval):
+            self._exit_hang_fired = True
+            found.append(self._exit_hang(now))
+        return found
+
+    def _culprit(self) -> _Instance:
+        # earliest last output; ties go to the lowest rank, then the name
+        return min(self._running.values(),
+                   key=lambda i: (i.last, i.origin.rank if i.origin.rank is not None else 1 << 30, i.origin.instance))
+
+    def _job_hang(self, now: float, silent: float) -> Finding:
+        c = self._culprit()
+        n = len(self._running)
+        last = f"last output {iso(c.last)}" if c.spoke else f"no output since its start {iso(c.last)}"
+        line = (f"no output from any of {n} instance{'s' if n != 1 else ''} for {silent:.0f} s; "
+                f"{_who(c.origin)} went silent first ({last})")
+        return self._finding("hang.job", "hang", c, now, line, _SOURCE, {
+            "interval": self.job_hang_interval, "silent_for": silent, "instances": n,
+            "culprit_silent_for": now - c.last, "last_output": iso(c.last) if c.spoke else None})
+
+    def _exit_hang(self, now: float) -> Finding:
+        c = self._culprit()
+        assert self._first_ok_exit is not None
+        waited = now - self._first_ok_exit
+        line = (f"an instance exited successfully {waited:.0f} s ago but the job has not ended; "
+                f"{len(self._running)} still running, {_who(c.origin)} silent longest "
+                f"(for {now - c.last:.0f} s)")
+        return self._finding("hang.exit", "exit_hang", c, now, line, _EXIT_SOURCE, {
+            "interval": self.exit_hang_interval, "first_ok_exit": iso(self._first_ok_exit),
+            "still_running": len(self._running), "culprit_silent_for": now - c.last})
+
+    def _finding(self, rule_id: str, kind: str, c: _Instance, now: float, line: str, source: str,
+                 fields: dict) -> Finding:
+        self._seq += 1
+        return Finding(rule_id=rule_id, kind=kind, failure_class=FailureClass.HANG, action=Action.RESTART_JOB,
+                       severity=Severity.ERROR, origin=c.origin, line=line, time=now, seq=self._seq,
+                       fields=fields, source=source)
+
+
+def _who(origin: Origin) -> str:
+    return f"rank {origin.rank}" if origin.rank is not None else origin.instance
+
+
+def _interval(seconds: float | None) -> float | None:
+    return None if seconds is None or seconds <= 0 else float(seconds)
