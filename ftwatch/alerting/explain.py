@@ -1,0 +1,163 @@
+"""``ftwatch explain``: why a decision was taken, in plain text (SPEC D6).
+
+It prints the decision (action, target, time), the root-cause line with its rule, failure
+class and the rule's source, the evidence from each instance (the findings of the same job
+and attempt, grouped by instance, each marked root cause / fallout / finding), the restart
+budgets left, and the policy clause.
+
+The store is duck-typed (``decision``, ``last_decision``, ``findings_for`` as in
+``ftwatch.pipeline.sinks.sqlite.SqliteStore``), so that alerting does not import the pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Protocol
+
+MAX_FINDINGS_PER_INSTANCE = 10
+MAX_EVIDENCE_LINES = 8
+
+
+class DecisionStore(Protocol):
+    """What explain reads (SqliteStore has it)."""
+
+    def decision(self, decision_id_or_prefix: str) -> dict[str, Any] | None: ...
+
+    def last_decision(self) -> dict[str, Any] | None: ...
+
+    def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]: ...
+
+
+def explain(store: DecisionStore, decision_id: str | None = None) -> str:
+    """The explanation of one decision.
+
+    Args:
+        store: the SQLite store (or anything with its readers).
+        decision_id: a decision id or a unique prefix; None for the latest decision.
+
+    Returns:
+        Plain text, lines separated by ``\\n``, ending with a newline.
+
+    Raises:
+        LookupError: no decision has that id (or none is recorded at all).
+        ValueError: the prefix matches several decisions.
+    """
+    if decision_id is None:
+        d = store.last_decision()
+        if d is None:
+            raise LookupError("no decision is recorded yet")
+    else:
+        d = store.decision(decision_id)
+        if d is None:
+            raise LookupError(f"no decision has the id {decision_id!r}")
+    root = d.get("root_cause")
+    findings = _merge(store.findings_for(d["job"], d.get("attempt")),
+                      [root] if root else [], d.get("findings") or [])
+    out: list[str] = []
+    out += _decision_block(d)
+    out += _root_block(root)
+    out += _evidence_block(d, findings, root)
+    out += ["", "Budgets",
+            f"  restarts used  {d.get('restarts_used', 0)}",
+            f"  restarts left  {d.get('restarts_left', 0)}",
+            "", "Policy clause",
+            f"  {d.get('policy_clause') or '(none recorded)'}"]
+    return "\n".join(out) + "\n"
+
+
+def describe_target(target: dict[str, Any]) -> str:
+    """``the whole job`` or ``instance worker-1, rank 1, node n1`` (known parts only)."""
+    parts = []
+    if target.get("instance") is not None:
+        parts.append(f"instance {target['instance']}")
+    if target.get("rank") is not None:
+        parts.append(f"rank {target['rank']}")
+    if target.get("node") is not None:
+        parts.append(f"node {target['node']}")
+    return ", ".join(parts) if parts else "the whole job"
+
+
+def _decision_block(d: dict[str, Any]) -> list[str]:
+    return [f"Decision {d['decision_id']}: {d['action']}",
+            f"  time     {d['time']}",
+            f"  job      {d['job']}, attempt {d.get('attempt', 0)}",
+            f"  target   {describe_target(d.get('target') or {})}"]
+
+
+def _root_block(root: dict[str, Any] | None) -> list[str]:
+    if not root:
+        return ["", "Root cause", "  none recorded (the decision was not caused by a finding)"]
+    where = _where(root)
+    return ["", "Root cause",
+            f"  line           {root.get('line', '')}",
+            f"  where          {where}, at {root.get('time', '?')}",
+            f"  rule           {root.get('rule_id', '?')} ({root.get('kind', '?')}, "
+            f"severity {root.get('severity', '?')})",
+            f"  failure class  {root.get('failure_class', '?')}",
+            f"  rule source    {root.get('source') or '(not given)'}"]
+
+
+def _evidence_block(d: dict[str, Any], findings: list[dict[str, Any]],
+                    root: dict[str, Any] | None) -> list[str]:
+    out = ["", f"Evidence by instance (job {d['job']}, attempt {d.get('attempt', 0)})"]
+    if not findings:
+        return out + ["  no findings recorded"]
+    root_key = _key(root) if root else None
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        groups.setdefault(str(f.get("instance")), []).append(f)
+
+    def order(name: str) -> tuple[int, int, str]:
+        rank = groups[name][0].get("rank")
+        return (rank is None, rank if rank is not None else 0, name)
+
+    for name in sorted(groups, key=order):
+        items = groups[name]
+        first = items[0]
+        has_root = any(_key(f) == root_key for f in items)
+        real = [f for f in items if f.get("failure_class") != "fallout"]
+        verdict = ("root cause here" if has_root else
+                   "fallout only" if not real else "errors, not fallout")
+        out.append(f"  {name}  rank {_dash(first.get('rank'))}  node {_dash(first.get('node'))}"
+                   f"  ({len(items)} finding{'s' if len(items) != 1 else ''}; {verdict})")
+        for f in items[:MAX_FINDINGS_PER_INSTANCE]:
+            mark = ("root cause" if _key(f) == root_key else
+                    "fallout" if f.get("failure_class") == "fallout" else "finding")
+            out.append(f"    [{mark}] {f.get('time', '?')}  {f.get('rule_id', '?')} "
+                       f"({f.get('failure_class', '?')})")
+            out.append(f"      {f.get('line', '')}")
+            evidence = [e for e in f.get("evidence") or [] if e != f.get("line")]
+            for e in evidence[:MAX_EVIDENCE_LINES]:
+                out.append(f"      | {e}")
+            if len(evidence) > MAX_EVIDENCE_LINES:
+                out.append(f"      | ... {len(evidence) - MAX_EVIDENCE_LINES} more lines")
+        if len(items) > MAX_FINDINGS_PER_INSTANCE:
+            out.append(f"    ... {len(items) - MAX_FINDINGS_PER_INSTANCE} more findings")
+    return out
+
+
+def _merge(*sources: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """All findings once each, in time order (stored ones and the decision's own)."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for source in sources:
+        for f in source:
+            seen.setdefault(_key(f), f)
+    return sorted(seen.values(), key=lambda f: (f.get("epoch") or 0.0, str(f.get("time")),
+                                                f.get("seq") or 0))
+
+
+def _key(f: dict[str, Any] | None) -> tuple:
+    if not f:
+        return ()
+    return (f.get("rule_id"), f.get("instance"), str(f.get("time")), f.get("seq"), f.get("line"))
+
+
+def _where(f: dict[str, Any]) -> str:
+    parts = [f"instance {f.get('instance', '?')}", f"rank {_dash(f.get('rank'))}",
+             f"node {_dash(f.get('node'))}"]
+    if f.get("stream"):
+        parts.append(str(f["stream"]))
+    return ", ".join(parts)
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)

@@ -1,0 +1,350 @@
+"""The embedded store: every run, event, finding, decision and alert in one SQLite file (SPEC E1).
+
+``ftwatch report`` and ``ftwatch explain`` read it. Tables (times are epoch seconds, REAL;
+JSON columns hold text)::
+
+    runs(job, attempt, started, ended, status, command)           primary key (job, attempt)
+    events(time, job, instance, rank, kind, detail JSON)          process starts/exits, restarts, stops
+    findings(job, attempt, instance, rank, node, stream, rule_id, kind, failure_class, action,
+             severity, line, time, seq, evidence JSON, fields JSON, source)
+    decisions(decision_id PK, time, job, action, target JSON, root_cause JSON, policy_clause,
+              restarts_used, restarts_left, attempt, findings JSON)
+    alerts(notification_id, decision_id, receiver, status, attempts, error, text, time)
+
+The file is in WAL mode (readers such as ``ftwatch report`` do not block the writer) and its
+schema version is ``PRAGMA user_version``. Each write method is one transaction; wrap several
+in :meth:`SqliteStore.batch` to make them one.
+
+Threads: a store may be used from any thread but from one thread at a time; calls are also
+serialised by an internal lock, so a stray concurrent call waits instead of corrupting state.
+
+Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()`` (``time`` as
+ISO-8601) with ``epoch`` (epoch seconds) and ``attempt`` added; decisions likewise carry
+``time`` (ISO) and ``epoch``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sqlite3
+import threading
+import time as _time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from ftwatch.errors import SinkError
+from ftwatch.events import Decision, Finding, iso
+
+SCHEMA_VERSION = 1
+
+_SCHEMA_V1 = """
+CREATE TABLE runs (
+    job TEXT NOT NULL, attempt INTEGER NOT NULL, started REAL, ended REAL,
+    status TEXT NOT NULL DEFAULT 'running', command TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (job, attempt));
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, job TEXT NOT NULL, instance TEXT,
+    rank INTEGER, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX events_job_time ON events (job, time);
+CREATE TABLE findings (
+    id INTEGER PRIMARY KEY, job TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0,
+    instance TEXT, rank INTEGER, node TEXT, stream TEXT, rule_id TEXT NOT NULL, kind TEXT,
+    failure_class TEXT, action TEXT, severity TEXT, line TEXT, time REAL NOT NULL,
+    seq INTEGER NOT NULL DEFAULT 0, evidence TEXT NOT NULL DEFAULT '[]',
+    fields TEXT NOT NULL DEFAULT '{}', source TEXT NOT NULL DEFAULT '');
+CREATE INDEX findings_job_attempt ON findings (job, attempt, time);
+CREATE TABLE decisions (
+    decision_id TEXT PRIMARY KEY, time REAL NOT NULL, job TEXT NOT NULL, action TEXT NOT NULL,
+    target TEXT NOT NULL, root_cause TEXT, policy_clause TEXT NOT NULL DEFAULT '',
+    restarts_used INTEGER NOT NULL DEFAULT 0, restarts_left INTEGER NOT NULL DEFAULT 0,
+    attempt INTEGER NOT NULL DEFAULT 0, findings TEXT NOT NULL DEFAULT '[]');
+CREATE INDEX decisions_job_time ON decisions (job, time);
+CREATE TABLE alerts (
+    id INTEGER PRIMARY KEY, notification_id TEXT NOT NULL, decision_id TEXT,
+    receiver TEXT NOT NULL, status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '', text TEXT NOT NULL DEFAULT '', time REAL NOT NULL);
+CREATE INDEX alerts_decision ON alerts (decision_id);
+"""
+
+# version reached -> the script that gets there from the one before
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+
+_FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
+                    "failure_class", "action", "severity", "line", "time", "seq", "evidence",
+                    "fields", "source")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def finding_record(f: Finding) -> dict[str, Any]:
+    """``Finding.to_dict()`` plus ``epoch`` (the finding's time in epoch seconds)."""
+    return {**f.to_dict(), "epoch": f.time}
+
+
+class SqliteStore:
+    """The SQLite file behind ``report`` and ``explain``.
+
+    Args:
+        path: the database file; its parent directory is created if missing.
+
+    Raises:
+        SinkError: (not retryable) when the file cannot be opened, is not a database, or
+            was written by a newer ftwatch (its ``user_version`` is above ours).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._depth = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(str(self.path), isolation_level=None,
+                                         check_same_thread=False, timeout=10.0)
+            self._conn.row_factory = sqlite3.Row
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._migrate()
+        except (sqlite3.Error, OSError) as exc:
+            raise SinkError(f"cannot open the SQLite store {self.path}: {exc}",
+                            retryable=False) from exc
+
+    def _migrate(self) -> None:
+        with self.batch():  # BEGIN IMMEDIATE: two processes opening a new file do not race
+            version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise SinkError(f"{self.path} has schema version {version}, newer than this "
+                                f"ftwatch's {SCHEMA_VERSION}", retryable=False)
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in _MIGRATIONS[target].split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute(f"PRAGMA user_version = {int(target)}")
+
+    @property
+    def schema_version(self) -> int:
+        return self._conn.execute("PRAGMA user_version").fetchone()[0]
+
+    def close(self) -> None:
+        """Close the file (further calls fail)."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "SqliteStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction around everything written inside (nests; the outermost commits).
+
+        Raises:
+            SinkError: retryable when the database is locked or busy, else not; the
+                transaction is rolled back.
+        """
+        with self._lock:
+            outer = self._depth == 0
+            try:
+                if outer:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                if outer:
+                    self._conn.execute("COMMIT")
+            except BaseException as exc:
+                if outer and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    busy = isinstance(exc, sqlite3.OperationalError) and (
+                        "locked" in str(exc) or "busy" in str(exc))
+                    raise SinkError(f"SQLite write to {self.path} failed: {exc}",
+                                    retryable=busy) from exc
+                raise
+
+    # -- writers ----------------------------------------------------------------------------
+
+    def start_run(self, job: str, attempt: int, started: float,
+                  command: str | Sequence[str] = "") -> None:
+        """Record that attempt ``attempt`` (0 = first start) of ``job`` began at ``started``
+        (epoch s); an argv ``command`` is stored shell-quoted."""
+        if not isinstance(command, str):
+            command = shlex.join(str(c) for c in command)
+        with self.batch():
+            self._conn.execute(
+                "INSERT INTO runs (job, attempt, started, status, command) "
+                "VALUES (?, ?, ?, 'running', ?) ON CONFLICT (job, attempt) DO UPDATE SET "
+                "started = excluded.started, status = 'running', command = excluded.command",
+                (job, attempt, started, command))
+
+    def end_run(self, job: str, attempt: int, ended: float, status: str) -> None:
+        """Record how an attempt ended (``succeeded``, ``failed``, ``restarted``, ``stopped`` ...)."""
+        with self.batch():
+            self._conn.execute(
+                "INSERT INTO runs (job, attempt, ended, status) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (job, attempt) DO UPDATE SET ended = excluded.ended, "
+                "status = excluded.status", (job, attempt, ended, status))
+
+    def add_event(self, time: float, job: str, kind: str, instance: str | None = None,
+                  rank: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
+        """Record an event: ``kind`` is ``start``, ``exit``, ``restart``, ``stop`` ... and
+        ``detail`` anything JSON-able (pid, returncode, signal ...)."""
+        with self.batch():
+            self._conn.execute(
+                "INSERT INTO events (time, job, instance, rank, kind, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (time, job, instance, rank, kind, _dumps(dict(detail or {}))))
+
+    def add_findings(self, findings: Sequence[Finding], attempt: int = 0) -> None:
+        """Record findings of attempt ``attempt``, all in one transaction."""
+        rows = []
+        for f in findings:
+            d = f.to_dict()
+            d.update(attempt=attempt, time=f.time, evidence=_dumps(d["evidence"]),
+                     fields=_dumps(d["fields"]))
+            rows.append(tuple(d[c] for c in _FINDING_COLUMNS))
+        if not rows:
+            return
+        marks = ", ".join("?" * len(_FINDING_COLUMNS))
+        with self.batch():
+            self._conn.executemany(
+                f"INSERT INTO findings ({', '.join(_FINDING_COLUMNS)}) VALUES ({marks})", rows)
+
+    def add_decision(self, decision: Decision) -> str:
+        """Record a decision (again: replaced, so a replay is idempotent). Returns its id."""
+        t = decision.target
+        rc = decision.root_cause
+        with self.batch():
+            self._conn.execute(
+                "INSERT OR REPLACE INTO decisions (decision_id, time, job, action, target, "
+                "root_cause, policy_clause, restarts_used, restarts_left, attempt, findings) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (decision.decision_id, decision.time, t.job, decision.action.label,
+                 _dumps({"job": t.job, "instance": t.instance, "rank": t.rank, "node": t.node}),
+                 None if rc is None else _dumps(finding_record(rc)), decision.policy_clause,
+                 decision.restarts_used, decision.restarts_left, decision.attempt,
+                 _dumps([finding_record(f) for f in decision.findings])))
+        return decision.decision_id
+
+    def add_delivery(self, result: Any, text: Any = None) -> None:
+        """Record what became of one notification.
+
+        Args:
+            result: a ``DeliveryResult`` (anything with ``notification_id``, ``receiver``,
+                ``status``, ``attempts``, ``error``; ``decision_id``, ``text`` and ``time``
+                are used when present).
+            text: the rendered text; when None or not a str (e.g. the Alert itself),
+                ``result.text`` is stored.
+        """
+        if not isinstance(text, str):
+            text = getattr(result, "text", "") or ""
+        decision_id = getattr(result, "decision_id", "") or result.notification_id.split("-")[0]
+        with self.batch():
+            self._conn.execute(
+                "INSERT INTO alerts (notification_id, decision_id, receiver, status, attempts, "
+                "error, text, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (result.notification_id, decision_id, result.receiver, result.status,
+                 int(result.attempts), result.error or "", text,
+                 getattr(result, "time", 0.0) or _time.time()))
+
+    # -- readers ----------------------------------------------------------------------------
+
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(args)).fetchall()
+
+    def runs(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Runs by job, then attempt: job, attempt, started, ended (epoch s or None), status,
+        command."""
+        where, args = ("WHERE job = ?", (job,)) if job is not None else ("", ())
+        return [dict(r) for r in self._rows(
+            f"SELECT job, attempt, started, ended, status, command FROM runs {where} "
+            "ORDER BY job, attempt", args)]
+
+    def events(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Events in time order: time (epoch s), job, instance, rank, kind, detail (dict)."""
+        where, args = ("WHERE job = ?", (job,)) if job is not None else ("", ())
+        out = []
+        for r in self._rows(f"SELECT time, job, instance, rank, kind, detail FROM events "
+                            f"{where} ORDER BY time, id", args):
+            d = dict(r)
+            d["detail"] = json.loads(d["detail"])
+            out.append(d)
+        return out
+
+    def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]:
+        """The findings of ``job`` (of one attempt, or all), in time order."""
+        sql = f"SELECT {', '.join(_FINDING_COLUMNS)} FROM findings WHERE job = ?"
+        args: list[Any] = [job]
+        if attempt is not None:
+            sql += " AND attempt = ?"
+            args.append(attempt)
+        out = []
+        for r in self._rows(sql + " ORDER BY time, seq, id", args):
+            d = dict(r)
+            d["epoch"] = d["time"]
+            d["time"] = iso(d["time"])
+            d["evidence"] = json.loads(d["evidence"])
+            d["fields"] = json.loads(d["fields"])
+            out.append(d)
+        return out
+
+    def decisions(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Decisions in time order (see :meth:`decision` for their shape)."""
+        where, args = ("WHERE job = ?", (job,)) if job is not None else ("", ())
+        return [self._decision(r) for r in self._rows(
+            f"SELECT * FROM decisions {where} ORDER BY time, rowid", args)]
+
+    def decision(self, decision_id_or_prefix: str) -> dict[str, Any] | None:
+        """One decision by its id or a unique prefix of it; None when none matches.
+
+        Returns:
+            dict: decision_id, time (ISO), epoch, job, action, target (dict), root_cause
+            (finding dict or None), policy_clause, restarts_used, restarts_left, attempt,
+            findings (list of finding dicts).
+
+        Raises:
+            ValueError: the prefix matches several decisions, or is empty.
+        """
+        key = decision_id_or_prefix.strip()
+        if not key:
+            raise ValueError("an empty decision id")
+        rows = self._rows("SELECT * FROM decisions WHERE substr(decision_id, 1, ?) = ? "
+                          "ORDER BY time LIMIT 11", (len(key), key))
+        exact = [r for r in rows if r["decision_id"] == key]
+        if exact:
+            return self._decision(exact[0])
+        if len(rows) > 1:
+            ids = ", ".join(r["decision_id"] for r in rows[:10])
+            raise ValueError(f"decision id prefix {key!r} is ambiguous: {ids}")
+        return self._decision(rows[0]) if rows else None
+
+    def last_decision(self) -> dict[str, Any] | None:
+        """The latest decision, or None when there is none."""
+        rows = self._rows("SELECT * FROM decisions ORDER BY time DESC, rowid DESC LIMIT 1")
+        return self._decision(rows[0]) if rows else None
+
+    def deliveries(self, decision_id: str | None = None) -> list[dict[str, Any]]:
+        """Alert deliveries in time order: notification_id, decision_id, receiver, status,
+        attempts, error, text, time (epoch s)."""
+        where, args = ("WHERE decision_id = ?", (decision_id,)) if decision_id else ("", ())
+        return [dict(r) for r in self._rows(
+            "SELECT notification_id, decision_id, receiver, status, attempts, error, text, "
+            f"time FROM alerts {where} ORDER BY time, id", args)]
+
+    @staticmethod
+    def _decision(row: sqlite3.Row) -> dict[str, Any]:
+        d = dict(row)
+        d["epoch"] = d["time"]
+        d["time"] = iso(d["time"])
+        d["target"] = json.loads(d["target"])
+        d["root_cause"] = None if d["root_cause"] is None else json.loads(d["root_cause"])
+        d["findings"] = json.loads(d["findings"])
+        return d

@@ -1,0 +1,121 @@
+"""D6: ``ftwatch explain`` prints the root cause, the evidence of each instance, budgets, clause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftwatch.alerting.explain import explain
+from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,
+                            iso)
+from ftwatch.pipeline.sinks.sqlite import SqliteStore
+
+T0 = 1_795_250_000.0
+JOB = "train-7"
+
+
+def f(instance, rank, t, rule, cls, line, evidence=(), job=JOB, source="") -> Finding:
+    return Finding(rule, "keyword", cls, Action.RESTART_JOB, Severity.ERROR,
+                   Origin(instance, rank, job, f"host-{rank}", "stderr"), line, t, 0,
+                   tuple(evidence), source=source)
+
+
+ROOT = f("worker-2", 2, T0, "nccl.unhandled_system_error", FailureClass.RETRYABLE_INFRA,
+         "torch.distributed.DistBackendError: NCCL error: unhandled system error",
+         ("Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
+          "torch.distributed.DistBackendError: NCCL error: unhandled system error"),
+         source="https://github.com/NVIDIA/nccl/blob/v2.21.5-1/src/misc/socket.cc")
+FALLOUT_0 = f("worker-0", 0, T0 + 2, "nccl.watchdog_timeout", FailureClass.FALLOUT,
+              "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=52)")
+FALLOUT_1 = f("worker-1", 1, T0 + 3, "torchelastic.sigterm", FailureClass.FALLOUT,
+              "Received Signals.SIGTERM death signal, shutting down workers")
+EARLIER_ATTEMPT = f("worker-0", 0, T0 - 500, "cuda.oom", FailureClass.OOM,
+                    "torch.OutOfMemoryError: CUDA out of memory (attempt 0)")
+OTHER_JOB = f("worker-0", 0, T0 + 1, "cuda.oom", FailureClass.OOM,
+              "torch.OutOfMemoryError: other job", job="other")
+
+
+def decision(t=T0 + 5, root=ROOT, findings=(FALLOUT_0, FALLOUT_1), action=Action.RESTART_JOB,
+             target=Target(JOB)) -> Decision:
+    return Decision(t, action, target, root,
+                    "ExitCodeAndErrorMsg: root cause retryable_infra -> restart_job (Sync mode)",
+                    restarts_used=1, restarts_left=2, findings=findings, attempt=1)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SqliteStore(tmp_path / "ftwatch.db")
+    s.add_findings([EARLIER_ATTEMPT], attempt=0)
+    s.add_findings([FALLOUT_1, ROOT, FALLOUT_0], attempt=1)
+    s.add_findings([OTHER_JOB], attempt=1)
+    yield s
+    s.close()
+
+
+def test_explains_the_last_decision(store: SqliteStore):
+    d = decision()
+    store.add_decision(d)
+    text = explain(store, None)
+    assert text.startswith(f"Decision {d.decision_id}: restart_job\n")
+    assert iso(d.time) in text and "the whole job" in text and "attempt 1" in text
+    # The root cause, its rule, class and the rule's source.
+    root_section = text.split("Root cause\n")[1].split("\n\n")[0]
+    assert ROOT.line in root_section
+    assert "nccl.unhandled_system_error" in root_section
+    assert "retryable_infra" in root_section
+    assert ROOT.source in root_section
+    assert "instance worker-2, rank 2, node host-2" in root_section and iso(T0) in root_section
+    # The evidence from each instance, in rank order, fallout marked.
+    evidence = text.split("Evidence by instance")[1].split("\nBudgets")[0]
+    order = [evidence.index(f"  worker-{i}  rank {i}") for i in range(3)]
+    assert order == sorted(order)
+    w0 = evidence.split("  worker-0")[1].split("  worker-1")[0]
+    assert "[fallout]" in w0 and "fallout only" in w0 and FALLOUT_0.line in w0
+    w2 = evidence.split("  worker-2")[1]
+    assert "[root cause]" in w2 and "root cause here" in w2
+    assert '|   File "train.py", line 9, in <module>' in w2
+    assert "[fallout]" in evidence.split("  worker-1")[1].split("  worker-2")[0]
+    # Other attempts and other jobs are not mixed in.
+    assert "attempt 0" not in text and "other job" not in text
+    # Budgets and the clause.
+    assert "restarts used  1" in text and "restarts left  2" in text
+    assert text.rstrip().endswith(
+        "ExitCodeAndErrorMsg: root cause retryable_infra -> restart_job (Sync mode)")
+
+
+def test_by_id_prefix_and_target_instance(store: SqliteStore):
+    old = decision(t=T0 + 5)
+    new = decision(t=T0 + 9, action=Action.RESTART_INSTANCE,
+                   target=Target(JOB, "worker-2", 2, "host-2"))
+    store.add_decision(old)
+    store.add_decision(new)
+    text = explain(store, old.decision_id[:8])
+    assert text.startswith(f"Decision {old.decision_id}: restart_job")
+    text = explain(store, None)
+    assert "restart_instance" in text and "instance worker-2, rank 2, node host-2" in text
+
+
+def test_decision_findings_show_even_when_not_stored_separately(tmp_path: Path):
+    with SqliteStore(tmp_path / "x.db") as s:
+        s.add_decision(decision())
+        text = explain(s)
+        assert text.count("[root cause]") == 1 and text.count("[fallout]") == 2
+        assert "worker-0" in text and "worker-1" in text
+
+
+def test_decision_without_root_cause(tmp_path: Path):
+    with SqliteStore(tmp_path / "x.db") as s:
+        s.add_decision(Decision(T0, Action.RESTART_JOB, Target("quiet"), None,
+                                "R5 job hang: every instance silent > 60 s", 0, 3))
+        text = explain(s)
+        assert "none recorded" in text and "no findings recorded" in text
+        assert "R5 job hang" in text and "restarts left  3" in text
+
+
+def test_unknown_or_missing_decision(store: SqliteStore):
+    with pytest.raises(LookupError):
+        explain(store, None)
+    store.add_decision(decision())
+    with pytest.raises(LookupError):
+        explain(store, "not-an-id")
