@@ -1,0 +1,167 @@
+"""Extracts the fields of one log line: clean text, rank prefix, timestamp, level (SPEC P2).
+
+Run only on lines that a rule matched (and on block lines), so these favour clarity over speed.
+None of them raises on odd input: bad bytes are replaced, unknown formats give None.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from datetime import datetime
+
+__all__ = ["clean", "split_rank_prefix", "parse_timestamp", "level_of"]
+
+# ECMA-48 escape sequences, as terminals print them:
+#   CSI  ESC [ params intermediates final        colours \x1b[31m, cursor moves \x1b[2K
+#   OSC, DCS, SOS, PM, APC  ESC ] P X ^ _ ... up to BEL or ST (ESC \), or the end of the line
+#   other ESC sequences  ESC intermediates final   \x1b(B, \x1b=, \x1b7
+#   a lone ESC (a sequence cut off at the end of the line)
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b[\]PX^_].*?(?:\x07|\x1b\\|\Z)"
+    r"|\x1b[ -/]*[0-~]"
+    r"|\x1b",
+    re.DOTALL,
+)
+
+# One rank prefix at the start of a line, with one optional space after it:
+#   [rank3]:      PyTorch (TORCH_DISTRIBUTED_DEBUG / c10d logging)
+#   [default3]:   torchrun --tee / --log-dir, "[<role><rank>]:" for any role name
+#   3:            older launchers: digits, a colon and a space (never "12:34:56")
+_RANK_PREFIX = re.compile(r"\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): ")
+_MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
+
+# glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone)
+_GLOG = re.compile(r"\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\b")
+# ISO-8601 and the Python logging forms: "2026-11-21T09:36:03.123Z", "2026-11-21 09:36:03,123",
+# "2026-11-21 09:36:03.123456+08:00", "[2026-11-21 09:36:03]".
+_ISO = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?"
+    r"(?: ?(Z|[+-]\d\d:?\d\d)(?![\d:]))?"
+)
+_LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
+_NEAR = 40  # characters: how far into the line an ISO timestamp may start
+
+_GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+_LEVEL_WORD = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO)\b")
+_WORD_LEVELS = {"FATAL": "CRITICAL", "WARN": "WARNING"}
+_LEVEL_SPAN = 100  # characters: a level word further in is message text, not the line's level
+
+
+def clean(raw: bytes) -> str:
+    """Decodes one raw line into text: UTF-8 with bad bytes replaced, no line ending, no ANSI codes.
+
+    Args:
+        raw: one line as read (may hold invalid UTF-8, a trailing ``\\r\\n``, terminal escapes).
+
+    Returns:
+        The text, with U+FFFD for each undecodable byte, trailing ``\\r``/``\\n`` removed, and
+        ANSI escape sequences (CSI colours such as ``\\x1b[1;32m``, OSC titles, other ESC
+        sequences) removed. Never raises.
+    """
+    text = raw.decode("utf-8", errors="replace")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return text.rstrip("\r\n")
+
+
+def split_rank_prefix(text: str) -> tuple[int | None, str]:
+    """Recognises and removes the rank prefixes at the start of a line.
+
+    Recognised: PyTorch's ``[rank3]:``, torchrun's ``[default3]:`` (any ``[<role><digits>]:``,
+    e.g. ``[trainer12]:``) and the older ``3: `` (digits, colon, space), each with one optional
+    space after it. Stacked prefixes (``[default1]:[rank1]: msg``) are all removed; the rank is
+    the innermost one, the closest to the message. In ``[rank3]:[W1121 09:36:03.735000 ...]``
+    only ``[rank3]:`` goes. Indentation after the one space is kept (traceback frames).
+
+    Args:
+        text: a cleaned line.
+
+    Returns:
+        (rank, rest), or (None, text) when there is no prefix.
+    """
+    rank: int | None = None
+    pos = 0
+    for _ in range(_MAX_PREFIXES):
+        m = _RANK_PREFIX.match(text, pos)
+        if m is None:
+            break
+        rank = int(m.group(1) or m.group(2))
+        pos = m.end()
+    return rank, text[pos:]
+
+
+def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) -> float | None:
+    """Returns epoch seconds from (year?, month, day, hour, minute, second, fraction) strings.
+
+    A missing zone means UTC. Returns None for an impossible date or time (Feb 30, 25:00).
+    """
+    if year is None:
+        year_s, month, day, hour, minute, second, frac = parts
+        year = int(year_s)
+    else:
+        month, day, hour, minute, second, frac = parts
+    try:
+        fields = (year, int(month), int(day), int(hour), int(minute), int(second))
+        datetime(*fields)  # validates
+    except ValueError:
+        return None
+    seconds = float(calendar.timegm(fields + (0, 0, 0)))
+    if frac:
+        seconds += int(frac) / 10 ** len(frac)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    return seconds
+
+
+def parse_timestamp(text: str, year: int) -> float | None:
+    """Finds a timestamp at or near the start of a line and converts it to epoch seconds.
+
+    Formats: glog ``E1121 09:36:03.735000 140 file.cc:12]`` (also bracketed, as PyTorch's C++
+    warnings print it: ``[W1121 09:36:03.735000 ...]``); ISO-8601 ``2026-11-21T09:36:03.123Z``,
+    with ``+08:00``/``+0800`` or no zone; Python logging ``2026-11-21 09:36:03,123``;
+    ``2026-11-21 09:36:03.123456``; ``[2026-11-21 09:36:03]``. Rank prefixes are skipped first.
+    glog must open the line (after spaces and brackets); an ISO date may start within the first
+    40 characters (``INFO 2026-11-21 ...``).
+
+    Args:
+        text: a cleaned line.
+        year: the year for glog timestamps, which have none (the year the line was received).
+
+    Returns:
+        Epoch seconds (float, fractions to the digit given; UTC unless the text gives an offset),
+        or None when there is no valid timestamp.
+    """
+    _, rest = split_rank_prefix(text)
+    start = _LEAD.match(rest).end()
+    m = _GLOG.match(rest, start)
+    if m is not None:
+        return _epoch(m.groups()[1:], year, None)
+    m = _ISO.search(rest, 0, _NEAR + 64)
+    if m is not None and m.start() <= _NEAR:
+        return _epoch(m.groups()[:7], None, m.group(8))
+    return None
+
+
+def level_of(text: str) -> str | None:
+    """Says the level of a line: ``ERROR``, ``WARNING``, ``INFO`` or ``CRITICAL``, else None.
+
+    From a glog letter opening the line (``E1121 ...``, also after a rank prefix or in brackets;
+    ``F`` is CRITICAL), else from the first upper-case level word in the first 100 characters
+    (``NCCL WARN`` is WARNING, ``FATAL`` is CRITICAL). ``Error`` in ``RuntimeError`` is no level.
+
+    Args:
+        text: a cleaned line.
+    """
+    _, rest = split_rank_prefix(text)
+    m = _GLOG.match(rest, _LEAD.match(rest).end())
+    if m is not None:
+        return _GLOG_LEVELS[m.group(1)]
+    m = _LEVEL_WORD.search(rest, 0, _LEVEL_SPAN)
+    if m is not None:
+        word = m.group(1)
+        return _WORD_LEVELS.get(word, word)
+    return None

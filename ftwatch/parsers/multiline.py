@@ -1,0 +1,131 @@
+"""Finds where a multi-line block ends: a Python traceback or a C++ stack dump (SPEC P1).
+
+The engine keeps the cleaned lines of each instance apart (rank prefix removed, so interleaved
+ranks never mix), finds block starts with ``BLOCK_START_PATTERNS`` in its Matcher, confirms them
+with ``is_block_start``, and asks ``block_end`` where the block stops; ``None`` means "not yet
+known": wait for more lines, or flush what there is on a timeout or when the instance exits.
+
+What is a block:
+    Python traceback: ``Traceback (most recent call last):``, then the frames (every line
+        indented by a space or a tab: ``  File "...", line N, in f``, code lines, ``^^^^`` markers,
+        ``[Previous line repeated 996 more times]``), then the first non-indented line, the
+        exception line (``KeyError: 'lr'``), which ends the block. Chained exceptions are one
+        block: exception line, empty line, ``During handling of the above exception, another
+        exception occurred:`` (or ``The above exception was the direct cause of the following
+        exception:``), empty line, ``Traceback ...`` again; the block ends at the last exception
+        line. An exception message continued on further non-indented lines is not joined (those
+        lines stay lines of their own). Exception groups (``  + Exception Group Traceback``) and
+        torchelastic's ChildFailedError summary are not handled here.
+    C++ stack dump (c10): a line holding ``Exception raised from `` or ending with ``(most recent
+        call first):``, then ``frame #N: ...`` lines; the block ends at the last ``frame #`` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ftwatch.rules.model import Pattern
+
+__all__ = ["BLOCK_START_PATTERNS", "block_end", "is_block_start"]
+
+_PY_START = "Traceback (most recent call last):"
+_CPP_RAISED = "Exception raised from "
+_CPP_FIRST = "(most recent call first):"
+_CHAIN_MESSAGES = frozenset(
+    {
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+    }
+)
+
+BLOCK_START_PATTERNS: tuple[Pattern, ...] = (
+    Pattern(r"Traceback \(most recent call last\):", regex=True),
+    Pattern(r"Exception raised from ", regex=True),
+    Pattern(r"\(most recent call first\):[ \t\r]*$", regex=True),
+)
+"""Patterns for the Matcher that find candidate block-start lines in a raw chunk.
+
+Unanchored at the start, since raw lines carry rank prefixes and timestamps before the text. A
+hit is a candidate only: confirm it with ``is_block_start`` on the cleaned line.
+"""
+
+
+def is_block_start(line: str) -> bool:
+    """Says whether a cleaned line starts a Python traceback or a C++ stack dump."""
+    return _PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
+
+
+def _indented(line: str) -> bool:
+    """Says whether a line belongs to a traceback's frames (starts with a space or a tab)."""
+    return line[:1] in (" ", "\t")
+
+
+def _is_frame(line: str) -> bool:
+    """Says whether a line is a c10 stack frame (``frame #3: ...``)."""
+    return line.lstrip().startswith("frame #")
+
+
+def _python_end(lines: Sequence[str], start: int) -> int | None:
+    """Returns the index of a Python traceback's last line, or None if it is not complete yet.
+
+    Choices where the lines run out: right after an exception line, the block is complete
+    (a chain printed later becomes a block of its own); after an exception line and an empty
+    line, or in the middle of a chain's separator, it is not (None).
+    """
+    n = len(lines)
+    i = start + 1
+    while True:
+        while i < n and _indented(lines[i]):
+            i += 1
+        if i >= n:
+            return None  # still in the frames
+        exc = i
+        if not lines[exc]:
+            return exc - 1  # a traceback cut off before its exception line
+        if exc + 1 >= n:
+            return exc
+        if lines[exc + 1].strip():
+            return exc
+        if exc + 2 >= n:
+            return None  # exception line, empty line: a chain may follow
+        if lines[exc + 2].strip() not in _CHAIN_MESSAGES:
+            return exc
+        if exc + 4 >= n:
+            return None
+        if lines[exc + 3].strip() or _PY_START not in lines[exc + 4]:
+            return exc
+        i = exc + 5
+
+
+def _cpp_end(lines: Sequence[str], start: int) -> int | None:
+    """Returns the index of a c10 stack dump's last frame (``start`` if none), or None if unknown."""
+    i = start + 1
+    while i < len(lines) and _is_frame(lines[i]):
+        i += 1
+    if i >= len(lines):
+        return None  # the next line decides whether more frames follow
+    return i - 1
+
+
+def block_end(lines: Sequence[str], start: int) -> int | None:
+    """Finds the last line of the block that starts at ``lines[start]``.
+
+    Args:
+        lines: cleaned lines of one instance, rank prefix removed.
+        start: index of a block start (``is_block_start``); any other line is a block of its own.
+
+    Returns:
+        The index (``>= start``) of the block's last line, or None when ``lines`` ends before the
+        block is known to be complete (wait for more lines, or flush on timeout or exit).
+
+    Raises:
+        IndexError: ``start`` is not an index into ``lines``.
+    """
+    if not 0 <= start < len(lines):
+        raise IndexError(f"start {start} outside lines[0:{len(lines)}]")
+    line = lines[start]
+    if _PY_START in line:
+        return _python_end(lines, start)
+    if is_block_start(line):
+        return _cpp_end(lines, start)
+    return start

@@ -1,0 +1,194 @@
+"""Field extraction: clean, rank prefixes, timestamps, levels (SPEC P2)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ftwatch.parsers.fields import clean, level_of, parse_timestamp, split_rank_prefix
+
+
+def utc(*args: int) -> float:
+    return datetime(*args, tzinfo=timezone.utc).timestamp()
+
+
+# -- clean ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, text",
+    [
+        (b"NCCL WARN Cuda failure 'out of memory'\n", "NCCL WARN Cuda failure 'out of memory'"),
+        (b"line with crlf\r\n", "line with crlf"),
+        (b"bad \xff\xfe utf8 \xe4\xb8\n", "bad \ufffd\ufffd utf8 \ufffd"),
+        ("中文日志\n".encode(), "中文日志"),
+        (b"\x1b[31mERROR\x1b[0m: rank 3 failed", "ERROR: rank 3 failed"),
+        (b"\x1b[1;32m[I1121 09:36:03]\x1b[0m ok\x1b[K\r\n", "[I1121 09:36:03] ok"),
+        (b"\x1b]0;window title\x07progress 50%", "progress 50%"),
+        (b"\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\ end", "link end"),
+        (b"\x1b(Bplain\x1b=", "plain"),
+        (b"cut off at the end \x1b", "cut off at the end "),
+        (b"tab\tand\x00nul kept", "tab\tand\x00nul kept"),
+        (b"", ""),
+    ],
+)
+def test_clean(raw, text):
+    assert clean(raw) == text
+
+
+@given(st.binary(max_size=200))
+def test_clean_never_raises_and_leaves_no_escape_or_line_ending(raw):
+    text = clean(raw)
+    assert "\x1b" not in text
+    assert not text.endswith(("\r", "\n"))
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="\x1b\r\n"), max_size=80))
+def test_clean_keeps_plain_text(text):
+    raw = text.encode("utf-8", "surrogatepass")
+    assert clean(raw) == raw.decode("utf-8", "replace")
+
+
+# -- split_rank_prefix -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, rank, rest",
+    [
+        ("[rank3]:[W1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:4561] Warning: destroy_process_group()",
+         3, "[W1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:4561] Warning: destroy_process_group()"),
+        ("[rank1]: Traceback (most recent call last):", 1, "Traceback (most recent call last):"),
+        ('[rank1]:   File "/workspace/train.py", line 42, in <module>', 1,
+         '  File "/workspace/train.py", line 42, in <module>'),
+        ("[default3]:step 100 loss 2.31", 3, "step 100 loss 2.31"),
+        ("[trainer12]:epoch 1", 12, "epoch 1"),
+        ("[default1]:[rank1]: torch.distributed.DistBackendError: NCCL error", 1,
+         "torch.distributed.DistBackendError: NCCL error"),
+        ("[default0]:[rank8]: msg", 8, "msg"),
+        ("3: RuntimeError: CUDA error: out of memory", 3, "RuntimeError: CUDA error: out of memory"),
+        ("12:34:56 INFO started", None, "12:34:56 INFO started"),
+        ("2026-11-21 09:36:03,123 - INFO - hello", None, "2026-11-21 09:36:03,123 - INFO - hello"),
+        ("[W1121 09:36:03.735000 140 file.cc:12] x", None, "[W1121 09:36:03.735000 140 file.cc:12] x"),
+        ("[2026-11-21 09:36:03] iteration 10", None, "[2026-11-21 09:36:03] iteration 10"),
+        ("[rank]: no digits", None, "[rank]: no digits"),
+        ("", None, ""),
+    ],
+)
+def test_split_rank_prefix(line, rank, rest):
+    assert split_rank_prefix(line) == (rank, rest)
+
+
+prefix_st = st.one_of(
+    st.builds(lambda n, sp: f"[rank{n}]:" + sp, st.integers(0, 99999), st.sampled_from(["", " "])),
+    st.builds(lambda role, n: f"[{role}{n}]:", st.sampled_from(["default", "trainer", "worker_", "ps"]),
+              st.integers(0, 4095)),
+    st.builds(lambda n: f"{n}: ", st.integers(0, 99999)),
+)
+
+
+@given(prefix_st, st.text(max_size=60))
+def test_split_rank_prefix_never_loses_text_after_the_prefix(prefix, rest):
+    rank, out = split_rank_prefix(prefix + rest)
+    assert rank is not None
+    if prefix.endswith(":") and rest.startswith(" "):
+        rest = rest[1:]  # the one optional space belongs to the prefix
+    assert rest.endswith(out)
+    if split_rank_prefix(rest)[0] is None:
+        assert out == rest
+        assert rank == int("".join(c for c in prefix if c.isdigit()))
+
+
+@given(st.text(max_size=60))
+def test_split_rank_prefix_returns_a_suffix(text):
+    rank, out = split_rank_prefix(text)
+    assert text.endswith(out)
+    assert (rank is None) == (out == text)
+
+
+# -- parse_timestamp -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout",
+         utc(2026, 11, 21, 9, 36, 3, 735000)),
+        ("[rank1]:[E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] Watchdog", utc(2026, 11, 21, 9, 36, 3, 735000)),
+        ("[W1121 09:36:03.735227713 ProcessGroupNCCL.cpp:4115] Warning", utc(2026, 11, 21, 9, 36, 3) + 0.735227713),
+        ("I0102 00:00:01 1 x.cc:1] no fraction", utc(2026, 1, 2, 0, 0, 1)),
+        ("2026-11-21T09:36:03.123Z job started", utc(2026, 11, 21, 9, 36, 3, 123000)),
+        ("2026-11-21T09:36:03.123+08:00 job started", utc(2026, 11, 21, 1, 36, 3, 123000)),
+        ("2026-11-21T09:36:03-0530 x", utc(2026, 11, 21, 15, 6, 3)),
+        ("2026-11-21T09:36:03 no zone", utc(2026, 11, 21, 9, 36, 3)),
+        ("2026-11-21 09:36:03,123 - torch.distributed.elastic - INFO - hello", utc(2026, 11, 21, 9, 36, 3, 123000)),
+        ("2026-11-21 09:36:03.123456 | INFO | step", utc(2026, 11, 21, 9, 36, 3, 123456)),
+        ("[2026-11-21 09:36:03] iteration      100/   5000 | lm loss: 2.3", utc(2026, 11, 21, 9, 36, 3)),
+        (" [2026-11-21 09:36:03,456] [INFO] [logging.py:96:log_dist] [Rank 0] step=10",
+         utc(2026, 11, 21, 9, 36, 3, 456000)),
+        ("[default0]:[2026-11-21 09:36:03] iteration 1", utc(2026, 11, 21, 9, 36, 3)),
+        ("INFO 2026-11-21 09:36:03 worker ready", utc(2026, 11, 21, 9, 36, 3)),
+    ],
+)
+def test_parse_timestamp(line, expected):
+    assert parse_timestamp(line, 2026) == pytest.approx(expected, abs=1e-6)
+
+
+def test_glog_uses_the_given_year():
+    line = "F0229 23:59:59.000001 7 check.cc:1] Check failed"
+    assert parse_timestamp(line, 2028) == pytest.approx(utc(2028, 2, 29, 23, 59, 59, 1), abs=1e-6)
+    assert parse_timestamp(line, 2026) is None  # no Feb 29 in 2026
+
+
+def test_offset_matches_datetime():
+    tz = timezone(timedelta(hours=-7))
+    assert parse_timestamp("2026-03-01T00:00:00-07:00", 2026) == datetime(2026, 3, 1, tzinfo=tz).timestamp()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Traceback (most recent call last):",
+        "node3:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>",
+        "2026-13-01 09:36:03 month 13",
+        "2026-11-21 25:00:00 hour 25",
+        "E1341 09:36:03.735000 140 x.cc:1] month 13",
+        "a long message that mentions a date much later: 2026-11-21 09:36:03",
+        "",
+    ],
+)
+def test_parse_timestamp_none(line):
+    assert parse_timestamp(line, 2026) is None
+
+
+@given(st.text(max_size=80), st.integers(1970, 2100))
+def test_parse_timestamp_never_raises(text, year):
+    value = parse_timestamp(text, year)
+    assert value is None or isinstance(value, float)
+
+
+# -- level_of ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, level",
+    [
+        ("E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] Watchdog", "ERROR"),
+        ("[rank0]:[W1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:4561] Warning: x", "WARNING"),
+        ("F1121 09:36:03.735000 140 check.cc:1] Check failed", "CRITICAL"),
+        ("I1121 09:36:03.735000 140 x.cc:1] ok", "INFO"),
+        ("node3:1234:1234 [0] NCCL WARN Cuda failure 'out of memory'", "WARNING"),
+        ("node3:1234:1234 [0] NCCL INFO Channel 00/0", "INFO"),
+        ("2026-11-21 09:36:03,123 - torch.distributed.elastic - ERROR - failed", "ERROR"),
+        ("WARNING:torch.distributed.run:Setting OMP_NUM_THREADS", "WARNING"),
+        ("[2026-11-21 09:36:03] [CRITICAL] disk full", "CRITICAL"),
+        ("FATAL: all ranks lost", "CRITICAL"),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", None),
+        ("KeyError: 'lr'", None),
+        ("", None),
+    ],
+)
+def test_level_of(line, level):
+    assert level_of(line) == level
