@@ -1,0 +1,480 @@
+"""The local supervisor: N workers on this machine, torchrun style (SPEC S1, A1, A2).
+
+Each worker runs ``command`` in its own session and process group with the torchrun environment.
+Its stdout and stderr are read separately, one thread each, and handed over as batches of complete
+lines (:class:`Output`) as soon as a read returns them. A waiter thread per worker queues its
+:class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
+comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue.
+
+Restart counters (A2), as ModelArts defines them (shared/seeds/002_*.txt, "故障恢复环境变量"):
+``MA_SCHEDULE_CNT`` counts how often the pod was scheduled (1 for a new job, +1 after each
+rescheduling, which rebuilds the containers); ``MA_PROC_START_CNT`` counts how often the user script
+ran in the current pod (reset to 1 for a new or rescheduled job, +1 for each in-place recovery or hang
+restart, which keep the container, its files and shared memory), so that a script can tell from
+``MA_PROC_START_CNT > 1`` that it must be re-entrant. On one machine nothing is rebuilt: every restart
+runs the script again in the environment it left, i.e. an in-place recovery. So by default
+``MA_SCHEDULE_CNT`` stays 1 and ``MA_PROC_START_CNT`` counts each instance's starts (the rank's slot
+plays the pod); ``start_all(..., reschedule=True)`` models a rescheduling (``MA_SCHEDULE_CNT`` + 1,
+every ``MA_PROC_START_CNT`` back to 1). ``TORCHELASTIC_RESTART_COUNT`` is the job's restart count,
+as torchrun sets it; ``FTWATCH_ATTEMPT`` is the instance's start count (1-based, never reset; the
+same number as :attr:`Started.start_count`).
+
+Process groups. A group is stopped as a whole, so a worker's children die with it. When a worker's
+main process exits on its own, the rest of its group gets ``EXIT_LINGER`` seconds to close the
+worker's stdout/stderr and is SIGKILLed if it has not (only a process that left the group, and
+holds the streams ``DONE_TIMEOUT`` s longer, can make output follow the exit). Group members that let go of the streams live
+until :meth:`~Supervisor.stop_all`, a restart or :meth:`~Supervisor.close`. Main processes are
+reaped only then: the zombie keeps the group id from being reused, so a signal to the group never
+reaches an unrelated process. Nothing is left behind after ``close`` (a finalizer also kills the
+groups at interpreter exit); only a SIGKILL of ftwatch itself can leave workers running.
+
+Signals. ``stop_all`` and ``close`` may be called from a Python signal handler. If the handler
+interrupted this supervisor's own ``start_all``, ``restart_instance``, ``stop_all`` or ``close``, the
+call only sets a flag (during a stop it also ends the grace period at once: a second Ctrl-C kills)
+and the interrupted method carries it out before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+from ftwatch.errors import SourceError
+from ftwatch.events import Origin, ProcessExit
+
+READ_SIZE = 65536          # bytes per os.read
+MAX_LINE = 8 * 1024 * 1024  # a "line" longer than this (bytes) is handed over with a b"\n" added
+EXIT_LINGER = 2.0          # seconds a worker's leftovers may keep its pipes open after it exits
+DONE_TIMEOUT = 5.0         # seconds to wait for a killed worker's exit to be reported
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A batch of complete lines from one stream of one worker.
+
+    Attributes:
+        origin: instance ``worker-<rank>``, rank, job, node, stream ``stdout``/``stderr``, source ``process``.
+        data: one or more complete lines as written (not decoded), each ending in ``b"\\n"`` (a final
+            partial line at EOF, or a line longer than ``MAX_LINE`` bytes, gets one added).
+        time: epoch seconds when read.
+    """
+    origin: Origin
+    data: bytes
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A worker process was started.
+
+    Attributes:
+        origin: the instance (stream ``process``).
+        pid: its process id (also its process-group id).
+        time: epoch seconds.
+        start_count: how often this instance has been started, 1-based (``FTWATCH_ATTEMPT``).
+    """
+    origin: Origin
+    pid: int
+    time: float
+    start_count: int
+
+
+@dataclass(eq=False)
+class _Worker:
+    rank: int
+    popen: subprocess.Popen
+    origin: Origin
+    readers: list[threading.Thread] = field(default_factory=list)
+    exited: threading.Event = field(default_factory=threading.Event)   # main process ended
+    done: threading.Event = field(default_factory=threading.Event)     # ProcessExit queued
+    stop_requested: bool = False
+    reaped: bool = False
+    exit: ProcessExit | None = None
+
+
+class Supervisor:
+    """Starts, watches, stops and restarts N local workers.
+
+    Args:
+        command: the argv every worker runs.
+        nproc: how many workers (ranks 0 .. nproc-1); >= 1.
+        job: the job id (in every Origin).
+        node: the host name in every Origin; the machine's own when None.
+        grace_period: seconds between SIGTERM and SIGKILL in :meth:`stop_all`.
+        master_addr: ``MASTER_ADDR`` for the workers.
+        master_port: ``MASTER_PORT``; 0 picks a free port at each :meth:`start_all`.
+        env: extra environment on top of ``os.environ`` (the variables above win).
+        cwd: the workers' working directory.
+
+    Raises:
+        ValueError: an empty command or ``nproc < 1``.
+    """
+
+    def __init__(self, command: Sequence[str], nproc: int, *, job: str = "local", node: str | None = None,
+                 grace_period: float = 10.0, master_addr: str = "127.0.0.1", master_port: int = 0,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None):
+        if not command:
+            raise ValueError("empty command")
+        if nproc < 1:
+            raise ValueError(f"nproc must be >= 1, got {nproc}")
+        self.command, self.nproc, self.job, self.node = list(command), nproc, job, node or socket.gethostname()
+        self.grace_period, self.env, self.cwd = grace_period, dict(env or {}), cwd
+        self.master_addr, self.master_port, self._fixed_port = master_addr, master_port, master_port
+        self.restart_count = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()   # reentrant put: safe with signals
+        self._workers: dict[int, _Worker] = {}
+        self._old: list[_Worker] = []          # replaced workers not yet reaped
+        self._schedule_cnt = 1
+        self._proc_starts = [0] * nproc        # MA_PROC_START_CNT per rank
+        self._starts = [0] * nproc             # FTWATCH_ATTEMPT per rank
+        self._lock = threading.Lock()          # worker table and reaping; never held while waiting
+        self._op_lock = threading.RLock()      # one public operation at a time
+        self._op_thread: int | None = None     # the thread inside an operation
+        self._pending: str | None = None       # "stop" / "close" asked for by a signal handler
+        self._hurry = threading.Event()        # skip the rest of the grace period
+        self._stopping = self._closed = False
+        self._groups: set[int] = set()         # unreaped process groups, for the finalizer
+        self._finalizer = weakref.finalize(self, _kill_groups, self._groups)
+
+    def start_all(self, restart_count: int, *, reschedule: bool = False) -> None:
+        """Start all N workers (a fresh ``MASTER_PORT`` when it is 0).
+
+        Args:
+            restart_count: job restarts so far (``TORCHELASTIC_RESTART_COUNT``).
+            reschedule: model a ModelArts rescheduling: ``MA_SCHEDULE_CNT`` + 1 and every
+                ``MA_PROC_START_CNT`` back to 1 (see the module docstring).
+
+        Raises:
+            RuntimeError: a worker is still running (call :meth:`stop_all` first) or closed.
+            SourceError: a worker could not be started (the others are stopped again).
+        """
+        with self._operation():
+            if self._closed:
+                raise RuntimeError("supervisor is closed")
+            if self.running():
+                raise RuntimeError(f"workers still running: {sorted(self.running())}; stop_all first")
+            for w in list(self._workers.values()):
+                self._retire(w)
+            self._workers.clear()
+            self.restart_count = restart_count
+            if reschedule:
+                self._schedule_cnt += 1
+                self._proc_starts = [0] * self.nproc
+            self.master_port = self._fixed_port or _free_port(self.master_addr, avoid=self.master_port)
+            try:
+                for rank in range(self.nproc):
+                    self._spawn(rank)
+            except OSError as exc:
+                self._stop(0.0)
+                raise SourceError(f"cannot start worker: {' '.join(self.command)}: {exc}") from exc
+
+    def restart_instance(self, rank: int) -> None:
+        """Start one worker again (Async mode); the others keep running.
+
+        ``MA_PROC_START_CNT`` and ``FTWATCH_ATTEMPT`` go up by one for this rank only; the job's
+        ``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT`` stay.
+
+        Raises:
+            ValueError: no such rank. RuntimeError: it is still running, or closed.
+            SourceError: it could not be started.
+        """
+        with self._operation():
+            if self._closed:
+                raise RuntimeError("supervisor is closed")
+            if not 0 <= rank < self.nproc:
+                raise ValueError(f"no rank {rank} (nproc {self.nproc})")
+            old = self._workers.get(rank)
+            if old is not None:
+                if not old.exited.is_set():
+                    raise RuntimeError(f"worker-{rank} is still running")
+                self._retire(old)
+            try:
+                self._spawn(rank)
+            except OSError as exc:
+                raise SourceError(f"cannot restart worker-{rank}: {exc}") from exc
+
+    def stop_all(self, grace: float | None = None) -> list[ProcessExit]:
+        """Stop every worker: SIGTERM and SIGCONT to each group, ``grace`` seconds, then SIGKILL.
+
+        A SIGSTOPped worker is continued so that it can take the SIGTERM. Leftover processes of
+        workers that exited earlier are stopped too, and every main process is reaped.
+
+        Args:
+            grace: seconds before SIGKILL; ``grace_period`` when None.
+
+        Returns:
+            The ProcessExit (``stopped_by_us=True``) of each worker this call stopped, in rank order;
+            not those that ended on their own before, nor one still not dead ``DONE_TIMEOUT`` s after
+            SIGKILL (stuck in the kernel). :meth:`poll` delivers the same objects, once each, after
+            the worker's output: consumers that feed rules take exits from :meth:`poll` only and
+            use this list just to know the outcome (no duplicates that way).
+        """
+        if self._reentered("stop"):
+            return []
+        with self._operation():
+            return self._stop(self.grace_period if grace is None else grace)
+
+    def poll(self, timeout: float) -> list[Output | Started | ProcessExit]:
+        """Everything that happened since the last call, in order per instance.
+
+        Blocks up to ``timeout`` seconds for the first event, then takes what else is queued (at
+        most 4096 events). Returns [] on timeout.
+        """
+        items: list = []
+        try:
+            items.append(self._queue.get(timeout=max(0.0, timeout)))
+        except queue.Empty:
+            return items
+        while len(items) < 4096:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
+
+    def running(self) -> set[int]:
+        """The ranks whose main process is alive (a stopped, i.e. SIGSTOPped, one counts)."""
+        return {r for r, w in list(self._workers.items()) if not w.exited.is_set()}
+
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to every worker's process group (live or with leftovers)."""
+        with self._lock:
+            for w in self._all():
+                _killpg(w, sig)
+
+    def close(self) -> None:
+        """SIGKILL whatever is left, reap it, and refuse further starts. Idempotent."""
+        if self._reentered("close"):
+            return
+        with self._operation():
+            self._close()
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _reentered(self, what: str) -> bool:
+        """True when called from a signal handler that interrupted one of our operations.
+
+        The operation then carries out ``what`` before it returns; a stop asked for while a stop
+        is under way also ends that stop's grace period at once.
+        """
+        if self._op_thread != threading.get_ident():
+            return False
+        if what == "close" or self._pending is None:
+            self._pending = what
+        if self._stopping or what == "close":
+            self._hurry.set()
+        return True
+
+    @contextlib.contextmanager
+    def _operation(self) -> Iterator[None]:
+        """One public operation at a time; afterwards, run a stop/close a signal handler asked for."""
+        with self._op_lock:
+            outer, self._op_thread = self._op_thread, threading.get_ident()
+            try:
+                yield
+            finally:
+                try:
+                    while self._pending is not None:
+                        what, self._pending = self._pending, None
+                        if what == "close":
+                            self._close()
+                        else:
+                            self._stop(self.grace_period)
+                finally:
+                    self._op_thread = outer
+
+    def _spawn(self, rank: int) -> None:
+        env = {**os.environ, **self.env, **{
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "WORLD_SIZE": str(self.nproc), "LOCAL_WORLD_SIZE": str(self.nproc),
+            "ROLE_WORLD_SIZE": str(self.nproc), "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
+            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+            "PYTHONUNBUFFERED": "1", "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
+            "TORCHELASTIC_RUN_ID": self.job,
+            "MA_SCHEDULE_CNT": str(self._schedule_cnt), "MA_PROC_START_CNT": str(self._proc_starts[rank] + 1),
+            "FTWATCH_ATTEMPT": str(self._starts[rank] + 1), "FTWATCH_JOB": self.job,
+            "FTWATCH_INSTANCE": f"worker-{rank}"}}
+        popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env=env, cwd=self.cwd, start_new_session=True)
+        self._proc_starts[rank] += 1
+        self._starts[rank] += 1
+        origin = Origin(f"worker-{rank}", rank, self.job, self.node, "process", "process")
+        w = _Worker(rank, popen, origin)
+        with self._lock:
+            self._workers[rank] = w
+            self._groups.add(popen.pid)
+        self._queue.put(Started(origin, popen.pid, time.time(), self._starts[rank]))
+        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            o = Origin(origin.instance, rank, self.job, self.node, stream, "process")
+            t = threading.Thread(target=_read, args=(pipe, o, self._queue),
+                                 name=f"ftwatch-{stream}-{rank}", daemon=True)
+            t.start()
+            w.readers.append(t)
+        threading.Thread(target=self._wait, args=(w,), name=f"ftwatch-wait-{rank}", daemon=True).start()
+
+    def _wait(self, w: _Worker) -> None:
+        """Waiter thread: see the exit (without reaping), wait for the output, report the exit."""
+        returncode = sig = None
+        try:
+            info = os.waitid(os.P_PID, w.popen.pid, os.WEXITED | os.WNOWAIT)
+            if info is not None and info.si_code == os.CLD_EXITED:
+                returncode = info.si_status
+            elif info is not None:
+                sig = info.si_status
+        except ChildProcessError:              # reaped elsewhere: take what Popen knows
+            rc = w.popen.returncode
+            returncode, sig = (rc, None) if rc is None or rc >= 0 else (None, -rc)
+        with self._lock:                       # atomic with _stop's choice of targets
+            stopped = w.stop_requested
+            w.exited.set()
+        deadline = time.monotonic() + EXIT_LINGER
+        for t in w.readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in w.readers):   # leftovers hold the pipes: end them
+            with self._lock:
+                _killpg(w, signal.SIGKILL)
+            for t in w.readers:
+                t.join(DONE_TIMEOUT)
+        w.exit = ProcessExit(w.origin, w.popen.pid, returncode, sig, time.time(), stopped)
+        self._queue.put(w.exit)
+        w.done.set()
+
+    def _all(self) -> list[_Worker]:   # every worker whose group may still need a signal
+        return [w for w in [*self._old, *self._workers.values()] if not w.reaped]
+
+    def _stop(self, grace: float, term: bool = True) -> list[ProcessExit]:
+        """Stop every group: SIGTERM + SIGCONT (``term``), ``grace`` s, SIGKILL; reap; the exits."""
+        with self._lock:
+            targets = [w for w in self._all() if not w.exited.is_set()]
+            for w in targets:
+                w.stop_requested = True
+            everyone = self._all()
+            for w in everyone if term else ():
+                _killpg(w, signal.SIGTERM)
+                _killpg(w, signal.SIGCONT)
+        self._stopping = True
+        try:
+            deadline = time.monotonic() + max(0.0, grace)
+            for w in targets if term else ():
+                while not (self._hurry.is_set() or time.monotonic() >= deadline
+                           or w.exited.wait(min(0.05, max(0.0, deadline - time.monotonic())))):
+                    pass
+        finally:
+            self._stopping = False
+            self._hurry.clear()
+        with self._lock:
+            for w in everyone:
+                _killpg(w, signal.SIGKILL)
+        deadline = time.monotonic() + DONE_TIMEOUT + EXIT_LINGER
+        for w in everyone:
+            w.done.wait(max(0.0, deadline - time.monotonic()))
+        for w in everyone:
+            if w.done.is_set():
+                self._reap(w)
+        return [w.exit for w in sorted(targets, key=lambda w: w.rank) if w.exit is not None]
+
+    def _retire(self, w: _Worker) -> None:
+        """Clean up an exited worker before its rank is started again: kill leftovers, reap."""
+        w.done.wait(DONE_TIMEOUT + EXIT_LINGER)
+        with self._lock:
+            _killpg(w, signal.SIGKILL)
+        if w.done.is_set():
+            self._reap(w)
+        else:                                   # stuck in the kernel: reap it later
+            self._old.append(w)
+
+    def _reap(self, w: _Worker) -> None:
+        with self._lock:
+            if w.reaped or not w.exited.is_set():
+                return
+            _killpg(w, signal.SIGKILL)          # the zombie still holds the group id
+            try:
+                w.popen.wait(timeout=1.0)
+            except (subprocess.TimeoutExpired, ChildProcessError):
+                pass
+            w.reaped = True
+            self._groups.discard(w.popen.pid)
+            if w in self._old:
+                self._old.remove(w)
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._stop(0.0, term=False)
+        self._closed = True
+        self._finalizer()
+
+
+def _read(pipe, origin: Origin, out: queue.SimpleQueue) -> None:
+    """Reader thread: os.read the pipe, put complete lines as Output batches, flush the tail at EOF."""
+    fd = pipe.fileno()
+    carry: list[bytes] = []
+    carried = 0
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, READ_SIZE)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                carry.append(chunk)
+                carried += len(chunk)
+                if carried > MAX_LINE:
+                    out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
+                    carry, carried = [], 0
+                continue
+            data = b"".join([*carry, chunk[:cut + 1]]) if carry else chunk[:cut + 1]
+            out.put(Output(origin, data, time.time()))
+            rest = chunk[cut + 1:]
+            carry, carried = ([rest], len(rest)) if rest else ([], 0)
+        if carry:
+            out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
+    finally:
+        pipe.close()
+
+
+def _killpg(w: _Worker, sig: int) -> None:
+    """Signal a worker's process group unless its main process was reaped (call with the lock)."""
+    if w.reaped:
+        return
+    try:
+        os.killpg(w.popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill_groups(groups: set[int]) -> None:
+    """Finalizer: SIGKILL every unreaped group (the supervisor was dropped or the interpreter exits)."""
+    for pgid in list(groups):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    groups.clear()
+
+
+def _free_port(addr: str, avoid: int = 0) -> int:
+    """A TCP port that is free on ``addr`` now (bind port 0, read it, release it), not ``avoid``."""
+    for _ in range(16):
+        with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((addr, 0))
+            port = s.getsockname()[1]
+        if port != avoid:
+            return port
+    return port
