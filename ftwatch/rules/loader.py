@@ -1,0 +1,399 @@
+"""Keyword rule files (YAML) -> ``Rule`` objects (SPEC R1, R2, T1; DESIGN "House rules").
+
+A rule file is a mapping with one key, ``rules:``, holding a list of rules; the schema is in
+``ftwatch/rules/packs/README.md`` and at the top of every built-in pack. The built-in packs
+(``ftwatch/rules/packs/*.yaml``) are read with ``importlib.resources``.
+
+Loading never stops at the first problem: every problem in every file (YAML syntax, duplicate
+keys, unknown keys, bad values, duplicate rule ids across files, patterns that the matcher
+cannot compile) becomes an ``Issue(file, line, message)`` and one ``RuleError`` carrying all of
+them is raised at the end. A caller that already runs with rules keeps them when a reload raises
+(SPEC Q1: a half-written rule file leaves the old rules in force).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import yaml
+
+from ftwatch.errors import Issue, RuleError
+from ftwatch.events import Action, FailureClass, Severity
+from ftwatch.rules.matcher import Matcher
+from ftwatch.rules.model import Pattern, Rule
+
+RULE_KEYS: frozenset[str] = frozenset({
+    "id", "keywords", "regex", "caseless", "class", "action", "severity", "priority", "tags",
+    "source", "classified_by", "description", "examples", "counterexamples",
+    "source_class", "source_action", "source_regex", "notes",
+})
+"""Keys a rule may have; the last four only document where a built-in rule departs from its source."""
+
+TOP_KEYS: frozenset[str] = frozenset({"rules"})
+ID_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+$")
+SEVERITIES = ("info", "warning", "error", "critical")
+RETRYABLE_KEYWORD_PRIORITY = 15
+_STR_KEYS = ("source", "classified_by", "description", "source_class", "source_action",
+             "source_regex", "notes")
+_LIST_KEYS = ("keywords", "regex", "tags", "examples", "counterexamples")
+
+
+class LineDict(dict):
+    """A mapping read from YAML that remembers where it and each of its keys start (1-based)."""
+
+    line: int = 0
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.key_lines: dict[Any, int] = {}
+
+    def line_of(self, key: Any) -> int:
+        """The line of ``key``, else the line of the mapping itself."""
+        return self.key_lines.get(key, self.line)
+
+
+class LineList(list):
+    """A sequence read from YAML that remembers where it and each item start (1-based)."""
+
+    line: int = 0
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.item_lines: list[int] = []
+
+    def line_of(self, index: int) -> int:
+        return self.item_lines[index] if index < len(self.item_lines) else self.line
+
+
+class LineLoader(yaml.SafeLoader):
+    """A SafeLoader whose mappings and sequences keep line numbers and that reports duplicate keys.
+
+    Duplicate keys do not stop the parse: each is appended to ``issues`` (the first value is kept),
+    so one load reports all of them.
+    """
+
+    def __init__(self, stream: str, name: str = "<string>"):
+        super().__init__(stream)
+        self.name = name
+        self.issues: list[Issue] = []
+
+
+def _construct_mapping(loader: LineLoader, node: yaml.MappingNode) -> LineDict:
+    loader.flatten_mapping(node)
+    out = LineDict()
+    out.line = node.start_mark.line + 1
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            hash(key)
+        except TypeError:
+            loader.issues.append(Issue(loader.name, line, "a mapping key must be a plain value"))
+            continue
+        if key in out:
+            loader.issues.append(Issue(loader.name, line,
+                                       f"duplicate key {key!r} (first at line {out.key_lines[key]})"))
+            continue
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = line
+    return out
+
+
+def _construct_sequence(loader: LineLoader, node: yaml.SequenceNode) -> LineList:
+    out = LineList()
+    out.line = node.start_mark.line + 1
+    for child in node.value:
+        out.append(loader.construct_object(child, deep=True))
+        out.item_lines.append(child.start_mark.line + 1)
+    return out
+
+
+LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
+LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
+
+
+def parse_yaml(text: str, name: str) -> tuple[Any, list[Issue]]:
+    """Parses one YAML document, keeping line numbers.
+
+    Args:
+        text: the document.
+        name: the file name used in issues.
+
+    Returns:
+        (data, issues): data is None when the text does not parse; issues hold the syntax error
+        (at the line YAML names) and every duplicate key.
+    """
+    loader = LineLoader(text, name)
+    try:
+        data = loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 0
+        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        return None, loader.issues + [Issue(name, line, f"YAML syntax error: {what}")]
+    except yaml.YAMLError as exc:
+        return None, loader.issues + [Issue(name, 0, f"YAML error: {exc}")]
+    finally:
+        loader.dispose()
+    return data, loader.issues
+
+
+def builtin_pack_files() -> list[Any]:
+    """The built-in packs (``importlib.resources`` Traversables), sorted by name."""
+    folder = importlib.resources.files("ftwatch.rules").joinpath("packs")
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".yaml")), key=lambda f: f.name)
+
+
+def _expand(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            out.extend(sorted(q for q in path.iterdir() if q.suffix in (".yaml", ".yml")))
+        else:
+            out.append(path)
+    return out
+
+
+def load_rules(paths: Sequence[str | Path] = (), builtin: bool = True) -> list[Rule]:
+    """Loads keyword rules: the built-in packs (unless ``builtin=False``), then each file in ``paths``.
+
+    Args:
+        paths: rule files, or folders whose ``*.yaml``/``*.yml`` files are read in name order.
+        builtin: include ``ftwatch/rules/packs/*.yaml``.
+
+    Returns:
+        The rules in file order; each ``location`` is ``file:line`` of the rule's ``- id:`` item.
+
+    Raises:
+        RuleError: with one Issue per problem found in any file (all files are read first).
+    """
+    issues: list[Issue] = []
+    rules: list[Rule] = []
+    seen: dict[str, str] = {}
+    sources: list[tuple[str, str | None]] = []
+    if builtin:
+        for f in builtin_pack_files():
+            sources.append((str(f), f.read_text(encoding="utf-8")))
+    for path in _expand(paths):
+        try:
+            sources.append((str(path), path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as exc:
+            issues.append(Issue(str(path), 0, f"cannot read rule file: {exc}"))
+    for name, text in sources:
+        for rule in rules_from_text(text, name, issues):
+            if rule.id in seen:
+                line = int(rule.location.rsplit(":", 1)[1])
+                issues.append(Issue(name, line, f"duplicate rule id {rule.id!r} (first at {seen[rule.id]})"))
+                continue
+            seen[rule.id] = rule.location
+            rules.append(rule)
+    if issues:
+        order = {name: i for i, (name, _) in enumerate(sources)}
+        issues.sort(key=lambda i: (order.get(i.file, -1), i.line))
+        raise RuleError(issues)
+    return rules
+
+
+def rules_from_text(text: str, name: str, issues: list[Issue]) -> list[Rule]:
+    """The valid rules of one rule file; every problem found is appended to ``issues``.
+
+    Args:
+        text: the file's content.
+        name: the file name for issues and locations.
+        issues: where problems go (the caller decides when to raise).
+    """
+    data, found = parse_yaml(text, name)
+    issues.extend(found)
+    if data is None:
+        if not found:
+            issues.append(Issue(name, 1, "empty rule file: expected a mapping with a 'rules:' list"))
+        return []
+    if not isinstance(data, LineDict):
+        issues.append(Issue(name, 1, "a rule file must be a mapping with a 'rules:' list"))
+        return []
+    for key in data:
+        if key not in TOP_KEYS:
+            issues.append(Issue(name, data.line_of(key), f"unknown key {key!r} (expected 'rules')"))
+    items = data.get("rules")
+    if "rules" not in data:
+        issues.append(Issue(name, data.line, "missing 'rules:' list"))
+        return []
+    if items is None:
+        return []
+    if not isinstance(items, LineList):
+        issues.append(Issue(name, data.line_of("rules"), "'rules' must be a list of rules"))
+        return []
+    out: list[Rule] = []
+    ids_here: dict[str, int] = {}
+    for index, item in enumerate(items):
+        line = items.line_of(index)
+        if not isinstance(item, LineDict):
+            issues.append(Issue(name, line, "a rule must be a mapping (id, keywords/regex, class, action ...)"))
+            continue
+        rule = _build_rule(item, name, issues)
+        if rule is None:
+            continue
+        if rule.id in ids_here:
+            issues.append(Issue(name, item.line_of("id"),
+                                f"duplicate rule id {rule.id!r} (first at line {ids_here[rule.id]})"))
+            continue
+        ids_here[rule.id] = item.line_of("id")
+        out.append(rule)
+    return out
+
+
+def _build_rule(item: LineDict, name: str, issues: list[Issue]) -> Rule | None:
+    """One rule from its mapping, or None (with issues appended) when anything is wrong."""
+    before = len(issues)
+
+    def bad(key: str, message: str) -> None:
+        issues.append(Issue(name, item.line_of(key), message))
+
+    rule_id = item.get("id")
+    label = f"rule {rule_id!r}: " if isinstance(rule_id, str) else ""
+    for key in item:
+        if key not in RULE_KEYS:
+            bad(key, f"{label}unknown key {key!r}; a rule takes {', '.join(sorted(RULE_KEYS))}")
+    if rule_id is None:
+        bad("id", "rule has no 'id'")
+    elif not isinstance(rule_id, str) or not ID_RE.match(rule_id):
+        bad("id", f"bad id {rule_id!r}: use dotted names of letters, digits, '_' and '-' (nccl.timeout)")
+
+    lists = {key: _str_list(item, key, name, issues, label) for key in _LIST_KEYS}
+    caseless = item.get("caseless", False)
+    if not isinstance(caseless, bool):
+        bad("caseless", f"{label}'caseless' must be true or false, not {caseless!r}")
+        caseless = False
+    patterns: list[Pattern] = []
+    for key, is_regex in (("keywords", False), ("regex", True)):
+        values = item.get(key)
+        for i, text in enumerate(lists[key]):
+            line = values.line_of(i) if isinstance(values, LineList) else item.line_of(key)
+            pattern = Pattern(text, regex=is_regex, caseless=caseless)
+            problem = "empty pattern" if not text.strip() else Matcher.check(pattern)
+            if problem:
+                issues.append(Issue(name, line, f"{label}{key} {text!r}: {problem}"))
+            else:
+                patterns.append(pattern)
+    if "keywords" not in item and "regex" not in item:
+        bad("id", f"{label}no patterns: give 'keywords' and/or 'regex'")
+    elif not lists["keywords"] and not lists["regex"] and len(issues) == before:
+        bad("keywords" if "keywords" in item else "regex", f"{label}no patterns: the lists are empty")
+
+    failure_class = _enum(item, "class", name, issues, label, [c.value for c in FailureClass],
+                          FailureClass)
+    action = _enum(item, "action", name, issues, label, [a.label for a in Action],
+                   lambda v: Action[v.upper()])
+    severity = Severity.ERROR
+    if "severity" in item:
+        severity = _enum(item, "severity", name, issues, label, list(SEVERITIES),
+                         lambda v: Severity[v.upper()])
+    priority = item.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        bad("priority", f"{label}'priority' must be an integer, not {priority!r}")
+    texts = {}
+    for key in _STR_KEYS:
+        value = item.get(key, "")
+        if not isinstance(value, str):
+            bad(key, f"{label}{key!r} must be a string, not {type(value).__name__}")
+            value = ""
+        texts[key] = value
+    if len(issues) > before:
+        return None
+    source = texts["source"]
+    if texts["classified_by"]:
+        source = f"{source} ; classified by: {texts['classified_by']}" if source else texts["classified_by"]
+    return Rule(
+        id=rule_id, patterns=tuple(patterns), failure_class=failure_class, action=action,
+        severity=severity, priority=priority, examples=tuple(lists["examples"]),
+        counterexamples=tuple(lists["counterexamples"]), source=source,
+        description=texts["description"], tags=tuple(lists["tags"]),
+        location=f"{name}:{item.line}",
+    )
+
+
+def _str_list(item: LineDict, key: str, name: str, issues: list[Issue], label: str) -> list[str]:
+    """The list of strings under ``key`` ([] when absent); a wrong shape is an issue."""
+    if key not in item or item[key] is None:
+        return []
+    values = item[key]
+    if not isinstance(values, LineList):
+        issues.append(Issue(name, item.line_of(key),
+                            f"{label}{key!r} must be a list of strings (write [\"...\"]), "
+                            f"not {type(values).__name__}"))
+        return []
+    out = []
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            issues.append(Issue(name, values.line_of(i),
+                                f"{label}{key}[{i}] must be a string, not {value!r} (quote it)"))
+        else:
+            out.append(value)
+    return out
+
+
+def _enum(item: LineDict, key: str, name: str, issues: list[Issue], label: str,
+          allowed: list[str], convert) -> Any:
+    """The value under ``key`` converted, or None with an issue when missing or not in ``allowed``."""
+    value = item.get(key)
+    if value is None:
+        issues.append(Issue(name, item.line_of(key) if key in item else item.line,
+                            f"{label}missing {key!r} (one of {'|'.join(allowed)})"))
+        return None
+    if not isinstance(value, str) or value not in allowed:
+        issues.append(Issue(name, item.line_of(key),
+                            f"{label}bad {key} {value!r}; expected one of {'|'.join(allowed)}"))
+        return None
+    return convert(value)
+
+
+def rules_from_keywords(keywords: Sequence[str], id_prefix: str = "custom.retryable",
+                        source: str = "retryable_errors (AIMaster set_retryable_errors)") -> list[Rule]:
+    """Rules for user-declared retryable error strings (SPEC R2; AIMaster ``set_retryable_errors``).
+
+    Each keyword is a literal (substring) rule: class ``retryable_infra``, action ``restart_job``,
+    severity error, priority 15 (above the generic and user-error rules, below hardware, OOM and
+    fallout rules). Duplicates are dropped; ids are ``<id_prefix>.<slug of the keyword>``.
+
+    Args:
+        keywords: the strings, as the user gave them.
+        id_prefix: a dotted prefix for the ids.
+        source: what ``Rule.source`` says.
+
+    Raises:
+        RuleError: an empty keyword, a non-string, or one the matcher cannot compile
+            (``Issue("<retryable_errors>", n, ...)``, n = 1-based position).
+    """
+    issues: list[Issue] = []
+    rules: list[Rule] = []
+    used: set[str] = set()
+    seen: set[str] = set()
+    for n, keyword in enumerate(keywords, start=1):
+        if not isinstance(keyword, str) or not keyword.strip():
+            issues.append(Issue("<retryable_errors>", n, f"keyword {keyword!r} must be a non-empty string"))
+            continue
+        problem = Matcher.check(Pattern(keyword))
+        if problem:
+            issues.append(Issue("<retryable_errors>", n, f"keyword {keyword!r}: {problem}"))
+            continue
+        if keyword in seen:
+            continue
+        seen.add(keyword)
+        slug = re.sub(r"[^a-z0-9]+", "_", keyword.lower()).strip("_")[:48] or "keyword"
+        rule_id, k = f"{id_prefix}.{slug}", 2
+        while rule_id in used:
+            rule_id, k = f"{id_prefix}.{slug}_{k}", k + 1
+        used.add(rule_id)
+        rules.append(Rule(
+            id=rule_id, patterns=(Pattern(keyword),), failure_class=FailureClass.RETRYABLE_INFRA,
+            action=Action.RESTART_JOB, severity=Severity.ERROR, priority=RETRYABLE_KEYWORD_PRIORITY,
+            examples=(keyword,), source=source, description=f"user-declared retryable error {keyword!r}",
+            tags=("custom", "retryable"), location=f"<retryable_errors>:{n}",
+        ))
+    if issues:
+        raise RuleError(issues)
+    return rules
