@@ -1,0 +1,270 @@
+"""The ``ftwatch`` command: run, replay, explain, check, test-rules.
+
+AIMaster flags (SPEC M1) are accepted verbatim anywhere before ``--`` in ``run`` and
+``replay``, as argv (``--enable-job-restart=True``) or as one string
+(``--aimaster-args "--job-execution-mode=Sync --enable-job-restart=True"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ftwatch.errors import ConfigError
+
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script. Returns the process exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if argv else EXIT_USAGE
+    command, rest = argv[0], argv[1:]
+    handler = _COMMANDS.get(command)
+    if handler is None:
+        print(f"ftwatch: unknown command {command!r}\n{_USAGE}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return handler(rest)
+    except ConfigError as exc:
+        print("ftwatch: configuration error:", file=sys.stderr)
+        for issue in exc.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# -- shared set-up ---------------------------------------------------------------------------
+
+def _load_config(args: argparse.Namespace, flags: dict):
+    from ftwatch.config import Config, load_config
+    config = load_config(args.config) if getattr(args, "config", None) else Config()
+    if getattr(args, "aimaster_args", None):
+        from ftwatch.config import parse_aimaster_flags
+        more, unknown = parse_aimaster_flags(args.aimaster_args)
+        if unknown:
+            raise ConfigError(f"--aimaster-args: unknown flags {' '.join(unknown)}")
+        flags = {**more, **flags}
+    if flags:
+        config = config.with_policy(**flags)
+    return config
+
+
+def _split_flags(argv: list[str]) -> tuple[dict, list[str], list[str]]:
+    """(AIMaster flags, other options, command after ``--``)."""
+    from ftwatch.config import parse_aimaster_flags
+    if "--" in argv:
+        cut = argv.index("--")
+        head, command = argv[:cut], argv[cut + 1:]
+    else:
+        head, command = argv, []
+    flags, rest = parse_aimaster_flags(head)
+    return flags, rest, command
+
+
+def _rules(config):
+    from ftwatch.rules.loader import load_rules, rules_from_keywords
+    rules = load_rules(config.rules.files, builtin=config.rules.builtin)
+    if config.rules.retryable_errors:
+        rules += rules_from_keywords(list(config.rules.retryable_errors))
+    return rules
+
+
+def _job_id(explicit: str | None, command: Sequence[str]) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get("FTWATCH_JOB_ID"):
+        return os.environ["FTWATCH_JOB_ID"]
+    digest = hashlib.sha1((os.getcwd() + "\0" + "\0".join(command)).encode()).hexdigest()[:8]
+    return f"local-{digest}"
+
+
+def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
+    from ftwatch.alerting.dispatcher import Dispatcher
+    from ftwatch.alerting.notifiers import build_notifiers
+    from ftwatch.alerting.spool import Spool
+    from ftwatch.alerting.alerts import TemplateRenderer
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    state_dir.mkdir(parents=True, exist_ok=True)
+    store = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
+    renderer = TemplateRenderer(config.alerting.language,
+                                {k: Path(v) for k, v in config.alerting.templates.items()})
+    dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
+                            Spool(state_dir / "spool"))
+    dispatcher.resend_pending()
+    return Recorder(store, decisions_file, dispatcher, out=out, state_dir=state_dir)
+
+
+# -- run -------------------------------------------------------------------------------------
+
+def cmd_run(argv: list[str]) -> int:
+    flags, rest, command = _split_flags(argv)
+    p = argparse.ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.")
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--aimaster-args", help="AIMaster flags as one string")
+    p.add_argument("--nproc-per-node", type=int, help="workers to start (default: config, else 1)")
+    p.add_argument("--state-dir", help="where the SQLite store, budgets and spool live")
+    p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
+    p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
+    p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
+    args = p.parse_args(rest)
+    if not command:
+        p.error("give the training command after --")
+    config = _load_config(args, flags)
+    overrides = {}
+    if args.nproc_per_node:
+        overrides["nproc_per_node"] = args.nproc_per_node
+    if args.grace_period is not None:
+        overrides["grace_period"] = args.grace_period
+    if overrides:
+        config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update=overrides)})
+    if args.state_dir:
+        config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
+    from ftwatch.pipeline.runner import JobRunner
+    from ftwatch.rules.engine import Engine
+    state_dir = Path(config.storage.state_dir)
+    job = _job_id(args.job_id or config.job.id, command)
+    recorder = _recorder(config, state_dir, args.decisions_file)
+    runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
+    status = runner.run()
+    _summary(runner, recorder, status, state_dir)
+    return status
+
+
+def _summary(runner, recorder, status: int, state_dir: Path) -> None:
+    stats = runner.engine.stats
+    actions = [d.action.label for d in recorder.decisions]
+    recorder.say("")
+    recorder.say("ftwatch summary")
+    recorder.say(f"  job        {runner.job}: {'SUCCEEDED' if status == 0 else 'FAILED'} (exit {status})")
+    recorder.say(f"  attempts   {runner.budgets.attempt + 1 if status else len([a for a in actions if a != 'none']) + 1}")
+    recorder.say(f"  decisions  {', '.join(actions) or 'none'}")
+    recorder.say(f"  lines      {stats.lines} scanned, {stats.findings} findings")
+    recorder.say(f"  store      {recorder.store.path if recorder.store else '-'}")
+    if recorder.decisions:
+        recorder.say(f"  explain    {recorder.link(recorder.decisions[-1])}")
+
+
+# -- replay ----------------------------------------------------------------------------------
+
+def cmd_replay(argv: list[str]) -> int:
+    flags, rest, tail = _split_flags(argv)
+    p = argparse.ArgumentParser(prog="ftwatch replay", description="Run recorded logs through the engine.")
+    p.add_argument("files", nargs="*", type=Path)
+    p.add_argument("--config")
+    p.add_argument("--aimaster-args")
+    p.add_argument("--json", action="store_true", help="print decisions as JSON lines")
+    p.add_argument("--job-id", default="replay")
+    p.add_argument("--state-dir", help="keep budgets here (default: a temporary directory)")
+    args = p.parse_args(rest + tail)
+    if not args.files:
+        p.error("give at least one log file")
+    import tempfile
+    from ftwatch.pipeline.replay import replay
+    from ftwatch.rules.budgets import BudgetStore
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.policy import Policy
+    config = _load_config(args, flags)
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(args.state_dir or tmp)
+        state.mkdir(parents=True, exist_ok=True)
+        policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id)
+        engine = Engine(_rules(config))
+        total = sum(f.stat().st_size for f in args.files)
+        result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
+    d = result.decision
+    if args.json:
+        print(json.dumps(d.to_json(), ensure_ascii=False))
+    else:
+        print(f"{result.lines} lines, {len(result.findings)} findings")
+        rc = d.root_cause
+        print(f"decision: {d.action.label}  ({d.policy_clause})")
+        if rc is not None:
+            print(f"root cause: [{rc.failure_class.value}] {rc.rule_id} rank {rc.rank}: {rc.line}")
+    return 0
+
+
+def _with_progress(total: int, work):
+    if total < (64 << 20) or not sys.stderr.isatty():
+        return work(None)
+    from rich.progress import Progress
+    with Progress(transient=True) as progress:
+        task = progress.add_task("replaying", total=total)
+        return work(lambda n: progress.advance(task, n))
+
+
+# -- explain / check / test-rules ------------------------------------------------------------
+
+def cmd_explain(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ftwatch explain", description="Explain a decision (the last one by default).")
+    p.add_argument("decision_id", nargs="?")
+    p.add_argument("--state-dir", default=".ftwatch-state")
+    p.add_argument("--db", help="SQLite file (default: <state-dir>/ftwatch.db)")
+    args = p.parse_args(argv)
+    from ftwatch.alerting.explain import explain
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    db = Path(args.db) if args.db else Path(args.state_dir) / "ftwatch.db"
+    if not db.exists():
+        print(f"ftwatch explain: no store at {db}", file=sys.stderr)
+        return 1
+    try:
+        print(explain(SqliteStore(db), args.decision_id))
+    except LookupError as exc:
+        print(f"ftwatch explain: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_check(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
+    p.add_argument("config", nargs="?")
+    p.add_argument("--rules", nargs="*", default=[], help="extra rule files to check")
+    args = p.parse_args(argv)
+    from ftwatch.checks import run_checks
+    issues, summary = run_checks(args.config, args.rules)
+    for issue in issues:
+        print(issue)
+    print(summary if not issues else f"{len(issues)} problem(s) found")
+    return 1 if issues else 0
+
+
+def cmd_test_rules(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ftwatch test-rules", description="Run every rule's examples and counterexamples.")
+    p.add_argument("files", nargs="*", help="rule files (default: the built-in packs only)")
+    p.add_argument("--no-builtin", action="store_true")
+    args = p.parse_args(argv)
+    from ftwatch.rules.loader import load_rules
+    from ftwatch.rules.testrules import format_report, run_rule_tests
+    rules = load_rules(args.files, builtin=not args.no_builtin)
+    failures = run_rule_tests(rules)
+    print(format_report(failures, len(rules)))
+    return 1 if failures else 0
+
+
+_COMMANDS = {
+    "run": cmd_run,
+    "replay": cmd_replay,
+    "explain": cmd_explain,
+    "check": cmd_check,
+    "test-rules": cmd_test_rules,
+}
+
+_USAGE = """usage: ftwatch COMMAND [options]
+
+commands:
+  run [AIMaster flags] [--config FILE] --nproc-per-node N [--state-dir DIR] [--decisions-file PATH] -- COMMAND...
+  replay [AIMaster flags] [--json] FILE...
+  explain [--state-dir DIR] [DECISION_ID]
+  check [CONFIG] [--rules FILE...]
+  test-rules [FILE...]"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Where findings and decisions go once made: the store, the decisions file, the terminal, the alerts.
+
+Shared by ``ftwatch run`` and ``ftwatch replay`` so both report a decision the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, TextIO
+
+from ftwatch.events import Action, Decision, Finding, iso
+
+
+class Recorder:
+    """Fans a decision out to the SQLite store, the JSONL decisions file, the console and the alerts.
+
+    Args:
+        store: the SQLite store (``ftwatch.pipeline.sinks.sqlite.SqliteStore``) or None.
+        decisions_file: append one JSON object per decision here (README "Decisions"), or None.
+        dispatcher: the alert dispatcher (``ftwatch.alerting.dispatcher.Dispatcher``) or None.
+        out: where human-readable lines go (the terminal).
+        state_dir: named in the alert's ``ftwatch explain`` link.
+    """
+
+    def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
+                 out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None):
+        self.store = store
+        self.decisions_file = decisions_file
+        self.dispatcher = dispatcher
+        self.out = out or sys.stdout
+        self.state_dir = state_dir
+        self.color = self.out.isatty() if color is None else color
+        self.attempt = 0          # the runner sets the attempt findings belong to
+        self.decisions: list[Decision] = []
+        self.deliveries: list[Any] = []
+        if decisions_file is not None:
+            decisions_file.parent.mkdir(parents=True, exist_ok=True)
+
+    def findings(self, findings: Iterable[Finding]) -> None:
+        """Store findings (every one, fallout included: ``explain`` shows them)."""
+        findings = list(findings)
+        if findings and self.store is not None:
+            self.store.add_findings(findings, attempt=self.attempt)
+
+    def event(self, time: float, job: str, kind: str, instance: str | None = None,
+              rank: int | None = None, **detail: Any) -> None:
+        """Store a lifecycle event (start, exit, restart, stop)."""
+        if self.store is not None:
+            self.store.add_event(time, job, kind, instance=instance, rank=rank, detail=detail)
+
+    def decision(self, decision: Decision) -> None:
+        """Record a decision everywhere and send its alert (action none sends none)."""
+        self.decisions.append(decision)
+        if self.store is not None:
+            self.store.add_decision(decision)
+        if self.decisions_file is not None:
+            with self.decisions_file.open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps(decision.to_json(), ensure_ascii=False) + "\n")
+        self.say(self._describe(decision))
+        if self.dispatcher is not None and decision.action is not Action.NONE:
+            from ftwatch.alerting.alerts import alert_from_decision
+            alert = alert_from_decision(decision, self.link(decision))
+            results = self.dispatcher.dispatch(alert)
+            self.deliveries.extend(results)
+            if self.store is not None:
+                for result in results:
+                    self.store.add_delivery(result)
+
+    def link(self, decision: Decision) -> str:
+        """The command that explains a decision."""
+        state = f" --state-dir {self.state_dir}" if self.state_dir else ""
+        return f"ftwatch explain{state} {decision.decision_id}"
+
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _describe(self, d: Decision) -> str:
+        rc = d.root_cause
+        head = f"ftwatch: decision {d.action.label}"
+        if d.target.instance:
+            head += f" -> {d.target.instance}"
+        lines = [self._style(head, "1;33" if d.action is not Action.NONE else "1;32")]
+        if rc is not None:
+            where = f"rank {rc.rank}" if rc.rank is not None else rc.origin.instance
+            lines.append(f"  root cause [{rc.failure_class.value}] {rc.rule_id} ({where}, {iso(rc.time)}):")
+            lines.append(f"    {rc.line}")
+        lines.append(f"  clause: {d.policy_clause}")
+        lines.append(f"  restarts used {d.restarts_used}, left {d.restarts_left}")
+        return "\n".join(lines)
+
+    def _style(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color else text

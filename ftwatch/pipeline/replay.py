@@ -1,0 +1,145 @@
+"""``ftwatch replay``: recorded logs through the same engine and policy, with a simulated clock (T3).
+
+Each file is one instance's log (its rank read from the file name, e.g. ``rank3.log`` or
+``worker-3.err``) or one combined log whose lines carry rank prefixes (``[rank3]:``,
+torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks cut at line ends and
+scanned whole (no per-line Python work on lines that do not hit a rule).
+
+Time comes from the lines' timestamps where present, else from a simulated clock that
+advances ``SIM_STEP`` seconds per line. The end of the input is the end of the job: exit
+codes come from a torchelastic failure summary when present; otherwise the job failed if an
+error was found, else it succeeded.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ftwatch.events import Decision, Finding, Origin, ProcessExit, Severity, FailureClass
+from ftwatch.parsers import fields
+from ftwatch.parsers.torchelastic import parse_summary
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.policy import Incident, Policy
+
+CHUNK_BYTES = 1 << 20
+SIM_STEP = 0.001            # simulated seconds per line without a timestamp
+SIM_START = 1_795_219_200.0  # 2026-11-21T00:00:00Z: the simulated clock's origin
+_RANK_IN_NAME = re.compile(r"(?:rank|worker|default|node)[-_.]?(\d+)", re.IGNORECASE)
+_SUMMARY_MARK = b"Root Cause (first observed failure)"
+
+
+@dataclass
+class ReplayResult:
+    """What a replay found: every finding, the decision, the lines and bytes read."""
+
+    findings: list[Finding]
+    decision: Decision
+    lines: int
+    bytes: int
+
+
+def origin_for(path: Path, job: str) -> Origin:
+    """The origin of a file: its rank from the name when it has one, else a combined log."""
+    match = _RANK_IN_NAME.search(path.name)
+    if match:
+        rank = int(match.group(1))
+        return Origin(f"rank{rank}", rank, job, "replay", str(path), "replay")
+    return Origin(path.stem, None, job, "replay", str(path), "replay")
+
+
+def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "replay",
+           progress: Callable[[int], None] | None = None) -> ReplayResult:
+    """Run recorded logs through ``engine`` and ``policy``.
+
+    Args:
+        paths: log files (see module docstring).
+        progress: called with the number of bytes read after each chunk (a progress bar).
+
+    Returns:
+        The findings, the final decision and the volume read.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    findings: list[Finding] = []
+    summary_lines: list[str] = []
+    ranks: set[int] = set()
+    total = 0
+    for path in paths:
+        origin = origin_for(Path(path), job)
+        if origin.rank is not None:
+            ranks.add(origin.rank)
+        base = SIM_START
+        with open(path, "rb") as fh:
+            carry = b""
+            while True:
+                block = fh.read(CHUNK_BYTES)
+                if not block:
+                    break
+                data = carry + block
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    carry = data
+                    continue
+                chunk, carry = data[:cut], data[cut:]
+                findings.extend(engine.feed(origin, chunk, base, sim_step=SIM_STEP))
+                base += chunk.count(b"\n") * SIM_STEP
+                if _SUMMARY_MARK in chunk:
+                    summary_lines.extend(fields.clean(raw) for raw in chunk.split(b"\n"))
+                total += len(chunk)
+                if progress:
+                    progress(len(chunk))
+            findings.extend(engine.feed(origin, carry, base, final=True, sim_step=SIM_STEP))
+            total += len(carry)
+    for f in findings:
+        if f.rank is not None:
+            ranks.add(f.rank)
+    end = max([f.time for f in findings] + [SIM_START])
+    exits = _summary_exits(summary_lines, job, end + SIM_STEP)
+    table = ExitCodeTable.load()
+    failed: set[str] = set()
+    trigger: Finding | None = None
+    for exit in exits:
+        if exit.stopped_by_us:
+            continue
+        failed.add(exit.origin.instance)
+        finding = exit_finding(exit, table, seq=0)
+        if finding is not None:
+            findings.append(finding)
+            trigger = trigger or finding
+    errors = [f for f in findings if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO]
+    if trigger is None and errors:
+        trigger = min(errors, key=lambda f: (f.time, f.seq))
+        failed.update(f.origin.instance for f in errors if f.failure_class is not FailureClass.FALLOUT)
+    if trigger is None:
+        decision = policy.finished(end, ok=True)
+    else:
+        world = max(len(ranks), 1)
+        decision = policy.decide(Incident(trigger, tuple(findings), world, frozenset(failed), 0), end)
+    return ReplayResult(findings, decision, engine.stats.lines, total)
+
+
+def _summary_exits(lines: list[str], job: str, at: float) -> list[ProcessExit]:
+    """Exit events from torchelastic's summary; a SIGTERM beside a real failure is the agent's stop.
+
+    The exits are placed at ``at`` (after every log line, in summary order): the summary's
+    own times have second resolution and another clock than the log lines.
+    """
+    failures = sorted(parse_summary(lines), key=lambda f: not f.root_cause)
+    any_real = any(f.exitcode != -_signal.SIGTERM for f in failures)
+    out, seen = [], set()
+    for f in failures:
+        if f.rank in seen:
+            continue
+        seen.add(f.rank)
+        sig = -f.exitcode if f.exitcode < 0 else None
+        origin = Origin(f"rank{f.rank}", f.rank, job, f.host or "replay", "exit", "replay")
+        at += SIM_STEP
+        out.append(ProcessExit(origin, 0, None if sig else f.exitcode, sig, at,
+                               stopped_by_us=bool(any_real and sig == _signal.SIGTERM)))
+    return out

@@ -1,0 +1,289 @@
+"""Stage 3: chunks of raw log lines in, Findings out.
+
+The hot path (DESIGN.md "Speed on the hot path"): one multi-pattern database holds every
+rule's patterns, the block starts (tracebacks, C++ stack dumps) and the fault-code
+patterns; it scans a whole chunk at once and Python only touches the lines that hit.
+A hit line becomes a Record (decoded, ANSI stripped, rank prefix and timestamp taken);
+a block start collects the following lines of the same rank into one Record (P1), so
+interleaved ranks never mix. A block that is still open at the end of a chunk is carried
+over to the next feed of the same origin (or closed by ``flush``).
+
+Each Record yields at most one Finding: among the rules that hit it (and the fault codes
+found in it) the highest ``priority`` wins, then the most drastic action. That is how a
+traceback ending in a gloo "Connection closed by peer" is fallout and not user code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Origin, Record, Severity
+from ftwatch.parsers import fields, multiline
+from ftwatch.rules.faultcodes import FaultTables
+from ftwatch.rules.matcher import Matcher
+from ftwatch.rules.model import Rule
+
+MAX_BLOCK_LINES = 400          # a block longer than this is closed where it is
+MAX_CARRY_BYTES = 1 << 20      # never carry more than 1 MiB into the next feed
+EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
+FAULT_PRIORITY = 30            # fault codes are as specific as rules get
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters: bytes and lines scanned, records built, findings made."""
+
+    bytes: int = 0
+    lines: int = 0
+    records: int = 0
+    findings: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    data: bytes
+    since: float
+
+
+class Engine:
+    """Turns raw output chunks into Findings.
+
+    Args:
+        rules: keyword rules (``ftwatch.rules.loader.load_rules``).
+        tables: the fault-code tables; None loads the built-in ones.
+        year: the year for timestamps that carry none (glog); default: the year of the feed time.
+
+    Not thread-safe: one engine is fed from one thread (the runner's loop).
+    """
+
+    def __init__(self, rules: Sequence[Rule], tables: FaultTables | None = None, year: int | None = None):
+        self.tables = tables if tables is not None else FaultTables.load()
+        self.year = year
+        self.stats = EngineStats()
+        self._seq = itertools.count(1)
+        self._pending: dict[Origin, _Pending] = {}
+        self._compile(list(rules))
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _compile(self, rules: list[Rule]) -> None:
+        self.rules = rules
+        patterns, owner = [], []
+        for index, rule in enumerate(rules):
+            for pattern in rule.patterns:
+                patterns.append(pattern)
+                owner.append(index)
+        self._block_ids = set(range(len(patterns), len(patterns) + len(multiline.BLOCK_START_PATTERNS)))
+        patterns.extend(multiline.BLOCK_START_PATTERNS)
+        owner.extend([-1] * len(multiline.BLOCK_START_PATTERNS))
+        self._fault_ids = set(range(len(patterns), len(patterns) + len(FaultTables.PATTERNS)))
+        patterns.extend(FaultTables.PATTERNS)
+        owner.extend([-2] * len(FaultTables.PATTERNS))
+        self._owner = owner
+        self.matcher = Matcher(patterns)
+
+    def add_rules(self, rules: Sequence[Rule]) -> None:
+        """Add rules at run time (R2: ``set_retryable_errors``); recompiles the database."""
+        known = {r.id for r in self.rules}
+        self._compile(self.rules + [r for r in rules if r.id not in known])
+
+    # -- feeding --------------------------------------------------------------------------
+
+    def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
+             sim_step: float = 0.0) -> list[Finding]:
+        """Scan a chunk of complete lines from one origin.
+
+        Args:
+            origin: the stream it came from (a rank prefix in a line overrides its rank).
+            data: complete lines (``b"\\n"``-separated); the last may lack its newline.
+            time: epoch seconds the chunk was received (or the replay clock's time).
+            final: the stream ended: close any open block instead of carrying it.
+            sim_step: seconds added per line for lines without a timestamp (replay's
+                simulated clock); 0 gives every such line ``time``.
+
+        Returns:
+            The findings, in input order.
+        """
+        pending = self._pending.pop(origin, None)
+        if pending is not None:
+            data = pending.data + data
+            time = min(time, pending.since) if sim_step else time
+        if not data:
+            return []
+        hits = self.matcher.scan(data)
+        if not hits:
+            self._count(data, len(data))
+            return []
+        by_line: dict[int, set[int]] = {}
+        for start, pid in hits:
+            by_line.setdefault(start, set()).add(pid)
+        starts = sorted(by_line)
+        findings: list[Finding] = []
+        consumed: set[int] = set()
+        end_of_work = len(data)
+        for start in starts:
+            if start in consumed:
+                continue
+            ids = by_line[start]
+            if ids & self._block_ids and self._starts_block(data, start):
+                block = self._collect_block(data, start, origin, final)
+                if block is None:                      # open block: carry it over
+                    self._pending[origin] = _Pending(data[start:], time)
+                    end_of_work = start
+                    break
+                line_starts, texts, rank = block
+                block_ids: set[int] = set()
+                for s in line_starts:
+                    consumed.add(s)
+                    block_ids |= by_line.get(s, set())
+                first = line_starts[0]
+                record = self._record(origin, rank, texts, data, first, time, sim_step)
+            else:
+                end = data.find(b"\n", start)
+                raw = data[start:] if end < 0 else data[start:end]
+                rank, text = fields.split_rank_prefix(fields.clean(raw))
+                block_ids = ids
+                record = self._record(origin, rank, [text], data, start, time, sim_step)
+            finding = self._judge(record, block_ids)
+            if finding is not None:
+                findings.append(finding)
+        self._count(data, end_of_work)
+        self.stats.findings += len(findings)
+        return findings
+
+    def flush(self, origin: Origin, time: float) -> list[Finding]:
+        """Close the open block of ``origin`` (its stream ended or went quiet)."""
+        if origin not in self._pending:
+            return []
+        return self.feed(origin, b"", time, final=True)
+
+    def flush_stale(self, now: float, timeout: float) -> list[Finding]:
+        """Close every open block older than ``timeout`` seconds (P1 flush timeout)."""
+        out: list[Finding] = []
+        for origin in [o for o, p in self._pending.items() if now - p.since >= timeout]:
+            out.extend(self.flush(origin, now))
+        return out
+
+    def pending_origins(self) -> list[Origin]:
+        """Origins with an open block carried over."""
+        return list(self._pending)
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _count(self, data: bytes, end: int) -> None:
+        self.stats.bytes += end
+        self.stats.lines += data.count(b"\n", 0, end)
+
+    @staticmethod
+    def _starts_block(data: bytes, start: int) -> bool:
+        return multiline.is_block_start(fields.split_rank_prefix(fields.clean(_line_at(data, start)))[1])
+
+    def _collect_block(self, data: bytes, start: int, origin: Origin, final: bool):
+        """The lines of the block starting at ``start``, same rank only; None if still open."""
+        first_rank, first_text = fields.split_rank_prefix(fields.clean(_line_at(data, start)))
+        line_starts, texts = [start], [first_text]
+        pos = data.find(b"\n", start)
+        truncated = False
+        while pos >= 0 and pos + 1 < len(data):
+            s = pos + 1
+            pos = data.find(b"\n", s)
+            raw = data[s:] if pos < 0 else data[s:pos]
+            rank, text = fields.split_rank_prefix(fields.clean(raw))
+            if rank != first_rank:
+                continue
+            line_starts.append(s)
+            texts.append(text)
+            end = multiline.block_end(texts, 0)
+            if end is not None:
+                return line_starts[: end + 1], texts[: end + 1], first_rank
+            if len(texts) >= MAX_BLOCK_LINES:
+                truncated = True
+                break
+        end = multiline.block_end(texts, 0)
+        if end is not None:
+            return line_starts[: end + 1], texts[: end + 1], first_rank
+        if final or truncated or len(data) - start > MAX_CARRY_BYTES:
+            return line_starts, texts, first_rank
+        return None
+
+    def _record(self, origin: Origin, rank: int | None, texts: list[str], data: bytes,
+                start: int, time: float, sim_step: float) -> Record:
+        year = self.year or _year_of(time)
+        stamp = fields.parse_timestamp(texts[0], year)
+        if stamp is None:
+            stamp = time + (data.count(b"\n", 0, start) * sim_step if sim_step else 0.0)
+        self.stats.records += 1
+        return Record(origin.with_rank(rank), "\n".join(texts), stamp, next(self._seq))
+
+    def _judge(self, record: Record, ids: set[int]) -> Finding | None:
+        """Pick the one finding a record makes: highest priority, then most drastic action."""
+        best: tuple[int, int] | None = None
+        finding: Finding | None = None
+        rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
+        for index in rule_ids:
+            rule = self.rules[index]
+            key = (rule.priority, int(rule.action))
+            if best is None or key > best:
+                best = key
+                finding = self._finding(record, rule)
+        if ids & self._fault_ids:
+            for hit in self.tables.extract(record.text):
+                entry = hit.entry
+                action = entry.action if entry else Action.NOTIFY
+                key = (FAULT_PRIORITY, int(action))
+                if best is None or key > best:
+                    best = key
+                    finding = self._fault_finding(record, hit)
+        return finding
+
+    def _finding(self, record: Record, rule: Rule) -> Finding:
+        lines = record.text.split("\n")
+        line = _matching_line(self.matcher, lines, rule, self._owner, self.rules) or lines[-1]
+        return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
+                       record.origin, line, record.time, record.seq, _evidence(lines),
+                       {}, rule.source)
+
+    def _fault_finding(self, record: Record, hit) -> Finding:
+        entry = hit.entry
+        lines = record.text.split("\n")
+        line = next((ln for ln in lines if hit.code.lower() in ln.lower()), lines[0])
+        if entry is None:
+            return Finding(f"{hit.kind}.{hit.code}", "fault_code", FailureClass.INFO, Action.NOTIFY,
+                           Severity.WARNING, record.origin, line, record.time, record.seq,
+                           _evidence(lines), {"code": hit.code, **hit.fields}, "unknown code")
+        severity = Severity.CRITICAL if entry.action >= Action.ISOLATE_NODE else (
+            Severity.ERROR if entry.action >= Action.RESTART_IN_PLACE else Severity.WARNING)
+        return Finding(f"{hit.kind}.{entry.code}", "fault_code", entry.failure_class, entry.action,
+                       severity, record.origin, line, record.time, record.seq, _evidence(lines),
+                       {"code": hit.code, "level": entry.level, "meaning": entry.meaning, **hit.fields},
+                       entry.source)
+
+
+def _line_at(data: bytes, start: int) -> bytes:
+    end = data.find(b"\n", start)
+    return data[start:] if end < 0 else data[start:end]
+
+
+def _evidence(lines: list[str]) -> tuple[str, ...]:
+    if len(lines) <= EVIDENCE_HEAD + EVIDENCE_TAIL:
+        return tuple(lines)
+    return tuple(lines[:EVIDENCE_HEAD] + ["..."] + lines[-EVIDENCE_TAIL:])
+
+
+def _matching_line(matcher: Matcher, lines: list[str], rule: Rule, owner: list[int],
+                   rules: list[Rule]) -> str | None:
+    """The last line of a block that hits ``rule`` (the exception line, usually)."""
+    if len(lines) == 1:
+        return lines[0]
+    index = rules.index(rule)
+    for line in reversed(lines):
+        if any(owner[i] == index for i in matcher.match_text(line)):
+            return line
+    return None
+
+
+def _year_of(t: float) -> int:
+    import datetime as _dt
+    return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).year
