@@ -25,6 +25,7 @@ def run_checks(config_path: str | None, rule_files: Sequence[str] = ()) -> tuple
             config = load_config(config_path)
         except ConfigError as exc:
             issues.extend(exc.issues)
+            rule_files = [*_raw_rule_files(config_path), *rule_files]
 
     files = list(config.rules.files) + list(rule_files)
     rules: list = []
@@ -60,3 +61,15 @@ def run_checks(config_path: str | None, rule_files: Sequence[str] = ()) -> tuple
     summary = (f"ok: config {config_path or '(defaults)'}, {len(rules)} rules "
                f"({len(files)} extra files), fault tables, templates ({config.alerting.language})")
     return issues, summary
+
+
+def _raw_rule_files(config_path: str) -> list[str]:
+    """``rules.files`` read straight from a config that failed validation, so they get checked too."""
+    import yaml
+    try:
+        raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+        files = (raw.get("rules") or {}).get("files") or []
+        base = Path(config_path).parent
+        return [str(f if Path(f).is_absolute() else base / f) for f in files if isinstance(f, str)]
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []

@@ -64,6 +64,7 @@ class Engine:
         self.stats = EngineStats()
         self._seq = itertools.count(1)
         self._pending: dict[Origin, _Pending] = {}
+        self._line_pos = self._line_no = 0
         self._compile(list(rules))
 
     # -- set-up ---------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class Engine:
         findings: list[Finding] = []
         consumed: set[int] = set()
         end_of_work = len(data)
+        self._line_pos, self._line_no = 0, 0     # incremental line numbering for sim_step
         for start in starts:
             if start in consumed:
                 continue
@@ -213,9 +215,28 @@ class Engine:
         year = self.year or _year_of(time)
         stamp = fields.parse_timestamp(texts[0], year)
         if stamp is None:
-            stamp = time + (data.count(b"\n", 0, start) * sim_step if sim_step else 0.0)
+            stamp = time + (self._line_index(data, start) * sim_step if sim_step else 0.0)
         self.stats.records += 1
         return Record(origin.with_rank(rank), "\n".join(texts), stamp, next(self._seq))
+
+    def _matching_line(self, lines: list[str], index: int) -> str | None:
+        """The last line of a block that hits rule ``index`` (the exception line, usually)."""
+        if len(lines) == 1:
+            return lines[0]
+        owner = self._owner
+        for line in reversed(lines):
+            if any(owner[i] == index for i in self.matcher.match_text(line)):
+                return line
+        return None
+
+    def _line_index(self, data: bytes, start: int) -> int:
+        """The 0-based line number of offset ``start``; hits come in order, so count forward only."""
+        if start >= self._line_pos:
+            self._line_no += data.count(b"\n", self._line_pos, start)
+        else:                                   # a block's first line, before the last hit
+            self._line_no -= data.count(b"\n", start, self._line_pos)
+        self._line_pos = start
+        return self._line_no
 
     def _judge(self, record: Record, ids: set[int]) -> Finding | None:
         """Pick the one finding a record makes: highest priority, then most drastic action."""
@@ -227,7 +248,7 @@ class Engine:
             key = (rule.priority, int(rule.action))
             if best is None or key > best:
                 best = key
-                finding = self._finding(record, rule)
+                finding = self._finding(record, index)
         if ids & self._fault_ids:
             for hit in self.tables.extract(record.text):
                 entry = hit.entry
@@ -238,9 +259,10 @@ class Engine:
                     finding = self._fault_finding(record, hit)
         return finding
 
-    def _finding(self, record: Record, rule: Rule) -> Finding:
+    def _finding(self, record: Record, index: int) -> Finding:
+        rule = self.rules[index]
         lines = record.text.split("\n")
-        line = _matching_line(self.matcher, lines, rule, self._owner, self.rules) or lines[-1]
+        line = self._matching_line(lines, index) or lines[-1]
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, line, record.time, record.seq, _evidence(lines),
                        {}, rule.source)
@@ -270,18 +292,6 @@ def _evidence(lines: list[str]) -> tuple[str, ...]:
     if len(lines) <= EVIDENCE_HEAD + EVIDENCE_TAIL:
         return tuple(lines)
     return tuple(lines[:EVIDENCE_HEAD] + ["..."] + lines[-EVIDENCE_TAIL:])
-
-
-def _matching_line(matcher: Matcher, lines: list[str], rule: Rule, owner: list[int],
-                   rules: list[Rule]) -> str | None:
-    """The last line of a block that hits ``rule`` (the exception line, usually)."""
-    if len(lines) == 1:
-        return lines[0]
-    index = rules.index(rule)
-    for line in reversed(lines):
-        if any(owner[i] == index for i in matcher.match_text(line)):
-            return line
-    return None
 
 
 def _year_of(t: float) -> int:
