@@ -139,17 +139,23 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def _summary(runner, recorder, status: int, state_dir: Path) -> None:
+    """The short summary printed when ``ftwatch run`` ends."""
+    from ftwatch.events import Action
     stats = runner.engine.stats
     actions = [d.action.label for d in recorder.decisions]
+    restarts = [d for d in recorder.decisions if d.action in (Action.RESTART_JOB, Action.RESTART_IN_PLACE,
+                                                              Action.ISOLATE_NODE)]
+    verdict = {0: "SUCCEEDED", 130: "INTERRUPTED"}.get(status, "FAILED")
     recorder.say("")
     recorder.say("ftwatch summary")
-    recorder.say(f"  job        {runner.job}: {'SUCCEEDED' if status == 0 else 'FAILED'} (exit {status})")
-    recorder.say(f"  attempts   {runner.budgets.attempt + 1 if status else len([a for a in actions if a != 'none']) + 1}")
+    recorder.say(f"  job        {runner.job}: {verdict} (exit {status})")
+    recorder.say(f"  attempts   {len(restarts) + 1}")
     recorder.say(f"  decisions  {', '.join(actions) or 'none'}")
-    recorder.say(f"  lines      {stats.lines} scanned, {stats.findings} findings")
+    recorder.say(f"  lines      {stats.lines} scanned, {recorder.finding_count} findings")
     recorder.say(f"  store      {recorder.store.path if recorder.store else '-'}")
-    if recorder.decisions:
-        recorder.say(f"  explain    {recorder.link(recorder.decisions[-1])}")
+    acted = [d for d in recorder.decisions if d.action is not Action.NONE] or recorder.decisions
+    if acted:
+        recorder.say(f"  explain    {recorder.link(acted[-1])}")
 
 
 # -- replay ----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ class Recorder:
         self.color = self.out.isatty() if color is None else color
         self.attempt = 0          # the runner sets the attempt findings belong to
         self.decisions: list[Decision] = []
+        self.finding_count = 0
         self.deliveries: list[Any] = []
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
@@ -41,6 +42,7 @@ class Recorder:
     def findings(self, findings: Iterable[Finding]) -> None:
         """Store findings (every one, fallout included: ``explain`` shows them)."""
         findings = list(findings)
+        self.finding_count += len(findings)
         if findings and self.store is not None:
             self.store.add_findings(findings, attempt=self.attempt)
 
