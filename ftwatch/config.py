@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import difflib
 import shlex
-import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ftwatch.configref import flat_args, model_reference
 from ftwatch.errors import ConfigError, Issue
+from ftwatch.yamlsource import Loc, line_index, parse_yaml
+from ftwatch.yamlsource import dotted as _dotted
 
 _STRICT = ConfigDict(extra="forbid")
 _AIMASTER = "AIMaster doc (seeds/000), 全量参数说明"
@@ -187,63 +187,7 @@ class Config(BaseModel):
         return self.model_copy(update={"policy": policy})
 
 
-# --------------------------------------------------------------------------- YAML with line numbers
-
-Loc = tuple[Union[str, int], ...]
-
-
-def _compose(text: str, file: str) -> tuple[Any, dict[Loc, int], list[Issue]]:
-    """YAML text -> (plain data, {path: line of its key}, duplicate-key issues).
-
-    Raises:
-        ConfigError: the YAML does not parse.
-    """
-    loader = yaml.SafeLoader(text)
-    lines: dict[Loc, int] = {(): 1}
-    issues: list[Issue] = []
-
-    def walk(node: yaml.Node, path: Loc) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                line = key_node.start_mark.line + 1
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    issues.append(Issue(file, line, "merge keys (<<) are not supported"))
-                    continue
-                key = walk(key_node, path)
-                if not isinstance(key, (str, int, float, bool)) and key is not None:
-                    issues.append(Issue(file, line, f"{_dotted(path)}: keys must be plain scalars"))
-                    continue
-                here = path + (key,)
-                if key in out:
-                    issues.append(Issue(file, line, f"{_dotted(here)}: duplicate key (first at line {lines[here]})"))
-                else:
-                    lines[here] = line
-                out[key] = walk(value_node, here)
-            return out
-        if isinstance(node, yaml.SequenceNode):
-            items = []
-            for i, item in enumerate(node.value):
-                lines[path + (i,)] = item.start_mark.line + 1
-                items.append(walk(item, path + (i,)))
-            return items
-        return loader.construct_object(node, deep=True)
-
-    try:
-        root = loader.get_single_node()
-        return (walk(root, ()) if root is not None else None), lines, issues
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise ConfigError(Issue(file, mark.line + 1 if mark else 0, f"YAML: {exc.problem or exc}")) from None
-    except RecursionError:
-        raise ConfigError(Issue(file, 0, "YAML: structure too deep (recursive alias?)")) from None
-    finally:
-        loader.dispose()
-
-
-def _dotted(loc: Sequence[Any]) -> str:
-    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[") or "<root>"
-
+# --------------------------------------------------------------------------- loading (the YAML itself: ftwatch.yamlsource)
 
 def _locate(loc: Loc, lines: dict[Loc, int]) -> tuple[Loc, int]:
     """Map a pydantic error location to (data path, line), skipping union tags."""
@@ -266,14 +210,9 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
         field = model.model_fields.get(part) if isinstance(model, type) else None
         if field is None:
             return None
-        model = next((a for a in _flat_args(field.annotation)
+        model = next((a for a in flat_args(field.annotation)
                       if isinstance(a, type) and issubclass(a, BaseModel)), None)
     return model if isinstance(model, type) else None
-
-
-def _flat_args(tp: Any) -> list[Any]:
-    args = typing.get_args(tp)
-    return [x for a in args for x in _flat_args(a)] if args else [tp]
 
 
 def _message(err: dict[str, Any], path: Loc) -> str:
@@ -311,7 +250,10 @@ def load_config(path: str | Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(Issue(file, 0, f"cannot read: {exc}")) from None
-    data, lines, issues = _compose(text, file)
+    data, issues = parse_yaml(text, file, paths=True, merge_keys=False)
+    if data is None and issues:        # it does not parse
+        raise ConfigError(issues)
+    lines = line_index(data)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -432,64 +374,10 @@ def parse_aimaster_flags(args: str | Sequence[str]) -> tuple[dict[str, Any], lis
 
 # --------------------------------------------------------------------------- reference table
 
-def _type_name(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return " \\| ".join(str(a) for a in args)
-    if origin is Annotated:
-        return _type_name(args[0])
-    if origin in (Union, types.UnionType):
-        return " \\| ".join("null" if a is type(None) else _type_name(a) for a in args)
-    if origin is list:
-        return f"list[{_type_name(args[0])}]"
-    if origin is dict:
-        return f"map[{_type_name(args[0])}, {_type_name(args[1])}]"
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp.__name__
-    return {Path: "path"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _default(field: Any) -> str:
-    if field.is_required():
-        return "required"
-    value = field.get_default(call_default_factory=True)
-    if isinstance(value, BaseModel):
-        return ""
-    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
-        value = [v.model_dump(mode="json") for v in value]
-    elif isinstance(value, Path):
-        value = str(value)
-    return f"`{yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix('...').strip()}`"
-
-
-_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-
-
 def config_reference() -> str:
     """A Markdown table of every config key: key, type (with bounds), default and description.
 
-    Generated from the models' ``Field(description=...)``, so the README never drifts.
+    Generated from the models' ``Field(description=...)`` (see ``ftwatch.configref``), so the
+    README never drifts.
     """
-    rows = ["| key | type | default | description |", "|---|---|---|---|"]
-
-    def emit(model: type[BaseModel], prefix: str, note: str = "") -> None:
-        for name, field in model.model_fields.items():
-            key = f"{prefix}{name}"
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                emit(ann, key + ".")
-                continue
-            bounds = ", ".join(f"{sym} {getattr(m, attr)}" for m in field.metadata
-                               for attr, sym in _BOUNDS.items() if hasattr(m, attr))
-            typ = _type_name(ann) + (f" ({bounds})" if bounds else "")
-            desc = (field.description or "").replace("|", "\\|")
-            rows.append(f"| `{key}` | {typ} | {_default(field)} | {note}{desc} |")
-            if name == "receivers":
-                for sub in (ConsoleReceiver, WebhookReceiver):
-                    kind = typing.get_args(sub.model_fields["type"].annotation)[0]
-                    emit(sub, f"{key}[].", f"({kind}) ")
-
-    emit(Config, "")
-    rows.append("")
-    rows.append(f"Policy defaults and meanings: {_AIMASTER}.")
-    return "\n".join(rows)
+    return model_reference(Config, f"Policy defaults and meanings: {_AIMASTER}.")

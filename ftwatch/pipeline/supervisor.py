@@ -2,7 +2,8 @@
 
 Each worker runs ``command`` in its own session and process group with the torchrun environment.
 Its stdout and stderr are read separately, one thread each, and handed over as batches of complete
-lines (:class:`Output`) as soon as a read returns them. A waiter thread per worker queues its
+lines (:class:`Output`) as soon as a read returns them (``ftwatch.pipeline.sources.process``, where
+``Output`` and ``Started`` live; re-exported here). A waiter thread per worker queues its
 :class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
 comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue.
 
@@ -50,43 +51,10 @@ from typing import Iterator, Mapping, Sequence
 
 from ftwatch.errors import SourceError
 from ftwatch.events import Origin, ProcessExit
+from ftwatch.pipeline.sources.process import Output, Started, start_readers  # re-exported
 
-READ_SIZE = 65536          # bytes per os.read
-MAX_LINE = 8 * 1024 * 1024  # a "line" longer than this (bytes) is handed over with a b"\n" added
 EXIT_LINGER = 2.0          # seconds a worker's leftovers may keep its pipes open after it exits
 DONE_TIMEOUT = 5.0         # seconds to wait for a killed worker's exit to be reported
-
-
-@dataclass(frozen=True, slots=True)
-class Output:
-    """A batch of complete lines from one stream of one worker.
-
-    Attributes:
-        origin: instance ``worker-<rank>``, rank, job, node, stream ``stdout``/``stderr``, source ``process``.
-        data: one or more complete lines as written (not decoded), each ending in ``b"\\n"`` (a final
-            partial line at EOF, or a line longer than ``MAX_LINE`` bytes, gets one added).
-        time: epoch seconds when read.
-    """
-    origin: Origin
-    data: bytes
-    time: float
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """A worker process was started.
-
-    Attributes:
-        origin: the instance (stream ``process``).
-        pid: its process id (also its process-group id).
-        time: epoch seconds.
-        start_count: how often this instance has been started, 1-based (``FTWATCH_ATTEMPT``).
-    """
-    origin: Origin
-    pid: int
-    time: float
-    start_count: int
-
 
 @dataclass(eq=False)
 class _Worker:
@@ -317,12 +285,7 @@ class Supervisor:
             self._workers[rank] = w
             self._groups.add(popen.pid)
         self._queue.put(Started(origin, popen.pid, time.time(), self._starts[rank]))
-        for stream, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-            o = Origin(origin.instance, rank, self.job, self.node, stream, "process")
-            t = threading.Thread(target=_read, args=(pipe, o, self._queue),
-                                 name=f"ftwatch-{stream}-{rank}", daemon=True)
-            t.start()
-            w.readers.append(t)
+        w.readers = start_readers({"stdout": popen.stdout, "stderr": popen.stderr}, origin, self._queue)
         threading.Thread(target=self._wait, args=(w,), name=f"ftwatch-wait-{rank}", daemon=True).start()
 
     def _wait(self, w: _Worker) -> None:
@@ -416,37 +379,6 @@ class Supervisor:
         self._stop(0.0, term=False)
         self._closed = True
         self._finalizer()
-
-
-def _read(pipe, origin: Origin, out: queue.SimpleQueue) -> None:
-    """Reader thread: os.read the pipe, put complete lines as Output batches, flush the tail at EOF."""
-    fd = pipe.fileno()
-    carry: list[bytes] = []
-    carried = 0
-    try:
-        while True:
-            try:
-                chunk = os.read(fd, READ_SIZE)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            cut = chunk.rfind(b"\n")
-            if cut < 0:
-                carry.append(chunk)
-                carried += len(chunk)
-                if carried > MAX_LINE:
-                    out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
-                    carry, carried = [], 0
-                continue
-            data = b"".join([*carry, chunk[:cut + 1]]) if carry else chunk[:cut + 1]
-            out.put(Output(origin, data, time.time()))
-            rest = chunk[cut + 1:]
-            carry, carried = ([rest], len(rest)) if rest else ([], 0)
-        if carry:
-            out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
-    finally:
-        pipe.close()
 
 
 def _killpg(w: _Worker, sig: int) -> None:

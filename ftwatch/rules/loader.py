@@ -18,12 +18,14 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import yaml
-
 from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Action, FailureClass, Severity
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule
+from ftwatch.yamlsource import LineDict, LineList, LineLoader, parse_yaml
+
+__all__ = ["LineDict", "LineList", "LineLoader", "parse_yaml", "RULE_KEYS", "TOP_KEYS", "builtin_pack_files",
+           "load_rules", "rules_from_text", "rules_from_keywords"]
 
 RULE_KEYS: frozenset[str] = frozenset({
     "id", "keywords", "regex", "caseless", "class", "action", "severity", "priority", "tags",
@@ -39,106 +41,6 @@ RETRYABLE_KEYWORD_PRIORITY = 15
 _STR_KEYS = ("source", "classified_by", "description", "source_class", "source_action",
              "source_regex", "notes")
 _LIST_KEYS = ("keywords", "regex", "tags", "examples", "counterexamples")
-
-
-class LineDict(dict):
-    """A mapping read from YAML that remembers where it and each of its keys start (1-based)."""
-
-    line: int = 0
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.key_lines: dict[Any, int] = {}
-
-    def line_of(self, key: Any) -> int:
-        """The line of ``key``, else the line of the mapping itself."""
-        return self.key_lines.get(key, self.line)
-
-
-class LineList(list):
-    """A sequence read from YAML that remembers where it and each item start (1-based)."""
-
-    line: int = 0
-
-    def __init__(self, *args: Any):
-        super().__init__(*args)
-        self.item_lines: list[int] = []
-
-    def line_of(self, index: int) -> int:
-        return self.item_lines[index] if index < len(self.item_lines) else self.line
-
-
-class LineLoader(yaml.SafeLoader):
-    """A SafeLoader whose mappings and sequences keep line numbers and that reports duplicate keys.
-
-    Duplicate keys do not stop the parse: each is appended to ``issues`` (the first value is kept),
-    so one load reports all of them.
-    """
-
-    def __init__(self, stream: str, name: str = "<string>"):
-        super().__init__(stream)
-        self.name = name
-        self.issues: list[Issue] = []
-
-
-def _construct_mapping(loader: LineLoader, node: yaml.MappingNode) -> LineDict:
-    loader.flatten_mapping(node)
-    out = LineDict()
-    out.line = node.start_mark.line + 1
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        line = key_node.start_mark.line + 1
-        try:
-            hash(key)
-        except TypeError:
-            loader.issues.append(Issue(loader.name, line, "a mapping key must be a plain value"))
-            continue
-        if key in out:
-            loader.issues.append(Issue(loader.name, line,
-                                       f"duplicate key {key!r} (first at line {out.key_lines[key]})"))
-            continue
-        out[key] = loader.construct_object(value_node, deep=True)
-        out.key_lines[key] = line
-    return out
-
-
-def _construct_sequence(loader: LineLoader, node: yaml.SequenceNode) -> LineList:
-    out = LineList()
-    out.line = node.start_mark.line + 1
-    for child in node.value:
-        out.append(loader.construct_object(child, deep=True))
-        out.item_lines.append(child.start_mark.line + 1)
-    return out
-
-
-LineLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
-LineLoader.add_constructor("tag:yaml.org,2002:seq", _construct_sequence)
-
-
-def parse_yaml(text: str, name: str) -> tuple[Any, list[Issue]]:
-    """Parses one YAML document, keeping line numbers.
-
-    Args:
-        text: the document.
-        name: the file name used in issues.
-
-    Returns:
-        (data, issues): data is None when the text does not parse; issues hold the syntax error
-        (at the line YAML names) and every duplicate key.
-    """
-    loader = LineLoader(text, name)
-    try:
-        data = loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 0
-        what = " ".join(p for p in (exc.context, exc.problem) if p)
-        return None, loader.issues + [Issue(name, line, f"YAML syntax error: {what}")]
-    except yaml.YAMLError as exc:
-        return None, loader.issues + [Issue(name, 0, f"YAML error: {exc}")]
-    finally:
-        loader.dispose()
-    return data, loader.issues
 
 
 def builtin_pack_files() -> list[Any]:

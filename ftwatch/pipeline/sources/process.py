@@ -1,0 +1,109 @@
+"""Reading a worker process's output: stdout and stderr as batches of complete lines (SPEC S1).
+
+One reader thread per stream ``os.read``\\ s the pipe and puts each batch of complete lines on the
+caller's queue as an :class:`Output` as soon as a read returns them; a partial line is carried to
+the next read, and flushed (with a ``b"\\n"`` added) at EOF or when it grows past ``MAX_LINE``.
+:class:`Started` is the matching "a worker process was started" event. The supervisor
+(``ftwatch.pipeline.supervisor``) spawns the processes and calls :func:`start_readers`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO
+
+from ftwatch.events import Origin
+
+READ_SIZE = 65536          # bytes per os.read
+MAX_LINE = 8 * 1024 * 1024  # a "line" longer than this (bytes) is handed over with a b"\n" added
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A batch of complete lines from one stream of one worker.
+
+    Attributes:
+        origin: instance ``worker-<rank>``, rank, job, node, stream ``stdout``/``stderr``, source ``process``.
+        data: one or more complete lines as written (not decoded), each ending in ``b"\\n"`` (a final
+            partial line at EOF, or a line longer than ``MAX_LINE`` bytes, gets one added).
+        time: epoch seconds when read.
+    """
+    origin: Origin
+    data: bytes
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A worker process was started.
+
+    Attributes:
+        origin: the instance (stream ``process``).
+        pid: its process id (also its process-group id).
+        time: epoch seconds.
+        start_count: how often this instance has been started, 1-based (``FTWATCH_ATTEMPT``).
+    """
+    origin: Origin
+    pid: int
+    time: float
+    start_count: int
+
+
+def start_readers(streams: dict[str, IO[bytes]], origin: Origin, out: queue.SimpleQueue) -> list[threading.Thread]:
+    """Starts one daemon reader thread per stream of one process.
+
+    Args:
+        streams: {stream name (``stdout``/``stderr``): its pipe, read in binary}; each pipe is
+            closed by its thread at EOF.
+        origin: the process's instance; each stream's Outputs carry it with ``stream`` set to the name.
+        out: where the :class:`Output` batches go.
+
+    Returns:
+        The started threads; each ends after the last Output of its stream is queued.
+    """
+    threads = []
+    for stream, pipe in streams.items():
+        o = Origin(origin.instance, origin.rank, origin.job, origin.node, stream, "process")
+        t = threading.Thread(target=read_lines, args=(pipe, o, out),
+                             name=f"ftwatch-{stream}-{origin.rank}", daemon=True)
+        t.start()
+        threads.append(t)
+    return threads
+
+
+def read_lines(pipe: IO[bytes], origin: Origin, out: queue.SimpleQueue) -> None:
+    """Reads ``pipe`` to EOF, putting complete lines as :class:`Output` batches; flushes the tail at EOF.
+
+    A read error counts as EOF. Never raises; closes ``pipe`` when done.
+    """
+    fd = pipe.fileno()
+    carry: list[bytes] = []
+    carried = 0
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, READ_SIZE)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                carry.append(chunk)
+                carried += len(chunk)
+                if carried > MAX_LINE:
+                    out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
+                    carry, carried = [], 0
+                continue
+            data = b"".join([*carry, chunk[:cut + 1]]) if carry else chunk[:cut + 1]
+            out.put(Output(origin, data, time.time()))
+            rest = chunk[cut + 1:]
+            carry, carried = ([rest], len(rest)) if rest else ([], 0)
+        if carry:
+            out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
+    finally:
+        pipe.close()
