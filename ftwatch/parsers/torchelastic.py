@@ -29,10 +29,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable
 
+from ftwatch.parsers.fields import split_rank_prefix
+
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _RANK = re.compile(r"^(\d+)")
 _EXIT = re.compile(r"^(-?\d+)")
+_ROOT = "Root Cause (first observed failure)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,8 @@ def parse_summary(lines: Iterable[str]) -> list[SummaryFailure]:
     """Every failure entry of every torchelastic summary in ``lines`` (cleaned text lines).
 
     Lines that are not part of a summary are skipped; a partial entry without rank or
-    exitcode is dropped. Never raises on odd input.
+    exitcode is dropped. A launcher's label before a line (``srun --label``'s ``0: ``, a
+    ``[default0]:`` prefix) is removed first. Never raises on odd input.
     """
     out: list[SummaryFailure] = []
     in_summary = root = False
@@ -73,8 +77,11 @@ def parse_summary(lines: Iterable[str]) -> list[SummaryFailure]:
                                           entry.get("host", ""), _time(entry.get("time", "")), root))
 
     for line in lines:
+        if not in_summary and "Failures:" not in line and _ROOT not in line:
+            continue                                # the bulk of a log: one substring test
+        line = split_rank_prefix(line)[1]
         text = line.strip()
-        if text.startswith("Failures:") or text.startswith("Root Cause (first observed failure)"):
+        if text.startswith("Failures:") or text.startswith(_ROOT):
             close()
             entry = None
             in_summary = True

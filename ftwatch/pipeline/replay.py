@@ -3,7 +3,9 @@
 Each file is one instance's log (its rank read from the file name, e.g. ``rank3.log`` or
 ``worker-3.err``) or one combined log whose lines carry rank prefixes (``[rank3]:``,
 torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks cut at line ends and
-scanned whole (no per-line Python work on lines that do not hit a rule).
+scanned whole (no per-line Python work on lines that do not hit a rule); a traceback or a
+torchelastic summary cut by a chunk boundary is joined, and a line longer than a chunk is
+read whole.
 
 Time comes from the lines' timestamps where present, else from a simulated clock that
 advances ``SIM_STEP`` seconds per line. The end of the input is the end of the job: exit
@@ -21,7 +23,7 @@ from typing import Callable, Sequence
 
 from ftwatch.events import Decision, Finding, Origin, ProcessExit, Severity, FailureClass
 from ftwatch.parsers import fields
-from ftwatch.parsers.torchelastic import parse_summary
+from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.policy import Incident, Policy
@@ -67,7 +69,7 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
         OSError: a file cannot be read.
     """
     findings: list[Finding] = []
-    summary_lines: list[str] = []
+    failures: list[SummaryFailure] = []
     ranks: set[int] = set()
     total = 0
     for path in paths:
@@ -75,32 +77,38 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
         if origin.rank is not None:
             ranks.add(origin.rank)
         base = SIM_START
+        summary = _SummaryLines()
         with open(path, "rb") as fh:
-            carry = b""
+            parts: list[bytes] = []         # a line longer than a chunk, read so far
             while True:
                 block = fh.read(CHUNK_BYTES)
                 if not block:
                     break
-                data = carry + block
-                cut = data.rfind(b"\n") + 1
+                cut = block.rfind(b"\n") + 1
                 if cut == 0:
-                    carry = data
+                    parts.append(block)
                     continue
-                chunk, carry = data[:cut], data[cut:]
+                chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
+                parts = [block[cut:]] if cut < len(block) else []
                 findings.extend(engine.feed(origin, chunk, base, sim_step=SIM_STEP))
                 base += chunk.count(b"\n") * SIM_STEP
-                if _SUMMARY_MARK in chunk:
-                    summary_lines.extend(fields.clean(raw) for raw in chunk.split(b"\n"))
+                summary.take(chunk)
                 total += len(chunk)
                 if progress:
                     progress(len(chunk))
+            carry = b"".join(parts)
             findings.extend(engine.feed(origin, carry, base, final=True, sim_step=SIM_STEP))
+            summary.take(carry)
             total += len(carry)
+            if progress and carry:
+                progress(len(carry))
+        failures.extend(parse_summary(summary.lines))
     for f in findings:
         if f.rank is not None:
             ranks.add(f.rank)
     end = max([f.time for f in findings] + [SIM_START])
-    exits = _summary_exits(summary_lines, job, end + SIM_STEP)
+    exits = _summary_exits(failures, job, end + SIM_STEP)
+    ranks.update(e.origin.rank for e in exits)
     table = ExitCodeTable.load()
     failed: set[str] = set()
     trigger: Finding | None = None
@@ -124,13 +132,37 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     return ReplayResult(findings, decision, engine.stats.lines, total)
 
 
-def _summary_exits(lines: list[str], job: str, at: float) -> list[ProcessExit]:
+class _SummaryLines:
+    """The lines of the chunks that hold a torchelastic failure summary (cleaned text).
+
+    A summary runs from ``Failures:`` to its ``=====`` border; a chunk boundary may fall
+    anywhere in it, so a chunk where one starts and does not end also takes the next one.
+    Only such chunks are split into lines.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._open = False
+
+    def take(self, chunk: bytes) -> None:
+        last = max(chunk.rfind(b"Failures:"), chunk.rfind(_SUMMARY_MARK))
+        if last < 0 and not self._open:
+            return
+        begin = 0
+        if not self._open:                          # from the line of the first start on
+            first = min(i for i in (chunk.find(b"Failures:"), chunk.find(_SUMMARY_MARK)) if i >= 0)
+            begin = chunk.rfind(b"\n", 0, first) + 1
+        self.lines.extend(fields.clean(raw) for raw in chunk[begin:].split(b"\n"))
+        self._open = last >= 0 and chunk.find(b"=====", last) < 0
+
+
+def _summary_exits(failures: list[SummaryFailure], job: str, at: float) -> list[ProcessExit]:
     """Exit events from torchelastic's summary; a SIGTERM beside a real failure is the agent's stop.
 
     The exits are placed at ``at`` (after every log line, in summary order): the summary's
     own times have second resolution and another clock than the log lines.
     """
-    failures = sorted(parse_summary(lines), key=lambda f: not f.root_cause)
+    failures = sorted(failures, key=lambda f: not f.root_cause)
     any_real = any(f.exitcode != -_signal.SIGTERM for f in failures)
     out, seen = [], set()
     for f in failures:

@@ -6,7 +6,10 @@ patterns; it scans a whole chunk at once and Python only touches the lines that 
 A hit line becomes a Record (decoded, ANSI stripped, rank prefix and timestamp taken);
 a block start collects the following lines of the same rank into one Record (P1), so
 interleaved ranks never mix. A block that is still open at the end of a chunk is carried
-over to the next feed of the same origin (or closed by ``flush``).
+over to the next feed of the same origin (or closed by ``flush``), with the lines after it
+that closed blocks already took (so they are never judged twice) and the time of its first
+line. ANSI escape sequences are removed from a chunk before it is scanned, so colours
+never hide a pattern (a coloured ``KeyError`` of Python 3.13's tracebacks still hits).
 
 Each Record yields at most one Finding: among the rules that hit it (and the fault codes
 found in it) the highest ``priority`` wins, then the most drastic action. That is how a
@@ -16,6 +19,7 @@ traceback ending in a gloo "Connection closed by peer" is fallout and not user c
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,10 +34,19 @@ MAX_CARRY_BYTES = 1 << 20      # never carry more than 1 MiB into the next feed
 EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
 FAULT_PRIORITY = 30            # fault codes are as specific as rules get
 
+# ``fields.clean``'s ANSI escapes, on bytes and never across a line end (CSI, OSC/DCS/...
+# up to BEL, ST or the line end, other ESC sequences, a lone ESC).
+_ANSI_BYTES = re.compile(
+    rb"\x1b\[[0-?]*[ -/]*[@-~]"
+    rb"|\x1b[\]PX^_][^\n]*?(?:\x07|\x1b\\|(?=\n)|\Z)"
+    rb"|\x1b[ -/]*[0-~]"
+    rb"|\x1b"
+)
+
 
 @dataclass(slots=True)
 class EngineStats:
-    """Counters: bytes and lines scanned, records built, findings made."""
+    """Counters: bytes fed, lines scanned, records built, findings made."""
 
     bytes: int = 0
     lines: int = 0
@@ -43,8 +56,19 @@ class EngineStats:
 
 @dataclass(slots=True)
 class _Pending:
+    """An open block carried to the next feed of its origin.
+
+    Attributes:
+        data: the bytes from the block's first line on (ANSI removed, newline-terminated).
+        since: the time of the last feed that carried it (``flush_stale`` measures from it).
+        base: the time of ``data``'s first line, for its lines without a timestamp.
+        skip: offsets in ``data`` of lines that closed blocks already took.
+    """
+
     data: bytes
     since: float
+    base: float
+    skip: frozenset[int] = frozenset()
 
 
 class Engine:
@@ -65,6 +89,7 @@ class Engine:
         self._seq = itertools.count(1)
         self._pending: dict[Origin, _Pending] = {}
         self._line_pos = self._line_no = 0
+        self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._compile(list(rules))
 
     # -- set-up ---------------------------------------------------------------------------
@@ -107,10 +132,19 @@ class Engine:
         Returns:
             The findings, in input order.
         """
+        self.stats.bytes += len(data)
+        if b"\x1b" in data:
+            data = _ANSI_BYTES.sub(b"", data)
+        now = time
+        consumed: set[int] = set()
+        self._carry_end, self._carry_time = 0, time
         pending = self._pending.pop(origin, None)
         if pending is not None:
             data = pending.data + data
-            time = min(time, pending.since) if sim_step else time
+            consumed.update(pending.skip)
+            self._carry_end, self._carry_time = len(pending.data), pending.base
+            if sim_step:
+                time = pending.base                 # line numbers now count from the carried data
         if not data:
             return []
         hits = self.matcher.scan(data)
@@ -122,7 +156,6 @@ class Engine:
             by_line.setdefault(start, set()).add(pid)
         starts = sorted(by_line)
         findings: list[Finding] = []
-        consumed: set[int] = set()
         end_of_work = len(data)
         self._line_pos, self._line_no = 0, 0     # incremental line numbering for sim_step
         for start in starts:
@@ -132,7 +165,8 @@ class Engine:
             if ids & self._block_ids and self._starts_block(data, start):
                 block = self._collect_block(data, start, origin, final)
                 if block is None:                      # open block: carry it over
-                    self._pending[origin] = _Pending(data[start:], time)
+                    self._carry(origin, data, start, now, self._base_time(data, start, time, sim_step),
+                                consumed)
                     end_of_work = start
                     break
                 line_starts, texts, rank = block
@@ -175,8 +209,24 @@ class Engine:
     # -- internals ------------------------------------------------------------------------
 
     def _count(self, data: bytes, end: int) -> None:
-        self.stats.bytes += end
         self.stats.lines += data.count(b"\n", 0, end)
+        if end == len(data) and data and not data.endswith(b"\n"):
+            self.stats.lines += 1                   # a last line without its newline
+
+    def _carry(self, origin: Origin, data: bytes, start: int, now: float, base: float,
+               consumed: set[int]) -> None:
+        """Keep ``data[start:]`` (an open block and what follows it) for the next feed."""
+        rest = data[start:]
+        if not rest.endswith(b"\n"):
+            rest += b"\n"                          # the next feed starts a new line
+        skip = frozenset(s - start for s in consumed if s > start)
+        self._pending[origin] = _Pending(rest, now, base, skip)
+
+    def _base_time(self, data: bytes, start: int, time: float, sim_step: float) -> float:
+        """The time of the line at ``start`` when it carries no timestamp of its own."""
+        if sim_step:
+            return time + self._line_index(data, start) * sim_step
+        return self._carry_time if start < self._carry_end else time
 
     @staticmethod
     def _starts_block(data: bytes, start: int) -> bool:
@@ -215,7 +265,7 @@ class Engine:
         year = self.year or _year_of(time)
         stamp = fields.parse_timestamp(texts[0], year)
         if stamp is None:
-            stamp = time + (self._line_index(data, start) * sim_step if sim_step else 0.0)
+            stamp = self._base_time(data, start, time, sim_step)
         self.stats.records += 1
         return Record(origin.with_rank(rank), "\n".join(texts), stamp, next(self._seq))
 
@@ -239,13 +289,18 @@ class Engine:
         return self._line_no
 
     def _judge(self, record: Record, ids: set[int]) -> Finding | None:
-        """Pick the one finding a record makes: highest priority, then most drastic action."""
-        best: tuple[int, int] | None = None
+        """Pick the one finding a record makes: highest priority, then most drastic action.
+
+        On a tie a fault code wins over a keyword rule: same verdict, but it carries the
+        code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
+        ``GPU has fallen off the bus`` keyword rule that also hits it).
+        """
+        best: tuple[int, int, int] | None = None
         finding: Finding | None = None
         rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
         for index in rule_ids:
             rule = self.rules[index]
-            key = (rule.priority, int(rule.action))
+            key = (rule.priority, int(rule.action), 0)
             if best is None or key > best:
                 best = key
                 finding = self._finding(record, index)
@@ -253,7 +308,7 @@ class Engine:
             for hit in self.tables.extract(record.text):
                 entry = hit.entry
                 action = entry.action if entry else Action.NOTIFY
-                key = (FAULT_PRIORITY, int(action))
+                key = (FAULT_PRIORITY, int(action), 1)
                 if best is None or key > best:
                     best = key
                     finding = self._fault_finding(record, hit)

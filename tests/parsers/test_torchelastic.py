@@ -1,0 +1,161 @@
+"""torchelastic's failure summary (P3): rank, exit code, signal, host, time and the root cause.
+
+The summaries are as torchrun prints them (``ChildFailedError.format_msg`` in
+``torch/distributed/elastic/multiprocessing/errors``): the first one is from a recorded job
+(``tests/golden/torchrun_sigkill``) where rank 1 was SIGKILLed and the agent stopped the others.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
+
+AT = datetime(2026, 11, 21, 11, 2, 19, tzinfo=timezone.utc).timestamp()
+
+SIGKILL_SUMMARY = """\
+Traceback (most recent call last):
+  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n\
+=======================================================
+/srv/train/examples/train_ddp.py FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-21_11:02:19
+  host      : node-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 18988)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 18988
+[2]:
+  time      : 2026-11-21_11:02:19
+  host      : node-a
+  rank      : 2 (local_rank: 2)
+  exitcode  : -15 (pid: 18990)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 18990
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_11:02:19
+  host      : node-a
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 18989)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 18989
+=======================================================""".splitlines()
+
+SIGKILL_EXPECTED = [
+    SummaryFailure(0, -15, "node-a", AT, False),
+    SummaryFailure(2, -15, "node-a", AT, False),
+    SummaryFailure(1, -9, "node-a", AT, True),
+]
+
+# One failed worker and nothing else, with the traceback its @record error file gave (indented by
+# two spaces, as format_msg does) and a multi-node host name.
+NO_OTHER_FAILURES = """\
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_09:36:04
+  host      : gpu-node-3.cluster.local
+  rank      : 13 (local_rank: 5)
+  exitcode  : 1 (pid: 4120)
+  error_file: /tmp/torchelastic_k2x9/none_abc/attempt_0/5/error.json
+  traceback : Traceback (most recent call last):
+    File "/opt/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355, in wrapper
+      return f(*args, **kwargs)
+    File "/srv/train/train.py", line 182, in main
+      warmup = config["warmup_steps"]
+  KeyError: 'warmup_steps'
+  \n\
+============================================================""".splitlines()
+
+
+def test_sigkill_summary_gives_every_failure_and_the_root_cause():
+    assert parse_summary(SIGKILL_SUMMARY) == SIGKILL_EXPECTED
+
+
+def test_no_other_failures_and_an_error_file_traceback():
+    [failure] = parse_summary(NO_OTHER_FAILURES)
+    assert failure == SummaryFailure(13, 1, "gpu-node-3.cluster.local",
+                                     datetime(2026, 11, 21, 9, 36, 4, tzinfo=timezone.utc).timestamp(), True)
+
+
+def test_worker_lines_around_the_summary_are_not_part_of_it():
+    """torchrun --tee prefixes worker output with [defaultN]:; worker lines that look like fields stay out."""
+    before = [
+        "[default0]:step 7/12 loss 0.9119",
+        "[default1]:injecting fault sigkill at step 8",
+        "[default0]:  rank      : 0 (local_rank: 0)",
+        "[default0]:  exitcode  : 3 (pid: 1)",
+        "W1121 11:02:19.507000 18964 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+        "18988 closing signal SIGTERM",
+    ]
+    after = ["[default2]:  rank      : 7 (local_rank: 7)", "[default2]:  exitcode  : -6 (pid: 2)"]
+    assert parse_summary(before + SIGKILL_SUMMARY + after) == SIGKILL_EXPECTED
+
+
+def test_summary_labelled_by_a_launcher_is_read_through_the_labels():
+    """srun --label puts "0: " before every line of torchrun's output."""
+    assert parse_summary(["0: " + line for line in SIGKILL_SUMMARY]) == SIGKILL_EXPECTED
+    assert parse_summary(["[default0]:" + line for line in SIGKILL_SUMMARY]) == SIGKILL_EXPECTED
+
+
+def test_summary_cut_short_keeps_the_complete_entries():
+    cut = SIGKILL_SUMMARY[: SIGKILL_SUMMARY.index("  exitcode  : -9 (pid: 18989)  (SIGKILL)")]
+    assert parse_summary(cut) == SIGKILL_EXPECTED[:2]
+
+
+def test_garbled_entries_are_dropped_and_odd_values_tolerated():
+    text = [
+        "Failures:",
+        "[1]:",
+        "  rank      : <N/A>",                         # no rank: dropped
+        "  exitcode  : -15 (pid: 1)",
+        "[2]:",
+        "  time      : 2026-11-21T11:02:19",           # not torchelastic's format: no time
+        "  rank      : 2 (local_rank: 2)",
+        "  exitcode  : -15 (pid: 2)\r",
+        "[3]:",
+        "  rank      : 3 (local_rank: 3)",
+        "  exitcode  : (pid: 3)",                      # no code: dropped
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 4)",
+        "=====",
+    ]
+    assert parse_summary(text) == [SummaryFailure(2, -15, "", None, False), SummaryFailure(1, -9, "", None, True)]
+
+
+def test_fields_after_the_closing_border_are_ignored():
+    trailing = ["[7]:", "  rank      : 7 (local_rank: 7)", "  exitcode  : 1 (pid: 9)"]
+    assert parse_summary(SIGKILL_SUMMARY + trailing) == SIGKILL_EXPECTED
+
+
+def test_two_summaries_in_one_log_are_both_read_in_order():
+    found = parse_summary(NO_OTHER_FAILURES + ["[default0]:restarting"] + SIGKILL_SUMMARY)
+    assert [(f.rank, f.root_cause) for f in found] == [(13, True), (0, False), (2, False), (1, True)]
+
+
+def test_log_without_summary_gives_nothing():
+    assert parse_summary(["[default0]:step 1/12 loss 4.6369", "Root Cause analysis: none", ""]) == []
+
+
+@given(st.lists(st.one_of(st.text(max_size=60), st.sampled_from(SIGKILL_SUMMARY + NO_OTHER_FAILURES)),
+                max_size=60))
+def test_never_raises_and_every_entry_has_a_rank_and_a_code(lines):
+    for failure in parse_summary(lines):
+        assert isinstance(failure.rank, int) and failure.rank >= 0
+        assert isinstance(failure.exitcode, int)

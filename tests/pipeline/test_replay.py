@@ -1,0 +1,307 @@
+"""``ftwatch replay`` (T3): recorded logs through the engine and the policy, and its command.
+
+The logs are shaped like the DDP jobs recorded in ``tests/golden`` (torchrun 3 workers, gloo):
+per-rank files as ``torchrun --redirects`` writes them, or one combined file with torchrun's
+``[defaultN]:`` prefixes, the agent's glog lines and its failure summary.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from ftwatch.config import Config
+from ftwatch.events import Action, FailureClass
+from ftwatch.pipeline.replay import CHUNK_BYTES, SIM_START, SIM_STEP, ReplayResult, origin_for, replay
+from ftwatch.rules.budgets import BudgetStore
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.policy import Policy
+
+JOB = "replay-test"
+BANNER = [
+    "*****************************************",
+    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
+    "being overloaded, please further tune the variable for optimal performance in your application as needed. ",
+    "*****************************************",
+]
+KEYERROR_TB = [
+    "Traceback (most recent call last):",
+    '  File "/srv/train/examples/train_ddp.py", line 230, in <module>',
+    "    _exit(main())",
+    "          ^^^^^^",
+    '  File "/srv/train/examples/train_ddp.py", line 182, in _inject',
+    '    warmup = config["warmup_steps"]      # the bug: a key nobody set',
+    "             ~~~~~~^^^^^^^^^^^^^^^^",
+    "KeyError: 'warmup_steps'",
+]
+
+
+def gloo_tb(port: int, what: str = "Connection closed by peer [127.0.0.1]:{port}. This is typically caused by "
+                                   "a remote worker crashing.") -> list[str]:
+    return [
+        "Traceback (most recent call last):",
+        '  File "/srv/train/examples/train_ddp.py", line 106, in main',
+        "    dist.all_reduce(p.grad)      # the collective every rank must reach",
+        '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, '
+        "in all_reduce",
+        "    work.wait()",
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+        + what.format(port=port) + " Check the logs of the remote worker before reporting an error. GLHF! "
+        "\U0001f3d6\ufe0f",
+    ]
+
+
+def steps(rank: int, upto: int = 7) -> list[str]:
+    return [f"rank {rank}/3 starting: attempt 0, MA_PROC_START_CNT=1"] + [
+        f"step {i}/12 loss {4.6369 / i:.4f}" for i in range(1, upto + 1)]
+
+
+def tee(rank: int, lines: list[str], torch_rank: bool = False) -> list[str]:
+    """torchrun --tee's prefix, plus PyTorch's own [rankN]: on uncaught exceptions."""
+    inner = f"[rank{rank}]: " if torch_rank else ""
+    return [f"[default{rank}]:{inner}{line}" for line in lines]
+
+
+def agent_summary(root_rank: int, code: int, survivors: list[int]) -> list[str]:
+    """The torchrun agent's last words: SIGTERM to the survivors, ChildFailedError and the summary."""
+    out = [f"W1121 11:02:19.507000 18964 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+           f"{18988 + r} closing signal SIGTERM" for r in survivors]
+    pid = 18988 + root_rank
+    if code < 0:
+        exitcode, traceback = f"{code} (pid: {pid})  (SIGKILL)", f"Signal 9 (SIGKILL) received by PID {pid}"
+    else:
+        exitcode = f"{code} (pid: {pid}) "
+        traceback = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    out += [
+        f"E1121 11:02:19.705000 18964 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: "
+        f"{code}) local_rank: {root_rank} (pid: {18988 + root_rank}) of binary: /opt/venv/bin/python",
+        "Traceback (most recent call last):",
+        '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>',
+        "    main()",
+        '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in '
+        "launch_agent",
+        "    raise ChildFailedError(",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=======================================================",
+        "/srv/train/examples/train_ddp.py FAILED",
+        "-------------------------------------------------------",
+        "Failures:",
+    ]
+    for i, r in enumerate(survivors, start=1):
+        out += [f"[{i}]:", "  time      : 2026-11-21_11:02:19", "  host      : node-a",
+                f"  rank      : {r} (local_rank: {r})", f"  exitcode  : -15 (pid: {18988 + r})  (SIGTERM)",
+                "  error_file: <N/A>", f"  traceback : Signal 15 (SIGTERM) received by PID {18988 + r}"]
+    out += ["-------------------------------------------------------", "Root Cause (first observed failure):",
+            "[0]:", "  time      : 2026-11-21_11:02:19", "  host      : node-a",
+            f"  rank      : {root_rank} (local_rank: {root_rank})",
+            f"  exitcode  : {exitcode}", "  error_file: <N/A>", f"  traceback : {traceback}",
+            "======================================================="]
+    return out
+
+
+SIGKILL_COMBINED = (BANNER + tee(0, steps(0)) + tee(1, steps(1, 5)) + tee(2, steps(2, 5))
+                    + tee(1, ["injecting fault sigkill at step 8"])
+                    + tee(2, gloo_tb(55958, "Read error [127.0.0.1]:{port}: Connection reset by peer."), True)
+                    + tee(0, gloo_tb(7317, "Read error [127.0.0.1]:{port}: Connection reset by peer."), True)
+                    + agent_summary(1, -9, [0, 2]))
+KEYERROR_COMBINED = (BANNER + tee(0, steps(0)) + tee(1, steps(1, 5)) + tee(2, steps(2, 5))
+                     + tee(1, KEYERROR_TB, True) + tee(2, gloo_tb(20909), True) + tee(0, gloo_tb(20909), True)
+                     + agent_summary(1, 1, [0, 2]))
+CLEAN_COMBINED = BANNER + [line for r in range(3) for line in tee(r, steps(r, 12) + ["training finished at step 12"])]
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+@pytest.fixture
+def run(rules, tmp_path):
+    def run(paths: list[Path], **flags) -> ReplayResult:
+        config = Config().with_policy(**flags)
+        policy = Policy(config.policy, BudgetStore(tmp_path / "budgets.json", JOB), JOB)
+        return replay(paths, Engine(rules), policy, JOB)
+    return run
+
+
+def pad(size: int, line: bytes = b"[default0]:step 7/12 loss 0.9119\n") -> bytes:
+    """Worker lines of exactly ``size`` bytes (the last one shorter), so a test can place a chunk boundary."""
+    whole, rest = divmod(size, len(line))
+    return line * whole + (b"#" * (rest - 1) + b"\n" if rest else b"")
+
+
+def write(path: Path, lines: list[str] | bytes) -> Path:
+    path.write_bytes(lines if isinstance(lines, bytes) else "".join(f"{l}\n" for l in lines).encode())
+    return path
+
+
+def test_file_names_give_ranks_and_a_combined_log_has_none(tmp_path):
+    assert origin_for(tmp_path / "rank3.log", JOB).rank == 3
+    assert origin_for(tmp_path / "worker-12.err", JOB).rank == 12
+    assert origin_for(tmp_path / "combined.log", JOB).rank is None
+
+
+def test_per_rank_files_keyerror_fails_the_job_naming_rank_1(run, tmp_path):
+    files = [write(tmp_path / "rank0.log", steps(0) + ["[rank0]: " + l for l in gloo_tb(42725)]),
+             write(tmp_path / "rank1.log", steps(1, 5) + ["[rank1]: " + l for l in KEYERROR_TB]),
+             write(tmp_path / "rank2.log", steps(2, 6) + ["[rank2]: " + l for l in gloo_tb(46808)])]
+
+    result = run(files, enable_job_restart=True)
+
+    d = result.decision
+    assert d.action is Action.FAIL_JOB
+    assert (d.root_cause.rule_id, d.root_cause.rank, d.root_cause.line) == (
+        "python.key_error", 1, "KeyError: 'warmup_steps'")
+    assert sorted((f.rank, f.failure_class) for f in result.findings) == [
+        (0, FailureClass.FALLOUT), (1, FailureClass.USER_CODE), (2, FailureClass.FALLOUT)]
+    assert result.lines == sum(len(p.read_bytes().splitlines()) for p in files)
+    assert result.bytes == sum(p.stat().st_size for p in files)
+
+
+def test_combined_keyerror_log_fails_the_job_naming_rank_1_not_its_exit(run, tmp_path):
+    result = run([write(tmp_path / "combined.log", KEYERROR_COMBINED)], enable_job_restart=True)
+    d = result.decision
+    assert d.action is Action.FAIL_JOB
+    assert (d.root_cause.rule_id, d.root_cause.rank) == ("python.key_error", 1)
+    assert "user_code" in d.policy_clause
+
+
+def test_sigkill_restarts_the_job_naming_rank_1_not_a_survivor(run, tmp_path):
+    result = run([write(tmp_path / "combined.log", SIGKILL_COMBINED)], enable_job_restart=True)
+
+    d = result.decision
+    assert d.action is Action.RESTART_JOB
+    assert (d.root_cause.rule_id, d.root_cause.rank) == ("exit.sigkill", 1)
+    assert d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
+    assert (d.restarts_used, d.restarts_left) == (1, 2)
+    assert not [f for f in result.findings if f.rule_id == "exit.sigterm"]   # the agent stopped them
+    fallout = {f.rank for f in result.findings if f.rule_id == "gloo.pair_io_error"}
+    assert fallout == {0, 2}
+
+
+def test_sigkill_without_restarts_enabled_fails_the_job(run, tmp_path):
+    d = run([write(tmp_path / "combined.log", SIGKILL_COMBINED)]).decision
+    assert d.action is Action.FAIL_JOB
+    assert (d.root_cause.rule_id, d.root_cause.rank) == ("exit.sigkill", 1)
+    assert "enable_job_restart=False" in d.policy_clause
+
+
+@pytest.mark.parametrize("cut_before", [
+    "Failures:",
+    "  exitcode  : -15 (pid: 18990)  (SIGTERM)",
+    "Root Cause (first observed failure):",
+    "  exitcode  : -9 (pid: 18989)  (SIGKILL)",
+    "  traceback : Signal 9 (SIGKILL) received by PID 18989",
+])
+def test_summary_cut_by_a_chunk_boundary_is_read_whole(run, tmp_path, cut_before):
+    """A long log puts its summary anywhere relative to the 1 MiB chunks."""
+    log = "".join(f"{l}\n" for l in SIGKILL_COMBINED).encode()
+    data = pad(CHUNK_BYTES - log.index(cut_before.encode())) + log
+    assert data[CHUNK_BYTES:].startswith(cut_before.encode())   # the second chunk starts with it
+
+    d = run([write(tmp_path / "combined.log", data)], enable_job_restart=True).decision
+
+    assert (d.action, d.root_cause.rule_id, d.root_cause.rank) == (Action.RESTART_JOB, "exit.sigkill", 1)
+
+
+def test_clean_log_decides_nothing(run, tmp_path):
+    result = run([write(tmp_path / "combined.log", CLEAN_COMBINED)], enable_job_restart=True)
+    assert result.decision.action is Action.NONE
+    assert result.decision.root_cause is None
+    assert result.findings == []
+    assert result.lines == len(CLEAN_COMBINED)
+
+
+def test_traceback_straddling_a_chunk_boundary_is_one_finding_at_its_own_time(run, tmp_path):
+    tb = [f"[rank1]: {l}\n".encode() for l in KEYERROR_TB]
+    head = pad(CHUNK_BYTES - len(b"".join(tb[:3])), b"step 5/12 loss 0.4920\n")  # 3 lines in the first chunk
+    path = write(tmp_path / "rank1.log", head + b"".join(tb) + b"step 8/12 loss 0.7960\n" * 10)
+
+    result = run([path])
+
+    [finding] = result.findings
+    assert finding.rule_id == "python.key_error"
+    assert finding.evidence == tuple(KEYERROR_TB)
+    assert finding.time == pytest.approx(SIM_START + head.count(b"\n") * SIM_STEP, abs=SIM_STEP / 2)
+    assert result.lines == head.count(b"\n") + len(KEYERROR_TB) + 10
+
+
+def test_earliest_error_wins_when_a_later_one_straddles_a_chunk_boundary(run, tmp_path):
+    """R7 across files: line times must not jump back when a traceback is carried to the next chunk."""
+    head = pad(CHUNK_BYTES - 60, b"[rank0]: step 5/12 loss 0.4920\n")
+    late = "".join(f"[rank0]: {l}\n" for l in ["Traceback (most recent call last):",
+                                                 '  File "/srv/train/train.py", line 40, in <module>',
+                                                 "    a, b = batch",
+                                                 "ValueError: too many values to unpack (expected 2)"])
+    early = steps(1, 100) + ["[rank1]: " + l for l in KEYERROR_TB]
+    files = [write(tmp_path / "rank0.log", head + late.encode()), write(tmp_path / "rank1.log", early)]
+
+    result = run(files)
+
+    assert {f.rule_id: f.rank for f in result.findings} == {"python.value_error": 0, "python.key_error": 1}
+    assert (result.decision.root_cause.rule_id, result.decision.root_cause.rank) == ("python.key_error", 1)
+
+
+def test_line_longer_than_a_chunk_is_read_whole(run, tmp_path):
+    long_line = b"[rank1]: " + b"0123456789abcdef" * (3 * CHUNK_BYTES // 16) + b"\n"
+    path = write(tmp_path / "rank1.log", long_line + "".join(f"{l}\n" for l in KEYERROR_TB).encode())
+
+    result = run([path])
+
+    assert [f.rule_id for f in result.findings] == ["python.key_error"]
+    assert result.lines == 1 + len(KEYERROR_TB)
+    assert result.bytes == path.stat().st_size
+
+
+def test_progress_is_told_every_byte(rules, tmp_path):
+    data = "".join(f"{l}\n" for l in CLEAN_COMBINED * 2000).encode()
+    path = write(tmp_path / "rank0.log", data + b"a last line without its newline")
+    told: list[int] = []
+    policy = Policy(Config().policy, BudgetStore(tmp_path / "b.json", JOB), JOB)
+    replay([path], Engine(rules), policy, JOB, progress=told.append)
+    assert len(told) > 1 and sum(told) == path.stat().st_size
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def ftwatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftwatch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("flags, action, left", [
+    (["--enable-job-restart=True"], "restart_job", 2),
+    ([], "fail_job", 3),
+])
+def test_replay_command_prints_one_decision_in_the_contract_shape(tmp_path, flags, action, left):
+    path = write(tmp_path / "combined.log", SIGKILL_COMBINED)
+
+    proc = ftwatch("replay", "--json", *flags, str(path), cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()
+    decision = json.loads(line)
+    assert set(decision) == {"time", "action", "target", "root_cause", "policy_clause", "restarts_used",
+                             "restarts_left"}
+    assert set(decision["target"]) == {"job", "instance", "rank", "node"}
+    assert set(decision["root_cause"]) == {"rule_id", "failure_class", "rank", "line"}
+    assert decision["action"] == action
+    assert decision["root_cause"] == {"rule_id": "exit.sigkill", "failure_class": "retryable_infra", "rank": 1,
+                                      "line": "rank1 (rank 1) was killed by signal 9 (SIGKILL)"}
+    assert decision["restarts_left"] == left
+    assert datetime.fromisoformat(decision["time"]).tzinfo is not None
+    assert isinstance(decision["policy_clause"], str) and decision["policy_clause"]
+
+
+def test_replay_command_on_a_clean_log_says_none(tmp_path):
+    proc = ftwatch("replay", "--json", "--enable-job-restart=True", str(write(tmp_path / "c.log", CLEAN_COMBINED)),
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    decision = json.loads(proc.stdout)
+    assert (decision["action"], decision["root_cause"]) == ("none", None)

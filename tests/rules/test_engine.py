@@ -1,0 +1,394 @@
+"""The rule engine: raw chunks in, one Finding per Record out (P1, P2, P3, R1, R2, R3, R7, Q1).
+
+Every log line here is as PyTorch, torchrun, gloo, NCCL, the NVIDIA driver or the Ascend device
+plugin print it (several are taken from the recorded DDP jobs in ``tests/golden``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from ftwatch.events import Action, FailureClass, Finding, Origin
+from ftwatch.rules import matcher as matcher_mod
+from ftwatch.rules.engine import MAX_CARRY_BYTES, Engine
+from ftwatch.rules.loader import load_rules, rules_from_keywords
+
+T0 = 1_795_253_763.0  # 2026-11-21T09:36:03Z
+HAVE_HS = matcher_mod._hs is not None
+needs_hs = pytest.mark.skipif(not HAVE_HS, reason="hyperscan not installed")
+
+WORKER1 = Origin("worker-1", 1, "job-7", "node-a", "stderr", "process")
+COMBINED = Origin("combined", None, "job-7", "node-a", "/logs/combined.log", "replay")
+
+KEYERROR_TB = [
+    "Traceback (most recent call last):",
+    '  File "/srv/train/examples/train_ddp.py", line 230, in <module>',
+    "    _exit(main())",
+    "          ^^^^^^",
+    '  File "/srv/train/examples/train_ddp.py", line 97, in main',
+    "    _inject(fault[0], rank, step, args.timeout)",
+    '  File "/srv/train/examples/train_ddp.py", line 182, in _inject',
+    '    warmup = config["warmup_steps"]      # the bug: a key nobody set',
+    "             ~~~~~~^^^^^^^^^^^^^^^^",
+    "KeyError: 'warmup_steps'",
+]
+GLOO_TB = [
+    "Traceback (most recent call last):",
+    '  File "/srv/train/examples/train_ddp.py", line 230, in <module>',
+    "    _exit(main())",
+    "          ^^^^^^",
+    '  File "/srv/train/examples/train_ddp.py", line 106, in main',
+    "    dist.all_reduce(p.grad)      # the collective every rank must reach",
+    "    ^^^^^^^^^^^^^^^^^^^^^^^",
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper',
+    "    return func(*args, **kwargs)",
+    "           ^^^^^^^^^^^^^^^^^^^^^",
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce',
+    "    work.wait()",
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+    "peer [127.0.0.1]:42725. This is typically caused by a remote worker crashing. Check the logs of the remote "
+    "worker before reporting an error. GLHF! \U0001f3d6\ufe0f",
+]
+WATCHDOG = ("[E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+            "600010 milliseconds before timing out.")
+C10_DUMP = [
+    "terminate called after throwing an instance of 'c10::DistBackendError'",
+    "  what():  [PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated with exception: "
+    "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, "
+    "NumelOut=1, Timeout(ms)=600000) ran for 600010 milliseconds before timing out.",
+    "Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:616 "
+    "(most recent call first):",
+    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f1f5b1b2446 in "
+    "/opt/venv/lib/python3.11/site-packages/torch/lib/libc10.so)",
+    "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+    "std::ratio<1l, 1000l> > >) + 0x282 (0x7f1f0c5c8772 in /opt/venv/lib/python3.11/site-packages/torch/lib/"
+    "libtorch_cuda.so)",
+]
+XID79 = ("[Sat Nov 21 09:36:03 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=48213, name=python3, "
+         "GPU has fallen off the bus.")
+NCCL_INFO = "node-a:4120:4180 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC/read"
+STEP = "step 7/12 loss 0.9119"
+
+
+def lines(*parts: str | list[str], prefix: str = "") -> bytes:
+    """The raw bytes of log lines, each with ``prefix`` and a newline."""
+    flat: list[str] = []
+    for part in parts:
+        flat.extend([part] if isinstance(part, str) else part)
+    return "".join(f"{prefix}{line}\n" for line in flat).encode()
+
+
+def summary(findings: list[Finding]) -> list[tuple]:
+    """What a finding says, without its engine-local sequence number."""
+    return [(f.rule_id, f.kind, f.failure_class, f.action, f.severity, f.origin, f.line, f.time, f.evidence,
+             dict(f.fields)) for f in findings]
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+@pytest.fixture
+def engine(rules) -> Engine:
+    return Engine(rules)
+
+
+# --- P1: multi-line blocks ---------------------------------------------------------------------
+
+def test_keyerror_traceback_is_one_user_code_finding_on_its_exception_line(engine):
+    data = lines(STEP, KEYERROR_TB, "rank 1/3 exiting")
+
+    [finding] = engine.feed(WORKER1, data, T0)
+
+    assert finding.rule_id == "python.key_error"
+    assert finding.failure_class is FailureClass.USER_CODE
+    assert finding.action is Action.FAIL_JOB
+    assert finding.line == "KeyError: 'warmup_steps'"
+    assert finding.evidence == tuple(KEYERROR_TB)
+    assert (finding.rank, finding.origin.instance) == (1, "worker-1")
+    assert engine.stats.records == 1 and engine.stats.findings == 1
+
+
+@pytest.mark.parametrize("prefix", ["[rank{r}]: ", "[default{r}]:[rank{r}]: "], ids=["torch", "torchrun-tee"])
+def test_interleaved_tracebacks_of_two_ranks_never_mix(engine, prefix):
+    rank0 = [prefix.format(r=0) + line for line in GLOO_TB]
+    rank1 = [prefix.format(r=1) + line for line in KEYERROR_TB]
+    merged = [line for pair in itertools.zip_longest(rank0, rank1) for line in pair if line is not None]
+
+    findings = engine.feed(COMBINED, lines(merged), T0)
+
+    by_rank = {f.rank: f for f in findings}
+    assert sorted(by_rank) == [0, 1] and len(findings) == 2
+    assert by_rank[1].rule_id == "python.key_error"
+    assert by_rank[1].evidence == tuple(KEYERROR_TB)
+    assert by_rank[1].origin.instance == "rank1"
+    assert by_rank[0].rule_id == "gloo.connection_closed_by_peer"
+    assert by_rank[0].evidence == tuple(GLOO_TB)
+    assert by_rank[0].origin.instance == "rank0"
+
+
+def test_traceback_ending_in_gloo_peer_closed_is_fallout_not_user_code(engine, rules):
+    """The generic traceback rule hits the same record; the gloo rule's priority wins (R7)."""
+    generic = next(r for r in rules if r.id == "python.uncaught_exception")
+    gloo = next(r for r in rules if r.id == "gloo.connection_closed_by_peer")
+    assert generic.priority < gloo.priority
+
+    [finding] = engine.feed(WORKER1, lines(GLOO_TB), T0)
+    assert (finding.rule_id, finding.failure_class) == ("gloo.connection_closed_by_peer", FailureClass.FALLOUT)
+    assert finding.line == GLOO_TB[-1]
+
+    # Without its last line the same traceback is only the generic rule's.
+    engine.feed(WORKER1, lines(GLOO_TB[:-1]), T0)
+    [cut] = engine.flush(WORKER1, T0)
+    assert (cut.rule_id, cut.failure_class) == ("python.uncaught_exception", FailureClass.USER_CODE)
+
+
+def test_c10_stack_dump_is_one_record(engine):
+    """A rule hitting a frame makes one finding for the whole dump; the frames make no others."""
+    engine.add_rules(rules_from_keywords(["WorkNCCL::checkTimeout"], id_prefix="test.frame"))
+    dump = ["[rank1]: " + line for line in C10_DUMP]
+
+    watchdog, frames = engine.feed(COMBINED, lines(dump, "[rank1]: " + STEP), T0)
+
+    assert (watchdog.rule_id, watchdog.rank) == ("torch.nccl_watchdog_timeout", 1)
+    assert watchdog.line == C10_DUMP[1]
+    assert (frames.rule_id, frames.rank) == ("test.frame.worknccl_checktimeout", 1)
+    assert frames.evidence == tuple(C10_DUMP[2:])
+    assert frames.line == C10_DUMP[-1]
+
+
+def test_traceback_split_across_two_feeds_is_joined(engine):
+    assert engine.feed(WORKER1, lines(STEP, KEYERROR_TB[:5]), T0) == []
+    assert engine.pending_origins() == [WORKER1]
+
+    [finding] = engine.feed(WORKER1, lines(KEYERROR_TB[5:], STEP), T0 + 1)
+
+    assert finding.rule_id == "python.key_error"
+    assert finding.evidence == tuple(KEYERROR_TB)
+    assert finding.time == T0  # when the traceback began, not when it was complete
+    assert engine.pending_origins() == []
+
+
+def test_carried_block_joins_a_feed_whose_last_line_lacked_its_newline(engine):
+    first = lines(KEYERROR_TB[:-1]).rstrip(b"\n")  # "complete lines; the last may lack its newline"
+    assert engine.feed(WORKER1, first, T0) == []
+    [finding] = engine.feed(WORKER1, lines(KEYERROR_TB[-1:], STEP), T0 + 1)
+    assert finding.line == "KeyError: 'warmup_steps'"
+    assert finding.evidence == tuple(KEYERROR_TB)
+
+
+def test_closed_block_lines_carried_with_an_open_one_are_not_judged_twice(engine):
+    """Rank 0's traceback ends in the first feed, rank 1's does not: rank 0's lines travel along."""
+    rank0 = ["[rank0]: " + line for line in KEYERROR_TB]
+    rank1 = ["[rank1]: " + line for line in GLOO_TB]
+    first = [rank0[0], rank1[0], *rank0[1:], *rank1[1:-1]]
+
+    found = engine.feed(COMBINED, lines(first), T0) + engine.feed(COMBINED, lines(rank1[-1:]), T0 + 1)
+
+    assert [(f.rank, f.rule_id) for f in found] == [(0, "python.key_error"), (1, "gloo.connection_closed_by_peer")]
+    assert engine.stats.lines == len(first) + 1
+
+
+def test_flush_closes_an_unfinished_traceback_and_only_that_origin(engine):
+    other = Origin("worker-2", 2, "job-7", "node-a", "stderr", "process")
+    engine.feed(WORKER1, lines(KEYERROR_TB[:7]), T0)
+    engine.feed(other, lines(GLOO_TB[:3]), T0)
+
+    [finding] = engine.flush(WORKER1, T0 + 30)
+
+    assert finding.rule_id == "python.uncaught_exception"
+    assert finding.evidence == tuple(KEYERROR_TB[:7])
+    assert finding.time == T0
+    assert engine.pending_origins() == [other]
+    assert engine.flush(WORKER1, T0 + 31) == []
+
+
+def test_flush_stale_closes_only_after_the_timeout_since_the_last_line(engine):
+    engine.feed(WORKER1, lines(KEYERROR_TB[:3]), T0)
+    assert engine.flush_stale(T0 + 1.999, timeout=2.0) == []
+    engine.feed(WORKER1, lines(KEYERROR_TB[3:6]), T0 + 1.5)      # more frames: not stale yet
+    assert engine.flush_stale(T0 + 3.0, timeout=2.0) == []
+    assert engine.pending_origins() == [WORKER1]
+
+    [finding] = engine.flush_stale(T0 + 3.5, timeout=2.0)
+
+    assert finding.evidence == tuple(KEYERROR_TB[:6])
+    assert finding.time == T0
+    assert engine.pending_origins() == []
+
+
+# --- P3 / R3: fault codes ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("line", [
+    XID79,
+    "Nov 21 09:36:03 gpu-node-3 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus.",
+], ids=["dmesg", "journal"])
+def test_xid_79_line_is_a_fault_code_finding_that_isolates_the_node(engine, line):
+    [finding] = engine.feed(WORKER1, lines(line), T0)
+    assert (finding.kind, finding.rule_id) == ("fault_code", "xid.79")
+    assert finding.action is Action.ISOLATE_NODE
+    assert finding.failure_class is FailureClass.HARDWARE_NODE
+    assert finding.fields["xid"] == 79
+    assert finding.fields["pci"] == "0000:3b:00"
+
+
+def test_xid_13_is_an_application_error_and_does_not_isolate(engine):
+    line = ("Nov 21 09:36:03 gpu-node-3 kernel: NVRM: Xid (PCI:0000:b1:00): 13, pid=48213, name=python, "
+            "Graphics SM Warp Exception on (GPC 0, TPC 1, SM 0): Out Of Range Address")
+    [finding] = engine.feed(WORKER1, lines(line), T0)
+    assert finding.rule_id == "xid.13"
+    assert finding.failure_class is FailureClass.USER_CODE
+    assert finding.action < Action.ISOLATE_NODE
+
+
+@pytest.mark.parametrize("code", ["0x80C98002", "0x80CB8002", "80c98002"])
+def test_user_input_npu_fault_code_never_isolates(engine, code):
+    [finding] = engine.feed(WORKER1, lines(f"[ERROR] device-plugin: npu 3 has fault code {code}"), T0)
+    assert finding.kind == "fault_code"
+    assert finding.fields["fault_code"] == code.upper().removeprefix("0X")
+    assert finding.failure_class is FailureClass.USER_CODE
+    assert finding.action < Action.ISOLATE_NODE
+
+
+def test_hardware_npu_fault_code_in_the_same_words_does_isolate(engine):
+    [finding] = engine.feed(WORKER1, lines("[ERROR] device-plugin: npu 3 has fault code 0x80E18402"), T0)
+    assert (finding.rule_id, finding.action) == ("npu.80E18402", Action.ISOLATE_NODE)
+
+
+# --- P2: fields ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line, fraction", [
+    ("E1121 09:36:03.735000 4100 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+     "local_rank: 1 (pid: 4120) of binary: /usr/bin/python3", 0.735),
+    ("[rank1]:" + WATCHDOG, 0.735),
+    ("2026-11-21T17:36:03.735+08:00 torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", 0.735),
+    ("2026-11-21T09:36:03.735118000Z stderr F KeyError: 'input_ids'", 0.735118),
+    ("2026-11-21 09:36:03,250 ERROR RuntimeError: CUDA error: an illegal memory access was encountered", 0.25),
+], ids=["glog", "glog-bracketed-after-rank", "iso-offset", "cri-nanoseconds", "python-logging"])
+def test_timestamp_in_the_line_sets_finding_time(engine, line, fraction):
+    [finding] = engine.feed(WORKER1, lines(line), T0 + 5000)
+    assert finding.time == pytest.approx(T0 + fraction, abs=1e-6)
+
+
+def test_line_without_timestamp_gets_the_feed_time(engine):
+    [finding] = engine.feed(WORKER1, lines("[rank1]: KeyError: 'lr'"), T0 + 5000)
+    assert finding.time == T0 + 5000
+
+
+def test_colour_codes_never_hide_a_hit_nor_reach_the_finding(engine):
+    """Python 3.13 colours tracebacks on a terminal; loguru colours every field."""
+    coloured_tb = [
+        "Traceback (most recent call last):",
+        '  File \x1b[35m"/srv/train/examples/train_ddp.py"\x1b[0m, line \x1b[35m182\x1b[0m, in \x1b[35m_inject\x1b[0m',
+        '    warmup = config["warmup_steps"]',
+        "             \x1b[31m~~~~~~\x1b[0m\x1b[1;31m^^^^^^^^^^^^^^^^\x1b[0m",
+        "\x1b[1;35mKeyError\x1b[0m: \x1b[35m'warmup_steps'\x1b[0m",
+    ]
+    loguru = ("\x1b[32m2026-11-21 09:36:03.735\x1b[0m | \x1b[31m\x1b[1mERROR   \x1b[0m | \x1b[36mtrain\x1b[0m:"
+              "\x1b[36mstep\x1b[0m:\x1b[36m182\x1b[0m - \x1b[31m\x1b[1mRuntimeError: CUDA error: an illegal memory "
+              "access was encountered\x1b[0m")
+
+    tb, log = engine.feed(WORKER1, lines(coloured_tb, STEP, loguru), T0 + 5000)
+
+    assert (tb.rule_id, tb.line) == ("python.key_error", "KeyError: 'warmup_steps'")
+    assert tb.evidence[1] == '  File "/srv/train/examples/train_ddp.py", line 182, in _inject'
+    assert log.rule_id == "cuda.illegal_memory_access"
+    assert "\x1b" not in log.line and log.line.endswith("an illegal memory access was encountered")
+    assert log.time == pytest.approx(T0 + 0.735, abs=1e-6)
+
+
+def test_invalid_utf8_in_a_hit_line_is_replaced(engine):
+    [finding] = engine.feed(COMBINED, b"[rank1]: KeyError: '\xe4\xb8\xad\xff\xfe'\n", T0)
+    assert finding.rule_id == "python.key_error"
+    assert finding.line == "KeyError: '\u4e2d\ufffd\ufffd'"
+    assert finding.rank == 1
+
+
+# --- Q1: bad input -------------------------------------------------------------------------------
+
+def test_binary_garbage_is_counted_and_the_lines_after_it_still_hit(engine):
+    garbage = random.Random(79).randbytes(1 << 20)
+    data = garbage + b"\n" + lines("[rank1]: KeyError: 'lr'")
+
+    [finding] = engine.feed(COMBINED, data, T0)
+
+    assert (finding.rule_id, finding.rank) == ("python.key_error", 1)
+    assert engine.stats.lines == garbage.count(b"\n") + 2
+    assert engine.stats.bytes == len(data)
+
+
+def test_ten_megabyte_lines_are_counted_never_fatal_and_never_carried_unbounded(engine):
+    huge = b"x" * (10 << 20)
+    data = huge + b"\n" + b"[rank1]: " + huge + b" " + lines(WATCHDOG, STEP)
+
+    found = engine.feed(COMBINED, data, T0)
+    assert [f.rule_id for f in found] == ["torch.nccl_watchdog_timeout"]
+    assert engine.stats.lines == 3
+
+    # A traceback whose frame line is 10 MB is closed at once, not held in memory.
+    [block] = engine.feed(WORKER1, lines("Traceback (most recent call last):") + b"  " + huge + b"\n", T0)
+    assert block.rule_id == "python.uncaught_exception"
+    assert len(huge) > MAX_CARRY_BYTES and engine.pending_origins() == []
+
+
+def test_stats_count_every_line_once(engine):
+    engine.feed(WORKER1, lines(STEP, NCCL_INFO, STEP), T0)
+    engine.feed(WORKER1, lines(STEP, KEYERROR_TB[:4]), T0)        # an open block: carried
+    engine.feed(WORKER1, lines(KEYERROR_TB[4:]) + b"last line without newline", T0)
+    assert engine.stats.lines == 3 + 1 + len(KEYERROR_TB) + 1
+
+
+# --- R2: rules added at run time ---------------------------------------------------------------
+
+def test_runtime_retryable_keyword_takes_effect_at_once(engine):
+    line = "[rank0]: dataloader worker 3: connect timeout to oss-cn-hangzhou-internal.aliyuncs.com:80"
+    assert engine.feed(COMBINED, lines(line), T0) == []
+
+    engine.add_rules(rules_from_keywords(["connect timeout"]))   # AIMaster's own example (seeds/000)
+
+    [finding] = engine.feed(COMBINED, lines(line), T0)
+    assert finding.rule_id == "custom.retryable.connect_timeout"
+    assert (finding.failure_class, finding.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+    assert finding.rank == 0
+
+
+def test_runtime_rule_applies_to_a_block_already_carried(engine):
+    tb = KEYERROR_TB[:-1] + ["ConnectionError: connect timeout while loading shard-00017"]
+    engine.feed(WORKER1, lines(tb[:4]), T0)
+    engine.add_rules(rules_from_keywords(["connect timeout"]))
+    [finding] = engine.feed(WORKER1, lines(tb[4:], STEP), T0)
+    assert finding.rule_id == "custom.retryable.connect_timeout"
+    assert finding.evidence == tuple(tb)
+
+
+# --- one backend or the other: the same findings -------------------------------------------------
+
+MIXED = b"".join([
+    lines(STEP, NCCL_INFO, prefix="[default0]:"),
+    lines([f"[rank0]: {a}\n[rank1]: {b}" for a, b in zip(GLOO_TB, KEYERROR_TB)]),
+    lines(GLOO_TB[len(KEYERROR_TB):], prefix="[rank0]: "),
+    lines("[rank1]:" + WATCHDOG, XID79, "[ERROR] device-plugin: npu 3 has fault code 0x80C98002"),
+    lines(C10_DUMP, prefix="[rank2]: "),
+    b"\x1b[1;35mKeyError\x1b[0m: \x1b[35m'lr'\x1b[0m\n\xff\xfe\x00garbage\n",
+    lines("2026-11-21T09:36:03.735118000Z stderr F KeyError: 'input_ids'", STEP),
+])
+
+
+@needs_hs
+def test_re2_backend_gives_the_same_findings_as_hyperscan(rules, monkeypatch):
+    hs = Engine(rules)
+    monkeypatch.setenv("FTWATCH_MATCHER", "re2")
+    re2 = Engine(rules)
+    assert (hs.matcher.backend, re2.matcher.backend) == ("hyperscan", "re2")
+
+    expected = hs.feed(COMBINED, MIXED, T0, final=True)
+
+    assert [f.rule_id for f in expected] == [
+        "gloo.connection_closed_by_peer", "python.key_error", "torch.nccl_watchdog_timeout", "xid.79",
+        "npu.80C98002", "torch.nccl_watchdog_timeout", "python.key_error", "python.key_error"]
+    assert summary(re2.feed(COMBINED, MIXED, T0, final=True)) == summary(expected)
