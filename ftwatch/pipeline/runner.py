@@ -135,12 +135,14 @@ class JobRunner:
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
-            for item in self.supervisor.poll(POLL_SECONDS):
-                trigger = self._handle(item, state)
-                if trigger is not None:
-                    decision = self._incident(trigger, state)
-                    if decision is not None:
-                        return decision
+            # Take the whole batch before deciding: output that arrived with a failing exit
+            # (a peer's traceback) is evidence for that decision, not something to drop.
+            triggers = [t for t in (self._handle(i, state) for i in self.supervisor.poll(POLL_SECONDS))
+                        if t is not None]
+            for trigger in triggers:
+                decision = self._incident(trigger, state)
+                if decision is not None:
+                    return decision
             now = self.clock.time()
             self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))
             for finding in self.tracker.check(now):

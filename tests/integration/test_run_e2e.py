@@ -95,7 +95,13 @@ def test_sigkilled_rank_restarts_job_and_training_resumes(tmp_path):
     assert restart["restarts_used"] == 1 and restart["restarts_left"] == 2
     assert "resumed from checkpoint" in job.output
     assert "training finished" in job.output
-    assert (job.state / "ftwatch.db").exists()
+    # the survivors' gloo errors reached the store as fallout (evidence for explain), and the
+    # peers' tracebacks were echoed even though they arrived with the failing exit
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    findings = SqliteStore(job.state / "ftwatch.db").findings_for(restart["target"]["job"], attempt=0)
+    fallout = {f["rank"] for f in findings if f["failure_class"] == "fallout"}
+    assert fallout == {0, 2}, findings
+    assert "[rank0]! [rank0]: Traceback" in job.output
 
 
 def test_keyerror_fails_job_naming_that_rank(tmp_path):
