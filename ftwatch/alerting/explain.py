@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Protocol
 
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.rules.policy import analyse
+
 MAX_FINDINGS_PER_INSTANCE = 10
 MAX_EVIDENCE_LINES = 8
 
@@ -102,6 +105,7 @@ def _evidence_block(d: dict[str, Any], findings: list[dict[str, Any]],
     if not findings:
         return out + ["  no findings recorded"]
     root_key = _key(root) if root else None
+    fallout = _fallout_keys(findings)
     groups: dict[str, list[dict[str, Any]]] = {}
     for f in findings:
         groups.setdefault(str(f.get("instance")), []).append(f)
@@ -114,14 +118,14 @@ def _evidence_block(d: dict[str, Any], findings: list[dict[str, Any]],
         items = groups[name]
         first = items[0]
         has_root = any(_key(f) == root_key for f in items)
-        real = [f for f in items if f.get("failure_class") != "fallout"]
+        real = [f for f in items if _key(f) not in fallout]
         verdict = ("root cause here" if has_root else
                    "fallout only" if not real else "errors, not fallout")
         out.append(f"  {name}  rank {_dash(first.get('rank'))}  node {_dash(first.get('node'))}"
                    f"  ({len(items)} finding{'s' if len(items) != 1 else ''}; {verdict})")
         for f in items[:MAX_FINDINGS_PER_INSTANCE]:
             mark = ("root cause" if _key(f) == root_key else
-                    "fallout" if f.get("failure_class") == "fallout" else "finding")
+                    "fallout" if _key(f) in fallout else "finding")
             out.append(f"    [{mark}] {f.get('time', '?')}  {f.get('rule_id', '?')} "
                        f"({f.get('failure_class', '?')})")
             out.append(f"      {f.get('line', '')}")
@@ -143,6 +147,28 @@ def _merge(*sources: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             seen.setdefault(_key(f), f)
     return sorted(seen.values(), key=lambda f: (f.get("epoch") or 0.0, str(f.get("time")),
                                                 f.get("seq") or 0))
+
+
+def _fallout_keys(findings: list[dict[str, Any]]) -> set[tuple]:
+    """Keys of the stored findings the policy counts as fallout (``rules.policy.analyse``, R7).
+
+    Besides the fallout class this includes a survivor's generic exit when its log shows only
+    fallout, so explain marks exactly what the decision ignored.
+    """
+    rebuilt: list[tuple[Finding, tuple]] = []
+    for d in findings:
+        try:
+            origin = Origin(str(d.get("instance")), d.get("rank"), str(d.get("job")), str(d.get("node")),
+                            str(d.get("stream") or ""))
+            f = Finding(d["rule_id"], d["kind"], FailureClass(d["failure_class"]), Action.parse(d["action"]),
+                        Severity.parse(d["severity"]), origin, d.get("line", ""),
+                        float(d.get("epoch") or 0.0), int(d.get("seq") or 0), (), dict(d.get("fields") or {}))
+        except (KeyError, ValueError, TypeError):
+            continue
+        rebuilt.append((f, _key(d)))
+    real = set(map(id, analyse([f for f, _ in rebuilt]).real))
+    return {key for f, key in rebuilt
+            if id(f) not in real and (f.failure_class is FailureClass.FALLOUT or f.severity >= Severity.ERROR)}
 
 
 def _key(f: dict[str, Any] | None) -> tuple:

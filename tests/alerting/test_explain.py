@@ -119,3 +119,23 @@ def test_unknown_or_missing_decision(store: SqliteStore):
     store.add_decision(decision())
     with pytest.raises(LookupError):
         explain(store, "not-an-id")
+
+
+def test_survivor_exit_after_only_fallout_is_marked_fallout(tmp_path: Path):
+    """A survivor's generic exit 1 after only fallout in its log is fallout, as the policy counts it (R7)."""
+    s = SqliteStore(tmp_path / "ftwatch.db")
+    killed = Finding("exit.sigkill", "exit_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB,
+                     Severity.ERROR, Origin("worker-1", 1, JOB), "worker-1 (rank 1) was killed by signal 9 (SIGKILL)",
+                     T0, 0, fields={"exitcode": 137, "signal": 9, "generic": False})
+    peer_log = f("worker-0", 0, T0 + 0.1, "gloo.pair_io_error", FailureClass.FALLOUT,
+                 "RuntimeError: [../gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    peer_exit = Finding("exit.1", "exit_code", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                        Origin("worker-0", 0, JOB), "worker-0 (rank 0) exited with code 1", T0 + 0.4, 0,
+                        fields={"exitcode": 1, "signal": None, "generic": True})
+    s.add_findings([killed, peer_log, peer_exit], attempt=1)
+    d = decision(root=killed, findings=(peer_log, peer_exit))
+    s.add_decision(d)
+    text = explain(s, d.decision_id)
+    assert "[fallout] " + iso(T0 + 0.4) in text
+    assert "worker-0  rank 0" in text and "fallout only" in text
+    s.close()
