@@ -9,7 +9,7 @@ STATE   ?= .ftwatch-state
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,torch]'
+	$(BIN)/pip install -qq --disable-pip-version-check -e '.[test,torch]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -7,18 +7,10 @@ lines (:class:`Output`) as soon as a read returns them (``ftwatch.pipeline.sourc
 :class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
 comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue.
 
-Restart counters (A2), as ModelArts defines them (shared/seeds/002_*.txt, "故障恢复环境变量"):
-``MA_SCHEDULE_CNT`` counts how often the pod was scheduled (1 for a new job, +1 after each
-rescheduling, which rebuilds the containers); ``MA_PROC_START_CNT`` counts how often the user script
-ran in the current pod (reset to 1 for a new or rescheduled job, +1 for each in-place recovery or hang
-restart, which keep the container, its files and shared memory), so that a script can tell from
-``MA_PROC_START_CNT > 1`` that it must be re-entrant. On one machine nothing is rebuilt: every restart
-runs the script again in the environment it left, i.e. an in-place recovery. So by default
-``MA_SCHEDULE_CNT`` stays 1 and ``MA_PROC_START_CNT`` counts each instance's starts (the rank's slot
-plays the pod); ``start_all(..., reschedule=True)`` models a rescheduling (``MA_SCHEDULE_CNT`` + 1,
-every ``MA_PROC_START_CNT`` back to 1). ``TORCHELASTIC_RESTART_COUNT`` is the job's restart count,
-as torchrun sets it; ``FTWATCH_ATTEMPT`` is the instance's start count (1-based, never reset; the
-same number as :attr:`Started.start_count`).
+Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine (nothing is
+rescheduled unless ``start_all(..., reschedule=True)``), ``MA_PROC_START_CNT`` counts each
+instance's starts (every local restart is an in-place recovery), ``TORCHELASTIC_RESTART_COUNT`` is
+the job's restart count and ``FTWATCH_ATTEMPT`` the instance's start count; README "Contracts".
 
 Process groups. A group is stopped as a whole, so a worker's children die with it. When a worker's
 main process exits on its own, the rest of its group gets ``EXIT_LINGER`` seconds to close the
