@@ -201,11 +201,15 @@ class JobRunner:
                             self.budgets.attempt)
         decision = self.policy.decide(incident, self.clock.time())
         self.recorder.decision(decision)
-        if decision.action is Action.RESTART_INSTANCE and decision.target.rank is not None:
+        one_instance = decision.action is Action.RESTART_INSTANCE or (
+            not self.sync and decision.action is Action.RESTART_IN_PLACE)
+        if one_instance and decision.target.rank is not None:
             self._sleep(self.config.supervisor.restart_delay)
             state.failed.discard(decision.target.instance or "")
             self.supervisor.restart_instance(decision.target.rank)
             return None
+        if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
+            return None                      # Async: told a person; the others run on
         return decision
 
     def _settle(self, state: _Attempt) -> None:
