@@ -64,8 +64,22 @@ def _split_flags(argv: list[str]) -> tuple[dict, list[str], list[str]]:
         head, command = argv[:cut], argv[cut + 1:]
     else:
         head, command = argv, []
-    flags, rest = parse_aimaster_flags(head)
-    return flags, rest, command
+    # ``--aimaster-args`` takes the flags as one string; keep it away from the argv flag parser
+    # (which would read "--job-execution-mode=Sync --enable-job-restart=True" as one flag's
+    # value) and hand it to argparse as ``--aimaster-args=VALUE`` (a value starting with "-").
+    kept: list[str] = []
+    plain: list[str] = []
+    i = 0
+    while i < len(head):
+        arg = head[i]
+        if arg == "--aimaster-args" and i + 1 < len(head):
+            kept.append(f"--aimaster-args={head[i + 1]}")
+            i += 2
+            continue
+        (kept if arg.startswith("--aimaster-args=") else plain).append(arg)
+        i += 1
+    flags, rest = parse_aimaster_flags(plain)
+    return flags, rest + kept, command
 
 
 def _rules(config):
@@ -96,10 +110,11 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     store = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
     renderer = TemplateRenderer(config.alerting.language,
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
-    dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
-                            Spool(state_dir / "spool"))
-    dispatcher.resend_pending()
-    return Recorder(store, decisions_file, dispatcher, out=out, state_dir=state_dir)
+    recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir)
+    recorder.dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
+                                     Spool(state_dir / "spool"), on_result=recorder.delivery)
+    recorder.dispatcher.resend_pending()     # alerts spooled by an earlier run; results stored
+    return recorder
 
 
 # -- run -------------------------------------------------------------------------------------

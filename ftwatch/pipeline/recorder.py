@@ -12,6 +12,8 @@ from typing import Any, Iterable, TextIO
 
 from ftwatch.events import Action, Decision, Finding, iso
 
+RESEND_SECONDS = 30.0   # how often spooled alerts are retried during a run
+
 
 class Recorder:
     """Fans a decision out to the SQLite store, the JSONL decisions file, the console and the alerts.
@@ -34,6 +36,7 @@ class Recorder:
         self.color = self.out.isatty() if color is None else color
         self.attempt = 0          # the runner sets the attempt findings belong to
         self.decisions: list[Decision] = []
+        self._last_resend: float | None = None   # the start already resent (cli)
         self.finding_count = 0
         self.deliveries: list[Any] = []
         if decisions_file is not None:
@@ -64,11 +67,29 @@ class Recorder:
         if self.dispatcher is not None and decision.action is not Action.NONE:
             from ftwatch.alerting.alerts import alert_from_decision
             alert = alert_from_decision(decision, self.link(decision))
-            results = self.dispatcher.dispatch(alert)
-            self.deliveries.extend(results)
-            if self.store is not None:
-                for result in results:
-                    self.store.add_delivery(result)
+            for result in self.dispatcher.dispatch(alert):
+                if not any(r is result for r in self.deliveries):  # not already via on_result
+                    self.delivery(result)
+
+    def delivery(self, result: Any) -> None:
+        """Record what became of one notification (a dispatcher's ``on_result``, so that the
+        resends of spooled alerts reach the store too)."""
+        self.deliveries.append(result)
+        if self.store is not None:
+            self.store.add_delivery(result)
+
+    def resend_due(self, mono: float, every: float = RESEND_SECONDS) -> int:
+        """Resend spooled alerts if ``every`` seconds passed since the last try (N4: a receiver that
+        comes back during a long run gets its alerts then, not at the next start). Returns how
+        many were delivered."""
+        if self.dispatcher is None:
+            return 0
+        if self._last_resend is None:
+            self._last_resend = mono
+        if mono - self._last_resend < every:
+            return 0
+        self._last_resend = mono
+        return self.dispatcher.resend_pending()
 
     def link(self, decision: Decision) -> str:
         """The command that explains a decision."""

@@ -144,6 +144,7 @@ class JobRunner:
                 if decision is not None:
                     return decision
             now = self.clock.time()
+            self.recorder.resend_due(self.clock.mono())
             self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))
             for finding in self.tracker.check(now):
                 self._add(state, [finding])
