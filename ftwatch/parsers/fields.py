@@ -35,11 +35,26 @@ _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
 # glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone)
 _GLOG = re.compile(r"\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\b")
 # ISO-8601 and the Python logging forms: "2026-11-21T09:36:03.123Z", "2026-11-21 09:36:03,123",
-# "2026-11-21 09:36:03.123456+08:00", "[2026-11-21 09:36:03]".
+# "2026-11-21 09:36:03.123456+08:00", "[2026-11-21 09:36:03]"; and Ascend's plog (CANN's
+# slog, "2026-11-21-09:36:03.735.123": date and time joined by "-", milliseconds and
+# microseconds as ".mmm.uuu").
 _ISO = re.compile(
-    r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?"
+    r"(\d{4})-(\d\d)-(\d\d)[T -](\d\d):(\d\d):(\d\d)"
+    r"(?:\.(\d{3})\.(\d{3})(?![\d.])|[.,](\d{1,9}))?"
     r"(?: ?(Z|[+-]\d\d:?\d\d)(?![\d:]))?"
 )
+# The head of an Ascend plog line, "[ERROR] HCCL(12345,python):" (level, module, pid and
+# process name); the timestamp follows at once. Process names can push it past _NEAR.
+_PLOG_HEAD = re.compile(r"\s*\[[A-Z]+\] [A-Za-z][\w-]*\(-?\d+,[^()\s]{0,64}\):")
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
+_MONTH = "(" + "|".join(_MONTHS) + ")"
+# syslog / journald short (RFC 3164): "Nov 21 09:36:03 gpu-node-7 kernel: ...", "Nov  1 ...";
+# no year, no zone. journalctl -o short-precise adds microseconds.
+_SYSLOG = re.compile(_MONTH + r" {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))? ")
+# dmesg -T and C's ctime(): "[Sat Nov 21 09:36:03 2026]" (weekday, month, day, time, year).
+_CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MONTH
+                    + r" {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})(?![\d:])")
 _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
 _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 
@@ -117,19 +132,33 @@ def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) ->
     return seconds
 
 
-def parse_timestamp(text: str, year: int) -> float | None:
+def parse_timestamp(text: str, year: int | None) -> float | None:
     """Finds a timestamp at or near the start of a line and converts it to epoch seconds.
 
-    Formats: glog ``E1121 09:36:03.735000 140 file.cc:12]`` (also bracketed, as PyTorch's C++
-    warnings print it: ``[W1121 09:36:03.735000 ...]``); ISO-8601 ``2026-11-21T09:36:03.123Z``,
-    with ``+08:00``/``+0800`` or no zone; Python logging ``2026-11-21 09:36:03,123``;
-    ``2026-11-21 09:36:03.123456``; ``[2026-11-21 09:36:03]``. Rank prefixes are skipped first.
-    glog must open the line (after spaces and brackets); an ISO date may start within the first
-    40 characters (``INFO 2026-11-21 ...``).
+    Formats (rank prefixes are skipped first):
+
+    * glog ``E1121 09:36:03.735000 140 file.cc:12]``, also bracketed as PyTorch's C++ warnings
+      print it (``[W1121 09:36:03.735000 ...]``); no year.
+    * syslog / journald (RFC 3164), as kernel lines reach ``/var/log/kern.log`` or
+      ``journalctl -k``: ``Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid ...`` (``Nov  1`` too,
+      microseconds as ``journalctl -o short-precise`` prints them); no year.
+    * ``dmesg -T`` (util-linux, C's ``ctime`` form): ``[Sat Nov 21 09:36:03 2026] NVRM: ...``.
+    * ISO-8601 ``2026-11-21T09:36:03.123Z``, with ``+08:00``/``+0800`` or no zone; Python
+      logging ``2026-11-21 09:36:03,123``; ``2026-11-21 09:36:03.123456``;
+      ``[2026-11-21 09:36:03]``.
+    * Ascend plog (CANN slog): ``[ERROR] HCCL(12345,python):2026-11-21-09:36:03.735.123 [...]``,
+      and that ``2026-11-21-09:36:03.735.123`` form (date and time joined by ``-``,
+      milliseconds and microseconds as ``.mmm.uuu``) wherever an ISO date may stand.
+
+    glog, syslog and dmesg stamps must open the line (after spaces and brackets); an ISO or
+    plog date may start within the first 40 characters (``INFO 2026-11-21 ...``), or right after
+    a plog head however long its process name. Raw ``dmesg`` (``[12345.678901]``, seconds
+    since boot) is no timestamp.
 
     Args:
         text: a cleaned line.
-        year: the year for glog timestamps, which have none (the year the line was received).
+        year: the year for glog and syslog timestamps, which have none (the year the line was
+            received); None: such timestamps give None (only stamps with a year count).
 
     Returns:
         Epoch seconds (float, fractions to the digit given; UTC unless the text gives an offset),
@@ -139,10 +168,26 @@ def parse_timestamp(text: str, year: int) -> float | None:
     start = _LEAD.match(rest).end()
     m = _GLOG.match(rest, start)
     if m is not None:
-        return _epoch(m.groups()[1:], year, None)
-    m = _ISO.search(rest, 0, _NEAR + 64)
-    if m is not None and m.start() <= _NEAR:
-        return _epoch(m.groups()[:7], None, m.group(8))
+        return None if year is None else _epoch(m.groups()[1:], year, None)
+    m = _SYSLOG.match(rest, start)
+    if m is not None:
+        if year is None:
+            return None
+        return _epoch((str(_MONTHS[m.group(1)]),) + m.groups()[1:], year, None)
+    m = _CTIME.match(rest, start)
+    if m is not None:
+        month, day, hour, minute, second, year_s = m.groups()
+        return _epoch((year_s, str(_MONTHS[month]), day, hour, minute, second, None), None, None)
+    head = _PLOG_HEAD.match(rest)
+    if head is not None:
+        m = _ISO.match(rest, head.end())
+    else:
+        m = _ISO.search(rest, 0, _NEAR + 64)
+        if m is not None and m.start() > _NEAR:
+            m = None
+    if m is not None:
+        millis, micros, frac = m.group(7, 8, 9)
+        return _epoch(m.groups()[:6] + (millis + micros if millis else frac,), None, m.group(10))
     return None
 
 

@@ -8,7 +8,15 @@ torchelastic summary cut by a chunk boundary is joined, and a line longer than a
 read whole.
 
 Time comes from the lines' timestamps where present, else from a simulated clock that
-advances ``SIM_STEP`` seconds per line. The end of the input is the end of the job: exit
+advances ``SIM_STEP`` seconds per line. Each file's clock is anchored at the first real
+timestamp among its first ``ANCHOR_LINES`` lines (see ``anchor``): line *i* of a file whose
+line *k* reads time *t* is at *t + (i - k) * SIM_STEP*, so untimed lines sit on the log's own
+dates; a file with none there takes the earliest anchor of the other files, or ``SIM_START``.
+The anchor's year is the engine's year for stamps that carry none (glog, syslog). This is
+the simplest correct thing, not a per-line clock: an untimed line long after the anchor
+may still be placed before a timestamped line that precedes it (SIM_STEP per line runs
+slower than most logs), since following every timestamp would mean Python work on every
+line. The end of the input is the end of the job: exit
 codes come from a torchelastic failure summary when present; otherwise the job failed if an
 error was found, else it succeeded.
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 import re
 import signal as _signal
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -30,7 +39,10 @@ from ftwatch.rules.policy import Incident, Policy
 
 CHUNK_BYTES = 1 << 20
 SIM_STEP = 0.001            # simulated seconds per line without a timestamp
-SIM_START = 1_795_219_200.0  # 2026-11-21T00:00:00Z: the simulated clock's origin
+SIM_START = 1_795_219_200.0  # 2026-11-21T00:00:00Z: the simulated clock's origin without an anchor
+ANCHOR_LINES = 200          # lines at the head of a file searched for the clock's anchor
+ANCHOR_BYTES = 64 << 10     # bytes at the head of a file searched for it
+_ANCHOR_CHARS = 256         # of each line: every timestamp format starts well within it
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|default|node)[-_.]?(\d+)", re.IGNORECASE)
 _SUMMARY_MARK = b"Root Cause (first observed failure)"
 
@@ -72,41 +84,28 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     failures: list[SummaryFailure] = []
     ranks: set[int] = set()
     total = 0
-    for path in paths:
-        origin = origin_for(Path(path), job)
-        if origin.rank is not None:
-            ranks.add(origin.rank)
-        base = SIM_START
-        summary = _SummaryLines()
-        with open(path, "rb") as fh:
-            parts: list[bytes] = []         # a line longer than a chunk, read so far
-            while True:
-                block = fh.read(CHUNK_BYTES)
-                if not block:
-                    break
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:
-                    parts.append(block)
-                    continue
-                chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
-                parts = [block[cut:]] if cut < len(block) else []
-                findings.extend(engine.feed(origin, chunk, base, sim_step=SIM_STEP))
-                base += chunk.count(b"\n") * SIM_STEP
-                summary.take(chunk)
-                total += len(chunk)
-                if progress:
-                    progress(len(chunk))
-            carry = b"".join(parts)
-            findings.extend(engine.feed(origin, carry, base, final=True, sim_step=SIM_STEP))
-            summary.take(carry)
-            total += len(carry)
-            if progress and carry:
-                progress(len(carry))
-        failures.extend(parse_summary(summary.lines))
+    own_year = engine.year
+    default_year = own_year or _year_of(SIM_START)
+    anchors = [anchor(Path(path), default_year) for path in paths]
+    fallback = min((a for a in anchors if a is not None), default=(SIM_START, own_year))
+    ends = [fallback[0]]                    # each file's clock at its end
+    try:
+        for path, found in zip(paths, anchors):
+            origin = origin_for(Path(path), job)
+            if origin.rank is not None:
+                ranks.add(origin.rank)
+            base, engine.year = found or fallback
+            summary = _SummaryLines()
+            size, end = _replay_file(Path(path), origin, engine, base, findings, summary, progress)
+            total += size
+            ends.append(end)
+            failures.extend(parse_summary(summary.lines))
+    finally:
+        engine.year = own_year
     for f in findings:
         if f.rank is not None:
             ranks.add(f.rank)
-    end = max([f.time for f in findings] + [SIM_START])
+    end = max([f.time for f in findings] + ends)
     exits = _summary_exits(failures, job, end + SIM_STEP)
     ranks.update(e.origin.rank for e in exits)
     table = ExitCodeTable.load()
@@ -130,6 +129,81 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
         world = max(len(ranks), 1)
         decision = policy.decide(Incident(trigger, tuple(findings), world, frozenset(failed), 0), end)
     return ReplayResult(findings, decision, engine.stats.lines, total)
+
+
+def _replay_file(path: Path, origin: Origin, engine: Engine, base: float, findings: list[Finding],
+                 summary: "_SummaryLines", progress: Callable[[int], None] | None) -> tuple[int, float]:
+    """Feed one file to ``engine`` in chunks, its clock starting at ``base``.
+
+    Appends to ``findings`` and ``summary``; returns (bytes read, the clock at the end).
+    """
+    total = 0
+    with open(path, "rb") as fh:
+        parts: list[bytes] = []         # a line longer than a chunk, read so far
+        while True:
+            block = fh.read(CHUNK_BYTES)
+            if not block:
+                break
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                parts.append(block)
+                continue
+            chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
+            parts = [block[cut:]] if cut < len(block) else []
+            findings.extend(engine.feed(origin, chunk, base, sim_step=SIM_STEP))
+            base += chunk.count(b"\n") * SIM_STEP
+            summary.take(chunk)
+            total += len(chunk)
+            if progress:
+                progress(len(chunk))
+        carry = b"".join(parts)
+        findings.extend(engine.feed(origin, carry, base, final=True, sim_step=SIM_STEP))
+        summary.take(carry)
+        total += len(carry)
+        if progress and carry:
+            progress(len(carry))
+    return total, base
+
+
+def anchor(path: Path, year: int) -> tuple[float, int] | None:
+    """Where a file's simulated clock starts: its first real timestamp, moved back to line 0.
+
+    Reads the first ``ANCHOR_BYTES`` of the file and parses at most ``ANCHOR_LINES`` lines
+    (their first 256 characters): cheap, whatever the file's size. The year comes from the
+    first stamp there that carries one (ISO, dmesg -T, plog), else it is ``year``; glog and
+    syslog stamps are read in it. If line *k* (0-based) is the first with a timestamp *t*,
+    the clock starts at *t - k * SIM_STEP*, so that line's simulated time is its real one.
+
+    Args:
+        path: a log file.
+        year: the year for stamps without one when no stamp in the head has one.
+
+    Returns:
+        (epoch seconds of line 0, the year), or None when no line there has a timestamp.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(ANCHOR_BYTES)
+    if len(head) == ANCHOR_BYTES:
+        head = head[: head.rfind(b"\n") + 1] or head      # not a line cut off by the read
+    raws = head.split(b"\n", ANCHOR_LINES)[:ANCHOR_LINES]
+    texts = [fields.clean(raw[:_ANCHOR_CHARS]) for raw in raws]
+    for text in texts:
+        stamp = fields.parse_timestamp(text, None)
+        if stamp is not None:
+            year = _year_of(stamp)
+            break
+    for index, text in enumerate(texts):
+        stamp = fields.parse_timestamp(text, year)
+        if stamp is not None:
+            return stamp - index * SIM_STEP, year
+    return None
+
+
+def _year_of(t: float) -> int:
+    return datetime.fromtimestamp(t, tz=timezone.utc).year
 
 
 class _SummaryLines:

@@ -14,6 +14,8 @@ never hide a pattern (a coloured ``KeyError`` of Python 3.13's tracebacks still 
 Each Record yields at most one Finding: among the rules that hit it (and the fault codes
 found in it) the highest ``priority`` wins, then the most drastic action. That is how a
 traceback ending in a gloo "Connection closed by peer" is fallout and not user code.
+A Finding keeps at most ``MAX_LINE_CHARS`` characters of each line (Q1): a 10 MB hit line
+is cut in the middle, with a marker saying how much went.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from ftwatch.rules.model import Rule
 MAX_BLOCK_LINES = 400          # a block longer than this is closed where it is
 MAX_CARRY_BYTES = 1 << 20      # never carry more than 1 MiB into the next feed
 EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
+MAX_LINE_CHARS = 4096          # the longest line a Finding keeps (``line``, each evidence entry)
+_MARKER_ROOM = 40              # of those, kept free for the truncation marker (it takes 20 to 30)
 FAULT_PRIORITY = 30            # fault codes are as specific as rules get
 
 # ``fields.clean``'s ANSI escapes, on bytes and never across a line end (CSI, OSC/DCS/...
@@ -319,7 +323,7 @@ class Engine:
         lines = record.text.split("\n")
         line = self._matching_line(lines, index) or lines[-1]
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
-                       record.origin, line, record.time, record.seq, _evidence(lines),
+                       record.origin, _cap(line), record.time, record.seq, _evidence(lines),
                        {}, rule.source)
 
     def _fault_finding(self, record: Record, hit) -> Finding:
@@ -328,12 +332,12 @@ class Engine:
         line = next((ln for ln in lines if hit.code.lower() in ln.lower()), lines[0])
         if entry is None:
             return Finding(f"{hit.kind}.{hit.code}", "fault_code", FailureClass.INFO, Action.NOTIFY,
-                           Severity.WARNING, record.origin, line, record.time, record.seq,
+                           Severity.WARNING, record.origin, _cap(line), record.time, record.seq,
                            _evidence(lines), {"code": hit.code, **hit.fields}, "unknown code")
         severity = Severity.CRITICAL if entry.action >= Action.ISOLATE_NODE else (
             Severity.ERROR if entry.action >= Action.RESTART_IN_PLACE else Severity.WARNING)
         return Finding(f"{hit.kind}.{entry.code}", "fault_code", entry.failure_class, entry.action,
-                       severity, record.origin, line, record.time, record.seq, _evidence(lines),
+                       severity, record.origin, _cap(line), record.time, record.seq, _evidence(lines),
                        {"code": hit.code, "level": entry.level, "meaning": entry.meaning, **hit.fields},
                        entry.source)
 
@@ -344,9 +348,36 @@ def _line_at(data: bytes, start: int) -> bytes:
 
 
 def _evidence(lines: list[str]) -> tuple[str, ...]:
-    if len(lines) <= EVIDENCE_HEAD + EVIDENCE_TAIL:
-        return tuple(lines)
-    return tuple(lines[:EVIDENCE_HEAD] + ["..."] + lines[-EVIDENCE_TAIL:])
+    if len(lines) > EVIDENCE_HEAD + EVIDENCE_TAIL:
+        lines = lines[:EVIDENCE_HEAD] + ["..."] + lines[-EVIDENCE_TAIL:]
+    return tuple(_cap(line) for line in lines)
+
+
+def _cap(line: str) -> str:
+    """``line`` cut to at most ``MAX_LINE_CHARS`` characters, marker included (Q1).
+
+    A Finding's lines go to SQLite, alerts and the decision JSON; a 10 MB line (a tensor
+    printed whole, binary junk) must not. The middle goes: the head keeps the logger's
+    prefix and the message's start, the tail the exception at its end, and the marker says
+    how much went, in characters (decimal kB/MB; bytes for ASCII text), e.g.
+    ``... …[truncated 10.5 MB]… ...``.
+    """
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    keep = MAX_LINE_CHARS - _MARKER_ROOM
+    head = keep * 3 // 4
+    marker = f" …[truncated {_size(len(line) - keep)}]… "
+    return line[:head] + marker + line[len(line) - (keep - head):]
+
+
+
+def _size(chars: int) -> str:
+    """``812 B``, ``9.9 kB``, ``10.5 MB``: a count of characters in decimal units."""
+    if chars >= 1_000_000:
+        return f"{chars / 1e6:.1f} MB"
+    if chars >= 1_000:
+        return f"{chars / 1e3:.1f} kB"
+    return f"{chars} B"
 
 
 def _year_of(t: float) -> int:

@@ -130,6 +130,28 @@ def test_split_rank_prefix_returns_a_suffix(text):
          utc(2026, 11, 21, 9, 36, 3, 456000)),
         ("[default0]:[2026-11-21 09:36:03] iteration 1", utc(2026, 11, 21, 9, 36, 3)),
         ("INFO 2026-11-21 09:36:03 worker ready", utc(2026, 11, 21, 9, 36, 3)),
+        # syslog / journald kernel lines (no year: the given one)
+        ("Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=48213, name=python3, "
+         "GPU has fallen off the bus.", utc(2026, 11, 21, 9, 36, 3)),
+        ("Nov  1 09:36:03 gpu-node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 48, pid=1, An uncorrectable double "
+         "bit error", utc(2026, 11, 1, 9, 36, 3)),
+        ("Nov 21 09:36:03.735123 gpu-node-7 kernel: NVRM: Xid (PCI:0000:b1:00): 13", utc(2026, 11, 21, 9, 36, 3, 735123)),
+        ("[rank1]:Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid", utc(2026, 11, 21, 9, 36, 3)),
+        # dmesg -T (its own year)
+        ("[Sat Nov 21 09:36:03 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=48213, name=python3, GPU has fallen off "
+         "the bus.", utc(2026, 11, 21, 9, 36, 3)),
+        ("[Tue Dec  1 23:59:59 2026] NVRM: Xid (PCI:0000:3b:00): 94, pid=1, Contained ECC error",
+         utc(2026, 12, 1, 23, 59, 59)),
+        # Ascend plog / CANN slog: date-time joined by "-", ".mmm.uuu"
+        ("[ERROR] HCCL(12345,python):2026-11-21-09:36:03.735.123 [hccl_comm.cc:123][12345][Init][Comm] "
+         "HcclCommInitRootInfo failed", utc(2026, 11, 21, 9, 36, 3, 735123)),
+        ("[ERROR] PROFILING(3350779,pt_main_thread_worker):2026-11-21-09:36:03.735.123 [prof.cpp:1] x",
+         utc(2026, 11, 21, 9, 36, 3, 735123)),
+        ("[default3]:[WARNING] RUNTIME(-1,null):2026-11-21-09:36:03.000.001 [rt.cc:9] y",
+         utc(2026, 11, 21, 9, 36, 3, 1)),
+        ("2026-11-21-09:36:03.735.123 plain", utc(2026, 11, 21, 9, 36, 3, 735123)),
+        ("2026-11-21-09:36:03.735 millis only", utc(2026, 11, 21, 9, 36, 3, 735000)),
+        ("2026-11-21-09:36:03 none", utc(2026, 11, 21, 9, 36, 3)),
     ],
 )
 def test_parse_timestamp(line, expected):
@@ -140,6 +162,25 @@ def test_glog_uses_the_given_year():
     line = "F0229 23:59:59.000001 7 check.cc:1] Check failed"
     assert parse_timestamp(line, 2028) == pytest.approx(utc(2028, 2, 29, 23, 59, 59, 1), abs=1e-6)
     assert parse_timestamp(line, 2026) is None  # no Feb 29 in 2026
+
+
+@pytest.mark.parametrize("line", [
+    "E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] Watchdog",
+    "Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79",
+])
+def test_without_a_year_yearless_formats_give_none(line):
+    assert parse_timestamp(line, 2024) == pytest.approx(utc(2024, 11, 21, 9, 36, 3), abs=1)
+    assert parse_timestamp(line, None) is None
+
+
+@pytest.mark.parametrize("line", [
+    "[Sat Nov 21 09:36:03 2026] NVRM: Xid",
+    "[ERROR] HCCL(12345,python):2026-11-21-09:36:03.735.123 [hccl_comm.cc:123]",
+    "2026-11-21 09:36:03,123 - INFO - hello",
+])
+def test_formats_with_a_year_ignore_the_given_one(line):
+    assert parse_timestamp(line, None) == parse_timestamp(line, 2024) is not None
+    assert int(parse_timestamp(line, None)) == int(utc(2026, 11, 21, 9, 36, 3))
 
 
 def test_offset_matches_datetime():
@@ -156,6 +197,21 @@ def test_offset_matches_datetime():
         "2026-11-21 25:00:00 hour 25",
         "E1341 09:36:03.735000 140 x.cc:1] month 13",
         "a long message that mentions a date much later: 2026-11-21 09:36:03",
+        # near misses of the syslog, dmesg and plog forms
+        "Nov 31 09:36:03 gpu-node-7 kernel: no Nov 31",
+        "NOV 21 09:36:03 gpu-node-7 kernel: month in capitals",
+        "Nov 21 9:36:03 gpu-node-7 kernel: one-digit hour",
+        "kernel: Nov 21 09:36:03 not at the start",
+        "[12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, raw dmesg: seconds since boot",
+        "[Sat Nov 21 09:36:03] NVRM: Xid, weekday but no year",
+        "[Sat Nov 21 09:36:03 26] NVRM: Xid, two-digit year",
+        "[Sat Nov 31 09:36:03 2026] NVRM: Xid, no Nov 31",
+        "[ERROR] HCCL(12345,python):2026-11-21-25:36:03.735.123 [hccl_comm.cc:123] hour 25",
+        "[ERROR] HCCL(12345,python):2026-02-30-09:36:03.735.123 [hccl_comm.cc:123] Feb 30",
+        "[ERROR] PROFILING(3350779,pt_main_thread_worker): failed at 2026-11-21-09:36:03.735.123",
+        "20261121-09:36:03.735.123 no dashes in the date",
+        "2026-11-21--09:36:03 two dashes",
+        "  time      : 2026-11-21_11:02:19",
         "",
     ],
 )
@@ -163,7 +219,7 @@ def test_parse_timestamp_none(line):
     assert parse_timestamp(line, 2026) is None
 
 
-@given(st.text(max_size=80), st.integers(1970, 2100))
+@given(st.text(max_size=80), st.one_of(st.none(), st.integers(1970, 2100)))
 def test_parse_timestamp_never_raises(text, year):
     value = parse_timestamp(text, year)
     assert value is None or isinstance(value, float)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from ftwatch.config import Config
 from ftwatch.events import Action, FailureClass
-from ftwatch.pipeline.replay import CHUNK_BYTES, SIM_START, SIM_STEP, ReplayResult, origin_for, replay
+from ftwatch.pipeline.replay import (CHUNK_BYTES, SIM_START, SIM_STEP, ReplayResult, anchor, origin_for,
+                                     replay)
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -266,6 +267,70 @@ def test_progress_is_told_every_byte(rules, tmp_path):
     policy = Policy(Config().policy, BudgetStore(tmp_path / "b.json", JOB), JOB)
     replay([path], Engine(rules), policy, JOB, progress=told.append)
     assert len(told) > 1 and sum(told) == path.stat().st_size
+
+
+# --- the simulated clock's anchor -----------------------------------------------------------------
+
+def utc(*args: int) -> float:
+    return datetime(*args, tzinfo=timezone.utc).timestamp()
+
+
+LAUNCH_2024 = "2024-03-05 10:00:00,000 - torch.distributed.run - INFO - Using nproc_per_node=3."
+CUDA_GLOG_2024 = ("E0305 10:00:05.000000 4120 train.py:182] RuntimeError: CUDA error: an illegal memory access was "
+                  "encountered")
+CUDA_ISO_2024 = ("2024-03-05 10:00:03,250 ERROR RuntimeError: CUDA error: an illegal memory access was "
+                 "encountered")
+
+
+def test_untimed_error_before_a_glog_error_of_a_2024_log_is_the_root_cause(run, tmp_path):
+    """The untimed KeyError comes first in the file; the glog line (no year) is 5 s after launch."""
+    log = [LAUNCH_2024] + steps(1, 5) + ["[rank1]: " + l for l in KEYERROR_TB] + steps(1, 12) + [CUDA_GLOG_2024]
+    result = run([write(tmp_path / "rank1.log", log)])
+
+    by_rule = {f.rule_id: f for f in result.findings}
+    key, cuda = by_rule["python.key_error"], by_rule["cuda.illegal_memory_access"]
+    assert key.time == pytest.approx(utc(2024, 3, 5, 10) + log.index("[rank1]: Traceback (most recent call last):")
+                                     * SIM_STEP, abs=SIM_STEP / 2)
+    assert cuda.time == pytest.approx(utc(2024, 3, 5, 10, 0, 5), abs=1e-6)     # glog read in the log's year
+    assert key.time < cuda.time
+    d = result.decision
+    assert (d.action, d.root_cause.rule_id, d.root_cause.rank) == (Action.FAIL_JOB, "python.key_error", 1)
+    assert datetime.fromtimestamp(d.time, tz=timezone.utc).year == 2024
+
+
+def test_iso_error_before_an_untimed_error_of_a_2024_log_is_the_root_cause(run, tmp_path):
+    log = steps(1, 3) + [CUDA_ISO_2024] + steps(1, 5) + ["[rank1]: " + l for l in KEYERROR_TB]
+    result = run([write(tmp_path / "rank1.log", log)])
+
+    by_rule = {f.rule_id: f for f in result.findings}
+    assert by_rule["cuda.illegal_memory_access"].time < by_rule["python.key_error"].time
+    assert by_rule["python.key_error"].time < utc(2024, 3, 5, 10, 0, 4)
+    assert result.decision.root_cause.rule_id == "cuda.illegal_memory_access"
+
+
+def test_a_file_without_timestamps_starts_at_the_other_files_anchor(run, tmp_path):
+    """rank0's log has dates, rank1's none: rank1's KeyError is not put in 2026, after rank0's fallout."""
+    rank0 = [LAUNCH_2024] + steps(0, 40) + ["2024-03-05 10:00:09,000 - ERROR - gloo peer gone"] + [
+        "[rank0]: " + l for l in gloo_tb(42725)]
+    rank1 = steps(1, 5) + ["[rank1]: " + l for l in KEYERROR_TB]
+    result = run([write(tmp_path / "rank0.log", rank0), write(tmp_path / "rank1.log", rank1)])
+
+    key = next(f for f in result.findings if f.rule_id == "python.key_error")
+    assert utc(2024, 3, 5, 10) <= key.time < utc(2024, 3, 5, 10, 0, 1)
+    assert (result.decision.root_cause.rule_id, result.decision.root_cause.rank) == ("python.key_error", 1)
+
+
+def test_anchor_puts_the_first_timestamped_line_at_its_own_time_in_the_logs_year(tmp_path):
+    glog = "I0305 10:00:00.500000 4100 torch/distributed/run.py:1] launching"
+    path = write(tmp_path / "rank0.log", ["banner", "", glog, "step 1", LAUNCH_2024])
+    assert anchor(path, 2026) == (pytest.approx(utc(2024, 3, 5, 10, 0, 0, 500000) - 2 * SIM_STEP), 2024)
+
+    glog_only = write(tmp_path / "rank1.log", ["banner", glog])
+    assert anchor(glog_only, 2026) == (pytest.approx(utc(2026, 3, 5, 10, 0, 0, 500000) - SIM_STEP), 2026)
+
+    late = write(tmp_path / "rank2.log", ["step 7/12 loss 0.9119"] * 250 + [LAUNCH_2024])   # past the lines looked at
+    assert anchor(late, 2026) is None
+    assert anchor(write(tmp_path / "empty.log", b""), 2026) is None
 
 
 # --- the command ---------------------------------------------------------------------------------

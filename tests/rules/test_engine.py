@@ -12,7 +12,7 @@ import random
 import pytest
 from ftwatch.events import Action, FailureClass, Finding, Origin
 from ftwatch.rules import matcher as matcher_mod
-from ftwatch.rules.engine import MAX_CARRY_BYTES, Engine
+from ftwatch.rules.engine import MAX_CARRY_BYTES, MAX_LINE_CHARS, Engine
 from ftwatch.rules.loader import load_rules, rules_from_keywords
 
 T0 = 1_795_253_763.0  # 2026-11-21T09:36:03Z
@@ -334,6 +334,47 @@ def test_ten_megabyte_lines_are_counted_never_fatal_and_never_carried_unbounded(
     [block] = engine.feed(WORKER1, lines("Traceback (most recent call last):") + b"  " + huge + b"\n", T0)
     assert block.rule_id == "python.uncaught_exception"
     assert len(huge) > MAX_CARRY_BYTES and engine.pending_origins() == []
+
+
+def test_a_ten_megabyte_hit_line_is_capped_in_its_finding_and_the_next_chunk_still_hits(engine):
+    """A tensor printed whole after a CUDA error: the finding keeps the message, not 10 MB."""
+    tensor = "tensor([" + "0.1234, " * (10_000_000 // 8) + "0.5678], device='cuda:1')"
+    line = "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered; last batch " + tensor
+
+    [finding] = engine.feed(COMBINED, lines(line), T0)
+
+    assert (finding.rule_id, finding.rank) == ("cuda.illegal_memory_access", 1)
+    assert len(finding.line) <= MAX_LINE_CHARS
+    assert finding.line.startswith("RuntimeError: CUDA error: an illegal memory access was encountered; last")
+    assert " …[truncated 10.0 MB]… " in finding.line
+    assert finding.line.endswith("0.1234, 0.5678], device='cuda:1')")
+    assert finding.evidence == (finding.line,)
+    assert len(finding.to_dict()["line"]) <= MAX_LINE_CHARS
+
+    [after] = engine.feed(COMBINED, lines("[rank1]: " + STEP, "[rank1]: KeyError: 'lr'"), T0 + 1)
+    assert (after.rule_id, after.line, after.evidence) == ("python.key_error", "KeyError: 'lr'", ("KeyError: 'lr'",))
+    assert engine.stats.lines == 3
+
+
+def test_a_ten_megabyte_line_in_a_traceback_is_capped_in_its_evidence(engine):
+    frame = '    batch = {"input_ids": ' + "1, " * (10 << 20) + "}"
+    tb = KEYERROR_TB[:3] + [frame] + KEYERROR_TB[3:]
+
+    [finding] = engine.feed(WORKER1, lines(tb, STEP), T0, final=True)
+
+    assert (finding.rule_id, finding.line) == ("python.key_error", "KeyError: 'warmup_steps'")
+    assert [e for e in finding.evidence if len(e) > MAX_LINE_CHARS] == []
+    capped = finding.evidence[3]
+    assert capped.startswith('    batch = {"input_ids": 1, 1, ') and capped.endswith("1, }")
+    assert "…[truncated 31.5 MB]…" in capped
+    assert finding.evidence[:3] + finding.evidence[4:] == tuple(KEYERROR_TB)
+
+
+def test_a_line_of_exactly_max_line_chars_is_kept_whole(engine):
+    line = "KeyError: '" + "k" * (MAX_LINE_CHARS - 12) + "'"
+    assert len(line) == MAX_LINE_CHARS
+    [finding] = engine.feed(WORKER1, lines(line), T0)
+    assert finding.line == line
 
 
 def test_stats_count_every_line_once(engine):
