@@ -119,9 +119,18 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
 
 # -- run -------------------------------------------------------------------------------------
 
+def _aimaster_epilog() -> str:
+    """The AIMaster flags with their defaults, for ``--help`` (seed 000)."""
+    from ftwatch.config import AIMASTER_FLAGS, PolicyConfig
+    defaults = PolicyConfig()
+    rows = [f"  {flag}={getattr(defaults, field)}" for flag, field in AIMASTER_FLAGS.items()]
+    return "AIMaster flags (verbatim, before --; defaults shown):\n" + "\n".join(rows)
+
+
 def cmd_run(argv: list[str]) -> int:
     flags, rest, command = _split_flags(argv)
-    p = argparse.ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.")
+    p = argparse.ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.",
+                                epilog=_aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
     p.add_argument("--nproc-per-node", type=int, help="workers to start (default: config, else 1)")
@@ -177,7 +186,8 @@ def _summary(runner, recorder, status: int, state_dir: Path) -> None:
 
 def cmd_replay(argv: list[str]) -> int:
     flags, rest, tail = _split_flags(argv)
-    p = argparse.ArgumentParser(prog="ftwatch replay", description="Run recorded logs through the engine.")
+    p = argparse.ArgumentParser(prog="ftwatch replay", description="Run recorded logs through the engine.",
+                                epilog=_aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="*", type=Path)
     p.add_argument("--config")
     p.add_argument("--aimaster-args")
@@ -200,6 +210,8 @@ def cmd_replay(argv: list[str]) -> int:
         engine = Engine(_rules(config))
         total = sum(f.stat().st_size for f in args.files)
         result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
+    for note in result.notes:
+        print(f"ftwatch replay: note: {note}", file=sys.stderr)
     d = result.decision
     if args.json:
         print(json.dumps(d.to_json(), ensure_ascii=False))
