@@ -167,13 +167,11 @@ def _summary(runner, recorder, status: int, state_dir: Path) -> None:
     from ftwatch.events import Action
     stats = runner.engine.stats
     actions = [d.action.label for d in recorder.decisions]
-    restarts = [d for d in recorder.decisions if d.action in (Action.RESTART_JOB, Action.RESTART_IN_PLACE,
-                                                              Action.ISOLATE_NODE)]
     verdict = {0: "SUCCEEDED", 130: "INTERRUPTED"}.get(status, "FAILED")
     recorder.say("")
     recorder.say("ftwatch summary")
     recorder.say(f"  job        {runner.job}: {verdict} (exit {status})")
-    recorder.say(f"  attempts   {len(restarts) + 1}")
+    recorder.say(f"  attempts   {runner.budgets.attempt + 1} (this job, across ftwatch restarts)")
     recorder.say(f"  decisions  {', '.join(actions) or 'none'}")
     recorder.say(f"  lines      {stats.lines} scanned, {recorder.finding_count} findings")
     recorder.say(f"  store      {recorder.store.path if recorder.store else '-'}")

@@ -55,6 +55,17 @@ class Recorder:
         if self.store is not None:
             self.store.add_event(time, job, kind, instance=instance, rank=rank, detail=detail)
 
+    def run_started(self, job: str, attempt: int, time: float, command: list[str]) -> None:
+        """An attempt of the job starts (the store's ``runs`` table and a ``job_start`` event)."""
+        if self.store is not None:
+            self.store.start_run(job, attempt, time, command)
+        self.event(time, job, "job_start", attempt=attempt, command=command)
+
+    def run_ended(self, job: str, attempt: int, time: float, status: str) -> None:
+        """An attempt ended: ``succeeded``, ``failed``, ``restarted`` or ``stopped``."""
+        if self.store is not None:
+            self.store.end_run(job, attempt, time, status)
+
     def decision(self, decision: Decision) -> None:
         """Record a decision everywhere and send its alert (action none sends none)."""
         self.decisions.append(decision)

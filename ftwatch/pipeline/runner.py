@@ -105,8 +105,7 @@ class JobRunner:
         while True:
             attempt = self.budgets.attempt
             self.recorder.attempt = attempt
-            self.recorder.event(self.clock.time(), self.job, "job_start", attempt=attempt,
-                                command=self.command)
+            self.recorder.run_started(self.job, attempt, self.clock.time(), self.command)
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): "
                               f"{' '.join(self.command)}")
             self.tracker.reset(self.clock.time())
@@ -114,20 +113,28 @@ class JobRunner:
             decision = self._watch()
             self.final = decision
             if decision is None:                 # interrupted: the job did not end, budgets stay
+                self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
             if decision.action in (Action.NONE,):
+                self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded")
                 self.budgets.close("succeeded")
                 return 0
             if decision.action is Action.FAIL_JOB:
                 self.supervisor.stop_all()
+                self.recorder.run_ended(self.job, attempt, self.clock.time(), "failed")
                 self.budgets.close("failed")
                 return 1
             # restart_job, restart_in_place, isolate_node (on one machine: restart everything)
+            self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
             self.recorder.say(f"ftwatch: restarting all {self.nproc} workers "
                               f"(restart {decision.restarts_used} of {self.config.policy.max_num_of_job_restart})")
             self._sleep(self.config.supervisor.restart_delay)
+            if self._stop_requested.is_set():     # interrupted while waiting to restart
+                self.recorder.say("ftwatch: interrupted before the restart")
+                self.recorder.event(self.clock.time(), self.job, "interrupted")
+                return 130
 
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""

@@ -99,6 +99,8 @@ def test_sigkilled_rank_restarts_job_and_training_resumes(tmp_path):
     # peers' tracebacks were echoed even though they arrived with the failing exit
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     findings = SqliteStore(job.state / "ftwatch.db").findings_for(restart["target"]["job"], attempt=0)
+    runs = SqliteStore(job.state / "ftwatch.db").runs(restart["target"]["job"])
+    assert [(r["attempt"], r["status"]) for r in runs] == [(0, "restarted"), (1, "succeeded")], runs
     fallout = {f["rank"] for f in findings if f["failure_class"] == "fallout"}
     assert fallout == {0, 2}, findings
     assert "[rank0]! [rank0]: Traceback" in job.output
