@@ -16,7 +16,10 @@ The anchor's year is the engine's year for stamps that carry none (glog, syslog)
 the simplest correct thing, not a per-line clock: an untimed line long after the anchor
 may still be placed before a timestamped line that precedes it (SIM_STEP per line runs
 slower than most logs), since following every timestamp would mean Python work on every
-line. The end of the input is the end of the job: exit
+line. With job hang detection on (R5, opt-in), the lines' timestamps also place each
+instance's output on a merged timeline, where a silence of every instance for the interval is
+a job hang (see ``replay_hang``); it is the trigger when it comes before the first real
+error. The end of the input is the end of the job: exit
 codes come from a torchelastic failure summary when present; otherwise the job failed if an
 error was found, else it succeeded.
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
@@ -33,9 +36,11 @@ from typing import Callable, Sequence
 from ftwatch.events import Decision, Finding, Origin, ProcessExit, Severity, FailureClass
 from ftwatch.parsers import fields
 from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
+from ftwatch.pipeline.replay_hang import HangScan
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.policy import Incident, Policy
+from ftwatch.rules.timers import HangTracker
 
 CHUNK_BYTES = 1 << 20
 SIM_STEP = 0.001            # simulated seconds per line without a timestamp
@@ -49,12 +54,14 @@ _SUMMARY_MARK = b"Root Cause (first observed failure)"
 
 @dataclass
 class ReplayResult:
-    """What a replay found: every finding, the decision, the lines and bytes read."""
+    """What a replay found: every finding, the decision, the lines and bytes read, and notes
+    for the user (e.g. that hang detection found no timestamps)."""
 
     findings: list[Finding]
     decision: Decision
     lines: int
     bytes: int
+    notes: list[str] = field(default_factory=list)
 
 
 def origin_for(path: Path, job: str) -> Origin:
@@ -89,6 +96,9 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     anchors = [anchor(Path(path), default_year) for path in paths]
     fallback = min((a for a in anchors if a is not None), default=(SIM_START, own_year))
     ends = [fallback[0]]                    # each file's clock at its end
+    pol = policy.policy
+    scan = (HangScan(pol.job_hang_interval, job) if pol.enable_job_hang_detection and pol.job_hang_interval > 0
+            and pol.job_execution_mode == "Sync" else None)
     try:
         for path, found in zip(paths, anchors):
             origin = origin_for(Path(path), job)
@@ -96,12 +106,18 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
                 ranks.add(origin.rank)
             base, engine.year = found or fallback
             summary = _SummaryLines()
-            size, end = _replay_file(Path(path), origin, engine, base, findings, summary, progress)
+            if scan is not None:
+                scan.open(origin, engine.year or default_year)
+            size, end = _replay_file(Path(path), origin, engine, base, findings, summary, progress, scan)
             total += size
             ends.append(end)
             failures.extend(parse_summary(summary.lines))
     finally:
         engine.year = own_year
+    hang, notes = _job_hang(scan)
+    if hang is not None:
+        findings.append(hang)
+        ends.append(scan.last)
     for f in findings:
         if f.rank is not None:
             ranks.add(f.rank)
@@ -122,20 +138,36 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     errors = [f for f in findings if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO]
     if trigger is None and errors:
         trigger = min(errors, key=lambda f: (f.time, f.seq))
-        failed.update(f.origin.instance for f in errors if f.failure_class is not FailureClass.FALLOUT)
+        failed.update(f.origin.instance for f in errors
+                      if f.failure_class is not FailureClass.FALLOUT and f is not hang)
+    if hang is not None and not any(f.time < hang.time for f in errors
+                                    if f.failure_class is not FailureClass.FALLOUT and f is not hang):
+        trigger, failed = hang, set()       # live, the hang fired before anything failed
     if trigger is None:
         decision = policy.finished(end, ok=True)
     else:
         world = max(len(ranks), 1)
         decision = policy.decide(Incident(trigger, tuple(findings), world, frozenset(failed), 0), end)
-    return ReplayResult(findings, decision, engine.stats.lines, total)
+    return ReplayResult(findings, decision, engine.stats.lines, total, notes)
+
+
+def _job_hang(scan: HangScan | None) -> tuple[Finding | None, list[str]]:
+    """The job hang ``scan`` found, and notes on what it could not read."""
+    if scan is None:
+        return None, []
+    if scan.untimed:
+        return None, [f"job hang detection needs timestamps: no line of {', '.join(scan.untimed)} has one, "
+                      "so no job hang was looked for"]
+    return scan.first_hang(HangTracker(scan.interval, None)), []
 
 
 def _replay_file(path: Path, origin: Origin, engine: Engine, base: float, findings: list[Finding],
-                 summary: "_SummaryLines", progress: Callable[[int], None] | None) -> tuple[int, float]:
+                 summary: "_SummaryLines", progress: Callable[[int], None] | None,
+                 scan: HangScan | None = None) -> tuple[int, float]:
     """Feed one file to ``engine`` in chunks, its clock starting at ``base``.
 
-    Appends to ``findings`` and ``summary``; returns (bytes read, the clock at the end).
+    Appends to ``findings`` and ``summary`` (and gives each chunk to ``scan``, opened for this
+    file, when hang detection is on); returns (bytes read, the clock at the end).
     """
     total = 0
     with open(path, "rb") as fh:
@@ -153,12 +185,17 @@ def _replay_file(path: Path, origin: Origin, engine: Engine, base: float, findin
             findings.extend(engine.feed(origin, chunk, base, sim_step=SIM_STEP))
             base += chunk.count(b"\n") * SIM_STEP
             summary.take(chunk)
+            if scan is not None:
+                scan.take(chunk)
             total += len(chunk)
             if progress:
                 progress(len(chunk))
         carry = b"".join(parts)
         findings.extend(engine.feed(origin, carry, base, final=True, sim_step=SIM_STEP))
         summary.take(carry)
+        if scan is not None:
+            scan.take(carry)
+            scan.close()
         total += len(carry)
         if progress and carry:
             progress(len(carry))

@@ -1,0 +1,228 @@
+"""Job hang detection for ``ftwatch replay`` (SPEC R5 on recorded logs), from the lines' timestamps.
+
+Only with ``--enable-job-hang-detection=True`` (Sync): then replay also reads the timestamp of
+each line that may carry one (a per-line pass, but only over lines that start with a digit,
+``[`` or ``(``, a glog letter and a digit, a month name or a level word; a rank prefix starts
+with ``[`` or a digit). Each instance's output becomes a few *active segments*: runs of
+output with no silence of ``job_hang_interval`` or more inside. The instances are those of
+``ftwatch replay``: a per-rank file is one; in a combined log each rank prefix is one, and
+the lines without a prefix (torchrun's agent, banners) count only when the file has no
+prefixed line at all.
+
+A line without a timestamp has no known time: it lies between the stamped lines around it,
+so its instance counts as writing throughout that span (from the stamp before it to the next
+stamp of its file), and as writing to the end of the input when no stamp follows. Only a
+silence bounded by stamped lines with nothing of that instance between them counts. This is
+conservative on purpose: a log whose stamps are rare (a launcher line at the start, a
+watchdog at the end, untimed ``print`` output between) must not look like a hang.
+
+The hang is the first moment *T* at which every instance seen so far has been silent for the
+interval; the end of the input is no hang (the job ended there). The finding is the one that
+the live ``HangTracker`` gives (kind ``hang``, rule ``hang.job``, class HANG, action
+RESTART_JOB, origin = the instance that went silent first), at *T*: the caller (the replay
+hub) hands one in, so this module stays inside the pipeline stage.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ftwatch.events import Finding, Origin
+from ftwatch.parsers import fields
+
+_MONTHS = b"Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+# fields.split_rank_prefix's prefixes ([rank3]:, [default3]:, "3: "), the rank in group 1 or 2
+_PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
+# how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
+# letter and a digit, a month (syslog), a level word before an ISO date ("INFO 2026-...")
+_MAY_STAMP = rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |[A-Z]{3,8}:? +\d)"
+_STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
+_ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
+_HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
+
+
+class Tracker(Protocol):
+    """What ``first_hang`` needs of ``ftwatch.rules.timers.HangTracker``."""
+
+    def started(self, origin: Origin, time: float) -> None: ...
+
+    def output(self, instance: str, time: float) -> None: ...
+
+    def check(self, now: float) -> list[Finding]: ...
+
+
+@dataclass
+class _Activity:
+    """One instance's output: closed active segments and the open one."""
+
+    origin: Origin
+    segments: list[tuple[float, float]] = field(default_factory=list)
+    start: float | None = None
+    end: float = 0.0
+
+    def add(self, t: float, interval: float, bridge: bool) -> None:
+        """Output at ``t``; ``bridge``: the instance wrote (untimed lines) all the way up to ``t``."""
+        if self.start is None:
+            self.start = self.end = t
+        elif t - self.end >= interval and not bridge:
+            self.segments.append((self.start, self.end))
+            self.start = self.end = t
+        elif t > self.end:
+            self.end = t
+
+    def all(self) -> list[tuple[float, float]]:
+        return self.segments + ([(self.start, self.end)] if self.start is not None else [])
+
+
+class _File:
+    """The reading state of one file: its stamps so far and the instances with untimed lines since."""
+
+    def __init__(self, origin: Origin, year: int | None) -> None:
+        self.origin = origin
+        self.year = year
+        self.combined = origin.rank is None
+        self.pending: set[str] = set()
+        self.ranked = False         # a combined log with rank prefixes: its unprefixed lines are no instance
+        self.stamps = 0
+        self.lines = False
+
+
+class HangScan:
+    """Collects per-instance output times from replayed chunks and finds the first job hang.
+
+    Args:
+        interval: the job-hang interval in seconds (> 0).
+        job: the job id, for the origins of a combined log's ranks.
+    """
+
+    def __init__(self, interval: float, job: str) -> None:
+        self.interval = float(interval)
+        self.job = job
+        self._acts: dict[str, _Activity] = {}
+        self._origins: dict[str, Origin] = {}
+        self._keys: dict[bytes, str] = {}           # a rank prefix's digits -> its instance
+        self._file: _File | None = None
+        self.untimed: list[str] = []     # files with lines but no timestamp
+        self.last: float | None = None   # the latest timestamp seen
+
+    def open(self, origin: Origin, year: int | None) -> None:
+        """A file starts; ``year`` dates its glog and syslog stamps."""
+        self._file = _File(origin, year)
+        self._origins.setdefault(origin.instance, origin)
+
+    def take(self, chunk: bytes) -> None:
+        """Read the timestamps of one chunk of complete lines of the open file.
+
+        Only lines that may carry a stamp are decoded and parsed (``fields.parse_timestamp``);
+        in a combined log every line's rank prefix is read (by one regex), since an untimed
+        line is output of its rank too.
+        """
+        f = self._file
+        assert f is not None
+        if not chunk:
+            return
+        f.lines = True
+        if f.combined:
+            self._take_combined(f, chunk)
+            return
+        pos, own = 0, f.origin.instance
+        for m in _STAMPED.finditer(chunk):
+            start = m.start()
+            if start > pos:
+                f.pending.add(own)          # lines between that carry no stamp
+            pos = self._parse(f, chunk, start, own) + 1
+        if pos < len(chunk):
+            f.pending.add(own)
+
+    def _take_combined(self, f: _File, chunk: bytes) -> None:
+        own, size = f.origin.instance, len(chunk)
+        for m in _ANY_LINE.finditer(chunk):
+            start = m.start()
+            if start == size:
+                break
+            key = own
+            if m.end(1) >= 0 or m.end(2) >= 0:
+                key = self._rank_key(f, m.group(1) if m.end(1) > m.end(2) else m.group(2))
+            if m.start(3) < 0:
+                f.pending.add(key)          # no stamp can follow
+            else:
+                self._parse(f, chunk, start, key)
+
+    def _parse(self, f: _File, chunk: bytes, start: int, key: str) -> int:
+        """Parse the line at ``start`` as ``key``'s output; returns where the line ends."""
+        end = chunk.find(b"\n", start)
+        end = len(chunk) if end < 0 else end
+        stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year)
+        if stamp is None:
+            f.pending.add(key)
+        else:
+            self._stamp(f, key, stamp)
+        return end
+
+    def _rank_key(self, f: _File, digits: bytes) -> str:
+        key = self._keys.get(digits)
+        if key is None:
+            rank = int(digits)
+            key = self._keys[digits] = f"rank{rank}"
+            self._origins.setdefault(key, Origin(key, rank, self.job, "replay", f.origin.stream, "replay"))
+        f.ranked = True
+        return key
+
+    def close(self) -> None:
+        """The open file ended: untimed lines after its last stamp count as output to the end."""
+        f = self._file
+        assert f is not None
+        if f.lines and not f.stamps:
+            self.untimed.append(f.origin.stream)
+        elif f.stamps:
+            for key in f.pending:
+                if key in self._acts:
+                    self._acts[key].add(math.inf, self.interval, bridge=True)
+        if f.ranked:
+            self._acts.pop(f.origin.instance, None)
+        self._file = None
+
+    def first_hang(self, tracker: Tracker) -> Finding | None:
+        """The first job hang of the merged timeline; None if none.
+
+        Args:
+            tracker: a fresh ``HangTracker`` with this scan's interval as its job-hang interval;
+                it is fed the merged timeline and reports the hang.
+
+        Returns:
+            The tracker's ``hang`` finding, at the moment the interval ran out; None when there
+            is no hang, or when a file had no timestamp at all (its output cannot be placed).
+        """
+        if self.untimed:
+            return None
+        segments = sorted((s, e, key) for key, act in self._acts.items() for s, e in act.all())
+        covered: float | None = None
+        seen: set[str] = set()
+        for start, end, key in segments:
+            if covered is not None and start - covered >= self.interval:
+                return tracker.check(covered + self.interval)[0]
+            if key not in seen:
+                seen.add(key)
+                # "started" before its first line, so that this line counts as output
+                tracker.started(self._acts[key].origin, -math.inf)
+            tracker.output(key, start)
+            tracker.output(key, end)
+            covered = end if covered is None else max(covered, end)
+        return None
+
+    def _stamp(self, f: _File, key: str, t: float) -> None:
+        f.stamps += 1
+        self.last = t if self.last is None else max(self.last, t)
+        for other in f.pending:                 # untimed lines since the last stamp: up to now
+            self._activity(other, t, bridge=True)
+        f.pending.clear()
+        self._activity(key, t, bridge=False)
+
+    def _activity(self, key: str, t: float, bridge: bool) -> None:
+        act = self._acts.get(key)
+        if act is None:
+            act = self._acts[key] = _Activity(self._origins[key])
+        act.add(t, self.interval, bridge)

@@ -1,0 +1,212 @@
+"""``ftwatch replay`` with job hang detection (R5 on recorded logs): a hang from the lines' timestamps.
+
+The logs are shaped like a DDP job's under torchrun: one combined log with ``[defaultN]:``
+prefixes, the trainer logging through Python's ``logging`` (ISO stamps) or glog, and
+PyTorch's NCCL watchdog timing out after the job went quiet; or per-rank files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ftwatch.config import Config
+from ftwatch.events import Action, FailureClass
+from ftwatch.pipeline.replay import ReplayResult, replay
+from ftwatch.rules.budgets import BudgetStore
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.policy import Policy
+
+JOB = "replay-hang-test"
+T0 = datetime(2026, 11, 21, 9, 0, 0, tzinfo=timezone.utc)
+HANG_ON = {"enable_job_hang_detection": True, "job_hang_interval": 1800, "enable_job_restart": True}
+
+
+def iso_line(rank: int, at: datetime, msg: str) -> str:
+    return f"[default{rank}]:{at:%Y-%m-%d %H:%M:%S},{at.microsecond // 1000:03d} INFO train.py:88 {msg}"
+
+
+def glog_line(rank: int, at: datetime, msg: str) -> str:
+    return f"[default{rank}]:I{at:%m%d %H:%M:%S}.{at.microsecond:06d} {4120 + rank} train.py:88] {msg}"
+
+
+def watchdog(rank: int, at: datetime) -> str:
+    return (f"[default{rank}]:[rank{rank}]:[E{at:%m%d %H:%M:%S}.735118 {4120 + rank} "
+            "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632] "
+            f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=48213, OpType=ALLREDUCE, "
+            "NumelIn=25165824, NumelOut=25165824, Timeout(ms)=2400000) ran for 2400043 milliseconds before timing out.")
+
+
+def training(stamp, upto: dict[int, datetime], every: timedelta = timedelta(seconds=10)) -> list[str]:
+    """Interleaved step lines of ranks 0-2 from T0, each rank until its own last time."""
+    out, at, step = [], T0, 1
+    while at <= max(upto.values()):
+        for rank in sorted(upto):
+            if at <= upto[rank]:
+                out.append(stamp(rank, at + timedelta(milliseconds=37 * rank), f"step {step} loss {4.6 / step:.4f}"))
+        at += every
+        step += 1
+    return out
+
+
+def quiet_then_watchdog(stamp) -> list[str]:
+    """Rank 2 stops at 09:05:00, ranks 0 and 1 at 09:05:10; 40 min later the watchdog fires on 0 and 1."""
+    last = {0: T0 + timedelta(minutes=5, seconds=10), 1: T0 + timedelta(minutes=5, seconds=10),
+            2: T0 + timedelta(minutes=5)}
+    woke = T0 + timedelta(minutes=45, seconds=10)
+    return training(stamp, last) + [watchdog(0, woke), watchdog(1, woke)]
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+@pytest.fixture
+def run(rules, tmp_path):
+    def run(paths: list[Path], **flags) -> ReplayResult:
+        policy = Policy(Config().with_policy(**flags).policy, BudgetStore(tmp_path / "budgets.json", JOB), JOB)
+        return replay(paths, Engine(rules), policy, JOB)
+    return run
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def utc(at: datetime) -> float:
+    return at.timestamp()
+
+
+@pytest.mark.parametrize("stamp", [iso_line, glog_line], ids=["iso", "glog"])
+def test_all_ranks_quiet_for_40_min_is_a_hang_naming_the_rank_silent_first(run, tmp_path, stamp):
+    result = run([write(tmp_path / "combined.log", quiet_then_watchdog(stamp))], **HANG_ON)
+
+    d = result.decision
+    assert d.action is Action.RESTART_JOB
+    rc = d.root_cause
+    assert (rc.rule_id, rc.kind, rc.failure_class, rc.action, rc.rank) == (
+        "hang.job", "hang", FailureClass.HANG, Action.RESTART_JOB, 2)
+    went_quiet = T0 + timedelta(minutes=5, seconds=10, milliseconds=37)    # rank 1's last line
+    assert rc.time == pytest.approx(utc(went_quiet) + 1800)
+    assert rc.line == ("no output from any of 3 instances for 1800 s; rank 2 went silent first "
+                       f"(last output {(T0 + timedelta(minutes=5, milliseconds=74)).isoformat(timespec='milliseconds')})")
+    assert "D2 ExitCodeAndErrorMsg: hang root cause" in d.policy_clause
+    assert {f.rule_id for f in result.findings if f.failure_class is FailureClass.FALLOUT} == {
+        "torch.nccl_watchdog_timeout"}
+    assert result.notes == []
+
+
+def test_without_hang_detection_the_watchdog_fallout_decides_as_before(run, tmp_path):
+    result = run([write(tmp_path / "combined.log", quiet_then_watchdog(iso_line))], enable_job_restart=True)
+
+    d = result.decision
+    assert [f.rule_id for f in result.findings] == ["torch.nccl_watchdog_timeout"] * 2
+    assert (d.action, d.root_cause.rule_id, d.root_cause.failure_class) == (
+        Action.RESTART_JOB, "torch.nccl_watchdog_timeout", FailureClass.FALLOUT)
+    assert "only fallout found" in d.policy_clause
+
+
+def test_one_rank_stopping_early_while_the_others_print_is_no_hang(run, tmp_path):
+    """Per-rank files: rank 1 stops at 09:30, ranks 0 and 2 print until 10:00; the end of input is no hang."""
+    end, early = T0 + timedelta(hours=1), T0 + timedelta(minutes=30)
+    lines = training(glog_line, {0: end, 1: early, 2: end}, every=timedelta(minutes=1))
+    files = [write(tmp_path / f"rank{r}.log", [l.removeprefix(f"[default{r}]:") for l in lines
+                                                if l.startswith(f"[default{r}]:")]) for r in range(3)]
+
+    result = run(files, **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE
+    assert result.notes == []
+
+
+def test_per_rank_files_all_silent_is_a_hang_at_the_interval(run, tmp_path):
+    stop = {0: T0 + timedelta(minutes=10), 1: T0 + timedelta(minutes=8), 2: T0 + timedelta(minutes=10)}
+    lines = training(iso_line, stop, every=timedelta(minutes=1))
+    lines += [iso_line(r, T0 + timedelta(hours=1), "still here") for r in (0, 2)]
+    files = [write(tmp_path / f"rank{r}.log", [l.removeprefix(f"[default{r}]:") for l in lines
+                                                if l.startswith(f"[default{r}]:")]) for r in range(3)]
+
+    rc = run(files, **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.rank) == ("hang.job", 1)
+    assert rc.time == pytest.approx(utc(T0 + timedelta(minutes=10, milliseconds=74)) + 1800)
+
+
+def test_untimed_output_between_rare_stamps_is_no_hang(run, tmp_path):
+    """Stamped start-up lines, two hours of print() output without stamps, stamped last lines: no
+    silence is known, since the untimed lines may lie anywhere in between."""
+    log = ([iso_line(r, T0, "initialized process group, world size 3") for r in range(3)]
+           + [f"[default{r}]:step {s}/9000 loss 0.4{s % 10}" for s in range(1, 300) for r in range(3)]
+           + [iso_line(r, T0 + timedelta(hours=2), "training finished") for r in range(3)])
+
+    result = run([write(tmp_path / "combined.log", log)], **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE
+
+
+def test_a_real_error_before_the_silence_stays_the_root_cause(run, tmp_path):
+    log = training(iso_line, {r: T0 + timedelta(minutes=2) for r in range(3)})
+    log += [iso_line(1, T0 + timedelta(minutes=2, seconds=5), "RuntimeError: CUDA error: an illegal memory access "
+                                                                "was encountered")]
+    log += [watchdog(0, T0 + timedelta(minutes=50))]
+
+    result = run([write(tmp_path / "combined.log", log)], **HANG_ON)
+
+    assert "hang.job" in {f.rule_id for f in result.findings}
+    rc = result.decision.root_cause
+    assert (rc.rule_id, rc.rank) == ("cuda.illegal_memory_access", 1)
+
+
+def test_a_log_without_timestamps_finds_no_hang_and_says_why(run, tmp_path):
+    log = [f"[default{r}]:step {s}/12 loss {4.6 / s:.4f}" for s in range(1, 13) for r in range(3)]
+
+    result = run([write(tmp_path / "combined.log", log)], **HANG_ON)
+
+    assert result.decision.action is Action.NONE
+    assert result.notes == ["job hang detection needs timestamps: no line of "
+                            f"{tmp_path / 'combined.log'} has one, so no job hang was looked for"]
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+def ftwatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ftwatch", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+HANG_FLAGS = ("--enable-job-hang-detection=True", "--job-hang-interval=1800", "--enable-job-restart=True")
+
+
+def test_replay_command_decides_restart_job_for_a_hang(tmp_path):
+    path = write(tmp_path / "combined.log", quiet_then_watchdog(glog_line))
+
+    proc = ftwatch("replay", "--json", *HANG_FLAGS, str(path), cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    decision = json.loads(proc.stdout)
+    assert decision["action"] == "restart_job"
+    assert decision["root_cause"]["rule_id"] == "hang.job"
+    assert decision["root_cause"]["failure_class"] == "hang"
+    assert decision["root_cause"]["rank"] == 2
+    assert decision["root_cause"]["line"].startswith("no output from any of 3 instances for 1800 s; rank 2 went "
+                                                     "silent first")
+
+
+def test_replay_command_notes_on_stderr_that_hang_detection_needs_timestamps(tmp_path):
+    path = write(tmp_path / "combined.log", [f"[default{r}]:step {s}/12" for s in range(1, 13) for r in range(3)])
+
+    proc = ftwatch("replay", "--json", *HANG_FLAGS, str(path), cwd=tmp_path)
+
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["action"] == "none"
+    assert "job hang detection needs timestamps" in proc.stderr
