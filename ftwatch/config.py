@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Sequence, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
 from ftwatch.yamlsource import dotted as _dotted
@@ -171,6 +172,7 @@ class Config(BaseModel):
     rules: RulesConfig = Field(default_factory=RulesConfig, description="Rules.")
     alerting: AlertingConfig = Field(default_factory=AlertingConfig, description="Alerting.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage.")
+    watch: WatchConfig = Field(default_factory=WatchConfig, description="ftwatch watch: sources, identity, actuator.")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

@@ -1,0 +1,78 @@
+"""Acting on decisions of jobs ftwatch did not launch (``ftwatch watch``).
+
+``none`` only observes. ``exec`` runs a command with the decision JSON on stdin, so any
+scheduler can be driven (delete the job's pods, cordon a node ...): the command's exit
+status is recorded with the decision; a command that outlives its timeout is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from ftwatch.events import Decision
+
+
+@dataclass(frozen=True, slots=True)
+class ActResult:
+    """What the actuator did: ``status`` is ``done``, ``failed``, ``timeout`` or ``skipped``."""
+
+    status: str
+    returncode: int | None = None
+    output: str = ""
+
+
+class Actuator(Protocol):
+    """Acts on a decision; never raises (a failure is an ActResult)."""
+
+    def act(self, decision: Decision) -> ActResult: ...
+
+
+class NoneActuator:
+    """Observe only: decisions are recorded and alerted, nothing is done."""
+
+    def act(self, decision: Decision) -> ActResult:
+        return ActResult("skipped")
+
+
+class ExecActuator:
+    """Runs ``command`` with the decision (README "Decisions" JSON, one line) on stdin.
+
+    Args:
+        command: argv; the decision's action is also in the environment as FTWATCH_ACTION.
+        timeout: seconds before the command is killed (status ``timeout``).
+    """
+
+    MAX_OUTPUT = 4096  # characters of the command's output kept
+
+    def __init__(self, command: Sequence[str], timeout: float = 60.0):
+        if not command:
+            raise ValueError("exec actuator needs a command")
+        self.command = list(command)
+        self.timeout = timeout
+
+    def act(self, decision: Decision) -> ActResult:
+        import os
+        payload = json.dumps(decision.to_json(), ensure_ascii=False) + "\n"
+        env = {**os.environ, "FTWATCH_ACTION": decision.action.label,
+               "FTWATCH_JOB": decision.target.job, "FTWATCH_NODE": decision.target.node or ""}
+        try:
+            proc = subprocess.run(self.command, input=payload, capture_output=True, text=True,
+                                  timeout=self.timeout, env=env)
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"")
+            text = out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+            return ActResult("timeout", None, text[-self.MAX_OUTPUT:])
+        except OSError as exc:
+            return ActResult("failed", None, str(exc))
+        output = (proc.stdout + proc.stderr)[-self.MAX_OUTPUT:]
+        return ActResult("done" if proc.returncode == 0 else "failed", proc.returncode, output)
+
+
+def build_actuator(config) -> Actuator:
+    """The actuator a ``watch.actuator`` config section names."""
+    if config.type == "exec":
+        return ExecActuator(config.command, config.timeout)
+    return NoneActuator()

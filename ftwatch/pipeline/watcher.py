@@ -1,0 +1,179 @@
+"""``ftwatch watch``: many jobs that ftwatch did not launch, from shipped logs.
+
+Sources put ``list[Shipped]`` on one bounded queue. The loop unwraps envelopes, names each
+line's job / node / instance (``ftwatch.pipeline.identity``), groups the lines of one batch by
+origin into chunks and feeds the one Engine (its state is keyed by origin, and origins carry
+the job, so jobs never mix). Each job has its own policy, budgets, hang tracker and incident:
+
+    first error (severity >= error, fallout included) -> wait ``settle`` s for the others'
+    evidence -> policy.decide over that job's findings -> recorder (store, alerts) -> actuator
+    -> ``cooldown`` s in which the job's new errors (the fallout of acting) open no incident.
+
+A job hang (every instance of the job silent for ``job_hang_interval``) decides at once.
+There are no process exits here: a job that ended is simply quiet.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from ftwatch.clock import SystemClock
+from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity
+from ftwatch.pipeline.actuator import Actuator, NoneActuator
+from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.rules.budgets import BudgetStore
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.policy import Incident, Policy
+from ftwatch.rules.timers import HangTracker
+
+POLL_SECONDS = 0.2
+BLOCK_FLUSH_SECONDS = 2.0
+
+
+@dataclass
+class _Job:
+    name: str
+    policy: Policy
+    budgets: BudgetStore
+    tracker: HangTracker
+    instances: dict[str, Origin] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    trigger: Finding | None = None
+    opened: float = 0.0            # mono when the incident opened
+    quiet_until: float = 0.0       # mono until which new errors open no incident
+    decisions: list[Decision] = field(default_factory=list)
+
+
+class Watcher:
+    """The ``watch`` loop over shipped batches.
+
+    Args:
+        config: the validated Config (``policy``, ``watch``, ``storage``).
+        engine: the rule engine shared by every job.
+        recorder: decisions and findings go here.
+        resolve: turns one Shipped batch into ``(origin, line, time)`` triples (envelopes
+            unwrapped, identity applied).
+        actuator: acts on decisions (default: observe only).
+    """
+
+    def __init__(self, config, engine: Engine, recorder: Recorder,
+                 resolve: Callable[[list[Shipped]], Iterable[tuple[Origin, bytes, float]]],
+                 actuator: Actuator | None = None, clock: SystemClock | None = None):
+        self.config = config
+        self.engine = engine
+        self.recorder = recorder
+        self.resolve = resolve
+        self.actuator = actuator or NoneActuator()
+        self.clock = clock or SystemClock()
+        self.queue: queue.Queue = queue.Queue(maxsize=config.watch.queue_batches)
+        self.jobs: dict[str, _Job] = {}
+        self.state_dir = Path(config.storage.state_dir)
+        self._stop = threading.Event()
+
+    # -- public ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End ``run`` at its next wake-up."""
+        self._stop.set()
+
+    def run(self, until: Callable[[], bool] | None = None) -> None:
+        """Take batches until stopped (or ``until()`` is true after a wake-up)."""
+        while not self._stop.is_set() and not (until and until()):
+            try:
+                batch = self.queue.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                batch = None
+            if batch:
+                self.ingest(batch)
+            self.tick()
+
+    def ingest(self, batch: list[Shipped]) -> None:
+        """Feed one batch: group lines per origin, feed the engine, open incidents."""
+        chunks: dict[Origin, list[bytes]] = defaultdict(list)
+        times: dict[Origin, float] = {}
+        for origin, line, t in self.resolve(batch):
+            chunks[origin].append(line)
+            times[origin] = max(t, times.get(origin, t))
+        now_mono = self.clock.mono()
+        for origin, lines in chunks.items():
+            t = times[origin]
+            job = self._job(origin.job)
+            if origin.instance not in job.instances:
+                job.instances[origin.instance] = origin
+                job.tracker.started(origin, t)
+            job.tracker.output(origin.instance, t)
+            findings = self.engine.feed(origin, b"\n".join(lines) + b"\n", t)
+            self._add(job, findings, now_mono)
+
+    def tick(self) -> None:
+        """Time passes: close stale blocks, check hangs, decide settled incidents."""
+        now, mono = self.clock.time(), self.clock.mono()
+        for finding in self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS):
+            self._add(self._job(finding.origin.job), [finding], mono)
+        for job in list(self.jobs.values()):
+            for hang in job.tracker.check(now):
+                self._add(job, [hang], mono)
+                self._decide(job, hang)
+            if job.trigger is not None and mono - job.opened >= self.config.watch.settle:
+                self._decide(job, job.trigger)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _job(self, name: str) -> _Job:
+        job = self.jobs.get(name)
+        if job is None:
+            budgets = BudgetStore.for_job(self.state_dir, name)
+            job = _Job(name, Policy(self.config.policy, budgets, name), budgets, self._tracker())
+            self.jobs[name] = job
+        return job
+
+    def _tracker(self) -> HangTracker:
+        """A job hang tracker (no exit hangs: shipped logs carry no exits)."""
+        pol = self.config.policy
+        on = pol.enable_job_hang_detection and pol.job_execution_mode == "Sync"
+        tracker = HangTracker(float(pol.job_hang_interval) if on else None, None)
+        tracker.reset(self.clock.time())
+        return tracker
+
+    def _add(self, job: _Job, findings: Sequence[Finding], mono: float) -> None:
+        if not findings:
+            return
+        self.recorder.attempt = job.budgets.attempt
+        self.recorder.findings(findings)
+        if mono < job.quiet_until:
+            return                                  # the aftermath of our own action
+        job.findings.extend(findings)
+        if job.trigger is None:
+            for f in findings:
+                if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO:
+                    job.trigger, job.opened = f, mono
+                    break
+
+    def _decide(self, job: _Job, trigger: Finding) -> None:
+        failed = frozenset(f.origin.instance for f in job.findings
+                           if f.severity >= Severity.ERROR and f.failure_class not in
+                           (FailureClass.FALLOUT, FailureClass.INFO))
+        incident = Incident(trigger, tuple(job.findings), max(len(job.instances), 1), failed,
+                            job.budgets.attempt)
+        decision = job.policy.decide(incident, self.clock.time())
+        job.decisions.append(decision)
+        self.recorder.attempt = incident.attempt
+        self.recorder.decision(decision)
+        result = self.actuator.act(decision)
+        self.recorder.event(self.clock.time(), job.name, "actuator", decision.target.instance,
+                            decision.target.rank, action=decision.action.label, status=result.status,
+                            returncode=result.returncode, output=result.output)
+        job.findings.clear()
+        job.trigger = None
+        job.quiet_until = self.clock.mono() + self.config.watch.cooldown
+        if decision.action in (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE):
+            job.instances.clear()                   # a new attempt: instances start again
+            job.tracker = self._tracker()
+        if decision.action is Action.FAIL_JOB:
+            del self.jobs[job.name]                 # ended; a job of that name later starts fresh
