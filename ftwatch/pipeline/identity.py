@@ -1,0 +1,285 @@
+"""Names the job, node, instance and rank of a shipped line from its metadata (SPEC S5, issue 3).
+
+Where the names come from, first match wins:
+
+    instance  the pod (fluent-bit's Kubernetes filter ``kubernetes.pod_name``; else the pod in
+              a CRI log path or a ``kube.var.log.containers.*`` tag); else ``meta["instance"]``;
+              else the file's name without ``.log``; else the tag; else the source's name.
+    node      ``kubernetes.host``; else ``meta["host"]`` / ``meta["hostname"]``; else
+              ``default_node``.
+    job       the pod's ``job_label`` label; else the pod-name rule below; for lines of no pod,
+              ``meta["job"]``, else ``default_job``. A pod's job is prefixed with its namespace
+              (``team-a/mnist``) when the namespace is known, so same-named jobs in two
+              namespaces never share state.
+    rank      a field named like ``rank_env`` (``RANK``) at the top of the record or in a
+              ``meta["env"]`` map (the process's own rank, taken as is); else a ``rank_labels``
+              label, else the pod name's index; both plus ``worker_rank_offset`` for a
+              ``worker`` replica. Else None: the engine learns it from ``[rankN]:`` prefixes.
+    stream    ``meta["stream"]``; else the file path; else the tag; else ``stdout``.
+
+The pod-name rule (for pods without the job label):
+
+    ``<job>-<role>-<N>`` with role ``master|worker|chief|ps|evaluator|launcher`` (the
+        names Kubeflow's training-operator gives replicas: job, lower-case replica type,
+        index): job ``<job>``; rank ``N`` for ``master``, ``N + worker_rank_offset`` for
+        ``worker``, none for the other roles.
+    ``<job>-<N>-<xxxxx>`` (an Indexed Job's pod: index, then 5 random characters from
+        Kubernetes' name generator, which has no vowels): job ``<job>``, rank ``N``.
+    ``<job>-<N>`` (a StatefulSet's pod): job ``<job>``, rank ``N``.
+    ``<job>-<xxxxx>`` (a plain Job's pod): job ``<job>``, no rank.
+    anything else: the pod is a job of its own (job = pod name), no rank.
+
+Rank of a Kubeflow PyTorchJob worker: with a Master replica, training-operator sets
+``RANK = replica-index + 1`` for workers and the index for the master (``setPodEnv`` in
+``pkg/controller.v1/pytorch/envvar.go``); hence ``worker_rank_offset=1``. Elastic jobs without
+a master have no per-pod rank (torchrun assigns them): use ``worker_rank_offset=0`` there and
+let the ``[rankN]:`` prefixes correct it.
+
+CRI log paths (kubelet): ``/var/log/pods/<namespace>_<pod>_<uid>/<container>/<N>.log`` and
+the symlinks ``/var/log/containers/<pod>_<namespace>_<container>-<64 hex id>.log``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Iterator, Mapping
+
+from ftwatch.events import Origin
+from ftwatch.parsers.envelopes import Joiners, unwrap
+
+__all__ = ["Identity", "parse_log_path", "pod_name_rule"]
+
+_ROLE = re.compile(r"(.+)-(master|worker|chief|ps|evaluator|launcher)-(\d+)")
+_RAND = r"[bcdfghjklmnpqrstvwxz2456789]{5}"   # Kubernetes' generated-name alphabet (no vowels)
+_INDEXED = re.compile(rf"(.+)-(\d+)-{_RAND}")
+_ORDINAL = re.compile(r"(.+)-(\d+)")
+_GENERATED = re.compile(rf"(.+)-{_RAND}")
+_PODS_PATH = re.compile(r"(?:.*/)?pods/([^/_]+)_([^/_]+)_([^/]+)/([^/]+)/[^/]*\.log(?:\.[^/]*)?")
+_CONTAINERS_FILE = re.compile(r"([^/_]+)_([^/_]+)_(.+)-([0-9a-f]{64})\.log")
+_TAG_PREFIX = "kube.var.log.containers."
+_CACHE_MAX = 65536
+
+
+def pod_name_rule(pod: str, worker_rank_offset: int = 1) -> tuple[str, int | None, str | None]:
+    """Applies the pod-name rule of this module's docstring.
+
+    Args:
+        pod: a pod name, e.g. ``mnist-worker-3``.
+        worker_rank_offset: added to a ``worker`` replica's index.
+
+    Returns:
+        (job, rank or None, role or None); e.g. ``("mnist", 4, "worker")`` for ``mnist-worker-3``.
+    """
+    m = _ROLE.fullmatch(pod)
+    if m is not None:
+        job, role, index = m.group(1), m.group(2), int(m.group(3))
+        if role == "master":
+            return job, index, role
+        if role == "worker":
+            return job, index + worker_rank_offset, role
+        return job, None, role
+    for pattern in (_INDEXED, _ORDINAL):
+        m = pattern.fullmatch(pod)
+        if m is not None:
+            return m.group(1), int(m.group(2)), None
+    m = _GENERATED.fullmatch(pod)
+    if m is not None:
+        return m.group(1), None, None
+    return pod, None, None
+
+
+def parse_log_path(path: str) -> tuple[str, str, str] | None:
+    """Finds (pod, namespace, container) in a kubelet CRI log path, or in a ``kube.*`` tail tag.
+
+    Args:
+        path: ``/var/log/pods/<ns>_<pod>_<uid>/<container>/0.log`` (rotated ``0.log.<date>``
+            too), ``/var/log/containers/<pod>_<ns>_<container>-<id>.log``, or fluent-bit's tag
+            for the latter, ``kube.var.log.containers.<pod>_<ns>_<container>-<id>.log``.
+
+    Returns:
+        (pod, namespace, container), or None for any other path.
+    """
+    m = _PODS_PATH.fullmatch(path)
+    if m is not None:
+        return m.group(2), m.group(1), m.group(4)
+    name = path[len(_TAG_PREFIX):] if path.startswith(_TAG_PREFIX) else path.rpartition("/")[2]
+    m = _CONTAINERS_FILE.fullmatch(name)
+    if m is not None:
+        return m.group(1), m.group(2), m.group(3)
+    return None
+
+
+def _int(value: Any) -> int | None:
+    """``value`` as a non-negative int (from an int or a decimal string), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isdigit() and len(value) < 10:
+        return int(value)
+    return None
+
+
+class Identity:
+    """Turns a shipped line's metadata into an :class:`~ftwatch.events.Origin` (rules: module doc).
+
+    Results are cached per distinct (pod, namespace, host, job label, replica labels, rank
+    field, stream, path, tag, instance, job field); a full cache (65,536 entries) is cleared.
+
+    Args:
+        job_label: the pod label that names the job.
+        rank_labels: pod labels holding the replica index, the first present wins.
+        rank_env: record fields holding the process's rank, the first present wins.
+        default_job: the job of lines that name none and come from no pod.
+        replica_type_labels: pod labels holding the replica type (``master``/``worker``).
+        worker_rank_offset: added to a worker's replica index (1: PyTorchJob with a Master).
+        default_node: the node of lines that name none.
+        namespaced: prefix a pod's job with ``<namespace>/``.
+        source: ``Origin.source`` of what ``origin`` returns.
+        joiners: the envelope joiners ``resolve`` unwraps with (a new set when None).
+    """
+
+    def __init__(self, job_label: str = "training.kubeflow.org/job-name",
+                 rank_labels: tuple[str, ...] = ("training.kubeflow.org/replica-index",
+                                                 "pytorch-replica-index"),
+                 rank_env: tuple[str, ...] = ("RANK",), default_job: str = "default", *,
+                 replica_type_labels: tuple[str, ...] = ("training.kubeflow.org/replica-type",
+                                                         "pytorch-replica-type"),
+                 worker_rank_offset: int = 1, default_node: str = "localhost",
+                 namespaced: bool = True, source: str = "shipped",
+                 joiners: Joiners | None = None):
+        self.job_label = job_label
+        self.rank_labels = tuple(rank_labels)
+        self.rank_env = tuple(rank_env)
+        self.default_job = default_job
+        self.replica_type_labels = tuple(replica_type_labels)
+        self.worker_rank_offset = worker_rank_offset
+        self.default_node = default_node
+        self.namespaced = namespaced
+        self.source = source
+        self.joiners = joiners if joiners is not None else Joiners()
+        self._cache: dict[tuple, Origin] = {}
+
+    def origin(self, meta: Mapping[str, Any]) -> Origin:
+        """The Origin of one shipped line.
+
+        Args:
+            meta: a Shipped's ``meta``: fluent-bit record fields (``kubernetes`` {``pod_name``,
+                ``namespace_name``, ``host``, ``labels``, ``container_name``}, ``stream``,
+                ``tag``), a file tail's ``path``, or the ``instance``/``job``/``host`` a stdin
+                or HTTP sender gave. Malformed values are ignored, never raised.
+
+        Returns:
+            The Origin (``source`` is this Identity's ``source``).
+        """
+        kube = meta.get("kubernetes")
+        if kube is not None and _is_map(kube):
+            labels = kube.get("labels")
+            if labels is None or not _is_map(labels):
+                labels = {}
+            key = (kube.get("pod_name"), kube.get("namespace_name"), kube.get("host"),
+                   labels.get(self.job_label), self._first(labels, self.rank_labels),
+                   self._first(labels, self.replica_type_labels), self._rank_field(meta),
+                   meta.get("stream"), meta.get("tag"))
+        else:
+            kube = None
+            key = (None, meta.get("path"), meta.get("host"), meta.get("hostname"), meta.get("job"),
+                   meta.get("instance"), self._rank_field(meta), meta.get("stream"), meta.get("tag"))
+        try:
+            hash(key)
+        except TypeError:      # a list or map where a name belongs: ignore the odd field
+            key = None
+        cached = self._cache.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+        origin = self._compute(meta, kube)
+        if key is not None:
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            self._cache[key] = origin
+        return origin
+
+    def resolve(self, batch: Iterable[Any]) -> Iterator[tuple[Origin, bytes, float]]:
+        """Unwraps envelopes and names each line: the ``resolve`` callable ``Watcher`` takes.
+
+        Args:
+            batch: Shipped lines (``ftwatch.pipeline.sources.base.Shipped``).
+
+        Yields:
+            ``(origin, line, time)`` per unwrapped line (split lines once complete).
+        """
+        for shipped in batch:
+            for s in unwrap(shipped, self.joiners):
+                yield self.origin(s.meta), s.line, s.time
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _first(labels: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+        for name in names:
+            value = labels.get(name)
+            if value is not None:
+                return value
+        return None
+
+    def _rank_field(self, meta: Mapping[str, Any]) -> Any:
+        value = self._first(meta, self.rank_env)
+        if value is None:
+            env = meta.get("env")
+            if env is not None and _is_map(env):
+                value = self._first(env, self.rank_env)
+        return value
+
+    def _compute(self, meta: Mapping[str, Any], kube: Mapping[str, Any] | None) -> Origin:
+        stream = _text(meta.get("stream")) or _text(meta.get("path")) or _text(meta.get("tag")) or "stdout"
+        rank = _int(self._rank_field(meta))
+        pod = namespace = None
+        labels: Mapping[str, Any] = {}
+        node = _text(meta.get("host")) or _text(meta.get("hostname"))
+        if kube is not None:
+            pod = _text(kube.get("pod_name"))
+            namespace = _text(kube.get("namespace_name"))
+            node = _text(kube.get("host")) or node
+            labels = kube.get("labels") if isinstance(kube.get("labels"), Mapping) else {}
+        if pod is None:
+            for where in (meta.get("path"), meta.get("tag")):
+                found = parse_log_path(where) if isinstance(where, str) else None
+                if found is not None:
+                    pod, namespace = found[0], namespace or found[1]
+                    break
+        node = node or self.default_node
+        if pod is None:
+            instance = (_text(meta.get("instance")) or _file_stem(meta.get("path"))
+                        or _text(meta.get("tag")) or self.source)
+            job = _text(meta.get("job")) or self.default_job
+            return Origin(instance, rank, job, node, stream, self.source)
+        name_job, name_rank, role = pod_name_rule(pod, self.worker_rank_offset)
+        job = _text(labels.get(self.job_label)) or name_job
+        if rank is None:
+            index = _int(self._first(labels, self.rank_labels))
+            if index is not None:
+                kind = _text(self._first(labels, self.replica_type_labels)) or role
+                rank = index + self.worker_rank_offset if (kind or "").lower() == "worker" else index
+            else:
+                rank = name_rank
+        if self.namespaced and namespace:
+            job = f"{namespace}/{job}"
+        return Origin(pod, rank, job, node, stream, self.source)
+
+
+def _is_map(value: Any) -> bool:
+    """isinstance(value, Mapping), fast for the common dict."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty str value, else None."""
+    return value if isinstance(value, str) and value else None
+
+
+def _file_stem(path: Any) -> str | None:
+    """``/logs/worker-3.log`` -> ``worker-3``; None for no path."""
+    if not isinstance(path, str) or not path:
+        return None
+    name = path.rpartition("/")[2]
+    return name[:-4] if name.endswith(".log") and len(name) > 4 else name or None

@@ -1,0 +1,185 @@
+"""The out_http receiver over real loopback sockets, with fluent-bit-shaped posts (SPEC S4, Q1, Q2)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import queue
+import threading
+import time
+
+import httpx
+import pytest
+
+from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.http import HttpSource, decode_records
+
+KUBE = {"pod_name": "mnist-worker-1", "namespace_name": "team-a", "host": "gpu-node-7",
+        "container_name": "pytorch", "labels": {"training.kubeflow.org/job-name": "mnist"}}
+RECORDS = [
+    {"date": 1795253763.735123, "log": "step 10 loss 0.5\n", "stream": "stdout", "kubernetes": KUBE},
+    {"date": 1795253764.0, "log": "RuntimeError: NCCL error: unhandled system error", "stream": "stderr",
+     "kubernetes": KUBE},
+]
+
+
+class SignalQueue(queue.Queue):
+    """A queue that says when a put() has started (so a test knows a request is waiting on it)."""
+
+    def __init__(self, maxsize=0):
+        super().__init__(maxsize)
+        self.putting = threading.Event()
+
+    def put(self, item, block=True, timeout=None):
+        self.putting.set()
+        super().put(item, block, timeout)
+
+
+@pytest.fixture
+def served():
+    started = []
+
+    def make(q=None, **kwargs):
+        q = q if q is not None else queue.Queue()
+        src = HttpSource(q, **kwargs)
+        src.start()
+        started.append(src)
+        return src, q, httpx.Client(base_url=f"http://127.0.0.1:{src.port}", timeout=10)
+
+    yield make
+    for src in started:
+        src.stop()
+
+
+def json_lines(records) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def test_format_json_array(served):
+    src, q, client = served()
+    r = client.post("/", content=json.dumps(RECORDS), headers={"Content-Type": "application/json"})
+    assert r.status_code == 200
+    batch = q.get_nowait()
+    assert all(isinstance(s, Shipped) for s in batch)
+    assert [s.line for s in batch] == [b"step 10 loss 0.5", b"RuntimeError: NCCL error: unhandled system error"]
+    assert batch[0].time == pytest.approx(1795253763.735123)
+    assert batch[0].meta == {"stream": "stdout", "kubernetes": KUBE}
+    assert src.stats.records == 2 and src.stats.batches == 1
+
+
+def test_format_json_lines_gzip_and_tag(served):
+    src, q, client = served(path="/ftwatch")
+    body = gzip.compress(json_lines(RECORDS))
+    r = client.post("/ftwatch/kube.mnist", content=body,
+                    headers={"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"})
+    assert r.status_code == 200
+    batch = q.get_nowait()
+    assert [s.meta["tag"] for s in batch] == ["kube.mnist"] * 2
+    assert batch[1].meta["stream"] == "stderr"
+    # header_tag FLUENT-TAG wins over the path; two gzip members back to back are one body
+    body = gzip.compress(json_lines(RECORDS[:1])) + gzip.compress(json_lines(RECORDS[1:]))
+    r = client.post("/ftwatch", content=body, headers={"Content-Encoding": "gzip", "FLUENT-TAG": "kube.x"})
+    assert r.status_code == 200
+    assert [s.meta["tag"] for s in q.get_nowait()] == ["kube.x", "kube.x"]
+
+
+def test_dates_in_every_out_http_format(served):
+    _, q, client = served()
+    records = [{"date": 1795253763, "log": "epoch"},
+               {"date": "2026-11-21T09:36:03.500000Z", "log": "iso8601"},
+               {"date": "2026-11-21 09:36:03.250000", "log": "java_sql_timestamp"},
+               {"date": "garbage", "message": "receipt time"},
+               {"log": {"merged": "json"}}, {"level": "info"}]
+    before = time.time()
+    assert client.post("/", content=json.dumps(records)).status_code == 200
+    batch = q.get_nowait()
+    t0 = 1795253763.0
+    assert [s.time for s in batch[:3]] == [t0, t0 + 0.5, t0 + 0.25]
+    assert all(s.time >= before for s in batch[3:])
+    assert [s.line for s in batch[3:]] == [b"receipt time", b'{"merged": "json"}', b'{"level": "info"}']
+
+
+def test_bad_bodies_get_400_and_queue_nothing(served):
+    src, q, client = served()
+    for body, encoding in [(b'[{"log": "a"}, {"log": ', None), (b"[1, 2]", None), (b"not json", None),
+                           (b'{"log": "a"}\n{"log"', None), (b"\x1f\x8b garbage", "gzip"),
+                           (b"[" * 100000, None), (b"\xff\xfe" * 100, None)]:
+        headers = {"Content-Encoding": encoding} if encoding else {}
+        r = client.post("/", content=body, headers=headers)
+        assert r.status_code == 400, body[:20]
+    assert q.empty() and src.stats.bad_body == 7
+    assert client.post("/", content=b"").status_code == 200 and q.empty()       # empty is no error
+    assert client.post("/", content=json.dumps(RECORDS)).status_code == 200    # connection still good
+
+
+def test_invalid_utf8_inside_a_record_is_replaced(served):
+    _, q, client = served()
+    r = client.post("/", content=b'[{"log": "bad \xff byte"}]')
+    assert r.status_code == 200
+    assert q.get_nowait()[0].line == "bad \ufffd byte".encode()
+
+
+def test_token(served):
+    src, q, client = served(token="s3cret")
+    assert client.post("/", content=json.dumps(RECORDS)).status_code == 401
+    assert client.post("/", content=json.dumps(RECORDS), headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.post("/", content=json.dumps(RECORDS), headers={"Authorization": "Basic czNjcmV0"}).status_code == 401
+    assert q.empty() and src.stats.unauthorized == 3
+    r = client.post("/", content=json.dumps(RECORDS), headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 200 and len(q.get_nowait()) == 2
+
+
+def test_size_limits(served):
+    src, q, client = served(max_body=1000)
+    assert client.post("/", content=json.dumps([{"log": "x" * 2000}])).status_code == 413
+    bomb = gzip.compress(json.dumps([{"log": "x" * 100_000}]).encode())
+    assert len(bomb) < 1000
+    assert client.post("/", content=bomb, headers={"Content-Encoding": "gzip"}).status_code == 413
+    assert q.empty() and src.stats.too_large == 2
+    assert client.post("/", content=json.dumps(RECORDS)).status_code == 200
+
+
+def test_other_requests(served):
+    src, q, client = served(path="/logs")
+    assert client.get("/logs").status_code == 405
+    assert client.post("/elsewhere", content=b"[]").status_code == 404
+    assert client.post("/logsX", content=b"[]").status_code == 404
+    assert client.post("/logs", content=b"[]", headers={"Content-Encoding": "zstd"}).status_code == 415
+    assert q.empty()
+
+
+def test_answers_only_once_the_batch_is_queued(served):
+    q = SignalQueue(maxsize=1)
+    q.put_nowait(["occupied"])
+    src, _, client = served(q)
+    q.putting.clear()
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=client.post("/", content=json.dumps(RECORDS))))
+    t.start()
+    assert q.putting.wait(10)
+    assert "r" not in result                    # the queue is full: no answer yet
+    assert q.get(timeout=10) == ["occupied"]
+    t.join(10)
+    assert result["r"].status_code == 200
+    assert [s.line for s in q.get_nowait()][0] == b"step 10 loss 0.5"
+
+
+def test_stop_while_waiting_answers_503(served):
+    q = SignalQueue(maxsize=1)
+    q.put_nowait(["occupied"])
+    src, _, client = served(q)
+    q.putting.clear()
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=client.post("/", content=json.dumps(RECORDS))))
+    t.start()
+    assert q.putting.wait(10)
+    src.stop()
+    t.join(10)
+    assert result["r"].status_code == 503
+    assert q.get_nowait() == ["occupied"] and q.empty()
+
+
+def test_decode_records_forms():
+    assert decode_records(b"") == []
+    assert decode_records(b' [ {"a": 1} ] ') == [{"a": 1}]
+    assert decode_records(b'{"a": 1}{"b": 2}\n\n{"c": 3}\n') == [{"a": 1}, {"b": 2}, {"c": 3}]   # json_stream too
