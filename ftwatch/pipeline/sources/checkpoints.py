@@ -1,0 +1,216 @@
+"""Read offsets of tailed files, kept on disk so a restarted monitor resumes where it stopped (SPEC S2).
+
+An offset is keyed by the file's identity, ``(st_dev, st_ino)``, not by its path: a rotated
+file keeps its offset under its new name, and a new file at an old path starts afresh. Because
+a file system reuses the inode number of a deleted file, each entry also keeps a *fingerprint*:
+the file's first bytes (up to :data:`FINGERPRINT_BYTES`) as they were when the offset was saved.
+A file whose first bytes no longer agree with the fingerprint is a different file (or one that was
+truncated and rewritten) and gets no offset.
+
+The file is JSON, rewritten whole on :meth:`OffsetStore.flush` with the atomic protocol
+(write ``<path>.tmp``, fsync it, ``os.replace`` it over ``<path>``, fsync the directory): after a
+crash at any point the file holds either the previous complete set of offsets or the new one.
+A file that cannot be read as such (a disk error, a hand edit) is moved aside to
+``<path>.corrupt`` and the store starts empty, with a logged warning; it never stops the monitor.
+
+Use one store per tail source (as fluent-bit's in_tail wants one ``db`` per input).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT_BYTES = 64  # how many of a file's first bytes identify it beside (dev, inode)
+FORMAT_VERSION = 1
+
+
+def read_fingerprint(fd: int) -> bytes:
+    """Returns the first bytes (at most :data:`FINGERPRINT_BYTES`) of an open file, without moving its position.
+
+    Raises:
+        OSError: the read failed.
+    """
+    return os.pread(fd, FINGERPRINT_BYTES, 0)
+
+
+def fingerprints_agree(a: bytes, b: bytes) -> bool:
+    """Tells whether two fingerprints may come from the same file: the shorter is a prefix of the longer.
+
+    A fingerprint taken while the file was shorter than :data:`FINGERPRINT_BYTES` is a prefix of
+    one taken after it grew; an empty one (an empty file) agrees with anything.
+    """
+    return a.startswith(b) if len(a) >= len(b) else b.startswith(a)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetEntry:
+    """One file's saved read position.
+
+    Attributes:
+        dev: ``st_dev`` of the file.
+        ino: ``st_ino`` of the file.
+        path: the last path it was seen at (for people and for pruning; not part of the key).
+        fingerprint: its first bytes (at most 64) when the offset was saved.
+        offset: bytes from the start of the file up to which every line has been delivered.
+    """
+
+    dev: int
+    ino: int
+    path: str
+    fingerprint: bytes
+    offset: int
+
+
+class OffsetStore:
+    """Offsets of tailed files keyed by (device, inode), loaded at construction, saved atomically by :meth:`flush`.
+
+    Thread-safe: every method takes one lock.
+
+    Args:
+        path: the JSON file; its directory must exist. A missing file means no offsets yet.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int], OffsetEntry] = {}
+        self._dirty = False
+        self._load()
+
+    # -- reading and changing -------------------------------------------------------------------------
+
+    def get(self, dev: int, ino: int, fingerprint: bytes) -> int | None:
+        """Returns the saved offset of a file, or None when there is none or the fingerprint disagrees.
+
+        Args:
+            dev: the file's ``st_dev``.
+            ino: the file's ``st_ino``.
+            fingerprint: its first bytes now (at most 64), see :func:`read_fingerprint`.
+
+        Returns:
+            Offset in bytes, or None (unknown file, or a reused inode / rewritten file).
+        """
+        with self._lock:
+            entry = self._entries.get((dev, ino))
+        if entry is None or not fingerprints_agree(entry.fingerprint, fingerprint):
+            return None
+        return entry.offset
+
+    def set(self, dev: int, ino: int, fingerprint: bytes, offset: int, path: str) -> None:
+        """Records a file's offset in memory; :meth:`flush` makes it durable.
+
+        Args:
+            dev: the file's ``st_dev``.
+            ino: the file's ``st_ino``.
+            fingerprint: its first bytes (at most 64; longer input is cut).
+            offset: bytes delivered from the start of the file, ``>= 0``.
+            path: where the file is now.
+
+        Raises:
+            ValueError: a negative offset.
+        """
+        if offset < 0:
+            raise ValueError(f"negative offset {offset} for {path}")
+        entry = OffsetEntry(dev, ino, str(path), bytes(fingerprint[:FINGERPRINT_BYTES]), offset)
+        with self._lock:
+            if self._entries.get((dev, ino)) != entry:
+                self._entries[(dev, ino)] = entry
+                self._dirty = True
+
+    def forget(self, dev: int, ino: int) -> None:
+        """Drops a file's entry (it was deleted or finished after rotation); a no-op if absent."""
+        with self._lock:
+            if self._entries.pop((dev, ino), None) is not None:
+                self._dirty = True
+
+    def entries(self) -> list[OffsetEntry]:
+        """Returns a snapshot of every entry, in no particular order."""
+        with self._lock:
+            return list(self._entries.values())
+
+    # -- disk -----------------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Writes every entry to disk atomically if anything changed since the last flush.
+
+        Raises:
+            OSError: the file could not be written; the previous file is intact and the entries
+                stay dirty, so the next flush tries again.
+        """
+        with self._lock:
+            if not self._dirty:
+                return
+            doc = {"version": FORMAT_VERSION, "files": [
+                {"dev": e.dev, "ino": e.ino, "path": e.path, "fingerprint": e.fingerprint.hex(),
+                 "offset": e.offset} for e in self._entries.values()]}
+            data = json.dumps(doc, separators=(",", ":")).encode()
+            _write_atomically(self.path, data)
+            self._dirty = False
+
+    def _load(self) -> None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("offsets file %s unreadable (%s); starting with no offsets", self.path, e)
+            return
+        try:
+            self._entries = _parse(raw)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            corrupt = self.path.with_name(self.path.name + ".corrupt")
+            try:
+                os.replace(self.path, corrupt)
+            except OSError:
+                corrupt = self.path
+            log.warning("offsets file %s is corrupt (%s); kept as %s, starting with no offsets",
+                        self.path, e, corrupt)
+            self._entries = {}
+
+
+def _parse(raw: bytes) -> dict[tuple[int, int], OffsetEntry]:
+    """Parses the JSON document. Raises ValueError/TypeError/KeyError on anything malformed."""
+    doc = json.loads(raw)
+    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION or not isinstance(doc.get("files"), list):
+        raise ValueError(f"not an ftwatch offsets file (version {FORMAT_VERSION})")
+    entries: dict[tuple[int, int], OffsetEntry] = {}
+    for item in doc["files"]:
+        dev, ino, offset, path = item["dev"], item["ino"], item["offset"], item["path"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (dev, ino, offset)) or offset < 0:
+            raise ValueError(f"bad entry {item!r}")
+        if not isinstance(path, str):
+            raise ValueError(f"bad path in {item!r}")
+        fp = bytes.fromhex(item["fingerprint"])
+        entries[(dev, ino)] = OffsetEntry(dev, ino, path, fp[:FINGERPRINT_BYTES], offset)
+    return entries
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replaces ``path`` with ``data``: tmp file, fsync, ``os.replace``, directory fsync."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # some platforms cannot open a directory; the rename is still atomic
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
