@@ -180,6 +180,62 @@ def _summary(runner, recorder, status: int, state_dir: Path) -> None:
         recorder.say(f"  explain    {recorder.link(acted[-1])}")
 
 
+# -- watch ---------------------------------------------------------------------------------------
+
+def cmd_watch(argv: list[str]) -> int:
+    flags, rest, _ = _split_flags(argv)
+    p = argparse.ArgumentParser(prog="ftwatch watch", description="Watch jobs ftwatch did not launch, "
+                                "from shipped logs (fluent-bit Forward / HTTP, file tails, stdin).",
+                                epilog=_aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML config with a watch.sources list")
+    p.add_argument("--aimaster-args", help="AIMaster flags as one string")
+    p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")
+    p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
+    args = p.parse_args(rest)
+    config = _load_config(args, flags)
+    if args.state_dir:
+        config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
+    if not config.watch.sources:
+        raise ConfigError(f"{args.config}: watch.sources is empty: nothing to watch")
+    import signal
+    import threading
+    from ftwatch.pipeline.actuator import build_actuator
+    from ftwatch.pipeline.identity import Identity
+    from ftwatch.pipeline.sources import build_source
+    from ftwatch.pipeline.watcher import Watcher
+    from ftwatch.rules.engine import Engine
+    state_dir = Path(config.storage.state_dir)
+    recorder = _recorder(config, state_dir, args.decisions_file)
+    ident = config.watch.identity
+    identity = Identity(job_label=ident.job_label, default_job=ident.default_job)
+    watcher = Watcher(config, Engine(_rules(config)), recorder, identity.resolve,
+                      build_actuator(config.watch.actuator),
+                      flush_partials=lambda before: identity.joiners.flush(before))
+    sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: watcher.stop())
+    for source in sources:
+        source.start()
+        port = getattr(source, "port", None)
+        recorder.say(f"ftwatch watch: source {source.name} started" + (f" on port {port}" if port else ""))
+    stdin_only = all(s.type == "stdin" for s in config.watch.sources)
+
+    def finished() -> bool:      # stdin sources end at EOF; listeners run until a signal
+        return stdin_only and all(src.ended.is_set() for src in sources) and watcher.queue.empty()
+
+    try:
+        watcher.run(until=finished)
+        if stdin_only:           # the input ended: decide what is still open, as replay does
+            watcher.close()
+    finally:
+        for source in sources:
+            source.stop()
+    recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
+                 f"{watcher.engine.stats.lines} lines")
+    return 0
+
+
 # -- replay ----------------------------------------------------------------------------------
 
 def cmd_replay(argv: list[str]) -> int:
@@ -282,6 +338,7 @@ def cmd_test_rules(argv: list[str]) -> int:
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
+    "watch": cmd_watch,
     "explain": cmd_explain,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
@@ -291,6 +348,7 @@ _USAGE = """usage: ftwatch COMMAND [options]
 
 commands:
   run [AIMaster flags] [--config FILE] --nproc-per-node N [--state-dir DIR] [--decisions-file PATH] -- COMMAND...
+  watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH]
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
   check [CONFIG] [--rules FILE...]

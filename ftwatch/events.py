@@ -129,10 +129,20 @@ class Origin:
         return (self.job, self.instance)
 
     def with_rank(self, rank: int | None) -> "Origin":
-        """A copy whose rank (and, for replayed combined logs, instance) is ``rank``."""
+        """A copy whose rank is ``rank`` (learned from a line's prefix).
+
+        When the source did not know the rank, each rank of the stream becomes its own instance:
+        ``rank3`` in a replayed combined log, ``<instance>/rank3`` elsewhere (a pod running
+        torchrun with several local workers), so ranks never share per-instance state.
+        """
         if rank is None or rank == self.rank:
             return self
-        instance = self.instance if self.rank is not None or self.source != "replay" else f"rank{rank}"
+        if self.rank is not None:       # the source knew the rank: a prefix only confirms or corrects it
+            instance = self.instance
+        elif self.source == "replay":   # a combined log: each rank is an instance
+            instance = f"rank{rank}"
+        else:                           # one stream carrying several ranks (a pod running torchrun)
+            instance = f"{self.instance}/rank{rank}"
         return Origin(instance, rank, self.job, self.node, self.stream, self.source)
 
 

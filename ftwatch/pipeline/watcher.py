@@ -60,19 +60,24 @@ class Watcher:
         resolve: turns one Shipped batch into ``(origin, line, time)`` triples (envelopes
             unwrapped, identity applied).
         actuator: acts on decisions (default: observe only).
+        flush_partials: hands out runtime-split lines whose first piece is older than the
+            given time (``Joiners.flush``), so an unfinished CRI ``P`` line is not held forever.
     """
 
     def __init__(self, config, engine: Engine, recorder: Recorder,
                  resolve: Callable[[list[Shipped]], Iterable[tuple[Origin, bytes, float]]],
-                 actuator: Actuator | None = None, clock: SystemClock | None = None):
+                 actuator: Actuator | None = None, clock: SystemClock | None = None,
+                 flush_partials: Callable[[float], list[Shipped]] | None = None):
         self.config = config
         self.engine = engine
         self.recorder = recorder
         self.resolve = resolve
         self.actuator = actuator or NoneActuator()
+        self.flush_partials = flush_partials
         self.clock = clock or SystemClock()
         self.queue: queue.Queue = queue.Queue(maxsize=config.watch.queue_batches)
         self.jobs: dict[str, _Job] = {}
+        self.seen_jobs: set[str] = set()
         self.state_dir = Path(config.storage.state_dir)
         self._stop = threading.Event()
 
@@ -110,10 +115,17 @@ class Watcher:
             job.tracker.output(origin.instance, t)
             findings = self.engine.feed(origin, b"\n".join(lines) + b"\n", t)
             self._add(job, findings, now_mono)
+        ack = getattr(batch, "ack", None)
+        if ack is not None:
+            ack()                                   # a file tail may now save its offsets
 
     def tick(self) -> None:
         """Time passes: close stale blocks, check hangs, decide settled incidents."""
         now, mono = self.clock.time(), self.clock.mono()
+        if self.flush_partials is not None:
+            stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
+            if stale:
+                self.ingest(stale)
         for finding in self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS):
             self._add(self._job(finding.origin.job), [finding], mono)
         for job in list(self.jobs.values()):
@@ -123,6 +135,17 @@ class Watcher:
             if job.trigger is not None and mono - job.opened >= self.config.watch.settle:
                 self._decide(job, job.trigger)
 
+    def close(self) -> None:
+        """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
+        now, mono = self.clock.time(), self.clock.mono()
+        if self.flush_partials is not None:
+            self.ingest(self.flush_partials(float("inf")) or [])
+        for origin in self.engine.pending_origins():
+            self._add(self._job(origin.job), self.engine.flush(origin, now), mono)
+        for job in list(self.jobs.values()):
+            if job.trigger is not None:
+                self._decide(job, job.trigger)
+
     # -- internals --------------------------------------------------------------------------
 
     def _job(self, name: str) -> _Job:
@@ -130,6 +153,7 @@ class Watcher:
         if job is None:
             budgets = BudgetStore.for_job(self.state_dir, name)
             job = _Job(name, Policy(self.config.policy, budgets, name), budgets, self._tracker())
+            self.seen_jobs.add(name)
             self.jobs[name] = job
         return job
 

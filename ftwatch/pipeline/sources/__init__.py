@@ -1,0 +1,50 @@
+"""Sources: where lines come from.
+
+``ftwatch run`` reads its own workers (``process``); ``ftwatch watch`` takes shipped lines from
+the sources its config names. ``build_source`` is the registry from a config's ``type:`` to the
+class (the type equals the module name, DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any
+
+
+def build_source(config: Any, out: queue.Queue, state_dir: Path):
+    """The source a ``watch.sources[]`` entry describes, not yet started.
+
+    Args:
+        config: one of ``ftwatch.configwatch``'s source models.
+        out: the queue it puts ``list[Shipped]`` batches on.
+        state_dir: where a file source keeps its offsets (``offsets/<name>.json``).
+
+    Raises:
+        ValueError: an unknown ``type``.
+    """
+    kind = config.type
+    if kind == "forward":
+        from ftwatch.pipeline.sources.forward import ForwardSource
+        tls = None
+        if config.tls_cert is not None:
+            import ssl
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
+        return ForwardSource(out, config.host, config.port, shared_key=config.shared_key, tls=tls,
+                             name=config.name)
+    if kind == "http":
+        from ftwatch.pipeline.sources.http import HttpSource
+        return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name)
+    if kind == "file":
+        from ftwatch.pipeline.sources.checkpoints import OffsetStore
+        from ftwatch.pipeline.sources.file_tail import FileTailSource
+        offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
+        return FileTailSource(list(config.paths), out, offsets, name=config.name,
+                              read_from_head=config.read_from_head, envelope=config.envelope,
+                              require_ack=True)
+    if kind == "stdin":
+        from ftwatch.pipeline.sources.stdin import StdinSource
+        meta = {"envelope": config.envelope} if config.envelope else {}
+        return StdinSource(out, meta=meta, name=config.name)
+    raise ValueError(f"unknown source type {kind!r}")
