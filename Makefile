@@ -28,6 +28,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_engine.py
+	$(BIN)/python bench/bench_ingest.py
 
 check: $(STAMP)
 	$(BIN)/ftwatch check examples/ftwatch.yaml
