@@ -12,11 +12,12 @@ def ftwatch(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=120)
 
 
-def test_check_accepts_the_example_config():
-    """The shipped example config, its custom rules, the tables and the templates are valid."""
-    proc = ftwatch("check", "examples/ftwatch.yaml")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("ok:")
+def test_check_accepts_the_example_configs():
+    """The shipped example configs, their custom rules, the tables and the templates are valid."""
+    for config in ("examples/ftwatch.yaml", "examples/watch.yaml", "examples/watch-stdin.yaml"):
+        proc = ftwatch("check", config)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith("ok:")
 
 
 def test_check_reports_every_error_with_file_and_line(tmp_path):
