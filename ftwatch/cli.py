@@ -202,8 +202,9 @@ def cmd_watch(argv: list[str]) -> int:
     from ftwatch.pipeline.actuator import build_actuator
     from ftwatch.pipeline.identity import Identity
     from ftwatch.pipeline.sources import build_source
-    from ftwatch.pipeline.watcher import Watcher
+    from ftwatch.pipeline.watcher import Watcher, tune_gc_for_ingest
     from ftwatch.rules.engine import Engine
+    tune_gc_for_ingest()
     state_dir = Path(config.storage.state_dir)
     recorder = _recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity

@@ -123,8 +123,11 @@ def _int(value: Any) -> int | None:
 class Identity:
     """Turns a shipped line's metadata into an :class:`~ftwatch.events.Origin` (rules: module doc).
 
-    Results are cached per distinct (pod, namespace, host, job label, replica labels, rank
-    field, stream, path, tag, instance, job field); a full cache (65,536 entries) is cleared.
+    Results are cached; a full cache (65,536 entries) is cleared. A line of a pod is keyed by
+    (pod, namespace, host, job label, rank field, stream, tag): its other labels (replica type
+    and index) are read only when the key is first seen, since they are set when the pod is
+    created and do not change while it lives, and a pod of the same name in the same job is
+    the same replica. Other lines are keyed by every field they are named from.
 
     Args:
         job_label: the pod label that names the job.
@@ -173,23 +176,21 @@ class Identity:
             The Origin (``source`` is this Identity's ``source``).
         """
         kube = meta.get("kubernetes")
-        if kube is not None and _is_map(kube):
+        if type(kube) is dict:     # fluent-bit's Kubernetes filter (see the class doc)
             labels = kube.get("labels")
-            if labels is None or not _is_map(labels):
-                labels = {}
             key = (kube.get("pod_name"), kube.get("namespace_name"), kube.get("host"),
-                   labels.get(self.job_label), self._first(labels, self.rank_labels),
-                   self._first(labels, self.replica_type_labels), self._rank_field(meta),
-                   meta.get("stream"), meta.get("tag"))
+                   labels.get(self.job_label) if type(labels) is dict else _label(labels, self.job_label),
+                   self._rank_field(meta), meta.get("stream"), meta.get("tag"))
+        elif kube is not None and _is_map(kube):
+            key = None             # a Mapping that is not a dict: rare, never cached
         else:
             kube = None
             key = (None, meta.get("path"), meta.get("host"), meta.get("hostname"), meta.get("job"),
                    meta.get("instance"), self._rank_field(meta), meta.get("stream"), meta.get("tag"))
         try:
-            hash(key)
-        except TypeError:      # a list or map where a name belongs: ignore the odd field
-            key = None
-        cached = self._cache.get(key) if key is not None else None
+            cached = self._cache.get(key)
+        except TypeError:          # a list or map where a name belongs: ignore the odd field
+            key = cached = None
         if cached is not None:
             return cached
         origin = self._compute(meta, kube)
@@ -208,9 +209,14 @@ class Identity:
         Yields:
             ``(origin, line, time)`` per unwrapped line (split lines once complete).
         """
+        origin, joiners = self.origin, self.joiners
         for shipped in batch:
-            for s in unwrap(shipped, self.joiners):
-                yield self.origin(s.meta), s.line, s.time
+            meta = shipped.meta
+            if "envelope" not in meta:          # no envelope: unwrap would hand it back as is
+                yield origin(meta), shipped.line, shipped.time
+                continue
+            for s in unwrap(shipped, joiners):
+                yield origin(s.meta), s.line, s.time
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -223,12 +229,14 @@ class Identity:
         return None
 
     def _rank_field(self, meta: Mapping[str, Any]) -> Any:
-        value = self._first(meta, self.rank_env)
-        if value is None:
-            env = meta.get("env")
-            if env is not None and _is_map(env):
-                value = self._first(env, self.rank_env)
-        return value
+        for name in self.rank_env:
+            value = meta.get(name)
+            if value is not None:
+                return value
+        env = meta.get("env")
+        if env is not None and _is_map(env):
+            return self._first(env, self.rank_env)
+        return None
 
     def _compute(self, meta: Mapping[str, Any], kube: Mapping[str, Any] | None) -> Origin:
         stream = _text(meta.get("stream")) or _text(meta.get("path")) or _text(meta.get("tag")) or "stdout"
@@ -265,6 +273,11 @@ class Identity:
         if self.namespaced and namespace:
             job = f"{namespace}/{job}"
         return Origin(pod, rank, job, node, stream, self.source)
+
+
+def _label(labels: Any, name: str) -> Any:
+    """``labels[name]`` of a labels map that is not a dict (None when it is no map at all)."""
+    return labels.get(name) if labels is not None and _is_map(labels) else None
 
 
 def _is_map(value: Any) -> bool:

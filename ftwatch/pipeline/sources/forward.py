@@ -36,12 +36,15 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import operator
 import os
 import queue
 import selectors
 import socket
 import ssl
 import threading
+from collections import deque
+from itertools import repeat
 from typing import Any, Mapping
 
 from ftwatch.errors import SourceError
@@ -55,7 +58,7 @@ __all__ = ["ForwardSource", "to_shipped"]
 
 log = logging.getLogger(__name__)
 
-RECV_SIZE = 64 * 1024     # bytes per recv
+RECV_SIZE = 64 * 1024 # bytes per recv
 PUT_POLL = 0.25           # seconds between checks for stop() while the queue is full
 HANDSHAKE_TIMEOUT = 10.0  # seconds for the TLS and shared-key handshakes
 JOIN_TIMEOUT = 5.0        # seconds stop() waits for each thread
@@ -283,7 +286,7 @@ class ForwardSource:
             return None
         if nonce is not None:
             raise ForwardProtocolError("data before the PING of the shared-key handshake")
-        batch = [to_shipped(event.tag, t, record, metadata) for t, record, metadata in event.entries]
+        batch = _shipped(event.tag, event.entries)
         if batch and not self._put(batch):
             raise OSError("stopping")   # not queued: no ack; the client sends it again
         self._count(messages=1, entries=len(batch), acks=event.chunk is not None)
@@ -320,6 +323,40 @@ def to_shipped(tag: str, time: float, record: dict, metadata: Mapping[str, Any])
     if metadata:
         meta["fluentbit_metadata"] = dict(metadata)
     return Shipped(time, line, meta)
+
+
+def _shipped(tag: str, entries: list[tuple[float, dict, Mapping[str, Any]]]) -> list[Shipped]:
+    """A request's entries as Shipped, exactly as :func:`to_shipped` makes them, but faster.
+
+    The decoder's record maps are fresh and used only here, so when every record has a string
+    ``log`` (fluent-bit's usual records) each record becomes its Shipped's ``meta`` itself:
+    ``log`` deleted and ``tag`` set in place (the same keys in the same order as the copy
+    ``to_shipped`` makes), a whole column at a time with C-level ``map`` passes. Any other
+    request goes through :func:`to_shipped` entry by entry.
+    """
+    if not entries:
+        return []
+    times, records, metas = zip(*entries)
+    logs = list(map(_get_log, records))
+    if set(map(type, logs)) != _STR:
+        return [to_shipped(tag, t, record, metadata) for t, record, metadata in entries]
+    try:
+        lines = list(map(bytes.removesuffix, map(str.encode, logs, _UTF8, _ESCAPE), _NEWLINE))
+    except UnicodeEncodeError:
+        return [to_shipped(tag, t, record, metadata) for t, record, metadata in entries]
+    _drain(map(operator.delitem, records, _LOG))
+    _drain(map(operator.setitem, records, _TAG, repeat(tag)))
+    for record, metadata in zip(records, metas):
+        if metadata:
+            record["fluentbit_metadata"] = dict(metadata)
+    return list(map(Shipped, times, lines, records))
+
+
+_get_log = operator.methodcaller("get", "log")
+_drain = deque(maxlen=0).extend
+_STR = {str}
+_UTF8, _ESCAPE, _NEWLINE = repeat("utf-8"), repeat("surrogateescape"), repeat(b"\n")
+_LOG, _TAG = repeat("log"), repeat("tag")
 
 
 def _utf8(text: str) -> bytes:

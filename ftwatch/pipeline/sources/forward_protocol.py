@@ -40,6 +40,7 @@ import math
 import struct
 import zlib
 from dataclasses import dataclass, field
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Union
 
@@ -118,12 +119,12 @@ class Ping:
 Event = Union[Entries, Ping]
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
+def _ext_hook(code: int, data: bytes, _unpack=_EVENT_TIME.unpack) -> Any:
     """msgpack ext → EventTime (type 0, 8 bytes) as float seconds; other types pass through."""
     if code == 0:
         if len(data) != 8:
             raise ForwardProtocolError(f"EventTime (ext type 0) must hold 8 bytes, got {len(data)}")
-        seconds, nanos = _EVENT_TIME.unpack(data)
+        seconds, nanos = _unpack(data)
         return seconds + nanos / 1e9
     return msgpack.ExtType(code, data)
 
@@ -163,6 +164,45 @@ def _entry(item: Any) -> tuple[float, dict, Mapping[str, Any]]:
             raise ForwardProtocolError("an entry header must be [time, metadata map]")
         return _time(head[0]), record, head[1]
     return _time(head), record, _NO_METADATA
+
+
+def _entries(items: list) -> list[tuple[float, dict, Mapping[str, Any]]]:
+    """A Forward request's entries; the usual shapes (all ``[time, record]`` or all
+    ``[[time, metadata], record]``, times of one kind) are checked a column at a time with C-level
+    ``map``/``set`` passes; anything else goes through :func:`_entry`: same results, same errors."""
+    try:
+        if not items or set(map(type, items)) != _LIST or set(map(len, items)) != _TWO:
+            raise _Slow
+        heads, records = zip(*items)
+        if set(map(type, records)) != _DICT:
+            raise _Slow
+        if set(map(type, heads)) != _LIST:
+            return list(zip(_times(heads), records, repeat(_NO_METADATA)))
+        if set(map(len, heads)) != _TWO:
+            raise _Slow
+        times, metas = zip(*heads)
+        if set(map(type, metas)) != _DICT:
+            raise _Slow
+        return list(zip(_times(times), records, metas))
+    except _Slow:
+        return [_entry(item) for item in items]
+
+
+def _times(times: tuple) -> Any:
+    """A column of times as floats, like :func:`_time`; raises _Slow unless all are float or all int."""
+    kinds = set(map(type, times))
+    if kinds == _FLOAT and math.isfinite(sum(times)):   # a finite sum: each one finite
+        return times
+    if kinds == _INT:
+        return map(float, times)
+    raise _Slow
+
+
+class _Slow(Exception):
+    """The column-wise path of :func:`_entries` does not apply."""
+
+
+_LIST, _DICT, _FLOAT, _INT, _TWO = {list}, {dict}, {float}, {int}, {2}
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
@@ -232,7 +272,7 @@ def decode_request(obj: Any, max_decompressed_size: int = MAX_DECOMPRESSED_SIZE)
             raise ForwardProtocolError(f"a Forward/PackedForward request has at most 3 elements, got {n}")
         option = _option(obj[2] if n == 3 else None)
         if kind is list:
-            mode, entries = "forward", [_entry(item) for item in second]
+            mode, entries = "forward", _entries(second)
         elif option.get("compressed") == "gzip":
             data = _gunzip(_as_bytes(second), max_decompressed_size)
             mode, entries = "compressed_packed_forward", _packed(data)
