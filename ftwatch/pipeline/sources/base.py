@@ -13,8 +13,13 @@ stops reading, instead of ftwatch buffering without limit.
 
 from __future__ import annotations
 
+import json
+import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
+
+PUT_POLL = 0.25   # seconds between checks for a stop while the queue is full
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,3 +50,49 @@ class ShippedSource(Protocol):
 
     def stop(self) -> None:
         """Stop and join its threads; idempotent."""
+
+
+def put_until_stopped(out: queue.Queue, batch: list, stopping: threading.Event) -> bool:
+    """Put ``batch`` on ``out``, waiting while it is full (backpressure); False if ``stopping`` was
+    set first (the batch was not queued, so the sender must not be acknowledged)."""
+    while not stopping.is_set():
+        try:
+            out.put(batch, timeout=PUT_POLL)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def record_line(record: Mapping[str, Any], text: Any, errors: str) -> bytes:
+    """The log line of a shipped record: its ``log``/``message`` text (given as ``text``), else
+    the record (or the odd value) as JSON; UTF-8 with ``errors``, one trailing newline removed.
+
+    Shared by the Forward and HTTP sources so a record means the same line whichever way it came.
+    """
+    if type(text) is bytes:
+        line = text
+    elif type(text) is str:
+        line = _encode(text, errors)
+    else:
+        try:
+            dumped = json.dumps(record if text is None else text, ensure_ascii=False, default=_jsonable)
+        except (TypeError, ValueError):       # e.g. bytes map keys
+            dumped = repr(record if text is None else text)
+        line = _encode(dumped, errors)
+    return line[:-1] if line.endswith(b"\n") else line
+
+
+def _encode(text: str, errors: str) -> bytes:
+    try:
+        return text.encode("utf-8", errors)
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, Mapping):
+        return dict(value)
+    return repr(value)

@@ -34,7 +34,6 @@ Binds to 127.0.0.1 unless told otherwise (SPEC Q2).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import operator
 import os
@@ -48,7 +47,7 @@ from itertools import repeat
 from typing import Any, Mapping
 
 from ftwatch.errors import SourceError
-from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
 from ftwatch.pipeline.sources.forward_protocol import (
     MAX_FRAME_SIZE, Entries, ForwardDecoder, ForwardProtocolError, Ping, helo, pack_ack, pong,
     shared_key_digest,
@@ -59,7 +58,6 @@ __all__ = ["ForwardSource", "to_shipped"]
 log = logging.getLogger(__name__)
 
 RECV_SIZE = 64 * 1024 # bytes per recv
-PUT_POLL = 0.25           # seconds between checks for stop() while the queue is full
 HANDSHAKE_TIMEOUT = 10.0  # seconds for the TLS and shared-key handshakes
 JOIN_TIMEOUT = 5.0        # seconds stop() waits for each thread
 
@@ -287,22 +285,12 @@ class ForwardSource:
         if nonce is not None:
             raise ForwardProtocolError("data before the PING of the shared-key handshake")
         batch = _shipped(event.tag, event.entries)
-        if batch and not self._put(batch):
+        if batch and not put_until_stopped(self.out, batch, self._stopping):
             raise OSError("stopping")   # not queued: no ack; the client sends it again
         self._count(messages=1, entries=len(batch), acks=event.chunk is not None)
         if event.chunk is not None:   # counted first, so a client holding its ack sees it counted
             sock.sendall(pack_ack(event.chunk))
         return None
-
-    def _put(self, batch: list[Shipped]) -> bool:
-        """Puts a batch, waiting while the queue is full; False when stopping first."""
-        while not self._stopping.is_set():
-            try:
-                self.out.put(batch, timeout=PUT_POLL)
-                return True
-            except queue.Full:
-                continue
-        return False
 
 
 def to_shipped(tag: str, time: float, record: dict, metadata: Mapping[str, Any]) -> Shipped:
@@ -311,14 +299,7 @@ def to_shipped(tag: str, time: float, record: dict, metadata: Mapping[str, Any])
     text = meta.pop("log", None)
     if text is None:
         text = meta.pop("message", None)
-    if type(text) is str:
-        line = _utf8(text)
-    elif type(text) is bytes:
-        line = text
-    else:
-        line = _json(record if text is None else text)
-    if line.endswith(b"\n"):
-        line = line[:-1]
+    line = record_line(record, text, "surrogateescape")
     meta["tag"] = tag
     if metadata:
         meta["fluentbit_metadata"] = dict(metadata)
@@ -359,26 +340,10 @@ _UTF8, _ESCAPE, _NEWLINE = repeat("utf-8"), repeat("surrogateescape"), repeat(b"
 _LOG, _TAG = repeat("log"), repeat("tag")
 
 
-def _utf8(text: str) -> bytes:
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace")
 
 
-def _json(value: Any) -> bytes:
-    try:
-        return _utf8(json.dumps(value, ensure_ascii=False, default=_jsonable))
-    except (TypeError, ValueError):   # e.g. bytes map keys
-        return _utf8(repr(value))
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    if isinstance(value, Mapping):
-        return dict(value)
-    return repr(value)
 
 
 def _shutdown(sock: socket.socket) -> None:

@@ -42,14 +42,13 @@ from typing import Any
 
 from ftwatch.errors import SourceError
 from ftwatch.parsers.envelopes import parse_rfc3339
-from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
 
 __all__ = ["HttpSource", "HttpStats", "decode_records"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024 * 1024
-PUT_POLL = 0.5        # seconds between checks for stop() while the queue is full
 IDLE_TIMEOUT = 120.0  # seconds a connection may sit idle or stall mid-request
 DRAIN_MAX = 64 * 1024 * 1024   # a rejected request's body up to this is read and dropped (keep-alive)
 
@@ -218,26 +217,10 @@ class HttpSource:
         text = meta.pop("log", None)
         if text is None:
             text = meta.pop("message", None)
-        if text is None:
-            text = json.dumps(record, ensure_ascii=False)
-        elif not isinstance(text, str):
-            text = json.dumps(text, ensure_ascii=False)
-        line = text.encode("utf-8", "surrogatepass")
-        if line.endswith(b"\n"):
-            line = line[:-1]
+        line = record_line(record, text, "surrogatepass")
         if tag is not None:
             meta["tag"] = tag
         return Shipped(t, line, meta)
-
-    def _put(self, batch: list[Shipped]) -> bool:
-        """Puts a batch, waiting while the queue is full; False when stopping first."""
-        while not self._stopping.is_set():
-            try:
-                self.out.put(batch, timeout=PUT_POLL)
-                return True
-            except queue.Full:
-                continue
-        return False
 
 
 def _time_of(value: Any, received: float) -> float:
@@ -346,7 +329,7 @@ def _handler_for(source: HttpSource) -> type[BaseHTTPRequestHandler]:
                 return
             tag = source._tag(request_path, self.headers)
             batch = [source.to_shipped(r, tag, received) for r in records]
-            if batch and not source._put(batch):
+            if batch and not put_until_stopped(source.out, batch, source._stopping):
                 self._reject(503, "stopping", close=True)
                 return
             source._count("batches", 1 if batch else 0)
