@@ -16,18 +16,22 @@ There are no process exits here: a job that ended is simply quiet.
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from ftwatch.clock import SystemClock
-from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity
+from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
+from ftwatch.parsers import fields
+from ftwatch.parsers.torchelastic import parse_summary
 from ftwatch.pipeline.actuator import Actuator, NoneActuator
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
@@ -115,6 +119,8 @@ class Watcher:
         self.queue: queue.Queue = queue.Queue(maxsize=config.watch.queue_batches)
         self.jobs: dict[str, _Job] = {}
         self.seen_jobs: set[str] = set()
+        self._summaries: dict[Origin, list[str]] = {}
+        self._exit_table = ExitCodeTable.load()
         self.state_dir = Path(config.storage.state_dir)
         self._stop = threading.Event()
 
@@ -144,7 +150,9 @@ class Watcher:
                 job.instances[origin.instance] = origin
                 job.tracker.started(origin, t)
             job.tracker.output(origin.instance, t)
-            findings = self.engine.feed(origin, b"\n".join(lines) + b"\n", t)
+            data = b"\n".join(lines) + b"\n"
+            findings = self.engine.feed(origin, data, t)
+            findings += self._summary_exits(origin, data, t)
             self._add(job, findings, now_mono)
         ack = getattr(batch, "ack", None)
         if ack is not None:
@@ -165,6 +173,43 @@ class Watcher:
                 self._decide(job, hang)
             if job.trigger is not None and mono - job.opened >= self.config.watch.settle:
                 self._decide(job, job.trigger)
+
+    def _summary_exits(self, origin: Origin, data: bytes, t: float) -> list[Finding]:
+        """Exit findings from a torchelastic failure summary in a stream (P3).
+
+        A launcher pod (torchrun) prints which rank died with which exit code or signal; that
+        is the exit a supervisor would have seen. Lines are collected per origin from the
+        summary's start to its closing rule; a SIGTERM beside a real failure is the agent
+        stopping the survivors and makes no finding (as in replay).
+        """
+        pending = self._summaries.get(origin)
+        if pending is None:
+            start = data.find(b"Failures:")
+            if start < 0:
+                start = data.find(b"Root Cause (first observed failure)")
+            if start < 0:
+                return []
+            pending = self._summaries[origin] = []
+            data = data[data.rfind(b"\n", 0, start) + 1:]
+        text = [fields.clean(raw) for raw in data.split(b"\n")]
+        pending.extend(text)
+        closed = any(line.strip().startswith("=====") for line in text) or len(pending) > 2000
+        if not closed:
+            return []
+        del self._summaries[origin]
+        failures = parse_summary(pending)
+        real = any(f.exitcode != -signal.SIGTERM for f in failures)
+        out: list[Finding] = []
+        for failure in failures:
+            sig = -failure.exitcode if failure.exitcode < 0 else None
+            if real and sig == signal.SIGTERM:
+                continue
+            rank_origin = origin.with_rank(failure.rank) if origin.rank != failure.rank else origin
+            exit = ProcessExit(rank_origin, 0, None if sig else failure.exitcode, sig, t)
+            finding = exit_finding(exit, self._exit_table, seq=self.engine.next_seq())
+            if finding is not None:
+                out.append(finding)
+        return out
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""

@@ -206,6 +206,11 @@ class Engine:
             out.extend(self.flush(origin, now))
         return out
 
+    def next_seq(self) -> int:
+        """A sequence number after every record made so far (for findings made beside the engine,
+        e.g. exits read from a stream, so that they sort after the lines that came before them)."""
+        return next(self._seq)
+
     def pending_origins(self) -> list[Origin]:
         """Origins with an open block carried over."""
         return list(self._pending)

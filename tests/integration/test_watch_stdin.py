@@ -32,3 +32,13 @@ def test_clean_log_on_stdin_decides_nothing(tmp_path):
     proc, rows = watch_stdin(tmp_path, ROOT / "tests" / "golden" / "torchrun_clean" / "combined.log")
     assert proc.returncode == 0, proc.stderr
     assert rows == []
+
+
+def test_torchrun_summary_on_stdin_names_the_sigkilled_rank(tmp_path):
+    """torchrun's failure summary in the stream gives the exits: rank 1's SIGKILL is the root cause,
+    not the survivors' gloo resets nor the agent's SIGTERM to them."""
+    proc, rows = watch_stdin(tmp_path, ROOT / "tests" / "golden" / "torchrun_sigkill" / "combined.log")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["action"] for r in rows] == ["restart_job"]
+    rc = rows[0]["root_cause"]
+    assert rc["rule_id"] == "exit.sigkill" and rc["rank"] == 1 and rc["failure_class"] == "retryable_infra"
