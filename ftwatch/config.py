@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
+                                    WeComReceiver)
 from ftwatch.configref import flat_args, model_reference
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
@@ -122,8 +124,11 @@ class WebhookReceiver(BaseModel):
     max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
 
 
-Receiver = Annotated[Union[ConsoleReceiver, WebhookReceiver], Field(discriminator="type")]
-RECEIVER_TYPES = ("console", "webhook")
+Receiver = Annotated[Union[ConsoleReceiver, WebhookReceiver, DingTalkReceiver, FeishuReceiver, WeComReceiver,
+                           SlackReceiver], Field(discriminator="type")]
+RECEIVER_MODELS: dict[str, type[BaseModel]] = {
+    "console": ConsoleReceiver, "webhook": WebhookReceiver, **CHATBOT_RECEIVERS}
+RECEIVER_TYPES = tuple(RECEIVER_MODELS)
 
 
 class AlertingConfig(BaseModel):
@@ -206,8 +211,8 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
     for part in loc:
         if isinstance(part, int):
             continue
-        if part in RECEIVER_TYPES and model in (ConsoleReceiver, WebhookReceiver):
-            model = {"console": ConsoleReceiver, "webhook": WebhookReceiver}[part]
+        if part in RECEIVER_MODELS and model in RECEIVER_MODELS.values():
+            model = RECEIVER_MODELS[part]
             continue
         field = model.model_fields.get(part) if isinstance(model, type) else None
         if field is None:

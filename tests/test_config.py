@@ -227,7 +227,7 @@ def test_bad_values_are_reported_with_file_and_line_all_at_once(tmp_path):
         alerting:
           receivers:
             - {name: ops, type: webhook}
-            - {name: chat, type: slack}
+            - {name: chat, type: pager}
         """)
     with pytest.raises(ConfigError) as excinfo:
         load_config(path)
@@ -238,7 +238,7 @@ def test_bad_values_are_reported_with_file_and_line_all_at_once(tmp_path):
     assert got[1][1].startswith("policy.fault_tolerant_policy:")
     assert got[2][1].startswith("supervisor.nproc_per_node:")
     assert got[3][1] == "alerting.receivers[0].url: required key is missing"
-    assert "slack" in got[4][1]
+    assert "pager" in got[4][1]
     assert f"{path}:3: policy.job_hang_interval" in str(excinfo.value)
 
 

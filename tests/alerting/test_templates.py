@@ -206,7 +206,7 @@ def test_console_notifier_prints_a_framed_block():
     ConsoleNotifier(colored, color=True).send(n)
     assert colored.getvalue().startswith("\033[1;31m")
     assert isinstance(ConsoleNotifier(), Notifier)
-    assert set(REGISTRY) == {"console", "webhook"}
+    assert set(REGISTRY) == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack"}
 
 
 def test_console_notifier_defaults_to_stdout(capsys):

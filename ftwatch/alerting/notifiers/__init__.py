@@ -12,8 +12,13 @@ import sys
 from typing import Any, Iterable, Protocol, TextIO, runtime_checkable
 
 from ftwatch.alerting.alerts import Notification
+from ftwatch.alerting.notifiers.chatbot import ChatBotNotifier
 from ftwatch.alerting.notifiers.console import ConsoleNotifier
+from ftwatch.alerting.notifiers.dingtalk import DingTalkNotifier
+from ftwatch.alerting.notifiers.feishu import FeishuNotifier
+from ftwatch.alerting.notifiers.slack import SlackNotifier
 from ftwatch.alerting.notifiers.webhook import WebhookNotifier
+from ftwatch.alerting.notifiers.wecom import WeComNotifier
 
 
 @runtime_checkable
@@ -32,7 +37,9 @@ class Notifier(Protocol):
         ...
 
 
-REGISTRY: dict[str, type] = {"console": ConsoleNotifier, "webhook": WebhookNotifier}
+REGISTRY: dict[str, type] = {
+    "console": ConsoleNotifier, "webhook": WebhookNotifier, "dingtalk": DingTalkNotifier,
+    "feishu": FeishuNotifier, "wecom": WeComNotifier, "slack": SlackNotifier}
 """The config's receiver ``type:`` -> the notifier class."""
 
 
@@ -42,7 +49,8 @@ def build_notifiers(receivers: Iterable[Any], out: TextIO | None = None) -> list
     Args:
         receivers: pydantic models or mappings with ``type`` and ``name`` plus the kind's
             fields: console ``color`` (optional); webhook ``url``, ``headers``, ``timeout``,
-            ``max_retries`` (optional).
+            ``max_retries`` (optional); dingtalk, feishu, wecom, slack ``url``, ``secret``
+            (dingtalk, feishu), ``timeout``, ``max_retries``.
         out: the console receivers' stream (None: ``sys.stdout`` at send time); colour is
             on by default when it is a terminal.
 
@@ -67,13 +75,12 @@ def build_notifiers(receivers: Iterable[Any], out: TextIO | None = None) -> list
                     color = bool(isatty and isatty())
                 notifiers.append(ConsoleNotifier(out, bool(color), name=str(name or "console")))
             else:
-                notifiers.append(WebhookNotifier(
-                    str(name), str(data["url"]), headers=data.get("headers") or None,
-                    timeout=float(data.get("timeout", 5.0)), max_retries=data.get("max_retries")))
+                notifiers.append(REGISTRY[kind].from_config(data))
         except KeyError as exc:
             raise ValueError(f"receiver {name!r} ({kind}): missing field {exc.args[0]!r}") from None
     return notifiers
 
 
-__all__ = ["ConsoleNotifier", "Notification", "Notifier", "REGISTRY", "WebhookNotifier",
-           "build_notifiers"]
+__all__ = ["ChatBotNotifier", "ConsoleNotifier", "DingTalkNotifier", "FeishuNotifier",
+           "Notification", "Notifier", "REGISTRY", "SlackNotifier", "WeComNotifier",
+           "WebhookNotifier", "build_notifiers"]

@@ -49,7 +49,9 @@ class WebhookNotifier:
         max_retries: retries within one dispatch for this receiver (None: the Dispatcher's).
 
     Subclasses for chat bots override :meth:`payload` and :meth:`check_response` (a bot's
-    HTTP 200 with an error code in the body is a failure, SPEC N2).
+    HTTP 200 with an error code in the body is a failure, SPEC N2), :meth:`request_url` when
+    the URL changes per request (a signature in the query), and :meth:`secrets` when they hold
+    secrets besides the headers and the URL; :meth:`from_config` builds one from a config entry.
     """
 
     kind = "webhook"
@@ -64,6 +66,17 @@ class WebhookNotifier:
         self.timeout = timeout
         self._client = client
         self._own_client = client is None
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any]) -> "WebhookNotifier":
+        """One notifier from a config entry (``name``, ``url``, ``headers``, ``timeout``,
+        ``max_retries``).
+
+        Raises:
+            KeyError: a required field is missing.
+        """
+        return cls(str(data["name"]), str(data["url"]), headers=data.get("headers") or None,
+                   timeout=float(data.get("timeout", 5.0)), max_retries=data.get("max_retries"))
 
     # -- what is sent ---------------------------------------------------------------------
 
@@ -82,6 +95,33 @@ class WebhookNotifier:
             "decision": alert.decision.to_json(),
         }
 
+    def request_url(self) -> str:
+        """The URL of the next request (here: ``url``; signing chat bots add query values)."""
+        return self.url
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in a message: header values, URL query values, URL
+        user info (subclasses add their signing secret)."""
+        found = [v for v in self.headers.values() if v]
+        try:
+            u = httpx.URL(self.url)
+            found += [v for _, v in u.params.multi_items() if v]
+            found += [s for s in (u.userinfo.decode(errors="replace"),) if s]
+        except (httpx.InvalidURL, TypeError):
+            found.append(self.url)
+        return found
+
+    def failure(self, detail: str, retryable: bool,
+                response: httpx.Response | None = None) -> NotifyError:
+        """A redacted ``NotifyError`` naming this receiver (with ``retry_after`` from the
+        response's ``Retry-After`` header, when there is one)."""
+        err = NotifyError(self._redact(f"{self.kind} {self.name!r}: {redact_url(self.url)} "
+                                       f"{detail}"), retryable=retryable)
+        retry_after = None if response is None else _retry_after(response)
+        if retry_after is not None:
+            err.retry_after = retry_after  # type: ignore[attr-defined]
+        return err
+
     def check_response(self, response: httpx.Response) -> None:
         """Raise NotifyError unless ``response`` means delivered (here: any 2xx).
 
@@ -92,13 +132,7 @@ class WebhookNotifier:
         if 200 <= status < 300:
             return
         retryable = status >= 500 or status in RETRYABLE_STATUS
-        err = NotifyError(self._redact(
-            f"webhook {self.name!r}: {redact_url(self.url)} answered HTTP {status}: "
-            f"{_snippet(response)}"), retryable=retryable)
-        retry_after = _retry_after(response)
-        if retry_after is not None:
-            err.retry_after = retry_after  # type: ignore[attr-defined]
-        raise err
+        raise self.failure(f"answered HTTP {status}: {_snippet(response)}", retryable, response)
 
     # -- sending --------------------------------------------------------------------------
 
@@ -113,17 +147,13 @@ class WebhookNotifier:
         headers = {**self.headers, "Idempotency-Key": notification.id}
         try:
             body = self.payload(notification)
-            response = self._http().post(self.url, json=body, headers=headers)
+            response = self._http().post(self.request_url(), json=body, headers=headers)
         except httpx.TimeoutException as exc:
-            raise NotifyError(self._redact(f"webhook {self.name!r}: {redact_url(self.url)} "
-                                           f"timed out: {type(exc).__name__}"),
-                              retryable=True) from None
+            raise self.failure(f"timed out: {type(exc).__name__}", True) from None
         except httpx.TransportError as exc:
-            raise NotifyError(self._redact(f"webhook {self.name!r}: {redact_url(self.url)} "
-                                           f"unreachable: {type(exc).__name__}: {exc}"),
-                              retryable=True) from None
+            raise self.failure(f"unreachable: {type(exc).__name__}: {exc}", True) from None
         except (TypeError, ValueError, httpx.InvalidURL) as exc:
-            raise NotifyError(self._redact(f"webhook {self.name!r}: cannot send: "
+            raise NotifyError(self._redact(f"{self.kind} {self.name!r}: cannot send: "
                                            f"{type(exc).__name__}: {exc}"),
                               retryable=False) from None
         self.check_response(response)
@@ -140,22 +170,31 @@ class WebhookNotifier:
         return self._client
 
     def _redact(self, text: str) -> str:
-        """Replace every secret this notifier knows (header values, URL query values,
-        URL user info) in ``text`` with ``***``."""
-        secrets = [v for v in self.headers.values() if v]
-        try:
-            u = httpx.URL(self.url)
-            secrets += [v for _, v in u.params.multi_items() if v]
-            secrets += [s for s in (u.userinfo.decode(errors="replace"),) if s]
-        except (httpx.InvalidURL, TypeError):
-            secrets.append(self.url)
-        for secret in sorted(set(secrets), key=len, reverse=True):
+        """Replace every secret this notifier knows (:meth:`secrets`) in ``text`` with ``***``."""
+        for secret in sorted(set(self.secrets()), key=len, reverse=True):
             if len(secret) >= 3:
                 text = text.replace(secret, "***")
         return text
 
     def __repr__(self) -> str:
-        return f"WebhookNotifier(name={self.name!r}, url={redact_url(self.url)!r})"
+        return f"{type(self).__name__}(name={self.name!r}, url={redact_url(self.url)!r})"
+
+
+def json_body(response: httpx.Response) -> dict[str, Any] | None:
+    """The response's JSON object, or None when the body is not one."""
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def truncate_utf8(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (on a character boundary), marked with ``...``."""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[:max(0, limit - 3)].decode("utf-8", errors="ignore") + "..."
 
 
 def _snippet(response: httpx.Response, limit: int = 200) -> str:
