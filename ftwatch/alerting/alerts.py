@@ -194,6 +194,31 @@ def alert_from_decision(decision: Decision, link: str, include_none: bool = Fals
     return Alert(labels, annotations, "firing", decision.time, None, decision, budgets)
 
 
+def alert_from_custom_message(job: str, content: str, time: float, link: str = "", *,
+                                instance: str | None = None, rank: int | None = None,
+                                node: str | None = None, restarts_used: int = 0,
+                                restarts_left: int = 0, attempt: int = 0) -> Alert:
+    """The alert for a message the training code sent (SDK ``send_custom_message``, N3 event
+    ``custom_message``): action ``notify``, the message as the root-cause line, class ``info``.
+
+    Labels add ``event: custom_message`` and ``alertname: ftwatch_custom_message``.
+    """
+    origin = Origin(instance or "job", rank, job, node, "sdk", "sdk")
+    finding = Finding("custom_message", "custom_message", FailureClass.INFO, Action.NOTIFY,
+                      Severity.WARNING, origin, content, time,
+                      source="ftwatch.sdk Monitor.send_custom_message")
+    decision = Decision(time, Action.NOTIFY, Target(job, instance, rank, node), finding,
+                        "custom message from the training code (send_custom_message)",
+                        restarts_used, restarts_left, attempt=attempt)
+    alert = alert_from_decision(decision, link)
+    assert alert is not None
+    who = f"rank {rank}" if rank is not None else (instance or "the job")
+    labels = {**alert.labels, "alertname": "ftwatch_custom_message", "event": "custom_message",
+              "rule_id": "custom_message"}
+    annotations = {**alert.annotations, "summary": f"custom message from {who} of job {job}: {content}"}
+    return replace(alert, labels=labels, annotations=annotations)
+
+
 def template_context(alert: Alert, language: str = "en") -> dict[str, Any]:
     """The plain values a template sees (see the module docstring for the names)."""
     words = _WORDS.get(language, _WORDS["en"])

@@ -82,6 +82,25 @@ class Recorder:
                 if not any(r is result for r in self.deliveries):  # not already via on_result
                     self.delivery(result)
 
+    def custom_message(self, time: float, job: str, content: str, instance: str | None = None,
+                       rank: int | None = None, node: str | None = None,
+                       budgets: tuple[int, int] | None = None) -> None:
+        """A message from the training code (SDK ``send_custom_message``): printed, stored as a
+        ``custom_message`` event and sent to every receiver as a ``notify`` alert."""
+        who = f"rank {rank}" if rank is not None else (instance or "the job")
+        self.say(self._style(f"ftwatch: custom message from {who}: {content}", "1;36"))
+        self.event(time, job, "custom_message", instance, rank, content=content)
+        if self.dispatcher is None:
+            return
+        from ftwatch.alerting.alerts import alert_from_custom_message
+        used, left = budgets or (0, 0)
+        alert = alert_from_custom_message(job, content, time, "", instance=instance,
+                                          rank=rank, node=node, restarts_used=used,
+                                          restarts_left=left, attempt=self.attempt)
+        for result in self.dispatcher.dispatch(alert):
+            if not any(r is result for r in self.deliveries):
+                self.delivery(result)
+
     def delivery(self, result: Any) -> None:
         """Record what became of one notification (a dispatcher's ``on_result``, so that the
         resends of spooled alerts reach the store too)."""

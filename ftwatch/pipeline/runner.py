@@ -24,11 +24,13 @@ from typing import Sequence, TextIO
 from ftwatch.clock import SystemClock
 from ftwatch.config import Config
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
+from ftwatch.pipeline.control import ControlHandler, ControlServer
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.loader import rules_from_keywords
 from ftwatch.rules.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
@@ -73,14 +75,20 @@ class JobRunner:
         sup = config.supervisor
         self.nproc = sup.nproc_per_node
         self.node = socket.gethostname()
+        self.control = ControlServer(state_dir)     # the SDK's socket (ftwatch.sdk), started in run()
         self.supervisor = Supervisor(self.command, self.nproc, job=job, node=self.node,
                                      grace_period=sup.grace_period, master_addr=sup.master_addr,
-                                     master_port=sup.master_port)
+                                     master_port=sup.master_port, env=self.control.env())
         pol = config.policy
         sync = pol.job_execution_mode == "Sync"
+        hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
         self.tracker = HangTracker(
-            float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None,
-            float(pol.job_exit_hang_interval) if pol.enable_job_exit_hang_detection and sync else None)
+            hang, float(pol.job_exit_hang_interval) if pol.enable_job_exit_hang_detection and sync else None)
+        self.controls = ControlHandler(
+            engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
+            budgets=lambda: (self.budgets.restarts_used,
+                             max(0, pol.max_num_of_job_restart - self.budgets.restarts_used)),
+            node=self.node, clock=self.clock.time)
         self.sync = sync
         self._stop_requested = threading.Event()
         self.final: Decision | None = None
@@ -90,10 +98,12 @@ class JobRunner:
     def run(self) -> int:
         """Run the job to its end. Returns the exit status (0 = the job succeeded)."""
         self._install_signal_handlers()
+        self.control.start()
         try:
             return self._run()
         finally:
             self.supervisor.close()
+            self.control.stop()
 
     def request_stop(self) -> None:
         """Stop the workers cleanly and end (SIGINT / SIGTERM to ftwatch)."""
@@ -109,6 +119,7 @@ class JobRunner:
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): "
                               f"{' '.join(self.command)}")
             self.tracker.reset(self.clock.time())
+            self.controls.new_attempt()
             self.supervisor.start_all(restart_count=attempt)
             decision = self._watch()
             self.final = decision
@@ -150,6 +161,7 @@ class JobRunner:
                 decision = self._incident(trigger, state)
                 if decision is not None:
                     return decision
+            self.control.drain(self.controls)     # SDK requests, on this thread
             now = self.clock.time()
             self.recorder.resend_due(self.clock.mono())
             self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))

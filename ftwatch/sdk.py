@@ -1,0 +1,253 @@
+"""The training-side SDK: talk to the ``ftwatch run`` that supervises this process (SPEC N5, K1).
+
+AIMaster's ``job_monitor`` in spirit (seed 000)::
+
+    from ftwatch.sdk import Monitor
+
+    monitor = Monitor()
+    monitor.set_retryable_errors(["connect timeout", "my flaky storage error"])
+    monitor.reset_config(job_hang_interval=1800)      # -1 switches job-hang detection off
+
+    @monitor.hang_detect(180)          # 3 minutes of silence is a hang, inside train() only
+    def train(epoch): ...
+
+    with monitor.hang_detect(-1):      # no hang detection while evaluating
+        evaluate()
+
+    st = monitor.send_custom_message("loss is NaN")
+    if not st.ok():
+        print("failed to send message:", st.to_string())
+
+    monitor.report_step(step)          # a heartbeat: counts as output for hang detection
+
+Every call returns a :class:`Status` and never raises into training code. Without a monitor
+(``FTWATCH_CONTROL_SOCKET`` unset, or nothing listening there) each call does nothing, returns a
+not-ok Status, and the first such call warns once (``warnings.warn``). Changes take effect in the
+monitor at once (R2, R6). ``hang_detect`` scopes nest: the innermost open scope's interval is in
+force, the previous one comes back when it closes.
+
+This module imports only the standard library (it is installed into training environments).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import threading
+import warnings
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = ["Monitor", "Status", "Config", "PyTorchConfig", "TFConfig", "MonitorUnavailableWarning"]
+
+ENV_SOCKET = "FTWATCH_CONTROL_SOCKET"
+ENV_TOKEN = "FTWATCH_CONTROL_TOKEN"
+ENV_TIMEOUT = "FTWATCH_CONTROL_TIMEOUT"
+DEFAULT_TIMEOUT = 6.0        # seconds; the monitor answers within its own 4 s limit
+
+_warned = False
+_warn_lock = threading.Lock()
+
+
+class MonitorUnavailableWarning(UserWarning):
+    """No ftwatch monitor to talk to: the SDK calls do nothing."""
+
+
+class Status:
+    """The outcome of one call, like AIMaster's: ``ok()`` and ``to_string()``."""
+
+    __slots__ = ("_ok", "message", "data")
+
+    def __init__(self, ok: bool, message: str = "", data: Mapping[str, Any] | None = None):
+        self._ok = bool(ok)
+        self.message = message
+        self.data = dict(data or {})
+
+    def ok(self) -> bool:
+        return self._ok
+
+    def to_string(self) -> str:
+        if self._ok:
+            return "OK" if not self.message else f"OK: {self.message}"
+        return f"error: {self.message}" if self.message else "error"
+
+    def __bool__(self) -> bool:
+        return self._ok
+
+    def __repr__(self) -> str:
+        return f"Status({self.to_string()!r})"
+
+
+class Config:
+    """Monitor settings, AIMaster style (``jm.PyTorchConfig(job_hang_interval=1800)``): every
+    keyword given is sent with ``reset_config`` when the Monitor is made."""
+
+    def __init__(self, **params: Any):
+        self.params = dict(params)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
+
+
+class PyTorchConfig(Config):
+    """AIMaster's name for the PyTorch job config."""
+
+
+class TFConfig(Config):
+    """AIMaster's name for the TensorFlow job config."""
+
+
+class _HangScope:
+    """``hang_detect(seconds)``: a context manager and a decorator (each call of the decorated
+    function opens its own scope, so recursion and threads nest correctly)."""
+
+    def __init__(self, monitor: "Monitor", seconds: float):
+        self.monitor = monitor
+        self.seconds = seconds
+        self._local = threading.local()
+        self.status: Status | None = None
+
+    def __enter__(self) -> Status:
+        st = self.monitor._call("hang_detect_push", seconds=self.seconds)
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        stack.append(st.data.get("scope") if st.ok() else None)
+        self.status = st
+        return st
+
+    def __exit__(self, *exc: Any) -> None:
+        stack = getattr(self._local, "stack", None)
+        scope = stack.pop() if stack else None
+        if scope is not None:
+            self.monitor._call("hang_detect_pop", scope=scope)
+        return None
+
+    def __call__(self, func: Callable) -> Callable:
+        monitor, seconds = self.monitor, self.seconds
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _HangScope(monitor, seconds):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+class Monitor:
+    """A client of the supervising ftwatch.
+
+    Args:
+        config: a :class:`Config` (or a mapping) whose settings are applied at once with
+            :meth:`reset_config`; None for none.
+        socket_path, token: override ``FTWATCH_CONTROL_SOCKET`` / ``FTWATCH_CONTROL_TOKEN``.
+        timeout: seconds to wait for an answer (``FTWATCH_CONTROL_TIMEOUT``, default 6).
+    """
+
+    def __init__(self, config: Config | Mapping[str, Any] | None = None, *, socket_path: str | None = None,
+                 token: str | None = None, timeout: float | None = None):
+        self.socket_path = socket_path if socket_path is not None else os.environ.get(ENV_SOCKET, "")
+        self.token = token if token is not None else os.environ.get(ENV_TOKEN, "")
+        if timeout is None:
+            try:
+                timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT))
+            except ValueError:
+                timeout = DEFAULT_TIMEOUT
+        self.timeout = timeout
+        rank = os.environ.get("RANK", "")
+        self.rank = int(rank) if rank.lstrip("-").isdigit() else None
+        self.instance = os.environ.get("FTWATCH_INSTANCE") or None
+        self.config = config
+        params = config.params if isinstance(config, Config) else dict(config or {})
+        if params:
+            self.reset_config(**params)
+
+    @property
+    def available(self) -> bool:
+        """Whether a monitor was named in the environment (it may still be unreachable)."""
+        return bool(self.socket_path)
+
+    # -- the API ------------------------------------------------------------------------------
+
+    def set_retryable_errors(self, errors: Iterable[str]) -> Status:
+        """Log lines containing any of these strings are retryable: the job is restarted (R2)."""
+        try:
+            errors = [errors] if isinstance(errors, str) else list(errors)
+        except TypeError:
+            return Status(False, "errors must be a list of strings")
+        return self._call("set_retryable_errors", errors=errors)
+
+    def reset_config(self, config: Mapping[str, Any] | None = None, **params: Any) -> Status:
+        """Change the monitor's settings now; only ``job_hang_interval`` (seconds, -1 = off) (R6)."""
+        merged = {**dict(config or {}), **params}
+        if not merged:
+            return Status(False, "nothing to change")
+        return self._call("reset_config", config=merged)
+
+    def hang_detect(self, seconds: float) -> _HangScope:
+        """A job-hang interval for one scope: ``with monitor.hang_detect(2): ...`` or
+        ``@monitor.hang_detect(180)``; ``-1`` switches detection off inside it."""
+        return _HangScope(self, seconds)
+
+    def send_custom_message(self, content: str) -> Status:
+        """Send a message to the monitor's receivers (console, webhooks, chat bots)."""
+        return self._call("send_custom_message", content=str(content))
+
+    def report_step(self, step: int) -> Status:
+        """A heartbeat: this process is alive at ``step`` (counts as output for hang detection).
+
+        Answered as soon as ftwatch received it (applied at its next loop turn), so calling it
+        every training step costs one local socket round trip, not a wait for the monitor.
+        """
+        try:
+            step = int(step)
+        except (TypeError, ValueError):
+            return Status(False, f"step must be an integer, got {step!r}")
+        return self._call("report_step", step=step)
+
+    # -- the wire -----------------------------------------------------------------------------
+
+    def _call(self, op: str, **fields: Any) -> Status:
+        try:
+            return self._request(op, fields)
+        except Exception as exc:  # noqa: BLE001 - never raise into training code
+            return _unavailable(f"ftwatch SDK {op} failed: {type(exc).__name__}: {exc}")
+
+    def _request(self, op: str, fields: dict[str, Any]) -> Status:
+        if not self.socket_path:
+            return _unavailable(f"no ftwatch monitor ({ENV_SOCKET} is not set); ftwatch.sdk calls do nothing")
+        message = {"token": self.token, "op": op, "rank": self.rank, "instance": self.instance, **fields}
+        data = (json.dumps(message) + "\n").encode()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(self.timeout)
+                sock.connect(self.socket_path)
+                sock.sendall(data)
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+        except OSError as exc:
+            return _unavailable(f"cannot reach the ftwatch monitor at {self.socket_path}: {exc}; "
+                                "ftwatch.sdk calls do nothing")
+        try:
+            answer = json.loads(buf)
+        except ValueError:
+            return _unavailable(f"no valid answer from the ftwatch monitor at {self.socket_path}")
+        if not isinstance(answer, dict):
+            return Status(False, "malformed answer")
+        if answer.get("ok"):
+            return Status(True, "", answer)
+        return Status(False, str(answer.get("error", "refused")), answer)
+
+
+def _unavailable(message: str) -> Status:
+    global _warned
+    with _warn_lock:
+        first, _warned = not _warned, True
+    if first:
+        warnings.warn(message, MonitorUnavailableWarning, stacklevel=4)
+    return Status(False, message)
