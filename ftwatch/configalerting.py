@@ -15,55 +15,48 @@ _STRICT = ConfigDict(extra="forbid")
 _URL = r"^https?://"
 
 
-class DingTalkReceiver(BaseModel):
-    """A DingTalk custom robot: markdown messages, signed when `secret` is set."""
+class _ChatBotReceiver(BaseModel):
+    """What every chat-bot receiver has besides its ``type`` and ``url``."""
 
     model_config = _STRICT
-    type: Literal["dingtalk"] = Field(description="Receiver kind.")
     name: str = Field(description="Unique receiver name.")
+    timeout: float = Field(5.0, gt=0, description="Seconds per request.")
+    max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
+
+
+class DingTalkReceiver(_ChatBotReceiver):
+    """A DingTalk custom robot: markdown messages, signed when `secret` is set."""
+
+    type: Literal["dingtalk"] = Field(description="Receiver kind.")
     url: str = Field(repr=False, pattern=_URL,
                      description="The robot's webhook URL (https://oapi.dingtalk.com/robot/send?access_token=...).")
     secret: str | None = Field(None, repr=False,
                                description="The robot's signing secret (SEC...); null: unsigned.")
-    timeout: float = Field(5.0, gt=0, description="Seconds per request.")
-    max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
 
 
-class FeishuReceiver(BaseModel):
+class FeishuReceiver(_ChatBotReceiver):
     """A Feishu/Lark custom bot: card messages, signed when `secret` is set."""
 
-    model_config = _STRICT
     type: Literal["feishu"] = Field(description="Receiver kind.")
-    name: str = Field(description="Unique receiver name.")
     url: str = Field(repr=False, pattern=_URL,
                      description="The bot's webhook URL (https://open.feishu.cn/open-apis/bot/v2/hook/...).")
     secret: str | None = Field(None, repr=False, description="The bot's signing secret; null: unsigned.")
-    timeout: float = Field(5.0, gt=0, description="Seconds per request.")
-    max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
 
 
-class WeComReceiver(BaseModel):
+class WeComReceiver(_ChatBotReceiver):
     """A WeCom group robot: markdown messages (the URL's key is the secret)."""
 
-    model_config = _STRICT
     type: Literal["wecom"] = Field(description="Receiver kind.")
-    name: str = Field(description="Unique receiver name.")
     url: str = Field(repr=False, pattern=_URL,
                      description="The robot's webhook URL (https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=...).")
-    timeout: float = Field(5.0, gt=0, description="Seconds per request.")
-    max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
 
 
-class SlackReceiver(BaseModel):
+class SlackReceiver(_ChatBotReceiver):
     """A Slack incoming webhook (the URL's path is the secret)."""
 
-    model_config = _STRICT
     type: Literal["slack"] = Field(description="Receiver kind.")
-    name: str = Field(description="Unique receiver name.")
     url: str = Field(repr=False, pattern=_URL,
                      description="The incoming webhook URL (https://hooks.slack.com/services/...).")
-    timeout: float = Field(5.0, gt=0, description="Seconds per request.")
-    max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
 
 
 CHATBOT_RECEIVERS: dict[str, type[BaseModel]] = {
