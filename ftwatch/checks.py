@@ -50,7 +50,7 @@ def run_checks(config_path: str | None, rule_files: Sequence[str] = ()) -> tuple
     except (OSError, ValueError, ConfigError) as exc:
         issues.append(Issue("fault tables", 0, str(exc)))
 
-    from ftwatch.alerting.alerts import TemplateRenderer
+    from ftwatch.alerting.rendering import TemplateRenderer
     try:
         renderer = TemplateRenderer(config.alerting.language,
                                     {k: Path(v) for k, v in config.alerting.templates.items()})

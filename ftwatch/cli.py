@@ -103,7 +103,7 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     from ftwatch.alerting.dispatcher import Dispatcher
     from ftwatch.alerting.notifiers import build_notifiers
     from ftwatch.alerting.spool import Spool
-    from ftwatch.alerting.alerts import TemplateRenderer
+    from ftwatch.alerting.rendering import TemplateRenderer
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     state_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,8 @@ import time as _time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from ftwatch.alerting.alerts import Alert, Notification, TemplateRenderer, notification_id
+from ftwatch.alerting.alerts import Alert, Notification, notification_id
+from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.notifiers import Notifier
 from ftwatch.alerting.spool import Spool
 from ftwatch.errors import NotifyError, TemplateError

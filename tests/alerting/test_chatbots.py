@@ -18,7 +18,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from ftwatch.alerting.alerts import Alert, TemplateRenderer, alert_from_decision
+from ftwatch.alerting.alerts import Alert, alert_from_decision
+from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.dispatcher import Dispatcher
 from ftwatch.alerting.notifiers import (REGISTRY, ConsoleNotifier, DingTalkNotifier, FeishuNotifier,
                                         SlackNotifier, WebhookNotifier, WeComNotifier,

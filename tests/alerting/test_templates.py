@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.alerting.alerts import (Alert, TemplateRenderer, alert_from_decision,
-                                     explain_command, notification_id, sample_alert)
+from ftwatch.alerting.alerts import (Alert, alert_from_decision, explain_command,
+                                     notification_id, sample_alert)
+from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.notifiers import REGISTRY, ConsoleNotifier, Notification, Notifier
 from ftwatch.errors import TemplateError
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.alerting.alerts import Alert, TemplateRenderer, alert_from_decision
+from ftwatch.alerting.alerts import Alert, alert_from_decision
+from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.dispatcher import DeliveryResult, Dispatcher
 from ftwatch.alerting.notifiers import ConsoleNotifier, WebhookNotifier, build_notifiers
 from ftwatch.alerting.spool import Spool

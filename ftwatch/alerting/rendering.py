@@ -1,0 +1,244 @@
+"""An alert's text, rendered from Jinja2 templates per receiver kind and language (SPEC N1, Q2).
+
+Templates are rendered in a Jinja2 ``ImmutableSandboxedEnvironment`` with ``StrictUndefined``
+and autoescape off (the output is text). Built-in templates live in ``templates/`` as
+``<kind>.<language>.j2``. A template sees only plain values (str, int, None, dicts, lists):
+
+=====================  ===================================================================
+``job``                the job id
+``action``             wire name (``restart_job``); ``action_text`` the words for it
+``severity``           ``critical`` / ``warning`` / ``info``; ``status`` ``firing``/``resolved``
+``target``             dict: ``job``, ``instance``, ``rank``, ``node`` (None = whole job)
+``root_cause``         dict or None: ``line``, ``instance``, ``rank``, ``node``, ``time`` (ISO),
+                       ``rule_id``, ``failure_class``, ``failure_class_text``, ``severity``,
+                       ``source``, ``evidence`` (list of str)
+``rule_id``            the root cause's rule, or None; ``failure_class`` / ``failure_class_text``
+``policy_clause``      the clause that chose the action
+``budgets``            dict: ``restarts_used``, ``restarts_left``
+``decision_id``        16 hex digits; ``time`` the decision's ISO time; ``attempt`` (int)
+``link``               the ``ftwatch explain`` command or a report URL
+``labels``             the alert's labels; ``annotations`` its annotations; ``summary``
+=====================  ===================================================================
+
+None renders as ``-``.
+"""
+
+
+from __future__ import annotations
+
+import re
+import traceback
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ftwatch.alerting.alerts import Alert, sample_alert
+from ftwatch.errors import Issue, TemplateError
+from ftwatch.events import iso
+
+LANGUAGES = ("en", "zh")
+BUILTIN_KINDS = ("console", "webhook")
+GENERIC_KIND = "webhook"
+"""Kinds with no template of their own (dingtalk, slack ...) use this kind's text."""
+
+# language -> "action" | "failure_class" -> wire name -> words
+_WORDS: dict[str, dict[str, dict[str, str]]] = {
+    "en": {"action": {
+        "none": "no action", "notify": "notify a person",
+        "restart_instance": "restart one instance",
+        "restart_in_place": "restart the processes in place",
+        "restart_job": "restart the whole job",
+        "isolate_node": "isolate the node and restart elsewhere", "fail_job": "fail the job"},
+        "failure_class": {
+        "retryable_infra": "retryable infrastructure error",
+        "hardware_node": "node hardware fault", "user_code": "user code error",
+        "oom": "out of memory", "hang": "hang", "straggler": "straggler",
+        "fallout": "fallout of another failure", "info": "information"}},
+    "zh": {"action": {
+        "none": "不处理", "notify": "通知人工确认", "restart_instance": "重启单个实例",
+        "restart_in_place": "原地重启进程", "restart_job": "重启整个任务",
+        "isolate_node": "隔离节点并在其他节点重启", "fail_job": "终止任务（失败）"},
+        "failure_class": {
+        "retryable_infra": "可重试的基础设施故障", "hardware_node": "节点硬件故障",
+        "user_code": "用户代码错误", "oom": "内存不足（OOM）", "hang": "任务卡死",
+        "straggler": "慢节点", "fallout": "由其他故障引发的连带错误", "info": "提示信息"}},
+}
+
+
+def template_context(alert: Alert, language: str = "en") -> dict[str, Any]:
+    """The plain values a template sees (see the module docstring for the names)."""
+    words = _WORDS.get(language, _WORDS["en"])
+    d = alert.decision
+    rc = d.root_cause
+    root = None
+    if rc is not None:
+        root = {
+            "line": rc.line, "instance": rc.origin.instance, "rank": rc.rank,
+            "node": rc.origin.node, "time": iso(rc.time), "rule_id": rc.rule_id,
+            "failure_class": rc.failure_class.value,
+            "failure_class_text": words["failure_class"].get(rc.failure_class.value,
+                                                             rc.failure_class.value),
+            "severity": rc.severity.name.lower(), "source": rc.source,
+            "evidence": list(rc.evidence),
+        }
+    return {
+        "job": d.target.job, "action": d.action.label,
+        "action_text": words["action"].get(d.action.label, d.action.label),
+        "severity": alert.labels.get("severity", ""), "status": alert.status,
+        "target": {"job": d.target.job, "instance": d.target.instance,
+                   "rank": d.target.rank, "node": d.target.node},
+        "root_cause": root,
+        "rule_id": root["rule_id"] if root else None,
+        "failure_class": root["failure_class"] if root else None,
+        "failure_class_text": root["failure_class_text"] if root else None,
+        "policy_clause": d.policy_clause, "budgets": dict(alert.budgets),
+        "decision_id": d.decision_id, "time": iso(d.time), "attempt": d.attempt,
+        "link": alert.annotations.get("explain", ""),
+        "labels": dict(alert.labels), "annotations": dict(alert.annotations),
+        "summary": alert.annotations.get("summary", ""),
+    }
+
+
+class _Loader(jinja2.BaseLoader):
+    """Serves ``builtin/<file>`` from the package and ``override/<key>`` from the user's files."""
+
+    def __init__(self, overrides: Mapping[str, Path]):
+        self._overrides = overrides
+
+    def get_source(self, environment: jinja2.Environment, template: str):
+        origin, _, key = template.partition("/")
+        if origin == "builtin":
+            res = resources.files("ftwatch.alerting").joinpath("templates", key)
+            try:
+                source = res.read_text(encoding="utf-8")
+            except (FileNotFoundError, OSError):
+                raise jinja2.TemplateNotFound(template) from None
+            return source, str(res), lambda: True
+        path = self._overrides.get(key)
+        if origin != "override" or path is None:
+            raise jinja2.TemplateNotFound(template)
+        try:
+            mtime = path.stat().st_mtime
+            source = path.read_text(encoding="utf-8")
+        except OSError:
+            raise jinja2.TemplateNotFound(str(path)) from None
+
+        def uptodate() -> bool:
+            try:
+                return path.stat().st_mtime == mtime
+            except OSError:
+                return False
+        return source, str(path), uptodate
+
+
+def _finalize(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+class TemplateRenderer:
+    """Renders an alert's text per receiver kind in one language.
+
+    Args:
+        language: ``en`` or ``zh``.
+        overrides: user template files, keyed ``<kind>`` (used for this renderer's language)
+            or ``<kind>.<language>``; they win over the built-ins. A kind with no template
+            of its own uses the ``webhook`` text.
+
+    Raises:
+        TemplateError: for an unknown language or a malformed override key.
+    """
+
+    def __init__(self, language: str = "en", overrides: Mapping[str, Path] | None = None):
+        if language not in LANGUAGES:
+            raise TemplateError(Issue("<config>", 0, f"unknown alert language {language!r}; "
+                                                     f"expected one of {', '.join(LANGUAGES)}"))
+        self.language = language
+        self.overrides = {k: Path(v) for k, v in (overrides or {}).items()}
+        bad = [k for k in self.overrides
+               if not re.fullmatch(r"[a-z][a-z0-9_]*(\.(%s))?" % "|".join(LANGUAGES), k)]
+        if bad:
+            raise TemplateError([Issue(str(self.overrides[k]), 0, f"bad template key {k!r}: "
+                                       "expected <kind> or <kind>.<language>") for k in bad])
+        self._env = ImmutableSandboxedEnvironment(
+            loader=_Loader(self.overrides), undefined=jinja2.StrictUndefined, autoescape=False,
+            finalize=_finalize, trim_blocks=True, lstrip_blocks=True)
+
+    def template_name(self, kind: str, language: str | None = None,
+                      builtin_only: bool = False) -> str:
+        """The loader name of the template used for ``kind`` (``override/..`` or ``builtin/..``)."""
+        lang = language or self.language
+        if not builtin_only:
+            for key in (f"{kind}.{lang}", kind if lang == self.language else None):
+                if key and key in self.overrides:
+                    return f"override/{key}"
+        if kind not in BUILTIN_KINDS:
+            kind = GENERIC_KIND
+        return f"builtin/{kind}.{lang}.j2"
+
+    def render(self, kind: str, alert: Alert, *, builtin_only: bool = False) -> str:
+        """Render the text of ``alert`` for a receiver of ``kind``.
+
+        Args:
+            kind: the receiver kind (``console``, ``webhook``, ``dingtalk`` ...).
+            alert: the alert.
+            builtin_only: ignore overrides (the fallback when an override is broken).
+
+        Returns:
+            The text, without leading or trailing blank lines.
+
+        Raises:
+            TemplateError: a syntax error, an undefined variable, an access the sandbox
+                blocks, or a missing file; the issue carries the file and line.
+        """
+        return self._render(self.template_name(kind, builtin_only=builtin_only), alert,
+                            self.language)
+
+    def check(self) -> list[Issue]:
+        """Render every built-in template (both languages) and every override against
+        :func:`sample_alert`; return the problems found (empty when all is well)."""
+        issues: list[Issue] = []
+        alert = sample_alert()
+        names = [(f"builtin/{k}.{lang}.j2", lang) for k in BUILTIN_KINDS for lang in LANGUAGES]
+        for key in self.overrides:
+            _, _, lang = key.partition(".")
+            names.append((f"override/{key}", lang or self.language))
+        for name, lang in names:
+            try:
+                self._render(name, alert, lang)
+            except TemplateError as exc:
+                issues.extend(exc.issues)
+        return issues
+
+    def _render(self, name: str, alert: Alert, language: str) -> str:
+        filename = name
+        try:
+            template = self._env.get_template(name)
+            filename = template.filename or name
+            text = template.render(template_context(alert, language))
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(Issue(exc.filename or filename, exc.lineno or 0,
+                                      f"template syntax error: {exc.message}")) from None
+        except jinja2.TemplateNotFound as exc:
+            path = str(self.overrides.get(name.partition("/")[2], exc.name))
+            raise TemplateError(Issue(path, 0, "template file not found or unreadable")) from None
+        except jinja2.exceptions.SecurityError as exc:
+            raise TemplateError(Issue(filename, _template_line(exc, filename),
+                                      f"blocked by the template sandbox: {exc}")) from None
+        except jinja2.UndefinedError as exc:
+            raise TemplateError(Issue(filename, _template_line(exc, filename),
+                                      f"undefined variable: {exc.message}")) from None
+        except Exception as exc:  # noqa: BLE001 - any template bug becomes a TemplateError
+            raise TemplateError(Issue(filename, _template_line(exc, filename),
+                                      f"{type(exc).__name__}: {exc}")) from None
+        return text.strip("\n")
+
+
+def _template_line(exc: BaseException, filename: str) -> int:
+    """The template line of a render-time error (Jinja2 rewrites the traceback to it)."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename == filename and frame.lineno:
+            return frame.lineno
+    return 0
