@@ -40,6 +40,33 @@ class Shipped:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
+class ShippedBatch(list):
+    """A ``list[Shipped]`` the consumer acknowledges with :meth:`ack` once it has handled the lines
+    durably; a source may then commit its position (a file tail saves its offset)."""
+
+    __slots__ = ("_acked",)
+
+    def __init__(self, items: Any = ()):
+        super().__init__(items)
+        self._acked = threading.Event()
+
+    def ack(self) -> None:
+        """The lines are handled; the source may commit. Idempotent."""
+        self._acked.set()
+
+    @property
+    def acked(self) -> bool:
+        """Whether :meth:`ack` was called."""
+        return self._acked.is_set()
+
+    def wait_acked(self, stopping: threading.Event) -> bool:
+        """Wait for :meth:`ack`; False if ``stopping`` was set first."""
+        while not self._acked.wait(PUT_POLL):
+            if stopping.is_set():
+                return False
+        return True
+
+
 class ShippedSource(Protocol):
     """A source that puts ``list[Shipped]`` batches on a queue until stopped."""
 

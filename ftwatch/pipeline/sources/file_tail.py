@@ -49,33 +49,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.base import Shipped, ShippedBatch, put_until_stopped
 from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, OffsetStore, read_fingerprint
 
 log = logging.getLogger(__name__)
 
 TRUNCATED_MARKER = b" [ftwatch: line truncated]"  # appended to a line cut at max_line_bytes
 MiB = 1024 * 1024
-_PUT_POLL = 0.1  # seconds between checks for stop() while blocked on a full queue or an ack
-
-
-class ShippedBatch(list):
-    """A ``list[Shipped]`` that the consumer acknowledges with :meth:`ack` (used with ``require_ack``)."""
-
-    __slots__ = ("_acked",)
-
-    def __init__(self, items: Any = ()):
-        super().__init__(items)
-        self._acked = threading.Event()
-
-    def ack(self) -> None:
-        """Says the lines are durably handled; the source may now save their offset. Idempotent."""
-        self._acked.set()
-
-    @property
-    def acked(self) -> bool:
-        """Whether :meth:`ack` was called."""
-        return self._acked.is_set()
 
 
 class _File:
@@ -409,18 +389,9 @@ class FileTailSource:
 
     def _deliver(self, batch: list[Shipped]) -> bool:
         """Puts a batch (and waits for its ack with require_ack); False if stop() came first."""
-        while True:
-            try:
-                self._out.put(batch, timeout=_PUT_POLL)
-                break
-            except queue.Full:
-                if self._stop.is_set():
-                    return False
-        if isinstance(batch, ShippedBatch):
-            while not batch._acked.wait(_PUT_POLL):
-                if self._stop.is_set():
-                    return False
-        return True
+        if not put_until_stopped(self._out, batch, self._stop):
+            return False
+        return not isinstance(batch, ShippedBatch) or batch.wait_acked(self._stop)
 
     def _save(self, f: _File) -> None:
         if f.offset != f.saved:
