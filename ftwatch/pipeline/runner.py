@@ -13,19 +13,25 @@ Exit status: 0 if and only if the job finally succeeded.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
 from ftwatch.clock import SystemClock
 from ftwatch.config import Config
-from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
-from ftwatch.pipeline.control import ControlHandler, ControlServer
+from ftwatch.configmindcluster import policy_overrides, signal_number
+from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Target
+from ftwatch.pipeline.control import ControlServer
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.recovery import DumpWatch, Plan, RecoveryHandler, RetryWatch, isolate, plan, retry_candidate
+from ftwatch.pipeline.scene import Scene, describe_exit
+from ftwatch.pipeline.slots import Slots
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
@@ -45,6 +51,8 @@ class _Attempt:
     findings: list[Finding] = field(default_factory=list)
     failed: set[str] = field(default_factory=set)
     ok: set[str] = field(default_factory=set)
+    retry: list[Finding] = field(default_factory=list)      # faults a MindCluster retry may answer
+    retried: set[str] = field(default_factory=set)          # their fingerprints, once each
 
 
 class JobRunner:
@@ -61,6 +69,8 @@ class JobRunner:
 
     def __init__(self, config: Config, command: Sequence[str], engine: Engine, recorder: Recorder,
                  job: str, out: TextIO | None = None, clock: SystemClock | None = None):
+        if policy_overrides(config.mindcluster):           # M3 translated into the policy (M4)
+            config = config.with_policy(**policy_overrides(config.mindcluster))
         self.config = config
         self.command = list(command)
         self.engine = engine
@@ -68,29 +78,39 @@ class JobRunner:
         self.job = job
         self.out = out or sys.stdout
         self.clock = clock or SystemClock()
+        self.mc = config.mindcluster
         state_dir = Path(config.storage.state_dir)
         self.budgets = BudgetStore.for_job(state_dir, job)
         self.policy = Policy(config.policy, self.budgets, job)
         self.exit_table = ExitCodeTable.load()
         sup = config.supervisor
-        self.nproc = sup.nproc_per_node
+        self.slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
+        self.nproc = self.slots.nproc
         self.node = socket.gethostname()
+        self.poll_seconds = self.mc.monitor_interval or POLL_SECONDS
         self.control = ControlServer(state_dir)     # the SDK's socket (ftwatch.sdk), started in run()
-        self.supervisor = Supervisor(self.command, self.nproc, job=job, node=self.node,
+        env = self.control.env()
+        if self.mc.has("dump"):
+            env["FTWATCH_DUMP_SIGNAL"] = self.mc.dump_signal
+        self.supervisor = Supervisor(self.command, max(1, self.nproc), job=job, node=self.node,
                                      grace_period=sup.grace_period, master_addr=sup.master_addr,
-                                     master_port=sup.master_port, env=self.control.env())
+                                     master_port=sup.master_port, env=env)
         pol = config.policy
         sync = pol.job_execution_mode == "Sync"
         hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
         self.tracker = HangTracker(
             hang, float(pol.job_exit_hang_interval) if pol.enable_job_exit_hang_detection and sync else None)
-        self.controls = ControlHandler(
+        self.controls = RecoveryHandler(
             engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
             budgets=lambda: (self.budgets.restarts_used,
                              max(0, pol.max_num_of_job_restart - self.budgets.restarts_used)),
             node=self.node, clock=self.clock.time)
         self.sync = sync
+        # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
+        self.live = sup.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
+        self.scene = Scene()
         self._stop_requested = threading.Event()
+        self._state = _Attempt()
         self.final: Decision | None = None
 
     # -- public -----------------------------------------------------------------------------
@@ -116,8 +136,12 @@ class JobRunner:
             attempt = self.budgets.attempt
             self.recorder.attempt = attempt
             self.recorder.run_started(self.job, attempt, self.clock.time(), self.command)
-            self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): "
-                              f"{' '.join(self.command)}")
+            if not self.slots.viable:          # isolations kept from an earlier ftwatch run
+                return self._end(self._below_min(), attempt)
+            self.nproc = self.slots.nproc
+            self.supervisor.resize(self.nproc, self.slots.env())
+            self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}, "
+                              f"{self.slots.describe()}): {' '.join(self.command)}")
             self.tracker.reset(self.clock.time())
             self.controls.new_attempt()
             self.supervisor.start_all(restart_count=attempt)
@@ -126,20 +150,13 @@ class JobRunner:
             if decision is None:                 # interrupted: the job did not end, budgets stay
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
-            if decision.action in (Action.NONE,):
-                self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded")
-                self.budgets.close("succeeded")
-                return 0
-            if decision.action is Action.FAIL_JOB:
-                self.supervisor.stop_all()
-                self.recorder.run_ended(self.job, attempt, self.clock.time(), "failed")
-                self.budgets.close("failed")
-                return 1
-            # restart_job, restart_in_place, isolate_node (on one machine: restart everything)
+            if decision.action in (Action.NONE, Action.FAIL_JOB):
+                return self._end(decision, attempt)
+            # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
             self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
-            self.recorder.say(f"ftwatch: restarting all {self.nproc} workers "
+            self.recorder.say(f"ftwatch: restarting {self.slots.nproc} workers "
                               f"(restart {decision.restarts_used} of {self.config.policy.max_num_of_job_restart})")
             self._sleep(self.config.supervisor.restart_delay)
             if self._stop_requested.is_set():     # interrupted while waiting to restart
@@ -147,16 +164,42 @@ class JobRunner:
                 self.recorder.event(self.clock.time(), self.job, "interrupted")
                 return 130
 
+    def _end(self, decision: Decision, attempt: int) -> int:
+        """The job ended: success, or a final failure (scene kept, last words, workers stopped)."""
+        ok = decision.action is Action.NONE
+        if not ok and self.supervisor.running():
+            self._keep_scene()
+            self._dump()
+        self.supervisor.stop_all()
+        self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded" if ok else "failed")
+        self.budgets.close("succeeded" if ok else "failed")
+        self.slots.close("succeeded" if ok else "failed")
+        return 0 if ok else 1
+
+    def _below_min(self) -> Decision:
+        rng = self.slots.range
+        decision = Decision(self.clock.time(), Action.FAIL_JOB, Target(self.job), None,
+                            f"A1 local: {self.slots.describe()}: {self.slots.nproc} healthy device(s), below the "
+                            f"minimum {rng.min} of --nproc-per-node {rng} → fail_job",
+                            self.budgets.restarts_used, 0, attempt=self.budgets.attempt)
+        self.recorder.decision(decision)
+        return decision
+
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""
-        state = _Attempt()
+        state = self._state = _Attempt()
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
             # Take the whole batch before deciding: output that arrived with a failing exit
             # (a peer's traceback) is evidence for that decision, not something to drop.
-            triggers = [t for t in (self._handle(i, state) for i in self.supervisor.poll(POLL_SECONDS))
+            triggers = [t for t in (self._handle(i, state) for i in self.supervisor.poll(self.poll_seconds))
                         if t is not None]
+            while not triggers and state.retry:         # MindCluster retry, while the workers live
+                fault = state.retry.pop(0)
+                recovered, trigger = self._retry(fault, state)
+                triggers = [trigger] if trigger is not None else [] if recovered else [fault]
+            state.retry.clear()
             for trigger in triggers:
                 decision = self._incident(trigger, state)
                 if decision is not None:
@@ -184,10 +227,14 @@ class JobRunner:
             return None
         if isinstance(item, Started):
             self.tracker.started(item.origin, item.time)
+            self.scene.started(item.origin.instance, item.origin.rank, item.pid)
             self.recorder.event(item.time, self.job, "instance_start", item.origin.instance,
                                 item.origin.rank, pid=item.pid, start_count=item.start_count)
             return None
         if isinstance(item, ProcessExit):
+            self.scene.exited(item.origin.instance, item.returncode, item.signal)
+            if self.controls.dump is not None:
+                self.controls.dump.exit(item.origin.instance, describe_exit(item.returncode, item.signal))
             return self._exited(item, state)
         return None
 
@@ -211,16 +258,27 @@ class JobRunner:
         return finding
 
     def _incident(self, trigger: Finding, state: _Attempt) -> Decision | None:
-        """Decide on a failure or hang; stop the workers first in Sync mode."""
+        """Decide on a failure or hang and act. Sync: stop the workers first (last words before),
+        unless they may be kept (``self.live``: recover-in-place, keep-scene): then decide first."""
         is_hang = trigger.kind in ("hang", "exit_hang")
         if self.sync and not is_hang:
             self._settle(state)
-        if self.sync or is_hang:
+        stop = self.sync or is_hang
+        if stop and not self.live:
+            self._dump()
             self._stop_and_drain(state)
         incident = Incident(trigger, tuple(state.findings), self.nproc, frozenset(state.failed),
                             self.budgets.attempt)
         decision = self.policy.decide(incident, self.clock.time())
+        failed = {self._rank(i) for i in state.failed} - {None}
+        decision, how = plan(decision, self.mc, failed, bool(self.supervisor.running()))
+        decision, device = isolate(decision, self.slots)
         self.recorder.decision(decision)
+        if device is not None:
+            self.recorder.event(self.clock.time(), self.job, "device_isolated", decision.target.instance,
+                                decision.target.rank, device=device, devices=self.slots.active)
+        if how.kind == "in_place":
+            return self._in_place(how, state)
         one_instance = decision.action is Action.RESTART_INSTANCE or (
             not self.sync and decision.action is Action.RESTART_IN_PLACE)
         if one_instance and decision.target.rank is not None:
@@ -230,7 +288,112 @@ class JobRunner:
             return None
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on
+        if stop and self.live and decision.action is not Action.FAIL_JOB:
+            self._dump()                     # a final failure keeps the scene first (_end)
+            self._stop_and_drain(state)
         return decision
+
+    def _in_place(self, how: Plan, state: _Attempt) -> None:
+        """MindCluster recover-in-place: restart the failed ranks, the others run on."""
+        self._sleep(self.config.supervisor.restart_delay)
+        for rank in how.ranks:
+            state.failed.discard(f"worker-{rank}")
+            self.recorder.say(f"ftwatch: restarting rank {rank} in place")
+            self.supervisor.restart_instance(rank)
+        return None
+
+    def _rank(self, instance: str) -> int | None:
+        w = self.scene.workers.get(instance)
+        return w.rank if w is not None else None
+
+    def _retry(self, fault: Finding, state: _Attempt) -> tuple[bool, Finding | None]:
+        """MindCluster retry: ask the live workers to recover in place (SDK ``on_retry``) and wait
+        until each acknowledged and reported a step. Returns (recovered, a failing exit meanwhile).
+
+        Without a subscribed worker the fault is left alone (recovered=True: as without retry)."""
+        running = {f"worker-{r}" for r in self.supervisor.running()}
+        asked = self.control.subscribers.instances("retry") & running
+        if not asked:
+            return True, None
+        if fault.fingerprint in state.retried:
+            self.recorder.say(f"ftwatch: {fault.rule_id} again on {fault.origin.instance} after a retry: escalating")
+            return False, None
+        state.retried.add(fault.fingerprint)
+        watch = RetryWatch(uuid.uuid4().hex[:12], fault, set(), self.clock.mono(), self.mc.retry_timeout)
+        self.controls.retry = watch
+        watch.asked = self.control.subscribers.notify(
+            "retry", {"id": watch.id, "rule": fault.rule_id, "line": fault.line, "instance": fault.origin.instance,
+                      "rank": fault.rank}, asked)
+        self.recorder.say(f"ftwatch: MindCluster retry {watch.id}: asking {', '.join(sorted(watch.asked))} "
+                          f"to recover in place from {fault.rule_id}")
+        trigger = None
+        try:
+            while (outcome := watch.outcome(self.clock.mono())) == "pending" and not self._stop_requested.is_set():
+                for item in self.supervisor.poll(POLL_SECONDS):
+                    t = self._handle(item, state)
+                    if t is not None and trigger is None:
+                        trigger = t
+                        watch.fail(f"{t.origin.instance} ended ({t.line})")
+                self.control.drain(self.controls)
+        finally:
+            self.controls.retry = None
+        self.recorder.event(self.clock.time(), self.job, "retry", fault.origin.instance, fault.rank,
+                            id=watch.id, rule=fault.rule_id, outcome=outcome, asked=sorted(watch.asked))
+        if outcome != "recovered":
+            self.recorder.say(f"ftwatch: MindCluster retry {watch.id} {outcome}")
+            return False, trigger
+        used = self.budgets.restarts_used
+        steps = ", ".join(f"{i} at step {s}" for i, s in sorted(watch.stepped.items()))
+        self.recorder.decision(Decision(
+            self.clock.time(), Action.NOTIFY, Target(self.job, fault.origin.instance, fault.rank, fault.origin.node),
+            fault, f"D5 MindCluster retry: {len(watch.asked)} worker(s) recovered in place and resumed "
+                   f"({steps}) → training goes on", used,
+            max(0, self.config.policy.max_num_of_job_restart - used), (fault,), self.budgets.attempt))
+        return True, None
+
+    def _dump(self) -> None:
+        """MindCluster dump: signal the live workers for last words, wait up to ``dump_grace``."""
+        pids = self.scene.pids()
+        running = {f"worker-{r}" for r in self.supervisor.running()}
+        pids = {i: p for i, p in pids.items() if i in running}
+        if not self.mc.has("dump") or not pids:
+            return
+        sig = signal_number(self.mc.dump_signal)
+        watch = self.controls.dump = DumpWatch(pids, self.clock.mono(), self.mc.dump_grace)
+        self.recorder.say(f"ftwatch: asking {', '.join(sorted(pids))} for last words ({self.mc.dump_signal}, "
+                          f"{self.mc.dump_grace:g} s)")
+        for pid in pids.values():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            while not watch.complete(self.clock.mono()) and not self._stop_requested.is_set():
+                for item in self.supervisor.poll(POLL_SECONDS):
+                    self._handle(item, self._state)
+                self.control.drain(self.controls)
+        finally:
+            self.controls.dump = None
+        outcomes = watch.outcomes()
+        self.recorder.event(self.clock.time(), self.job, "dump", signal=self.mc.dump_signal, outcomes=outcomes)
+        self.recorder.say("ftwatch: last words: " + "; ".join(f"{i} {o}" for i, o in outcomes.items()))
+
+    def _keep_scene(self) -> None:
+        """A3: leave the workers as they are for ``keep_scene_seconds`` and say how to attach."""
+        seconds = self.config.supervisor.keep_scene_seconds
+        if seconds <= 0:
+            return
+        sup = self.supervisor
+        env = {"MASTER_ADDR": sup.master_addr, "MASTER_PORT": str(sup.master_port), "WORLD_SIZE": str(sup.nproc),
+               **self.slots.env()}
+        self.recorder.say(self.scene.attach_text(seconds, self.config.storage.state_dir, env, os.getcwd()))
+        self.recorder.event(self.clock.time(), self.job, "keep_scene", seconds=seconds, pids=self.scene.pids())
+        deadline = self.clock.mono() + seconds
+        while self.clock.mono() < deadline and not self._stop_requested.is_set():
+            for item in sup.poll(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono()))):
+                self._handle(item, self._state)
+            self.control.drain(self.controls)
+        self.recorder.say("ftwatch: scene released; stopping the workers")
 
     def _settle(self, state: _Attempt) -> None:
         """Give the other workers up to SETTLE_SECONDS to print (or exit with) their own errors."""
@@ -262,6 +425,8 @@ class JobRunner:
         if findings:
             state.findings.extend(findings)
             self.recorder.findings(findings)
+            if self.mc.has("retry"):
+                state.retry += [f for f in findings if retry_candidate(f)]
 
     def _echo(self, item: Output) -> None:
         prefix = f"[rank{item.origin.rank}]" if item.origin.rank is not None else f"[{item.origin.instance}]"

@@ -137,6 +137,16 @@ class Supervisor:
                 self._stop(0.0)
                 raise SourceError(f"cannot start worker: {' '.join(self.command)}: {exc}") from exc
 
+    def resize(self, nproc: int, env: Mapping[str, str]) -> None:
+        """Set the worker count and add ``env`` for the next :meth:`start_all` (elastic restarts
+        with fewer workers, visible devices). Raises ValueError (nproc < 1), RuntimeError (running)."""
+        with self._operation():
+            if nproc < 1 or self.running():
+                raise (ValueError if nproc < 1 else RuntimeError)(f"cannot resize to {nproc} now")
+            grow = max(0, nproc - len(self._starts))
+            self.nproc, self._starts, self._proc_starts = nproc, self._starts + [0] * grow, self._proc_starts + [0] * grow
+            self.env.update(env)
+
     def restart_instance(self, rank: int) -> None:
         """Start one worker again (Async mode); the others keep running.
 

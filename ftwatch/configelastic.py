@@ -1,0 +1,76 @@
+"""Elastic worker counts: ``N`` or ``MIN:MAX`` (torchrun's ``--nnodes=1:4`` syntax, DLRover's
+``--nnodes=MIN:MAX``, seed 003), and the device list a local job's slots map onto.
+
+Used by ``supervisor.nproc_per_node`` (``ftwatch run``: workers on this machine, shrinking down
+to MIN when devices are isolated) and by anything else that takes such a range (``nodecheck``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticRange:
+    """A count between ``min`` and ``max`` (both >= 1, ``min <= max``)."""
+
+    min: int
+    max: int
+
+    @property
+    def fixed(self) -> bool:
+        """True for a plain ``N`` (min == max)."""
+        return self.min == self.max
+
+    def __str__(self) -> str:
+        return str(self.max) if self.fixed else f"{self.min}:{self.max}"
+
+
+def parse_elastic_range(value: int | str) -> ElasticRange:
+    """Parse ``3``, ``"3"`` or ``"2:3"`` into an ElasticRange.
+
+    Args:
+        value: an int >= 1, or a string ``N`` or ``MIN:MAX`` (spaces allowed around the numbers).
+
+    Raises:
+        ValueError: not a number or a range, a number < 1, or MIN > MAX (the message says which).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"expected N or MIN:MAX, got {value!r}")
+    if isinstance(value, int):
+        lo = hi = value
+    elif isinstance(value, str):
+        parts = value.split(":")
+        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"expected N or MIN:MAX (e.g. 2:4), got {value!r}")
+        lo, hi = int(parts[0]), int(parts[-1])
+    else:
+        raise ValueError(f"expected N or MIN:MAX, got {value!r}")
+    if lo < 1:
+        raise ValueError(f"the worker count must be >= 1, got {value!r}")
+    if lo > hi:
+        raise ValueError(f"MIN must not exceed MAX, got {value!r}")
+    return ElasticRange(lo, hi)
+
+
+def default_devices(count: int, env: Mapping[str, str] | None = None) -> list[str]:
+    """The devices a local job's slots map onto when the config names none.
+
+    ``CUDA_VISIBLE_DEVICES`` when set (non-empty), else ``ASCEND_RT_VISIBLE_DEVICES``, else
+    ``0 .. count-1`` (a CPU machine: model slots, so that an isolation is still real and visible
+    in the workers' environment).
+
+    Args:
+        count: how many devices to model without a visible-devices variable (the MAX workers).
+        env: the environment to read (``os.environ`` when None).
+    """
+    env = os.environ if env is None else env
+    for name in DEVICE_ENV:
+        text = env.get(name, "").strip()
+        if text:
+            return [d.strip() for d in text.split(",") if d.strip()]
+    return [str(i) for i in range(count)]
