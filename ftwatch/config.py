@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
                                     WeComReceiver)
-from ftwatch.configelastic import ElasticRange, parse_elastic_range
 from ftwatch.configmindcluster import MindClusterConfig
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.configsupervisor import SupervisorConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -83,35 +83,6 @@ class PolicyConfig(BaseModel):
         if value != -1 and not 0 <= value <= 1:
             raise ValueError("must be -1 (off) or between 0 and 1")
         return value
-
-
-class SupervisorConfig(BaseModel):
-    """The local supervisor (``ftwatch run``): how workers are launched and stopped."""
-
-    model_config = _STRICT
-    nproc_per_node: int | str = Field(
-        1, description="Workers on this machine: N, or MIN:MAX (elastic: isolating a device restarts with "
-        "fewer, down to MIN).")
-    devices: list[str] | None = Field(
-        None, description="Devices the worker slots map onto (LOCAL_RANK i -> i-th healthy one); null: "
-        "CUDA_VISIBLE_DEVICES, else ASCEND_RT_VISIBLE_DEVICES, else 0..MAX-1.")
-    keep_scene_seconds: float = Field(
-        0.0, ge=0, description="On a final failure keep the workers this long and print how to attach (A3); 0: off.")
-    grace_period: float = Field(10.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping.")
-    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to the workers.")
-    master_port: int = Field(0, ge=0, le=65535, description="MASTER_PORT; 0: pick a free port.")
-    restart_delay: float = Field(1.0, ge=0, description="Seconds to wait before a restart.")
-
-    @field_validator("nproc_per_node")
-    @classmethod
-    def _nproc(cls, value: int | str) -> int | str:
-        rng = parse_elastic_range(value)
-        return rng.max if rng.fixed else str(rng)
-
-    @property
-    def nproc_range(self) -> ElasticRange:
-        """``nproc_per_node`` as an elastic range (min == max for a plain N)."""
-        return parse_elastic_range(self.nproc_per_node)
 
 
 class RulesConfig(BaseModel):

@@ -5,31 +5,33 @@ One loop, one thread (the supervisor's reader threads only fill its queue):
     poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
                     -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
     every tick      -> flush stale blocks, hang / exit-hang check
-    incident        -> (Sync) settle, stop all, drain -> policy.decide -> act (restart / fail)
+    incident        -> (Sync) settle, [dump], stop all, drain -> policy.decide -> act (restart / fail)
                        (Async) policy.decide -> restart that instance / fail
+    MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
+                       before stopping (survivors run on / are kept); dump before any stop
+    isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
 
 Exit status: 0 if and only if the job finally succeeded.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import sys
 import threading
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
 from ftwatch.clock import SystemClock
 from ftwatch.config import Config
-from ftwatch.configmindcluster import policy_overrides, signal_number
+from ftwatch.configmindcluster import policy_overrides
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Target
+from ftwatch.pipeline.acting import RecoveryActs
 from ftwatch.pipeline.control import ControlServer
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.recovery import DumpWatch, Plan, RecoveryHandler, RetryWatch, isolate, plan, retry_candidate
+from ftwatch.pipeline.recovery import RecoveryHandler, isolate, plan, retry_candidate
 from ftwatch.pipeline.scene import Scene, describe_exit
 from ftwatch.pipeline.slots import Slots
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
@@ -55,7 +57,7 @@ class _Attempt:
     retried: set[str] = field(default_factory=set)          # their fingerprints, once each
 
 
-class JobRunner:
+class JobRunner(RecoveryActs):
     """Runs one job under supervision until it succeeds or the policy fails it.
 
     Args:
@@ -293,107 +295,9 @@ class JobRunner:
             self._stop_and_drain(state)
         return decision
 
-    def _in_place(self, how: Plan, state: _Attempt) -> None:
-        """MindCluster recover-in-place: restart the failed ranks, the others run on."""
-        self._sleep(self.config.supervisor.restart_delay)
-        for rank in how.ranks:
-            state.failed.discard(f"worker-{rank}")
-            self.recorder.say(f"ftwatch: restarting rank {rank} in place")
-            self.supervisor.restart_instance(rank)
-        return None
-
     def _rank(self, instance: str) -> int | None:
         w = self.scene.workers.get(instance)
         return w.rank if w is not None else None
-
-    def _retry(self, fault: Finding, state: _Attempt) -> tuple[bool, Finding | None]:
-        """MindCluster retry: ask the live workers to recover in place (SDK ``on_retry``) and wait
-        until each acknowledged and reported a step. Returns (recovered, a failing exit meanwhile).
-
-        Without a subscribed worker the fault is left alone (recovered=True: as without retry)."""
-        running = {f"worker-{r}" for r in self.supervisor.running()}
-        asked = self.control.subscribers.instances("retry") & running
-        if not asked:
-            return True, None
-        if fault.fingerprint in state.retried:
-            self.recorder.say(f"ftwatch: {fault.rule_id} again on {fault.origin.instance} after a retry: escalating")
-            return False, None
-        state.retried.add(fault.fingerprint)
-        watch = RetryWatch(uuid.uuid4().hex[:12], fault, set(), self.clock.mono(), self.mc.retry_timeout)
-        self.controls.retry = watch
-        watch.asked = self.control.subscribers.notify(
-            "retry", {"id": watch.id, "rule": fault.rule_id, "line": fault.line, "instance": fault.origin.instance,
-                      "rank": fault.rank}, asked)
-        self.recorder.say(f"ftwatch: MindCluster retry {watch.id}: asking {', '.join(sorted(watch.asked))} "
-                          f"to recover in place from {fault.rule_id}")
-        trigger = None
-        try:
-            while (outcome := watch.outcome(self.clock.mono())) == "pending" and not self._stop_requested.is_set():
-                for item in self.supervisor.poll(POLL_SECONDS):
-                    t = self._handle(item, state)
-                    if t is not None and trigger is None:
-                        trigger = t
-                        watch.fail(f"{t.origin.instance} ended ({t.line})")
-                self.control.drain(self.controls)
-        finally:
-            self.controls.retry = None
-        self.recorder.event(self.clock.time(), self.job, "retry", fault.origin.instance, fault.rank,
-                            id=watch.id, rule=fault.rule_id, outcome=outcome, asked=sorted(watch.asked))
-        if outcome != "recovered":
-            self.recorder.say(f"ftwatch: MindCluster retry {watch.id} {outcome}")
-            return False, trigger
-        used = self.budgets.restarts_used
-        steps = ", ".join(f"{i} at step {s}" for i, s in sorted(watch.stepped.items()))
-        self.recorder.decision(Decision(
-            self.clock.time(), Action.NOTIFY, Target(self.job, fault.origin.instance, fault.rank, fault.origin.node),
-            fault, f"D5 MindCluster retry: {len(watch.asked)} worker(s) recovered in place and resumed "
-                   f"({steps}) → training goes on", used,
-            max(0, self.config.policy.max_num_of_job_restart - used), (fault,), self.budgets.attempt))
-        return True, None
-
-    def _dump(self) -> None:
-        """MindCluster dump: signal the live workers for last words, wait up to ``dump_grace``."""
-        pids = self.scene.pids()
-        running = {f"worker-{r}" for r in self.supervisor.running()}
-        pids = {i: p for i, p in pids.items() if i in running}
-        if not self.mc.has("dump") or not pids:
-            return
-        sig = signal_number(self.mc.dump_signal)
-        watch = self.controls.dump = DumpWatch(pids, self.clock.mono(), self.mc.dump_grace)
-        self.recorder.say(f"ftwatch: asking {', '.join(sorted(pids))} for last words ({self.mc.dump_signal}, "
-                          f"{self.mc.dump_grace:g} s)")
-        for pid in pids.values():
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            while not watch.complete(self.clock.mono()) and not self._stop_requested.is_set():
-                for item in self.supervisor.poll(POLL_SECONDS):
-                    self._handle(item, self._state)
-                self.control.drain(self.controls)
-        finally:
-            self.controls.dump = None
-        outcomes = watch.outcomes()
-        self.recorder.event(self.clock.time(), self.job, "dump", signal=self.mc.dump_signal, outcomes=outcomes)
-        self.recorder.say("ftwatch: last words: " + "; ".join(f"{i} {o}" for i, o in outcomes.items()))
-
-    def _keep_scene(self) -> None:
-        """A3: leave the workers as they are for ``keep_scene_seconds`` and say how to attach."""
-        seconds = self.config.supervisor.keep_scene_seconds
-        if seconds <= 0:
-            return
-        sup = self.supervisor
-        env = {"MASTER_ADDR": sup.master_addr, "MASTER_PORT": str(sup.master_port), "WORLD_SIZE": str(sup.nproc),
-               **self.slots.env()}
-        self.recorder.say(self.scene.attach_text(seconds, self.config.storage.state_dir, env, os.getcwd()))
-        self.recorder.event(self.clock.time(), self.job, "keep_scene", seconds=seconds, pids=self.scene.pids())
-        deadline = self.clock.mono() + seconds
-        while self.clock.mono() < deadline and not self._stop_requested.is_set():
-            for item in sup.poll(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono()))):
-                self._handle(item, self._state)
-            self.control.drain(self.controls)
-        self.recorder.say("ftwatch: scene released; stopping the workers")
 
     def _settle(self, state: _Attempt) -> None:
         """Give the other workers up to SETTLE_SECONDS to print (or exit with) their own errors."""

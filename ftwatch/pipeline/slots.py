@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from ftwatch.configelastic import DEVICE_ENV, ElasticRange, default_devices
+from ftwatch.configsupervisor import DEVICE_ENV, ElasticRange, default_devices
 from ftwatch.errors import ConfigError, Issue
 
 _FORMAT = "ftwatch-isolation"

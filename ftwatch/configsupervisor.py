@@ -1,8 +1,10 @@
-"""Elastic worker counts: ``N`` or ``MIN:MAX`` (torchrun's ``--nnodes=1:4`` syntax, DLRover's
-``--nnodes=MIN:MAX``, seed 003), and the device list a local job's slots map onto.
+"""The ``supervisor`` section (the local workers of ``ftwatch run``), elastic worker counts ``N`` or
+``MIN:MAX`` (torchrun's ``--nnodes=1:4`` syntax, DLRover's ``--nnodes=MIN:MAX``, seed 003), and the
+device list a local job's slots map onto.
 
-Used by ``supervisor.nproc_per_node`` (``ftwatch run``: workers on this machine, shrinking down
-to MIN when devices are isolated) and by anything else that takes such a range (``nodecheck``).
+``parse_elastic_range`` serves ``supervisor.nproc_per_node`` (workers on this machine, shrinking
+down to MIN when devices are isolated) and anything else that takes such a range (``nodecheck``).
+Kept apart from ``ftwatch.config`` for size; ``Config.supervisor`` holds a ``SupervisorConfig``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
 
@@ -74,3 +78,32 @@ def default_devices(count: int, env: Mapping[str, str] | None = None) -> list[st
         if text:
             return [d.strip() for d in text.split(",") if d.strip()]
     return [str(i) for i in range(count)]
+
+
+class SupervisorConfig(BaseModel):
+    """The local supervisor (``ftwatch run``): how workers are launched and stopped."""
+
+    model_config = ConfigDict(extra="forbid")
+    nproc_per_node: int | str = Field(
+        1, description="Workers on this machine: N, or MIN:MAX (elastic: isolating a device restarts with "
+        "fewer, down to MIN).")
+    grace_period: float = Field(10.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping.")
+    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to the workers.")
+    master_port: int = Field(0, ge=0, le=65535, description="MASTER_PORT; 0: pick a free port.")
+    restart_delay: float = Field(1.0, ge=0, description="Seconds to wait before a restart.")
+    devices: list[str] | None = Field(
+        None, description="Devices the worker slots map onto (LOCAL_RANK i -> i-th healthy one); null: "
+        "CUDA_VISIBLE_DEVICES, else ASCEND_RT_VISIBLE_DEVICES, else 0..MAX-1.")
+    keep_scene_seconds: float = Field(
+        0.0, ge=0, description="On a final failure keep the workers this long and print how to attach (A3); 0: off.")
+
+    @field_validator("nproc_per_node")
+    @classmethod
+    def _nproc(cls, value: int | str) -> int | str:
+        rng = parse_elastic_range(value)
+        return rng.max if rng.fixed else str(rng)
+
+    @property
+    def nproc_range(self) -> ElasticRange:
+        """``nproc_per_node`` as an elastic range (min == max for a plain N)."""
+        return parse_elastic_range(self.nproc_per_node)
