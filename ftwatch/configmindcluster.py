@@ -93,11 +93,11 @@ def signal_number(name: str | int) -> int:
 
 
 def policy_overrides(mc: MindClusterConfig) -> dict[str, Any]:
-    """The policy fields the section sets: ``enable_job_restart`` (a recovering strategy is given)
-    and ``max_num_of_job_restart`` (``max_restarts``); {} when the section is off."""
-    if not mc.enabled:
-        return {}
-    out: dict[str, Any] = {"enable_job_restart": bool(RECOVERING & set(mc.recover_strategy))}
+    """The policy fields the section sets: ``enable_job_restart`` (whether a recovering strategy is
+    given; only with a strategy) and ``max_num_of_job_restart`` (``max_restarts``, also alone)."""
+    out: dict[str, Any] = {}
+    if mc.enabled:
+        out["enable_job_restart"] = bool(RECOVERING & set(mc.recover_strategy))
     if mc.max_restarts is not None:
         out["max_num_of_job_restart"] = mc.max_restarts
     return out

@@ -155,6 +155,9 @@ class JobRunner(RecoveryActs):
             if decision.action in (Action.NONE, Action.FAIL_JOB):
                 return self._end(decision, attempt)
             # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
+            if self.supervisor.running():        # Async isolate_node: the others still run
+                self._dump()
+                self._stop_and_drain(self._state)
             self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
@@ -172,6 +175,7 @@ class JobRunner(RecoveryActs):
         if not ok and self.supervisor.running():
             self._keep_scene()
             self._dump()
+            self._stop_and_drain(self._state)
         self.supervisor.stop_all()
         self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded" if ok else "failed")
         self.budgets.close("succeeded" if ok else "failed")

@@ -60,6 +60,7 @@ def test_policy_translation_enables_restarts_only_for_a_recovering_strategy():
     assert policy_overrides(MC(recover_strategy="dump,exit")) == {"enable_job_restart": False}
     assert policy_overrides(MC(recover_strategy="recover-in-place", max_restarts=5)) == {
         "enable_job_restart": True, "max_num_of_job_restart": 5}
+    assert policy_overrides(MC(max_restarts=2)) == {"max_num_of_job_restart": 2}
 
 
 def test_dump_signal_names_and_numbers():
