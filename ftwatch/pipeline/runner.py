@@ -142,8 +142,9 @@ class JobRunner(RecoveryActs):
                 return self._end(self._below_min(), attempt)
             self.nproc = self.slots.nproc
             self.supervisor.resize(self.nproc, self.slots.env())
-            self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}, "
-                              f"{self.slots.describe()}): {' '.join(self.command)}")
+            self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
+            if self.slots.isolated:
+                self.recorder.say(f"ftwatch: {self.slots.describe()}")
             self.tracker.reset(self.clock.time())
             self.controls.new_attempt()
             self.supervisor.start_all(restart_count=attempt)
