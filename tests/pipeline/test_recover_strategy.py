@@ -341,3 +341,24 @@ def test_on_retry_without_a_monitor_is_a_no_op():
 def test_config_default_is_off():
     assert Config().mindcluster.enabled is False and Config().supervisor.keep_scene_seconds == 0
 
+
+
+def test_supervisor_resize_starts_fewer_workers_with_the_new_devices():
+    import sys
+
+    from ftwatch.pipeline.supervisor import Output, Supervisor
+    code = "import os; print(os.environ['WORLD_SIZE'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['MA_PROC_START_CNT'])"
+    with Supervisor([sys.executable, "-c", code], 3, grace_period=1) as sup:
+        sup.resize(3, {"CUDA_VISIBLE_DEVICES": "0,1,2"})
+        for restart, (n, devices) in enumerate([(3, "0,1,2"), (2, "0,2")]):
+            sup.resize(n, {"CUDA_VISIBLE_DEVICES": devices})
+            sup.start_all(restart)
+            lines, deadline = [], time.monotonic() + 30
+            while len(lines) < n and time.monotonic() < deadline:
+                lines += [i.data.decode().strip() for i in sup.poll(0.2) if isinstance(i, Output)]
+            assert sorted(lines) == [f"{n} {devices} {restart + 1}"] * n
+            while sup.running() and time.monotonic() < deadline:
+                sup.poll(0.1)
+            sup.stop_all()
+        with pytest.raises(ValueError):
+            sup.resize(0, {})
