@@ -113,6 +113,7 @@ class JobRunner(RecoveryActs):
         self.scene = Scene()
         self._stop_requested = threading.Event()
         self._state = _Attempt()
+        self._reschedule = False     # the next start moves the job (isolation, MindCluster recover): A2
         self.final: Decision | None = None
 
     # -- public -----------------------------------------------------------------------------
@@ -147,7 +148,8 @@ class JobRunner(RecoveryActs):
                 self.recorder.say(f"ftwatch: {self.slots.describe()}")
             self.tracker.reset(self.clock.time())
             self.controls.new_attempt()
-            self.supervisor.start_all(restart_count=attempt)
+            self.supervisor.start_all(restart_count=attempt, reschedule=self._reschedule)
+            self._reschedule = False
             decision = self._watch()
             self.final = decision
             if decision is None:                 # interrupted: the job did not end, budgets stay
@@ -286,6 +288,7 @@ class JobRunner(RecoveryActs):
                                 decision.target.rank, device=device, devices=self.slots.active)
         if how.kind == "in_place":
             return self._in_place(how, state)
+        self._reschedule = how.kind == "job" and (device is not None or self.mc.has("recover"))
         one_instance = decision.action is Action.RESTART_INSTANCE or (
             not self.sync and decision.action is Action.RESTART_IN_PLACE)
         if one_instance and decision.target.rank is not None:

@@ -7,10 +7,11 @@ lines (:class:`Output`) as soon as a read returns them (``ftwatch.pipeline.sourc
 :class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
 comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue.
 
-Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine (nothing is
-rescheduled unless ``start_all(..., reschedule=True)``), ``MA_PROC_START_CNT`` counts each
-instance's starts (every local restart is an in-place recovery), ``TORCHELASTIC_RESTART_COUNT`` is
-the job's restart count and ``FTWATCH_ATTEMPT`` the instance's start count; README "Contracts".
+Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine unless a start is a
+rescheduling (``start_all(..., reschedule=True)``: the job moved off an isolated device),
+``MA_PROC_START_CNT`` counts each instance's starts (every other local restart is an in-place
+recovery), ``TORCHELASTIC_RESTART_COUNT`` is the job's restart count and ``FTWATCH_ATTEMPT`` the
+instance's start count; README "Contracts".
 
 Process groups. A group is stopped as a whole, so a worker's children die with it. When a worker's
 main process exits on its own, the rest of its group gets ``EXIT_LINGER`` seconds to close the

@@ -37,7 +37,8 @@ def say(text: str) -> None:
 def main() -> int:
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     say(f"rank {RANK} pid {os.getpid()} world {os.environ.get('WORLD_SIZE')} devices "
-        f"{os.environ.get('CUDA_VISIBLE_DEVICES')} start {os.environ.get('MA_PROC_START_CNT')}")
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES')} start {os.environ.get('MA_PROC_START_CNT')} "
+        f"sched {os.environ.get('MA_SCHEDULE_CNT')}")
     if MODE == "xid":
         bad = os.environ.get("RW_BAD_DEVICES", "1").split(",")
         time.sleep(0.3)

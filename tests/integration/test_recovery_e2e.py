@@ -44,7 +44,7 @@ def test_isolated_device_leaves_the_slots_and_the_job_finishes_with_fewer_worker
         decisions[0]["policy_clause"]
     assert "world 3 devices 0,1,2" in job.output
     second = [line for _, line in job.lines if "world 2" in line]
-    assert len(second) == 2 and all("devices 0,2 " in line for line in second), job.output
+    assert len(second) == 2 and all("devices 0,2 start 1 sched 2" in line for line in second), job.output
     saved = json.loads(next((job.state / "isolation").glob("*.json")).read_text())
     assert list(saved["isolated"]) == ["1"] and saved["isolated"]["1"]["rule"].startswith("xid.79")
     assert [e["device"] for e in events(job, "device_isolated")] == ["1"]
@@ -119,7 +119,7 @@ def test_recover_in_place_restarts_only_the_failed_rank(tmp_path):
     decisions = job.decisions()
     assert [d["action"] for d in decisions] == ["restart_in_place", "none"], job.output
     assert decisions[0]["target"]["rank"] == 1 and decisions[0]["restarts_left"] == 1
-    starts = re.findall(r"rank (\d) pid (\d+) world 2 devices 0,1 start (\d)", job.output)
+    starts = re.findall(r"rank (\d) pid (\d+) world 2 devices 0,1 start (\d) sched 1", job.output)
     assert sorted((r, s) for r, _, s in starts) == [("0", "1"), ("1", "1"), ("1", "2")], job.output
     assert len({pid for r, pid, _ in starts if r == "0"}) == 1
     assert "stopping all workers" not in job.output
