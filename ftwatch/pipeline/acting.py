@@ -38,7 +38,6 @@ class RecoveryActs:
             state.failed.discard(f"worker-{rank}")
             self.recorder.say(f"ftwatch: restarting rank {rank} in place")
             self.supervisor.restart_instance(rank)
-        return None
 
     def _retry(self, fault: Finding, state: Any) -> tuple[bool, Finding | None]:
         """MindCluster retry: ask the live workers to recover in place (SDK ``on_retry``) and wait
@@ -58,6 +57,9 @@ class RecoveryActs:
         watch.asked = self.control.subscribers.notify(
             "retry", {"id": watch.id, "rule": fault.rule_id, "line": fault.line, "instance": fault.origin.instance,
                       "rank": fault.rank}, asked)
+        if not watch.asked:                    # every subscriber's connection was gone
+            self.controls.retry = None
+            return True, None
         self.recorder.say(f"ftwatch: MindCluster retry {watch.id}: asking {', '.join(sorted(watch.asked))} "
                           f"to recover in place from {fault.rule_id}")
         trigger = None
