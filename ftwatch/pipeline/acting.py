@@ -129,4 +129,4 @@ class RecoveryActs:
             for item in sup.poll(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono()))):
                 self._handle(item, self._state)
             self.control.drain(self.controls)
-        self.recorder.say("ftwatch: scene released; stopping the workers")
+        self.recorder.say("ftwatch: scene released")

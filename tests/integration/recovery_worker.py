@@ -8,6 +8,7 @@
 - ``dump``: every worker installs ``Monitor.on_dump`` (last words into ``RW_DIR``); rank 1 exits 1
   after a moment, the others wait to be stopped.
 - ``scene``: rank 1 fails with a KeyError (user code: fail_job), the others keep running.
+- ``hang``: rank 1 SIGSTOPs itself, the others wait silently (a job hang).
 - ``retry``: every worker registers ``Monitor.on_retry`` and reports steps; rank 1 prints a
   retryable fault once; the job finishes at step 30.
 - ``inplace``: rank 1 SIGKILLs itself on its first start; the others run 4 s; all exit 0.
@@ -65,6 +66,10 @@ def main() -> int:
             time.sleep(0.3)
             config = {"lr": 0.1}
             return config["warmup_steps"]
+        return _wait(60)
+    if MODE == "hang":
+        if RANK == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
         return _wait(60)
     if MODE == "retry":
         return _retry()

@@ -89,12 +89,25 @@ def test_keep_scene_leaves_the_survivor_alive_for_the_window_and_prints_how_to_a
     assert f"gdb -p {pids[0]}" in job.output and "state dir" in job.output
     assert re.search(r"worker-1 \(rank 1\)  pid \d+  exit 1", job.output)
     assert job.wait() == 1, job.output
-    released = job.first("scene released; stopping the workers")
+    released = job.first("ftwatch: scene released")
     assert released - text >= 3.0             # the window was held (5 s, minus output latency)
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)
     [d] = job.decisions()
     assert d["action"] == "fail_job" and d["root_cause"]["rule_id"] == "python.key_error"
+
+
+def test_keep_scene_after_a_hang_leaves_the_sigstopped_worker_stopped(tmp_path):
+    """A job hang with restarts off: the scene shows (and keeps) rank 1 in its SIGSTOPped state."""
+    job = run(tmp_path, ["--keep-scene", "5", "--enable-job-hang-detection=True", "--job-hang-interval=2"], "hang")
+    job.first("py-spy dump --pid")
+    [pid] = [int(p) for p in re.findall(r"worker-1 \(rank 1\)  pid (\d+)  stopped \(SIGSTOP\)", job.output)]
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state == "T"                       # still stopped: nobody sent SIGCONT yet
+    assert job.wait() == 1, job.output
+    assert [d["root_cause"]["rule_id"] for d in job.decisions()] == ["hang.job"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_retry_asks_the_live_workers_to_recover_in_place_and_training_goes_on(tmp_path):
