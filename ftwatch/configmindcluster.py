@@ -133,14 +133,15 @@ def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
     sup = {k: v for k, v in (("nproc_per_node", getattr(args, "nproc_per_node", None)),
                              ("grace_period", getattr(args, "grace_period", None)),
                              ("keep_scene_seconds", args.keep_scene)) if v is not None}
-    updates = {}
+    updates, issues = {}, []
     for section, overrides in (("mindcluster", mc), ("supervisor", sup)):
         if overrides:
             model = getattr(config, section)
             try:
                 updates[section] = type(model).model_validate(model.model_dump() | overrides)
             except ValidationError as exc:
-                raise ConfigError([Issue("<argv>", 0, f"{_FLAG.get(str(e['loc'][0]), e['loc'][0])}: "
-                                                      f"{e['msg'].removeprefix('Value error, ')}")
-                                   for e in exc.errors()]) from None
+                issues += [Issue("<argv>", 0, f"{_FLAG.get(str(e['loc'][0]), e['loc'][0])}: "
+                                              f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()]
+    if issues:
+        raise ConfigError(issues)
     return config.model_copy(update=updates) if updates else config

@@ -49,7 +49,8 @@ class Slots:
             raise ConfigError(Issue("<config>", 0, f"supervisor.devices lists a device twice: {devices}"))
         if len(devices) < nproc.min:
             raise ConfigError(Issue("<config>", 0, f"supervisor.nproc_per_node {nproc} needs at least "
-                                                   f"{nproc.min} devices, only {len(devices)} known: {devices}"))
+                                                   f"{nproc.min} devices, only {len(devices)} known: {devices} (supervisor.devices, "
+                                                   "else CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES)"))
         self.devices, self.range, self.path, self.job = list(devices), nproc, path, job
         self.isolated: dict[str, dict[str, Any]] = {}
         self.status = "running"

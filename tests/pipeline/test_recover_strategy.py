@@ -362,3 +362,14 @@ def test_supervisor_resize_starts_fewer_workers_with_the_new_devices():
             sup.stop_all()
         with pytest.raises(ValueError):
             sup.resize(0, {})
+
+
+def test_run_flags_are_validated_together_before_any_worker(tmp_path, capsys):
+    from ftwatch.cli import main
+    status = main(["run", "--state-dir", str(tmp_path), "--nproc-per-node", "3:2", "--recover-strategy", "foo",
+                   "--keep-scene", "-1", "--", "true"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "--recover-strategy: unknown strategy foo" in err
+    assert "--nproc-per-node: MIN must not exceed MAX" in err and "--keep-scene:" in err
+    assert not (tmp_path / "ftwatch.db").exists()
