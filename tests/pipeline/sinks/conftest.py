@@ -31,10 +31,17 @@ class FakeElasticsearch:
         self.puts: dict[str, Any] = {}
         self.product_header = product_header
         self._lock = threading.Lock()
+        self._closed = False
+        self._conns: list[Any] = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                with owner._lock:
+                    owner._conns.append(self.connection)
 
             def _answer(self, status: int, body: Any) -> None:
                 raw = json.dumps(body).encode()
@@ -129,6 +136,9 @@ class FakeElasticsearch:
         return pairs
 
     def _create(self, index: str, doc_id: str, doc: dict[str, Any], trouble: Any, n: int) -> dict[str, Any]:
+        if trouble == "items429":
+            return {"create": {"_index": index, "_id": doc_id, "status": 429,
+                               "error": {"type": "es_rejected_execution_exception", "reason": "busy"}}}
         if trouble == "partial":
             if n % 3 == 1:
                 return {"create": {"_index": index, "_id": doc_id, "status": 429,
@@ -158,9 +168,31 @@ class FakeElasticsearch:
         return [r for r in self.requests if r["path"].startswith("/_bulk")]
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.server.shutdown()
+        for conn in self._conns:             # keep-alive connections go down with the server
+            try:
+                conn.shutdown(2)
+            except OSError:
+                pass
         self.server.server_close()
         self.thread.join(5)
+
+
+@pytest.fixture
+def es_server():
+    """Makes FakeElasticsearch servers (``es_server(port=..., product_header=...)``); closes them all."""
+    made: list[FakeElasticsearch] = []
+
+    def make(port: int = 0, product_header: bool = True) -> FakeElasticsearch:
+        made.append(FakeElasticsearch(port, product_header))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
 
 
 @pytest.fixture
