@@ -52,6 +52,7 @@ def cmd_es(argv: list[str]) -> int:
     p.add_argument("--config", help="YAML config with storage.elasticsearch")
     p.add_argument("--url", help="Elasticsearch URL (overrides the config's)")
     p.add_argument("--state-dir", help="where the buffer lives (flush)")
+    p.add_argument("--retries", type=int, help="flush: retries per bulk request (default: max_retries)")
     args = p.parse_args(argv)
     es_cfg, state_dir = _es_config(args)
     from elastic_transport import TransportError
@@ -72,7 +73,7 @@ def cmd_es(argv: list[str]) -> int:
                   "are created on the first write")
             return 0
         sink = ElasticsearchSink.from_config(es_cfg, state_dir)
-        left = sink.flush()
+        left = sink.flush(args.retries)
         stats = sink.stats
         sink.close()
         print(f"ftwatch es flush: {stats.sent} sent, {stats.duplicates} already there, "

@@ -87,7 +87,8 @@ class ElasticsearchSink:
         prefix: the data stream prefix.
         batch_size: documents per bulk request.
         max_retries: retries of one bulk request per flush; ``backoff`` the seconds before
-            retry 1, 2 ... (the last repeats); ``sleep`` waits (tests pass a recorder).
+            retry 1, 2 ... (the last repeats); ``sleep`` waits (default: until ``close``;
+            tests pass a recorder).
         dead_letter_after: flushes a document may be refused with 429/5xx before it is
             dead-lettered.
         labels: added to every document (``ecs.dedot`` explains dotted keys).
@@ -101,7 +102,7 @@ class ElasticsearchSink:
     def __init__(self, client: Any, buffer_dir: Path, *, prefix: str = "ftwatch", batch_size: int = 500,
                  max_retries: int = 3, backoff: Sequence[float] = (0.5, 2.0, 5.0),
                  dead_letter_after: int = 20, labels: Mapping[str, str] | None = None,
-                 host: str | None = None, sleep: Callable[[float], None] = _time.sleep,
+                 host: str | None = None, sleep: Callable[[float], Any] | None = None,
                  now: Callable[[], float] = _time.time):
         self.client = client
         self.prefix = prefix
@@ -112,12 +113,12 @@ class ElasticsearchSink:
         self.labels = dict(labels or {})
         self.host = host or socket.gethostname()
         self.stats = SinkStats()
-        self._sleep = sleep
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait          # a backoff ends early when closing
         self._now = now
         self._lock = threading.Lock()          # the journal
         self._flush_lock = threading.Lock()    # one flush at a time
         self._wake = threading.Event()
-        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -198,7 +199,7 @@ class ElasticsearchSink:
                 if bad:
                     self._dead([{"reason": "unreadable buffer line", "status": None, "raw": b}
                                 for b in bad])
-                keep, reachable = self._send(entries, retries)
+                keep, reachable = self._send(entries, retries) if entries else ([], True)
                 self.buffer.rewrite(seg, keep)
                 left += len(keep)
                 if not reachable:          # the cluster is away: keep the rest for later
@@ -214,6 +215,8 @@ class ElasticsearchSink:
         from elasticsearch import ApiError
         todo, request_failed = entries, False
         for attempt in range(retries + 1):
+            if attempt and self._stop.is_set():       # closing: no more retries, keep on disk
+                break
             if attempt:
                 self.stats.retries += 1
                 self._sleep(self.backoff[min(attempt - 1, len(self.backoff) - 1)])

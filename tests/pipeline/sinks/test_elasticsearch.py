@@ -218,6 +218,7 @@ def test_fan_out_gives_both_stores_everything_and_a_broken_sink_breaks_nothing(f
     store.close()
 
 
+@pytest.mark.slow
 def test_ftwatch_run_writes_to_elasticsearch_and_flushes_on_exit(fake_es, tmp_path):
     """The real command: a failing one-line job, storage.elasticsearch pointing at the server."""
     config = tmp_path / "ftwatch.yaml"
@@ -235,3 +236,45 @@ def test_ftwatch_run_writes_to_elasticsearch_and_flushes_on_exit(fake_es, tmp_pa
     assert doc["ftwatch"]["job"] == "es-job"
     assert doc["labels"] == {"app_kubernetes_io/name": "trainer", "app": "demo", "job": "es-job"}
     assert not list((tmp_path / "state" / "es-buffer").glob("seg-*.jsonl"))
+
+
+def test_the_background_thread_sends_a_full_batch_without_waiting_for_the_interval(fake_es, tmp_path):
+    """A full batch wakes the flusher at once (the interval is an hour); waits on the server, with a deadline."""
+    import time
+
+    sink = make_sink(fake_es.url, tmp_path / "buf", batch_size=5)
+    sink.start(3600)
+    write_some(sink, 5)
+    deadline = time.monotonic() + 20
+    while len(fake_es.docs) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(fake_es.docs) == 5
+    write_some(sink, 2, T0 + 50)             # not a full batch: sent by close
+    sink.close()
+    assert len(fake_es.docs) == 7 and sink.pending() == 0
+
+
+def test_es_flush_sends_what_an_earlier_run_left_on_disk(fake_es, tmp_path, capsys):
+    from ftwatch.cli import main
+
+    sink = make_sink("http://127.0.0.1:9", tmp_path / "es-buffer")    # nobody listens there
+    write_some(sink, 3)
+    sink.close()
+    assert main(["es", "flush", "--url", "http://127.0.0.1:9", "--state-dir", str(tmp_path), "--retries", "0"]) == 1
+    assert "3 left" in capsys.readouterr().out
+    assert main(["es", "flush", "--url", fake_es.url, "--state-dir", str(tmp_path)]) == 0
+    assert "3 sent" in capsys.readouterr().out and len(fake_es.docs) == 3
+
+
+def test_a_line_cut_short_in_the_journal_is_a_dead_letter_and_the_rest_is_sent(fake_es, tmp_path):
+    sink = make_sink("http://127.0.0.1:9", tmp_path / "buf")          # nobody listens: stays on disk
+    write_some(sink, 2)
+    sink.close()
+    seg = next((tmp_path / "buf").glob("seg-*.jsonl"))
+    seg.write_text(seg.read_text() + '{"index": "ftwatch-events", "id": "x", "do')    # a crash mid-write
+    again = make_sink(fake_es.url, tmp_path / "buf")
+    assert again.flush() == 0
+    assert len(fake_es.docs) == 2 and again.stats.dead_lettered == 1
+    dead = json.loads((tmp_path / "buf" / "dead-letter.jsonl").read_text())
+    assert dead["reason"] == "unreadable buffer line" and dead["raw"].startswith('{"index"')
+    again.close()
