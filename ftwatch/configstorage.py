@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _STRICT = ConfigDict(extra="forbid")
 _URL = r"^https?://"
@@ -49,12 +51,16 @@ class ElasticsearchConfig(BaseModel):
             return {**data, "url": [data["url"]]}
         return data
 
-    @model_validator(mode="after")
-    def _check(self) -> "ElasticsearchConfig":
-        import re
-        bad = [u for u in self.url if not re.match(_URL, u)]
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        bad = [u for u in urls if not re.match(_URL, u)]
         if bad:
             raise ValueError(f"url must start with http:// or https://: {', '.join(bad)}")
+        return urls
+
+    @model_validator(mode="after")
+    def _check(self) -> "ElasticsearchConfig":
         if (self.username is None) != (self.password is None):
             raise ValueError("username and password go together")
         if self.api_key is not None and self.username is not None:
