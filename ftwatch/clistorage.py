@@ -17,7 +17,12 @@ from ftwatch.errors import ConfigError
 
 def build_store(config: Any, state_dir: Path) -> Any:
     """The store the recorder writes to: the SQLite store, fanned out to Elasticsearch when
-    ``storage.elasticsearch`` is set (its background flusher started)."""
+    ``storage.elasticsearch`` is set (its background flusher started).
+
+    Raises:
+        ConfigError: the Elasticsearch buffer directory cannot be used (e.g. another ftwatch
+            holds it).
+    """
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     sqlite = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
     es_cfg = config.storage.elasticsearch
@@ -25,7 +30,12 @@ def build_store(config: Any, state_dir: Path) -> Any:
         return sqlite
     from ftwatch.pipeline.sinks.elasticsearch import ElasticsearchSink
     from ftwatch.pipeline.sinks.fanout import FanOut
-    sink = ElasticsearchSink.from_config(es_cfg, state_dir)
+    from ftwatch.errors import SinkError
+    try:
+        sink = ElasticsearchSink.from_config(es_cfg, state_dir)
+    except SinkError as exc:
+        sqlite.close()
+        raise ConfigError(f"storage.elasticsearch: {exc}") from None
     sink.start(es_cfg.flush_interval)
     return FanOut(sqlite, [sink])
 

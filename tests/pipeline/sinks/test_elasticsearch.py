@@ -278,3 +278,16 @@ def test_a_line_cut_short_in_the_journal_is_a_dead_letter_and_the_rest_is_sent(f
     dead = json.loads((tmp_path / "buf" / "dead-letter.jsonl").read_text())
     assert dead["reason"] == "unreadable buffer line" and dead["raw"].startswith('{"index"')
     again.close()
+
+
+def test_two_runs_on_one_buffer_directory_are_refused_clearly(fake_es, tmp_path):
+    from ftwatch.clistorage import build_store
+    from ftwatch.config import Config
+    from ftwatch.errors import ConfigError
+
+    config = Config.model_validate({"storage": {"elasticsearch": {"url": fake_es.url}}})
+    store = build_store(config, tmp_path)
+    assert isinstance(store, FanOut)
+    with pytest.raises(ConfigError, match="in use by another ftwatch process"):
+        build_store(config, tmp_path)
+    store.close()
