@@ -1,4 +1,4 @@
-"""The ``ftwatch`` command: run, replay, explain, check, test-rules.
+"""The ``ftwatch`` command: run, watch, replay, explain, check, test-rules, es, dashboards.
 
 AIMaster flags (SPEC M1) are accepted verbatim anywhere before ``--`` in ``run`` and
 ``replay``, as argv (``--enable-job-restart=True``) or as one string
@@ -104,10 +104,10 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     from ftwatch.alerting.notifiers import build_notifiers
     from ftwatch.alerting.spool import Spool
     from ftwatch.alerting.rendering import TemplateRenderer
+    from ftwatch.clistorage import build_store
     from ftwatch.pipeline.recorder import Recorder
-    from ftwatch.pipeline.sinks.sqlite import SqliteStore
     state_dir.mkdir(parents=True, exist_ok=True)
-    store = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
+    store = build_store(config, state_dir)
     renderer = TemplateRenderer(config.alerting.language,
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
     recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir)
@@ -157,7 +157,10 @@ def cmd_run(argv: list[str]) -> int:
     job = _job_id(args.job_id or config.job.id, command)
     recorder = _recorder(config, state_dir, args.decisions_file)
     runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
-    status = runner.run()
+    try:
+        status = runner.run()
+    finally:
+        recorder.store.close()       # flushes the Elasticsearch sink, if any
     _summary(runner, recorder, status, state_dir)
     return status
 
@@ -232,6 +235,7 @@ def cmd_watch(argv: list[str]) -> int:
     finally:
         for source in sources:
             source.stop()
+        recorder.store.close()
     recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
@@ -336,6 +340,16 @@ def cmd_test_rules(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
+def cmd_es(argv: list[str]) -> int:
+    from ftwatch.clistorage import cmd_es as es
+    return es(argv)
+
+
+def cmd_dashboards(argv: list[str]) -> int:
+    from ftwatch.clistorage import cmd_dashboards as dashboards
+    return dashboards(argv)
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
@@ -343,6 +357,8 @@ _COMMANDS = {
     "explain": cmd_explain,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
+    "es": cmd_es,
+    "dashboards": cmd_dashboards,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
@@ -353,7 +369,9 @@ commands:
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
   check [CONFIG] [--rules FILE...]
-  test-rules [FILE...]"""
+  test-rules [FILE...]
+  es setup|flush [--config FILE] [--url URL]
+  dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
                                     WeComReceiver)
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.configstorage import ElasticsearchConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -160,6 +161,7 @@ class StorageConfig(BaseModel):
     model_config = _STRICT
     state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
+    elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
 
     @property
     def sqlite_path(self) -> Path:
