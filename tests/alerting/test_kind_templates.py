@@ -125,3 +125,16 @@ def test_a_typo_only_hit_by_a_resolved_alert_is_caught_at_check_time(tmp_path: P
     bad = write(tmp_path / "w.j2", "{{ job }}\n{% if status == 'resolved' %}\nok {{ ends_att }}\n{% endif %}\n")
     issues = TemplateRenderer("en", {"webhook": bad}).check()
     assert [(i.file, i.line) for i in issues] == [(str(bad), 3)] and "ends_att" in issues[0].message
+
+
+def test_console_prints_a_resolved_alert_as_one_line():
+    import io
+
+    from ftwatch.alerting.alerts import Notification
+    from ftwatch.alerting.notifiers import ConsoleNotifier
+    resolved = sample_alerts()[1]
+    text = TemplateRenderer("en").render("console", resolved)
+    out = io.StringIO()
+    ConsoleNotifier(out).send(Notification("console", resolved, text.splitlines()[0], text, "id"))
+    [line] = out.getvalue().splitlines()
+    assert line.startswith("==== [RESOLVED] ftwatch warning: restart_job for job demo-job")
