@@ -218,14 +218,16 @@ def test_each_bot_delivers_its_own_message_shape(service, tmp_path: Path):
     assert text != TemplateRenderer("en").render("webhook", alert)  # a template of its own (N1)
     body = bot.requests[0]["json"]
     if kind == "dingtalk":
-        assert body == {"msgtype": "markdown", "markdown": {"title": text.splitlines()[0], "text": text}}
+        assert text.startswith("#### ftwatch warning: restart_job for job job-7")
+        assert body == {"msgtype": "markdown", "markdown": {
+            "title": "ftwatch warning: restart_job for job job-7", "text": text}}
         assert set(bot.requests[0]["query"]) == {"access_token", "timestamp", "sign"}
     elif kind == "feishu":
         assert body["msg_type"] == "interactive" and set(body) == {"timestamp", "sign", "msg_type", "card"}
         card = body["card"]
         assert card["header"]["title"] == {"tag": "plain_text", "content": text.splitlines()[0]}
         assert card["header"]["template"] == "red"
-        assert card["elements"] == [{"tag": "markdown", "content": text}]
+        assert card["elements"] == [{"tag": "markdown", "content": text.split("\n", 1)[1]}]
     elif kind == "wecom":
         assert body == {"msgtype": "markdown", "markdown": {"content": text}}
     else:
