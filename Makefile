@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 STATE   ?= .ftwatch-state
 
-.PHONY: install run test bench check lint clean
+.PHONY: install run test test-deps bench check lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,11 @@ run: $(STAMP)
 	    --enable-job-hang-detection=True --job-hang-interval=60 \
 	    -- $(BIN)/python examples/train_ddp.py --steps 30 --checkpoint-dir $(STATE)/ckpt
 
-test: $(STAMP)
+# Debian packages some tests need (prometheus-alertmanager); skipped with a reason when not root.
+test-deps:
+	sh tools/test-deps.sh
+
+test: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -110,11 +110,20 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     store = build_store(config, state_dir)
     renderer = TemplateRenderer(config.alerting.language,
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
-    recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir)
+    recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
+                        resolve_after=_resolve_after(config))
     recorder.dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
                                      Spool(state_dir / "spool"), on_result=recorder.delivery)
     recorder.dispatcher.resend_pending()     # alerts spooled by an earlier run; results stored
     return recorder
+
+
+def _resolve_after(config) -> float:
+    """Seconds without a new incident before open alerts resolve: the smallest ``resolve_after``
+    of the Alertmanager receivers, else the recorder's default (300)."""
+    from ftwatch.pipeline.recorder import RESOLVE_AFTER
+    values = [r.resolve_after for r in config.alerting.receivers if r.type == "alertmanager"]
+    return min(values, default=RESOLVE_AFTER)
 
 
 # -- run -------------------------------------------------------------------------------------
