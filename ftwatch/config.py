@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
                                     WeComReceiver)
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.configroutes import EventCenterFields
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -131,8 +132,9 @@ RECEIVER_MODELS: dict[str, type[BaseModel]] = {
 RECEIVER_TYPES = tuple(RECEIVER_MODELS)
 
 
-class AlertingConfig(BaseModel):
-    """Where alerts go and how they read."""
+class AlertingConfig(EventCenterFields):
+    """Where alerts go and how they read; the event center's keys (route, mute windows, inhibit
+    rules, rate limits, digest) come from ``ftwatch.configroutes.EventCenterFields``."""
 
     model_config = _STRICT
     language: Literal["en", "zh"] = Field("en", description="Alert language.")

@@ -21,7 +21,8 @@ class Recorder:
     Args:
         store: the SQLite store (``ftwatch.pipeline.sinks.sqlite.SqliteStore``) or None.
         decisions_file: append one JSON object per decision here (README "Decisions"), or None.
-        dispatcher: the alert dispatcher (``ftwatch.alerting.dispatcher.Dispatcher``) or None.
+        dispatcher: the alert dispatcher (``ftwatch.alerting.center.EventCenter``, or a bare
+            ``ftwatch.alerting.dispatcher.Dispatcher``) or None.
         out: where human-readable lines go (the terminal).
         state_dir: named in the alert's ``ftwatch explain`` link.
     """
@@ -114,12 +115,25 @@ class Recorder:
         many were delivered."""
         if self.dispatcher is None:
             return 0
+        tick = getattr(self.dispatcher, "tick", None)
+        if tick is not None:      # the event center: due groups, rate-limit releases, digests
+            for result in tick():
+                if not any(r is result for r in self.deliveries):
+                    self.delivery(result)
         if self._last_resend is None:
             self._last_resend = mono
         if mono - self._last_resend < every:
             return 0
         self._last_resend = mono
         return self.dispatcher.resend_pending()
+
+    def close(self) -> None:
+        """At shutdown: the event center sends what still waits in its groups (nothing is lost)."""
+        close = getattr(self.dispatcher, "close", None)
+        if close is not None:
+            for result in close():
+                if not any(r is result for r in self.deliveries):
+                    self.delivery(result)
 
     def link(self, decision: Decision) -> str:
         """The command that explains a decision."""

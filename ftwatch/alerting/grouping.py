@@ -1,0 +1,185 @@
+"""Grouping of routed alerts (SPEC N3): group_wait, group_interval, repeat_interval; held alerts on disk.
+
+Alerts that end in the same route with the same ``group_by`` label values form a group. A new
+group's first notification goes out ``group_wait`` seconds after its first alert; later alerts of
+the group go out together, at most every ``group_interval`` seconds; when nothing new came, the last
+notification is sent again after ``repeat_interval`` seconds (0: never). Unlike Alertmanager, a
+notification carries the alerts that are new since the last one (ftwatch's alerts are events
+that do not resolve), and "the same content" means the same alerts (decision ids), not the same
+labels: two restarts with equal labels are two alerts.
+
+Time is whatever the caller passes (epoch seconds from ``ftwatch.clock``); nothing here sleeps.
+A :class:`HeldStore` keeps every alert still waiting in a group on disk, so an ftwatch killed
+during a group's wait sends it at its next start (``ftwatch.alerting.center``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ftwatch.alerting.alerts import Alert
+from ftwatch.alerting.routing import RouteMatch
+from ftwatch.alerting.spool import alert_from_dict, alert_to_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One notification's worth of a group.
+
+    Attributes:
+        key: the group key (route path + group_by label values).
+        match: the route the group belongs to (receivers, timing, mute windows).
+        alerts: the alerts to send, oldest first.
+        repeat: 0 for new alerts, n for the n-th re-send of the same alerts.
+    """
+
+    key: str
+    match: RouteMatch
+    alerts: tuple[Alert, ...]
+    repeat: int = 0
+
+
+@dataclass
+class _Group:
+    match: RouteMatch
+    pending: list[Alert] = field(default_factory=list)
+    next_flush: float = 0.0
+    last_sent: float | None = None
+    last_batch: tuple[Alert, ...] = ()
+    repeats: int = 0
+
+
+class Grouper:
+    """The groups of one process.
+
+    Alerts are added with :meth:`add`; :meth:`due` hands out the batches whose time came;
+    :meth:`flush_all` hands out everything still waiting (at shutdown). The caller sends each
+    batch and then calls :meth:`done` so the alert stops being held.
+    """
+
+    def __init__(self) -> None:
+        self.groups: dict[str, _Group] = {}
+        self._waiting: dict[str, int] = {}      # alert id -> groups where it waits
+
+    def add(self, alert: Alert, match: RouteMatch, now: float) -> None:
+        """Put ``alert`` into its group of ``match`` at ``now`` (epoch seconds)."""
+        group = self.groups.get(match.group_key)
+        if group is None:
+            group = self.groups[match.group_key] = _Group(match, next_flush=now + match.timing.group_wait)
+        elif not group.pending and group.last_sent is not None:
+            # Next notification: group_interval after the last one, never before now.
+            group.next_flush = max(now, group.last_sent + match.timing.group_interval)
+        group.match = match
+        group.pending.append(alert)
+        self._waiting[alert.decision_id] = self._waiting.get(alert.decision_id, 0) + 1
+
+    def waiting(self, alert_id: str) -> bool:
+        """True while the alert waits in some group."""
+        return alert_id in self._waiting
+
+    def next_due(self) -> float | None:
+        """The earliest time (epoch seconds) something may be due, or None."""
+        times = [g.next_flush for g in self.groups.values() if g.pending]
+        times += [g.last_sent + g.match.timing.repeat_interval for g in self.groups.values()
+                  if not g.pending and g.last_sent is not None and g.match.timing.repeat_interval > 0]
+        return min(times, default=None)
+
+    def due(self, now: float) -> list[Batch]:
+        """The batches due at ``now``: new alerts of groups whose wait or interval passed, and
+        re-sends of groups whose repeat_interval passed with nothing new."""
+        out: list[Batch] = []
+        for key, group in list(self.groups.items()):
+            timing = group.match.timing
+            if group.pending and now >= group.next_flush:
+                out.append(self._take(key, group, now))
+            elif (not group.pending and group.last_sent is not None and timing.repeat_interval > 0
+                  and now >= group.last_sent + timing.repeat_interval and group.last_batch):
+                group.repeats += 1
+                group.last_sent = now
+                out.append(Batch(key, group.match, group.last_batch, group.repeats))
+            elif (not group.pending and group.last_sent is not None and timing.repeat_interval <= 0
+                  and now >= group.last_sent + timing.group_interval):
+                del self.groups[key]       # idle and nothing to repeat: a new alert starts afresh
+        return out
+
+    def flush_all(self, now: float) -> list[Batch]:
+        """Every group's waiting alerts as batches, now (shutdown: nothing is left behind)."""
+        return [self._take(key, g, now) for key, g in list(self.groups.items()) if g.pending]
+
+    def done(self, batch: Batch) -> list[str]:
+        """The batch was handled; returns the alert ids that wait in no group any more."""
+        if batch.repeat:
+            return []
+        free = []
+        for alert in batch.alerts:
+            left = self._waiting.get(alert.decision_id, 1) - 1
+            if left <= 0:
+                self._waiting.pop(alert.decision_id, None)
+                free.append(alert.decision_id)
+            else:
+                self._waiting[alert.decision_id] = left
+        return free
+
+    def _take(self, key: str, group: _Group, now: float) -> Batch:
+        batch = Batch(key, group.match, tuple(group.pending))
+        group.pending = []
+        group.last_sent = now
+        group.last_batch = batch.alerts
+        group.repeats = 0
+        group.next_flush = now + group.match.timing.group_interval
+        return batch
+
+
+class HeldStore:
+    """Alerts waiting in a group, one JSON file each (``<directory>/<decision id>.json``),
+    written atomically (temporary file, fsync, ``os.replace``).
+
+    Args:
+        directory: created if missing.
+
+    Raises:
+        OSError: when the directory cannot be created.
+    """
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def put(self, alert: Alert) -> None:
+        """Keep ``alert`` until :meth:`remove`. An OSError is logged: the alert still waits in
+        memory and is sent at shutdown; only a crash before that would lose it."""
+        path = self.directory / f"{alert.decision_id}.json"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(alert_to_dict(alert), ensure_ascii=False, default=str))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.error("cannot hold alert %s on disk: %s", alert.decision_id, exc)
+            tmp.unlink(missing_ok=True)
+
+    def remove(self, alert_id: str) -> None:
+        """Forget a held alert (it was sent or spooled)."""
+        (self.directory / f"{alert_id}.json").unlink(missing_ok=True)
+
+    def load(self) -> list[Alert]:
+        """The held alerts, oldest first; unreadable files are renamed ``*.corrupt`` and skipped."""
+        alerts = []
+        for path in sorted(self.directory.glob("*.json")):
+            try:
+                alerts.append(alert_from_dict(json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.error("held alert %s is unreadable (%s)", path, exc)
+                try:
+                    os.replace(path, path.with_name(path.name + ".corrupt"))
+                except OSError:
+                    pass
+        return sorted(alerts, key=lambda a: (a.starts_at, a.decision_id))
