@@ -86,8 +86,9 @@ class EventCenter:
         for match in matches:
             self.grouper.add(alert, match, now)
         results = self.tick(now)
-        if self.held is not None and self.grouper.waiting(alert.decision_id):
-            self.held.put(alert)      # it waits in a group: keep it on disk until sent
+        waiting = self.grouper.waiting(alert.decision_id)
+        if self.held is not None and waiting:
+            self.held.put(alert, waiting)      # it waits in a group: keep it on disk until sent
         return results
 
     def resend_pending(self) -> int:
@@ -103,10 +104,13 @@ class EventCenter:
         if self.held is None:
             return []
         results = []
-        for alert in self.held.load():
+        for alert, groups in self.held.load():
             now = self.now()
             self.inhibitor.observe(alert.decision_id, EventView.of(alert), alert.starts_at)
-            for match in self.router.route(EventView.of(alert)):
+            matches = self.router.route(EventView.of(alert))
+            # only the groups it still waited in (the others had it); with a changed config that
+            # has none of them, every route it matches now: sent twice rather than lost
+            for match in [m for m in matches if m.group_key in groups] or matches:
                 self.grouper.add(alert, match, now)
         for batch in self.grouper.flush_all(self.now()):
             results += self._send(batch, self.now())
@@ -169,9 +173,13 @@ class EventCenter:
                 for alert in live:
                     self.digest.add(receiver, alert, RATE_LIMITED, now)
             results.append(result)
-        for alert_id in self.grouper.done(batch):
-            if self.held is not None:
-                self.held.remove(alert_id)
+        free = self.grouper.done(batch)
+        if self.held is not None and not batch.repeat:
+            for alert in batch.alerts:
+                if alert.decision_id in free:
+                    self.held.remove(alert.decision_id)
+                else:               # still waiting in another group: only that one is left
+                    self.held.put(alert, self.grouper.waiting(alert.decision_id))
         return results
 
     def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float) -> DeliveryResult:
@@ -205,7 +213,7 @@ class EventCenter:
             title, body = digest_text(receiver, entries, self.language)
             upto = max(e.time for e in entries)
             decision = Decision(upto, Action.NOTIFY, Target("*"), None,
-                                f"daily digest of {len(entries)} alerts")
+                                f"daily digest of {len(entries)} alerts", 0, 0)
             alert = Alert({"alertname": "ftwatch_digest", "event_type": "digest", "severity": "info",
                            "job": "*"}, {"summary": title}, "firing", upto, None, decision)
             nid = notification_id(f"digest{int(upto)}", receiver)

@@ -79,9 +79,11 @@ class Grouper:
         group.pending.append(alert)
         self._waiting[alert.decision_id] = self._waiting.get(alert.decision_id, 0) + 1
 
-    def waiting(self, alert_id: str) -> bool:
-        """True while the alert waits in some group."""
-        return alert_id in self._waiting
+    def waiting(self, alert_id: str) -> list[str]:
+        """The keys of the groups where the alert waits (empty: none)."""
+        if alert_id not in self._waiting:
+            return []
+        return [k for k, g in self.groups.items() if any(a.decision_id == alert_id for a in g.pending)]
 
     def next_due(self) -> float | None:
         """The earliest time (epoch seconds) something may be due, or None."""
@@ -151,14 +153,16 @@ class HeldStore:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
-    def put(self, alert: Alert) -> None:
-        """Keep ``alert`` until :meth:`remove`. An OSError is logged: the alert still waits in
-        memory and is sent at shutdown; only a crash before that would lose it."""
+    def put(self, alert: Alert, groups: list[str]) -> None:
+        """Keep ``alert`` and the keys of the groups it waits in until :meth:`remove`. An
+        OSError is logged: the alert still waits in memory and is sent at shutdown; only a crash
+        before that would lose it."""
         path = self.directory / f"{alert.decision_id}.json"
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(alert_to_dict(alert), ensure_ascii=False, default=str))
+                fh.write(json.dumps({"alert": alert_to_dict(alert), "groups": groups},
+                                    ensure_ascii=False, default=str))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
@@ -170,16 +174,18 @@ class HeldStore:
         """Forget a held alert (it was sent or spooled)."""
         (self.directory / f"{alert_id}.json").unlink(missing_ok=True)
 
-    def load(self) -> list[Alert]:
-        """The held alerts, oldest first; unreadable files are renamed ``*.corrupt`` and skipped."""
+    def load(self) -> list[tuple[Alert, list[str]]]:
+        """The held alerts with their group keys, oldest first; unreadable files are renamed
+        ``*.corrupt`` and skipped."""
         alerts = []
         for path in sorted(self.directory.glob("*.json")):
             try:
-                alerts.append(alert_from_dict(json.loads(path.read_text(encoding="utf-8"))))
+                data = json.loads(path.read_text(encoding="utf-8"))
+                alerts.append((alert_from_dict(data["alert"]), [str(g) for g in data["groups"]]))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.error("held alert %s is unreadable (%s)", path, exc)
                 try:
                     os.replace(path, path.with_name(path.name + ".corrupt"))
                 except OSError:
                     pass
-        return sorted(alerts, key=lambda a: (a.starts_at, a.decision_id))
+        return sorted(alerts, key=lambda a: (a[0].starts_at, a[0].decision_id))
