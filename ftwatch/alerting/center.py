@@ -16,8 +16,10 @@ also delivered once the limit allows).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +36,15 @@ log = logging.getLogger(__name__)
 MUTED = "muted"
 INHIBITED = "inhibited"
 _RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+def _locked(method):
+    """Run a public method under the center's lock (the SDK's and the runner's calls may meet)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 class EventCenter:
@@ -53,6 +64,7 @@ class EventCenter:
                  state_dir: Path | None = None):
         self.dispatcher = dispatcher
         self.now = now
+        self._lock = threading.RLock()
         self.language = getattr(alerting, "language", "en")
         names = list(dispatcher.notifiers)
         self.router = Router(alerting.route, names)
@@ -69,6 +81,7 @@ class EventCenter:
 
     # -- the Dispatcher's face ---------------------------------------------------------------
 
+    @_locked
     def dispatch(self, alert: Alert) -> list[DeliveryResult]:
         """Route ``alert`` and send what is due now (all of it with the default route).
 
@@ -91,6 +104,7 @@ class EventCenter:
             self.held.put(alert, waiting)      # it waits in a group: keep it on disk until sent
         return results
 
+    @_locked
     def resend_pending(self) -> int:
         """Resend spooled notifications (the Dispatcher's), then do what is due."""
         delivered = self.dispatcher.resend_pending()
@@ -99,6 +113,7 @@ class EventCenter:
 
     # -- time --------------------------------------------------------------------------------
 
+    @_locked
     def recover(self) -> list[DeliveryResult]:
         """At start: alerts an earlier process left waiting in a group are sent now."""
         if self.held is None:
@@ -116,6 +131,7 @@ class EventCenter:
             results += self._send(batch, self.now())
         return results + self._digests(self.now())
 
+    @_locked
     def tick(self, now: float | None = None) -> list[DeliveryResult]:
         """Send the groups that came due, release rate-limited notifications whose receiver has
         a token again, and send due digests. Cheap when nothing is due."""
@@ -128,6 +144,7 @@ class EventCenter:
             self.dispatcher.resend_pending(set(ready))
         return results + self._digests(now)
 
+    @_locked
     def close(self) -> list[DeliveryResult]:
         """Shutdown: every alert still waiting in a group is sent (or spooled) now, and a due
         digest goes out. Nothing waits in memory afterwards."""
