@@ -6,7 +6,9 @@ the group go out together, at most every ``group_interval`` seconds; when nothin
 notification is sent again after ``repeat_interval`` seconds (0: never). Unlike Alertmanager, a
 notification carries the alerts that are new since the last one (ftwatch's alerts are events
 that do not resolve), and "the same content" means the same alerts (decision ids), not the same
-labels: two restarts with equal labels are two alerts.
+labels: two restarts with equal labels are two alerts. As our alerts never resolve, repeats stop
+:data:`REPEAT_HORIZON` seconds after the group's last new alert (then the group is forgotten), so a
+long ``ftwatch watch`` does not remind of a job that failed last week.
 
 Time is whatever the caller passes (epoch seconds from ``ftwatch.clock``); nothing here sleeps.
 A :class:`HeldStore` keeps every alert still waiting in a group on disk, so an ftwatch killed
@@ -26,6 +28,9 @@ from ftwatch.alerting.routing import RouteMatch
 from ftwatch.alerting.spool import alert_from_dict, alert_to_dict
 
 log = logging.getLogger(__name__)
+
+REPEAT_HORIZON = 86400.0
+"""Seconds after a group's last new alert during which it may be repeated (one day)."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class _Group:
     last_sent: float | None = None
     last_batch: tuple[Alert, ...] = ()
     repeats: int = 0
+    last_new: float = 0.0
 
 
 class Grouper:
@@ -88,7 +94,8 @@ class Grouper:
     def next_due(self) -> float | None:
         """The earliest time (epoch seconds) something may be due, or None."""
         times = [g.next_flush for g in self.groups.values() if g.pending]
-        times += [g.last_sent + g.match.timing.repeat_interval for g in self.groups.values()
+        times += [min(g.last_sent + g.match.timing.repeat_interval, g.last_new + REPEAT_HORIZON)
+                  for g in self.groups.values()
                   if not g.pending and g.last_sent is not None and g.match.timing.repeat_interval > 0]
         return min(times, default=None)
 
@@ -100,6 +107,9 @@ class Grouper:
             timing = group.match.timing
             if group.pending and now >= group.next_flush:
                 out.append(self._take(key, group, now))
+            elif (not group.pending and group.last_sent is not None and timing.repeat_interval > 0
+                  and now >= group.last_new + REPEAT_HORIZON):
+                del self.groups[key]       # repeated long enough: forget it
             elif (not group.pending and group.last_sent is not None and timing.repeat_interval > 0
                   and now >= group.last_sent + timing.repeat_interval and group.last_batch):
                 group.repeats += 1
@@ -134,6 +144,7 @@ class Grouper:
         group.last_sent = now
         group.last_batch = batch.alerts
         group.repeats = 0
+        group.last_new = now
         group.next_flush = now + group.match.timing.group_interval
         return batch
 

@@ -222,6 +222,12 @@ def test_group_by_batches_alerts_over_group_wait_and_group_interval(tmp_path):
     clock.advance(2)
     c.tick()
     assert ops.ids[4:] == [f"{a3.decision_id}-ops~repeat1"] and ops.got[-1].body == ops.got[2].body
+    # repeats go on for a day after the group's last new alert, then stop
+    for _ in range(30):
+        clock.advance(3600)
+        c.tick()
+    repeats = [i for i in ops.ids if i.startswith(a3.decision_id)]
+    assert repeats[-1] == f"{a3.decision_id}-ops~repeat23" and c.grouper.groups == {}
 
 
 def test_shutdown_flushes_waiting_groups_and_a_killed_run_sends_them_at_start(tmp_path):
