@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from ftwatch.alerting.alerts import Alert, Notification, notification_id
 from ftwatch.alerting.dispatcher import DeliveryResult, Dispatcher
-from ftwatch.alerting.grouping import Batch, Grouper, HeldStore
+from ftwatch.alerting.grouping import Batch, Grouper, HeldStore, alert_key
 from ftwatch.alerting.ratelimit import RATE_LIMITED, DigestBook, RateLimiter, digest_text
 from ftwatch.alerting.routing import EventView, Inhibitor, MuteWindows, Router
 from ftwatch.events import Action, Decision, Target
@@ -91,7 +91,7 @@ class EventCenter:
         """
         now = self.now()
         event = EventView.of(alert)
-        self.inhibitor.observe(alert.decision_id, event, now)
+        self.inhibitor.observe(alert_key(alert), event, now)
         matches = self.router.route(event)
         if not matches:
             log.info("alert %s (%s) matches no route; not sent", alert.decision_id, event.event_type)
@@ -99,7 +99,7 @@ class EventCenter:
         for match in matches:
             self.grouper.add(alert, match, now)
         results = self.tick(now)
-        waiting = self.grouper.waiting(alert.decision_id)
+        waiting = self.grouper.waiting(alert)
         if self.held is not None and waiting:
             self.held.put(alert, waiting)      # it waits in a group: keep it on disk until sent
         return results
@@ -121,7 +121,7 @@ class EventCenter:
         results = []
         for alert, groups in self.held.load():
             now = self.now()
-            self.inhibitor.observe(alert.decision_id, EventView.of(alert), alert.starts_at)
+            self.inhibitor.observe(alert_key(alert), EventView.of(alert), alert.starts_at)
             matches = self.router.route(EventView.of(alert))
             # only the groups it still waited in (the others had it); with a changed config that
             # has none of them, every route it matches now: sent twice rather than lost
@@ -167,7 +167,7 @@ class EventCenter:
         live: list[Alert] = []
         blocked: list[tuple[Alert, str]] = []
         for alert in batch.alerts:
-            why = self.inhibitor.inhibited(EventView.of(alert), now, alert.decision_id)
+            why = self.inhibitor.inhibited(EventView.of(alert), now, alert_key(alert))
             (blocked.append((alert, str(why))) if why is not None else live.append(alert))
         muted = self.mutes.active(batch.match.mute_windows, now)
         for receiver in batch.match.receivers:
@@ -193,10 +193,10 @@ class EventCenter:
         free = self.grouper.done(batch)
         if self.held is not None and not batch.repeat:
             for alert in batch.alerts:
-                if alert.decision_id in free:
-                    self.held.remove(alert.decision_id)
+                if alert_key(alert) in free:
+                    self.held.remove(alert_key(alert))
                 else:               # still waiting in another group: only that one is left
-                    self.held.put(alert, self.grouper.waiting(alert.decision_id))
+                    self.held.put(alert, self.grouper.waiting(alert))
         return results
 
     def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float) -> DeliveryResult:
@@ -211,7 +211,7 @@ class EventCenter:
             return replace(n, id=n.id + suffix) if suffix else n
         alerts = sorted(alerts, key=lambda a: (_RANK.get(a.severity, 3), a.starts_at))
         parts = [self.dispatcher.notification(notifier, a) for a in alerts]
-        ids = ",".join(sorted(a.decision_id for a in alerts))
+        ids = ",".join(sorted(alert_key(a) for a in alerts))
         digest = hashlib.sha1(ids.encode()).hexdigest()[:16]
         group = batch.key[batch.key.find("{"):]
         title = (f"【ftwatch】{len(alerts)} 条告警 {group}" if self.language == "zh"

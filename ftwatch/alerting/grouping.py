@@ -33,6 +33,12 @@ REPEAT_HORIZON = 86400.0
 """Seconds after a group's last new alert during which it may be repeated (one day)."""
 
 
+def alert_key(alert: Alert) -> str:
+    """An alert's identity while it waits: its decision id, plus ``~<status>`` unless firing
+    (a decision's firing and resolved alerts are two alerts)."""
+    return alert.decision_id if alert.status == "firing" else f"{alert.decision_id}~{alert.status}"
+
+
 @dataclass(frozen=True)
 class Batch:
     """One notification's worth of a group.
@@ -83,13 +89,15 @@ class Grouper:
             group.next_flush = max(now, group.last_sent + match.timing.group_interval)
         group.match = match
         group.pending.append(alert)
-        self._waiting[alert.decision_id] = self._waiting.get(alert.decision_id, 0) + 1
+        key = alert_key(alert)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
 
-    def waiting(self, alert_id: str) -> list[str]:
+    def waiting(self, alert: Alert) -> list[str]:
         """The keys of the groups where the alert waits (empty: none)."""
-        if alert_id not in self._waiting:
+        key = alert_key(alert)
+        if key not in self._waiting:
             return []
-        return [k for k, g in self.groups.items() if any(a.decision_id == alert_id for a in g.pending)]
+        return [k for k, g in self.groups.items() if any(alert_key(a) == key for a in g.pending)]
 
     def next_due(self) -> float | None:
         """The earliest time (epoch seconds) something may be due, or None."""
@@ -125,17 +133,19 @@ class Grouper:
         return [self._take(key, g, now) for key, g in list(self.groups.items()) if g.pending]
 
     def done(self, batch: Batch) -> list[str]:
-        """The batch was handled; returns the alert ids that wait in no group any more."""
+        """The batch was handled; returns the :func:`alert_key` of its alerts that wait in no
+        group any more."""
         if batch.repeat:
             return []
         free = []
         for alert in batch.alerts:
-            left = self._waiting.get(alert.decision_id, 1) - 1
+            key = alert_key(alert)
+            left = self._waiting.get(key, 1) - 1
             if left <= 0:
-                self._waiting.pop(alert.decision_id, None)
-                free.append(alert.decision_id)
+                self._waiting.pop(key, None)
+                free.append(key)
             else:
-                self._waiting[alert.decision_id] = left
+                self._waiting[key] = left
         return free
 
     def _take(self, key: str, group: _Group, now: float) -> Batch:
@@ -150,7 +160,7 @@ class Grouper:
 
 
 class HeldStore:
-    """Alerts waiting in a group, one JSON file each (``<directory>/<decision id>.json``),
+    """Alerts waiting in a group, one JSON file each (``<directory>/<alert_key>.json``),
     written atomically (temporary file, fsync, ``os.replace``).
 
     Args:
@@ -168,7 +178,7 @@ class HeldStore:
         """Keep ``alert`` and the keys of the groups it waits in until :meth:`remove`. An
         OSError is logged: the alert still waits in memory and is sent at shutdown; only a crash
         before that would lose it."""
-        path = self.directory / f"{alert.decision_id}.json"
+        path = self.directory / f"{alert_key(alert)}.json"
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
@@ -181,9 +191,9 @@ class HeldStore:
             log.error("cannot hold alert %s on disk: %s", alert.decision_id, exc)
             tmp.unlink(missing_ok=True)
 
-    def remove(self, alert_id: str) -> None:
-        """Forget a held alert (it was sent or spooled)."""
-        (self.directory / f"{alert_id}.json").unlink(missing_ok=True)
+    def remove(self, key: str) -> None:
+        """Forget a held alert by its :func:`alert_key` (it was sent or spooled)."""
+        (self.directory / f"{key}.json").unlink(missing_ok=True)
 
     def load(self) -> list[tuple[Alert, list[str]]]:
         """The held alerts with their group keys, oldest first; unreadable files are renamed

@@ -453,3 +453,19 @@ def test_durations_and_weekdays():
     assert weekday_range("sun") == {6}
     with pytest.raises(ValueError):
         weekday_range("funday")
+
+
+def test_a_firing_and_a_resolved_alert_of_one_decision_are_two_alerts(tmp_path):
+    clock = FakeClock()
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops], route={"group_by": ["job", "rank"], "group_wait": "1m"})
+    firing = alert(Action.RESTART_INSTANCE)
+    c.dispatch(firing)
+    clock.advance(30)
+    c.dispatch(firing.resolve(clock.time()))
+    assert len(list((tmp_path / "held").glob("*.json"))) == 2
+    clock.advance(30)
+    c.tick()
+    [n] = ops.got
+    assert n.alert.annotations["grouped_alerts"] == f"{firing.decision_id},{firing.decision_id}~resolved"
+    assert list((tmp_path / "held").glob("*.json")) == []
