@@ -11,11 +11,17 @@ Durations are seconds or a string such as ``30s``, ``5m``, ``4h``, ``1d``, ``1h3
 from __future__ import annotations
 
 import re
-from datetime import time as dtime
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -149,10 +155,10 @@ class RouteConfig(BaseModel):
     mute_time_intervals: list[str] = Field(
         default_factory=list, description="Names of alerting.mute_time_intervals when this route is muted; "
         "empty: the parent's.")
-    routes: list["RouteConfig"] = Field(default_factory=list, description="Child routes, tried in order.")
+    routes: list[RouteConfig] = Field(default_factory=list, description="Child routes, tried in order.")
 
     @model_validator(mode="after")
-    def _intervals(self) -> "RouteConfig":
+    def _intervals(self) -> RouteConfig:
         """repeat_interval must not be shorter than group_interval, inherited values included."""
         def walk(route: RouteConfig, gi: float, ri: float, path: str) -> None:
             gi = route.group_interval if route.group_interval is not None else gi
@@ -294,7 +300,7 @@ class EventCenterFields(BaseModel):
     digest: DigestConfig = Field(default_factory=DigestConfig, description="The daily digest.")
 
     @model_validator(mode="after")
-    def _references(self) -> "EventCenterFields":
+    def _references(self) -> EventCenterFields:
         names = {r.name for r in getattr(self, "receivers", [])}
         windows = [w.name for w in self.mute_time_intervals]
         problems = []

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Mapping
 
 
-from ftwatch.configroutes import EVENT_TYPES
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,
                             iso)
 
@@ -28,8 +27,8 @@ _SEVERITY_BY_ACTION = {
     Action.ISOLATE_NODE: "critical", Action.FAIL_JOB: "critical"}
 
 def event_type_of(decision: Decision) -> str:
-    """The event type (a key of :data:`EVENT_TYPES`) of a decision, from its action and its
-    trigger (the root cause's rule id and failure class)."""
+    """The event type (a key of :data:`ftwatch.configroutes.EVENT_TYPES`) of a decision, from
+    its action and its trigger (the root cause's rule id and failure class)."""
     rc = decision.root_cause
     rule = rc.rule_id if rc else ""
     hang = rc is not None and rc.failure_class is FailureClass.HANG
@@ -59,7 +58,8 @@ class Alert:
 
     Attributes:
         labels: str -> str: ``alertname`` (``ftwatch_<action>``), ``event_type`` (a key of
-            :data:`EVENT_TYPES`), ``job``, ``instance``, ``rank``, ``node``, ``action``,
+            :data:`ftwatch.configroutes.EVENT_TYPES`), ``job``, ``instance``, ``rank``,
+            ``node``, ``action``,
             ``severity``, ``failure_class``, ``rule`` and ``rule_id`` (the same: the root
             cause's rule) (``""`` where unknown, e.g. the instance of a job-wide restart).
         annotations: str -> str: ``summary``, ``description``, ``root_cause_line``,

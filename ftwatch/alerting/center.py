@@ -20,14 +20,20 @@ import functools
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ftwatch.alerting.alerts import Alert, Notification, notification_id
 from ftwatch.alerting.dispatcher import DeliveryResult, Dispatcher
 from ftwatch.alerting.grouping import Batch, Grouper, HeldStore, alert_key
-from ftwatch.alerting.ratelimit import RATE_LIMITED, DigestBook, RateLimiter, digest_text
+from ftwatch.alerting.ratelimit import (
+    RATE_LIMITED,
+    DigestBook,
+    RateLimiter,
+    digest_text,
+)
 from ftwatch.alerting.routing import EventView, Inhibitor, MuteWindows, Router
 from ftwatch.events import Action, Decision, Target
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ftwatch.configroutes import DEFAULT_RATE_LIMITS, DigestConfig, clock_minutes, zone
 
@@ -79,7 +80,7 @@ class RateLimiter:
 
     @classmethod
     def from_config(cls, rate_limits: Mapping[str, Any], receivers: Mapping[str, str],
-                    now: float) -> "RateLimiter":
+                    now: float) -> RateLimiter:
         """Limits from ``alerting.rate_limits`` (name -> RateLimitConfig) over the per-kind defaults.
 
         Args:

@@ -15,12 +15,19 @@ still suppresses the per-rank restarts waiting there.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable, Mapping, Sequence
 
-from ftwatch.configroutes import (InhibitRuleConfig, MatchConfig, RouteConfig, TimeIntervalConfig,
-                                  clock_minutes, weekday_range, zone)
+from ftwatch.configroutes import (
+    InhibitRuleConfig,
+    MatchConfig,
+    RouteConfig,
+    TimeIntervalConfig,
+    clock_minutes,
+    weekday_range,
+    zone,
+)
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class EventView:
     labels: Mapping[str, str]
 
     @classmethod
-    def of(cls, alert) -> "EventView":
+    def of(cls, alert) -> EventView:
         """The view of an ``Alert``."""
         return cls(alert.event_type, alert.severity, dict(alert.labels))
 
@@ -109,7 +116,7 @@ class RouteMatch:
 
 
 class _Node:
-    def __init__(self, config: RouteConfig, path: str, parent: "_Node | None", all_receivers: Sequence[str]):
+    def __init__(self, config: RouteConfig, path: str, parent: _Node | None, all_receivers: Sequence[str]):
         self.path = path
         self.matcher = Matcher(config.match)
         self.continue_ = config.continue_

@@ -10,7 +10,11 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from ftwatch.alerting.alerts import alert_from_custom_message, alert_from_decision, event_type_of
+from ftwatch.alerting.alerts import (
+    alert_from_custom_message,
+    alert_from_decision,
+    event_type_of,
+)
 from ftwatch.alerting.center import EventCenter
 from ftwatch.alerting.dispatcher import DELIVERED, SPOOLED, Dispatcher
 from ftwatch.alerting.rendering import TemplateRenderer
@@ -19,7 +23,15 @@ from ftwatch.alerting.spool import Spool
 from ftwatch.clock import FakeClock
 from ftwatch.config import AlertingConfig, load_config
 from ftwatch.errors import ConfigError, NotifyError
-from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
+from ftwatch.events import (
+    Action,
+    Decision,
+    FailureClass,
+    Finding,
+    Origin,
+    Severity,
+    Target,
+)
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 
@@ -421,6 +433,7 @@ def test_the_readme_example_validates():
     """The README's full example: every receiver kind this build knows validates (email and
     alertmanager too once their models exist; until then they and their names are left out)."""
     import yaml
+
     from ftwatch.config import RECEIVER_MODELS
     root = Path(__file__).resolve().parents[2]
     text = (root / "README.md").read_text(encoding="utf-8")
