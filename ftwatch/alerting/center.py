@@ -129,6 +129,9 @@ class EventCenter:
             now = self.now()
             self.inhibitor.observe(alert_key(alert), EventView.of(alert), alert.starts_at)
             matches = self.router.route(EventView.of(alert))
+            if not matches:
+                log.warning("held alert %s matches no route of this config; kept in %s",
+                            alert.decision_id, self.held.directory)
             # only the groups it still waited in (the others had it); with a changed config that
             # has none of them, every route it matches now: sent twice rather than lost
             for match in [m for m in matches if m.group_key in groups] or matches:
