@@ -100,8 +100,10 @@ def _job_id(explicit: str | None, command: Sequence[str]) -> str:
 
 
 def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
+    from ftwatch.alerting.center import EventCenter
     from ftwatch.alerting.dispatcher import Dispatcher
     from ftwatch.alerting.notifiers import build_notifiers
+    from ftwatch.clock import SystemClock
     from ftwatch.alerting.spool import Spool
     from ftwatch.alerting.rendering import TemplateRenderer
     from ftwatch.clistorage import build_store
@@ -112,9 +114,11 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
     recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
                         resolve_after=_resolve_after(config))
-    recorder.dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
-                                     Spool(state_dir / "spool"), on_result=recorder.delivery)
-    recorder.dispatcher.resend_pending()     # alerts spooled by an earlier run; results stored
+    dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
+                            Spool(state_dir / "spool"), on_result=recorder.delivery)
+    recorder.dispatcher = EventCenter(config.alerting, dispatcher, SystemClock().time, state_dir)
+    dispatcher.resend_pending()              # alerts spooled by an earlier run; results stored
+    recorder.dispatcher.recover()            # alerts an earlier run left waiting in a group
     return recorder
 
 
@@ -169,7 +173,7 @@ def cmd_run(argv: list[str]) -> int:
     try:
         status = runner.run()
     finally:
-        recorder.store.close()       # flushes the Elasticsearch sink, if any
+        recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
     _summary(runner, recorder, status, state_dir)
     return status
 
@@ -244,7 +248,7 @@ def cmd_watch(argv: list[str]) -> int:
     finally:
         for source in sources:
             source.stop()
-        recorder.store.close()
+        recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
     recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
@@ -327,13 +331,41 @@ def cmd_check(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
     p.add_argument("config", nargs="?")
     p.add_argument("--rules", nargs="*", default=[], help="extra rule files to check")
+    p.add_argument("--config", dest="config_opt", help="the config (same as the positional CONFIG)")
+    p.add_argument("--route", metavar="EVENT.json",
+                   help="show where a sample event would go: matched routes, receivers, group key, "
+                   "muted, inhibited (a list of events: the earlier ones fired first)")
+    p.add_argument("--at", help="with --route: the time to judge mute windows at (ISO 8601 or epoch "
+                   "seconds; default now)")
     args = p.parse_args(argv)
+    config = args.config or args.config_opt
+    if args.route:
+        from ftwatch.checks import explain_route
+        print(explain_route(config, args.route, _parse_at(p, args.at)))
+        return 0
+    args.config = config
     from ftwatch.checks import run_checks
     issues, summary = run_checks(args.config, args.rules)
     for issue in issues:
         print(issue)
     print(summary if not issues else f"{len(issues)} problem(s) found")
     return 1 if issues else 0
+
+
+def _parse_at(p: argparse.ArgumentParser, text: str | None) -> float | None:
+    """``--at``: epoch seconds or ISO 8601 (no zone: local time)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        p.error(f"--at {text!r}: not ISO 8601 (2026-11-21T09:30+08:00) or epoch seconds")
+    return None
 
 
 def cmd_test_rules(argv: list[str]) -> int:
@@ -378,6 +410,7 @@ commands:
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
   check [CONFIG] [--rules FILE...]
+  check --route EVENT.json [--config FILE] [--at TIME]
   test-rules [FILE...]
   es setup|flush [--config FILE] [--url URL]
   dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""

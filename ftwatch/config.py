@@ -22,6 +22,7 @@ from ftwatch.configalerting import (CHATBOT_RECEIVERS, OTHER_RECEIVERS, Alertman
                                     EmailReceiver, FeishuReceiver, SlackReceiver, WeComReceiver)
 from ftwatch.configref import flat_args, model_reference
 from ftwatch.configstorage import ElasticsearchConfig
+from ftwatch.configroutes import EventCenterFields
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -132,8 +133,9 @@ RECEIVER_MODELS: dict[str, type[BaseModel]] = {
 RECEIVER_TYPES = tuple(RECEIVER_MODELS)
 
 
-class AlertingConfig(BaseModel):
-    """Where alerts go and how they read."""
+class AlertingConfig(EventCenterFields):
+    """Where alerts go and how they read; the event center's keys (route, mute windows, inhibit
+    rules, rate limits, digest) come from ``ftwatch.configroutes.EventCenterFields``."""
 
     model_config = _STRICT
     language: Literal["en", "zh"] = Field("en", description="Alert language.")

@@ -22,7 +22,7 @@ body. A template sees only plain values (str, int, None, dicts, lists):
 ``link``               the ``ftwatch explain`` command or a report URL
 ``labels``             the alert's labels; ``annotations`` its annotations; ``summary``
 ``event_type``         ``job_restart``, ``job_hang``, ``node_isolated``, ``job_failed``,
-                       ``custom_message`` or ``job_notify`` (``ftwatch.alerting.eventtype``)
+                       ``custom_message``, ``notice``, ``straggler``... (``ftwatch.alerting.alerts.event_type_of``)
 =====================  ===================================================================
 
 None renders as ``-``. Filters besides Jinja2's: ``mrkdwn`` escapes ``& < >`` for Slack
@@ -43,7 +43,6 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ftwatch.alerting.alerts import Alert, alert_from_custom_message, sample_alert
-from ftwatch.alerting.eventtype import event_type_of
 from ftwatch.errors import Issue, TemplateError
 from ftwatch.events import iso
 
@@ -108,7 +107,7 @@ def template_context(alert: Alert, language: str = "en") -> dict[str, Any]:
         "link": alert.annotations.get("explain", ""),
         "labels": dict(alert.labels), "annotations": dict(alert.annotations),
         "summary": alert.annotations.get("summary", ""),
-        "event_type": event_type_of(alert),
+        "event_type": alert.event_type,
     }
 
 

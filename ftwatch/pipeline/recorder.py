@@ -22,14 +22,15 @@ class Recorder:
     Args:
         store: the SQLite store (``ftwatch.pipeline.sinks.sqlite.SqliteStore``) or None.
         decisions_file: append one JSON object per decision here (README "Decisions"), or None.
-        dispatcher: the alert dispatcher (``ftwatch.alerting.dispatcher.Dispatcher``) or None.
+        dispatcher: the alert dispatcher (``ftwatch.alerting.center.EventCenter``, or a bare
+            ``ftwatch.alerting.dispatcher.Dispatcher``) or None.
         out: where human-readable lines go (the terminal).
         state_dir: named in the alert's ``ftwatch explain`` link.
         resolve_after: seconds without a new incident after which the open alerts resolve
             (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
 
     Resolution (SPEC N2, Alertmanager): the alerts of resolvable incidents (event types
-    ``job_restart``, ``job_hang``, ``node_isolated``; ``ftwatch.alerting.eventtype.RESOLVABLE``)
+    ``job_restart``, ``job_hang``, ``node_isolated``; ``ftwatch.alerting.alerts.RESOLVABLE``)
     stay open until the runner calls :meth:`resolve_open` (the job finished, successfully or
     not) or :meth:`resolve_due` finds ``resolve_after`` seconds passed since the last incident
     while the job ran on. Each then goes to every receiver once more with status ``resolved``
@@ -91,10 +92,10 @@ class Recorder:
         self.say(self._describe(decision))
         if self.dispatcher is not None and decision.action is not Action.NONE:
             from ftwatch.alerting.alerts import alert_from_decision
-            from ftwatch.alerting.eventtype import RESOLVABLE, event_type_of
+            from ftwatch.alerting.alerts import RESOLVABLE
             alert = alert_from_decision(decision, self.link(decision))
             self._dispatch(alert)
-            if event_type_of(alert) in RESOLVABLE:
+            if alert.event_type in RESOLVABLE:
                 self.open_alerts[tuple(sorted(alert.labels.items()))] = alert
                 self._last_incident = decision.time
 
@@ -156,12 +157,28 @@ class Recorder:
         many were delivered."""
         if self.dispatcher is None:
             return 0
+        tick = getattr(self.dispatcher, "tick", None)
+        if tick is not None:      # the event center: due groups, rate-limit releases, digests
+            for result in tick():
+                if not any(r is result for r in self.deliveries):
+                    self.delivery(result)
         if self._last_resend is None:
             self._last_resend = mono
         if mono - self._last_resend < every:
             return 0
         self._last_resend = mono
         return self.dispatcher.resend_pending()
+
+    def close(self) -> None:
+        """At shutdown: the event center sends what still waits in its groups (nothing is lost),
+        then the store is closed (an Elasticsearch sink flushes its journal)."""
+        close = getattr(self.dispatcher, "close", None)
+        if close is not None:
+            for result in close():
+                if not any(r is result for r in self.deliveries):
+                    self.delivery(result)
+        if self.store is not None:
+            self.store.close()
 
     def link(self, decision: Decision) -> str:
         """The command that explains a decision."""

@@ -173,6 +173,7 @@ class Watcher:
                 self._decide(job, hang)
             if job.trigger is not None and mono - job.opened >= self.config.watch.settle:
                 self._decide(job, job.trigger)
+        self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
 
     def _summary_exits(self, origin: Origin, data: bytes, t: float) -> list[Finding]:
         """Exit findings from a torchelastic failure summary in a stream (P3).

@@ -20,9 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ftwatch.alerting.alerts import Notification, alert_from_custom_message, sample_alert
+from ftwatch.alerting.alerts import Notification, sample_alert
 from ftwatch.alerting.dispatcher import Dispatcher
-from ftwatch.alerting.eventtype import event_type_of
 from ftwatch.alerting.notifiers import AlertmanagerNotifier, build_notifiers
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
@@ -152,26 +151,12 @@ def test_payload_labels_annotations_and_ends_at():
     assert resolved["labels"] == item["labels"] and resolved["endsAt"] == "2026-11-21T08:36:35.735+00:00"
 
     failed = replace(alert, decision=replace(alert.decision, action=Action.FAIL_JOB),
-                     labels={**alert.labels, "action": "fail_job", "severity": "critical"},
+                     labels={**alert.labels, "action": "fail_job", "severity": "critical",
+                             "event_type": "job_failed"},
                      annotations={**alert.annotations, "explain": "https://reports.example/r/1"})
     [item] = n.payload(render(failed))
     assert item["labels"]["alertname"] == "job_failed" and "endsAt" not in item
     assert item["generatorURL"] == "https://reports.example/r/1"
-
-
-def test_event_types():
-    alert = sample_alert()
-    d = alert.decision
-    hang = Finding("hang", "hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR,
-                   Origin("worker-0", 0, "demo-job"), "no output for 1800s", d.time)
-    cases = {Action.RESTART_INSTANCE: "job_restart", Action.RESTART_IN_PLACE: "job_restart",
-             Action.ISOLATE_NODE: "node_isolated", Action.FAIL_JOB: "job_failed",
-             Action.NOTIFY: "job_notify"}
-    for action, expected in cases.items():
-        assert event_type_of(replace(alert, decision=replace(d, action=action))) == expected
-    assert event_type_of(replace(alert, decision=replace(d, root_cause=hang))) == "job_hang"
-    custom = alert_from_custom_message("demo-job", "loss is NaN", d.time)
-    assert event_type_of(custom) == "custom_message"
 
 
 def test_config_builds_the_notifier():

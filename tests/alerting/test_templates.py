@@ -40,9 +40,9 @@ def test_alert_is_alertmanager_shaped():
     alert = make_alert()
     d = alert.decision
     assert alert.labels == {
-        "alertname": "ftwatch_restart_instance", "job": "job-42", "instance": "worker-3",
-        "rank": "3", "node": "gpu-node-7", "action": "restart_instance", "severity": "warning",
-        "failure_class": "hardware_node", "rule_id": "xid.79"}
+        "alertname": "ftwatch_restart_instance", "event_type": "instance_restart", "job": "job-42",
+        "instance": "worker-3", "rank": "3", "node": "gpu-node-7", "action": "restart_instance",
+        "severity": "warning", "failure_class": "hardware_node", "rule": "xid.79", "rule_id": "xid.79"}
     assert alert.annotations["root_cause_line"].startswith("NVRM: Xid")
     assert alert.annotations["explain"] == (
         f"ftwatch explain --state-dir '/var/lib/ftwatch state' {d.decision_id}")

@@ -10,7 +10,7 @@ https://github.com/prometheus/alertmanager/blob/main/api/v2/openapi.yaml) and "C
 
 Labels (they are the alert's identity in Alertmanager; empty values are left out):
 ``alertname`` = the event type (``job_restart``, ``job_hang``, ``node_isolated``,
-``job_failed``, ``custom_message``, ``job_notify``; ``ftwatch.alerting.eventtype``), ``job``,
+``job_failed``, ``custom_message``, ``notice``; ``ftwatch.alerting.alerts.event_type_of``), ``job``,
 ``severity``, ``action``, ``instance``, ``node``, ``rank``, ``failure_class``, ``rule_id``, plus
 the receiver's static ``labels`` (they win). Decision ids are not labels (they would make every
 restart of one job a different alert); they are in the annotations.
@@ -28,7 +28,7 @@ and, with ``send_resolved``, tells its receivers). ftwatch sends it:
 * for a firing ``job_restart`` / ``job_hang`` / ``node_isolated`` alert: ``endsAt`` =
   ``startsAt + resolve_after``, so Alertmanager resolves it by itself if ftwatch sends nothing
   more (a new incident of the same job sends the alert again and pushes ``endsAt`` on);
-* for ``job_failed``, ``custom_message``, ``job_notify``: no ``endsAt``; Alertmanager then
+* for ``job_failed``, ``custom_message``, ``notice``: no ``endsAt``; Alertmanager then
   resolves it after its own ``resolve_timeout`` (default 5 minutes) since nothing resends it.
 
 Answers: 200 accepted; 400 (invalid alert) is not retryable; 5xx, 408, 429 and connection
@@ -42,7 +42,7 @@ from typing import Any, Mapping
 import httpx
 
 from ftwatch.alerting.alerts import Alert, Notification
-from ftwatch.alerting.eventtype import RESOLVABLE, event_type_of
+from ftwatch.alerting.alerts import RESOLVABLE
 from ftwatch.alerting.notifiers.webhook import WebhookNotifier
 from ftwatch.events import iso
 
@@ -54,7 +54,7 @@ DEFAULT_RESOLVE_AFTER = 300.0
 
 def am_labels(alert: Alert, static: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Alertmanager labels of ``alert`` (see the module docstring)."""
-    labels = {"alertname": event_type_of(alert)}
+    labels = {"alertname": alert.event_type}
     labels.update({k: str(alert.labels[k]) for k in _LABEL_KEYS if alert.labels.get(k)})
     labels.update({k: str(v) for k, v in (static or {}).items()})
     return labels
@@ -79,7 +79,7 @@ def am_annotations(notification: Notification) -> dict[str, str]:
     out = {"summary": summary, "description": description, "root_cause": root,
            "explain": a.get("explain", ""), "decision_id": alert.decision_id,
            "restarts_left": str(alert.budgets.get("restarts_left", "")),
-           "event_type": event_type_of(alert)}
+           "event_type": alert.event_type}
     return {k: v for k, v in out.items() if v}
 
 
@@ -137,7 +137,7 @@ class AlertmanagerNotifier(WebhookNotifier):
                                 "startsAt": iso(alert.starts_at)}
         if alert.status == "resolved" and alert.ends_at is not None:
             item["endsAt"] = iso(alert.ends_at)
-        elif event_type_of(alert) in RESOLVABLE:
+        elif alert.event_type in RESOLVABLE:
             item["endsAt"] = iso(alert.starts_at + self.resolve_after)
         link = alert.annotations.get("explain", "")
         if link.startswith(("http://", "https://")):
