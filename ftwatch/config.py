@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
                                     WeComReceiver)
+from ftwatch.configmetrics import MetricsConfig
 from ftwatch.configref import flat_args, model_reference
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
@@ -160,6 +161,8 @@ class StorageConfig(BaseModel):
     model_config = _STRICT
     state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig,
+                                   description="Prometheus endpoint and output counts (ftwatch.configmetrics).")
 
     @property
     def sqlite_path(self) -> Path:
