@@ -145,3 +145,37 @@ def test_listen_addresses_are_checked():
     with pytest.raises(Exception, match="host:port"):
         Config.model_validate({"storage": {"metrics": {"listen": "localhost"}}})
     assert json.loads(MetricsConfig().model_dump_json())["output_bucket"] == 5.0
+
+
+@pytest.mark.slow
+def test_ftwatch_run_serves_its_counts_while_the_job_runs(tmp_path: Path):
+    """Without Prometheus: the real command line, scraped with a plain HTTP client."""
+    import os
+    import subprocess
+    import sys
+    import time
+    (tmp_path / "gate").touch()
+    (tmp_path / "w.py").write_text(
+        "import os, sys, time\nfor i in range(4):\n    print(f'step {i}', flush=True)\n"
+        "while os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "ftwatch", "run", "--job-id", "m", "--nproc-per-node", "2",
+                             "--state-dir", "state", "--metrics-port", "0", "--", sys.executable, "w.py",
+                             str(tmp_path / "gate")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = next(line.split(" on ")[1].strip() for line in proc.stdout if "metrics on http" in line)
+        deadline, body = time.monotonic() + 30, ""
+        while 'ftwatch_lines_total{job_id="m"} 8.0' not in body and time.monotonic() < deadline:
+            body = httpx.get(url, timeout=5).text
+            time.sleep(0.1)
+        assert 'ftwatch_lines_total{job_id="m"} 8.0' in body
+        (tmp_path / "gate").unlink()
+        assert proc.wait(30) == 0
+        body = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "SUCCEEDED" in body
+    with SqliteStore(tmp_path / "state" / "ftwatch.db") as store:   # the output counts reached the store
+        assert sum(r["lines"] for r in store.output("m")) == 8
