@@ -1,4 +1,4 @@
-"""The ``ftwatch`` command: run, watch, replay, explain, report, check, test-rules.
+"""The ``ftwatch`` command: run, watch, replay, explain, report, check, test-rules, es, dashboards.
 
 AIMaster flags (SPEC M1) are accepted verbatim anywhere before ``--`` in ``run`` and
 ``replay``, as argv (``--enable-job-restart=True``) or as one string
@@ -104,18 +104,27 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     from ftwatch.alerting.notifiers import build_notifiers
     from ftwatch.alerting.spool import Spool
     from ftwatch.alerting.rendering import TemplateRenderer
+    from ftwatch.clistorage import build_store
     from ftwatch.pipeline.recorder import Recorder
-    from ftwatch.pipeline.sinks.sqlite import SqliteStore
     state_dir.mkdir(parents=True, exist_ok=True)
-    store = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
+    store = build_store(config, state_dir)
     renderer = TemplateRenderer(config.alerting.language,
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
     recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
+                        resolve_after=_resolve_after(config),
                         output_bucket=config.storage.metrics.output_bucket)
     recorder.dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
                                      Spool(state_dir / "spool"), on_result=recorder.delivery)
     recorder.dispatcher.resend_pending()     # alerts spooled by an earlier run; results stored
     return recorder
+
+
+def _resolve_after(config) -> float:
+    """Seconds without a new incident before open alerts resolve: the smallest ``resolve_after``
+    of the Alertmanager receivers, else the recorder's default (300)."""
+    from ftwatch.pipeline.recorder import RESOLVE_AFTER
+    values = [r.resolve_after for r in config.alerting.receivers if r.type == "alertmanager"]
+    return min(values, default=RESOLVE_AFTER)
 
 
 # -- run -------------------------------------------------------------------------------------
@@ -159,14 +168,15 @@ def cmd_run(argv: list[str]) -> int:
     state_dir = Path(config.storage.state_dir)
     job = _job_id(args.job_id or config.job.id, command)
     recorder = _recorder(config, state_dir, args.decisions_file)
-    metrics = recorder.metrics = start_metrics(config.storage.metrics, args.metrics_port, state_dir, recorder.say)
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
+    runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
     try:
-        runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
         status = runner.run()
-        _summary(runner, recorder, status, state_dir)
     finally:
+        recorder.store.close()       # flushes the Elasticsearch sink, if any
         if metrics is not None:
             metrics.close()
+    _summary(runner, recorder, status, state_dir)
     return status
 
 
@@ -222,7 +232,7 @@ def cmd_watch(argv: list[str]) -> int:
     watcher = Watcher(config, Engine(_rules(config)), recorder, identity.resolve,
                       build_actuator(config.watch.actuator),
                       flush_partials=lambda before: identity.joiners.flush(before))
-    metrics = recorder.metrics = start_metrics(config.storage.metrics, args.metrics_port, state_dir, recorder.say)
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:
         metrics.watch_queue(watcher.queue.qsize)
     sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
@@ -246,6 +256,7 @@ def cmd_watch(argv: list[str]) -> int:
         for source in sources:
             source.stop()
         recorder.flush_output()
+        recorder.store.close()
         if metrics is not None:
             metrics.close()
     recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
@@ -327,25 +338,8 @@ def cmd_explain(argv: list[str]) -> int:
 
 
 def cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ftwatch report", description="Write a self-contained HTML page "
-                                "of the store: timelines, decisions, failure classes, root causes.")
-    p.add_argument("--state-dir", default=".ftwatch-state")
-    p.add_argument("--db", help="SQLite file (default: <state-dir>/ftwatch.db)")
-    p.add_argument("-o", "--output", type=Path, help="the HTML file (default: <state-dir>/report.html)")
-    p.add_argument("--job", action="append", help="only this job (repeatable; default: all)")
-    args = p.parse_args(argv)
-    from ftwatch.report.reader import SqliteReader
-    from ftwatch.report.render import write_report
-    db = Path(args.db) if args.db else Path(args.state_dir) / "ftwatch.db"
-    out = args.output or Path(args.state_dir) / "report.html"
-    try:
-        with SqliteReader(db) as reader:
-            data = write_report(reader, out, args.job)
-    except (FileNotFoundError, LookupError) as exc:
-        print(f"ftwatch report: {exc}", file=sys.stderr)
-        return 1
-    print(f"ftwatch report: {len(data['jobs'])} job(s) -> {out.resolve()}")
-    return 0
+    from ftwatch.report.command import cmd_report as report
+    return report(argv)
 
 
 def cmd_check(argv: list[str]) -> int:
@@ -374,6 +368,16 @@ def cmd_test_rules(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
+def cmd_es(argv: list[str]) -> int:
+    from ftwatch.clistorage import cmd_es as es
+    return es(argv)
+
+
+def cmd_dashboards(argv: list[str]) -> int:
+    from ftwatch.clistorage import cmd_dashboards as dashboards
+    return dashboards(argv)
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
@@ -382,6 +386,8 @@ _COMMANDS = {
     "report": cmd_report,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
+    "es": cmd_es,
+    "dashboards": cmd_dashboards,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
@@ -393,7 +399,9 @@ commands:
   explain [--state-dir DIR] [DECISION_ID]
   report [--state-dir DIR] [-o FILE] [--job JOB]
   check [CONFIG] [--rules FILE...]
-  test-rules [FILE...]"""
+  test-rules [FILE...]
+  es setup|flush [--config FILE] [--url URL]
+  dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""
 
 
 if __name__ == "__main__":

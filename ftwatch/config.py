@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
-                                    WeComReceiver)
+from ftwatch.configalerting import (CHATBOT_RECEIVERS, OTHER_RECEIVERS, AlertmanagerReceiver, DingTalkReceiver,
+                                    EmailReceiver, FeishuReceiver, SlackReceiver, WeComReceiver)
 from ftwatch.configmetrics import MetricsConfig
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.configstorage import ElasticsearchConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -126,9 +127,9 @@ class WebhookReceiver(BaseModel):
 
 
 Receiver = Annotated[Union[ConsoleReceiver, WebhookReceiver, DingTalkReceiver, FeishuReceiver, WeComReceiver,
-                           SlackReceiver], Field(discriminator="type")]
+                           SlackReceiver, EmailReceiver, AlertmanagerReceiver], Field(discriminator="type")]
 RECEIVER_MODELS: dict[str, type[BaseModel]] = {
-    "console": ConsoleReceiver, "webhook": WebhookReceiver, **CHATBOT_RECEIVERS}
+    "console": ConsoleReceiver, "webhook": WebhookReceiver, **CHATBOT_RECEIVERS, **OTHER_RECEIVERS}
 RECEIVER_TYPES = tuple(RECEIVER_MODELS)
 
 
@@ -141,7 +142,8 @@ class AlertingConfig(BaseModel):
         default_factory=lambda: [ConsoleReceiver(type="console", name="console")],
         description="Receivers (a `type:` each); default: one console receiver.")
     templates: dict[str, Path] = Field(
-        default_factory=dict, description="Receiver type -> template file that overrides the built-in one.")
+        default_factory=dict, description="`<receiver type>` or `<receiver type>.<en|zh>` -> template file "
+        "that overrides the built-in one (the bare type: for `language`).")
 
     @model_validator(mode="after")
     def _cross_check(self) -> "AlertingConfig":
@@ -149,9 +151,11 @@ class AlertingConfig(BaseModel):
         dups = sorted({n for n in names if names.count(n) > 1})
         if dups:
             raise ValueError(f"receiver names must be unique: {', '.join(dups)}")
-        unknown = sorted(set(self.templates) - set(RECEIVER_TYPES))
+        unknown = sorted(k for k in self.templates
+                         if k.partition(".")[0] not in RECEIVER_TYPES or k.partition(".")[2] not in ("", "en", "zh"))
         if unknown:
-            raise ValueError(f"templates for unknown receiver types {unknown}; known: {list(RECEIVER_TYPES)}")
+            raise ValueError(f"templates for unknown receiver types {unknown}; expected <type> or <type>.<en|zh>, "
+                             f"types: {list(RECEIVER_TYPES)}")
         return self
 
 
@@ -161,6 +165,7 @@ class StorageConfig(BaseModel):
     model_config = _STRICT
     state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
+    elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig,
                                    description="Prometheus endpoint and output counts (ftwatch.configmetrics).")
 

@@ -56,7 +56,7 @@ def _default(field: Any) -> str:
 def model_reference(root: type[BaseModel], footer: str = "") -> str:
     """A Markdown table of every key of ``root``: key, type (with bounds), default and description.
 
-    Nested models become dotted keys; a list of models told apart by a ``type: Literal[...]`` field
+    Nested models (also optional ones, ``Model | None``) become dotted keys; a list of models told apart by a ``type: Literal[...]`` field
     (e.g. receivers) lists each kind's keys as ``key[].sub``, with the kind in the description.
 
     Args:
@@ -80,6 +80,10 @@ def model_reference(root: type[BaseModel], footer: str = "") -> str:
             typ = _type_name(ann) + (f" ({bounds})" if bounds else "")
             desc = (field.description or "").replace("|", "\\|")
             rows.append(f"| `{key}` | {typ} | {_default(field)} | {note}{desc} |")
+            if typing.get_origin(ann) in (Union, types.UnionType):   # an optional section
+                for sub in typing.get_args(ann):
+                    if isinstance(sub, type) and issubclass(sub, BaseModel):
+                        emit(sub, key + ".")
             if typing.get_origin(ann) is list:
                 for sub in flat_args(ann):
                     if isinstance(sub, type) and issubclass(sub, BaseModel) and "type" in sub.model_fields:

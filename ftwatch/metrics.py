@@ -17,7 +17,8 @@ metric                                 type     labels
 ``ftwatch_ingest_lag_seconds``         histog.  now minus the record time of shipped lines
                                                 (``watch``; per origin and batch, newest line)
 ``ftwatch_ingest_lag_last_seconds``    gauge    the last such lag
-``ftwatch_spool_items``                gauge    ``spool``, ``state`` (``pending``/``dead``)
+``ftwatch_spool_items``                gauge    ``spool`` (``alerts``, ``elasticsearch``),
+                                                ``state`` (``pending``/``dead``)
 ``ftwatch_spool_bytes``                gauge    ``spool``, ``state``
 ``ftwatch_queue_batches``              gauge    batches waiting in ``watch``'s ingest queue
 =====================================  =======  ==========================================
@@ -40,31 +41,28 @@ LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, flo
 
 
 class _SpoolCollector:
-    """Counts the files (and their bytes) of spool directories at scrape time."""
+    """Counts the entries (and their bytes) of spools at scrape time."""
 
     def __init__(self) -> None:
-        self.spools: dict[str, Path] = {}
+        self.spools: dict[str, tuple[Path, str]] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         items = GaugeMetricFamily("ftwatch_spool_items", "Entries waiting in a spool (not yet "
                                   "delivered: pending; refused for good: dead).", labels=["spool", "state"])
         size = GaugeMetricFamily("ftwatch_spool_bytes", "Bytes of a spool's entries.",
                                  labels=["spool", "state"])
-        for name, path in sorted(self.spools.items()):
-            for state, n, b in _spool_usage(path):
+        for name, (path, layout) in sorted(self.spools.items()):
+            usage = _jsonl_usage(path) if layout == "jsonl" else _files_usage(path)
+            for state, n, b in usage:
                 items.add_metric([name, state], n)
                 size.add_metric([name, state], b)
         yield items
         yield size
 
 
-def _spool_usage(path: Path) -> list[tuple[str, int, int]]:
-    """(state, entries, bytes) of a spool: a directory's files (``dead/`` apart), or one file's
-    lines (a JSON-lines dead-letter file is all ``dead``)."""
-    if path.is_file():
-        with path.open("rb") as fh:
-            data = fh.read()
-        return [("dead", data.count(b"\n"), len(data))]
+def _files_usage(path: Path) -> list[tuple[str, int, int]]:
+    """(state, entries, bytes) of a directory with a file per entry, dead ones in ``dead/``
+    (``ftwatch.alerting.spool``)."""
     out = []
     for state, directory in (("pending", path), ("dead", path / "dead")):
         n = b = 0
@@ -78,6 +76,25 @@ def _spool_usage(path: Path) -> list[tuple[str, int, int]]:
             pass                   # not created yet: empty
         out.append((state, n, b))
     return out
+
+
+def _jsonl_usage(path: Path) -> list[tuple[str, int, int]]:
+    """(state, entries, bytes) of a directory of JSON-lines files, an entry a line, the dead
+    ones in ``dead-letter.jsonl`` (``ftwatch.pipeline.sinks.esbuffer``)."""
+    counts = {"pending": [0, 0], "dead": [0, 0]}
+    try:
+        files = sorted(path.glob("*.jsonl"))
+    except OSError:
+        files = []
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue               # sealed or acknowledged meanwhile
+        slot = counts["dead" if f.name == "dead-letter.jsonl" else "pending"]
+        slot[0] += data.count(b"\n")
+        slot[1] += len(data)
+    return [(state, n, b) for state, (n, b) in counts.items()]
 
 
 class Metrics:
@@ -135,10 +152,17 @@ class Metrics:
         self.lag.observe(seconds)
         self.lag_last.set(seconds)
 
-    def watch_spool(self, name: str, path: Path | str) -> None:
-        """Report the size of a spool at each scrape: a directory of entry files with a
-        ``dead/`` subdirectory (the alert spool), or one JSON-lines dead-letter file."""
-        self._spools.spools[name] = Path(path)
+    def watch_spool(self, name: str, path: Path | str, layout: str = "files") -> None:
+        """Report the size of a spool at each scrape.
+
+        Args:
+            layout: ``files``: a file per entry, dead ones in ``dead/`` (the alert spool);
+                ``jsonl``: JSON-lines files, an entry a line, dead ones in
+                ``dead-letter.jsonl`` (the Elasticsearch buffer).
+        """
+        if layout not in ("files", "jsonl"):
+            raise ValueError(f"unknown spool layout {layout!r}")
+        self._spools.spools[name] = (Path(path), layout)
 
     def watch_queue(self, size: Callable[[], float]) -> None:
         """Report ``size()`` as ``ftwatch_queue_batches`` at each scrape (e.g. ``queue.qsize``)."""
@@ -167,12 +191,13 @@ class Metrics:
             self._server = None
 
 
-def start_metrics(config, port: int | None, state_dir: Path,
+def start_metrics(storage, port: int | None, state_dir: Path,
                   say: Callable[[str], None] = print) -> Metrics | None:
     """Start the endpoint ``run`` and ``watch`` serve, if asked for, and ``say`` its URL.
 
     Args:
-        config: ``storage.metrics`` (``ftwatch.configmetrics.MetricsConfig``).
+        storage: the ``storage`` config: its ``metrics`` (``ftwatch.configmetrics.MetricsConfig``)
+            and ``elasticsearch`` (whose buffer is reported as spool ``elasticsearch``).
         port: ``--metrics-port`` (wins over the config's port; on 127.0.0.1 when the config
             names no address); None: the config alone.
         state_dir: its ``spool`` directory (the alert spool) is reported as spool ``alerts``.
@@ -185,11 +210,15 @@ def start_metrics(config, port: int | None, state_dir: Path,
         ConfigError: the address cannot be bound.
     """
     from ftwatch.configmetrics import parse_listen
+    config = storage.metrics
     if port is None and config.listen is None:
         return None
     host, wanted = parse_listen(config.listen) if config.listen else ("127.0.0.1", 0)
     metrics = Metrics()
     metrics.watch_spool("alerts", Path(state_dir) / "spool")
+    es = getattr(storage, "elasticsearch", None)
+    if es is not None:
+        metrics.watch_spool("elasticsearch", Path(es.buffer_dir or Path(state_dir) / "es-buffer"), "jsonl")
     try:
         bound = metrics.serve(host, wanted if port is None else port)
     except OSError as exc:

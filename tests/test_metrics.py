@@ -94,23 +94,32 @@ def test_spool_sizes_are_read_at_each_scrape(tmp_path: Path):
     m = Metrics()
     spool = tmp_path / "spool"
     m.watch_spool("alerts", spool)
-    m.watch_spool("es", tmp_path / "dead.jsonl")
+    es = tmp_path / "es-buffer"
+    m.watch_spool("es", es, "jsonl")
     assert samples(m)[("ftwatch_spool_items", ("spool", "alerts"), ("state", "pending"))] == 0
     (spool / "dead").mkdir(parents=True)
     (spool / "a.json").write_text("{}")
     (spool / "b.json").write_text("{}")
     (spool / "dead" / "c.json").write_text("{1}")
-    (tmp_path / "dead.jsonl").write_text('{"a": 1}\n{"b": 2}\n')
+    es.mkdir()
+    (es / "current.jsonl").write_text('{"a": 1}\n')
+    (es / "seg-000000001.jsonl").write_text('{"b": 1}\n{"c": 1}\n')
+    (es / "dead-letter.jsonl").write_text('{"a": 1}\n{"b": 2}\n')
     s = samples(m)
     assert s[("ftwatch_spool_items", ("spool", "alerts"), ("state", "pending"))] == 2
     assert s[("ftwatch_spool_bytes", ("spool", "alerts"), ("state", "pending"))] == 4
     assert s[("ftwatch_spool_items", ("spool", "alerts"), ("state", "dead"))] == 1
     assert s[("ftwatch_spool_items", ("spool", "es"), ("state", "dead"))] == 2
+    assert s[("ftwatch_spool_items", ("spool", "es"), ("state", "pending"))] == 3
+    with pytest.raises(ValueError):
+        m.watch_spool("x", tmp_path, "tar")
 
 
 def test_served_over_http_and_closed(tmp_path: Path):
     said = []
-    m = start_metrics(MetricsConfig(listen="127.0.0.1:0"), None, tmp_path, said.append)
+    storage = Config.model_validate({"storage": {"metrics": {"listen": "127.0.0.1:0"},
+                                                 "elasticsearch": {"url": "http://127.0.0.1:9"}}}).storage
+    m = start_metrics(storage, None, tmp_path, said.append)
     try:
         url = said[0].split(" on ")[1]
         m.count_output("j", 4, 8)
@@ -119,6 +128,7 @@ def test_served_over_http_and_closed(tmp_path: Path):
         assert 'ftwatch_lines_total{job_id="j"} 4.0' in body
         assert "ftwatch_queue_batches 3.0" in body
         assert 'ftwatch_spool_items{spool="alerts",state="pending"} 0.0' in body
+        assert 'ftwatch_spool_items{spool="elasticsearch",state="dead"} 0.0' in body
     finally:
         m.close()
     with pytest.raises(httpx.TransportError):
@@ -126,12 +136,13 @@ def test_served_over_http_and_closed(tmp_path: Path):
 
 
 def test_off_unless_asked_and_a_busy_port_is_a_config_error(tmp_path: Path):
-    assert start_metrics(MetricsConfig(), None, tmp_path) is None
-    first = start_metrics(MetricsConfig(), 0, tmp_path, lambda s: None)     # --metrics-port 0
+    assert start_metrics(Config().storage, None, tmp_path) is None
+    first = start_metrics(Config().storage, 0, tmp_path, lambda s: None)     # --metrics-port 0
     try:
         port = first._server.server_port
         with pytest.raises(ConfigError, match="cannot listen"):
-            start_metrics(MetricsConfig(listen=f"127.0.0.1:{port}"), None, tmp_path, lambda s: None)
+            start_metrics(Config.model_validate({"storage": {"metrics": {"listen": f"127.0.0.1:{port}"}}}).storage,
+                          None, tmp_path, lambda s: None)
     finally:
         first.close()
 

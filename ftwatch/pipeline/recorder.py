@@ -14,6 +14,7 @@ from ftwatch.events import Action, Decision, Finding, Origin, iso
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
 
 RESEND_SECONDS = 30.0   # how often spooled alerts are retried during a run
+RESOLVE_AFTER = 300.0   # default seconds without a new incident before open alerts resolve
 _RESTART_ACTIONS = frozenset(a.label for a in (Action.RESTART_JOB, Action.RESTART_INSTANCE,
                                                Action.RESTART_IN_PLACE, Action.ISOLATE_NODE))
 
@@ -27,14 +28,24 @@ class Recorder:
         dispatcher: the alert dispatcher (``ftwatch.alerting.dispatcher.Dispatcher``) or None.
         out: where human-readable lines go (the terminal).
         state_dir: named in the alert's ``ftwatch explain`` link.
+        resolve_after: seconds without a new incident after which the open alerts resolve
+            (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
         metrics: ``ftwatch.metrics.Metrics`` counting lines, findings, decisions and restarts,
             or None.
         output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
+
+    Resolution (SPEC N2, Alertmanager): the alerts of resolvable incidents (event types
+    ``job_restart``, ``job_hang``, ``node_isolated``; ``ftwatch.alerting.eventtype.RESOLVABLE``)
+    stay open until the runner calls :meth:`resolve_open` (the job finished, successfully or
+    not) or :meth:`resolve_due` finds ``resolve_after`` seconds passed since the last incident
+    while the job ran on. Each then goes to every receiver once more with status ``resolved``
+    and ``ends_at`` set. ``job_failed`` and notifications never resolve here.
     """
 
     def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
                  out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None,
-                 metrics: Any = None, output_bucket: float = 5.0):
+                 resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
+                 output_bucket: float = 5.0):
         self.store = store
         self.decisions_file = decisions_file
         self.dispatcher = dispatcher
@@ -48,6 +59,9 @@ class Recorder:
         self.deliveries: list[Any] = []
         self.metrics = metrics
         self.output_counts = OutputCounts(output_bucket)
+        self.resolve_after = resolve_after
+        self.open_alerts: dict[tuple, Any] = {}    # labels -> the latest firing alert
+        self._last_incident: float | None = None
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -116,10 +130,40 @@ class Recorder:
         self.say(self._describe(decision))
         if self.dispatcher is not None and decision.action is not Action.NONE:
             from ftwatch.alerting.alerts import alert_from_decision
+            from ftwatch.alerting.eventtype import RESOLVABLE, event_type_of
             alert = alert_from_decision(decision, self.link(decision))
-            for result in self.dispatcher.dispatch(alert):
-                if not any(r is result for r in self.deliveries):  # not already via on_result
-                    self.delivery(result)
+            self._dispatch(alert)
+            if event_type_of(alert) in RESOLVABLE:
+                self.open_alerts[tuple(sorted(alert.labels.items()))] = alert
+                self._last_incident = decision.time
+
+    def resolve_open(self, time: float, reason: str = "") -> int:
+        """Resolve every open alert at ``time`` (epoch seconds): each goes to the receivers as
+        ``resolved`` and a ``alert_resolved`` event is stored. Returns how many resolved."""
+        alerts, self.open_alerts = list(self.open_alerts.values()), {}
+        self._last_incident = None
+        for alert in alerts:
+            self.event(time, alert.labels.get("job", ""), "alert_resolved",
+                       alert.labels.get("instance") or None, decision_id=alert.decision_id,
+                       reason=reason)
+            if self.dispatcher is not None:
+                self._dispatch(alert.resolve(time))
+        if alerts:
+            self.say(f"ftwatch: {len(alerts)} alert(s) resolved ({reason or 'no new incident'})")
+        return len(alerts)
+
+    def resolve_due(self, now: float) -> int:
+        """Resolve the open alerts if ``resolve_after`` seconds passed since the last incident
+        (call it while the job runs). Returns how many resolved."""
+        if (self.resolve_after is None or not self.open_alerts or self._last_incident is None
+                or now - self._last_incident < self.resolve_after):
+            return 0
+        return self.resolve_open(now, f"no new incident for {self.resolve_after:g}s")
+
+    def _dispatch(self, alert: Any) -> None:
+        for result in self.dispatcher.dispatch(alert):
+            if not any(r is result for r in self.deliveries):  # not already via on_result
+                self.delivery(result)
 
     def custom_message(self, time: float, job: str, content: str, instance: str | None = None,
                        rank: int | None = None, node: str | None = None,
@@ -136,9 +180,7 @@ class Recorder:
         alert = alert_from_custom_message(job, content, time, "", instance=instance,
                                           rank=rank, node=node, restarts_used=used,
                                           restarts_left=left, attempt=self.attempt)
-        for result in self.dispatcher.dispatch(alert):
-            if not any(r is result for r in self.deliveries):
-                self.delivery(result)
+        self._dispatch(alert)
 
     def delivery(self, result: Any) -> None:
         """Record what became of one notification (a dispatcher's ``on_result``, so that the

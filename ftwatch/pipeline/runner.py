@@ -128,11 +128,13 @@ class JobRunner:
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
             if decision.action in (Action.NONE,):
+                self.recorder.resolve_open(self.clock.time(), "the job finished successfully")
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded")
                 self.budgets.close("succeeded")
                 return 0
             if decision.action is Action.FAIL_JOB:
                 self.supervisor.stop_all()
+                self.recorder.resolve_open(self.clock.time(), "superseded: the job failed")
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "failed")
                 self.budgets.close("failed")
                 return 1
@@ -165,6 +167,7 @@ class JobRunner:
             self.control.drain(self.controls)     # SDK requests, on this thread
             now = self.clock.time()
             self.recorder.resend_due(self.clock.mono())
+            self.recorder.resolve_due(now)
             self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))
             for finding in self.tracker.check(now):
                 self._add(state, [finding])

@@ -107,7 +107,8 @@ def test_resolved_is_marked():
 def test_unknown_kind_uses_the_generic_webhook_text():
     r = TemplateRenderer("en")
     alert = make_alert()
-    assert r.render("dingtalk", alert) == r.render("webhook", alert)
+    assert r.render("pagerduty", alert) == r.render("webhook", alert)
+    assert r.render("dingtalk", alert) != r.render("webhook", alert)
 
 
 def test_override_is_used_per_kind_and_language(tmp_path: Path):
@@ -207,7 +208,8 @@ def test_console_notifier_prints_a_framed_block():
     ConsoleNotifier(colored, color=True).send(n)
     assert colored.getvalue().startswith("\033[1;31m")
     assert isinstance(ConsoleNotifier(), Notifier)
-    assert set(REGISTRY) == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack"}
+    assert set(REGISTRY) == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email",
+                             "alertmanager"}
 
 
 def test_console_notifier_defaults_to_stdout(capsys):
