@@ -1,4 +1,4 @@
-"""The ``ftwatch`` command: run, watch, replay, explain, check, test-rules, es, dashboards.
+"""The ``ftwatch`` command: run, watch, replay, explain, report, check, test-rules, es, dashboards.
 
 AIMaster flags (SPEC M1) are accepted verbatim anywhere before ``--`` in ``run`` and
 ``replay``, as argv (``--enable-job-restart=True``) or as one string
@@ -113,7 +113,8 @@ def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     renderer = TemplateRenderer(config.alerting.language,
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
     recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
-                        resolve_after=_resolve_after(config))
+                        resolve_after=_resolve_after(config),
+                        output_bucket=config.storage.metrics.output_bucket)
     dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
                             Spool(state_dir / "spool"), on_result=recorder.delivery)
     recorder.dispatcher = EventCenter(config.alerting, dispatcher, SystemClock().time, state_dir)
@@ -151,6 +152,7 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
     args = p.parse_args(rest)
     if not command:
         p.error("give the training command after --")
@@ -164,16 +166,20 @@ def cmd_run(argv: list[str]) -> int:
         config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update=overrides)})
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
+    from ftwatch.metrics import start_metrics
     from ftwatch.pipeline.runner import JobRunner
     from ftwatch.rules.engine import Engine
     state_dir = Path(config.storage.state_dir)
     job = _job_id(args.job_id or config.job.id, command)
     recorder = _recorder(config, state_dir, args.decisions_file)
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
     try:
         status = runner.run()
     finally:
         recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
+        if metrics is not None:
+            metrics.close()
     _summary(runner, recorder, status, state_dir)
     return status
 
@@ -207,6 +213,7 @@ def cmd_watch(argv: list[str]) -> int:
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
     p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
     args = p.parse_args(rest)
     config = _load_config(args, flags)
     if args.state_dir:
@@ -215,6 +222,7 @@ def cmd_watch(argv: list[str]) -> int:
         raise ConfigError(f"{args.config}: watch.sources is empty: nothing to watch")
     import signal
     import threading
+    from ftwatch.metrics import start_metrics
     from ftwatch.pipeline.actuator import build_actuator
     from ftwatch.pipeline.identity import Identity
     from ftwatch.pipeline.sources import build_source
@@ -228,6 +236,9 @@ def cmd_watch(argv: list[str]) -> int:
     watcher = Watcher(config, Engine(_rules(config)), recorder, identity.resolve,
                       build_actuator(config.watch.actuator),
                       flush_partials=lambda before: identity.joiners.flush(before))
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
+    if metrics is not None:
+        metrics.watch_queue(watcher.queue.qsize)
     sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -249,6 +260,8 @@ def cmd_watch(argv: list[str]) -> int:
         for source in sources:
             source.stop()
         recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
+        if metrics is not None:
+            metrics.close()
     recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
@@ -327,6 +340,11 @@ def cmd_explain(argv: list[str]) -> int:
     return 0
 
 
+def cmd_report(argv: list[str]) -> int:
+    from ftwatch.report.command import cmd_report as report
+    return report(argv)
+
+
 def cmd_check(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
     p.add_argument("config", nargs="?")
@@ -396,6 +414,7 @@ _COMMANDS = {
     "replay": cmd_replay,
     "watch": cmd_watch,
     "explain": cmd_explain,
+    "report": cmd_report,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
     "es": cmd_es,
@@ -405,10 +424,11 @@ _COMMANDS = {
 _USAGE = """usage: ftwatch COMMAND [options]
 
 commands:
-  run [AIMaster flags] [--config FILE] --nproc-per-node N [--state-dir DIR] [--decisions-file PATH] -- COMMAND...
-  watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH]
+  run [AIMaster flags] [--config FILE] --nproc-per-node N [--state-dir DIR] [--decisions-file PATH] [--metrics-port N] -- COMMAND...
+  watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH] [--metrics-port N]
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
+  report [--state-dir DIR] [-o FILE] [--job JOB]
   check [CONFIG] [--rules FILE...]
   check --route EVENT.json [--config FILE] [--at TIME]
   test-rules [FILE...]

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, OTHER_RECEIVERS, AlertmanagerReceiver, DingTalkReceiver,
                                     EmailReceiver, FeishuReceiver, SlackReceiver, WeComReceiver)
+from ftwatch.configmetrics import MetricsConfig
 from ftwatch.configref import flat_args, model_reference
 from ftwatch.configstorage import ElasticsearchConfig
 from ftwatch.configroutes import EventCenterFields
@@ -167,6 +168,8 @@ class StorageConfig(BaseModel):
     state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
     elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig,
+                                   description="Prometheus endpoint and output counts (ftwatch.configmetrics).")
 
     @property
     def sqlite_path(self) -> Path:

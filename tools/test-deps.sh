@@ -23,4 +23,10 @@ need() {  # need <command> <debian package>
 # tests/alerting/test_alertmanager.py: a real Alertmanager (the package's service is not used;
 # the test starts its own instance on a free loopback port).
 need prometheus-alertmanager prometheus-alertmanager
+# tests/report/test_report_browser.py: the report opened in headless Chromium (driven by the
+# playwright Python package through executable_path; Playwright's own browsers are never fetched).
+need chromium chromium
+# tests/integration/test_prometheus_scrape.py: a real Prometheus scraping /metrics (the test
+# starts its own instance on a free loopback port; the package's service is not used).
+need prometheus prometheus
 exit 0

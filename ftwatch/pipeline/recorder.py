@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
-from ftwatch.events import Action, Decision, Finding, iso
+from ftwatch.events import Action, Decision, Finding, Origin, iso
+from ftwatch.pipeline.sinks.outputcounts import OutputCounts
 
 RESEND_SECONDS = 30.0   # how often spooled alerts are retried during a run
 RESOLVE_AFTER = 300.0   # default seconds without a new incident before open alerts resolve
+_RESTART_ACTIONS = frozenset(a.label for a in (Action.RESTART_JOB, Action.RESTART_INSTANCE,
+                                               Action.RESTART_IN_PLACE, Action.ISOLATE_NODE))
 
 
 class Recorder:
@@ -28,6 +31,9 @@ class Recorder:
         state_dir: named in the alert's ``ftwatch explain`` link.
         resolve_after: seconds without a new incident after which the open alerts resolve
             (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
+        metrics: ``ftwatch.metrics.Metrics`` counting lines, findings, decisions and restarts,
+            or None.
+        output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
 
     Resolution (SPEC N2, Alertmanager): the alerts of resolvable incidents (event types
     ``job_restart``, ``job_hang``, ``node_isolated``; ``ftwatch.alerting.alerts.RESOLVABLE``)
@@ -39,7 +45,8 @@ class Recorder:
 
     def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
                  out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None,
-                 resolve_after: float | None = RESOLVE_AFTER):
+                 resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
+                 output_bucket: float = 5.0):
         self.store = store
         self.decisions_file = decisions_file
         self.dispatcher = dispatcher
@@ -51,22 +58,52 @@ class Recorder:
         self._last_resend: float | None = None   # the start already resent (cli)
         self.finding_count = 0
         self.deliveries: list[Any] = []
+        self.metrics = metrics
+        self.output_counts = OutputCounts(output_bucket)
         self.resolve_after = resolve_after
         self.open_alerts: dict[tuple, Any] = {}    # labels -> the latest firing alert
         self._last_incident: float | None = None
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
 
+    def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
+        """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the
+        store's per-instance buckets once a later bucket starts (and at :meth:`flush_output`)."""
+        if self.metrics is not None:
+            self.metrics.count_output(origin.job, lines, nbytes)
+        if self.output_counts.add(origin.job, origin.instance, origin.rank, time, lines, nbytes):
+            rows = self.output_counts.closed()
+            if self.store is not None:
+                self.store.add_output(rows)
+
+    def flush_output(self) -> None:
+        """Store every output bucket still open (the run or watch ends)."""
+        rows = self.output_counts.drain()
+        if self.store is not None:
+            self.store.add_output(rows)
+
     def findings(self, findings: Iterable[Finding]) -> None:
         """Store findings (every one, fallout included: ``explain`` shows them)."""
         findings = list(findings)
         self.finding_count += len(findings)
+        if self.metrics is not None:
+            self.metrics.count_findings(findings)
         if findings and self.store is not None:
             self.store.add_findings(findings, attempt=self.attempt)
 
     def event(self, time: float, job: str, kind: str, instance: str | None = None,
               rank: int | None = None, **detail: Any) -> None:
-        """Store a lifecycle event (start, exit, restart, stop)."""
+        """Store a lifecycle event (start, exit, restart, stop).
+
+        Restarts are counted in the metrics: ``job_restart`` (kind ``job``), ``instance_restart``
+        (kind ``instance``) and an ``actuator`` event whose restart action was ``done``.
+        """
+        if self.metrics is not None:
+            if kind in ("job_restart", "instance_restart"):
+                self.metrics.count_restart(job, kind.split("_")[0])
+            elif kind == "actuator" and detail.get("status") == "done" and \
+                    detail.get("action") in _RESTART_ACTIONS:
+                self.metrics.count_restart(job, detail["action"])
         if self.store is not None:
             self.store.add_event(time, job, kind, instance=instance, rank=rank, detail=detail)
 
@@ -84,6 +121,8 @@ class Recorder:
     def decision(self, decision: Decision) -> None:
         """Record a decision everywhere and send its alert (action none sends none)."""
         self.decisions.append(decision)
+        if self.metrics is not None:
+            self.metrics.count_decision(decision.target.job, decision.action.label)
         if self.store is not None:
             self.store.add_decision(decision)
         if self.decisions_file is not None:
@@ -177,6 +216,7 @@ class Recorder:
             for result in close():
                 if not any(r is result for r in self.deliveries):
                     self.delivery(result)
+        self.flush_output()
         if self.store is not None:
             self.store.close()
 

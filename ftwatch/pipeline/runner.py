@@ -104,6 +104,7 @@ class JobRunner:
         finally:
             self.supervisor.close()
             self.control.stop()
+            self.recorder.flush_output()
 
     def request_stop(self) -> None:
         """Stop the workers cleanly and end (SIGINT / SIGTERM to ftwatch)."""
@@ -183,6 +184,9 @@ class JobRunner:
         if isinstance(item, Output):
             self._echo(item)
             self.tracker.output(item.origin.instance, item.time)
+            data = item.data
+            lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+            self.recorder.output(item.origin, lines, len(data), item.time)
             self._add(state, self.engine.feed(item.origin, item.data, item.time))
             return None
         if isinstance(item, Started):
@@ -230,6 +234,8 @@ class JobRunner:
             self._sleep(self.config.supervisor.restart_delay)
             state.failed.discard(decision.target.instance or "")
             self.supervisor.restart_instance(decision.target.rank)
+            self.recorder.event(self.clock.time(), self.job, "instance_restart", decision.target.instance,
+                                decision.target.rank, action=decision.action.label)
             return None
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on
