@@ -70,7 +70,7 @@ def model_reference(root: type[BaseModel], footer: str = "") -> str:
 
     def emit(model: type[BaseModel], prefix: str, note: str = "") -> None:
         for name, field in model.model_fields.items():
-            key = f"{prefix}{name}"
+            key = f"{prefix}{field.alias or name}"
             ann = field.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 emit(ann, key + ".")
