@@ -70,7 +70,7 @@ class JobRunner:
         self.clock = clock or SystemClock()
         state_dir = Path(config.storage.state_dir)
         self.budgets = BudgetStore.for_job(state_dir, job)
-        self.policy = Policy(config.policy, self.budgets, job)
+        self.policy = Policy.for_config(config, self.budgets, job)
         self.exit_table = ExitCodeTable.load()
         sup = config.supervisor
         self.nproc = sup.nproc_per_node

@@ -92,6 +92,17 @@ class BlameStore:
         return {n: {"blames": [dict(b) for b in e.get("blames", ())], "isolated_at": e.get("isolated_at")}
                 for n, e in self._data["nodes"].items()}
 
+    def report(self, now: float) -> str:
+        """Text for ``ftwatch explain``: each node's blames in the window at ``now`` and the rules."""
+        lines = ["Node blame"]
+        for node, entry in sorted(self._data["nodes"].items()):
+            live = [b for b in entry.get("blames", ()) if now - self.window < b["t"] <= now]
+            iso = entry.get("isolated_at")
+            rules = ", ".join(sorted({f"{b['rule']} ({b['job']})" for b in live})) or "-"
+            lines.append(f"  {node}: {len(live)}/{self.threshold} in {self.window / 3600:g} h: {rules}"
+                         + (f"; isolated by blame {now - iso:.0f} s ago" if iso is not None else ""))
+        return "\n".join(lines if len(lines) > 1 else lines + ["  (no node blamed)"])
+
     def blame(self, node: str, job: str, occurrence: str, rule: str, now: float) -> Blame:
         """Count one blame of ``node`` for ``job`` (once per ``occurrence``) and judge it.
 

@@ -110,7 +110,7 @@ class ModelArtsPolicy:
                                                f"{pod_memo['instance']} failed (it failed again in the next attempt), "
                                                "its node is already isolated → unconditional job reschedule", "job")
         node_fault = real and root is not None and (
-            root.failure_class is FailureClass.HARDWARE_NODE or root.action >= Action.ISOLATE_NODE)
+            root.failure_class is FailureClass.HARDWARE_NODE or root.action is Action.ISOLATE_NODE)
         user_chip = real and root is not None and is_npu(root) and npu_code(root) in USER_INPUT_CODES
         if (node_fault or user_chip) and root is not None:
             b.set_streaks(unconditional=0)

@@ -224,6 +224,9 @@ class Policy:
                             attempt=incident.attempt)
 
         if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
+            if trig.action is Action.NONE:
+                return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
+                                         f"c4d_log_level={self.c4d.log_level} → ignored")
             return done(Action.NOTIFY, notify_clause(trig, self.c4d))
         if self.modelarts is not None:
             return self._modelarts(incident, trig, an, rc, now, done)
