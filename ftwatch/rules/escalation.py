@@ -122,12 +122,12 @@ class FaultHistory:
                                               "hits": {}, "escalated": {}}
 
     @classmethod
-    def for_job(cls, state_dir: Path | None, job: str) -> "FaultHistory":
+    def for_job(cls, state_dir: Path | None, job: str, keep_s: float = 2 * DAY) -> "FaultHistory":
         """The history at ``<state_dir>/escalation/<job>.json`` (in memory when state_dir is None)."""
         if state_dir is None:
-            return cls(None, job)
+            return cls(None, job, keep_s)
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", job) or "_"
-        return cls(Path(state_dir) / "escalation" / f"{safe}.json", job)
+        return cls(Path(state_dir) / "escalation" / f"{safe}.json", job, keep_s)
 
     def record(self, key: str, t: float, occurrence: str) -> bool:
         """Count one hit of ``key`` at epoch second ``t``, once per ``occurrence``. True if new."""

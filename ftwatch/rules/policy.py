@@ -1,4 +1,7 @@
-"""Findings -> a Decision: root cause (SPEC R7), modes (D1), policies (D2), budgets (D3).
+"""Findings -> a Decision: root cause (SPEC R7), modes (D1), policies (D2), budgets (D3), and the
+recovery policies of issue 4: NPU escalation (R3, ``escalation.py``), C4D records (R8, ``c4d.py``),
+node blame (``blame.py``) and the ModelArts strategies (D4, ``modelarts.py``), which replace D1-D3
+when the job's annotations turn them on.
 
 The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
 
@@ -32,7 +35,7 @@ from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Ta
 from ftwatch.rules.blame import BlameStore, blameable
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
-from ftwatch.rules.escalation import Escalator, FaultHistory, is_npu, npu_code
+from ftwatch.rules.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.rules.modelarts import ModelArtsPolicy
 
@@ -140,7 +143,9 @@ class Policy:
         self.budgets = budgets
         self.job = job
         self.recovery = recovery or RecoveryConfig()
-        self.history = FaultHistory.for_job(state_dir, job)
+        ma = modelarts or ModelArtsConfig()
+        keep = max([2 * DAY, ma.same_fault_window] + [r.window_s for r in FREQUENCY_RULES])
+        self.history = FaultHistory.for_job(state_dir, job, keep)
         self.escalator = Escalator(self.history)
         bc = self.recovery.blame
         self.blame = BlameStore.for_state(state_dir, threshold=bc.threshold, window=bc.window,
@@ -148,7 +153,6 @@ class Policy:
         timeout, times = c4d_settings(policy.c4d_common_envs)
         self.c4d = C4DSettings(policy.enable_c4d_hang_detection and policy.enable_job_hang_detection,
                                timeout, times, policy.c4d_log_level)
-        ma = modelarts or ModelArtsConfig()
         self.modelarts = ModelArtsPolicy(ma, budgets, self.history) if ma.enabled else None
 
     @classmethod
