@@ -17,6 +17,8 @@ A *hit* is one occurrence of (node, chip, code) in one attempt: a code printed b
 one attempt counts once (each occurrence of a fault ends the attempt it happens in). Hits are kept
 in ``<state_dir>/escalation/<job>.json`` (``FaultHistory``), so counts survive new attempts and a
 restart of ftwatch; hits older than the longest window are dropped when the file is written.
+Only findings that reach the policy count (an incident's findings): a link down in an attempt that
+never fails is not seen here.
 """
 
 from __future__ import annotations
