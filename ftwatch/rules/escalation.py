@@ -8,7 +8,8 @@ MindCluster grades a chip fault more severely when it keeps coming back (fault-t
   the chip is isolated (ftwatch: isolate_node) until an operator releases it; the link-down
   isolation is released after 48 h without a recurrence;
 * duration: ``81078603`` lasting more than **20 s** -> ``PreSeparateNPU`` (the running job is left
-  alone, nothing new is placed on the chip: ftwatch notifies), cleared 60 s after recovery.
+  alone, nothing new is placed on the chip): ftwatch adds a note to the decision's clause and
+  leaves its action as it is.
 
 User-input codes (80C98002, 80CB8002) are never escalated to an isolation (SPEC R3): at most a
 reschedule (restart_job).
@@ -168,10 +169,6 @@ class FaultHistory:
         """Drop a standing escalation."""
         if self._data["escalated"].pop(key, None) is not None:
             self._save()
-
-    def to_dict(self) -> dict[str, Any]:
-        """A copy of the content."""
-        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._data.items()}
 
     def _save(self) -> None:
         if self.path is not None:

@@ -97,7 +97,7 @@ class ModelArtsPolicy:
             attempt: the current attempt.
             now: epoch seconds.
         """
-        b, cfg = self.budgets, self.config
+        b = self.budgets
         if trigger.kind in HANG_KINDS:
             return self._hang()
         pod_memo, heal_memo = b.memo("pod_reschedule"), b.memo("in_place")
