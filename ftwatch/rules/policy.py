@@ -330,7 +330,6 @@ class Policy:
     def finished(self, now: float, ok: bool) -> Decision:
         """The job ended by itself: NONE ("job succeeded") or FAIL_JOB; closes the budget store."""
         self.budgets.close("succeeded" if ok else "failed")
-        self.budgets.set_streaks(hang=0, unconditional=0)
         used = self.budgets.restarts_used
         clause = ("the job ended by itself: job succeeded → none" if ok
                   else "the job ended by itself with a failure → fail_job")
