@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -291,7 +292,9 @@ def cmd_replay(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(args.state_dir or tmp)
         state.mkdir(parents=True, exist_ok=True)
-        policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id)
+        # Fault history and blame stay in memory: a replay must not count against the real jobs.
+        policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id,
+                        modelarts=config.modelarts, recovery=config.recovery)
         engine = Engine(_rules(config))
         total = sum(f.stat().st_size for f in args.files)
         result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
@@ -325,6 +328,7 @@ def cmd_explain(argv: list[str]) -> int:
     p.add_argument("decision_id", nargs="?")
     p.add_argument("--state-dir", default=".ftwatch-state")
     p.add_argument("--db", help="SQLite file (default: <state-dir>/ftwatch.db)")
+    p.add_argument("--config", help="config file whose recovery.blame window/threshold the blame report uses")
     args = p.parse_args(argv)
     from ftwatch.alerting.explain import explain
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
@@ -337,6 +341,18 @@ def cmd_explain(argv: list[str]) -> int:
     except LookupError as exc:
         print(f"ftwatch explain: {exc}", file=sys.stderr)
         return 1
+    blame = Path(args.state_dir) / "blame" / "nodes.json"
+    if blame.exists():                      # node blame across jobs (ftwatch.rules.blame)
+        from ftwatch.config import load_config
+        from ftwatch.rules.blame import BlameStore
+        try:
+            bc = load_config(args.config).recovery.blame if args.config else None
+        except ConfigError as exc:
+            print(f"ftwatch explain: {exc}", file=sys.stderr)
+            return 1
+        store = BlameStore(blame, **({"threshold": bc.threshold, "window": bc.window, "cooldown": bc.cooldown}
+                                     if bc else {}))
+        print("\n" + store.report(time.time()))
     return 0
 
 

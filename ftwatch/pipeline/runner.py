@@ -70,7 +70,7 @@ class JobRunner:
         self.clock = clock or SystemClock()
         state_dir = Path(config.storage.state_dir)
         self.budgets = BudgetStore.for_job(state_dir, job)
-        self.policy = Policy(config.policy, self.budgets, job)
+        self.policy = Policy.for_config(config, self.budgets, job)
         self.exit_table = ExitCodeTable.load()
         sup = config.supervisor
         self.nproc = sup.nproc_per_node
@@ -87,7 +87,7 @@ class JobRunner:
         self.controls = ControlHandler(
             engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
             budgets=lambda: (self.budgets.restarts_used,
-                             max(0, pol.max_num_of_job_restart - self.budgets.restarts_used)),
+                             max(0, self.policy.max_restarts - self.budgets.restarts_used)),
             node=self.node, clock=self.clock.time)
         self.sync = sync
         self._stop_requested = threading.Event()
@@ -143,7 +143,7 @@ class JobRunner:
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
             self.recorder.say(f"ftwatch: restarting all {self.nproc} workers "
-                              f"(restart {decision.restarts_used} of {self.config.policy.max_num_of_job_restart})")
+                              f"(restart {decision.restarts_used} of {self.policy.max_restarts})")
             self._sleep(self.config.supervisor.restart_delay)
             if self._stop_requested.is_set():     # interrupted while waiting to restart
                 self.recorder.say("ftwatch: interrupted before the restart")

@@ -233,7 +233,7 @@ class Watcher:
         job = self.jobs.get(name)
         if job is None:
             budgets = BudgetStore.for_job(self.state_dir, name)
-            job = _Job(name, Policy(self.config.policy, budgets, name), budgets, self._tracker())
+            job = _Job(name, Policy.for_config(self.config, budgets, name), budgets, self._tracker())
             self.seen_jobs.add(name)
             self.jobs[name] = job
         return job
