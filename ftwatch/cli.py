@@ -336,6 +336,32 @@ def cmd_test_rules(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
+def cmd_evaluate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ftwatch evaluate",
+                                description="Run the evaluation corpus; print accuracy per failure class and "
+                                            "a confusion table of actions (T4).")
+    p.add_argument("corpus", nargs="?", type=Path, default=Path("tests/corpus"), help="corpus directory")
+    p.add_argument("--config", help="YAML config file (rules, base policy); each case's flags apply on top")
+    p.add_argument("--min-accuracy", type=float, default=0.9,
+                   help="exit 1 when the share of correct actions is below this (default 0.9)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    from ftwatch.evaluate import evaluate, format_report, load_corpus, report_json
+    if not args.corpus.is_dir():
+        print(f"ftwatch evaluate: no directory {args.corpus}", file=sys.stderr)
+        return EXIT_USAGE
+    config = _load_config(args, {})
+    report = evaluate(load_corpus(args.corpus), _rules(config), config)
+    print(json.dumps(report_json(report), ensure_ascii=False, indent=1) if args.json else format_report(report))
+    failed = report.action_accuracy < args.min_accuracy or bool(report.unmarked_misses)
+    if failed and not args.json:
+        why = [f"action accuracy {report.action_accuracy:.1%} < {args.min_accuracy:.0%}"] \
+            if report.action_accuracy < args.min_accuracy else []
+        why += [f"{len(report.unmarked_misses)} unmarked miss(es)"] if report.unmarked_misses else []
+        print(f"ftwatch evaluate: FAILED: {'; '.join(why)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
@@ -343,6 +369,7 @@ _COMMANDS = {
     "explain": cmd_explain,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
+    "evaluate": cmd_evaluate,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
@@ -353,7 +380,8 @@ commands:
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
   check [CONFIG] [--rules FILE...]
-  test-rules [FILE...]"""
+  test-rules [FILE...]
+  evaluate [CORPUS] [--min-accuracy 0.9] [--json]"""
 
 
 if __name__ == "__main__":
