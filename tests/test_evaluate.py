@@ -142,3 +142,11 @@ def test_the_corpus_reaches_90_percent_and_has_no_unmarked_miss(rules):
     assert report.action_accuracy >= 0.9, format_report(report)
     assert not report.unmarked_misses, format_report(report)
     assert not report.fixed_misses, format_report(report)
+
+
+def test_a_case_that_is_not_yaml_is_reported_with_its_line(tmp_path):
+    d = write_case(tmp_path, "y", KEYERROR_LOG, "fail_job", "user_code")
+    (d / "case.yaml").write_text("id: y\ntitle: [unclosed\n")
+    with pytest.raises(ConfigError) as err:
+        load_case(d)
+    assert any("YAML syntax error" in str(i) and "case.yaml:" in str(i) for i in err.value.issues)
