@@ -425,6 +425,32 @@ def cmd_dashboards(argv: list[str]) -> int:
     return dashboards(argv)
 
 
+def cmd_evaluate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ftwatch evaluate",
+                                description="Run the evaluation corpus; print accuracy per failure class and "
+                                            "a confusion table of actions (T4).")
+    p.add_argument("corpus", nargs="?", type=Path, default=Path("tests/corpus"), help="corpus directory")
+    p.add_argument("--config", help="YAML config file (rules, base policy); each case's flags apply on top")
+    p.add_argument("--min-accuracy", type=float, default=0.9,
+                   help="exit 1 when the share of correct actions is below this (default 0.9)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    from ftwatch.evaluate import evaluate, format_report, load_corpus, report_json
+    if not args.corpus.is_dir():
+        print(f"ftwatch evaluate: no directory {args.corpus}", file=sys.stderr)
+        return EXIT_USAGE
+    config = _load_config(args, {})
+    report = evaluate(load_corpus(args.corpus), _rules(config), config)
+    print(json.dumps(report_json(report), ensure_ascii=False, indent=1) if args.json else format_report(report))
+    failed = report.action_accuracy < args.min_accuracy or bool(report.unmarked_misses)
+    if failed and not args.json:
+        why = [f"action accuracy {report.action_accuracy:.1%} < {args.min_accuracy:.0%}"] \
+            if report.action_accuracy < args.min_accuracy else []
+        why += [f"{len(report.unmarked_misses)} unmarked miss(es)"] if report.unmarked_misses else []
+        print(f"ftwatch evaluate: FAILED: {'; '.join(why)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
@@ -435,6 +461,7 @@ _COMMANDS = {
     "test-rules": cmd_test_rules,
     "es": cmd_es,
     "dashboards": cmd_dashboards,
+    "evaluate": cmd_evaluate,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
@@ -448,6 +475,7 @@ commands:
   check [CONFIG] [--rules FILE...]
   check --route EVENT.json [--config FILE] [--at TIME]
   test-rules [FILE...]
+  evaluate [CORPUS] [--min-accuracy 0.9] [--json]
   es setup|flush [--config FILE] [--url URL]
   dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""
 

@@ -88,3 +88,21 @@ def test_check_route_shows_path_receivers_group_mute_and_inhibition(tmp_path):
     event.write_text(json.dumps({"event_type": "explosion"}))
     proc = ftwatch("check", "--route", str(event))
     assert proc.returncode == 2 and str(event) in proc.stderr and "event_type" in proc.stderr
+
+
+def test_test_rules_exit_status_counterexample_hit_and_all_passing(tmp_path, capsys):
+    """T2: a counterexample that hits fails the run too (exit 1); a file whose examples and
+    counterexamples all behave exits 0 (in-process, through the CLI's main)."""
+    from ftwatch.cli import main
+    head = "rules:\n  - id: my.rule\n    keywords: [Disk quota exceeded]\n    class: retryable_infra\n    action: restart_job\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(head + "    examples: ['OSError: [Errno 122] Disk quota exceeded']\n"
+                          "    counterexamples: ['warning: Disk quota exceeded soon']\n")
+    assert main(["test-rules", "--no-builtin", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "counterexample hits the rule (expected no hit)" in out and "1 rules tested: 1 failure" in out
+    good = tmp_path / "good.yaml"
+    good.write_text(head + "    examples: ['OSError: [Errno 122] Disk quota exceeded']\n"
+                           "    counterexamples: ['OSError: [Errno 28] No space left on device']\n")
+    assert main(["test-rules", "--no-builtin", str(good)]) == 0
+    assert "1 rules tested: ok" in capsys.readouterr().out

@@ -92,12 +92,20 @@ def _generic_exit(f: Finding) -> bool:
     return bool(f.fields.get("generic", default))
 
 
+def _abort_exit(f: Finding) -> bool:
+    """A SIGABRT death (-6 / 134): how PyTorch's NCCL watchdog ends a process after a collective
+    failed ("To avoid data inconsistency, we are taking the entire process down" → std::abort)."""
+    return f.kind == "exit_code" and (f.fields.get("signal") == 6 or f.fields.get("exitcode") == 134)
+
+
 def analyse(findings: Sequence[Finding]) -> Analysis:
     """Find the root cause (R7).
 
     A real error has severity >= ERROR and a class other than fallout / info. A generic exit (code
-    1 or an unlisted code) is itself fallout when its instance has log findings and all of them
-    (ignoring info) are fallout: that rank died because another one did.
+    1 or an unlisted code) or a SIGABRT is itself fallout when its instance has log findings and all
+    of them (ignoring info) are fallout: that rank died (or its watchdog aborted it) because another
+    one failed. Found by the evaluation corpus (tests/corpus: every watchdog-timeout case ends in
+    SIGABRT, which the exit-code table alone reads as user_code).
     """
     log_classes: dict[str, set[FailureClass]] = {}
     for f in findings:
@@ -107,7 +115,8 @@ def analyse(findings: Sequence[Finding]) -> Analysis:
     def fallout(f: Finding) -> bool:
         if f.failure_class is FailureClass.FALLOUT:
             return True
-        return _generic_exit(f) and log_classes.get(f.origin.instance) == {FailureClass.FALLOUT}
+        return ((_generic_exit(f) or _abort_exit(f))
+                and log_classes.get(f.origin.instance) == {FailureClass.FALLOUT})
 
     order = sorted(findings, key=lambda f: (f.time, f.seq))
     real = tuple(f for f in order if f.severity >= Severity.ERROR
