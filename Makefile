@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 STATE   ?= .ftwatch-state
 
-.PHONY: install run test bench check lint clean
+.PHONY: install run test test-deps bench check lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,14 +16,22 @@ install: $(STAMP)
 
 # The main job on its embedded defaults: a real 3-worker DDP trainer (gloo) with one rank
 # SIGKILLed in its first attempt; ftwatch decides restart_job and the training resumes and finishes.
+# Then the HTML report of the run (timeline, decisions, failure classes, root causes), written
+# whether the job succeeded or not; make's status is the run's.
 run: $(STAMP)
 	rm -rf $(STATE)
 	FTWATCH_INJECT_FAULT=sigkill $(BIN)/ftwatch run --state-dir $(STATE) --nproc-per-node 3 \
 	    --enable-job-restart=True --max-num-of-job-restart=3 \
 	    --enable-job-hang-detection=True --job-hang-interval=60 \
-	    -- $(BIN)/python examples/train_ddp.py --steps 30 --checkpoint-dir $(STATE)/ckpt
+	    -- $(BIN)/python examples/train_ddp.py --steps 30 --checkpoint-dir $(STATE)/ckpt; \
+	status=$$?; $(BIN)/ftwatch report --state-dir $(STATE) -o $(STATE)/report.html; exit $$status
 
-test: $(STAMP)
+# Debian packages some tests need (prometheus-alertmanager, chromium, prometheus); skipped with a
+# reason when not root.
+test-deps:
+	sh tools/test-deps.sh
+
+test: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""The ``ftwatch`` command: run, replay, explain, check, test-rules.
+"""The ``ftwatch`` command: run, watch, replay, explain, report, check, test-rules, es, dashboards.
 
 AIMaster flags (SPEC M1) are accepted verbatim anywhere before ``--`` in ``run`` and
 ``replay``, as argv (``--enable-job-restart=True``) or as one string
@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -100,21 +101,35 @@ def _job_id(explicit: str | None, command: Sequence[str]) -> str:
 
 
 def _recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
+    from ftwatch.alerting.center import EventCenter
     from ftwatch.alerting.dispatcher import Dispatcher
     from ftwatch.alerting.notifiers import build_notifiers
+    from ftwatch.clock import SystemClock
     from ftwatch.alerting.spool import Spool
     from ftwatch.alerting.rendering import TemplateRenderer
+    from ftwatch.clistorage import build_store
     from ftwatch.pipeline.recorder import Recorder
-    from ftwatch.pipeline.sinks.sqlite import SqliteStore
     state_dir.mkdir(parents=True, exist_ok=True)
-    store = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
+    store = build_store(config, state_dir)
     renderer = TemplateRenderer(config.alerting.language,
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
-    recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir)
-    recorder.dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
-                                     Spool(state_dir / "spool"), on_result=recorder.delivery)
-    recorder.dispatcher.resend_pending()     # alerts spooled by an earlier run; results stored
+    recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
+                        resolve_after=_resolve_after(config),
+                        output_bucket=config.storage.metrics.output_bucket)
+    dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
+                            Spool(state_dir / "spool"), on_result=recorder.delivery)
+    recorder.dispatcher = EventCenter(config.alerting, dispatcher, SystemClock().time, state_dir)
+    dispatcher.resend_pending()              # alerts spooled by an earlier run; results stored
+    recorder.dispatcher.recover()            # alerts an earlier run left waiting in a group
     return recorder
+
+
+def _resolve_after(config) -> float:
+    """Seconds without a new incident before open alerts resolve: the smallest ``resolve_after``
+    of the Alertmanager receivers, else the recorder's default (300)."""
+    from ftwatch.pipeline.recorder import RESOLVE_AFTER
+    values = [r.resolve_after for r in config.alerting.receivers if r.type == "alertmanager"]
+    return min(values, default=RESOLVE_AFTER)
 
 
 # -- run -------------------------------------------------------------------------------------
@@ -138,6 +153,7 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
     from ftwatch.configmindcluster import add_run_flags, apply_run_flags
     add_run_flags(p)
     args = p.parse_args(rest)
@@ -146,13 +162,20 @@ def cmd_run(argv: list[str]) -> int:
     config = apply_run_flags(_load_config(args, flags), args)
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
+    from ftwatch.metrics import start_metrics
     from ftwatch.pipeline.runner import JobRunner
     from ftwatch.rules.engine import Engine
     state_dir = Path(config.storage.state_dir)
     job = _job_id(args.job_id or config.job.id, command)
     recorder = _recorder(config, state_dir, args.decisions_file)
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
-    status = runner.run()
+    try:
+        status = runner.run()
+    finally:
+        recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
+        if metrics is not None:
+            metrics.close()
     _summary(runner, recorder, status, state_dir)
     return status
 
@@ -186,6 +209,7 @@ def cmd_watch(argv: list[str]) -> int:
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
     p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
     args = p.parse_args(rest)
     config = _load_config(args, flags)
     if args.state_dir:
@@ -194,6 +218,7 @@ def cmd_watch(argv: list[str]) -> int:
         raise ConfigError(f"{args.config}: watch.sources is empty: nothing to watch")
     import signal
     import threading
+    from ftwatch.metrics import start_metrics
     from ftwatch.pipeline.actuator import build_actuator
     from ftwatch.pipeline.identity import Identity
     from ftwatch.pipeline.sources import build_source
@@ -207,6 +232,9 @@ def cmd_watch(argv: list[str]) -> int:
     watcher = Watcher(config, Engine(_rules(config)), recorder, identity.resolve,
                       build_actuator(config.watch.actuator),
                       flush_partials=lambda before: identity.joiners.flush(before))
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
+    if metrics is not None:
+        metrics.watch_queue(watcher.queue.qsize)
     sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -227,6 +255,9 @@ def cmd_watch(argv: list[str]) -> int:
     finally:
         for source in sources:
             source.stop()
+        recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
+        if metrics is not None:
+            metrics.close()
     recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
@@ -256,7 +287,9 @@ def cmd_replay(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(args.state_dir or tmp)
         state.mkdir(parents=True, exist_ok=True)
-        policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id)
+        # Fault history and blame stay in memory: a replay must not count against the real jobs.
+        policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id,
+                        modelarts=config.modelarts, recovery=config.recovery)
         engine = Engine(_rules(config))
         total = sum(f.stat().st_size for f in args.files)
         result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
@@ -290,6 +323,7 @@ def cmd_explain(argv: list[str]) -> int:
     p.add_argument("decision_id", nargs="?")
     p.add_argument("--state-dir", default=".ftwatch-state")
     p.add_argument("--db", help="SQLite file (default: <state-dir>/ftwatch.db)")
+    p.add_argument("--config", help="config file whose recovery.blame window/threshold the blame report uses")
     args = p.parse_args(argv)
     from ftwatch.alerting.explain import explain
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
@@ -302,20 +336,65 @@ def cmd_explain(argv: list[str]) -> int:
     except LookupError as exc:
         print(f"ftwatch explain: {exc}", file=sys.stderr)
         return 1
+    blame = Path(args.state_dir) / "blame" / "nodes.json"
+    if blame.exists():                      # node blame across jobs (ftwatch.rules.blame)
+        from ftwatch.config import load_config
+        from ftwatch.rules.blame import BlameStore
+        try:
+            bc = load_config(args.config).recovery.blame if args.config else None
+        except ConfigError as exc:
+            print(f"ftwatch explain: {exc}", file=sys.stderr)
+            return 1
+        store = BlameStore(blame, **({"threshold": bc.threshold, "window": bc.window, "cooldown": bc.cooldown}
+                                     if bc else {}))
+        print("\n" + store.report(time.time()))
     return 0
+
+
+def cmd_report(argv: list[str]) -> int:
+    from ftwatch.report.command import cmd_report as report
+    return report(argv)
 
 
 def cmd_check(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
     p.add_argument("config", nargs="?")
     p.add_argument("--rules", nargs="*", default=[], help="extra rule files to check")
+    p.add_argument("--config", dest="config_opt", help="the config (same as the positional CONFIG)")
+    p.add_argument("--route", metavar="EVENT.json",
+                   help="show where a sample event would go: matched routes, receivers, group key, "
+                   "muted, inhibited (a list of events: the earlier ones fired first)")
+    p.add_argument("--at", help="with --route: the time to judge mute windows at (ISO 8601 or epoch "
+                   "seconds; default now)")
     args = p.parse_args(argv)
+    config = args.config or args.config_opt
+    if args.route:
+        from ftwatch.checks import explain_route
+        print(explain_route(config, args.route, _parse_at(p, args.at)))
+        return 0
+    args.config = config
     from ftwatch.checks import run_checks
     issues, summary = run_checks(args.config, args.rules)
     for issue in issues:
         print(issue)
     print(summary if not issues else f"{len(issues)} problem(s) found")
     return 1 if issues else 0
+
+
+def _parse_at(p: argparse.ArgumentParser, text: str | None) -> float | None:
+    """``--at``: epoch seconds or ISO 8601 (no zone: local time)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        p.error(f"--at {text!r}: not ISO 8601 (2026-11-21T09:30+08:00) or epoch seconds")
+    return None
 
 
 def cmd_test_rules(argv: list[str]) -> int:
@@ -331,25 +410,70 @@ def cmd_test_rules(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
+def cmd_es(argv: list[str]) -> int:
+    from ftwatch.clistorage import cmd_es as es
+    return es(argv)
+
+
+def cmd_dashboards(argv: list[str]) -> int:
+    from ftwatch.clistorage import cmd_dashboards as dashboards
+    return dashboards(argv)
+
+
+def cmd_evaluate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ftwatch evaluate",
+                                description="Run the evaluation corpus; print accuracy per failure class and "
+                                            "a confusion table of actions (T4).")
+    p.add_argument("corpus", nargs="?", type=Path, default=Path("tests/corpus"), help="corpus directory")
+    p.add_argument("--config", help="YAML config file (rules, base policy); each case's flags apply on top")
+    p.add_argument("--min-accuracy", type=float, default=0.9,
+                   help="exit 1 when the share of correct actions is below this (default 0.9)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = p.parse_args(argv)
+    from ftwatch.evaluate import evaluate, format_report, load_corpus, report_json
+    if not args.corpus.is_dir():
+        print(f"ftwatch evaluate: no directory {args.corpus}", file=sys.stderr)
+        return EXIT_USAGE
+    config = _load_config(args, {})
+    report = evaluate(load_corpus(args.corpus), _rules(config), config)
+    print(json.dumps(report_json(report), ensure_ascii=False, indent=1) if args.json else format_report(report))
+    failed = report.action_accuracy < args.min_accuracy or bool(report.unmarked_misses)
+    if failed and not args.json:
+        why = [f"action accuracy {report.action_accuracy:.1%} < {args.min_accuracy:.0%}"] \
+            if report.action_accuracy < args.min_accuracy else []
+        why += [f"{len(report.unmarked_misses)} unmarked miss(es)"] if report.unmarked_misses else []
+        print(f"ftwatch evaluate: FAILED: {'; '.join(why)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
     "watch": cmd_watch,
     "explain": cmd_explain,
+    "report": cmd_report,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
+    "es": cmd_es,
+    "dashboards": cmd_dashboards,
+    "evaluate": cmd_evaluate,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
 
 commands:
   run [AIMaster flags] [--config FILE] --nproc-per-node N|MIN:MAX [--recover-strategy S,...] [--keep-scene SECONDS]
-      [--state-dir DIR] [--decisions-file PATH] -- COMMAND...
-  watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH]
+      [--state-dir DIR] [--decisions-file PATH] [--metrics-port N] -- COMMAND...
+  watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH] [--metrics-port N]
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
+  report [--state-dir DIR] [-o FILE] [--job JOB]
   check [CONFIG] [--rules FILE...]
-  test-rules [FILE...]"""
+  check --route EVENT.json [--config FILE] [--at TIME]
+  test-rules [FILE...]
+  evaluate [CORPUS] [--min-accuracy 0.9] [--json]
+  es setup|flush [--config FILE] [--url URL]
+  dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""
 
 
 if __name__ == "__main__":

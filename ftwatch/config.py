@@ -18,10 +18,14 @@ from typing import Annotated, Any, Literal, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
-                                    WeComReceiver)
+from ftwatch.configalerting import (CHATBOT_RECEIVERS, OTHER_RECEIVERS, AlertmanagerReceiver, DingTalkReceiver,
+                                    EmailReceiver, FeishuReceiver, SlackReceiver, WeComReceiver)
+from ftwatch.configmetrics import MetricsConfig
+from ftwatch.configrecovery import ModelArtsConfig, RecoveryConfig, parse_c4d_envs
 from ftwatch.configmindcluster import MindClusterConfig
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.configstorage import ElasticsearchConfig
+from ftwatch.configroutes import EventCenterFields
 from ftwatch.configsupervisor import SupervisorConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
@@ -55,6 +59,10 @@ class PolicyConfig(BaseModel):
     job_hang_interval: int = Field(1800, gt=0, description="Seconds of silence of every instance that is a hang.")
     enable_c4d_hang_detection: bool = Field(
         False, description="C4D slow/hang diagnosis; takes effect only with enable_job_hang_detection.")
+    c4d_log_level: Literal["Info", "Warning", "Error"] = Field(
+        "Warning", description="C4D records below this level are ignored (Warning: Warning and Error).")
+    c4d_common_envs: str = Field(
+        "", description="C4D env k1=v1,k2=v2: C4D_HANG_TIMEOUT (us, 10000000), C4D_HANG_TIMES (18) ...")
     enable_job_exit_hang_detection: bool = Field(
         False, description="Restart when one instance succeeded but the job has not ended in time (Sync only).")
     job_exit_hang_interval: int = Field(600, gt=0, description="Seconds after the first successful exit.")
@@ -66,15 +74,21 @@ class PolicyConfig(BaseModel):
     max_tolerated_failure_rate: float = Field(
         -1.0, description="The job fails when more than this fraction (0..1) of instances failed; -1: off.")
 
-    @field_validator("job_execution_mode", "fault_tolerant_policy", mode="before")
+    @field_validator("job_execution_mode", "fault_tolerant_policy", "c4d_log_level", mode="before")
     @classmethod
     def _canonical_case(cls, value: Any, info: Any) -> Any:
-        choices = ("Sync", "Async") if info.field_name == "job_execution_mode" else (
-            "OnFailure", "ExitCodeAndErrorMsg", "Never")
+        choices = {"job_execution_mode": ("Sync", "Async"), "c4d_log_level": ("Info", "Warning", "Error")}.get(
+            info.field_name, ("OnFailure", "ExitCodeAndErrorMsg", "Never"))
         if isinstance(value, str):
             for choice in choices:
                 if value.strip().lower() == choice.lower():
                     return choice
+        return value
+
+    @field_validator("c4d_common_envs")
+    @classmethod
+    def _c4d_envs(cls, value: str) -> str:
+        parse_c4d_envs(value)
         return value
 
     @field_validator("max_tolerated_failure_rate")
@@ -116,14 +130,15 @@ class WebhookReceiver(BaseModel):
 
 
 Receiver = Annotated[Union[ConsoleReceiver, WebhookReceiver, DingTalkReceiver, FeishuReceiver, WeComReceiver,
-                           SlackReceiver], Field(discriminator="type")]
+                           SlackReceiver, EmailReceiver, AlertmanagerReceiver], Field(discriminator="type")]
 RECEIVER_MODELS: dict[str, type[BaseModel]] = {
-    "console": ConsoleReceiver, "webhook": WebhookReceiver, **CHATBOT_RECEIVERS}
+    "console": ConsoleReceiver, "webhook": WebhookReceiver, **CHATBOT_RECEIVERS, **OTHER_RECEIVERS}
 RECEIVER_TYPES = tuple(RECEIVER_MODELS)
 
 
-class AlertingConfig(BaseModel):
-    """Where alerts go and how they read."""
+class AlertingConfig(EventCenterFields):
+    """Where alerts go and how they read; the event center's keys (route, mute windows, inhibit
+    rules, rate limits, digest) come from ``ftwatch.configroutes.EventCenterFields``."""
 
     model_config = _STRICT
     language: Literal["en", "zh"] = Field("en", description="Alert language.")
@@ -131,7 +146,8 @@ class AlertingConfig(BaseModel):
         default_factory=lambda: [ConsoleReceiver(type="console", name="console")],
         description="Receivers (a `type:` each); default: one console receiver.")
     templates: dict[str, Path] = Field(
-        default_factory=dict, description="Receiver type -> template file that overrides the built-in one.")
+        default_factory=dict, description="`<receiver type>` or `<receiver type>.<en|zh>` -> template file "
+        "that overrides the built-in one (the bare type: for `language`).")
 
     @model_validator(mode="after")
     def _cross_check(self) -> "AlertingConfig":
@@ -139,9 +155,11 @@ class AlertingConfig(BaseModel):
         dups = sorted({n for n in names if names.count(n) > 1})
         if dups:
             raise ValueError(f"receiver names must be unique: {', '.join(dups)}")
-        unknown = sorted(set(self.templates) - set(RECEIVER_TYPES))
+        unknown = sorted(k for k in self.templates
+                         if k.partition(".")[0] not in RECEIVER_TYPES or k.partition(".")[2] not in ("", "en", "zh"))
         if unknown:
-            raise ValueError(f"templates for unknown receiver types {unknown}; known: {list(RECEIVER_TYPES)}")
+            raise ValueError(f"templates for unknown receiver types {unknown}; expected <type> or <type>.<en|zh>, "
+                             f"types: {list(RECEIVER_TYPES)}")
         return self
 
 
@@ -151,6 +169,9 @@ class StorageConfig(BaseModel):
     model_config = _STRICT
     state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
+    elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig,
+                                   description="Prometheus endpoint and output counts (ftwatch.configmetrics).")
 
     @property
     def sqlite_path(self) -> Path:
@@ -169,6 +190,8 @@ class Config(BaseModel):
     alerting: AlertingConfig = Field(default_factory=AlertingConfig, description="Alerting.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage.")
     watch: WatchConfig = Field(default_factory=WatchConfig, description="ftwatch watch: sources, identity, actuator.")
+    modelarts: ModelArtsConfig = Field(default_factory=ModelArtsConfig, description="ModelArts recovery (D4).")
+    recovery: RecoveryConfig = Field(default_factory=RecoveryConfig, description="Escalation and node blame.")
     mindcluster: MindClusterConfig = Field(default_factory=MindClusterConfig,
                                            description="MindCluster recover-strategy (seed 004).")
 
@@ -207,7 +230,8 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
         if part in RECEIVER_MODELS and model in RECEIVER_MODELS.values():
             model = RECEIVER_MODELS[part]
             continue
-        field = model.model_fields.get(part) if isinstance(model, type) else None
+        fields = {f.alias or n: f for n, f in model.model_fields.items()} if isinstance(model, type) else {}
+        field = fields.get(part)
         if field is None:
             return None
         model = next((a for a in flat_args(field.annotation)
@@ -220,7 +244,7 @@ def _message(err: dict[str, Any], path: Loc) -> str:
     if err["type"] == "extra_forbidden":
         model = _model_at(loc[:-1])
         key = str(loc[-1])
-        allowed = list(model.model_fields) if model else []
+        allowed = [f.alias or n for n, f in model.model_fields.items()] if model else []
         close = difflib.get_close_matches(key, allowed, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else (f"; allowed: {', '.join(allowed)}" if allowed else "")
         return f"{_dotted(path)}: unknown key{hint}"

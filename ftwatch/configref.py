@@ -56,8 +56,10 @@ def _default(field: Any) -> str:
 def model_reference(root: type[BaseModel], footer: str = "") -> str:
     """A Markdown table of every key of ``root``: key, type (with bounds), default and description.
 
-    Nested models become dotted keys; a list of models told apart by a ``type: Literal[...]`` field
-    (e.g. receivers) lists each kind's keys as ``key[].sub``, with the kind in the description.
+    Nested models (also optional ones, ``Model | None``) become dotted keys; a list of models lists
+    their keys as ``key[].sub`` (with the kind in the description when told apart by a
+    ``type: Literal[...]`` field, e.g. receivers), a map of models as ``key.<name>.sub``; a field's
+    alias (``continue``) is its key.
 
     Args:
         root: the top-level model.
@@ -68,23 +70,33 @@ def model_reference(root: type[BaseModel], footer: str = "") -> str:
     """
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
 
-    def emit(model: type[BaseModel], prefix: str, note: str = "") -> None:
+    def emit(model: type[BaseModel], prefix: str, note: str = "", seen: tuple = ()) -> None:
+        seen = (*seen, model)
         for name, field in model.model_fields.items():
-            key = f"{prefix}{name}"
+            key = f"{prefix}{field.alias or name}"
             ann = field.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
-                emit(ann, key + ".")
+                emit(ann, key + ".", seen=seen)
                 continue
             bounds = ", ".join(f"{sym} {getattr(m, attr)}" for m in field.metadata
                                for attr, sym in _BOUNDS.items() if hasattr(m, attr))
             typ = _type_name(ann) + (f" ({bounds})" if bounds else "")
             desc = (field.description or "").replace("|", "\\|")
             rows.append(f"| `{key}` | {typ} | {_default(field)} | {note}{desc} |")
-            if typing.get_origin(ann) is list:
+            origin = typing.get_origin(ann)
+            if origin in (Union, types.UnionType):   # an optional section
+                for sub in typing.get_args(ann):
+                    if isinstance(sub, type) and issubclass(sub, BaseModel) and sub not in seen:
+                        emit(sub, key + ".", seen=seen)
+            if origin in (list, dict):
                 for sub in flat_args(ann):
-                    if isinstance(sub, type) and issubclass(sub, BaseModel) and "type" in sub.model_fields:
+                    if not (isinstance(sub, type) and issubclass(sub, BaseModel)) or sub in seen:
+                        continue      # a recursive model (a route's routes) is listed once
+                    if "type" in sub.model_fields:
                         kind = typing.get_args(sub.model_fields["type"].annotation)[0]
-                        emit(sub, f"{key}[].", f"({kind}) ")
+                        emit(sub, f"{key}[].", f"({kind}) ", seen)
+                    else:
+                        emit(sub, f"{key}[]." if origin is list else f"{key}.<name>.", seen=seen)
 
     emit(root, "")
     if footer:

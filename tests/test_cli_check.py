@@ -14,7 +14,8 @@ def ftwatch(*args: str) -> subprocess.CompletedProcess:
 
 def test_check_accepts_the_example_configs():
     """The shipped example configs, their custom rules, the tables and the templates are valid."""
-    for config in ("examples/ftwatch.yaml", "examples/watch.yaml", "examples/watch-stdin.yaml"):
+    for config in ("examples/ftwatch.yaml", "examples/watch.yaml", "examples/watch-stdin.yaml",
+                   "examples/alerting.yaml"):
         proc = ftwatch("check", config)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stdout.startswith("ok:")
@@ -45,3 +46,63 @@ def test_test_rules_fails_on_a_missed_example(tmp_path):
     proc = ftwatch("test-rules", "--no-builtin", str(rules))
     assert proc.returncode == 1
     assert "my.rule" in proc.stdout
+
+
+def test_check_route_shows_path_receivers_group_mute_and_inhibition(tmp_path):
+    """`ftwatch check --route` (N3): where a sample event goes and why, muted at --at, inhibited by an
+    earlier node isolation of the same job but not of another job."""
+    import json
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"event_type": "instance_restart", "severity": "warning",
+                                 "labels": {"job": "llm-7b", "rank": "3", "node": "n7"}}))
+    # Monday 2026-11-23 23:30 in Shanghai: inside the `nights` window of the example
+    proc = ftwatch("check", "--route", str(event), "--config", "examples/alerting.yaml",
+                   "--at", "2026-11-23T23:30+08:00")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "route: route (any) > route.routes.2 (event_type in instance_restart,job_hang,job_restart and job=~llm-.*)" in out
+    assert "receivers: wecom-team, slack-ml" in out
+    assert "group key: route.routes.2{job=llm-7b}" in out
+    assert "muted: yes (nights)" in out and "inhibited: no" in out
+    assert "rate limit: wecom-team: 20 messages per 60s" in out
+    assert "verdict: not sent now (muted; in the digest)" in out
+    # Monday noon: not muted; an isolation of the same job first inhibits it, of another job not
+    noon = "2026-11-23T12:00+08:00"
+    proc = ftwatch("check", "--route", str(event), "--config", "examples/alerting.yaml", "--at", noon)
+    assert "muted: no (windows nights not active)" in proc.stdout and "verdict: sent" in proc.stdout
+    pair = tmp_path / "pair.json"
+    iso = {"event_type": "node_isolated", "severity": "critical", "labels": {"job": "llm-7b", "node": "n7"}}
+    pair.write_text(json.dumps([iso, json.loads(event.read_text())]))
+    proc = ftwatch("check", "--route", str(pair), "--config", "examples/alerting.yaml", "--at", noon)
+    assert "inhibited: yes, inhibited by inhibit_rules[0]: node_isolated" in proc.stdout
+    assert "verdict: not sent (inhibited)" in proc.stdout
+    iso["labels"]["job"] = "llm-13b"
+    pair.write_text(json.dumps([iso, json.loads(event.read_text())]))
+    proc = ftwatch("check", "--route", str(pair), "--config", "examples/alerting.yaml", "--at", noon)
+    assert "inhibited: no" in proc.stdout
+    # a critical job failure: the first child, which says continue (the later ones do not match)
+    event.write_text(json.dumps({"event_type": "job_failed", "severity": "critical", "labels": {"job": "j"}}))
+    proc = ftwatch("check", "--route", str(event), "--config", "examples/alerting.yaml")
+    assert "receivers: dingtalk-oncall, ops-hook" in proc.stdout and "continue" in proc.stdout
+    # a bad event is a usage error naming the file
+    event.write_text(json.dumps({"event_type": "explosion"}))
+    proc = ftwatch("check", "--route", str(event))
+    assert proc.returncode == 2 and str(event) in proc.stderr and "event_type" in proc.stderr
+
+
+def test_test_rules_exit_status_counterexample_hit_and_all_passing(tmp_path, capsys):
+    """T2: a counterexample that hits fails the run too (exit 1); a file whose examples and
+    counterexamples all behave exits 0 (in-process, through the CLI's main)."""
+    from ftwatch.cli import main
+    head = "rules:\n  - id: my.rule\n    keywords: [Disk quota exceeded]\n    class: retryable_infra\n    action: restart_job\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(head + "    examples: ['OSError: [Errno 122] Disk quota exceeded']\n"
+                          "    counterexamples: ['warning: Disk quota exceeded soon']\n")
+    assert main(["test-rules", "--no-builtin", str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "counterexample hits the rule (expected no hit)" in out and "1 rules tested: 1 failure" in out
+    good = tmp_path / "good.yaml"
+    good.write_text(head + "    examples: ['OSError: [Errno 122] Disk quota exceeded']\n"
+                           "    counterexamples: ['OSError: [Errno 28] No space left on device']\n")
+    assert main(["test-rules", "--no-builtin", str(good)]) == 0
+    assert "1 rules tested: ok" in capsys.readouterr().out

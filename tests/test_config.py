@@ -24,6 +24,9 @@ SEED_DEFAULTS = {
     "--fault-tolerant-policy": "ExitCodeAndErrorMsg",
     "--max-num-of-same-error": 10,
     "--max-tolerated-failure-rate": -1,
+    # C4D配置说明 (same seed): the C4D flags given in the "other config" text box.
+    "--c4d-log-level": "Warning",
+    "--c4d-common-envs": "",
 }
 
 ALL_FLAGS = ("--job-execution-mode=Async --enable-job-restart=True --max-num-of-job-restart=5 "

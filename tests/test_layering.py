@@ -7,7 +7,8 @@
     alerting                may use parsers and rules, never pipeline
     pipeline                its sources may use parsers (envelopes); nothing else across stages
     hubs                    ``pipeline/runner.py``, ``pipeline/watcher.py``, ``pipeline/replay.py``, ``pipeline/recorder.py``,
-                            ``cli.py`` and ``checks.py`` may import every stage
+                            ``cli.py``, ``clistorage.py``, ``checks.py``, ``evaluate.py`` and ``report/reader.py``
+                            (the report reads the store of ``pipeline/sinks``) may import every stage
 
 A module that has to see more is a new hub: add it to ``HUBS`` on purpose, not by accident.
 Imports inside functions and under ``TYPE_CHECKING`` count too.
@@ -30,7 +31,11 @@ PACKAGE = Path(ftwatch.__file__).parent
 STAGES = ("pipeline", "parsers", "rules", "alerting")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 HUBS = frozenset({"ftwatch/pipeline/runner.py", "ftwatch/pipeline/watcher.py", "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py",
-                  "ftwatch/cli.py", "ftwatch/checks.py"})
+                  "ftwatch/clistorage.py",   # the CLI's storage half: config -> pipeline sinks
+                  "ftwatch/cli.py", "ftwatch/checks.py",
+                  # T4: drives pipeline/replay.py with the rules stage's engine and policy, like cli.cmd_replay
+                  "ftwatch/evaluate.py",
+                  "ftwatch/report/reader.py"})     # ftwatch report reads pipeline/sinks/sqlite.py's store
 # (file, module) -> the names it may take from that module, beyond the rules above.
 EXCEPTIONS = {("ftwatch/parsers/multiline.py", "ftwatch.rules.model"): frozenset({"Pattern"})}
 # A stage -> the other stages a (non-hub) module of it may import; None is a top-level module.

@@ -140,7 +140,8 @@ def build_rule(row: dict[str, str], extra: dict) -> dict:
     action = extra.get("action", src_action)
     rule: dict = {"id": extra["id"]}
     text = extra.get("regex", row["pattern"])
-    rule["keywords" if row["pattern_type"] == "literal" else "regex"] = [text]
+    literal = row["pattern_type"] == "literal" and "regex" not in extra   # an overlay regex is a regex
+    rule["keywords" if literal else "regex"] = [text]
     rule["caseless"] = bool(extra.get("caseless", False))
     rule["class"] = failure_class
     if failure_class != src_class:

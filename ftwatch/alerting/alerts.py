@@ -26,15 +26,48 @@ _SEVERITY_BY_ACTION = {
     Action.RESTART_IN_PLACE: "warning", Action.RESTART_JOB: "warning",
     Action.ISOLATE_NODE: "critical", Action.FAIL_JOB: "critical"}
 
+def event_type_of(decision: Decision) -> str:
+    """The event type (a key of :data:`ftwatch.configroutes.EVENT_TYPES`) of a decision, from
+    its action and its trigger (the root cause's rule id and failure class)."""
+    rc = decision.root_cause
+    rule = rc.rule_id if rc else ""
+    hang = rc is not None and rc.failure_class is FailureClass.HANG
+    action = decision.action
+    if rule == "custom_message":
+        return "custom_message"
+    if rule.lower().startswith("c4d"):
+        return "c4d_diagnosis"
+    if action is Action.FAIL_JOB:
+        return "job_failed"
+    if action is Action.ISOLATE_NODE:
+        return "node_isolated"
+    if action >= Action.RESTART_INSTANCE and hang:
+        return "job_hang"
+    if action is Action.RESTART_JOB:
+        return "job_restart"
+    if action in (Action.RESTART_INSTANCE, Action.RESTART_IN_PLACE):
+        return "instance_restart"
+    if action is Action.NOTIFY:
+        return "straggler" if rc is not None and rc.failure_class is FailureClass.STRAGGLER else "notice"
+    return "job_finished"
+
+
+RESOLVABLE = frozenset({"job_restart", "instance_restart", "job_hang", "node_isolated"})
+"""Event types about an incident the job can get over (it runs on); these alerts resolve
+(see ``ftwatch.pipeline.recorder.Recorder.resolve_open``). ``job_failed`` and the
+notifications never resolve by themselves."""
+
 
 @dataclass(frozen=True)
 class Alert:
     """An alert about one decision, shaped like a Prometheus Alertmanager alert.
 
     Attributes:
-        labels: str -> str: ``alertname`` (``ftwatch_<action>``), ``job``, ``instance``,
-            ``rank``, ``node``, ``action``, ``severity``, ``failure_class``, ``rule_id``
-            (``""`` where unknown, e.g. the instance of a job-wide restart).
+        labels: str -> str: ``alertname`` (``ftwatch_<action>``), ``event_type`` (a key of
+            :data:`ftwatch.configroutes.EVENT_TYPES`), ``job``, ``instance``, ``rank``,
+            ``node``, ``action``,
+            ``severity``, ``failure_class``, ``rule`` and ``rule_id`` (the same: the root
+            cause's rule) (``""`` where unknown, e.g. the instance of a job-wide restart).
         annotations: str -> str: ``summary``, ``description``, ``root_cause_line``,
             ``root_cause_instance``, ``root_cause_rank``, ``root_cause_time``, ``explain``.
         status: ``firing`` or ``resolved``.
@@ -55,6 +88,17 @@ class Alert:
     @property
     def decision_id(self) -> str:
         return self.decision.decision_id
+
+    @property
+    def event_type(self) -> str:
+        """The event type (label ``event_type``; derived from the decision for alerts made
+        before the label existed, e.g. read back from an old spool)."""
+        return self.labels.get("event_type") or event_type_of(self.decision)
+
+    @property
+    def severity(self) -> str:
+        """``info``, ``warning`` or ``critical`` (label ``severity``)."""
+        return self.labels.get("severity", "info")
 
     def resolve(self, at: float) -> "Alert":
         """A copy with status ``resolved`` ending at ``at`` (epoch seconds)."""
@@ -119,10 +163,11 @@ def alert_from_decision(decision: Decision, link: str, include_none: bool = Fals
     t = decision.target
     action = decision.action.label
     labels = {
-        "alertname": f"ftwatch_{action}", "job": t.job, "instance": t.instance or "",
+        "alertname": f"ftwatch_{action}", "event_type": event_type_of(decision), "job": t.job, "instance": t.instance or "",
         "rank": "" if t.rank is None else str(t.rank), "node": t.node or "", "action": action,
         "severity": _SEVERITY_BY_ACTION[decision.action],
-        "failure_class": rc.failure_class.value if rc else "", "rule_id": rc.rule_id if rc else ""}
+        "failure_class": rc.failure_class.value if rc else "", "rule": rc.rule_id if rc else "",
+        "rule_id": rc.rule_id if rc else ""}
     where = ""
     if rc is not None:
         where = f": {rc.rule_id} on {rc.origin.instance}"
@@ -148,7 +193,7 @@ def alert_from_custom_message(job: str, content: str, time: float, link: str = "
     """The alert for a message the training code sent (SDK ``send_custom_message``, N3 event
     ``custom_message``): action ``notify``, the message as the root-cause line, class ``info``.
 
-    Labels add ``event: custom_message`` and ``alertname: ftwatch_custom_message``.
+    Labels: ``event_type: custom_message`` and ``alertname: ftwatch_custom_message``.
     """
     origin = Origin(instance or "job", rank, job, node, "sdk", "sdk")
     finding = Finding("custom_message", "custom_message", FailureClass.INFO, Action.NOTIFY,
@@ -160,8 +205,8 @@ def alert_from_custom_message(job: str, content: str, time: float, link: str = "
     alert = alert_from_decision(decision, link)
     assert alert is not None
     who = f"rank {rank}" if rank is not None else (instance or "the job")
-    labels = {**alert.labels, "alertname": "ftwatch_custom_message", "event": "custom_message",
-              "rule_id": "custom_message"}
+    labels = {**alert.labels, "alertname": "ftwatch_custom_message", "event_type": "custom_message",
+              "rule": "custom_message", "rule_id": "custom_message"}
     annotations = {**alert.annotations, "summary": f"custom message from {who} of job {job}: {content}"}
     return replace(alert, labels=labels, annotations=annotations)
 

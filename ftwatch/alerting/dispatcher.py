@@ -4,7 +4,9 @@ For each receiver, :meth:`Dispatcher.dispatch` renders the alert's text, sends i
 retryable failure retries with backoff (``backoff[i]`` seconds times a jitter factor) up to
 ``max_retries`` times; what still fails is put in the :class:`~ftwatch.alerting.spool.Spool`
 and resent by :meth:`Dispatcher.resend_pending` (call it at start and periodically). A
-non-retryable failure is recorded as a dead letter in ``<spool>/dead/``. Each notification
+non-retryable failure is recorded as a dead letter in ``<spool>/dead/``. With a
+:class:`~ftwatch.alerting.ratelimit.RateLimiter`, a notification whose receiver has no token
+left is spooled at once (error ``rate limited``) and resent when a token is back. Each notification
 carries a stable id (decision id + receiver) sent as the idempotency key, so a resend after a
 lost response does not show twice at a receiver that honours it.
 """
@@ -21,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 from ftwatch.alerting.alerts import Alert, Notification, notification_id
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.notifiers import Notifier
+from ftwatch.alerting.ratelimit import RATE_LIMITED, RateLimiter
 from ftwatch.alerting.spool import Spool
 from ftwatch.errors import NotifyError, TemplateError
 
@@ -72,6 +75,7 @@ class Dispatcher:
         rng: random source for the jitter.
         on_result: called with each DeliveryResult (e.g. to store it in SQLite).
         max_delay: cap in seconds on a receiver's ``Retry-After``.
+        limiter: per-receiver rate limits (None: none); consulted before each send.
 
     Raises:
         ValueError: for duplicate receiver names or a negative max_retries.
@@ -84,7 +88,7 @@ class Dispatcher:
                  jitter: float = 0.2, sleep: Callable[[float], None] = _time.sleep,
                  now: Callable[[], float] = _time.time, rng: random.Random | None = None,
                  on_result: Callable[[DeliveryResult], None] | None = None,
-                 max_delay: float = 60.0):
+                 max_delay: float = 60.0, limiter: RateLimiter | None = None):
         self.notifiers: dict[str, Notifier] = {}
         for n in notifiers:
             if n.name in self.notifiers:
@@ -102,6 +106,7 @@ class Dispatcher:
         self._rng = rng or random.Random()
         self._on_result = on_result
         self.max_delay = max_delay
+        self.limiter = limiter
         self._lock = threading.Lock()
         self._unknown_warned: set[str] = set()
         self._last_exc: BaseException | None = None
@@ -134,13 +139,36 @@ class Dispatcher:
         with self._lock:
             return [self._dispatch_one(n, alert) for n in self.notifiers.values()]
 
+    def deliver(self, n: Notification) -> DeliveryResult:
+        """Deliver one rendered notification to its receiver (retries, rate limit, spool).
+
+        Raises:
+            KeyError: the receiver is not configured.
+        """
+        with self._lock:
+            return self._deliver(self.notifiers[n.receiver], n)
+
+    def note(self, n: Notification, status: str, reason: str) -> DeliveryResult:
+        """Record a notification not sent on purpose (status ``muted`` or ``inhibited``)."""
+        return self._result(n, status, 0, reason)
+
     def _dispatch_one(self, notifier: Notifier, alert: Alert) -> DeliveryResult:
-        n = self.notification(notifier, alert)
+        return self._deliver(notifier, self.notification(notifier, alert))
+
+    def _deliver(self, notifier: Notifier, n: Notification) -> DeliveryResult:
         if self.spool.has(n.id):
             # Already waiting (e.g. dispatched again after a restart): resend_pending owns it.
             return self._result(n, SPOOLED, 0, "already pending in the spool")
         error = ""
         attempts = 0
+        if self.limiter is not None and not self.limiter.take(n.receiver, self._now()):
+            error = f"{RATE_LIMITED}: held until the receiver's rate limit allows it"
+            try:
+                self.spool.put(n, 0, error)
+            except OSError as exc:
+                log.critical("cannot spool notification %s for %r: %s", n.id, n.receiver, exc)
+                return self._result(n, FAILED, 0, f"{error}; spool failed: {exc}")
+            return self._result(n, SPOOLED, 0, error)
         own = getattr(notifier, "max_retries", None)
         max_retries = self.max_retries if own is None else max(0, int(own))
         for retry in range(max_retries + 1):
@@ -166,11 +194,15 @@ class Dispatcher:
                     n.receiver, n.id, attempts, error)
         return self._result(n, SPOOLED, attempts, error)
 
-    def resend_pending(self) -> int:
+    def resend_pending(self, only: set[str] | None = None) -> int:
         """Try each spooled notification once, oldest first.
 
-        A receiver that fails retryably is skipped for the rest of this pass. Notifications
-        whose receiver is no longer configured stay in the spool.
+        A receiver that fails retryably, or has no rate-limit token left, is skipped for the
+        rest of this pass. Notifications whose receiver is no longer configured stay in the
+        spool.
+
+        Args:
+            only: resend only to these receivers (None: all).
 
         Returns:
             How many were delivered (and removed from the spool).
@@ -187,7 +219,10 @@ class Dispatcher:
                         log.warning("spooled notifications for unknown receiver %r are kept",
                                     n.receiver)
                     continue
-                if n.receiver in down:
+                if n.receiver in down or (only is not None and n.receiver not in only):
+                    continue
+                if self.limiter is not None and not self.limiter.take(n.receiver, self._now()):
+                    down.add(n.receiver)
                     continue
                 attempts = entry.attempts + 1
                 ok, retryable, error = self._send(notifier, n)

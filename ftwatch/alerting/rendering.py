@@ -2,7 +2,10 @@
 
 Templates are rendered in a Jinja2 ``ImmutableSandboxedEnvironment`` with ``StrictUndefined``
 and autoescape off (the output is text). Built-in templates live in ``templates/`` as
-``<kind>.<language>.j2``. A template sees only plain values (str, int, None, dicts, lists):
+``<kind>.<language>.j2``, one per receiver kind (console, webhook, dingtalk, feishu, wecom,
+slack, email, alertmanager) and language (en, zh). The first line of the output is the title
+(the email's Subject, the Alertmanager ``summary``, the chat card's header); the rest is the
+body. A template sees only plain values (str, int, None, dicts, lists):
 
 =====================  ===================================================================
 ``job``                the job id
@@ -18,9 +21,13 @@ and autoescape off (the output is text). Built-in templates live in ``templates/
 ``decision_id``        16 hex digits; ``time`` the decision's ISO time; ``attempt`` (int)
 ``link``               the ``ftwatch explain`` command or a report URL
 ``labels``             the alert's labels; ``annotations`` its annotations; ``summary``
+``event_type``         ``job_restart``, ``job_hang``, ``node_isolated``, ``job_failed``,
+                       ``custom_message``, ``notice``, ``straggler``... (``ftwatch.alerting.alerts.event_type_of``)
 =====================  ===================================================================
 
-None renders as ``-``.
+None renders as ``-``. Filters besides Jinja2's: ``mrkdwn`` escapes ``& < >`` for Slack
+(Slack: "Formatting text for app surfaces", escaping), ``oneline`` folds whitespace runs and
+newlines into one space.
 """
 
 
@@ -35,14 +42,15 @@ from typing import Any, Mapping
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ftwatch.alerting.alerts import Alert, sample_alert
+from ftwatch.alerting.alerts import Alert, alert_from_custom_message, sample_alert
 from ftwatch.errors import Issue, TemplateError
 from ftwatch.events import iso
 
 LANGUAGES = ("en", "zh")
-BUILTIN_KINDS = ("console", "webhook")
+BUILTIN_KINDS = ("console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email",
+                 "alertmanager")
 GENERIC_KIND = "webhook"
-"""Kinds with no template of their own (dingtalk, slack ...) use this kind's text."""
+"""Kinds with no template of their own use this kind's text."""
 
 # language -> "action" | "failure_class" -> wire name -> words
 _WORDS: dict[str, dict[str, dict[str, str]]] = {
@@ -99,6 +107,7 @@ def template_context(alert: Alert, language: str = "en") -> dict[str, Any]:
         "link": alert.annotations.get("explain", ""),
         "labels": dict(alert.labels), "annotations": dict(alert.annotations),
         "summary": alert.annotations.get("summary", ""),
+        "event_type": alert.event_type,
     }
 
 
@@ -138,6 +147,17 @@ def _finalize(value: Any) -> Any:
     return "-" if value is None else value
 
 
+def _mrkdwn(value: Any) -> str:
+    """Escape ``& < >`` for Slack mrkdwn (None -> ``-``)."""
+    text = "-" if value is None else str(value)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _oneline(value: Any) -> str:
+    """Fold whitespace runs (newlines included) into single spaces (None -> ``-``)."""
+    return "-" if value is None else " ".join(str(value).split())
+
+
 class TemplateRenderer:
     """Renders an alert's text per receiver kind in one language.
 
@@ -165,6 +185,7 @@ class TemplateRenderer:
         self._env = ImmutableSandboxedEnvironment(
             loader=_Loader(self.overrides), undefined=jinja2.StrictUndefined, autoescape=False,
             finalize=_finalize, trim_blocks=True, lstrip_blocks=True)
+        self._env.filters.update(mrkdwn=_mrkdwn, oneline=_oneline)
 
     def template_name(self, kind: str, language: str | None = None,
                       builtin_only: bool = False) -> str:
@@ -197,19 +218,21 @@ class TemplateRenderer:
                             self.language)
 
     def check(self) -> list[Issue]:
-        """Render every built-in template (both languages) and every override against
-        :func:`sample_alert`; return the problems found (empty when all is well)."""
+        """Render every built-in template (every kind, both languages) and every override
+        against the sample alerts (:func:`sample_alerts`: firing, resolved, a custom message);
+        return the problems found (empty when all is well; one issue per template at most)."""
         issues: list[Issue] = []
-        alert = sample_alert()
         names = [(f"builtin/{k}.{lang}.j2", lang) for k in BUILTIN_KINDS for lang in LANGUAGES]
         for key in self.overrides:
             _, _, lang = key.partition(".")
             names.append((f"override/{key}", lang or self.language))
         for name, lang in names:
-            try:
-                self._render(name, alert, lang)
-            except TemplateError as exc:
-                issues.extend(exc.issues)
+            for alert in sample_alerts():
+                try:
+                    self._render(name, alert, lang)
+                except TemplateError as exc:
+                    issues.extend(exc.issues)
+                    break
         return issues
 
     def _render(self, name: str, alert: Alert, language: str) -> str:
@@ -234,6 +257,16 @@ class TemplateRenderer:
             raise TemplateError(Issue(filename, _template_line(exc, filename),
                                       f"{type(exc).__name__}: {exc}")) from None
         return text.strip("\n")
+
+
+def sample_alerts() -> list[Alert]:
+    """The alerts ``check`` renders: :func:`sample_alert` firing and resolved, and a custom
+    message from the training code."""
+    alert = sample_alert()
+    custom = alert_from_custom_message("demo-job", "loss is NaN at step 1200", alert.starts_at,
+                                       alert.annotations["explain"], instance="worker-0",
+                                       rank=0, node="node-a", restarts_used=1, restarts_left=2)
+    return [alert, alert.resolve(alert.starts_at + 300.0), custom]
 
 
 def _template_line(exc: BaseException, filename: str) -> int:

@@ -221,20 +221,27 @@ def decision_from_dict(d: dict[str, Any]) -> Decision:
                     int(d.get("attempt", 0)))
 
 
+def alert_to_dict(a: Alert) -> dict[str, Any]:
+    """An Alert as JSON-ready data that :func:`alert_from_dict` restores exactly."""
+    return {"labels": dict(a.labels), "annotations": dict(a.annotations),
+            "status": a.status, "starts_at": a.starts_at, "ends_at": a.ends_at,
+            "budgets": dict(a.budgets), "decision": decision_to_dict(a.decision)}
+
+
+def alert_from_dict(a: dict[str, Any]) -> Alert:
+    """Inverse of :func:`alert_to_dict`. Raises KeyError/ValueError/TypeError on bad data."""
+    return Alert(dict(a["labels"]), dict(a["annotations"]), a["status"], float(a["starts_at"]),
+                 None if a.get("ends_at") is None else float(a["ends_at"]),
+                 decision_from_dict(a["decision"]), dict(a.get("budgets", {})))
+
+
 def notification_to_dict(n: Notification) -> dict[str, Any]:
-    a = n.alert
     return {"id": n.id, "receiver": n.receiver, "title": n.title, "body": n.body,
-            "alert": {"labels": dict(a.labels), "annotations": dict(a.annotations),
-                      "status": a.status, "starts_at": a.starts_at, "ends_at": a.ends_at,
-                      "budgets": dict(a.budgets), "decision": decision_to_dict(a.decision)}}
+            "alert": alert_to_dict(n.alert)}
 
 
 def notification_from_dict(d: dict[str, Any]) -> Notification:
-    a = d["alert"]
-    alert = Alert(dict(a["labels"]), dict(a["annotations"]), a["status"], float(a["starts_at"]),
-                  None if a.get("ends_at") is None else float(a["ends_at"]),
-                  decision_from_dict(a["decision"]), dict(a.get("budgets", {})))
-    return Notification(d["receiver"], alert, d["title"], d["body"], d["id"])
+    return Notification(d["receiver"], alert_from_dict(d["alert"]), d["title"], d["body"], d["id"])
 
 
 def entry_to_dict(e: SpoolEntry) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class RecoveryActs:
             self.clock.time(), Action.NOTIFY, Target(self.job, fault.origin.instance, fault.rank, fault.origin.node),
             fault, f"D5 MindCluster retry: {len(watch.asked)} worker(s) recovered in place and resumed "
                    f"({steps}) → training goes on", used,
-            max(0, self.config.policy.max_num_of_job_restart - used), (fault,), self.budgets.attempt))
+            max(0, self.policy.max_restarts - used), (fault,), self.budgets.attempt))
         return True, None
 
     def _dump(self) -> None:

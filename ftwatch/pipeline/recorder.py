@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, TextIO
 
-from ftwatch.events import Action, Decision, Finding, iso
+from ftwatch.events import Action, Decision, Finding, Origin, iso
+from ftwatch.pipeline.sinks.outputcounts import OutputCounts
 
 RESEND_SECONDS = 30.0   # how often spooled alerts are retried during a run
+RESOLVE_AFTER = 300.0   # default seconds without a new incident before open alerts resolve
+_RESTART_ACTIONS = frozenset(a.label for a in (Action.RESTART_JOB, Action.RESTART_INSTANCE,
+                                               Action.RESTART_IN_PLACE, Action.ISOLATE_NODE))
 
 
 class Recorder:
@@ -21,13 +25,28 @@ class Recorder:
     Args:
         store: the SQLite store (``ftwatch.pipeline.sinks.sqlite.SqliteStore``) or None.
         decisions_file: append one JSON object per decision here (README "Decisions"), or None.
-        dispatcher: the alert dispatcher (``ftwatch.alerting.dispatcher.Dispatcher``) or None.
+        dispatcher: the alert dispatcher (``ftwatch.alerting.center.EventCenter``, or a bare
+            ``ftwatch.alerting.dispatcher.Dispatcher``) or None.
         out: where human-readable lines go (the terminal).
         state_dir: named in the alert's ``ftwatch explain`` link.
+        resolve_after: seconds without a new incident after which the open alerts resolve
+            (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
+        metrics: ``ftwatch.metrics.Metrics`` counting lines, findings, decisions and restarts,
+            or None.
+        output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
+
+    Resolution (SPEC N2, Alertmanager): the alerts of resolvable incidents (event types
+    ``job_restart``, ``job_hang``, ``node_isolated``; ``ftwatch.alerting.alerts.RESOLVABLE``)
+    stay open until the runner calls :meth:`resolve_open` (the job finished, successfully or
+    not) or :meth:`resolve_due` finds ``resolve_after`` seconds passed since the last incident
+    while the job ran on. Each then goes to every receiver once more with status ``resolved``
+    and ``ends_at`` set. ``job_failed`` and notifications never resolve here.
     """
 
     def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
-                 out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None):
+                 out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None,
+                 resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
+                 output_bucket: float = 5.0):
         self.store = store
         self.decisions_file = decisions_file
         self.dispatcher = dispatcher
@@ -39,19 +58,52 @@ class Recorder:
         self._last_resend: float | None = None   # the start already resent (cli)
         self.finding_count = 0
         self.deliveries: list[Any] = []
+        self.metrics = metrics
+        self.output_counts = OutputCounts(output_bucket)
+        self.resolve_after = resolve_after
+        self.open_alerts: dict[tuple, Any] = {}    # labels -> the latest firing alert
+        self._last_incident: float | None = None
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
+
+    def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
+        """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the
+        store's per-instance buckets once a later bucket starts (and at :meth:`flush_output`)."""
+        if self.metrics is not None:
+            self.metrics.count_output(origin.job, lines, nbytes)
+        if self.output_counts.add(origin.job, origin.instance, origin.rank, time, lines, nbytes):
+            rows = self.output_counts.closed()
+            if self.store is not None:
+                self.store.add_output(rows)
+
+    def flush_output(self) -> None:
+        """Store every output bucket still open (the run or watch ends)."""
+        rows = self.output_counts.drain()
+        if self.store is not None:
+            self.store.add_output(rows)
 
     def findings(self, findings: Iterable[Finding]) -> None:
         """Store findings (every one, fallout included: ``explain`` shows them)."""
         findings = list(findings)
         self.finding_count += len(findings)
+        if self.metrics is not None:
+            self.metrics.count_findings(findings)
         if findings and self.store is not None:
             self.store.add_findings(findings, attempt=self.attempt)
 
     def event(self, time: float, job: str, kind: str, instance: str | None = None,
               rank: int | None = None, **detail: Any) -> None:
-        """Store a lifecycle event (start, exit, restart, stop)."""
+        """Store a lifecycle event (start, exit, restart, stop).
+
+        Restarts are counted in the metrics: ``job_restart`` (kind ``job``), ``instance_restart``
+        (kind ``instance``) and an ``actuator`` event whose restart action was ``done``.
+        """
+        if self.metrics is not None:
+            if kind in ("job_restart", "instance_restart"):
+                self.metrics.count_restart(job, kind.split("_")[0])
+            elif kind == "actuator" and detail.get("status") == "done" and \
+                    detail.get("action") in _RESTART_ACTIONS:
+                self.metrics.count_restart(job, detail["action"])
         if self.store is not None:
             self.store.add_event(time, job, kind, instance=instance, rank=rank, detail=detail)
 
@@ -69,6 +121,8 @@ class Recorder:
     def decision(self, decision: Decision) -> None:
         """Record a decision everywhere and send its alert (action none sends none)."""
         self.decisions.append(decision)
+        if self.metrics is not None:
+            self.metrics.count_decision(decision.target.job, decision.action.label)
         if self.store is not None:
             self.store.add_decision(decision)
         if self.decisions_file is not None:
@@ -77,10 +131,40 @@ class Recorder:
         self.say(self._describe(decision))
         if self.dispatcher is not None and decision.action is not Action.NONE:
             from ftwatch.alerting.alerts import alert_from_decision
+            from ftwatch.alerting.alerts import RESOLVABLE
             alert = alert_from_decision(decision, self.link(decision))
-            for result in self.dispatcher.dispatch(alert):
-                if not any(r is result for r in self.deliveries):  # not already via on_result
-                    self.delivery(result)
+            self._dispatch(alert)
+            if alert.event_type in RESOLVABLE:
+                self.open_alerts[tuple(sorted(alert.labels.items()))] = alert
+                self._last_incident = decision.time
+
+    def resolve_open(self, time: float, reason: str = "") -> int:
+        """Resolve every open alert at ``time`` (epoch seconds): each goes to the receivers as
+        ``resolved`` and a ``alert_resolved`` event is stored. Returns how many resolved."""
+        alerts, self.open_alerts = list(self.open_alerts.values()), {}
+        self._last_incident = None
+        for alert in alerts:
+            self.event(time, alert.labels.get("job", ""), "alert_resolved",
+                       alert.labels.get("instance") or None, decision_id=alert.decision_id,
+                       reason=reason)
+            if self.dispatcher is not None:
+                self._dispatch(alert.resolve(time))
+        if alerts:
+            self.say(f"ftwatch: {len(alerts)} alert(s) resolved ({reason or 'no new incident'})")
+        return len(alerts)
+
+    def resolve_due(self, now: float) -> int:
+        """Resolve the open alerts if ``resolve_after`` seconds passed since the last incident
+        (call it while the job runs). Returns how many resolved."""
+        if (self.resolve_after is None or not self.open_alerts or self._last_incident is None
+                or now - self._last_incident < self.resolve_after):
+            return 0
+        return self.resolve_open(now, f"no new incident for {self.resolve_after:g}s")
+
+    def _dispatch(self, alert: Any) -> None:
+        for result in self.dispatcher.dispatch(alert):
+            if not any(r is result for r in self.deliveries):  # not already via on_result
+                self.delivery(result)
 
     def custom_message(self, time: float, job: str, content: str, instance: str | None = None,
                        rank: int | None = None, node: str | None = None,
@@ -97,9 +181,7 @@ class Recorder:
         alert = alert_from_custom_message(job, content, time, "", instance=instance,
                                           rank=rank, node=node, restarts_used=used,
                                           restarts_left=left, attempt=self.attempt)
-        for result in self.dispatcher.dispatch(alert):
-            if not any(r is result for r in self.deliveries):
-                self.delivery(result)
+        self._dispatch(alert)
 
     def delivery(self, result: Any) -> None:
         """Record what became of one notification (a dispatcher's ``on_result``, so that the
@@ -114,12 +196,29 @@ class Recorder:
         many were delivered."""
         if self.dispatcher is None:
             return 0
+        tick = getattr(self.dispatcher, "tick", None)
+        if tick is not None:      # the event center: due groups, rate-limit releases, digests
+            for result in tick():
+                if not any(r is result for r in self.deliveries):
+                    self.delivery(result)
         if self._last_resend is None:
             self._last_resend = mono
         if mono - self._last_resend < every:
             return 0
         self._last_resend = mono
         return self.dispatcher.resend_pending()
+
+    def close(self) -> None:
+        """At shutdown: the event center sends what still waits in its groups (nothing is lost),
+        then the store is closed (an Elasticsearch sink flushes its journal)."""
+        close = getattr(self.dispatcher, "close", None)
+        if close is not None:
+            for result in close():
+                if not any(r is result for r in self.deliveries):
+                    self.delivery(result)
+        self.flush_output()
+        if self.store is not None:
+            self.store.close()
 
     def link(self, decision: Decision) -> str:
         """The command that explains a decision."""

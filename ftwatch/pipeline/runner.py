@@ -83,7 +83,7 @@ class JobRunner(RecoveryActs):
         self.mc = config.mindcluster
         state_dir = Path(config.storage.state_dir)
         self.budgets = BudgetStore.for_job(state_dir, job)
-        self.policy = Policy(config.policy, self.budgets, job)
+        self.policy = Policy.for_config(config, self.budgets, job)
         self.exit_table = ExitCodeTable.load()
         sup = config.supervisor
         self.slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
@@ -105,7 +105,7 @@ class JobRunner(RecoveryActs):
         self.controls = RecoveryHandler(
             engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
             budgets=lambda: (self.budgets.restarts_used,
-                             max(0, pol.max_num_of_job_restart - self.budgets.restarts_used)),
+                             max(0, self.policy.max_restarts - self.budgets.restarts_used)),
             node=self.node, clock=self.clock.time)
         self.sync = sync
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
@@ -127,6 +127,7 @@ class JobRunner(RecoveryActs):
         finally:
             self.supervisor.close()
             self.control.stop()
+            self.recorder.flush_output()
 
     def request_stop(self) -> None:
         """Stop the workers cleanly and end (SIGINT / SIGTERM to ftwatch)."""
@@ -164,8 +165,8 @@ class JobRunner(RecoveryActs):
             self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
-            self.recorder.say(f"ftwatch: restarting {self.slots.nproc} workers "
-                              f"(restart {decision.restarts_used} of {self.config.policy.max_num_of_job_restart})")
+            self.recorder.say(f"ftwatch: restarting all {self.slots.nproc} workers "
+                              f"(restart {decision.restarts_used} of {self.policy.max_restarts})")
             self._sleep(self.config.supervisor.restart_delay)
             if self._stop_requested.is_set():     # interrupted while waiting to restart
                 self.recorder.say("ftwatch: interrupted before the restart")
@@ -180,6 +181,8 @@ class JobRunner(RecoveryActs):
             self._dump()
             self._stop_and_drain(self._state)
         self.supervisor.stop_all()
+        self.recorder.resolve_open(self.clock.time(), "the job finished successfully" if ok
+                                   else "superseded: the job failed")
         self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded" if ok else "failed")
         self.budgets.close("succeeded" if ok else "failed")
         self.slots.close("succeeded" if ok else "failed")
@@ -216,6 +219,7 @@ class JobRunner(RecoveryActs):
             self.control.drain(self.controls)     # SDK requests, on this thread
             now = self.clock.time()
             self.recorder.resend_due(self.clock.mono())
+            self.recorder.resolve_due(now)
             self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))
             for finding in self.tracker.check(now):
                 self._add(state, [finding])
@@ -232,6 +236,9 @@ class JobRunner(RecoveryActs):
         if isinstance(item, Output):
             self._echo(item)
             self.tracker.output(item.origin.instance, item.time)
+            data = item.data
+            lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+            self.recorder.output(item.origin, lines, len(data), item.time)
             self._add(state, self.engine.feed(item.origin, item.data, item.time))
             return None
         if isinstance(item, Started):
@@ -295,6 +302,8 @@ class JobRunner(RecoveryActs):
             self._sleep(self.config.supervisor.restart_delay)
             state.failed.discard(decision.target.instance or "")
             self.supervisor.restart_instance(decision.target.rank)
+            self.recorder.event(self.clock.time(), self.job, "instance_restart", decision.target.instance,
+                                decision.target.rank, action=decision.action.label)
             return None
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on

@@ -143,7 +143,8 @@ class Watcher:
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, feed the engine, open incidents."""
-        now_mono = self.clock.mono()
+        now_mono, now = self.clock.mono(), self.clock.time()
+        metrics = self.recorder.metrics
         for origin, (lines, t) in group_lines(self.resolve(batch)).items():
             job = self._job(origin.job)
             if origin.instance not in job.instances:
@@ -151,6 +152,9 @@ class Watcher:
                 job.tracker.started(origin, t)
             job.tracker.output(origin.instance, t)
             data = b"\n".join(lines) + b"\n"
+            self.recorder.output(origin, len(lines), len(data), t)
+            if metrics is not None:
+                metrics.observe_lag(now - t)        # the newest line of this origin in the batch
             findings = self.engine.feed(origin, data, t)
             findings += self._summary_exits(origin, data, t)
             self._add(job, findings, now_mono)
@@ -173,6 +177,7 @@ class Watcher:
                 self._decide(job, hang)
             if job.trigger is not None and mono - job.opened >= self.config.watch.settle:
                 self._decide(job, job.trigger)
+        self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
 
     def _summary_exits(self, origin: Origin, data: bytes, t: float) -> list[Finding]:
         """Exit findings from a torchelastic failure summary in a stream (P3).
@@ -228,7 +233,7 @@ class Watcher:
         job = self.jobs.get(name)
         if job is None:
             budgets = BudgetStore.for_job(self.state_dir, name)
-            job = _Job(name, Policy(self.config.policy, budgets, name), budgets, self._tracker())
+            job = _Job(name, Policy.for_config(self.config, budgets, name), budgets, self._tracker())
             self.seen_jobs.add(name)
             self.jobs[name] = job
         return job

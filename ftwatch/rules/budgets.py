@@ -14,8 +14,13 @@ never half of one. Format (``version`` 1)::
       "same_error": {"xid.79@worker-3": {"count": 2, "last": "1:0"}},
                                         # fingerprint -> times seen; "last" is the occurrence key
                                         # that counted last, so one attempt counts once
-      "history": [{"job": "train-42", "status": "failed", "attempt": 3, "restarts_used": 3}]
+      "history": [{"job": "train-42", "status": "failed", "attempt": 3, "restarts_used": 3}],
+      "free_restarts": 1,               # restarts that cost no budget (ModelArts in-place / hang restarts)
+      "streaks": {"hang": 2},           # in-a-row counters of the recovery strategies (rules/modelarts.py)
+      "memo": {"in_place": {...}}       # small facts a strategy keeps between attempts
     }
+
+The last three keys came later; a file without them reads as zero / empty (same version).
 
 A store opened on a file whose job is still ``running`` continues it (ftwatch was restarted); a
 file whose job ended (``close``), or that belongs to another job, is archived into ``history``
@@ -27,13 +32,12 @@ One process at a time may own a job's file; nothing here locks.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 from ftwatch.errors import ConfigError, Issue
+from ftwatch.rules.statefile import read_state, write_state
 
 RUNNING = "running"
 ENDED = ("succeeded", "failed", "stopped")
@@ -63,6 +67,8 @@ class BudgetStore:
             history = list(loaded.get("history", []))
             if loaded.get("job") == job and loaded.get("status") == RUNNING:
                 self._data = loaded
+                for key, empty in (("free_restarts", 0), ("streaks", {}), ("memo", {})):
+                    self._data.setdefault(key, empty)
             else:
                 history.append({k: loaded.get(k) for k in ("job", "status", "attempt", "restarts_used")})
                 self._data = self._fresh(history[-_HISTORY:])
@@ -104,6 +110,19 @@ class BudgetStore:
         entry = self._data["same_error"].get(fingerprint)
         return entry["count"] if entry else 0
 
+    @property
+    def free_restarts(self) -> int:
+        """Restarts that cost no budget so far (``next_attempt``)."""
+        return self._data["free_restarts"]
+
+    def streak(self, name: str) -> int:
+        """An in-a-row counter (``hang``, ``unconditional`` ...); 0 when never set."""
+        return self._data["streaks"].get(name, 0)
+
+    def memo(self, name: str) -> Any:
+        """A fact a recovery strategy kept (JSON data), or None."""
+        return self._data["memo"].get(name)
+
     def to_dict(self) -> dict[str, Any]:
         """A copy of the file's content."""
         return json.loads(json.dumps(self._data))
@@ -140,6 +159,27 @@ class BudgetStore:
         self._save()
         return self.restarts_used
 
+    def next_attempt(self) -> int:
+        """A restart that costs no budget (ModelArts in-place recovery, hang restart: seed 002):
+        the attempt goes up by one, ``restarts_used`` stays. Returns the new attempt."""
+        self._data["free_restarts"] += 1
+        self._data["attempt"] += 1
+        self._save()
+        return self.attempt
+
+    def set_streaks(self, **values: int) -> None:
+        """Set in-a-row counters at once (one write), e.g. ``set_streaks(hang=0, unconditional=2)``."""
+        self._data["streaks"].update(values)
+        self._save()
+
+    def set_memo(self, name: str, value: Any) -> None:
+        """Keep a JSON-ready fact under ``name`` (None removes it)."""
+        if value is None:
+            self._data["memo"].pop(name, None)
+        else:
+            self._data["memo"][name] = value
+        self._save()
+
     def use_instance_restart(self, instance: str) -> int:
         """Spend one restart of ``instance`` (Async). Returns that instance's restarts used."""
         per = self._data["instance_restarts"]
@@ -163,40 +203,14 @@ class BudgetStore:
 
     def _fresh(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         return {"format": _FORMAT, "version": _VERSION, "job": self.job, "status": RUNNING, "attempt": 0,
-                "restarts_used": 0, "instance_restarts": {}, "same_error": {}, "history": history}
+                "restarts_used": 0, "instance_restarts": {}, "same_error": {}, "history": history,
+                "free_restarts": 0, "streaks": {}, "memo": {}}
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            raise ConfigError(Issue(str(self.path), 0, f"budgets file is unreadable ({exc}); "
-                                                       "delete it to start this job's budgets afresh")) from None
-        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("version") != _VERSION:
-            raise ConfigError(Issue(str(self.path), 0, f"not a {_FORMAT} v{_VERSION} file; delete it to start "
-                                                       "this job's budgets afresh"))
-        return data
+            return read_state(self.path, _FORMAT, _VERSION)
+        except ConfigError as exc:
+            raise ConfigError(Issue(str(self.path), 0, f"budgets file: {exc.issues[0].message}")) from None
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(self._data, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        try:
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dir_fd)
-        except OSError:
-            pass
-        finally:
-            os.close(dir_fd)
+        write_state(self.path, self._data)

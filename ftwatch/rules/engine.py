@@ -315,7 +315,7 @@ class Engine:
                 finding = self._finding(record, index)
         if ids & self._fault_ids:
             for hit in self.tables.extract(record.text):
-                entry = hit.entry
+                entry = hit.entry or self.tables.grade_unknown(hit)
                 action = entry.action if entry else Action.NOTIFY
                 key = (FAULT_PRIORITY, int(action), 1)
                 if best is None or key > best:
@@ -332,7 +332,7 @@ class Engine:
                        {}, rule.source)
 
     def _fault_finding(self, record: Record, hit) -> Finding:
-        entry = hit.entry
+        entry = hit.entry or self.tables.grade_unknown(hit)
         lines = record.text.split("\n")
         line = next((ln for ln in lines if hit.code.lower() in ln.lower()), lines[0])
         if entry is None:

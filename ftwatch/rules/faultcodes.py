@@ -18,8 +18,20 @@ How a row becomes a verdict:
   ``PreSeparateNPU`` / ``PreSeparateFault`` -> notify (the running job is left alone);
   ``SeparateNPU`` (L6), ``ManuallySeparateNPU``, ``SeparateFault``, ``SeparateDPU`` ->
   isolate_node. Other levels fall back to the row's ``recommended_action``.
+  UB-switch ``RestartRequestFault`` / ``ResetFault`` -> isolate_node (the docs say for all three
+  switch levels: stop the job, isolate the node, reschedule).
   Codes the fault-diag knowledge base tags ``User`` (80C98002, 80CB8002: bad input from the
-  application) are ``user_code`` and are never isolated, whatever the level says (SPEC R3).
+  application; ModelArts, seed 002, names exactly these two as "由用户输入引发") are ``user_code``
+  and are never isolated, whatever the level or a frequency rule says (SPEC R3).
+  817F8002 / 814F8002 stay SeparateNPU -> isolate_node: their "bad input" meaning is only the
+  table's own guess from the ``..8002`` suffix (README "Event-ID structure": "treat as a hint"),
+  the knowledge base gives them no ``User`` class, the seed names only the two codes above, and
+  MindCluster grades them L6; an input fault of a non-AI-core module is the chip's, not the app's.
+  Network codes (81078603, 81078607, 110000002, 110001024) graded at a restart level are
+  downgraded to NotHandleFault, as MindCluster does.
+* Unknown NPU codes: graded by the driver's severity when the line names one, as MindCluster does
+  (README "How codes are matched"): hint / minor -> NotHandleFault (none); anything else, or no
+  severity -> SeparateNPU (isolate_node). See ``FaultTables.grade_unknown``.
 * Xid and DCGM: the row's ``recommended_action``; Xids that NVIDIA's k8s-device-plugin treats
   as application errors (13, 31, 43, 45, 68) are ``user_code``.
 * Failure class otherwise: ``info`` when the action is none, else ``hardware_node``.
@@ -56,7 +68,33 @@ _NPU_LEVEL_ACTION: dict[str, Action] = {
     "ManuallySeparateNPU": Action.ISOLATE_NODE,
     "SeparateFault": Action.ISOLATE_NODE,
     "SeparateDPU": Action.ISOLATE_NODE,
+    "RestartRequestFault": Action.ISOLATE_NODE,
+    "ResetFault": Action.ISOLATE_NODE,
 }
+
+#: The only chip codes caused by the application's input (fault-diag ``class=User``; seed 002).
+USER_INPUT_CODES = frozenset({"80C98002", "80CB8002"})
+#: MindCluster's network fault codes (README "How codes are matched").
+NETWORK_CODES = frozenset({"81078603", "81078607", "110000002", "110001024"})
+_RESTART_LEVELS = frozenset({"RestartRequest", "RestartBusiness", "FreeRestartNPU", "RestartNPU"})
+#: Driver severities (Ascend dsmi: 0 hint/提示, 1 minor/次要, 2 major/重要, 3 critical/紧急).
+_SEVERITY_WORDS = {"0": "hint", "hint": "hint", "提示": "hint", "1": "minor", "minor": "minor", "次要": "minor",
+                   "2": "major", "major": "major", "重要": "major", "3": "critical", "critical": "critical",
+                   "紧急": "critical"}
+#: A fault event's assertion (Ascend dsmi / device-plugin: 0 recover, 1 occur, 2 once) or the words.
+_ASSERTION = re.compile(r"(?i)\bassertion\s*[:=]?\s*(recover\w*|occur\w*|once|[012](?![0-9]))"
+                        r"|\b(recovered|recovery|resumed)\b")
+_ASSERTION_WORDS = {"0": "recover", "1": "occur", "2": "once"}
+#: Unknown codes are graded only when shaped like a chip event ID: 8 hex digits in the 0x80 / 0x81 /
+#: 0x8C / 0x8F families that hold 683 of the table's 806 chip codes (the rest are product-specific).
+_CHIP_EVENT = re.compile(r"^8[01CF][0-9A-F]{6}$")
+_SEVERITY = re.compile(r"(?i)\b(?:severity|alarm[ _-]?level|fault[ _-]?level)\s*[:=]?\s*"
+                       r"(hint|minor|major|critical|[0-3](?![0-9])|提示|次要|重要|紧急)")
+
+
+def level_name(level: str) -> str:
+    """``SeparateNPU (L6)`` -> ``SeparateNPU``: a table level without its alias."""
+    return level.split("(")[0].strip()
 
 # --- extraction regexes (stdlib ``re``: they run on hit lines only) -------------------------------
 _XID_LINE = re.compile(
@@ -212,6 +250,27 @@ class FaultTables:
         """The DCGM row for a ``DCGM_FR_*`` name (case-insensitive), or None."""
         return self._dcgm.get(name.strip().upper())
 
+    def grade_unknown(self, hit: FaultHit) -> FaultEntry | None:
+        """The grade of an NPU code the table lacks, from the driver severity on its line.
+
+        MindCluster (README "How codes are matched"): hint or minor -> NotHandleFault (none);
+        anything else, including no severity -> SeparateNPU (isolate_node). Only codes shaped like
+        a chip event ID (``8[01CF]xxxxxx``) are graded; other unknown codes, Xid and DCGM codes the
+        tables lack give None (the caller notifies).
+        """
+        if hit.kind != "npu" or hit.entry is not None:
+            return hit.entry
+        if not _CHIP_EVENT.match(hit.code):
+            return None     # not shaped like a chip event ID: an error number of something else
+        sev = hit.fields.get("severity")
+        if sev in ("hint", "minor"):
+            level, action = f"NotHandleFault (unknown code, severity {sev})", Action.NONE
+        else:
+            level = f"SeparateNPU (unknown code, severity {sev or 'not given'})"
+            action = Action.ISOLATE_NODE
+        return FaultEntry("npu", hit.code, level, "code not in the table; graded by driver severity", action,
+                          _class_for(action, False), "MindCluster unknown-code grading (fault-tables README)")
+
     def extract(self, text: str) -> list[FaultHit]:
         """Finds every fault code in ``text`` (one line or several joined by ``\\n``).
 
@@ -251,8 +310,15 @@ class FaultTables:
         for d in _DCGM.finditer(line):
             name = d.group(0)
             yield FaultHit("dcgm", name, self.dcgm(name), {"dcgm": name})
+        sev = _SEVERITY.search(line)
+        extra = {"severity": _SEVERITY_WORDS[sev.group(1).lower()]} if sev else {}
+        asrt = _ASSERTION.search(line)
+        if asrt:
+            word = (asrt.group(1) or asrt.group(2)).lower()
+            extra["assertion"] = _ASSERTION_WORDS.get(word, "recover" if word.startswith(("recover", "resum"))
+                                                      else "occur" if word.startswith("occur") else "once")
         for code in _npu_codes(line, xid_span):
-            yield FaultHit("npu", code, self.npu(code), {"fault_code": code})
+            yield FaultHit("npu", code, self.npu(code), {"fault_code": code, **extra})
 
 
 def _npu_codes(line: str, skip: tuple[int, int] | None) -> Iterator[str]:
@@ -288,6 +354,8 @@ def _load_npu() -> dict[str, FaultEntry]:
     out: dict[str, FaultEntry] = {}
     for code, level, meaning, recommended, source, _cat, _module, fault_class, _notes in rows:
         user = fault_class.strip() == "User"
+        if normalise_npu(code) in NETWORK_CODES and level_name(level) in _RESTART_LEVELS:
+            level = f"NotHandleFault (network code downgraded from {level_name(level)})"
         action = _npu_action(level, recommended)
         if user and action >= Action.ISOLATE_NODE:
             action = Action.RESTART_JOB  # R3: user-input codes reschedule, never isolate

@@ -1,4 +1,7 @@
-"""Findings -> a Decision: root cause (SPEC R7), modes (D1), policies (D2), budgets (D3).
+"""Findings -> a Decision: root cause (SPEC R7), modes (D1), policies (D2), budgets (D3), and the
+recovery policies of issue 4: NPU escalation (R3, ``escalation.py``), C4D records (R8, ``c4d.py``),
+node blame (``blame.py``) and the ModelArts strategies (D4, ``modelarts.py``), which replace D1-D3
+when the job's annotations turn them on.
 
 The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
 
@@ -20,13 +23,21 @@ Async instances are independent, so only the failed instance's findings are cons
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
-from ftwatch.config import PolicyConfig
+from ftwatch.config import Config, PolicyConfig
+from ftwatch.configrecovery import ModelArtsConfig, RecoveryConfig, c4d_settings
 from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
+from ftwatch.rules.blame import BlameStore, blameable
 from ftwatch.rules.budgets import BudgetStore
+from ftwatch.rules.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
+from ftwatch.rules.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
+from ftwatch.rules.faultcodes import USER_INPUT_CODES
+from ftwatch.rules.modelarts import ModelArtsPolicy
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
 #: ``job-ps-1`` ... (the role as the name or a dash/underscore/dot-separated part of it).
@@ -81,12 +92,20 @@ def _generic_exit(f: Finding) -> bool:
     return bool(f.fields.get("generic", default))
 
 
+def _abort_exit(f: Finding) -> bool:
+    """A SIGABRT death (-6 / 134): how PyTorch's NCCL watchdog ends a process after a collective
+    failed ("To avoid data inconsistency, we are taking the entire process down" → std::abort)."""
+    return f.kind == "exit_code" and (f.fields.get("signal") == 6 or f.fields.get("exitcode") == 134)
+
+
 def analyse(findings: Sequence[Finding]) -> Analysis:
     """Find the root cause (R7).
 
     A real error has severity >= ERROR and a class other than fallout / info. A generic exit (code
-    1 or an unlisted code) is itself fallout when its instance has log findings and all of them
-    (ignoring info) are fallout: that rank died because another one did.
+    1 or an unlisted code) or a SIGABRT is itself fallout when its instance has log findings and all
+    of them (ignoring info) are fallout: that rank died (or its watchdog aborted it) because another
+    one failed. Found by the evaluation corpus (tests/corpus: every watchdog-timeout case ends in
+    SIGABRT, which the exit-code table alone reads as user_code).
     """
     log_classes: dict[str, set[FailureClass]] = {}
     for f in findings:
@@ -96,7 +115,8 @@ def analyse(findings: Sequence[Finding]) -> Analysis:
     def fallout(f: Finding) -> bool:
         if f.failure_class is FailureClass.FALLOUT:
             return True
-        return _generic_exit(f) and log_classes.get(f.origin.instance) == {FailureClass.FALLOUT}
+        return ((_generic_exit(f) or _abort_exit(f))
+                and log_classes.get(f.origin.instance) == {FailureClass.FALLOUT})
 
     order = sorted(findings, key=lambda f: (f.time, f.seq))
     real = tuple(f for f in order if f.severity >= Severity.ERROR
@@ -118,12 +138,43 @@ class Policy:
         policy: the AIMaster flags.
         budgets: the job's persistent budgets (changed by ``decide``; closed on a final decision).
         job: the job id, used in every Target.
+        modelarts: the ModelArts section; when enabled (``job-retry-num`` set) it decides instead of
+            the AIMaster clauses D1-D3 (``ftwatch.rules.modelarts``).
+        recovery: escalation and blame settings (default: both on, defaults of ``RecoveryConfig``).
+        state_dir: where the chip-fault history (``escalation/<job>.json``) and node blame
+            (``blame/nodes.json``) persist; None keeps them in memory. ``for_config`` passes it.
     """
 
-    def __init__(self, policy: PolicyConfig, budgets: BudgetStore, job: str):
+    def __init__(self, policy: PolicyConfig, budgets: BudgetStore, job: str, *,
+                 modelarts: ModelArtsConfig | None = None, recovery: RecoveryConfig | None = None,
+                 state_dir: Path | None = None):
         self.policy = policy
         self.budgets = budgets
         self.job = job
+        self.recovery = recovery or RecoveryConfig()
+        ma = modelarts or ModelArtsConfig()
+        keep = max([2 * DAY, ma.same_fault_window] + [r.window_s for r in FREQUENCY_RULES])
+        self.history = FaultHistory.for_job(state_dir, job, keep)
+        self.escalator = Escalator(self.history)
+        bc = self.recovery.blame
+        self.blame = BlameStore.for_state(state_dir, threshold=bc.threshold, window=bc.window,
+                                          cooldown=bc.cooldown) if bc.enabled else None
+        timeout, times = c4d_settings(policy.c4d_common_envs)
+        self.c4d = C4DSettings(policy.enable_c4d_hang_detection and policy.enable_job_hang_detection,
+                               timeout, times, policy.c4d_log_level)
+        self.modelarts = ModelArtsPolicy(ma, budgets, self.history) if ma.enabled else None
+
+    @classmethod
+    def for_config(cls, config: Config, budgets: BudgetStore, job: str,
+                   state_dir: Path | None = None) -> "Policy":
+        """The policy a config asks for; state under ``state_dir`` or ``config.storage.state_dir``."""
+        return cls(config.policy, budgets, job, modelarts=config.modelarts, recovery=config.recovery,
+                   state_dir=Path(state_dir if state_dir is not None else config.storage.state_dir))
+
+    @property
+    def max_restarts(self) -> int:
+        """The restart budget: ``job-retry-num`` under ModelArts, else ``max_num_of_job_restart``."""
+        return self.modelarts.max_restarts if self.modelarts else self.policy.max_num_of_job_restart
 
     def root_cause(self, findings: Sequence[Finding]) -> Finding | None:
         """The root cause of ``findings`` (R7): see ``analyse``."""
@@ -134,6 +185,10 @@ class Policy:
     def decide(self, incident: Incident, now: float) -> Decision:
         """Decide what to do about an incident, spend budgets, and say why.
 
+        Before the clauses: C4D findings are graded (R8, ``ftwatch.rules.c4d``), NPU findings that
+        keep recurring are escalated (R3, ``ftwatch.rules.escalation``) and the root cause's node
+        is blamed (``ftwatch.rules.blame``); what they found opens the policy clause.
+
         Args:
             incident: the trigger and the attempt's findings.
             now: epoch seconds; the decision's time.
@@ -141,30 +196,53 @@ class Policy:
         Returns:
             A Decision whose ``restarts_used`` / ``restarts_left`` are after this decision
             (per instance for an Async instance restart, else job-level) and whose
-            ``policy_clause`` names the clause (D1/D2/D3/R5) that chose the action. A FAIL_JOB
-            decision closes the budget store (``failed``).
+            ``policy_clause`` names the clause (R3/R8/blame, then D1-D4/R5) that chose the action. A
+            FAIL_JOB decision closes the budget store (``failed``).
         """
-        p, trig = self.policy, incident.trigger
-        sync = p.job_execution_mode == "Sync"
-        findings = incident.findings if trig in incident.findings else incident.findings + (trig,)
+        p = self.policy
+        sync = p.job_execution_mode == "Sync" or self.modelarts is not None
+        raw = incident.findings if incident.trigger in incident.findings else incident.findings + (incident.trigger,)
+        at = raw.index(incident.trigger)
+        findings = refine(raw, self.c4d)
+        trig = findings[at]
         scope = findings if sync else tuple(f for f in findings if f.origin.instance == trig.origin.instance)
+        occurrence = str(incident.attempt) if sync else (
+            f"{incident.attempt}:{trig.origin.instance}:{self.budgets.instance_restarts(trig.origin.instance)}")
+        notes: list[str] = []
+        if self.recovery.escalation:
+            self.escalator.observe(scope, occurrence)
+            scope, found = self.escalator.apply(scope, now)
+            notes += found
         an = analyse(scope)
         rc = an.root_cause or trig
+        if an.real and is_c4d(rc) and rc.action is Action.ISOLATE_NODE:
+            notes.append(error_clause(rc))
+        if self.blame is not None and an.real and blameable(rc):
+            blame = self.blame.blame(rc.origin.node, self.job, occurrence, rc.rule_id, now)
+            notes.append(blame.clause)
+            if blame.isolate and rc.action < Action.ISOLATE_NODE:
+                rc = dataclasses.replace(rc, action=Action.ISOLATE_NODE, failure_class=FailureClass.HARDWARE_NODE)
+                an = Analysis(rc, False, (rc,) + an.real[1:])
         instance = rc.origin.instance if rc.origin.instance in incident.failed_instances else trig.origin.instance
         per_instance = not sync and not is_ps_or_chief(instance)
+        max_restarts = self.max_restarts
 
         def done(action: Action, clause: str, target: Target | None = None) -> Decision:
-            if per_instance:
-                used = self.budgets.instance_restarts(instance)
-            else:
-                used = self.budgets.restarts_used
+            used = self.budgets.instance_restarts(instance) if per_instance else self.budgets.restarts_used
             if action is Action.FAIL_JOB:
                 self.budgets.close("failed")
             return Decision(time=now, action=action, target=target or Target(self.job), root_cause=rc,
-                            policy_clause=clause, restarts_used=used,
-                            restarts_left=max(0, p.max_num_of_job_restart - used),
-                            findings=findings, attempt=incident.attempt)
+                            policy_clause="; ".join(notes + [clause]), restarts_used=used,
+                            restarts_left=max(0, max_restarts - used), findings=findings,
+                            attempt=incident.attempt)
 
+        if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
+            if trig.action is Action.NONE:
+                return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
+                                         f"c4d_log_level={self.c4d.log_level} → ignored")
+            return done(Action.NOTIFY, notify_clause(trig, self.c4d))
+        if self.modelarts is not None:
+            return self._modelarts(incident, trig, an, rc, now, done)
         if not sync and trig.kind in _HANG_KINDS:
             return done(Action.NOTIFY, f"R5 {trig.kind.replace('_', ' ')} detection is Sync-only "
                                        "(AIMaster), this job is Async → notify")
@@ -189,17 +267,19 @@ class Policy:
         what = (f"only fallout found (earliest: {rc.rule_id} on {_who(rc)}), treated as retryable_infra"
                 if an.fallout_only else f"{cls.value} root cause")
         head = f"D2 {p.fault_tolerant_policy}: {what}"
-        if p.fault_tolerant_policy == "ExitCodeAndErrorMsg" and not an.fallout_only:
+        user_input = is_npu(rc) and npu_code(rc) in USER_INPUT_CODES
+        if user_input:
+            head += f" (R3: {npu_code(rc)} is a user-input chip code: reschedule, never isolate)"
+        if p.fault_tolerant_policy == "ExitCodeAndErrorMsg" and not an.fallout_only and not user_input:
             if not cls.retryable:
                 return done(Action.FAIL_JOB, f"{head} is not retryable → fail_job")
             if rc.action is Action.FAIL_JOB:
                 return done(Action.FAIL_JOB, f"{head}, but its rule {rc.rule_id} recommends fail_job → fail_job")
         kind = Action.RESTART_JOB
-        if not an.fallout_only and rc.action in (Action.ISOLATE_NODE, Action.RESTART_IN_PLACE):
+        if not an.fallout_only and rc.action in (Action.ISOLATE_NODE, Action.RESTART_IN_PLACE) and not (
+                user_input and rc.action is Action.ISOLATE_NODE):
             kind = rc.action
-
         # D1 + D3: whole job or one instance, if the budget allows.
-        max_restarts = p.max_num_of_job_restart
         if per_instance:
             used = self.budgets.instance_restarts(instance)
             if used >= max_restarts:
@@ -235,6 +315,27 @@ class Policy:
             return done(kind, f"{head} → restart_in_place ({scope_text}, in place)")
         return done(Action.RESTART_JOB, f"{head} → restart_job ({scope_text})")
 
+
+    def _modelarts(self, incident: Incident, trig: Finding, an: Analysis, rc: Finding, now: float,
+                   done: Callable[..., Decision]) -> Decision:
+        """D4: the ModelArts strategy, then its budget (job-retry-num; in-place and hang are free)."""
+        assert self.modelarts is not None
+        v = self.modelarts.decide(trig, rc if an.root_cause else None, bool(an.real),
+                                  incident.failed_instances, incident.attempt, now)
+        if v.spend == "job":
+            used, most = self.budgets.restarts_used, self.max_restarts
+            if used >= most:
+                return done(Action.FAIL_JOB, f"{v.clause}, but D4 fault-tolerance/job-retry-num is exhausted "
+                                             f"({used}/{most}) → fail_job")
+            self.budgets.use_job_restart()
+        elif v.spend in ("free", "pod"):
+            self.budgets.next_attempt()
+        target = None
+        if v.action is Action.ISOLATE_NODE:
+            instance = v.instance or rc.origin.instance
+            target = Target(self.job, instance, rc.rank if instance == rc.origin.instance else None, v.node)
+        return done(v.action, v.clause, target)
+
     def finished(self, now: float, ok: bool) -> Decision:
         """The job ended by itself: NONE ("job succeeded") or FAIL_JOB; closes the budget store."""
         self.budgets.close("succeeded" if ok else "failed")
@@ -243,5 +344,4 @@ class Policy:
                   else "the job ended by itself with a failure → fail_job")
         return Decision(time=now, action=Action.NONE if ok else Action.FAIL_JOB, target=Target(self.job),
                         root_cause=None, policy_clause=clause, restarts_used=used,
-                        restarts_left=max(0, self.policy.max_num_of_job_restart - used),
-                        attempt=self.budgets.attempt)
+                        restarts_left=max(0, self.max_restarts - used), attempt=self.budgets.attempt)

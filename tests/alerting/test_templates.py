@@ -40,9 +40,9 @@ def test_alert_is_alertmanager_shaped():
     alert = make_alert()
     d = alert.decision
     assert alert.labels == {
-        "alertname": "ftwatch_restart_instance", "job": "job-42", "instance": "worker-3",
-        "rank": "3", "node": "gpu-node-7", "action": "restart_instance", "severity": "warning",
-        "failure_class": "hardware_node", "rule_id": "xid.79"}
+        "alertname": "ftwatch_restart_instance", "event_type": "instance_restart", "job": "job-42",
+        "instance": "worker-3", "rank": "3", "node": "gpu-node-7", "action": "restart_instance",
+        "severity": "warning", "failure_class": "hardware_node", "rule": "xid.79", "rule_id": "xid.79"}
     assert alert.annotations["root_cause_line"].startswith("NVRM: Xid")
     assert alert.annotations["explain"] == (
         f"ftwatch explain --state-dir '/var/lib/ftwatch state' {d.decision_id}")
@@ -107,7 +107,8 @@ def test_resolved_is_marked():
 def test_unknown_kind_uses_the_generic_webhook_text():
     r = TemplateRenderer("en")
     alert = make_alert()
-    assert r.render("dingtalk", alert) == r.render("webhook", alert)
+    assert r.render("pagerduty", alert) == r.render("webhook", alert)
+    assert r.render("dingtalk", alert) != r.render("webhook", alert)
 
 
 def test_override_is_used_per_kind_and_language(tmp_path: Path):
@@ -207,7 +208,8 @@ def test_console_notifier_prints_a_framed_block():
     ConsoleNotifier(colored, color=True).send(n)
     assert colored.getvalue().startswith("\033[1;31m")
     assert isinstance(ConsoleNotifier(), Notifier)
-    assert set(REGISTRY) == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack"}
+    assert set(REGISTRY) == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email",
+                             "alertmanager"}
 
 
 def test_console_notifier_defaults_to_stdout(capsys):

@@ -14,7 +14,9 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -275,3 +277,97 @@ def test_replay_aimaster_args_never_fails_the_job(tmp_path):
     both = replay_decision(tmp_path, "--aimaster-args",
                            "--enable-job-restart=True --fault-tolerant-policy=Never")
     assert both["action"] == "fail_job"
+
+
+# -- 4. SIGKILL while the receiver is down: every alert arrives exactly once after a restart -----
+
+MESSAGES_JOB = [sys.executable, "-c", (
+    "import os, sys, time\n"
+    "from ftwatch.sdk import Monitor\n"
+    "m = Monitor()\n"
+    "for i in range(3):\n"
+    "    st = m.send_custom_message(f'loss is NaN #{i}')\n"
+    "    assert st.ok(), st.to_string()\n"
+    "print('sent', flush=True)\n"
+    "parent, end = os.getppid(), time.time() + 60\n"
+    "while os.getppid() == parent and time.time() < end:\n"
+    "    time.sleep(0.05)\n")]
+
+
+def write_event_config(tmp: Path, port: int) -> Path:
+    """Receiver `ops` gets every alert at once; receiver `later` gets custom messages grouped
+    for an hour (so they wait, held on disk, when ftwatch is killed). Both on one port."""
+    path = tmp / "events.yaml"
+    hook = f"http://127.0.0.1:{port}"
+    path.write_text(
+        "alerting:\n"
+        "  receivers:\n"
+        f"    - {{type: webhook, name: ops, url: '{hook}/ops', timeout: 2, max_retries: 0}}\n"
+        f"    - {{type: webhook, name: later, url: '{hook}/later', timeout: 2, max_retries: 0}}\n"
+        "  route:\n"
+        "    receivers: [ops]\n"
+        "    routes:\n"
+        "      - match: {event_type: [custom_message]}\n"
+        "        receivers: [later]\n"
+        "        group_by: [job]\n"
+        "        group_wait: 1h\n"
+        "        continue: true\n"
+        "      - match: {event_type: [custom_message]}\n"
+        "        receivers: [ops]\n",
+        encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_sigkill_with_the_receiver_down_then_restart_delivers_every_alert_exactly_once(tmp_path):
+    """N4: `ftwatch run` is SIGKILLed while its receiver is down, with alerts spooled (receiver
+    `ops`) and alerts waiting in a group (receiver `later`); the next `ftwatch run` (a trivial
+    job) with the receiver up delivers each alert once: counted by id at the receiver."""
+    port = free_port()
+    config = str(write_event_config(tmp_path, port))
+    state = tmp_path / "state"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("FTWATCH_JOB_ID", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ftwatch", "run", "--config", config,
+                             "--nproc-per-node", "1", "--state-dir", str(state), "--job-id", "killed",
+                             "--", *MESSAGES_JOB], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if len(pending(state)) == 3 and len(list((state / "held").glob("*.json"))) == 3:
+                break
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"spool {pending(state)}, held {list((state / 'held').glob('*'))}")
+        proc.kill()                                        # SIGKILL: no shutdown flush
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    spooled_ids = sorted(json.loads(p.read_text())["notification"]["id"] for p in pending(state))
+    assert all(i.endswith("-ops") for i in spooled_ids)
+    held_ids = sorted(p.stem for p in (state / "held").glob("*.json"))
+    assert sorted(i.removesuffix("-ops") for i in spooled_ids) == held_ids
+
+    hook = Hook(port)
+    try:
+        again = run_job(tmp_path, CLEAN_JOB, "--config", config)
+        assert again.returncode == 0, out(again)
+        hook.wait_for(4)
+        third = run_job(tmp_path, CLEAN_JOB, "--config", config)
+        assert third.returncode == 0, out(third)
+        bodies = [(r["path"], json.loads(r["raw"])) for r in hook.requests]
+        ops = sorted(b["id"] for path, b in bodies if path == "/ops")
+        assert ops == spooled_ids                        # each spooled alert exactly once
+        [later] = [b for path, b in bodies if path == "/later"]   # the held group, once, as one batch
+        assert sorted(later["annotations"]["grouped_alerts"].split(",")) == held_ids
+        assert all(f"loss is NaN #{i}" in later["text"] for i in range(3))
+        assert len(hook.requests) == 4
+        assert pending(state) == [] and list((state / "held").glob("*.json")) == []
+    finally:
+        hook.close()

@@ -39,11 +39,11 @@ def store(tmp_path: Path):
 
 
 def test_schema_is_versioned_and_in_wal_mode(store: SqliteStore, tmp_path: Path):
-    assert store.schema_version == SCHEMA_VERSION == 1
+    assert store.schema_version == SCHEMA_VERSION == 2
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"runs", "events", "findings", "decisions", "alerts"} <= tables
+    assert {"runs", "events", "findings", "decisions", "alerts", "output"} <= tables
     conn.close()
 
 
@@ -186,3 +186,30 @@ def test_a_reader_sees_committed_writes_while_the_writer_is_open(store: SqliteSt
         assert reader.last_decision() is not None
     finally:
         reader.close()
+
+
+def test_output_counts_add_up_per_bucket_and_list_every_job(store: SqliteStore):
+    store.add_output([("job-1", "worker-0", 0, T0, 10.0, 3, 90), ("job-1", "worker-1", 1, T0, 10.0, 1, 5)])
+    store.add_output([("job-1", "worker-0", 0, T0, 10.0, 2, 10), ("job-1", "worker-0", 0, T0 + 10, 10.0, 1, 1)])
+    store.add_event(T0, "job-2", "job_start")
+    rows = store.output("job-1")
+    assert [(r["instance"], r["bucket"], r["lines"], r["bytes"]) for r in rows] == [
+        ("worker-0", T0, 5, 100), ("worker-0", T0 + 10, 1, 1), ("worker-1", T0, 1, 5)]
+    assert rows[0]["rank"] == 0 and rows[0]["seconds"] == 10.0
+    assert store.output("job-2") == []
+    assert store.jobs() == ["job-1", "job-2"]
+
+
+def test_a_version_1_file_is_migrated_and_keeps_its_data(tmp_path: Path):
+    from ftwatch.pipeline.sinks import sqlite as mod
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(mod._SCHEMA_V1 + "PRAGMA user_version = 1;")
+    conn.execute("INSERT INTO events (time, job, kind) VALUES (?, 'job-1', 'job_start')", (T0,))
+    conn.commit()
+    conn.close()
+    with SqliteStore(path) as s:
+        assert s.schema_version == 2
+        assert [e["kind"] for e in s.events()] == ["job_start"]
+        s.add_output([("job-1", "worker-0", 0, T0, 5.0, 1, 2)])
+        assert s.output()[0]["lines"] == 1

@@ -94,7 +94,8 @@ def test_80e01801_uce_restarts_in_place(line):
     assert entry.action is Action.RESTART_IN_PLACE
     assert entry.failure_class is FailureClass.HARDWARE_NODE
     assert entry.level.startswith("RestartBusiness")
-    assert hits[0].fields == {"fault_code": "80E01801"}
+    severity = {"severity": "major"} if "severity" in line else {}
+    assert hits[0].fields == {"fault_code": "80E01801", **severity}
 
 
 def test_level_grading():

@@ -100,7 +100,7 @@ def test_pack_sizes():
         name = Path(rule.location.rsplit(":", 1)[0]).name
         per_file[name] = per_file.get(name, 0) + 1
     assert set(per_file) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
-                             "python.yaml", "gloo.yaml"}
+                             "python.yaml", "gloo.yaml", "c4d.yaml"}
     assert len(BUILTIN) >= 330
 
 

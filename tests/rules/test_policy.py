@@ -229,6 +229,24 @@ def test_only_fallout_is_named_but_treated_as_retryable_infra(tmp_path):
                                "on rank 2), treated as retryable_infra → restart_job (Sync: whole job)")
 
 
+def test_sigabrt_after_a_watchdog_timeout_is_fallout_but_a_bare_sigabrt_is_not(tmp_path):
+    """PyTorch's NCCL watchdog aborts the process after a collective timed out: the SIGABRT of a rank
+    whose log shows only fallout is fallout too (R7), so only-fallout still restarts (found by the
+    evaluation corpus, tests/corpus/*watchdog*)."""
+    watchdogs = [log("torch.nccl_watchdog_timeout", FALL, A.RESTART_JOB, rank=r, t=30.0 + r) for r in (0, 1)]
+    aborts = [died(0, 40.0, signal=6), died(1, 40.5, returncode=134)]
+    assert all(f.failure_class is UC for f in aborts)      # the table alone reads SIGABRT as user code
+    an = analyse([*watchdogs, *aborts])
+    assert an.fallout_only and an.root_cause == watchdogs[0]
+    d = make(tmp_path, enable_job_restart=True).decide(
+        incident(aborts[0], *watchdogs, aborts[1], failed={"worker-0", "worker-1"}), now=T0 + 41)
+    assert d.action is A.RESTART_JOB and d.root_cause == watchdogs[0]
+    bare = died(2, 50.0, signal=6)                          # no log finding of its own: a real error
+    assert analyse([*watchdogs, bare]).root_cause == bare
+    user = log("python.assertion_error", UC, A.FAIL_JOB, rank=1, t=35.0)   # rank 1 failed by itself first
+    assert analyse([*watchdogs, user, *aborts]).root_cause == user
+
+
 def test_a_bare_exit_1_is_a_user_code_root_cause(tmp_path):
     pol = make(tmp_path, enable_job_restart=True)
     exit1 = died(0, 3.0, returncode=1)

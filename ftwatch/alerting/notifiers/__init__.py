@@ -12,9 +12,11 @@ import sys
 from typing import Any, Iterable, Protocol, TextIO, runtime_checkable
 
 from ftwatch.alerting.alerts import Notification
+from ftwatch.alerting.notifiers.alertmanager import AlertmanagerNotifier
 from ftwatch.alerting.notifiers.chatbot import ChatBotNotifier
 from ftwatch.alerting.notifiers.console import ConsoleNotifier
 from ftwatch.alerting.notifiers.dingtalk import DingTalkNotifier
+from ftwatch.alerting.notifiers.email import EmailNotifier
 from ftwatch.alerting.notifiers.feishu import FeishuNotifier
 from ftwatch.alerting.notifiers.slack import SlackNotifier
 from ftwatch.alerting.notifiers.webhook import WebhookNotifier
@@ -39,7 +41,8 @@ class Notifier(Protocol):
 
 REGISTRY: dict[str, type] = {
     "console": ConsoleNotifier, "webhook": WebhookNotifier, "dingtalk": DingTalkNotifier,
-    "feishu": FeishuNotifier, "wecom": WeComNotifier, "slack": SlackNotifier}
+    "feishu": FeishuNotifier, "wecom": WeComNotifier, "slack": SlackNotifier,
+    "email": EmailNotifier, "alertmanager": AlertmanagerNotifier}
 """The config's receiver ``type:`` -> the notifier class."""
 
 
@@ -50,7 +53,8 @@ def build_notifiers(receivers: Iterable[Any], out: TextIO | None = None) -> list
         receivers: pydantic models or mappings with ``type`` and ``name`` plus the kind's
             fields: console ``color`` (optional); webhook ``url``, ``headers``, ``timeout``,
             ``max_retries`` (optional); dingtalk, feishu, wecom, slack ``url``, ``secret``
-            (dingtalk, feishu), ``timeout``, ``max_retries``.
+            (dingtalk, feishu), ``timeout``, ``max_retries``; email and alertmanager: the
+            fields of ``ftwatch.configalerting.EmailReceiver`` / ``AlertmanagerReceiver``.
         out: the console receivers' stream (None: ``sys.stdout`` at send time); colour is
             on by default when it is a terminal.
 
@@ -81,6 +85,7 @@ def build_notifiers(receivers: Iterable[Any], out: TextIO | None = None) -> list
     return notifiers
 
 
-__all__ = ["ChatBotNotifier", "ConsoleNotifier", "DingTalkNotifier", "FeishuNotifier",
+__all__ = ["AlertmanagerNotifier", "ChatBotNotifier", "ConsoleNotifier", "DingTalkNotifier",
+           "EmailNotifier", "FeishuNotifier",
            "Notification", "Notifier", "REGISTRY", "SlackNotifier", "WeComNotifier",
            "WebhookNotifier", "build_notifiers"]

@@ -10,6 +10,7 @@ from ftwatch.alerting.alerts import Notification
 from ftwatch.errors import NotifyError
 
 _COLORS = {"critical": "\033[1;31m", "warning": "\033[1;33m", "info": "\033[1;36m"}
+_GREEN = "\033[1;32m"
 _RESET = "\033[0m"
 _WIDTH = 72
 
@@ -33,14 +34,18 @@ class ConsoleNotifier:
         self._lock = threading.Lock()
 
     def format(self, notification: Notification) -> str:
-        """The framed block for one notification (ends with a newline)."""
+        """The framed block for one notification (ends with a newline); a resolved alert is
+        one line, its title."""
         lines = notification.body.splitlines() or [notification.title]
         title = lines[0]
         head = f"==== {title} "
         head += "=" * max(4, _WIDTH - len(head))
         if self.color:
             sev = notification.alert.labels.get("severity", "info")
-            head = f"{_COLORS.get(sev, '')}{head}{_RESET}"
+            color = _GREEN if notification.alert.status == "resolved" else _COLORS.get(sev, "")
+            head = f"{color}{head}{_RESET}"
+        if notification.alert.status == "resolved":
+            return f"{head}\n"
         body = "".join(f"| {line}\n" for line in lines[1:])
         return f"{head}\n{body}{'=' * _WIDTH}\n"
 

@@ -46,8 +46,10 @@ class DingTalkNotifier(ChatBotNotifier):
     rate_limit_codes = frozenset({RATE_LIMITED})
 
     def payload(self, notification: Notification) -> dict[str, Any]:
-        """The markdown message: the first line as title, the whole text as body."""
-        title = notification.title or notification.alert.annotations.get("summary", "ftwatch")
+        """The markdown message: the first line (without heading marks) as title, shown in
+        the notification preview; the whole text as body."""
+        title = notification.title.lstrip("#").strip() or notification.alert.annotations.get(
+            "summary", "ftwatch")
         return {"msgtype": "markdown",
                 "markdown": {"title": title[:64],
                              "text": truncate_utf8(notification.body, MAX_TEXT_BYTES)}}

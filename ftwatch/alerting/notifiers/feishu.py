@@ -44,7 +44,8 @@ class FeishuNotifier(ChatBotNotifier):
     path_secret_after = "hook"
 
     def payload(self, notification: Notification) -> dict[str, Any]:
-        """The card: the first line as header title (red while firing, green resolved)."""
+        """The card: the first line as header title (red while firing, green resolved), the
+        rest as its markdown."""
         alert = notification.alert
         title = notification.title or alert.annotations.get("summary", "ftwatch")
         body: dict[str, Any] = {
@@ -54,10 +55,17 @@ class FeishuNotifier(ChatBotNotifier):
                 "header": {"title": {"tag": "plain_text", "content": title},
                            "template": "green" if alert.status == "resolved" else "red"},
                 "elements": [{"tag": "markdown",
-                              "content": truncate_utf8(notification.body, MAX_TEXT_BYTES)}],
+                              "content": truncate_utf8(_without_title(notification.body),
+                                                       MAX_TEXT_BYTES)}],
             },
         }
         if self.secret:
             ts = int(self._clock())
             body = {"timestamp": str(ts), "sign": feishu_sign(self.secret, ts), **body}
         return body
+
+
+def _without_title(text: str) -> str:
+    """``text`` without its first line (the card's header), unless that is all there is."""
+    head, sep, rest = text.partition("\n")
+    return rest.strip("\n") if sep and rest.strip() else text

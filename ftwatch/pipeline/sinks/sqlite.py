@@ -10,6 +10,11 @@ JSON columns hold text)::
     decisions(decision_id PK, time, job, action, target JSON, root_cause JSON, policy_clause,
               restarts_used, restarts_left, attempt, findings JSON)
     alerts(notification_id, decision_id, receiver, status, attempts, error, text, time)
+    output(job, instance, rank, bucket, seconds, lines, bytes)     primary key (job, instance, bucket)
+
+``output`` (schema 2) is the output volume per instance over time: ``lines`` and ``bytes`` read
+from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
+same bucket again adds to it.
 
 The file is in WAL mode (readers such as ``ftwatch report`` do not block the writer) and its
 schema version is ``PRAGMA user_version``. Each write method is one transaction; wrap several
@@ -37,7 +42,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from ftwatch.errors import SinkError
 from ftwatch.events import Decision, Finding, iso
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -68,8 +73,15 @@ CREATE TABLE alerts (
 CREATE INDEX alerts_decision ON alerts (decision_id);
 """
 
+_SCHEMA_V2 = """
+CREATE TABLE output (
+    job TEXT NOT NULL, instance TEXT NOT NULL, rank INTEGER, bucket REAL NOT NULL,
+    seconds REAL NOT NULL, lines INTEGER NOT NULL DEFAULT 0, bytes INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job, instance, bucket));
+"""
+
 # version reached -> the script that gets there from the one before
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
@@ -254,6 +266,22 @@ class SqliteStore:
                  int(result.attempts), result.error or "", text,
                  getattr(result, "time", 0.0) or _time.time()))
 
+    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]]) -> None:
+        """Add output counts, all in one transaction.
+
+        Args:
+            rows: ``(job, instance, rank, bucket, seconds, lines, bytes)``: ``lines`` and
+                ``bytes`` read from ``instance`` in the bucket of ``seconds`` starting at
+                ``bucket`` (epoch s); a bucket already stored is added to.
+        """
+        if not rows:
+            return
+        with self.batch():
+            self._conn.executemany(
+                "INSERT INTO output (job, instance, rank, bucket, seconds, lines, bytes) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, instance, bucket) DO UPDATE SET "
+                "lines = lines + excluded.lines, bytes = bytes + excluded.bytes", list(rows))
+
     # -- readers ----------------------------------------------------------------------------
 
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
@@ -278,6 +306,20 @@ class SqliteStore:
             d["detail"] = json.loads(d["detail"])
             out.append(d)
         return out
+
+    def jobs(self) -> list[str]:
+        """Every job with a run, an event, a finding, a decision or output, sorted."""
+        return [r[0] for r in self._rows(
+            "SELECT job FROM runs UNION SELECT job FROM events UNION SELECT job FROM findings "
+            "UNION SELECT job FROM decisions UNION SELECT job FROM output ORDER BY 1")]
+
+    def output(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Output counts by job, instance, then bucket: job, instance, rank, bucket (epoch s,
+        the bucket's start), seconds (its length), lines, bytes."""
+        where, args = ("WHERE job = ?", (job,)) if job is not None else ("", ())
+        return [dict(r) for r in self._rows(
+            f"SELECT job, instance, rank, bucket, seconds, lines, bytes FROM output {where} "
+            "ORDER BY job, instance, bucket", args)]
 
     def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]:
         """The findings of ``job`` (of one attempt, or all), in time order."""

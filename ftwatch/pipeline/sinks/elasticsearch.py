@@ -1,0 +1,343 @@
+"""The Elasticsearch sink (SPEC E2): what the SQLite store receives, as ECS documents in data streams.
+
+Flow::
+
+    add_event / add_findings / add_decision / add_delivery / end_run
+        -> ecs.*_doc (pure)  -> DiskBuffer journal (esbuffer.py: appended before anything is sent)
+    flush()  -> one bulk request per sealed segment, through the official client
+             -> per item: 2xx sent; 409 already there (a retry after a lost ack): done;
+                429 / 5xx: kept for the next flush (dead-lettered after ``dead_letter_after``
+                flushes); other 4xx: dead letter
+             -> whole request: no connection, timeout, 429 or 5xx: retried ``max_retries`` times
+                with backoff, then kept on disk; 401/403/404 (set-up problems): kept on disk;
+                other 4xx: dead letter
+
+Every document is created (bulk ``create`` op) under a stable ``_id`` (``ecs``), so nothing is
+doubled by a retry. Writers never wait for the network: they only append to the journal; the
+background thread (``start``) or an explicit ``flush`` sends. ``close`` flushes once more and
+leaves what the cluster did not take on disk for the next run.
+
+Client: ``elasticsearch`` 8.x (pinned in pyproject). It sends ``compatible-with=8`` media types,
+which Elasticsearch 8.x and 9.x servers accept (9.x through REST API compatibility); a 9.x client
+would be refused by 8.x servers (elasticsearch-py README "Compatibility", issue #2928). It also
+requires ``X-Elastic-Product: Elasticsearch`` on 2xx answers and refuses other products.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time as _time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ftwatch.errors import SinkError
+from ftwatch.events import Decision, Finding
+from ftwatch.pipeline.sinks import ecs
+from ftwatch.pipeline.sinks.esbuffer import DiskBuffer
+
+log = logging.getLogger(__name__)
+
+_KEEP_STATUSES = frozenset({401, 403, 404})   # set-up problems: keep the data, say so
+
+
+@dataclass
+class SinkStats:
+    """Counters since the sink was made (documents unless said otherwise)."""
+
+    queued: int = 0
+    sent: int = 0
+    duplicates: int = 0          # 409 on create: already indexed (a retry after a lost ack)
+    dead_lettered: int = 0
+    retries: int = 0             # bulk requests sent again after a transient failure
+    failed_flushes: int = 0      # flushes that left documents on disk
+    last_error: str = ""
+    errors: list[str] = field(default_factory=list)   # the last few, newest last
+
+    def note(self, message: str) -> None:
+        self.last_error = message
+        self.errors = (self.errors + [message])[-20:]
+
+
+def build_client(cfg: Any) -> Any:
+    """An ``elasticsearch.Elasticsearch`` for an ``ElasticsearchConfig`` (no client-side
+    retries: the sink retries itself, with backoff)."""
+    from elasticsearch import Elasticsearch
+    kwargs: dict[str, Any] = {"request_timeout": cfg.request_timeout, "max_retries": 0,
+                              "retry_on_timeout": False, "verify_certs": cfg.verify_certs}
+    if cfg.api_key:
+        kwargs["api_key"] = cfg.api_key
+    elif cfg.username is not None:
+        kwargs["basic_auth"] = (cfg.username, cfg.password)
+    if cfg.ca_certs is not None:
+        kwargs["ca_certs"] = str(cfg.ca_certs)
+    return Elasticsearch(list(cfg.url), **kwargs)
+
+
+class ElasticsearchSink:
+    """Writes ECS documents to ``<prefix>-{events,findings,decisions,alerts}`` data streams.
+
+    Has the SQLite store's writer methods, so ``FanOut`` can hand it the same calls.
+
+    Args:
+        client: an ``elasticsearch.Elasticsearch`` (or anything with its ``bulk``).
+        buffer_dir: the on-disk buffer and dead-letter file (``esbuffer``).
+        prefix: the data stream prefix.
+        batch_size: documents per bulk request.
+        max_retries: retries of one bulk request per flush; ``backoff`` the seconds before
+            retry 1, 2 ... (the last repeats); ``sleep`` waits (default: until ``close``;
+            tests pass a recorder).
+        dead_letter_after: flushes a document may be refused with 429/5xx before it is
+            dead-lettered.
+        labels: added to every document (``ecs.dedot`` explains dotted keys).
+        host: ``host.name`` of documents that name no node (default: this machine's name).
+        now: wall clock, epoch seconds (alerts without a time).
+
+    Raises:
+        SinkError: (not retryable) when the buffer directory cannot be used.
+    """
+
+    def __init__(self, client: Any, buffer_dir: Path, *, prefix: str = "ftwatch", batch_size: int = 500,
+                 max_retries: int = 3, backoff: Sequence[float] = (0.5, 2.0, 5.0),
+                 dead_letter_after: int = 20, labels: Mapping[str, str] | None = None,
+                 host: str | None = None, sleep: Callable[[float], Any] | None = None,
+                 now: Callable[[], float] = _time.time):
+        self.client = client
+        self.prefix = prefix
+        self.buffer = DiskBuffer(buffer_dir, batch_size)
+        self.max_retries = max_retries
+        self.backoff = tuple(backoff) or (0.0,)
+        self.dead_letter_after = dead_letter_after
+        self.labels = dict(labels or {})
+        self.host = host or socket.gethostname()
+        self.stats = SinkStats()
+        self._stop = threading.Event()
+        self._sleep = sleep or self._stop.wait          # a backoff ends early when closing
+        self._now = now
+        self._lock = threading.Lock()          # the journal
+        self._flush_lock = threading.Lock()    # one flush at a time
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg: Any, state_dir: Path, **kwargs: Any) -> "ElasticsearchSink":
+        """A sink for an ``ElasticsearchConfig``; its buffer is ``cfg.buffer_dir`` or
+        ``<state_dir>/es-buffer``."""
+        return cls(build_client(cfg), cfg.buffer_dir or Path(state_dir) / "es-buffer",
+                   prefix=cfg.data_stream_prefix, batch_size=cfg.batch_size,
+                   max_retries=cfg.max_retries, backoff=cfg.backoff,
+                   dead_letter_after=cfg.dead_letter_after, labels=cfg.labels, **kwargs)
+
+    # -- the store's writer methods -------------------------------------------------------------
+
+    def start_run(self, job: str, attempt: int, started: float, command: Any = "") -> None:
+        """Nothing to write: the recorder's ``job_start`` event carries the start."""
+
+    def end_run(self, job: str, attempt: int, ended: float, status: str) -> None:
+        """A ``job_end`` event (``status``: succeeded, failed, restarted, stopped)."""
+        self._queue([ecs.run_end_doc(job, attempt, ended, status, host=self.host, labels=self.labels)])
+
+    def add_event(self, time: float, job: str, kind: str, instance: str | None = None,
+                  rank: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
+        """A lifecycle event (``ecs.event_doc``)."""
+        self._queue([ecs.event_doc(time, job, kind, instance, rank, detail, host=self.host,
+                                   labels=self.labels)])
+
+    def add_findings(self, findings: Sequence[Finding], attempt: int = 0) -> None:
+        """Findings of attempt ``attempt`` (``ecs.finding_doc``)."""
+        self._queue([ecs.finding_doc(f, attempt, labels=self.labels) for f in findings])
+
+    def add_decision(self, decision: Decision) -> str:
+        """A decision under its id (``ecs.decision_doc``). Returns the id."""
+        self._queue([ecs.decision_doc(decision, host=self.host, labels=self.labels)])
+        return decision.decision_id
+
+    def add_delivery(self, result: Any, text: Any = None) -> None:
+        """What became of one notification (``ecs.delivery_doc``)."""
+        job = getattr(result, "job", "") or ""
+        self._queue([ecs.delivery_doc(result, text, time=self._now(), job=job, host=self.host,
+                                      labels=self.labels)])
+
+    def _queue(self, docs: list[ecs.Doc]) -> None:
+        if not docs:
+            return
+        entries = [{"index": f"{self.prefix}-{d.kind}", "id": d.id, "doc": d.source, "tries": 0}
+                   for d in docs]
+        with self._lock:
+            full = self.buffer.append(entries)
+            self.stats.queued += len(entries)
+        if full:
+            self._wake.set()
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def pending(self) -> int:
+        """Documents written here and not yet acknowledged by Elasticsearch."""
+        with self._lock:
+            return self.buffer.pending()
+
+    def flush(self, retries: int | None = None) -> int:
+        """Send everything journaled so far. Returns how many documents are still on disk.
+
+        Args:
+            retries: retries per bulk request (default ``max_retries``).
+
+        Never raises for Elasticsearch trouble: what is not taken stays on disk and
+        ``stats.last_error`` says why.
+        """
+        retries = self.max_retries if retries is None else retries
+        with self._flush_lock:
+            with self._lock:
+                self.buffer.seal()
+                segments = self.buffer.segments()
+            left = 0
+            for seg in segments:
+                entries, bad = self.buffer.read(seg)
+                if bad:
+                    self._dead([{"reason": "unreadable buffer line", "status": None, "raw": b}
+                                for b in bad])
+                keep, reachable = self._send(entries, retries) if entries else ([], True)
+                self.buffer.rewrite(seg, keep)
+                left += len(keep)
+                if not reachable:          # the cluster is away: keep the rest for later
+                    left += sum(len(self.buffer.read(s)[0]) for s in segments[segments.index(seg) + 1:])
+                    break
+            if left:
+                self.stats.failed_flushes += 1
+            return left
+
+    def _send(self, entries: list[dict[str, Any]], retries: int) -> tuple[list[dict[str, Any]], bool]:
+        """One segment: (entries still to send, whether the cluster took the request)."""
+        from elastic_transport import TransportError
+        from elasticsearch import ApiError
+        todo, request_failed = entries, False
+        for attempt in range(retries + 1):
+            if attempt and self._stop.is_set():       # closing: no more retries, keep on disk
+                break
+            if attempt:
+                self.stats.retries += 1
+                self._sleep(self.backoff[min(attempt - 1, len(self.backoff) - 1)])
+            ops: list[dict[str, Any]] = []
+            for e in todo:
+                ops += [{"create": {"_index": e["index"], "_id": e["id"]}}, e["doc"]]
+            try:
+                answer = self.client.bulk(operations=ops)
+            except ApiError as exc:
+                status = exc.meta.status if exc.meta is not None else 0
+                self.stats.note(f"bulk refused with {status}: {exc.message}")
+                if status == 429 or status >= 500:
+                    request_failed = True
+                    continue
+                if status in _KEEP_STATUSES or status < 400:   # < 400: not Elasticsearch
+                    log.error("Elasticsearch refused the bulk request (%s); documents stay in %s",
+                              exc, self.buffer.directory)
+                    return todo, False
+                self._dead([self._dead_record(e, status, exc.message) for e in todo])
+                return [], True
+            except TransportError as exc:
+                self.stats.note(f"no connection: {exc}")
+                request_failed = True
+                continue
+            retry = self._items(todo, answer.body.get("items"))
+            request_failed = retry is None
+            todo = todo if retry is None else retry
+            if not todo:
+                return [], True
+        if request_failed:
+            return todo, False
+        return self._age(todo), True
+
+    def _items(self, todo: list[dict[str, Any]], items: Any) -> list[dict[str, Any]] | None:
+        """Check a 200 answer item by item; returns the entries to retry (None: the answer does
+        not match the request, retry them all)."""
+        if not isinstance(items, list) or len(items) != len(todo):
+            self.stats.note(f"bulk answer does not list {len(todo)} items")
+            return None
+        retry, dead = [], []
+        for entry, item in zip(todo, items):
+            result = next(iter(item.values()), {}) if isinstance(item, dict) else {}
+            status = int(result.get("status", 0))
+            if 200 <= status < 300:
+                self.stats.sent += 1
+            elif status == 409:
+                self.stats.duplicates += 1
+            elif status == 429 or status >= 500:
+                retry.append(entry)
+            else:
+                dead.append(self._dead_record(entry, status, result.get("error")))
+        if retry:
+            self.stats.note(f"{len(retry)} documents refused with 429/5xx")
+        if dead:
+            self._dead(dead)
+        return retry
+
+    def _age(self, todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Count one more refused flush on each entry; dead-letter those past the limit."""
+        keep, dead = [], []
+        for entry in todo:
+            entry = {**entry, "tries": int(entry.get("tries", 0)) + 1}
+            if entry["tries"] >= self.dead_letter_after:
+                dead.append(self._dead_record(entry, None, f"refused {entry['tries']} times: "
+                                              f"{self.stats.last_error}"))
+            else:
+                keep.append(entry)
+        if dead:
+            self._dead(dead)
+        return keep
+
+    @staticmethod
+    def _dead_record(entry: dict[str, Any], status: int | None, error: Any) -> dict[str, Any]:
+        return {"reason": error, "status": status, "index": entry["index"], "id": entry["id"],
+                "doc": entry["doc"]}
+
+    def _dead(self, records: list[dict[str, Any]]) -> None:
+        n = self.buffer.dead_letter(records)
+        self.stats.dead_lettered += n
+        log.error("%d documents refused by Elasticsearch for good; see %s", n, self.buffer.dead_letter_path)
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self, interval: float) -> None:
+        """Flush every ``interval`` seconds (and when a batch fills) in a daemon thread."""
+        if self._thread is not None:
+            return
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self._wake.wait(interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                try:
+                    self.flush()
+                except Exception as exc:       # never let the flusher die; the data is on disk
+                    self.stats.note(f"flush failed: {exc}")
+                    log.exception("Elasticsearch flush failed")
+
+        self._thread = threading.Thread(target=loop, name="ftwatch-es-flush", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread, flush once (no retries) and release the buffer; what is left stays
+        on disk for the next run."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            left = self.flush(retries=0)
+            if left:
+                log.warning("%d documents for Elasticsearch stay in %s (%s)", left,
+                            self.buffer.directory, self.stats.last_error)
+        finally:
+            with self._lock:
+                self.buffer.close()
+            closer = getattr(self.client, "close", None)
+            if closer is not None:
+                closer()

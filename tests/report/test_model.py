@@ -1,0 +1,123 @@
+"""The report's data (ftwatch.report.model) and its HTML (render), from a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
+from ftwatch.pipeline.sinks.outputcounts import OutputCounts
+from ftwatch.pipeline.sinks.sqlite import SqliteStore
+from ftwatch.report import model
+from ftwatch.report.reader import SqliteReader
+from ftwatch.report.render import render_html, write_report
+
+T0 = 1_700_000_000.0
+
+
+def finding(instance, rank, t, kind="error", cls=FailureClass.RETRYABLE_INFRA, fields=None, rule="nccl.x"):
+    return Finding(rule_id=rule, kind=kind, failure_class=cls, action=Action.RESTART_JOB,
+                   severity=Severity.ERROR, origin=Origin(instance, rank, "j"), line=f"boom <{rule}>",
+                   time=t, seq=0, fields=fields or {})
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = SqliteStore(tmp_path / "ftwatch.db")
+    s.start_run("j", 0, T0, ["python", "train.py"])
+    for rank in (0, 1):
+        s.add_event(T0 + 1, "j", "instance_start", f"worker-{rank}", rank, {"pid": 10 + rank})
+    s.add_event(T0 + 5, "j", "instance_exit", "worker-1", 1, {"returncode": None, "signal": 9})
+    s.add_event(T0 + 6, "j", "instance_exit", "worker-0", 0, {"returncode": -15, "stopped_by_us": True})
+    rc = finding("worker-1", 1, T0 + 5)
+    hang = finding("worker-0", 0, T0 + 9, kind="hang", cls=FailureClass.HANG, fields={"silent_for": 3.0},
+                   rule="hang.job")
+    s.add_findings([rc, hang])
+    s.add_decision(Decision(T0 + 6, Action.RESTART_JOB, Target("j"), rc, "D2 clause", 1, 2, (rc,), 0))
+    s.end_run("j", 0, T0 + 6, "restarted")
+    s.add_event(T0 + 6.5, "j", "job_restart", detail={"attempt": 0, "action": "restart_job"})
+    s.start_run("j", 1, T0 + 7, ["python", "train.py"])
+    s.add_event(T0 + 7, "j", "instance_start", "worker-0", 0, {})
+    s.add_event(T0 + 8, "j", "instance_restart", "worker-0", 0, {"action": "restart_instance"})
+    counts = OutputCounts(1.0)
+    counts.add("j", "worker-0", 0, T0 + 1.2, 4, 40)
+    counts.add("j", "worker-0", 0, T0 + 3.5, 2, 20)     # T0+2 silent: a zero bucket
+    counts.add("j", "worker-1", 1, T0 + 1.9, 1, 10)
+    s.add_output(counts.drain())
+    yield s
+    s.close()
+
+
+def test_job_view_lines_up_lifetimes_hangs_restarts_and_output(store):
+    with SqliteReader(store.path) as reader:
+        data = model.build(reader)
+    (job,) = data["jobs"]
+    assert job["t0"] == T0 and job["rows"] == ["job", "worker-0", "worker-1"]
+    lives = {(lv["instance"], lv["start"], lv["end"], lv["status"]) for lv in job["lifetimes"]}
+    assert lives == {("worker-0", 1.0, 6.0, "stopped"), ("worker-1", 1.0, 5.0, "failed"),
+                     ("worker-0", 7.0, 9.0, "running")}          # no exit: open until the last record
+    assert job["hangs"] == [{"instance": "worker-0", "start": 6.0, "end": 9.0, "kind": "hang",
+                             "line": "boom <hang.job>"}]
+    assert [(r["x"], r["instance"]) for r in job["restarts"]] == [(6.5, "job"), (8.0, "worker-0")]
+    assert job["output"]["bucket"] == 1.0
+    series = {s["instance"]: s["points"] for s in job["output"]["series"]}
+    assert series["worker-0"] == [[1.0, 4], [2.0, 0], [3.0, 2], [4.0, 2]]
+    assert series["worker-1"] == [[1.0, 1], [2.0, 1]]
+    assert job["decisions_by_action"] == {"restart_job": 1}
+    assert job["failure_classes"] == {"retryable_infra": 1, "hang": 1}
+    (rc,) = job["root_causes"]
+    assert (rc["rule_id"], rc["instance"], rc["rank"], rc["action"]) == ("nccl.x", "worker-1", 1, "restart_job")
+    assert job["totals"]["lines"] == 7 and job["totals"]["restarts"] == 2
+
+
+def test_long_output_is_merged_into_fewer_points():
+    rows = [dict(instance="w", rank=0, bucket=T0 + k, seconds=1.0, lines=1, bytes=1) for k in range(100)]
+    step, series = model.output_series(rows, T0, T0 + 100, max_points=10)
+    assert step == 10.0
+    assert [p[1] for p in series["w"]] == [10] * 10 + [10]
+    assert series["w"][-1][0] == 100.0
+
+
+def test_an_unknown_job_is_an_error_naming_the_known_ones(store):
+    with SqliteReader(store.path) as reader, pytest.raises(LookupError, match="nope.*known: j"):
+        model.build(reader, ["nope"])
+
+
+def test_a_missing_store_is_not_created(tmp_path: Path):
+    with pytest.raises(FileNotFoundError):
+        SqliteReader(tmp_path / "none.db")
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_the_page_is_self_contained_and_escapes_log_text(store, tmp_path: Path):
+    out = tmp_path / "sub" / "report.html"
+    with SqliteReader(store.path) as reader:
+        write_report(reader, out)
+    html = out.read_text(encoding="utf-8")
+    assert "Chart.js v4.6.1" in html                           # inlined, not linked
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "<td class=\"line\">boom &lt;nccl.x&gt;</td>" in html  # autoescaped in the table
+    blob = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S).group(1)
+    assert "<hang.job>" not in blob                             # tojson escapes < in the script
+    assert json.loads(blob)["jobs"][0]["job"] == "j"
+    assert out.stat().st_mode & 0o044 == 0o044
+
+
+def test_an_empty_store_renders_a_page_saying_so():
+    html = render_html({"source": "x.db", "jobs": []})
+    assert "holds no jobs yet" in html
+
+
+def test_output_counts_close_buckets_when_a_later_one_starts():
+    c = OutputCounts(5.0)
+    assert c.add("j", "a", 0, T0 + 1, 1, 3) is False
+    assert c.add("j", "b", 1, T0 + 2, 2, 4) is False
+    assert c.closed() == []
+    assert c.add("j", "a", 0, T0 + 6, 1, 1) is True
+    assert sorted(c.closed()) == [("j", "a", 0, T0, 5.0, 1, 3), ("j", "b", 1, T0, 5.0, 2, 4)]
+    assert c.drain() == [("j", "a", 0, T0 + 5, 5.0, 1, 1)]
+    with pytest.raises(ValueError):
+        OutputCounts(0)
