@@ -148,23 +148,18 @@ def cmd_run(argv: list[str]) -> int:
                                 epilog=_aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
-    p.add_argument("--nproc-per-node", type=int, help="workers to start (default: config, else 1)")
+    p.add_argument("--nproc-per-node", help="workers to start: N or MIN:MAX (default: config, else 1)")
     p.add_argument("--state-dir", help="where the SQLite store, budgets and spool live")
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
+    from ftwatch.configmindcluster import add_run_flags, apply_run_flags
+    add_run_flags(p)
     args = p.parse_args(rest)
     if not command:
         p.error("give the training command after --")
-    config = _load_config(args, flags)
-    overrides = {}
-    if args.nproc_per_node:
-        overrides["nproc_per_node"] = args.nproc_per_node
-    if args.grace_period is not None:
-        overrides["grace_period"] = args.grace_period
-    if overrides:
-        config = config.model_copy(update={"supervisor": config.supervisor.model_copy(update=overrides)})
+    config = apply_run_flags(_load_config(args, flags), args)
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     from ftwatch.metrics import start_metrics
@@ -467,7 +462,8 @@ _COMMANDS = {
 _USAGE = """usage: ftwatch COMMAND [options]
 
 commands:
-  run [AIMaster flags] [--config FILE] --nproc-per-node N [--state-dir DIR] [--decisions-file PATH] [--metrics-port N] -- COMMAND...
+  run [AIMaster flags] [--config FILE] --nproc-per-node N|MIN:MAX [--recover-strategy S,...] [--keep-scene SECONDS]
+      [--state-dir DIR] [--decisions-file PATH] [--metrics-port N] -- COMMAND...
   watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH] [--metrics-port N]
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]

@@ -22,9 +22,11 @@ from ftwatch.configalerting import (CHATBOT_RECEIVERS, OTHER_RECEIVERS, Alertman
                                     EmailReceiver, FeishuReceiver, SlackReceiver, WeComReceiver)
 from ftwatch.configmetrics import MetricsConfig
 from ftwatch.configrecovery import ModelArtsConfig, RecoveryConfig, parse_c4d_envs
+from ftwatch.configmindcluster import MindClusterConfig
 from ftwatch.configref import flat_args, model_reference
 from ftwatch.configstorage import ElasticsearchConfig
 from ftwatch.configroutes import EventCenterFields
+from ftwatch.configsupervisor import SupervisorConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -95,17 +97,6 @@ class PolicyConfig(BaseModel):
         if value != -1 and not 0 <= value <= 1:
             raise ValueError("must be -1 (off) or between 0 and 1")
         return value
-
-
-class SupervisorConfig(BaseModel):
-    """The local supervisor (``ftwatch run``): how workers are launched and stopped."""
-
-    model_config = _STRICT
-    nproc_per_node: int = Field(1, gt=0, description="Worker processes to launch on this machine.")
-    grace_period: float = Field(10.0, ge=0, description="Seconds between SIGTERM and SIGKILL when stopping.")
-    master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to the workers.")
-    master_port: int = Field(0, ge=0, le=65535, description="MASTER_PORT; 0: pick a free port.")
-    restart_delay: float = Field(1.0, ge=0, description="Seconds to wait before a restart.")
 
 
 class RulesConfig(BaseModel):
@@ -201,6 +192,8 @@ class Config(BaseModel):
     watch: WatchConfig = Field(default_factory=WatchConfig, description="ftwatch watch: sources, identity, actuator.")
     modelarts: ModelArtsConfig = Field(default_factory=ModelArtsConfig, description="ModelArts recovery (D4).")
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig, description="Escalation and node blame.")
+    mindcluster: MindClusterConfig = Field(default_factory=MindClusterConfig,
+                                           description="MindCluster recover-strategy (seed 004).")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

@@ -20,6 +20,9 @@ AIMaster's ``job_monitor`` in spirit (seed 000)::
 
     monitor.report_step(step)          # a heartbeat: counts as output for hang detection
 
+    monitor.on_retry(lambda notice: repair())      # MindCluster retry: recover in place (D5)
+    monitor.on_dump(lambda: save_checkpoint())     # MindCluster dump: last words on the dump signal
+
 Every call returns a :class:`Status` and never raises into training code. Without a monitor
 (``FTWATCH_CONTROL_SOCKET`` unset, or nothing listening there) each call does nothing, returns a
 not-ok Status, and the first such call warns once (``warnings.warn``). Changes take effect in the
@@ -34,6 +37,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import socket
 import threading
 import warnings
@@ -44,6 +48,7 @@ __all__ = ["Monitor", "Status", "Config", "PyTorchConfig", "TFConfig", "MonitorU
 ENV_SOCKET = "FTWATCH_CONTROL_SOCKET"
 ENV_TOKEN = "FTWATCH_CONTROL_TOKEN"
 ENV_TIMEOUT = "FTWATCH_CONTROL_TIMEOUT"
+ENV_DUMP_SIGNAL = "FTWATCH_DUMP_SIGNAL"      # set by ftwatch run when recover_strategy has dump
 DEFAULT_TIMEOUT = 6.0        # seconds; the monitor answers within its own 4 s limit
 
 _warned = False
@@ -159,6 +164,8 @@ class Monitor:
         self.rank = int(rank) if rank.lstrip("-").isdigit() else None
         self.instance = os.environ.get("FTWATCH_INSTANCE") or None
         self.config = config
+        self._retry_callbacks: list[Callable[[dict], Any]] = []
+        self._retry_sock: socket.socket | None = None
         params = config.params if isinstance(config, Config) else dict(config or {})
         if params:
             self.reset_config(**params)
@@ -205,6 +212,88 @@ class Monitor:
         except (TypeError, ValueError):
             return Status(False, f"step must be an integer, got {step!r}")
         return self._call("report_step", step=step)
+
+    def on_retry(self, callback: Callable[[dict], Any]) -> Status:
+        """MindCluster ``retry`` (seed 004, 进程级在线恢复; SPEC D5): recover in place when asked.
+
+        ``callback(notice)`` runs in a background thread of this process when ftwatch sees a
+        recoverable fault while the job runs (``notice``: ``id``, ``rule``, ``line``, ``instance``,
+        ``rank``). It returns when the process has repaired itself (reloaded the step, rebuilt a
+        communicator ...); returning False or raising tells ftwatch the retry failed, and ftwatch
+        goes on with the next strategy. ftwatch then waits for a :meth:`report_step` from this
+        process: training has resumed. Registering opens one connection that ftwatch pushes to.
+        """
+        self._retry_callbacks.append(callback)
+        if self._retry_sock is not None:
+            return Status(True, "already subscribed")
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+            sock.sendall((json.dumps({"token": self.token, "op": "subscribe", "events": ["retry"],
+                                      "rank": self.rank, "instance": self.instance}) + "\n").encode())
+            rfile = sock.makefile("rb")
+            answer = json.loads(rfile.readline() or b"{}")
+        except Exception as exc:  # noqa: BLE001 - never raise into training code
+            return _unavailable(f"ftwatch SDK on_retry failed: {type(exc).__name__}: {exc}")
+        if not isinstance(answer, dict) or not answer.get("ok"):
+            sock.close()
+            return Status(False, str(answer.get("error", "refused") if isinstance(answer, dict) else "refused"))
+        sock.settimeout(None)
+        self._retry_sock = sock
+        threading.Thread(target=self._retry_loop, args=(rfile,), name="ftwatch-retry", daemon=True).start()
+        return Status(True, "", answer)
+
+    def _retry_loop(self, rfile: Any) -> None:
+        for line in rfile:
+            try:
+                notice = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(notice, dict) or notice.get("event") != "retry":
+                continue
+            ok, error = True, ""
+            for callback in list(self._retry_callbacks):
+                try:
+                    if callback(notice) is False:
+                        ok, error = False, "the retry callback returned False"
+                except Exception as exc:  # noqa: BLE001 - reported to ftwatch, never raised
+                    ok, error = False, f"{type(exc).__name__}: {exc}"
+            self._call("retry_done", id=notice.get("id"), ok=ok, error=error)
+
+    def dump_done(self, path: str | None = None, ok: bool = True) -> Status:
+        """MindCluster ``dump`` (保存临终遗言; SPEC D5): the last-words checkpoint is written
+        (``path``, if any) or could not be (``ok=False``). ftwatch records it and stops waiting
+        for this process."""
+        return self._call("dump_done", path=None if path is None else str(path), ok=bool(ok))
+
+    def on_dump(self, callback: Callable[[], Any]) -> Status:
+        """On ftwatch's dump signal (``FTWATCH_DUMP_SIGNAL``, default SIGUSR1) run ``callback()``
+        (it writes the last-words checkpoint and may return its path), then :meth:`dump_done`.
+
+        The handler runs in the main thread between bytecodes (Python's signal semantics). Call
+        this from the main thread; elsewhere it returns a not-ok Status.
+        """
+        name = os.environ.get(ENV_DUMP_SIGNAL, "SIGUSR1").strip().upper()
+        try:
+            signum = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+        except KeyError:
+            return Status(False, f"unknown dump signal {name!r}")
+
+        def handler(signo: int, frame: Any) -> None:
+            try:
+                path = callback()
+            except Exception as exc:  # noqa: BLE001 - reported to ftwatch, never raised
+                self.dump_done(None, ok=False)
+                warnings.warn(f"ftwatch dump callback failed: {exc}", RuntimeWarning, stacklevel=2)
+                return
+            self.dump_done(path, ok=True)
+
+        try:
+            signal.signal(signum, handler)
+        except ValueError as exc:       # not the main thread
+            return Status(False, f"on_dump: {exc}")
+        return Status(True, signum.name)
 
     # -- the wire -----------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ Ops (:class:`ControlHandler`):
                            earlier attempt)
 ``send_custom_message``    ``content`` -> ``recorder.custom_message`` (console, receivers, store)
 ``report_step``            ``step`` -> counts as output of the sender (``instance``/``rank``)
+``subscribe``              ``events``: [``retry``] -> the connection then receives pushed
+                           notices (``ftwatch.pipeline.notices``); answered by the server itself
 =========================  ===================================================================
 
 Hang scopes of all ranks share one stack: with every rank inside ``hang_detect(2)`` the interval
@@ -46,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from ftwatch.pipeline.notices import Subscribers
 
 ENV_SOCKET = "FTWATCH_CONTROL_SOCKET"
 ENV_TOKEN = "FTWATCH_CONTROL_TOKEN"
@@ -94,6 +98,7 @@ class ControlServer:
         self._threads: list[threading.Thread] = []
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.subscribers = Subscribers()    # connections that receive pushed notices (retry)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -196,15 +201,16 @@ class ControlServer:
                     line = rfile.readline(MAX_LINE + 1)
                     if not line:
                         return
-                    answer = self._answer(line)
+                    answer = self._answer(line, conn)
                     conn.sendall((json.dumps(answer, ensure_ascii=False) + "\n").encode())
         except OSError:
             return
         finally:
             with self._lock:
                 self._conns.discard(conn)
+            self.subscribers.drop(conn)
 
-    def _answer(self, line: bytes) -> dict[str, Any]:
+    def _answer(self, line: bytes, conn: socket.socket | None = None) -> dict[str, Any]:
         if len(line) > MAX_LINE:
             return {"ok": False, "error": "request too long"}
         try:
@@ -220,6 +226,8 @@ class ControlServer:
             return {"ok": False, "error": "missing op"}
         if self._stopped.is_set():
             return {"ok": False, "error": "ftwatch is stopping"}
+        if message["op"] == "subscribe" and conn is not None:
+            return self.subscribers.add(conn, message)
         if message["op"] == "report_step" and (type(message.get("step")) is not int):
             return {"ok": False, "error": "report_step: step must be an integer"}
         req = Request(message)

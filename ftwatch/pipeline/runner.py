@@ -5,8 +5,11 @@ One loop, one thread (the supervisor's reader threads only fill its queue):
     poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
                     -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
     every tick      -> flush stale blocks, hang / exit-hang check
-    incident        -> (Sync) settle, stop all, drain -> policy.decide -> act (restart / fail)
+    incident        -> (Sync) settle, [dump], stop all, drain -> policy.decide -> act (restart / fail)
                        (Async) policy.decide -> restart that instance / fail
+    MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
+                       before stopping (survivors run on / are kept); dump before any stop
+    isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
 
 Exit status: 0 if and only if the job finally succeeded.
 """
@@ -23,9 +26,14 @@ from typing import Sequence, TextIO
 
 from ftwatch.clock import SystemClock
 from ftwatch.config import Config
-from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
-from ftwatch.pipeline.control import ControlHandler, ControlServer
+from ftwatch.configmindcluster import policy_overrides
+from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Target
+from ftwatch.pipeline.acting import RecoveryActs
+from ftwatch.pipeline.control import ControlServer
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.recovery import RecoveryHandler, isolate, plan, retry_candidate
+from ftwatch.pipeline.scene import Scene, describe_exit
+from ftwatch.pipeline.slots import Slots
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
@@ -45,9 +53,11 @@ class _Attempt:
     findings: list[Finding] = field(default_factory=list)
     failed: set[str] = field(default_factory=set)
     ok: set[str] = field(default_factory=set)
+    retry: list[Finding] = field(default_factory=list)      # faults a MindCluster retry may answer
+    retried: set[str] = field(default_factory=set)          # their fingerprints, once each
 
 
-class JobRunner:
+class JobRunner(RecoveryActs):
     """Runs one job under supervision until it succeeds or the policy fails it.
 
     Args:
@@ -61,6 +71,8 @@ class JobRunner:
 
     def __init__(self, config: Config, command: Sequence[str], engine: Engine, recorder: Recorder,
                  job: str, out: TextIO | None = None, clock: SystemClock | None = None):
+        if policy_overrides(config.mindcluster):           # M3 translated into the policy (M4)
+            config = config.with_policy(**policy_overrides(config.mindcluster))
         self.config = config
         self.command = list(command)
         self.engine = engine
@@ -68,29 +80,40 @@ class JobRunner:
         self.job = job
         self.out = out or sys.stdout
         self.clock = clock or SystemClock()
+        self.mc = config.mindcluster
         state_dir = Path(config.storage.state_dir)
         self.budgets = BudgetStore.for_job(state_dir, job)
         self.policy = Policy.for_config(config, self.budgets, job)
         self.exit_table = ExitCodeTable.load()
         sup = config.supervisor
-        self.nproc = sup.nproc_per_node
+        self.slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
+        self.nproc = self.slots.nproc
         self.node = socket.gethostname()
+        self.poll_seconds = self.mc.monitor_interval or POLL_SECONDS
         self.control = ControlServer(state_dir)     # the SDK's socket (ftwatch.sdk), started in run()
-        self.supervisor = Supervisor(self.command, self.nproc, job=job, node=self.node,
+        env = self.control.env()
+        if self.mc.has("dump"):
+            env["FTWATCH_DUMP_SIGNAL"] = self.mc.dump_signal
+        self.supervisor = Supervisor(self.command, max(1, self.nproc), job=job, node=self.node,
                                      grace_period=sup.grace_period, master_addr=sup.master_addr,
-                                     master_port=sup.master_port, env=self.control.env())
+                                     master_port=sup.master_port, env=env)
         pol = config.policy
         sync = pol.job_execution_mode == "Sync"
         hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
         self.tracker = HangTracker(
             hang, float(pol.job_exit_hang_interval) if pol.enable_job_exit_hang_detection and sync else None)
-        self.controls = ControlHandler(
+        self.controls = RecoveryHandler(
             engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
             budgets=lambda: (self.budgets.restarts_used,
                              max(0, self.policy.max_restarts - self.budgets.restarts_used)),
             node=self.node, clock=self.clock.time)
         self.sync = sync
+        # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
+        self.live = sup.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
+        self.scene = Scene()
         self._stop_requested = threading.Event()
+        self._state = _Attempt()
+        self._reschedule = False     # the next start moves the job (isolation, MindCluster recover): A2
         self.final: Decision | None = None
 
     # -- public -----------------------------------------------------------------------------
@@ -117,32 +140,32 @@ class JobRunner:
             attempt = self.budgets.attempt
             self.recorder.attempt = attempt
             self.recorder.run_started(self.job, attempt, self.clock.time(), self.command)
-            self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): "
-                              f"{' '.join(self.command)}")
+            if not self.slots.viable:          # isolations kept from an earlier ftwatch run
+                return self._end(self._below_min(), attempt)
+            self.nproc = self.slots.nproc
+            self.supervisor.resize(self.nproc, self.slots.env())
+            self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
+            if self.slots.isolated:
+                self.recorder.say(f"ftwatch: {self.slots.describe()}")
             self.tracker.reset(self.clock.time())
             self.controls.new_attempt()
-            self.supervisor.start_all(restart_count=attempt)
+            self.supervisor.start_all(restart_count=attempt, reschedule=self._reschedule)
+            self._reschedule = False
             decision = self._watch()
             self.final = decision
             if decision is None:                 # interrupted: the job did not end, budgets stay
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
-            if decision.action in (Action.NONE,):
-                self.recorder.resolve_open(self.clock.time(), "the job finished successfully")
-                self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded")
-                self.budgets.close("succeeded")
-                return 0
-            if decision.action is Action.FAIL_JOB:
-                self.supervisor.stop_all()
-                self.recorder.resolve_open(self.clock.time(), "superseded: the job failed")
-                self.recorder.run_ended(self.job, attempt, self.clock.time(), "failed")
-                self.budgets.close("failed")
-                return 1
-            # restart_job, restart_in_place, isolate_node (on one machine: restart everything)
+            if decision.action in (Action.NONE, Action.FAIL_JOB):
+                return self._end(decision, attempt)
+            # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
+            if self.supervisor.running():        # Async isolate_node: the others still run
+                self._dump()
+                self._stop_and_drain(self._state)
             self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
-            self.recorder.say(f"ftwatch: restarting all {self.nproc} workers "
+            self.recorder.say(f"ftwatch: restarting all {self.slots.nproc} workers "
                               f"(restart {decision.restarts_used} of {self.policy.max_restarts})")
             self._sleep(self.config.supervisor.restart_delay)
             if self._stop_requested.is_set():     # interrupted while waiting to restart
@@ -150,16 +173,45 @@ class JobRunner:
                 self.recorder.event(self.clock.time(), self.job, "interrupted")
                 return 130
 
+    def _end(self, decision: Decision, attempt: int) -> int:
+        """The job ended: success, or a final failure (scene kept, last words, workers stopped)."""
+        ok = decision.action is Action.NONE
+        if not ok and self.supervisor.running():
+            self._keep_scene()
+            self._dump()
+            self._stop_and_drain(self._state)
+        self.supervisor.stop_all()
+        self.recorder.resolve_open(self.clock.time(), "the job finished successfully" if ok
+                                   else "superseded: the job failed")
+        self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded" if ok else "failed")
+        self.budgets.close("succeeded" if ok else "failed")
+        self.slots.close("succeeded" if ok else "failed")
+        return 0 if ok else 1
+
+    def _below_min(self) -> Decision:
+        rng = self.slots.range
+        decision = Decision(self.clock.time(), Action.FAIL_JOB, Target(self.job), None,
+                            f"A1 local: {self.slots.describe()}: {self.slots.nproc} healthy device(s), below the "
+                            f"minimum {rng.min} of --nproc-per-node {rng} → fail_job",
+                            self.budgets.restarts_used, 0, attempt=self.budgets.attempt)
+        self.recorder.decision(decision)
+        return decision
+
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""
-        state = _Attempt()
+        state = self._state = _Attempt()
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
             # Take the whole batch before deciding: output that arrived with a failing exit
             # (a peer's traceback) is evidence for that decision, not something to drop.
-            triggers = [t for t in (self._handle(i, state) for i in self.supervisor.poll(POLL_SECONDS))
+            triggers = [t for t in (self._handle(i, state) for i in self.supervisor.poll(self.poll_seconds))
                         if t is not None]
+            while not triggers and state.retry:         # MindCluster retry, while the workers live
+                fault = state.retry.pop(0)
+                recovered, trigger = self._retry(fault, state)
+                triggers = [trigger] if trigger is not None else [] if recovered else [fault]
+            state.retry.clear()
             for trigger in triggers:
                 decision = self._incident(trigger, state)
                 if decision is not None:
@@ -191,10 +243,14 @@ class JobRunner:
             return None
         if isinstance(item, Started):
             self.tracker.started(item.origin, item.time)
+            self.scene.started(item.origin.instance, item.origin.rank, item.pid)
             self.recorder.event(item.time, self.job, "instance_start", item.origin.instance,
                                 item.origin.rank, pid=item.pid, start_count=item.start_count)
             return None
         if isinstance(item, ProcessExit):
+            self.scene.exited(item.origin.instance, item.returncode, item.signal)
+            if self.controls.dump is not None:
+                self.controls.dump.exit(item.origin.instance, describe_exit(item.returncode, item.signal))
             return self._exited(item, state)
         return None
 
@@ -218,16 +274,28 @@ class JobRunner:
         return finding
 
     def _incident(self, trigger: Finding, state: _Attempt) -> Decision | None:
-        """Decide on a failure or hang; stop the workers first in Sync mode."""
+        """Decide on a failure or hang and act. Sync: stop the workers first (last words before),
+        unless they may be kept (``self.live``: recover-in-place, keep-scene): then decide first."""
         is_hang = trigger.kind in ("hang", "exit_hang")
         if self.sync and not is_hang:
             self._settle(state)
-        if self.sync or is_hang:
+        stop = self.sync or is_hang
+        if stop and not self.live:
+            self._dump()
             self._stop_and_drain(state)
         incident = Incident(trigger, tuple(state.findings), self.nproc, frozenset(state.failed),
                             self.budgets.attempt)
         decision = self.policy.decide(incident, self.clock.time())
+        failed = {self._rank(i) for i in state.failed} - {None}
+        decision, how = plan(decision, self.mc, failed, bool(self.supervisor.running()))
+        decision, device = isolate(decision, self.slots)
         self.recorder.decision(decision)
+        if device is not None:
+            self.recorder.event(self.clock.time(), self.job, "device_isolated", decision.target.instance,
+                                decision.target.rank, device=device, devices=self.slots.active)
+        if how.kind == "in_place":
+            return self._in_place(how, state)
+        self._reschedule = how.kind == "job" and (device is not None or self.mc.has("recover"))
         one_instance = decision.action is Action.RESTART_INSTANCE or (
             not self.sync and decision.action is Action.RESTART_IN_PLACE)
         if one_instance and decision.target.rank is not None:
@@ -239,7 +307,14 @@ class JobRunner:
             return None
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on
+        if stop and self.live and decision.action is not Action.FAIL_JOB:
+            self._dump()                     # a final failure keeps the scene first (_end)
+            self._stop_and_drain(state)
         return decision
+
+    def _rank(self, instance: str) -> int | None:
+        w = self.scene.workers.get(instance)
+        return w.rank if w is not None else None
 
     def _settle(self, state: _Attempt) -> None:
         """Give the other workers up to SETTLE_SECONDS to print (or exit with) their own errors."""
@@ -271,6 +346,8 @@ class JobRunner:
         if findings:
             state.findings.extend(findings)
             self.recorder.findings(findings)
+            if self.mc.has("retry"):
+                state.retry += [f for f in findings if retry_candidate(f)]
 
     def _echo(self, item: Output) -> None:
         prefix = f"[rank{item.origin.rank}]" if item.origin.rank is not None else f"[{item.origin.instance}]"

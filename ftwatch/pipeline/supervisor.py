@@ -7,10 +7,11 @@ lines (:class:`Output`) as soon as a read returns them (``ftwatch.pipeline.sourc
 :class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
 comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue.
 
-Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine (nothing is
-rescheduled unless ``start_all(..., reschedule=True)``), ``MA_PROC_START_CNT`` counts each
-instance's starts (every local restart is an in-place recovery), ``TORCHELASTIC_RESTART_COUNT`` is
-the job's restart count and ``FTWATCH_ATTEMPT`` the instance's start count; README "Contracts".
+Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine unless a start is a
+rescheduling (``start_all(..., reschedule=True)``: the job moved off an isolated device),
+``MA_PROC_START_CNT`` counts each instance's starts (every other local restart is an in-place
+recovery), ``TORCHELASTIC_RESTART_COUNT`` is the job's restart count and ``FTWATCH_ATTEMPT`` the
+instance's start count; README "Contracts".
 
 Process groups. A group is stopped as a whole, so a worker's children die with it. When a worker's
 main process exits on its own, the rest of its group gets ``EXIT_LINGER`` seconds to close the
@@ -136,6 +137,16 @@ class Supervisor:
             except OSError as exc:
                 self._stop(0.0)
                 raise SourceError(f"cannot start worker: {' '.join(self.command)}: {exc}") from exc
+
+    def resize(self, nproc: int, env: Mapping[str, str]) -> None:
+        """Set the worker count and add ``env`` for the next :meth:`start_all` (elastic restarts
+        with fewer workers, visible devices). Raises ValueError (nproc < 1), RuntimeError (running)."""
+        with self._operation():
+            if nproc < 1 or self.running():
+                raise (ValueError if nproc < 1 else RuntimeError)(f"cannot resize to {nproc} now")
+            grow = max(0, nproc - len(self._starts))
+            self.nproc, self._starts, self._proc_starts = nproc, self._starts + [0] * grow, self._proc_starts + [0] * grow
+            self.env.update(env)
 
     def restart_instance(self, rank: int) -> None:
         """Start one worker again (Async mode); the others keep running.

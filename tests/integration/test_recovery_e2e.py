@@ -1,0 +1,138 @@
+"""End to end: `ftwatch run` carrying out MindCluster strategies (D5), keeping the scene (A3) and
+isolating devices within an elastic range (A1), with real worker processes (recovery_worker.py,
+no torch) and the real command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftwatch.pipeline.sinks.sqlite import SqliteStore
+
+from .test_run_e2e import Job
+
+WORKER = [sys.executable, str(Path(__file__).with_name("recovery_worker.py"))]
+pytestmark = pytest.mark.slow
+
+
+def events(job: Job, kind: str) -> list[dict]:
+    return [e["detail"] for e in SqliteStore(job.state / "ftwatch.db").events() if e["kind"] == kind]
+
+
+def run(tmp: Path, flags: list[str], mode: str, nproc: int | str = 2, **env: str) -> Job:
+    out = tmp / "out"
+    out.mkdir(exist_ok=True)
+    full = {"RW_MODE": mode, "RW_DIR": str(out), "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": "", **env}
+    return Job(tmp, flags, WORKER, full, nproc=nproc)
+
+
+def test_isolated_device_leaves_the_slots_and_the_job_finishes_with_fewer_workers(tmp_path):
+    """2:3 on modelled devices 0,1,2: device 1's worker prints Xid 79 -> isolate_node -> 2 workers
+    on 0,2 (WORLD_SIZE 2) -> success; the isolation is kept in the state dir."""
+    job = run(tmp_path, ["--enable-job-restart=True"], "xid", nproc="2:3")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["isolate_node", "none"], job.output
+    assert decisions[0]["root_cause"]["rule_id"].startswith("xid.79")
+    assert "isolated device 1 (rank 1); restart with 2 worker(s) on 0,2 (--nproc-per-node 2:3)" in \
+        decisions[0]["policy_clause"]
+    assert "world 3 devices 0,1,2" in job.output
+    second = [line for _, line in job.lines if "world 2" in line]
+    assert len(second) == 2 and all("devices 0,2 start 1 sched 2" in line for line in second), job.output
+    saved = json.loads(next((job.state / "isolation").glob("*.json")).read_text())
+    assert list(saved["isolated"]) == ["1"] and saved["isolated"]["1"]["rule"].startswith("xid.79")
+    assert [e["device"] for e in events(job, "device_isolated")] == ["1"]
+
+
+def test_second_isolation_below_min_fails_the_job_with_that_reason(tmp_path):
+    """The worker in slot 1 always loses its device: 1 is isolated, then 2: one left < MIN 2."""
+    job = run(tmp_path, ["--enable-job-restart=True"], "xid", nproc="2:3", RW_BAD_SLOT="1")
+    assert job.wait() == 1, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["isolate_node", "fail_job"], job.output
+    assert "below the minimum 2 of --nproc-per-node 2:3 → fail_job" in decisions[1]["policy_clause"]
+    assert "isolated device 2 (rank 1)" in decisions[1]["policy_clause"]
+    assert "FAILED (exit 1)" in job.output
+
+
+def test_dump_signals_the_survivors_who_write_last_words_before_the_stop(tmp_path):
+    """dump,exit: rank 1 exits 1; ranks 0 and 2 get SIGUSR1, write last words through the SDK's
+    on_dump within the grace period, ftwatch records it, stops them and fails the job."""
+    job = run(tmp_path, ["--recover-strategy", "dump,exit"], "dump", nproc=3)
+    assert job.wait() == 1, job.output
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("last-words-*")) == ["last-words-rank0.txt", "last-words-rank2.txt"]
+    asked = job.first("asking worker-0, worker-2 for last words (SIGUSR1, 30 s)")
+    recorded = job.first(f"worker-0 dumped {out / 'last-words-rank0.txt'}")
+    stopped = job.first("stopping all workers")
+    assert asked <= recorded <= stopped
+    [dump] = events(job, "dump")
+    assert dump["outcomes"] == {"worker-0": f"dumped {out / 'last-words-rank0.txt'}",
+                                "worker-2": f"dumped {out / 'last-words-rank2.txt'}"}
+    [d] = job.decisions()
+    assert d["action"] == "fail_job" and "exit: stop and fail" in d["policy_clause"]
+
+
+def test_keep_scene_leaves_the_survivor_alive_for_the_window_and_prints_how_to_attach(tmp_path):
+    job = run(tmp_path, ["--keep-scene", "5"], "scene")
+    job.first("keeping the scene for 5 s")
+    text = job.first("py-spy dump --pid")
+    pids = [int(p) for p in re.findall(r"worker-0 \(rank 0\)  pid (\d+)  running", job.output)]
+    assert len(pids) == 1, job.output
+    os.kill(pids[0], 0)                       # the survivor is still there during the window
+    assert f"gdb -p {pids[0]}" in job.output and "state dir" in job.output
+    assert re.search(r"worker-1 \(rank 1\)  pid \d+  exit 1", job.output)
+    assert job.wait() == 1, job.output
+    released = job.first("ftwatch: scene released")
+    assert released - text >= 3.0             # the window was held (5 s, minus output latency)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+    [d] = job.decisions()
+    assert d["action"] == "fail_job" and d["root_cause"]["rule_id"] == "python.key_error"
+
+
+def test_keep_scene_after_a_hang_leaves_the_sigstopped_worker_stopped(tmp_path):
+    """A job hang with restarts off: the scene shows (and keeps) rank 1 in its SIGSTOPped state."""
+    job = run(tmp_path, ["--keep-scene", "5", "--enable-job-hang-detection=True", "--job-hang-interval=2"], "hang")
+    job.first("py-spy dump --pid")
+    [pid] = [int(p) for p in re.findall(r"worker-1 \(rank 1\)  pid (\d+)  stopped \(SIGSTOP\)", job.output)]
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state == "T"                       # still stopped: nobody sent SIGCONT yet
+    assert job.wait() == 1, job.output
+    assert [d["root_cause"]["rule_id"] for d in job.decisions()] == ["hang.job"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_retry_asks_the_live_workers_to_recover_in_place_and_training_goes_on(tmp_path):
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text("rules:\n  retryable_errors: ['transient link flap']\n"
+                      "mindcluster:\n  recover_strategy: retry,recover\n  retry_timeout: 20\n")
+    job = run(tmp_path, ["--config", str(config)], "retry")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["notify", "none"], job.output
+    assert decisions[0]["policy_clause"].startswith("D5 MindCluster retry: 2 worker(s) recovered in place")
+    out = tmp_path / "out"
+    ids = {(out / f"retry-rank{r}.txt").read_text() for r in (0, 1)}
+    assert len(ids) == 1
+    assert [e["outcome"] for e in events(job, "retry")] == ["recovered"]
+    assert "rank 1 finished at step 30" in job.output and "restarting" not in job.output
+
+
+def test_recover_in_place_restarts_only_the_failed_rank(tmp_path):
+    job = run(tmp_path, ["--recover-strategy", "recover-in-place", "--max-restarts", "2"], "inplace")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["restart_in_place", "none"], job.output
+    assert decisions[0]["target"]["rank"] == 1 and decisions[0]["restarts_left"] == 1
+    starts = re.findall(r"rank (\d) pid (\d+) world 2 devices 0,1 start (\d) sched 1", job.output)
+    assert sorted((r, s) for r, _, s in starts) == [("0", "1"), ("1", "1"), ("1", "2")], job.output
+    assert len({pid for r, pid, _ in starts if r == "0"}) == 1
+    assert "stopping all workers" not in job.output
