@@ -138,6 +138,8 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
+    p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
     args = p.parse_args(rest)
     if not command:
         p.error("give the training command after --")
@@ -155,6 +157,11 @@ def cmd_run(argv: list[str]) -> int:
     from ftwatch.rules.engine import Engine
     state_dir = Path(config.storage.state_dir)
     job = _job_id(args.job_id or config.job.id, command)
+    if args.network_check or config.health.network_check:
+        from ftwatch.healthcli import network_check
+        status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
+        if status:
+            return status
     recorder = _recorder(config, state_dir, args.decisions_file)
     runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
     status = runner.run()
@@ -336,6 +343,16 @@ def cmd_test_rules(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
+def cmd_bootcheck(argv: list[str]) -> int:
+    from ftwatch.healthcli import cmd_bootcheck as bootcheck
+    return bootcheck(argv)
+
+
+def cmd_nodecheck(argv: list[str]) -> int:
+    from ftwatch.healthcli import cmd_nodecheck as nodecheck
+    return nodecheck(argv)
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
@@ -343,6 +360,8 @@ _COMMANDS = {
     "explain": cmd_explain,
     "check": cmd_check,
     "test-rules": cmd_test_rules,
+    "bootcheck": cmd_bootcheck,
+    "nodecheck": cmd_nodecheck,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
@@ -353,7 +372,9 @@ commands:
   replay [AIMaster flags] [--json] FILE...
   explain [--state-dir DIR] [DECISION_ID]
   check [CONFIG] [--rules FILE...]
-  test-rules [FILE...]"""
+  test-rules [FILE...]
+  bootcheck [--config FILE] [--state-dir DIR] [--path DIR...] [--nproc-per-node N] [--no-allreduce]
+  nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]"""
 
 
 if __name__ == "__main__":

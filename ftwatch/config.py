@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, DingTalkReceiver, FeishuReceiver, SlackReceiver,
                                     WeComReceiver)
 from ftwatch.configref import flat_args, model_reference
+from ftwatch.confighealth import HealthConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -178,6 +179,7 @@ class Config(BaseModel):
     alerting: AlertingConfig = Field(default_factory=AlertingConfig, description="Alerting.")
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage.")
     watch: WatchConfig = Field(default_factory=WatchConfig, description="ftwatch watch: sources, identity, actuator.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Health checks (H1-H3).")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

@@ -24,6 +24,7 @@ from typing import Sequence, TextIO
 from ftwatch.clock import SystemClock
 from ftwatch.config import Config
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
+from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.control import ControlHandler, ControlServer
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
@@ -90,6 +91,9 @@ class JobRunner:
                              max(0, pol.max_num_of_job_restart - self.budgets.restarts_used)),
             node=self.node, clock=self.clock.time)
         self.sync = sync
+        self.health = HealthChecks(config, recorder, job, self.node, self.nproc)   # H1, H3
+        if self.health.steps is not None:
+            engine.set_steps(self.health.steps)
         self._stop_requested = threading.Event()
         self.final: Decision | None = None
 
@@ -116,13 +120,18 @@ class JobRunner:
             attempt = self.budgets.attempt
             self.recorder.attempt = attempt
             self.recorder.run_started(self.job, attempt, self.clock.time(), self.command)
+            blocking = self.health.bootcheck(attempt)     # H1: before every start and restart
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): "
                               f"{' '.join(self.command)}")
             self.tracker.reset(self.clock.time())
             self.controls.new_attempt()
-            self.supervisor.start_all(restart_count=attempt)
-            decision = self._watch()
+            decision = self._incident(blocking, _Attempt([blocking])) if blocking is not None else None
+            if decision is None:
+                self.supervisor.start_all(restart_count=attempt)
+                decision = self._watch()
             self.final = decision
+            if decision is not None and decision.action is not Action.NONE:
+                self.health.troubleshoot(attempt, restarting=decision.action is not Action.FAIL_JOB)
             if decision is None:                 # interrupted: the job did not end, budgets stay
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
