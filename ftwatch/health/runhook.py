@@ -35,7 +35,7 @@ class HealthChecks:
         self.log = FaultToleranceLog(self.state_dir, recorder, job, node)
         self.say: Callable[[str], None] = getattr(recorder, "say", print)
         self.nproc = nproc
-        self.steps = StepTracker(self.config.straggler) if self.config.straggler.enabled else None
+        self.steps = _SayingTracker(self.config.straggler, self.say) if self.config.straggler.enabled else None
 
     def _run(self, kind: str, attempt: int, ending: Callable[[str], str]) -> list[Finding]:
         cfg = self.config
@@ -67,3 +67,17 @@ class HealthChecks:
             return []
         end = "Check Finished, task will be restarted." if restarting else "Check Finished, task will not be restarted."
         return self._run("Troubleshooting", attempt, lambda _v: end)
+
+
+class _SayingTracker(StepTracker):
+    """A StepTracker that also tells the terminal about each straggler it finds."""
+
+    def __init__(self, config, say: Callable[[str], None]):
+        super().__init__(config)
+        self._say = say
+
+    def observe(self, origin, index, text, time, seq=0):
+        found = super().observe(origin, index, text, time, seq)
+        if found is not None:
+            self._say(f"ftwatch: straggler: {found.line}")
+        return found
