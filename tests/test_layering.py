@@ -7,7 +7,10 @@
     alerting                may use parsers and rules, never pipeline
     pipeline                its sources may use parsers (envelopes); nothing else across stages
     hubs                    ``pipeline/runner.py``, ``pipeline/watcher.py``, ``pipeline/replay.py``, ``pipeline/recorder.py``,
-                            ``cli.py`` and ``checks.py`` may import every stage
+                            ``cli.py`` and ``checks.py`` may import every stage; so may ``healthcli.py`` (the
+                            ``bootcheck`` / ``nodecheck`` commands: cli.py's part, kept apart for size, writes
+                            the fault-tolerance log's events and findings to the store)
+    health                  ``ftwatch/health/`` is no stage: it imports only the core and top-level modules
 
 A module that has to see more is a new hub: add it to ``HUBS`` on purpose, not by accident.
 Imports inside functions and under ``TYPE_CHECKING`` count too.
@@ -30,7 +33,7 @@ PACKAGE = Path(ftwatch.__file__).parent
 STAGES = ("pipeline", "parsers", "rules", "alerting")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 HUBS = frozenset({"ftwatch/pipeline/runner.py", "ftwatch/pipeline/watcher.py", "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py",
-                  "ftwatch/cli.py", "ftwatch/checks.py"})
+                  "ftwatch/cli.py", "ftwatch/checks.py", "ftwatch/healthcli.py"})
 # (file, module) -> the names it may take from that module, beyond the rules above.
 EXCEPTIONS = {("ftwatch/parsers/multiline.py", "ftwatch.rules.model"): frozenset({"Pattern"})}
 # A stage -> the other stages a (non-hub) module of it may import; None is a top-level module.

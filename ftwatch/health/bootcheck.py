@@ -189,7 +189,10 @@ def torch_checks(world: int, nbytes: int, timeout: float, python: str | None = N
     python = python or sys.executable
     agents = [Agent(i, python) for i in range(max(1, world if allreduce else 1))]
     try:
-        info = probe(agents[0], timeout=max(timeout, 60.0))
+        try:
+            info = probe(agents[0], timeout=max(timeout, 60.0))
+        except OSError as exc:               # the interpreter itself is missing
+            return [skipped("versions", f"cannot start {python}: {exc.strerror or exc}")]
         if not info.get("ok"):
             return [skipped("versions", f"torch cannot run here ({info.get('error')})")]
         lines = [f"PyTorch Version: {info['torch']}",

@@ -99,6 +99,11 @@ def test_torch_absent_is_skipped(tmp_path):
     assert "torch cannot run here" in results[0].lines[0]
 
 
+def test_a_missing_interpreter_is_skipped(tmp_path):
+    results = bootcheck.torch_checks(2, 1 << 20, timeout=5, python=str(tmp_path / "no-python"))
+    assert [r.status for r in results] == ["skipped"] and "cannot start" in results[0].lines[0]
+
+
 def test_the_log_block_and_the_store(tmp_path):
     store = SqliteStore(tmp_path / "ftwatch.db")
     recorder = Recorder(store, out=open(os.devnull, "w"))
