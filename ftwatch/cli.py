@@ -216,7 +216,9 @@ def cmd_watch(argv: list[str]) -> int:
     recorder = _recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job)
-    watcher = Watcher(config, Engine(_rules(config)), recorder, identity.resolve,
+    from ftwatch.health.stragglers import StepTracker     # H3: stragglers from shipped step lines too
+    steps = StepTracker(config.health.straggler) if config.health.straggler.enabled else None
+    watcher = Watcher(config, Engine(_rules(config), steps=steps), recorder, identity.resolve,
                       build_actuator(config.watch.actuator),
                       flush_partials=lambda before: identity.joiners.flush(before))
     sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]

@@ -111,3 +111,19 @@ def test_network_check_with_two_slots_cannot_blame_either_and_does_not_start(tmp
     assert "no third node" in proc.stdout
     assert ": faulty:" not in proc.stdout
     assert "training started" not in proc.stdout
+
+
+def test_watch_finds_a_straggler_in_shipped_megatron_lines(tmp_path):
+    """`ftwatch watch` on stdin: Megatron's per-rank elapsed time names the slow rank (no torch here)."""
+    line = ("[rank{r}]: [2026-11-21 09:00:{n:02d}] iteration {n:>8}/     100 | consumed samples: {s} | "
+            "elapsed time per iteration (ms): {ms} | learning rate: 1.000E-04 | lm loss: 7.1E+00 |\n")
+    log = "".join(line.format(r=r, n=n, s=64 * n, ms=ms) for n in range(1, 16)
+                  for r, ms in ((0, 1001.2), (1, 998.7), (2, 1003.0), (3, 2480.5)))
+    proc = subprocess.run([PY, "-m", "ftwatch", "watch", "--config", str(ROOT / "examples" / "watch-stdin.yaml"),
+                           "--state-dir", "st"], input=log, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    store = SqliteStore(tmp_path / "st" / "ftwatch.db")
+    found = [f for f in store.findings_for("default") if f["failure_class"] == "straggler"]   # watch.identity
+    assert [f["rank"] for f in found] == [3], found
+    assert found[0]["fields"]["pattern"] == "megatron"
+    assert found[0]["fields"]["slowdown"] == pytest.approx(2480.5 / 1001.2, rel=0.01)
