@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -44,6 +45,7 @@ class Agent:
     env: Mapping[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     started: bool = False
+    lines: queue.Queue | None = None
 
     def _spawn(self) -> None:
         env = {**os.environ, **self.env, "FTWATCH_HEALTH_NODE": str(self.node), "PYTHONUNBUFFERED": "1"}
@@ -51,6 +53,8 @@ class Agent:
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                                      text=True, start_new_session=True)
         self.started = False
+        self.lines = queue.Queue()
+        threading.Thread(target=_pump, args=(self.proc.stdout, self.lines), daemon=True).start()
 
     def send(self, request: dict) -> None:
         """Send one request (spawning the process first when there is none alive)."""
@@ -66,20 +70,17 @@ class Agent:
     def receive(self, deadline: float) -> dict:
         """The answer to the last request, or ``{"ok": False, "error": ...}`` when the agent died
         (``"down"``: exit code or signal) or did not answer by ``deadline`` (monotonic seconds)."""
-        proc = self.proc
-        assert proc is not None and proc.stdout is not None
+        proc, lines = self.proc, self.lines
+        assert proc is not None and lines is not None
         if not self.started:
             deadline = max(deadline, time.monotonic() + START_TIMEOUT)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
                 self.close()
                 return {"ok": False, "error": "timed out", "down": False}
-            ready, _, _ = select.select([proc.stdout], [], [], left)
-            if not ready:
-                continue
-            line = proc.stdout.readline()
-            if not line:
+            if line is None:                  # end of its output: the process ended
                 code = proc.wait()
                 self.proc = None
                 how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
@@ -89,6 +90,8 @@ class Agent:
                 answer = json.loads(line)
             except ValueError:
                 continue              # a stray line (a library printing to stdout)
+            if not isinstance(answer, dict):
+                continue
             if not answer.get("ok"):
                 self.close()
                 answer["down"] = False
@@ -110,6 +113,16 @@ class Agent:
             except OSError:
                 pass
             proc.wait()
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    """Move an agent's stdout lines onto its queue; None at the end."""
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    lines.put(None)
 
 
 def run_group(agents: Sequence[Agent], request: Mapping, timeout: float, addr: str = "127.0.0.1") -> list[dict]:
