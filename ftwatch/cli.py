@@ -156,6 +156,8 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
     from ftwatch.configmindcluster import add_run_flags, apply_run_flags
     add_run_flags(p)
+    p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
+    p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
     args = p.parse_args(rest)
     if not command:
         p.error("give the training command after --")
@@ -167,6 +169,11 @@ def cmd_run(argv: list[str]) -> int:
     from ftwatch.rules.engine import Engine
     state_dir = Path(config.storage.state_dir)
     job = _job_id(args.job_id or config.job.id, command)
+    if args.network_check or config.health.network_check:
+        from ftwatch.healthcli import network_check
+        status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
+        if status:
+            return status
     recorder = _recorder(config, state_dir, args.decisions_file)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     runner = JobRunner(config, command, Engine(_rules(config)), recorder, job)
@@ -229,7 +236,9 @@ def cmd_watch(argv: list[str]) -> int:
     recorder = _recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job)
-    watcher = Watcher(config, Engine(_rules(config)), recorder, identity.resolve,
+    from ftwatch.health.stragglers import StepTracker     # H3: stragglers from shipped step lines too
+    steps = StepTracker(config.health.straggler) if config.health.straggler.enabled else None
+    watcher = Watcher(config, Engine(_rules(config), steps=steps), recorder, identity.resolve,
                       build_actuator(config.watch.actuator),
                       flush_partials=lambda before: identity.joiners.flush(before))
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
@@ -446,6 +455,16 @@ def cmd_evaluate(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def cmd_bootcheck(argv: list[str]) -> int:
+    from ftwatch.healthcli import cmd_bootcheck as bootcheck
+    return bootcheck(argv)
+
+
+def cmd_nodecheck(argv: list[str]) -> int:
+    from ftwatch.healthcli import cmd_nodecheck as nodecheck
+    return nodecheck(argv)
+
+
 _COMMANDS = {
     "run": cmd_run,
     "replay": cmd_replay,
@@ -457,6 +476,8 @@ _COMMANDS = {
     "es": cmd_es,
     "dashboards": cmd_dashboards,
     "evaluate": cmd_evaluate,
+    "bootcheck": cmd_bootcheck,
+    "nodecheck": cmd_nodecheck,
 }
 
 _USAGE = """usage: ftwatch COMMAND [options]
@@ -471,6 +492,8 @@ commands:
   check [CONFIG] [--rules FILE...]
   check --route EVENT.json [--config FILE] [--at TIME]
   test-rules [FILE...]
+  bootcheck [--config FILE] [--state-dir DIR] [--path DIR...] [--nproc-per-node N] [--no-allreduce]
+  nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]
   evaluate [CORPUS] [--min-accuracy 0.9] [--json]
   es setup|flush [--config FILE] [--url URL]
   dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""

@@ -27,6 +27,7 @@ from ftwatch.configref import flat_args, model_reference
 from ftwatch.configstorage import ElasticsearchConfig
 from ftwatch.configroutes import EventCenterFields
 from ftwatch.configsupervisor import SupervisorConfig
+from ftwatch.confighealth import HealthConfig
 from ftwatch.configwatch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.yamlsource import Loc, line_index, parse_yaml
@@ -194,6 +195,7 @@ class Config(BaseModel):
     recovery: RecoveryConfig = Field(default_factory=RecoveryConfig, description="Escalation and node blame.")
     mindcluster: MindClusterConfig = Field(default_factory=MindClusterConfig,
                                            description="MindCluster recover-strategy (seed 004).")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Health checks (H1-H3).")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

@@ -8,7 +8,10 @@
     pipeline                its sources may use parsers (envelopes); nothing else across stages
     hubs                    ``pipeline/runner.py``, ``pipeline/watcher.py``, ``pipeline/replay.py``, ``pipeline/recorder.py``,
                             ``cli.py``, ``clistorage.py``, ``checks.py``, ``evaluate.py`` and ``report/reader.py``
-                            (the report reads the store of ``pipeline/sinks``) may import every stage
+                            (the report reads the store of ``pipeline/sinks``) may import every stage; so may
+                            ``healthcli.py`` (the ``bootcheck`` / ``nodecheck`` commands: cli.py's part, kept apart
+                            for size, writes the fault-tolerance log's events and findings to the store)
+    health                  ``ftwatch/health/`` is no stage: it imports only the core and top-level modules
 
 A module that has to see more is a new hub: add it to ``HUBS`` on purpose, not by accident.
 Imports inside functions and under ``TYPE_CHECKING`` count too.
@@ -32,7 +35,7 @@ STAGES = ("pipeline", "parsers", "rules", "alerting")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 HUBS = frozenset({"ftwatch/pipeline/runner.py", "ftwatch/pipeline/watcher.py", "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py",
                   "ftwatch/clistorage.py",   # the CLI's storage half: config -> pipeline sinks
-                  "ftwatch/cli.py", "ftwatch/checks.py",
+                  "ftwatch/cli.py", "ftwatch/checks.py", "ftwatch/healthcli.py",
                   # T4: drives pipeline/replay.py with the rules stage's engine and policy, like cli.cmd_replay
                   "ftwatch/evaluate.py",
                   "ftwatch/report/reader.py"})     # ftwatch report reads pipeline/sinks/sqlite.py's store

@@ -28,6 +28,7 @@ from ftwatch.clock import SystemClock
 from ftwatch.config import Config
 from ftwatch.configmindcluster import policy_overrides
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Target
+from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.acting import RecoveryActs
 from ftwatch.pipeline.control import ControlServer
 from ftwatch.pipeline.recorder import Recorder
@@ -111,6 +112,9 @@ class JobRunner(RecoveryActs):
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
         self.live = sup.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
         self.scene = Scene()
+        self.health = HealthChecks(config, recorder, job, self.node, self.nproc)   # H1, H3
+        if self.health.steps is not None:
+            engine.set_steps(self.health.steps)
         self._stop_requested = threading.Event()
         self._state = _Attempt()
         self._reschedule = False     # the next start moves the job (isolation, MindCluster recover): A2
@@ -142,17 +146,22 @@ class JobRunner(RecoveryActs):
             self.recorder.run_started(self.job, attempt, self.clock.time(), self.command)
             if not self.slots.viable:          # isolations kept from an earlier ftwatch run
                 return self._end(self._below_min(), attempt)
-            self.nproc = self.slots.nproc
+            self.nproc = self.health.nproc = self.slots.nproc
             self.supervisor.resize(self.nproc, self.slots.env())
+            blocking = self.health.bootcheck(attempt)     # H1: before every start and restart
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
             if self.slots.isolated:
                 self.recorder.say(f"ftwatch: {self.slots.describe()}")
             self.tracker.reset(self.clock.time())
             self.controls.new_attempt()
-            self.supervisor.start_all(restart_count=attempt, reschedule=self._reschedule)
-            self._reschedule = False
-            decision = self._watch()
+            decision = self._incident(blocking, _Attempt([blocking])) if blocking is not None else None
+            if decision is None:
+                self.supervisor.start_all(restart_count=attempt, reschedule=self._reschedule)
+                self._reschedule = False
+                decision = self._watch()
             self.final = decision
+            if decision is not None and decision.action is not Action.NONE:
+                self.health.troubleshoot(attempt, restarting=decision.action is not Action.FAIL_JOB)
             if decision is None:                 # interrupted: the job did not end, budgets stay
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130

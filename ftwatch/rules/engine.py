@@ -29,7 +29,7 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, Record, Severi
 from ftwatch.parsers import fields, multiline
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.matcher import Matcher
-from ftwatch.rules.model import Rule
+from ftwatch.rules.model import Pattern, Rule, StepTap
 
 MAX_BLOCK_LINES = 400          # a block longer than this is closed where it is
 MAX_CARRY_BYTES = 1 << 20      # never carry more than 1 MiB into the next feed
@@ -86,7 +86,9 @@ class Engine:
     Not thread-safe: one engine is fed from one thread (the runner's loop).
     """
 
-    def __init__(self, rules: Sequence[Rule], tables: FaultTables | None = None, year: int | None = None):
+    def __init__(self, rules: Sequence[Rule], tables: FaultTables | None = None, year: int | None = None,
+                 steps: StepTap | None = None):
+        self.steps = steps
         self.tables = tables if tables is not None else FaultTables.load()
         self.year = year
         self.stats = EngineStats()
@@ -111,6 +113,9 @@ class Engine:
         self._fault_ids = set(range(len(patterns), len(patterns) + len(FaultTables.PATTERNS)))
         patterns.extend(FaultTables.PATTERNS)
         owner.extend([-2] * len(FaultTables.PATTERNS))
+        self._step_ids = {len(patterns) + j: j for j in range(len(self.steps.patterns if self.steps else ()))}
+        patterns.extend(Pattern(text, regex=True) for text in (self.steps.patterns if self.steps else ()))
+        owner.extend([-3] * len(self._step_ids))
         self._owner = owner
         self.matcher = Matcher(patterns)
 
@@ -166,6 +171,11 @@ class Engine:
             if start in consumed:
                 continue
             ids = by_line[start]
+            if self._step_ids and not ids.isdisjoint(self._step_ids):
+                findings += self._step(origin, data, start, ids, time, sim_step)
+                ids = {i for i in ids if i not in self._step_ids}
+                if not ids:
+                    continue
             if ids & self._block_ids and self._starts_block(data, start):
                 block = self._collect_block(data, start, origin, final)
                 if block is None:                      # open block: carry it over
@@ -192,6 +202,22 @@ class Engine:
         self._count(data, end_of_work)
         self.stats.findings += len(findings)
         return findings
+
+    def set_steps(self, steps: StepTap | None) -> None:
+        """Attach a step-line tap (H3, ``ftwatch.health.stragglers.StepTracker``); recompiles."""
+        self.steps = steps
+        self._compile(self.rules)
+
+    def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
+              sim_step: float) -> list[Finding]:
+        """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
+        rank, text = fields.split_rank_prefix(fields.clean(_line_at(data, start)))
+        stamp = fields.parse_timestamp(text, self.year or _year_of(time))
+        if stamp is None:
+            stamp = self._base_time(data, start, time, sim_step)
+        index = min(self._step_ids[i] for i in ids if i in self._step_ids)
+        found = self.steps.observe(origin.with_rank(rank), index, text, stamp, next(self._seq))
+        return [] if found is None else [found]
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

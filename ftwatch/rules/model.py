@@ -6,8 +6,9 @@ Rule files (YAML, see ``ftwatch/rules/packs/``) are turned into these by ``ftwat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from ftwatch.events import Action, FailureClass, Severity
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +58,17 @@ class Rule:
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
     location: str = ""
+
+
+class StepTap(Protocol):
+    """Step lines the engine hands over (H3; ``ftwatch.health.stragglers.StepTracker``).
+
+    Attributes:
+        patterns: regexes in the matcher's subset; they join the engine's one database.
+    """
+
+    patterns: tuple[str, ...]
+
+    def observe(self, origin: Origin, index: int, text: str, time: float, seq: int) -> Finding | None:
+        """A line (rank prefix removed; ``origin`` has the rank) that hit pattern ``index``, at
+        ``time`` (epoch s): returns a finding (a straggler) or None."""
