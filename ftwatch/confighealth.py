@@ -73,7 +73,8 @@ class NodeCheckConfig(BaseModel):
                                     "straggler (DLRover's 2x, seed 003).")
     timeout: float = Field(60.0, gt=0, description="Seconds a pair may take before it counts as failed.")
     min_nodes: int | None = Field(None, ge=1, description="`ftwatch run --network-check`: the fewest healthy "
-                                  "worker slots the job may start with; null: all of them.")
+                                  "worker slots the job may start with; null: the MIN of "
+                                  "supervisor.nproc_per_node (all slots for a plain N).")
 
 
 class HealthConfig(BaseModel):

@@ -26,12 +26,11 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _recorder(config: Config) -> Any:
+    from ftwatch.clistorage import build_store
     from ftwatch.pipeline.recorder import Recorder
-    from ftwatch.pipeline.sinks.sqlite import SqliteStore
     state = Path(config.storage.state_dir)
     state.mkdir(parents=True, exist_ok=True)
-    db = Path(config.storage.sqlite) if config.storage.sqlite else state / "ftwatch.db"
-    return Recorder(SqliteStore(db), state_dir=state)
+    return Recorder(build_store(config, state), state_dir=state)     # SQLite, and ES when configured
 
 
 def cmd_bootcheck(argv: list[str]) -> int:
@@ -51,7 +50,7 @@ def cmd_bootcheck(argv: list[str]) -> int:
     state = Path(config.storage.state_dir)
     started = time.time()
     results = run_checks(args.path or health.paths or [state], health.disk_test_bytes, health.disk_min_mb_s,
-                         args.nproc_per_node or config.supervisor.nproc_per_node,
+                         args.nproc_per_node or config.supervisor.nproc_range.max,
                          health.allreduce_check and not args.no_allreduce, health.allreduce_bytes,
                          health.check_timeout, health.python, health.min_busbw_gbs)
     outcome = verdict(results)
@@ -117,13 +116,17 @@ def network_check(config: Config, job: str, exclude: bool) -> tuple[int, Config]
     """``ftwatch run --network-check``: check the worker slots (each a node of one process) before
     the first start; faulty (and, with ``exclude``, straggling) slots are left out. Returns (0, the
     config with the reduced ``nproc_per_node``), or (1, config) when fewer than
-    ``health.nodecheck.min_nodes`` (default: all) slots are usable."""
-    nproc = config.supervisor.nproc_per_node
-    need = config.health.nodecheck.min_nodes or nproc
+    ``health.nodecheck.min_nodes`` (default: the MIN of ``supervisor.nproc_per_node``, all
+    slots for a plain N) are usable."""
+    slots = config.supervisor.nproc_range          # N or MIN:MAX: MAX slots are checked
+    nproc = slots.max
+    need = config.health.nodecheck.min_nodes or slots.min
     status, result = _run_nodecheck(config, nproc, 1, exclude, min(need, nproc), job, name="worker slot")
     if status != 0:
         return status, config
     if len(result.usable) != nproc:
         print(f"ftwatch: starting {len(result.usable)} workers instead of {nproc}", flush=True)
-    sup = config.supervisor.model_copy(update={"nproc_per_node": len(result.usable)})
+    usable = len(result.usable)         # an elastic range keeps its MIN (capped), MAX shrinks
+    sup = config.supervisor.model_copy(update={"nproc_per_node": usable if slots.fixed
+                                               else f"{min(slots.min, usable)}:{usable}"})
     return 0, config.model_copy(update={"supervisor": sup})

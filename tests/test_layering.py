@@ -35,7 +35,8 @@ STAGES = ("pipeline", "parsers", "rules", "alerting")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 HUBS = frozenset({"ftwatch/pipeline/runner.py", "ftwatch/pipeline/watcher.py", "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py",
                   "ftwatch/clistorage.py",   # the CLI's storage half: config -> pipeline sinks
-                  "ftwatch/cli.py", "ftwatch/checks.py", "ftwatch/healthcli.py",
+                  "ftwatch/cli.py", "ftwatch/clisetup.py", "ftwatch/clioffline.py",   # cli.py split for size
+                  "ftwatch/checks.py", "ftwatch/healthcli.py",
                   # T4: drives pipeline/replay.py with the rules stage's engine and policy, like cli.cmd_replay
                   "ftwatch/evaluate.py",
                   "ftwatch/report/reader.py"})     # ftwatch report reads pipeline/sinks/sqlite.py's store
@@ -201,7 +202,9 @@ def test_hubs_are_real_and_do_see_several_stages():
     for rel in HUBS:
         assert rel in SOURCES, rel
     assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/runner.py"]} >= {"pipeline", "rules"}
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/cli.py"]} >= {"pipeline", "rules", "alerting"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/cli.py"]} >= {"pipeline", "rules"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/clisetup.py"]} >= {"pipeline", "rules", "alerting"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/clioffline.py"]} >= {"pipeline", "rules", "alerting"}
 
 
 # --- every module imports, each in a fresh interpreter state -----------------------------------------

@@ -27,6 +27,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from ftwatch.configsupervisor import parse_elastic_range
+
 Group = tuple[int, ...]
 DOWN = "The node is down."
 NOISE_FLOOR_S = 0.02   # seconds: a node is never a straggler for being slower by less than this
@@ -34,19 +36,17 @@ STRAGGLER_EXITS = "The node is a straggler and exits."
 
 
 def parse_range(text: str | int, name: str = "--nnodes") -> tuple[int, int]:
-    """``"3"`` -> (3, 3); ``"2:4"`` -> (2, 4) (torchrun's / dlrover-run's elastic MIN:MAX).
+    """``"3"`` -> (3, 3); ``"2:4"`` -> (2, 4) (torchrun's / dlrover-run's elastic MIN:MAX), by
+    :func:`ftwatch.configsupervisor.parse_elastic_range`, the one parser of such ranges.
 
     Raises:
-        ValueError: not ``N`` or ``MIN:MAX`` with 1 <= MIN <= MAX.
+        ValueError: not ``N`` or ``MIN:MAX`` with 1 <= MIN <= MAX (the message names ``name``).
     """
-    low, sep, high = str(text).partition(":")
     try:
-        lo, hi = int(low), int(high) if sep else int(low)
-    except ValueError:
-        raise ValueError(f"{name}={text}: expected N or MIN:MAX") from None
-    if not 1 <= lo <= hi:
-        raise ValueError(f"{name}={text}: expected 1 <= MIN <= MAX")
-    return lo, hi
+        r = parse_elastic_range(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}={text}: {exc}") from None
+    return r.min, r.max
 
 
 def waves(groups: Sequence[Group]) -> list[list[Group]]:

@@ -101,7 +101,7 @@ def test_report_for_explain(tmp_path):
 def test_ftwatch_explain_shows_the_blame_clause_and_the_node_table(tmp_path, capsys):
     import io
 
-    from ftwatch.cli import cmd_explain
+    from ftwatch.clioffline import cmd_explain
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
 
