@@ -32,7 +32,11 @@ _READ_KINDS = ("events", "findings", "decisions", "output")
 
 class EsReadError(FtwatchError):
     """Elasticsearch could not be read: unreachable, refused (credentials, rights) or answered
-    something that is not Elasticsearch."""
+    something that is not Elasticsearch. ``status``: the HTTP status when it refused, else None."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 def _public(url: str) -> str:
@@ -87,8 +91,9 @@ class EsReader:
         except UnsupportedProductError as exc:
             raise EsReadError(f"{self.url} is not Elasticsearch: {exc}") from None
         except ApiError as exc:
-            status = exc.meta.status if exc.meta is not None else "?"
-            raise EsReadError(f"Elasticsearch at {self.url} refused {what} ({status}): {exc.message}") from None
+            status = exc.meta.status if exc.meta is not None else None
+            raise EsReadError(f"Elasticsearch at {self.url} refused {what} ({status}): {exc.message}",
+                              status) from None
         except TransportError as exc:
             raise EsReadError(f"Elasticsearch at {self.url} is unreachable: {exc}") from None
 
@@ -116,8 +121,13 @@ class EsReader:
         """Every document ``_source`` of ``<prefix>-<kind>`` matching ``filters``, through a point
         in time paged with ``search_after`` (unordered: callers sort)."""
         index = f"{self.prefix}-{kind}"
-        pit = self._call(f"a point in time on {index}", self.client.open_point_in_time, index=index,
-                         keep_alive=self.keep_alive, ignore_unavailable=True)["id"]
+        try:
+            pit = self._call(f"a point in time on {index}", self.client.open_point_in_time, index=index,
+                             keep_alive=self.keep_alive, ignore_unavailable=True)["id"]
+        except EsReadError as exc:
+            if exc.status == 404:           # the data stream was never written
+                return
+            raise
         after: list[Any] | None = None
         try:
             while True:

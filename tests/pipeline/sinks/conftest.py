@@ -223,6 +223,12 @@ class FakeElasticsearch:
         self.problems.append(f"query not supported here: {query}")
         return False
 
+    def _shard_order(self) -> list[tuple[int, str, str, dict[str, Any]]]:
+        """Every document as (its ``_shard_doc`` value, index, _id, source): ordered by _id, not by
+        when it was written (a real cluster's order across shards says nothing about time)."""
+        keys = sorted(self.docs, key=lambda k: (k[1], k[0]))
+        return [(n, k[0], k[1], self.docs[k]) for n, k in enumerate(keys)]
+
     def _read(self, path: str, params: dict[str, list[str]], body: dict[str, Any]) -> tuple[int, Any]:
         """Answer ``POST <index>/_pit`` and ``POST [<index>/]_search`` (under the lock)."""
         parts = [p for p in path.split("/") if p]
@@ -235,8 +241,7 @@ class FakeElasticsearch:
                 return 404, {"error": {"type": "index_not_found_exception", "reason": parts[0]}, "status": 404}
             self.pits_opened += 1
             pit_id = f"pit-{self.pits_opened}"
-            self.pits[pit_id] = [(n, i, d_id, doc) for n, ((i, d_id), doc) in enumerate(self.docs.items())
-                                 if i in indices]
+            self.pits[pit_id] = [h for h in self._shard_order() if h[1] in indices]
             return 200, {"id": pit_id}
         self.searches.append(body)
         if "pit" in body:
@@ -251,7 +256,7 @@ class FakeElasticsearch:
             indices = self._resolve(parts[0], ignore) if len(parts) > 1 else sorted({i for i, _ in self.docs})
             if indices is None:
                 return 404, {"error": {"type": "index_not_found_exception", "reason": parts[0]}, "status": 404}
-            snapshot = [(n, i, d_id, doc) for n, ((i, d_id), doc) in enumerate(self.docs.items()) if i in indices]
+            snapshot = [h for h in self._shard_order() if h[1] in indices]
         hits = [h for h in snapshot if self._matches(h[3], body.get("query") or {})]
         answer: dict[str, Any] = {"took": 1, "timed_out": False, "_shards": {"total": 1, "successful": 1,
                                                                             "skipped": 0, "failed": 0}}
