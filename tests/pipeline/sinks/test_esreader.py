@@ -152,6 +152,23 @@ def test_report_command_writes_the_page_from_elasticsearch(both, tmp_path, capsy
     assert "no such job" in capsys.readouterr().err
 
 
+def page_data(path) -> dict:
+    blob = re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                     path.read_text(encoding="utf-8"), re.S).group(1)
+    return comparable(json.loads(blob))
+
+
+def test_the_window_flags_give_the_same_page_from_either_store(both, tmp_path):
+    db, es = both
+    window = ["--since", str(T0 + 4.5), "--until", "2026-11-21T00:00:07.124"]
+    assert cmd_report(["--db", str(db), "-o", str(tmp_path / "a.html"), *window]) == 0
+    assert cmd_report(["--es-url", es.url, "-o", str(tmp_path / "b.html"), *window]) == 0
+    a = page_data(tmp_path / "a.html")
+    assert a == page_data(tmp_path / "b.html")
+    assert [j["job"] for j in a["jobs"]] == ["j"] and a["jobs"][0]["totals"]["findings"] == 2
+    assert cmd_report(["--db", str(db), "-o", str(tmp_path / "c.html"), "--since", "last week"]) == 2
+
+
 def test_report_reads_storage_elasticsearch_from_the_config(both, tmp_path, capsys):
     _, es = both
     cfg = tmp_path / "c.yaml"
