@@ -28,6 +28,7 @@ from ftwatch.report.reader import in_window, run_in_window
 
 Row = dict[str, Any]
 _READ_KINDS = ("events", "findings", "decisions", "output")
+_FIELDS = ["@timestamp", "ftwatch", "event.sequence", "error.stack_trace"]   # what ecsread uses
 
 
 class EsReadError(FtwatchError):
@@ -133,7 +134,7 @@ class EsReader:
             while True:
                 kwargs: Row = {"pit": {"id": pit, "keep_alive": self.keep_alive}, "size": self.page_size,
                                "sort": ["_shard_doc"], "query": {"bool": {"filter": filters}},
-                               "track_total_hits": False}
+                               "source": {"includes": _FIELDS}, "track_total_hits": False}
                 if after is not None:
                     kwargs["search_after"] = after
                 answer = self._call(f"a search of {index}", self.client.search, **kwargs)

@@ -270,13 +270,32 @@ class FakeElasticsearch:
                 self.problems.append(f"sort {body.get('sort')!r} (a full read sorts on _shard_doc)")
             after = body.get("search_after")
             page = [h for h in hits if after is None or h[0] > after[0]][:size]
-            answer["hits"] = {"hits": [{"_index": i, "_id": d_id, "_score": None, "_source": doc, "sort": [n]}
+            includes = (body.get("_source") or {}).get("includes") if isinstance(body.get("_source"), dict) else None
+            answer["hits"] = {"hits": [{"_index": i, "_id": d_id, "_score": None, "sort": [n],
+                                        "_source": self._only(doc, includes) if includes else doc}
                                        for n, i, d_id, doc in page]}
         else:
             answer["hits"] = {"hits": []}
         if body.get("track_total_hits") is not False:
             answer["hits"]["total"] = {"value": len(hits), "relation": "eq"}
         return 200, answer
+
+    @staticmethod
+    def _only(doc: dict[str, Any], includes: list[str]) -> dict[str, Any]:
+        """``_source`` filtering: the fields named (dotted paths, whole objects included)."""
+        out: dict[str, Any] = {}
+        for path in includes:
+            keys = path.split(".")
+            value: Any = doc
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is None:
+                continue
+            node = out
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+            node[keys[-1]] = value
+        return out
 
     def _composite(self, spec: dict[str, Any], hits: list[tuple]) -> dict[str, Any]:
         comp = spec["composite"]

@@ -103,7 +103,7 @@ def test_elasticsearch_gives_the_rows_and_the_report_the_sqlite_store_gives(both
         assert rd.source == f"{es.url} (ftwatch-*)"
         assert [o["lines"] for o in rd.output("j") if o["instance"] == "worker-0"] == [7, 2]   # written twice: summed
     assert es.pits == {}                                   # every point in time closed
-    assert all(s["sort"] == ["_shard_doc"] for s in es.searches if s.get("size"))
+    assert all(s["sort"] == ["_shard_doc"] and s["_source"]["includes"] for s in es.searches if s.get("size"))
 
 
 def test_large_jobs_are_read_page_by_page(both):
