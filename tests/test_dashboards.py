@@ -26,7 +26,7 @@ OBJECTS = parse_ndjson(NDJSON.read_text(encoding="utf-8"), str(NDJSON))
 STABLE_IDS = {
     ("index-pattern", "ftwatch-dv-events"), ("index-pattern", "ftwatch-dv-findings"),
     ("index-pattern", "ftwatch-dv-decisions"), ("index-pattern", "ftwatch-dv-alerts"),
-    ("index-pattern", "ftwatch-dv-all"),
+    ("index-pattern", "ftwatch-dv-all"), ("index-pattern", "ftwatch-dv-output"),
     ("visualization", "ftwatch-vis-restarts-over-time"), ("visualization", "ftwatch-vis-decisions-by-action"),
     ("visualization", "ftwatch-vis-failure-classes"), ("visualization", "ftwatch-vis-top-root-causes"),
     ("visualization", "ftwatch-vis-isolated-nodes"), ("search", "ftwatch-search-job-timeline"),

@@ -7,8 +7,8 @@
     alerting                may use parsers and rules, never pipeline
     pipeline                its sources may use parsers (envelopes); nothing else across stages
     hubs                    ``pipeline/runner.py``, ``pipeline/watcher.py``, ``pipeline/replay.py``, ``pipeline/recorder.py``,
-                            ``cli.py``, ``clistorage.py``, ``checks.py``, ``evaluate.py`` and ``report/reader.py``
-                            (the report reads the store of ``pipeline/sinks``) may import every stage; so may
+                            ``cli.py``, ``clistorage.py``, ``checks.py``, ``evaluate.py``, ``report/reader.py`` and
+                            ``report/esreader.py`` (the report reads the stores of ``pipeline/sinks``) may import every stage; so may
                             ``healthcli.py`` (the ``bootcheck`` / ``nodecheck`` commands: cli.py's part, kept apart
                             for size, writes the fault-tolerance log's events and findings to the store)
     health                  ``ftwatch/health/`` is no stage: it imports only the core and top-level modules
@@ -39,7 +39,8 @@ HUBS = frozenset({"ftwatch/pipeline/runner.py", "ftwatch/pipeline/watcher.py", "
                   "ftwatch/checks.py", "ftwatch/healthcli.py",
                   # T4: drives pipeline/replay.py with the rules stage's engine and policy, like cli.cmd_replay
                   "ftwatch/evaluate.py",
-                  "ftwatch/report/reader.py"})     # ftwatch report reads pipeline/sinks/sqlite.py's store
+                  "ftwatch/report/reader.py",      # ftwatch report reads pipeline/sinks/sqlite.py's store
+                  "ftwatch/report/esreader.py"})   # ... or the data streams pipeline/sinks/elasticsearch.py wrote
 # (file, module) -> the names it may take from that module, beyond the rules above.
 EXCEPTIONS = {("ftwatch/parsers/multiline.py", "ftwatch.rules.model"): frozenset({"Pattern"})}
 # A stage -> the other stages a (non-hub) module of it may import; None is a top-level module.

@@ -1,9 +1,13 @@
 """Where ``ftwatch report`` reads from: the :class:`ReportReader` interface and its SQLite reader.
 
 The report needs six queries per job. Any store that answers them in the shapes below can
-feed it: :class:`SqliteReader` reads the embedded store (SPEC E1); an Elasticsearch reader
-(SPEC E2's indices) would implement the same methods with searches on the job's documents,
-sorted by time, and map the ECS fields back to these keys.
+feed it: :class:`SqliteReader` reads the embedded store (SPEC E1);
+``ftwatch.report.esreader.EsReader`` reads the Elasticsearch data streams (SPEC E2) and maps
+the ECS documents back to these keys (``ftwatch.pipeline.sinks.ecsread``).
+
+A time window (``since`` / ``until``, epoch seconds, either open) keeps the records timed in
+``[since, until)`` (output: the buckets starting there), the runs that overlap it (:func:`run_in_window`)
+and the jobs with a record in it.
 
 Shapes (times are epoch seconds unless named ``*_iso``; see ``ftwatch.pipeline.sinks.sqlite``):
 
@@ -24,6 +28,7 @@ Shapes (times are epoch seconds unless named ``*_iso``; see ``ftwatch.pipeline.s
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -46,41 +51,63 @@ class ReportReader(Protocol):
     def close(self) -> None: ...
 
 
+def in_window(t: float, since: float | None, until: float | None) -> bool:
+    """``since <= t < until`` (None: open)."""
+    return (since is None or t >= since) and (until is None or t < until)
+
+
+def run_in_window(run: Row, since: float | None, until: float | None) -> bool:
+    """Whether a run (``started`` / ``ended`` epoch s, either None) overlaps ``[since, until)``;
+    a run not ended is open to the future."""
+    start = run["started"] if run.get("started") is not None else run.get("ended")
+    end = run["ended"] if run.get("ended") is not None else math.inf
+    if start is None:
+        return True
+    return (until is None or start < until) and (since is None or end >= since)
+
+
 class SqliteReader:
     """Reads the embedded SQLite store.
 
     Args:
         path: the database file (``<state-dir>/ftwatch.db``).
+        since, until: the time window (epoch s; None: open), see the module doc.
 
     Raises:
         FileNotFoundError: there is no such file (opening would create an empty store).
         ftwatch.errors.SinkError: the file is not an ftwatch store, or is from a newer ftwatch.
     """
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, since: float | None = None, until: float | None = None):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no store at {path}")
         self.source = str(path)
+        self.since, self.until = since, until
         self._store = SqliteStore(path)
 
+    def _keep(self, rows: list[Row], key: str) -> list[Row]:
+        if self.since is None and self.until is None:
+            return rows
+        return [r for r in rows if in_window(r[key], self.since, self.until)]
+
     def jobs(self) -> list[str]:
-        return self._store.jobs()
+        return self._store.jobs(self.since, self.until)
 
     def runs(self, job: str) -> list[Row]:
-        return self._store.runs(job)
+        return [r for r in self._store.runs(job) if run_in_window(r, self.since, self.until)]
 
     def events(self, job: str) -> list[Row]:
-        return self._store.events(job)
+        return self._keep(self._store.events(job), "time")
 
     def findings(self, job: str) -> list[Row]:
-        return self._store.findings_for(job)
+        return self._keep(self._store.findings_for(job), "epoch")
 
     def decisions(self, job: str) -> list[Row]:
-        return self._store.decisions(job)
+        return self._keep(self._store.decisions(job), "epoch")
 
     def output(self, job: str) -> list[Row]:
-        return self._store.output(job)
+        return self._keep(self._store.output(job), "bucket")
 
     def close(self) -> None:
         self._store.close()

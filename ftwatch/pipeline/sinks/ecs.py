@@ -1,12 +1,17 @@
-"""What ftwatch writes to Elasticsearch: one ECS document per event, finding, decision and alert.
+"""What ftwatch writes to Elasticsearch: one ECS document per event, finding, decision, alert and
+output bucket.
 
 Pure functions, no I/O (the sink in ``elasticsearch.py`` sends them). Field names follow the
 Elastic Common Schema (ECS 8/9: ``@timestamp``, ``message``, ``event.*``, ``host.name``,
 ``log.level``, ``error.*``, ``rule.*``, ``labels``); everything ftwatch-specific lives under
 ``ftwatch.*``. Allowed ``event.kind`` / ``event.category`` / ``event.type`` / ``event.outcome``
 values are ECS's (research/ecosystem-anchors.md section 5.4): findings are ``event.kind: alert``
-(a detection made outside Kibana; ``signal`` is reserved for Kibana), everything else is
-``event``.
+(a detection made outside Kibana; ``signal`` is reserved for Kibana), output counts are
+``event.kind: metric``, everything else is ``event``.
+
+Exact times: ``@timestamp`` has milliseconds (Elasticsearch's ``date``); ``ftwatch.epoch`` keeps
+the time as the store has it (epoch seconds, a double), so ``ftwatch report`` reads back from
+Elasticsearch exactly what the SQLite store holds (``ecsread`` inverts these documents).
 
 Each document goes to the data stream ``<prefix>-<kind>`` (``kind`` one of :data:`KINDS`) under
 a stable ``_id`` (a hash of what makes it unique, or the decision id): written with the bulk
@@ -30,7 +35,7 @@ from typing import Any, Mapping
 
 from ftwatch.events import Action, Decision, Finding, Severity, iso
 
-KINDS = ("events", "findings", "decisions", "alerts")
+KINDS = ("events", "findings", "decisions", "alerts", "output")
 """The document kinds, one data stream each."""
 
 DATASET = "ftwatch"
@@ -105,7 +110,7 @@ def _base(time: float, kind: str, event: dict[str, Any], host: str, level: str, 
         "host": {"name": host},
         "log": {"level": level},
         "labels": ecs,
-        "ftwatch": {**ftwatch, "labels": raw} if raw else ftwatch,
+        "ftwatch": {**ftwatch, "epoch": time, **({"labels": raw} if raw else {})},
     }
     return doc
 
@@ -243,3 +248,26 @@ def delivery_doc(result: Any, text: Any = None, *, time: float, job: str = "", h
         source["error"] = {"message": str(result.error)}
     doc_id = stable_id("alert", result.notification_id, result.receiver, status, int(result.attempts), when)
     return Doc("alerts", doc_id, source)
+
+
+def output_doc(job: str, instance: str, rank: int | None, bucket: float, seconds: float, lines: int,
+               nbytes: int, *, writer: str, n: int, host: str = "localhost",
+               labels: Mapping[str, Any] | None = None) -> Doc:
+    """One output bucket (a store ``output`` row: ``lines`` lines of ``nbytes`` bytes read from
+    ``instance`` in the ``seconds`` long bucket starting at ``bucket``, epoch s) -> ``output``
+    document (``event.kind: metric``, ``@timestamp`` the bucket's start).
+
+    The same bucket may be written more than once (a late chunk reopens it; the SQLite store adds
+    the counts up), so the ``_id`` is not the bucket's: it is made from ``writer`` (one per sink
+    instance) and ``n`` (that sink's count of output documents), and readers sum the documents
+    of a bucket. A retry still sends the same ``_id`` (it is journaled with the document).
+    """
+    event = {"kind": "metric", "category": ["process"], "type": ["info"], "action": "output",
+             "outcome": "unknown"}
+    who = f"rank {rank}" if rank is not None else instance
+    ftw = {"job": job, "instance": instance, "rank": rank, "kind": "output", "seconds": seconds,
+           "lines": lines, "bytes": nbytes}
+    source = _base(bucket, "output", event, host, "info",
+                   f"output {who}: {lines} lines, {nbytes} bytes in {seconds:g} s",
+                   _labels(job, labels or {}, None), ftw)
+    return Doc("output", stable_id("output", writer, n, job, instance, bucket), source)

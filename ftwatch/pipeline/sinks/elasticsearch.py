@@ -2,8 +2,8 @@
 
 Flow::
 
-    add_event / add_findings / add_decision / add_delivery / end_run
-        -> ecs.*_doc (pure)  -> DiskBuffer journal (esbuffer.py: appended before anything is sent)
+    add_event / add_findings / add_decision / add_delivery / add_output / end_run
+        -> ecs.*_doc (pure) + event.sequence  -> DiskBuffer journal (esbuffer.py: appended before anything is sent)
     flush()  -> one bulk request per sealed segment, through the official client
              -> per item: 2xx sent; 409 already there (a retry after a lost ack): done;
                 429 / 5xx: kept for the next flush (dead-lettered after ``dead_letter_after``
@@ -13,7 +13,8 @@ Flow::
                 other 4xx: dead letter
 
 Every document is created (bulk ``create`` op) under a stable ``_id`` (``ecs``), so nothing is
-doubled by a retry. Writers never wait for the network: they only append to the journal; the
+doubled by a retry. Each gets ECS ``event.sequence``: the order this sink was handed the
+documents, which tells apart records with the same time (the SQLite store's row order). Writers never wait for the network: they only append to the journal; the
 background thread (``start``) or an explicit ``flush`` sends. ``close`` flushes once more and
 leaves what the cluster did not take on disk for the next run.
 
@@ -29,6 +30,7 @@ import logging
 import socket
 import threading
 import time as _time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -77,7 +79,7 @@ def build_client(cfg: Any) -> Any:
 
 
 class ElasticsearchSink:
-    """Writes ECS documents to ``<prefix>-{events,findings,decisions,alerts}`` data streams.
+    """Writes ECS documents to ``<prefix>-{events,findings,decisions,alerts,output}`` data streams.
 
     Has the SQLite store's writer methods, so ``FanOut`` can hand it the same calls.
 
@@ -121,6 +123,9 @@ class ElasticsearchSink:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._sequence = 0                     # event.sequence of the next document
+        self._writer = uuid.uuid4().hex[:16]   # tells this sink's output documents apart
+        self._outputs = 0
 
     @classmethod
     def from_config(cls, cfg: Any, state_dir: Path, **kwargs: Any) -> "ElasticsearchSink":
@@ -161,12 +166,27 @@ class ElasticsearchSink:
         self._queue([ecs.delivery_doc(result, text, time=self._now(), job=job, host=self.host,
                                       labels=self.labels)])
 
+    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]]) -> None:
+        """Output counts ``(job, instance, rank, bucket, seconds, lines, bytes)`` (``ecs.output_doc``;
+        a bucket written twice is two documents, summed by readers)."""
+        docs = []
+        with self._lock:
+            for job, instance, rank, bucket, seconds, lines, nbytes in rows:
+                docs.append(ecs.output_doc(job, instance, rank, bucket, seconds, lines, nbytes,
+                                           writer=self._writer, n=self._outputs, host=self.host,
+                                           labels=self.labels))
+                self._outputs += 1
+        self._queue(docs)
+
     def _queue(self, docs: list[ecs.Doc]) -> None:
         if not docs:
             return
-        entries = [{"index": f"{self.prefix}-{d.kind}", "id": d.id, "doc": d.source, "tries": 0}
-                   for d in docs]
         with self._lock:
+            entries = []
+            for d in docs:
+                d.source["event"]["sequence"] = self._sequence
+                self._sequence += 1
+                entries.append({"index": f"{self.prefix}-{d.kind}", "id": d.id, "doc": d.source, "tries": 0})
             full = self.buffer.append(entries)
             self.stats.queued += len(entries)
         if full:

@@ -10,11 +10,12 @@ Objects (``P`` = the data stream prefix, ``ftwatch`` by default)::
 
 The pattern ``P-*`` does not overlap Elasticsearch's built-in ``logs-*-*`` / ``metrics-*-*``
 templates (priority 100), so ours applies without having to outrank them. Data streams are created
-on the first write: ``P-events``, ``P-findings``, ``P-decisions``, ``P-alerts``. They take only
+on the first write: ``P-events``, ``P-findings``, ``P-decisions``, ``P-alerts``, ``P-output``. They take only
 ``create`` ops and need ``@timestamp`` in every document (Elasticsearch "Data streams" docs).
 
 Mappings: strings default to ``keyword`` (``ignore_above`` 1024); ``message``, ``error.message``,
-``ftwatch.line`` and ``ftwatch.text`` are full text; the free-form maps (``ftwatch.detail``,
+``ftwatch.line`` and ``ftwatch.text`` are full text; ``ftwatch.epoch`` (the exact time) and
+``ftwatch.seconds`` are doubles; the free-form maps (``ftwatch.detail``,
 ``ftwatch.fields``, ``ftwatch.labels``) are ``flattened`` so their keys never add fields or clash;
 ``labels`` holds de-dotted keyword labels (``ftwatch.pipeline.sinks.ecs``).
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 from ftwatch.pipeline.sinks.ecs import KINDS
 
-TEMPLATE_VERSION = 1
+TEMPLATE_VERSION = 2      # 2: ftwatch.epoch, event.sequence, the output data stream
 PRIORITY = 200
 
 
@@ -52,7 +53,7 @@ def mappings() -> dict[str, Any]:
             "message": {"type": "match_only_text"},
             "event": {"properties": {
                 **_props("kind category type action outcome dataset module id reason", _kw()),
-                "severity": long}},
+                "severity": long, "sequence": long}},
             "host": {"properties": {"name": _kw()}},
             "log": {"properties": {"level": _kw()}},
             "error": {"properties": {"message": {"type": "match_only_text"}, "type": _kw(),
@@ -62,7 +63,9 @@ def mappings() -> dict[str, Any]:
             "ftwatch": {"properties": {
                 **_props("job instance node stream kind rule_id failure_class action severity "
                          "source status decision_id notification_id receiver policy_clause", _kw()),
-                **_props("rank attempt seq restarts_used restarts_left findings_count attempts", long),
+                **_props("rank attempt seq restarts_used restarts_left findings_count attempts "
+                         "lines bytes", long),
+                "epoch": {"type": "double"}, "seconds": {"type": "double"},
                 "line": text_kw, "text": {"type": "match_only_text"},
                 "detail": flattened, "fields": flattened, "labels": flattened,
                 "target": {"properties": {**_props("job instance node", _kw()), "rank": long}},

@@ -15,7 +15,8 @@ from ftwatch.errors import FtwatchError
 
 log = logging.getLogger(__name__)
 
-WRITERS = ("start_run", "end_run", "add_event", "add_findings", "add_decision", "add_delivery")
+WRITERS = ("start_run", "end_run", "add_event", "add_findings", "add_decision", "add_delivery",
+           "add_output")
 """The store methods every sink receives."""
 
 

@@ -307,11 +307,21 @@ class SqliteStore:
             out.append(d)
         return out
 
-    def jobs(self) -> list[str]:
-        """Every job with a run, an event, a finding, a decision or output, sorted."""
-        return [r[0] for r in self._rows(
-            "SELECT job FROM runs UNION SELECT job FROM events UNION SELECT job FROM findings "
-            "UNION SELECT job FROM decisions UNION SELECT job FROM output ORDER BY 1")]
+    def jobs(self, since: float | None = None, until: float | None = None) -> list[str]:
+        """Every job with a run, an event, a finding, a decision or output, sorted.
+
+        With ``since`` / ``until`` (epoch s): only jobs with an event, finding, decision or output
+        bucket timed in ``[since, until)``.
+        """
+        if since is None and until is None:
+            return [r[0] for r in self._rows(
+                "SELECT job FROM runs UNION SELECT job FROM events UNION SELECT job FROM findings "
+                "UNION SELECT job FROM decisions UNION SELECT job FROM output ORDER BY 1")]
+        lo = -float("inf") if since is None else since
+        hi = float("inf") if until is None else until
+        parts = [f"SELECT job FROM {table} WHERE {col} >= ? AND {col} < ?" for table, col in
+                 (("events", "time"), ("findings", "time"), ("decisions", "time"), ("output", "bucket"))]
+        return [r[0] for r in self._rows(" UNION ".join(parts) + " ORDER BY 1", (lo, hi) * 4)]
 
     def output(self, job: str | None = None) -> list[dict[str, Any]]:
         """Output counts by job, instance, then bucket: job, instance, rank, bucket (epoch s,

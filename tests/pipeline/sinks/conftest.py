@@ -1,5 +1,7 @@
 """A small Elasticsearch stand-in: a real HTTP server on 127.0.0.1 that speaks enough of the REST
-API for the official client (bulk, templates, ILM, the root endpoint) and checks the wire format.
+API for the official client (bulk, templates, ILM, the root endpoint; and for readers point in
+time, ``_search`` with ``pit`` + ``search_after`` on ``_shard_doc``, ``bool``/``term``/``terms``/
+``range`` filters and a one-source ``composite`` aggregation) and checks the wire format.
 
 It keeps documents by (index, _id) and answers ``create`` of an existing id with 409, as
 Elasticsearch does. Tests script trouble with ``fail_next``: a whole-request status (429, 503),
@@ -9,10 +11,13 @@ connection without answering: a lost acknowledgement).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import threading
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -29,6 +34,9 @@ class FakeElasticsearch:
         self.problems: list[str] = []       # wire-format violations seen
         self.fail_next: list[Any] = []
         self.puts: dict[str, Any] = {}
+        self.pits: dict[str, list[tuple[int, str, str, dict[str, Any]]]] = {}   # open point in time -> snapshot
+        self.pits_opened = 0
+        self.searches: list[dict[str, Any]] = []     # search bodies seen
         self.product_header = product_header
         self._lock = threading.Lock()
         self._closed = False
@@ -72,7 +80,23 @@ class FakeElasticsearch:
                 self._answer(200, {"acknowledged": True})
 
             def do_POST(self):  # noqa: N802
+                path = urlsplit(self.path).path
+                if path.endswith("/_pit") or path.endswith("/_search"):
+                    headers = {k.lower(): v for k, v in self.headers.items()}
+                    body = json.loads(self._body() or b"{}")
+                    with owner._lock:
+                        owner.requests.append({"method": "POST", "path": self.path, "headers": headers})
+                        status, answer = owner._read(path, parse_qs(urlsplit(self.path).query), body)
+                    self._answer(status, answer)
+                    return
                 self._bulk()
+
+            def do_DELETE(self):  # noqa: N802 - closing a point in time
+                body = json.loads(self._body() or b"{}")
+                with owner._lock:
+                    owner.requests.append({"method": "DELETE", "path": self.path})
+                    found = owner.pits.pop(body.get("id"), None) is not None
+                self._answer(200 if found else 404, {"succeeded": found, "num_freed": int(found)})
 
             def _bulk(self) -> None:
                 raw = self._body()
@@ -153,6 +177,142 @@ class FakeElasticsearch:
                                              "reason": "document already exists"}}}
             self.docs[(index, doc_id)] = doc
         return {"create": {"_index": index, "_id": doc_id, "status": 201, "result": "created"}}
+
+    # -- reading: point in time, search, composite aggregation ------------------------------------
+
+    def _resolve(self, expression: str, ignore_unavailable: bool) -> list[str] | None:
+        """The indices an index expression names (None: a named one is missing)."""
+        have = sorted({index for index, _ in self.docs})
+        out: list[str] = []
+        for part in expression.split(","):
+            hits = [i for i in have if fnmatch.fnmatchcase(i, part)]
+            if not hits and "*" not in part and not ignore_unavailable:
+                return None
+            out += [h for h in hits if h not in out]
+        return out
+
+    @staticmethod
+    def _field(doc: dict[str, Any], path: str) -> Any:
+        value: Any = doc
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    def _matches(self, doc: dict[str, Any], query: dict[str, Any]) -> bool:
+        if not query or "match_all" in query:
+            return True
+        if "bool" in query:
+            unknown = set(query["bool"]) - {"filter"}
+            if unknown:
+                self.problems.append(f"bool clauses not supported here: {unknown}")
+            return all(self._matches(doc, q) for q in query["bool"].get("filter", []))
+        (kind, spec), = query.items()
+        (field, arg), = spec.items()
+        value = self._field(doc, field)
+        values = value if isinstance(value, list) else [value]
+        if kind == "term":
+            return arg in values
+        if kind == "terms":
+            return any(v in arg for v in values)
+        if kind == "range" and field == "@timestamp":
+            if arg.get("format") != "epoch_millis":
+                self.problems.append(f"range format {arg.get('format')!r}")
+            ms = int(datetime.fromisoformat(value).timestamp() * 1000 + 0.5)
+            return (("gte" not in arg or ms >= arg["gte"]) and ("gt" not in arg or ms > arg["gt"])
+                    and ("lt" not in arg or ms < arg["lt"]) and ("lte" not in arg or ms <= arg["lte"]))
+        self.problems.append(f"query not supported here: {query}")
+        return False
+
+    def _shard_order(self) -> list[tuple[int, str, str, dict[str, Any]]]:
+        """Every document as (its ``_shard_doc`` value, index, _id, source): ordered by _id, not by
+        when it was written (a real cluster's order across shards says nothing about time)."""
+        keys = sorted(self.docs, key=lambda k: (k[1], k[0]))
+        return [(n, k[0], k[1], self.docs[k]) for n, k in enumerate(keys)]
+
+    def _read(self, path: str, params: dict[str, list[str]], body: dict[str, Any]) -> tuple[int, Any]:
+        """Answer ``POST <index>/_pit`` and ``POST [<index>/]_search`` (under the lock)."""
+        parts = [p for p in path.split("/") if p]
+        ignore = params.get("ignore_unavailable", ["false"])[0] == "true"
+        if parts[-1] == "_pit":
+            if "keep_alive" not in params:
+                self.problems.append("point in time without keep_alive")
+            indices = self._resolve(parts[0], ignore)
+            if indices is None:
+                return 404, {"error": {"type": "index_not_found_exception", "reason": parts[0]}, "status": 404}
+            self.pits_opened += 1
+            pit_id = f"pit-{self.pits_opened}"
+            self.pits[pit_id] = [h for h in self._shard_order() if h[1] in indices]
+            return 200, {"id": pit_id}
+        self.searches.append(body)
+        if "pit" in body:
+            if len(parts) > 1:
+                self.problems.append("a search with a point in time names an index")
+            snapshot = self.pits.get(body["pit"]["id"])
+            if snapshot is None:
+                return 404, {"error": {"type": "search_context_missing_exception"}, "status": 404}
+            if not body["pit"].get("keep_alive"):
+                self.problems.append("pit search without keep_alive")
+        else:
+            indices = self._resolve(parts[0], ignore) if len(parts) > 1 else sorted({i for i, _ in self.docs})
+            if indices is None:
+                return 404, {"error": {"type": "index_not_found_exception", "reason": parts[0]}, "status": 404}
+            snapshot = [h for h in self._shard_order() if h[1] in indices]
+        hits = [h for h in snapshot if self._matches(h[3], body.get("query") or {})]
+        answer: dict[str, Any] = {"took": 1, "timed_out": False, "_shards": {"total": 1, "successful": 1,
+                                                                            "skipped": 0, "failed": 0}}
+        if "pit" in body:
+            answer["pit_id"] = body["pit"]["id"]
+        if body.get("aggs"):
+            answer["aggregations"] = {name: self._composite(spec, hits) for name, spec in body["aggs"].items()}
+        size = body.get("size", 10)
+        if size:
+            if body.get("sort") != ["_shard_doc"]:
+                self.problems.append(f"sort {body.get('sort')!r} (a full read sorts on _shard_doc)")
+            after = body.get("search_after")
+            page = [h for h in hits if after is None or h[0] > after[0]][:size]
+            includes = (body.get("_source") or {}).get("includes") if isinstance(body.get("_source"), dict) else None
+            answer["hits"] = {"hits": [{"_index": i, "_id": d_id, "_score": None, "sort": [n],
+                                        "_source": self._only(doc, includes) if includes else doc}
+                                       for n, i, d_id, doc in page]}
+        else:
+            answer["hits"] = {"hits": []}
+        if body.get("track_total_hits") is not False:
+            answer["hits"]["total"] = {"value": len(hits), "relation": "eq"}
+        return 200, answer
+
+    @staticmethod
+    def _only(doc: dict[str, Any], includes: list[str]) -> dict[str, Any]:
+        """``_source`` filtering: the fields named (dotted paths, whole objects included)."""
+        out: dict[str, Any] = {}
+        for path in includes:
+            keys = path.split(".")
+            value: Any = doc
+            for key in keys:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is None:
+                continue
+            node = out
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+            node[keys[-1]] = value
+        return out
+
+    def _composite(self, spec: dict[str, Any], hits: list[tuple]) -> dict[str, Any]:
+        comp = spec["composite"]
+        (source,) = comp["sources"]
+        (name, terms), = source.items()
+        field = terms["terms"]["field"]
+        counts: dict[Any, int] = {}
+        for _, _, _, doc in hits:
+            value = self._field(doc, field)
+            if value is not None:
+                counts[value] = counts.get(value, 0) + 1
+        after = (comp.get("after") or {}).get(name)
+        keys = [k for k in sorted(counts) if after is None or k > after][:comp.get("size", 10)]
+        out: dict[str, Any] = {"buckets": [{"key": {name: k}, "doc_count": counts[k]} for k in keys]}
+        if keys:
+            out["after_key"] = {name: keys[-1]}
+        return out
 
     # -- control ----------------------------------------------------------------------------------
 

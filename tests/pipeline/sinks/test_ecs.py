@@ -27,7 +27,8 @@ def all_docs() -> list[ecs.Doc]:
     result = DeliveryResult("ops", f"{d.decision_id}-ops", "failed", 4, error="HTTP 500", decision_id=d.decision_id)
     return [ecs.event_doc(T0, "job-b", "instance_exit", "pod-3", 3, {"returncode": 1, "signal": None}),
             ecs.run_end_doc("job-b", 0, T0 + 2, "failed"), ecs.finding_doc(f, 0), ecs.decision_doc(d),
-            ecs.delivery_doc(result, time=T0 + 3, job="job-b")]
+            ecs.delivery_doc(result, time=T0 + 3, job="job-b"),
+            ecs.output_doc("job-b", "pod-3", 3, T0, 5.0, 12, 900, writer="w", n=0)]
 
 
 @pytest.mark.parametrize("doc", all_docs(), ids=lambda d: d.kind)
@@ -43,7 +44,7 @@ def test_every_document_has_the_ecs_core_fields(doc):
 
 
 def test_values_that_matter_to_the_dashboards():
-    event, run_end, f, d, alert = all_docs()
+    event, run_end, f, d, alert, output = all_docs()
     assert (event.source["event"]["outcome"], event.source["error"]["message"]) == (
         "failure", "instance_exit rank 3 (returncode 1, signal None)")
     assert run_end.source["event"]["action"] == "job_end" and run_end.source["event"]["outcome"] == "failure"
@@ -53,13 +54,15 @@ def test_values_that_matter_to_the_dashboards():
     assert d.source["ftwatch"]["target"]["node"] == "gpu-node-7"
     assert d.source["ftwatch"]["root_cause"]["failure_class"] == "hardware_node"
     assert alert.source["event"]["outcome"] == "failure" and alert.source["error"]["message"] == "HTTP 500"
+    assert output.source["event"]["kind"] == "metric" and output.source["ftwatch"]["lines"] == 12
+    assert all(doc.source["ftwatch"]["epoch"] in (T0, T0 + 1, T0 + 2, T0 + 3) for doc in all_docs())
 
 
 def test_ids_are_stable_and_tell_different_documents_apart():
     assert [d.id for d in all_docs()] == [d.id for d in all_docs()]
     a = ecs.event_doc(T0, "j", "instance_start", "w-0", 0, {"pid": 1})
     b = ecs.event_doc(T0, "j", "instance_start", "w-0", 0, {"pid": 2})
-    assert a.id != b.id and len({d.id for d in all_docs()}) == 5
+    assert a.id != b.id and len({d.id for d in all_docs()}) == 6
 
 
 def test_dotted_kubernetes_labels_are_dedotted_and_kept_verbatim():
@@ -108,7 +111,8 @@ def test_template_and_policy_shape():
     policy = essetup.ilm_policy("1d", "30d")
     assert policy["phases"]["hot"]["actions"]["rollover"]["max_age"] == "1d"
     assert policy["phases"]["delete"]["min_age"] == "30d"
-    assert essetup.data_streams("ftw") == ["ftw-events", "ftw-findings", "ftw-decisions", "ftw-alerts"]
+    assert essetup.data_streams("ftw") == ["ftw-events", "ftw-findings", "ftw-decisions", "ftw-alerts",
+                                           "ftw-output"]
 
 
 def test_es_setup_installs_policy_and_templates(fake_es, capsys):

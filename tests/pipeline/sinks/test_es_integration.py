@@ -65,3 +65,38 @@ def test_documents_arrive_once_in_data_streams_with_no_mapping_conflict(cluster)
     assert found["hits"]["total"]["value"] == 1
     streams = client.indices.get_data_stream(name=f"{prefix}-*")["data_streams"]
     assert {s["name"] for s in streams} == {f"{prefix}-findings", f"{prefix}-decisions", f"{prefix}-events"}
+
+
+def test_the_report_reads_back_from_the_cluster_what_the_sqlite_store_holds(cluster):
+    """The sink and the SQLite store fed the same calls (FanOut); ``EsReader`` pages through a real
+    point in time and the report model is the same."""
+    from ftwatch.pipeline.sinks.fanout import FanOut
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    from ftwatch.report import model
+    from ftwatch.report.esreader import EsReader
+    from ftwatch.report.reader import SqliteReader
+
+    cfg, client, tmp = cluster
+    t0 = 1_795_219_200.123456
+    store = FanOut(SqliteStore(tmp / "ftwatch.db"), [ElasticsearchSink.from_config(cfg, tmp)])
+    cmd = ["python", "train.py"]
+    store.start_run("job-r", 0, t0, cmd)
+    store.add_event(t0, "job-r", "job_start", detail={"attempt": 0, "command": cmd})
+    for rank in range(3):
+        store.add_event(t0 + 1, "job-r", "instance_start", f"w-{rank}", rank, {"pid": rank})
+    origin = Origin("w-1", 1, "job-r", "node-r", "stderr", "process")
+    f = Finding("nccl.x", "error", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB, Severity.ERROR, origin,
+                "NCCL error", t0 + 2.5, seq=1)
+    store.add_findings([f], attempt=0)
+    store.add_decision(Decision(t0 + 3, Action.RESTART_JOB, Target("job-r"), f, "retryable", 1, 2, (f,), 0))
+    store.add_event(t0 + 3, "job-r", "instance_exit", "w-1", 1, {"returncode": 1, "signal": None})
+    store.end_run("job-r", 0, t0 + 3.5, "restarted")
+    store.add_output([("job-r", f"w-{rank}", rank, 1_795_219_200.0 + k, 1.0, 3 + rank, 30)
+                      for rank in range(3) for k in range(40)])
+    store.close()
+    client.indices.refresh(index=f"{cfg.data_stream_prefix}-*")
+    with SqliteReader(tmp / "ftwatch.db") as sq, EsReader.from_config(cfg, page_size=25) as es:
+        assert es.jobs() == ["job-r"] and es.output("job-r") == sq.output("job-r")
+        assert es.events("job-r") == sq.events("job-r") and es.runs("job-r") == sq.runs("job-r")
+        assert {**model.build(es), "source": None} == {**model.build(sq), "source": None}
+        assert es.searches > 5                                  # 120 output documents in pages of 25
