@@ -171,6 +171,25 @@ def test_config_builds_the_notifier():
                                                       "url": "am:9093"}]})
 
 
+def test_resolve_after_takes_the_route_timings_durations():
+    """`resolve_after` reads like `group_wait`: seconds, or 30s / 5m / 1h (one parser)."""
+    def resolve_after(value):
+        return AlertingConfig.model_validate({"receivers": [
+            {"type": "alertmanager", "name": "am", "url": "http://am:9093", "resolve_after": value}]}
+        ).receivers[0].resolve_after
+    assert [resolve_after(v) for v in ("1h", "5m", "30s", "1h30m", 90, "120")] == [
+        3600, 300, 30, 5400, 90, 120]
+    for bad in ("soon", "0s", -5, "1 hour"):
+        with pytest.raises(ValueError):
+            resolve_after(bad)
+    [n] = build_notifiers([{"type": "alertmanager", "name": "am", "url": "http://am:9093",
+                            "resolve_after": "2m"}])
+    assert n.resolve_after == 120
+    with pytest.raises(ValueError, match="receiver 'am' .*resolve_after"):
+        build_notifiers([{"type": "alertmanager", "name": "am", "url": "http://am:9093",
+                          "resolve_after": "later"}])
+
+
 class Recording:
     """A notifier that keeps what it is sent."""
 

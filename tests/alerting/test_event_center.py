@@ -423,35 +423,31 @@ def test_the_example_config_loads():
     root = Path(__file__).resolve().parents[2]
     config = load_config(root / "examples" / "alerting.yaml")
     kinds = {r.type for r in config.alerting.receivers}
-    assert kinds >= {"console", "webhook", "dingtalk", "feishu", "wecom", "slack"}
+    assert kinds == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email", "alertmanager"}
+    [am] = [r for r in config.alerting.receivers if r.type == "alertmanager"]
+    assert am.resolve_after == 3600                      # `1h`
     assert config.alerting.route.routes and config.alerting.mute_time_intervals
     assert config.alerting.inhibit_rules and config.alerting.rate_limits and config.alerting.digest.enabled
     assert config.alerting.templates["webhook"].is_file()
 
 
-def test_the_readme_example_validates():
-    """The README's full example: every receiver kind this build knows validates (email and
-    alertmanager too once their models exist; until then they and their names are left out)."""
+def test_the_readme_example_validates_and_is_the_example_file():
+    """The README's full example validates, every receiver kind included, and is what
+    examples/alerting.yaml holds (the file only adds comments)."""
     import yaml
 
-    from ftwatch.config import RECEIVER_MODELS
     root = Path(__file__).resolve().parents[2]
     text = (root / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## Alerts and the event center"):]
     block = section[section.index("```yaml\n") + 8:]
-    data = yaml.safe_load(block[:block.index("```")])["alerting"]
+    readme = yaml.safe_load(block[:block.index("```")])
+    data = readme["alerting"]
     kinds = {r["type"] for r in data["receivers"]}
     assert kinds == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email", "alertmanager"}
-    unknown = {r["name"] for r in data["receivers"] if r["type"] not in RECEIVER_MODELS}
-    data["receivers"] = [r for r in data["receivers"] if r["name"] not in unknown]
-
-    def strip(route):
-        route["receivers"] = [r for r in route.get("receivers", []) if r not in unknown]
-        for child in route.get("routes", []):
-            strip(child)
-    strip(data["route"])
     config = AlertingConfig.model_validate(data)
     assert len(config.route.routes) == 4 and config.digest.timezone == "Asia/Shanghai"
+    example = yaml.safe_load((root / "examples" / "alerting.yaml").read_text(encoding="utf-8"))
+    assert readme == example
 
 
 def test_durations_and_weekdays():
@@ -482,3 +478,25 @@ def test_a_firing_and_a_resolved_alert_of_one_decision_are_two_alerts(tmp_path):
     [n] = ops.got
     assert n.alert.annotations["grouped_alerts"] == f"{firing.decision_id},{firing.decision_id}~resolved"
     assert list((tmp_path / "held").glob("*.json")) == []
+
+
+def test_resolved_alerts_are_never_repeated_and_end_the_groups_repeats(tmp_path):
+    """A restart alert repeats every repeat_interval while it fires; once its resolution went
+    out, neither the resolution nor the firing alert is sent again (as in Alertmanager)."""
+    clock = FakeClock()
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops], route={"group_by": ["job"], "group_interval": "5m",
+                                              "repeat_interval": "1h"})
+    a = alert(Action.RESTART_JOB)
+    c.dispatch(a)
+    clock.advance(3600)
+    c.tick()
+    assert ops.ids == [f"{a.decision_id}-ops", f"{a.decision_id}-ops~repeat1"]
+    clock.advance(600)
+    c.dispatch(a.resolve(clock.time()))
+    c.tick()
+    assert ops.ids[2:] == [f"{a.decision_id}-ops~resolved"]
+    for _ in range(5):
+        clock.advance(3600)
+        c.tick()
+    assert len(ops.ids) == 3 and c.grouper.groups == {}
