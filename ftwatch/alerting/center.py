@@ -9,7 +9,8 @@ often: flushes due groups, releases rate-limited notifications, sends due digest
 One notification per (batch, receiver): a batch of one alert is exactly the notification the
 Dispatcher would make (id ``<decision id>-<receiver>``); a batch of several joins their rendered
 texts under one title, with id ``grp<hash of the decision ids>-<receiver>``; a repeat adds
-``~repeat<n>``. Muted and inhibited notifications are recorded (status ``muted`` /
+``~repeat<n>``. An Alertmanager receiver gets one notification per alert instead (its API takes
+alerts, each with its own labels and ``endsAt``; it groups them itself). Muted and inhibited notifications are recorded (status ``muted`` /
 ``inhibited``) and listed in the receiver's daily digest; so are rate-limited ones (which are
 also delivered once the limit allows).
 """
@@ -194,11 +195,15 @@ class EventCenter:
                     why = f"muted: {', '.join(muted)}"
                     results += [self._skip(notifier, a, MUTED, why, now) for a in live]
                 continue
-            result = self.dispatcher.deliver(self._notification(notifier, live, batch))
-            if result.error.startswith(RATE_LIMITED):
-                for alert in live:
-                    self.digest.add(receiver, alert, RATE_LIMITED, now)
-            results.append(result)
+            # Alertmanager takes alerts, not texts: each alert of the batch is posted on its own
+            # (with its own labels and endsAt) and Alertmanager groups them by its own routes
+            parts = [[a] for a in live] if notifier.kind == "alertmanager" else [live]
+            for part in parts:
+                result = self.dispatcher.deliver(self._notification(notifier, part, batch))
+                if result.error.startswith(RATE_LIMITED):
+                    for alert in part:
+                        self.digest.add(receiver, alert, RATE_LIMITED, now)
+                results.append(result)
         free = self.grouper.done(batch)
         if self.held is not None and not batch.repeat:
             for alert in batch.alerts:

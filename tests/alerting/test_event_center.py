@@ -500,3 +500,25 @@ def test_resolved_alerts_are_never_repeated_and_end_the_groups_repeats(tmp_path)
         clock.advance(3600)
         c.tick()
     assert len(ops.ids) == 3 and c.grouper.groups == {}
+
+
+def test_an_alertmanager_receiver_gets_each_alert_of_a_group_on_its_own(tmp_path):
+    """A group of three alerts (one a resolution) is one text for a chat receiver but three
+    alerts for Alertmanager, each with its own labels and endsAt (AM groups them itself)."""
+    from ftwatch.alerting.notifiers import AlertmanagerNotifier
+    clock = FakeClock()
+    chat, am = Sink("chat"), Sink("am", kind="alertmanager")
+    c = center(tmp_path, clock, [chat, am], route={"group_by": ["job"], "group_wait": "30s"})
+    a1, a2 = alert(Action.RESTART_INSTANCE, rank=1), alert(Action.RESTART_INSTANCE, rank=2)
+    c.dispatch(a1)
+    c.dispatch(a2)
+    c.dispatch(a1.resolve(clock.time()))
+    clock.advance(30)
+    c.tick()
+    assert len(chat.got) == 1 and "3 alerts" in chat.got[0].title
+    assert sorted(n.id for n in am.got) == sorted([f"{a1.decision_id}-am", f"{a2.decision_id}-am",
+                                                   f"{a1.decision_id}-am~resolved"])
+    posted = [AlertmanagerNotifier("am", "http://am:9093").payload(n)[0] for n in am.got]
+    assert sorted(p["labels"]["rank"] for p in posted) == ["1", "1", "2"]
+    ends = {n.alert.status: n.alert.ends_at for n in am.got if n.alert.labels["rank"] == "1"}
+    assert ends["resolved"] == clock.time() - 30
