@@ -522,3 +522,50 @@ def test_an_alertmanager_receiver_gets_each_alert_of_a_group_on_its_own(tmp_path
     assert sorted(p["labels"]["rank"] for p in posted) == ["1", "1", "2"]
     ends = {n.alert.status: n.alert.ends_at for n in am.got if n.alert.labels["rank"] == "1"}
     assert ends["resolved"] == clock.time() - 30
+
+
+def test_a_resolution_follows_its_firing_alert_and_ends_the_inhibition(tmp_path):
+    """An isolation inhibits its job's restarts only while it fires; a restart alert whose
+    firing was inhibited (or muted) sends no resolution to that receiver; one that was
+    delivered does, even while its job's isolation fires."""
+    clock = FakeClock()
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops])
+    restart = alert(Action.RESTART_JOB)
+    c.dispatch(restart)                                  # delivered
+    iso = alert(Action.ISOLATE_NODE)
+    c.dispatch(iso)                                      # delivered; a live source now
+    hidden = alert(Action.RESTART_JOB)
+    results = c.dispatch(hidden)
+    assert [r.status for r in results] == ["inhibited"]
+    clock.advance(60)
+    c.dispatch(restart.resolve(clock.time()))            # its firing went out: so does this
+    assert ops.ids[-1] == f"{restart.decision_id}-ops~resolved"
+    results = c.dispatch(hidden.resolve(clock.time()))   # its firing was inhibited: not this
+    assert [r.status for r in results] == ["inhibited"] and "not sent" in results[0].error
+    assert ops.ids[-1] == f"{restart.decision_id}-ops~resolved"
+    c.dispatch(iso.resolve(clock.time()))                # the source resolved ...
+    clock.advance(1)
+    later = alert(Action.RESTART_JOB)
+    c.dispatch(later)                                    # ... and inhibits nothing more
+    assert ops.ids[-1] == f"{later.decision_id}-ops"
+
+
+def test_no_resolution_for_an_alert_muted_when_it_fired(tmp_path):
+    """Muted on Saturday, resolved on Monday: the receiver never saw the firing alert, so it
+    gets no resolution; an alert delivered on Monday gets its resolution."""
+    clock = FakeClock(at("2026-11-28T12:00:00"))          # a Saturday
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops], route={"mute_time_intervals": ["weekends"]},
+               mute_time_intervals=[{"name": "weekends", "weekdays": ["saturday:sunday"],
+                                     "timezone": "Asia/Shanghai"}])
+    quiet = alert(Action.RESTART_JOB)
+    assert c.dispatch(quiet)[0].status == "muted"
+    clock.advance(2 * 86400)                              # Monday
+    loud = alert(Action.RESTART_JOB, rank=5)
+    c.dispatch(loud)
+    [r] = c.dispatch(quiet.resolve(clock.time()))
+    assert r.status == "muted" and "its firing alert was not sent" in r.error
+    c.dispatch(loud.resolve(clock.time()))
+    sent = [i for i in ops.ids if not i.startswith("digest")]   # Saturday's digest is due too
+    assert sent == [f"{loud.decision_id}-ops", f"{loud.decision_id}-ops~resolved"]
