@@ -210,8 +210,9 @@ class EventCenter:
                 held = (self._unsent.pop((receiver, alert.decision_id), None)
                         if alert.status != "firing" else None)
                 if held is not None:
-                    results.append(self._skip(notifier, alert, held,
-                                              f"{held}: its firing alert was not sent", now))
+                    results.append(self._skip(notifier, alert, held,        # the digest has
+                                              f"{held}: its firing alert was not sent", now,  # the firing one
+                                              digest=False))
                 else:
                     mine.append(alert)
             if not mine:
@@ -242,8 +243,10 @@ class EventCenter:
                     self.held.put(alert, self.grouper.waiting(alert))
         return results
 
-    def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float) -> DeliveryResult:
-        self.digest.add(notifier.name, alert, why, now)
+    def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float,
+              digest: bool = True) -> DeliveryResult:
+        if digest:
+            self.digest.add(notifier.name, alert, why, now)
         return self.dispatcher.note(self.dispatcher.notification(notifier, alert), status, why)
 
     def _notification(self, notifier: Any, alerts: list[Alert], batch: Batch) -> Notification:

@@ -569,3 +569,4 @@ def test_no_resolution_for_an_alert_muted_when_it_fired(tmp_path):
     c.dispatch(loud.resolve(clock.time()))
     sent = [i for i in ops.ids if not i.startswith("digest")]   # Saturday's digest is due too
     assert sent == [f"{loud.decision_id}-ops", f"{loud.decision_id}-ops~resolved"]
+    assert c.digest.entries == []                          # the resolution adds no digest line
