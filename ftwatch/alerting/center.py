@@ -209,9 +209,9 @@ class EventCenter:
             for alert in live:
                 held = (self._unsent.pop((receiver, alert.decision_id), None)
                         if alert.status != "firing" else None)
-                if held is not None:
-                    results.append(self._skip(notifier, alert, held,        # the digest has
-                                              f"{held}: its firing alert was not sent", now,  # the firing one
+                if held is not None:     # no digest line: the digest lists the firing one
+                    results.append(self._skip(notifier, alert, held,
+                                              f"{held}: its firing alert was not sent", now,
                                               digest=False))
                 else:
                     mine.append(alert)
@@ -229,6 +229,8 @@ class EventCenter:
             # (with its own labels and endsAt) and Alertmanager groups them by its own routes
             parts = [[a] for a in mine] if notifier.kind == "alertmanager" else [mine]
             for part in parts:
+                for alert in part:       # (a repeat may bring what was inhibited at first)
+                    self._unsent.pop((receiver, alert.decision_id), None)
                 result = self.dispatcher.deliver(self._notification(notifier, part, batch))
                 if result.error.startswith(RATE_LIMITED):
                     for alert in part:
