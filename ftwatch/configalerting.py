@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ftwatch.configroutes import Duration
+
 _STRICT = ConfigDict(extra="forbid")
 _URL = r"^https?://"
 
@@ -95,9 +97,9 @@ class AlertmanagerReceiver(BaseModel):
     type: Literal["alertmanager"] = Field(description="Receiver kind.")
     name: str = Field(description="Unique receiver name.")
     url: str = Field(pattern=_URL, description="Alertmanager base URL (http://alertmanager:9093).")
-    resolve_after: float = Field(
-        300.0, gt=0, description="Seconds after a restart/hang/isolate incident with no new one "
-        "that its alert resolves (also sent as the firing alert's endsAt).")
+    resolve_after: Duration = Field(
+        300.0, gt=0, description="Seconds (or a duration: 30s, 5m, 1h) after a restart/hang/isolate "
+        "incident of a job with no new one that its alert resolves (also sent as the firing alert's endsAt).")
     timeout: float = Field(5.0, gt=0, description="Seconds per request.")
     max_retries: int = Field(3, ge=0, description="Retries before the alert is spooled.")
     labels: dict[str, str] = Field(default_factory=dict, description="Static labels added to every alert.")

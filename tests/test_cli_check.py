@@ -61,7 +61,7 @@ def test_check_route_shows_path_receivers_group_mute_and_inhibition(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "route: route (any) > route.routes.2 (event_type in instance_restart,job_hang,job_restart and job=~llm-.*)" in out
-    assert "receivers: wecom-team, slack-ml" in out
+    assert "receivers: wecom-team, slack-ml, ops-hook" in out
     assert "group key: route.routes.2{job=llm-7b}" in out
     assert "muted: yes (nights)" in out and "inhibited: no" in out
     assert "rate limit: wecom-team: 20 messages per 60s" in out
@@ -83,7 +83,7 @@ def test_check_route_shows_path_receivers_group_mute_and_inhibition(tmp_path):
     # a critical job failure: the first child, which says continue (the later ones do not match)
     event.write_text(json.dumps({"event_type": "job_failed", "severity": "critical", "labels": {"job": "j"}}))
     proc = ftwatch("check", "--route", str(event), "--config", "examples/alerting.yaml")
-    assert "receivers: dingtalk-oncall, ops-hook" in proc.stdout and "continue" in proc.stdout
+    assert "receivers: dingtalk-oncall, mail-oncall, am" in proc.stdout and "continue" in proc.stdout
     # a bad event is a usage error naming the file
     event.write_text(json.dumps({"event_type": "explosion"}))
     proc = ftwatch("check", "--route", str(event))

@@ -9,7 +9,10 @@ often: flushes due groups, releases rate-limited notifications, sends due digest
 One notification per (batch, receiver): a batch of one alert is exactly the notification the
 Dispatcher would make (id ``<decision id>-<receiver>``); a batch of several joins their rendered
 texts under one title, with id ``grp<hash of the decision ids>-<receiver>``; a repeat adds
-``~repeat<n>``. Muted and inhibited notifications are recorded (status ``muted`` /
+``~repeat<n>``. A resolved alert goes where its firing alert went: a receiver that had the
+firing one muted or inhibited does not get the resolution either (recorded as such); a
+resolved inhibit source inhibits nothing more. An Alertmanager receiver gets one notification per alert instead (its API takes
+alerts, each with its own labels and ``endsAt``; it groups them itself). Muted and inhibited notifications are recorded (status ``muted`` /
 ``inhibited``) and listed in the receiver's daily digest; so are rate-limited ones (which are
 also delivered once the limit allows).
 """
@@ -25,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ftwatch.alerting.alerts import Alert, Notification, notification_id
+from ftwatch.alerting.alerts import RESOLVABLE, Alert, Notification, notification_id
 from ftwatch.alerting.dispatcher import DeliveryResult, Dispatcher
 from ftwatch.alerting.grouping import Batch, Grouper, HeldStore, alert_key
 from ftwatch.alerting.ratelimit import (
@@ -84,6 +87,9 @@ class EventCenter:
         self.held = HeldStore(state_dir / "held") if state_dir is not None else None
         self.digest = DigestBook(state_dir / "digest.json" if state_dir is not None else None,
                                  alerting.digest)
+        # (receiver, decision id) -> why its resolvable firing alert was not sent (muted /
+        # inhibited): that alert's resolution is not sent to that receiver either
+        self._unsent: dict[tuple[str, str], str] = {}
 
     # -- the Dispatcher's face ---------------------------------------------------------------
 
@@ -97,7 +103,7 @@ class EventCenter:
         """
         now = self.now()
         event = EventView.of(alert)
-        self.inhibitor.observe(alert_key(alert), event, now)
+        self._observe(alert, now)
         matches = self.router.route(event)
         if not matches:
             log.info("alert %s (%s) matches no route; not sent", alert.decision_id, event.event_type)
@@ -127,7 +133,7 @@ class EventCenter:
         results = []
         for alert, groups in self.held.load():
             now = self.now()
-            self.inhibitor.observe(alert_key(alert), EventView.of(alert), alert.starts_at)
+            self._observe(alert, alert.starts_at)
             matches = self.router.route(EventView.of(alert))
             if not matches:
                 log.warning("held alert %s matches no route of this config; kept in %s",
@@ -171,12 +177,22 @@ class EventCenter:
 
     # -- sending -----------------------------------------------------------------------------
 
+    def _observe(self, alert: Alert, at: float) -> None:
+        """A firing alert may inhibit others from ``at``; a resolved one ends its inhibition."""
+        if alert.status == "firing":
+            self.inhibitor.observe(alert_key(alert), EventView.of(alert), at)
+        else:
+            self.inhibitor.end(alert.decision_id, alert.ends_at if alert.ends_at is not None else at)
+
     def _send(self, batch: Batch, now: float) -> list[DeliveryResult]:
         results: list[DeliveryResult] = []
         live: list[Alert] = []
         blocked: list[tuple[Alert, str]] = []
         for alert in batch.alerts:
-            why = self.inhibitor.inhibited(EventView.of(alert), now, alert_key(alert))
+            # a resolution is judged by its firing alert: sent where that was sent (it closes
+            # it), held back where that was not (the receiver never saw it)
+            why = (self.inhibitor.inhibited(EventView.of(alert), now, alert_key(alert))
+                   if alert.status == "firing" else None)
             (blocked.append((alert, str(why))) if why is not None else live.append(alert))
         muted = self.mutes.active(batch.match.mute_windows, now)
         for receiver in batch.match.receivers:
@@ -185,20 +201,41 @@ class EventCenter:
                 log.error("route %s names unknown receiver %r", batch.match.path, receiver)
                 continue
             for alert, why in blocked:
+                if alert.event_type in RESOLVABLE:
+                    self._unsent[(receiver, alert.decision_id)] = INHIBITED
                 if not batch.repeat:
                     results.append(self._skip(notifier, alert, INHIBITED, why, now))
-            if not live:
+            mine = []
+            for alert in live:
+                held = (self._unsent.pop((receiver, alert.decision_id), None)
+                        if alert.status != "firing" else None)
+                if held is not None:     # no digest line: the digest lists the firing one
+                    results.append(self._skip(notifier, alert, held,
+                                              f"{held}: its firing alert was not sent", now,
+                                              digest=False))
+                else:
+                    mine.append(alert)
+            if not mine:
                 continue
             if muted:
                 if not batch.repeat:
                     why = f"muted: {', '.join(muted)}"
-                    results += [self._skip(notifier, a, MUTED, why, now) for a in live]
+                    for alert in mine:
+                        if alert.status == "firing" and alert.event_type in RESOLVABLE:
+                            self._unsent[(receiver, alert.decision_id)] = MUTED
+                        results.append(self._skip(notifier, alert, MUTED, why, now))
                 continue
-            result = self.dispatcher.deliver(self._notification(notifier, live, batch))
-            if result.error.startswith(RATE_LIMITED):
-                for alert in live:
-                    self.digest.add(receiver, alert, RATE_LIMITED, now)
-            results.append(result)
+            # Alertmanager takes alerts, not texts: each alert of the batch is posted on its own
+            # (with its own labels and endsAt) and Alertmanager groups them by its own routes
+            parts = [[a] for a in mine] if notifier.kind == "alertmanager" else [mine]
+            for part in parts:
+                for alert in part:       # (a repeat may bring what was inhibited at first)
+                    self._unsent.pop((receiver, alert.decision_id), None)
+                result = self.dispatcher.deliver(self._notification(notifier, part, batch))
+                if result.error.startswith(RATE_LIMITED):
+                    for alert in part:
+                        self.digest.add(receiver, alert, RATE_LIMITED, now)
+                results.append(result)
         free = self.grouper.done(batch)
         if self.held is not None and not batch.repeat:
             for alert in batch.alerts:
@@ -208,8 +245,10 @@ class EventCenter:
                     self.held.put(alert, self.grouper.waiting(alert))
         return results
 
-    def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float) -> DeliveryResult:
-        self.digest.add(notifier.name, alert, why, now)
+    def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float,
+              digest: bool = True) -> DeliveryResult:
+        if digest:
+            self.digest.add(notifier.name, alert, why, now)
         return self.dispatcher.note(self.dispatcher.notification(notifier, alert), status, why)
 
     def _notification(self, notifier: Any, alerts: list[Alert], batch: Batch) -> Notification:

@@ -4,11 +4,14 @@ Alerts that end in the same route with the same ``group_by`` label values form a
 group's first notification goes out ``group_wait`` seconds after its first alert; later alerts of
 the group go out together, at most every ``group_interval`` seconds; when nothing new came, the last
 notification is sent again after ``repeat_interval`` seconds (0: never). Unlike Alertmanager, a
-notification carries the alerts that are new since the last one (ftwatch's alerts are events
-that do not resolve), and "the same content" means the same alerts (decision ids), not the same
-labels: two restarts with equal labels are two alerts. As our alerts never resolve, repeats stop
-:data:`REPEAT_HORIZON` seconds after the group's last new alert (then the group is forgotten), so a
-long ``ftwatch watch`` does not remind of a job that failed last week.
+notification carries the alerts that are new since the last one (ftwatch's alerts are events;
+a resolved alert is a new one), and "the same content" means the same alerts (decision ids), not
+the same labels: two restarts with equal labels are two alerts. A repeat re-sends the firing
+alerts of the last notification that have not resolved since; resolved alerts are never repeated
+(as in Alertmanager), and a group with nothing left firing is forgotten. Most alerts (failures,
+notices) never resolve, so repeats stop :data:`REPEAT_HORIZON` seconds after the group's last new
+alert (then the group is forgotten), so a long ``ftwatch watch`` does not remind of a job that
+failed last week.
 
 Time is whatever the caller passes (epoch seconds from ``ftwatch.clock``); nothing here sleeps.
 A :class:`HeldStore` keeps every alert still waiting in a group on disk, so an ftwatch killed
@@ -119,7 +122,10 @@ class Grouper:
                   and now >= group.last_new + REPEAT_HORIZON):
                 del self.groups[key]       # repeated long enough: forget it
             elif (not group.pending and group.last_sent is not None and timing.repeat_interval > 0
-                  and now >= group.last_sent + timing.repeat_interval and group.last_batch):
+                  and now >= group.last_sent + timing.repeat_interval and not group.last_batch):
+                del self.groups[key]       # everything it said has resolved: nothing to remind of
+            elif (not group.pending and group.last_sent is not None and timing.repeat_interval > 0
+                  and now >= group.last_sent + timing.repeat_interval):
                 group.repeats += 1
                 group.last_sent = now
                 out.append(Batch(key, group.match, group.last_batch, group.repeats))
@@ -152,7 +158,11 @@ class Grouper:
         batch = Batch(key, group.match, tuple(group.pending))
         group.pending = []
         group.last_sent = now
-        group.last_batch = batch.alerts
+        resolved = {a.decision_id for a in batch.alerts if a.status != "firing"}
+        firing = tuple(a for a in batch.alerts if a.status == "firing" and a.decision_id not in resolved)
+        # what a repeat re-sends: this batch's firing alerts, or (a batch of resolutions only)
+        # the earlier ones that are still firing
+        group.last_batch = firing or tuple(a for a in group.last_batch if a.decision_id not in resolved)
         group.repeats = 0
         group.last_new = now
         group.next_flush = now + group.match.timing.group_interval

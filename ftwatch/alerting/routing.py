@@ -233,11 +233,19 @@ class Inhibitor:
         self.rules = [(Matcher(r.source_match), Matcher(r.target_match), tuple(r.equal), r.duration)
                       for r in rules]
         self._sources: list[tuple[float, str, EventView]] = []   # (fired at, id, event)
+        self._ended: dict[str, float] = {}                         # source id -> resolved at
 
     def observe(self, alert_id: str, event: EventView, at: float) -> None:
-        """Note an alert that fired at ``at``; it inhibits while a rule's ``duration`` lasts."""
+        """Note an alert that fired at ``at``; it inhibits while a rule's ``duration`` lasts
+        and it has not resolved (:meth:`end`)."""
         if any(src(event) for src, _, _, _ in self.rules):
             self._sources.append((at, alert_id, event))
+
+    def end(self, alert_id: str, at: float) -> None:
+        """The source alert ``alert_id`` resolved at ``at``: from then on it inhibits nothing
+        (as in Alertmanager, inhibition lasts while the source fires)."""
+        if any(sid == alert_id for _, sid, _ in self._sources):
+            self._ended[alert_id] = at
 
     def inhibited(self, event: EventView, at: float, alert_id: str = "") -> Inhibition | None:
         """The first rule whose live source inhibits ``event`` at ``at``, or None.
@@ -247,12 +255,16 @@ class Inhibitor:
         """
         horizon = max((d for *_, d in self.rules), default=0.0)
         self._sources = [s for s in self._sources if s[0] + horizon > at - 86400.0]
+        live = {s[1] for s in self._sources}
+        self._ended = {k: v for k, v in self._ended.items() if k in live}
         for i, (src, dst, equal, duration) in enumerate(self.rules):
             if not dst(event):
                 continue
             for fired, sid, source in self._sources:
                 if sid == alert_id or not (fired <= at < fired + duration) or not src(source):
                     continue
+                if at >= self._ended.get(sid, float("inf")):
+                    continue                    # the source resolved
                 if all(source.label(k) == event.label(k) for k in equal):
                     return Inhibition(i, sid, source.event_type)
         return None

@@ -109,3 +109,16 @@ def _time(text: str) -> float | None:
         return datetime.strptime(text.strip(), "%Y-%m-%d_%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         return None
+
+
+CLEAN_FINISH = b"worker group successfully finished"
+"""What a torchelastic agent logs (INFO, ``LOGLEVEL=INFO``) once every worker of its group
+exited 0: ``[default] worker group successfully finished. Waiting 300 seconds for other agents
+to finish.`` (``torch/distributed/elastic/agent/server/api.py``, ``SimpleElasticAgent._invoke_run``;
+torch 2.x)."""
+
+
+def finished_cleanly(data: bytes) -> bool:
+    """True when a chunk of a launcher's output says its worker group finished successfully
+    (:data:`CLEAN_FINISH`); the only sign of a clean end that shipped logs carry."""
+    return CLEAN_FINISH in data

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Collection, Iterable, TextIO
 
 from ftwatch.events import Action, Decision, Finding, Origin, iso
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
@@ -36,11 +36,13 @@ class Recorder:
         output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
 
     Resolution (SPEC N2, Alertmanager): the alerts of resolvable incidents (event types
-    ``job_restart``, ``job_hang``, ``node_isolated``; ``ftwatch.alerting.alerts.RESOLVABLE``)
-    stay open until the runner calls :meth:`resolve_open` (the job finished, successfully or
-    not) or :meth:`resolve_due` finds ``resolve_after`` seconds passed since the last incident
-    while the job ran on. Each then goes to every receiver once more with status ``resolved``
-    and ``ends_at`` set. ``job_failed`` and notifications never resolve here.
+    ``job_restart``, ``instance_restart``, ``job_hang``, ``node_isolated``;
+    ``ftwatch.alerting.alerts.RESOLVABLE``) stay open until :meth:`resolve_open` is called
+    (the job finished, successfully or not) or :meth:`resolve_due` finds ``resolve_after``
+    seconds passed since the job's last such incident while it ran on. Each then goes to every
+    receiver once more with status ``resolved`` and ``ends_at`` set. ``job_failed`` and
+    notifications never resolve here. The bookkeeping is per job (label ``job``): one job's
+    quiet period or end never resolves another job's alerts (``ftwatch watch`` sees many).
     """
 
     def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
@@ -61,8 +63,8 @@ class Recorder:
         self.metrics = metrics
         self.output_counts = OutputCounts(output_bucket)
         self.resolve_after = resolve_after
-        self.open_alerts: dict[tuple, Any] = {}    # labels -> the latest firing alert
-        self._last_incident: float | None = None
+        self.open_alerts: dict[tuple, Any] = {}    # labels (job included) -> the latest firing alert
+        self._last_incident: dict[str, float] = {}  # job -> time of its latest resolvable incident
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -136,13 +138,23 @@ class Recorder:
             self._dispatch(alert)
             if alert.event_type in RESOLVABLE:
                 self.open_alerts[tuple(sorted(alert.labels.items()))] = alert
-                self._last_incident = decision.time
+                self._last_incident[alert.labels.get("job", "")] = decision.time
 
-    def resolve_open(self, time: float, reason: str = "") -> int:
-        """Resolve every open alert at ``time`` (epoch seconds): each goes to the receivers as
-        ``resolved`` and a ``alert_resolved`` event is stored. Returns how many resolved."""
-        alerts, self.open_alerts = list(self.open_alerts.values()), {}
-        self._last_incident = None
+    def open_jobs(self) -> set[str]:
+        """The jobs (label ``job``) that have open alerts."""
+        return {alert.labels.get("job", "") for alert in self.open_alerts.values()}
+
+    def resolve_open(self, time: float, reason: str = "", job: str | None = None) -> int:
+        """Resolve the open alerts at ``time`` (epoch seconds): those of ``job``, or of every
+        job when None. Each goes to the receivers as ``resolved`` and an ``alert_resolved``
+        event is stored. Returns how many resolved."""
+        alerts = [a for a in self.open_alerts.values() if job is None or a.labels.get("job", "") == job]
+        if job is None:
+            self.open_alerts, self._last_incident = {}, {}
+        else:
+            self.open_alerts = {k: a for k, a in self.open_alerts.items()
+                                if a.labels.get("job", "") != job}
+            self._last_incident.pop(job, None)
         for alert in alerts:
             self.event(time, alert.labels.get("job", ""), "alert_resolved",
                        alert.labels.get("instance") or None, decision_id=alert.decision_id,
@@ -150,16 +162,24 @@ class Recorder:
             if self.dispatcher is not None:
                 self._dispatch(alert.resolve(time))
         if alerts:
-            self.say(f"ftwatch: {len(alerts)} alert(s) resolved ({reason or 'no new incident'})")
+            whose = f" of job {job}" if job is not None else ""
+            self.say(f"ftwatch: {len(alerts)} alert(s){whose} resolved ({reason or 'no new incident'})")
         return len(alerts)
 
-    def resolve_due(self, now: float) -> int:
-        """Resolve the open alerts if ``resolve_after`` seconds passed since the last incident
-        (call it while the job runs). Returns how many resolved."""
-        if (self.resolve_after is None or not self.open_alerts or self._last_incident is None
-                or now - self._last_incident < self.resolve_after):
+    def resolve_due(self, now: float, hold: Collection[str] = ()) -> int:
+        """Resolve the open alerts of each job whose last resolvable incident is at least
+        ``resolve_after`` seconds before ``now`` (epoch seconds; call it while jobs run).
+        Jobs are judged one by one; those named in ``hold`` (an incident still settling) are
+        left open. Returns how many resolved."""
+        if self.resolve_after is None or not self.open_alerts:
             return 0
-        return self.resolve_open(now, f"no new incident for {self.resolve_after:g}s")
+        count = 0
+        for job in sorted(self.open_jobs()):
+            last = self._last_incident.get(job)
+            if job in hold or last is None or now - last < self.resolve_after:
+                continue
+            count += self.resolve_open(now, f"no new incident for {self.resolve_after:g}s", job=job)
+        return count
 
     def _dispatch(self, alert: Any) -> None:
         for result in self.dispatcher.dispatch(alert):

@@ -11,6 +11,11 @@ the job, so jobs never mix). Each job has its own policy, budgets, hang tracker 
 
 A job hang (every instance of the job silent for ``job_hang_interval``) decides at once.
 There are no process exits here: a job that ended is simply quiet.
+
+Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve once
+``resolve_after`` seconds pass with no new such incident of that job (and none settling), at
+once when a launcher of the job logs that its worker group finished successfully
+(``ftwatch.parsers.torchelastic.CLEAN_FINISH``), and as superseded when the job is failed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Callable, Iterable, Sequence
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers import fields
-from ftwatch.parsers.torchelastic import parse_summary
+from ftwatch.parsers.torchelastic import finished_cleanly, parse_summary
 from ftwatch.pipeline.actuator import Actuator, NoneActuator
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
@@ -158,12 +163,16 @@ class Watcher:
             findings = self.engine.feed(origin, data, t)
             findings += self._summary_exits(origin, data, t)
             self._add(job, findings, now_mono)
+            if finished_cleanly(data):
+                self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
+                                           job=job.name)
         ack = getattr(batch, "ack", None)
         if ack is not None:
             ack()                                   # a file tail may now save its offsets
 
     def tick(self) -> None:
-        """Time passes: close stale blocks, check hangs, decide settled incidents."""
+        """Time passes: close stale blocks, check hangs, decide settled incidents, resolve the
+        alerts of jobs quiet for ``resolve_after`` (``Recorder.resolve_due``)."""
         now, mono = self.clock.time(), self.clock.mono()
         if self.flush_partials is not None:
             stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
@@ -177,6 +186,8 @@ class Watcher:
                 self._decide(job, hang)
             if job.trigger is not None and mono - job.opened >= self.config.watch.settle:
                 self._decide(job, job.trigger)
+        settling = {job.name for job in self.jobs.values() if job.trigger is not None}
+        self.recorder.resolve_due(now, hold=settling)   # per job: quiet for resolve_after
         self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
 
     def _summary_exits(self, origin: Origin, data: bytes, t: float) -> list[Finding]:
@@ -281,4 +292,5 @@ class Watcher:
             job.instances.clear()                   # a new attempt: instances start again
             job.tracker = self._tracker()
         if decision.action is Action.FAIL_JOB:
+            self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=job.name)
             del self.jobs[job.name]                 # ended; a job of that name later starts fresh

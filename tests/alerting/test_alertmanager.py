@@ -171,6 +171,25 @@ def test_config_builds_the_notifier():
                                                       "url": "am:9093"}]})
 
 
+def test_resolve_after_takes_the_route_timings_durations():
+    """`resolve_after` reads like `group_wait`: seconds, or 30s / 5m / 1h (one parser)."""
+    def resolve_after(value):
+        return AlertingConfig.model_validate({"receivers": [
+            {"type": "alertmanager", "name": "am", "url": "http://am:9093", "resolve_after": value}]}
+        ).receivers[0].resolve_after
+    assert [resolve_after(v) for v in ("1h", "5m", "30s", "1h30m", 90, "120")] == [
+        3600, 300, 30, 5400, 90, 120]
+    for bad in ("soon", "0s", -5, "1 hour"):
+        with pytest.raises(ValueError):
+            resolve_after(bad)
+    [n] = build_notifiers([{"type": "alertmanager", "name": "am", "url": "http://am:9093",
+                            "resolve_after": "2m"}])
+    assert n.resolve_after == 120
+    with pytest.raises(ValueError, match="receiver 'am' .*resolve_after"):
+        build_notifiers([{"type": "alertmanager", "name": "am", "url": "http://am:9093",
+                          "resolve_after": "later"}])
+
+
 class Recording:
     """A notifier that keeps what it is sent."""
 
@@ -282,3 +301,50 @@ def test_ftwatch_run_restart_fires_and_resolves_when_the_job_succeeds(am: Alertm
     [resolved] = until(lambda: am_posts(hook, "resolved"), what="AM's resolved webhook")
     assert resolved["alerts"][0]["labels"]["job"] == "am-job"
     assert am.alerts("am-job") == []
+
+
+@needs_am
+@pytest.mark.slow
+def test_ftwatch_watch_resolves_a_quiet_jobs_restart_alert(am: Alertmanager, hook: Hook,
+                                                           tmp_path: Path):
+    """`ftwatch watch` (stdin, input still open): an NCCL error restarts the job; after
+    resolve_after (2s) with no new incident the watch itself resolves the alert: the webhook
+    gets `resolved` with endsAt, Alertmanager its endsAt and sends its resolved webhook."""
+    import threading
+    cfg = tmp_path / "watch.yaml"
+    cfg.write_text(json.dumps({
+        "policy": {"enable_job_restart": True},
+        "watch": {"sources": [{"type": "stdin"}], "settle": 0.5, "cooldown": 1.0,
+                  "identity": {"default_job": "am-watch"}},
+        "alerting": {"receivers": [
+            {"type": "alertmanager", "name": "am", "url": am.url, "resolve_after": "2s",
+             "max_retries": 0},
+            {"type": "webhook", "name": "ops", "url": f"http://127.0.0.1:{hook.port}/ftwatch",
+             "max_retries": 0}]}}), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "ftwatch", "watch", "--config", str(cfg),
+                             "--state-dir", str(tmp_path / "state")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        proc.stdin.write("step 10 loss 0.5\nRuntimeError: NCCL error: unhandled system error\n")
+        proc.stdin.flush()
+        until(lambda: any("decision restart_job" in x for x in lines), what="the restart decision")
+        [firing] = until(lambda: am_posts(hook, "firing"), what="AM's firing webhook")
+        assert firing["alerts"][0]["labels"]["job"] == "am-watch"
+        until(lambda: any("1 alert(s) of job am-watch resolved (no new incident for 2s)" in x
+                          for x in lines), what="the watch to resolve the alert")
+        own = until(lambda: [b for b in (json.loads(r["raw"]) for r in list(hook.requests)
+                                         if r["path"] == "/ftwatch") if b["status"] == "resolved"],
+                    what="the resolved alert on the webhook")
+        assert own[0]["labels"]["job"] == "am-watch" and own[0]["endsAt"] is not None
+        until(lambda: am_posts(hook, "resolved"), what="AM's resolved webhook")
+        assert am.alerts("am-watch") == []
+        assert proc.poll() is None                         # resolved while the watch runs on
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+        reader.join(5)
+    assert proc.returncode == 0, "".join(lines)

@@ -423,35 +423,31 @@ def test_the_example_config_loads():
     root = Path(__file__).resolve().parents[2]
     config = load_config(root / "examples" / "alerting.yaml")
     kinds = {r.type for r in config.alerting.receivers}
-    assert kinds >= {"console", "webhook", "dingtalk", "feishu", "wecom", "slack"}
+    assert kinds == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email", "alertmanager"}
+    [am] = [r for r in config.alerting.receivers if r.type == "alertmanager"]
+    assert am.resolve_after == 3600                      # `1h`
     assert config.alerting.route.routes and config.alerting.mute_time_intervals
     assert config.alerting.inhibit_rules and config.alerting.rate_limits and config.alerting.digest.enabled
     assert config.alerting.templates["webhook"].is_file()
 
 
-def test_the_readme_example_validates():
-    """The README's full example: every receiver kind this build knows validates (email and
-    alertmanager too once their models exist; until then they and their names are left out)."""
+def test_the_readme_example_validates_and_is_the_example_file():
+    """The README's full example validates, every receiver kind included, and is what
+    examples/alerting.yaml holds (the file only adds comments)."""
     import yaml
 
-    from ftwatch.config import RECEIVER_MODELS
     root = Path(__file__).resolve().parents[2]
     text = (root / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## Alerts and the event center"):]
     block = section[section.index("```yaml\n") + 8:]
-    data = yaml.safe_load(block[:block.index("```")])["alerting"]
+    readme = yaml.safe_load(block[:block.index("```")])
+    data = readme["alerting"]
     kinds = {r["type"] for r in data["receivers"]}
     assert kinds == {"console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email", "alertmanager"}
-    unknown = {r["name"] for r in data["receivers"] if r["type"] not in RECEIVER_MODELS}
-    data["receivers"] = [r for r in data["receivers"] if r["name"] not in unknown]
-
-    def strip(route):
-        route["receivers"] = [r for r in route.get("receivers", []) if r not in unknown]
-        for child in route.get("routes", []):
-            strip(child)
-    strip(data["route"])
     config = AlertingConfig.model_validate(data)
     assert len(config.route.routes) == 4 and config.digest.timezone == "Asia/Shanghai"
+    example = yaml.safe_load((root / "examples" / "alerting.yaml").read_text(encoding="utf-8"))
+    assert readme == example
 
 
 def test_durations_and_weekdays():
@@ -482,3 +478,95 @@ def test_a_firing_and_a_resolved_alert_of_one_decision_are_two_alerts(tmp_path):
     [n] = ops.got
     assert n.alert.annotations["grouped_alerts"] == f"{firing.decision_id},{firing.decision_id}~resolved"
     assert list((tmp_path / "held").glob("*.json")) == []
+
+
+def test_resolved_alerts_are_never_repeated_and_end_the_groups_repeats(tmp_path):
+    """A restart alert repeats every repeat_interval while it fires; once its resolution went
+    out, neither the resolution nor the firing alert is sent again (as in Alertmanager)."""
+    clock = FakeClock()
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops], route={"group_by": ["job"], "group_interval": "5m",
+                                              "repeat_interval": "1h"})
+    a = alert(Action.RESTART_JOB)
+    c.dispatch(a)
+    clock.advance(3600)
+    c.tick()
+    assert ops.ids == [f"{a.decision_id}-ops", f"{a.decision_id}-ops~repeat1"]
+    clock.advance(600)
+    c.dispatch(a.resolve(clock.time()))
+    c.tick()
+    assert ops.ids[2:] == [f"{a.decision_id}-ops~resolved"]
+    for _ in range(5):
+        clock.advance(3600)
+        c.tick()
+    assert len(ops.ids) == 3 and c.grouper.groups == {}
+
+
+def test_an_alertmanager_receiver_gets_each_alert_of_a_group_on_its_own(tmp_path):
+    """A group of three alerts (one a resolution) is one text for a chat receiver but three
+    alerts for Alertmanager, each with its own labels and endsAt (AM groups them itself)."""
+    from ftwatch.alerting.notifiers import AlertmanagerNotifier
+    clock = FakeClock()
+    chat, am = Sink("chat"), Sink("am", kind="alertmanager")
+    c = center(tmp_path, clock, [chat, am], route={"group_by": ["job"], "group_wait": "30s"})
+    a1, a2 = alert(Action.RESTART_INSTANCE, rank=1), alert(Action.RESTART_INSTANCE, rank=2)
+    c.dispatch(a1)
+    c.dispatch(a2)
+    c.dispatch(a1.resolve(clock.time()))
+    clock.advance(30)
+    c.tick()
+    assert len(chat.got) == 1 and "3 alerts" in chat.got[0].title
+    assert sorted(n.id for n in am.got) == sorted([f"{a1.decision_id}-am", f"{a2.decision_id}-am",
+                                                   f"{a1.decision_id}-am~resolved"])
+    posted = [AlertmanagerNotifier("am", "http://am:9093").payload(n)[0] for n in am.got]
+    assert sorted(p["labels"]["rank"] for p in posted) == ["1", "1", "2"]
+    ends = {n.alert.status: n.alert.ends_at for n in am.got if n.alert.labels["rank"] == "1"}
+    assert ends["resolved"] == clock.time() - 30
+
+
+def test_a_resolution_follows_its_firing_alert_and_ends_the_inhibition(tmp_path):
+    """An isolation inhibits its job's restarts only while it fires; a restart alert whose
+    firing was inhibited (or muted) sends no resolution to that receiver; one that was
+    delivered does, even while its job's isolation fires."""
+    clock = FakeClock()
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops])
+    restart = alert(Action.RESTART_JOB)
+    c.dispatch(restart)                                  # delivered
+    iso = alert(Action.ISOLATE_NODE)
+    c.dispatch(iso)                                      # delivered; a live source now
+    hidden = alert(Action.RESTART_JOB)
+    results = c.dispatch(hidden)
+    assert [r.status for r in results] == ["inhibited"]
+    clock.advance(60)
+    c.dispatch(restart.resolve(clock.time()))            # its firing went out: so does this
+    assert ops.ids[-1] == f"{restart.decision_id}-ops~resolved"
+    results = c.dispatch(hidden.resolve(clock.time()))   # its firing was inhibited: not this
+    assert [r.status for r in results] == ["inhibited"] and "not sent" in results[0].error
+    assert ops.ids[-1] == f"{restart.decision_id}-ops~resolved"
+    c.dispatch(iso.resolve(clock.time()))                # the source resolved ...
+    clock.advance(1)
+    later = alert(Action.RESTART_JOB)
+    c.dispatch(later)                                    # ... and inhibits nothing more
+    assert ops.ids[-1] == f"{later.decision_id}-ops"
+
+
+def test_no_resolution_for_an_alert_muted_when_it_fired(tmp_path):
+    """Muted on Saturday, resolved on Monday: the receiver never saw the firing alert, so it
+    gets no resolution; an alert delivered on Monday gets its resolution."""
+    clock = FakeClock(at("2026-11-28T12:00:00"))          # a Saturday
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops], route={"mute_time_intervals": ["weekends"]},
+               mute_time_intervals=[{"name": "weekends", "weekdays": ["saturday:sunday"],
+                                     "timezone": "Asia/Shanghai"}])
+    quiet = alert(Action.RESTART_JOB)
+    assert c.dispatch(quiet)[0].status == "muted"
+    clock.advance(2 * 86400)                              # Monday
+    loud = alert(Action.RESTART_JOB, rank=5)
+    c.dispatch(loud)
+    [r] = c.dispatch(quiet.resolve(clock.time()))
+    assert r.status == "muted" and "its firing alert was not sent" in r.error
+    c.dispatch(loud.resolve(clock.time()))
+    sent = [i for i in ops.ids if not i.startswith("digest")]   # Saturday's digest is due too
+    assert sent == [f"{loud.decision_id}-ops", f"{loud.decision_id}-ops~resolved"]
+    assert c.digest.entries == []                          # the resolution adds no digest line

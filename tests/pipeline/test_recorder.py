@@ -36,3 +36,52 @@ def test_resend_runs_every_interval_and_not_more_often():
 def test_no_dispatcher_is_fine():
     """Without alerting configured nothing happens."""
     assert Recorder(out=io.StringIO()).resend_due(5.0) == 0
+
+
+class Keeping:
+    """A notifier that keeps what it is sent."""
+
+    kind = "webhook"
+    name = "keep"
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, notification) -> None:
+        self.sent.append(notification)
+
+
+def restart(job: str, t: float):
+    from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
+    rc = Finding("exit.sigkill", "exit_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB,
+                 Severity.ERROR, Origin(f"{job}-w1", 1, job, "node-a"), "exited by SIGKILL", t - 1)
+    return Decision(t, Action.RESTART_JOB, Target(job), rc, "restart", 1, 2, attempt=0)
+
+
+def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
+    """Two jobs' restart alerts: each resolves after its own quiet period; resolving one job
+    (its end, or its quiet period) leaves the other's alert open."""
+    from ftwatch.alerting.dispatcher import Dispatcher
+    from ftwatch.alerting.rendering import TemplateRenderer
+    from ftwatch.alerting.spool import Spool
+    keep = Keeping()
+    rec = Recorder(dispatcher=Dispatcher([keep], TemplateRenderer("en"), Spool(tmp_path / "s")),
+                   out=io.StringIO(), resolve_after=300)
+    t0 = 1_795_250_000.0
+    rec.decision(restart("a", t0))
+    rec.decision(restart("b", t0 + 200))
+    assert rec.open_jobs() == {"a", "b"}
+    assert rec.resolve_due(t0 + 299) == 0
+    assert rec.resolve_due(t0 + 300) == 1                 # a's quiet period, not b's
+    assert rec.open_jobs() == {"b"}
+    assert rec.resolve_due(t0 + 499) == 0
+    assert rec.resolve_due(t0 + 500, hold={"b"}) == 0     # b's next incident still settling
+    rec.decision(restart("c", t0 + 510))
+    assert rec.resolve_open(t0 + 520, "the job finished", job="b") == 1
+    assert rec.open_jobs() == {"c"}
+    sent = [(n.alert.labels["job"], n.alert.status) for n in keep.sent]
+    assert sent == [("a", "firing"), ("b", "firing"), ("a", "resolved"), ("c", "firing"),
+                    ("b", "resolved")]
+    assert keep.sent[2].alert.ends_at == t0 + 300
+    assert "1 alert(s) of job b resolved (the job finished)" in rec.out.getvalue()
+    assert rec.resolve_open(t0 + 600) == 1 and rec.open_jobs() == set()   # None: every job

@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.rendering import TemplateRenderer
+from ftwatch.alerting.spool import Spool
 from ftwatch.clock import FakeClock
 from ftwatch.config import Config
 from ftwatch.events import Origin
@@ -33,15 +36,42 @@ def line(clock, job, node, pod, rank, text):
     return Shipped(clock.time(), text.encode(), {"job": job, "node": node, "pod": pod, "rank": rank})
 
 
-def make(tmp_path: Path, clock: FakeClock, actuator=None, **policy) -> tuple[Watcher, Recorder]:
+def make(tmp_path: Path, clock: FakeClock, actuator=None, dispatcher=None, resolve_after=300.0,
+         **policy) -> tuple[Watcher, Recorder]:
     config = Config.model_validate({
         "storage": {"state_dir": str(tmp_path / "state")},
         "policy": {"enable_job_restart": True, **policy},
         "watch": {"settle": 5.0, "cooldown": 60.0},
     })
     store = SqliteStore(tmp_path / "state" / "ftwatch.db")
-    recorder = Recorder(store, tmp_path / "decisions.jsonl", None, out=io.StringIO())
+    recorder = Recorder(store, tmp_path / "decisions.jsonl", dispatcher, out=io.StringIO(),
+                        resolve_after=resolve_after)
     return Watcher(config, Engine(RULES), recorder, resolve, actuator, clock), recorder
+
+
+class Keeping:
+    """A notifier that keeps what it is sent."""
+
+    kind = "webhook"
+    name = "keep"
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, notification) -> None:
+        self.sent.append(notification)
+
+    def log(self) -> list[tuple[str, str]]:
+        """(job, status) of each notification so far."""
+        return [(n.alert.labels["job"], n.alert.status) for n in self.sent]
+
+
+def alerting(tmp_path: Path) -> tuple[Keeping, Dispatcher]:
+    keep = Keeping()
+    return keep, Dispatcher([keep], TemplateRenderer("en"), Spool(tmp_path / "spool"))
+
+
+NCCL = "RuntimeError: NCCL error: unhandled system error"
 
 
 def cluster_batch(clock, job, nodes=4, ranks_per_node=8, text="step 10 loss 0.5"):
@@ -113,3 +143,114 @@ def test_exec_actuator_gets_the_decision_json(tmp_path):
     assert acted["action"] == "restart_job" and acted["target"]["job"] == "j"
     events = [e for e in rec.store.events("j") if e["kind"] == "actuator"]
     assert events and events[0]["detail"]["status"] == "done"
+
+
+def fail(clock, w, job, node="n0", rank=1):
+    """One NCCL error of ``job``; its restart is decided after the 5 s settle."""
+    w.ingest([line(clock, job, node, f"{job}-worker-{rank}", rank, NCCL)])
+
+
+def test_watch_resolves_each_jobs_alerts_after_its_own_quiet_period(tmp_path):
+    """Two jobs in one watch: each restart alert resolves resolve_after (300 s) after that job's
+    last incident; a job's new incident restarts its own quiet period and no other's."""
+    clock = FakeClock()
+    keep, dispatcher = alerting(tmp_path)
+    w, rec = make(tmp_path, clock, dispatcher=dispatcher)
+
+    def run_for(seconds):
+        for _ in range(int(seconds)):
+            clock.advance(1)
+            w.tick()
+
+    fail(clock, w, "a")
+    run_for(6)                                          # a: restart at ~t0+5
+    t_a = rec.decisions[-1].time
+    run_for(94)
+    fail(clock, w, "b")
+    run_for(6)                                          # b: restart at ~t0+105
+    t_b = rec.decisions[-1].time
+    assert keep.log() == [("a", "firing"), ("b", "firing")]
+    run_for(t_a + 300 - clock.time() - 1)
+    assert keep.log() == [("a", "firing"), ("b", "firing")]    # a: not quite 300 s yet
+    run_for(2)
+    assert keep.log()[2:] == [("a", "resolved")]                 # a alone
+    assert keep.sent[2].alert.ends_at - t_a >= 300
+    fail(clock, w, "b")                                 # b again, after its cooldown
+    run_for(6)
+    t_b2 = rec.decisions[-1].time
+    assert t_b2 > t_b + 60 and keep.log()[3:] == [("b", "firing")]
+    run_for(t_b + 300 - clock.time() + 5)
+    assert ("b", "resolved") not in keep.log()          # its quiet period started again
+    run_for(t_b2 + 300 - clock.time() + 2)
+    assert keep.log()[4:] == [("b", "resolved")]
+    events = [e for e in rec.store.events("a") if e["kind"] == "alert_resolved"]
+    assert len(events) == 1 and "no new incident for 300s" in events[0]["detail"]["reason"]
+    assert "1 alert(s) of job a resolved" in rec.out.getvalue()
+
+
+def test_a_settling_incident_holds_the_resolution(tmp_path):
+    """A job whose next incident is still settling when its quiet period ends keeps its alert
+    open; the new decision then restarts the quiet period."""
+    clock = FakeClock()
+    keep, dispatcher = alerting(tmp_path)
+    w, rec = make(tmp_path, clock, dispatcher=dispatcher, resolve_after=100)
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()                                             # restart decided at t+6
+    clock.advance(98)
+    w.tick()
+    fail(clock, w, "a")                                  # a new incident at t+104 (after cooldown)
+    clock.advance(3)
+    w.tick()                                             # t+107: quiet for 101 s, but settling
+    assert keep.log() == [("a", "firing")]
+    clock.advance(3)
+    w.tick()                                             # decided: a second firing
+    assert keep.log() == [("a", "firing"), ("a", "firing")]
+    clock.advance(99)
+    w.tick()
+    assert len(keep.log()) == 2
+    clock.advance(2)
+    w.tick()
+    assert keep.log()[2:] == [("a", "resolved")]
+
+
+def test_a_clean_finish_in_the_launchers_log_resolves_that_job_at_once(tmp_path):
+    """torchelastic's "worker group successfully finished" from job a's launcher resolves a's
+    restart alert at once; job b's stays open."""
+    clock = FakeClock()
+    keep, dispatcher = alerting(tmp_path)
+    w, rec = make(tmp_path, clock, dispatcher=dispatcher)
+    fail(clock, w, "a")
+    fail(clock, w, "b")
+    clock.advance(6)
+    w.tick()
+    assert sorted(keep.log()) == [("a", "firing"), ("b", "firing")]
+    clock.advance(30)
+    w.ingest([line(clock, "a", "n0", "a-launcher", None,
+                   "I1121 11:02:19.507000 18964 torch/distributed/elastic/agent/server/api.py:933] "
+                   "[default] worker group successfully finished. Waiting 300.0 seconds for other "
+                   "agents to finish.")])
+    assert keep.log()[2:] == [("a", "resolved")]
+    assert rec.open_jobs() == {"b"}
+    assert "finished successfully" in rec.store.events("a")[-1]["detail"]["reason"]
+
+
+def test_a_failed_job_resolves_its_restart_alerts_as_superseded(tmp_path):
+    """Budget spent: the job's second incident fails it; its open restart alert resolves
+    (superseded), the fail_job alert itself stays (it never resolves)."""
+    clock = FakeClock()
+    keep, dispatcher = alerting(tmp_path)
+    w, rec = make(tmp_path, clock, dispatcher=dispatcher, max_num_of_job_restart=1)
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    clock.advance(70)
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    assert [d.action.label for d in rec.decisions] == ["restart_job", "fail_job"]
+    assert [(n.alert.event_type, n.alert.status) for n in keep.sent] == [
+        ("job_restart", "firing"), ("job_failed", "firing"), ("job_restart", "resolved")]
+    assert rec.open_jobs() == set()
+    reasons = [e["detail"]["reason"] for e in rec.store.events("a") if e["kind"] == "alert_resolved"]
+    assert reasons == ["superseded: the job failed"]

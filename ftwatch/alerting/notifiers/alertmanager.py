@@ -44,6 +44,7 @@ import httpx
 from ftwatch.alerting.alerts import Alert, Notification
 from ftwatch.alerting.alerts import RESOLVABLE
 from ftwatch.alerting.notifiers.webhook import WebhookNotifier
+from ftwatch.configroutes import parse_duration
 from ftwatch.events import iso
 
 _LABEL_KEYS = ("job", "severity", "action", "instance", "node", "rank", "failure_class", "rule_id")
@@ -121,11 +122,18 @@ class AlertmanagerNotifier(WebhookNotifier):
         """One notifier from a config entry (``name``, ``url``, ``resolve_after``, ``labels``,
         ``timeout``, ``max_retries``).
 
+        ``resolve_after`` is seconds or a duration string (``30s``, ``5m``, ``1h``;
+        ``ftwatch.configroutes.parse_duration``).
+
         Raises:
             KeyError: ``name`` or ``url`` is missing.
+            ValueError: ``resolve_after`` is not a duration (the message names the receiver).
         """
-        return cls(str(data["name"]), str(data["url"]),
-                   resolve_after=float(data.get("resolve_after", DEFAULT_RESOLVE_AFTER)),
+        try:
+            resolve_after = parse_duration(data.get("resolve_after", DEFAULT_RESOLVE_AFTER))
+        except ValueError as exc:
+            raise ValueError(f"receiver {data.get('name')!r} (alertmanager): resolve_after: {exc}") from None
+        return cls(str(data["name"]), str(data["url"]), resolve_after=resolve_after,
                    labels=data.get("labels") or None, timeout=float(data.get("timeout", 5.0)),
                    max_retries=data.get("max_retries"))
 
