@@ -49,10 +49,7 @@ def test_bootcheck_before_every_attempt_and_troubleshooting_after_the_failure(tm
         assert any(line.startswith("DiskTest ") and line.endswith(": Succeed") for line in block)
         assert any(line.startswith("PyTorch Version: ") for line in block)
         assert any("Bus Bandwidth Average: " in line for line in block)
-        try:
-            import pynvml  # noqa: F401
-        except ImportError:
-            assert "GPU Check: skipped: pynvml (nvidia-ml-py) is not installed" in block
+        assert any(line.startswith("GPU Check: skipped: ") or line.startswith("GPU ") for line in block)
     # in the store: each Bootcheck before its attempt's workers started, the Troubleshooting after the failure
     store = SqliteStore(tmp_path / "st" / "ftwatch.db")
     kinds = [(e["kind"], e["detail"].get("attempt")) for e in store.events()

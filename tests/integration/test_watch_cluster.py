@@ -4,7 +4,6 @@ fluent-logger client, as fluent-bit's kubernetes filter would label them."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess

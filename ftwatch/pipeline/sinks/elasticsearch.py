@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ftwatch.errors import SinkError
 from ftwatch.events import Decision, Finding
 from ftwatch.pipeline.sinks import ecs
 from ftwatch.pipeline.sinks.esbuffer import DiskBuffer
