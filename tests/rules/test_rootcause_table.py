@@ -54,6 +54,13 @@ CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 
 PCIE_WARN = "pcieport 0000:00:03.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"
 NPU_SEPARATE = "[ERROR] DRV: device 2 fault code 0x80E18402"
 NPU_USER_INPUT = "[ERROR] RUNTIME: device 2 fault code 0x80C98002"
+WATCHDOG_SYSTEM_ERROR = ("[PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated with "
+                         "exception: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details), "
+                         "NCCL version 2.21.5")
+CUDA_ERROR = ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled cuda error "
+              "(run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1")
+GLOO_TIMEOUT = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                "1800000ms for send operation to complete")
 XID79 = "NVRM: Xid (PCI:0000:61:00): 79, pid=48211, name=python, GPU has fallen off the bus."
 
 
@@ -86,6 +93,13 @@ CASES = [
     Case("keyerror_before_peer_system_error",
          ((0, 10.0, KEYERROR), (1, 10.5, SYSTEM_ERROR)), ((0, 11.0, 1, None), (1, 12.0, 1, None)),
          "python.key_error", 0, "user_code", Action.FAIL_JOB),
+    Case("watchdog_system_error_then_sigabrt", ((1, 10.0, WATCHDOG_SYSTEM_ERROR),), ((1, 11.0, None, 6),),
+         "nccl.unhandled_system_error", 1, "retryable_infra", Action.RESTART_JOB),
+    Case("nccl_cuda_error_then_exit_1", ((0, 10.0, CUDA_ERROR),), ((0, 11.0, 1, None),),
+         "nccl.unhandled_cuda_error", 0, "retryable_infra", Action.RESTART_JOB),
+    Case("keyerror_before_peer_gloo_timeout",
+         ((2, 10.0, KEYERROR), (0, 1810.0, GLOO_TIMEOUT)), ((2, 11.0, 1, None), (0, 1811.0, 1, None)),
+         "python.key_error", 2, "user_code", Action.FAIL_JOB),
     Case("oom_before_peer_watchdog_timeout",
          ((0, 10.0, CUDA_OOM), (1, 600.0, WATCHDOG)), ((0, 11.0, 1, None), (1, 601.0, None, 6)),
          "cuda.out_of_memory", 0, "oom", Action.FAIL_JOB),
