@@ -12,7 +12,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    prefixes, a pod's stream read without them), which may be that instance's. So a generic exit
    never outranks the error its rank logged before it.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
-   "unhandled system error") is a real infra fault of the rank that reports it, unless another
+   "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
    instance has a real error before it, or died by a signal or a listed exit code, or exited early
    (an exit hang): then it is that failure's fallout. Deaths are compared whatever their time,
    because an exit is timestamped when ftwatch saw it (``ftwatch run``: after the dead worker's
@@ -32,9 +32,11 @@ from ftwatch.events import FailureClass, Finding, Severity
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
 #: (tag ``cascade`` in ``ftwatch/rules/packs``; tests/rules/test_rootcause.py keeps the two in step).
-#: nccl.unhandled_system_error: ncclSystemError, a failed socket/IB/shm call inside NCCL; files it
-#: as ``nccl_cascade``: NVIDIA/nvidia-resiliency-ext@d8686d9c attribution/restart_agent/l0/registry.py.
-CASCADE_RULES = frozenset({"nccl.unhandled_system_error"})
+#: nccl.unhandled_system_error: ncclSystemError, a failed socket/IB/shm call inside NCCL
+#: (NVIDIA/nvidia-resiliency-ext@d8686d9c attribution/restart_agent/l0/registry.py files it as
+#: ``nccl_cascade``); nccl.socket_connect_failed: a refused / timed-out connect to a peer, which a
+#: dead peer causes as well as a broken network.
+CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.socket_connect_failed"})
 #: Finding kinds that are not log lines: they never explain an exit.
 _NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang"})
 

@@ -61,6 +61,8 @@ CUDA_ERROR = ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLU
               "(run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1")
 GLOO_TIMEOUT = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
                 "1800000ms for send operation to complete")
+CONNECT_REFUSED = ("gpu-node-3:2111:2190 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: connect to "
+                   "10.42.0.7<43261> failed : Connection refused")
 XID79 = "NVRM: Xid (PCI:0000:61:00): 79, pid=48211, name=python, GPU has fallen off the bus."
 
 
@@ -117,6 +119,11 @@ CASES = [
          ((0, 20.1, REMOTE_ERROR), (2, 20.2, REMOTE_ERROR)),
          ((1, 20.5, None, 9), (0, 21.0, 1, None), (2, 21.0, 1, None)),
          "exit.sigkill", 1, "retryable_infra", Action.RESTART_JOB),
+    Case("sigkill_and_a_survivor_refused_connect",
+         ((0, 20.1, CONNECT_REFUSED),), ((1, 20.5, None, 9), (0, 21.0, 1, None)),
+         "exit.sigkill", 1, "retryable_infra", Action.RESTART_JOB),
+    Case("refused_connect_alone_then_exit_1", ((0, 5.0, CONNECT_REFUSED),), ((0, 6.0, 1, None),),
+         "nccl.socket_connect_failed", 0, "retryable_infra", Action.RESTART_JOB),
     # Watchdog timeouts and the SIGABRT they end in are fallout: only fallout restarts the job.
     Case("watchdog_timeout_then_sigabrt",
          ((0, 600.0, WATCHDOG), (2, 600.2, WATCHDOG)), ((0, 601.0, None, 6), (2, 601.1, 134, None)),
