@@ -7,10 +7,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    of an instance that logged errors is explained by them: it is not a root cause of its own. If
    all those logged errors are fallout, the exit is fallout too (the rank died because another one
    failed; every watchdog-timeout case of the evaluation corpus ends in SIGABRT, which the
-   exit-code table alone reads as user_code). A weak exit of an instance with no logged error of
-   its own is explained by logged errors that carry no rank (a replayed log without rank
-   prefixes, a pod's stream read without them), which may be that instance's. So a generic exit
-   never outranks the error its rank logged before it.
+   exit-code table alone reads as user_code). A weak exit of a rank with no logged error of its
+   own is explained by logged errors that carry no rank and may be that rank's: those of its
+   stream (``pod`` for ``pod/rank3``, see ``Origin.with_rank``), or, where the instance names no
+   stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. So a
+   generic exit never outranks the error its rank logged before it.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
    "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
    instance has a real error before it, or died by a signal or a listed exit code, or exited early
@@ -101,7 +102,13 @@ def analyse(findings: Sequence[Finding]) -> Analysis:
         """The logged errors that explain a weak exit ([] when it is not one, or nothing does)."""
         if not (generic_exit(f) or abort_exit(f)):
             return []
-        return logged.get(f.origin.instance) or ([] if f.origin.rank is None else unranked)
+        own = logged.get(f.origin.instance)
+        if own or f.origin.rank is None:
+            return own or []
+        stream = f.origin.instance.rpartition("/")[0]       # "pod/rank3": a rank of stream "pod"
+        if stream:
+            return [e for e in logged.get(stream, ()) if e.origin.rank is None]
+        return unranked
 
     fallout: list[Finding] = []
     candidates: list[Finding] = []

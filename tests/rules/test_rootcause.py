@@ -127,6 +127,18 @@ def test_log_lines_without_a_rank_explain_an_exit_of_a_rank_without_its_own():
     assert analyse([exit1, err, own]).real == (err, own)
 
 
+def test_a_rank_of_one_stream_is_explained_only_by_that_streams_unranked_lines():
+    """`ftwatch watch`: pod-b's torchrun summary names rank 5 (instance pod-b/rank5); pod-a's
+    unranked fallout says nothing about it."""
+    exit5 = exit_finding(ProcessExit(origin(5, "pod-b/rank5"), 0, 1, None, T0 + 20.0), TABLE, seq=2000)
+    assert exit5 is not None
+    other = log("gloo.connection_closed_by_peer", FALL, None, 10.0, instance="pod-a")
+    assert analyse([other, exit5]).real == (exit5,)
+    own = log("nccl.remote_error", FALL, None, 10.0, instance="pod-b")
+    an = analyse([other, own, exit5])
+    assert an.fallout_only and an.real == ()
+
+
 def test_a_bare_exit_1_is_still_a_root_cause():
     exit1 = died(0, 3.0, returncode=1)
     assert analyse([exit1]).real == (exit1,)
