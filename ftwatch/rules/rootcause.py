@@ -120,10 +120,20 @@ def analyse(findings: Sequence[Finding]) -> Analysis:
         elif _error(f) and not why:
             candidates.append(f)
 
+    strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
+    deaths = {r.origin.instance for r in strong
+              if r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r))}
+    firsts: list[Finding] = []          # the earliest strong error of the first two instances
+    for r in strong:
+        if not firsts or (len(firsts) == 1 and r.origin.instance != firsts[0].origin.instance):
+            firsts.append(r)
+
     def outranked(c: Finding) -> bool:
-        return any(r.origin.instance != c.origin.instance and r.rule_id not in CASCADE_RULES and (
-            _before(r, c) or r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r)))
-            for r in candidates)
+        """Another instance died, or had a (non-cascade) real error before ``c``."""
+        if deaths - {c.origin.instance}:
+            return True
+        other = next((r for r in firsts if r.origin.instance != c.origin.instance), None)
+        return other is not None and _before(other, c)
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)

@@ -94,6 +94,14 @@ def test_a_later_error_on_the_same_rank_does_not_outrank_its_system_error():
     assert analyse([err, first]).root_cause == first
 
 
+def test_an_earlier_error_of_another_rank_counts_even_behind_one_of_its_own():
+    own = log("cuda.ecc_uncorrectable", HW, 1, 9.0, action=Action.ISOLATE_NODE)
+    other = log("python.key_error", UC, 0, 9.5, action=Action.FAIL_JOB)
+    err = syserr(1, 10.0)
+    assert analyse([err, other, own]).real == (own, other)
+    assert analyse([err, own]).real == (own, err)
+
+
 def test_two_system_errors_the_earliest_is_the_root_cause():
     a, b = syserr(2, 10.0), syserr(0, 10.3)
     assert analyse([b, a]).real == (a, b)
