@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
-from ftwatch.rules.policy import analyse
+from ftwatch.rules.rootcause import analyse
 
 MAX_FINDINGS_PER_INSTANCE = 10
 MAX_EVIDENCE_LINES = 8
@@ -150,7 +150,7 @@ def _merge(*sources: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _fallout_keys(findings: list[dict[str, Any]]) -> set[tuple]:
-    """Keys of the stored findings the policy counts as fallout (``rules.policy.analyse``, R7).
+    """Keys of the stored findings the policy counts as fallout (``rules.rootcause.analyse``, R7).
 
     Besides the fallout class this includes a survivor's generic exit when its log shows only
     fallout, so explain marks exactly what the decision ignored.

@@ -17,8 +17,9 @@ The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
   ``--max-num-of-same-error``: one error on one instance seen more often than this fails the job;
   ``--max-tolerated-failure-rate``: more failed instances than this fraction fails the job.
 
-Root cause (R7): the earliest (time, seq) real error. In Sync that is across every instance; in
-Async instances are independent, so only the failed instance's findings are considered.
+Root cause (R7): ``ftwatch.rules.rootcause.analyse`` (the earliest real error; explained exits and
+cascades are fallout). In Sync that is across every instance; in Async instances are independent,
+so only the failed instance's findings are considered.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from typing import Callable, Sequence
 
 from ftwatch.config import Config, PolicyConfig
 from ftwatch.configrecovery import ModelArtsConfig, RecoveryConfig, c4d_settings
-from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
+from ftwatch.events import Action, Decision, FailureClass, Finding, Target
 from ftwatch.rules.blame import BlameStore, blameable
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.rules.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.rules.modelarts import ModelArtsPolicy
+from ftwatch.rules.rootcause import Analysis, analyse
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
 #: ``job-ps-1`` ... (the role as the name or a dash/underscore/dot-separated part of it).
@@ -65,66 +67,9 @@ class Incident:
     attempt: int
 
 
-@dataclass(frozen=True)
-class Analysis:
-    """The R7 reading of a set of findings.
-
-    Attributes:
-        root_cause: the earliest real error; else the earliest fallout; else None.
-        fallout_only: True when there is no real error, only fallout.
-        real: every real error, earliest first.
-    """
-
-    root_cause: Finding | None
-    fallout_only: bool
-    real: tuple[Finding, ...]
-
-
 def is_ps_or_chief(instance: str) -> bool:
     """True for an AIMaster PS / Chief instance name (``ps-0``, ``chief-0``, ``job-ps-1``)."""
     return bool(_PS_CHIEF.search(instance))
-
-
-def _generic_exit(f: Finding) -> bool:
-    if f.kind != "exit_code":
-        return False
-    default = f.fields.get("signal") is None and f.fields.get("exitcode") == 1
-    return bool(f.fields.get("generic", default))
-
-
-def _abort_exit(f: Finding) -> bool:
-    """A SIGABRT death (-6 / 134): how PyTorch's NCCL watchdog ends a process after a collective
-    failed ("To avoid data inconsistency, we are taking the entire process down" → std::abort)."""
-    return f.kind == "exit_code" and (f.fields.get("signal") == 6 or f.fields.get("exitcode") == 134)
-
-
-def analyse(findings: Sequence[Finding]) -> Analysis:
-    """Find the root cause (R7).
-
-    A real error has severity >= ERROR and a class other than fallout / info. A generic exit (code
-    1 or an unlisted code) or a SIGABRT is itself fallout when its instance has log findings and all
-    of them (ignoring info) are fallout: that rank died (or its watchdog aborted it) because another
-    one failed. Found by the evaluation corpus (tests/corpus: every watchdog-timeout case ends in
-    SIGABRT, which the exit-code table alone reads as user_code).
-    """
-    log_classes: dict[str, set[FailureClass]] = {}
-    for f in findings:
-        if f.kind != "exit_code" and f.failure_class is not FailureClass.INFO:
-            log_classes.setdefault(f.origin.instance, set()).add(f.failure_class)
-
-    def fallout(f: Finding) -> bool:
-        if f.failure_class is FailureClass.FALLOUT:
-            return True
-        return ((_generic_exit(f) or _abort_exit(f))
-                and log_classes.get(f.origin.instance) == {FailureClass.FALLOUT})
-
-    order = sorted(findings, key=lambda f: (f.time, f.seq))
-    real = tuple(f for f in order if f.severity >= Severity.ERROR
-                 and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO) and not fallout(f))
-    if real:
-        return Analysis(real[0], False, real)
-    falls = [f for f in order if fallout(f)]
-    return Analysis(falls[0] if falls else None, bool(falls), ())
 
 
 def _who(f: Finding) -> str:

@@ -1,0 +1,142 @@
+"""Root cause versus fallout (SPEC R7): which finding of an incident the decision is about.
+
+The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a class other than
+``fallout`` / ``info``, after three readings that keep consequences from outranking causes:
+
+1. A weak exit (a generic exit, code 1 or a code the exit-code table does not list, or a SIGABRT)
+   of an instance that logged errors is explained by them: it is not a root cause of its own. If
+   all those logged errors are fallout, the exit is fallout too (the rank died because another one
+   failed; every watchdog-timeout case of the evaluation corpus ends in SIGABRT, which the
+   exit-code table alone reads as user_code). A weak exit of a rank with no logged error of its
+   own is explained by logged errors that carry no rank and may be that rank's: those of its
+   stream (``pod`` for ``pod/rank3``, see ``Origin.with_rank``), or, where the instance names no
+   stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. So a
+   generic exit never outranks the error its rank logged before it.
+2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
+   "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
+   instance has a real error before it, or died by a signal or a listed exit code, or exited early
+   (an exit hang): then it is that failure's fallout. Deaths are compared whatever their time,
+   because an exit is timestamped when ftwatch saw it (``ftwatch run``: after the dead worker's
+   pipes closed; ``ftwatch replay``: at the end of the log), often after the survivors printed
+   their errors.
+3. Warnings and info findings never count, neither as errors nor as what explains an exit.
+
+When there is no real error, the root cause is the earliest fallout (``fallout_only``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ftwatch.events import FailureClass, Finding, Severity
+
+#: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
+#: (tag ``cascade`` in ``ftwatch/rules/packs``; tests/rules/test_rootcause.py keeps the two in step).
+#: nccl.unhandled_system_error: ncclSystemError, a failed socket/IB/shm call inside NCCL
+#: (NVIDIA/nvidia-resiliency-ext@d8686d9c attribution/restart_agent/l0/registry.py files it as
+#: ``nccl_cascade``); nccl.socket_connect_failed: a refused / timed-out connect to a peer, which a
+#: dead peer causes as well as a broken network.
+CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.socket_connect_failed"})
+#: Finding kinds that are not log lines: they never explain an exit.
+_NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang"})
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The R7 reading of a set of findings.
+
+    Attributes:
+        root_cause: the earliest real error; else the earliest fallout; else None.
+        fallout_only: True when there is no real error, only fallout.
+        real: every real error, earliest first.
+    """
+
+    root_cause: Finding | None
+    fallout_only: bool
+    real: tuple[Finding, ...]
+
+
+def generic_exit(f: Finding) -> bool:
+    """An exit that says nothing about why: code 1 or an unlisted code (``fields["generic"]``,
+    set by ``ftwatch.rules.exitcodes.exit_finding``)."""
+    if f.kind != "exit_code":
+        return False
+    default = f.fields.get("signal") is None and f.fields.get("exitcode") == 1
+    return bool(f.fields.get("generic", default))
+
+
+def abort_exit(f: Finding) -> bool:
+    """A SIGABRT death (-6 / 134): how PyTorch's NCCL watchdog ends a process after a collective
+    failed ("To avoid data inconsistency, we are taking the entire process down" → std::abort)."""
+    return f.kind == "exit_code" and (f.fields.get("signal") == 6 or f.fields.get("exitcode") == 134)
+
+
+def _error(f: Finding) -> bool:
+    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
+
+
+def _before(a: Finding, b: Finding) -> bool:
+    return (a.time, a.seq) < (b.time, b.seq)
+
+
+def analyse(findings: Sequence[Finding]) -> Analysis:
+    """Find the root cause (R7), as the module docstring says.
+
+    Args:
+        findings: one incident's findings, any order, all instances (or one, in Async).
+
+    Returns:
+        The analysis; ``real`` leaves out explained exits and cascades filed as fallout.
+    """
+    order = sorted(findings, key=lambda f: (f.time, f.seq))
+    logged: dict[str, list[Finding]] = {}
+    unranked: list[Finding] = []
+    for f in order:
+        if f.kind not in _NOT_LOGGED and _error(f):
+            logged.setdefault(f.origin.instance, []).append(f)
+            if f.origin.rank is None:
+                unranked.append(f)
+
+    def explainers(f: Finding) -> list[Finding]:
+        """The logged errors that explain a weak exit ([] when it is not one, or nothing does)."""
+        if not (generic_exit(f) or abort_exit(f)):
+            return []
+        own = logged.get(f.origin.instance)
+        if own or f.origin.rank is None:
+            return own or []
+        stream = f.origin.instance.rpartition("/")[0]       # "pod/rank3": a rank of stream "pod"
+        if stream:
+            return [e for e in logged.get(stream, ()) if e.origin.rank is None]
+        return unranked
+
+    fallout: list[Finding] = []
+    candidates: list[Finding] = []
+    for f in order:
+        why = explainers(f)
+        if f.failure_class is FailureClass.FALLOUT or (why and all(
+                e.failure_class is FailureClass.FALLOUT for e in why)):
+            fallout.append(f)
+        elif _error(f) and not why:
+            candidates.append(f)
+
+    strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
+    deaths = {r.origin.instance for r in strong
+              if r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r))}
+    firsts: list[Finding] = []          # the earliest strong error of the first two instances
+    for r in strong:
+        if not firsts or (len(firsts) == 1 and r.origin.instance != firsts[0].origin.instance):
+            firsts.append(r)
+
+    def outranked(c: Finding) -> bool:
+        """Another instance died, or had a (non-cascade) real error before ``c``."""
+        if deaths - {c.origin.instance}:
+            return True
+        other = next((r for r in firsts if r.origin.instance != c.origin.instance), None)
+        return other is not None and _before(other, c)
+
+    cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
+    real = tuple(f for f in candidates if id(f) not in cascades)
+    if real:
+        return Analysis(real[0], False, real)
+    return Analysis(fallout[0] if fallout else None, bool(fallout), ())

@@ -1,0 +1,159 @@
+"""Root cause versus fallout (SPEC R7): explained exits, cascade errors, unranked log lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftwatch.config import PolicyConfig
+from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, Severity
+from ftwatch.rules.budgets import BudgetStore
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.policy import Incident, Policy
+from ftwatch.rules.rootcause import CASCADE_RULES, analyse
+
+JOB = "rc"
+T0 = 1_795_219_200.0
+RI, UC, HW, FALL = (FailureClass.RETRYABLE_INFRA, FailureClass.USER_CODE, FailureClass.HARDWARE_NODE,
+                    FailureClass.FALLOUT)
+SYSERR = "nccl.unhandled_system_error"
+TABLE = ExitCodeTable.load()
+
+
+def origin(rank: int | None, instance: str | None = None) -> Origin:
+    return Origin(instance or f"worker-{rank}", rank, JOB, f"node-{rank}", "stderr", "process")
+
+
+def log(rule: str, cls: FailureClass, rank: int | None, t: float, severity: Severity = Severity.ERROR,
+        instance: str | None = None, action: Action = Action.RESTART_JOB) -> Finding:
+    return Finding(rule, "keyword", cls, action, severity, origin(rank, instance), f"{rule} on {rank}", T0 + t,
+                   seq=int(t * 100))
+
+
+def died(rank: int, t: float, returncode: int | None = None, signal: int | None = None) -> Finding:
+    f = exit_finding(ProcessExit(origin(rank), 100 + rank, returncode, signal, T0 + t), TABLE, seq=int(t * 100))
+    assert f is not None
+    return f
+
+
+def syserr(rank: int | None, t: float, instance: str | None = None) -> Finding:
+    return log(SYSERR, RI, rank, t, instance=instance)
+
+
+def test_the_rank_that_reports_a_system_error_and_exits_1_is_the_root_cause(tmp_path: Path):
+    err, exit1 = syserr(1, 10.0), died(1, 11.0, returncode=1)
+    an = analyse([exit1, err])
+    assert an.root_cause == err and an.real == (err,) and not an.fallout_only
+    pol = Policy(PolicyConfig(enable_job_restart=True), BudgetStore(tmp_path / "b.json", JOB), JOB)
+    d = pol.decide(Incident(exit1, (err, exit1), 2, frozenset({"worker-1"}), 0), T0 + 12)
+    assert d.action is Action.RESTART_JOB and d.root_cause == err
+    assert d.policy_clause == "D2 ExitCodeAndErrorMsg: retryable_infra root cause → restart_job (Sync: whole job)"
+
+
+def test_a_silent_exit_1_after_the_system_error_does_not_outrank_it():
+    err, own, other = syserr(1, 10.0), died(1, 10.5, returncode=1), died(0, 11.0, returncode=1)
+    an = analyse([other, own, err])
+    assert an.root_cause == err and an.real == (err, other)
+
+
+def test_a_silent_exit_1_before_the_system_error_is_the_first_failure():
+    other, err = died(0, 9.0, returncode=1), syserr(1, 10.0)
+    an = analyse([err, other, died(1, 11.0, returncode=1)])
+    assert an.root_cause == other and an.real == (other,)      # the system error is its fallout
+
+
+def test_a_peer_error_before_the_system_error_makes_it_fallout():
+    key = log("python.key_error", UC, 0, 10.0, action=Action.FAIL_JOB)
+    err = syserr(1, 10.5)
+    an = analyse([err, died(1, 11.0, returncode=1), key, died(0, 10.2, returncode=1)])
+    assert an.root_cause == key and an.real == (key,)
+
+
+def test_a_signal_death_outranks_the_survivors_system_errors_whatever_the_times():
+    """A death is timestamped when it was seen (after the dead worker's pipes closed; in replay at the
+    end of the log): the survivors' errors are often stamped before it."""
+    errs = [syserr(0, 20.1), syserr(2, 20.2)]
+    kill = died(1, 20.5, signal=9)
+    an = analyse([*errs, kill, died(0, 21.0, returncode=1), died(2, 21.0, returncode=1)])
+    assert an.root_cause == kill and an.real == (kill,)
+    hw = died(1, 20.5, returncode=201)                  # a listed code counts like a signal
+    assert analyse([*errs, hw]).root_cause == hw
+
+
+def test_an_exit_hang_outranks_the_survivors_system_errors():
+    err = syserr(0, 30.0)
+    hang = Finding("hang.exit", "exit_hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR, origin(1),
+                   "rank 1 exited 0 early", T0 + 700.0, seq=1)
+    assert analyse([err, hang]).root_cause == hang
+
+
+def test_a_later_error_on_the_same_rank_does_not_outrank_its_system_error():
+    err, later = syserr(1, 10.0), log("cuda.illegal_memory_access", UC, 1, 12.0, action=Action.FAIL_JOB)
+    assert analyse([later, err]).root_cause == err
+    first = log("cuda.ecc_uncorrectable", HW, 1, 9.0, action=Action.ISOLATE_NODE)
+    assert analyse([err, first]).root_cause == first
+
+
+def test_an_earlier_error_of_another_rank_counts_even_behind_one_of_its_own():
+    own = log("cuda.ecc_uncorrectable", HW, 1, 9.0, action=Action.ISOLATE_NODE)
+    other = log("python.key_error", UC, 0, 9.5, action=Action.FAIL_JOB)
+    err = syserr(1, 10.0)
+    assert analyse([err, other, own]).real == (own, other)
+    assert analyse([err, own]).real == (own, err)
+
+
+def test_two_system_errors_the_earliest_is_the_root_cause():
+    a, b = syserr(2, 10.0), syserr(0, 10.3)
+    assert analyse([b, a]).real == (a, b)
+
+
+def test_warnings_neither_count_nor_explain_an_exit():
+    """A warning-level finding beside the fallout used to turn the generic exit into user code."""
+    warn = log("os.pcie_corrected", HW, 1, 5.0, severity=Severity.WARNING, action=Action.NOTIFY)
+    remote = log("nccl.remote_error", FALL, 1, 6.0)
+    exit1 = died(1, 7.0, returncode=1)
+    an = analyse([warn, remote, exit1])
+    assert an.fallout_only and an.root_cause == remote
+
+
+def test_a_sigabrt_after_a_real_logged_error_is_explained_by_it():
+    err, abort = syserr(1, 10.0), died(1, 11.0, signal=6)
+    assert analyse([abort, err]).real == (err,)
+    xid = log("xid.79", HW, 3, 10.0, action=Action.ISOLATE_NODE)
+    assert analyse([died(3, 11.0, returncode=134), xid]).real == (xid,)
+
+
+def test_log_lines_without_a_rank_explain_an_exit_of_a_rank_without_its_own():
+    """A replayed log without rank prefixes and a torchelastic summary naming rank 1."""
+    err = syserr(None, 10.0, instance="train")
+    exit1 = died(1, 20.0, returncode=1)
+    assert analyse([exit1, err]).real == (err,)
+    fallout = log("nccl.remote_error", FALL, None, 10.0, instance="train")
+    an = analyse([exit1, fallout])
+    assert an.fallout_only and an.root_cause == fallout
+    own = log("python.key_error", UC, 1, 12.0, action=Action.FAIL_JOB)     # its own lines come first
+    assert analyse([exit1, err, own]).real == (err, own)
+
+
+def test_a_rank_of_one_stream_is_explained_only_by_that_streams_unranked_lines():
+    """`ftwatch watch`: pod-b's torchrun summary names rank 5 (instance pod-b/rank5); pod-a's
+    unranked fallout says nothing about it."""
+    exit5 = exit_finding(ProcessExit(origin(5, "pod-b/rank5"), 0, 1, None, T0 + 20.0), TABLE, seq=2000)
+    assert exit5 is not None
+    other = log("gloo.connection_closed_by_peer", FALL, None, 10.0, instance="pod-a")
+    assert analyse([other, exit5]).real == (exit5,)
+    own = log("nccl.remote_error", FALL, None, 10.0, instance="pod-b")
+    an = analyse([other, own, exit5])
+    assert an.fallout_only and an.real == ()
+
+
+def test_a_bare_exit_1_is_still_a_root_cause():
+    exit1 = died(0, 3.0, returncode=1)
+    assert analyse([exit1]).real == (exit1,)
+
+
+def test_cascade_rules_are_the_rules_tagged_cascade_in_the_packs():
+    tagged = {r.id for r in load_rules([], builtin=True) if "cascade" in r.tags}
+    assert tagged == CASCADE_RULES
+    [rule] = [r for r in load_rules([], builtin=True) if r.id == SYSERR]
+    assert rule.failure_class is RI and rule.action is Action.RESTART_JOB
