@@ -45,7 +45,7 @@ import re
 from typing import Any, Iterable, Iterator, Mapping
 
 from ftwatch.events import Origin
-from ftwatch.parsers.envelopes import Joiners, unwrap
+from ftwatch.parsers.joiners import Joiners, unwrap
 
 __all__ = ["Identity", "parse_log_path", "pod_name_rule"]
 

@@ -9,10 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftwatch.parsers.envelopes import (
-    SPLIT_MARKER, CriJoiner, CriLine, DockerJoiner, DockerLine, Joiners, parse_cri, parse_docker,
-    parse_rfc3339, unwrap,
-)
+from ftwatch.parsers.envelopes import CriLine, DockerLine, parse_cri, parse_docker, parse_rfc3339
+from ftwatch.parsers.joiners import SPLIT_MARKER, CriJoiner, DockerJoiner, Joiners, unwrap
 from ftwatch.pipeline.sources.base import Shipped
 
 T0 = datetime(2026, 11, 21, 9, 36, 3, tzinfo=timezone.utc).timestamp()

@@ -51,35 +51,12 @@ from typing import Any, Callable
 
 from ftwatch.pipeline.sources.base import Shipped, ShippedBatch, put_until_stopped
 from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, OffsetStore, read_fingerprint
+from ftwatch.pipeline.sources.tailed import TailedFile, tail_start
 
 log = logging.getLogger(__name__)
 
 TRUNCATED_MARKER = b" [ftwatch: line truncated]"  # appended to a line cut at max_line_bytes
 MiB = 1024 * 1024
-
-
-class _File:
-    """One followed file (one inode) and where reading stands."""
-
-    __slots__ = ("dev", "ino", "path", "fd", "pos", "carry", "carried", "skipping", "fp",
-                 "size_seen", "rotated_at", "deleted", "saved")
-
-    def __init__(self, dev: int, ino: int, path: str, fd: int, pos: int, fp: bytes):
-        self.dev, self.ino, self.path, self.fd = dev, ino, path, fd
-        self.pos = pos            # bytes read from the file (the next pread starts here)
-        self.carry: list[bytes] = []  # the partial last line, not yet emitted
-        self.carried = 0          # bytes in carry
-        self.skipping = False     # inside an over-long line whose head was emitted
-        self.fp = fp              # first bytes of the file, up to FINGERPRINT_BYTES
-        self.size_seen = -1       # st_size at the last pass
-        self.rotated_at: float | None = None  # clock() when it left its path (still named elsewhere)
-        self.deleted = False      # no name left: read to the end, then close
-        self.saved = -1           # the offset last handed to the OffsetStore
-
-    @property
-    def offset(self) -> int:
-        """Bytes delivered: up to the start of the partial line (or the read position while skipping)."""
-        return self.pos - self.carried
 
 
 class FileTailSource:
@@ -139,7 +116,7 @@ class FileTailSource:
         self._out = out
         self._offsets = offsets
         self._clock = clock
-        self._files: dict[tuple[int, int], _File] = {}
+        self._files: dict[tuple[int, int], TailedFile] = {}
         self._scanned = False
         self._failed: set[str] = set()  # paths whose open failed (logged once)
         self._known_paths = {e.path for e in offsets.entries()}  # paths followed by the last run
@@ -285,7 +262,7 @@ class FileTailSource:
             elif saved is not None:
                 pos = saved
             elif first and not self.read_from_head and path not in self._known_paths:
-                pos = _tail_start(fd, st.st_size, self.chunk_bytes)
+                pos = tail_start(fd, st.st_size, self.chunk_bytes)
             else:
                 pos = 0
         except OSError as e:
@@ -293,12 +270,12 @@ class FileTailSource:
             self.stats["errors"] += 1
             log.warning("file tail %s: cannot read %s: %s", self.name, path, e)
             return
-        f = _File(st.st_dev, st.st_ino, path, fd, pos, fp)
+        f = TailedFile(st.st_dev, st.st_ino, path, fd, pos, fp)
         self._files[key] = f
         self._save(f)  # a restart before the first line must resume here, not skip to the end
         log.info("file tail %s: following %s from offset %d", self.name, path, pos)
 
-    def _pump(self, f: _File) -> int:
+    def _pump(self, f: TailedFile) -> int:
         """Reads one file's growth, delivers its batch, saves its offset. Returns lines emitted."""
         st = os.fstat(f.fd)
         if st.st_size < f.pos or (st.st_size != f.size_seen and not self._same_start(f)):
@@ -344,7 +321,7 @@ class FileTailSource:
             self._save(f)
         return len(batch)
 
-    def _split(self, f: _File, data: bytes, batch: list[Shipped], meta: dict[str, Any], now: float) -> int:
+    def _split(self, f: TailedFile, data: bytes, batch: list[Shipped], meta: dict[str, Any], now: float) -> int:
         """Cuts a chunk into complete lines appended to ``batch``; keeps the partial rest. Returns bytes emitted."""
         if f.skipping:
             nl = data.find(b"\n")
@@ -383,7 +360,7 @@ class FileTailSource:
         self.stats["long_lines"] += 1
         return line[:self.max_line_bytes] + TRUNCATED_MARKER
 
-    def _same_start(self, f: _File) -> bool:
+    def _same_start(self, f: TailedFile) -> bool:
         """Whether the file still begins with the bytes it began with (else it was truncated and rewritten)."""
         return not f.fp or os.pread(f.fd, len(f.fp), 0) == f.fp
 
@@ -393,7 +370,7 @@ class FileTailSource:
             return False
         return not isinstance(batch, ShippedBatch) or batch.wait_acked(self._stop)
 
-    def _save(self, f: _File) -> None:
+    def _save(self, f: TailedFile) -> None:
         if f.offset != f.saved:
             self._offsets.set(f.dev, f.ino, f.fp, f.offset, f.path)
             f.saved = f.offset
@@ -404,19 +381,3 @@ class FileTailSource:
         except OSError as e:
             self.stats["errors"] += 1
             log.warning("file tail %s: cannot save offsets to %s: %s", self.name, self._offsets.path, e)
-
-
-def _tail_start(fd: int, size: int, window: int) -> int:
-    """Where to start reading a file "from its end": just after the last newline in its last ``window`` bytes.
-
-    A file with no newline in that window starts at its end (if larger) or at 0 (if it is all one
-    partial line).
-    """
-    if size == 0:
-        return 0
-    start = max(0, size - window)
-    tail = os.pread(fd, size - start, start)
-    nl = tail.rfind(b"\n")
-    if nl >= 0:
-        return start + nl + 1
-    return 0 if start == 0 else size
