@@ -202,15 +202,20 @@ class ElasticsearchSink:
         self._queue([ecs.delivery_doc(result, text, time=self._now(), job=job, host=self.host,
                                       labels=self.labels)])
 
-    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]]) -> None:
+    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]],
+                   origins: Mapping[tuple[str, str], Any] | None = None) -> None:
         """Output counts ``(job, instance, rank, bucket, seconds, lines, bytes)`` (``ecs.output_doc``;
-        a bucket written twice is two documents, summed by readers)."""
+        a bucket written twice is two documents, summed by readers). ``origins``: (job, instance)
+        -> its ``Origin``, whose node becomes ``host.name`` and whose pod labels are added."""
         docs = []
+        origins = origins or {}
         with self._lock:
             for job, instance, rank, bucket, seconds, lines, nbytes in rows:
+                o = origins.get((job, instance))
                 docs.append(ecs.output_doc(job, instance, rank, bucket, seconds, lines, nbytes,
-                                           writer=self._writer, n=self._outputs, host=self.host,
-                                           labels=self.labels))
+                                           writer=self._writer, n=self._outputs,
+                                           host=o.node if o is not None else self.host, labels=self.labels,
+                                           pod_labels=dict(o.labels) if o is not None and o.labels else None))
                 self._outputs += 1
         self._queue(docs)
 
