@@ -107,10 +107,14 @@ def cmd_es(argv: list[str]) -> int:
         return 1
 
 
-def _default_ndjson() -> Path:
-    here = Path("dashboards") / "ftwatch.ndjson"
-    if here.exists():
-        return here
+def _default_ndjson() -> Any:
+    """The Kibana objects: packaged in the wheel (``ftwatch/dashboards_data/``, put there at build
+    time from ``dashboards/ftwatch.ndjson``, pyproject ``force-include``), else the source
+    checkout's ``dashboards/ftwatch.ndjson``."""
+    from importlib.resources import files
+    packaged = files("ftwatch").joinpath("dashboards_data", "ftwatch.ndjson")
+    if packaged.is_file():
+        return packaged
     return Path(__file__).resolve().parents[1] / "dashboards" / "ftwatch.ndjson"
 
 
@@ -120,7 +124,7 @@ def cmd_dashboards(argv: list[str]) -> int:
     p.add_argument("action", choices=["import"])
     p.add_argument("--kibana-url", required=True, help="e.g. http://localhost:5601")
     p.add_argument("--space", help="Kibana space id (default: the default space)")
-    p.add_argument("--file", type=Path, help="NDJSON to import (default: dashboards/ftwatch.ndjson)")
+    p.add_argument("--file", type=Path, help="NDJSON to import (default: the one shipped with ftwatch)")
     p.add_argument("--api-key", default=os.environ.get("FTWATCH_KIBANA_API_KEY"),
                    help="API key (default: $FTWATCH_KIBANA_API_KEY)")
     p.add_argument("--username", default=os.environ.get("FTWATCH_KIBANA_USERNAME"))
