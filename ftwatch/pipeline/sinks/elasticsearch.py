@@ -40,67 +40,17 @@ import socket
 import threading
 import time as _time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ftwatch.events import Decision, Finding
 from ftwatch.pipeline.sinks import ecs, essetup
 from ftwatch.pipeline.sinks.esbuffer import DiskBuffer
+from ftwatch.pipeline.sinks.esclient import KEEP_STATUSES, SinkStats, build_client, no_data_stream, reason
+
+__all__ = ["ElasticsearchSink", "SinkStats", "build_client"]
 
 log = logging.getLogger(__name__)
-
-_KEEP_STATUSES = frozenset({401, 403, 404})   # set-up problems: keep the data, say so
-
-
-def _reason(error: Any) -> str:
-    return str(error.get("reason") if isinstance(error, dict) else error)
-
-
-def _no_data_stream(status: int, error: Any) -> bool:
-    """A per-item refusal of a ``require_data_stream`` write that setting up fixes: no index
-    template makes the data stream (404 ``index_not_found_exception``), or a plain index of that
-    name is in the way (``... is not a data stream``)."""
-    if not isinstance(error, dict):
-        return False
-    reason = str(error.get("reason", ""))
-    return status == 404 or error.get("type") == "index_not_found_exception" or "data stream" in reason
-
-
-@dataclass
-class SinkStats:
-    """Counters since the sink was made (documents unless said otherwise)."""
-
-    queued: int = 0
-    sent: int = 0
-    duplicates: int = 0          # 409 on create: already indexed (a retry after a lost ack)
-    dead_lettered: int = 0
-    dropped: int = 0             # not journaled: the buffer was full (max_buffer_bytes)
-    held: int = 0                # refused because the data stream cannot be made (no template)
-    retries: int = 0             # bulk requests sent again after a transient failure
-    failed_flushes: int = 0      # flushes that left documents on disk
-    last_error: str = ""
-    errors: list[str] = field(default_factory=list)   # the last few, newest last
-
-    def note(self, message: str) -> None:
-        self.last_error = message
-        self.errors = (self.errors + [message])[-20:]
-
-
-def build_client(cfg: Any) -> Any:
-    """An ``elasticsearch.Elasticsearch`` for an ``ElasticsearchConfig`` (no client-side
-    retries: the sink retries itself, with backoff)."""
-    from elasticsearch import Elasticsearch
-    kwargs: dict[str, Any] = {"request_timeout": cfg.request_timeout, "max_retries": 0,
-                              "retry_on_timeout": False, "verify_certs": cfg.verify_certs}
-    if cfg.api_key:
-        kwargs["api_key"] = cfg.api_key
-    elif cfg.username is not None:
-        kwargs["basic_auth"] = (cfg.username, cfg.password)
-    if cfg.ca_certs is not None:
-        kwargs["ca_certs"] = str(cfg.ca_certs)
-    return Elasticsearch(list(cfg.url), **kwargs)
-
 
 class ElasticsearchSink:
     """Writes ECS documents to ``<prefix>-{events,findings,decisions,alerts,output}`` data streams.
@@ -306,7 +256,7 @@ class ElasticsearchSink:
                 if status == 429 or status >= 500:
                     request_failed = True
                     continue
-                if status in _KEEP_STATUSES or status < 400:   # < 400: not Elasticsearch
+                if status in KEEP_STATUSES or status < 400:   # < 400: not Elasticsearch
                     log.error("Elasticsearch refused the bulk request (%s); documents stay in %s",
                               exc, self.buffer.directory)
                     return todo, False
@@ -344,9 +294,9 @@ class ElasticsearchSink:
                 self.stats.duplicates += 1
             elif status == 429 or status >= 500:
                 retry.append(entry)
-            elif _no_data_stream(status, result.get("error")):
+            elif no_data_stream(status, result.get("error")):
                 hold.append(entry)
-                why = _reason(result.get("error"))
+                why = reason(result.get("error"))
             else:
                 dead.append(self._dead_record(entry, status, result.get("error")))
         if retry:
