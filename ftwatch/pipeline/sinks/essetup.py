@@ -127,11 +127,18 @@ def update_streams(client: Any, prefix: str = "ftwatch") -> list[str]:
     them (a field changed type) is rolled over lazily instead: its next write starts a backing
     index with the new template. Returns what was done, one line each.
 
+    A user who may not list data streams gets one line saying so (the templates are in place;
+    the streams take the new mappings at their next rollover).
+
     Raises:
-        elasticsearch.ApiError / elastic_transport.TransportError: listing the data streams failed.
+        elastic_transport.TransportError: the cluster cannot be reached.
     """
     from elasticsearch import ApiError
-    found = client.indices.get_data_stream(name=f"{prefix}-*", expand_wildcards="all")
+    try:
+        found = client.indices.get_data_stream(name=f"{prefix}-*", expand_wildcards="all")
+    except ApiError as exc:
+        return [f"existing data streams not updated (listing them was refused: {exc.message}); "
+                "they take the new mappings at their next rollover"]
     m = mappings()
     done = []
     for stream in found.body.get("data_streams", []):
