@@ -90,6 +90,7 @@ class ElasticsearchSink:
         self.backoff = tuple(backoff) or (0.0,)
         self.ilm = (rollover_max_age, retention)
         self._template_ok = False              # the index template is known to be there
+        self._require_ds = True                # False: a cluster before 8.13 (``_bulk``)
         self._template_warned = False
         self._dropping = False
         self.labels = dict(labels or {})
@@ -249,7 +250,7 @@ class ElasticsearchSink:
             for e in todo:
                 ops += [{"create": {"_index": e["index"], "_id": e["id"]}}, e["doc"]]
             try:
-                answer = self.client.bulk(operations=ops, require_data_stream=True)
+                answer = self._bulk(ops)
             except ApiError as exc:
                 status = exc.meta.status if exc.meta is not None else 0
                 self.stats.note(f"bulk refused with {status}: {exc.message}")
@@ -274,6 +275,23 @@ class ElasticsearchSink:
             if not todo:
                 return held, True
         return todo + held, not request_failed
+
+    def _bulk(self, ops: list[dict[str, Any]]) -> Any:
+        """One bulk request, ``require_data_stream=true`` where the cluster knows it (8.13+; an
+        older one refuses the whole request with 400 naming the parameter: then it is sent
+        without, once and from then on, and the index template alone makes the data streams)."""
+        from elasticsearch import ApiError
+        if not self._require_ds:
+            return self.client.bulk(operations=ops)
+        try:
+            return self.client.bulk(operations=ops, require_data_stream=True)
+        except ApiError as exc:
+            if exc.meta is None or exc.meta.status != 400 or "require_data_stream" not in f"{exc} {exc.body}":
+                raise
+        self._require_ds = False
+        log.warning("this Elasticsearch does not know require_data_stream (before 8.13): bulk requests "
+                    "go without it; the index template still makes the data streams")
+        return self.client.bulk(operations=ops)
 
     def _items(self, todo: list[dict[str, Any]], items: Any
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:

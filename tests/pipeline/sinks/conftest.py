@@ -48,6 +48,7 @@ class FakeElasticsearch:
         self.streams: dict[str, str] = {}    # data stream -> the template that made it
         self.plain: set[str] = set()         # indices made without a template (dynamic mapping)
         self.refuse_puts = False             # True: every PUT but _bulk answers 403
+        self.before_8_13 = False             # True: bulk refuses require_data_stream (400)
         self._lock = threading.Lock()
         self._closed = False
         self._conns: list[Any] = []
@@ -147,6 +148,11 @@ class FakeElasticsearch:
                 owner._check_headers(headers)
                 pairs = owner._parse_bulk(raw)
                 streams_only = parse_qs(urlsplit(self.path).query).get("require_data_stream") == ["true"]
+                if streams_only and owner.before_8_13:
+                    self._answer(400, {"error": {"type": "illegal_argument_exception", "reason":
+                                                 "request [/_bulk] contains unrecognized parameter: "
+                                                 "[require_data_stream]"}, "status": 400})
+                    return
                 if isinstance(trouble, int):
                     self._answer(trouble, {"error": {"type": "es_rejected_execution_exception",
                                                      "reason": "scripted"}, "status": trouble})

@@ -164,3 +164,20 @@ def test_the_config_caps_the_buffer_at_one_gib_by_default():
     assert cfg.max_buffer_bytes == 1 << 30
     assert "dead_letter_after" not in ElasticsearchConfig.model_fields
     assert json.dumps(cfg.model_dump(mode="json"))
+
+
+def test_a_cluster_before_8_13_gets_bulk_requests_without_require_data_stream(fake_es, tmp_path, caplog):
+    """Its 400 for the unknown parameter is no reason to dead-letter anything."""
+    fake_es.before_8_13 = True
+    sink = make_sink(fake_es.url, tmp_path / "buf")
+    write_some(sink, 2)
+    with caplog.at_level(logging.WARNING, logger="ftwatch.pipeline.sinks.elasticsearch"):
+        assert sink.flush() == 0
+        write_some(sink, 1, 1_795_300_000.0)
+        assert sink.flush() == 0
+    assert len(fake_es.docs) == 3 and sink.stats.dead_lettered == 0
+    assert set(fake_es.streams) == {"ftwatch-events"}          # the template (installed) made it
+    assert len([r for r in caplog.records if "before 8.13" in r.getMessage()]) == 1
+    paths = [r["path"] for r in fake_es.bulk_requests()]
+    assert "require_data_stream=true" in paths[0] and all("require_data_stream" not in p for p in paths[1:])
+    sink.close()
