@@ -54,8 +54,9 @@ def _es_config(args: argparse.Namespace) -> tuple[Any, Path]:
 
 
 def cmd_es(argv: list[str]) -> int:
-    """``ftwatch es setup|flush``: install the ILM policy and index templates; send what the
-    disk buffer holds."""
+    """``ftwatch es setup|flush``: install the ILM policy and index templates (and bring the
+    mappings of existing data streams up to date); send what the disk buffer holds (with
+    ``--dead-letters``, the dead-letter file's documents too)."""
     p = argparse.ArgumentParser(prog="ftwatch es", description="The Elasticsearch sink (storage.elasticsearch).")
     p.add_argument("action", choices=["setup", "flush"],
                    help="setup: ILM policy + index templates; flush: send the disk buffer now")
@@ -63,10 +64,13 @@ def cmd_es(argv: list[str]) -> int:
     p.add_argument("--url", help="Elasticsearch URL (overrides the config's)")
     p.add_argument("--state-dir", help="where the buffer lives (flush)")
     p.add_argument("--retries", type=int, help="flush: retries per bulk request (default: max_retries)")
+    p.add_argument("--dead-letters", action="store_true",
+                   help="flush: also send dead-letter.jsonl again (what is taken leaves the file)")
     args = p.parse_args(argv)
     es_cfg, state_dir = _es_config(args)
     from elastic_transport import TransportError
     from elasticsearch import ApiError
+    from ftwatch.errors import SinkError
     from ftwatch.pipeline.sinks import essetup
     from ftwatch.pipeline.sinks.elasticsearch import ElasticsearchSink, build_client
     try:
@@ -82,12 +86,20 @@ def cmd_es(argv: list[str]) -> int:
             print(f"ftwatch es setup: data streams {', '.join(essetup.data_streams(es_cfg.data_stream_prefix))} "
                   "are created on the first write")
             return 0
-        sink = ElasticsearchSink.from_config(es_cfg, state_dir)
-        left = sink.flush(args.retries)
-        stats = sink.stats
-        sink.close()
+        try:
+            sink = ElasticsearchSink.from_config(es_cfg, state_dir)    # closes its client if it fails
+        except SinkError as exc:
+            print(f"ftwatch es flush: {exc}", file=sys.stderr)
+            return 1
+        try:
+            replayed = sink.replay_dead_letters() if args.dead_letters else 0
+            left = sink.flush(args.retries)
+            stats = sink.stats
+        finally:
+            sink.close()
         print(f"ftwatch es flush: {stats.sent} sent, {stats.duplicates} already there, "
-              f"{stats.dead_lettered} dead-lettered, {left} left in {sink.buffer.directory}"
+              + (f"{replayed} dead letters replayed, " if args.dead_letters else "")
+              + f"{stats.dead_lettered} dead-lettered, {left} left in {sink.buffer.directory}"
               + (f" ({stats.last_error})" if left else ""))
         return 1 if left else 0
     except (ApiError, TransportError) as exc:
@@ -95,10 +107,14 @@ def cmd_es(argv: list[str]) -> int:
         return 1
 
 
-def _default_ndjson() -> Path:
-    here = Path("dashboards") / "ftwatch.ndjson"
-    if here.exists():
-        return here
+def _default_ndjson() -> Any:
+    """The Kibana objects: packaged in the wheel (``ftwatch/dashboards_data/``, put there at build
+    time from ``dashboards/ftwatch.ndjson``, pyproject ``force-include``), else the source
+    checkout's ``dashboards/ftwatch.ndjson``."""
+    from importlib.resources import files
+    packaged = files("ftwatch").joinpath("dashboards_data", "ftwatch.ndjson")
+    if packaged.is_file():
+        return packaged
     return Path(__file__).resolve().parents[1] / "dashboards" / "ftwatch.ndjson"
 
 
@@ -108,7 +124,7 @@ def cmd_dashboards(argv: list[str]) -> int:
     p.add_argument("action", choices=["import"])
     p.add_argument("--kibana-url", required=True, help="e.g. http://localhost:5601")
     p.add_argument("--space", help="Kibana space id (default: the default space)")
-    p.add_argument("--file", type=Path, help="NDJSON to import (default: dashboards/ftwatch.ndjson)")
+    p.add_argument("--file", type=Path, help="NDJSON to import (default: the one shipped with ftwatch)")
     p.add_argument("--api-key", default=os.environ.get("FTWATCH_KIBANA_API_KEY"),
                    help="API key (default: $FTWATCH_KIBANA_API_KEY)")
     p.add_argument("--username", default=os.environ.get("FTWATCH_KIBANA_USERNAME"))

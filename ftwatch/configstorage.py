@@ -29,7 +29,7 @@ class ElasticsearchConfig(BaseModel):
     ca_certs: Path | None = Field(None, description="PEM file of the CA that signed the cluster's certificate.")
     verify_certs: bool = Field(True, description="Check the server certificate; false only for a test cluster.")
     data_stream_prefix: str = Field("ftwatch", pattern=r"^[a-z0-9][a-z0-9_.]*$",
-                                    description="Data streams are <prefix>-events, -findings, -decisions, -alerts.")
+                                    description="Data streams are <prefix>-events, -findings, -decisions, -alerts, -output.")
     buffer_dir: Path | None = Field(None, description="On-disk buffer and dead-letter file; null: <state_dir>/es-buffer.")
     batch_size: int = Field(500, ge=1, le=10000, description="Documents per bulk request.")
     flush_interval: float = Field(5.0, gt=0, description="Seconds between background flushes.")
@@ -37,8 +37,9 @@ class ElasticsearchConfig(BaseModel):
     max_retries: int = Field(3, ge=0, description="Retries of a bulk request on 429, 5xx or no connection, per flush.")
     backoff: list[float] = Field([0.5, 2.0, 5.0], min_length=1,
                                  description="Seconds before retry 1, 2, 3 ... (the last repeats).")
-    dead_letter_after: int = Field(20, ge=1,
-                                   description="Flushes a document may be refused with 429/5xx before it is dead-lettered.")
+    max_buffer_bytes: int = Field(1 << 30, ge=0,
+                                  description="Cap of the on-disk buffer in bytes (0: none); when full, new "
+                                              "documents are dropped, counted and logged (README).")
     rollover_max_age: str = Field("7d", pattern=_DURATION, description="ILM: roll a backing index over at this age.")
     retention: str = Field("90d", pattern=_DURATION, description="ILM: delete backing indices this long after rollover.")
     labels: dict[str, str] = Field(default_factory=dict,

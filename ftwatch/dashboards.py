@@ -2,7 +2,8 @@
 
 ``dashboards/src/*.json`` holds one pretty-printed object per file with Kibana's JSON-in-a-string
 attributes (``visState``, ``uiStateJSON``, ``panelsJSON``, ``optionsJSON``,
-``kibanaSavedObjectMeta.searchSourceJSON``) written as real JSON, so a review shows real diffs.
+``kibanaSavedObjectMeta.searchSourceJSON``, and the dashboard's controls,
+``controlGroupInput.panelsJSON`` / ``ignoreParentSettingsJSON``) written as real JSON, so a review shows real diffs.
 ``tools/build_dashboards.py`` encodes them into ``dashboards/ftwatch.ndjson`` (what Kibana's
 import API takes: one object a line, sorted by type and id, keys sorted) and splits an export back
 into sources (dropping ``updated_at``, ``version``, ``created_at``, ``namespaces``; keeping
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 ENCODED = ("visState", "uiStateJSON", "panelsJSON", "optionsJSON")
+CONTROL_ENCODED = ("panelsJSON", "ignoreParentSettingsJSON")     # inside controlGroupInput
 VOLATILE = ("updated_at", "created_at", "version", "namespaces", "originId", "managed_by")
 TYPE_ORDER = ("index-pattern", "search", "visualization", "lens", "dashboard")
 
@@ -34,6 +36,10 @@ def encode(obj: dict[str, Any]) -> dict[str, Any]:
     meta = attrs.get("kibanaSavedObjectMeta")
     if isinstance(meta, dict) and "searchSourceJSON" in meta and not isinstance(meta["searchSourceJSON"], str):
         meta["searchSourceJSON"] = _dump(meta["searchSourceJSON"])
+    controls = attrs.get("controlGroupInput")
+    for key in CONTROL_ENCODED if isinstance(controls, dict) else ():
+        if key in controls and not isinstance(controls[key], str):
+            controls[key] = _dump(controls[key])
     return out
 
 
@@ -47,6 +53,10 @@ def decode(obj: dict[str, Any]) -> dict[str, Any]:
     meta = attrs.get("kibanaSavedObjectMeta")
     if isinstance(meta, dict) and isinstance(meta.get("searchSourceJSON"), str):
         meta["searchSourceJSON"] = json.loads(meta["searchSourceJSON"])
+    controls = attrs.get("controlGroupInput")
+    for key in CONTROL_ENCODED if isinstance(controls, dict) else ():
+        if isinstance(controls.get(key), str):
+            controls[key] = json.loads(controls[key])
     return out
 
 
@@ -105,8 +115,9 @@ def write_sources(objects: Iterable[dict[str, Any]], directory: Path) -> list[Pa
 
 
 def dangling_references(objects: Iterable[dict[str, Any]]) -> list[str]:
-    """References that point at no object of the set, and dashboard panels whose
-    ``panelRefName`` names no reference; empty when all resolve."""
+    """References that point at no object of the set, dashboard panels whose
+    ``panelRefName`` names no reference, and dashboard controls without their data view
+    reference (``controlGroup_<id>:optionsListDataView``); empty when all resolve."""
     objects = list(objects)
     have = {(o.get("type"), o.get("id")) for o in objects}
     bad = []
@@ -122,6 +133,11 @@ def dangling_references(objects: Iterable[dict[str, Any]]) -> list[str]:
             if panel.get("panelRefName") not in names:
                 bad.append(f"{o.get('type')}/{o.get('id')}: panel {panel.get('panelIndex')} names "
                            f"{panel.get('panelRefName')!r}, which is no reference")
+        controls = (attrs.get("controlGroupInput") or {}).get("panelsJSON") or {}
+        for cid, control in controls.items():
+            if f"controlGroup_{cid}:{control.get('type', '')[:-len('Control')]}DataView" not in names:
+                bad.append(f"{o.get('type')}/{o.get('id')}: control {cid} ({control.get('type')}) has no "
+                           "data view reference")
         search = (attrs.get("kibanaSavedObjectMeta") or {}).get("searchSourceJSON") or {}
         if "indexRefName" in search and search["indexRefName"] not in names:
             bad.append(f"{o.get('type')}/{o.get('id')}: indexRefName {search['indexRefName']!r} "

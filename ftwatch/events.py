@@ -114,6 +114,9 @@ class Origin:
         node: the machine's host name.
         stream: ``stdout``, ``stderr``, a file path, or a forward tag.
         source: the source kind (``process``, ``file``, ``replay`` ...).
+        labels: the pod's Kubernetes labels as sorted ``(name, value)`` pairs (shipped lines of
+            a pod; ``ftwatch.pipeline.identity``), else empty. Not part of equality or hash:
+            the same instance is the same origin whatever its labels.
     """
 
     instance: str
@@ -122,6 +125,7 @@ class Origin:
     node: str = "localhost"
     stream: str = "stdout"
     source: str = "process"
+    labels: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -143,7 +147,7 @@ class Origin:
             instance = f"rank{rank}"
         else:                           # one stream carrying several ranks (a pod running torchrun)
             instance = f"{self.instance}/rank{rank}"
-        return Origin(instance, rank, self.job, self.node, self.stream, self.source)
+        return Origin(instance, rank, self.job, self.node, self.stream, self.source, self.labels)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ metric                                 type     labels
                                                 (``watch``; per origin and batch, newest line)
 ``ftwatch_ingest_lag_last_seconds``    gauge    the last such lag
 ``ftwatch_spool_items``                gauge    ``spool`` (``alerts``, ``elasticsearch``),
-                                                ``state`` (``pending``/``dead``)
+                                                ``state`` (``pending``/``dead``; and
+                                                ``dropped`` for ``elasticsearch``: never
+                                                journaled, the buffer was full)
 ``ftwatch_spool_bytes``                gauge    ``spool``, ``state``
 ``ftwatch_queue_batches``              gauge    batches waiting in ``watch``'s ingest queue
 =====================================  =======  ==========================================
@@ -80,7 +82,8 @@ def _files_usage(path: Path) -> list[tuple[str, int, int]]:
 
 def _jsonl_usage(path: Path) -> list[tuple[str, int, int]]:
     """(state, entries, bytes) of a directory of JSON-lines files, an entry a line, the dead
-    ones in ``dead-letter.jsonl`` (``ftwatch.pipeline.sinks.esbuffer``)."""
+    ones in ``dead-letter.jsonl``, and the ``dropped`` count of ``dropped.count`` (bytes 0:
+    not kept) (``ftwatch.pipeline.sinks.esbuffer``)."""
     counts = {"pending": [0, 0], "dead": [0, 0]}
     try:
         files = sorted(path.glob("*.jsonl"))
@@ -94,7 +97,11 @@ def _jsonl_usage(path: Path) -> list[tuple[str, int, int]]:
         slot = counts["dead" if f.name == "dead-letter.jsonl" else "pending"]
         slot[0] += data.count(b"\n")
         slot[1] += len(data)
-    return [(state, n, b) for state, (n, b) in counts.items()]
+    try:
+        dropped = int((path / "dropped.count").read_text().strip() or 0)
+    except (OSError, ValueError):
+        dropped = 0
+    return [(state, n, b) for state, (n, b) in counts.items()] + [("dropped", dropped, 0)]
 
 
 class Metrics:

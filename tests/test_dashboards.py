@@ -183,3 +183,45 @@ def test_refusals_are_reported_and_fail_the_command(kibana, capsys):
 def test_no_kibana_is_a_clear_error(capsys):
     assert main(["dashboards", "import", "--kibana-url", "http://127.0.0.1:9"]) == 1
     assert "cannot reach Kibana" in capsys.readouterr().err
+
+
+def test_the_dashboard_has_a_job_control_over_the_data_view_of_all_streams():
+    board = decode(next(o for o in OBJECTS if o["type"] == "dashboard"))
+    controls = board["attributes"]["controlGroupInput"]["panelsJSON"]
+    (cid, control), = controls.items()
+    assert control["type"] == "optionsListControl" and control["explicitInput"]["fieldName"] == "ftwatch.job"
+    refs = {r["name"]: (r["type"], r["id"]) for r in board["references"]}
+    assert refs[f"controlGroup_{cid}:optionsListDataView"] == ("index-pattern", "ftwatch-dv-all")
+    assert isinstance(next(o for o in OBJECTS if o["type"] == "dashboard")["attributes"]["controlGroupInput"]
+                      ["panelsJSON"], str)                      # Kibana takes it JSON-in-a-string
+    assert "job" in essetup.mappings()["properties"]["ftwatch"]["properties"]
+    without = [dict(o, references=[r for r in o["references"] if not r["name"].startswith("controlGroup_")])
+               if o["type"] == "dashboard" else o for o in OBJECTS]
+    assert any("has no data view reference" in b for b in dangling_references(without))
+
+
+def test_the_timeline_breaks_ties_in_time_with_event_sequence():
+    search = decode(next(o for o in OBJECTS if o["type"] == "search"))
+    assert search["attributes"]["sort"] == [["@timestamp", "asc"], ["event.sequence", "asc"]]
+    assert essetup.mappings()["properties"]["event"]["properties"]["sequence"]["type"] == "long"
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_ndjson_and_the_import_finds_it_outside_a_checkout(tmp_path):
+    """Built with the project's build backend; the packaged copy is dashboards/ftwatch.ndjson itself."""
+    import zipfile
+
+    from hatchling.builders.wheel import WheelBuilder
+
+    (wheel,) = WheelBuilder(str(ROOT)).build(directory=str(tmp_path / "dist"), versions=["standard"])
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("ftwatch/dashboards_data/ftwatch.ndjson") == NDJSON.read_bytes()
+        z.extractall(site)
+    proc = subprocess.run([sys.executable, "-c", "from ftwatch.clistorage import _default_ndjson; "
+                           "p = _default_ndjson(); print(p); print(len(p.read_text(encoding='utf-8')))"],
+                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    where, size = proc.stdout.split()
+    assert where.startswith(str(site)) and int(size) == len(NDJSON.read_text(encoding="utf-8"))

@@ -7,6 +7,8 @@ Where the names come from, first match wins:
               else the file's name without ``.log``; else the tag; else the source's name.
     node      ``kubernetes.host``; else ``meta["host"]`` / ``meta["hostname"]``; else
               ``default_node``.
+    labels    a pod's labels, all of them (``Origin.labels``: they reach the Elasticsearch
+              documents of its findings and output).
     job       the pod's ``job_label`` label; else the pod-name rule below; for lines of no pod,
               ``meta["job"]``, else ``default_job``. A pod's job is prefixed with its namespace
               (``team-a/mnist``) when the namespace is known, so same-named jobs in two
@@ -272,7 +274,9 @@ class Identity:
                 rank = name_rank
         if self.namespaced and namespace:
             job = f"{namespace}/{job}"
-        return Origin(pod, rank, job, node, stream, self.source)
+        pairs = tuple(sorted((str(k), v if isinstance(v, str) else str(v))
+                             for k, v in labels.items() if v is not None))
+        return Origin(pod, rank, job, node, stream, self.source, pairs)
 
 
 def _label(labels: Any, name: str) -> Any:

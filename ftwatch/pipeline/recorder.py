@@ -62,6 +62,7 @@ class Recorder:
         self.deliveries: list[Any] = []
         self.metrics = metrics
         self.output_counts = OutputCounts(output_bucket)
+        self._origins: dict[tuple[str, str], Origin] = {}   # (job, instance) -> its latest origin
         self.resolve_after = resolve_after
         self.open_alerts: dict[tuple, Any] = {}    # labels (job included) -> the latest firing alert
         self._last_incident: dict[str, float] = {}  # job -> time of its latest resolvable incident
@@ -73,16 +74,20 @@ class Recorder:
         store's per-instance buckets once a later bucket starts (and at :meth:`flush_output`)."""
         if self.metrics is not None:
             self.metrics.count_output(origin.job, lines, nbytes)
+        if self._origins.get(origin.key) is not origin:   # node and pod labels of the rows
+            if len(self._origins) >= 65536:
+                self._origins.clear()
+            self._origins[origin.key] = origin
         if self.output_counts.add(origin.job, origin.instance, origin.rank, time, lines, nbytes):
             rows = self.output_counts.closed()
             if self.store is not None:
-                self.store.add_output(rows)
+                self.store.add_output(rows, origins=self._origins)
 
     def flush_output(self) -> None:
         """Store every output bucket still open (the run or watch ends)."""
         rows = self.output_counts.drain()
         if self.store is not None:
-            self.store.add_output(rows)
+            self.store.add_output(rows, origins=self._origins)
 
     def findings(self, findings: Iterable[Finding]) -> None:
         """Store findings (every one, fallout included: ``explain`` shows them)."""

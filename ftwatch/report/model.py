@@ -119,7 +119,7 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: list[Row],
     """
     times = [r["started"] for r in runs if r.get("started")] + [r["ended"] for r in runs if r.get("ended")]
     times += [e["time"] for e in events] + [f["epoch"] for f in findings] + [d["epoch"] for d in decisions]
-    times = times or [o["bucket"] for o in output] + [o["bucket"] + o["seconds"] for o in output]
+    times += [o["bucket"] for o in output] + [o["bucket"] + o["seconds"] for o in output]   # output counts too
     t0 = min(times) if times else 0.0
     t_end = max(times) if times else 0.0
 
@@ -136,13 +136,14 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: list[Row],
     lives = lifetimes(events, t_end)
     seen = {lv["instance"] for lv in lives}
     for inst in instances:         # shipped logs (watch) have no starts: the span of its output
-        if inst in seen:
+        if inst in seen:           # (each bucket to its end) and findings, within the job's span
             continue
-        ts = [o["bucket"] for o in output if o["instance"] == inst] + \
-             [f["epoch"] for f in findings if f["instance"] == inst]
-        if ts:
-            lives.append(dict(instance=inst, start=min(ts), end=max(ts), status="seen",
-                              returncode=None, signal=None))
+        mine = [o for o in output if o["instance"] == inst]
+        starts = [o["bucket"] for o in mine] + [f["epoch"] for f in findings if f["instance"] == inst]
+        ends = [o["bucket"] + o["seconds"] for o in mine] + starts
+        if starts:
+            lives.append(dict(instance=inst, start=max(min(starts), t0), end=min(max(ends), t_end),
+                              status="seen", returncode=None, signal=None))
 
     hangs = []
     for f in findings:

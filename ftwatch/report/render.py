@@ -8,6 +8,7 @@ so the file needs no network and no other file.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from ftwatch.report import model
 HERE = Path(__file__).parent
 CHART_JS = HERE / "static" / "chart.umd.min.js"
 TEMPLATE = "report.html.j2"
+_SOURCE_MAP = re.compile(r"^\s*//[#@]\s*sourceMappingURL=\S*\s*$", re.M)   # would make dev tools fetch a .map
 
 
 def _environment() -> Environment:
@@ -35,7 +37,7 @@ def render_html(data: dict[str, Any], generated: float | None = None) -> str:
     Raises:
         OSError: the vendored ``static/chart.umd.min.js`` is missing (a broken install).
     """
-    script = CHART_JS.read_text(encoding="utf-8")
+    script = _SOURCE_MAP.sub("", CHART_JS.read_text(encoding="utf-8"))
     if "</script" in script.lower():     # would end the inline <script> early
         raise ValueError(f"{CHART_JS} contains '</script'; it cannot be inlined")
     return _environment().get_template(TEMPLATE).render(

@@ -126,6 +126,35 @@ def start_ftwatch(tmp: Path, *args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+def wait_for_line(proc: subprocess.Popen, needle: str, deadline: float) -> str | None:
+    """The first output line of ``proc`` containing ``needle``; None when the process ends or
+    ``deadline`` seconds pass first (a reader thread: ``readline`` alone could block for ever)."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+            if needle in line:
+                return
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    end = time.monotonic() + deadline
+    while (left := end - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            return None
+        if needle in line:
+            return line.strip()
+    return None
+
+
 def stop(proc: subprocess.Popen) -> str:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -173,12 +202,9 @@ def test_prometheus_scrapes_watch_lines_and_ingest_lag(tmp_path: Path):
     ft = start_ftwatch(tmp_path, "watch", "--config", "watch.yaml", "--state-dir", "state",
                        "--metrics-port", str(port))
     try:
-        source_port = None
-        for line in ft.stdout:
-            if "source in started on port" in line:
-                source_port = int(line.rsplit(" ", 1)[1])
-                break
+        source_port = wait_for_line(ft, "source in started on port", 60)
         assert source_port, "the http source did not start"
+        source_port = int(source_port.rsplit(" ", 1)[1])
         then = time.time() - 30
         records = [{"log": f"step {i} loss 0.5", "date": then + i * 0.01} for i in range(7)]
         assert httpx.post(f"http://127.0.0.1:{source_port}/", json=records, timeout=10).status_code == 200

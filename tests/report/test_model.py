@@ -99,6 +99,7 @@ def test_the_page_is_self_contained_and_escapes_log_text(store, tmp_path: Path):
     html = out.read_text(encoding="utf-8")
     assert "Chart.js v4.6.1" in html                           # inlined, not linked
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "sourceMappingURL" not in html                      # no request for a .map file
     assert "<td class=\"line\">boom &lt;nccl.x&gt;</td>" in html  # autoescaped in the table
     blob = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S).group(1)
     assert "<hang.job>" not in blob                             # tojson escapes < in the script
@@ -121,3 +122,16 @@ def test_output_counts_close_buckets_when_a_later_one_starts():
     assert c.drain() == [("j", "a", 0, T0 + 5, 5.0, 1, 1)]
     with pytest.raises(ValueError):
         OutputCounts(0)
+
+
+def test_a_watched_job_without_starts_gets_an_activity_bar_per_instance_from_its_output():
+    """Shipped logs: no instance_start/exit. Each bucket lasts its seconds; bars stay in the span."""
+    output = [dict(instance="w0", rank=0, bucket=T0, seconds=5.0, lines=3, bytes=30),
+              dict(instance="w1", rank=1, bucket=T0 + 5, seconds=5.0, lines=1, bytes=10)]
+    late = dict(rule_id="nccl.x", kind="error", failure_class="retryable_infra", severity="error",
+                instance="w0", rank=0, epoch=T0 + 7, line="boom", fields={})
+    job = model.job_view("j", [], [], [late], [], output)
+    assert job["t0"] == T0                          # the first output bucket, not the first finding
+    lives = {lv["instance"]: (lv["start"], lv["end"], lv["status"]) for lv in job["lifetimes"]}
+    assert lives == {"w0": (0.0, 7.0, "seen"), "w1": (5.0, 10.0, "seen")}
+    assert all(lv["end"] > lv["start"] and lv["end"] <= job["span"] for lv in job["lifetimes"])

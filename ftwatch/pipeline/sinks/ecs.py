@@ -180,7 +180,7 @@ def finding_doc(f: Finding, attempt: int = 0, *, labels: Mapping[str, Any] | Non
     who = f"rank {o.rank}" if o.rank is not None else o.instance
     source = _base(f.time, "findings", event, o.node, _LEVEL[f.severity],
                    f"[{f.failure_class.value}] {f.rule_id} on {who}: {f.line}",
-                   _labels(o.job, labels or {}, _k8s_labels(f.fields)), ftw)
+                   _labels(o.job, labels or {}, {**dict(o.labels), **(_k8s_labels(f.fields) or {})}), ftw)
     source["rule"] = {"id": f.rule_id, "category": f.failure_class.value, "ruleset": DATASET}
     source["error"] = {"message": f.line, "type": f.failure_class.value}
     if f.evidence:
@@ -252,7 +252,7 @@ def delivery_doc(result: Any, text: Any = None, *, time: float, job: str = "", h
 
 def output_doc(job: str, instance: str, rank: int | None, bucket: float, seconds: float, lines: int,
                nbytes: int, *, writer: str, n: int, host: str = "localhost",
-               labels: Mapping[str, Any] | None = None) -> Doc:
+               labels: Mapping[str, Any] | None = None, pod_labels: Mapping[str, Any] | None = None) -> Doc:
     """One output bucket (a store ``output`` row: ``lines`` lines of ``nbytes`` bytes read from
     ``instance`` in the ``seconds`` long bucket starting at ``bucket``, epoch s) -> ``output``
     document (``event.kind: metric``, ``@timestamp`` the bucket's start).
@@ -261,6 +261,7 @@ def output_doc(job: str, instance: str, rank: int | None, bucket: float, seconds
     the counts up), so the ``_id`` is not the bucket's: it is made from ``writer`` (one per sink
     instance) and ``n`` (that sink's count of output documents), and readers sum the documents
     of a bucket. A retry still sends the same ``_id`` (it is journaled with the document).
+    ``host`` is the instance's node when known; ``pod_labels`` its pod's labels (``Origin.labels``).
     """
     event = {"kind": "metric", "category": ["process"], "type": ["info"], "action": "output",
              "outcome": "unknown"}
@@ -269,5 +270,5 @@ def output_doc(job: str, instance: str, rank: int | None, bucket: float, seconds
            "lines": lines, "bytes": nbytes}
     source = _base(bucket, "output", event, host, "info",
                    f"output {who}: {lines} lines, {nbytes} bytes in {seconds:g} s",
-                   _labels(job, labels or {}, None), ftw)
+                   _labels(job, labels or {}, pod_labels), ftw)
     return Doc("output", stable_id("output", writer, n, job, instance, bucket), source)

@@ -4,13 +4,22 @@ Flow::
 
     add_event / add_findings / add_decision / add_delivery / add_output / end_run
         -> ecs.*_doc (pure) + event.sequence  -> DiskBuffer journal (esbuffer.py: appended before anything is sent)
-    flush()  -> one bulk request per sealed segment, through the official client
+    flush()  -> first (until it succeeds): is the index template there? if not, install it
+                (``essetup.install``; a user without the privilege gets one warning)
+             -> one bulk request per sealed segment (``require_data_stream=true``: nothing
+                ever lands in a plain, dynamically mapped index), through the official client
              -> per item: 2xx sent; 409 already there (a retry after a lost ack): done;
-                429 / 5xx: kept for the next flush (dead-lettered after ``dead_letter_after``
-                flushes); other 4xx: dead letter
+                429 / 5xx: retried, then kept on disk (never dead-lettered: transient);
+                no data stream (template missing, or a plain index in the way): kept on disk;
+                other 4xx: dead letter (``ftwatch es flush --dead-letters`` replays them)
              -> whole request: no connection, timeout, 429 or 5xx: retried ``max_retries`` times
                 with backoff, then kept on disk; 401/403/404 (set-up problems): kept on disk;
                 other 4xx: dead letter
+
+The buffer is capped at ``max_buffer_bytes``: when it is full, new documents are dropped (not
+journaled), counted (``<buffer>/dropped.count``, metric ``ftwatch_spool_items{state="dropped"}``)
+and logged as errors; what is already on disk is kept, so the cluster gets an unbroken history up
+to the point where the buffer filled.
 
 Every document is created (bulk ``create`` op) under a stable ``_id`` (``ecs``), so nothing is
 doubled by a retry. Each gets ECS ``event.sequence``: the order this sink was handed the
@@ -31,51 +40,17 @@ import socket
 import threading
 import time as _time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ftwatch.events import Decision, Finding
-from ftwatch.pipeline.sinks import ecs
+from ftwatch.pipeline.sinks import ecs, essetup
 from ftwatch.pipeline.sinks.esbuffer import DiskBuffer
+from ftwatch.pipeline.sinks.esclient import KEEP_STATUSES, SinkStats, build_client, no_data_stream, reason
+
+__all__ = ["ElasticsearchSink", "SinkStats", "build_client"]
 
 log = logging.getLogger(__name__)
-
-_KEEP_STATUSES = frozenset({401, 403, 404})   # set-up problems: keep the data, say so
-
-
-@dataclass
-class SinkStats:
-    """Counters since the sink was made (documents unless said otherwise)."""
-
-    queued: int = 0
-    sent: int = 0
-    duplicates: int = 0          # 409 on create: already indexed (a retry after a lost ack)
-    dead_lettered: int = 0
-    retries: int = 0             # bulk requests sent again after a transient failure
-    failed_flushes: int = 0      # flushes that left documents on disk
-    last_error: str = ""
-    errors: list[str] = field(default_factory=list)   # the last few, newest last
-
-    def note(self, message: str) -> None:
-        self.last_error = message
-        self.errors = (self.errors + [message])[-20:]
-
-
-def build_client(cfg: Any) -> Any:
-    """An ``elasticsearch.Elasticsearch`` for an ``ElasticsearchConfig`` (no client-side
-    retries: the sink retries itself, with backoff)."""
-    from elasticsearch import Elasticsearch
-    kwargs: dict[str, Any] = {"request_timeout": cfg.request_timeout, "max_retries": 0,
-                              "retry_on_timeout": False, "verify_certs": cfg.verify_certs}
-    if cfg.api_key:
-        kwargs["api_key"] = cfg.api_key
-    elif cfg.username is not None:
-        kwargs["basic_auth"] = (cfg.username, cfg.password)
-    if cfg.ca_certs is not None:
-        kwargs["ca_certs"] = str(cfg.ca_certs)
-    return Elasticsearch(list(cfg.url), **kwargs)
-
 
 class ElasticsearchSink:
     """Writes ECS documents to ``<prefix>-{events,findings,decisions,alerts,output}`` data streams.
@@ -90,8 +65,10 @@ class ElasticsearchSink:
         max_retries: retries of one bulk request per flush; ``backoff`` the seconds before
             retry 1, 2 ... (the last repeats); ``sleep`` waits (default: until ``close``;
             tests pass a recorder).
-        dead_letter_after: flushes a document may be refused with 429/5xx before it is
-            dead-lettered.
+        max_buffer_bytes: cap of the on-disk buffer (0: none); when full new documents are
+            dropped and counted (module doc).
+        rollover_max_age, retention: the ILM policy installed when the index template is
+            missing (``essetup.install``).
         labels: added to every document (``ecs.dedot`` explains dotted keys).
         host: ``host.name`` of documents that name no node (default: this machine's name).
         now: wall clock, epoch seconds (alerts without a time).
@@ -102,15 +79,20 @@ class ElasticsearchSink:
 
     def __init__(self, client: Any, buffer_dir: Path, *, prefix: str = "ftwatch", batch_size: int = 500,
                  max_retries: int = 3, backoff: Sequence[float] = (0.5, 2.0, 5.0),
-                 dead_letter_after: int = 20, labels: Mapping[str, str] | None = None,
+                 max_buffer_bytes: int = 0, rollover_max_age: str = "7d", retention: str = "90d",
+                 labels: Mapping[str, str] | None = None,
                  host: str | None = None, sleep: Callable[[float], Any] | None = None,
                  now: Callable[[], float] = _time.time):
         self.client = client
         self.prefix = prefix
-        self.buffer = DiskBuffer(buffer_dir, batch_size)
+        self.buffer = DiskBuffer(buffer_dir, batch_size, max_bytes=max_buffer_bytes)
         self.max_retries = max_retries
         self.backoff = tuple(backoff) or (0.0,)
-        self.dead_letter_after = dead_letter_after
+        self.ilm = (rollover_max_age, retention)
+        self._template_ok = False              # the index template is known to be there
+        self._require_ds = True                # False: a cluster before 8.13 (``_bulk``)
+        self._template_warned = False
+        self._dropping = False
         self.labels = dict(labels or {})
         self.host = host or socket.gethostname()
         self.stats = SinkStats()
@@ -130,10 +112,16 @@ class ElasticsearchSink:
     def from_config(cls, cfg: Any, state_dir: Path, **kwargs: Any) -> "ElasticsearchSink":
         """A sink for an ``ElasticsearchConfig``; its buffer is ``cfg.buffer_dir`` or
         ``<state_dir>/es-buffer``."""
-        return cls(build_client(cfg), cfg.buffer_dir or Path(state_dir) / "es-buffer",
-                   prefix=cfg.data_stream_prefix, batch_size=cfg.batch_size,
-                   max_retries=cfg.max_retries, backoff=cfg.backoff,
-                   dead_letter_after=cfg.dead_letter_after, labels=cfg.labels, **kwargs)
+        client = build_client(cfg)
+        try:
+            return cls(client, cfg.buffer_dir or Path(state_dir) / "es-buffer",
+                       prefix=cfg.data_stream_prefix, batch_size=cfg.batch_size,
+                       max_retries=cfg.max_retries, backoff=cfg.backoff,
+                       max_buffer_bytes=cfg.max_buffer_bytes, rollover_max_age=cfg.rollover_max_age,
+                       retention=cfg.retention, labels=cfg.labels, **kwargs)
+        except BaseException:
+            client.close()                     # the buffer is unusable (e.g. held by another run)
+            raise
 
     # -- the store's writer methods -------------------------------------------------------------
 
@@ -165,15 +153,20 @@ class ElasticsearchSink:
         self._queue([ecs.delivery_doc(result, text, time=self._now(), job=job, host=self.host,
                                       labels=self.labels)])
 
-    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]]) -> None:
+    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]],
+                   origins: Mapping[tuple[str, str], Any] | None = None) -> None:
         """Output counts ``(job, instance, rank, bucket, seconds, lines, bytes)`` (``ecs.output_doc``;
-        a bucket written twice is two documents, summed by readers)."""
+        a bucket written twice is two documents, summed by readers). ``origins``: (job, instance)
+        -> its ``Origin``, whose node becomes ``host.name`` and whose pod labels are added."""
         docs = []
+        origins = origins or {}
         with self._lock:
             for job, instance, rank, bucket, seconds, lines, nbytes in rows:
+                o = origins.get((job, instance))
                 docs.append(ecs.output_doc(job, instance, rank, bucket, seconds, lines, nbytes,
-                                           writer=self._writer, n=self._outputs, host=self.host,
-                                           labels=self.labels))
+                                           writer=self._writer, n=self._outputs,
+                                           host=o.node if o is not None else self.host, labels=self.labels,
+                                           pod_labels=dict(o.labels) if o is not None and o.labels else None))
                 self._outputs += 1
         self._queue(docs)
 
@@ -186,8 +179,20 @@ class ElasticsearchSink:
                 d.source["event"]["sequence"] = self._sequence
                 self._sequence += 1
                 entries.append({"index": f"{self.prefix}-{d.kind}", "id": d.id, "doc": d.source, "tries": 0})
+            before = self.buffer.dropped
             full = self.buffer.append(entries)
-            self.stats.queued += len(entries)
+            dropped = self.buffer.dropped - before
+            self.stats.queued += len(entries) - dropped
+            self.stats.dropped += dropped
+            if dropped and not self._dropping:
+                log.error("the Elasticsearch buffer %s is full (storage.elasticsearch.max_buffer_bytes "
+                          "= %d): new documents are DROPPED until the cluster takes what waits",
+                          self.buffer.directory, self.buffer.max_bytes)
+            elif not dropped and self._dropping:
+                log.warning("the Elasticsearch buffer %s has room again; %d documents were dropped "
+                            "in all (%s)", self.buffer.directory, self.buffer.dropped,
+                            self.buffer.dropped_path)
+            self._dropping = bool(dropped)
         if full:
             self._wake.set()
 
@@ -209,6 +214,7 @@ class ElasticsearchSink:
         """
         retries = self.max_retries if retries is None else retries
         with self._flush_lock:
+            self.ensure_template()
             with self._lock:
                 self.buffer.seal()
                 segments = self.buffer.segments()
@@ -233,6 +239,7 @@ class ElasticsearchSink:
         from elastic_transport import TransportError
         from elasticsearch import ApiError
         todo, request_failed = entries, False
+        held: list[dict[str, Any]] = []
         for attempt in range(retries + 1):
             if attempt and self._stop.is_set():       # closing: no more retries, keep on disk
                 break
@@ -243,14 +250,14 @@ class ElasticsearchSink:
             for e in todo:
                 ops += [{"create": {"_index": e["index"], "_id": e["id"]}}, e["doc"]]
             try:
-                answer = self.client.bulk(operations=ops)
+                answer = self._bulk(ops)
             except ApiError as exc:
                 status = exc.meta.status if exc.meta is not None else 0
                 self.stats.note(f"bulk refused with {status}: {exc.message}")
                 if status == 429 or status >= 500:
                     request_failed = True
                     continue
-                if status in _KEEP_STATUSES or status < 400:   # < 400: not Elasticsearch
+                if status in KEEP_STATUSES or status < 400:   # < 400: not Elasticsearch
                     log.error("Elasticsearch refused the bulk request (%s); documents stay in %s",
                               exc, self.buffer.directory)
                     return todo, False
@@ -260,22 +267,42 @@ class ElasticsearchSink:
                 self.stats.note(f"no connection: {exc}")
                 request_failed = True
                 continue
-            retry = self._items(todo, answer.body.get("items"))
-            request_failed = retry is None
-            todo = todo if retry is None else retry
+            checked = self._items(todo, answer.body.get("items"))
+            request_failed = checked is None
+            if checked is not None:
+                todo, hold = checked
+                held += hold
             if not todo:
-                return [], True
-        if request_failed:
-            return todo, False
-        return self._age(todo), True
+                return held, True
+        return todo + held, not request_failed
 
-    def _items(self, todo: list[dict[str, Any]], items: Any) -> list[dict[str, Any]] | None:
-        """Check a 200 answer item by item; returns the entries to retry (None: the answer does
-        not match the request, retry them all)."""
+    def _bulk(self, ops: list[dict[str, Any]]) -> Any:
+        """One bulk request, ``require_data_stream=true`` where the cluster knows it (8.13+; an
+        older one refuses the whole request with 400 naming the parameter: then it is sent
+        without, once and from then on, and the index template alone makes the data streams)."""
+        from elasticsearch import ApiError
+        if not self._require_ds:
+            return self.client.bulk(operations=ops)
+        try:
+            return self.client.bulk(operations=ops, require_data_stream=True)
+        except ApiError as exc:
+            if exc.meta is None or exc.meta.status != 400 or "require_data_stream" not in f"{exc} {exc.body}":
+                raise
+        self._require_ds = False
+        log.warning("this Elasticsearch does not know require_data_stream (before 8.13): bulk requests "
+                    "go without it; the index template still makes the data streams")
+        return self.client.bulk(operations=ops)
+
+    def _items(self, todo: list[dict[str, Any]], items: Any
+               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        """Check a 200 answer item by item; returns (entries to retry now, entries to keep on
+        disk without retrying: their data stream cannot be made yet). None: the answer does not
+        match the request, retry them all."""
         if not isinstance(items, list) or len(items) != len(todo):
             self.stats.note(f"bulk answer does not list {len(todo)} items")
             return None
-        retry, dead = [], []
+        retry, dead, hold = [], [], []
+        why = ""
         for entry, item in zip(todo, items):
             result = next(iter(item.values()), {}) if isinstance(item, dict) else {}
             status = int(result.get("status", 0))
@@ -285,27 +312,64 @@ class ElasticsearchSink:
                 self.stats.duplicates += 1
             elif status == 429 or status >= 500:
                 retry.append(entry)
+            elif no_data_stream(status, result.get("error")):
+                hold.append(entry)
+                why = reason(result.get("error"))
             else:
                 dead.append(self._dead_record(entry, status, result.get("error")))
         if retry:
             self.stats.note(f"{len(retry)} documents refused with 429/5xx")
+        if hold:
+            self._template_ok = False          # look again at the next flush
+            self.stats.held += len(hold)
+            self.stats.note(f"{len(hold)} documents refused: no data stream "
+                            f"({why}); run `ftwatch es setup`")
         if dead:
             self._dead(dead)
-        return retry
+        return retry, hold
 
-    def _age(self, todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Count one more refused flush on each entry; dead-letter those past the limit."""
-        keep, dead = [], []
-        for entry in todo:
-            entry = {**entry, "tries": int(entry.get("tries", 0)) + 1}
-            if entry["tries"] >= self.dead_letter_after:
-                dead.append(self._dead_record(entry, None, f"refused {entry['tries']} times: "
-                                              f"{self.stats.last_error}"))
-            else:
-                keep.append(entry)
-        if dead:
-            self._dead(dead)
-        return keep
+    def ensure_template(self) -> bool:
+        """Make sure the index template ``<prefix>`` exists (install it when missing). True when
+        it is there. Never raises: without the privilege to install it, one warning is logged
+        and documents stay on disk (``require_data_stream``) until ``ftwatch es setup`` ran."""
+        if self._template_ok:
+            return True
+        from elastic_transport import TransportError
+        from elasticsearch import ApiError
+        try:
+            if self.client.indices.exists_index_template(name=self.prefix):
+                self._template_ok = True
+                return True
+        except (ApiError, TransportError) as exc:
+            self.stats.note(f"cannot check the index template {self.prefix}: {exc}")
+            return False
+        try:
+            essetup.install(self.client, self.prefix, *self.ilm)
+        except (ApiError, TransportError) as exc:
+            self.stats.note(f"index template {self.prefix} missing and not installed: {exc}")
+            if not self._template_warned:
+                self._template_warned = True
+                log.warning("the Elasticsearch index template %r is missing and could not be installed "
+                            "(%s): run `ftwatch es setup` as a user allowed to manage templates; "
+                            "documents wait in %s until then", self.prefix, exc, self.buffer.directory)
+            return False
+        log.warning("installed the missing Elasticsearch index template %r (`ftwatch es setup`)", self.prefix)
+        self._template_ok = True
+        return True
+
+    def replay_dead_letters(self) -> int:
+        """Queue the documents of the dead-letter file again (``ftwatch es flush
+        --dead-letters``); the next ``flush`` sends them the usual way (refused for good again:
+        back into the dead-letter file). Lines without a document (unreadable buffer lines) stay.
+        Returns how many were queued."""
+        with self._lock:
+            records, rest = self.buffer.take_dead_letters()
+            entries = [{"index": r["index"], "id": r["id"], "doc": r["doc"], "tries": 0} for r in records]
+            self.buffer.append(entries, capped=False)
+            self.buffer.seal()
+            self.buffer.put_dead_letters(rest)
+            self.stats.queued += len(entries)
+        return len(entries)
 
     @staticmethod
     def _dead_record(entry: dict[str, Any], status: int | None, error: Any) -> dict[str, Any]:

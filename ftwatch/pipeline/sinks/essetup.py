@@ -117,4 +117,39 @@ def install(client: Any, prefix: str = "ftwatch", rollover_max_age: str = "7d",
         name=prefix, index_patterns=[f"{prefix}-*"], data_stream={}, priority=PRIORITY,
         composed_of=[f"{prefix}-settings", f"{prefix}-mappings"], meta=meta)
     return [f"PUT _ilm/policy/{prefix}", f"PUT _component_template/{prefix}-settings",
-            f"PUT _component_template/{prefix}-mappings", f"PUT _index_template/{prefix}"]
+            f"PUT _component_template/{prefix}-mappings", f"PUT _index_template/{prefix}",
+            *update_streams(client, prefix)]
+
+
+def update_streams(client: Any, prefix: str = "ftwatch") -> list[str]:
+    """Give the existing data streams of the template ``prefix`` the current mappings now,
+    not at their next rollover (after an upgrade). A stream whose backing indices cannot take
+    them (a field changed type) is rolled over lazily instead: its next write starts a backing
+    index with the new template. Returns what was done, one line each.
+
+    A user who may not list data streams gets one line saying so (the templates are in place;
+    the streams take the new mappings at their next rollover).
+
+    Raises:
+        elastic_transport.TransportError: the cluster cannot be reached.
+    """
+    from elasticsearch import ApiError
+    try:
+        found = client.indices.get_data_stream(name=f"{prefix}-*", expand_wildcards="all")
+    except ApiError as exc:
+        return [f"existing data streams not updated (listing them was refused: {exc.message}); "
+                "they take the new mappings at their next rollover"]
+    m = mappings()
+    done = []
+    for stream in found.body.get("data_streams", []):
+        name = stream.get("name", "")
+        if stream.get("template") != prefix:
+            continue                       # somebody else's stream that matches the pattern
+        try:
+            client.indices.put_mapping(index=name, dynamic=m["dynamic"], meta=m["_meta"],
+                                       dynamic_templates=m["dynamic_templates"], properties=m["properties"])
+            done.append(f"PUT {name}/_mapping")
+        except ApiError as exc:
+            client.indices.rollover(alias=name, lazy=True)
+            done.append(f"POST {name}/_rollover?lazy (mapping refused: {exc.message})")
+    return done

@@ -266,8 +266,9 @@ class SqliteStore:
                  int(result.attempts), result.error or "", text,
                  getattr(result, "time", 0.0) or _time.time()))
 
-    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]]) -> None:
-        """Add output counts, all in one transaction.
+    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]],
+                   origins: Any = None) -> None:
+        """Add output counts, all in one transaction (``origins``, for other sinks, unused here).
 
         Args:
             rows: ``(job, instance, rank, bucket, seconds, lines, bytes)``: ``lines`` and

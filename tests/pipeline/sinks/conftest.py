@@ -7,6 +7,13 @@ It keeps documents by (index, _id) and answers ``create`` of an existing id with
 Elasticsearch does. Tests script trouble with ``fail_next``: a whole-request status (429, 503),
 ``"partial"`` (per-item 429 / 400 / 201), or ``"drop"`` (store the documents, then close the
 connection without answering: a lost acknowledgement).
+
+Data streams: a bulk request with ``require_data_stream=true`` may only write to an index that
+is a data stream already or that a PUT ``_index_template`` (with ``data_stream``) matches;
+otherwise the item is refused as Elasticsearch refuses it (404 ``index_not_found_exception``, or
+400 "... is not a data stream" for a plain index made by an earlier write without the flag).
+``GET _data_stream/<pattern>`` lists the streams made; ``HEAD _index_template/<name>`` answers
+whether it was PUT.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ class FakeElasticsearch:
         self.pits_opened = 0
         self.searches: list[dict[str, Any]] = []     # search bodies seen
         self.product_header = product_header
+        self.streams: dict[str, str] = {}    # data stream -> the template that made it
+        self.plain: set[str] = set()         # indices made without a template (dynamic mapping)
+        self.refuse_puts = False             # True: every PUT but _bulk answers 403
+        self.before_8_13 = False             # True: bulk refuses require_data_stream (400)
         self._lock = threading.Lock()
         self._closed = False
         self._conns: list[Any] = []
@@ -64,7 +75,29 @@ class FakeElasticsearch:
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length", 0)))
 
+            def do_HEAD(self):  # noqa: N802 - exists_index_template
+                path = urlsplit(self.path).path
+                with owner._lock:
+                    owner.requests.append({"method": "HEAD", "path": self.path,
+                                           "headers": {k.lower(): v for k, v in self.headers.items()}})
+                    found = path in owner.puts
+                self.send_response(200 if found else 404)
+                self.send_header("Content-Length", "0")
+                if owner.product_header:
+                    self.send_header("X-Elastic-Product", "Elasticsearch")
+                self.end_headers()
+
             def do_GET(self):  # noqa: N802 - http.server's naming
+                path = urlsplit(self.path).path
+                if path.startswith("/_data_stream/"):
+                    pattern = path.split("/")[2]
+                    with owner._lock:
+                        owner.requests.append({"method": "GET", "path": self.path,
+                                               "headers": {k.lower(): v for k, v in self.headers.items()}})
+                        found = [{"name": n, "template": t, "generation": 1}
+                                 for n, t in sorted(owner.streams.items()) if fnmatch.fnmatchcase(n, pattern)]
+                    self._answer(200, {"data_streams": found})
+                    return
                 self._answer(200, {"name": "fake", "cluster_name": "fake", "version": {
                     "number": "8.19.0", "build_flavor": "default"}, "tagline": "You Know, for Search"})
 
@@ -73,6 +106,10 @@ class FakeElasticsearch:
                     self._bulk()
                     return
                 body = json.loads(self._body() or b"{}")
+                if owner.refuse_puts:           # a user without manage_index_templates / manage_ilm
+                    self._answer(403, {"error": {"type": "security_exception",
+                                                 "reason": "action is unauthorized"}, "status": 403})
+                    return
                 with owner._lock:
                     owner.puts[self.path.split("?")[0]] = body
                     owner.requests.append({"method": "PUT", "path": self.path,
@@ -110,11 +147,18 @@ class FakeElasticsearch:
                     return
                 owner._check_headers(headers)
                 pairs = owner._parse_bulk(raw)
+                streams_only = parse_qs(urlsplit(self.path).query).get("require_data_stream") == ["true"]
+                if streams_only and owner.before_8_13:
+                    self._answer(400, {"error": {"type": "illegal_argument_exception", "reason":
+                                                 "request [/_bulk] contains unrecognized parameter: "
+                                                 "[require_data_stream]"}, "status": 400})
+                    return
                 if isinstance(trouble, int):
                     self._answer(trouble, {"error": {"type": "es_rejected_execution_exception",
                                                      "reason": "scripted"}, "status": trouble})
                     return
-                items = [owner._create(index, doc_id, doc, trouble, n) for n, (index, doc_id, doc) in enumerate(pairs)]
+                items = [owner._create(index, doc_id, doc, trouble, n, streams_only)
+                         for n, (index, doc_id, doc) in enumerate(pairs)]
                 if trouble == "drop":               # stored, but the answer never arrives
                     self.close_connection = True
                     self.connection.shutdown(2)
@@ -159,7 +203,16 @@ class FakeElasticsearch:
             pairs.append((meta.get("_index"), meta.get("_id"), doc))
         return pairs
 
-    def _create(self, index: str, doc_id: str, doc: dict[str, Any], trouble: Any, n: int) -> dict[str, Any]:
+    def _template_for(self, index: str) -> str | None:
+        """The name of a PUT index template with a data stream whose patterns match ``index``."""
+        for path, body in self.puts.items():
+            if path.startswith("/_index_template/") and "data_stream" in body and any(
+                    fnmatch.fnmatchcase(index, pattern) for pattern in body.get("index_patterns", [])):
+                return path.split("/")[2]
+        return None
+
+    def _create(self, index: str, doc_id: str, doc: dict[str, Any], trouble: Any, n: int,
+                streams_only: bool = False) -> dict[str, Any]:
         if trouble == "items429":
             return {"create": {"_index": index, "_id": doc_id, "status": 429,
                                "error": {"type": "es_rejected_execution_exception", "reason": "busy"}}}
@@ -171,6 +224,22 @@ class FakeElasticsearch:
                 return {"create": {"_index": index, "_id": doc_id, "status": 400,
                                    "error": {"type": "document_parsing_exception", "reason": "bad field"}}}
         with self._lock:
+            if index not in self.streams and index not in self.plain:
+                template = self._template_for(index)
+                if template is not None:
+                    self.streams[index] = template
+                elif streams_only:
+                    return {"create": {"_index": index, "_id": doc_id, "status": 404, "error": {
+                        "type": "index_not_found_exception", "index": index,
+                        "reason": "the index creation request requires a data stream, but no matching "
+                                  "index template with data stream template was found for it"}}}
+                else:
+                    self.plain.add(index)
+            if streams_only and index in self.plain:
+                return {"create": {"_index": index, "_id": doc_id, "status": 400, "error": {
+                    "type": "illegal_argument_exception",
+                    "reason": f"index request targeting [{index}] specifies require_data_stream=true "
+                              f"but [{index}] is not a data stream"}}}
             if (index, doc_id) in self.docs:
                 return {"create": {"_index": index, "_id": doc_id, "status": 409,
                                    "error": {"type": "version_conflict_engine_exception",

@@ -102,6 +102,7 @@ def test_whole_request_429_and_503_are_retried_with_backoff(fake_es, tmp_path):
     assert sink.flush() == 0
     assert sleeps == [0.5, 2.0] and sink.stats.retries == 2
     assert len(fake_es.docs) == 3 and len(fake_es.bulk_requests()) == 3
+    sink.close()
 
 
 def test_a_lost_acknowledgement_is_not_doubled(fake_es, tmp_path):
@@ -115,15 +116,16 @@ def test_a_lost_acknowledgement_is_not_doubled(fake_es, tmp_path):
     sink.close()
 
 
-def test_items_refused_flush_after_flush_are_dead_lettered_at_the_limit(fake_es, tmp_path):
-    sink = make_sink(fake_es.url, tmp_path / "buf", max_retries=0, dead_letter_after=2)
+def test_items_refused_with_429_flush_after_flush_stay_on_disk_and_are_never_dead_lettered(fake_es, tmp_path):
+    """Back-pressure is transient however long it lasts: no dead letter, all sent once it ends."""
+    sink = make_sink(fake_es.url, tmp_path / "buf", max_retries=0)
     write_some(sink, 3)
-    fake_es.fail_next = ["items429", "items429"]
-    assert sink.flush() == 3                 # refused once: kept
-    assert sink.flush() == 0                 # refused twice: dead letters
-    dead = (tmp_path / "buf" / "dead-letter.jsonl").read_text().splitlines()
-    assert len(dead) == 3 and "refused 2 times" in json.loads(dead[0])["reason"]
-    assert fake_es.docs == {}
+    fake_es.fail_next = ["items429"] * 30
+    for _ in range(30):
+        assert sink.flush() == 3
+    assert not (tmp_path / "buf" / "dead-letter.jsonl").exists() and sink.stats.dead_lettered == 0
+    assert sink.flush() == 0 and len(fake_es.docs) == 3
+    sink.close()
 
 
 def test_the_cluster_goes_away_and_comes_back(es_server, tmp_path):
