@@ -235,6 +235,7 @@ class Dispatcher:
         if not self.drain(wait):
             log.warning("%d notification(s) not delivered within %.0f s of shutdown; kept in %s",
                         len(self._queued), wait, self.spool.directory)
+            self._on_result = None   # the store closes next; a late outcome is not recorded
         with self._lock:
             self._closed = True
             workers, self._workers = list(self._workers.values()), {}
