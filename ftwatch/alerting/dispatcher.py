@@ -99,14 +99,13 @@ class Dispatcher:
         self.background = background
         self._lock = threading.RLock()
         self._unknown_warned: set[str] = set()
-        self._closing = threading.Event()     # close() began: no more waits or retries
+        self._closing = threading.Event()     # close()'s wait is over: no more waits or sends
         self._closed = False
         self._idle = threading.Condition()
         self._queued: set[str] = set()        # ids handed to a worker and not finished
         self._workers: dict[str, DeliveryWorker] = {}
         self._pass = 0                        # resend passes (background)
         self._down: dict[str, int] = {}       # receiver -> the pass it failed in
-        self._down_at_close: set[str] = set()
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0-based), jitter included."""
@@ -222,20 +221,20 @@ class Dispatcher:
             return self._idle.wait_for(lambda: not self._queued, timeout)
 
     def close(self, timeout: float | None = None) -> list[DeliveryResult]:
-        """Shutdown: stop waiting and retrying, let the workers finish what they have (a
-        receiver that fails is not tried again; its notifications stay in the spool for the
-        next start, where they already are) for at most ``timeout`` seconds (None:
-        :meth:`close_wait`), then stop them. Later notifications are only spooled.
+        """Shutdown: let the workers go on with what they have (sends, retries, backoff) for at
+        most ``timeout`` seconds (None: :meth:`close_wait`); then their waits are cut short and
+        what they have not sent stays in the spool, where it already is, for the next start
+        (its result, status ``spooled``, may still reach ``on_result`` afterwards). Later
+        notifications are only spooled. Returns at once without ``background``.
 
         Returns:
             [] (the workers' results went to ``on_result``).
         """
         wait = self.close_wait() if timeout is None else timeout
-        self._closing.set()
         if not self.drain(wait):
             log.warning("%d notification(s) not delivered within %.0f s of shutdown; kept in %s",
                         len(self._queued), wait, self.spool.directory)
-            self._on_result = None   # the store closes next; a late outcome is not recorded
+        self._closing.set()
         with self._lock:
             self._closed = True
             workers, self._workers = list(self._workers.values()), {}
@@ -244,10 +243,16 @@ class Dispatcher:
         return []
 
     def close_wait(self) -> float:
-        """Seconds a shutdown waits for the workers: the slowest receiver's ``timeout`` times
-        its attempts (``1 + max_retries``), at most :data:`CLOSE_WAIT_CAP`."""
-        waits = [float(getattr(n, "timeout", 5.0) or 5.0) * (1 + self._retries(n))
-                 for n in self.notifiers.values() if self._async(n)]
+        """Seconds a shutdown waits for the workers: what one notification may take at the
+        slowest receiver (its ``timeout`` times ``1 + max_retries`` attempts, plus the longest
+        backoff waits between them), at most :data:`CLOSE_WAIT_CAP`."""
+        waits = []
+        for n in self.notifiers.values():
+            if self._async(n):
+                retries = self._retries(n)
+                backoff = sum(self.backoff[min(i, len(self.backoff) - 1)] for i in range(retries))
+                waits.append(float(getattr(n, "timeout", 5.0) or 5.0) * (1 + retries)
+                             + backoff * (1.0 + self.jitter))
         return min(CLOSE_WAIT_CAP, max(waits, default=0.0))
 
     # -- sending ------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ class Dispatcher:
         """In a worker's thread: send one job (no dispatcher lock held while sending)."""
         n = job.notification
         notifier = self.notifiers[n.receiver]
-        if self._closing.is_set() and n.receiver in self._down_at_close:
+        if self._closing.is_set():             # shut down: the spool keeps it
             self._result(n, SPOOLED, job.attempts, SHUTDOWN)
             return
         if job.resend is not None:
@@ -287,8 +292,6 @@ class Dispatcher:
                 self._down[n.receiver] = job.resend
         else:
             self._attempt_all(notifier, job)
-        if self._closing.is_set() and self.spool.has(n.id):
-            self._down_at_close.add(n.receiver)
 
     def _attempt_all(self, notifier: Notifier, job: Job) -> DeliveryResult:
         """A new notification (in the spool already): the first attempt and the retries."""

@@ -65,6 +65,7 @@ class Recorder:
         self.resolve_after = resolve_after
         self.open_alerts: dict[tuple, Any] = {}    # labels (job included) -> the latest firing alert
         self._last_incident: dict[str, float] = {}  # job -> time of its latest resolvable incident
+        self._closed = False
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -214,6 +215,8 @@ class Recorder:
         """Record what became of one notification (a dispatcher's ``on_result``, so that the
         resends of spooled alerts reach the store too). Called from the delivery workers'
         threads as well: a list append and the store's own lock keep it thread-safe."""
+        if self._closed:          # a worker's late outcome after shutdown: the spool has it
+            return
         self.deliveries.append(result)
         if self.store is not None:
             self.store.add_delivery(result)
@@ -242,6 +245,7 @@ class Recorder:
         if close is not None:     # (the delivery workers get a bounded time to finish first)
             self._record(close())
         self.flush_output()
+        self._closed = True
         if self.store is not None:
             self.store.close()
 

@@ -149,25 +149,43 @@ def test_retries_happen_in_the_worker_with_backoff(tmp_path):
     d.close()
 
 
-def test_close_cuts_the_backoff_short_and_keeps_what_is_undelivered_in_the_spool(tmp_path):
+def test_close_lets_the_retries_finish_within_its_wait(tmp_path):
+    flaky = Gate("flaky", fail=1)
+    flaky.open.set()
+    d, results = background(tmp_path, flaky, backoff=(0.01,))
+    [r] = d.dispatch(make_alert())
+    d.close(DEADLINE)                                        # a 503, then the retry is taken
+    assert [(x.status, x.attempts) for x in results.all] == [(DELIVERED, 2)]
+    assert d.spool.pending() == []
+
+
+def test_after_closes_wait_the_backoff_is_cut_short_and_the_rest_stays_in_the_spool(tmp_path):
     down = Gate("down", fail=99)
     down.open.set()
     d, results = background(tmp_path, down, backoff=(600.0,))   # a wait close() must cut short
-    first = make_alert(1_795_250_000.5)
-    second = make_alert(1_795_250_100.5)
-    [r1] = d.dispatch(first)
-    [r2] = d.dispatch(second)
+    [r1] = d.dispatch(make_alert(1_795_250_000.5))
+    [r2] = d.dispatch(make_alert(1_795_250_100.5))
     assert down.entered.wait(DEADLINE)
-    d.close(DEADLINE)
-    assert d.drain(0)
+    d.close(0)
+    assert d.drain(DEADLINE)
     spooled = {x.notification_id: x for x in results.all}
-    assert spooled[r1.notification_id].status == SPOOLED and spooled[r1.notification_id].attempts == 1
+    assert (spooled[r1.notification_id].status, spooled[r1.notification_id].attempts) == (SPOOLED, 1)
     assert (spooled[r2.notification_id].status, spooled[r2.notification_id].error) == (SPOOLED, SHUTDOWN)
     assert down.attempts == 1                                # no retry, no try of the second
     assert sorted(e.id for e in d.spool.pending()) == sorted([r1.notification_id, r2.notification_id])
     # after close, a new alert is still written to the spool (for the next start)
     [late] = d.dispatch(make_alert(1_795_250_200.5))
     assert late.status == SPOOLED and d.spool.has(late.notification_id)
+
+
+def test_close_waits_at_most_one_notifications_time_at_the_slowest_receiver(tmp_path):
+    d, _ = background(tmp_path, ConsoleNotifier(io.StringIO()), Gate("a", timeout=2.0),
+                      Gate("b", timeout=1.0))
+    assert d.close_wait() == 2.0 * 4 + (0.5 + 2.0 + 5.0) * 1.2   # 4 attempts, backoff +20 %
+    d, _ = background(tmp_path, Gate("slow", timeout=100.0))
+    assert d.close_wait() == 30.0                                # capped
+    d, _ = background(tmp_path, ConsoleNotifier(io.StringIO()))
+    assert d.close_wait() == 0.0                                 # nothing in the background
 
 
 def test_close_does_not_wait_forever_for_a_receiver_that_never_answers(tmp_path):

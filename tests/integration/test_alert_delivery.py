@@ -429,9 +429,10 @@ def write_hook_config(tmp: Path, port: int, timeout: float, retries: int) -> Pat
 @pytest.mark.slow
 def test_a_webhook_that_never_answers_does_not_delay_the_restart(tmp_path):
     """The job is SIGKILLed once (restart_job), then succeeds. The webhook accepts and never
-    answers (timeout 2 s, 3 retries: about 15 s per alert if the runner waited). The restart is
-    stored before the receiver's outcome for the restart alert, and at shutdown both alerts (the
-    restart and its resolution) are left in the spool for the next start."""
+    answers (timeout 2 s, 1 retry: about 4.5 s per alert if the runner waited). The restart is
+    stored before the receiver's outcome for the restart alert (both its attempts), and at
+    shutdown both alerts (the restart and its resolution) are left in the spool for the next
+    start."""
     silent = Silent()
     marker = tmp_path / "killed-once"
     job = [sys.executable, "-c", (
@@ -440,7 +441,7 @@ def test_a_webhook_that_never_answers_does_not_delay_the_restart(tmp_path):
         f"    open({str(marker)!r}, 'w').close(); os.kill(os.getpid(), signal.SIGKILL)\n"
         "print('ok')\n")]
     try:
-        proc = run_job(tmp_path, job, "--config", str(write_hook_config(tmp_path, silent.port, 2, 3)),
+        proc = run_job(tmp_path, job, "--config", str(write_hook_config(tmp_path, silent.port, 2, 1)),
                        "--job-execution-mode=Sync", "--enable-job-restart=True",
                        "--max-num-of-job-restart=1")
         assert proc.returncode == 0, out(proc)
@@ -457,11 +458,10 @@ def test_a_webhook_that_never_answers_does_not_delay_the_restart(tmp_path):
         rows = conn.execute("SELECT notification_id, status, attempts, time FROM alerts "
                             "WHERE receiver = 'ops' ORDER BY time").fetchall()
     outcome = [r for r in rows if r[0] == restart_id]
-    assert [(s, a >= 1) for _, s, a, _ in outcome] == [("spooled", True)], rows
+    assert [(s, a) for _, s, a, _ in outcome] == [("spooled", 2)], rows
     assert restarted < outcome[0][3], (restarted, rows)   # acted first, the receiver's answer later
     kept = sorted(json.loads(p.read_text())["notification"]["id"] for p in pending(state))
     assert len(kept) == 2 and restart_id in kept, kept    # the restart alert and its resolution
-    assert {r[0] for r in rows} == set(kept)              # each with its outcome stored
 
 
 SDK_MESSAGE_JOB = [sys.executable, "-c", (
