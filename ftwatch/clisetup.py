@@ -97,9 +97,10 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket)
     dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
-                            Spool(state_dir / "spool"), on_result=recorder.delivery)
+                            Spool(state_dir / "spool"), on_result=recorder.delivery,
+                            background=True)   # deciding and acting never wait on a receiver (N4)
     recorder.dispatcher = EventCenter(config.alerting, dispatcher, SystemClock().time, state_dir)
-    dispatcher.resend_pending()              # alerts spooled by an earlier run; results stored
+    dispatcher.resend_pending()              # alerts spooled by an earlier run, to the workers
     recorder.dispatcher.recover()            # alerts an earlier run left waiting in a group
     return recorder
 

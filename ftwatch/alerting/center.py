@@ -1,7 +1,8 @@
 """The event center (SPEC N3, N4): route, group, mute, inhibit, rate-limit and digest alerts.
 
 :class:`EventCenter` sits in front of the :class:`~ftwatch.alerting.dispatcher.Dispatcher`
-(which stays the delivery core: rendering, retries with backoff and jitter, the spool) and has
+(which stays the delivery core: rendering, the write-ahead spool, the delivery workers,
+retries with backoff and jitter) and has
 the same ``dispatch(alert)`` / ``resend_pending()`` face, plus :meth:`EventCenter.tick` (call it
 often: flushes due groups, releases rate-limited notifications, sends due digests) and
 :meth:`EventCenter.close` (at shutdown: every waiting group is sent or spooled).
@@ -162,12 +163,15 @@ class EventCenter:
     @_locked
     def close(self) -> list[DeliveryResult]:
         """Shutdown: every alert still waiting in a group is sent (or spooled) now, and a due
-        digest goes out. Nothing waits in memory afterwards."""
+        digest goes out; then the dispatcher's delivery workers get a bounded time to finish
+        (``Dispatcher.close``: what they have not delivered stays in the spool for the next
+        start). Nothing waits in memory afterwards."""
         now = self.now()
         results: list[DeliveryResult] = []
         for batch in self.grouper.flush_all(now):
             results += self._send(batch, now)
-        return results + self._digests(now)
+        results += self._digests(now)
+        return results + self.dispatcher.close()
 
     def next_due(self) -> float | None:
         """The earliest time (epoch seconds) :meth:`tick` has something to do, or None."""

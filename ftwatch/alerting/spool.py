@@ -12,8 +12,8 @@ and then ``os.replace``-d over the target, and the directory is fsynced, so a cr
 either the old file or the new one. ``ack`` deletes the file: an acked notification is
 never pending again, so it is never resent.
 
-Not safe for several processes on one directory; one process may use it from one thread at
-a time (the Dispatcher serialises its calls).
+Not safe for several processes on one directory; within one process its calls are serialised
+by a lock (the Dispatcher's caller and its delivery workers write from different threads).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time as _time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class Spool:
         self.dead_dir = self.directory / "dead"
         self.dead_dir.mkdir(parents=True, exist_ok=True)
         self._now = now
+        self._lock = threading.RLock()
 
     def path(self, notification_id: str) -> Path:
         """The file of a pending notification."""
@@ -83,6 +85,10 @@ class Spool:
 
     def put(self, notification: Notification, attempts: int = 0, error: str = "") -> SpoolEntry:
         """Store (or replace) a pending notification. Raises OSError when the disk fails."""
+        with self._lock:
+            return self._put(notification, attempts, error)
+
+    def _put(self, notification: Notification, attempts: int, error: str) -> SpoolEntry:
         old = self._read(self.path(notification.id))
         now = self._now()
         entry = SpoolEntry(notification, attempts, error, old.created if old else now, now)
@@ -91,40 +97,44 @@ class Spool:
 
     def record_attempt(self, notification_id: str, error: str) -> SpoolEntry | None:
         """Count one more failed attempt; returns the updated entry (None if not pending)."""
-        entry = self._read(self.path(notification_id))
-        if entry is None:
-            return None
-        entry = SpoolEntry(entry.notification, entry.attempts + 1, error, entry.created,
-                           self._now())
-        self._write(self.path(notification_id), entry)
-        return entry
+        with self._lock:
+            entry = self._read(self.path(notification_id))
+            if entry is None:
+                return None
+            entry = SpoolEntry(entry.notification, entry.attempts + 1, error, entry.created,
+                               self._now())
+            self._write(self.path(notification_id), entry)
+            return entry
 
     def pending(self) -> list[SpoolEntry]:
         """Every pending notification, oldest first. Unreadable files are moved to ``dead/``."""
         entries = []
-        for path in sorted(self.directory.glob("*.json")):
-            entry = self._read(path)
-            if entry is not None:
-                entries.append(entry)
+        with self._lock:
+            for path in sorted(self.directory.glob("*.json")):
+                entry = self._read(path)
+                if entry is not None:
+                    entries.append(entry)
         entries.sort(key=lambda e: (e.created, e.id))
         return entries
 
     def ack(self, notification_id: str) -> bool:
         """Delivered: delete the pending file. Returns False when it was not pending."""
-        try:
-            self.path(notification_id).unlink()
-        except FileNotFoundError:
-            return False
-        _fsync_dir(self.directory)
-        return True
+        with self._lock:
+            try:
+                self.path(notification_id).unlink()
+            except FileNotFoundError:
+                return False
+            _fsync_dir(self.directory)
+            return True
 
     def dead(self, notification: Notification, attempts: int, error: str) -> Path:
         """Record a notification refused for good in ``dead/`` (and drop it from pending)."""
-        now = self._now()
-        target = self.dead_dir / f"{notification.id}.json"
-        self._write(target, SpoolEntry(notification, attempts, error, now, now))
-        self.ack(notification.id)
-        return target
+        with self._lock:
+            now = self._now()
+            target = self.dead_dir / f"{notification.id}.json"
+            self._write(target, SpoolEntry(notification, attempts, error, now, now))
+            self.ack(notification.id)
+            return target
 
     def dead_letters(self) -> list[SpoolEntry]:
         """The readable dead letters, oldest first."""

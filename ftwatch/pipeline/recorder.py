@@ -66,6 +66,7 @@ class Recorder:
         self.resolve_after = resolve_after
         self.open_alerts: dict[tuple, Any] = {}    # labels (job included) -> the latest firing alert
         self._last_incident: dict[str, float] = {}  # job -> time of its latest resolvable incident
+        self._closed = False
         if decisions_file is not None:
             decisions_file.parent.mkdir(parents=True, exist_ok=True)
 
@@ -187,8 +188,15 @@ class Recorder:
         return count
 
     def _dispatch(self, alert: Any) -> None:
-        for result in self.dispatcher.dispatch(alert):
-            if not any(r is result for r in self.deliveries):  # not already via on_result
+        self._record(self.dispatcher.dispatch(alert))
+
+    def _record(self, results: Iterable[Any]) -> None:
+        """Store the results a dispatcher call returned, except those already stored via its
+        ``on_result`` and those only handed to a delivery worker (status ``queued``: the
+        worker reports their outcome through ``on_result``, from its thread)."""
+        from ftwatch.alerting.dispatcher import QUEUED
+        for result in results:
+            if result.status != QUEUED and not any(r is result for r in self.deliveries):
                 self.delivery(result)
 
     def custom_message(self, time: float, job: str, content: str, instance: str | None = None,
@@ -210,7 +218,10 @@ class Recorder:
 
     def delivery(self, result: Any) -> None:
         """Record what became of one notification (a dispatcher's ``on_result``, so that the
-        resends of spooled alerts reach the store too)."""
+        resends of spooled alerts reach the store too). Called from the delivery workers'
+        threads as well: a list append and the store's own lock keep it thread-safe."""
+        if self._closed:          # a worker's late outcome after shutdown: the spool has it
+            return
         self.deliveries.append(result)
         if self.store is not None:
             self.store.add_delivery(result)
@@ -218,14 +229,12 @@ class Recorder:
     def resend_due(self, mono: float, every: float = RESEND_SECONDS) -> int:
         """Resend spooled alerts if ``every`` seconds passed since the last try (N4: a receiver that
         comes back during a long run gets its alerts then, not at the next start). Returns how
-        many were delivered."""
+        many were delivered (with background delivery: handed to the delivery workers)."""
         if self.dispatcher is None:
             return 0
         tick = getattr(self.dispatcher, "tick", None)
         if tick is not None:      # the event center: due groups, rate-limit releases, digests
-            for result in tick():
-                if not any(r is result for r in self.deliveries):
-                    self.delivery(result)
+            self._record(tick())
         if self._last_resend is None:
             self._last_resend = mono
         if mono - self._last_resend < every:
@@ -234,14 +243,14 @@ class Recorder:
         return self.dispatcher.resend_pending()
 
     def close(self) -> None:
-        """At shutdown: the event center sends what still waits in its groups (nothing is lost),
-        then the store is closed (an Elasticsearch sink flushes its journal)."""
+        """At shutdown: the event center sends what still waits in its groups (nothing is lost)
+        and waits a bounded time for the delivery workers (what they did not deliver stays in
+        the spool), then the store is closed (an Elasticsearch sink flushes its journal)."""
         close = getattr(self.dispatcher, "close", None)
-        if close is not None:
-            for result in close():
-                if not any(r is result for r in self.deliveries):
-                    self.delivery(result)
+        if close is not None:     # (the delivery workers get a bounded time to finish first)
+            self._record(close())
         self.flush_output()
+        self._closed = True
         if self.store is not None:
             self.store.close()
 

@@ -371,3 +371,161 @@ def test_sigkill_with_the_receiver_down_then_restart_delivers_every_alert_exactl
         assert pending(state) == [] and list((state / "held").glob("*.json")) == []
     finally:
         hook.close()
+
+
+# -- 5. a receiver that never answers holds up neither the job nor its alerts (N4) -----------
+
+class Silent:
+    """A real TCP server on 127.0.0.1 that accepts every connection, reads, and never answers
+    (a webhook that hangs: each attempt ends only at the client's timeout)."""
+
+    def __init__(self, port: int = 0):
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.conns: list[socket.socket] = []
+        self.arrived = threading.Condition()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.arrived:
+                self.conns.append(conn)
+                self.arrived.notify_all()
+
+    def wait_for(self, count: int, deadline: float = 30.0) -> None:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.conns) >= count, deadline), self.conns
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)   # wakes the blocked accept (close alone does not)
+        except OSError:
+            pass
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+        self.thread.join(5)
+
+
+def write_hook_config(tmp: Path, port: int, timeout: float, retries: int) -> Path:
+    path = tmp / "slow.yaml"
+    path.write_text(
+        "health: {bootcheck: false, troubleshooting: false}\n"
+        "alerting:\n"
+        "  receivers:\n"
+        f"    - {{type: webhook, name: ops, url: 'http://127.0.0.1:{port}/hook', "
+        f"timeout: {timeout}, max_retries: {retries}}}\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_a_webhook_that_never_answers_does_not_delay_the_restart(tmp_path):
+    """The job is SIGKILLed once (restart_job), then succeeds. The webhook accepts and never
+    answers (timeout 2 s, 1 retry: about 4.5 s per alert if the runner waited). The restart is
+    stored before the receiver's outcome for the restart alert (both its attempts), and at
+    shutdown both alerts (the restart and its resolution) are left in the spool for the next
+    start."""
+    silent = Silent()
+    marker = tmp_path / "killed-once"
+    job = [sys.executable, "-c", (
+        "import os, signal\n"
+        f"if not os.path.exists({str(marker)!r}):\n"
+        f"    open({str(marker)!r}, 'w').close(); os.kill(os.getpid(), signal.SIGKILL)\n"
+        "print('ok')\n")]
+    try:
+        proc = run_job(tmp_path, job, "--config", str(write_hook_config(tmp_path, silent.port, 2, 1)),
+                       "--job-execution-mode=Sync", "--enable-job-restart=True",
+                       "--max-num-of-job-restart=1")
+        assert proc.returncode == 0, out(proc)
+        assert [d["action"] for d in decisions(tmp_path)] == ["restart_job", "none"], out(proc)
+        silent.wait_for(1)
+    finally:
+        silent.close()
+    state = tmp_path / "state"
+    with sqlite3.connect(state / "ftwatch.db") as conn:
+        [(decision_id,)] = conn.execute("SELECT decision_id FROM decisions "
+                                        "WHERE action = 'restart_job'").fetchall()
+        restart_id = decision_id + "-ops"
+        [restarted] = conn.execute("SELECT time FROM events WHERE kind = 'job_restart'").fetchone()
+        rows = conn.execute("SELECT notification_id, status, attempts, time FROM alerts "
+                            "WHERE receiver = 'ops' ORDER BY time").fetchall()
+    outcome = [r for r in rows if r[0] == restart_id]
+    assert [(s, a) for _, s, a, _ in outcome] == [("spooled", 2)], rows
+    assert restarted < outcome[0][3], (restarted, rows)   # acted first, the receiver's answer later
+    kept = sorted(json.loads(p.read_text())["notification"]["id"] for p in pending(state))
+    assert len(kept) == 2 and restart_id in kept, kept    # the restart alert and its resolution
+
+
+SDK_MESSAGE_JOB = [sys.executable, "-c", (
+    "import os, sys, time, warnings\n"
+    "from ftwatch.sdk import Monitor\n"
+    "warnings.simplefilter('error')\n"           # a 'cannot reach the monitor' warning fails it
+    "st = Monitor().send_custom_message('loss is NaN')\n"
+    "assert st.ok(), st.to_string()\n"
+    "open(sys.argv[1], 'w').write('sent')\n"
+    "parent, end = os.getppid(), time.time() + 120\n"
+    "while os.getppid() == parent and time.time() < end:\n"
+    "    time.sleep(0.05)\n")]
+
+
+@pytest.mark.slow
+def test_sigkill_during_the_first_attempt_then_restart_delivers_the_alert_exactly_once(tmp_path):
+    """N4 write-ahead: a custom message's notification is in the spool before its first attempt
+    ends. ftwatch is SIGKILLed while that attempt hangs (the receiver never answers); the next
+    `ftwatch run` with the receiver up delivers it once, and a third run not again (counted by id
+    at the receiver)."""
+    silent = Silent()
+    port = silent.port
+    config = str(write_hook_config(tmp_path, port, 30, 3))
+    state = tmp_path / "state"
+    sent = tmp_path / "sent"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("FTWATCH_JOB_ID", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ftwatch", "run", "--config", config,
+                             "--nproc-per-node", "1", "--state-dir", str(state), "--job-id", "killed",
+                             "--", *SDK_MESSAGE_JOB, str(sent)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        silent.wait_for(1, deadline=60)            # the first attempt is in flight (hangs 30 s)
+        deadline = time.monotonic() + 30
+        while not sent.exists() and time.monotonic() < deadline:   # the SDK call got its reply
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.05)
+        [spooled] = pending(state)                 # on disk while the attempt has not ended
+        entry = json.loads(spooled.read_text(encoding="utf-8"))
+        proc.kill()                                # SIGKILL during the attempt: no shutdown
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        silent.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert sent.read_text() == "sent"
+    nid = entry["notification"]["id"]
+    assert entry["attempts"] == 0 and nid.endswith("-ops")
+    assert "loss is NaN" in entry["notification"]["body"]
+
+    hook = Hook(port)
+    try:
+        again = run_job(tmp_path, CLEAN_JOB, "--config", config)
+        assert again.returncode == 0, out(again)
+        hook.wait_for(1)
+        third = run_job(tmp_path, CLEAN_JOB, "--config", config)
+        assert third.returncode == 0, out(third)
+        ids = [json.loads(r["raw"])["id"] for r in hook.requests]
+        assert ids == [nid], ids                   # exactly once
+        assert hook.requests[0]["headers"]["idempotency-key"] == nid
+        assert pending(state) == []
+        assert deliveries(state)[-1] == (nid, "delivered")
+    finally:
+        hook.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -44,6 +45,14 @@ if mode == "hang":
     else:
         time.sleep(3.5)                          # the same silence outside it: fine (60 s)
         print("done", flush=True)
+    sys.exit(0)
+
+if mode == "message":
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        st = monitor.send_custom_message(f"loss is NaN on rank {rank}")
+    print(f"rank {rank} message: {st.to_string()}, {len(caught)} warnings", flush=True)
     sys.exit(0)
 
 if mode == "retryable":
@@ -141,6 +150,56 @@ def test_hang_detect_scope_makes_a_short_silence_a_hang_and_custom_message_reach
     with sqlite3.connect(tmp_path / "state" / "ftwatch.db") as db:
         rows = db.execute("SELECT rank, detail FROM events WHERE kind = 'custom_message'").fetchall()
     assert [(r, json.loads(d)["content"]) for r, d in rows] == [(0, "loss is NaN")]
+
+
+class Silent:
+    """A real TCP server on 127.0.0.1 that accepts connections and never answers."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except OSError:
+                return
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.mark.slow
+def test_custom_message_is_answered_at_once_while_the_webhook_never_answers(tmp_path):
+    """R6 + N4: the webhook hangs (timeout 4 s, 1 retry: about 9 s per message, more than the
+    SDK's 6 s); both ranks' ``send_custom_message`` still get OK and no 'cannot reach the
+    monitor' warning, and the messages wait in the spool for the next start."""
+    silent = Silent()
+    config = tmp_path / "cfg.yaml"
+    config.write_text("health: {bootcheck: false, troubleshooting: false}\n"
+                      "alerting:\n  receivers:\n"
+                      f"    - {{type: webhook, name: ops, url: 'http://127.0.0.1:{silent.sock.getsockname()[1]}/h', "
+                      "timeout: 4, max_retries: 1}\n", encoding="utf-8")
+    try:
+        code, out, _ = run(tmp_path, "message", config)
+    finally:
+        silent.close()
+    assert code == 0, out
+    assert "rank 0 message: OK, 0 warnings" in out and "rank 1 message: OK, 0 warnings" in out, out
+    assert silent.conns, "the webhook was tried"
+    spooled = sorted((tmp_path / "state" / "spool").glob("*-ops.json"))
+    bodies = [json.loads(p.read_text())["notification"]["body"] for p in spooled]
+    assert len(bodies) == 2, bodies
+    assert all(any(f"loss is NaN on rank {r}" in b for b in bodies) for r in (0, 1)), bodies
 
 
 def test_set_retryable_errors_turns_a_failure_into_a_restart(tmp_path):

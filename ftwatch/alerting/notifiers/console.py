@@ -26,6 +26,7 @@ class ConsoleNotifier:
     """
 
     kind = "console"
+    inline = True   # send never blocks: delivered in the caller's thread (the terminal stays in order)
 
     def __init__(self, stream: TextIO | None = None, color: bool = False, name: str = "console"):
         self.name = name

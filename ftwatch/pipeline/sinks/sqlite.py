@@ -20,8 +20,9 @@ The file is in WAL mode (readers such as ``ftwatch report`` do not block the wri
 schema version is ``PRAGMA user_version``. Each write method is one transaction; wrap several
 in :meth:`SqliteStore.batch` to make them one.
 
-Threads: a store may be used from any thread but from one thread at a time; calls are also
-serialised by an internal lock, so a stray concurrent call waits instead of corrupting state.
+Threads: a store may be used from any thread; calls are serialised by an internal lock, so a
+concurrent call (the alert delivery workers' ``add_delivery`` while the runner writes) waits
+instead of corrupting state.
 
 Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()`` (``time`` as
 ISO-8601) with ``epoch`` (epoch seconds) and ``attempt`` added; decisions likewise carry
