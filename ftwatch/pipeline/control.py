@@ -249,7 +249,7 @@ class ControlHandler:
 
     Args:
         engine: has ``add_rules(rules)``.
-        tracker: has ``set_job_hang_interval(seconds | None)`` and ``output(instance, time)``.
+        tracker: has ``set_job_hang_interval(seconds | None, time)`` and ``output(instance, time)``.
         recorder: has ``custom_message(time, job, content, instance=, rank=, node=, budgets=)``.
         job: the job id.
         make_rules: keywords -> rules (``ftwatch.rules.loader.rules_from_keywords``).
@@ -366,7 +366,7 @@ class ControlHandler:
 
     def _apply(self) -> None:
         if self.hang_supported:
-            self.tracker.set_job_hang_interval(self.interval)
+            self.tracker.set_job_hang_interval(self.interval, self.clock())
 
     def _seconds(self, value: Any) -> tuple[float | None, str]:
         if not self.hang_supported:
