@@ -286,3 +286,36 @@ def test_long_state_dir_falls_back_to_a_short_socket_path(tmp_path):
     finally:
         server.stop()
     assert not server.path.exists()
+
+
+def test_relative_state_dir_reaches_a_worker_that_changes_directory(tmp_path, monkeypatch):
+    """``--state-dir`` defaults to the relative ``.ftwatch-state``: the socket path handed to the
+    workers is absolute, so a worker that chdir()s elsewhere still reaches ftwatch."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    server = ControlServer(".ftwatch-state").start()
+    handler = ControlHandler(FakeEngine(), HangTracker(None, None), FakeRecorder(), "j",
+                             rules_from_keywords, None)
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            server.drain(handler)
+            stop.wait(0.01)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        assert os.path.isabs(server.env()[ENV_SOCKET])
+        code = ("import os, sys; os.chdir(sys.argv[1]); from ftwatch.sdk import Monitor; "
+                "st = Monitor().set_retryable_errors(['connect timeout']); print(st.ok(), st.to_string())")
+        env = {**os.environ, **server.env()}
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "elsewhere")], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.startswith("True"), out.stdout + out.stderr
+        assert handler.retryable == ["connect timeout"]
+    finally:
+        stop.set()
+        t.join(2)
+        server.stop()

@@ -77,8 +77,9 @@ class ControlServer:
     runner's loop, ``stop`` it at the end.
 
     Args:
-        directory: where the socket goes (the state dir); a private temporary directory is used
-            when the path would be too long for ``AF_UNIX``.
+        directory: where the socket goes (the state dir); made absolute first, so a worker that
+            changes its working directory still reaches it; a private temporary directory is used
+            when the absolute path would be too long for ``AF_UNIX``.
         answer_timeout: seconds a request may wait for :meth:`drain`.
     """
 
@@ -86,7 +87,7 @@ class ControlServer:
         self.token = secrets.token_hex(16)
         self.answer_timeout = answer_timeout
         name = f"control-{os.getpid()}-{secrets.token_hex(4)}.sock"
-        directory = Path(directory)
+        directory = Path(directory).resolve()
         self._tmpdir: str | None = None
         if len(os.fsencode(str(directory / name))) > _SUN_PATH_MAX:
             self._tmpdir = tempfile.mkdtemp(prefix="ftwatch-")
