@@ -142,10 +142,9 @@ def explain_route(config_path: str | None, event_file: str, at: float | None = N
                    f"  muted: no{f' (windows {chr(44).join(m.mute_windows)} not active)' if m.mute_windows else ''}")
         out.append(f"  inhibited: yes, {why}" if why else "  inhibited: no")
         for r in m.receivers:
-            bucket = limiter.buckets.get(r)
-            if bucket is not None:
-                per = bucket.capacity / bucket.rate
-                out.append(f"  rate limit: {r}: {bucket.capacity:g} messages per {per:g}s")
+            window = limiter.windows.get(r)
+            if window is not None:
+                out.append(f"  rate limit: {r}: {window.messages} messages per {window.per_seconds:g}s")
     verdict = "not sent (inhibited)" if why else "sent" if any(
         not mutes.active(m.mute_windows, at) for m in matches) else "not sent now (muted; in the digest)"
     out.append(f"verdict: {verdict}")

@@ -252,7 +252,8 @@ def default_inhibit_rules() -> list[InhibitRuleConfig]:
 
 
 class RateLimitConfig(BaseModel):
-    """A token bucket: at most ``messages`` in any ``per_seconds`` (bursts up to ``messages``)."""
+    """A sliding window: never more than ``messages`` sends in any ``per_seconds`` seconds, kept
+    across restarts (``ftwatch.alerting.ratelimit``)."""
 
     model_config = _STRICT
     messages: int = Field(gt=0, description="Messages allowed per window.")

@@ -352,39 +352,90 @@ def test_inhibit_rules_can_be_turned_off(tmp_path):
 
 # -- rate limits --------------------------------------------------------------------------------
 
+class TimedSink(Sink):
+    """A Sink that notes the (fake) time of each send."""
+
+    def __init__(self, name: str, clock: FakeClock, kind: str = "webhook"):
+        super().__init__(name, kind)
+        self.clock, self.times = clock, []
+
+    def send(self, notification) -> None:
+        super().send(notification)
+        self.times.append(self.clock.time())
+
+
+def assert_window(times: list[float], messages: int, per_seconds: float) -> None:
+    """Never more than ``messages`` sends in any window ``[t, t + per_seconds)``."""
+    times = sorted(times)
+    for i, t in enumerate(times):
+        inside = [u for u in times[i:] if u < t + per_seconds]
+        assert len(inside) <= messages, f"{len(inside)} sends in the {per_seconds:g} s from {t}"
+
+
 def test_dingtalk_default_rate_limit_holds_then_releases_and_digests(tmp_path):
     clock = FakeClock(at("2026-11-23T10:00:00"))
-    bot = Sink("bot", kind="dingtalk")
+    bot = TimedSink("bot", clock, kind="dingtalk")
     c = center(tmp_path, clock, [bot], digest={"at": "09:00", "timezone": "Asia/Shanghai"})
     alerts = [alert(Action.RESTART_INSTANCE, rank=i) for i in range(25)]
     statuses = [c.dispatch(a)[0].status for a in alerts]
     assert statuses == [DELIVERED] * 20 + [SPOOLED] * 5    # DingTalk: 20 messages a minute
     assert len(bot.got) == 20 and len(list((tmp_path / "spool").glob("*.json"))) == 5
-    clock.advance(3.0)                                    # one token back (20 per 60 s)
-    c.tick()
-    assert len(bot.got) == 21
-    clock.advance(60)
+    for _ in range(59):                                   # nothing more within the minute
+        clock.advance(1.0)
+        c.tick()
+    assert len(bot.got) == 20
+    clock.advance(1.0)
     c.tick()
     assert sorted(bot.ids) == sorted(f"{a.decision_id}-bot" for a in alerts)   # each once
     assert list((tmp_path / "spool").glob("*.json")) == []
+    assert_window(bot.times, 20, 60)
     # the next day at 09:00 the digest says five were delayed
     clock.advance(23 * 3600)
     c.tick()
     assert bot.got[-1].id.startswith("digest") and "5 x instance_restart (rate limited)" in bot.got[-1].body
 
 
+def test_rate_limit_holds_in_every_window_for_a_burst_then_a_steady_stream_across_restarts(tmp_path):
+    """A burst of 30, then one alert every 2 s for 5 minutes, with the process killed and started
+    again twice on the way: never more than 20 sends to the DingTalk bot in any 60 s."""
+    clock = FakeClock(at("2026-11-23T10:00:00"))
+    bot = TimedSink("bot", clock, kind="dingtalk")
+    c = center(tmp_path, clock, [bot], digest={"enabled": False})
+    sent = [alert(Action.RESTART_INSTANCE, rank=i) for i in range(30)]
+    for a in sent:
+        c.dispatch(a)
+    for step in range(150):
+        clock.advance(2.0)
+        if step in (40, 90):                              # killed; a new process starts
+            c = center(tmp_path, clock, [bot], digest={"enabled": False})
+            c.resend_pending()
+        a = alert(Action.RESTART_INSTANCE, rank=100 + step)
+        sent.append(a)
+        c.dispatch(a)
+        c.tick()
+    for _ in range(600):                                  # then quiet until all are out
+        clock.advance(1.0)
+        c.tick()
+    assert sorted(bot.ids) == sorted(f"{a.decision_id}-bot" for a in sent)
+    assert_window(bot.times, 20, 60)
+    assert len([t for t in bot.times if t < bot.times[0] + 60]) == 20   # the limit is used, not halved
+
+
 def test_configured_rate_limit_and_kill_between_runs_keeps_held_alerts(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = TimedSink("ops", clock)
     c = center(tmp_path, clock, [ops], rate_limits={"ops": {"messages": 2, "per_seconds": "1m"}})
     alerts = [alert(Action.RESTART_JOB, rank=i) for i in range(4)]
     for a in alerts:
         c.dispatch(a)
     assert len(ops.got) == 2
-    # killed here; a new process (fresh buckets) resends the spooled ones at start
+    # killed here; a new process keeps the window (ratelimit.json): nothing more within the minute
     c2 = center(tmp_path, clock, [ops], rate_limits={"ops": {"messages": 2, "per_seconds": "1m"}})
-    assert c2.resend_pending() == 2
+    assert c2.resend_pending() == 0 and len(ops.got) == 2
+    clock.advance(60)
+    c2.tick()
     assert sorted(ops.ids) == sorted(f"{a.decision_id}-ops" for a in alerts)
+    assert_window(ops.times, 2, 60)
 
 
 # -- retries: backoff with jitter (seeded) --------------------------------------------------------
