@@ -34,7 +34,8 @@ EVENT_TYPES: dict[str, str] = {
     "job_failed": "the job is failed for good (fail_job)",
     "job_hang": "a hang (no output for job_hang_interval, or an exit hang) restarts the job",
     "straggler": "a straggler was found (action notify, failure class straggler)",
-    "c4d_diagnosis": "a C4D slow/hang diagnosis (seed 000 --enable-c4d-hang-detection; rule id c4d*)",
+    "c4d_diagnosis": "a notify-only C4D slow/hang diagnosis (seed 000 --enable-c4d-hang-detection; "
+                     "rule id c4d*); a C4D isolation is node_isolated with label c4d=true",
     "custom_message": "a message from the training code (SDK send_custom_message, seed 000)",
     "notice": "any other notify decision",
     "job_finished": "the job ended without an action (action none, when such alerts are made)",

@@ -90,6 +90,12 @@ def test_event_types_come_from_action_and_trigger():
     assert event_type_of(alert(Action.FAIL_JOB).decision) == "job_failed"
     assert event_type_of(alert(Action.NOTIFY, klass=FailureClass.STRAGGLER).decision) == "straggler"
     assert event_type_of(alert(Action.NOTIFY, rule="c4d.slow_node").decision) == "c4d_diagnosis"
+    # a C4D isolation is an isolation (on-call routes, the default inhibit rule, resolution);
+    # the c4d label tells it apart
+    c4d = alert(Action.ISOLATE_NODE, rule="c4d.rank_comm_hang")
+    assert (c4d.event_type, c4d.severity, c4d.labels["c4d"]) == ("node_isolated", "critical", "true")
+    assert event_type_of(alert(Action.RESTART_JOB, rule="c4d.rank_comm_hang").decision) == "job_restart"
+    assert "c4d" not in alert(Action.ISOLATE_NODE, rule="xid.79").labels
     a = alert(Action.ISOLATE_NODE, job="j9", rank=5, node="n5", rule="xid.79")
     assert (a.event_type, a.severity) == ("node_isolated", "critical")
     assert {k: a.labels[k] for k in ("job", "rank", "node", "rule", "action", "failure_class")} == {
