@@ -149,6 +149,26 @@ class AlertingConfig(EventCenterFields):
     templates: dict[str, Path] = Field(
         default_factory=dict, description="`<receiver type>` or `<receiver type>.<en|zh>` -> template file "
         "that overrides the built-in one (the bare type: for `language`).")
+    link_url: str | None = Field(
+        None, description="URL template for each alert's link, e.g. `https://reports/{job}/{decision_id}` "
+        "(also {instance} {rank} {node} {event_type}); null: the `ftwatch explain`/`report` command.")
+
+    @field_validator("link_url")
+    @classmethod
+    def _link_fields(cls, value: str | None) -> str | None:
+        import string
+
+        from ftwatch.configroutes import LINK_FIELDS
+        if value is None:
+            return value
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+        except ValueError as exc:
+            raise ValueError(f"bad link_url template: {exc}") from None
+        unknown = sorted(names - set(LINK_FIELDS))
+        if unknown:
+            raise ValueError(f"link_url: unknown placeholder(s) {unknown}; known: {', '.join(LINK_FIELDS)}")
+        return value
 
     @model_validator(mode="after")
     def _cross_check(self) -> "AlertingConfig":

@@ -42,6 +42,8 @@ EVENT_TYPES: dict[str, str] = {
     "digest": "the daily digest of muted, inhibited and rate-limited alerts",
 }
 SEVERITIES = ("info", "warning", "critical")
+LINK_FIELDS = ("job", "decision_id", "instance", "rank", "node", "event_type")
+"""The placeholders an ``alerting.link_url`` template may use (``ftwatch.alerting.alerts.alert_link``)."""
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|[smhdw])")

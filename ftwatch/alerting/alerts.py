@@ -169,8 +169,34 @@ def notification_id(decision_id: str, receiver: str, status: str = "firing") -> 
 
 
 def explain_command(state_dir: str | Path, decision_id: str) -> str:
-    """The shell command that explains a decision: ``ftwatch explain --state-dir DIR ID``."""
+    """The shell command that explains a decision: ``ftwatch explain --state-dir DIR ID`` (DIR
+    shell-quoted)."""
     return f"ftwatch explain --state-dir {shlex.quote(str(state_dir))} {decision_id}"
+
+
+def alert_link(alert: "Alert", state_dir: str | Path | None, url_template: str | None = None) -> str:
+    """How to see more about ``alert`` (SPEC N1: every alert carries a link).
+
+    Args:
+        alert: the alert (a decision's or a custom message's).
+        state_dir: the state dir the commands name (made absolute, shell-quoted); None: not named.
+        url_template: ``alerting.link_url``, e.g. ``https://reports/{job}/{decision_id}``
+            (placeholders ``ftwatch.configroutes.LINK_FIELDS``, URL-quoted); None: a command.
+
+    Returns:
+        The URL; else ``ftwatch explain [--state-dir DIR] ID`` for a decision, or ``ftwatch report
+        [--state-dir DIR] --job JOB`` for a custom message (it is not a stored decision).
+    """
+    from urllib.parse import quote
+
+    from ftwatch.configroutes import LINK_FIELDS
+    if url_template:
+        values = {k: alert.decision_id if k == "decision_id" else alert.labels.get(k, "") for k in LINK_FIELDS}
+        return url_template.format(**{k: quote(str(v), safe="") for k, v in values.items()})
+    state = f" --state-dir {shlex.quote(str(Path(state_dir).resolve()))}" if state_dir is not None else ""
+    if alert.event_type == "custom_message":
+        return f"ftwatch report{state} --job {shlex.quote(alert.labels.get('job', ''))}"
+    return f"ftwatch explain{state} {alert.decision_id}"
 
 
 def alert_from_decision(decision: Decision, link: str, include_none: bool = False) -> Alert | None:
