@@ -22,6 +22,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
+
+from ftwatch.yamlsource import dotted
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -160,20 +163,6 @@ class RouteConfig(BaseModel):
         "empty: the parent's.")
     routes: list[RouteConfig] = Field(default_factory=list, description="Child routes, tried in order.")
 
-    @model_validator(mode="after")
-    def _intervals(self) -> RouteConfig:
-        """repeat_interval must not be shorter than group_interval, inherited values included."""
-        def walk(route: RouteConfig, gi: float, ri: float, path: str) -> None:
-            gi = route.group_interval if route.group_interval is not None else gi
-            ri = route.repeat_interval if route.repeat_interval is not None else ri
-            if 0 < ri < gi:
-                where = f"{path}: " if path else ""
-                raise ValueError(f"{where}repeat_interval ({ri:g}s) is shorter than group_interval ({gi:g}s)")
-            for i, child in enumerate(route.routes):
-                walk(child, gi, ri, f"{path + '.' if path else ''}routes.{i}")
-        walk(self, 0.0, 0.0, "")
-        return self
-
 
 class TimeRangeConfig(BaseModel):
     """A time of day range, ``start`` included, ``end`` excluded; start after end crosses midnight."""
@@ -305,24 +294,79 @@ class EventCenterFields(BaseModel):
 
     @model_validator(mode="after")
     def _references(self) -> EventCenterFields:
-        names = {r.name for r in getattr(self, "receivers", [])}
-        windows = [w.name for w in self.mute_time_intervals]
-        problems = []
-        dups = sorted({w for w in windows if windows.count(w) > 1})
-        if dups:
-            problems.append(f"mute_time_intervals names must be unique: {', '.join(dups)}")
-
-        def walk(route: RouteConfig, path: str) -> None:
-            for r in route.receivers:
-                if r not in names:
-                    problems.append(f"{path}.receivers: unknown receiver {r!r}; known: {', '.join(sorted(names))}")
-            for w in route.mute_time_intervals:
-                if w not in windows:
-                    problems.append(f"{path}.mute_time_intervals: unknown interval {w!r}")
-            for i, child in enumerate(route.routes):
-                walk(child, f"{path}.routes.{i}")
-        walk(self.route, "route")
-        problems += [f"rate_limits: unknown receiver {r!r}" for r in self.rate_limits if r not in names]
+        """The cross-references hold (:func:`reference_problems`); a config file gets them from
+        ``ftwatch.config.load_config``'s second pass instead, each at its own line."""
+        raw = {"receivers": [{"name": r.name} for r in getattr(self, "receivers", [])],
+               "route": self.route.model_dump(by_alias=True),
+               "mute_time_intervals": [{"name": w.name} for w in self.mute_time_intervals],
+               "rate_limits": dict.fromkeys(self.rate_limits, {})}
+        problems = reference_problems(raw)
         if problems:
-            raise ValueError("; ".join(problems))
+            text = "; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems)
+            raise PydanticCustomError(CROSS_REFERENCE, "{problems}", {"problems": text})
         return self
+
+
+CROSS_REFERENCE = "cross_reference"
+"""The pydantic error type of :class:`EventCenterFields`' cross-reference check."""
+
+
+def reference_problems(alerting: Any) -> list[tuple[tuple, str]]:
+    """The cross-reference problems of an ``alerting:`` mapping, raw (as read from YAML) or dumped.
+
+    Checks: receiver and mute window names are unique; every receiver and mute window a route
+    names exists; ``repeat_interval`` is not shorter than ``group_interval`` in any route,
+    inherited values included (reported at the route that sets the clashing value); every
+    ``rate_limits`` key is a receiver. Values of the wrong shape are skipped (field validation
+    reports them).
+
+    Returns:
+        [(path under ``alerting``, message)], the path naming the key or item at fault (e.g.
+        ``("route", "routes", 0, "receivers", 1)``).
+    """
+    if not isinstance(alerting, dict):
+        return []
+    problems: list[tuple[tuple, str]] = []
+
+    def names(key: str) -> list[str]:
+        seen: list[str] = []
+        items = alerting.get(key)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            name = item.get("name") if isinstance(item, dict) else None
+            if isinstance(name, str):
+                if name in seen:
+                    problems.append(((key, i, "name"), f"{key} names must be unique: {name!r} is used twice"))
+                seen.append(name)
+        return seen
+
+    receivers, windows = names("receivers"), names("mute_time_intervals")
+
+    def seconds(route: dict, key: str) -> float | None:
+        try:
+            return None if route.get(key) is None else parse_duration(route[key])
+        except (ValueError, TypeError):
+            return None
+
+    def walk(route: Any, path: tuple, gi: float, ri: float) -> None:
+        if not isinstance(route, dict):
+            return
+        for key, known, what in (("receivers", receivers, "receiver"), ("mute_time_intervals", windows, "interval")):
+            items = route.get(key)
+            for i, name in enumerate(items if isinstance(items, list) else []):
+                if isinstance(name, str) and name not in known:
+                    problems.append((path + (key, i), f"unknown {what} {name!r}; known: {', '.join(known) or 'none'}"))
+        own_gi, own_ri = seconds(route, "group_interval"), seconds(route, "repeat_interval")
+        gi = own_gi if own_gi is not None else gi
+        ri = own_ri if own_ri is not None else ri
+        if (own_gi is not None or own_ri is not None) and 0 < ri < gi:
+            key = "repeat_interval" if own_ri is not None else "group_interval"
+            problems.append((path + (key,), f"repeat_interval ({ri:g}s) is shorter than group_interval ({gi:g}s)"))
+        children = route.get("routes")
+        for i, child in enumerate(children if isinstance(children, list) else []):
+            walk(child, path + ("routes", i), gi, ri)
+
+    walk(alerting.get("route"), ("route",), 0.0, 0.0)
+    limits = alerting.get("rate_limits")
+    problems += [(("rate_limits", r), f"unknown receiver {r!r}; known: {', '.join(receivers) or 'none'}")
+                 for r in (limits if isinstance(limits, dict) else {}) if r not in receivers]
+    return problems

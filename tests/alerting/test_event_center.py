@@ -152,6 +152,10 @@ def test_root_receivers_default_to_every_receiver():
 
 # -- config errors, with file:line ----------------------------------------------------------------
 
+def issue_lines(path, info) -> dict[int, str]:
+    return {i.line: i.message for i in info.value.issues if i.file == str(path)}
+
+
 def test_repeat_interval_shorter_than_group_interval_is_rejected_with_file_and_line(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("alerting:\n"
@@ -163,40 +167,53 @@ def test_repeat_interval_shorter_than_group_interval_is_rejected_with_file_and_l
                     "        repeat_interval: 5m\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert f"{path}:3:" in text and "routes.0: repeat_interval (300s) is shorter than group_interval (600s)" in text
-    # both set in one child route: the error is at that route's line
+    # at the child's repeat_interval, the value that clashes with the inherited group_interval
+    assert issue_lines(path, info) == {7: "alerting.route.routes[0].repeat_interval: repeat_interval (300s) "
+                                          "is shorter than group_interval (600s)"}
+    # both set in one child route: at its repeat_interval; and every error at once
     path.write_text("alerting:\n  receivers: [{type: console, name: c}]\n  route:\n    routes:\n"
                     "      - match: {event_type: [job_hang]}\n        group_interval: 1h\n"
                     "        repeat_interval: 30m\n"
                     "      - match: {event_type: [nonsense]}\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert (f"{path}:5: alerting.route.routes[0]: repeat_interval (1800s) is shorter than "
-            "group_interval (3600s)") in text
-    assert f"{path}:8:" in text and "nonsense" in text       # every error at once
+    lines = issue_lines(path, info)
+    assert lines[7] == "alerting.route.routes[0].repeat_interval: repeat_interval (1800s) is shorter than group_interval (3600s)"
+    assert "nonsense" in lines[8]
+    # a child that raises group_interval above the inherited repeat_interval: at its group_interval
+    path.write_text("alerting:\n  route:\n    repeat_interval: 10m\n    routes:\n"
+                    "      - group_interval: 1h\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert list(issue_lines(path, info)) == [5]
 
 
-def test_unknown_receivers_and_windows_are_named(tmp_path):
+def test_unknown_receivers_and_windows_are_named_at_their_own_lines(tmp_path):
     path = tmp_path / "cfg.yaml"
-    path.write_text("alerting:\n  receivers: [{type: console, name: c}]\n  route:\n"
-                    "    routes: [{receivers: [nobody], mute_time_intervals: [never]}]\n"
-                    "  rate_limits: {ghost: {messages: 1, per_seconds: 1}}\n"
+    path.write_text("alerting:\n"
+                    "  receivers: [{type: console, name: c}]\n"
+                    "  route:\n"
+                    "    routes:\n"
+                    "      - receivers:\n"
+                    "          - c\n"
+                    "          - nobody\n"
+                    "        mute_time_intervals: [never]\n"
+                    "  rate_limits:\n"
+                    "    ghost: {messages: 1, per_seconds: 1}\n"
                     "  mute_time_intervals: [{name: n, weekdays: [funday]}]\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert f"{path}:6:" in text and "funday" in text
-    path.write_text("alerting:\n  receivers: [{type: console, name: c}]\n  route:\n"
-                    "    routes: [{receivers: [nobody], mute_time_intervals: [never]}]\n"
-                    "  rate_limits: {ghost: {messages: 1, per_seconds: 1}}\n")
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert f"{path}:1:" in text
-    assert "route.routes.0.receivers: unknown receiver 'nobody'" in text
-    assert "unknown interval 'never'" in text and "rate_limits: unknown receiver 'ghost'" in text
+    lines = issue_lines(path, info)
+    # the field error (line 11) and every cross-reference error, all at once
+    assert "funday" in lines[11]
+    assert lines[7] == "alerting.route.routes[0].receivers[1]: unknown receiver 'nobody'; known: c"
+    assert lines[8] == "alerting.route.routes[0].mute_time_intervals[0]: unknown interval 'never'; known: n"
+    assert lines[10] == "alerting.rate_limits.ghost: unknown receiver 'ghost'; known: c"
+    assert 1 not in lines
+    # the same checks hold for a config built in code (no file, no lines)
+    with pytest.raises(ValueError, match=r"route.routes\[0\].receivers\[0\]: unknown receiver 'nobody'"):
+        AlertingConfig.model_validate({"receivers": [{"type": "console", "name": "c"}],
+                                       "route": {"routes": [{"receivers": ["nobody"]}]}})
 
 
 # -- grouping over time -------------------------------------------------------------------------
