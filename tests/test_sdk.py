@@ -109,6 +109,32 @@ def test_no_monitor_every_call_is_a_noop_that_warns_once():
     assert len(ours) == 1 and sdk.ENV_SOCKET in str(ours[0].message)
 
 
+@pytest.mark.parametrize("how", ["method", "with", "decorator"])
+def test_the_warning_points_at_the_training_codes_line(how):
+    """The one warning names the caller's file and line, not a line inside ftwatch.sdk."""
+    import inspect
+    m = sdk.Monitor()
+
+    @m.hang_detect(-1)
+    def evaluate():
+        return 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "method":
+            line = inspect.currentframe().f_lineno + 1
+            m.send_custom_message("hi")
+        elif how == "with":
+            line = inspect.currentframe().f_lineno + 1
+            with m.hang_detect(2):
+                pass
+        else:
+            line = inspect.currentframe().f_lineno + 1
+            evaluate()
+    [w] = [w for w in caught if issubclass(w.category, sdk.MonitorUnavailableWarning)]
+    assert (w.filename, w.lineno) == (__file__, line)
+
+
 def test_unreachable_socket_is_a_noop_too(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "nothing.sock"))
     monkeypatch.setenv(ENV_TOKEN, "t")
