@@ -12,14 +12,16 @@ body. A template sees only plain values (str, int, None, dicts, lists):
 ``action``             wire name (``restart_job``); ``action_text`` the words for it
 ``severity``           ``critical`` / ``warning`` / ``info``; ``status`` ``firing``/``resolved``
 ``target``             dict: ``job``, ``instance``, ``rank``, ``node`` (None = whole job)
-``root_cause``         dict or None: ``line``, ``instance``, ``rank``, ``node``, ``time`` (ISO),
+``root_cause``         dict: ``line``, ``instance``, ``rank``, ``node``, ``time`` (ISO),
                        ``rule_id``, ``failure_class``, ``failure_class_text``, ``severity``,
-                       ``source``, ``evidence`` (list of str)
+                       ``source``, ``evidence`` (list of str); or None (a fail_job after
+                       the job ended by itself): guard it with ``{% if root_cause %}``
 ``rule_id``            the root cause's rule, or None; ``failure_class`` / ``failure_class_text``
 ``policy_clause``      the clause that chose the action
 ``budgets``            dict: ``restarts_used``, ``restarts_left``
 ``decision_id``        16 hex digits; ``time`` the decision's ISO time; ``attempt`` (int)
-``link``               the ``ftwatch explain`` command or a report URL
+``link``               the ``ftwatch explain`` / ``ftwatch report`` command, or the
+                       ``alerting.link_url`` URL
 ``labels``             the alert's labels; ``annotations`` its annotations; ``summary``
 ``event_type``         ``job_restart``, ``job_hang``, ``node_isolated``, ``job_failed``,
                        ``custom_message``, ``notice``, ``straggler``... (``ftwatch.alerting.alerts.event_type_of``)
