@@ -95,6 +95,7 @@ def explain_route(config_path: str | None, event_file: str, at: float | None = N
     import time
     from datetime import datetime, timezone
 
+    from ftwatch.alerting.alerts import severity_of
     from ftwatch.alerting.ratelimit import RateLimiter
     from ftwatch.alerting.routing import EventView, Inhibitor, MuteWindows, Router
     from ftwatch.config import Config, load_config
@@ -106,12 +107,17 @@ def explain_route(config_path: str | None, event_file: str, at: float | None = N
         raise ConfigError(Issue(event_file, 0, f"cannot read the event: {exc}")) from None
     events = []
     for i, item in enumerate(raw if isinstance(raw, list) else [raw]):
-        if not isinstance(item, dict) or item.get("event_type") not in EVENT_TYPES:
-            raise ConfigError(Issue(event_file, 0, f"event {i}: needs an event_type, one of {', '.join(EVENT_TYPES)}"))
+        if not isinstance(item, dict):
+            raise ConfigError(Issue(event_file, 0, f"event {i}: must be an object, got {item!r}"))
+        if item.get("event_type") not in EVENT_TYPES:
+            got = f"unknown event_type {item['event_type']!r}" if "event_type" in item else "no event_type"
+            raise ConfigError(Issue(event_file, 0, f"event {i}: {got}; known: {', '.join(EVENT_TYPES)}"))
         labels = {str(k): str(v) for k, v in (item.get("labels") or {}).items()}
-        severity = str(item.get("severity") or labels.get("severity") or "info")
+        # a missing severity is the one a real alert of that event type gets
+        severity = str(item.get("severity") or labels.get("severity") or severity_of(item["event_type"]))
         if severity not in SEVERITIES:
-            raise ConfigError(Issue(event_file, 0, f"event {i}: severity must be one of {', '.join(SEVERITIES)}"))
+            raise ConfigError(Issue(event_file, 0, f"event {i}: unknown severity {severity!r}; "
+                                                   f"known: {', '.join(SEVERITIES)}"))
         events.append(EventView(item["event_type"], severity, labels))
     at = time.time() if at is None else at
     alerting = config.alerting
@@ -142,10 +148,9 @@ def explain_route(config_path: str | None, event_file: str, at: float | None = N
                    f"  muted: no{f' (windows {chr(44).join(m.mute_windows)} not active)' if m.mute_windows else ''}")
         out.append(f"  inhibited: yes, {why}" if why else "  inhibited: no")
         for r in m.receivers:
-            bucket = limiter.buckets.get(r)
-            if bucket is not None:
-                per = bucket.capacity / bucket.rate
-                out.append(f"  rate limit: {r}: {bucket.capacity:g} messages per {per:g}s")
+            window = limiter.windows.get(r)
+            if window is not None:
+                out.append(f"  rate limit: {r}: {window.messages} messages per {window.per_seconds:g}s")
     verdict = "not sent (inhibited)" if why else "sent" if any(
         not mutes.active(m.mute_windows, at) for m in matches) else "not sent now (muted; in the digest)"
     out.append(f"verdict: {verdict}")

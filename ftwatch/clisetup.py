@@ -95,7 +95,8 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
                                 {k: Path(v) for k, v in config.alerting.templates.items()})
     recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
                         resolve_after=resolve_after_of(config),
-                        output_bucket=config.storage.metrics.output_bucket)
+                        output_bucket=config.storage.metrics.output_bucket,
+                        link_url=config.alerting.link_url)
     dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
                             Spool(state_dir / "spool"), on_result=recorder.delivery,
                             background=True)   # deciding and acting never wait on a receiver (N4)

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ftwatch.configalerting import (CHATBOT_RECEIVERS, OTHER_RECEIVERS, AlertmanagerReceiver, DingTalkReceiver,
                                     EmailReceiver, FeishuReceiver, SlackReceiver, WeComReceiver)
@@ -25,7 +25,7 @@ from ftwatch.configrecovery import ModelArtsConfig, RecoveryConfig, parse_c4d_en
 from ftwatch.configmindcluster import MindClusterConfig
 from ftwatch.configref import flat_args, model_reference
 from ftwatch.configstorage import ElasticsearchConfig
-from ftwatch.configroutes import EventCenterFields
+from ftwatch.configroutes import CROSS_REFERENCE, EventCenterFields, reference_problems
 from ftwatch.configsupervisor import SupervisorConfig
 from ftwatch.confighealth import HealthConfig
 from ftwatch.configwatch import WatchConfig
@@ -149,19 +149,36 @@ class AlertingConfig(EventCenterFields):
     templates: dict[str, Path] = Field(
         default_factory=dict, description="`<receiver type>` or `<receiver type>.<en|zh>` -> template file "
         "that overrides the built-in one (the bare type: for `language`).")
+    link_url: str | None = Field(
+        None, description="URL template for each alert's link, e.g. `https://reports/{job}/{decision_id}` "
+        "(also {instance} {rank} {node} {event_type}); null: the `ftwatch explain`/`report` command.")
 
-    @model_validator(mode="after")
-    def _cross_check(self) -> "AlertingConfig":
-        names = [r.name for r in self.receivers]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
-            raise ValueError(f"receiver names must be unique: {', '.join(dups)}")
-        unknown = sorted(k for k in self.templates
+    @field_validator("link_url")
+    @classmethod
+    def _link_fields(cls, value: str | None) -> str | None:
+        import string
+
+        from ftwatch.configroutes import LINK_FIELDS
+        if value is None:
+            return value
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+        except ValueError as exc:
+            raise ValueError(f"bad link_url template: {exc}") from None
+        unknown = sorted(names - set(LINK_FIELDS))
+        if unknown:
+            raise ValueError(f"link_url: unknown placeholder(s) {unknown}; known: {', '.join(LINK_FIELDS)}")
+        return value
+
+    @field_validator("templates")
+    @classmethod
+    def _template_types(cls, value: dict[str, Path]) -> dict[str, Path]:
+        unknown = sorted(k for k in value
                          if k.partition(".")[0] not in RECEIVER_TYPES or k.partition(".")[2] not in ("", "en", "zh"))
         if unknown:
             raise ValueError(f"templates for unknown receiver types {unknown}; expected <type> or <type>.<en|zh>, "
                              f"types: {list(RECEIVER_TYPES)}")
-        return self
+        return value
 
 
 class StorageConfig(BaseModel):
@@ -285,11 +302,14 @@ def load_config(path: str | Path) -> Config:
     if not isinstance(data, dict):
         raise ConfigError(issues + [Issue(file, 1, "the top level must be a mapping of sections")])
     issues += _check_files(data, path.parent, lines, file)
+    issues += _check_references(data, lines, file)
     config = None
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors():
+            if err["type"] == CROSS_REFERENCE:     # the second pass has them, each at its line
+                continue
             where, line = _locate(tuple(err["loc"]), lines)
             issues.append(Issue(file, line, _message(err, where)))
     if issues:
@@ -316,6 +336,17 @@ def _check_files(data: dict[str, Any], base: Path, lines: dict[Loc, int], file: 
         refs += [(("alerting", "templates", k), p) for k, p in alerting["templates"].items()]
     return [Issue(file, lines.get(loc, 0), f"{_dotted(loc)}: no such file: {_under(base, Path(p))}")
             for loc, p in refs if isinstance(p, str) and not _under(base, Path(p)).is_file()]
+
+
+def _check_references(data: dict[str, Any], lines: dict[Loc, int], file: str) -> list[Issue]:
+    """Second pass, on the raw data so it runs even when validation fails: the alerting
+    cross-references (``ftwatch.configroutes.reference_problems``), each at the line of the key
+    or item that refers."""
+    issues = []
+    for loc, message in reference_problems(data.get("alerting")):
+        full = ("alerting",) + loc
+        issues.append(Issue(file, _locate(full, lines)[1], f"{_dotted(full)}: {message}"))
+    return issues
 
 
 # --------------------------------------------------------------------------- AIMaster flags (M1)

@@ -22,6 +22,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
+
+from ftwatch.yamlsource import dotted
 
 _STRICT = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -34,13 +37,16 @@ EVENT_TYPES: dict[str, str] = {
     "job_failed": "the job is failed for good (fail_job)",
     "job_hang": "a hang (no output for job_hang_interval, or an exit hang) restarts the job",
     "straggler": "a straggler was found (action notify, failure class straggler)",
-    "c4d_diagnosis": "a C4D slow/hang diagnosis (seed 000 --enable-c4d-hang-detection; rule id c4d*)",
+    "c4d_diagnosis": "a notify-only C4D slow/hang diagnosis (seed 000 --enable-c4d-hang-detection; "
+                     "rule id c4d*); a C4D isolation is node_isolated with label c4d=true",
     "custom_message": "a message from the training code (SDK send_custom_message, seed 000)",
     "notice": "any other notify decision",
     "job_finished": "the job ended without an action (action none, when such alerts are made)",
     "digest": "the daily digest of muted, inhibited and rate-limited alerts",
 }
 SEVERITIES = ("info", "warning", "critical")
+LINK_FIELDS = ("job", "decision_id", "instance", "rank", "node", "event_type")
+"""The placeholders an ``alerting.link_url`` template may use (``ftwatch.alerting.alerts.alert_link``)."""
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|[smhdw])")
@@ -157,20 +163,6 @@ class RouteConfig(BaseModel):
         "empty: the parent's.")
     routes: list[RouteConfig] = Field(default_factory=list, description="Child routes, tried in order.")
 
-    @model_validator(mode="after")
-    def _intervals(self) -> RouteConfig:
-        """repeat_interval must not be shorter than group_interval, inherited values included."""
-        def walk(route: RouteConfig, gi: float, ri: float, path: str) -> None:
-            gi = route.group_interval if route.group_interval is not None else gi
-            ri = route.repeat_interval if route.repeat_interval is not None else ri
-            if 0 < ri < gi:
-                where = f"{path}: " if path else ""
-                raise ValueError(f"{where}repeat_interval ({ri:g}s) is shorter than group_interval ({gi:g}s)")
-            for i, child in enumerate(route.routes):
-                walk(child, gi, ri, f"{path + '.' if path else ''}routes.{i}")
-        walk(self, 0.0, 0.0, "")
-        return self
-
 
 class TimeRangeConfig(BaseModel):
     """A time of day range, ``start`` included, ``end`` excluded; start after end crosses midnight."""
@@ -252,7 +244,8 @@ def default_inhibit_rules() -> list[InhibitRuleConfig]:
 
 
 class RateLimitConfig(BaseModel):
-    """A token bucket: at most ``messages`` in any ``per_seconds`` (bursts up to ``messages``)."""
+    """A sliding window: never more than ``messages`` sends in any ``per_seconds`` seconds, kept
+    across restarts (``ftwatch.alerting.ratelimit``)."""
 
     model_config = _STRICT
     messages: int = Field(gt=0, description="Messages allowed per window.")
@@ -301,24 +294,79 @@ class EventCenterFields(BaseModel):
 
     @model_validator(mode="after")
     def _references(self) -> EventCenterFields:
-        names = {r.name for r in getattr(self, "receivers", [])}
-        windows = [w.name for w in self.mute_time_intervals]
-        problems = []
-        dups = sorted({w for w in windows if windows.count(w) > 1})
-        if dups:
-            problems.append(f"mute_time_intervals names must be unique: {', '.join(dups)}")
-
-        def walk(route: RouteConfig, path: str) -> None:
-            for r in route.receivers:
-                if r not in names:
-                    problems.append(f"{path}.receivers: unknown receiver {r!r}; known: {', '.join(sorted(names))}")
-            for w in route.mute_time_intervals:
-                if w not in windows:
-                    problems.append(f"{path}.mute_time_intervals: unknown interval {w!r}")
-            for i, child in enumerate(route.routes):
-                walk(child, f"{path}.routes.{i}")
-        walk(self.route, "route")
-        problems += [f"rate_limits: unknown receiver {r!r}" for r in self.rate_limits if r not in names]
+        """The cross-references hold (:func:`reference_problems`); a config file gets them from
+        ``ftwatch.config.load_config``'s second pass instead, each at its own line."""
+        raw = {"receivers": [{"name": r.name} for r in getattr(self, "receivers", [])],
+               "route": self.route.model_dump(by_alias=True),
+               "mute_time_intervals": [{"name": w.name} for w in self.mute_time_intervals],
+               "rate_limits": dict.fromkeys(self.rate_limits, {})}
+        problems = reference_problems(raw)
         if problems:
-            raise ValueError("; ".join(problems))
+            text = "; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems)
+            raise PydanticCustomError(CROSS_REFERENCE, "{problems}", {"problems": text})
         return self
+
+
+CROSS_REFERENCE = "cross_reference"
+"""The pydantic error type of :class:`EventCenterFields`' cross-reference check."""
+
+
+def reference_problems(alerting: Any) -> list[tuple[tuple, str]]:
+    """The cross-reference problems of an ``alerting:`` mapping, raw (as read from YAML) or dumped.
+
+    Checks: receiver and mute window names are unique; every receiver and mute window a route
+    names exists; ``repeat_interval`` is not shorter than ``group_interval`` in any route,
+    inherited values included (reported at the route that sets the clashing value); every
+    ``rate_limits`` key is a receiver. Values of the wrong shape are skipped (field validation
+    reports them).
+
+    Returns:
+        [(path under ``alerting``, message)], the path naming the key or item at fault (e.g.
+        ``("route", "routes", 0, "receivers", 1)``).
+    """
+    if not isinstance(alerting, dict):
+        return []
+    problems: list[tuple[tuple, str]] = []
+
+    def names(key: str) -> list[str]:
+        seen: list[str] = []
+        items = alerting.get(key)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            name = item.get("name") if isinstance(item, dict) else None
+            if isinstance(name, str):
+                if name in seen:
+                    problems.append(((key, i, "name"), f"{key} names must be unique: {name!r} is used twice"))
+                seen.append(name)
+        return seen
+
+    receivers, windows = names("receivers"), names("mute_time_intervals")
+
+    def seconds(route: dict, key: str) -> float | None:
+        try:
+            return None if route.get(key) is None else parse_duration(route[key])
+        except (ValueError, TypeError):
+            return None
+
+    def walk(route: Any, path: tuple, gi: float, ri: float) -> None:
+        if not isinstance(route, dict):
+            return
+        for key, known, what in (("receivers", receivers, "receiver"), ("mute_time_intervals", windows, "interval")):
+            items = route.get(key)
+            for i, name in enumerate(items if isinstance(items, list) else []):
+                if isinstance(name, str) and name not in known:
+                    problems.append((path + (key, i), f"unknown {what} {name!r}; known: {', '.join(known) or 'none'}"))
+        own_gi, own_ri = seconds(route, "group_interval"), seconds(route, "repeat_interval")
+        gi = own_gi if own_gi is not None else gi
+        ri = own_ri if own_ri is not None else ri
+        if (own_gi is not None or own_ri is not None) and 0 < ri < gi:
+            key = "repeat_interval" if own_ri is not None else "group_interval"
+            problems.append((path + (key,), f"repeat_interval ({ri:g}s) is shorter than group_interval ({gi:g}s)"))
+        children = route.get("routes")
+        for i, child in enumerate(children if isinstance(children, list) else []):
+            walk(child, path + ("routes", i), gi, ri)
+
+    walk(alerting.get("route"), ("route",), 0.0, 0.0)
+    limits = alerting.get("rate_limits")
+    problems += [(("rate_limits", r), f"unknown receiver {r!r}; known: {', '.join(receivers) or 'none'}")
+                 for r in (limits if isinstance(limits, dict) else {}) if r not in receivers]
+    return problems

@@ -39,6 +39,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import warnings
 from typing import Any, Callable, Iterable, Mapping
@@ -338,5 +339,16 @@ def _unavailable(message: str) -> Status:
     with _warn_lock:
         first, _warned = not _warned, True
     if first:
-        warnings.warn(message, MonitorUnavailableWarning, stacklevel=4)
+        warnings.warn(message, MonitorUnavailableWarning, stacklevel=_caller_level())
     return Status(False, message)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` (seen from the function that calls this) of the first frame outside
+    this module: the training code's line that called the SDK, however deep the SDK's own
+    calls went (a method, a ``with hang_detect``, a decorated function)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -106,3 +106,45 @@ def test_test_rules_exit_status_counterexample_hit_and_all_passing(tmp_path, cap
                            "    counterexamples: ['OSError: [Errno 28] No space left on device']\n")
     assert main(["test-rules", "--no-builtin", str(good)]) == 0
     assert "1 rules tested: ok" in capsys.readouterr().out
+
+
+def test_route_check_takes_the_severity_a_real_alert_of_that_event_type_gets(tmp_path):
+    """An event without a severity is routed with its event type's severity (critical for an
+    isolation), so a `severity: critical` on-call route is shown as matching."""
+    import json
+
+    from ftwatch.alerting.alerts import alert_from_decision
+    from ftwatch.checks import explain_route
+    from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
+    config = tmp_path / "a.yaml"
+    config.write_text("alerting:\n  receivers:\n    - {type: console, name: all}\n    - {type: console, name: oncall}\n"
+                      "  route:\n    receivers: [all]\n    routes:\n      - match: {severity: [critical]}\n"
+                      "        receivers: [oncall]\n")
+    for event_type, action, severity in (("node_isolated", Action.ISOLATE_NODE, "critical"),
+                                         ("job_failed", Action.FAIL_JOB, "critical"),
+                                         ("job_restart", Action.RESTART_JOB, "warning")):
+        rc = Finding("x.y", "keyword", FailureClass.RETRYABLE_INFRA, action, Severity.ERROR,
+                     Origin("worker-0", 0, "j", "n"), "boom", 1.0)
+        real = alert_from_decision(Decision(2.0, action, Target("j", None, None, "n"), rc, "c", 0, 1), "x")
+        assert (real.event_type, real.severity) == (event_type, severity)
+        event = tmp_path / f"{event_type}.json"
+        event.write_text(json.dumps({"event_type": event_type, "labels": {"job": "j"}}))
+        out = explain_route(str(config), str(event), at=0.0)
+        assert f"event: {event_type} severity={severity}" in out
+        assert ("receivers: oncall" in out) == (severity == "critical"), out
+
+
+def test_route_check_names_a_bad_event_type_or_severity(tmp_path):
+    import json
+
+    import pytest
+
+    from ftwatch.checks import explain_route
+    from ftwatch.errors import ConfigError
+    event = tmp_path / "e.json"
+    event.write_text(json.dumps({"event_type": "node_isolation"}))
+    with pytest.raises(ConfigError, match="'node_isolation'"):
+        explain_route(None, str(event), at=0.0)
+    event.write_text(json.dumps({"event_type": "job_failed", "severity": "fatal"}))
+    with pytest.raises(ConfigError, match="'fatal'"):
+        explain_route(None, str(event), at=0.0)

@@ -309,7 +309,7 @@ def test_missing_referenced_files_and_cross_references(tmp_path):
         load_config(path)
     got = issues_of(excinfo)
     assert got[0][0] == 2 and "no such file" in got[0][1] and got[0][1].startswith("rules.files[0]")
-    assert got[1][0] == 3 and "receiver names must be unique: a" in got[1][1]
+    assert got[1] == (6, "alerting.receivers[1].name: receivers names must be unique: 'a' is used twice")
 
 
 def test_unreadable_file(tmp_path):

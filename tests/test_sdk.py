@@ -109,6 +109,32 @@ def test_no_monitor_every_call_is_a_noop_that_warns_once():
     assert len(ours) == 1 and sdk.ENV_SOCKET in str(ours[0].message)
 
 
+@pytest.mark.parametrize("how", ["method", "with", "decorator"])
+def test_the_warning_points_at_the_training_codes_line(how):
+    """The one warning names the caller's file and line, not a line inside ftwatch.sdk."""
+    import inspect
+    m = sdk.Monitor()
+
+    @m.hang_detect(-1)
+    def evaluate():
+        return 1
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "method":
+            line = inspect.currentframe().f_lineno + 1
+            m.send_custom_message("hi")
+        elif how == "with":
+            line = inspect.currentframe().f_lineno + 1
+            with m.hang_detect(2):
+                pass
+        else:
+            line = inspect.currentframe().f_lineno + 1
+            evaluate()
+    [w] = [w for w in caught if issubclass(w.category, sdk.MonitorUnavailableWarning)]
+    assert (w.filename, w.lineno) == (__file__, line)
+
+
 def test_unreachable_socket_is_a_noop_too(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "nothing.sock"))
     monkeypatch.setenv(ENV_TOKEN, "t")
@@ -286,3 +312,36 @@ def test_long_state_dir_falls_back_to_a_short_socket_path(tmp_path):
     finally:
         server.stop()
     assert not server.path.exists()
+
+
+def test_relative_state_dir_reaches_a_worker_that_changes_directory(tmp_path, monkeypatch):
+    """``--state-dir`` defaults to the relative ``.ftwatch-state``: the socket path handed to the
+    workers is absolute, so a worker that chdir()s elsewhere still reaches ftwatch."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    server = ControlServer(".ftwatch-state").start()
+    handler = ControlHandler(FakeEngine(), HangTracker(None, None), FakeRecorder(), "j",
+                             rules_from_keywords, None)
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            server.drain(handler)
+            stop.wait(0.01)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        assert os.path.isabs(server.env()[ENV_SOCKET])
+        code = ("import os, sys; os.chdir(sys.argv[1]); from ftwatch.sdk import Monitor; "
+                "st = Monitor().set_retryable_errors(['connect timeout']); print(st.ok(), st.to_string())")
+        env = {**os.environ, **server.env()}
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "elsewhere")], env=env,
+                             capture_output=True, text=True, timeout=30)
+        assert out.stdout.startswith("True"), out.stdout + out.stderr
+        assert handler.retryable == ["connect timeout"]
+    finally:
+        stop.set()
+        t.join(2)
+        server.stop()

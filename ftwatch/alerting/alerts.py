@@ -21,22 +21,47 @@ from typing import Mapping
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,
                             iso)
 
-_SEVERITY_BY_ACTION = {
-    Action.NONE: "info", Action.NOTIFY: "info", Action.RESTART_INSTANCE: "warning",
-    Action.RESTART_IN_PLACE: "warning", Action.RESTART_JOB: "warning",
-    Action.ISOLATE_NODE: "critical", Action.FAIL_JOB: "critical"}
+SEVERITY_BY_EVENT_TYPE: dict[str, str] = {
+    "node_isolated": "critical", "job_failed": "critical",
+    "job_restart": "warning", "instance_restart": "warning", "job_hang": "warning",
+    "straggler": "info", "c4d_diagnosis": "info", "custom_message": "info", "notice": "info",
+    "job_finished": "info", "digest": "info"}
+"""The severity of each event type (:data:`ftwatch.configroutes.EVENT_TYPES`): ``critical`` when
+the job loses a node or ends failed, ``warning`` for restarts (hangs included), ``info`` for
+notices."""
+
+
+def severity_of(event_type: str) -> str:
+    """The severity an alert of ``event_type`` gets (:data:`SEVERITY_BY_EVENT_TYPE`): the one
+    place real alerts and ``ftwatch check --route`` take it from.
+
+    Raises:
+        KeyError: not an event type.
+    """
+    return SEVERITY_BY_EVENT_TYPE[event_type]
+
+
+def is_c4d(decision: Decision) -> bool:
+    """True when the decision was triggered by a C4D diagnosis (root cause rule id ``c4d*``)."""
+    rc = decision.root_cause
+    return rc is not None and rc.rule_id.lower().startswith("c4d")
+
 
 def event_type_of(decision: Decision) -> str:
-    """The event type (a key of :data:`ftwatch.configroutes.EVENT_TYPES`) of a decision, from
-    its action and its trigger (the root cause's rule id and failure class)."""
+    """The event type (a key of :data:`ftwatch.configroutes.EVENT_TYPES`) of a decision.
+
+    The action decides first, so a C4D diagnosis that isolates a node is ``node_isolated`` (it
+    matches the on-call routes, inhibits its fallout and resolves like any isolation; its alert
+    carries the label ``c4d: "true"`` for routes that want C4D apart). Then the trigger: a hang
+    that restarts is ``job_hang``; a notify-only decision is ``straggler``, ``c4d_diagnosis``
+    (rule id ``c4d*``) or ``notice``; an SDK message is ``custom_message``.
+    """
     rc = decision.root_cause
     rule = rc.rule_id if rc else ""
     hang = rc is not None and rc.failure_class is FailureClass.HANG
     action = decision.action
     if rule == "custom_message":
         return "custom_message"
-    if rule.lower().startswith("c4d"):
-        return "c4d_diagnosis"
     if action is Action.FAIL_JOB:
         return "job_failed"
     if action is Action.ISOLATE_NODE:
@@ -47,6 +72,8 @@ def event_type_of(decision: Decision) -> str:
         return "job_restart"
     if action in (Action.RESTART_INSTANCE, Action.RESTART_IN_PLACE):
         return "instance_restart"
+    if is_c4d(decision):
+        return "c4d_diagnosis"
     if action is Action.NOTIFY:
         return "straggler" if rc is not None and rc.failure_class is FailureClass.STRAGGLER else "notice"
     return "job_finished"
@@ -67,7 +94,8 @@ class Alert:
             :data:`ftwatch.configroutes.EVENT_TYPES`), ``job``, ``instance``, ``rank``,
             ``node``, ``action``,
             ``severity``, ``failure_class``, ``rule`` and ``rule_id`` (the same: the root
-            cause's rule) (``""`` where unknown, e.g. the instance of a job-wide restart).
+            cause's rule) (``""`` where unknown, e.g. the instance of a job-wide restart); and
+            ``c4d: "true"`` on alerts triggered by a C4D diagnosis.
         annotations: str -> str: ``summary``, ``description``, ``root_cause_line``,
             ``root_cause_instance``, ``root_cause_rank``, ``root_cause_time``, ``explain``.
         status: ``firing`` or ``resolved``.
@@ -141,8 +169,34 @@ def notification_id(decision_id: str, receiver: str, status: str = "firing") -> 
 
 
 def explain_command(state_dir: str | Path, decision_id: str) -> str:
-    """The shell command that explains a decision: ``ftwatch explain --state-dir DIR ID``."""
+    """The shell command that explains a decision: ``ftwatch explain --state-dir DIR ID`` (DIR
+    shell-quoted)."""
     return f"ftwatch explain --state-dir {shlex.quote(str(state_dir))} {decision_id}"
+
+
+def alert_link(alert: "Alert", state_dir: str | Path | None, url_template: str | None = None) -> str:
+    """How to see more about ``alert`` (SPEC N1: every alert carries a link).
+
+    Args:
+        alert: the alert (a decision's or a custom message's).
+        state_dir: the state dir the commands name (made absolute, shell-quoted); None: not named.
+        url_template: ``alerting.link_url``, e.g. ``https://reports/{job}/{decision_id}``
+            (placeholders ``ftwatch.configroutes.LINK_FIELDS``, URL-quoted); None: a command.
+
+    Returns:
+        The URL; else ``ftwatch explain [--state-dir DIR] ID`` for a decision, or ``ftwatch report
+        [--state-dir DIR] --job JOB`` for a custom message (it is not a stored decision).
+    """
+    from urllib.parse import quote
+
+    from ftwatch.configroutes import LINK_FIELDS
+    if url_template:
+        values = {k: alert.decision_id if k == "decision_id" else alert.labels.get(k, "") for k in LINK_FIELDS}
+        return url_template.format(**{k: quote(str(v), safe="") for k, v in values.items()})
+    state = f" --state-dir {shlex.quote(str(Path(state_dir).resolve()))}" if state_dir is not None else ""
+    if alert.event_type == "custom_message":
+        return f"ftwatch report{state} --job {shlex.quote(alert.labels.get('job', ''))}"
+    return f"ftwatch explain{state} {alert.decision_id}"
 
 
 def alert_from_decision(decision: Decision, link: str, include_none: bool = False) -> Alert | None:
@@ -162,12 +216,15 @@ def alert_from_decision(decision: Decision, link: str, include_none: bool = Fals
     rc = decision.root_cause
     t = decision.target
     action = decision.action.label
+    event_type = event_type_of(decision)
     labels = {
-        "alertname": f"ftwatch_{action}", "event_type": event_type_of(decision), "job": t.job, "instance": t.instance or "",
+        "alertname": f"ftwatch_{action}", "event_type": event_type, "job": t.job, "instance": t.instance or "",
         "rank": "" if t.rank is None else str(t.rank), "node": t.node or "", "action": action,
-        "severity": _SEVERITY_BY_ACTION[decision.action],
+        "severity": severity_of(event_type),
         "failure_class": rc.failure_class.value if rc else "", "rule": rc.rule_id if rc else "",
         "rule_id": rc.rule_id if rc else ""}
+    if is_c4d(decision):
+        labels["c4d"] = "true"
     where = ""
     if rc is not None:
         where = f": {rc.rule_id} on {rc.origin.instance}"

@@ -66,7 +66,8 @@ class EventCenter:
         dispatcher: the delivery core; its receivers are the configured ones. Its ``limiter``
             is set from ``alerting.rate_limits`` unless it has one.
         now: wall clock, epoch seconds (``ftwatch.clock``; a FakeClock's ``time`` in tests).
-        state_dir: where held alerts (``held/``) and the digest (``digest.json``) are kept;
+        state_dir: where held alerts (``held/``), the digest (``digest.json``) and the rate-limit
+            log (``ratelimit.json``) are kept;
             None keeps them in memory (tests).
     """
 
@@ -83,7 +84,8 @@ class EventCenter:
         self.grouper = Grouper()
         if dispatcher.limiter is None:
             kinds = {n.name: n.kind for n in dispatcher.notifiers.values()}
-            dispatcher.limiter = RateLimiter.from_config(alerting.rate_limits, kinds, now())
+            dispatcher.limiter = RateLimiter.from_config(
+                alerting.rate_limits, kinds, now(), state_dir / "ratelimit.json" if state_dir is not None else None)
         self.limiter = dispatcher.limiter
         self.held = HeldStore(state_dir / "held") if state_dir is not None else None
         self.digest = DigestBook(state_dir / "digest.json" if state_dir is not None else None,

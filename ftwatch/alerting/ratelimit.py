@@ -1,11 +1,16 @@
 """Per-receiver rate limits and the daily digest (SPEC N4).
 
-:class:`RateLimiter` gives each receiver a token bucket: ``messages`` tokens, refilled evenly over
-``per_seconds`` (so at most ``messages`` in any window of that length, bursts included). A
-notification that finds no token is not dropped: the Dispatcher spools it and it is sent when a
-token is back (``ftwatch.alerting.center`` asks :meth:`RateLimiter.ready`). Defaults per receiver
-kind come from the vendors' documented limits (``ftwatch.configroutes.DEFAULT_RATE_LIMITS``:
-DingTalk 20 messages a minute, WeCom 20 a minute, Feishu 100 a minute).
+:class:`RateLimiter` keeps, per receiver, a sliding-window log: the send times of its last
+``messages`` messages. A message may go when fewer than ``messages`` were sent in the
+``per_seconds`` before it, so there are never more than ``messages`` sends in any window of
+``per_seconds`` seconds, bursts included (a token bucket that starts full lets nearly twice that
+through in its first window). The log is kept in ``<state>/ratelimit.json``, so a restarted (or
+crash-looping) ftwatch does not start with a fresh allowance. A notification that may not go
+now is not dropped: the Dispatcher spools it and it is sent when the window has room again
+(``ftwatch.alerting.center`` asks :meth:`RateLimiter.ready`). Defaults per receiver kind come
+from the vendors' documented limits (``ftwatch.configroutes.DEFAULT_RATE_LIMITS``: DingTalk 20
+messages a minute, and a robot that exceeds it is throttled for 10 minutes; WeCom 20 a minute;
+Feishu 100 a minute).
 
 :class:`DigestBook` collects, per receiver, the alerts it did not get at once (muted, inhibited,
 delayed by its rate limit) in ``<state>/digest.json`` and says when the daily digest is due: once
@@ -18,7 +23,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -32,82 +39,124 @@ RATE_LIMITED = "rate limited"
 """The start of a spooled notification's error when its receiver's rate limit held it."""
 
 
-class TokenBucket:
-    """``capacity`` tokens, refilled at ``capacity / per_seconds`` a second; starts full.
+class SlidingWindow:
+    """At most ``messages`` sends in any ``per_seconds`` window: the log of the last sends.
+
+    A send at ``t`` leaves the window at ``t + per_seconds`` (windows are half-open,
+    ``[t, t + per_seconds)``).
+
+    Args:
+        messages: sends allowed per window.
+        per_seconds: the window length in seconds.
+        sent: earlier send times (epoch seconds), e.g. from a previous process.
 
     Raises:
-        ValueError: capacity or per_seconds not positive.
+        ValueError: messages or per_seconds not positive.
     """
 
-    def __init__(self, capacity: int, per_seconds: float, now: float):
-        if capacity <= 0 or per_seconds <= 0:
+    def __init__(self, messages: int, per_seconds: float, sent: Iterable[float] = ()):
+        if messages <= 0 or per_seconds <= 0:
             raise ValueError("a rate limit needs messages > 0 and per_seconds > 0")
-        self.capacity = float(capacity)
-        self.rate = capacity / per_seconds
-        self.tokens = float(capacity)
-        self.stamp = now
+        self.messages = int(messages)
+        self.per_seconds = float(per_seconds)
+        self.sent: deque[float] = deque(sorted(float(t) for t in sent)[-self.messages:],
+                                        maxlen=self.messages)
 
-    def _refill(self, now: float) -> None:
-        if now > self.stamp:
-            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
+    def _expire(self, now: float) -> None:
+        while self.sent and self.sent[0] <= now - self.per_seconds:
+            self.sent.popleft()
 
     def take(self, now: float) -> bool:
-        """Take one token at ``now`` (epoch seconds); False when there is none."""
-        self._refill(now)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        """Record a send at ``now`` (epoch seconds) if the window has room; False when it has none."""
+        self._expire(now)
+        if len(self.sent) < self.messages:
+            self.sent.append(now)
             return True
         return False
 
     def ready_at(self, now: float) -> float:
-        """When the next token is there (``now`` if one is)."""
-        self._refill(now)
-        return now if self.tokens >= 1.0 else now + (1.0 - self.tokens) / self.rate
+        """When the next send may go (``now`` if it may now)."""
+        self._expire(now)
+        return now if len(self.sent) < self.messages else self.sent[0] + self.per_seconds
 
 
 class RateLimiter:
-    """Token buckets by receiver name.
+    """Sliding windows by receiver name, kept in a JSON file. Thread-safe.
 
     Args:
         limits: receiver name -> (messages, per_seconds); receivers not named are not limited.
-        now: the start time (epoch seconds) of the buckets.
+        now: unused (kept for callers that pass the start time).
+        path: the log file (``<state>/ratelimit.json``): receiver -> send times; None keeps the
+            log in memory only. An unreadable file is logged and treated as empty.
     """
 
-    def __init__(self, limits: Mapping[str, tuple[int, float]], now: float = 0.0):
-        self.buckets = {name: TokenBucket(m, s, now) for name, (m, s) in limits.items()}
+    def __init__(self, limits: Mapping[str, tuple[int, float]], now: float = 0.0,
+                 path: Path | None = None):
+        self.path = path
+        sent = self._load()
+        self.windows = {name: SlidingWindow(m, s, sent.get(name, ())) for name, (m, s) in limits.items()}
         self.held: set[str] = set()
+        self._lock = threading.Lock()
 
     @classmethod
     def from_config(cls, rate_limits: Mapping[str, Any], receivers: Mapping[str, str],
-                    now: float) -> RateLimiter:
+                    now: float, path: Path | None = None) -> RateLimiter:
         """Limits from ``alerting.rate_limits`` (name -> RateLimitConfig) over the per-kind defaults.
 
         Args:
             receivers: receiver name -> kind (``dingtalk``...).
+            path: the log file, see the class.
         """
         limits = {name: DEFAULT_RATE_LIMITS[kind] for name, kind in receivers.items()
                   if kind in DEFAULT_RATE_LIMITS}
         limits.update({name: (c.messages, c.per_seconds) for name, c in rate_limits.items()})
-        return cls(limits, now)
+        return cls(limits, now, path)
 
     def take(self, receiver: str, now: float) -> bool:
-        """Take a token for one message to ``receiver``; False (and remembered as held) when none."""
-        bucket = self.buckets.get(receiver)
-        if bucket is None or bucket.take(now):
-            return True
-        self.held.add(receiver)
-        return False
+        """Count one message to ``receiver`` sent at ``now``; False (and remembered as held) when
+        its window is full."""
+        with self._lock:
+            window = self.windows.get(receiver)
+            if window is None:
+                return True
+            if window.take(now):
+                self._save()
+                return True
+            self.held.add(receiver)
+            return False
 
     def ready(self, now: float) -> list[str]:
-        """Receivers with held messages that have a token again (they leave the held set)."""
-        ready = [r for r in sorted(self.held) if self.buckets[r].ready_at(now) <= now]
-        self.held.difference_update(ready)
-        return ready
+        """Receivers with held messages whose window has room again (they leave the held set)."""
+        with self._lock:
+            ready = [r for r in sorted(self.held) if self.windows[r].ready_at(now) <= now]
+            self.held.difference_update(ready)
+            return ready
 
     def next_ready(self, now: float) -> float | None:
-        """When the first held receiver gets a token back, or None when none is held."""
-        return min((self.buckets[r].ready_at(now) for r in self.held), default=None)
+        """When the first held receiver's window has room, or None when none is held."""
+        with self._lock:
+            return min((self.windows[r].ready_at(now) for r in self.held), default=None)
+
+    def _load(self) -> dict[str, list[float]]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            return {str(k): [float(t) for t in v] for k, v in raw.items()}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            log.error("rate-limit log %s is unreadable (%s); starting a new one", self.path, exc)
+            return {}
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({r: list(w.sent) for r, w in self.windows.items()}), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.error("cannot write the rate-limit log %s: %s", self.path, exc)
 
 
 @dataclass(frozen=True)

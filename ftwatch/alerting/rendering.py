@@ -12,14 +12,16 @@ body. A template sees only plain values (str, int, None, dicts, lists):
 ``action``             wire name (``restart_job``); ``action_text`` the words for it
 ``severity``           ``critical`` / ``warning`` / ``info``; ``status`` ``firing``/``resolved``
 ``target``             dict: ``job``, ``instance``, ``rank``, ``node`` (None = whole job)
-``root_cause``         dict or None: ``line``, ``instance``, ``rank``, ``node``, ``time`` (ISO),
+``root_cause``         dict: ``line``, ``instance``, ``rank``, ``node``, ``time`` (ISO),
                        ``rule_id``, ``failure_class``, ``failure_class_text``, ``severity``,
-                       ``source``, ``evidence`` (list of str)
+                       ``source``, ``evidence`` (list of str); or None (a fail_job after
+                       the job ended by itself): guard it with ``{% if root_cause %}``
 ``rule_id``            the root cause's rule, or None; ``failure_class`` / ``failure_class_text``
 ``policy_clause``      the clause that chose the action
 ``budgets``            dict: ``restarts_used``, ``restarts_left``
 ``decision_id``        16 hex digits; ``time`` the decision's ISO time; ``attempt`` (int)
-``link``               the ``ftwatch explain`` command or a report URL
+``link``               the ``ftwatch explain`` / ``ftwatch report`` command, or the
+                       ``alerting.link_url`` URL
 ``labels``             the alert's labels; ``annotations`` its annotations; ``summary``
 ``event_type``         ``job_restart``, ``job_hang``, ``node_isolated``, ``job_failed``,
                        ``custom_message``, ``notice``, ``straggler``... (``ftwatch.alerting.alerts.event_type_of``)
@@ -42,9 +44,10 @@ from typing import Any, Mapping
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ftwatch.alerting.alerts import Alert, alert_from_custom_message, sample_alert
+from ftwatch.alerting.alerts import (Alert, alert_from_custom_message, alert_from_decision, explain_command,
+                                    sample_alert)
 from ftwatch.errors import Issue, TemplateError
-from ftwatch.events import iso
+from ftwatch.events import Action, Decision, Target, iso
 
 LANGUAGES = ("en", "zh")
 BUILTIN_KINDS = ("console", "webhook", "dingtalk", "feishu", "wecom", "slack", "email",
@@ -219,7 +222,8 @@ class TemplateRenderer:
 
     def check(self) -> list[Issue]:
         """Render every built-in template (every kind, both languages) and every override
-        against the sample alerts (:func:`sample_alerts`: firing, resolved, a custom message);
+        against the sample alerts (:func:`sample_alerts`: firing, resolved, a custom message, a
+        ``fail_job`` without a root cause);
         return the problems found (empty when all is well; one issue per template at most)."""
         issues: list[Issue] = []
         names = [(f"builtin/{k}.{lang}.j2", lang) for k in BUILTIN_KINDS for lang in LANGUAGES]
@@ -260,13 +264,19 @@ class TemplateRenderer:
 
 
 def sample_alerts() -> list[Alert]:
-    """The alerts ``check`` renders: :func:`sample_alert` firing and resolved, and a custom
-    message from the training code."""
+    """The alerts ``check`` renders: :func:`sample_alert` firing and resolved, a custom message
+    from the training code, and a ``fail_job`` without a root cause (``root_cause`` is None: the
+    job ended by itself with a failure, ``ftwatch.rules.policy.Policy.finished``), so a template
+    that uses ``root_cause.line`` unguarded fails at ``check`` time, not at 3 a.m."""
     alert = sample_alert()
     custom = alert_from_custom_message("demo-job", "loss is NaN at step 1200", alert.starts_at,
                                        alert.annotations["explain"], instance="worker-0",
                                        rank=0, node="node-a", restarts_used=1, restarts_left=2)
-    return [alert, alert.resolve(alert.starts_at + 300.0), custom]
+    ended = Decision(alert.starts_at + 600.0, Action.FAIL_JOB, Target("demo-job"), None,
+                     "the job ended by itself with a failure → fail_job", 3, 0, attempt=3)
+    failed = alert_from_decision(ended, explain_command(".ftwatch-state", ended.decision_id))
+    assert failed is not None
+    return [alert, alert.resolve(alert.starts_at + 300.0), custom, failed]
 
 
 def _template_line(exc: BaseException, filename: str) -> int:

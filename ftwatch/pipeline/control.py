@@ -77,8 +77,9 @@ class ControlServer:
     runner's loop, ``stop`` it at the end.
 
     Args:
-        directory: where the socket goes (the state dir); a private temporary directory is used
-            when the path would be too long for ``AF_UNIX``.
+        directory: where the socket goes (the state dir); made absolute first, so a worker that
+            changes its working directory still reaches it; a private temporary directory is used
+            when the absolute path would be too long for ``AF_UNIX``.
         answer_timeout: seconds a request may wait for :meth:`drain`.
     """
 
@@ -86,7 +87,7 @@ class ControlServer:
         self.token = secrets.token_hex(16)
         self.answer_timeout = answer_timeout
         name = f"control-{os.getpid()}-{secrets.token_hex(4)}.sock"
-        directory = Path(directory)
+        directory = Path(directory).resolve()
         self._tmpdir: str | None = None
         if len(os.fsencode(str(directory / name))) > _SUN_PATH_MAX:
             self._tmpdir = tempfile.mkdtemp(prefix="ftwatch-")
@@ -249,7 +250,7 @@ class ControlHandler:
 
     Args:
         engine: has ``add_rules(rules)``.
-        tracker: has ``set_job_hang_interval(seconds | None)`` and ``output(instance, time)``.
+        tracker: has ``set_job_hang_interval(seconds | None, time)`` and ``output(instance, time)``.
         recorder: has ``custom_message(time, job, content, instance=, rank=, node=, budgets=)``.
         job: the job id.
         make_rules: keywords -> rules (``ftwatch.rules.loader.rules_from_keywords``).
@@ -366,7 +367,7 @@ class ControlHandler:
 
     def _apply(self) -> None:
         if self.hang_supported:
-            self.tracker.set_job_hang_interval(self.interval)
+            self.tracker.set_job_hang_interval(self.interval, self.clock())
 
     def _seconds(self, value: Any) -> tuple[float | None, str]:
         if not self.hang_supported:

@@ -28,7 +28,9 @@ class Recorder:
         dispatcher: the alert dispatcher (``ftwatch.alerting.center.EventCenter``, or a bare
             ``ftwatch.alerting.dispatcher.Dispatcher``) or None.
         out: where human-readable lines go (the terminal).
-        state_dir: named in the alert's ``ftwatch explain`` link.
+        state_dir: named (absolute) in the alert's ``ftwatch explain`` / ``ftwatch report`` link.
+        link_url: ``alerting.link_url``: a URL template for the alerts' link instead of a command
+            (``ftwatch.alerting.alerts.alert_link``), or None.
         resolve_after: seconds without a new incident after which the open alerts resolve
             (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
         metrics: ``ftwatch.metrics.Metrics`` counting lines, findings, decisions and restarts,
@@ -48,12 +50,13 @@ class Recorder:
     def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
                  out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None,
                  resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
-                 output_bucket: float = 5.0):
+                 output_bucket: float = 5.0, link_url: str | None = None):
         self.store = store
         self.decisions_file = decisions_file
         self.dispatcher = dispatcher
         self.out = out or sys.stdout
         self.state_dir = state_dir
+        self.link_url = link_url
         self.color = self.out.isatty() if color is None else color
         self.attempt = 0          # the runner sets the attempt findings belong to
         self.decisions: list[Decision] = []
@@ -140,7 +143,7 @@ class Recorder:
         if self.dispatcher is not None and decision.action is not Action.NONE:
             from ftwatch.alerting.alerts import alert_from_decision
             from ftwatch.alerting.alerts import RESOLVABLE
-            alert = alert_from_decision(decision, self.link(decision))
+            alert = self._linked(alert_from_decision(decision, ""))
             self._dispatch(alert)
             if alert.event_type in RESOLVABLE:
                 self.open_alerts[tuple(sorted(alert.labels.items()))] = alert
@@ -214,7 +217,7 @@ class Recorder:
         alert = alert_from_custom_message(job, content, time, "", instance=instance,
                                           rank=rank, node=node, restarts_used=used,
                                           restarts_left=left, attempt=self.attempt)
-        self._dispatch(alert)
+        self._dispatch(self._linked(alert))
 
     def delivery(self, result: Any) -> None:
         """Record what became of one notification (a dispatcher's ``on_result``, so that the
@@ -255,9 +258,18 @@ class Recorder:
             self.store.close()
 
     def link(self, decision: Decision) -> str:
-        """The command that explains a decision."""
-        state = f" --state-dir {self.state_dir}" if self.state_dir else ""
-        return f"ftwatch explain{state} {decision.decision_id}"
+        """How to see more about a decision: the ``alerting.link_url`` URL, else the command
+        that explains it (absolute, quoted ``--state-dir``)."""
+        from ftwatch.alerting.alerts import alert_from_decision
+        return self._linked(alert_from_decision(decision, "", include_none=True)).annotations["explain"]
+
+    def _linked(self, alert: Any) -> Any:
+        """``alert`` with its link (annotation ``explain``, ``ftwatch.alerting.alerts.alert_link``)."""
+        import dataclasses
+
+        from ftwatch.alerting.alerts import alert_link
+        link = alert_link(alert, self.state_dir, self.link_url)
+        return dataclasses.replace(alert, annotations={**alert.annotations, "explain": link})
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")

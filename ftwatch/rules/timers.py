@@ -58,6 +58,7 @@ class HangTracker:
         self._hang_fired = False
         self._exit_hang_fired = False
         self._seq = 0
+        self._armed: float | None = None   # when job-hang detection last went from off to on
 
     @classmethod
     def from_policy(cls, policy: "PolicyConfig") -> "HangTracker":
@@ -84,18 +85,27 @@ class HangTracker:
         if self._running.pop(origin.instance, None) is not None and ok and self._first_ok_exit is None:
             self._first_ok_exit = time
 
-    def set_job_hang_interval(self, seconds: float | None) -> None:
-        """Change the job-hang interval now (R6 staged intervals, SDK ``reset_config``); None/<=0 = off.
+    def set_job_hang_interval(self, seconds: float | None, time: float) -> None:
+        """Change the job-hang interval at ``time`` (R6 staged intervals, SDK ``reset_config`` and
+        ``hang_detect``); None/<=0 = off.
 
-        Takes effect at the next ``check``; silence already accumulated counts against the new value.
+        Takes effect at the next ``check``. From one interval to another, silence already
+        accumulated counts against the new value (1800 s -> 180 s after 200 s silent fires). From
+        off to on, the silence clock of every instance restarts at ``time``: silence inside a
+        ``hang_detect(-1)`` scope (an evaluation phase) never counts against the interval restored
+        when the scope ends.
         """
-        self.job_hang_interval = _interval(seconds)
+        new = _interval(seconds)
+        if self.job_hang_interval is None and new is not None:
+            self._armed = time
+        self.job_hang_interval = new
 
     def reset(self, time: float) -> None:
         """A new attempt begins at ``time``: both timers re-arm, and every instance still tracked
         as running counts as started at ``time``."""
         self._first_ok_exit = None
         self._hang_fired = self._exit_hang_fired = False
+        self._armed = None
         for inst in self._running.values():
             inst.last, inst.spoke = time, False
 
@@ -118,7 +128,8 @@ class HangTracker:
             return found
         if self.job_hang_interval is not None and not self._hang_fired:
             newest = max(i.last for i in self._running.values())
-            if now - newest >= self.job_hang_interval:
+            since = newest if self._armed is None else max(newest, self._armed)
+            if now - since >= self.job_hang_interval:
                 self._hang_fired = True
                 found.append(self._job_hang(now, now - newest))
         if (self.exit_hang_interval is not None and not self._exit_hang_fired
@@ -138,9 +149,11 @@ class HangTracker:
         last = f"last output {iso(c.last)}" if c.spoke else f"no output since its start {iso(c.last)}"
         line = (f"no output from any of {n} instance{'s' if n != 1 else ''} for {silent:.0f} s; "
                 f"{_who(c.origin)} went silent first ({last})")
-        return self._finding("hang.job", "hang", c, now, line, _SOURCE, {
-            "interval": self.job_hang_interval, "silent_for": silent, "instances": n,
-            "culprit_silent_for": now - c.last, "last_output": iso(c.last) if c.spoke else None})
+        fields = {"interval": self.job_hang_interval, "silent_for": silent, "instances": n,
+                  "culprit_silent_for": now - c.last, "last_output": iso(c.last) if c.spoke else None}
+        if self._armed is not None and self._armed > c.last:
+            fields["detection_on_since"] = iso(self._armed)   # silence before it did not count
+        return self._finding("hang.job", "hang", c, now, line, _SOURCE, fields)
 
     def _exit_hang(self, now: float) -> Finding:
         c = self._culprit()

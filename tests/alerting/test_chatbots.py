@@ -273,6 +273,24 @@ def test_an_error_code_in_a_200_answer_is_a_failed_delivery(tmp_path: Path):
             bot.close()
 
 
+@pytest.mark.parametrize("kind", ["dingtalk", "feishu", "wecom"])
+def test_a_2xx_without_the_services_json_answer_is_a_retryable_failure(kind: str):
+    """DingTalk, Feishu and WeCom always answer a JSON object; a 200 with an HTML page (a proxy,
+    a captive portal) is not their answer: not delivered, worth retrying."""
+    from ftwatch.alerting.alerts import Notification
+    from ftwatch.errors import NotifyError
+    bot = Bot(lambda bot, path, query, body: (200, {"Content-Type": "text/html"}, b"<html>proxy login</html>"))
+    try:
+        alert = make_alert()
+        n = Notification(f"{kind}-bot", alert, "title", "body", f"{alert.decision_id}-{kind}-bot")
+        with pytest.raises(NotifyError) as info:
+            make_notifier(kind, bot).send(n)
+        assert info.value.retryable and "without the service's JSON answer" in str(info.value)
+        assert_no_secret(str(info.value))
+    finally:
+        bot.close()
+
+
 def test_wecom_bad_key_is_not_retried_and_the_key_is_redacted(tmp_path: Path):
     bot = bot_for("wecom")
     try:

@@ -90,6 +90,12 @@ def test_event_types_come_from_action_and_trigger():
     assert event_type_of(alert(Action.FAIL_JOB).decision) == "job_failed"
     assert event_type_of(alert(Action.NOTIFY, klass=FailureClass.STRAGGLER).decision) == "straggler"
     assert event_type_of(alert(Action.NOTIFY, rule="c4d.slow_node").decision) == "c4d_diagnosis"
+    # a C4D isolation is an isolation (on-call routes, the default inhibit rule, resolution);
+    # the c4d label tells it apart
+    c4d = alert(Action.ISOLATE_NODE, rule="c4d.rank_comm_hang")
+    assert (c4d.event_type, c4d.severity, c4d.labels["c4d"]) == ("node_isolated", "critical", "true")
+    assert event_type_of(alert(Action.RESTART_JOB, rule="c4d.rank_comm_hang").decision) == "job_restart"
+    assert "c4d" not in alert(Action.ISOLATE_NODE, rule="xid.79").labels
     a = alert(Action.ISOLATE_NODE, job="j9", rank=5, node="n5", rule="xid.79")
     assert (a.event_type, a.severity) == ("node_isolated", "critical")
     assert {k: a.labels[k] for k in ("job", "rank", "node", "rule", "action", "failure_class")} == {
@@ -146,6 +152,10 @@ def test_root_receivers_default_to_every_receiver():
 
 # -- config errors, with file:line ----------------------------------------------------------------
 
+def issue_lines(path, info) -> dict[int, str]:
+    return {i.line: i.message for i in info.value.issues if i.file == str(path)}
+
+
 def test_repeat_interval_shorter_than_group_interval_is_rejected_with_file_and_line(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("alerting:\n"
@@ -157,40 +167,53 @@ def test_repeat_interval_shorter_than_group_interval_is_rejected_with_file_and_l
                     "        repeat_interval: 5m\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert f"{path}:3:" in text and "routes.0: repeat_interval (300s) is shorter than group_interval (600s)" in text
-    # both set in one child route: the error is at that route's line
+    # at the child's repeat_interval, the value that clashes with the inherited group_interval
+    assert issue_lines(path, info) == {7: "alerting.route.routes[0].repeat_interval: repeat_interval (300s) "
+                                          "is shorter than group_interval (600s)"}
+    # both set in one child route: at its repeat_interval; and every error at once
     path.write_text("alerting:\n  receivers: [{type: console, name: c}]\n  route:\n    routes:\n"
                     "      - match: {event_type: [job_hang]}\n        group_interval: 1h\n"
                     "        repeat_interval: 30m\n"
                     "      - match: {event_type: [nonsense]}\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert (f"{path}:5: alerting.route.routes[0]: repeat_interval (1800s) is shorter than "
-            "group_interval (3600s)") in text
-    assert f"{path}:8:" in text and "nonsense" in text       # every error at once
+    lines = issue_lines(path, info)
+    assert lines[7] == "alerting.route.routes[0].repeat_interval: repeat_interval (1800s) is shorter than group_interval (3600s)"
+    assert "nonsense" in lines[8]
+    # a child that raises group_interval above the inherited repeat_interval: at its group_interval
+    path.write_text("alerting:\n  route:\n    repeat_interval: 10m\n    routes:\n"
+                    "      - group_interval: 1h\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert list(issue_lines(path, info)) == [5]
 
 
-def test_unknown_receivers_and_windows_are_named(tmp_path):
+def test_unknown_receivers_and_windows_are_named_at_their_own_lines(tmp_path):
     path = tmp_path / "cfg.yaml"
-    path.write_text("alerting:\n  receivers: [{type: console, name: c}]\n  route:\n"
-                    "    routes: [{receivers: [nobody], mute_time_intervals: [never]}]\n"
-                    "  rate_limits: {ghost: {messages: 1, per_seconds: 1}}\n"
+    path.write_text("alerting:\n"
+                    "  receivers: [{type: console, name: c}]\n"
+                    "  route:\n"
+                    "    routes:\n"
+                    "      - receivers:\n"
+                    "          - c\n"
+                    "          - nobody\n"
+                    "        mute_time_intervals: [never]\n"
+                    "  rate_limits:\n"
+                    "    ghost: {messages: 1, per_seconds: 1}\n"
                     "  mute_time_intervals: [{name: n, weekdays: [funday]}]\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert f"{path}:6:" in text and "funday" in text
-    path.write_text("alerting:\n  receivers: [{type: console, name: c}]\n  route:\n"
-                    "    routes: [{receivers: [nobody], mute_time_intervals: [never]}]\n"
-                    "  rate_limits: {ghost: {messages: 1, per_seconds: 1}}\n")
-    with pytest.raises(ConfigError) as info:
-        load_config(path)
-    text = "\n".join(str(i) for i in info.value.issues)
-    assert f"{path}:1:" in text
-    assert "route.routes.0.receivers: unknown receiver 'nobody'" in text
-    assert "unknown interval 'never'" in text and "rate_limits: unknown receiver 'ghost'" in text
+    lines = issue_lines(path, info)
+    # the field error (line 11) and every cross-reference error, all at once
+    assert "funday" in lines[11]
+    assert lines[7] == "alerting.route.routes[0].receivers[1]: unknown receiver 'nobody'; known: c"
+    assert lines[8] == "alerting.route.routes[0].mute_time_intervals[0]: unknown interval 'never'; known: n"
+    assert lines[10] == "alerting.rate_limits.ghost: unknown receiver 'ghost'; known: c"
+    assert 1 not in lines
+    # the same checks hold for a config built in code (no file, no lines)
+    with pytest.raises(ValueError, match=r"route.routes\[0\].receivers\[0\]: unknown receiver 'nobody'"):
+        AlertingConfig.model_validate({"receivers": [{"type": "console", "name": "c"}],
+                                       "route": {"routes": [{"receivers": ["nobody"]}]}})
 
 
 # -- grouping over time -------------------------------------------------------------------------
@@ -352,39 +375,90 @@ def test_inhibit_rules_can_be_turned_off(tmp_path):
 
 # -- rate limits --------------------------------------------------------------------------------
 
+class TimedSink(Sink):
+    """A Sink that notes the (fake) time of each send."""
+
+    def __init__(self, name: str, clock: FakeClock, kind: str = "webhook"):
+        super().__init__(name, kind)
+        self.clock, self.times = clock, []
+
+    def send(self, notification) -> None:
+        super().send(notification)
+        self.times.append(self.clock.time())
+
+
+def assert_window(times: list[float], messages: int, per_seconds: float) -> None:
+    """Never more than ``messages`` sends in any window ``[t, t + per_seconds)``."""
+    times = sorted(times)
+    for i, t in enumerate(times):
+        inside = [u for u in times[i:] if u < t + per_seconds]
+        assert len(inside) <= messages, f"{len(inside)} sends in the {per_seconds:g} s from {t}"
+
+
 def test_dingtalk_default_rate_limit_holds_then_releases_and_digests(tmp_path):
     clock = FakeClock(at("2026-11-23T10:00:00"))
-    bot = Sink("bot", kind="dingtalk")
+    bot = TimedSink("bot", clock, kind="dingtalk")
     c = center(tmp_path, clock, [bot], digest={"at": "09:00", "timezone": "Asia/Shanghai"})
     alerts = [alert(Action.RESTART_INSTANCE, rank=i) for i in range(25)]
     statuses = [c.dispatch(a)[0].status for a in alerts]
     assert statuses == [DELIVERED] * 20 + [SPOOLED] * 5    # DingTalk: 20 messages a minute
     assert len(bot.got) == 20 and len(list((tmp_path / "spool").glob("*.json"))) == 5
-    clock.advance(3.0)                                    # one token back (20 per 60 s)
-    c.tick()
-    assert len(bot.got) == 21
-    clock.advance(60)
+    for _ in range(59):                                   # nothing more within the minute
+        clock.advance(1.0)
+        c.tick()
+    assert len(bot.got) == 20
+    clock.advance(1.0)
     c.tick()
     assert sorted(bot.ids) == sorted(f"{a.decision_id}-bot" for a in alerts)   # each once
     assert list((tmp_path / "spool").glob("*.json")) == []
+    assert_window(bot.times, 20, 60)
     # the next day at 09:00 the digest says five were delayed
     clock.advance(23 * 3600)
     c.tick()
     assert bot.got[-1].id.startswith("digest") and "5 x instance_restart (rate limited)" in bot.got[-1].body
 
 
+def test_rate_limit_holds_in_every_window_for_a_burst_then_a_steady_stream_across_restarts(tmp_path):
+    """A burst of 30, then one alert every 2 s for 5 minutes, with the process killed and started
+    again twice on the way: never more than 20 sends to the DingTalk bot in any 60 s."""
+    clock = FakeClock(at("2026-11-23T10:00:00"))
+    bot = TimedSink("bot", clock, kind="dingtalk")
+    c = center(tmp_path, clock, [bot], digest={"enabled": False})
+    sent = [alert(Action.RESTART_INSTANCE, rank=i) for i in range(30)]
+    for a in sent:
+        c.dispatch(a)
+    for step in range(150):
+        clock.advance(2.0)
+        if step in (40, 90):                              # killed; a new process starts
+            c = center(tmp_path, clock, [bot], digest={"enabled": False})
+            c.resend_pending()
+        a = alert(Action.RESTART_INSTANCE, rank=100 + step)
+        sent.append(a)
+        c.dispatch(a)
+        c.tick()
+    for _ in range(600):                                  # then quiet until all are out
+        clock.advance(1.0)
+        c.tick()
+    assert sorted(bot.ids) == sorted(f"{a.decision_id}-bot" for a in sent)
+    assert_window(bot.times, 20, 60)
+    assert len([t for t in bot.times if t < bot.times[0] + 60]) == 20   # the limit is used, not halved
+
+
 def test_configured_rate_limit_and_kill_between_runs_keeps_held_alerts(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = TimedSink("ops", clock)
     c = center(tmp_path, clock, [ops], rate_limits={"ops": {"messages": 2, "per_seconds": "1m"}})
     alerts = [alert(Action.RESTART_JOB, rank=i) for i in range(4)]
     for a in alerts:
         c.dispatch(a)
     assert len(ops.got) == 2
-    # killed here; a new process (fresh buckets) resends the spooled ones at start
+    # killed here; a new process keeps the window (ratelimit.json): nothing more within the minute
     c2 = center(tmp_path, clock, [ops], rate_limits={"ops": {"messages": 2, "per_seconds": "1m"}})
-    assert c2.resend_pending() == 2
+    assert c2.resend_pending() == 0 and len(ops.got) == 2
+    clock.advance(60)
+    c2.tick()
     assert sorted(ops.ids) == sorted(f"{a.decision_id}-ops" for a in alerts)
+    assert_window(ops.times, 2, 60)
 
 
 # -- retries: backoff with jitter (seeded) --------------------------------------------------------

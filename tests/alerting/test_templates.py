@@ -137,6 +137,17 @@ def test_strict_undefined_reports_file_and_line(tmp_path: Path):
     assert f"{bad}:3:" in str(r.check()[0])
 
 
+def test_check_catches_an_override_that_assumes_a_root_cause(tmp_path: Path):
+    """A fail_job after the job ended by itself has no root cause (Policy.finished): `check`
+    renders such an alert, so `{{ root_cause.line }}` unguarded is caught with file:line."""
+    override = tmp_path / "dingtalk.j2"
+    override.write_text("{{ job }}: {{ action }}\ncause: {{ root_cause.line }}\n")
+    r = TemplateRenderer("en", {"dingtalk": override})
+    assert [(i.file, i.line) for i in r.check()] == [(str(override), 2)]
+    override.write_text("{{ job }}: {{ action }}\n{% if root_cause %}cause: {{ root_cause.line }}{% endif %}\n")
+    assert r.check() == []
+
+
 def test_missing_variable_and_syntax_error(tmp_path: Path):
     missing = tmp_path / "m.j2"
     missing.write_text("ok\n\n{{ no_such_variable }}\n")

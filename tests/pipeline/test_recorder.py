@@ -85,3 +85,61 @@ def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
     assert keep.sent[2].alert.ends_at == t0 + 300
     assert "1 alert(s) of job b resolved (the job finished)" in rec.out.getvalue()
     assert rec.resolve_open(t0 + 600) == 1 and rec.open_jobs() == set()   # None: every job
+
+
+class Keep:
+    """A stand-in dispatcher that keeps the alerts it is handed."""
+
+    def __init__(self):
+        self.alerts = []
+
+    def dispatch(self, alert):
+        self.alerts.append(alert)
+        return []
+
+
+def _decision():
+    from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
+    rc = Finding("nccl.error", "keyword", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB, Severity.ERROR,
+                 Origin("worker-1", 1, "job a", "n1"), "NCCL error", 10.0)
+    return Decision(11.0, Action.RESTART_JOB, Target("job a"), rc, "clause", 1, 2)
+
+
+def test_every_alert_has_a_link_with_an_absolute_quoted_state_dir(tmp_path, monkeypatch):
+    """N1: decisions link to `ftwatch explain`, custom messages (not stored decisions) to
+    `ftwatch report --job`; the state dir is absolute (the alert is read elsewhere) and quoted."""
+    import shlex
+    monkeypatch.chdir(tmp_path)
+    keep = Keep()
+    rec = Recorder(dispatcher=keep, out=io.StringIO(), state_dir=__import__("pathlib").Path("my state"))
+    d = _decision()
+    rec.decision(d)
+    rec.custom_message(12.0, "job a", "loss is NaN", rank=0)
+    explain, report = (a.annotations["explain"] for a in keep.alerts)
+    assert shlex.split(explain) == ["ftwatch", "explain", "--state-dir", str(tmp_path / "my state"), d.decision_id]
+    assert shlex.split(report) == ["ftwatch", "report", "--state-dir", str(tmp_path / "my state"), "--job", "job a"]
+    assert rec.link(d) == explain
+
+
+def test_link_url_template_is_used_for_every_alert(tmp_path):
+    keep = Keep()
+    rec = Recorder(dispatcher=keep, out=io.StringIO(), state_dir=tmp_path,
+                   link_url="https://reports.example/{job}/{decision_id}?rank={rank}")
+    d = _decision()
+    rec.decision(d)
+    rec.custom_message(12.0, "job a", "hello", rank=0)
+    first, second = (a.annotations["explain"] for a in keep.alerts)
+    assert first == f"https://reports.example/job%20a/{d.decision_id}?rank="
+    assert second.startswith("https://reports.example/job%20a/") and second.endswith("?rank=0")
+    assert second != first
+
+
+def test_link_url_with_an_unknown_placeholder_is_a_config_error(tmp_path):
+    import pytest
+
+    from ftwatch.config import load_config
+    from ftwatch.errors import ConfigError
+    config = tmp_path / "c.yaml"
+    config.write_text("alerting:\n  link_url: 'https://r/{jobid}'\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2:.*jobid"):
+        load_config(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ftwatch.clock import FakeClock
 from ftwatch.config import PolicyConfig
 from ftwatch.events import Action, FailureClass, Origin, Severity, iso
+from ftwatch.pipeline.control import ControlHandler
 from ftwatch.rules.timers import HangTracker
 
 W = [Origin(f"worker-{r}", rank=r, job="j") for r in range(3)]
@@ -75,7 +76,7 @@ def test_staged_interval_takes_effect_at_once():
     start_all(hang, clock)
     clock.advance(200)
     assert hang.check(clock.time()) == []
-    hang.set_job_hang_interval(180)          # training: 180 s; 200 s of silence already counts
+    hang.set_job_hang_interval(180, clock.time())  # training: 180 s; 200 s of silence already counts
     assert [f.rule_id for f in hang.check(clock.time())] == ["hang.job"]
 
 
@@ -83,12 +84,52 @@ def test_staged_interval_disabled_then_enabled():
     clock = FakeClock()
     hang = HangTracker(60, None)
     start_all(hang, clock)
-    hang.set_job_hang_interval(None)         # evaluation: off
+    hang.set_job_hang_interval(None, clock.time())         # evaluation: off
     clock.advance(10_000)
     assert hang.check(clock.time()) == []
-    hang.set_job_hang_interval(-1)           # the SDK's -1 also means off
+    hang.set_job_hang_interval(-1, clock.time())           # the SDK's -1 also means off
     assert hang.check(clock.time()) == []
-    hang.set_job_hang_interval(60)
+    hang.set_job_hang_interval(60, clock.time())           # on again: the silence clock restarts now
+    assert hang.check(clock.time()) == []
+    clock.advance(59)
+    assert hang.check(clock.time()) == []
+    clock.advance(1)
+    [f] = hang.check(clock.time())
+    assert f.fields["silent_for"] == 10_060                 # the finding still tells the real silence
+    assert "detection_on_since" in f.fields
+
+
+def test_leaving_a_disabled_scope_does_not_count_its_silence():
+    """interval 180, hang_detect(-1) from t=0 to t=600: no hang at 600.1, a hang at 780."""
+    clock = FakeClock()
+    hang = HangTracker(180, None)
+    start_all(hang, clock)
+    handler = ControlHandler(None, hang, None, "j", lambda kw: [], 180, clock=clock.time)
+    scope = handler({"op": "hang_detect_push", "seconds": -1, "rank": 0})["scope"]
+    clock.advance(600)
+    assert handler({"op": "hang_detect_pop", "scope": scope})["job_hang_interval"] == 180
+    clock.advance(0.1)
+    assert hang.check(clock.time()) == []
+    clock.advance(179)
+    assert hang.check(clock.time()) == []
+    hang.output(W[1].instance, clock.time())                # output inside the new window counts
+    clock.advance(179.9)
+    assert hang.check(clock.time()) == []
+    clock.advance(0.1)
+    assert [f.rule_id for f in hang.check(clock.time())] == ["hang.job"]
+
+
+def test_reset_config_enabling_detection_restarts_the_silence_clock():
+    clock = FakeClock()
+    hang = HangTracker(None, None)
+    start_all(hang, clock)
+    handler = ControlHandler(None, hang, None, "j", lambda kw: [], None, clock=clock.time)
+    handler.recorder = type("R", (), {"event": lambda *a, **k: None})()
+    clock.advance(5000)
+    assert handler({"op": "reset_config", "config": {"job_hang_interval": 100}})["ok"]
+    clock.advance(99)
+    assert hang.check(clock.time()) == []
+    clock.advance(1)
     assert len(hang.check(clock.time())) == 1
 
 

@@ -3,7 +3,9 @@
 A chat bot is a :class:`~ftwatch.alerting.notifiers.webhook.WebhookNotifier` with its own
 message body, an optional signing ``secret`` (never printed) and a stricter answer check: an
 HTTP 2xx whose JSON body carries a non-zero error code is a failed delivery, retryable only
-for the service's rate-limit codes.
+for the service's rate-limit codes. DingTalk, WeCom and Feishu always answer a JSON object, so
+a 2xx without one (a proxy's or captive portal's page) is a failed, retryable delivery too
+(``answers_json``; Slack answers a plain ``ok`` and checks that itself).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class ChatBotNotifier(WebhookNotifier):
     code_keys: ClassVar[tuple[str, ...]] = ("errcode",)
     message_keys: ClassVar[tuple[str, ...]] = ("errmsg", "msg")
     rate_limit_codes: ClassVar[frozenset[int]] = frozenset()
+    answers_json: ClassVar[bool] = True
+    """The service always answers a JSON object (a 2xx without one is not its answer)."""
     path_secret_after: ClassVar[str | None] = None
     """The URL path segment after which every segment is a secret (Slack ``services``,
     Feishu ``hook``); None: the path holds no secret."""
@@ -78,12 +82,17 @@ class ChatBotNotifier(WebhookNotifier):
 
         Raises:
             NotifyError: as the generic webhook for a non-2xx status; for a 2xx with an error
-                code, retryable only for ``rate_limit_codes``.
+                code, retryable only for ``rate_limit_codes``; for a 2xx without a JSON object
+                (when ``answers_json``), retryable: something else answered, the message may
+                not have reached the service.
         """
         super().check_response(response)
         body = json_body(response)
         if body is None:
-            return  # a 2xx without a JSON object: nothing says it failed
+            if self.answers_json:
+                raise self.failure(f"answered HTTP {response.status_code} without the service's JSON "
+                                   f"answer: {_snippet(response)}", True, response)
+            return
         code = next((body[k] for k in self.code_keys if k in body), 0)
         if code in (0, None, "0"):
             return

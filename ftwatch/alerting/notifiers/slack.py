@@ -28,6 +28,7 @@ class SlackNotifier(ChatBotNotifier):
 
     kind = "slack"
     path_secret_after = "services"
+    answers_json = False      # a plain ``ok``
 
     def payload(self, notification: Notification) -> dict[str, Any]:
         """``{"text": body}``."""
@@ -40,7 +41,7 @@ class SlackNotifier(ChatBotNotifier):
             NotifyError: retryable for 408, 425, 429 and 5xx; not for other statuses or a
                 2xx with another body.
         """
-        super().check_response(response)  # statuses; a 2xx body is not JSON, so that passes
+        super().check_response(response)  # statuses; answers_json is off, so a plain body passes
         if response.text.strip() != "ok":
             raise self.failure(f"answered {_snippet(response)} instead of ok", False, response)
 
