@@ -44,9 +44,9 @@ def test_a_hardware_fault_blocks_every_start_until_the_budget_is_spent(tmp_path,
     assert not marker.exists(), "a worker started despite the hardware fault"
     log = (tmp_path / "fault-tolerance.log").read_text().splitlines()
     heads = [line[20:] for line in log if "Start to run" in line or "Check Finished" in line]
-    assert heads == ["Start to run Bootchecking...", "Check Finished, a hardware fault blocks the start.",
+    assert heads == ["Start to run Bootchecking...", "Check Finished: blocked, a hardware fault blocks the start.",
                      "Start to run Troubleshooting...", "Check Finished, task will be restarted.",
-                     "Start to run Bootchecking...", "Check Finished, a hardware fault blocks the start.",
+                     "Start to run Bootchecking...", "Check Finished: blocked, a hardware fault blocks the start.",
                      "Start to run Troubleshooting...", "Check Finished, task will not be restarted."]
     kinds = [e["kind"] for e in store.events("job1")]
     assert "instance_start" not in kinds and kinds.count("bootcheck") == 2
