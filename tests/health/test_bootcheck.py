@@ -183,6 +183,10 @@ def test_run_checks_with_a_real_all_reduce(tmp_path):
     by = {r.check: r for r in results}
     assert by["disk"].status == "ok" and by["versions"].status == "ok"
     assert any(line.startswith("PyTorch Version: 2.") for line in by["versions"].lines)
+    if not by["versions"].fields["cuda_available"]:      # a CPU machine says why, as every check does
+        assert "NCCL Version: skipped: CUDA is not available" in by["versions"].lines
+        if by["versions"].fields["cuda"] is None:
+            assert by["versions"].lines[0] == "CUDA Version: skipped: this torch is built without CUDA"
     assert by["allreduce"].status == "ok", by["allreduce"].lines
     assert by["allreduce"].lines[0] == "AllReduce Check: Succeed"
     assert by["allreduce"].fields["busbw_gbs"] > 0
