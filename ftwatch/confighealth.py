@@ -84,10 +84,12 @@ class HealthConfig(BaseModel):
     bootcheck: bool = Field(True, description="Run a Bootcheck before every start and restart (seed 001).")
     troubleshooting: bool = Field(True, description="Run a Troubleshooting pass after every failure (seed 001).")
     paths: list[Path] = Field(default_factory=list,
-                              description="Folders whose disks are tested (read/write); empty: the state_dir.")
+                              description="Folders whose disks are tested (read/write); each must exist (a missing "
+                              "mount fails the check and blocks the start; never created); empty: the state_dir.")
     disk_test_bytes: int = Field(16 << 20, ge=4096, description="Bytes written, fsynced and read back per path.")
     disk_min_mb_s: float = Field(50.0, ge=0, description="A write slower than this (MB/s) warns: a slow "
-                                 "disk does not block (seed 001).")
+                                 "disk does not block (seed 001). 50: under a tenth of the healthy writes in seed "
+                                 "001's log (630-726 MB/s) and below one spinning disk's sequential write.")
     allreduce_check: bool = Field(True, description="All-reduce across the job's worker slots, with a bus "
                                   "bandwidth figure (gloo on CPU, NCCL on GPUs); needs torch.")
     allreduce_bytes: int = Field(4 << 20, gt=0, description="Bytes per all-reduce of the bandwidth figure.")

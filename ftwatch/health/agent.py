@@ -7,12 +7,14 @@ check. Requests:
 
     {"op": "probe"}
         -> {"ok": true, "torch": "2.13.0+cpu", "cuda": "12.3" | null, "cuda_available": bool,
-            "nccl": "2.19.3" | null, "devices": int, "device_name": str | null,
-            "npu_available": bool, "backend": "nccl" | "gloo"}
+            "cuda_error": "CUDA initialization: ..." | null, "nccl": "2.19.3" | null,
+            "devices": int, "device_name": str | null,
+            "npu_available": bool, "backend": "nccl" | "gloo", "env": {visible-devices variables}}
     {"op": "collective", "rank": r, "world": n, "addr": "127.0.0.1", "port": p, "timeout": s,
      "bytes": b, "iters": k, "gemm": m, "gemm_iters": g}
         -> {"ok": true, "gemm_s": seconds of g m x m matrix multiplies (0 when m = 0),
-            "allreduce_ok": bool (the sum came out right), "allgather_s": ..., "allreduce_s":
+            "device": "cuda:0" | "cpu", "env": {...}, "allreduce_ok": bool (the sum came out right),
+            "allgather_s": ..., "allreduce_s":
             seconds per all-reduce of b bytes, "busbw_gbs": bus bandwidth in GB/s}
         -> {"ok": false, "error": "..."} when the group could not form or a collective failed;
            the agent then exits (a process group that failed is not reused).
@@ -35,7 +37,11 @@ import os
 import signal
 import sys
 import time
+import warnings
 from datetime import timedelta
+
+
+_ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES", "FTWATCH_HEALTH_DEVICE")
 
 
 def _node() -> str:
@@ -55,7 +61,12 @@ def _chaos_crash() -> bool:
 
 
 def _probe(torch) -> dict:
-    cuda = torch.cuda.is_available()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cuda = torch.cuda.is_available()
+    # torch answers a broken driver with False and a "CUDA initialization: ..." warning
+    # (c10's CUDA device count); a CPU build or a machine without GPUs warns nothing.
+    cuda_error = next((str(w.message) for w in caught if "CUDA initialization" in str(w.message)), None)
     nccl = None
     if cuda:
         try:
@@ -69,15 +80,29 @@ def _probe(torch) -> dict:
     except Exception:  # noqa: BLE001 - not an Ascend machine
         npu = False
     return {"ok": True, "torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": cuda,
+            "cuda_error": cuda_error[:300] if cuda_error else None,
             "nccl": nccl, "devices": torch.cuda.device_count() if cuda else 0,
             "device_name": torch.cuda.get_device_name(0) if cuda else None,
-            "npu_available": npu, "backend": "nccl" if cuda else "gloo"}
+            "npu_available": npu, "backend": "nccl" if cuda else "gloo", "env": _env()}
+
+
+def _env() -> dict:
+    """The visible-devices variables this agent was started with (what its slot's device is)."""
+    return {name: os.environ.get(name) for name in _ENV_NAMES}
+
+
+def _device_index(rank: int, count: int) -> int:
+    """The CUDA device of this agent: ``FTWATCH_HEALTH_DEVICE`` (its slot's device among those it
+    sees; the launcher sets it, with the slot's device as the only visible one), else the
+    group rank, both modulo ``count``."""
+    chosen = os.environ.get("FTWATCH_HEALTH_DEVICE", "").strip()
+    return (int(chosen) if chosen.isdigit() else rank) % max(1, count)
 
 
 def _collective(torch, dist, req: dict) -> dict:
     rank, world = int(req["rank"]), int(req["world"])
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", rank % max(1, torch.cuda.device_count())) if cuda else torch.device("cpu")
+    device = torch.device("cuda", _device_index(rank, torch.cuda.device_count())) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{req['addr']}:{req['port']}",
                             rank=rank, world_size=world, timeout=timedelta(seconds=float(req["timeout"])))
     try:
@@ -114,17 +139,28 @@ def _collective(torch, dist, req: dict) -> dict:
             torch.cuda.synchronize()
         per = (time.perf_counter() - start) / iters
         algbw = numel * 4 / per / 1e9
-        return {"ok": True, "gemm_s": gemm_s, "allreduce_ok": ok, "allgather_s": allgather_s,
-                "allreduce_s": per, "busbw_gbs": algbw * 2 * (world - 1) / world}
+        return {"ok": True, "gemm_s": gemm_s, "device": str(device), "env": _env(), "allreduce_ok": ok,
+                "allgather_s": allgather_s, "allreduce_s": per, "busbw_gbs": algbw * 2 * (world - 1) / world}
     finally:
         dist.destroy_process_group()
 
 
 def main() -> int:
-    """Serve requests until ``exit`` or end of input; an error answers and ends the agent."""
-    import torch
-    import torch.distributed as dist
+    """Serve requests until ``exit`` or end of input; an error answers and ends the agent.
+
+    Without torch (``import torch`` raises ImportError) every request is answered
+    ``{"ok": false, "absent": true, "error": ...}``: the checks say skipped, not failed. Any other
+    error of the import (a CUDA library that does not load) answers without ``absent``.
+    """
     out = sys.stdout
+    try:
+        import torch
+        import torch.distributed as dist
+        broken = None
+    except ImportError as exc:
+        broken = {"ok": False, "absent": True, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    except Exception as exc:  # noqa: BLE001 - e.g. OSError: libcudart.so cannot be loaded
+        broken = {"ok": False, "error": f"import torch: {type(exc).__name__}: {exc}"[:500]}
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -132,6 +168,10 @@ def main() -> int:
         op = req.get("op")
         if op == "exit":
             return 0
+        if broken is not None:
+            out.write(json.dumps(broken) + "\n")
+            out.flush()
+            return 3
         try:
             answer = _probe(torch) if op == "probe" else _collective(torch, dist, req)
         except Exception as exc:  # noqa: BLE001 - reported to the monitor, which decides

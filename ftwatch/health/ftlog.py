@@ -36,7 +36,8 @@ class CheckResult:
     """What one check found.
 
     Attributes:
-        check: ``disk``, ``accelerator``, ``versions``, ``allreduce``, ``busbw``, ``nodecheck``.
+        check: ``disk``, ``gpu``, ``npu``, ``cpu``, ``versions``, ``allreduce`` (Bootcheck /
+            Troubleshooting, ``ftwatch.health.bootcheck``) or ``nodecheck`` (``ftwatch.health.nodes``).
         status: ``ok``, ``warn`` (does not block), ``fail`` or ``skipped`` (a package or device
             the check needs is absent: never a failure).
         lines: the log lines, without their timestamps (seed 001's wording where it has one).
@@ -146,6 +147,17 @@ class FaultToleranceLog:
             if findings:
                 self.recorder.findings(findings)
         return findings
+
+
+def ending(outcome: str, then: str = "") -> str:
+    """The last line of a Bootcheck block for ``outcome`` (:func:`verdict`), the same for
+    ``ftwatch run`` and ``ftwatch bootcheck``: ``Check Finished.`` (seed 001) for ``ok`` and
+    ``warned`` (slow nodes do not block), else ``Check Finished: failed.`` / ``Check Finished:
+    blocked.``; ``then`` (what happens next, e.g. ``task will be started``) is appended to a
+    failed or blocked ending after a comma."""
+    if outcome in ("ok", "warned"):
+        return "Check Finished."
+    return f"Check Finished: {outcome}" + (f", {then}." if then else ".")
 
 
 def verdict(results: Iterable[CheckResult]) -> str:

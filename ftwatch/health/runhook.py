@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ftwatch.config import Config
 from ftwatch.events import Finding
 from ftwatch.health.bootcheck import run_checks
-from ftwatch.health.ftlog import FaultToleranceLog, verdict
+from ftwatch.health.ftlog import FaultToleranceLog, ending, verdict
 from ftwatch.health.stragglers import StepTracker
 
 
@@ -27,25 +27,34 @@ class HealthChecks:
         recorder: the job's recorder (store events and findings; ``say`` to the terminal).
         job, node: the job id and this machine's name.
         nproc: worker slots (the all-reduce's world size).
+        devices: the slots' devices in order (``Slots.active``; the runner updates ``devices``
+            and ``nproc`` before each start): agent ``i`` of the checks sees only ``devices[i]``,
+            and the NVML check compares the GPUs it finds with them.
     """
 
-    def __init__(self, config: Config, recorder: Any, job: str, node: str, nproc: int):
+    def __init__(self, config: Config, recorder: Any, job: str, node: str, nproc: int,
+                 devices: Sequence[str] | None = None):
         self.config = config.health
         self.state_dir = Path(config.storage.state_dir)
         self.log = FaultToleranceLog(self.state_dir, recorder, job, node)
         self.say: Callable[[str], None] = getattr(recorder, "say", print)
         self.nproc = nproc
+        self.devices = list(devices or [])
         self.steps = _SayingTracker(self.config.straggler, self.say) if self.config.straggler.enabled else None
 
-    def _run(self, kind: str, attempt: int, ending: Callable[[str], str]) -> list[Finding]:
+    def _run(self, kind: str, attempt: int, end: Callable[[str], str], allreduce: bool = True,
+             devices: Sequence[str] | None = None) -> list[Finding]:
         cfg = self.config
         started = time.time()
         self.say(f"ftwatch: {kind} (attempt {attempt}) -> {self.log.path}")
+        if not cfg.paths:
+            self.state_dir.mkdir(parents=True, exist_ok=True)   # the fallback path is ours to make
+        devices = list(self.devices if devices is None else devices)
         results = run_checks(cfg.paths or [self.state_dir], cfg.disk_test_bytes, cfg.disk_min_mb_s, self.nproc,
-                             cfg.allreduce_check, cfg.allreduce_bytes, cfg.check_timeout, cfg.python,
-                             cfg.min_busbw_gbs)
+                             cfg.allreduce_check and allreduce, cfg.allreduce_bytes, cfg.check_timeout, cfg.python,
+                             cfg.min_busbw_gbs, devices or None)
         outcome = verdict(results)
-        findings = self.log.write(kind, started, results, ending(outcome), attempt=attempt)
+        findings = self.log.write(kind, started, results, end(outcome), attempt=attempt)
         for f in findings:
             self.say(f"ftwatch: {kind}: {f.severity.name.lower()}: {f.line}")
         return findings
@@ -57,9 +66,33 @@ class HealthChecks:
             self.steps.reset()
         if not self.config.bootcheck:
             return None
-        findings = self._run("Bootchecking", attempt, lambda v: "Check Finished." if v != "blocked" else
-                             "Check Finished, a hardware fault blocks the start.")
-        return next((f for f in findings if f.action.label == "isolate_node"), None)
+        findings = self._run("Bootchecking", attempt, lambda v: ending(
+            v, "a hardware fault blocks the start" if v == "blocked" else
+            "task will be started anyway: only hardware faults block (seed 001)"))
+        return _blocking(findings)
+
+    def instance_restart(self, attempt: int, ranks: Sequence[int]) -> Finding | None:
+        """Before an instance-level restart (``restart_instance``, MindCluster recover-in-place):
+        Troubleshooting after the failure, then a Bootcheck before the restart, each as configured.
+
+        Both leave out the all-reduce: the other workers still run (on their devices, in their
+        own process group), so a group across every slot cannot form, and the failed ranks'
+        device is tested by the disk, NVML and versions checks (the versions agent runs on the
+        first failed rank's device). Returns the finding that blocks the restart (a hardware
+        fault: the caller decides on it instead), else None.
+        """
+        who = ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
+        first = [self.devices[r] for r in ranks if 0 <= r < len(self.devices)][:1]
+        devices = first + [d for d in self.devices if d not in first]
+        if self.config.troubleshooting:
+            self._run("Troubleshooting", attempt, lambda _v: f"Check Finished, {who} will be restarted.",
+                      allreduce=False, devices=devices)
+        if not self.config.bootcheck:
+            return None
+        findings = self._run("Bootchecking", attempt, lambda v: ending(
+            v, f"a hardware fault blocks the restart of {who}" if v == "blocked" else f"{who} will be restarted"),
+            allreduce=False, devices=devices)
+        return _blocking(findings)
 
     def troubleshoot(self, attempt: int, restarting: bool) -> list[Finding]:
         """Run Troubleshooting after a failure (when ``health.troubleshooting``)."""
@@ -67,6 +100,11 @@ class HealthChecks:
             return []
         end = "Check Finished, task will be restarted." if restarting else "Check Finished, task will not be restarted."
         return self._run("Troubleshooting", attempt, lambda _v: end)
+
+
+def _blocking(findings: Sequence[Finding]) -> Finding | None:
+    """The first finding that blocks a start: a hardware fault (``isolate_node`` or worse)."""
+    return next((f for f in findings if f.action.label in ("isolate_node", "fail_job")), None)
 
 
 class _SayingTracker(StepTracker):

@@ -7,7 +7,8 @@ scene is under way. The decisions themselves come from ``ftwatch.pipeline.recove
 
 Needs from the runner: ``supervisor``, ``control``, ``controls`` (a ``RecoveryHandler``),
 ``recorder``, ``clock``, ``config``, ``mc``, ``scene``, ``slots``, ``budgets``, ``job``,
-``_state``, ``_stop_requested``, ``_handle(item, state)`` and ``_sleep(seconds)``.
+``health`` (``HealthChecks``), ``_state``, ``_stop_requested``, ``_handle(item, state)``,
+``_add(state, findings)``, ``_incident(trigger, state)`` and ``_sleep(seconds)``.
 """
 
 from __future__ import annotations
@@ -31,13 +32,39 @@ class RecoveryActs:
     controls: Any
     recorder: Any
 
-    def _in_place(self, how: Plan, state: Any) -> None:
-        """MindCluster recover-in-place: restart the failed ranks, the others run on."""
+    def _in_place(self, how: Plan, state: Any) -> Decision | None:
+        """MindCluster recover-in-place: restart the failed ranks, the others run on (after the
+        instance-level health checks: a hardware fault found there is decided on instead)."""
+        go, replaced = self._checked_instance_restart(list(how.ranks), state)
+        if not go:
+            return replaced
         self._sleep(self.config.supervisor.restart_delay)
         for rank in how.ranks:
             state.failed.discard(f"worker-{rank}")
             self.recorder.say(f"ftwatch: restarting rank {rank} in place")
             self.supervisor.restart_instance(rank)
+
+    def _checked_instance_restart(self, ranks: list[int], state: Any) -> tuple[bool, Decision | None]:
+        """H1 for an instance-level restart (seed 001: checks at every restart, Troubleshooting after
+        every failure): ``health.instance_restart`` runs both, without the all-reduce.
+
+        Returns:
+            (True, None): go on with the restart. (False, decision): the Bootcheck found a hardware
+            fault, so the restart of those ranks cannot help: the fault became an incident of its
+            own (the policy's decision, usually ``isolate_node``: its device leaves the slots),
+            whose decision replaces the restart. No second round of checks runs inside it.
+        """
+        if getattr(self, "_instance_checking", False):
+            return True, None
+        blocking = self.health.instance_restart(self.budgets.attempt, ranks)
+        if blocking is None:
+            return True, None
+        self._add(state, [blocking])
+        self._instance_checking = True
+        try:
+            return False, self._incident(blocking, state)
+        finally:
+            self._instance_checking = False
 
     def _retry(self, fault: Finding, state: Any) -> tuple[bool, Finding | None]:
         """MindCluster retry: ask the live workers to recover in place (SDK ``on_retry``) and wait

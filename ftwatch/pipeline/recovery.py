@@ -81,7 +81,9 @@ def plan(decision: Decision, mc: MindClusterConfig, failed_ranks: set[int], runn
 
 
 def isolate(decision: Decision, slots: Slots) -> tuple[Decision, str | None]:
-    """Carry out an ``isolate_node`` decision on one machine: exclude the blamed rank's device.
+    """Carry out an ``isolate_node`` decision on one machine: exclude the device the root cause
+    names in ``fields["device"]`` (a Bootcheck's NVML check) when it is an active one, else the
+    blamed rank's device.
 
     Returns:
         (the decision, with its clause extended; FAIL_JOB when fewer than MIN devices are left;
@@ -91,10 +93,15 @@ def isolate(decision: Decision, slots: Slots) -> tuple[Decision, str | None]:
     if decision.action is not Action.ISOLATE_NODE:
         return decision, None
     rank = decision.target.rank
-    device = slots.device_of(rank)
+    rc = decision.root_cause
+    named = rc.fields.get("device") if rc is not None else None     # a health check names its device
+    if named is not None and str(named) in slots.active:
+        device = str(named)
+        rank = slots.active.index(device)
+    else:
+        device = slots.device_of(rank)
     if device is None:
         return _clause(decision, f"A1 local: no device known for rank {rank}; nothing isolated"), None
-    rc = decision.root_cause
     slots.isolate(device, rank=rank, rule=rc.rule_id if rc else None, line=rc.line if rc else None,
                   time=decision.time, attempt=decision.attempt)
     rng = slots.range

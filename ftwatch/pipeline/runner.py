@@ -112,7 +112,7 @@ class JobRunner(RecoveryActs):
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
         self.live = sup.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
         self.scene = Scene()
-        self.health = HealthChecks(config, recorder, job, self.node, self.nproc)   # H1, H3
+        self.health = HealthChecks(config, recorder, job, self.node, self.nproc, self.slots.active)   # H1, H3
         if self.health.steps is not None:
             engine.set_steps(self.health.steps)
         self._stop_requested = threading.Event()
@@ -147,6 +147,7 @@ class JobRunner(RecoveryActs):
             if not self.slots.viable:          # isolations kept from an earlier ftwatch run
                 return self._end(self._below_min(), attempt)
             self.nproc = self.health.nproc = self.slots.nproc
+            self.health.devices = list(self.slots.active)    # each check agent on its slot's device
             self.supervisor.resize(self.nproc, self.slots.env())
             blocking = self.health.bootcheck(attempt)     # H1: before every start and restart
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
@@ -308,6 +309,9 @@ class JobRunner(RecoveryActs):
         one_instance = decision.action is Action.RESTART_INSTANCE or (
             not self.sync and decision.action is Action.RESTART_IN_PLACE)
         if one_instance and decision.target.rank is not None:
+            go, replaced = self._checked_instance_restart([decision.target.rank], state)
+            if not go:                       # H1: a hardware fault; decided on instead
+                return replaced
             self._sleep(self.config.supervisor.restart_delay)
             state.failed.discard(decision.target.instance or "")
             self.supervisor.restart_instance(decision.target.rank)

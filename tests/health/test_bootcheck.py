@@ -105,14 +105,33 @@ def test_npu_smi_table_is_read(monkeypatch, tmp_path, health, status):
         assert r.blocks and r.failure_class is FailureClass.HARDWARE_NODE
 
 
+def _python_without_torch(tmp_path):
+    """A real interpreter whose ``import torch`` raises ImportError (a ``torch`` package that
+    says it is not there shadows the real one)."""
+    fake = tmp_path / "shadow" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'torch'\")\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake.parent}:$PYTHONPATH exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return python
+
+
 def test_torch_absent_is_skipped(tmp_path):
     """An interpreter without torch: the versions and the all-reduce are skipped, nothing fails."""
+    results = bootcheck.torch_checks(2, 1 << 20, timeout=5, python=str(_python_without_torch(tmp_path)))
+    assert [r.status for r in results] == ["skipped"]
+    assert "torch is not installed" in results[0].lines[0] and "No module named 'torch'" in results[0].lines[0]
+
+
+def test_an_agent_that_dies_is_a_failure_not_skipped(tmp_path):
+    """An interpreter that ends without answering (a crash in the driver) is no absent package."""
     python = tmp_path / "python"
-    python.write_text("#!/bin/sh\necho 'ModuleNotFoundError: torch' >&2\nexit 1\n")
+    python.write_text("#!/bin/sh\necho 'Segmentation fault' >&2\nexit 139\n")
     python.chmod(0o755)
     results = bootcheck.torch_checks(2, 1 << 20, timeout=5, python=str(python))
-    assert [r.status for r in results] == ["skipped"]
-    assert "torch cannot run here" in results[0].lines[0]
+    assert [r.status for r in results] == ["fail"] and results[0].blocks
+    assert results[0].lines[0].startswith("Versions Check: Failed: torch / CUDA cannot run here")
 
 
 def test_a_missing_interpreter_is_skipped(tmp_path):
@@ -159,11 +178,15 @@ def test_format_block_orders_lines_as_given():
 @pytest.mark.slow
 def test_run_checks_with_a_real_all_reduce(tmp_path):
     pytest.importorskip("torch")
-    results = run_checks([tmp_path / "a"], 1 << 20, 0.0, world=2, allreduce=True, allreduce_bytes=1 << 20,
+    results = run_checks([tmp_path], 1 << 20, 0.0, world=2, allreduce=True, allreduce_bytes=1 << 20,
                          timeout=60)
     by = {r.check: r for r in results}
     assert by["disk"].status == "ok" and by["versions"].status == "ok"
     assert any(line.startswith("PyTorch Version: 2.") for line in by["versions"].lines)
+    if not by["versions"].fields["cuda_available"]:      # a CPU machine says why, as every check does
+        assert "NCCL Version: skipped: CUDA is not available" in by["versions"].lines
+        if by["versions"].fields["cuda"] is None:
+            assert by["versions"].lines[0] == "CUDA Version: skipped: this torch is built without CUDA"
     assert by["allreduce"].status == "ok", by["allreduce"].lines
     assert by["allreduce"].lines[0] == "AllReduce Check: Succeed"
     assert by["allreduce"].fields["busbw_gbs"] > 0

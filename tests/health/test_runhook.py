@@ -44,9 +44,9 @@ def test_a_hardware_fault_blocks_every_start_until_the_budget_is_spent(tmp_path,
     assert not marker.exists(), "a worker started despite the hardware fault"
     log = (tmp_path / "fault-tolerance.log").read_text().splitlines()
     heads = [line[20:] for line in log if "Start to run" in line or "Check Finished" in line]
-    assert heads == ["Start to run Bootchecking...", "Check Finished, a hardware fault blocks the start.",
+    assert heads == ["Start to run Bootchecking...", "Check Finished: blocked, a hardware fault blocks the start.",
                      "Start to run Troubleshooting...", "Check Finished, task will be restarted.",
-                     "Start to run Bootchecking...", "Check Finished, a hardware fault blocks the start.",
+                     "Start to run Bootchecking...", "Check Finished: blocked, a hardware fault blocks the start.",
                      "Start to run Troubleshooting...", "Check Finished, task will not be restarted."]
     kinds = [e["kind"] for e in store.events("job1")]
     assert "instance_start" not in kinds and kinds.count("bootcheck") == 2
@@ -64,3 +64,25 @@ def test_health_off_runs_no_check(tmp_path, monkeypatch):
     runner = JobRunner(config, [sys.executable, "-c", "raise SystemExit(3)"], Engine([]), recorder, "j", out=out)
     assert runner.run() == 1
     assert not (tmp_path / "fault-tolerance.log").exists()
+
+
+def failed_allreduce(*_args, **_kwargs):
+    return [CheckResult("allreduce", "fail", ("AllReduce Check: Failed (rank 1: timed out)",),
+                        failure_class=FailureClass.RETRYABLE_INFRA, action=Action.RESTART_JOB)]
+
+
+def test_a_failed_all_reduce_says_failed_and_the_job_still_starts(tmp_path, monkeypatch):
+    """Only hardware faults block (seed 001); the block's ending says the check failed, as
+    ``ftwatch bootcheck`` does, and what happens next."""
+    monkeypatch.setattr(runhook, "run_checks", failed_allreduce)
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}})
+    out = io.StringIO()
+    recorder = Recorder(SqliteStore(tmp_path / "ftwatch.db"), out=out)
+    marker = tmp_path / "started"
+    runner = JobRunner(config, [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
+                       Engine([]), recorder, "j", out=out)
+    assert runner.run() == 0
+    assert marker.exists()
+    log = (tmp_path / "fault-tolerance.log").read_text().splitlines()
+    assert log[-1][20:] == ("Check Finished: failed, task will be started anyway: only hardware faults "
+                            "block (seed 001).")
