@@ -75,7 +75,7 @@ def test_a_read_only_mount_only_warns(tmp_path):
     ro.mkdir()
     code = ("import json, sys; from pathlib import Path; from ftwatch.health.bootcheck import disk_test\n"
             "r = disk_test(Path(sys.argv[1]), 4096); print(json.dumps(r.to_dict()))\n")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o ro tmpfs "$0" && exec "$1" -c "$2" "$0"',
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && exec "$1" -c "$2" "$0"',
                            str(ro), sys.executable, code], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0 and "mount" in proc.stderr:
         pytest.skip(f"cannot mount in a user namespace here: {proc.stderr.strip()}")
