@@ -106,3 +106,20 @@ def test_test_rules_exit_status_counterexample_hit_and_all_passing(tmp_path, cap
                            "    counterexamples: ['OSError: [Errno 28] No space left on device']\n")
     assert main(["test-rules", "--no-builtin", str(good)]) == 0
     assert "1 rules tested: ok" in capsys.readouterr().out
+
+
+BAD_STEP_PATTERN = "health:\n  straggler:\n    patterns:\n      - megatron\n      - 'step (?P<step>\\d+)(?= done)'\n"
+
+
+def test_check_and_run_reject_a_step_pattern_the_matcher_cannot_compile(tmp_path):
+    """A lookahead is a valid Python regex but not a hyperscan/RE2 one: a config error at file:line, no traceback."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(BAD_STEP_PATTERN)
+    proc = ftwatch("check", str(config))
+    assert proc.returncode == 1, proc.stdout
+    assert f"{config}:5: health.straggler.patterns[1]" in proc.stdout and "(?=" in proc.stdout
+    for cmd in (["run", "--config", str(config), "--state-dir", str(tmp_path / "st"), "--", sys.executable, "-c", "0"],
+                ["replay", "--config", str(config), str(config)]):
+        proc = ftwatch(*cmd)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr and f"{config}:5: health.straggler.patterns[1]" in proc.stderr
