@@ -128,14 +128,24 @@ def test_nodecheck_finds_the_slow_group_and_the_one_that_crashes(tmp_path):
     assert {(f["fields"]["node"], f["action"]) for f in findings} == {(3, "isolate_node"), (1, "isolate_node")}
 
 
-def test_network_check_with_two_slots_cannot_blame_either_and_does_not_start(tmp_path):
+def test_network_check_with_two_slots_blames_the_one_that_died_and_starts_with_the_other(tmp_path):
+    """Slot 1's check process is killed: the crash is the evidence; slot 0 is not blamed (1:2 may start with 1)."""
+    (tmp_path / "c.yaml").write_text(NODECHECK_CONFIG)
+    proc = ftwatch(["run", "--network-check", "--config", "c.yaml", "--nproc-per-node", "1:2", "--state-dir", "st",
+                    "--", PY, "-c", "print('training started')"], tmp_path, {"FTWATCH_HEALTH_CRASH": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "worker slot 1: faulty: The node is down." in proc.stdout
+    assert "worker slot 0: ok" in proc.stdout and "suspect" not in proc.stdout
+    assert "1 of 2 worker slots usable [0], excluded [1]." in proc.stdout
+    assert "training started" in proc.stdout
+
+
+def test_network_check_with_two_slots_that_must_all_start_does_not_start(tmp_path):
     (tmp_path / "c.yaml").write_text(NODECHECK_CONFIG)
     proc = ftwatch(["run", "--network-check", "--config", "c.yaml", "--nproc-per-node", "2", "--state-dir", "st",
                     "--", PY, "-c", "print('training started')"], tmp_path, {"FTWATCH_HEALTH_CRASH": "1"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "worker slot 0: suspect" in proc.stdout and "worker slot 1: suspect" in proc.stdout
-    assert "no third node" in proc.stdout
-    assert ": faulty:" not in proc.stdout
+    assert "worker slot 1: faulty" in proc.stdout and "worker slot 0: ok" in proc.stdout
     assert "training started" not in proc.stdout
 
 
