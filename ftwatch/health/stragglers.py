@@ -60,8 +60,8 @@ _NAMED = re.compile(r"\(\?P<\w+>")
 #: tqdm descriptions of a training bar: none (HF Trainer) or Lightning's "Epoch N".
 _TRAIN_DESC = re.compile(r"(?:Epoch \d+:?)?")
 #: "plain" hits that are not a training step (a checkpoint, the scheduler, evaluation, warm-up).
-_NOT_A_STEP = re.compile(r"(?i)checkpoint|\bsav(?:e|ed|ing)\b|schedul|\blr\b|learning.rate (?:step|warm)|"
-                         r"\beval|valid|warm.?up|\bresum|\bload")
+#: Looked for before the match only: "step 100 loss 2.3 eval_loss 2.1" is a step line.
+_NOT_A_STEP = re.compile(r"(?i)checkpoint|\bsav(?:e|ed|ing)\b|schedul|\beval|valid|warm.?up|\bresum|\bload")
 
 
 def scan_form(regex: str) -> str:
@@ -147,6 +147,7 @@ class StepTracker:
         self.names = list(config.patterns)
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
         self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern) for rx in self.regexes)
+        self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
         self.reset()
 
     def reset(self) -> None:
@@ -167,8 +168,10 @@ class StepTracker:
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
         match = None
-        for i in [index] + [j for j in range(len(self.regexes)) if j != index]:
-            found = [m for m in self.regexes[i].finditer(text) if self._accepts(self.names[i], text, m)]
+        for i in (index, *range(len(self.regexes))):
+            found = list(self.regexes[i].finditer(text))
+            if found and self._vetoed[i]:
+                found = [m for m in found if self._accepts(self.names[i], text, m)]
             if found:
                 match, index = found[-1], i
                 break
@@ -187,7 +190,7 @@ class StepTracker:
             segment = text[: match.start()].rsplit("\r", 1)[-1].rsplit("\n", 1)[-1]
             return _TRAIN_DESC.fullmatch(segment.strip()) is not None
         if name == "plain":
-            return _NOT_A_STEP.search(text) is None
+            return _NOT_A_STEP.search(text, 0, match.start()) is None
         return True
 
     def _step(self, job: _Job, origin: Origin, index: int, match: re.Match, text: str, time: float,

@@ -294,6 +294,8 @@ def pattern_of(line: str) -> str | None:
     ("step 12/30 loss 0.43", "plain"),
     ("Step: 12 | loss 0.43", "plain"),
     ("global_step=12 loss=0.43", "plain"),
+    ("step 100 | loss 2.3 | lr 0.0001", "plain"),
+    ("step 500: train loss 4.0, val loss 4.1, eval_loss 4.2", "plain"),
     ("[2026-11-21 09:00:01] epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=101.2, "
      "CurrSamplesPerSec=99.8, MemAllocated=1.2GB", "plain"),
 ])
