@@ -72,12 +72,12 @@ def step_pattern_issues(config, config_path: str | Path | None = None) -> list[I
     The config layer checks them as Python regexes only (it cannot import the rules stage); the
     engine joins them to its one database, so they are checked here, by the matcher itself."""
     from ftwatch.confighealth import STEP_PATTERNS
+    custom = [(i, p) for i, p in enumerate(config.health.straggler.patterns) if p not in STEP_PATTERNS]
+    if not custom or not config.health.straggler.enabled:
+        return []                      # the built-in ones are tested (tests/health/test_stragglers.py)
     from ftwatch.health.stragglers import scan_form
     from ftwatch.rules.matcher import Matcher
     from ftwatch.rules.model import Pattern
-    custom = [(i, p) for i, p in enumerate(config.health.straggler.patterns) if p not in STEP_PATTERNS]
-    if not custom or not config.health.straggler.enabled:
-        return []
     lines: dict = {}
     file = str(config_path) if config_path else "<config>"
     if config_path:
