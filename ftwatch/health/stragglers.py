@@ -13,7 +13,10 @@ Three findings:
   time is ``factor`` x the median of the other ranks' medians, and, with 3 ranks or more, also more
   than 3 scaled MADs *of the other ranks* (1.4826 x their median absolute deviation) above their
   median. The spread is measured without the rank under test, so a slow node that carries half the
-  ranks (2 of 4, 4 of 8) is still found, while one noisy rank among noisy ranks is not.
+  ranks (2 of 4, 4 of 8) is still found, while one noisy rank among noisy ranks is not. Where the
+  ranks come from 2+ nodes (``Origin.node``), nodes are also compared the same way (each node's
+  median of its ranks' medians): a slow node that carries most of the ranks is a ``straggler``
+  finding about the node.
 * ``straggler`` from Megatron's ``--log-straggler`` report (rank 0 prints the min / max round-trip
   time of all ranks with their ranks): ``detector_reports`` consecutive reports whose max/min
   exceeds ``factor`` with the same slowest rank make that rank a straggler.
@@ -118,6 +121,7 @@ class _Rank:
     total: str | None = None                # the length of the rank's (first) progress bar
     median: float | None = None
     reported: bool = False
+    node: str = ""
 
 
 @dataclass
@@ -127,6 +131,7 @@ class _Job:
     slowdown_reported: bool = False
     detector: list[tuple[int, float]] = field(default_factory=list)   # (slowest rank, max/min) run
     detector_reported: set[int] = field(default_factory=set)
+    nodes_reported: set[str] = field(default_factory=set)
 
 
 class StepTracker:
@@ -198,7 +203,7 @@ class StepTracker:
         cfg = self.config
         rank = job.ranks.get(origin.instance)
         if rank is None:
-            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window))
+            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), node=origin.node or "")
         groups = match.groupdict()
         total = groups.get("total")
         if total is not None:
@@ -226,6 +231,10 @@ class StepTracker:
         if not others:
             return self._slowdown(job, origin, rank, text, time, seq, index)
         slow, slowdown = is_straggler(rank.median, others, cfg.factor)
+        if not slow and not rank.reported:
+            found = self._node(job, origin, rank, text, time, seq, index)
+            if found is not None:
+                return found
         if rank.reported:
             if slowdown < rearm_level(cfg.factor):
                 rank.reported = False          # recovered: may be reported again
@@ -242,6 +251,37 @@ class StepTracker:
                        {"slowdown": round(slowdown, 2), "step_time_s": round(rank.median, 4),
                         "others_step_time_s": round(ref, 4), "step_lines": len(rank.samples),
                         "ranks_compared": len(others) + 1, "pattern": self.names[index]}, SOURCE)
+
+    def _node(self, job: _Job, origin: Origin, rank: _Rank, text: str, time: float, seq: int,
+              index: int) -> Finding | None:
+        """Nodes vs nodes (each node's median of its ranks' medians), where ranks come from 2+ nodes:
+        finds a slow node that carries most of the job's ranks, which rank vs ranks cannot."""
+        cfg = self.config
+        per_node: dict[str, list[float]] = {}
+        for r in job.ranks.values():
+            if r.median is not None and r.node:
+                per_node.setdefault(r.node, []).append(r.median)
+        if len(per_node) < 2 or rank.node not in per_node:
+            return None
+        medians = {n: statistics.median(v) for n, v in per_node.items()}
+        others = [m for n, m in medians.items() if n != rank.node]
+        slow, slowdown = is_straggler(medians[rank.node], others, cfg.factor)
+        if rank.node in job.nodes_reported:
+            if slowdown < rearm_level(cfg.factor):
+                job.nodes_reported.discard(rank.node)
+            return None
+        if not slow:
+            return None
+        job.nodes_reported.add(rank.node)
+        ref = statistics.median(others)
+        line = (f"node {rank.node} is a straggler: the median step time of its {len(per_node[rank.node])} ranks "
+                f"is {medians[rank.node]:.3f} s, {slowdown:.1f}x the other nodes' {ref:.3f} s")
+        return Finding(RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
+                       Origin(f"node {rank.node}", None, origin.job, rank.node, origin.stream, origin.source),
+                       line, time, seq, (text,),
+                       {"slowdown": round(slowdown, 2), "step_time_s": round(medians[rank.node], 4),
+                        "others_step_time_s": round(ref, 4), "node_ranks": len(per_node[rank.node]),
+                        "nodes_compared": len(per_node), "pattern": self.names[index]}, SOURCE)
 
     def _slowdown(self, job: _Job, origin: Origin, rank: _Rank, text: str, time: float, seq: int,
                   index: int) -> Finding | None:

@@ -338,3 +338,29 @@ def test_builtin_patterns_compile_in_the_engines_matcher():
     assert set(tracker.names) <= set(STEP_PATTERNS)
     for text in tracker.patterns:
         assert Matcher.check(Pattern(text, regex=True)) is None, text
+
+
+def test_a_slow_node_carrying_most_ranks_is_found_by_comparing_nodes(rules):
+    """Node a has 6 slow ranks, node b 2 fast ones: rank vs ranks cannot tell, node vs node can."""
+    engine = engine_with(rules)
+    found, clock = [], {r: 1000.0 for r in range(8)}
+    for n in range(1, 13):
+        for rank in range(8):
+            node = "node-a" if rank < 6 else "node-b"
+            clock[rank] += 0.3 if node == "node-a" else 0.1
+            origin = Origin(f"w{rank}", rank, "job1", node, "stdout")
+            found += engine.feed(origin, f"step {n}/100\n".encode(), clock[rank])
+    stragglers = [f for f in found if f.kind == "straggler"]
+    assert [(f.origin.node, f.rank) for f in stragglers] == [("node-a", None)]
+    assert stragglers[0].fields["slowdown"] == pytest.approx(3.0, rel=0.01) and "node node-a" in stragglers[0].line
+
+
+def test_nodes_alike_give_no_node_finding(rules):
+    engine = engine_with(rules)
+    found, clock = [], {r: 1000.0 for r in range(8)}
+    for n in range(1, 13):
+        for rank in range(8):
+            clock[rank] += 0.1 + 0.01 * (rank % 3)
+            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 4}", "stdout"),
+                                 f"step {n}/100\n".encode(), clock[rank])
+    assert found == []
