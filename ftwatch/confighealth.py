@@ -34,7 +34,8 @@ STEP_PATTERNS: dict[str, str] = {
     # tqdm bars (tqdm/std.py format_meter: "{desc}: {percentage}%|{bar}| {n}/{total} [{elapsed}<{remaining},
     # {rate}]"), written as "\r" + bar: the HF Trainer's training bar (transformers trainer_callback.py
     # ProgressCallback, no description, world process zero) " 45%|####5     | 45/100 [00:10<00:12,  4.50it/s]"
-    # and Lightning's TQDMProgressBar on global rank 0, "Epoch 0:  45%|...| 45/100 [00:10<00:12,  4.50it/s,
+    # and Lightning's TQDMProgressBar (lightning/pytorch/callbacks/progress/tqdm_progress.py) on global
+    # rank 0, "Epoch 0:  45%|...| 45/100 [00:10<00:12,  4.50it/s,
     # v_num=0]". Bars with another description (Validation, Sanity Checking, Loading checkpoint shards...)
     # are vetoed by the tap, and so are bars of another length than the rank's first (HF's evaluation bar).
     "tqdm_its": r"\d+%\|[^|\n]*\| *(?P<step>\d+)/(?P<total>\d+) \[[0-9:]+<[0-9:?]+, +(?P<its>[0-9.]+)it/s",
