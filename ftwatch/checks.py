@@ -50,6 +50,8 @@ def run_checks(config_path: str | None, rule_files: Sequence[str] = ()) -> tuple
     except (OSError, ValueError, ConfigError) as exc:
         issues.append(Issue("fault tables", 0, str(exc)))
 
+    issues.extend(step_pattern_issues(config, config_path))
+
     from ftwatch.alerting.rendering import TemplateRenderer
     try:
         renderer = TemplateRenderer(config.alerting.language,
@@ -61,6 +63,46 @@ def run_checks(config_path: str | None, rule_files: Sequence[str] = ()) -> tuple
     summary = (f"ok: config {config_path or '(defaults)'}, {len(rules)} rules "
                f"({len(files)} extra files), fault tables, templates ({config.alerting.language})")
     return issues, summary
+
+
+def step_pattern_issues(config, config_path: str | Path | None = None) -> list[Issue]:
+    """The custom ``health.straggler.patterns`` that the engine's matcher cannot compile (hyperscan /
+    RE2: no lookaround, no backreferences...), each an Issue at its config file:line (0 unknown).
+
+    The config layer checks them as Python regexes only (it cannot import the rules stage); the
+    engine joins them to its one database, so they are checked here, by the matcher itself."""
+    from ftwatch.confighealth import STEP_PATTERNS
+    custom = [(i, p) for i, p in enumerate(config.health.straggler.patterns) if p not in STEP_PATTERNS]
+    if not custom or not config.health.straggler.enabled:
+        return []                      # the built-in ones are tested (tests/health/test_stragglers.py)
+    from ftwatch.health.stragglers import scan_form
+    from ftwatch.rules.matcher import Matcher
+    from ftwatch.rules.model import Pattern
+    lines: dict = {}
+    file = str(config_path) if config_path else "<config>"
+    if config_path:
+        from ftwatch.yamlsource import line_index, parse_yaml
+        try:
+            data, _ = parse_yaml(Path(config_path).read_text(encoding="utf-8"), file, paths=True, merge_keys=False)
+            lines = line_index(data) if data is not None else {}
+        except (OSError, UnicodeDecodeError):
+            lines = {}
+    issues = []
+    for i, pattern in custom:
+        why = Matcher.check(Pattern(scan_form(pattern), regex=True))
+        if why is not None:
+            line = lines.get(("health", "straggler", "patterns", i), lines.get(("health", "straggler", "patterns"), 0))
+            issues.append(Issue(file, line, f"health.straggler.patterns[{i}]: {pattern!r} does not compile in the "
+                                f"engine's matcher: {why}"))
+    return issues
+
+
+def check_step_patterns(config, config_path: str | Path | None = None) -> None:
+    """Raise ConfigError (file:line) when a custom step pattern cannot join the engine's database
+    (:func:`step_pattern_issues`); for the commands that build an engine (run, watch, replay)."""
+    issues = step_pattern_issues(config, config_path)
+    if issues:
+        raise ConfigError(issues)
 
 
 def _raw_rule_files(config_path: str) -> list[str]:

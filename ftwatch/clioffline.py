@@ -40,11 +40,16 @@ def cmd_replay(argv: list[str]) -> int:
         # Fault history and blame stay in memory: a replay must not count against the real jobs.
         policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id,
                         modelarts=config.modelarts, recovery=config.recovery)
-        engine = Engine(build_rules(config))
+        from ftwatch.health.stragglers import StepTracker     # H3: stragglers in replayed logs too (like watch)
+        steps = StepTracker(config.health.straggler) if config.health.straggler.enabled else None
+        engine = Engine(build_rules(config), steps=steps)
         total = sum(f.stat().st_size for f in args.files)
         result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
     for note in result.notes:
         print(f"ftwatch replay: note: {note}", file=sys.stderr)
+    for f in result.findings:            # H3: stragglers and slowdowns are notices, never the root cause
+        if f.rule_id.startswith("straggler."):
+            print(f"{f.kind}: {f.line}", file=sys.stderr if args.json else sys.stdout)
     d = result.decision
     if args.json:
         print(json.dumps(d.to_json(), ensure_ascii=False))

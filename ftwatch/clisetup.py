@@ -27,6 +27,8 @@ def load_config_from_args(args: argparse.Namespace, flags: dict):
         flags = {**more, **flags}
     if flags:
         config = config.with_policy(**flags)
+    from ftwatch.checks import check_step_patterns
+    check_step_patterns(config, getattr(args, "config", None))     # before an engine is built from them
     return config
 
 

@@ -148,3 +148,20 @@ def test_route_check_names_a_bad_event_type_or_severity(tmp_path):
     event.write_text(json.dumps({"event_type": "job_failed", "severity": "fatal"}))
     with pytest.raises(ConfigError, match="'fatal'"):
         explain_route(None, str(event), at=0.0)
+
+
+BAD_STEP_PATTERN = "health:\n  straggler:\n    patterns:\n      - megatron\n      - 'step (?P<step>\\d+)(?= done)'\n"
+
+
+def test_check_and_run_reject_a_step_pattern_the_matcher_cannot_compile(tmp_path):
+    """A lookahead is a valid Python regex but not a hyperscan/RE2 one: a config error at file:line, no traceback."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(BAD_STEP_PATTERN)
+    proc = ftwatch("check", str(config))
+    assert proc.returncode == 1, proc.stdout
+    assert f"{config}:5: health.straggler.patterns[1]" in proc.stdout and "(?=" in proc.stdout
+    for cmd in (["run", "--config", str(config), "--state-dir", str(tmp_path / "st"), "--", sys.executable, "-c", "0"],
+                ["replay", "--config", str(config), str(config)]):
+        proc = ftwatch(*cmd)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr and f"{config}:5: health.straggler.patterns[1]" in proc.stderr

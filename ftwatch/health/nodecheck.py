@@ -9,11 +9,16 @@ node that failed gets a partner that is known to work. An odd node out is paired
 Verdicts, per node, from the rounds' times (a node's time is its GEMM time plus its own
 collective time, measured after a barrier, so a fast partner of a slow node is not blamed):
 
-* ``faulty``: it failed every round it was in, and at least one of its partners succeeded in
-  another pair: the failure follows the node ("The node is down.", DLRover's message).
-* ``suspect``: it failed every round, but so did every partner it had: with 2 nodes (or when all
-  fail) the check cannot say which side is at fault, so nobody is called faulty. DLRover needs
-  at least 4 nodes and otherwise fails the job; here the report says what is known instead.
+* ``faulty``: its own check process died (the runner says ``down``: it ended, an exit code or a
+  signal, rather than reporting a failed collective), or it failed every round it was in and at
+  least one of its partners succeeded in another pair: the failure follows the node ("The node is
+  down.", DLRover's message).
+* ``ok`` with no time: it failed only in pairs whose partner's process died: the crash is the
+  evidence, the survivor is not blamed (with 2 nodes this is what tells the sides apart).
+* ``suspect``: it failed every round, but so did every partner it had, and no process died:
+  with 2 nodes (or when all fail) the check cannot say which side is at fault, so nobody is called
+  faulty. DLRover needs at least 4 nodes and otherwise fails the job; here the report says what
+  is known instead.
 * ``straggler``: its best time is above ``factor`` x the median of the nodes' best times
   (DLRover: 2x); "The node is a straggler and exits." when stragglers are excluded. With 2 nodes
   the median is the pair's mean and 2x the mean can never be exceeded, so the slower node is a
@@ -89,15 +94,25 @@ def pair_fastest_slowest(times: Mapping[int, float | None]) -> list[Group]:
 class RoundResult:
     """One round: its groups and each node's time (seconds) or None when its check failed.
 
-    A node in two groups of a round (the odd one out's partner) keeps its best time there.
+    A node in two groups of a round (the odd one out's partner) keeps its best time in ``times``;
+    ``by_group`` keeps each group's own times (the round's report line). ``down``: the nodes whose
+    check process died in this round.
     """
 
     number: int
     groups: list[Group]
     times: dict[int, float | None] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    down: set[int] = field(default_factory=set)
+    by_group: dict[Group, dict[int, float | None]] = field(default_factory=dict)
 
-    def record(self, node: int, time: float | None, error: str = "") -> None:
+    def record(self, node: int, time: float | None, error: str = "", down: bool = False,
+               group: Group | None = None) -> None:
+        """Take one node's result (seconds or None, the error, whether its process died) in ``group``."""
+        if group is not None:
+            self.by_group.setdefault(group, {})[node] = time
+        if down:
+            self.down.add(node)
         old = self.times.get(node)
         if time is not None and (old is None or time < old):
             self.times[node] = time
@@ -120,25 +135,40 @@ class NodeVerdict:
     message: str
 
 
+def best_of(node: int, rounds: Sequence[RoundResult]) -> float | None:
+    """The node's best time (s) over the rounds, None when it has none."""
+    return min((r.times[node] for r in rounds if r.times.get(node) is not None), default=None)
+
+
 def verdicts(nodes: Sequence[int], rounds: Sequence[RoundResult], factor: float = 2.0) -> tuple[list[NodeVerdict], list[str]]:
     """Judge each node from the rounds (see the module docstring). Returns (verdicts, notes), the
     notes saying what could not be concluded."""
     notes: list[str] = []
-    ok_any = {n: any(r.times.get(n) is not None for r in rounds) for n in nodes}
+    died = {n for r in rounds for n in r.down}
+    ok_any = {n: n not in died and any(r.times.get(n) is not None for r in rounds) for n in nodes}
     partners: dict[int, set[int]] = {n: set() for n in nodes}
+    excused: dict[int, bool] = {n: True for n in nodes}   # every failed pair of it had a partner that died
     for r in rounds:
         for g in r.groups:
-            if any(r.times.get(n) is None for n in g):
+            times = r.by_group.get(g, r.times)
+            if any(times.get(n) is None for n in g):
                 for n in g:
                     partners[n] |= set(g) - {n}
-    best = {n: min((r.times[n] for r in rounds if r.times.get(n) is not None), default=None) for n in nodes}
+                    if times.get(n) is None and not (set(g) - {n}) & r.down:
+                        excused[n] = False
+    best = {n: None if n in died else best_of(n, rounds) for n in nodes}
     timed = {n: t for n, t in best.items() if t is not None}
     median = statistics.median(timed.values()) if timed else None
     out: list[NodeVerdict] = []
     for n in nodes:
         if not ok_any[n]:
             errs = "; ".join(sorted({r.errors.get(n, "") for r in rounds if r.errors.get(n)}))
-            if any(ok_any[p] for p in partners[n]):
+            if n not in died and excused[n] and best_of(n, rounds) is None:
+                gone = sorted(p for p in partners[n] if p in died)
+                out.append(NodeVerdict(n, "ok", None, None, f"no time: it failed only with partners whose check "
+                                                            f"process died {gone}; not blamed"))
+                continue
+            if n in died or any(ok_any[p] for p in partners[n]):
                 out.append(NodeVerdict(n, "faulty", None, None, f"{DOWN} ({errs})" if errs else DOWN))
             else:
                 others = sorted(partners[n])
@@ -175,7 +205,8 @@ def verdicts(nodes: Sequence[int], rounds: Sequence[RoundResult], factor: float 
     return out, notes
 
 
-Runner = Callable[[Group], Mapping[int, tuple[float | None, str]]]
+#: group -> {node: (seconds or None, error)} or (seconds or None, error, its process died)
+Runner = Callable[[Group], Mapping[int, tuple]]
 
 
 def check(nodes: Sequence[int], run: Runner, factor: float = 2.0) -> tuple[list[RoundResult], list[NodeVerdict], list[str]]:
@@ -191,8 +222,9 @@ def check(nodes: Sequence[int], run: Runner, factor: float = 2.0) -> tuple[list[
         result = RoundResult(number, groups)
         for wave in waves(groups):
             for group in wave:
-                for node, (time, error) in run(group).items():
-                    result.record(node, time, error)
+                for node, answer in run(group).items():
+                    time, error, *down = answer
+                    result.record(node, time, error, bool(down and down[0]), group)
         rounds.append(result)
     if len(nodes) < 2:
         return rounds, [NodeVerdict(n, "ok", None, None, "a single node: nothing to pair with") for n in nodes], [

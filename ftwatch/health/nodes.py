@@ -35,20 +35,22 @@ class LocalNodes:
         self.agents = {n: [Agent(n, python or sys.executable) for _ in range(nproc_per_node)]
                        for n in range(nnodes)}
 
-    def run(self, group: Group) -> dict[int, tuple[float | None, str]]:
-        """One collective check of ``group``'s nodes: {node: (seconds or None, error)}."""
+    def run(self, group: Group) -> dict[int, tuple[float | None, str, bool]]:
+        """One collective check of ``group``'s nodes: {node: (seconds or None, error, whether one of
+        its check processes died: the agents' ``down``)}."""
         members = [(n, a) for n in group for a in self.agents[n]]
         cfg = self.config
         answers = run_group([a for _, a in members], {"gemm": cfg.gemm_size, "gemm_iters": cfg.gemm_iters,
                                                        "bytes": cfg.allreduce_bytes, "iters": 2}, cfg.timeout)
-        out: dict[int, tuple[float | None, str]] = {}
+        out: dict[int, tuple[float | None, str, bool]] = {}
         for node in group:
             mine = [ans for (n, _), ans in zip(members, answers) if n == node]
             bad = [a for a in mine if not a.get("ok") or not a.get("allreduce_ok")]
             if bad:
-                out[node] = (None, bad[0].get("error", "wrong all-reduce result"))
+                dead = [a for a in bad if a.get("down")]
+                out[node] = (None, (dead or bad)[0].get("error", "wrong all-reduce result"), bool(dead))
             else:
-                out[node] = (max(a["gemm_s"] + a["allgather_s"] for a in mine), "")
+                out[node] = (max(a["gemm_s"] + a["allgather_s"] for a in mine), "", False)
         return out
 
     def check(self) -> tuple[list[RoundResult], list[NodeVerdict], list[str]]:
@@ -86,7 +88,8 @@ def report_lines(rounds: Sequence[RoundResult], found: Sequence[NodeVerdict], no
     for r in rounds:
         parts = []
         for g in r.groups:
-            times = ", ".join(f"{n}: {'FAILED' if r.times.get(n) is None else f'{r.times[n]:.3f}s'}" for n in g)
+            own = r.by_group.get(g, r.times)          # the group's own times, not a node's best of the round
+            times = ", ".join(f"{n}: {'FAILED' if own.get(n) is None else f'{own[n]:.3f}s'}" for n in g)
             parts.append(f"({times})")
         lines.append(f"Node Check round {r.number}: {' '.join(parts)}")
     for v in found:

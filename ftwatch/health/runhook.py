@@ -108,7 +108,7 @@ def _blocking(findings: Sequence[Finding]) -> Finding | None:
 
 
 class _SayingTracker(StepTracker):
-    """A StepTracker that also tells the terminal about each straggler it finds."""
+    """A StepTracker that also tells the terminal about each straggler (or job slowdown) it finds."""
 
     def __init__(self, config, say: Callable[[str], None]):
         super().__init__(config)
@@ -117,5 +117,5 @@ class _SayingTracker(StepTracker):
     def observe(self, origin, index, text, time, seq=0):
         found = super().observe(origin, index, text, time, seq)
         if found is not None:
-            self._say(f"ftwatch: straggler: {found.line}")
+            self._say(f"ftwatch: {found.kind}: {found.line}")     # straggler or slowdown
         return found

@@ -367,7 +367,10 @@ class JobRunner(RecoveryActs):
         if item.origin.stream == "stderr":
             prefix += "!"
         text = item.data.decode("utf-8", "replace")
-        body = "".join(f"{prefix} {line}\n" for line in text.splitlines())
+        lines = text.split("\n")
+        if text.endswith("\n"):
+            lines.pop()
+        body = "".join(f"{prefix} {line}\n" for line in map(_last_update, lines) if line is not None)
         self.out.write(body)
         self.out.flush()
 
@@ -381,3 +384,10 @@ class JobRunner(RecoveryActs):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self.request_stop())
 
+
+def _last_update(line: str) -> str | None:
+    """What a terminal shows of a line: a progress bar's ``\\r``-separated updates give their last
+    non-blank one (None when all are blank); a line without ``\\r`` is itself."""
+    if "\r" not in line:
+        return line
+    return next((u for u in reversed(line.split("\r")) if u.strip()), None)

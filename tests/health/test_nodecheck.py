@@ -127,3 +127,50 @@ def test_parse_range(text, expected):
 def test_parse_range_rejects(text):
     with pytest.raises(ValueError, match="--nnodes"):
         parse_range(text)
+
+
+def crashing(times: dict[int, float], died: set[int]):
+    """A runner like the agents': a group with a node whose process died fails as a whole, and the
+    dead node's answer says so (``down``)."""
+    def run(group):
+        if set(group) & died:
+            return {n: (None, "the check process ended (killed by signal 9)", True) if n in died
+                    else (None, "Connection closed by peer", False) for n in group}
+        return {n: (times[n], "", False) for n in group}
+    return run
+
+
+def test_two_nodes_the_one_whose_process_died_is_faulty_and_its_partner_is_not_blamed():
+    _, found, notes = check([0, 1], crashing({0: 0.1, 1: 0.1}, died={1}))
+    v = by_node(found)
+    assert v[1].status == "faulty" and v[1].message.startswith(DOWN)
+    assert v[0].status == "ok" and v[0].best is None and "not blamed" in v[0].message
+    assert outcome(found, 1, exclude_straggler=False).usable == (0,)
+
+
+def test_two_nodes_failing_without_a_death_stay_suspect():
+    def run(group):
+        return {n: (None, "timed out", False) for n in group}
+    _, found, _ = check([0, 1], run)
+    assert {v.status for v in found} == {"suspect"}
+
+
+def test_a_node_whose_process_died_after_a_good_round_is_faulty():
+    calls = []
+
+    def run(group):
+        calls.append(group)
+        if len(calls) > 2 and 3 in group:                  # round 2: node 3's process dies
+            return {n: (None, "ended", True) if n == 3 else (None, "peer closed", False) for n in group}
+        return {n: (1.0, "", False) for n in group}
+    _, found, _ = check([0, 1, 2, 3], run)
+    v = by_node(found)
+    assert v[3].status == "faulty" and {v[n].status for n in (0, 1, 2)} == {"ok"}
+
+
+def test_the_round_line_shows_each_groups_own_times_not_a_nodes_best():
+    """3 nodes: node 0 is in (0, 1) and, with the odd node 2, in (2, 0); node 2 dies: (2, 0) failed."""
+    rounds, found, notes = check([0, 1, 2], crashing({0: 0.1, 1: 0.12, 2: 0.1}, died={2}))
+    lines = report_lines(rounds, found, notes, exclude_straggler=False)
+    assert lines[0] == "Node Check round 1: (0: 0.100s, 1: 0.120s) (2: FAILED, 0: FAILED)"
+    assert by_node(found)[0].status == "ok" and by_node(found)[2].status == "faulty"

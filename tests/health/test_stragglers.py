@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ftwatch.confighealth import StragglerConfig
+from ftwatch.clock import FakeClock
+from ftwatch.confighealth import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import FailureClass, Origin
-from ftwatch.health.stragglers import StepTracker, is_straggler, scan_form
+from ftwatch.health.stragglers import SWEEP_EVERY, StepTracker, is_straggler, scan_form
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 
@@ -53,7 +54,7 @@ def test_a_slow_rank_becomes_one_straggler_finding_with_its_slowdown(rules):
     f = stragglers[0]
     assert f.rank == 2 and f.rule_id == "straggler.step_time" and f.action.label == "notify"
     assert f.fields["slowdown"] == pytest.approx(3.0, rel=0.01)
-    assert f.fields["pattern"] == "plain" and f.fields["steps"] >= 5
+    assert f.fields["pattern"] == "plain" and f.fields["step_lines"] >= 5
     assert "rank 2 is a straggler" in f.line
 
 
@@ -89,7 +90,7 @@ def test_tqdm_rates_and_a_rank_prefix_from_a_combined_stream(rules):
     engine = engine_with(rules)
     found = []
     for n in range(1, 9):
-        chunk = "".join(f"[rank{r}]: {n}/100 [00:05<00:45,  {rate}it/s, loss=0.5]\n"
+        chunk = "".join(f"[rank{r}]: {n:3d}%|#         | {n}/100 [00:05<00:45,  {rate}it/s, loss=0.5]\n"
                         for r, rate in ((0, 2.0), (1, 2.1), (2, 0.5)))
         found += engine.feed(Origin("pod-0", None, "job1", "n", "stderr"), chunk.encode(), 10.0 + n)
     stragglers = [f for f in found if f.kind == "straggler"]
@@ -111,7 +112,7 @@ def test_reset_forgets_the_previous_attempt(rules):
     feed_steps(engine, {0: 0.1, 1: 0.4}, steps=10)
     assert tracker.reported
     tracker.reset()
-    assert not tracker.samples and not tracker.reported
+    assert not tracker.jobs and not tracker.reported
 
 
 def test_engine_without_a_tap_sees_no_step_lines(rules):
@@ -128,3 +129,238 @@ def test_custom_pattern_and_bad_patterns():
     with pytest.raises(ValidationError, match="neither a built-in"):
         StragglerConfig(patterns=["megatorn("])
     assert scan_form(r"(?P<a>x)(?P<b>y)") == "(?:x)(?:y)"
+
+
+# -- robust statistics: the spread is the other ranks' (a slow node carrying half the ranks) --------
+
+@pytest.mark.parametrize("slow,ranks", [(1, 2), (2, 4), (4, 8), (3, 8)])
+def test_slow_ranks_are_found_even_when_they_are_half_of_the_job(rules, slow, ranks):
+    engine = engine_with(rules)
+    times = {r: (0.3 if r >= ranks - slow else 0.1) + 0.001 * (r % 3) for r in range(ranks)}
+    found = feed_steps(engine, times, steps=12)
+    assert sorted(f.rank for f in found if f.kind == "straggler") == list(range(ranks - slow, ranks))
+
+
+def test_noisy_ranks_without_a_straggler_give_nothing(rules):
+    engine = engine_with(rules)
+    times = {0: 0.10, 1: 0.13, 2: 0.08, 3: 0.15, 4: 0.11, 5: 0.09, 6: 0.14, 7: 0.12}
+    assert [f for f in feed_steps(engine, times, steps=15) if f.kind == "straggler"] == []
+
+
+def test_the_others_spread_decides_with_half_slow():
+    assert is_straggler(3.0, [3.0, 1.0, 1.0], 1.5)[0] is True            # 2 of 4 slow
+    assert is_straggler(3.0, [3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0], 1.5)[0] is True   # 4 of 8 slow
+    assert is_straggler(1.0, [3.0, 3.0, 3.0, 3.0, 1.0, 1.0, 1.0], 1.5)[0] is False
+
+
+# -- findings say step lines; hysteresis; forgetting jobs ------------------------------------------
+
+def test_deepspeed_lines_every_ten_steps_count_as_step_lines(rules):
+    engine = engine_with(rules)
+    found = []
+    for k in range(1, 9):
+        for rank, dt in ((0, 0.1), (1, 0.1), (2, 0.4)):
+            origin = Origin(f"w{rank}", rank, "job1", "n", "stdout")
+            line = f"[Rank {rank}] step={10 * k}, skipped=0, lr=[0.0001], mom=[(0.9, 0.999)]\n"
+            found += engine.feed(origin, line.encode(), 1000.0 + 10 * k * dt)
+    f = next(f for f in found if f.kind == "straggler")
+    assert f.rank == 2 and f.fields["step_time_s"] == pytest.approx(0.4)
+    assert "over its last 5 step lines" in f.line and f.fields["step_lines"] == 5
+
+
+def test_a_recovered_rank_that_slows_again_is_reported_again(rules):
+    engine = engine_with(rules, window=10)
+    clock = {0: 0.0, 1: 0.0}
+    found = []
+
+    def run(dt1: float, steps: int, first: int):
+        for n in range(first, first + steps):
+            for rank, dt in ((0, 0.1), (1, dt1)):
+                clock[rank] += dt
+                origin = Origin(f"w{rank}", rank, "job1", "n", "stdout")
+                found.extend(engine.feed(origin, f"step {n}/999\n".encode(), 1000.0 + clock[rank]))
+    run(0.3, 10, 1)
+    assert [f.rank for f in found if f.kind == "straggler"] == [1]
+    run(0.3, 20, 11)                                                  # still slow: no repeat
+    assert len([f for f in found if f.kind == "straggler"]) == 1
+    run(0.1, 20, 31)                                                  # recovered
+    run(0.3, 20, 51)                                                  # slow again: reported again
+    assert [f.rank for f in found if f.kind == "straggler"] == [1, 1]
+
+
+def test_jobs_not_seen_for_forget_after_are_dropped():
+    clock = FakeClock()
+    tracker = StepTracker(StragglerConfig(min_steps=3, forget_after=600), clock=clock)
+    idx = tracker.names.index("plain")
+    tracker.observe(Origin("w0", 0, "old"), idx, "step 1", clock.time())
+    clock.advance(300)
+    tracker.observe(Origin("w0", 0, "new"), idx, "step 1", clock.time())
+    clock.advance(max(301, SWEEP_EVERY))
+    tracker.observe(Origin("w0", 0, "new"), idx, "step 2", clock.time())
+    assert set(tracker.jobs) == {"new"}
+    clock.advance(3600)
+    tracker.observe(Origin("w0", 0, "third"), idx, "step 1", clock.time())
+    assert set(tracker.jobs) == {"third"}
+
+
+# -- one printing rank: the job's own slowdown; Megatron's straggler detector ---------------------
+
+def test_one_rank_printing_gives_a_job_slowdown_not_a_straggler(rules):
+    engine = engine_with(rules, min_steps=5)
+    line = (" [2026-11-21 09:00:00] iteration {n:8d}/     100 | consumed samples: 64 | "
+            "elapsed time per iteration (ms): {ms:.1f} | learning rate: 1.0E-04 | lm loss: 7.1E+00 |\n")
+    origin = Origin("w3", 3, "job1", "n", "stdout")          # print_rank_last: only the last rank prints
+    found = []
+    for n in range(1, 31):
+        ms = 1000.0 if n <= 12 else 2400.0
+        found += engine.feed(origin, line.format(n=n, ms=ms).encode(), 5000.0 + n)
+    assert [f.kind for f in found] == ["slowdown"]
+    f = found[0]
+    assert f.rank is None and f.rule_id == "straggler.job_slowdown" and f.action.label == "notify"
+    assert f.fields["slowdown"] == pytest.approx(2.4) and f.fields["reporting_rank"] == 3
+    assert "job job1 step time rose 2.4x" in f.line and "not a rank straggler" in f.line
+
+
+def test_a_steady_single_rank_gives_no_slowdown(rules):
+    engine = engine_with(rules, min_steps=5)
+    origin = Origin("w0", 0, "job1", "n", "stdout")
+    found, t = [], 100.0
+    for n in range(1, 40):
+        t += 1.0 + 0.3 * (n % 2)                      # noisy, but no slower than at the start
+        found += engine.feed(origin, f"step {n} loss 0.5\n".encode(), t)
+    assert found == []
+
+
+DETECTOR = ("[2024-03-14 23:07:{s:02d}] | MnRtt/Rnk: {lo:.2f}ms/8 | MxRtt/Rnk: {hi:.2f}ms/{slow} | "
+            "MnPwr/Rnk: 601796W/8 | MxPwr/Rnk: 683801W/18 | MnTmp/Rnk: 52C/0 | MxTmp/Rnk: 65C/21\n")
+
+
+def test_megatron_straggler_detector_names_the_persistently_slowest_rank(rules):
+    engine = engine_with(rules)
+    origin = Origin("w0", 0, "job1", "n", "stdout")
+    found = []
+    for s, (hi, slow) in enumerate([(3468.2, 0), (9000.0, 5), (8800.0, 5), (3470.0, 2), (8900.0, 5),
+                                    (9100.0, 5), (9050.0, 5), (9000.0, 5)]):
+        found += engine.feed(origin, DETECTOR.format(s=s, lo=3453.08, hi=hi, slow=slow).encode(), 100.0 + s)
+    assert [(f.kind, f.rank) for f in found] == [("straggler", 5)]
+    f = found[0]
+    assert f.rule_id == "straggler.megatron_detector" and f.fields["reports"] == 3
+    assert f.fields["slowdown"] == pytest.approx(9050.0 / 3453.08, rel=0.01)
+    assert "rank 5 is a straggler" in f.line
+
+
+def test_megatron_detector_within_the_factor_is_quiet(rules):
+    engine = engine_with(rules)
+    origin = Origin("w0", 0, "job1", "n", "stdout")
+    found = []
+    for s in range(10):
+        found += engine.feed(origin, DETECTOR.format(s=s, lo=3453.08, hi=3468.2, slow=0).encode(), 100.0 + s)
+    assert found == []
+
+
+# -- the built-in patterns on real-looking lines of each trainer -----------------------------------
+
+def pattern_of(line: str) -> str | None:
+    """The name of the built-in pattern that takes ``line`` (as the tracker does), else None."""
+    tracker = StepTracker(StragglerConfig(min_steps=3))
+    for i, name in enumerate(tracker.names):
+        found = [m for m in tracker.regexes[i].finditer(line) if tracker._accepts(name, line, m)]
+        if found:
+            return name
+    return None
+
+
+@pytest.mark.parametrize("line,name", [
+    # Megatron-LM training_log (megatron/training/training.py)
+    (" [2026-11-21 09:00:01] iteration       10/     100 | consumed samples:          640 | elapsed time per "
+     "iteration (ms): 1234.5 | learning rate: 1.000000E-04 | global batch size:    64 | lm loss: 7.1E+00 |",
+     "megatron"),
+    # Megatron --log-straggler (megatron/core/utils.py StragglerDetector.report)
+    ("[2024-03-14 23:07:56] | MnRtt/Rnk: 3453.08ms/8 | MxRtt/Rnk: 3468.20ms/0 | MnPwr/Rnk: 601796W/8 |",
+     "megatron_straggler"),
+    # DeepSpeed engine._report_progress via log_dist
+    ("[2026-11-21 09:00:01,123] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, skipped=0, lr=[0.0001], "
+     "mom=[(0.9, 0.999)]", "deepspeed"),
+    # HF Trainer training bar (tqdm, no description)
+    (" 45%|████▌     | 45/100 [00:10<00:12,  4.50it/s]", "tqdm_its"),
+    ("\r  3%|▎         | 3/100 [00:04<02:26,  1.52s/it]", "tqdm_sit"),
+    # Lightning TQDMProgressBar training bar
+    ("Epoch 0:  45%|████▌     | 45/100 [00:10<00:12,  4.50it/s, v_num=0, train_loss=0.512]", "tqdm_its"),
+    # Lightning RichProgressBar training bar
+    ("Epoch 0/9  ━━━━━━━━━━━━━━━━━━━━━━━━━ 45/100 0:00:10 • 0:00:12 4.50it/s v_num: 0 train_loss: 0.512",
+     "lightning_rich"),
+    ("Epoch 3    ━━━━━━━━━━━━━━━━━━━━━━━━━ 7/100 0:00:02 • -:--:-- 3.21it/s", "lightning_rich"),
+    # plain trainers
+    ("step 12/30 loss 0.43", "plain"),
+    ("Step: 12 | loss 0.43", "plain"),
+    ("global_step=12 loss=0.43", "plain"),
+    ("step 100 | loss 2.3 | lr 0.0001", "plain"),
+    ("step 500: train loss 4.0, val loss 4.1, eval_loss 4.2", "plain"),
+    ("[2026-11-21 09:00:01] epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=101.2, "
+     "CurrSamplesPerSec=99.8, MemAllocated=1.2GB", "plain"),
+])
+def test_builtin_patterns_take_the_step_lines_of_each_trainer(line, name):
+    assert pattern_of(line) == name
+
+
+@pytest.mark.parametrize("line", [
+    "Saving checkpoint at step 100",
+    "[INFO] saving checkpoint to /ckpt/global_step100",
+    "lr scheduler step 3",
+    "Loading checkpoint shards:  50%|█████     | 1/2 [00:03<00:03,  3.21s/it]",
+    "Validation DataLoader 0:  45%|████▌     | 5/11 [00:01<00:01,  4.50it/s]",
+    "Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 10.20it/s]",
+    "Validation DataLoader 0 ━━━━━━━━━━━━━━━━━━━━━━━ 5/11 0:00:01 • 0:00:01 4.50it/s",
+    "Evaluating: 100%|██████████| 13/13 [00:01<00:00, 10.2it/s]",
+    "Map: 100%|██████████| 1000/1000 [00:00<00:00, 9914.64 examples/s]",
+    "warmup step 3 of 100",
+    "stepped into the loop",
+])
+def test_lines_that_are_not_training_steps_are_not_taken(line):
+    assert pattern_of(line) is None
+
+
+def test_hf_evaluation_bar_of_another_length_does_not_count(rules):
+    """HF's evaluation bar has no description either: a bar of another length than the rank's first is ignored."""
+    tracker = StepTracker(StragglerConfig(min_steps=3))
+    idx = tracker.names.index("tqdm_its")
+    origin = Origin("w0", 0, "job1")
+    tracker.observe(origin, idx, " 10%|█         | 10/100 [00:02<00:18,  5.00it/s]", 1.0)
+    tracker.observe(origin, idx, " 50%|█████     | 5/10 [00:00<00:00, 50.00it/s]", 2.0)
+    tracker.observe(origin, idx, " 11%|█         | 11/100 [00:02<00:18,  5.00it/s]", 3.0)
+    assert list(tracker.jobs["job1"].ranks["w0"].samples) == [0.2, 0.2]
+
+
+def test_builtin_patterns_compile_in_the_engines_matcher():
+    from ftwatch.rules.matcher import Matcher
+    from ftwatch.rules.model import Pattern
+    tracker = StepTracker(StragglerConfig())
+    assert set(tracker.names) <= set(STEP_PATTERNS)
+    for text in tracker.patterns:
+        assert Matcher.check(Pattern(text, regex=True)) is None, text
+
+
+def test_a_slow_node_carrying_most_ranks_is_found_by_comparing_nodes(rules):
+    """Node a has 6 slow ranks, node b 2 fast ones: rank vs ranks cannot tell, node vs node can."""
+    engine = engine_with(rules)
+    found, clock = [], {r: 1000.0 for r in range(8)}
+    for n in range(1, 13):
+        for rank in range(8):
+            node = "node-a" if rank < 6 else "node-b"
+            clock[rank] += 0.3 if node == "node-a" else 0.1
+            origin = Origin(f"w{rank}", rank, "job1", node, "stdout")
+            found += engine.feed(origin, f"step {n}/100\n".encode(), clock[rank])
+    stragglers = [f for f in found if f.kind == "straggler"]
+    assert [(f.origin.node, f.rank) for f in stragglers] == [("node-a", None)]
+    assert stragglers[0].fields["slowdown"] == pytest.approx(3.0, rel=0.01) and "node node-a" in stragglers[0].line
+
+
+def test_nodes_alike_give_no_node_finding(rules):
+    engine = engine_with(rules)
+    found, clock = [], {r: 1000.0 for r in range(8)}
+    for n in range(1, 13):
+        for rank in range(8):
+            clock[rank] += 0.1 + 0.01 * (rank % 3)
+            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 4}", "stdout"),
+                                 f"step {n}/100\n".encode(), clock[rank])
+    assert found == []

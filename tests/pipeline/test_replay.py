@@ -370,3 +370,17 @@ def test_replay_command_on_a_clean_log_says_none(tmp_path):
     assert proc.returncode == 0, proc.stderr
     decision = json.loads(proc.stdout)
     assert (decision["action"], decision["root_cause"]) == ("none", None)
+
+
+def test_replay_command_reports_a_straggler_rank_like_watch(tmp_path):
+    """A 4-rank Megatron log whose rank 3 prints 2.5x the others' step time (H3 in replay too)."""
+    line = ("[rank{r}]: [2026-11-21 09:00:{n:02d}] iteration {n:>8}/     100 | consumed samples: {s} | "
+            "elapsed time per iteration (ms): {ms} | learning rate: 1.000E-04 | lm loss: 7.1E+00 |\n")
+    log = tmp_path / "megatron.log"
+    log.write_text("".join(line.format(r=r, n=n, s=64 * n, ms=ms) for n in range(1, 16)
+                           for r, ms in ((0, 1001.2), (1, 998.7), (2, 1003.0), (3, 2502.5))))
+    proc = subprocess.run([sys.executable, "-m", "ftwatch", "replay", str(log)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    stragglers = [ln for ln in proc.stdout.splitlines() if ln.startswith("straggler: ")]
+    assert len(stragglers) == 1 and "rank 3 is a straggler" in stragglers[0] and "2.5x" in stragglers[0]

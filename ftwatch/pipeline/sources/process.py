@@ -29,7 +29,8 @@ class Output:
     Attributes:
         origin: instance ``worker-<rank>``, rank, job, node, stream ``stdout``/``stderr``, source ``process``.
         data: one or more complete lines as written (not decoded), each ending in ``b"\\n"`` (a final
-            partial line at EOF, or a line longer than ``MAX_LINE`` bytes, gets one added).
+            partial line at EOF, or a line longer than ``MAX_LINE`` bytes, gets one added); the last
+            may instead end in a bare ``b"\\r"``: progress-bar updates, the bar not yet closed.
         time: epoch seconds when read.
     """
     origin: Origin
@@ -51,6 +52,15 @@ class Started:
     pid: int
     time: float
     start_count: int
+
+
+def line_end(chunk: bytes) -> int:
+    """The offset of the last line end in ``chunk``: its last ``b"\\n"``, or a later bare ``b"\\r"``
+    (one not followed by ``b"\\n"``; never the chunk's last byte, whose ``b"\\n"`` may be in the next
+    read); -1 when there is none."""
+    nl = chunk.rfind(b"\n")
+    cr = chunk.rfind(b"\r", nl + 1, len(chunk) - 1)
+    return cr if cr >= 0 else nl
 
 
 def start_readers(streams: dict[str, IO[bytes]], origin: Origin, out: queue.SimpleQueue) -> list[threading.Thread]:
@@ -91,7 +101,7 @@ def read_lines(pipe: IO[bytes], origin: Origin, out: queue.SimpleQueue) -> None:
                 chunk = b""
             if not chunk:
                 break
-            cut = chunk.rfind(b"\n")
+            cut = line_end(chunk)
             if cut < 0:
                 carry.append(chunk)
                 carried += len(chunk)

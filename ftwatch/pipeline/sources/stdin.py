@@ -7,7 +7,8 @@ one ``list[Shipped]`` (time: when read; meta: the configured one, e.g. ``{"insta
 "launcher", "job": "mnist"}``). A partial line waits for the next chunk; it is handed out
 at EOF, or once it reaches ``MAX_LINE`` bytes (then the rest follows as further lines), so
 a 10 MB line or binary garbage without newlines cannot grow memory without bound (Q1).
-Lines are bytes as read, without their ``\\n``; decoding happens later.
+Lines are bytes as read, without their ``\\n``; decoding happens later. A bare ``\\r`` also ends a
+line (``process.line_end``): a progress bar's ``\\r``-separated updates are seen while it runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from typing import Any, BinaryIO, Mapping
 
 from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.process import line_end
 
 __all__ = ["StdinSource"]
 
@@ -84,7 +86,7 @@ class StdinSource:
                 if not chunk:
                     break
                 now = time.time()
-                end = chunk.rfind(b"\n")
+                end = line_end(chunk)          # a bare \r too: progress-bar updates (process.py)
                 if end < 0:
                     pending.append(chunk)
                     size += len(chunk)
