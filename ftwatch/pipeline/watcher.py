@@ -37,6 +37,7 @@ from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.incidents import opens_incident
 from ftwatch.rules.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
@@ -267,7 +268,8 @@ class Watcher:
         job.findings.extend(findings)
         if job.trigger is None:
             for f in findings:
-                if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO:
+                if (f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO) or \
+                        opens_incident(f, job.policy.c4d):          # C4D records, notify / isolate (R8)
                     job.trigger, job.opened = f, mono
                     break
 
@@ -287,7 +289,8 @@ class Watcher:
                             returncode=result.returncode, output=result.output)
         job.findings.clear()
         job.trigger = None
-        job.quiet_until = self.clock.mono() + self.config.watch.cooldown
+        if decision.action not in (Action.NONE, Action.NOTIFY):     # a notify changed nothing: no aftermath
+            job.quiet_until = self.clock.mono() + self.config.watch.cooldown
         if decision.action in (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE):
             job.instances.clear()                   # a new attempt: instances start again
             job.tracker = self._tracker()

@@ -141,7 +141,7 @@ class Policy:
         modelarts: the ModelArts section; when enabled (``job-retry-num`` set) it decides instead of
             the AIMaster clauses D1-D3 (``ftwatch.rules.modelarts``).
         recovery: escalation and blame settings (default: both on, defaults of ``RecoveryConfig``).
-        state_dir: where the chip-fault history (``escalation/<job>.json``) and node blame
+        state_dir: where the chip-fault history of every job (``escalation/chips.json``) and node blame
             (``blame/nodes.json``) persist; None keeps them in memory. ``for_config`` passes it.
     """
 
@@ -154,7 +154,7 @@ class Policy:
         self.recovery = recovery or RecoveryConfig()
         ma = modelarts or ModelArtsConfig()
         keep = max([2 * DAY, ma.same_fault_window] + [r.window_s for r in FREQUENCY_RULES])
-        self.history = FaultHistory.for_job(state_dir, job, keep)
+        self.history = FaultHistory.for_state(state_dir, keep)
         self.escalator = Escalator(self.history)
         bc = self.recovery.blame
         self.blame = BlameStore.for_state(state_dir, threshold=bc.threshold, window=bc.window,
@@ -210,7 +210,7 @@ class Policy:
             f"{incident.attempt}:{trig.origin.instance}:{self.budgets.instance_restarts(trig.origin.instance)}")
         notes: list[str] = []
         if self.recovery.escalation:
-            self.escalator.observe(scope, occurrence)
+            self.escalator.observe(scope, f"{self.job}:{occurrence}")     # one history for every job
             scope, found = self.escalator.apply(scope, now)
             notes += found
         an = analyse(scope)
