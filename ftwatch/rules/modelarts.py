@@ -23,8 +23,10 @@ Pod重调度 pod reschedule         as isolating, with ``pod-retry-num``: isolat
 
 Degrade rules (降级策略): self-healing fails (the chip faults again in the attempt right after its
 in-place recovery) -> isolating job reschedule; the same node, device and fault (``fault_key``:
-an NPU code or any other hardware rule, counted across jobs) ``same_fault_times``
-(3) times within ``same_fault_window`` (24 h) -> isolating job reschedule, except user-input codes
+an NPU code or any other hardware rule) ``same_fault_times`` (3) times in a row within
+``same_fault_window`` (24 h) in this job (seed 002: "一次训练过程中,同一节点同一芯片24小时内连续3次出现相同故障码";
+"in a row": incidents of the job, any other incident in between starts the count again; SPEC D4
+says only "3 times within 24 h", the seed is followed) -> isolating job reschedule, except user-input codes
 (80C98002, 80CB8002) -> job reschedule without isolation; a pod reschedule that fails (its
 instance fails again in the next attempt) or has no pod retries left -> job reschedule (the node
 is already isolated); ``unconditional_in_a_row`` (3) unconditional reschedules in a row with no
@@ -86,8 +88,8 @@ class ModelArtsPolicy:
     Args:
         config: the ``modelarts`` section (must be ``enabled``).
         budgets: the job's budgets.
-        history: the hardware-fault hits of every job (``Escalator.observe`` has recorded this
-            incident's NPU codes; ``decide`` records its hardware root cause, once per attempt).
+        history: the chip-fault hits of every job (MindCluster escalation, R3); the D4 same-fault
+            count is the job's own streak (memo ``same_fault``), not this history.
     """
 
     def __init__(self, config: ModelArtsConfig, budgets: BudgetStore, history: FaultHistory):
@@ -114,9 +116,10 @@ class ModelArtsPolicy:
         b = self.budgets
         if trigger.kind in HANG_KINDS:
             return self._hang()
-        pod_memo, heal_memo = b.memo("pod_reschedule"), b.memo("in_place")
+        pod_memo, heal_memo, same_memo = b.memo("pod_reschedule"), b.memo("in_place"), b.memo("same_fault")
         b.set_memo("pod_reschedule", None)
         b.set_memo("in_place", None)
+        b.set_memo("same_fault", None)      # "in a row": set again only by the same fault (_fault)
         if b.streak("hang"):
             b.set_streaks(hang=0)
         if pod_memo and pod_memo.get("attempt") == attempt - 1 and pod_memo.get("instance") in failed:
@@ -128,7 +131,7 @@ class ModelArtsPolicy:
         user_chip = real and root is not None and is_npu(root) and npu_code(root) in USER_INPUT_CODES
         if (node_fault or user_chip) and root is not None:
             b.set_streaks(unconditional=0)
-            return self._fault(root, failed, attempt, now, heal_memo)
+            return self._fault(root, failed, attempt, now, heal_memo, same_memo)
         return self._unconditional()
 
     # ------------------------------------------------------------------ strategies
@@ -162,16 +165,19 @@ class ModelArtsPolicy:
                                            f"({n + 1}/{cfg.unconditional_in_a_row} in a row)", "job")
 
     def _fault(self, root: Finding, failed: frozenset[str], attempt: int, now: float,
-               heal_memo: dict | None) -> Verdict:
+               heal_memo: dict | None, same_memo: dict | None) -> Verdict:
         cfg, node = self.config, root.origin.node
         key = fault_key(root)
         code = npu_code(root) if is_npu(root) else root.rule_id
-        self.history.record(key, root.time, f"{self.job}:{attempt}")    # once per attempt, as observe does
-        same = self.history.count(key, now, cfg.same_fault_window)
+        times = [t for t in (same_memo or {}).get("times", []) if now - t < cfg.same_fault_window] \
+            if (same_memo or {}).get("key") == key else []
+        times.append(now)
+        self.budgets.set_memo("same_fault", {"key": key, "times": times})
+        same = len(times)
         where = (f"node {node} chip {chip_of(root)} code {code}" if is_npu(root)
                  else f"node {node} device {chip_of(root)} fault {code}")
         if same >= cfg.same_fault_times:
-            why = (f"D4 in-place degrade: {where} {same} times within "
+            why = (f"D4 in-place degrade: {where} {same} times in a row within "
                    f"{cfg.same_fault_window / 3600:g} h (>= {cfg.same_fault_times})")
             if code in USER_INPUT_CODES:
                 return Verdict(Action.RESTART_JOB, f"{why}, a user-input code → job reschedule, "
