@@ -136,3 +136,46 @@ def test_recover_in_place_restarts_only_the_failed_rank(tmp_path):
     assert sorted((r, s) for r, _, s in starts) == [("0", "1"), ("1", "1"), ("1", "2")], job.output
     assert len({pid for r, pid, _ in starts if r == "0"}) == 1
     assert "stopping all workers" not in job.output
+
+
+MODELARTS = "modelarts:\n  annotations:\n    fault-tolerance/job-retry-num: '3'\n"
+
+
+def test_modelarts_hang_without_hang_retry_notifies_once_and_the_job_runs_on(tmp_path):
+    """D4 with hang-retry off: a hang is a notify decision; no worker is stopped or restarted and
+    no budget is spent; the job ends by itself."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(MODELARTS)
+    job = run(tmp_path, ["--config", str(config), "--enable-job-hang-detection=True", "--job-hang-interval=1"],
+              "quiet")
+    assert job.wait() == 0, job.output
+    assert [d["action"] for d in job.decisions()] == ["notify", "none"], job.output
+    assert "hang-retry is off" in job.decisions()[0]["policy_clause"]
+    assert "stopping all workers" not in job.output and "restarting" not in job.output
+    assert len([l for _, l in job.lines if l.endswith(" done")]) == 2, job.output
+
+
+def test_c4d_warn_notifies_and_a_c4d_error_isolates_at_once_under_run(tmp_path):
+    """R8 live: rank 0 prints a C4D Warn (notify: the job runs on), then an Error naming rank 1
+    (c4d + hang detection on: isolate_node and restart at once, no exit needed: rank 1's device
+    leaves the slots, 2:3 goes on with two)."""
+    job = run(tmp_path, ["--enable-job-restart=True", "--enable-job-hang-detection=True",
+                         "--enable-c4d-hang-detection=True"], "c4d", nproc="2:3")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["notify", "isolate_node", "none"], job.output
+    assert decisions[1]["target"]["node"] == "c4d-node-1"
+    assert "R8 C4D Error RankCommHang on node c4d-node-1 rank 1" in decisions[1]["policy_clause"]
+    assert job.first("[C4D] Warn") < job.first("[C4D] Error") < job.first("stopping all workers")
+
+
+def test_modelarts_unconditional_reschedule_raises_ma_schedule_cnt(tmp_path):
+    """Seed 002: a job reschedule rebuilds the job: MA_SCHEDULE_CNT + 1, MA_PROC_START_CNT back to 1."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(MODELARTS + "    fault-tolerance/job-unconditional-retry: 'true'\n")
+    job = run(tmp_path, ["--config", str(config)], "once")
+    assert job.wait() == 0, job.output
+    assert [d["action"] for d in job.decisions()] == ["restart_job", "none"], job.output
+    starts = [line for _, line in job.lines if " pid " in line and "world" in line]
+    assert len(starts) == 4 and all("start 1 sched 1" in l for l in starts[:2]), job.output
+    assert all("start 1 sched 2" in l for l in starts[2:]), job.output
