@@ -4,8 +4,9 @@ local isolation (A1). Pure logic, driven by ``ftwatch.pipeline.runner`` (real ti
 
 - :func:`plan` turns the policy's decision into what the runner does: restart the failed workers
   in place, restart the job, or stop and fail; the decision's clause says which strategy chose it.
-- :func:`isolate` excludes the device of the blamed rank (``Slots``) for an ``isolate_node``
-  decision, or fails the job when fewer than MIN devices would be left.
+- :func:`isolate_devices` excludes the device of the blamed rank and of every other rank with an
+  isolate-level finding in the incident (``Slots``) for an ``isolate_node`` decision, or fails the
+  job when fewer than MIN devices would be left.
 - :class:`RetryWatch` follows one ``retry`` (ask the live workers to recover in place; each must
   acknowledge and then report a step), :class:`DumpWatch` one ``dump`` (signal, grace, who wrote
   last words). :class:`RecoveryHandler` adds their control ops (``retry_done``, ``dump_done``).
@@ -81,29 +82,55 @@ def plan(decision: Decision, mc: MindClusterConfig, failed_ranks: set[int], runn
 
 
 def isolate(decision: Decision, slots: Slots) -> tuple[Decision, str | None]:
-    """Carry out an ``isolate_node`` decision on one machine: exclude the blamed rank's device.
+    """``isolate_devices``, returning only the first device isolated (the root cause's), or None."""
+    decision, devices = isolate_devices(decision, slots)
+    return decision, devices[0] if devices else None
+
+
+def isolation_ranks(decision: Decision) -> list[int]:
+    """The ranks whose devices an ``isolate_node`` decision takes out of the slots: the target's
+    rank first, then every other rank with an isolate-level real finding in the incident (a second
+    GPU that fell off the bus in the same incident goes too), in rank order."""
+    ranks = [decision.target.rank] if decision.target.rank is not None else []
+    for f in decision.findings:
+        if (f.action is Action.ISOLATE_NODE and f.severity >= Severity.ERROR and f.rank is not None
+                and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO) and f.rank not in ranks):
+            ranks.append(f.rank)
+    return ranks[:1] + sorted(ranks[1:])
+
+
+def isolate_devices(decision: Decision, slots: Slots) -> tuple[Decision, list[str]]:
+    """Carry out an ``isolate_node`` decision on one machine: exclude the device of every rank of
+    ``isolation_ranks`` (bounded by MIN: fewer than MIN devices left fails the job).
 
     Returns:
         (the decision, with its clause extended; FAIL_JOB when fewer than MIN devices are left;
-        the isolated device or None). A decision of another action, or one whose rank has no
-        device, comes back unchanged but for the clause (then the job restarts with every device).
+        the isolated devices, the root cause's first). A decision of another action, or one whose
+        ranks have no device, comes back unchanged but for the clause (then the job restarts with
+        every device).
     """
     if decision.action is not Action.ISOLATE_NODE:
-        return decision, None
-    rank = decision.target.rank
-    device = slots.device_of(rank)
-    if device is None:
-        return _clause(decision, f"A1 local: no device known for rank {rank}; nothing isolated"), None
+        return decision, []
+    ranks = isolation_ranks(decision)
+    pairs = [(r, slots.device_of(r)) for r in ranks]         # all looked up before any is removed
+    pairs = [(r, d) for r, d in pairs if d is not None]
+    if not pairs:
+        return _clause(decision, f"A1 local: no device known for rank {decision.target.rank}; nothing isolated"), []
     rc = decision.root_cause
-    slots.isolate(device, rank=rank, rule=rc.rule_id if rc else None, line=rc.line if rc else None,
-                  time=decision.time, attempt=decision.attempt)
+    by_rank = {f.rank: f for f in reversed(decision.findings) if f.action is Action.ISOLATE_NODE}
+    for rank, device in pairs:
+        why = by_rank.get(rank) or rc
+        slots.isolate(device, rank=rank, rule=why.rule_id if why else None, line=why.line if why else None,
+                      time=decision.time, attempt=decision.attempt)
     rng = slots.range
+    what = ", ".join(f"device {d} (rank {r})" for r, d in pairs)
+    devices = [d for _, d in pairs]
     if not slots.viable:
-        text = (f"A1 local: isolated device {device} (rank {rank}); {slots.nproc} healthy device(s) left, "
+        text = (f"A1 local: isolated {what}; {slots.nproc} healthy device(s) left, "
                 f"below the minimum {rng.min} of --nproc-per-node {rng} → fail_job")
-        return dataclasses.replace(_clause(decision, text), action=Action.FAIL_JOB), device
-    return _clause(decision, f"A1 local: isolated device {device} (rank {rank}); restart with {slots.nproc} "
-                             f"worker(s) on {','.join(slots.active)} (--nproc-per-node {rng})"), device
+        return dataclasses.replace(_clause(decision, text), action=Action.FAIL_JOB), devices
+    return _clause(decision, f"A1 local: isolated {what}; restart with {slots.nproc} "
+                             f"worker(s) on {','.join(slots.active)} (--nproc-per-node {rng})"), devices
 
 
 def retry_candidate(f: Finding) -> bool:

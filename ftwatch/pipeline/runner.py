@@ -32,7 +32,7 @@ from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.acting import RecoveryActs
 from ftwatch.pipeline.control import ControlServer
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.recovery import RecoveryHandler, isolate, plan, retry_candidate
+from ftwatch.pipeline.recovery import RecoveryHandler, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.scene import Scene, describe_exit
 from ftwatch.pipeline.slots import Slots
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
@@ -315,11 +315,12 @@ class JobRunner(RecoveryActs):
             return None
         failed = {self._rank(i) for i in state.failed} - {None}
         decision, how = plan(decision, self.mc, failed, bool(self.supervisor.running()))
-        decision, device = isolate(decision, self.slots)
+        decision, isolated = isolate_devices(decision, self.slots)
+        device = isolated[0] if isolated else None
         self.recorder.decision(decision)
-        if device is not None:
+        for one in isolated:
             self.recorder.event(self.clock.time(), self.job, "device_isolated", decision.target.instance,
-                                decision.target.rank, device=device, devices=self.slots.active)
+                                decision.target.rank, device=one, devices=self.slots.active)
         if how.kind == "in_place":
             return self._in_place(how, state)
         # A2: the job moves (MA_SCHEDULE_CNT + 1, MA_PROC_START_CNT back to 1) after an isolation,

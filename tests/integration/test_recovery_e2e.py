@@ -179,3 +179,16 @@ def test_modelarts_unconditional_reschedule_raises_ma_schedule_cnt(tmp_path):
     starts = [line for _, line in job.lines if " pid " in line and "world" in line]
     assert len(starts) == 4 and all("start 1 sched 1" in l for l in starts[:2]), job.output
     assert all("start 1 sched 2" in l for l in starts[2:]), job.output
+
+
+def test_two_bad_devices_in_one_incident_are_isolated_together(tmp_path):
+    """CUDA_VISIBLE_DEVICES=4,5,6,7, 2:3: the workers on devices 5 and 6 print Xid 79 in the same
+    attempt; both devices leave the slots at once and the job finishes on 4,7."""
+    job = run(tmp_path, ["--enable-job-restart=True"], "xid", nproc="2:3",
+              CUDA_VISIBLE_DEVICES="4,5,6,7", RW_BAD_DEVICES="5,6")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["isolate_node", "none"], job.output
+    assert "isolated device 5 (rank 1), device 6 (rank 2); restart with 2 worker(s) on 4,7" in \
+        decisions[0]["policy_clause"]
+    assert sorted(e["device"] for e in events(job, "device_isolated")) == ["5", "6"]
