@@ -246,11 +246,25 @@ class DumpWatch:
 
 
 class RecoveryHandler(ControlHandler):
-    """The SDK's ops plus ``retry_done`` (``id``, ``ok``, ``error``) and ``dump_done`` (``path``,
-    ``ok``); they update :attr:`retry` / :attr:`dump` when one is under way."""
+    """The SDK's ops plus ``retry_done`` (``id``, ``ok``, ``error``), ``dump_done`` (``path``,
+    ``ok``) and ``dump_ready`` (``pid``: the process installed ``Monitor.on_dump``); they update
+    :attr:`retry` / :attr:`dump` when one is under way, and :meth:`dump_ready_pids`."""
 
     retry: RetryWatch | None = None
     dump: DumpWatch | None = None
+
+    def dump_ready_pids(self) -> set[int]:
+        """Pids of the worker processes that handle the dump signal (only they are signalled)."""
+        if "_dump_ready" not in self.__dict__:
+            self._dump_ready: set[int] = set()
+        return self._dump_ready
+
+    def _op_dump_ready(self, m: dict[str, Any]) -> dict[str, Any]:
+        pid = m.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return {"ok": False, "error": "pid must be a positive integer"}
+        self.dump_ready_pids().add(pid)
+        return {"ok": True}
 
     def _op_retry_done(self, m: dict[str, Any]) -> dict[str, Any]:
         instance, _ = self._sender(m)

@@ -281,8 +281,8 @@ class JobRunner(RecoveryActs):
         if exit.ok:
             state.ok.add(exit.origin.instance)
             return None
-        if exit.stopped_by_us:
-            return None
+        if exit.stopped_by_us or (self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked):
+            return None                        # stopped by us, or ended while writing its last words
         state.failed.add(exit.origin.instance)
         finding = exit_finding(exit, self.exit_table, seq=0)
         if finding is not None:

@@ -5,8 +5,8 @@
 - ``xid``: the worker whose slot holds a device listed in ``RW_BAD_DEVICES`` (default ``1``), or
   whose LOCAL_RANK is ``RW_BAD_SLOT``, prints a kernel Xid 79 line and exits 1; the others print
   their environment and exit 0.
-- ``dump``: every worker installs ``Monitor.on_dump`` (last words into ``RW_DIR``); rank 1 exits 1
-  after a moment, the others wait to be stopped.
+- ``dump``: every worker (but rank ``RW_NO_DUMP_RANK``) installs ``Monitor.on_dump`` (last words
+  into ``RW_DIR``); rank 1 exits 1 after a moment, the others wait to be stopped.
 - ``scene``: rank 1 fails with a KeyError (user code: fail_job), the others keep running.
 - ``hang``: rank 1 SIGSTOPs itself, the others wait silently (a job hang).
 - ``retry``: every worker registers ``Monitor.on_retry`` and reports steps; rank 1 prints a
@@ -60,7 +60,8 @@ def main() -> int:
             path.write_text(f"rank {RANK} saved at {time.time()}\n")
             return str(path)
 
-        monitor.on_dump(last_words)
+        if os.environ.get("RW_NO_DUMP_RANK") != str(RANK):
+            monitor.on_dump(last_words)
         if RANK == 1:
             time.sleep(0.5)
             say("rank 1 giving up")

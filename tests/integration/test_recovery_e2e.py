@@ -192,3 +192,20 @@ def test_two_bad_devices_in_one_incident_are_isolated_together(tmp_path):
     assert "isolated device 5 (rank 1), device 6 (rank 2); restart with 2 worker(s) on 4,7" in \
         decisions[0]["policy_clause"]
     assert sorted(e["device"] for e in events(job, "device_isolated")) == ["5", "6"]
+
+
+def test_dump_signals_only_workers_with_an_on_dump_handler(tmp_path):
+    """Rank 2 has no on_dump handler: SIGUSR1 would kill it and count it failed (2 of 3 failed >
+    max_tolerated_failure_rate 0.4 → fail_job). It is left alone and stopped like any survivor, so
+    the policy sees one failed instance and restarts."""
+    job = run(tmp_path, ["--recover-strategy", "dump,recover", "--enable-job-restart=True",
+                         "--max-num-of-job-restart=1", "--max-tolerated-failure-rate=0.4",
+                         "--fault-tolerant-policy=OnFailure"], "dump", nproc=3,
+              RW_NO_DUMP_RANK="2")
+    assert job.wait() == 1, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions][:1] == ["restart_job"], job.output
+    assert "not asking worker-2 for last words (no on_dump handler)" in job.output
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("last-words-*")) == ["last-words-rank0.txt"]
+    assert events(job, "dump")[0]["outcomes"] == {"worker-0": f"dumped {out / 'last-words-rank0.txt'}"}
