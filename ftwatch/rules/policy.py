@@ -241,6 +241,11 @@ class Policy:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
                                          f"c4d_log_level={self.c4d.log_level} → ignored")
             return done(Action.NOTIFY, notify_clause(trig, self.c4d))
+        if trig.kind not in (*_HANG_KINDS, "exit_code") and trig.action < Action.RESTART_INSTANCE and not an.real:
+            # a log finding that opened the incident while the workers run (PreSeparateNPU ...)
+            level = trig.fields.get("level") or trig.failure_class.value
+            return done(Action.NOTIFY, f"{trig.rule_id} on {_who(trig)} ({level}) recommends "
+                                       f"{trig.action.label}: the workers run on → notify")
         if self.modelarts is not None:
             return self._modelarts(incident, trig, an, rc, now, done)
         if not sync and trig.kind in _HANG_KINDS:

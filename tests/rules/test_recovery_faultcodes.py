@@ -168,3 +168,16 @@ def test_engine_still_grades_unknown_codes_on_driver_lines(text):
     o = Origin("worker-0", 0)
     found = eng.feed(o, text.encode() + b"\n", 1.0) + eng.flush(o, 1.0)
     assert [f.action for f in found] == [Action.ISOLATE_NODE], found
+
+
+def test_a_preseparate_chip_code_alone_notifies_and_restarts_nothing(tmp_path):
+    """PreSeparateNPU (110001024): leave the running job, place no new work there → notify, even
+    when the finding itself opens the incident (no failure): no restart, no budget spent."""
+    from recovery_helpers import incident, line, policy
+    from ftwatch.clock import FakeClock
+    clock = FakeClock()
+    f = line("[ERROR] DRV device 0 fault code 110001024", clock)
+    p = policy(tmp_path)
+    d = p.decide(incident(f, attempt=0, failed=set()), clock.time())
+    assert d.action is Action.NOTIFY and "PreSeparateNPU" in d.policy_clause, d.policy_clause
+    assert p.budgets.restarts_used == 0
