@@ -5,8 +5,10 @@ One loop, one thread (the supervisor's reader threads only fill its queue):
     poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
                     -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
     every tick      -> flush stale blocks, hang / exit-hang check
-    incident        -> (Sync) settle, [dump], stop all, drain -> policy.decide -> act (restart / fail)
+    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.decide -> act
                        (Async) policy.decide -> restart that instance / fail
+                       hang, C4D record, notify / isolate finding: decide first; notify stops
+                       nothing (the job runs on), anything else: [dump], stop all, act
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)

@@ -5,9 +5,11 @@ line's job / node / instance (``ftwatch.pipeline.identity``), groups the lines o
 origin into chunks and feeds the one Engine (its state is keyed by origin, and origins carry
 the job, so jobs never mix). Each job has its own policy, budgets, hang tracker and incident:
 
-    first error (severity >= error, fallout included) -> wait ``settle`` s for the others'
+    first error (severity >= error, fallout included), C4D record at the log level or notify /
+    isolate finding (``ftwatch.rules.incidents``) -> wait ``settle`` s for the others'
     evidence -> policy.decide over that job's findings -> recorder (store, alerts) -> actuator
-    -> ``cooldown`` s in which the job's new errors (the fallout of acting) open no incident.
+    -> ``cooldown`` s in which the job's new errors (the fallout of acting) open no incident
+    (none after a ``notify``: nothing was done).
 
 A job hang (every instance of the job silent for ``job_hang_interval``) decides at once.
 There are no process exits here: a job that ended is simply quiet.
