@@ -24,7 +24,9 @@ def cmd_replay(argv: list[str]) -> int:
     p.add_argument("--aimaster-args")
     p.add_argument("--json", action="store_true", help="print decisions as JSON lines")
     p.add_argument("--job-id", default="replay")
-    p.add_argument("--state-dir", help="keep budgets here (default: a temporary directory)")
+    p.add_argument("--state-dir", help="keep budgets here (default: a temporary directory); the chip-fault "
+                                       "history and node blame always stay in memory, so a replay never "
+                                       "counts against real jobs")
     args = p.parse_args(rest + tail)
     if not args.files:
         p.error("give at least one log file")

@@ -72,6 +72,8 @@ class CaseSpec(BaseModel):
     flags: list[str] | None = Field(None, description="AIMaster flags for this case (default DEFAULT_FLAGS)")
     known_miss: str | None = Field(None, description="why ftwatch still decides this case wrongly (kept on purpose)")
     notes: str | None = Field(None, description="anything else: how the log was rebuilt, what was changed")
+    held_out: str | None = Field(None, description="the rule freeze (a date) this case was written after, without "
+                                                   "changing a rule for it: its accuracy is reported apart")
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,10 @@ def format_report(report: Report) -> str:
                 f"{sum(o.correct for o in report.outcomes)}/{n} ({report.accuracy:.1%}); "
                 f"known misses {sum(1 for o in report.outcomes if o.case.spec.known_miss)}; "
                 f"unmarked misses {len(report.unmarked_misses)}"]
+    held = [o for o in report.outcomes if o.case.spec.held_out]
+    if held:
+        out.append(f"held-out cases (written after a rule freeze): action + class correct "
+                   f"{sum(o.correct for o in held)}/{len(held)}")
     return "\n".join(out)
 
 

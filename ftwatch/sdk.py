@@ -294,6 +294,8 @@ class Monitor:
             signal.signal(signum, handler)
         except ValueError as exc:       # not the main thread
             return Status(False, f"on_dump: {exc}")
+        # ftwatch signals only the processes that said so (others would die of the signal)
+        self._call("dump_ready", pid=os.getpid())
         return Status(True, signum.name)
 
     # -- the wire -----------------------------------------------------------------------------

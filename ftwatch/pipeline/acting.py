@@ -115,11 +115,23 @@ class RecoveryActs:
         return True, None
 
     def _dump(self) -> None:
-        """MindCluster dump: signal the live workers for last words, wait up to ``dump_grace``."""
-        pids = self.scene.pids()
+        """MindCluster dump: signal the live workers for last words, wait up to ``dump_grace``.
+
+        Only workers whose main process installed ``Monitor.on_dump`` (SDK ``dump_ready``, by
+        pid) are signalled: the signal's default action would kill the others. A worker started
+        through a shell wrapper (``sh -c "python train.py"``) is the shell's child: it is not
+        signalled unless the wrapper ``exec``s Python. A signalled worker that exits within the
+        dump window counts as stopped by ftwatch, not as a failure (``_exited``)."""
+        if not self.mc.has("dump"):
+            return
         running = {f"worker-{r}" for r in self.supervisor.running()}
-        pids = {i: p for i, p in pids.items() if i in running}
-        if not self.mc.has("dump") or not pids:
+        live = {i: p for i, p in self.scene.pids().items() if i in running}
+        ready = self.controls.dump_ready_pids()
+        pids = {i: p for i, p in live.items() if p in ready}
+        skipped = sorted(set(live) - set(pids))
+        if skipped:
+            self.recorder.say(f"ftwatch: not asking {', '.join(skipped)} for last words (no on_dump handler)")
+        if not pids:
             return
         sig = signal_number(self.mc.dump_signal)
         watch = self.controls.dump = DumpWatch(pids, self.clock.mono(), self.mc.dump_grace)

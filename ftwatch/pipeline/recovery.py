@@ -4,8 +4,9 @@ local isolation (A1). Pure logic, driven by ``ftwatch.pipeline.runner`` (real ti
 
 - :func:`plan` turns the policy's decision into what the runner does: restart the failed workers
   in place, restart the job, or stop and fail; the decision's clause says which strategy chose it.
-- :func:`isolate` excludes the device of the blamed rank (``Slots``) for an ``isolate_node``
-  decision, or fails the job when fewer than MIN devices would be left.
+- :func:`isolate_devices` excludes the device of the blamed rank and of every other rank with an
+  isolate-level finding in the incident (``Slots``) for an ``isolate_node`` decision, or fails the
+  job when fewer than MIN devices would be left.
 - :class:`RetryWatch` follows one ``retry`` (ask the live workers to recover in place; each must
   acknowledge and then report a step), :class:`DumpWatch` one ``dump`` (signal, grace, who wrote
   last words). :class:`RecoveryHandler` adds their control ops (``retry_done``, ``dump_done``).
@@ -81,36 +82,61 @@ def plan(decision: Decision, mc: MindClusterConfig, failed_ranks: set[int], runn
 
 
 def isolate(decision: Decision, slots: Slots) -> tuple[Decision, str | None]:
-    """Carry out an ``isolate_node`` decision on one machine: exclude the device the root cause
-    names in ``fields["device"]`` (a Bootcheck's NVML check) when it is an active one, else the
-    blamed rank's device.
+    """``isolate_devices``, returning only the first device isolated (the root cause's), or None."""
+    decision, devices = isolate_devices(decision, slots)
+    return decision, devices[0] if devices else None
+
+
+def isolation_ranks(decision: Decision) -> list[int]:
+    """The ranks whose devices an ``isolate_node`` decision takes out of the slots: the target's
+    rank first, then every other rank with an isolate-level real finding in the incident (a second
+    GPU that fell off the bus in the same incident goes too), in rank order."""
+    ranks = [decision.target.rank] if decision.target.rank is not None else []
+    for f in decision.findings:
+        if (f.action is Action.ISOLATE_NODE and f.severity >= Severity.ERROR and f.rank is not None
+                and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO) and f.rank not in ranks):
+            ranks.append(f.rank)
+    return ranks[:1] + sorted(ranks[1:])
+
+
+def isolate_devices(decision: Decision, slots: Slots) -> tuple[Decision, list[str]]:
+    """Carry out an ``isolate_node`` decision on one machine: exclude the device of every rank of
+    ``isolation_ranks`` (bounded by MIN: fewer than MIN devices left fails the job); where the
+    root cause names its device in ``fields["device"]`` (a Bootcheck's NVML check) and that
+    device is an active one, that device stands for the root cause's rank.
 
     Returns:
         (the decision, with its clause extended; FAIL_JOB when fewer than MIN devices are left;
-        the isolated device or None). A decision of another action, or one whose rank has no
-        device, comes back unchanged but for the clause (then the job restarts with every device).
+        the isolated devices, the root cause's first). A decision of another action, or one whose
+        ranks have no device, comes back unchanged but for the clause (then the job restarts with
+        every device).
     """
     if decision.action is not Action.ISOLATE_NODE:
-        return decision, None
-    rank = decision.target.rank
+        return decision, []
     rc = decision.root_cause
     named = rc.fields.get("device") if rc is not None else None     # a health check names its device
+    pairs: list[tuple[int | None, str | None]] = []
     if named is not None and str(named) in slots.active:
-        device = str(named)
-        rank = slots.active.index(device)
-    else:
-        device = slots.device_of(rank)
-    if device is None:
-        return _clause(decision, f"A1 local: no device known for rank {rank}; nothing isolated"), None
-    slots.isolate(device, rank=rank, rule=rc.rule_id if rc else None, line=rc.line if rc else None,
-                  time=decision.time, attempt=decision.attempt)
+        pairs.append((slots.active.index(str(named)), str(named)))
+    pairs += [(r, slots.device_of(r)) for r in isolation_ranks(decision)]   # all looked up before any is removed
+    seen: set[str] = set()
+    pairs = [(r, d) for r, d in pairs if d is not None and not (d in seen or seen.add(d))]
+    if not pairs:
+        return _clause(decision, f"A1 local: no device known for rank {decision.target.rank}; nothing isolated"), []
+    by_rank = {f.rank: f for f in reversed(decision.findings) if f.action is Action.ISOLATE_NODE}
+    for rank, device in pairs:
+        why = by_rank.get(rank) or rc
+        slots.isolate(device, rank=rank, rule=why.rule_id if why else None, line=why.line if why else None,
+                      time=decision.time, attempt=decision.attempt)
     rng = slots.range
+    what = ", ".join(f"device {d} (rank {r})" for r, d in pairs)
+    devices = [d for _, d in pairs]
     if not slots.viable:
-        text = (f"A1 local: isolated device {device} (rank {rank}); {slots.nproc} healthy device(s) left, "
+        text = (f"A1 local: isolated {what}; {slots.nproc} healthy device(s) left, "
                 f"below the minimum {rng.min} of --nproc-per-node {rng} → fail_job")
-        return dataclasses.replace(_clause(decision, text), action=Action.FAIL_JOB), device
-    return _clause(decision, f"A1 local: isolated device {device} (rank {rank}); restart with {slots.nproc} "
-                             f"worker(s) on {','.join(slots.active)} (--nproc-per-node {rng})"), device
+        return dataclasses.replace(_clause(decision, text), action=Action.FAIL_JOB), devices
+    return _clause(decision, f"A1 local: isolated {what}; restart with {slots.nproc} "
+                             f"worker(s) on {','.join(slots.active)} (--nproc-per-node {rng})"), devices
 
 
 def retry_candidate(f: Finding) -> bool:
@@ -226,11 +252,25 @@ class DumpWatch:
 
 
 class RecoveryHandler(ControlHandler):
-    """The SDK's ops plus ``retry_done`` (``id``, ``ok``, ``error``) and ``dump_done`` (``path``,
-    ``ok``); they update :attr:`retry` / :attr:`dump` when one is under way."""
+    """The SDK's ops plus ``retry_done`` (``id``, ``ok``, ``error``), ``dump_done`` (``path``,
+    ``ok``) and ``dump_ready`` (``pid``: the process installed ``Monitor.on_dump``); they update
+    :attr:`retry` / :attr:`dump` when one is under way, and :meth:`dump_ready_pids`."""
 
     retry: RetryWatch | None = None
     dump: DumpWatch | None = None
+
+    def dump_ready_pids(self) -> set[int]:
+        """Pids of the worker processes that handle the dump signal (only they are signalled)."""
+        if "_dump_ready" not in self.__dict__:
+            self._dump_ready: set[int] = set()
+        return self._dump_ready
+
+    def _op_dump_ready(self, m: dict[str, Any]) -> dict[str, Any]:
+        pid = m.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return {"ok": False, "error": "pid must be a positive integer"}
+        self.dump_ready_pids().add(pid)
+        return {"ok": True}
 
     def _op_retry_done(self, m: dict[str, Any]) -> dict[str, Any]:
         instance, _ = self._sender(m)

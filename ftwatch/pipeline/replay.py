@@ -39,6 +39,7 @@ from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
 from ftwatch.pipeline.replay_hang import HangScan
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.incidents import opens_incident
 from ftwatch.rules.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
@@ -143,6 +144,9 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     if hang is not None and not any(f.time < hang.time for f in errors
                                     if f.failure_class is not FailureClass.FALLOUT and f is not hang):
         trigger, failed = hang, set()       # live, the hang fired before anything failed
+    if trigger is None:     # no failure: a C4D record or a notify / isolate finding still opens one (R8)
+        trigger = next((f for f in sorted(findings, key=lambda f: (f.time, f.seq))
+                        if opens_incident(f, policy.c4d)), None)
     if trigger is None:
         decision = policy.finished(end, ok=True)
     else:

@@ -5,8 +5,10 @@ One loop, one thread (the supervisor's reader threads only fill its queue):
     poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
                     -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
     every tick      -> flush stale blocks, hang / exit-hang check
-    incident        -> (Sync) settle, [dump], stop all, drain -> policy.decide -> act (restart / fail)
+    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.decide -> act
                        (Async) policy.decide -> restart that instance / fail
+                       hang, C4D record, notify / isolate finding: decide first; notify stops
+                       nothing (the job runs on), anything else: [dump], stop all, act
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
@@ -32,13 +34,14 @@ from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.acting import RecoveryActs
 from ftwatch.pipeline.control import ControlServer
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.recovery import RecoveryHandler, isolate, plan, retry_candidate
+from ftwatch.pipeline.recovery import RecoveryHandler, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.scene import Scene, describe_exit
 from ftwatch.pipeline.slots import Slots
 from ftwatch.pipeline.supervisor import Output, Started, Supervisor
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.incidents import opens_incident
 from ftwatch.rules.loader import rules_from_keywords
 from ftwatch.rules.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
@@ -118,6 +121,7 @@ class JobRunner(RecoveryActs):
         self._stop_requested = threading.Event()
         self._state = _Attempt()
         self._reschedule = False     # the next start moves the job (isolation, MindCluster recover): A2
+        self._hang_notified = False  # a hang only notified: the hang timer re-arms when output resumes
         self.final: Decision | None = None
 
     # -- public -----------------------------------------------------------------------------
@@ -246,11 +250,16 @@ class JobRunner(RecoveryActs):
         if isinstance(item, Output):
             self._echo(item)
             self.tracker.output(item.origin.instance, item.time)
+            if self._hang_notified:
+                self._hang_notified = False
+                self.tracker.rearm()
             data = item.data
             lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
             self.recorder.output(item.origin, lines, len(data), item.time)
-            self._add(state, self.engine.feed(item.origin, item.data, item.time))
-            return None
+            found = self.engine.feed(item.origin, item.data, item.time)
+            self._add(state, found)
+            # C4D records, notify / isolate findings: an incident while the workers run (R8)
+            return next((f for f in found if opens_incident(f, self.policy.c4d)), None)
         if isinstance(item, Started):
             self.tracker.started(item.origin, item.time)
             self.scene.started(item.origin.instance, item.origin.rank, item.pid)
@@ -275,8 +284,8 @@ class JobRunner(RecoveryActs):
         if exit.ok:
             state.ok.add(exit.origin.instance)
             return None
-        if exit.stopped_by_us:
-            return None
+        if exit.stopped_by_us or (self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked):
+            return None                        # stopped by us, or ended while writing its last words
         state.failed.add(exit.origin.instance)
         finding = exit_finding(exit, self.exit_table, seq=0)
         if finding is not None:
@@ -284,28 +293,44 @@ class JobRunner(RecoveryActs):
         return finding
 
     def _incident(self, trigger: Finding, state: _Attempt) -> Decision | None:
-        """Decide on a failure or hang and act. Sync: stop the workers first (last words before),
-        unless they may be kept (``self.live``: recover-in-place, keep-scene): then decide first."""
+        """Decide on a failure, a hang or a log finding that opens an incident, and act.
+
+        A failing exit in Sync: stop the workers first (last words before), unless they may be
+        kept (``self.live``: recover-in-place, keep-scene). A hang or a log finding (C4D record,
+        notify / isolate finding): decide first, while the workers run; a ``notify`` (or ``none``)
+        decision is recorded and stops nothing (the job runs on, ModelArts hang-retry off, C4D
+        Warn); anything else stops them before acting."""
         is_hang = trigger.kind in ("hang", "exit_hang")
+        is_exit = trigger.kind == "exit_code"
         if self.sync and not is_hang:
             self._settle(state)
-        stop = self.sync or is_hang
-        if stop and not self.live:
+        stop = self.sync or is_hang or not is_exit
+        if stop and is_exit and not self.live:
             self._dump()
             self._stop_and_drain(state)
         incident = Incident(trigger, tuple(state.findings), self.nproc, frozenset(state.failed),
                             self.budgets.attempt)
         decision = self.policy.decide(incident, self.clock.time())
+        if not is_exit and decision.action in (Action.NONE, Action.NOTIFY):
+            self.recorder.decision(decision)       # told a person (or below the log level): run on
+            if is_hang:
+                self._hang_notified = True
+            return None
         failed = {self._rank(i) for i in state.failed} - {None}
         decision, how = plan(decision, self.mc, failed, bool(self.supervisor.running()))
-        decision, device = isolate(decision, self.slots)
+        decision, isolated = isolate_devices(decision, self.slots)
+        device = isolated[0] if isolated else None
         self.recorder.decision(decision)
-        if device is not None:
+        for one in isolated:
             self.recorder.event(self.clock.time(), self.job, "device_isolated", decision.target.instance,
-                                decision.target.rank, device=device, devices=self.slots.active)
+                                decision.target.rank, device=one, devices=self.slots.active)
         if how.kind == "in_place":
             return self._in_place(how, state)
-        self._reschedule = how.kind == "job" and (device is not None or self.mc.has("recover"))
+        # A2: the job moves (MA_SCHEDULE_CNT + 1, MA_PROC_START_CNT back to 1) after an isolation,
+        # a MindCluster recover, or any ModelArts job reschedule (seed 002: the job is rebuilt)
+        self._reschedule = how.kind == "job" and (
+            device is not None or self.mc.has("recover")
+            or (self.policy.modelarts is not None and decision.action in (Action.RESTART_JOB, Action.ISOLATE_NODE)))
         one_instance = decision.action is Action.RESTART_INSTANCE or (
             not self.sync and decision.action is Action.RESTART_IN_PLACE)
         if one_instance and decision.target.rank is not None:
@@ -320,7 +345,7 @@ class JobRunner(RecoveryActs):
             return None
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on
-        if stop and self.live and decision.action is not Action.FAIL_JOB:
+        if stop and (self.live or not is_exit) and decision.action is not Action.FAIL_JOB:
             self._dump()                     # a final failure keeps the scene first (_end)
             self._stop_and_drain(state)
         return decision

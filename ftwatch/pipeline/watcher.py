@@ -5,9 +5,11 @@ line's job / node / instance (``ftwatch.pipeline.identity``), groups the lines o
 origin into chunks and feeds the one Engine (its state is keyed by origin, and origins carry
 the job, so jobs never mix). Each job has its own policy, budgets, hang tracker and incident:
 
-    first error (severity >= error, fallout included) -> wait ``settle`` s for the others'
+    first error (severity >= error, fallout included), C4D record at the log level or notify /
+    isolate finding (``ftwatch.rules.incidents``) -> wait ``settle`` s for the others'
     evidence -> policy.decide over that job's findings -> recorder (store, alerts) -> actuator
-    -> ``cooldown`` s in which the job's new errors (the fallout of acting) open no incident.
+    -> ``cooldown`` s in which the job's new errors (the fallout of acting) open no incident
+    (none after a ``notify``: nothing was done).
 
 A job hang (every instance of the job silent for ``job_hang_interval``) decides at once.
 There are no process exits here: a job that ended is simply quiet.
@@ -37,6 +39,7 @@ from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.rules.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.incidents import opens_incident
 from ftwatch.rules.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
@@ -267,7 +270,8 @@ class Watcher:
         job.findings.extend(findings)
         if job.trigger is None:
             for f in findings:
-                if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO:
+                if (f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO) or \
+                        opens_incident(f, job.policy.c4d):          # C4D records, notify / isolate (R8)
                     job.trigger, job.opened = f, mono
                     break
 
@@ -287,7 +291,8 @@ class Watcher:
                             returncode=result.returncode, output=result.output)
         job.findings.clear()
         job.trigger = None
-        job.quiet_until = self.clock.mono() + self.config.watch.cooldown
+        if decision.action not in (Action.NONE, Action.NOTIFY):     # a notify changed nothing: no aftermath
+            job.quiet_until = self.clock.mono() + self.config.watch.cooldown
         if decision.action in (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE):
             job.instances.clear()                   # a new attempt: instances start again
             job.tracker = self._tracker()

@@ -25,6 +25,9 @@ from ftwatch.rules.statefile import read_state, write_state
 
 _FORMAT, _VERSION = "ftwatch-node-blame", 1
 BLAMED_CLASSES = frozenset({FailureClass.HARDWARE_NODE, FailureClass.RETRYABLE_INFRA, FailureClass.HANG})
+#: Node names ftwatch makes up when a line names none (``watch`` on stdin: ``localhost``;
+#: ``replay``: ``replay``): blaming them would blame every job on that one name.
+IMPLICIT_NODES = frozenset({"", "localhost", "replay"})
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,10 @@ class Blame:
 
 
 def blameable(f: Finding) -> bool:
-    """True when ``f`` as a root cause counts against its node (see the module docstring)."""
+    """True when ``f`` as a root cause counts against its node (see the module docstring); never
+    when the node is unknown (None) or implicit (``IMPLICIT_NODES``)."""
+    if f.origin.node is None or f.origin.node in IMPLICIT_NODES:
+        return False
     if f.failure_class not in BLAMED_CLASSES:
         return False
     return not (is_npu(f) and npu_code(f) in USER_INPUT_CODES)

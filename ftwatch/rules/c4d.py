@@ -19,7 +19,8 @@ does with them (same section):
 ``C4D_HANG_TIMES`` (default 18) is how many such timeouts in a row make an Error. ftwatch applies
 the same arithmetic when C4D's own settings differ from the job's ``--c4d-common-envs``: a Warn hang
 whose ``times`` reaches C4D_HANG_TIMES, or whose ``duration`` reaches timeout x times, or the
-C4D_HANG_TIMES-th Warn hang in a row of one rank, is graded Error.
+C4D_HANG_TIMES-th Warn hang in a row of one rank (each at most ``ROW_GAP`` x C4D_HANG_TIMEOUT
+after the one before), is graded Error.
 
 Line format. The seed shows the diagnosis results only as screenshots, so the text form is ours,
 built from the fields the seed names (level, record type, the node and rank concerned)::
@@ -48,6 +49,9 @@ _LINE = re.compile(r"\[C4D\]\s+(?P<level>error|warn(?:ing)?|info)\s+(?P<type>Ran
 _KV = re.compile(r"([A-Za-z_][\w.-]*)=(\"[^\"]*\"|\S+)")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)?$")
 _UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}
+#: Two Warn hangs of one rank more than ROW_GAP x C4D_HANG_TIMEOUT apart are not "in a row" (ours:
+#: the seed says only "连续"; C4D writes one per timeout while a hang lasts, 2 allows one late line).
+ROW_GAP = 2.0
 
 
 @dataclass(frozen=True)
@@ -145,12 +149,17 @@ def refine(findings: Sequence[Finding], settings: C4DSettings) -> tuple[Finding,
     """
     new_of: dict[int, Finding] = {}
     streak: dict[tuple[str | None, int | None, str], int] = {}
+    last: dict[tuple[str | None, int | None, str], float] = {}
     for f in sorted(findings, key=lambda x: (x.time, x.seq)):
         rec = parse_line(f.line) if is_c4d(f) else None
         if rec is None:
             continue
         key = (rec.node, rec.rank, rec.type)
-        streak[key] = streak.get(key, 0) + 1 if rec.level == "Warning" and rec.hang else 0
+        # "in a row": C4D writes a Warn every C4D_HANG_TIMEOUT while the hang lasts; Warns further
+        # apart than ROW_GAP timeouts are separate hangs, and the count starts again
+        contiguous = key in last and f.time - last[key] <= ROW_GAP * settings.hang_timeout
+        streak[key] = (streak.get(key, 0) if contiguous else 0) + 1 if rec.level == "Warning" and rec.hang else 0
+        last[key] = f.time
         level, reason = grade(rec, settings, streak[key])
         origin = f.origin
         if rec.node or rec.rank is not None:

@@ -14,10 +14,13 @@ MindCluster grades a chip fault more severely when it keeps coming back (fault-t
 User-input codes (80C98002, 80CB8002) are never escalated to an isolation (SPEC R3): at most a
 reschedule (restart_job).
 
-A *hit* is one occurrence of (node, chip, code) in one attempt: a code printed by several lines of
-one attempt counts once (each occurrence of a fault ends the attempt it happens in). Hits are kept
-in ``<state_dir>/escalation/<job>.json`` (``FaultHistory``), so counts survive new attempts and a
-restart of ftwatch; hits older than the longest window are dropped when the file is written.
+A *hit* is one occurrence of (node, chip, code) in one attempt of one job: a code printed by
+several lines of one attempt counts once (each occurrence of a fault ends the attempt it happens
+in). MindCluster counts per chip, whatever job runs on it, so the hits of every job are kept in one
+file, ``<state_dir>/escalation/chips.json`` (``FaultHistory``), keyed ``node|chip|code``: counts
+survive new attempts, other jobs on the same chip and a restart of ftwatch; hits older than the
+longest window are dropped when the file is written. (Before, each job had its own
+``escalation/<job>.json``; those files are no longer read.)
 Only findings that reach the policy count (an incident's findings): a link down in an attempt that
 never fails is not seen here.
 """
@@ -97,8 +100,14 @@ def chip_of(f: Finding) -> str:
 
 
 def chip_key(f: Finding) -> str:
-    """``node|chip|code``: what "the same node, chip and code" means (SPEC D4); the job is the file."""
+    """``node|chip|code``: what "the same node, chip and code" means (SPEC D4), for every job."""
     return f"{f.origin.node}|{chip_of(f)}|{npu_code(f)}"
+
+
+def fault_key(f: Finding) -> str:
+    """``node|device|fault`` of any hardware fault: ``chip_key`` for an NPU code, else the node,
+    the device (``chip_of``) and the rule id (``xid.94`` ...)."""
+    return chip_key(f) if is_npu(f) else f"{f.origin.node}|{chip_of(f)}|{f.rule_id}"
 
 
 def is_recovery(f: Finding) -> bool:
@@ -107,33 +116,42 @@ def is_recovery(f: Finding) -> bool:
 
 
 class FaultHistory:
-    """The hits of one job's chip faults, persisted (see the module docstring).
+    """The hits of chip faults of every job, persisted (see the module docstring).
 
     Args:
         path: the JSON file, or None to keep the history in memory only (tests, replays).
-        job: the job id.
+        job: unused, kept for callers of the per-job history (occurrences name their job).
         keep_s: hits older than this (seconds, relative to the newest hit recorded) are dropped.
 
     Raises:
         ConfigError: the file exists but is not a fault history (it is left alone).
     """
 
-    def __init__(self, path: Path | None, job: str, keep_s: float = 2 * DAY):
+    def __init__(self, path: Path | None, job: str = "", keep_s: float = 2 * DAY):
         self.path, self.job, self.keep_s = (Path(path) if path else None), job, keep_s
-        data = read_state(self.path, _FORMAT, _VERSION) if self.path else None
-        self._data: dict[str, Any] = data or {"format": _FORMAT, "version": _VERSION, "job": job,
-                                              "hits": {}, "escalated": {}}
+        self._data: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "hits": {}, "escalated": {}}
+        self._reload()
+
+    @classmethod
+    def for_state(cls, state_dir: Path | None, keep_s: float = 2 * DAY) -> "FaultHistory":
+        """The history at ``<state_dir>/escalation/chips.json`` (in memory when state_dir is None)."""
+        return cls(Path(state_dir) / "escalation" / "chips.json" if state_dir is not None else None, "", keep_s)
 
     @classmethod
     def for_job(cls, state_dir: Path | None, job: str, keep_s: float = 2 * DAY) -> "FaultHistory":
-        """The history at ``<state_dir>/escalation/<job>.json`` (in memory when state_dir is None)."""
-        if state_dir is None:
-            return cls(None, job, keep_s)
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", job) or "_"
-        return cls(Path(state_dir) / "escalation" / f"{safe}.json", job, keep_s)
+        """The shared history (``for_state``); the job no longer picks a file."""
+        return cls.for_state(state_dir, keep_s)
+
+    def _reload(self) -> None:
+        """Take the file's content (another job's policy may have written it since)."""
+        data = read_state(self.path, _FORMAT, _VERSION) if self.path else None
+        if data is not None:
+            self._data = data
 
     def record(self, key: str, t: float, occurrence: str) -> bool:
-        """Count one hit of ``key`` at epoch second ``t``, once per ``occurrence``. True if new."""
+        """Count one hit of ``key`` at epoch second ``t``, once per ``occurrence`` (which names the
+        job and its attempt). True if new."""
+        self._reload()
         hits = self._data["hits"].setdefault(key, [])
         if any(h["occ"] == occurrence for h in hits):
             return False
@@ -162,11 +180,13 @@ class FaultHistory:
 
     def escalate(self, key: str, level: str, t: float, release_after_s: float | None) -> None:
         """Keep ``key`` escalated to ``level`` from ``t`` on."""
+        self._reload()
         self._data["escalated"][key] = {"level": level, "since": t, "release_after_s": release_after_s}
         self._save()
 
     def release(self, key: str) -> None:
         """Drop a standing escalation."""
+        self._reload()
         if self._data["escalated"].pop(key, None) is not None:
             self._save()
 

@@ -88,6 +88,11 @@ _ASSERTION_WORDS = {"0": "recover", "1": "occur", "2": "once"}
 #: Unknown codes are graded only when shaped like a chip event ID: 8 hex digits in the 0x80 / 0x81 /
 #: 0x8C / 0x8F families that hold 683 of the table's 806 chip codes (the rest are product-specific).
 _CHIP_EVENT = re.compile(r"^8[01CF][0-9A-F]{6}$")
+#: Driver / fault-event wording (Ascend dsmi, the device plugin, npu-smi, "fault code", "event id"):
+#: an unknown code in such a line is a chip event; "error code 0x80004005" in an application's
+#: message (a Windows HRESULT, a CANN "E39999 ... error code is 80100001") is not.
+_DRIVER_CONTEXT = re.compile(r"(?i)(?<![A-Za-z])(?:dsmi|device[ _-]?plugin|npu[ _-]?smi|hccn"
+                             r"|fault[ _-]?(?:code|event|id)|event[ _-]?id|alarm[ _-]?(?:id|code))")
 _SEVERITY = re.compile(r"(?i)\b(?:severity|alarm[ _-]?level|fault[ _-]?level)\s*[:=]?\s*"
                        r"(hint|minor|major|critical|[0-3](?![0-9])|提示|次要|重要|紧急)")
 
@@ -144,12 +149,15 @@ class FaultHit:
         code: the normalised code.
         entry: the table row, or None for a code the table does not know (the caller grades it).
         fields: what the line said besides the code (``xid``, ``pci``, ``pid`` ... or ``fault_code``).
+        driver: the line reads like a driver / fault event (``_DRIVER_CONTEXT`` or a severity):
+            only then is an unknown NPU code graded (``FaultTables.grade_unknown``).
     """
 
     kind: str
     code: str
     entry: FaultEntry | None
     fields: dict[str, Any] = field(default_factory=dict)
+    driver: bool = True
 
 
 def normalise_npu(code: str) -> str:
@@ -255,13 +263,17 @@ class FaultTables:
 
         MindCluster (README "How codes are matched"): hint or minor -> NotHandleFault (none);
         anything else, including no severity -> SeparateNPU (isolate_node). Only codes shaped like
-        a chip event ID (``8[01CF]xxxxxx``) are graded; other unknown codes, Xid and DCGM codes the
-        tables lack give None (the caller notifies).
+        a chip event ID (``8[01CF]xxxxxx``) on a driver / fault-event line (``FaultHit.driver``:
+        dsmi / device-plugin wording, ``fault code``, ``event id``, or a severity) are graded;
+        other unknown codes (``error code 0x80004005``), Xid and DCGM codes the tables lack give
+        None (the caller notifies, class info: no incident).
         """
         if hit.kind != "npu" or hit.entry is not None:
             return hit.entry
         if not _CHIP_EVENT.match(hit.code):
             return None     # not shaped like a chip event ID: an error number of something else
+        if not hit.driver:
+            return None     # not a driver / fault-event line: an application's error number
         sev = hit.fields.get("severity")
         if sev in ("hint", "minor"):
             level, action = f"NotHandleFault (unknown code, severity {sev})", Action.NONE
@@ -317,8 +329,9 @@ class FaultTables:
             word = (asrt.group(1) or asrt.group(2)).lower()
             extra["assertion"] = _ASSERTION_WORDS.get(word, "recover" if word.startswith(("recover", "resum"))
                                                       else "occur" if word.startswith("occur") else "once")
+        driver = sev is not None or bool(_DRIVER_CONTEXT.search(line))
         for code in _npu_codes(line, xid_span):
-            yield FaultHit("npu", code, self.npu(code), {"fault_code": code, **extra})
+            yield FaultHit("npu", code, self.npu(code), {"fault_code": code, **extra}, driver)
 
 
 def _npu_codes(line: str, skip: tuple[int, int] | None) -> Iterator[str]:

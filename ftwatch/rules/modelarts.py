@@ -6,9 +6,11 @@ it then replaces the AIMaster clauses (D1-D3) for the job. Strategies -> ftwatch
 =============================  ==========================================================  ====================
 ModelArts strategy             when (seed 002)                                             ftwatch
 =============================  ==========================================================  ====================
-原地恢复 in-place recovery      a chip fault that can self-heal (MindCluster L2-L5:          restart_in_place,
-                               RestartRequest ... RestartNPU; any hardware fault below      costs no restart
-                               isolation): stop the processes, heal, rerun in place
+原地恢复 in-place recovery      an NPU chip fault that can self-heal (MindCluster L2-L5:     restart_in_place,
+                               RestartRequest ... RestartNPU): stop the processes, heal,    costs no restart
+                               rerun in place. Another hardware fault below isolation
+                               (a GPU Xid 94 ...) is a job reschedule (restart_job, one
+                               of job-retry-num): only chip self-healing is free
 无条件Job级重调度 unconditional  a non-zero exit with no node or chip fault                   restart_job
 job reschedule                 (``job-unconditional-retry``)
 隔离式Job级重调度 isolating     a node fault or a chip fault that cannot self-heal            isolate_node (then
@@ -20,8 +22,11 @@ Pod重调度 pod reschedule         as isolating, with ``pod-retry-num``: isolat
 =============================  ==========================================================  ====================
 
 Degrade rules (降级策略): self-healing fails (the chip faults again in the attempt right after its
-in-place recovery) -> isolating job reschedule; the same node, chip and code ``same_fault_times``
-(3) times within ``same_fault_window`` (24 h) -> isolating job reschedule, except user-input codes
+in-place recovery) -> isolating job reschedule; the same node, device and fault (``fault_key``:
+an NPU code or any other hardware rule) ``same_fault_times`` (3) times in a row within
+``same_fault_window`` (24 h) in this job (seed 002: "一次训练过程中,同一节点同一芯片24小时内连续3次出现相同故障码";
+"in a row": incidents of the job, any other incident in between starts the count again; SPEC D4
+says only "3 times within 24 h", the seed is followed) -> isolating job reschedule, except user-input codes
 (80C98002, 80CB8002) -> job reschedule without isolation; a pod reschedule that fails (its
 instance fails again in the next attempt) or has no pod retries left -> job reschedule (the node
 is already isolated); ``unconditional_in_a_row`` (3) unconditional reschedules in a row with no
@@ -42,10 +47,19 @@ from dataclasses import dataclass
 from ftwatch.configrecovery import ModelArtsConfig
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.rules.budgets import BudgetStore
-from ftwatch.rules.escalation import FaultHistory, chip_key, chip_of, is_npu, npu_code
+from ftwatch.rules.escalation import FaultHistory, chip_of, fault_key, is_npu, npu_code
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 
 HANG_KINDS = ("hang", "exit_hang")
+#: The MindCluster chip levels that self-heal in place (L2-L5; fault-tables README "Chip levels").
+SELF_HEALING_LEVELS = ("RestartRequest", "RestartBusiness", "FreeRestartNPU", "RestartNPU")
+
+
+def self_healing(f: Finding) -> bool:
+    """True for an NPU chip fault graded L2-L5 (its ``level`` field), the faults seed 002 recovers
+    in place."""
+    level = str(f.fields.get("level") or "")
+    return is_npu(f) and level.split(" ", 1)[0] in SELF_HEALING_LEVELS
 
 
 @dataclass(frozen=True)
@@ -74,11 +88,13 @@ class ModelArtsPolicy:
     Args:
         config: the ``modelarts`` section (must be ``enabled``).
         budgets: the job's budgets.
-        history: the job's chip-fault hits (``Escalator.observe`` has recorded this incident's).
+        history: the chip-fault hits of every job (MindCluster escalation, R3); the D4 same-fault
+            count is the job's own streak (memo ``same_fault``), not this history.
     """
 
     def __init__(self, config: ModelArtsConfig, budgets: BudgetStore, history: FaultHistory):
         self.config, self.budgets, self.history = config, budgets, history
+        self.job = budgets.job
 
     @property
     def max_restarts(self) -> int:
@@ -100,9 +116,10 @@ class ModelArtsPolicy:
         b = self.budgets
         if trigger.kind in HANG_KINDS:
             return self._hang()
-        pod_memo, heal_memo = b.memo("pod_reschedule"), b.memo("in_place")
+        pod_memo, heal_memo, same_memo = b.memo("pod_reschedule"), b.memo("in_place"), b.memo("same_fault")
         b.set_memo("pod_reschedule", None)
         b.set_memo("in_place", None)
+        b.set_memo("same_fault", None)      # "in a row": set again only by the same fault (_fault)
         if b.streak("hang"):
             b.set_streaks(hang=0)
         if pod_memo and pod_memo.get("attempt") == attempt - 1 and pod_memo.get("instance") in failed:
@@ -114,7 +131,7 @@ class ModelArtsPolicy:
         user_chip = real and root is not None and is_npu(root) and npu_code(root) in USER_INPUT_CODES
         if (node_fault or user_chip) and root is not None:
             b.set_streaks(unconditional=0)
-            return self._fault(root, failed, attempt, now, heal_memo)
+            return self._fault(root, failed, attempt, now, heal_memo, same_memo)
         return self._unconditional()
 
     # ------------------------------------------------------------------ strategies
@@ -148,25 +165,34 @@ class ModelArtsPolicy:
                                            f"({n + 1}/{cfg.unconditional_in_a_row} in a row)", "job")
 
     def _fault(self, root: Finding, failed: frozenset[str], attempt: int, now: float,
-               heal_memo: dict | None) -> Verdict:
+               heal_memo: dict | None, same_memo: dict | None) -> Verdict:
         cfg, node = self.config, root.origin.node
-        if is_npu(root):
-            key, code = chip_key(root), npu_code(root)
-            same = self.history.count(key, now, cfg.same_fault_window)
-            where = f"node {node} chip {chip_of(root)} code {code}"
-            if same >= cfg.same_fault_times:
-                why = (f"D4 in-place degrade: {where} {same} times within "
-                       f"{cfg.same_fault_window / 3600:g} h (>= {cfg.same_fault_times})")
-                if code in USER_INPUT_CODES:
-                    return Verdict(Action.RESTART_JOB, f"{why}, a user-input code → job reschedule, "
-                                                       "no node isolated", "job")
-                return self._isolate(root, failed, attempt, f"{why} → isolate")
-            if root.action < Action.ISOLATE_NODE and heal_memo and heal_memo.get("attempt") == attempt - 1 and \
-                    heal_memo.get("node") == node and heal_memo.get("chip") == chip_of(root) and \
-                    code not in USER_INPUT_CODES:
-                return self._isolate(root, failed, attempt, f"D4 in-place degrade: self-healing of {where} failed "
-                                                            "(it faulted again right after the in-place recovery) "
-                                                            "→ isolate")
+        key = fault_key(root)
+        code = npu_code(root) if is_npu(root) else root.rule_id
+        times = [t for t in (same_memo or {}).get("times", []) if now - t < cfg.same_fault_window] \
+            if (same_memo or {}).get("key") == key else []
+        times.append(now)
+        self.budgets.set_memo("same_fault", {"key": key, "times": times})
+        same = len(times)
+        where = (f"node {node} chip {chip_of(root)} code {code}" if is_npu(root)
+                 else f"node {node} device {chip_of(root)} fault {code}")
+        if same >= cfg.same_fault_times:
+            why = (f"D4 in-place degrade: {where} {same} times in a row within "
+                   f"{cfg.same_fault_window / 3600:g} h (>= {cfg.same_fault_times})")
+            if code in USER_INPUT_CODES:
+                return Verdict(Action.RESTART_JOB, f"{why}, a user-input code → job reschedule, "
+                                                   "no node isolated", "job")
+            return self._isolate(root, failed, attempt, f"{why} → isolate")
+        if root.action < Action.ISOLATE_NODE and heal_memo and heal_memo.get("attempt") == attempt - 1 and \
+                heal_memo.get("node") == node and heal_memo.get("chip") == chip_of(root) and \
+                code not in USER_INPUT_CODES:
+            return self._isolate(root, failed, attempt, f"D4 in-place degrade: self-healing of {where} failed "
+                                                        "(it faulted again right after the in-place recovery) "
+                                                        "→ isolate")
+        if root.action < Action.ISOLATE_NODE and not self_healing(root):
+            return Verdict(Action.RESTART_JOB, f"D4 job reschedule: hardware fault {root.rule_id} on node {node} "
+                                               "is not a self-healing chip fault (MindCluster L2-L5), so no free "
+                                               "in-place recovery → rebuild the job", "job")
         if root.action < Action.ISOLATE_NODE:
             level = root.fields.get("level") or root.rule_id
             self.budgets.set_memo("in_place", {"attempt": attempt, "node": node, "chip": chip_of(root)})

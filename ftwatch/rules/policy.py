@@ -86,7 +86,7 @@ class Policy:
         modelarts: the ModelArts section; when enabled (``job-retry-num`` set) it decides instead of
             the AIMaster clauses D1-D3 (``ftwatch.rules.modelarts``).
         recovery: escalation and blame settings (default: both on, defaults of ``RecoveryConfig``).
-        state_dir: where the chip-fault history (``escalation/<job>.json``) and node blame
+        state_dir: where the chip-fault history of every job (``escalation/chips.json``) and node blame
             (``blame/nodes.json``) persist; None keeps them in memory. ``for_config`` passes it.
     """
 
@@ -99,7 +99,7 @@ class Policy:
         self.recovery = recovery or RecoveryConfig()
         ma = modelarts or ModelArtsConfig()
         keep = max([2 * DAY, ma.same_fault_window] + [r.window_s for r in FREQUENCY_RULES])
-        self.history = FaultHistory.for_job(state_dir, job, keep)
+        self.history = FaultHistory.for_state(state_dir, keep)
         self.escalator = Escalator(self.history)
         bc = self.recovery.blame
         self.blame = BlameStore.for_state(state_dir, threshold=bc.threshold, window=bc.window,
@@ -155,7 +155,7 @@ class Policy:
             f"{incident.attempt}:{trig.origin.instance}:{self.budgets.instance_restarts(trig.origin.instance)}")
         notes: list[str] = []
         if self.recovery.escalation:
-            self.escalator.observe(scope, occurrence)
+            self.escalator.observe(scope, f"{self.job}:{occurrence}")     # one history for every job
             scope, found = self.escalator.apply(scope, now)
             notes += found
         an = analyse(scope)
@@ -186,6 +186,11 @@ class Policy:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
                                          f"c4d_log_level={self.c4d.log_level} → ignored")
             return done(Action.NOTIFY, notify_clause(trig, self.c4d))
+        if trig.kind not in (*_HANG_KINDS, "exit_code") and trig.action < Action.RESTART_INSTANCE and not an.real:
+            # a log finding that opened the incident while the workers run (PreSeparateNPU ...)
+            level = trig.fields.get("level") or trig.failure_class.value
+            return done(Action.NOTIFY, f"{trig.rule_id} on {_who(trig)} ({level}) recommends "
+                                       f"{trig.action.label}: the workers run on → notify")
         if self.modelarts is not None:
             return self._modelarts(incident, trig, an, rc, now, done)
         if not sync and trig.kind in _HANG_KINDS:

@@ -109,6 +109,11 @@ class HangTracker:
         for inst in self._running.values():
             inst.last, inst.spoke = time, False
 
+    def rearm(self) -> None:
+        """Let the job-hang timer fire again in this attempt (after a hang that only notified: call
+        it when output resumes, so one hang episode makes one finding)."""
+        self._hang_fired = False
+
     # ------------------------------------------------------------------ checks
 
     @property

@@ -5,13 +5,18 @@
 - ``xid``: the worker whose slot holds a device listed in ``RW_BAD_DEVICES`` (default ``1``), or
   whose LOCAL_RANK is ``RW_BAD_SLOT``, prints a kernel Xid 79 line and exits 1; the others print
   their environment and exit 0.
-- ``dump``: every worker installs ``Monitor.on_dump`` (last words into ``RW_DIR``); rank 1 exits 1
-  after a moment, the others wait to be stopped.
+- ``dump``: every worker (but rank ``RW_NO_DUMP_RANK``) installs ``Monitor.on_dump`` (last words
+  into ``RW_DIR``); rank 1 exits 1 after a moment, the others wait to be stopped.
 - ``scene``: rank 1 fails with a KeyError (user code: fail_job), the others keep running.
 - ``hang``: rank 1 SIGSTOPs itself, the others wait silently (a job hang).
 - ``retry``: every worker registers ``Monitor.on_retry`` and reports steps; rank 1 prints a
   retryable fault once; the job finishes at step 30.
 - ``inplace``: rank 1 SIGKILLs itself on its first start; the others run 4 s; all exit 0.
+- ``quiet``: every worker says one line, is silent ``RW_QUIET`` seconds (default 4), says ``done``
+  and exits 0 (a hang that ends by itself).
+- ``c4d``: in the first attempt rank 0 prints a C4D Warn, then a C4D Error naming rank 1; every
+  worker waits to be stopped. In later attempts all exit 0 after a moment.
+- ``once``: rank 1 exits 1 in the first attempt (marker file in ``RW_DIR``); then all exit 0.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ def main() -> int:
             path.write_text(f"rank {RANK} saved at {time.time()}\n")
             return str(path)
 
-        monitor.on_dump(last_words)
+        if os.environ.get("RW_NO_DUMP_RANK") != str(RANK):
+            monitor.on_dump(last_words)
         if RANK == 1:
             time.sleep(0.5)
             say("rank 1 giving up")
@@ -78,6 +84,31 @@ def main() -> int:
             time.sleep(0.3)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(4.0 if RANK != 1 else 0.5)
+        return 0
+    if MODE == "quiet":
+        time.sleep(float(os.environ.get("RW_QUIET", "4")))
+        say(f"rank {RANK} done")
+        return 0
+    if MODE == "c4d":
+        marker = OUT / "c4d-printed"
+        if marker.exists():
+            time.sleep(0.5)
+            return 0
+        if RANK == 0:
+            time.sleep(0.3)
+            say("[C4D] Warn RankCommHang rank=1 node=c4d-node-1 duration=12s times=1")
+            time.sleep(1.5)
+            marker.write_text("")
+            say("[C4D] Error RankCommHang rank=1 node=c4d-node-1 times=18")
+        return _wait(60)
+    if MODE == "once":
+        marker = OUT / "failed-once"
+        if RANK == 1 and not marker.exists():
+            marker.write_text("")
+            time.sleep(0.3)
+            say("rank 1 giving up")
+            return 1
+        time.sleep(0.5)
         return 0
     raise SystemExit(f"unknown RW_MODE {MODE!r}")
 

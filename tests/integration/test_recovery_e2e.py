@@ -136,3 +136,76 @@ def test_recover_in_place_restarts_only_the_failed_rank(tmp_path):
     assert sorted((r, s) for r, _, s in starts) == [("0", "1"), ("1", "1"), ("1", "2")], job.output
     assert len({pid for r, pid, _ in starts if r == "0"}) == 1
     assert "stopping all workers" not in job.output
+
+
+MODELARTS = "modelarts:\n  annotations:\n    fault-tolerance/job-retry-num: '3'\n"
+
+
+def test_modelarts_hang_without_hang_retry_notifies_once_and_the_job_runs_on(tmp_path):
+    """D4 with hang-retry off: a hang is a notify decision; no worker is stopped or restarted and
+    no budget is spent; the job ends by itself."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(MODELARTS)
+    job = run(tmp_path, ["--config", str(config), "--enable-job-hang-detection=True", "--job-hang-interval=1"],
+              "quiet")
+    assert job.wait() == 0, job.output
+    assert [d["action"] for d in job.decisions()] == ["notify", "none"], job.output
+    assert "hang-retry is off" in job.decisions()[0]["policy_clause"]
+    assert "stopping all workers" not in job.output and "restarting" not in job.output
+    assert len([l for _, l in job.lines if l.endswith(" done")]) == 2, job.output
+
+
+def test_c4d_warn_notifies_and_a_c4d_error_isolates_at_once_under_run(tmp_path):
+    """R8 live: rank 0 prints a C4D Warn (notify: the job runs on), then an Error naming rank 1
+    (c4d + hang detection on: isolate_node and restart at once, no exit needed: rank 1's device
+    leaves the slots, 2:3 goes on with two)."""
+    job = run(tmp_path, ["--enable-job-restart=True", "--enable-job-hang-detection=True",
+                         "--enable-c4d-hang-detection=True"], "c4d", nproc="2:3")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["notify", "isolate_node", "none"], job.output
+    assert decisions[1]["target"]["node"] == "c4d-node-1"
+    assert "R8 C4D Error RankCommHang on node c4d-node-1 rank 1" in decisions[1]["policy_clause"]
+    assert job.first("[C4D] Warn") < job.first("[C4D] Error") < job.first("stopping all workers")
+
+
+def test_modelarts_unconditional_reschedule_raises_ma_schedule_cnt(tmp_path):
+    """Seed 002: a job reschedule rebuilds the job: MA_SCHEDULE_CNT + 1, MA_PROC_START_CNT back to 1."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(MODELARTS + "    fault-tolerance/job-unconditional-retry: 'true'\n")
+    job = run(tmp_path, ["--config", str(config)], "once")
+    assert job.wait() == 0, job.output
+    assert [d["action"] for d in job.decisions()] == ["restart_job", "none"], job.output
+    starts = [line for _, line in job.lines if " pid " in line and "world" in line]
+    assert len(starts) == 4 and all("start 1 sched 1" in l for l in starts[:2]), job.output
+    assert all("start 1 sched 2" in l for l in starts[2:]), job.output
+
+
+def test_two_bad_devices_in_one_incident_are_isolated_together(tmp_path):
+    """CUDA_VISIBLE_DEVICES=4,5,6,7, 2:3: the workers on devices 5 and 6 print Xid 79 in the same
+    attempt; both devices leave the slots at once and the job finishes on 4,7."""
+    job = run(tmp_path, ["--enable-job-restart=True"], "xid", nproc="2:3",
+              CUDA_VISIBLE_DEVICES="4,5,6,7", RW_BAD_DEVICES="5,6")
+    assert job.wait() == 0, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions] == ["isolate_node", "none"], job.output
+    assert "isolated device 5 (rank 1), device 6 (rank 2); restart with 2 worker(s) on 4,7" in \
+        decisions[0]["policy_clause"]
+    assert sorted(e["device"] for e in events(job, "device_isolated")) == ["5", "6"]
+
+
+def test_dump_signals_only_workers_with_an_on_dump_handler(tmp_path):
+    """Rank 2 has no on_dump handler: SIGUSR1 would kill it and count it failed (2 of 3 failed >
+    max_tolerated_failure_rate 0.4 → fail_job). It is left alone and stopped like any survivor, so
+    the policy sees one failed instance and restarts."""
+    job = run(tmp_path, ["--recover-strategy", "dump,recover", "--enable-job-restart=True",
+                         "--max-num-of-job-restart=1", "--max-tolerated-failure-rate=0.4",
+                         "--fault-tolerant-policy=OnFailure"], "dump", nproc=3,
+              RW_NO_DUMP_RANK="2")
+    assert job.wait() == 1, job.output
+    decisions = job.decisions()
+    assert [d["action"] for d in decisions][:1] == ["restart_job"], job.output
+    assert "not asking worker-2 for last words (no on_dump handler)" in job.output
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("last-words-*")) == ["last-words-rank0.txt"]
+    assert events(job, "dump")[0]["outcomes"] == {"worker-0": f"dumped {out / 'last-words-rank0.txt'}"}

@@ -8,11 +8,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def watch_stdin(tmp_path: Path, log: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def watch_stdin(tmp_path: Path, log: Path, config: Path = ROOT / "examples" / "watch-stdin.yaml"
+                ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     decisions = tmp_path / "d.jsonl"
     with log.open("rb") as fh:
         proc = subprocess.run([sys.executable, "-m", "ftwatch", "watch", "--config",
-                               str(ROOT / "examples" / "watch-stdin.yaml"), "--state-dir", str(tmp_path / "s"),
+                               str(config), "--state-dir", str(tmp_path / "s"),
                                "--decisions-file", str(decisions)],
                               stdin=fh, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     rows = [json.loads(x) for x in decisions.read_text().splitlines()] if decisions.exists() else []
@@ -42,3 +43,20 @@ def test_torchrun_summary_on_stdin_names_the_sigkilled_rank(tmp_path):
     assert [r["action"] for r in rows] == ["restart_job"]
     rc = rows[0]["root_cause"]
     assert rc["rule_id"] == "exit.sigkill" and rc["rank"] == 1 and rc["failure_class"] == "retryable_infra"
+
+
+def test_c4d_warn_on_stdin_notifies_and_the_implicit_node_is_not_blamed(tmp_path):
+    """A C4D Warn piped in is a notify decision (R8); repeated Xid 94s on stdin (node unknown:
+    ``localhost``) are never blamed on a node."""
+    log = tmp_path / "in.log"
+    log.write_text("step 1 loss 0.5\n[C4D] Warn RankCommHang rank=1 node=gpu-node-7 duration=12s times=1\n")
+    proc, rows = watch_stdin(tmp_path, log)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["action"] for r in rows] == ["notify"], rows
+    config = tmp_path / "blame.yaml"
+    config.write_text((ROOT / "examples" / "watch-stdin.yaml").read_text() + "recovery:\n  blame: {enabled: true}\n")
+    for i in range(3):
+        log.write_text("NVRM: Xid (PCI:0000:3b:00): 94, pid=1234, Contained ECC error.\n")
+        proc, rows = watch_stdin(tmp_path, log, config)
+        assert proc.returncode == 0, proc.stderr
+        assert rows and all("blame" not in r["policy_clause"] for r in rows), rows

@@ -19,7 +19,7 @@ from ftwatch.configsupervisor import ElasticRange, SupervisorConfig, default_dev
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 from ftwatch.pipeline.control import ControlServer
-from ftwatch.pipeline.recovery import DumpWatch, RecoveryHandler, RetryWatch, isolate, plan, retry_candidate
+from ftwatch.pipeline.recovery import DumpWatch, RecoveryHandler, RetryWatch, isolate, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.scene import Scene
 from ftwatch.pipeline.slots import Slots
 from ftwatch.rules.loader import rules_from_keywords
@@ -148,6 +148,35 @@ def test_isolation_without_a_rank_isolates_nothing_and_other_actions_pass():
     assert device is None and "no device known" in d.policy_clause and slots.active == ["0", "1"]
     same = decision(Action.RESTART_JOB)
     assert isolate(same, slots) == (same, None)
+
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."
+
+
+def two_xids(rank_a=1, rank_b=2):
+    """An isolate_node decision whose incident has Xid 79 on two ranks (and fallout elsewhere)."""
+    a = finding("xid.79", "fault_code", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE, rank=rank_a, line=XID79)
+    b = finding("xid.79", "fault_code", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE, rank=rank_b, line=XID79)
+    fallout = finding("nccl.remote_error", "keyword", FailureClass.FALLOUT, Action.ISOLATE_NODE, rank=0)
+    target = Target("job", f"worker-{rank_a}", rank_a, "n1")
+    return Decision(CLOCK.time(), Action.ISOLATE_NODE, target, a, "D2 policy", 1, 2, (fallout, a, b), 0)
+
+
+def test_every_rank_with_an_isolate_level_finding_loses_its_device(tmp_path):
+    """CUDA_VISIBLE_DEVICES=4,5,6,7, 2:3: ranks 1 and 2 (devices 5, 6) both print Xid 79 in one
+    incident: both devices go at once (not one per restart); fallout on rank 0 isolates nothing."""
+    slots = Slots(["4", "5", "6", "7"], ElasticRange(2, 3))
+    d, devices = isolate_devices(two_xids(), slots)
+    assert devices == ["5", "6"] and d.action is Action.ISOLATE_NODE
+    assert slots.active == ["4", "7"]
+    assert "isolated device 5 (rank 1), device 6 (rank 2); restart with 2 worker(s) on 4,7" in d.policy_clause
+
+
+def test_isolating_several_devices_below_min_fails_the_job():
+    slots = Slots(["0", "1", "2"], ElasticRange(2, 3))
+    d, devices = isolate_devices(two_xids(), slots)
+    assert devices == ["1", "2"] and d.action is Action.FAIL_JOB
+    assert "1 healthy device(s) left, below the minimum 2 of --nproc-per-node 2:3 → fail_job" in d.policy_clause
 
 
 def test_too_few_devices_for_min_is_a_config_error():

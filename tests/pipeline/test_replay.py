@@ -384,3 +384,21 @@ def test_replay_command_reports_a_straggler_rank_like_watch(tmp_path):
     assert proc.returncode == 0, proc.stderr
     stragglers = [ln for ln in proc.stdout.splitlines() if ln.startswith("straggler: ")]
     assert len(stragglers) == 1 and "rank 3 is a straggler" in stragglers[0] and "2.5x" in stragglers[0]
+
+
+def test_a_c4d_warn_in_a_clean_log_is_a_notify_decision(run, tmp_path):
+    """R8: a C4D Warn asks a person even when the job ends well (it used to be ``none``)."""
+    log = write(tmp_path / "combined.log", BANNER + tee(0, steps(0, 3))
+                + ["[C4D] Warn RankCommHang rank=1 node=gpu-node-7 duration=12s times=1"]
+                + tee(0, ["training finished at step 3"]))
+    result = run([log])
+    assert result.decision.action is Action.NOTIFY, result.decision.policy_clause
+    assert "R8 C4D Warning RankCommHang on node gpu-node-7 rank 1" in result.decision.policy_clause
+
+
+def test_a_c4d_error_with_c4d_detection_isolates_the_node_it_names(run, tmp_path):
+    log = write(tmp_path / "combined.log", BANNER + tee(0, steps(0, 3))
+                + ["[C4D] Error RankCommHang rank=1 node=gpu-node-7 times=18"])
+    result = run([log], enable_job_hang_detection=True, enable_c4d_hang_detection=True, enable_job_restart=True)
+    assert result.decision.action is Action.ISOLATE_NODE, result.decision.policy_clause
+    assert result.decision.target.node == "gpu-node-7"

@@ -254,3 +254,44 @@ def test_a_failed_job_resolves_its_restart_alerts_as_superseded(tmp_path):
     assert rec.open_jobs() == set()
     reasons = [e["detail"]["reason"] for e in rec.store.events("a") if e["kind"] == "alert_resolved"]
     assert reasons == ["superseded: the job failed"]
+
+
+C4D_WARN = "[C4D] Warn RankCommHang rank=1 node=node-1 duration=12s times=1"
+C4D_ERROR = "[C4D] Error RankCommHang rank=1 node=node-1 times=18"
+
+
+def test_a_c4d_warn_opens_an_incident_that_only_notifies_and_leaves_no_cooldown(tmp_path):
+    """R8: a Warn is below severity error but still asks a person; after a notify nothing was done,
+    so a real error right after it is decided (no cooldown)."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    w.ingest([line(clock, "j", "node-0", "j-worker-0", 0, C4D_WARN)])
+    clock.advance(6)
+    w.tick()
+    assert [d.action.label for d in rec.decisions] == ["notify"]
+    assert "R8 C4D Warning RankCommHang on node node-1" in rec.decisions[0].policy_clause
+    clock.advance(1)
+    w.ingest([line(clock, "j", "node-0", "j-worker-1", 1, NCCL)])
+    clock.advance(6)
+    w.tick()
+    assert [d.action.label for d in rec.decisions] == ["notify", "restart_job"]
+
+
+def test_a_c4d_error_with_c4d_detection_isolates_the_node_it_names(tmp_path):
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, enable_job_hang_detection=True, enable_c4d_hang_detection=True)
+    w.ingest([line(clock, "j", "node-0", "j-master-0", 0, C4D_ERROR)])
+    clock.advance(6)
+    w.tick()
+    [d] = rec.decisions
+    assert d.action.label == "isolate_node" and d.target.node == "node-1", d.policy_clause
+    assert "R8 C4D Error RankCommHang on node node-1 rank 1" in d.policy_clause
+
+
+def test_a_c4d_info_below_the_log_level_opens_nothing(tmp_path):
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    w.ingest([line(clock, "j", "node-0", "j-worker-0", 0, "[C4D] Info RankCommSlow rank=1 node=node-1")])
+    clock.advance(6)
+    w.tick()
+    assert rec.decisions == []

@@ -62,10 +62,10 @@ def incident(trigger: Finding, *others: Finding, attempt: int, failed: set[str] 
 
 
 def policy(state: Path, *, annotations: dict | None = None, recovery: RecoveryConfig | None = None,
-           **flags) -> Policy:
+           job: str = JOB, **flags) -> Policy:
     """A Policy whose budgets, fault history and blame live under ``state`` (a fresh instance each
     call, like a restarted ftwatch)."""
     flags = {"enable_job_restart": True, "max_num_of_job_restart": 10, **flags}
     ma = ModelArtsConfig(annotations=ModelArtsAnnotations.model_validate(annotations or {}))
-    return Policy(PolicyConfig(**flags), BudgetStore.for_job(state, JOB), JOB, modelarts=ma,
+    return Policy(PolicyConfig(**flags), BudgetStore.for_job(state, job), job, modelarts=ma,
                   recovery=recovery, state_dir=state)

@@ -8,10 +8,10 @@ import pytest
 
 from ftwatch.clock import FakeClock
 from ftwatch.configrecovery import BlameConfig, RecoveryConfig
-from ftwatch.events import Action
+from ftwatch.events import Action, Origin
 from ftwatch.rules.blame import BlameStore
 
-from recovery_helpers import DAY, died, incident, line, policy
+from recovery_helpers import DAY, JOB, _engine, died, incident, line, policy
 
 ON = RecoveryConfig(blame=BlameConfig(enabled=True, threshold=3, window=DAY, cooldown=2 * DAY))
 NCCL = "NCCL WARN NET/IB : Got completion from peer 10.0.0.9<38122> with error 12, opcode 0, len 0, vendor err 129"
@@ -114,3 +114,17 @@ def test_ftwatch_explain_shows_the_blame_clause_and_the_node_table(tmp_path, cap
     out = capsys.readouterr().out
     assert "blame: node node-9 was the root cause 3 times in 24 h (>= 3) → isolate_node" in out
     assert "Node blame" in out and "node-9: 0/3 in 24 h" in out and "isolated by blame" in out
+
+
+def test_an_unknown_or_implicit_node_is_never_blamed(tmp_path):
+    """Origin.node None (or ``localhost`` from watch on stdin) is no node: repeated Xid 94s
+    there are never blamed (and the blame file is not broken by a None key)."""
+    clock = FakeClock()
+    for node in (None, None, "localhost", "localhost", "localhost"):
+        p = policy(tmp_path, recovery=ON)
+        o = Origin("worker-1", rank=1, job=JOB, node=node, stream="stderr")
+        [f] = _engine().feed(o, b"NVRM: Xid (PCI:0000:3b:00): 94, pid=1234, Contained ECC error.\n", clock.time()) + \
+            _engine().flush(o, clock.time())
+        d = p.decide(incident(f, attempt=p.budgets.attempt), clock.time())
+        assert "blame" not in d.policy_clause and d.action is not Action.ISOLATE_NODE, d.policy_clause
+        clock.advance(60)

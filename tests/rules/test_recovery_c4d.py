@@ -105,6 +105,18 @@ def test_warns_in_a_row_reach_hang_times(tmp_path):
     assert d.action is Action.ISOLATE_NODE and "3 Warn hangs in a row >= C4D_HANG_TIMES=3" in d.policy_clause
 
 
+def test_warns_far_apart_are_not_in_a_row(tmp_path):
+    """Three Warns of one rank an hour apart are three short hangs, not one of 3 x C4D_HANG_TIMEOUT."""
+    clock = FakeClock()
+    p = policy(tmp_path, c4d_common_envs="C4D_HANG_TIMES=3", **ON)
+    warns = []
+    for _ in range(3):
+        warns.append(line("[C4D] Warn RankCommHang rank=5 node=gpu-node-5", clock, rank=0, node="aimaster"))
+        clock.advance(3600)
+    d = p.decide(incident(warns[-1], *warns[:-1], attempt=0, failed=set()), clock.time())
+    assert d.action is Action.NOTIFY, d.policy_clause
+
+
 def test_c4d_error_is_the_root_cause_of_a_later_failure(tmp_path):
     clock = FakeClock()
     p = policy(tmp_path, **ON)

@@ -40,8 +40,27 @@ def test_uce_twice_in_24h_isolates_across_restarts_of_ftwatch(tmp_path):
     assert "R3 frequency: node node-1 chip 0 code 80E01801: 2 hits in 24 h (>= 2) → ManuallySeparateNPU" \
         in second.policy_clause
     assert second.root_cause.fields["level"].startswith("ManuallySeparateNPU")
-    saved = json.loads((tmp_path / "escalation" / f"{JOB}.json").read_text())
+    saved = json.loads((tmp_path / "escalation" / "chips.json").read_text())
     assert set(saved["hits"]) == {"node-1|0|80E01801"} and "node-1|0|80E01801" in saved["escalated"]
+
+
+def test_hits_count_per_chip_across_jobs(tmp_path):
+    """MindCluster counts per chip: job A's UCE on node-1 chip 0, then job B's on the same chip
+    isolates; a third job's UCE on another chip does not."""
+    clock = FakeClock()
+    assert fail_with(tmp_path, clock, UCE).action is Action.RESTART_IN_PLACE
+    clock.advance(3600)
+    p = policy(tmp_path, job="other-job")
+    f = line(UCE, clock, 1)
+    clock.advance(1)
+    d = p.decide(incident(died(clock, 1), f, attempt=0), clock.time())
+    assert d.action is Action.ISOLATE_NODE, d.policy_clause
+    assert "node-1 chip 0 code 80E01801: 2 hits in 24 h" in d.policy_clause
+    p3 = policy(tmp_path, job="third-job")
+    g = line(UCE.replace("device 0", "device 3"), clock, 1)
+    clock.advance(1)
+    d3 = p3.decide(incident(died(clock, 1), g, attempt=0), clock.time())
+    assert d3.action is Action.RESTART_IN_PLACE, d3.policy_clause
 
 
 def test_the_window_slides_past_24h(tmp_path):

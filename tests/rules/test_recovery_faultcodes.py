@@ -136,3 +136,48 @@ def test_fault_assertion_is_read():
     [word] = tables().extract("fault code 81078603 recovered")
     assert (down.fields["assertion"], up.fields["assertion"], word.fields["assertion"]) == (
         "occur", "recover", "recover")
+
+
+@pytest.mark.parametrize("text", [
+    "ERROR: CoCreateInstance failed, error code 0x80004005",
+    "E39999: Inner Error! error code is 80100001",
+    "[ERROR] RUNTIME(1234): rtKernelLaunch failed, error code: 0x80FF0001",
+])
+def test_engine_leaves_generic_error_numbers_ungraded(text):
+    """An unknown code shaped like a chip event but in an application's message (no dsmi /
+    device-plugin wording, no "fault code" / "event id", no severity) isolates nothing: it is
+    notified as an unknown code (class info: no incident), not graded SeparateNPU."""
+    from ftwatch.events import Origin
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.loader import load_rules
+    eng = Engine(load_rules())
+    o = Origin("worker-0", 0)
+    found = eng.feed(o, text.encode() + b"\n", 1.0) + eng.flush(o, 1.0)
+    assert not [f for f in found if f.action >= Action.RESTART_IN_PLACE], found
+
+
+@pytest.mark.parametrize("text", [
+    "dsmi_get_device_errorcode: device 2 errorcode 0x80FFFF02",
+    "[device-plugin] npu 3 fault event: event id 0x80FFFF03 assertion 1",
+    "[ERROR] DRV: device 1 error code 0x80FFFF04, severity: major",
+])
+def test_engine_still_grades_unknown_codes_on_driver_lines(text):
+    from ftwatch.events import Origin
+    from ftwatch.rules.engine import Engine
+    eng = Engine([])
+    o = Origin("worker-0", 0)
+    found = eng.feed(o, text.encode() + b"\n", 1.0) + eng.flush(o, 1.0)
+    assert [f.action for f in found] == [Action.ISOLATE_NODE], found
+
+
+def test_a_preseparate_chip_code_alone_notifies_and_restarts_nothing(tmp_path):
+    """PreSeparateNPU (110001024): leave the running job, place no new work there → notify, even
+    when the finding itself opens the incident (no failure): no restart, no budget spent."""
+    from recovery_helpers import incident, line, policy
+    from ftwatch.clock import FakeClock
+    clock = FakeClock()
+    f = line("[ERROR] DRV device 0 fault code 110001024", clock)
+    p = policy(tmp_path)
+    d = p.decide(incident(f, attempt=0, failed=set()), clock.time())
+    assert d.action is Action.NOTIFY and "PreSeparateNPU" in d.policy_clause, d.policy_clause
+    assert p.budgets.restarts_used == 0

@@ -21,6 +21,7 @@ POD = {**RETRY, "fault-tolerance/pod-retry-num": "2"}
 L2 = "[ERROR] DRV device 0 fault code 0x80CF8003"       # RestartRequest (L2), not in a frequency rule
 L6 = "[ERROR] DRV device 5 fault code 0x80E18402"       # SeparateNPU (L6): cannot self-heal
 USER = "[ERROR] DRV device 0 fault code 0x80C98002"     # user input
+XID94 = "NVRM: Xid (PCI:0000:3b:00): 94, pid=1234, Contained ECC error."   # RESTART_APP: not a chip self-heal
 
 
 def step(state, clock, ann, text=None, *, rank=1, code=1, node=None, failed=None):
@@ -65,14 +66,37 @@ def test_in_place_degrades_to_isolation_when_self_healing_fails(tmp_path):
     assert b.restarts_used == 1
 
 
-def test_same_node_chip_code_three_times_in_24h_isolates(tmp_path):
+def test_same_node_device_fault_three_times_in_a_row_isolates(tmp_path):
+    """Seed 002: 24 小时内连续3次 the same fault on one chip → isolating reschedule. An unlisted code
+    (self-heal not tracked across its attempts) shows the count; user codes show it below."""
+    clock = FakeClock()
+    ds = [step(tmp_path, clock, RETRY, XID94)[0] for _ in range(3)]
+    assert [d.action for d in ds] == [Action.RESTART_JOB] * 2 + [Action.ISOLATE_NODE]
+    assert "D4 in-place degrade: node node-1 device rank1 fault xid.94 3 times in a row within 24 h (>= 3) → isolate" \
+        in ds[2].policy_clause
+
+
+def test_another_incident_in_between_breaks_the_same_fault_row(tmp_path):
+    """"In a row" (seed 002 连续): a different fault between two hits starts the count again."""
     clock = FakeClock()
     other = "[ERROR] other: fault code 0x80CB8009"   # RestartRequest on node-2, between the hits
     ds = [step(tmp_path, clock, RETRY, text, rank=rank)[0]
           for text, rank in ((L2, 1), (other, 2), (L2, 1), (other, 2), (L2, 1))]
-    assert [d.action for d in ds] == [Action.RESTART_IN_PLACE] * 4 + [Action.ISOLATE_NODE]
-    d5 = ds[4]
-    assert "D4 in-place degrade: node node-1 chip 0 code 80CF8003 3 times within 24 h (>= 3) → isolate" in d5.policy_clause
+    assert [d.action for d in ds] == [Action.RESTART_IN_PLACE] * 5, [d.policy_clause for d in ds]
+
+
+def test_a_non_npu_hardware_fault_is_a_job_reschedule_not_a_free_in_place(tmp_path):
+    """Only self-healing NPU faults (L2-L5) recover in place for free: Xid 94 spends job-retry-num,
+    so eight of them cannot restart the job eight times for free."""
+    clock = FakeClock()
+    ds = []
+    for i in range(4):          # on four different nodes: no same-fault degrade, only the budget
+        d, budgets = step(tmp_path, clock, RETRY, XID94, rank=i, node=f"node-{i}")
+        ds.append(d)
+    assert [d.action for d in ds] == [Action.RESTART_JOB] * 3 + [Action.FAIL_JOB], [d.policy_clause for d in ds]
+    assert "xid.94 on node node-0 is not a self-healing chip fault (MindCluster L2-L5)" in ds[0].policy_clause
+    assert "job-retry-num is exhausted (3/3) → fail_job" in ds[3].policy_clause
+    assert budgets.free_restarts == 0 and budgets.restarts_used == 3
 
 
 def test_same_fault_window_slides_past_24h(tmp_path):
