@@ -33,6 +33,7 @@ from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Targe
 from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.acting import RecoveryActs
 from ftwatch.pipeline.control import ControlServer
+from ftwatch.pipeline.echo import echo_text
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.recovery import RecoveryHandler, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.scene import Scene, describe_exit
@@ -388,15 +389,7 @@ class JobRunner(RecoveryActs):
                 state.retry += [f for f in findings if retry_candidate(f)]
 
     def _echo(self, item: Output) -> None:
-        prefix = f"[rank{item.origin.rank}]" if item.origin.rank is not None else f"[{item.origin.instance}]"
-        if item.origin.stream == "stderr":
-            prefix += "!"
-        text = item.data.decode("utf-8", "replace")
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines.pop()
-        body = "".join(f"{prefix} {line}\n" for line in map(_last_update, lines) if line is not None)
-        self.out.write(body)
+        self.out.write(echo_text(item.origin, item.data))
         self.out.flush()
 
     def _sleep(self, seconds: float) -> None:
@@ -408,11 +401,3 @@ class JobRunner(RecoveryActs):
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self.request_stop())
-
-
-def _last_update(line: str) -> str | None:
-    """What a terminal shows of a line: a progress bar's ``\\r``-separated updates give their last
-    non-blank one (None when all are blank); a line without ``\\r`` is itself."""
-    if "\r" not in line:
-        return line
-    return next((u for u in reversed(line.split("\r")) if u.strip()), None)
