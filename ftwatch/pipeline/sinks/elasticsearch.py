@@ -334,26 +334,20 @@ class ElasticsearchSink:
         and documents stay on disk (``require_data_stream``) until ``ftwatch es setup`` ran."""
         if self._template_ok:
             return True
-        from elastic_transport import TransportError
-        from elasticsearch import ApiError
-        try:
-            if self.client.indices.exists_index_template(name=self.prefix):
-                self._template_ok = True
-                return True
-        except (ApiError, TransportError) as exc:
-            self.stats.note(f"cannot check the index template {self.prefix}: {exc}")
+        state, error = essetup.ensure_template(self.client, self.prefix, *self.ilm)
+        if state == "unknown":
+            self.stats.note(f"cannot check the index template {self.prefix}: {error}")
             return False
-        try:
-            essetup.install(self.client, self.prefix, *self.ilm)
-        except (ApiError, TransportError) as exc:
-            self.stats.note(f"index template {self.prefix} missing and not installed: {exc}")
+        if state == "missing":
+            self.stats.note(f"index template {self.prefix} missing and not installed: {error}")
             if not self._template_warned:
                 self._template_warned = True
                 log.warning("the Elasticsearch index template %r is missing and could not be installed "
                             "(%s): run `ftwatch es setup` as a user allowed to manage templates; "
-                            "documents wait in %s until then", self.prefix, exc, self.buffer.directory)
+                            "documents wait in %s until then", self.prefix, error, self.buffer.directory)
             return False
-        log.warning("installed the missing Elasticsearch index template %r (`ftwatch es setup`)", self.prefix)
+        if state == "installed":
+            log.warning("installed the missing Elasticsearch index template %r (`ftwatch es setup`)", self.prefix)
         self._template_ok = True
         return True
 

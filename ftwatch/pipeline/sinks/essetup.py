@@ -153,3 +153,27 @@ def update_streams(client: Any, prefix: str = "ftwatch") -> list[str]:
             client.indices.rollover(alias=name, lazy=True)
             done.append(f"POST {name}/_rollover?lazy (mapping refused: {exc.message})")
     return done
+
+
+def ensure_template(client: Any, prefix: str = "ftwatch", rollover_max_age: str = "7d",
+                    retention: str = "90d") -> tuple[str, str | None]:
+    """Check that the index template ``prefix`` exists and :func:`install` everything when it
+    does not (the sink does this before its first bulk request).
+
+    Returns:
+        (``"present"``, None), (``"installed"``, None), (``"unknown"``, why: the check itself
+        failed) or (``"missing"``, why: not there and not installable, e.g. no privilege).
+        Never raises for a refused or failed request.
+    """
+    from elastic_transport import TransportError
+    from elasticsearch import ApiError
+    try:
+        if client.indices.exists_index_template(name=prefix):
+            return "present", None
+    except (ApiError, TransportError) as exc:
+        return "unknown", str(exc)
+    try:
+        install(client, prefix, rollover_max_age, retention)
+    except (ApiError, TransportError) as exc:
+        return "missing", str(exc)
+    return "installed", None
