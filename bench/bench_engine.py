@@ -26,14 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ftwatch.config import PolicyConfig  # noqa: E402
+from ftwatch.config.model import PolicyConfig  # noqa: E402
 from ftwatch.events import Action, FailureClass  # noqa: E402
 from ftwatch.pipeline.replay import replay  # noqa: E402
-from ftwatch.rules.budgets import BudgetStore  # noqa: E402
+from ftwatch.policy.budgets import BudgetStore  # noqa: E402
 from ftwatch.rules.engine import Engine  # noqa: E402
 from ftwatch.rules.loader import load_rules  # noqa: E402
 from ftwatch.rules.model import Pattern, Rule  # noqa: E402
-from ftwatch.rules.policy import Policy  # noqa: E402
+from ftwatch.policy.policy import Policy  # noqa: E402
 
 
 def corpus(path: Path, lines: int, clean_per_failure: int = 300) -> int:

@@ -31,15 +31,15 @@ import msgpack
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ftwatch.pipeline.identity import Identity  # noqa: E402
+from ftwatch.pipeline.sources.identity import Identity  # noqa: E402
 from ftwatch.pipeline.sources.checkpoints import OffsetStore  # noqa: E402
 from ftwatch.pipeline.sources.file_tail import FileTailSource  # noqa: E402
 from ftwatch.pipeline.sources.forward import ForwardSource  # noqa: E402
 from ftwatch.pipeline.sources.forward_protocol import event_time, pack_request  # noqa: E402
-from ftwatch.pipeline.watcher import group_lines  # noqa: E402
+from ftwatch.pipeline.watch import group_lines  # noqa: E402
 from ftwatch.rules.engine import Engine  # noqa: E402
 from ftwatch.rules.loader import load_rules  # noqa: E402
-from ftwatch.pipeline.watcher import tune_gc_for_ingest  # noqa: E402
+from ftwatch.pipeline.watch import tune_gc_for_ingest  # noqa: E402
 
 
 def sample_lines() -> list[str]:

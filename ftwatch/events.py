@@ -22,7 +22,7 @@ class Action(IntEnum):
 
     ``ISOLATE_NODE`` is always followed by a restart elsewhere. The order matters to
     the policy ("the most drastic recommendation wins" is a policy clause, see
-    ``ftwatch.rules.policy``), not to the enum itself.
+    ``ftwatch.policy.policy``), not to the enum itself.
     """
 
     NONE = 0
@@ -115,7 +115,7 @@ class Origin:
         stream: ``stdout``, ``stderr``, a file path, or a forward tag.
         source: the source kind (``process``, ``file``, ``replay`` ...).
         labels: the pod's Kubernetes labels as sorted ``(name, value)`` pairs (shipped lines of
-            a pod; ``ftwatch.pipeline.identity``), else empty. Not part of equality or hash:
+            a pod; ``ftwatch.pipeline.sources.identity``), else empty. Not part of equality or hash:
             the same instance is the same origin whatever its labels.
     """
 

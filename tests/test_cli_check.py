@@ -114,7 +114,7 @@ def test_route_check_takes_the_severity_a_real_alert_of_that_event_type_gets(tmp
     import json
 
     from ftwatch.alerting.alerts import alert_from_decision
-    from ftwatch.checks import explain_route
+    from ftwatch.cli.check import explain_route
     from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
     config = tmp_path / "a.yaml"
     config.write_text("alerting:\n  receivers:\n    - {type: console, name: all}\n    - {type: console, name: oncall}\n"
@@ -139,7 +139,7 @@ def test_route_check_names_a_bad_event_type_or_severity(tmp_path):
 
     import pytest
 
-    from ftwatch.checks import explain_route
+    from ftwatch.cli.check import explain_route
     from ftwatch.errors import ConfigError
     event = tmp_path / "e.json"
     event.write_text(json.dumps({"event_type": "node_isolation"}))

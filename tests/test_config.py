@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config import (AIMASTER_FLAGS, Config, ConsoleReceiver, PolicyConfig, WebhookReceiver,
+from ftwatch.config.model import (AIMASTER_FLAGS, Config, ConsoleReceiver, PolicyConfig, WebhookReceiver,
                             config_reference, load_config, parse_aimaster_flags)
 from ftwatch.errors import ConfigError
 

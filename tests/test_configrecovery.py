@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config import load_config, parse_aimaster_flags
-from ftwatch.configrecovery import c4d_settings, parse_c4d_envs
+from ftwatch.config.model import load_config, parse_aimaster_flags
+from ftwatch.config.recovery import c4d_settings, parse_c4d_envs
 from ftwatch.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftwatch.config import load_config
+from ftwatch.config.model import load_config
 from ftwatch.errors import ConfigError
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ftwatch.cli import main
-from ftwatch.dashboards import (dangling_references, decode, encode, load_sources, parse_ndjson, to_ndjson,
+from ftwatch.report.dashboards import (dangling_references, decode, encode, load_sources, parse_ndjson, to_ndjson,
                                 with_prefix)
-from ftwatch.pipeline.sinks import essetup
+from ftwatch.pipeline.sinks.elasticsearch import setup as essetup
 
 ROOT = Path(__file__).resolve().parents[1]
 NDJSON = ROOT / "dashboards" / "ftwatch.ndjson"
@@ -218,7 +218,7 @@ def test_the_wheel_ships_the_ndjson_and_the_import_finds_it_outside_a_checkout(t
     with zipfile.ZipFile(wheel) as z:
         assert z.read("ftwatch/dashboards_data/ftwatch.ndjson") == NDJSON.read_bytes()
         z.extractall(site)
-    proc = subprocess.run([sys.executable, "-c", "from ftwatch.clistorage import _default_ndjson; "
+    proc = subprocess.run([sys.executable, "-c", "from ftwatch.cli.dashboards import _default_ndjson; "
                            "p = _default_ndjson(); print(p); print(len(p.read_text(encoding='utf-8')))"],
                           env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 

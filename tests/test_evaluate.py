@@ -10,7 +10,7 @@ import pytest
 
 from ftwatch.cli import main
 from ftwatch.errors import ConfigError
-from ftwatch.evaluate import evaluate, format_report, load_case, load_corpus, report_json
+from ftwatch.cli.evaluate import evaluate, format_report, load_case, load_corpus, report_json
 from ftwatch.rules.loader import load_rules
 
 CORPUS = Path(__file__).parent / "corpus"

@@ -1,17 +1,24 @@
-"""The import direction of DESIGN.md "Layout", read from the source with ``ast``; every module imports.
+"""The import direction of docs/architecture.md "Layout", read from the source with ``ast``; every module imports.
 
-    events, errors, clock   import no stage
-    parsers                 import only events / errors / clock (and each other); the one exception
-                            is ``Pattern`` from ``ftwatch.rules.model`` in ``parsers/multiline.py``
-    rules                   may use parsers
-    alerting                may use parsers and rules, never pipeline
-    pipeline                its sources may use parsers (envelopes); nothing else across stages
-    hubs                    ``pipeline/runner.py``, ``pipeline/watcher.py``, ``pipeline/replay.py``, ``pipeline/recorder.py``,
-                            ``cli.py``, ``clistorage.py``, ``checks.py``, ``evaluate.py``, ``report/reader.py`` and
-                            ``report/esreader.py`` (the report reads the stores of ``pipeline/sinks``) may import every stage; so may
-                            ``healthcli.py`` (the ``bootcheck`` / ``nodecheck`` commands: cli.py's part, kept apart
-                            for size, writes the fault-tolerance log's events and findings to the store)
-    health                  ``ftwatch/health/`` is no stage: it imports only the core and top-level modules
+The folder list is the flow, and imports go one way, down this list:
+
+    events, errors, clock     the core: import no stage
+    config/                   models only: the core
+    parsers/                  the core (and each other); the one exception is ``Pattern`` from
+                              ``ftwatch.rules.model`` in ``parsers/multiline.py``
+    rules/                    detection: config, parsers
+    policy/                   deciding: config, parsers, rules
+    alerting/                 config, rules, policy; never pipeline
+    pipeline/sources/         what brings events in: config, parsers
+    pipeline/actuators/       what carries decisions out: config, policy, and the sources it acts on
+                              (the local supervisor, the SDK channel)
+    pipeline/sinks/           the core only
+    report/                   reads the sinks back for a person
+    health/                   pre- and post-run checks: config, rules (the step tap)
+    top-level modules         (telemetry, sdk, testing): config
+    hubs                      ``cli/*`` (one module per subcommand), ``pipeline/build.py`` (Config ->
+                              components), the drivers ``pipeline/run.py``, ``watch.py``, ``replay.py``
+                              and ``pipeline/recorder.py`` may import every stage
 
 A module that has to see more is a new hub: add it to ``HUBS`` on purpose, not by accident.
 Imports inside functions and under ``TYPE_CHECKING`` count too.
@@ -31,25 +38,30 @@ import pytest
 import ftwatch
 
 PACKAGE = Path(ftwatch.__file__).parent
-STAGES = ("pipeline", "parsers", "rules", "alerting")
+STAGES = ("config", "parsers", "rules", "policy", "alerting", "pipeline.sources", "pipeline.actuators",
+          "pipeline.sinks", "pipeline", "report", "health", "cli")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
-HUBS = frozenset({"ftwatch/pipeline/runner.py", "ftwatch/pipeline/watcher.py", "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py",
-                  "ftwatch/clistorage.py",   # the CLI's storage half: config -> pipeline sinks
-                  "ftwatch/cli.py", "ftwatch/clisetup.py", "ftwatch/clioffline.py",   # cli.py split for size
-                  "ftwatch/checks.py", "ftwatch/healthcli.py",
-                  # T4: drives pipeline/replay.py with the rules stage's engine and policy, like cli.cmd_replay
-                  "ftwatch/evaluate.py",
-                  "ftwatch/report/reader.py",      # ftwatch report reads pipeline/sinks/sqlite.py's store
-                  "ftwatch/report/esreader.py"})   # ... or the data streams pipeline/sinks/elasticsearch.py wrote
+HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/run.py", "ftwatch/pipeline/watch.py",
+                  "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py", "ftwatch/testing.py",
+                  "ftwatch/__main__.py"}
+                 | {"ftwatch/" + p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "cli").glob("*.py")})
 # (file, module) -> the names it may take from that module, beyond the rules above.
 EXCEPTIONS = {("ftwatch/parsers/multiline.py", "ftwatch.rules.model"): frozenset({"Pattern"})}
 # A stage -> the other stages a (non-hub) module of it may import; None is a top-level module.
 MAY_USE: dict[str | None, frozenset[str]] = {
-    None: frozenset(),
+    None: frozenset({"config"}),
+    "config": frozenset(),
     "parsers": frozenset(),
-    "rules": frozenset({"parsers"}),
-    "alerting": frozenset({"parsers", "rules"}),
-    "pipeline": frozenset({"parsers"}),
+    "rules": frozenset({"config", "parsers"}),
+    "policy": frozenset({"config", "parsers", "rules"}),
+    "alerting": frozenset({"config", "rules", "policy"}),
+    "pipeline.sources": frozenset({"config", "parsers"}),
+    "pipeline.actuators": frozenset({"config", "policy", "pipeline.sources"}),
+    "pipeline.sinks": frozenset(),
+    "pipeline": frozenset({"parsers"}),     # replay_hang.py: timestamps of replayed lines
+    "report": frozenset({"config", "pipeline.sinks"}),
+    "health": frozenset({"config", "rules"}),
+    "cli": frozenset(),
 }
 
 
@@ -98,7 +110,11 @@ def imports_of(source: str, rel: str, root: Path = PACKAGE) -> list[Import]:
 
 
 def stage_of(module: str) -> str | None:
+    """``ftwatch.pipeline.sinks.sqlite`` -> ``pipeline.sinks``; ``ftwatch.policy.c4d`` -> ``policy``;
+    a top-level module (``ftwatch.telemetry``) or the core -> None."""
     parts = module.split(".")
+    if len(parts) > 2 and ".".join(parts[1:3]) in STAGES:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
 
 
@@ -121,7 +137,7 @@ def where(rel: str, imp: Import) -> str:
 
 def test_the_checker_sees_every_form_of_import():
     source = '''
-import ftwatch.pipeline.runner
+import ftwatch.pipeline.run
 from ftwatch.rules import engine
 from ftwatch import events
 from ftwatch.events import Finding, Origin
@@ -130,23 +146,23 @@ from . import fields
 from .multiline import block_end
 from typing import TYPE_CHECKING
 if TYPE_CHECKING:
-    from ftwatch.config import PolicyConfig
+    from ftwatch.config.model import PolicyConfig
 def late():
     import ftwatch.cli
 '''
     found = {(i.module, i.names) for i in imports_of(source, "ftwatch/parsers/example.py")}
     assert found == {
-        ("ftwatch.pipeline.runner", ()), ("ftwatch.rules.engine", ()), ("ftwatch.events", ()),
+        ("ftwatch.pipeline.run", ()), ("ftwatch.rules.engine", ()), ("ftwatch.events", ()),
         ("ftwatch.events", ("Finding",)), ("ftwatch.events", ("Origin",)), ("ftwatch.alerting.alerts", ()),
         ("ftwatch.parsers.fields", ()), ("ftwatch.parsers.multiline", ("block_end",)),
-        ("ftwatch.config", ("PolicyConfig",)), ("ftwatch.cli", ()),
+        ("ftwatch.config.model", ("PolicyConfig",)), ("ftwatch.cli", ()),
     }
 
 
 def test_every_package_file_is_checked():
     assert {"ftwatch/events.py", "ftwatch/parsers/multiline.py", "ftwatch/rules/engine.py",
-            "ftwatch/alerting/alerts.py", "ftwatch/pipeline/replay.py", "ftwatch/cli.py"} <= set(SOURCES)
-    assert all(rel in SOURCES for rel in HUBS)
+            "ftwatch/alerting/alerts.py", "ftwatch/pipeline/replay.py", "ftwatch/cli/run.py"} <= set(SOURCES)
+    assert all(rel in SOURCES for rel in HUBS if rel != "ftwatch/testing.py")
 
 
 # --- the rules -------------------------------------------------------------------------------------
@@ -180,7 +196,7 @@ def test_the_parsers_exception_is_still_needed_and_exact():
 
 def test_alerting_never_imports_pipeline():
     bad = [where(rel, i) for rel, imps in SOURCES.items() if rel.startswith("ftwatch/alerting/")
-           for i in imps if stage_of(i.module) == "pipeline"]
+           for i in imps if (stage_of(i.module) or "").startswith("pipeline")]
     assert bad == []
 
 
@@ -201,11 +217,17 @@ def test_only_the_hubs_import_across_stages():
 def test_hubs_are_real_and_do_see_several_stages():
     """Keeps HUBS honest: a hub that no longer exists or needs nothing is dropped from the list."""
     for rel in HUBS:
-        assert rel in SOURCES, rel
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/runner.py"]} >= {"pipeline", "rules"}
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/cli.py"]} >= {"pipeline", "rules"}
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/clisetup.py"]} >= {"pipeline", "rules", "alerting"}
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/clioffline.py"]} >= {"pipeline", "rules", "alerting"}
+        assert rel in SOURCES or rel == "ftwatch/testing.py", rel
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/run.py"]} >= {"pipeline.sources", "rules", "policy"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/build.py"]} >= {"pipeline.sinks", "rules", "alerting"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/cli/replay.py"]} >= {"pipeline", "rules"}
+
+
+def test_the_root_holds_only_the_core_and_the_stage_folders():
+    """The folder list reads as the flow: no module is parked at the root for size."""
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert root == sorted({"__init__.py", "__main__.py", "clock.py", "errors.py", "events.py", "sdk.py",
+                           "telemetry.py"} | ({"testing.py"} if (PACKAGE / "testing.py").exists() else set()))
 
 
 # --- every module imports, each in a fresh interpreter state -----------------------------------------

@@ -1,4 +1,4 @@
-"""ftwatch.metrics: counted on the recorder's real paths, served over real HTTP, spool sizes read at scrape."""
+"""ftwatch.telemetry: counted on the recorder's real paths, served over real HTTP, spool sizes read at scrape."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftwatch.clock import FakeClock
-from ftwatch.config import Config
-from ftwatch.configmetrics import MetricsConfig, parse_listen
+from ftwatch.config.model import Config
+from ftwatch.config.metrics import MetricsConfig, parse_listen
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-from ftwatch.metrics import Metrics, start_metrics
+from ftwatch.telemetry import Metrics, start_metrics
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.pipeline.sources.base import Shipped
-from ftwatch.pipeline.watcher import Watcher
+from ftwatch.pipeline.watch import Watcher
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from ftwatch.config import config_reference
+from ftwatch.config.model import config_reference
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

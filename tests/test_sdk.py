@@ -19,7 +19,7 @@ import warnings
 import pytest
 
 from ftwatch import sdk
-from ftwatch.pipeline.control import ENV_SOCKET, ENV_TOKEN, ControlHandler, ControlServer
+from ftwatch.pipeline.sources.control import ENV_SOCKET, ENV_TOKEN, ControlHandler, ControlServer
 from ftwatch.rules.loader import rules_from_keywords
 from ftwatch.rules.timers import HangTracker
 

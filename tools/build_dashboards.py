@@ -6,7 +6,7 @@ export back into sources.
     tools/build_dashboards.py --check     # exit 1 when ftwatch.ndjson is not what src/ gives
     tools/build_dashboards.py --split export.ndjson   # an export from Kibana -> src/*.json
 
-Every build checks that each reference resolves (ftwatch.dashboards.dangling_references).
+Every build checks that each reference resolves (ftwatch.report.dashboards.dangling_references).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ftwatch.dashboards import (dangling_references, load_sources, parse_ndjson, to_ndjson,  # noqa: E402
+from ftwatch.report.dashboards import (dangling_references, load_sources, parse_ndjson, to_ndjson,  # noqa: E402
                                 write_sources)
 
 SRC = ROOT / "dashboards" / "src"

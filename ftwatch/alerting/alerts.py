@@ -26,7 +26,7 @@ SEVERITY_BY_EVENT_TYPE: dict[str, str] = {
     "job_restart": "warning", "instance_restart": "warning", "job_hang": "warning",
     "straggler": "info", "c4d_diagnosis": "info", "custom_message": "info", "notice": "info",
     "job_finished": "info", "digest": "info"}
-"""The severity of each event type (:data:`ftwatch.configroutes.EVENT_TYPES`): ``critical`` when
+"""The severity of each event type (:data:`ftwatch.config.routes.EVENT_TYPES`): ``critical`` when
 the job loses a node or ends failed, ``warning`` for restarts (hangs included), ``info`` for
 notices."""
 
@@ -48,7 +48,7 @@ def is_c4d(decision: Decision) -> bool:
 
 
 def event_type_of(decision: Decision) -> str:
-    """The event type (a key of :data:`ftwatch.configroutes.EVENT_TYPES`) of a decision.
+    """The event type (a key of :data:`ftwatch.config.routes.EVENT_TYPES`) of a decision.
 
     The action decides first, so a C4D diagnosis that isolates a node is ``node_isolated`` (it
     matches the on-call routes, inhibits its fallout and resolves like any isolation; its alert
@@ -91,7 +91,7 @@ class Alert:
 
     Attributes:
         labels: str -> str: ``alertname`` (``ftwatch_<action>``), ``event_type`` (a key of
-            :data:`ftwatch.configroutes.EVENT_TYPES`), ``job``, ``instance``, ``rank``,
+            :data:`ftwatch.config.routes.EVENT_TYPES`), ``job``, ``instance``, ``rank``,
             ``node``, ``action``,
             ``severity``, ``failure_class``, ``rule`` and ``rule_id`` (the same: the root
             cause's rule) (``""`` where unknown, e.g. the instance of a job-wide restart); and
@@ -181,7 +181,7 @@ def alert_link(alert: "Alert", state_dir: str | Path | None, url_template: str |
         alert: the alert (a decision's or a custom message's).
         state_dir: the state dir the commands name (made absolute, shell-quoted); None: not named.
         url_template: ``alerting.link_url``, e.g. ``https://reports/{job}/{decision_id}``
-            (placeholders ``ftwatch.configroutes.LINK_FIELDS``, URL-quoted); None: a command.
+            (placeholders ``ftwatch.config.routes.LINK_FIELDS``, URL-quoted); None: a command.
 
     Returns:
         The URL; else ``ftwatch explain [--state-dir DIR] ID`` for a decision, or ``ftwatch report
@@ -189,7 +189,7 @@ def alert_link(alert: "Alert", state_dir: str | Path | None, url_template: str |
     """
     from urllib.parse import quote
 
-    from ftwatch.configroutes import LINK_FIELDS
+    from ftwatch.config.routes import LINK_FIELDS
     if url_template:
         values = {k: alert.decision_id if k == "decision_id" else alert.labels.get(k, "") for k in LINK_FIELDS}
         return url_template.format(**{k: quote(str(v), safe="") for k, v in values.items()})

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Protocol
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
-from ftwatch.rules.rootcause import analyse
+from ftwatch.policy.rootcause import analyse
 
 MAX_FINDINGS_PER_INSTANCE = 10
 MAX_EVIDENCE_LINES = 8

@@ -8,7 +8,7 @@ through in its first window). The log is kept in ``<state>/ratelimit.json``, so 
 crash-looping) ftwatch does not start with a fresh allowance. A notification that may not go
 now is not dropped: the Dispatcher spools it and it is sent when the window has room again
 (``ftwatch.alerting.center`` asks :meth:`RateLimiter.ready`). Defaults per receiver kind come
-from the vendors' documented limits (``ftwatch.configroutes.DEFAULT_RATE_LIMITS``: DingTalk 20
+from the vendors' documented limits (``ftwatch.config.routes.DEFAULT_RATE_LIMITS``: DingTalk 20
 messages a minute, and a robot that exceeds it is throttled for 10 minutes; WeCom 20 a minute;
 Feishu 100 a minute).
 
@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from ftwatch.configroutes import DEFAULT_RATE_LIMITS, DigestConfig, clock_minutes, zone
+from ftwatch.config.routes import DEFAULT_RATE_LIMITS, DigestConfig, clock_minutes, zone
 
 log = logging.getLogger(__name__)
 

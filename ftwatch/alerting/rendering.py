@@ -266,7 +266,7 @@ class TemplateRenderer:
 def sample_alerts() -> list[Alert]:
     """The alerts ``check`` renders: :func:`sample_alert` firing and resolved, a custom message
     from the training code, and a ``fail_job`` without a root cause (``root_cause`` is None: the
-    job ended by itself with a failure, ``ftwatch.rules.policy.Policy.finished``), so a template
+    job ended by itself with a failure, ``ftwatch.policy.policy.Policy.finished``), so a template
     that uses ``root_cause.line`` unguarded fails at ``check`` time, not at 3 a.m."""
     alert = sample_alert()
     custom = alert_from_custom_message("demo-job", "loss is NaN at step 1200", alert.starts_at,

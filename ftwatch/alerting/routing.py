@@ -1,6 +1,6 @@
 """The event center's routing (SPEC N3): which receivers an alert goes to, muted when, inhibited by what.
 
-A :class:`Router` is built from ``alerting.route`` (``ftwatch.configroutes.RouteConfig``). Like
+A :class:`Router` is built from ``alerting.route`` (``ftwatch.config.routes.RouteConfig``). Like
 Alertmanager (https://prometheus.io/docs/alerting/latest/configuration/#route), every alert enters
 the root route; it descends into the first child route that matches, and past it into the later
 siblings only when that child has ``continue: true``; a route none of whose children matched is
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from ftwatch.configroutes import (
+from ftwatch.config.routes import (
     InhibitRuleConfig,
     MatchConfig,
     RouteConfig,

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ftwatch.configsupervisor import DEVICE_ENV
+from ftwatch.config.supervisor import DEVICE_ENV
 from ftwatch.events import Action, FailureClass
 from ftwatch.health.agents import Agent, probe, run_group
 from ftwatch.health.ftlog import CheckResult, skipped
@@ -274,7 +274,7 @@ def cpu_check() -> CheckResult:
 
 def device_env(device: str | None, index: int | None = None) -> dict[str, str]:
     """The environment of a check agent for one worker slot: its device as the only visible one
-    (CUDA and Ascend, as the slot's worker sees it; ``ftwatch.configsupervisor.DEVICE_ENV``) and
+    (CUDA and Ascend, as the slot's worker sees it; ``ftwatch.config.supervisor.DEVICE_ENV``) and
     ``FTWATCH_HEALTH_DEVICE=0``; with no device, ``FTWATCH_HEALTH_DEVICE=index`` (modulo the
     devices the agent sees), or nothing."""
     if device is not None:
@@ -376,7 +376,7 @@ def run_checks(paths: Sequence[Path], disk_bytes: int, disk_min_mb_s: float, wor
             mount missing on this node), never created here.
         world: worker slots for the all-reduce (the job's ``nproc_per_node``).
         allreduce: False skips the torch checks' all-reduce (versions are still read).
-        devices: the job's visible devices in slot order (``ftwatch.pipeline.slots.Slots.active``),
+        devices: the job's visible devices in slot order (``ftwatch.pipeline.actuators.slots.Slots.active``),
             or None: the NVML check compares the GPU count with them and agent ``i`` of the
             all-reduce sees only ``devices[i]``.
     """

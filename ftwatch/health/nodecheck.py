@@ -32,7 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from ftwatch.configsupervisor import parse_elastic_range
+from ftwatch.config.supervisor import parse_elastic_range
 
 Group = tuple[int, ...]
 DOWN = "The node is down."
@@ -42,7 +42,7 @@ STRAGGLER_EXITS = "The node is a straggler and exits."
 
 def parse_range(text: str | int, name: str = "--nnodes") -> tuple[int, int]:
     """``"3"`` -> (3, 3); ``"2:4"`` -> (2, 4) (torchrun's / dlrover-run's elastic MIN:MAX), by
-    :func:`ftwatch.configsupervisor.parse_elastic_range`, the one parser of such ranges.
+    :func:`ftwatch.config.supervisor.parse_elastic_range`, the one parser of such ranges.
 
     Raises:
         ValueError: not ``N`` or ``MIN:MAX`` with 1 <= MIN <= MAX (the message names ``name``).

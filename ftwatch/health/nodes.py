@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ftwatch.confighealth import NodeCheckConfig
+from ftwatch.config.health import NodeCheckConfig
 from ftwatch.events import Action, FailureClass
 from ftwatch.health.agents import Agent, run_group
 from ftwatch.health.ftlog import CheckResult

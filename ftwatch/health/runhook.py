@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 from ftwatch.events import Finding
 from ftwatch.health.bootcheck import run_checks
 from ftwatch.health.ftlog import FaultToleranceLog, ending, verdict
-from ftwatch.health.stragglers import StepTracker
+from ftwatch.rules.stragglers import StepTracker
 
 
 class HealthChecks:

@@ -33,7 +33,7 @@ class Recorder:
             (``ftwatch.alerting.alerts.alert_link``), or None.
         resolve_after: seconds without a new incident after which the open alerts resolve
             (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
-        metrics: ``ftwatch.metrics.Metrics`` counting lines, findings, decisions and restarts,
+        metrics: ``ftwatch.telemetry.Metrics`` counting lines, findings, decisions and restarts,
             or None.
         output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
 

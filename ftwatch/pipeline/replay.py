@@ -39,8 +39,8 @@ from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
 from ftwatch.pipeline.replay_hang import HangScan
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
-from ftwatch.rules.incidents import opens_incident
-from ftwatch.rules.policy import Incident, Policy
+from ftwatch.policy.triggers import opens_incident
+from ftwatch.policy.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
 CHUNK_BYTES = 1 << 20

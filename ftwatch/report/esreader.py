@@ -1,8 +1,8 @@
 """``ftwatch report`` from Elasticsearch: a ``ReportReader`` over the sink's data streams (SPEC E2).
 
 Reads ``<prefix>-events``, ``-findings``, ``-decisions`` and ``-output`` (written by
-``ftwatch.pipeline.sinks.elasticsearch``) with the official client and maps the ECS documents
-back to the SQLite store's rows (``ftwatch.pipeline.sinks.ecsread``), so the page is the same
+``ftwatch.pipeline.sinks.elasticsearch.sink``) with the official client and maps the ECS documents
+back to the SQLite store's rows (``ftwatch.pipeline.sinks.elasticsearch.ecsread``), so the page is the same
 whichever store it comes from. Runs are derived from the ``job_start`` events and the sink's
 ``job_end`` documents.
 
@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from ftwatch.errors import FtwatchError
-from ftwatch.pipeline.sinks import ecsread
+from ftwatch.pipeline.sinks.elasticsearch import ecsread
 from ftwatch.report.reader import in_window, run_in_window
 
 Row = dict[str, Any]
@@ -53,7 +53,7 @@ class EsReader:
     """Reads the report's rows from Elasticsearch.
 
     Args:
-        client: an ``elasticsearch.Elasticsearch`` (``ftwatch.pipeline.sinks.elasticsearch.build_client``).
+        client: an ``elasticsearch.Elasticsearch`` (``ftwatch.pipeline.sinks.elasticsearch.sink.build_client``).
         prefix: ``storage.elasticsearch.data_stream_prefix``.
         since, until: the time window (epoch s; None: open), as ``ftwatch.report.reader``'s.
         page_size: hits per search request (and jobs per aggregation page).
@@ -79,7 +79,7 @@ class EsReader:
     @classmethod
     def from_config(cls, cfg: Any, **kwargs: Any) -> "EsReader":
         """A reader for an ``ElasticsearchConfig`` (its URLs, credentials, TLS and prefix)."""
-        from ftwatch.pipeline.sinks.elasticsearch import build_client
+        from ftwatch.pipeline.sinks.elasticsearch.sink import build_client
         return cls(build_client(cfg), cfg.data_stream_prefix, url=cfg.url[0], **kwargs)
 
     # -- talking to the cluster -----------------------------------------------------------------

@@ -3,7 +3,7 @@
 The report needs six queries per job. Any store that answers them in the shapes below can
 feed it: :class:`SqliteReader` reads the embedded store (SPEC E1);
 ``ftwatch.report.esreader.EsReader`` reads the Elasticsearch data streams (SPEC E2) and maps
-the ECS documents back to these keys (``ftwatch.pipeline.sinks.ecsread``).
+the ECS documents back to these keys (``ftwatch.pipeline.sinks.elasticsearch.ecsread``).
 
 A time window (``since`` / ``until``, epoch seconds, either open) keeps the records timed in
 ``[since, until)`` (output: the buckets starting there), the runs that overlap it (:func:`run_in_window`)

@@ -204,7 +204,7 @@ class Engine:
         return findings
 
     def set_steps(self, steps: StepTap | None) -> None:
-        """Attach a step-line tap (H3, ``ftwatch.health.stragglers.StepTracker``); recompiles."""
+        """Attach a step-line tap (H3, ``ftwatch.rules.stragglers.StepTracker``); recompiles."""
         self.steps = steps
         self._compile(self.rules)
 

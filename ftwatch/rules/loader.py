@@ -22,7 +22,7 @@ from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Action, FailureClass, Severity
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule
-from ftwatch.yamlsource import LineDict, LineList, LineLoader, parse_yaml
+from ftwatch.config.yamlsource import LineDict, LineList, LineLoader, parse_yaml
 
 __all__ = ["LineDict", "LineList", "LineLoader", "parse_yaml", "RULE_KEYS", "TOP_KEYS", "builtin_pack_files",
            "load_rules", "rules_from_text", "rules_from_keywords"]

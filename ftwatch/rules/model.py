@@ -61,7 +61,7 @@ class Rule:
 
 
 class StepTap(Protocol):
-    """Step lines the engine hands over (H3; ``ftwatch.health.stragglers.StepTracker``).
+    """Step lines the engine hands over (H3; ``ftwatch.rules.stragglers.StepTracker``).
 
     Attributes:
         patterns: regexes in the matcher's subset; they join the engine's one database.

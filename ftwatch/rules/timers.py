@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity, iso
 
 if TYPE_CHECKING:
-    from ftwatch.config import PolicyConfig
+    from ftwatch.config.model import PolicyConfig
 
 _SOURCE = "AIMaster doc (seeds/000): --enable-job-hang-detection / --job-hang-interval"
 _EXIT_SOURCE = "AIMaster doc (seeds/000): --enable-job-exit-hang-detection / --job-exit-hang-interval"

@@ -25,7 +25,7 @@ from ftwatch.alerting.dispatcher import Dispatcher
 from ftwatch.alerting.notifiers import AlertmanagerNotifier, build_notifiers
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
-from ftwatch.config import AlertingConfig
+from ftwatch.config.model import AlertingConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 from ftwatch.pipeline.recorder import Recorder
 

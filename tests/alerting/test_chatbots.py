@@ -25,8 +25,8 @@ from ftwatch.alerting.notifiers import (REGISTRY, ConsoleNotifier, DingTalkNotif
                                         SlackNotifier, WebhookNotifier, WeComNotifier,
                                         build_notifiers)
 from ftwatch.alerting.spool import Spool
-from ftwatch.config import load_config
-from ftwatch.configalerting import DingTalkReceiver, FeishuReceiver, SlackReceiver, WeComReceiver
+from ftwatch.config.model import load_config
+from ftwatch.config.receivers import DingTalkReceiver, FeishuReceiver, SlackReceiver, WeComReceiver
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 

@@ -21,7 +21,7 @@ from ftwatch.alerting.dispatcher import Dispatcher  # noqa: E402
 from ftwatch.alerting.notifiers import EmailNotifier, build_notifiers  # noqa: E402
 from ftwatch.alerting.rendering import TemplateRenderer  # noqa: E402
 from ftwatch.alerting.spool import Spool  # noqa: E402
-from ftwatch.config import AlertingConfig  # noqa: E402
+from ftwatch.config.model import AlertingConfig  # noqa: E402
 from ftwatch.errors import NotifyError  # noqa: E402
 
 PASSWORD = "s3cret-Pa55"

@@ -21,7 +21,7 @@ from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.routing import EventView, Router
 from ftwatch.alerting.spool import Spool
 from ftwatch.clock import FakeClock
-from ftwatch.config import AlertingConfig, load_config
+from ftwatch.config.model import AlertingConfig, load_config
 from ftwatch.errors import ConfigError, NotifyError
 from ftwatch.events import (
     Action,
@@ -525,7 +525,7 @@ def test_the_readme_example_validates_and_is_the_example_file():
 
 
 def test_durations_and_weekdays():
-    from ftwatch.configroutes import parse_duration, weekday_range
+    from ftwatch.config.routes import parse_duration, weekday_range
     assert [parse_duration(v) for v in (90, "90", "30s", "5m", "4h", "1d", "1h30m", "500ms")] == [
         90, 90, 30, 300, 14400, 86400, 5400, 0.5]
     for bad in ("soon", "5 minutes", "-1", True, "1x"):

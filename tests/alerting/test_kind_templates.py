@@ -14,7 +14,7 @@ import pytest
 from ftwatch.alerting.alerts import sample_alert
 from ftwatch.alerting.notifiers import REGISTRY
 from ftwatch.alerting.rendering import BUILTIN_KINDS, LANGUAGES, TemplateRenderer, sample_alerts
-from ftwatch.config import load_config
+from ftwatch.config.model import load_config
 from ftwatch.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

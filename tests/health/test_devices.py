@@ -1,15 +1,15 @@
 """Check agents run on their worker slot's device (SPEC A1, H1, H2): the agents are real child
 processes that report the visible-devices environment they were started with (no GPU here: the
-devices are modelled names, as ``ftwatch.configsupervisor.default_devices`` does on a CPU)."""
+devices are modelled names, as ``ftwatch.config.supervisor.default_devices`` does on a CPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 from ftwatch.health import bootcheck, nodes
-from ftwatch.healthcli import network_check
-from ftwatch.pipeline.slots import Slots
+from ftwatch.cli.health import network_check
+from ftwatch.pipeline.actuators.slots import Slots
 
 pytestmark = pytest.mark.slow
 

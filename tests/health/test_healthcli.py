@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ftwatch.healthcli import cmd_bootcheck
+from ftwatch.cli.health import cmd_bootcheck
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import io
 import sys
 
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass
 from ftwatch.health import runhook
 from ftwatch.health.ftlog import CheckResult
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.runner import JobRunner
+from ftwatch.pipeline.run import JobRunner
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.rules.engine import Engine
 

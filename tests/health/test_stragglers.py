@@ -6,9 +6,9 @@ import pytest
 from pydantic import ValidationError
 
 from ftwatch.clock import FakeClock
-from ftwatch.confighealth import STEP_PATTERNS, StragglerConfig
+from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import FailureClass, Origin
-from ftwatch.health.stragglers import SWEEP_EVERY, StepTracker, is_straggler, scan_form
+from ftwatch.rules.stragglers import SWEEP_EVERY, StepTracker, is_straggler, scan_form
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 

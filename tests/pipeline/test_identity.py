@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftwatch.events import Origin
-from ftwatch.pipeline.identity import Identity, parse_log_path, pod_name_rule
+from ftwatch.pipeline.sources.identity import Identity, parse_log_path, pod_name_rule
 from ftwatch.pipeline.sources.base import Shipped
 
 JOB = "training.kubeflow.org/job-name"

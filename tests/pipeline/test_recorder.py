@@ -137,7 +137,7 @@ def test_link_url_template_is_used_for_every_alert(tmp_path):
 def test_link_url_with_an_unknown_placeholder_is_a_config_error(tmp_path):
     import pytest
 
-    from ftwatch.config import load_config
+    from ftwatch.config.model import load_config
     from ftwatch.errors import ConfigError
     config = tmp_path / "c.yaml"
     config.write_text("alerting:\n  link_url: 'https://r/{jobid}'\n")

@@ -13,15 +13,15 @@ from pydantic import ValidationError
 
 from ftwatch import sdk
 from ftwatch.clock import FakeClock
-from ftwatch.config import Config, load_config
-from ftwatch.configmindcluster import MindClusterConfig, policy_overrides, signal_number
-from ftwatch.configsupervisor import ElasticRange, SupervisorConfig, default_devices, parse_elastic_range
+from ftwatch.config.model import Config, load_config
+from ftwatch.config.mindcluster import MindClusterConfig, policy_overrides, signal_number
+from ftwatch.config.supervisor import ElasticRange, SupervisorConfig, default_devices, parse_elastic_range
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-from ftwatch.pipeline.control import ControlServer
-from ftwatch.pipeline.recovery import DumpWatch, RecoveryHandler, RetryWatch, isolate, isolate_devices, plan, retry_candidate
-from ftwatch.pipeline.scene import Scene
-from ftwatch.pipeline.slots import Slots
+from ftwatch.pipeline.sources.control import ControlServer
+from ftwatch.pipeline.actuators.recovery import DumpWatch, RecoveryHandler, RetryWatch, isolate, isolate_devices, plan, retry_candidate
+from ftwatch.pipeline.actuators.scene import Scene
+from ftwatch.pipeline.actuators.slots import Slots
 from ftwatch.rules.loader import rules_from_keywords
 from ftwatch.rules.timers import HangTracker
 
@@ -375,7 +375,7 @@ def test_config_default_is_off():
 def test_supervisor_resize_starts_fewer_workers_with_the_new_devices():
     import sys
 
-    from ftwatch.pipeline.supervisor import Output, Supervisor
+    from ftwatch.pipeline.sources.supervisor import Output, Supervisor
     code = "import os; print(os.environ['WORLD_SIZE'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['MA_PROC_START_CNT'])"
     with Supervisor([sys.executable, "-c", code], 3, grace_period=1) as sup:
         sup.resize(3, {"CUDA_VISIBLE_DEVICES": "0,1,2"})

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass
 from ftwatch.pipeline.replay import (CHUNK_BYTES, SIM_START, SIM_STEP, ReplayResult, anchor, origin_for,
                                      replay)
-from ftwatch.rules.budgets import BudgetStore
+from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
-from ftwatch.rules.policy import Policy
+from ftwatch.policy.policy import Policy
 
 JOB = "replay-test"
 BANNER = [

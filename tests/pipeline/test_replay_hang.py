@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass
 from ftwatch.pipeline.replay import ReplayResult, replay
-from ftwatch.rules.budgets import BudgetStore
+from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
-from ftwatch.rules.policy import Policy
+from ftwatch.policy.policy import Policy
 
 JOB = "replay-hang-test"
 T0 = datetime(2026, 11, 21, 9, 0, 0, tzinfo=timezone.utc)

@@ -20,7 +20,7 @@ import pytest
 
 from ftwatch.errors import SourceError
 from ftwatch.events import ProcessExit
-from ftwatch.pipeline.supervisor import Output, Started, Supervisor
+from ftwatch.pipeline.sources.supervisor import Output, Started, Supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train_ddp.py"

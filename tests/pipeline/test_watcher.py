@@ -11,13 +11,13 @@ from ftwatch.alerting.dispatcher import Dispatcher
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
 from ftwatch.clock import FakeClock
-from ftwatch.config import Config
+from ftwatch.config.model import Config
 from ftwatch.events import Origin
-from ftwatch.pipeline.actuator import ExecActuator
+from ftwatch.pipeline.actuators.exec import ExecActuator
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.pipeline.sources.base import Shipped
-from ftwatch.pipeline.watcher import Watcher
+from ftwatch.pipeline.watch import Watcher
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 

@@ -10,14 +10,14 @@ import functools
 from pathlib import Path
 
 from ftwatch.clock import FakeClock
-from ftwatch.config import PolicyConfig
-from ftwatch.configrecovery import ModelArtsAnnotations, ModelArtsConfig, RecoveryConfig
+from ftwatch.config.model import PolicyConfig
+from ftwatch.config.recovery import ModelArtsAnnotations, ModelArtsConfig, RecoveryConfig
 from ftwatch.events import Finding, Origin, ProcessExit
-from ftwatch.rules.budgets import BudgetStore
+from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.loader import load_rules
-from ftwatch.rules.policy import Incident, Policy
+from ftwatch.policy.policy import Incident, Policy
 
 JOB = "train-7"
 DAY = 86_400.0

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config import PolicyConfig
+from ftwatch.config.model import PolicyConfig
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, Severity, Target
-from ftwatch.rules.budgets import BudgetStore
+from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
-from ftwatch.rules.policy import Incident, Policy, analyse, is_ps_or_chief
+from ftwatch.policy.policy import Incident, Policy, analyse, is_ps_or_chief
 
 JOB = "train-42"
 T0 = 1_795_219_200.0

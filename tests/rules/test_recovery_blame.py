@@ -7,9 +7,9 @@ import json
 import pytest
 
 from ftwatch.clock import FakeClock
-from ftwatch.configrecovery import BlameConfig, RecoveryConfig
+from ftwatch.config.recovery import BlameConfig, RecoveryConfig
 from ftwatch.events import Action, Origin
-from ftwatch.rules.blame import BlameStore
+from ftwatch.policy.blame import BlameStore
 
 from recovery_helpers import DAY, JOB, _engine, died, incident, line, policy
 
@@ -101,7 +101,7 @@ def test_report_for_explain(tmp_path):
 def test_ftwatch_explain_shows_the_blame_clause_and_the_node_table(tmp_path, capsys):
     import io
 
-    from ftwatch.clioffline import cmd_explain
+    from ftwatch.cli.explain import cmd_explain
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
 

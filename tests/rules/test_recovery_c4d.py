@@ -6,7 +6,7 @@ import pytest
 
 from ftwatch.clock import FakeClock
 from ftwatch.events import Action, FailureClass
-from ftwatch.rules.c4d import C4DSettings, grade, parse_line
+from ftwatch.policy.c4d import C4DSettings, grade, parse_line
 
 from recovery_helpers import incident, line, policy
 

@@ -8,7 +8,7 @@ import pytest
 
 from ftwatch.clock import FakeClock
 from ftwatch.events import Action
-from ftwatch.rules.escalation import ECC_CODES, Escalator, FaultHistory, FrequencyRule
+from ftwatch.policy.escalation import ECC_CODES, Escalator, FaultHistory, FrequencyRule
 
 from recovery_helpers import DAY, JOB, died, incident, line, policy
 
@@ -170,7 +170,7 @@ def test_user_input_codes_restart_under_aimaster_and_never_isolate(tmp_path, cod
 
 
 def test_escalation_can_be_turned_off(tmp_path):
-    from ftwatch.configrecovery import RecoveryConfig
+    from ftwatch.config.recovery import RecoveryConfig
     clock = FakeClock()
     off = RecoveryConfig(escalation=False)
     assert [fail_with(tmp_path, clock, UCE, recovery=off).action for _ in range(3)] == [Action.RESTART_IN_PLACE] * 3

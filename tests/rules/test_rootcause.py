@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftwatch.config import PolicyConfig
+from ftwatch.config.model import PolicyConfig
 from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, Severity
-from ftwatch.rules.budgets import BudgetStore
+from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.loader import load_rules
-from ftwatch.rules.policy import Incident, Policy
-from ftwatch.rules.rootcause import CASCADE_RULES, analyse
+from ftwatch.policy.policy import Incident, Policy
+from ftwatch.policy.rootcause import CASCADE_RULES, analyse
 
 JOB = "rc"
 T0 = 1_795_219_200.0

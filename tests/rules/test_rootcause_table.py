@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config import Config, parse_aimaster_flags
+from ftwatch.config.model import Config, parse_aimaster_flags
 from ftwatch.events import Action, Finding, Origin, ProcessExit
-from ftwatch.rules.budgets import BudgetStore
+from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.loader import load_rules
-from ftwatch.rules.policy import Incident, Policy
+from ftwatch.policy.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
 JOB = "table"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ftwatch.clock import FakeClock
-from ftwatch.config import PolicyConfig
+from ftwatch.config.model import PolicyConfig
 from ftwatch.events import Action, FailureClass, Origin, Severity, iso
-from ftwatch.pipeline.control import ControlHandler
+from ftwatch.pipeline.sources.control import ControlHandler
 from ftwatch.rules.timers import HangTracker
 
 W = [Origin(f"worker-{r}", rank=r, job="j") for r in range(3)]

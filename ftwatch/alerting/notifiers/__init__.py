@@ -57,7 +57,7 @@ def build_notifiers(receivers: Iterable[Any], out: TextIO | None = None) -> list
             fields: console ``color`` (optional); webhook ``url``, ``headers``, ``timeout``,
             ``max_retries`` (optional); dingtalk, feishu, wecom, slack ``url``, ``secret``
             (dingtalk, feishu), ``timeout``, ``max_retries``; email and alertmanager: the
-            fields of ``ftwatch.configalerting.EmailReceiver`` / ``AlertmanagerReceiver``.
+            fields of ``ftwatch.config.receivers.EmailReceiver`` / ``AlertmanagerReceiver``.
         out: the console receivers' stream (None: ``sys.stdout`` at send time); colour is
             on by default when it is a terminal.
 

@@ -44,7 +44,7 @@ import httpx
 from ftwatch.alerting.alerts import Alert, Notification
 from ftwatch.alerting.alerts import RESOLVABLE
 from ftwatch.alerting.notifiers.webhook import WebhookNotifier
-from ftwatch.configroutes import parse_duration
+from ftwatch.config.routes import parse_duration
 from ftwatch.events import iso
 
 _LABEL_KEYS = ("job", "severity", "action", "instance", "node", "rank", "failure_class", "rule_id")
@@ -123,7 +123,7 @@ class AlertmanagerNotifier(WebhookNotifier):
         ``timeout``, ``max_retries``).
 
         ``resolve_after`` is seconds or a duration string (``30s``, ``5m``, ``1h``;
-        ``ftwatch.configroutes.parse_duration``).
+        ``ftwatch.config.routes.parse_duration``).
 
         Raises:
             KeyError: ``name`` or ``url`` is missing.

@@ -103,7 +103,7 @@ class EmailNotifier:
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> "EmailNotifier":
-        """One notifier from a config entry (``ftwatch.configalerting.EmailReceiver`` fields).
+        """One notifier from a config entry (``ftwatch.config.receivers.EmailReceiver`` fields).
 
         Raises:
             KeyError: ``name``, ``host``, ``from_addr`` or ``to`` is missing.

@@ -16,7 +16,7 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path):
     """The source a ``watch.sources[]`` entry describes, not yet started.
 
     Args:
-        config: one of ``ftwatch.configwatch``'s source models.
+        config: one of ``ftwatch.config.watch``'s source models.
         out: the queue it puts ``list[Shipped]`` batches on.
         state_dir: where a file source keeps its offsets (``offsets/<name>.json``).
 

@@ -2,7 +2,7 @@
 
 A shipped source does not know the job, node or instance of a line: it hands over the
 line and whatever metadata came with it (a fluent-bit record's fields, a file's path), and
-``ftwatch.pipeline.identity`` turns the metadata into an Origin. Lines still wrapped in a
+``ftwatch.pipeline.sources.identity`` turns the metadata into an Origin. Lines still wrapped in a
 container runtime's envelope (CRI, docker json-file) are unwrapped by
 ``ftwatch.parsers.envelopes`` before that.
 

@@ -4,7 +4,7 @@ One reader thread per stream ``os.read``\\ s the pipe and puts each batch of com
 caller's queue as an :class:`Output` as soon as a read returns them; a partial line is carried to
 the next read, and flushed (with a ``b"\\n"`` added) at EOF or when it grows past ``MAX_LINE``.
 :class:`Started` is the matching "a worker process was started" event. The supervisor
-(``ftwatch.pipeline.supervisor``) spawns the processes and calls :func:`start_readers`.
+(``ftwatch.pipeline.sources.supervisor``) spawns the processes and calls :func:`start_readers`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import pytest
 from ftwatch.alerting.dispatcher import DeliveryResult
 from ftwatch.cli import main
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-from ftwatch.pipeline.sinks import ecs, essetup
+from ftwatch.pipeline.sinks.elasticsearch import ecs, setup as essetup
 
 T0 = 1_795_219_200.0
 KINDS_ECS = {"alert", "asset", "enrichment", "event", "metric", "state", "pipeline_error"}

@@ -18,7 +18,7 @@ from elasticsearch import Elasticsearch
 from ftwatch.alerting.dispatcher import DeliveryResult
 from ftwatch.errors import SinkError
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target)
-from ftwatch.pipeline.sinks.elasticsearch import ElasticsearchSink
+from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 
@@ -156,7 +156,7 @@ def test_a_crashed_process_loses_nothing(fake_es, tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
         from elasticsearch import Elasticsearch
-        from ftwatch.pipeline.sinks.elasticsearch import ElasticsearchSink
+        from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink
         sink = ElasticsearchSink(Elasticsearch("http://127.0.0.1:9", max_retries=0), sys.argv[1])
         for i in range(4):
             sink.add_event({T0} + i, "job-a", "instance_start", f"worker-{{i}}", i, {{"pid": 100 + i}})
@@ -283,8 +283,8 @@ def test_a_line_cut_short_in_the_journal_is_a_dead_letter_and_the_rest_is_sent(f
 
 
 def test_two_runs_on_one_buffer_directory_are_refused_clearly(fake_es, tmp_path):
-    from ftwatch.clistorage import build_store
-    from ftwatch.config import Config
+    from ftwatch.pipeline.build import build_store
+    from ftwatch.config.model import Config
     from ftwatch.errors import ConfigError
 
     config = Config.model_validate({"storage": {"elasticsearch": {"url": fake_es.url}}})

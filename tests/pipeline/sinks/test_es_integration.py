@@ -11,10 +11,10 @@ import uuid
 
 import pytest
 
-from ftwatch.configstorage import ElasticsearchConfig
+from ftwatch.config.storage import ElasticsearchConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-from ftwatch.pipeline.sinks import essetup
-from ftwatch.pipeline.sinks.elasticsearch import ElasticsearchSink, build_client
+from ftwatch.pipeline.sinks.elasticsearch import setup as essetup
+from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink, build_client
 
 URL = os.environ.get("FTWATCH_ES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="FTWATCH_ES_URL is not set: no Elasticsearch cluster to test against")

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from ftwatch.events import Origin
-from ftwatch.pipeline.identity import Identity
-from ftwatch.pipeline.sinks import ecs
+from ftwatch.pipeline.sources.identity import Identity
+from ftwatch.pipeline.sinks.elasticsearch import ecs
 
 LABELS = {"app.kubernetes.io/name": "trainer", "app": "demo", "training.kubeflow.org/job-name": "mnist",
           "training.kubeflow.org/replica-index": "0"}

@@ -11,8 +11,8 @@ import logging
 from elasticsearch import Elasticsearch
 
 from ftwatch.cli import main
-from ftwatch.metrics import _jsonl_usage
-from ftwatch.pipeline.sinks import essetup
+from ftwatch.telemetry import _jsonl_usage
+from ftwatch.pipeline.sinks.elasticsearch import setup as essetup
 from tests.pipeline.sinks.test_elasticsearch import decision, make_sink, write_some
 
 
@@ -43,7 +43,7 @@ def test_without_the_privilege_to_install_it_documents_wait_on_disk_with_one_war
     fake_es.refuse_puts = True
     sink = make_sink(fake_es.url, tmp_path / "buf")
     write_some(sink, 3)
-    with caplog.at_level(logging.WARNING, logger="ftwatch.pipeline.sinks.elasticsearch"):
+    with caplog.at_level(logging.WARNING, logger="ftwatch.pipeline.sinks.elasticsearch.sink"):
         assert sink.flush() == 3
         assert sink.flush() == 3
     warnings = [r for r in caplog.records if "could not be installed" in r.getMessage()]
@@ -105,7 +105,7 @@ def test_dead_letters_are_replayed_by_es_flush(fake_es, tmp_path, capsys):
 
 def test_es_flush_on_a_buffer_in_use_says_so_in_one_line_and_closes_its_client(fake_es, tmp_path, capsys,
                                                                                monkeypatch):
-    from ftwatch.pipeline.sinks import elasticsearch as es_module
+    from ftwatch.pipeline.sinks.elasticsearch import sink as es_module
 
     held = make_sink(fake_es.url, tmp_path / "es-buffer")
     closed = []
@@ -127,7 +127,7 @@ def test_es_flush_on_a_buffer_in_use_says_so_in_one_line_and_closes_its_client(f
 
 def test_a_full_buffer_drops_new_documents_counts_them_and_says_so(tmp_path, caplog):
     sink = make_sink("http://127.0.0.1:9", tmp_path / "buf", max_buffer_bytes=4000)   # nobody listens
-    with caplog.at_level(logging.ERROR, logger="ftwatch.pipeline.sinks.elasticsearch"):
+    with caplog.at_level(logging.ERROR, logger="ftwatch.pipeline.sinks.elasticsearch.sink"):
         write_some(sink, 40)
     kept = sink.pending()
     assert 0 < kept < 40 and sink.stats.dropped == 40 - kept
@@ -158,7 +158,7 @@ def test_the_buffer_takes_documents_again_once_the_cluster_took_what_waited(fake
 
 
 def test_the_config_caps_the_buffer_at_one_gib_by_default():
-    from ftwatch.configstorage import ElasticsearchConfig
+    from ftwatch.config.storage import ElasticsearchConfig
 
     cfg = ElasticsearchConfig(url="http://localhost:9200")
     assert cfg.max_buffer_bytes == 1 << 30
@@ -171,7 +171,7 @@ def test_a_cluster_before_8_13_gets_bulk_requests_without_require_data_stream(fa
     fake_es.before_8_13 = True
     sink = make_sink(fake_es.url, tmp_path / "buf")
     write_some(sink, 2)
-    with caplog.at_level(logging.WARNING, logger="ftwatch.pipeline.sinks.elasticsearch"):
+    with caplog.at_level(logging.WARNING, logger="ftwatch.pipeline.sinks.elasticsearch.sink"):
         assert sink.flush() == 0
         write_some(sink, 1, 1_795_300_000.0)
         assert sink.flush() == 0

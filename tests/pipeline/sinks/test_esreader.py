@@ -14,12 +14,12 @@ import pytest
 from elasticsearch import Elasticsearch
 
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-from ftwatch.pipeline.sinks.elasticsearch import ElasticsearchSink
+from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.report import model
-from ftwatch.report.command import cmd_report, parse_time
+from ftwatch.cli.report import cmd_report, parse_time
 from ftwatch.report.esreader import EsReader, EsReadError
 from ftwatch.report.reader import SqliteReader
 

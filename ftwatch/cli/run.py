@@ -1,0 +1,72 @@
+"""``ftwatch run``: supervise a training job on this machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ftwatch.cli.common import aimaster_epilog, job_id_for, load_config_from_args, split_flags
+from ftwatch.pipeline.build import build_recorder, build_rules
+
+
+def cmd_run(argv: list[str]) -> int:
+    """``ftwatch run``: supervise a training job on this machine (exit status: the job's outcome)."""
+    flags, rest, command = split_flags(argv)
+    p = argparse.ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.",
+                                epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--aimaster-args", help="AIMaster flags as one string")
+    p.add_argument("--nproc-per-node", help="workers to start: N or MIN:MAX (default: config, else 1)")
+    p.add_argument("--state-dir", help="where the SQLite store, budgets and spool live")
+    p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
+    p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
+    p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
+    from ftwatch.config.mindcluster import add_run_flags, apply_run_flags
+    add_run_flags(p)
+    p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
+    p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
+    args = p.parse_args(rest)
+    if not command:
+        p.error("give the training command after --")
+    config = apply_run_flags(load_config_from_args(args, flags), args)
+    if args.state_dir:
+        config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
+    from ftwatch.telemetry import start_metrics
+    from ftwatch.pipeline.run import JobRunner
+    from ftwatch.rules.engine import Engine
+    state_dir = Path(config.storage.state_dir)
+    job = job_id_for(args.job_id or config.job.id, command)
+    if args.network_check or config.health.network_check:
+        from ftwatch.cli.health import network_check
+        status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
+        if status:
+            return status
+    recorder = build_recorder(config, state_dir, args.decisions_file)
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
+    runner = JobRunner(config, command, Engine(build_rules(config)), recorder, job)
+    try:
+        status = runner.run()
+    finally:
+        recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
+        if metrics is not None:
+            metrics.close()
+    _summary(runner, recorder, status, state_dir)
+    return status
+
+def _summary(runner, recorder, status: int, state_dir: Path) -> None:
+    """The short summary printed when ``ftwatch run`` ends."""
+    from ftwatch.events import Action
+    stats = runner.engine.stats
+    actions = [d.action.label for d in recorder.decisions]
+    verdict = {0: "SUCCEEDED", 130: "INTERRUPTED"}.get(status, "FAILED")
+    recorder.say("")
+    recorder.say("ftwatch summary")
+    recorder.say(f"  job        {runner.job}: {verdict} (exit {status})")
+    recorder.say(f"  attempts   {runner.budgets.attempt + 1} (this job, across ftwatch restarts)")
+    recorder.say(f"  decisions  {', '.join(actions) or 'none'}")
+    recorder.say(f"  lines      {stats.lines} scanned, {recorder.finding_count} findings")
+    recorder.say(f"  store      {recorder.store.path if recorder.store else '-'}")
+    acted = [d for d in recorder.decisions if d.action is not Action.NONE] or recorder.decisions
+    if acted:
+        recorder.say(f"  explain    {recorder.link(acted[-1])}")

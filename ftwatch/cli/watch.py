@@ -1,0 +1,76 @@
+"""``ftwatch watch``: watch jobs ftwatch did not launch, from shipped logs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ftwatch.cli.common import aimaster_epilog, load_config_from_args, split_flags
+from ftwatch.errors import ConfigError
+from ftwatch.pipeline.build import build_recorder, build_rules
+
+
+def cmd_watch(argv: list[str]) -> int:
+    """``ftwatch watch``: watch jobs from shipped logs until a signal (or stdin's end)."""
+    flags, rest, _ = split_flags(argv)
+    p = argparse.ArgumentParser(prog="ftwatch watch", description="Watch jobs ftwatch did not launch, "
+                                "from shipped logs (fluent-bit Forward / HTTP, file tails, stdin).",
+                                epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="YAML config with a watch.sources list")
+    p.add_argument("--aimaster-args", help="AIMaster flags as one string")
+    p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")
+    p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
+    args = p.parse_args(rest)
+    config = load_config_from_args(args, flags)
+    if args.state_dir:
+        config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
+    if not config.watch.sources:
+        raise ConfigError(f"{args.config}: watch.sources is empty: nothing to watch")
+    import signal
+    import threading
+    from ftwatch.telemetry import start_metrics
+    from ftwatch.pipeline.actuators.exec import build_actuator
+    from ftwatch.pipeline.sources.identity import Identity
+    from ftwatch.pipeline.sources import build_source
+    from ftwatch.pipeline.watch import Watcher, tune_gc_for_ingest
+    from ftwatch.rules.engine import Engine
+    tune_gc_for_ingest()
+    state_dir = Path(config.storage.state_dir)
+    recorder = build_recorder(config, state_dir, args.decisions_file)
+    ident = config.watch.identity
+    identity = Identity(job_label=ident.job_label, default_job=ident.default_job)
+    from ftwatch.rules.stragglers import StepTracker     # H3: stragglers from shipped step lines too
+    steps = StepTracker(config.health.straggler) if config.health.straggler.enabled else None
+    watcher = Watcher(config, Engine(build_rules(config), steps=steps), recorder, identity.resolve,
+                      build_actuator(config.watch.actuator),
+                      flush_partials=lambda before: identity.joiners.flush(before))
+    metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
+    if metrics is not None:
+        metrics.watch_queue(watcher.queue.qsize)
+    sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: watcher.stop())
+    for source in sources:
+        source.start()
+        port = getattr(source, "port", None)
+        recorder.say(f"ftwatch watch: source {source.name} started" + (f" on port {port}" if port else ""))
+    stdin_only = all(s.type == "stdin" for s in config.watch.sources)
+
+    def finished() -> bool:      # stdin sources end at EOF; listeners run until a signal
+        return stdin_only and all(src.ended.is_set() for src in sources) and watcher.queue.empty()
+
+    try:
+        watcher.run(until=finished)
+        if stdin_only:           # the input ended: decide what is still open, as replay does
+            watcher.close()
+    finally:
+        for source in sources:
+            source.stop()
+        recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
+        if metrics is not None:
+            metrics.close()
+    recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
+                 f"{watcher.engine.stats.lines} lines")
+    return 0

@@ -1,0 +1,92 @@
+"""The ``watch`` section of the config: shipped sources, identity and the actuator (issue 3).
+
+Kept apart from ``ftwatch.config.model`` only for size; ``Config.watch`` holds a ``WatchConfig``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class ForwardSourceConfig(BaseModel):
+    """fluent-bit's out_forward sends here (Forward protocol v1, TCP)."""
+
+    model_config = _STRICT
+    type: Literal["forward"] = Field(description="Source kind.")
+    name: str = Field("forward", description="Source name (in stats and logs).")
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 only on purpose (Q2).")
+    port: int = Field(24224, ge=0, le=65535, description="TCP port; 24224 is fluent-bit's default.")
+    shared_key: str | None = Field(None, repr=False, description="Shared key of the HELO/PING/PONG handshake.")
+    tls_cert: Path | None = Field(None, description="PEM certificate: TLS when set (with tls_key).")
+    tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
+
+
+class HttpSourceConfig(BaseModel):
+    """fluent-bit's out_http posts here (json or json_lines, gzip)."""
+
+    model_config = _STRICT
+    type: Literal["http"] = Field(description="Source kind.")
+    name: str = Field("http", description="Source name.")
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(9880, ge=0, le=65535, description="TCP port.")
+    path: str = Field("/", description="URL path prefix accepted.")
+    token: str | None = Field(None, repr=False, description="Bearer token required when set.")
+
+
+class FileSourceConfig(BaseModel):
+    """Tail files (globs), surviving rotation and restarts."""
+
+    model_config = _STRICT
+    type: Literal["file"] = Field(description="Source kind.")
+    name: str = Field("file", description="Source name; also names its offsets file.")
+    paths: list[str] = Field(description="Glob patterns of the files to follow.")
+    envelope: Literal["cri", "docker"] | None = Field(None, description="Container runtime log format, if any.")
+    read_from_head: bool = Field(False, description="Read files found at start from their beginning.")
+
+
+class StdinSourceConfig(BaseModel):
+    """Read lines from standard input."""
+
+    model_config = _STRICT
+    type: Literal["stdin"] = Field(description="Source kind.")
+    name: str = Field("stdin", description="Source name.")
+    envelope: Literal["cri", "docker"] | None = Field(None, description="Container runtime log format, if any.")
+
+
+SourceConfig = Annotated[Union[ForwardSourceConfig, HttpSourceConfig, FileSourceConfig, StdinSourceConfig],
+                         Field(discriminator="type")]
+
+
+class IdentityConfig(BaseModel):
+    """How a shipped line's metadata names its job, node, instance and rank."""
+
+    model_config = _STRICT
+    job_label: str = Field("training.kubeflow.org/job-name", description="Pod label that names the job.")
+    default_job: str = Field("default", description="Job of lines with no job label.")
+
+
+class ActuatorConfig(BaseModel):
+    """What acts on a decision in ``watch`` mode."""
+
+    model_config = _STRICT
+    type: Literal["none", "exec"] = Field("none", description="none: observe only; exec: run `command`.")
+    command: list[str] = Field(default_factory=list,
+                               description="exec: argv run with the decision JSON on stdin.")
+    timeout: float = Field(60.0, gt=0, description="exec: seconds before the command is killed.")
+
+
+class WatchConfig(BaseModel):
+    """``ftwatch watch``: jobs ftwatch did not launch."""
+
+    model_config = _STRICT
+    sources: list[SourceConfig] = Field(default_factory=list, description="Where lines come from.")
+    identity: IdentityConfig = Field(default_factory=IdentityConfig, description="Job/node/instance from metadata.")
+    actuator: ActuatorConfig = Field(default_factory=ActuatorConfig, description="What acts on decisions.")
+    settle: float = Field(5.0, ge=0, description="Seconds the other instances may show errors before deciding.")
+    cooldown: float = Field(60.0, ge=0, description="Seconds after acting during which a job's new errors wait.")
+    queue_batches: int = Field(256, gt=0, description="Bound of the queue between sources and the engine.")

@@ -1,0 +1,236 @@
+"""The Prometheus ``/metrics`` endpoint of ``ftwatch run`` and ``ftwatch watch`` (SPEC E5).
+
+Built on the official ``prometheus_client``; every :class:`Metrics` has its own registry, so
+several can live in one process (tests). The hub code increments them where the work happens
+(``Recorder``: lines read, findings, decisions, restarts; the watcher: ingest lag); spool and
+queue sizes are read when Prometheus scrapes.
+
+=====================================  =======  ==========================================
+metric                                 type     labels
+=====================================  =======  ==========================================
+``ftwatch_lines_total``                counter  ``job_id``: log lines read
+``ftwatch_bytes_total``                counter  ``job_id``: log bytes read
+``ftwatch_findings_total``             counter  ``job_id``, ``failure_class``, ``severity``
+``ftwatch_decisions_total``            counter  ``job_id``, ``action``
+``ftwatch_restarts_total``             counter  ``job_id``, ``kind`` (``job``, ``instance``, or
+                                                the actuator's action in ``watch``)
+``ftwatch_ingest_lag_seconds``         histog.  now minus the record time of shipped lines
+                                                (``watch``; per origin and batch, newest line)
+``ftwatch_ingest_lag_last_seconds``    gauge    the last such lag
+``ftwatch_spool_items``                gauge    ``spool`` (``alerts``, ``elasticsearch``),
+                                                ``state`` (``pending``/``dead``; and
+                                                ``dropped`` for ``elasticsearch``: never
+                                                journaled, the buffer was full)
+``ftwatch_spool_bytes``                gauge    ``spool``, ``state``
+``ftwatch_queue_batches``              gauge    batches waiting in ``watch``'s ingest queue
+=====================================  =======  ==========================================
+
+The label is ``job_id``, not ``job``: Prometheus sets ``job`` to the scrape job's name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from ftwatch.errors import ConfigError
+
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf"))
+
+
+class _SpoolCollector:
+    """Counts the entries (and their bytes) of spools at scrape time."""
+
+    def __init__(self) -> None:
+        self.spools: dict[str, tuple[Path, str]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        items = GaugeMetricFamily("ftwatch_spool_items", "Entries waiting in a spool (not yet "
+                                  "delivered: pending; refused for good: dead).", labels=["spool", "state"])
+        size = GaugeMetricFamily("ftwatch_spool_bytes", "Bytes of a spool's entries.",
+                                 labels=["spool", "state"])
+        for name, (path, layout) in sorted(self.spools.items()):
+            usage = _jsonl_usage(path) if layout == "jsonl" else _files_usage(path)
+            for state, n, b in usage:
+                items.add_metric([name, state], n)
+                size.add_metric([name, state], b)
+        yield items
+        yield size
+
+
+def _files_usage(path: Path) -> list[tuple[str, int, int]]:
+    """(state, entries, bytes) of a directory with a file per entry, dead ones in ``dead/``
+    (``ftwatch.alerting.spool``)."""
+    out = []
+    for state, directory in (("pending", path), ("dead", path / "dead")):
+        n = b = 0
+        try:
+            with os.scandir(directory) as entries:
+                for e in entries:
+                    if e.is_file(follow_symlinks=False) and not e.name.startswith("."):
+                        n += 1
+                        b += e.stat(follow_symlinks=False).st_size
+        except OSError:
+            pass                   # not created yet: empty
+        out.append((state, n, b))
+    return out
+
+
+def _jsonl_usage(path: Path) -> list[tuple[str, int, int]]:
+    """(state, entries, bytes) of a directory of JSON-lines files, an entry a line, the dead
+    ones in ``dead-letter.jsonl``, and the ``dropped`` count of ``dropped.count`` (bytes 0:
+    not kept) (``ftwatch.pipeline.sinks.elasticsearch.buffer``)."""
+    counts = {"pending": [0, 0], "dead": [0, 0]}
+    try:
+        files = sorted(path.glob("*.jsonl"))
+    except OSError:
+        files = []
+    for f in files:
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue               # sealed or acknowledged meanwhile
+        slot = counts["dead" if f.name == "dead-letter.jsonl" else "pending"]
+        slot[0] += data.count(b"\n")
+        slot[1] += len(data)
+    try:
+        dropped = int((path / "dropped.count").read_text().strip() or 0)
+    except (OSError, ValueError):
+        dropped = 0
+    return [(state, n, b) for state, (n, b) in counts.items()] + [("dropped", dropped, 0)]
+
+
+class Metrics:
+    """ftwatch's counters and gauges in one registry.
+
+    Args:
+        registry: where they live; a new one when None.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.lines = Counter("ftwatch_lines", "Log lines read.", ["job_id"], registry=r)
+        self.bytes = Counter("ftwatch_bytes", "Log bytes read.", ["job_id"], registry=r)
+        self.findings = Counter("ftwatch_findings", "Findings made by rules, exits and hang timers.",
+                                ["job_id", "failure_class", "severity"], registry=r)
+        self.decisions = Counter("ftwatch_decisions", "Policy decisions.", ["job_id", "action"],
+                                 registry=r)
+        self.restarts = Counter("ftwatch_restarts", "Restarts carried out.", ["job_id", "kind"],
+                                registry=r)
+        self.lag = Histogram("ftwatch_ingest_lag_seconds", "Seconds from a shipped record's time "
+                             "to its ingestion.", buckets=LAG_BUCKETS, registry=r)
+        self.lag_last = Gauge("ftwatch_ingest_lag_last_seconds", "The last ingest lag observed.",
+                              registry=r)
+        self.queue = Gauge("ftwatch_queue_batches", "Batches waiting in the ingest queue.",
+                           registry=r)
+        self._spools = _SpoolCollector()
+        r.register(self._spools)
+        self._server = None
+
+    # -- the real paths call these --------------------------------------------------------------
+
+    def count_output(self, job: str, lines: int, nbytes: int) -> None:
+        """``lines`` lines of ``nbytes`` bytes of ``job`` were read."""
+        self.lines.labels(job).inc(lines)
+        self.bytes.labels(job).inc(nbytes)
+
+    def count_findings(self, findings: Iterable) -> None:
+        """Count findings (``ftwatch.events.Finding``) by job, failure class and severity."""
+        for f in findings:
+            self.findings.labels(f.origin.job, f.failure_class.value, f.severity.name.lower()).inc()
+
+    def count_decision(self, job: str, action: str) -> None:
+        """A decision with action label ``action`` was taken for ``job``."""
+        self.decisions.labels(job, action).inc()
+
+    def count_restart(self, job: str, kind: str) -> None:
+        """A restart of kind ``kind`` (``job``, ``instance``, or an action label) was carried out."""
+        self.restarts.labels(job, kind).inc()
+
+    def observe_lag(self, seconds: float) -> None:
+        """A shipped record was ingested ``seconds`` after its own time (negative: clock skew,
+        counted as 0)."""
+        seconds = max(0.0, seconds)
+        self.lag.observe(seconds)
+        self.lag_last.set(seconds)
+
+    def watch_spool(self, name: str, path: Path | str, layout: str = "files") -> None:
+        """Report the size of a spool at each scrape.
+
+        Args:
+            layout: ``files``: a file per entry, dead ones in ``dead/`` (the alert spool);
+                ``jsonl``: JSON-lines files, an entry a line, dead ones in
+                ``dead-letter.jsonl`` (the Elasticsearch buffer).
+        """
+        if layout not in ("files", "jsonl"):
+            raise ValueError(f"unknown spool layout {layout!r}")
+        self._spools.spools[name] = (Path(path), layout)
+
+    def watch_queue(self, size: Callable[[], float]) -> None:
+        """Report ``size()`` as ``ftwatch_queue_batches`` at each scrape (e.g. ``queue.qsize``)."""
+        self.queue.set_function(size)
+
+    # -- the endpoint ---------------------------------------------------------------------------
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` over HTTP on ``host:port`` in a daemon thread (port 0: a free one).
+
+        Returns:
+            the port bound.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        """Stop serving (no-op when not serving)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def start_metrics(storage, port: int | None, state_dir: Path,
+                  say: Callable[[str], None] = print) -> Metrics | None:
+    """Start the endpoint ``run`` and ``watch`` serve, if asked for, and ``say`` its URL.
+
+    Args:
+        storage: the ``storage`` config: its ``metrics`` (``ftwatch.config.metrics.MetricsConfig``)
+            and ``elasticsearch`` (whose buffer is reported as spool ``elasticsearch``).
+        port: ``--metrics-port`` (wins over the config's port; on 127.0.0.1 when the config
+            names no address); None: the config alone.
+        state_dir: its ``spool`` directory (the alert spool) is reported as spool ``alerts``.
+
+    Returns:
+        the serving Metrics (``close`` it at the end), or None when neither the config nor
+        ``port`` asks for metrics.
+
+    Raises:
+        ConfigError: the address cannot be bound.
+    """
+    from ftwatch.config.metrics import parse_listen
+    config = storage.metrics
+    if port is None and config.listen is None:
+        return None
+    host, wanted = parse_listen(config.listen) if config.listen else ("127.0.0.1", 0)
+    metrics = Metrics()
+    metrics.watch_spool("alerts", Path(state_dir) / "spool")
+    es = getattr(storage, "elasticsearch", None)
+    if es is not None:
+        metrics.watch_spool("elasticsearch", Path(es.buffer_dir or Path(state_dir) / "es-buffer"), "jsonl")
+    try:
+        bound = metrics.serve(host, wanted if port is None else port)
+    except OSError as exc:
+        raise ConfigError(f"metrics endpoint {host}:{wanted if port is None else port}: "
+                          f"cannot listen: {exc}") from None
+    shown = f"[{host}]" if ":" in host else host
+    say(f"ftwatch: metrics on http://{shown}:{bound}/metrics")
+    return metrics
