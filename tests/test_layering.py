@@ -15,10 +15,11 @@ The folder list is the flow, and imports go one way, down this list:
     pipeline/sinks/           the core only
     report/                   reads the sinks back for a person
     health/                   pre- and post-run checks: config, rules (the step tap)
-    top-level modules         (telemetry, sdk, testing): config
+    top-level modules         (telemetry, sdk): config
     hubs                      ``cli/*`` (one module per subcommand), ``pipeline/build.py`` (Config ->
-                              components), the drivers ``pipeline/run.py``, ``watch.py``, ``replay.py``
-                              and ``pipeline/recorder.py`` may import every stage
+                              components), the drivers ``pipeline/run.py``, ``watch.py``, ``replay.py``,
+                              ``pipeline/recorder.py`` and ``testing.py`` (doubles of parts of every
+                              stage) may import every stage
 
 A module that has to see more is a new hub: add it to ``HUBS`` on purpose, not by accident.
 Imports inside functions and under ``TYPE_CHECKING`` count too.
