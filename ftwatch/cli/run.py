@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ftwatch.cli.common import aimaster_epilog, job_id_for, load_config_from_args, split_flags
-from ftwatch.pipeline.build import build_recorder, build_rules
+from ftwatch.pipeline.build import build_recorder, build_run
 
 
 def cmd_run(argv: list[str]) -> int:
@@ -33,8 +33,6 @@ def cmd_run(argv: list[str]) -> int:
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     from ftwatch.telemetry import start_metrics
-    from ftwatch.pipeline.run import JobRunner
-    from ftwatch.rules.engine import Engine
     state_dir = Path(config.storage.state_dir)
     job = job_id_for(args.job_id or config.job.id, command)
     if args.network_check or config.health.network_check:
@@ -44,7 +42,7 @@ def cmd_run(argv: list[str]) -> int:
             return status
     recorder = build_recorder(config, state_dir, args.decisions_file)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
-    runner = JobRunner(config, command, Engine(build_rules(config)), recorder, job)
+    runner = build_run(config, command, job, recorder)
     try:
         status = runner.run()
     finally:
