@@ -5,14 +5,17 @@ One loop, one thread (the supervisor's reader threads only fill its queue):
     poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
                     -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
     every tick      -> flush stale blocks, hang / exit-hang check
-    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.decide -> act
-                       (Async) policy.decide -> restart that instance / fail
+    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.verdict -> act
+                       (Async) policy.verdict -> restart that instance / fail
                        hang, C4D record, notify / isolate finding: decide first; notify stops
                        nothing (the job runs on), anything else: [dump], stop all, act
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
 
+The policy stage returns the final decision and its plan (``Policy.verdict``); the local actuator
+(``pipeline/actuators/local.py``) carries the plan out and runs this loop's one poll-and-handle
+step (``_step``) whenever it waits. Every collaborator comes built (``pipeline/build.build_run``).
 Exit status: 0 if and only if the job finally succeeded.
 """
 
@@ -60,35 +63,19 @@ class _Attempt:
 @dataclass
 class RunParts:
     """The collaborators of one :class:`JobRunner`, built once by ``ftwatch.pipeline.build.build_run``
-    (tests give fakes: ``tests/pipeline/run_fakes.py``).
+    (tests give a fake supervisor and control socket: ``tests/pipeline/run_fakes.py``)."""
 
-    Attributes:
-        supervisor: the workers (``Supervisor``, or any :class:`~ftwatch.pipeline.actuators.local.Workers`).
-        control: the SDK's socket (``ControlServer``): ``start``, ``stop``, ``drain``, ``subscribers``.
-        controls: the handler of the SDK's requests (retry / dump watches, hang scopes).
-        engine: the rule engine (its step tap wired).
-        tracker: the hang tracker.
-        policy: decides (``Policy.verdict``) over ``budgets``.
-        budgets: the job's persistent budgets.
-        slots: the job's devices (A1).
-        health: the Bootcheck / Troubleshooting hooks (H1, H3).
-        scene: the workers' pids and exits.
-        actuator: carries out the policy's plans.
-        clock: wall and monotonic time.
-        exit_table: exit code -> finding.
-    """
-
-    supervisor: Workers
-    control: Any
-    controls: RecoveryHandler
-    engine: Engine
+    supervisor: Workers            # the workers: Supervisor, or any actuators.local.Workers
+    control: Any                   # the SDK's socket (ControlServer): start, stop, drain, subscribers
+    controls: RecoveryHandler      # answers the SDK's requests; retry / dump watches, hang scopes
+    engine: Engine                 # the rule engine, its step tap wired
     tracker: HangTracker
-    policy: Policy
+    policy: Policy                 # decides: Policy.verdict -> (final decision, plan)
     budgets: BudgetStore
-    slots: Slots
-    health: HealthChecks
-    scene: Scene
-    actuator: LocalActuator
+    slots: Slots                   # the job's devices (A1), read here, changed by the actuator
+    health: HealthChecks           # Bootcheck / Troubleshooting (H1, H3)
+    scene: Scene                   # the workers' pids and exits
+    actuator: LocalActuator        # carries out the plans
     clock: Clock
     exit_table: ExitCodeTable
 
@@ -108,10 +95,7 @@ class JobRunner:
 
     def __init__(self, config: Config, command: Sequence[str], parts: RunParts, recorder: Recorder, job: str,
                  out: TextIO | None = None):
-        self.config = config
-        self.command = list(command)
-        self.recorder = recorder
-        self.job = job
+        self.config, self.command, self.recorder, self.job = config, list(command), recorder, job
         self.out = out or sys.stdout
         p = self.parts = parts
         self.supervisor, self.control, self.controls = p.supervisor, p.control, p.controls
