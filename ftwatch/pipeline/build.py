@@ -96,7 +96,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         out: where worker output is echoed (default stdout).
         clock: default the system clock; tests give a FakeClock.
         supervisor, control: default the real ``Supervisor`` and ``ControlServer``; tests give
-            fakes (``tests/pipeline/run_fakes.py``).
+            fakes (``ftwatch.testing.FakeSupervisor``, ``FakeControl``).
         node: this machine's name (default: the host name).
 
     Returns:

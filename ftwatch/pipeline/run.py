@@ -63,7 +63,7 @@ class _Attempt:
 @dataclass
 class RunParts:
     """The collaborators of one :class:`JobRunner`, built once by ``ftwatch.pipeline.build.build_run``
-    (tests give a fake supervisor and control socket: ``tests/pipeline/run_fakes.py``)."""
+    (tests give a fake supervisor and control socket: ``ftwatch.testing``)."""
 
     supervisor: Workers            # the workers: Supervisor, or any actuators.local.Workers
     control: Any                   # the SDK's socket (ControlServer): start, stop, drain, subscribers

@@ -1,7 +1,7 @@
 """``ftwatch run``'s loop (``JobRunner``) driven on a FakeClock with scripted workers: a failure and
 the restart it decides, a hang, an Async instance restart, MindCluster recover-in-place, and an
 isolation that shrinks the job or, below MIN, fails it. No process, no sleep: the fake supervisor
-(``run_fakes.py``) moves the clock as the real one would block. The real engine, policy, budgets,
+(``ftwatch.testing.FakeSupervisor``) moves the clock as the real one would block. The real engine, policy, budgets,
 slots, recorder and store.
 """
 
@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import io
 
-from ftwatch.clock import FakeClock
 from ftwatch.config.model import Config
 from ftwatch.events import Action
 from ftwatch.pipeline.build import build_run
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.run import SETTLE_SECONDS
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
-
-from .run_fakes import Exit, FakeControl, FakeSupervisor, Say, script_of
+from ftwatch.testing import Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
 
 JOB = "job"
 SIGKILL = 9

@@ -39,7 +39,7 @@ Step = Callable[[float], "list[Finding]"]
 
 class Workers(Protocol):
     """What the actuator (and the run loop) need of the local supervisor
-    (``ftwatch.pipeline.sources.supervisor.Supervisor``; ``tests/pipeline/run_fakes.FakeSupervisor``)."""
+    (``ftwatch.pipeline.sources.supervisor.Supervisor``; ``ftwatch.testing.FakeSupervisor``)."""
 
     master_addr: str
     master_port: int
