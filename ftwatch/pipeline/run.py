@@ -202,8 +202,6 @@ class JobRunner:
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
-            # Take the whole batch before deciding: output that arrived with a failing exit
-            # (a peer's traceback) is evidence for that decision, not something to drop.
             triggers = self._step(self.poll_seconds)
             while not triggers and state.retry:         # MindCluster retry, while the workers live
                 fault = state.retry.pop(0)
