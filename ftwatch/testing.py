@@ -11,8 +11,8 @@
 - :func:`finding`, :func:`decision`, :func:`origin`: the event types with sensible defaults; name
   only what the test is about.
 - :class:`FakeSupervisor` and :class:`FakeControl`: scripted workers (:class:`Say`, :class:`Exit`,
-  :func:`script_of`) on a FakeClock and a control socket without a socket, for driving ``ftwatch
-  run``'s loop without processes (``ftwatch.pipeline.build.build_run(..., clock=, supervisor=,
+  :func:`script_of`) on a FakeClock and a control socket without a socket (scripted subscribers
+  and their answers), for driving ``ftwatch run``'s loop without processes (``ftwatch.pipeline.build.build_run(..., clock=, supervisor=,
   control=)``); ``poll`` moves the clock to the next scripted item as the real one would block.
 - Worker commands the tests share: :func:`python_job` with :data:`KEYERROR_JOB`,
   :data:`CLEAN_JOB` and :data:`SIGKILL_JOB`, and :func:`write_nccl_crash_worker`, a torchrun-style
@@ -265,20 +265,44 @@ class FakeSupervisor:
             self._put(at, Output(self._origin(rank, step.stream), data, at))
 
 
-class _NoSubscribers:
+#: (kind, notice, instance) -> the SDK requests that instance sends back (``retry_done``, ``report_step`` ...).
+Answers = Callable[[str, Mapping[str, Any], str], Sequence[dict[str, Any]]]
+
+
+class _Subscribers:
+    """``ControlServer.subscribers`` without connections: who subscribed to which notices."""
+
+    def __init__(self, control: "FakeControl", subscribed: Mapping[str, set[str]]):
+        self.control, self.subscribed = control, {k: set(v) for k, v in subscribed.items()}
+
     def instances(self, kind: str) -> set[str]:
-        return set()
+        return set(self.subscribed.get(kind, ()))
 
     def notify(self, kind: str, body: Mapping[str, Any], to: set[str]) -> set[str]:
-        return set()
+        reached = set(to) & self.instances(kind)
+        self.control.notices.append((kind, dict(body), reached))
+        for instance in sorted(reached):
+            self.control.pending += list(self.control.answers_of(kind, body, instance))
+        return reached
 
 
 class FakeControl:
-    """The SDK's control socket without a socket: nobody subscribes to pushed notices; requests
-    queued with :meth:`send` are answered at the loop's next ``drain`` (answers in ``answers``)."""
+    """The SDK's control socket without a socket.
 
-    def __init__(self) -> None:
-        self.subscribers = _NoSubscribers()
+    Args:
+        subscribed: kind (``retry``) -> the instances subscribed to its pushed notices (none by default).
+        answers: what a subscribed instance sends back to a notice (:data:`Answers`), queued for
+            the loop's next ``drain``.
+
+    Attributes:
+        notices: (kind, notice, instances reached) of every pushed notice.
+        answers: the handler's answer to each request drained.
+    """
+
+    def __init__(self, subscribed: Mapping[str, set[str]] | None = None, answers: Answers | None = None) -> None:
+        self.subscribers = _Subscribers(self, subscribed or {})
+        self.answers_of: Answers = answers or (lambda kind, body, instance: [])
+        self.notices: list[tuple[str, dict[str, Any], set[str]]] = []
         self.pending: list[dict[str, Any]] = []
         self.answers: list[dict[str, Any]] = []
         self.started = self.stopped = False

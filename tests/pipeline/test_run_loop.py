@@ -161,3 +161,31 @@ def test_isolations_kept_below_min_fail_before_any_start(tmp_path):
         "A1 local: devices 0 (isolated: 1 by xid.79): 1 healthy device(s), below the minimum 2 of "
         "--nproc-per-node 2 → fail_job")
     assert "start_all" not in sup.names()
+
+
+NCCL = ("RuntimeError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, unhandled system "
+        "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1")
+
+
+def test_a_recovered_retry_is_the_policys_notify_and_training_goes_on(tmp_path):
+    """MindCluster retry: rank 1 logs a retryable NCCL error while both run; both subscribed
+    workers acknowledge and report a step, so the policy's decision is notify (D5) and nothing
+    is stopped or restarted."""
+    def answers(kind, notice, instance):
+        return [{"op": "retry_done", "id": notice["id"], "ok": True, "instance": instance},
+                {"op": "report_step", "step": 8, "instance": instance}]
+    cfg = config(tmp_path, mindcluster={"recover_strategy": "retry,recover"})
+    script = script_of({(0, 1): [Say(1, "step 7"), Exit(4)], (1, 1): [Say(1, NCCL), Exit(4)]})
+    clock = FakeClock()
+    sup = FakeSupervisor(clock, script, job=JOB)
+    control = FakeControl({"retry": {"worker-0", "worker-1"}}, answers)
+    recorder = Recorder(SqliteStore(tmp_path / "ftwatch.db"), out=io.StringIO())
+    assert build_run(cfg, ["train"], JOB, recorder, out=io.StringIO(), clock=clock, supervisor=sup,
+                     control=control).run() == 0
+    told, done = recorder.decisions
+    assert told.action is Action.NOTIFY and told.root_cause.rule_id == "nccl.unhandled_system_error"
+    assert told.policy_clause == ("D5 MindCluster retry: 2 worker(s) recovered in place and resumed "
+                                  "(worker-0 at step 8, worker-1 at step 8) → training goes on")
+    assert done.action is Action.NONE
+    assert [(kind, reached) for kind, _, reached in control.notices] == [("retry", {"worker-0", "worker-1"})]
+    assert sup.names() == ["resize", "start_all", "stop_all", "close"]
