@@ -39,7 +39,7 @@ REPEAT_HORIZON = 86400.0
 def alert_key(alert: Alert) -> str:
     """An alert's identity while it waits: its decision id, plus ``~<status>`` unless firing
     (a decision's firing and resolved alerts are two alerts)."""
-    return alert.decision_id if alert.status == "firing" else f"{alert.decision_id}~{alert.status}"
+    return alert.key
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from ftwatch.alerting.alerts import (
     alert_from_decision,
     event_type_of,
 )
-from ftwatch.alerting.center import EventCenter
-from ftwatch.alerting.dispatcher import DELIVERED, SPOOLED, Dispatcher
+from ftwatch.alerting.dispatch import EventCenter
+from ftwatch.alerting.notify import DELIVERED, SPOOLED, Sender
+from ftwatch.alerting.ratelimit import RateLimiter
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.routing import EventView, Router
 from ftwatch.alerting.spool import Spool
@@ -74,9 +75,11 @@ def alert(action: Action, job: str = "job-a", rank: int | None = 3, node: str | 
 def center(tmp_path: Path, clock: FakeClock, sinks: list[Sink], state: bool = True, **alerting):
     config = AlertingConfig.model_validate(
         {"receivers": [{"type": "console", "name": s.name} for s in sinks], **alerting})
-    dispatcher = Dispatcher(sinks, TemplateRenderer("en"), Spool(tmp_path / "spool", now=clock.time),
-                            sleep=lambda s: None, now=clock.time)
-    return EventCenter(config, dispatcher, clock.time, tmp_path if state else None)
+    limiter = RateLimiter.from_config(config.rate_limits, {s.name: s.kind for s in sinks}, clock.time(),
+                                      tmp_path / "ratelimit.json" if state else None)
+    sender = Sender(sinks, TemplateRenderer("en"), Spool(tmp_path / "spool", now=clock.time),
+                    sleep=lambda s: None, now=clock.time, limiter=limiter)
+    return EventCenter(config, sender, clock.time, tmp_path if state else None)
 
 
 # -- event types and labels ---------------------------------------------------------------------
@@ -467,7 +470,7 @@ def test_retry_backoff_has_seeded_jitter(tmp_path):
     sleeps: list[float] = []
     down = Sink("down")
     down.down, down.max_retries = True, 3
-    d = Dispatcher([down], TemplateRenderer("en"), Spool(tmp_path / "s"), backoff=(1.0, 2.0, 4.0),
+    d = Sender([down], TemplateRenderer("en"), Spool(tmp_path / "s"), backoff=(1.0, 2.0, 4.0),
                    jitter=0.2, sleep=sleeps.append, rng=random.Random(7))
     [r] = d.dispatch(alert(Action.RESTART_JOB))
     assert r.status == SPOOLED and r.attempts == 4 and len(sleeps) == 3
@@ -475,7 +478,7 @@ def test_retry_backoff_has_seeded_jitter(tmp_path):
         assert base * 0.8 <= wait <= base * 1.2
     assert sleeps != [1.0, 2.0, 4.0]                      # jitter is applied
     again: list[float] = []
-    d2 = Dispatcher([down], TemplateRenderer("en"), Spool(tmp_path / "s2"), backoff=(1.0, 2.0, 4.0),
+    d2 = Sender([down], TemplateRenderer("en"), Spool(tmp_path / "s2"), backoff=(1.0, 2.0, 4.0),
                     jitter=0.2, sleep=again.append, rng=random.Random(7))
     d2.dispatch(alert(Action.RESTART_JOB))
     assert again == sleeps                                # the same seed, the same waits

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
 from ftwatch.clock import FakeClock
@@ -66,9 +66,9 @@ class Keeping:
         return [(n.alert.labels["job"], n.alert.status) for n in self.sent]
 
 
-def alerting(tmp_path: Path) -> tuple[Keeping, Dispatcher]:
+def alerting(tmp_path: Path) -> tuple[Keeping, Sender]:
     keep = Keeping()
-    return keep, Dispatcher([keep], TemplateRenderer("en"), Spool(tmp_path / "spool"))
+    return keep, Sender([keep], TemplateRenderer("en"), Spool(tmp_path / "spool"))
 
 
 NCCL = "RuntimeError: NCCL error: unhandled system error"

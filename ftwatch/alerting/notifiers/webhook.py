@@ -92,7 +92,7 @@ class WebhookNotifier:
             "startsAt": iso(alert.starts_at),
             "endsAt": None if alert.ends_at is None else iso(alert.ends_at),
             "text": notification.body,
-            "decision": alert.decision.to_json(),
+            "decision": None if alert.decision is None else alert.decision.to_json(),
         }
 
     def request_url(self) -> str:
