@@ -15,7 +15,7 @@ failed last week.
 
 Time is whatever the caller passes (epoch seconds from ``ftwatch.clock``); nothing here sleeps.
 A :class:`HeldStore` keeps every alert still waiting in a group on disk, so an ftwatch killed
-during a group's wait sends it at its next start (``ftwatch.alerting.center``).
+during a group's wait sends it at its next start (``ftwatch.alerting.dispatch``).
 """
 
 from __future__ import annotations

@@ -35,6 +35,11 @@ sent by :meth:`Sender.release` once a token is back; the limiter is only consult
 caller's thread. Each notification carries a stable id (decision id + receiver) sent as the
 idempotency key, so a resend after a lost response does not show twice at a receiver that
 honours it.
+
+Size: about 480 lines, one class, on purpose: the steps share one lock, the set of
+notifications in flight and the resend pass; split over files they would reach into each
+other's state again (what the center did to the old dispatcher). The threads are apart
+(``ftwatch.alerting.workers``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ either the old file or the new one. ``ack`` deletes the file: an acked notificat
 never pending again, so it is never resent.
 
 Not safe for several processes on one directory; within one process its calls are serialised
-by a lock (the Dispatcher's caller and its delivery workers write from different threads).
+by a lock (the sender's caller and its delivery workers write from different threads).
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class AlertmanagerNotifier(WebhookNotifier):
         labels: static labels added to every alert.
         timeout: seconds for connect, read and write each.
         client: an ``httpx.Client`` to use (tests).
-        max_retries: retries within one dispatch (None: the Dispatcher's).
+        max_retries: retries within one dispatch (None: the sender's).
     """
 
     kind = "alertmanager"

@@ -46,7 +46,7 @@ class WebhookNotifier:
         timeout: seconds for connect, read and write each.
         client: an ``httpx.Client`` to use (tests, shared pools); by default one is made
             on first use and closed by :meth:`close`.
-        max_retries: retries within one dispatch for this receiver (None: the Dispatcher's).
+        max_retries: retries within one dispatch for this receiver (None: the sender's).
 
     Subclasses for chat bots override :meth:`payload` and :meth:`check_response` (a bot's
     HTTP 200 with an error code in the body is a failure, SPEC N2), :meth:`request_url` when
