@@ -328,7 +328,8 @@ class DeliveryResult:
             receiver's delivery worker, whose own result follows; never stored).
         attempts: sends tried in total, including earlier ones for a spooled notification.
         error: the last failure's message ("" when delivered at once).
-        decision_id: the decision (or alert key) the alert is about.
+        decision_id: the id of the decision the alert is about (an alert made from no
+            decision: its own id, ``Alert.id``).
         text: the rendered text.
         time: epoch seconds when the result was known.
     """

@@ -496,6 +496,32 @@ def test_custom_messages_are_routed_as_custom_message(tmp_path):
     assert [n.alert.event_type for n in ops.got] == ["job_restart"]
 
 
+def test_digests_and_custom_messages_are_alerts_without_a_decision(tmp_path):
+    """No stand-in Decision: a custom message and a digest carry their own id, which names
+    their notifications, and both survive the spool (a receiver that is down keeps them)."""
+    from ftwatch.alerting.spool import alert_from_dict, alert_to_dict
+    clock = FakeClock(at("2026-11-23T10:00:00"))
+    ops = Sink("ops")
+    c = center(tmp_path, clock, [ops], inhibit_rules=[], mute_time_intervals=[
+        {"name": "always", "weekdays": ["mon:sun"]}], route={"routes": [
+            {"match": {"event_type": ["job_restart"]}, "mute_time_intervals": ["always"]}]},
+        digest={"at": "09:00", "timezone": "Asia/Shanghai"})
+    msg = alert_from_custom_message("job-a", "loss is NaN", clock.time(), rank=0)
+    assert msg.decision is None and len(msg.id) == 16 and msg.decision_id == msg.id
+    assert alert_from_dict(alert_to_dict(msg)) == msg
+    c.dispatch(msg)
+    assert ops.ids == [f"{msg.id}-ops"]
+    c.dispatch(alert(Action.RESTART_JOB))                 # muted: a digest line
+    clock.advance(24 * 3600)
+    ops.down = True
+    [r] = c.tick()
+    assert r.status == SPOOLED and r.notification_id.startswith("digest")
+    [entry] = c.sender.spool.pending()
+    assert entry.notification.alert.decision is None and entry.notification.alert.id.startswith("digest")
+    ops.down = False
+    assert c.resend_pending() == 1 and ops.ids[-1] == r.notification_id
+
+
 def test_the_example_config_loads():
     root = Path(__file__).resolve().parents[2]
     config = load_config(root / "examples" / "alerting.yaml")
