@@ -1,11 +1,13 @@
 """``ftwatch.sdk.Monitor`` against no monitor and against a real ``ControlServer`` (SPEC N5, K1, R2, R6).
 
 The server is the real one on a real Unix socket; a small loop in a thread plays the runner's
-part (``drain`` with a real ``ControlHandler``) over stand-ins for the engine, tracker and recorder.
+part (``drain`` with a real ``ControlHandler``) over a real engine, hang tracker and Recorder, the
+Recorder writing to ``ftwatch.testing``'s capture sink and notifier.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -19,42 +21,33 @@ import warnings
 import pytest
 
 from ftwatch import sdk
+from ftwatch.alerting.notify import Sender
+from ftwatch.alerting.rendering import TemplateRenderer
+from ftwatch.alerting.spool import Spool
+from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.control import ENV_SOCKET, ENV_TOKEN, ControlHandler, ControlServer
 from ftwatch.rules.loader import rules_from_keywords
+from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
-
-
-class FakeEngine:
-    def __init__(self):
-        self.added = []
-
-    def add_rules(self, rules):
-        self.added += list(rules)
-
-
-class FakeRecorder:
-    def __init__(self):
-        self.messages, self.events = [], []
-
-    def custom_message(self, time, job, content, **kw):
-        self.messages.append((job, content, kw))
-
-    def event(self, time, job, kind, instance=None, rank=None, **detail):
-        self.events.append((kind, instance, rank, detail))
+from ftwatch.testing import CaptureNotifier, CaptureSink
 
 
 class Served:
-    """A started ControlServer drained by a thread, as the runner's loop does."""
+    """A started ControlServer (``server``, else a new one under ``tmp``) drained by a thread, as the
+    runner's loop does."""
 
-    def __init__(self, tmp, hang=60.0, hang_supported=True):
-        self.engine, self.recorder = FakeEngine(), FakeRecorder()
+    def __init__(self, tmp, hang=60.0, hang_supported=True, server: ControlServer | None = None):
+        self.engine = Engine([])
+        self.store, self.notifier = CaptureSink(), CaptureNotifier("ops")
+        dispatcher = Sender([self.notifier], TemplateRenderer("en"), Spool(tmp / "spool"), sleep=lambda s: None)
+        self.recorder = Recorder(self.store, dispatcher=dispatcher, out=io.StringIO())
         self.tracker = HangTracker(hang, None)
         self.outputs = []
         real_output = self.tracker.output
         self.tracker.output = lambda inst, t: (self.outputs.append(inst), real_output(inst, t))
         self.handler = ControlHandler(self.engine, self.tracker, self.recorder, "job-1", rules_from_keywords,
                                       hang, hang_supported=hang_supported, budgets=lambda: (1, 2))
-        self.server = ControlServer(tmp).start()
+        self.server = server or ControlServer(tmp).start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -169,9 +162,9 @@ def test_socket_is_private_and_removed_on_stop(tmp_path):
 def test_set_retryable_errors_adds_rules(served):
     st = served.monitor().set_retryable_errors(["my flaky storage error", "connect timeout"])
     assert st.ok(), st.to_string()
-    assert [r.patterns[0].text for r in served.engine.added] == [
+    assert [r.patterns[0].text for r in served.engine.rules] == [
         "my flaky storage error", "connect timeout"]
-    assert all(r.action.label == "restart_job" for r in served.engine.added)
+    assert all(r.action.label == "restart_job" for r in served.engine.rules)
     bad = served.monitor().set_retryable_errors([""])
     assert not bad.ok() and "non-empty" in bad.to_string()
 
@@ -254,8 +247,14 @@ def test_send_custom_message_and_report_step(served, monkeypatch):
     monkeypatch.setenv("FTWATCH_INSTANCE", "worker-0")
     m = served.monitor()
     assert m.send_custom_message("loss is NaN").ok()
-    assert served.recorder.messages == [("job-1", "loss is NaN",
-                                         {"instance": "worker-0", "rank": 0, "node": None, "budgets": (1, 2)})]
+    [sent] = served.notifier.sent                 # the job, the text, who sent it and the budgets
+    a = sent.alert                                # an alert of its own, no stand-in decision
+    target = (a.labels["job"], a.labels["instance"], a.labels["rank"], a.labels["node"])
+    assert a.decision is None
+    assert (target, a.annotations["root_cause_line"], a.budgets["restarts_used"], a.budgets["restarts_left"]) == (
+        ("job-1", "worker-0", "0", ""), "loss is NaN", 1, 2)
+    assert [(e.kind, e.job, e.instance, e.rank, e.detail) for e in served.store.events] == [
+        ("custom_message", "job-1", "worker-0", 0, {"content": "loss is NaN"})]
     assert m.report_step(7).ok()                  # answered on receipt, applied at the next drain
     deadline = time.monotonic() + 5
     while served.outputs != ["worker-0"] and time.monotonic() < deadline:
@@ -268,7 +267,7 @@ def test_wrong_token_is_rejected_and_never_reaches_the_runner(served):
     m = sdk.Monitor(socket_path=str(served.server.path), token="not-the-token")
     st = m.send_custom_message("sneaky")
     assert not st.ok() and "bad token" in st.to_string()
-    assert served.recorder.messages == []
+    assert served.notifier.sent == [] and served.store.events == []
     with socket.socket(socket.AF_UNIX) as s:       # raw: no token at all, then garbage
         s.connect(str(served.server.path))
         s.sendall(b'{"op": "report_step", "step": 1}\nnot json\n')
@@ -285,20 +284,11 @@ def test_unknown_op_and_unanswered_requests(tmp_path):
         st = m.send_custom_message("x")            # nobody drains: times out, not-ok, no raise
         assert not st.ok() and "did not take" in st.to_string()
         assert server.drain(lambda msg: {"ok": True}) == 0      # the dropped one is not answered
-        handler = ControlHandler(FakeEngine(), HangTracker(None, None), FakeRecorder(), "j",
-                                 rules_from_keywords, None, hang_supported=False)
-        stop = threading.Event()
-
-        def loop():
-            while not stop.is_set():
-                server.drain(handler)
-                stop.wait(0.01)
-
-        t = threading.Thread(target=loop, daemon=True)
-        t.start()
-        st = m._call("no_such_op")
-        stop.set()
-        t.join(2)
+        served = Served(tmp_path, hang=None, hang_supported=False, server=server)
+        try:
+            st = m._call("no_such_op")
+        finally:
+            served.close()
         assert not st.ok() and "unknown op" in st.to_string()
     finally:
         server.stop()
@@ -320,18 +310,8 @@ def test_relative_state_dir_reaches_a_worker_that_changes_directory(tmp_path, mo
     (tmp_path / "run").mkdir()
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "run")
-    server = ControlServer(".ftwatch-state").start()
-    handler = ControlHandler(FakeEngine(), HangTracker(None, None), FakeRecorder(), "j",
-                             rules_from_keywords, None)
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            server.drain(handler)
-            stop.wait(0.01)
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
+    served = Served(tmp_path, hang=None, server=ControlServer(".ftwatch-state").start())
+    server, handler = served.server, served.handler
     try:
         assert os.path.isabs(server.env()[ENV_SOCKET])
         code = ("import os, sys; os.chdir(sys.argv[1]); from ftwatch.sdk import Monitor; "
@@ -342,6 +322,4 @@ def test_relative_state_dir_reaches_a_worker_that_changes_directory(tmp_path, mo
         assert out.stdout.startswith("True"), out.stdout + out.stderr
         assert handler.retryable == ["connect timeout"]
     finally:
-        stop.set()
-        t.join(2)
-        server.stop()
+        served.close()

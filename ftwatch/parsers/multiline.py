@@ -1,7 +1,8 @@
 """Finds where a multi-line block ends: a Python traceback or a C++ stack dump (SPEC P1).
 
 The engine keeps the cleaned lines of each instance apart (rank prefix removed, so interleaved
-ranks never mix), finds block starts with ``BLOCK_START_PATTERNS`` in its Matcher, confirms them
+ranks never mix), finds block starts with ``BLOCK_START_REGEXES`` in its Matcher (``ftwatch.rules``
+wraps each into a regex ``Pattern``: parsers import nothing above them), confirms them
 with ``is_block_start``, and asks ``block_end`` where the block stops; ``None`` means "not yet
 known": wait for more lines, or flush what there is on a timeout or when the instance exits.
 
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ftwatch.rules.model import Pattern
-
-__all__ = ["BLOCK_START_PATTERNS", "block_end", "is_block_start"]
+__all__ = ["BLOCK_START_REGEXES", "block_end", "is_block_start"]
 
 _PY_START = "Traceback (most recent call last):"
 _CPP_RAISED = "Exception raised from "
@@ -38,12 +37,12 @@ _CHAIN_MESSAGES = frozenset(
     }
 )
 
-BLOCK_START_PATTERNS: tuple[Pattern, ...] = (
-    Pattern(r"Traceback \(most recent call last\):", regex=True),
-    Pattern(r"Exception raised from ", regex=True),
-    Pattern(r"\(most recent call first\):[ \t\r]*$", regex=True),
+BLOCK_START_REGEXES: tuple[str, ...] = (
+    r"Traceback \(most recent call last\):",
+    r"Exception raised from ",
+    r"\(most recent call first\):[ \t\r]*$",
 )
-"""Patterns for the Matcher that find candidate block-start lines in a raw chunk.
+"""Regexes (the subset RE2 and Hyperscan share) that find candidate block-start lines in a raw chunk.
 
 Unanchored at the start, since raw lines carry rank prefixes and timestamps before the text. A
 hit is a candidate only: confirm it with ``is_block_start`` on the cleaned line.

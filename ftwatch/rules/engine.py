@@ -37,6 +37,8 @@ EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
 MAX_LINE_CHARS = 4096          # the longest line a Finding keeps (``line``, each evidence entry)
 _MARKER_ROOM = 40              # of those, kept free for the truncation marker (it takes 20 to 30)
 FAULT_PRIORITY = 30            # fault codes are as specific as rules get
+BLOCK_START_PATTERNS = tuple(Pattern(text, regex=True) for text in multiline.BLOCK_START_REGEXES)
+"""The Matcher patterns of multiline's block starts (parsers export plain regexes)."""
 
 # ``fields.clean``'s ANSI escapes, on bytes and never across a line end (CSI, OSC/DCS/...
 # up to BEL, ST or the line end, other ESC sequences, a lone ESC).
@@ -107,9 +109,9 @@ class Engine:
             for pattern in rule.patterns:
                 patterns.append(pattern)
                 owner.append(index)
-        self._block_ids = set(range(len(patterns), len(patterns) + len(multiline.BLOCK_START_PATTERNS)))
-        patterns.extend(multiline.BLOCK_START_PATTERNS)
-        owner.extend([-1] * len(multiline.BLOCK_START_PATTERNS))
+        self._block_ids = set(range(len(patterns), len(patterns) + len(BLOCK_START_PATTERNS)))
+        patterns.extend(BLOCK_START_PATTERNS)
+        owner.extend([-1] * len(BLOCK_START_PATTERNS))
         self._fault_ids = set(range(len(patterns), len(patterns) + len(FaultTables.PATTERNS)))
         patterns.extend(FaultTables.PATTERNS)
         owner.extend([-2] * len(FaultTables.PATTERNS))

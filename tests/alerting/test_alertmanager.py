@@ -26,8 +26,9 @@ from ftwatch.alerting.notifiers import AlertmanagerNotifier, build_notifiers
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
 from ftwatch.config.model import AlertingConfig
-from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
+from ftwatch.events import Action, Decision, Origin, Target
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.testing import CaptureNotifier, decision, finding
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from test_alert_delivery import Hook, free_port  # noqa: E402
@@ -190,27 +191,14 @@ def test_resolve_after_takes_the_route_timings_durations():
                           "resolve_after": "later"}])
 
 
-class Recording:
-    """A notifier that keeps what it is sent."""
-
-    kind = "webhook"
-
-    def __init__(self):
-        self.name = "rec"
-        self.sent: list[Notification] = []
-
-    def send(self, n: Notification) -> None:
-        self.sent.append(n)
-
-
 def restart_decision(t: float, instance: str = "worker-1") -> Decision:
-    rc = Finding("exit.sigkill", "exit_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB,
-                 Severity.ERROR, Origin(instance, 1, "job-r", "node-a"), "exited by SIGKILL", t - 1)
-    return Decision(t, Action.RESTART_JOB, Target("job-r"), rc, "restart", 1, 2, attempt=0)
+    rc = finding("exit.sigkill", kind="exit_code", line="exited by SIGKILL", time=t - 1,
+                 at=Origin(instance, 1, "job-r", "node-a"))
+    return decision(Action.RESTART_JOB, rc, time=t, clause="restart")
 
 
 def test_recorder_resolves_open_alerts_after_a_quiet_period(tmp_path: Path):
-    rec = Recording()
+    rec = CaptureNotifier("rec")
     recorder = Recorder(dispatcher=Sender([rec], TemplateRenderer("en"), Spool(tmp_path / "s")),
                         out=open(os.devnull, "w"), resolve_after=300)
     t0 = 1_795_250_000.0

@@ -21,39 +21,18 @@ from ftwatch.alerting.ratelimit import RateLimiter
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.routing import EventView, Router
 from ftwatch.alerting.spool import Spool
-from ftwatch.clock import FakeClock
 from ftwatch.config.model import AlertingConfig, load_config
-from ftwatch.errors import ConfigError, NotifyError
-from ftwatch.events import (
-    Action,
-    Decision,
-    FailureClass,
-    Finding,
-    Origin,
-    Severity,
-    Target,
-)
+from ftwatch.errors import ConfigError
+from ftwatch.events import Action, FailureClass, Target
+from ftwatch.testing import CaptureNotifier, FakeClock, decision, finding
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 
 
-class Sink:
-    """A receiver that keeps what it got (by notification id) and can be switched off."""
-
-    def __init__(self, name: str, kind: str = "webhook"):
-        self.name, self.kind = name, kind
-        self.max_retries = 0
-        self.got: list = []
-        self.down = False
-
-    def send(self, notification) -> None:
-        if self.down:
-            raise NotifyError(f"{self.name} is down", retryable=True)
-        self.got.append(notification)
-
-    @property
-    def ids(self) -> list[str]:
-        return [n.id for n in self.got]
+def receiver(name: str, kind: str = "webhook", clock: FakeClock | None = None) -> CaptureNotifier:
+    """A receiver that keeps what it got, with no retries of its own (a test switches it ``down``);
+    with a ``clock`` it notes the (fake) time of each send."""
+    return CaptureNotifier(name, kind, max_retries=0, clock=clock)
 
 
 _N = iter(range(10**6))
@@ -63,16 +42,14 @@ def alert(action: Action, job: str = "job-a", rank: int | None = 3, node: str | 
           klass: FailureClass = FailureClass.RETRYABLE_INFRA, rule: str = "nccl.error", t: float = 0.0):
     """A real alert from a real decision; each call is a new decision (its time differs)."""
     t = 1_795_219_200.0 + t + next(_N) * 1e-3
-    origin = Origin(f"worker-{rank}", rank, job, node, "stderr")
-    rc = Finding(rule, "keyword", klass, action, Severity.ERROR, origin, f"{rule} on rank {rank}", t)
-    inst = None if action is Action.RESTART_JOB else origin.instance
-    d = Decision(t, action, Target(job, inst, rank, node), rc, "test clause", 1, 2)
-    a = alert_from_decision(d, "ftwatch explain")
+    rc = finding(rule, time=t, action=action, failure_class=klass, rank=rank, job=job, node=node)
+    inst = None if action is Action.RESTART_JOB else rc.origin.instance
+    a = alert_from_decision(decision(action, rc, time=t, target=Target(job, inst, rank, node)), "ftwatch explain")
     assert a is not None
     return a
 
 
-def center(tmp_path: Path, clock: FakeClock, sinks: list[Sink], state: bool = True, **alerting):
+def center(tmp_path: Path, clock: FakeClock, sinks: list[CaptureNotifier], state: bool = True, **alerting):
     config = AlertingConfig.model_validate(
         {"receivers": [{"type": "console", "name": s.name} for s in sinks], **alerting})
     limiter = RateLimiter.from_config(config.rate_limits, {s.name: s.kind for s in sinks}, clock.time(),
@@ -223,7 +200,7 @@ def test_unknown_receivers_and_windows_are_named_at_their_own_lines(tmp_path):
 
 def test_group_by_batches_alerts_over_group_wait_and_group_interval(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], route={"group_by": ["job"], "group_wait": "30s",
                                               "group_interval": "5m", "repeat_interval": "1h"})
     a1, a2 = alert(Action.RESTART_INSTANCE, rank=1), alert(Action.RESTART_INSTANCE, rank=2)
@@ -231,13 +208,13 @@ def test_group_by_batches_alerts_over_group_wait_and_group_interval(tmp_path):
     assert c.dispatch(a1) == [] and c.dispatch(other) == []
     clock.advance(10)
     c.dispatch(a2)
-    assert ops.got == [] and len(list((tmp_path / "held").glob("*.json"))) == 3   # held on disk
+    assert ops.sent == [] and len(list((tmp_path / "held").glob("*.json"))) == 3   # held on disk
     clock.advance(19.9)
-    assert c.tick() == [] and ops.got == []
+    assert c.tick() == [] and ops.sent == []
     clock.advance(0.2)                                   # 30 s after the group's first alert
     results = c.tick()
     assert [r.status for r in results] == [DELIVERED, DELIVERED]
-    first, second = ops.got
+    first, second = ops.sent
     assert first.id.startswith("grp") and "2 alerts {job=job-a}" in first.title
     assert first.alert.annotations["grouped_alerts"] == ",".join(sorted([a1.decision_id, a2.decision_id]))
     assert "rank 1" in first.body and "rank 2" in first.body
@@ -249,7 +226,7 @@ def test_group_by_batches_alerts_over_group_wait_and_group_interval(tmp_path):
     c.dispatch(a3)
     clock.advance(200)
     c.tick()
-    assert len(ops.got) == 2
+    assert len(ops.sent) == 2
     clock.advance(41)                                    # 5 min after the first notification
     c.tick()
     assert ops.ids[-1] == f"{a3.decision_id}-ops"
@@ -259,7 +236,7 @@ def test_group_by_batches_alerts_over_group_wait_and_group_interval(tmp_path):
     assert ops.ids[3:] == [f"{other.decision_id}-ops~repeat1"]
     clock.advance(2)
     c.tick()
-    assert ops.ids[4:] == [f"{a3.decision_id}-ops~repeat1"] and ops.got[-1].body == ops.got[2].body
+    assert ops.ids[4:] == [f"{a3.decision_id}-ops~repeat1"] and ops.sent[-1].body == ops.sent[2].body
     # repeats go on for a day after the group's last new alert, then stop
     for _ in range(30):
         clock.advance(3600)
@@ -270,7 +247,7 @@ def test_group_by_batches_alerts_over_group_wait_and_group_interval(tmp_path):
 
 def test_shutdown_flushes_waiting_groups_and_a_killed_run_sends_them_at_start(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     route = {"group_by": ["job"], "group_wait": "10m"}
     c = center(tmp_path, clock, [ops], route=route)
     a1 = alert(Action.RESTART_JOB)
@@ -285,7 +262,7 @@ def test_shutdown_flushes_waiting_groups_and_a_killed_run_sends_them_at_start(tm
     again = center(tmp_path, clock, [ops], route=route)
     [r] = again.recover()
     assert r.status == DELIVERED and ops.ids[-1] == f"{a2.decision_id}-ops"
-    assert again.recover() == [] and again.close() == [] and len(ops.got) == 2
+    assert again.recover() == [] and again.close() == [] and len(ops.sent) == 2
 
 
 # -- mute windows -------------------------------------------------------------------------------
@@ -296,7 +273,7 @@ def at(text: str) -> float:
 
 def test_mute_window_across_midnight_mutes_and_the_digest_tells_later(tmp_path):
     clock = FakeClock(at("2026-11-23T21:59:00"))          # a Monday
-    night, day = Sink("night"), Sink("day")
+    night, day = receiver("night"), receiver("day")
     c = center(tmp_path, clock, [night, day],
                route={"routes": [{"match": {"severity": ["warning"]}, "receivers": ["night"],
                                   "mute_time_intervals": ["nights"]}], "receivers": ["day"]},
@@ -305,30 +282,30 @@ def test_mute_window_across_midnight_mutes_and_the_digest_tells_later(tmp_path):
                                      "timezone": "Asia/Shanghai"}],
                digest={"at": "09:00", "timezone": "Asia/Shanghai"})
     c.dispatch(alert(Action.RESTART_JOB, rank=1))         # 21:59: not muted
-    assert len(night.got) == 1
+    assert len(night.sent) == 1
     clock.advance(120)                                    # 22:01
     muted = alert(Action.RESTART_JOB, rank=2)
     [r] = c.dispatch(muted)
-    assert r.status == "muted" and "nights" in r.error and len(night.got) == 1
+    assert r.status == "muted" and "nights" in r.error and len(night.sent) == 1
     clock.advance(8 * 3600)                               # Tuesday 06:01, still muted
     [r] = c.dispatch(alert(Action.RESTART_JOB, rank=3))
     assert r.status == "muted"
     c.dispatch(alert(Action.FAIL_JOB))                    # critical: the root route, not muted
-    assert len(day.got) == 1
+    assert len(day.sent) == 1
     clock.advance(2 * 3600)                               # 08:01: not muted any more
     c.dispatch(alert(Action.RESTART_JOB, rank=4))
-    assert len(night.got) == 2
+    assert len(night.sent) == 2
     clock.advance(3600)                                   # 09:01: the digest is due
     [r] = c.tick()
-    assert r.status == DELIVERED and night.got[-1].id.startswith("digest")
-    assert "daily digest: 2 alerts" in night.got[-1].title
-    assert "2 x job_restart (muted)" in night.got[-1].body and "rank 2" in night.got[-1].body
-    assert c.tick() == [] and len(night.got) == 3         # once
+    assert r.status == DELIVERED and night.sent[-1].id.startswith("digest")
+    assert "daily digest: 2 alerts" in night.sent[-1].title
+    assert "2 x job_restart (muted)" in night.sent[-1].body and "rank 2" in night.sent[-1].body
+    assert c.tick() == [] and len(night.sent) == 3         # once
 
 
 def test_weekday_only_window(tmp_path):
     clock = FakeClock(at("2026-11-28T12:00:00"))          # a Saturday
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], route={"mute_time_intervals": ["weekends"]},
                mute_time_intervals=[{"name": "weekends", "weekdays": ["saturday:sunday"],
                                      "timezone": "Asia/Shanghai"}])
@@ -341,7 +318,7 @@ def test_weekday_only_window(tmp_path):
 
 def test_node_isolation_inhibits_per_rank_restarts_of_the_same_job_only(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], route={"group_by": ["job"], "group_wait": "30s"})
     r1 = alert(Action.RESTART_INSTANCE, rank=1)           # before the isolation, in the same group
     c.dispatch(r1)
@@ -356,7 +333,7 @@ def test_node_isolation_inhibits_per_rank_restarts_of_the_same_job_only(tmp_path
     results = c.tick()
     by_status = sorted((r.status, r.decision_id) for r in results)
     assert ("inhibited", r1.decision_id) in by_status and ("inhibited", r3.decision_id) in by_status
-    assert [n.alert.decision_id for n in ops.got] == [iso.decision_id, other.decision_id]
+    assert [n.alert.decision_id for n in ops.sent] == [iso.decision_id, other.decision_id]
     assert all("node_isolated" in r.error for r in results if r.status == "inhibited")
     # after the rule's duration (1 h) the isolation inhibits no more
     clock.advance(3600)
@@ -364,31 +341,19 @@ def test_node_isolation_inhibits_per_rank_restarts_of_the_same_job_only(tmp_path
     c.dispatch(late)
     clock.advance(30)
     c.tick()
-    assert ops.got[-1].alert.decision_id == late.decision_id
+    assert ops.sent[-1].alert.decision_id == late.decision_id
 
 
 def test_inhibit_rules_can_be_turned_off(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], inhibit_rules=[])
     c.dispatch(alert(Action.ISOLATE_NODE))
     c.dispatch(alert(Action.RESTART_INSTANCE))
-    assert len(ops.got) == 2
+    assert len(ops.sent) == 2
 
 
 # -- rate limits --------------------------------------------------------------------------------
-
-class TimedSink(Sink):
-    """A Sink that notes the (fake) time of each send."""
-
-    def __init__(self, name: str, clock: FakeClock, kind: str = "webhook"):
-        super().__init__(name, kind)
-        self.clock, self.times = clock, []
-
-    def send(self, notification) -> None:
-        super().send(notification)
-        self.times.append(self.clock.time())
-
 
 def assert_window(times: list[float], messages: int, per_seconds: float) -> None:
     """Never more than ``messages`` sends in any window ``[t, t + per_seconds)``."""
@@ -400,16 +365,16 @@ def assert_window(times: list[float], messages: int, per_seconds: float) -> None
 
 def test_dingtalk_default_rate_limit_holds_then_releases_and_digests(tmp_path):
     clock = FakeClock(at("2026-11-23T10:00:00"))
-    bot = TimedSink("bot", clock, kind="dingtalk")
+    bot = receiver("bot", "dingtalk", clock)
     c = center(tmp_path, clock, [bot], digest={"at": "09:00", "timezone": "Asia/Shanghai"})
     alerts = [alert(Action.RESTART_INSTANCE, rank=i) for i in range(25)]
     statuses = [c.dispatch(a)[0].status for a in alerts]
     assert statuses == [DELIVERED] * 20 + [SPOOLED] * 5    # DingTalk: 20 messages a minute
-    assert len(bot.got) == 20 and len(list((tmp_path / "spool").glob("*.json"))) == 5
+    assert len(bot.sent) == 20 and len(list((tmp_path / "spool").glob("*.json"))) == 5
     for _ in range(59):                                   # nothing more within the minute
         clock.advance(1.0)
         c.tick()
-    assert len(bot.got) == 20
+    assert len(bot.sent) == 20
     clock.advance(1.0)
     c.tick()
     assert sorted(bot.ids) == sorted(f"{a.decision_id}-bot" for a in alerts)   # each once
@@ -418,14 +383,14 @@ def test_dingtalk_default_rate_limit_holds_then_releases_and_digests(tmp_path):
     # the next day at 09:00 the digest says five were delayed
     clock.advance(23 * 3600)
     c.tick()
-    assert bot.got[-1].id.startswith("digest") and "5 x instance_restart (rate limited)" in bot.got[-1].body
+    assert bot.sent[-1].id.startswith("digest") and "5 x instance_restart (rate limited)" in bot.sent[-1].body
 
 
 def test_rate_limit_holds_in_every_window_for_a_burst_then_a_steady_stream_across_restarts(tmp_path):
     """A burst of 30, then one alert every 2 s for 5 minutes, with the process killed and started
     again twice on the way: never more than 20 sends to the DingTalk bot in any 60 s."""
     clock = FakeClock(at("2026-11-23T10:00:00"))
-    bot = TimedSink("bot", clock, kind="dingtalk")
+    bot = receiver("bot", "dingtalk", clock)
     c = center(tmp_path, clock, [bot], digest={"enabled": False})
     sent = [alert(Action.RESTART_INSTANCE, rank=i) for i in range(30)]
     for a in sent:
@@ -449,15 +414,15 @@ def test_rate_limit_holds_in_every_window_for_a_burst_then_a_steady_stream_acros
 
 def test_configured_rate_limit_and_kill_between_runs_keeps_held_alerts(tmp_path):
     clock = FakeClock()
-    ops = TimedSink("ops", clock)
+    ops = receiver("ops", clock=clock)
     c = center(tmp_path, clock, [ops], rate_limits={"ops": {"messages": 2, "per_seconds": "1m"}})
     alerts = [alert(Action.RESTART_JOB, rank=i) for i in range(4)]
     for a in alerts:
         c.dispatch(a)
-    assert len(ops.got) == 2
+    assert len(ops.sent) == 2
     # killed here; a new process keeps the window (ratelimit.json): nothing more within the minute
     c2 = center(tmp_path, clock, [ops], rate_limits={"ops": {"messages": 2, "per_seconds": "1m"}})
-    assert c2.resend_pending() == 0 and len(ops.got) == 2
+    assert c2.resend_pending() == 0 and len(ops.sent) == 2
     clock.advance(60)
     c2.tick()
     assert sorted(ops.ids) == sorted(f"{a.decision_id}-ops" for a in alerts)
@@ -468,7 +433,7 @@ def test_configured_rate_limit_and_kill_between_runs_keeps_held_alerts(tmp_path)
 
 def test_retry_backoff_has_seeded_jitter(tmp_path):
     sleeps: list[float] = []
-    down = Sink("down")
+    down = receiver("down")
     down.down, down.max_retries = True, 3
     d = Sender([down], TemplateRenderer("en"), Spool(tmp_path / "s"), backoff=(1.0, 2.0, 4.0),
                    jitter=0.2, sleep=sleeps.append, rng=random.Random(7))
@@ -486,14 +451,14 @@ def test_retry_backoff_has_seeded_jitter(tmp_path):
 
 def test_custom_messages_are_routed_as_custom_message(tmp_path):
     clock = FakeClock()
-    chat, ops = Sink("chat"), Sink("ops")
+    chat, ops = receiver("chat"), receiver("ops")
     c = center(tmp_path, clock, [chat, ops], route={
         "receivers": ["ops"], "routes": [{"match": {"event_type": ["custom_message"]}, "receivers": ["chat"]}]})
     c.dispatch(alert_from_custom_message("job-a", "loss is NaN", clock.time(), rank=0))
     c.dispatch(alert(Action.RESTART_JOB))
-    assert [n.alert.event_type for n in chat.got] == ["custom_message"]
-    assert "loss is NaN" in chat.got[0].body
-    assert [n.alert.event_type for n in ops.got] == ["job_restart"]
+    assert [n.alert.event_type for n in chat.sent] == ["custom_message"]
+    assert "loss is NaN" in chat.sent[0].body
+    assert [n.alert.event_type for n in ops.sent] == ["job_restart"]
 
 
 def test_digests_and_custom_messages_are_alerts_without_a_decision(tmp_path):
@@ -501,7 +466,7 @@ def test_digests_and_custom_messages_are_alerts_without_a_decision(tmp_path):
     their notifications, and both survive the spool (a receiver that is down keeps them)."""
     from ftwatch.alerting.spool import alert_from_dict, alert_to_dict
     clock = FakeClock(at("2026-11-23T10:00:00"))
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], inhibit_rules=[], mute_time_intervals=[
         {"name": "always", "weekdays": ["mon:sun"]}], route={"routes": [
             {"match": {"event_type": ["job_restart"]}, "mute_time_intervals": ["always"]}]},
@@ -569,7 +534,7 @@ def test_durations_and_weekdays():
 
 def test_a_firing_and_a_resolved_alert_of_one_decision_are_two_alerts(tmp_path):
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], route={"group_by": ["job", "rank"], "group_wait": "1m"})
     firing = alert(Action.RESTART_INSTANCE)
     c.dispatch(firing)
@@ -578,7 +543,7 @@ def test_a_firing_and_a_resolved_alert_of_one_decision_are_two_alerts(tmp_path):
     assert len(list((tmp_path / "held").glob("*.json"))) == 2
     clock.advance(30)
     c.tick()
-    [n] = ops.got
+    [n] = ops.sent
     assert n.alert.annotations["grouped_alerts"] == f"{firing.decision_id},{firing.decision_id}~resolved"
     assert list((tmp_path / "held").glob("*.json")) == []
 
@@ -587,7 +552,7 @@ def test_resolved_alerts_are_never_repeated_and_end_the_groups_repeats(tmp_path)
     """A restart alert repeats every repeat_interval while it fires; once its resolution went
     out, neither the resolution nor the firing alert is sent again (as in Alertmanager)."""
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], route={"group_by": ["job"], "group_interval": "5m",
                                               "repeat_interval": "1h"})
     a = alert(Action.RESTART_JOB)
@@ -610,7 +575,7 @@ def test_an_alertmanager_receiver_gets_each_alert_of_a_group_on_its_own(tmp_path
     alerts for Alertmanager, each with its own labels and endsAt (AM groups them itself)."""
     from ftwatch.alerting.notifiers import AlertmanagerNotifier
     clock = FakeClock()
-    chat, am = Sink("chat"), Sink("am", kind="alertmanager")
+    chat, am = receiver("chat"), receiver("am", kind="alertmanager")
     c = center(tmp_path, clock, [chat, am], route={"group_by": ["job"], "group_wait": "30s"})
     a1, a2 = alert(Action.RESTART_INSTANCE, rank=1), alert(Action.RESTART_INSTANCE, rank=2)
     c.dispatch(a1)
@@ -618,12 +583,12 @@ def test_an_alertmanager_receiver_gets_each_alert_of_a_group_on_its_own(tmp_path
     c.dispatch(a1.resolve(clock.time()))
     clock.advance(30)
     c.tick()
-    assert len(chat.got) == 1 and "3 alerts" in chat.got[0].title
-    assert sorted(n.id for n in am.got) == sorted([f"{a1.decision_id}-am", f"{a2.decision_id}-am",
+    assert len(chat.sent) == 1 and "3 alerts" in chat.sent[0].title
+    assert sorted(n.id for n in am.sent) == sorted([f"{a1.decision_id}-am", f"{a2.decision_id}-am",
                                                    f"{a1.decision_id}-am~resolved"])
-    posted = [AlertmanagerNotifier("am", "http://am:9093").payload(n)[0] for n in am.got]
+    posted = [AlertmanagerNotifier("am", "http://am:9093").payload(n)[0] for n in am.sent]
     assert sorted(p["labels"]["rank"] for p in posted) == ["1", "1", "2"]
-    ends = {n.alert.status: n.alert.ends_at for n in am.got if n.alert.labels["rank"] == "1"}
+    ends = {n.alert.status: n.alert.ends_at for n in am.sent if n.alert.labels["rank"] == "1"}
     assert ends["resolved"] == clock.time() - 30
 
 
@@ -632,7 +597,7 @@ def test_a_resolution_follows_its_firing_alert_and_ends_the_inhibition(tmp_path)
     firing was inhibited (or muted) sends no resolution to that receiver; one that was
     delivered does, even while its job's isolation fires."""
     clock = FakeClock()
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops])
     restart = alert(Action.RESTART_JOB)
     c.dispatch(restart)                                  # delivered
@@ -658,7 +623,7 @@ def test_no_resolution_for_an_alert_muted_when_it_fired(tmp_path):
     """Muted on Saturday, resolved on Monday: the receiver never saw the firing alert, so it
     gets no resolution; an alert delivered on Monday gets its resolution."""
     clock = FakeClock(at("2026-11-28T12:00:00"))          # a Saturday
-    ops = Sink("ops")
+    ops = receiver("ops")
     c = center(tmp_path, clock, [ops], route={"mute_time_intervals": ["weekends"]},
                mute_time_intervals=[{"name": "weekends", "weekdays": ["saturday:sunday"],
                                      "timezone": "Asia/Shanghai"}])

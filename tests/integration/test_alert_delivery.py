@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from ftwatch.testing import CLEAN_JOB, KEYERROR_JOB, SIGKILL_JOB
+
 ROOT = Path(__file__).resolve().parents[2]
 SIGKILL_LOG = ROOT / "tests" / "golden" / "torchrun_sigkill" / "combined.log"
-
-KEYERROR_JOB = [sys.executable, "-c", "import sys; d={}; d['lr']"]
-CLEAN_JOB = [sys.executable, "-c", "print('ok')"]
-SIGKILL_JOB = [sys.executable, "-c", "import os,signal; os.kill(os.getpid(), signal.SIGKILL)"]
 
 
 class Hook:

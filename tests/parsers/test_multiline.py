@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftwatch.parsers.fields import clean, split_rank_prefix
-from ftwatch.parsers.multiline import BLOCK_START_PATTERNS, block_end, is_block_start
+from ftwatch.parsers.multiline import BLOCK_START_REGEXES, block_end, is_block_start
+from ftwatch.rules.engine import BLOCK_START_PATTERNS
 from ftwatch.rules.matcher import Matcher
 
 KEYERROR = """\
@@ -165,6 +166,8 @@ def test_is_block_start(line, expected):
 
 
 def test_block_start_patterns_find_starts_in_a_raw_chunk_with_prefixes():
+    assert [p.text for p in BLOCK_START_PATTERNS] == list(BLOCK_START_REGEXES)   # as the engine wraps them
+    assert all(p.regex and not p.caseless for p in BLOCK_START_PATTERNS)
     raw = [b"[rank0]:step 1", b"[rank1]: Traceback (most recent call last):", b'[rank1]:   File "t.py", line 1',
            b"[rank2]:[W1121 09:36:03.735 1 x.cc:1] warn", b"[default3]:" + WATCHDOG[2].encode() + b"\r",
            b"[default3]:frame #0: f + 0x1", b"plain (most recent call first): not at the end"]

@@ -3,7 +3,9 @@
 import io
 
 from ftwatch.alerting.dispatch import NullAlerts
+from ftwatch.events import Action, Origin
 from ftwatch.pipeline.recorder import RESEND_SECONDS, Recorder
+from ftwatch.testing import CaptureNotifier, decision, finding
 
 
 class CountingDispatcher(NullAlerts):
@@ -39,24 +41,10 @@ def test_no_dispatcher_is_fine():
     assert Recorder(out=io.StringIO()).resend_due(5.0) == 0
 
 
-class Keeping:
-    """A notifier that keeps what it is sent."""
-
-    kind = "webhook"
-    name = "keep"
-
-    def __init__(self):
-        self.sent = []
-
-    def send(self, notification) -> None:
-        self.sent.append(notification)
-
-
 def restart(job: str, t: float):
-    from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-    rc = Finding("exit.sigkill", "exit_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB,
-                 Severity.ERROR, Origin(f"{job}-w1", 1, job, "node-a"), "exited by SIGKILL", t - 1)
-    return Decision(t, Action.RESTART_JOB, Target(job), rc, "restart", 1, 2, attempt=0)
+    rc = finding("exit.sigkill", kind="exit_code", line="exited by SIGKILL", time=t - 1,
+                 at=Origin(f"{job}-w1", 1, job, "node-a"))
+    return decision(Action.RESTART_JOB, rc, time=t, clause="restart")
 
 
 def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
@@ -65,7 +53,7 @@ def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
     from ftwatch.alerting.notify import Sender
     from ftwatch.alerting.rendering import TemplateRenderer
     from ftwatch.alerting.spool import Spool
-    keep = Keeping()
+    keep = CaptureNotifier("keep")
     rec = Recorder(dispatcher=Sender([keep], TemplateRenderer("en"), Spool(tmp_path / "s")),
                    out=io.StringIO(), resolve_after=300)
     t0 = 1_795_250_000.0
@@ -80,9 +68,8 @@ def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
     rec.decision(restart("c", t0 + 510))
     assert rec.resolve_open(t0 + 520, "the job finished", job="b") == 1
     assert rec.open_jobs() == {"c"}
-    sent = [(n.alert.labels["job"], n.alert.status) for n in keep.sent]
-    assert sent == [("a", "firing"), ("b", "firing"), ("a", "resolved"), ("c", "firing"),
-                    ("b", "resolved")]
+    assert keep.log() == [("a", "firing"), ("b", "firing"), ("a", "resolved"), ("c", "firing"),
+                          ("b", "resolved")]
     assert keep.sent[2].alert.ends_at == t0 + 300
     assert "1 alert(s) of job b resolved (the job finished)" in rec.out.getvalue()
     assert rec.resolve_open(t0 + 600) == 1 and rec.open_jobs() == set()   # None: every job
@@ -100,10 +87,8 @@ class Keep(NullAlerts):
 
 
 def _decision():
-    from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-    rc = Finding("nccl.error", "keyword", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB, Severity.ERROR,
-                 Origin("worker-1", 1, "job a", "n1"), "NCCL error", 10.0)
-    return Decision(11.0, Action.RESTART_JOB, Target("job a"), rc, "clause", 1, 2)
+    rc = finding("nccl.error", line="NCCL error", time=10.0, at=Origin("worker-1", 1, "job a", "n1"))
+    return decision(Action.RESTART_JOB, rc, time=11.0, clause="clause")
 
 
 def test_every_alert_has_a_link_with_an_absolute_quoted_state_dir(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ real control socket. Real jobs: tests/integration/test_recovery_e2e.py.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 
@@ -21,9 +22,11 @@ from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Seve
 from ftwatch.pipeline.sources.control import ControlServer
 from ftwatch.pipeline.actuators.recovery import DumpWatch, RecoveryHandler, RetryWatch, isolate, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.actuators.scene import Scene
+from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.slots import Slots
 from ftwatch.rules.loader import rules_from_keywords
 from ftwatch.rules.timers import HangTracker
+from ftwatch.testing import CaptureSink
 
 CLOCK = FakeClock()
 
@@ -311,17 +314,10 @@ def test_scene_text_names_pids_states_and_how_to_attach(tmp_path):
 
 # -- the SDK's retry and dump over a real control socket ------------------------------------------------
 
-class _Recorder:
-    def __init__(self):
-        self.events = []
-
-    def event(self, time, job, kind, instance=None, rank=None, **detail):
-        self.events.append((kind, instance, detail))
-
-
 def test_on_retry_receives_the_pushed_notice_and_answers_over_the_socket(tmp_path):
     server = ControlServer(tmp_path).start()
-    recorder = _Recorder()
+    store = CaptureSink()
+    recorder = Recorder(store, out=io.StringIO())
     handler = RecoveryHandler(None, HangTracker(None, None), recorder, "job", rules_from_keywords, None,
                               hang_supported=False)
     stop = threading.Event()
@@ -353,7 +349,7 @@ def test_on_retry_receives_the_pushed_notice_and_answers_over_the_socket(tmp_pat
         handler.dump = DumpWatch({"worker-1": 1}, 0.0, 30)
         assert monitor.dump_done("/ckpt/last.pt").ok()
         assert handler.dump.outcomes() == {"worker-1": "dumped /ckpt/last.pt"}
-        assert [e[0] for e in recorder.events] == ["retry_done", "dump_done"]
+        assert store.kinds() == ["retry_done", "dump_done"]
         wrong = sdk.Monitor(socket_path=str(server.path), token="nope")
         assert not wrong.on_retry(lambda n: True).ok()
     finally:

@@ -17,11 +17,9 @@ import pytest
 
 from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass
-from ftwatch.pipeline.replay import (CHUNK_BYTES, SIM_START, SIM_STEP, ReplayResult, anchor, origin_for,
-                                     replay)
+from ftwatch.pipeline.replay import CHUNK_BYTES, SIM_START, SIM_STEP, anchor, origin_for, replay
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
-from ftwatch.rules.loader import load_rules
 from ftwatch.policy.policy import Policy
 
 JOB = "replay-test"
@@ -115,20 +113,6 @@ KEYERROR_COMBINED = (BANNER + tee(0, steps(0)) + tee(1, steps(1, 5)) + tee(2, st
                      + tee(1, KEYERROR_TB, True) + tee(2, gloo_tb(20909), True) + tee(0, gloo_tb(20909), True)
                      + agent_summary(1, 1, [0, 2]))
 CLEAN_COMBINED = BANNER + [line for r in range(3) for line in tee(r, steps(r, 12) + ["training finished at step 12"])]
-
-
-@pytest.fixture(scope="module")
-def rules():
-    return load_rules()
-
-
-@pytest.fixture
-def run(rules, tmp_path):
-    def run(paths: list[Path], **flags) -> ReplayResult:
-        config = Config().with_policy(**flags)
-        policy = Policy(config.policy, BudgetStore(tmp_path / "budgets.json", JOB), JOB)
-        return replay(paths, Engine(rules), policy, JOB)
-    return run
 
 
 def pad(size: int, line: bytes = b"[default0]:step 7/12 loss 0.9119\n") -> bytes:

@@ -15,13 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass
-from ftwatch.pipeline.replay import ReplayResult, replay
-from ftwatch.policy.budgets import BudgetStore
-from ftwatch.rules.engine import Engine
-from ftwatch.rules.loader import load_rules
-from ftwatch.policy.policy import Policy
 
 JOB = "replay-hang-test"
 T0 = datetime(2026, 11, 21, 9, 0, 0, tzinfo=timezone.utc)
@@ -61,19 +55,6 @@ def quiet_then_watchdog(stamp) -> list[str]:
             2: T0 + timedelta(minutes=5)}
     woke = T0 + timedelta(minutes=45, seconds=10)
     return training(stamp, last) + [watchdog(0, woke), watchdog(1, woke)]
-
-
-@pytest.fixture(scope="module")
-def rules():
-    return load_rules()
-
-
-@pytest.fixture
-def run(rules, tmp_path):
-    def run(paths: list[Path], **flags) -> ReplayResult:
-        policy = Policy(Config().with_policy(**flags).policy, BudgetStore(tmp_path / "budgets.json", JOB), JOB)
-        return replay(paths, Engine(rules), policy, JOB)
-    return run
 
 
 def write(path: Path, lines: list[str]) -> Path:

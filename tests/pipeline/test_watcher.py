@@ -10,7 +10,6 @@ from pathlib import Path
 from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
-from ftwatch.clock import FakeClock
 from ftwatch.config.model import Config
 from ftwatch.events import Origin
 from ftwatch.pipeline.actuators.exec import ExecActuator
@@ -20,6 +19,7 @@ from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.watch import Watcher
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
+from ftwatch.testing import CaptureNotifier, FakeClock
 
 RULES = load_rules()
 XID_79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4121, GPU has fallen off the bus."
@@ -49,25 +49,8 @@ def make(tmp_path: Path, clock: FakeClock, actuator=None, dispatcher=None, resol
     return Watcher(config, Engine(RULES), recorder, resolve, actuator, clock), recorder
 
 
-class Keeping:
-    """A notifier that keeps what it is sent."""
-
-    kind = "webhook"
-    name = "keep"
-
-    def __init__(self):
-        self.sent = []
-
-    def send(self, notification) -> None:
-        self.sent.append(notification)
-
-    def log(self) -> list[tuple[str, str]]:
-        """(job, status) of each notification so far."""
-        return [(n.alert.labels["job"], n.alert.status) for n in self.sent]
-
-
-def alerting(tmp_path: Path) -> tuple[Keeping, Sender]:
-    keep = Keeping()
+def alerting(tmp_path: Path) -> tuple[CaptureNotifier, Sender]:
+    keep = CaptureNotifier("keep")
     return keep, Sender([keep], TemplateRenderer("en"), Spool(tmp_path / "spool"))
 
 

@@ -17,26 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from ftwatch.testing import write_nccl_crash_worker
+
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-WORKER = r'''
-import os, sys, time
-rank = int(os.environ["RANK"]); attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-for step in range(6):
-    print(f"rank {rank} attempt {attempt} step {step} loss {1.0 / (step + 1):.3f}", flush=True)
-    time.sleep(0.2)
-if attempt == 0:
-    if rank == 1:
-        print("RuntimeError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, "
-              "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1", flush=True)
-        os.kill(os.getpid(), 9)
-    time.sleep(120)
-if attempt == 1:
-    time.sleep(120)     # every rank silent: a job hang
-print(f"rank {rank} done", flush=True)
-'''
 
 
 def ftwatch(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -54,7 +39,7 @@ def test_report_of_a_missing_store_fails_clearly(tmp_path: Path):
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (Debian package `chromium`; make test-deps installs it)")
 def test_the_report_of_a_real_run_renders_its_plots_in_chromium(tmp_path: Path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
-    (tmp_path / "worker.py").write_text(WORKER)
+    write_nccl_crash_worker(tmp_path / "worker.py", steps=6, loss=True, hang_on_retry=True)
     (tmp_path / "ftwatch.yaml").write_text("storage:\n  metrics:\n    output_bucket: 0.5\n")
     run = ftwatch("run", "--config", "ftwatch.yaml", "--job-id", "report-e2e", "--nproc-per-node", "2",
                   "--state-dir", "state", "--grace-period", "1", "--enable-job-restart=True",

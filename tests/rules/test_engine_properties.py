@@ -1,8 +1,9 @@
 """Engine properties (P1, Q1): interleaving ranks, cutting chunks or changing the matcher backend
 changes no finding.
 
-The units are real output (PyTorch tracebacks, a gloo peer error, a c10 stack dump, the NCCL
-watchdog, an Xid and an Ascend fault-code line), each rank's lines prefixed as PyTorch does.
+The units are real output (``engine_samples``: PyTorch tracebacks, a gloo peer error, a c10 stack
+dump, the NCCL watchdog, an Xid; and an Ascend fault-code line), each rank's lines prefixed as
+PyTorch does.
 """
 
 from __future__ import annotations
@@ -18,43 +19,8 @@ from ftwatch.rules import matcher as matcher_mod
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 
-T0 = 1_795_253_763.0  # 2026-11-21T09:36:03Z
-HAVE_HS = matcher_mod._hs is not None
-needs_hs = pytest.mark.skipif(not HAVE_HS, reason="hyperscan not installed")
-
-KEYERROR_TB = [
-    "Traceback (most recent call last):",
-    '  File "/srv/train/examples/train_ddp.py", line 182, in _inject',
-    '    warmup = config["warmup_steps"]      # the bug: a key nobody set',
-    "             ~~~~~~^^^^^^^^^^^^^^^^",
-    "KeyError: 'warmup_steps'",
-]
-GLOO_TB = [
-    "Traceback (most recent call last):",
-    '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce',
-    "    work.wait()",
-    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
-    "peer [127.0.0.1]:42725. This is typically caused by a remote worker crashing.",
-]
-C10_DUMP = [
-    "Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:616 "
-    "(most recent call first):",
-    "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f1f5b1b2446 in "
-    "/opt/venv/lib/python3.11/site-packages/torch/lib/libc10.so)",
-]
-WATCHDOG = ("[E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
-            "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
-            "600010 milliseconds before timing out.")
-XID79 = ("[Sat Nov 21 09:36:03 2026] NVRM: Xid (PCI:0000:3b:00): 79, pid=48213, name=python3, "
-         "GPU has fallen off the bus.")
-NCCL_INFO = "node-a:4120:4180 [1] NCCL INFO Channel 00/0 : 1[1] -> 2[2] via P2P/IPC/read"
-STEP = "step 7/12 loss 0.9119"
-
-
-def summary(findings: list[Finding]) -> list[tuple]:
-    """What a finding says, without its engine-local sequence number."""
-    return [(f.rule_id, f.kind, f.failure_class, f.action, f.severity, f.origin, f.line, f.time, f.evidence,
-             dict(f.fields)) for f in findings]
+from engine_samples import (C10_DUMP, GLOO_TB, HAVE_HS, KEYERROR_TB, NCCL_INFO, STEP, T0, WATCHDOG, XID79,
+                            needs_hs, summary)
 
 
 def _engine_with(rules, backend: str) -> Engine:

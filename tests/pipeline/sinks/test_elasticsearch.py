@@ -22,6 +22,7 @@ from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, RunEnd, RunStart
+from ftwatch.testing import KEYERROR_JOB
 
 COMPAT_JSON = "application/vnd.elasticsearch+json; compatible-with=8"
 COMPAT_NDJSON = "application/vnd.elasticsearch+x-ndjson; compatible-with=8"
@@ -231,7 +232,7 @@ def test_ftwatch_run_writes_to_elasticsearch_and_flushes_on_exit(fake_es, tmp_pa
                       "    labels: {app.kubernetes.io/name: trainer, app: demo}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "ftwatch", "run", "--config", str(config), "--state-dir", str(tmp_path / "state"),
-         "--job-id", "es-job", "--", sys.executable, "-c", "import sys; d={}; d['lr']"],
+         "--job-id", "es-job", "--", *KEYERROR_JOB],
         env=os.environ.copy(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert fake_es.problems == []

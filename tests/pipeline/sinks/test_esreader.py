@@ -23,6 +23,7 @@ from ftwatch.cli.report import cmd_report, parse_time
 from ftwatch.report.esreader import EsReader, EsReadError
 from ftwatch.report.reader import SqliteReader
 from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
+from ftwatch.testing import write_nccl_crash_worker
 
 T0 = 1_795_219_200.123456          # sub-millisecond: @timestamp cannot carry it, ftwatch.epoch does
 
@@ -212,26 +213,10 @@ def test_since_and_until_forms():
         parse_time("yesterday", now)
 
 
-WORKER = r'''
-import os, sys, time
-rank = int(os.environ["RANK"]); attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-for step in range(5):
-    print(f"rank {rank} attempt {attempt} step {step}", flush=True)
-    time.sleep(0.2)
-if attempt == 0:
-    if rank == 1:
-        print("RuntimeError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, "
-              "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1", flush=True)
-        os.kill(os.getpid(), 9)
-    time.sleep(120)
-print(f"rank {rank} done", flush=True)
-'''
-
-
 @pytest.mark.slow
 def test_a_real_run_gives_the_same_report_from_elasticsearch_as_from_sqlite(fake_es, tmp_path):
     """``ftwatch run`` with storage.elasticsearch pointing at the fake: NCCL error, restart, success."""
-    (tmp_path / "worker.py").write_text(WORKER)
+    write_nccl_crash_worker(tmp_path / "worker.py", steps=5)
     (tmp_path / "ftwatch.yaml").write_text(
         "storage:\n  metrics:\n    output_bucket: 0.5\n"
         f"  elasticsearch:\n    url: {fake_es.url}\n    flush_interval: 0.2\n")
