@@ -22,7 +22,6 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -115,16 +114,8 @@ class ListSource:
 
 # --------------------------------------------------------------------------- sinks
 
-@dataclass(frozen=True)
-class StoredEvent:
-    """One ``LifecycleEvent`` as the sink got it (times in epoch seconds)."""
-
-    time: float
-    job: str
-    kind: str
-    instance: str | None = None
-    rank: int | None = None
-    detail: Mapping[str, Any] = field(default_factory=dict)
+StoredEvent = LifecycleEvent
+"""What :attr:`CaptureSink.events` holds: the ``LifecycleEvent`` records as written (the old name)."""
 
 
 class CaptureSink:
@@ -135,7 +126,7 @@ class CaptureSink:
     write after :meth:`close` raises, as the SQLite store's does. Writes are thread-safe.
 
     Attributes:
-        events: the :class:`StoredEvent` of each ``LifecycleEvent``.
+        events: the ``LifecycleEvent`` records, in order.
         findings: every stored finding, in order; ``finding_attempts`` holds each one's attempt.
         decisions: the stored decisions.
         deliveries: the stored ``DeliveryResult`` objects.
@@ -145,7 +136,7 @@ class CaptureSink:
     """
 
     def __init__(self) -> None:
-        self.events: list[StoredEvent] = []
+        self.events: list[LifecycleEvent] = []
         self.findings: list[Finding] = []
         self.finding_attempts: list[int] = []
         self.decisions: list[Decision] = []
@@ -154,7 +145,7 @@ class CaptureSink:
         self.runs: dict[tuple[str, int], dict[str, Any]] = {}
         self.closed = False
         self._lock = threading.Lock()
-        self._encoders = {RunStart: self._run_start, RunEnd: self._run_end, LifecycleEvent: self._event,
+        self._encoders = {RunStart: self._run_start, RunEnd: self._run_end, LifecycleEvent: self.events.append,
                           FindingBatch: self._findings, Decision: self.decisions.append,
                           DeliveryResult: self.deliveries.append, OutputBatch: self._output}
 
@@ -176,9 +167,6 @@ class CaptureSink:
     def _run_end(self, r: RunEnd) -> None:
         run = self.runs.setdefault((r.job, r.attempt), {"started": None, "command": ""})
         run.update(ended=r.time, status=r.status)
-
-    def _event(self, e: LifecycleEvent) -> None:
-        self.events.append(StoredEvent(e.time, e.job, e.kind, e.instance, e.rank, dict(e.detail or {})))
 
     def _findings(self, b: FindingBatch) -> None:
         self.findings += b.findings
