@@ -5,7 +5,8 @@ The body is::
     {"id", "receiver", "status", "labels", "annotations", "startsAt", "endsAt",
      "text", "decision": Decision.to_json()}
 
-with the header ``Idempotency-Key: <id>``, so a receiver can drop a notification that a
+(``decision`` is null for an alert made from no decision: a custom message, a digest) with the
+header ``Idempotency-Key: <id>``, so a receiver can drop a notification that a
 retry after a lost response delivers twice. Header values, URL credentials and query values
 (DingTalk's ``access_token``, a Slack hook's path is kept) never appear in an error message
 or a log line.
