@@ -166,9 +166,10 @@ _ENCODERS = {RunStart: _run_start_rows, RunEnd: _run_end_rows, LifecycleEvent: _
 
 
 class SqliteStore:
-    """The SQLite file behind ``report`` and ``explain``: a ``Sink`` (:meth:`write`) and the
-    reader those two use (``ftwatch.report.reader.ReportReader``,
-    ``ftwatch.alerting.explain.DecisionStore``: the methods below ``readers``).
+    """The SQLite file behind ``report`` and ``explain``: a ``Sink`` (:meth:`write`), and apart
+    from it the reading side (the methods below ``readers``): ``explain`` reads it as its
+    ``ftwatch.alerting.explain.DecisionStore``, ``report`` through ``SqliteReader`` (its
+    ``ReportReader``).
 
     Args:
         path: the database file; its parent directory is created if missing.
