@@ -315,6 +315,35 @@ class Decision:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """What became of one notification: alerting (``ftwatch.alerting.notify``) makes it, the
+    sinks store it (the SQLite ``alerts`` table, the Elasticsearch ``alerts`` stream).
+
+    Attributes:
+        receiver: the receiver's name.
+        notification_id: the notification's stable id.
+        status: ``delivered``, ``spooled`` (in the spool, will be resent), ``failed`` (a dead
+            letter), ``muted``, ``inhibited``, or ``queued`` (in the spool and handed to the
+            receiver's delivery worker, whose own result follows; never stored).
+        attempts: sends tried in total, including earlier ones for a spooled notification.
+        error: the last failure's message ("" when delivered at once).
+        decision_id: the id of the decision the alert is about (an alert made from no
+            decision: its own id, ``Alert.id``).
+        text: the rendered text.
+        time: epoch seconds when the result was known.
+    """
+
+    receiver: str
+    notification_id: str
+    status: str
+    attempts: int
+    error: str = ""
+    decision_id: str = ""
+    text: str = ""
+    time: float = 0.0
+
+
 def iso(t: float) -> str:
     """Epoch seconds -> ISO-8601 in UTC with milliseconds (``2026-11-21T09:36:03.735+00:00``)."""
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")

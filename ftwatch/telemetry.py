@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from ftwatch.errors import ConfigError
+from ftwatch.events import Action
 
 LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf"))
 
@@ -104,6 +105,10 @@ def _jsonl_usage(path: Path) -> list[tuple[str, int, int]]:
     return [(state, n, b) for state, (n, b) in counts.items()] + [("dropped", dropped, 0)]
 
 
+_RESTART_ACTIONS = frozenset(a.label for a in (Action.RESTART_JOB, Action.RESTART_INSTANCE,
+                                               Action.RESTART_IN_PLACE, Action.ISOLATE_NODE))
+
+
 class Metrics:
     """ftwatch's counters and gauges in one registry.
 
@@ -152,6 +157,16 @@ class Metrics:
         """A restart of kind ``kind`` (``job``, ``instance``, or an action label) was carried out."""
         self.restarts.labels(job, kind).inc()
 
+    def count_event(self, job: str, kind: str, detail: Mapping[str, Any]) -> None:
+        """Count what a lifecycle event (``Recorder.event``) says was carried out: ``job_restart``
+        (kind ``job``), ``instance_restart`` (kind ``instance``) and an ``actuator`` event whose
+        restart action is ``done`` (kind: the action's label)."""
+        if kind in ("job_restart", "instance_restart"):
+            self.count_restart(job, kind.split("_")[0])
+        elif kind == "actuator" and detail.get("status") == "done" and \
+                detail.get("action") in _RESTART_ACTIONS:
+            self.count_restart(job, detail["action"])
+
     def observe_lag(self, seconds: float) -> None:
         """A shipped record was ingested ``seconds`` after its own time (negative: clock skew,
         counted as 0)."""
@@ -196,6 +211,34 @@ class Metrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class NullMetrics:
+    """Metrics off: the counting calls of :class:`Metrics` that the pipeline makes, doing nothing."""
+
+    def count_output(self, job: str, lines: int, nbytes: int) -> None:
+        pass
+
+    def count_findings(self, findings: Iterable) -> None:
+        pass
+
+    def count_decision(self, job: str, action: str) -> None:
+        pass
+
+    def count_restart(self, job: str, kind: str) -> None:
+        pass
+
+    def count_event(self, job: str, kind: str, detail: Mapping[str, Any]) -> None:
+        pass
+
+    def observe_lag(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NULL_METRICS = NullMetrics()
 
 
 def start_metrics(storage, port: int | None, state_dir: Path,

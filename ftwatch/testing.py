@@ -4,7 +4,7 @@
 - :class:`ListSource`: a source that hands out a scripted list of batches, in order, on no thread:
   ``list[Shipped]`` batches onto a queue as the shipped sources do, or ``Output``/``Started``/
   ``ProcessExit`` lists from :meth:`ListSource.poll` as the supervisor does.
-- :class:`CaptureSink`: a store that keeps every write (events, findings, decisions, deliveries,
+- :class:`CaptureSink`: a sink that keeps every record (events, findings, decisions, deliveries,
   output counts, runs) in lists, where the Recorder would have written SQLite rows.
 - :class:`CaptureNotifier`: a receiver that keeps every notification it got, and can be told to
   fail the next N sends or to be down, raising ``NotifyError``.
@@ -28,13 +28,15 @@ import itertools
 import queue
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ftwatch.clock import FakeClock
 from ftwatch.errors import NotifyError
-from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity, Target
+from ftwatch.events import (Action, Decision, DeliveryResult, FailureClass, Finding, Origin, ProcessExit, Severity,
+                            Target)
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart, encode
 from ftwatch.pipeline.sources.base import ShippedBatch
 from ftwatch.pipeline.sources.process import Output, Started
 
@@ -329,28 +331,19 @@ class FakeControl:
 
 # --------------------------------------------------------------------------- sinks
 
-@dataclass(frozen=True)
-class StoredEvent:
-    """One ``add_event`` call as the store got it (times in epoch seconds)."""
-
-    time: float
-    job: str
-    kind: str
-    instance: str | None = None
-    rank: int | None = None
-    detail: Mapping[str, Any] = field(default_factory=dict)
+StoredEvent = LifecycleEvent
+"""What :attr:`CaptureSink.events` holds: the ``LifecycleEvent`` records as written (the old name)."""
 
 
 class CaptureSink:
-    """A store double: every write the Recorder makes lands in a list, in order.
+    """A sink double (``ftwatch.pipeline.sinks.base.Sink``): every record the Recorder writes
+    lands in a list, in order.
 
-    It has the writer methods of ``ftwatch.pipeline.sinks.sqlite.SqliteStore`` (``start_run``,
-    ``end_run``, ``add_event``, ``add_findings``, ``add_decision``, ``add_delivery``,
-    ``add_output``, ``close``); a write after :meth:`close` raises, as the SQLite store's does.
-    Appends are thread-safe (a dispatcher's delivery workers call ``add_delivery``).
+    ``write(batch)`` sorts each record into the attribute for its type; ``close`` ends it, and a
+    write after :meth:`close` raises, as the SQLite store's does. Writes are thread-safe.
 
     Attributes:
-        events: the :class:`StoredEvent` of each ``add_event``.
+        events: the ``LifecycleEvent`` records, in order.
         findings: every stored finding, in order; ``finding_attempts`` holds each one's attempt.
         decisions: the stored decisions.
         deliveries: the stored ``DeliveryResult`` objects.
@@ -360,7 +353,7 @@ class CaptureSink:
     """
 
     def __init__(self) -> None:
-        self.events: list[StoredEvent] = []
+        self.events: list[LifecycleEvent] = []
         self.findings: list[Finding] = []
         self.finding_attempts: list[int] = []
         self.decisions: list[Decision] = []
@@ -369,39 +362,35 @@ class CaptureSink:
         self.runs: dict[tuple[str, int], dict[str, Any]] = {}
         self.closed = False
         self._lock = threading.Lock()
+        self._encoders = {RunStart: self._run_start, RunEnd: self._run_end, LifecycleEvent: self.events.append,
+                          FindingBatch: self._findings, Decision: self.decisions.append,
+                          DeliveryResult: self.deliveries.append, OutputBatch: self._output}
 
-    def start_run(self, job: str, attempt: int, started: float, command: Any = "") -> None:
+    def write(self, batch: Sequence[Any]) -> None:
+        """Keep every record of ``batch``.
+
+        Raises:
+            RuntimeError: after :meth:`close`.
+            TypeError: a record that is not a sink record.
+        """
         with self._writing():
-            self.runs[(job, attempt)] = {"started": started, "command": command, "ended": None,
+            for record in batch:
+                encode(self._encoders, record)
+
+    def _run_start(self, r: RunStart) -> None:
+        self.runs[(r.job, r.attempt)] = {"started": r.time, "command": r.command, "ended": None,
                                          "status": "running"}
 
-    def end_run(self, job: str, attempt: int, ended: float, status: str) -> None:
-        with self._writing():
-            run = self.runs.setdefault((job, attempt), {"started": None, "command": ""})
-            run.update(ended=ended, status=status)
+    def _run_end(self, r: RunEnd) -> None:
+        run = self.runs.setdefault((r.job, r.attempt), {"started": None, "command": ""})
+        run.update(ended=r.time, status=r.status)
 
-    def add_event(self, time: float, job: str, kind: str, instance: str | None = None,
-                  rank: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
-        with self._writing():
-            self.events.append(StoredEvent(time, job, kind, instance, rank, dict(detail or {})))
+    def _findings(self, b: FindingBatch) -> None:
+        self.findings += b.findings
+        self.finding_attempts += [b.attempt] * len(b.findings)
 
-    def add_findings(self, findings: Sequence[Finding], attempt: int = 0) -> None:
-        with self._writing():
-            self.findings += findings
-            self.finding_attempts += [attempt] * len(findings)
-
-    def add_decision(self, decision: Decision) -> str:
-        with self._writing():
-            self.decisions.append(decision)
-        return decision.decision_id
-
-    def add_delivery(self, result: Any, text: Any = None) -> None:
-        with self._writing():
-            self.deliveries.append(result)
-
-    def add_output(self, rows: Sequence[tuple], origins: Any = None) -> None:
-        with self._writing():
-            self.output += rows
+    def _output(self, b: OutputBatch) -> None:
+        self.output += b.rows
 
     def close(self) -> None:
         """Close the sink; later writes raise RuntimeError. Idempotent."""
@@ -427,7 +416,7 @@ class CaptureNotifier:
         kind: its kind, which picks the template (``webhook``, ``dingtalk`` ...).
         fail: how many of the next sends raise ``NotifyError`` before sends succeed again.
         retryable: whether those errors (and :attr:`down`'s) say a retry may work.
-        max_retries: the retries the Dispatcher grants this receiver (None: the Dispatcher's own).
+        max_retries: the retries the sender grants this receiver (None: the sender's own).
         clock: when given, :attr:`times` gets ``clock.time()`` of each accepted send.
 
     Attributes:

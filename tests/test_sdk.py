@@ -21,10 +21,9 @@ import warnings
 import pytest
 
 from ftwatch import sdk
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
-from ftwatch.events import Target
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.control import ENV_SOCKET, ENV_TOKEN, ControlHandler, ControlServer
 from ftwatch.rules.loader import rules_from_keywords
@@ -40,7 +39,7 @@ class Served:
     def __init__(self, tmp, hang=60.0, hang_supported=True, server: ControlServer | None = None):
         self.engine = Engine([])
         self.store, self.notifier = CaptureSink(), CaptureNotifier("ops")
-        dispatcher = Dispatcher([self.notifier], TemplateRenderer("en"), Spool(tmp / "spool"), sleep=lambda s: None)
+        dispatcher = Sender([self.notifier], TemplateRenderer("en"), Spool(tmp / "spool"), sleep=lambda s: None)
         self.recorder = Recorder(self.store, dispatcher=dispatcher, out=io.StringIO())
         self.tracker = HangTracker(hang, None)
         self.outputs = []
@@ -249,9 +248,11 @@ def test_send_custom_message_and_report_step(served, monkeypatch):
     m = served.monitor()
     assert m.send_custom_message("loss is NaN").ok()
     [sent] = served.notifier.sent                 # the job, the text, who sent it and the budgets
-    d = sent.alert.decision
-    assert (d.target, d.root_cause.line, d.restarts_used, d.restarts_left) == (
-        Target("job-1", "worker-0", 0, None), "loss is NaN", 1, 2)
+    a = sent.alert                                # an alert of its own, no stand-in decision
+    target = (a.labels["job"], a.labels["instance"], a.labels["rank"], a.labels["node"])
+    assert a.decision is None
+    assert (target, a.annotations["root_cause_line"], a.budgets["restarts_used"], a.budgets["restarts_left"]) == (
+        ("job-1", "worker-0", "0", ""), "loss is NaN", 1, 2)
     assert [(e.kind, e.job, e.instance, e.rank, e.detail) for e in served.store.events] == [
         ("custom_message", "job-1", "worker-0", 0, {"content": "loss is NaN"})]
     assert m.report_step(7).ok()                  # answered on receipt, applied at the next drain

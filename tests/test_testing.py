@@ -13,7 +13,7 @@ import pytest
 
 from ftwatch import clock, testing
 from ftwatch.alerting.alerts import alert_from_decision
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.notifiers import Notifier
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
@@ -24,6 +24,7 @@ from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.sources.process import Output
 from ftwatch.testing import (CaptureNotifier, CaptureSink, FakeClock, ListSource, StoredEvent, decision,
                              finding)
+from ftwatch.pipeline.sinks.base import LifecycleEvent
 
 
 def test_fake_clock_is_the_one_in_ftwatch_clock():
@@ -97,16 +98,16 @@ def test_capture_sink_refuses_writes_after_close():
     sink = CaptureSink()
     sink.close()
     with pytest.raises(RuntimeError, match="after close"):
-        sink.add_event(testing.T0, "j", "late")
+        sink.write([LifecycleEvent(testing.T0, "j", "late")])
     with pytest.raises(RuntimeError):
-        sink.add_decision(decision())
+        sink.write([decision()])
 
 
 # --------------------------------------------------------------------------- CaptureNotifier
 
-def dispatcher(tmp_path, *notifiers, **kw) -> tuple[Dispatcher, list[float]]:
+def dispatcher(tmp_path, *notifiers, **kw) -> tuple[Sender, list[float]]:
     sleeps: list[float] = []
-    d = Dispatcher(notifiers, TemplateRenderer("en"), Spool(tmp_path / "spool"), sleep=sleeps.append,
+    d = Sender(notifiers, TemplateRenderer("en"), Spool(tmp_path / "spool"), sleep=sleeps.append,
                    now=lambda: testing.T0, **kw)
     return d, sleeps
 

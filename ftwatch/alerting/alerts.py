@@ -1,7 +1,8 @@
 """Alerts made from decisions (SPEC N1).
 
 An :class:`Alert` is Alertmanager-shaped (labels, annotations, status, start/end) and keeps
-the :class:`~ftwatch.events.Decision` it was made from. A :class:`Notification` is one alert
+the :class:`~ftwatch.events.Decision` it was made from, when it was made from one: a custom
+message from the training code and a daily digest are alerts of their own, with their own id. A :class:`Notification` is one alert
 rendered for one receiver; its ``id`` is stable (decision id + receiver) and is what the
 receivers send as an idempotency key.
 
@@ -15,11 +16,10 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 
-from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,
-                            iso)
+from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target, iso
 
 SEVERITY_BY_EVENT_TYPE: dict[str, str] = {
     "node_isolated": "critical", "job_failed": "critical",
@@ -101,8 +101,11 @@ class Alert:
         status: ``firing`` or ``resolved``.
         starts_at: epoch seconds (the decision's time).
         ends_at: epoch seconds when resolved, else None.
-        decision: the decision it was made from.
-        budgets: ``restarts_used`` and ``restarts_left``.
+        decision: the decision it was made from; None for a custom message or a digest.
+        budgets: ``restarts_used`` and ``restarts_left`` (and ``attempt`` when there is no
+            decision to read it from).
+        id: the alert's own id when it has no decision (16 hex digits for a custom message,
+            ``digest<epoch s>`` for a digest); "" otherwise.
     """
 
     labels: Mapping[str, str]
@@ -110,18 +113,29 @@ class Alert:
     status: str
     starts_at: float
     ends_at: float | None
-    decision: Decision
+    decision: Decision | None = None
     budgets: Mapping[str, int] = field(default_factory=dict)
+    id: str = ""
 
     @property
     def decision_id(self) -> str:
-        return self.decision.decision_id
+        """The decision's id, or the alert's own :attr:`id` when it has no decision (notification
+        ids, links and the store's ``alerts`` rows are keyed by it)."""
+        return self.decision.decision_id if self.decision is not None else self.id
+
+    @property
+    def key(self) -> str:
+        """The alert's identity: :attr:`decision_id`, plus ``~<status>`` unless firing (a
+        decision's firing and resolved alerts are two alerts)."""
+        return self.decision_id if self.status == "firing" else f"{self.decision_id}~{self.status}"
 
     @property
     def event_type(self) -> str:
         """The event type (label ``event_type``; derived from the decision for alerts made
         before the label existed, e.g. read back from an old spool)."""
-        return self.labels.get("event_type") or event_type_of(self.decision)
+        if self.labels.get("event_type") or self.decision is None:
+            return self.labels.get("event_type", "")
+        return event_type_of(self.decision)
 
     @property
     def severity(self) -> str:
@@ -244,28 +258,58 @@ def alert_from_decision(decision: Decision, link: str, include_none: bool = Fals
 
 
 def alert_from_custom_message(job: str, content: str, time: float, link: str = "", *,
-                                instance: str | None = None, rank: int | None = None,
-                                node: str | None = None, restarts_used: int = 0,
-                                restarts_left: int = 0, attempt: int = 0) -> Alert:
+                              instance: str | None = None, rank: int | None = None,
+                              node: str | None = None, restarts_used: int = 0,
+                              restarts_left: int = 0, attempt: int = 0) -> Alert:
     """The alert for a message the training code sent (SDK ``send_custom_message``, N3 event
     ``custom_message``): action ``notify``, the message as the root-cause line, class ``info``.
+    It is made from no decision; its :attr:`Alert.id` is a hash of time, job, sender and text.
 
     Labels: ``event_type: custom_message`` and ``alertname: ftwatch_custom_message``.
     """
-    origin = Origin(instance or "job", rank, job, node, "sdk", "sdk")
-    finding = Finding("custom_message", "custom_message", FailureClass.INFO, Action.NOTIFY,
-                      Severity.WARNING, origin, content, time,
-                      source="ftwatch.sdk Monitor.send_custom_message")
-    decision = Decision(time, Action.NOTIFY, Target(job, instance, rank, node), finding,
-                        "custom message from the training code (send_custom_message)",
-                        restarts_used, restarts_left, attempt=attempt)
-    alert = alert_from_decision(decision, link)
-    assert alert is not None
     who = f"rank {rank}" if rank is not None else (instance or "the job")
-    labels = {**alert.labels, "alertname": "ftwatch_custom_message", "event_type": "custom_message",
-              "rule": "custom_message", "rule_id": "custom_message"}
-    annotations = {**alert.annotations, "summary": f"custom message from {who} of job {job}: {content}"}
-    return replace(alert, labels=labels, annotations=annotations)
+    raw = f"{time:.6f}|custom_message|{job}|{instance}|{rank}|{node}|{content}"
+    labels = {"alertname": "ftwatch_custom_message", "event_type": "custom_message", "job": job,
+              "instance": instance or "", "rank": "" if rank is None else str(rank), "node": node or "",
+              "action": Action.NOTIFY.label, "severity": severity_of("custom_message"),
+              "failure_class": FailureClass.INFO.value, "rule": "custom_message",
+              "rule_id": "custom_message"}
+    annotations = {
+        "summary": f"custom message from {who} of job {job}: {content}",
+        "description": "custom message from the training code (send_custom_message)",
+        "root_cause_line": content, "root_cause_instance": instance or "job",
+        "root_cause_rank": "" if rank is None else str(rank), "root_cause_time": iso(time),
+        "root_cause_source": "ftwatch.sdk Monitor.send_custom_message", "explain": link}
+    budgets = {"restarts_used": restarts_used, "restarts_left": restarts_left, "attempt": attempt}
+    return Alert(labels, annotations, "firing", time, None, budgets=budgets,
+                 id=hashlib.sha1(raw.encode()).hexdigest()[:16])
+
+
+@dataclass(frozen=True)
+class AlertMaker:
+    """Makes an alert and its link (SPEC N1: every alert carries one) in one call.
+
+    Args:
+        state_dir: the state dir the link's command names (:func:`alert_link`); None: not named.
+        link_url: ``alerting.link_url``, a URL template used instead of a command; None: a command.
+    """
+
+    state_dir: str | Path | None = None
+    link_url: str | None = None
+
+    def for_decision(self, decision: Decision, include_none: bool = False) -> Alert | None:
+        """:func:`alert_from_decision` with its link; None for action ``none`` unless
+        ``include_none``."""
+        alert = alert_from_decision(decision, "", include_none=include_none)
+        return None if alert is None else self._linked(alert)
+
+    def for_custom_message(self, job: str, content: str, time: float, **kw: Any) -> Alert:
+        """:func:`alert_from_custom_message` (same keyword arguments) with its link."""
+        return self._linked(alert_from_custom_message(job, content, time, "", **kw))
+
+    def _linked(self, alert: Alert) -> Alert:
+        link = alert_link(alert, self.state_dir, self.link_url)
+        return replace(alert, annotations={**alert.annotations, "explain": link})
 
 
 def sample_alert() -> Alert:

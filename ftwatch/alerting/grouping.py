@@ -15,7 +15,7 @@ failed last week.
 
 Time is whatever the caller passes (epoch seconds from ``ftwatch.clock``); nothing here sleeps.
 A :class:`HeldStore` keeps every alert still waiting in a group on disk, so an ftwatch killed
-during a group's wait sends it at its next start (``ftwatch.alerting.center``).
+during a group's wait sends it at its next start (``ftwatch.alerting.dispatch``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ REPEAT_HORIZON = 86400.0
 def alert_key(alert: Alert) -> str:
     """An alert's identity while it waits: its decision id, plus ``~<status>`` unless firing
     (a decision's firing and resolved alerts are two alerts)."""
-    return alert.decision_id if alert.status == "firing" else f"{alert.decision_id}~{alert.status}"
+    return alert.key
 
 
 @dataclass(frozen=True)

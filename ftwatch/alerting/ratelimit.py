@@ -6,9 +6,9 @@
 ``per_seconds`` seconds, bursts included (a token bucket that starts full lets nearly twice that
 through in its first window). The log is kept in ``<state>/ratelimit.json``, so a restarted (or
 crash-looping) ftwatch does not start with a fresh allowance. A notification that may not go
-now is not dropped: the Dispatcher spools it and it is sent when the window has room again
-(``ftwatch.alerting.center`` asks :meth:`RateLimiter.ready`). Defaults per receiver kind come
-from the vendors' documented limits (``ftwatch.config.routes.DEFAULT_RATE_LIMITS``: DingTalk 20
+now is not dropped: the sender (``ftwatch.alerting.notify``) spools it and sends it when the
+window has room again (``Sender.release`` asks :meth:`RateLimiter.ready`). Defaults per receiver
+kind come from the vendors' documented limits (``ftwatch.config.routes.DEFAULT_RATE_LIMITS``: DingTalk 20
 messages a minute, and a robot that exceeds it is throttled for 10 minutes; WeCom 20 a minute;
 Feishu 100 a minute).
 

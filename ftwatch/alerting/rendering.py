@@ -80,38 +80,73 @@ _WORDS: dict[str, dict[str, dict[str, str]]] = {
 
 
 def template_context(alert: Alert, language: str = "en") -> dict[str, Any]:
-    """The plain values a template sees (see the module docstring for the names)."""
+    """The plain values a template sees (see the module docstring for the names). An alert made
+    from no decision (a custom message) gives the same names, read from its labels and
+    annotations."""
     words = _WORDS.get(language, _WORDS["en"])
     d = alert.decision
-    rc = d.root_cause
-    root = None
-    if rc is not None:
-        root = {
-            "line": rc.line, "instance": rc.origin.instance, "rank": rc.rank,
-            "node": rc.origin.node, "time": iso(rc.time), "rule_id": rc.rule_id,
-            "failure_class": rc.failure_class.value,
-            "failure_class_text": words["failure_class"].get(rc.failure_class.value,
-                                                             rc.failure_class.value),
-            "severity": rc.severity.name.lower(), "source": rc.source,
-            "evidence": list(rc.evidence),
-        }
+    root = _root(d.root_cause, words) if d is not None else _root_of_labels(alert, words)
+    if d is not None:
+        job, action, clause, when, attempt = d.target.job, d.action.label, d.policy_clause, d.time, d.attempt
+        target = {"job": d.target.job, "instance": d.target.instance, "rank": d.target.rank,
+                  "node": d.target.node}
+    else:
+        labels = alert.labels
+        job, action, clause = labels.get("job", ""), labels.get("action", ""), alert.annotations.get("description", "")
+        when, attempt = alert.starts_at, int(alert.budgets.get("attempt", 0))
+        target = {"job": job, "instance": labels.get("instance") or None,
+                  "rank": _int_or_none(labels.get("rank")), "node": labels.get("node") or None}
     return {
-        "job": d.target.job, "action": d.action.label,
-        "action_text": words["action"].get(d.action.label, d.action.label),
+        "job": job, "action": action,
+        "action_text": words["action"].get(action, action),
         "severity": alert.labels.get("severity", ""), "status": alert.status,
-        "target": {"job": d.target.job, "instance": d.target.instance,
-                   "rank": d.target.rank, "node": d.target.node},
+        "target": target,
         "root_cause": root,
         "rule_id": root["rule_id"] if root else None,
         "failure_class": root["failure_class"] if root else None,
         "failure_class_text": root["failure_class_text"] if root else None,
-        "policy_clause": d.policy_clause, "budgets": dict(alert.budgets),
-        "decision_id": d.decision_id, "time": iso(d.time), "attempt": d.attempt,
+        "policy_clause": clause, "budgets": dict(alert.budgets),
+        "decision_id": alert.decision_id, "time": iso(when), "attempt": attempt,
         "link": alert.annotations.get("explain", ""),
         "labels": dict(alert.labels), "annotations": dict(alert.annotations),
         "summary": alert.annotations.get("summary", ""),
         "event_type": alert.event_type,
     }
+
+
+def _root(rc: Any, words: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``root_cause`` a template sees, from a decision's root-cause Finding (or None)."""
+    if rc is None:
+        return None
+    return {
+        "line": rc.line, "instance": rc.origin.instance, "rank": rc.rank,
+        "node": rc.origin.node, "time": iso(rc.time), "rule_id": rc.rule_id,
+        "failure_class": rc.failure_class.value,
+        "failure_class_text": words["failure_class"].get(rc.failure_class.value, rc.failure_class.value),
+        "severity": rc.severity.name.lower(), "source": rc.source,
+        "evidence": list(rc.evidence),
+    }
+
+
+def _root_of_labels(alert: Alert, words: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``root_cause`` of an alert made from no decision: its ``root_cause_*`` annotations and
+    its labels (None without a ``root_cause_line``)."""
+    a, labels = alert.annotations, alert.labels
+    if not a.get("root_cause_line"):
+        return None
+    klass = labels.get("failure_class", "")
+    return {
+        "line": a["root_cause_line"], "instance": a.get("root_cause_instance", ""),
+        "rank": _int_or_none(a.get("root_cause_rank")), "node": labels.get("node") or None,
+        "time": a.get("root_cause_time", ""), "rule_id": labels.get("rule_id", ""),
+        "failure_class": klass, "failure_class_text": words["failure_class"].get(klass, klass),
+        "severity": a.get("root_cause_severity", ""), "source": a.get("root_cause_source", ""),
+        "evidence": [],
+    }
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text else None
 
 
 class _Loader(jinja2.BaseLoader):

@@ -13,7 +13,7 @@ either the old file or the new one. ``ack`` deletes the file: an acked notificat
 never pending again, so it is never resent.
 
 Not safe for several processes on one directory; within one process its calls are serialised
-by a lock (the Dispatcher's caller and its delivery workers write from different threads).
+by a lock (the sender's caller and its delivery workers write from different threads).
 """
 
 from __future__ import annotations
@@ -235,14 +235,16 @@ def alert_to_dict(a: Alert) -> dict[str, Any]:
     """An Alert as JSON-ready data that :func:`alert_from_dict` restores exactly."""
     return {"labels": dict(a.labels), "annotations": dict(a.annotations),
             "status": a.status, "starts_at": a.starts_at, "ends_at": a.ends_at,
-            "budgets": dict(a.budgets), "decision": decision_to_dict(a.decision)}
+            "budgets": dict(a.budgets), "id": a.id,
+            "decision": None if a.decision is None else decision_to_dict(a.decision)}
 
 
 def alert_from_dict(a: dict[str, Any]) -> Alert:
     """Inverse of :func:`alert_to_dict`. Raises KeyError/ValueError/TypeError on bad data."""
     return Alert(dict(a["labels"]), dict(a["annotations"]), a["status"], float(a["starts_at"]),
                  None if a.get("ends_at") is None else float(a["ends_at"]),
-                 decision_from_dict(a["decision"]), dict(a.get("budgets", {})))
+                 None if a.get("decision") is None else decision_from_dict(a["decision"]),
+                 dict(a.get("budgets", {})), str(a.get("id", "")))
 
 
 def notification_to_dict(n: Notification) -> dict[str, Any]:

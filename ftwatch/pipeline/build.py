@@ -45,29 +45,35 @@ def build_store(config: Any, state_dir: Path) -> Any:
 
 def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=None):
     """The Recorder of a run or watch: the store (SQLite, plus Elasticsearch when configured),
-    the event center over the receivers, and the spool; alerts an earlier run spooled or left
-    waiting in a group are sent now."""
-    from ftwatch.alerting.center import EventCenter
-    from ftwatch.alerting.dispatcher import Dispatcher
+    the decisions file, and the alert path: the event center (``alerting.dispatch``) in front of
+    the sender (``alerting.notify``: receivers, rate limits, spool, one delivery thread per
+    receiver). Alerts an earlier run spooled or left waiting in a group are sent now."""
+    from ftwatch.alerting.dispatch import EventCenter
     from ftwatch.alerting.notifiers import build_notifiers
-    from ftwatch.clock import SystemClock
-    from ftwatch.alerting.spool import Spool
+    from ftwatch.alerting.notify import Sender
+    from ftwatch.alerting.ratelimit import RateLimiter
     from ftwatch.alerting.rendering import TemplateRenderer
+    from ftwatch.alerting.spool import Spool
+    from ftwatch.clock import SystemClock
     from ftwatch.pipeline.recorder import Recorder
     state_dir.mkdir(parents=True, exist_ok=True)
     store = build_store(config, state_dir)
-    renderer = TemplateRenderer(config.alerting.language,
-                                {k: Path(v) for k, v in config.alerting.templates.items()})
-    recorder = Recorder(store, decisions_file, None, out=out, state_dir=state_dir,
+    alerting = config.alerting
+    now = SystemClock().time
+    notifiers = build_notifiers(alerting.receivers, out=out)
+    limiter = RateLimiter.from_config(alerting.rate_limits, {n.name: n.kind for n in notifiers}, now(),
+                                      state_dir / "ratelimit.json")
+    renderer = TemplateRenderer(alerting.language, {k: Path(v) for k, v in alerting.templates.items()})
+    sender = Sender(notifiers, renderer, Spool(state_dir / "spool"), limiter=limiter,
+                    background=True, language=alerting.language)   # deciding and acting never wait on a receiver (N4)
+    center = EventCenter(alerting, sender, now, state_dir)
+    recorder = Recorder(store, decisions_file, center, out=out, state_dir=state_dir,
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket,
-                        link_url=config.alerting.link_url)
-    dispatcher = Dispatcher(build_notifiers(config.alerting.receivers, out=out), renderer,
-                            Spool(state_dir / "spool"), on_result=recorder.delivery,
-                            background=True)   # deciding and acting never wait on a receiver (N4)
-    recorder.dispatcher = EventCenter(config.alerting, dispatcher, SystemClock().time, state_dir)
-    dispatcher.resend_pending()              # alerts spooled by an earlier run, to the workers
-    recorder.dispatcher.recover()            # alerts an earlier run left waiting in a group
+                        link_url=alerting.link_url)
+    sender.resend_pending()                  # alerts spooled by an earlier run, to the workers
+    center.recover()                         # alerts an earlier run left waiting in a group
+    recorder.collect()
     return recorder
 
 def resolve_after_of(config) -> float:

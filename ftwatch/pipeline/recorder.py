@@ -1,175 +1,198 @@
-"""Where findings and decisions go once made: the store, the decisions file, the terminal, the alerts.
+"""Where findings and decisions go once made: the sinks, the terminal, the metrics and the alerts.
 
-Shared by ``ftwatch run`` and ``ftwatch replay`` so both report a decision the same way.
+Shared by ``ftwatch run`` and ``ftwatch watch`` so both report a decision the same way. Every
+collaborator is there, a null object when not configured (``NULL_SINK``, ``NULL_METRICS``,
+``NULL_ALERTS``), so no method asks whether it has one. Records go to one sink (a ``FanOut``
+over the store, Elasticsearch and the decisions file); alerts go to one alert path (the event
+center) and their delivery results come back on its queue, taken here in the pipeline's thread
+(:meth:`Recorder.collect`), never by a call from a delivery thread.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Collection, Iterable, TextIO
 
-from ftwatch.events import Action, Decision, Finding, Origin, iso
+from ftwatch.alerting.alerts import AlertMaker
+from ftwatch.alerting.dispatch import NULL_ALERTS, AlertPath
+from ftwatch.alerting.notify import QUEUED
+from ftwatch.alerting.resolve import OpenAlerts
+from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
+from ftwatch.pipeline.sinks.base import (NULL_SINK, FindingBatch, LifecycleEvent, OutputBatch, Record,
+                                         RunEnd, RunStart, Sink)
+from ftwatch.pipeline.sinks.fanout import FanOut
+from ftwatch.pipeline.sinks.jsonl import DecisionsFile
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
+from ftwatch.telemetry import NULL_METRICS
 
 RESEND_SECONDS = 30.0   # how often spooled alerts are retried during a run
 RESOLVE_AFTER = 300.0   # default seconds without a new incident before open alerts resolve
-_RESTART_ACTIONS = frozenset(a.label for a in (Action.RESTART_JOB, Action.RESTART_INSTANCE,
-                                               Action.RESTART_IN_PLACE, Action.ISOLATE_NODE))
 
 
 class Recorder:
-    """Fans a decision out to the SQLite store, the JSONL decisions file, the console and the alerts.
+    """Fans a decision out to the sinks, the console, the metrics and the alerts.
 
     Args:
-        store: the SQLite store (``ftwatch.pipeline.sinks.sqlite.SqliteStore``) or None.
-        decisions_file: append one JSON object per decision here (README "Decisions"), or None.
-        dispatcher: the alert dispatcher (``ftwatch.alerting.center.EventCenter``, or a bare
-            ``ftwatch.alerting.dispatcher.Dispatcher``) or None.
+        store: the store: a ``SqliteStore`` (a sink and the reader ``explain`` and ``report``
+            use), or a ``FanOut`` whose primary is one (Elasticsearch behind it), or None.
+        decisions_file: append one JSON object per decision here (README "Decisions";
+            ``ftwatch.pipeline.sinks.jsonl``), or None. Its write errors are logged, not raised.
+        dispatcher: the alert path (``ftwatch.alerting.dispatch.EventCenter``, or a bare
+            ``ftwatch.alerting.notify.Sender``) or None.
         out: where human-readable lines go (the terminal).
         state_dir: named (absolute) in the alert's ``ftwatch explain`` / ``ftwatch report`` link.
-        link_url: ``alerting.link_url``: a URL template for the alerts' link instead of a command
-            (``ftwatch.alerting.alerts.alert_link``), or None.
+        color: ANSI colours on the terminal (default: when ``out`` is a tty).
         resolve_after: seconds without a new incident after which the open alerts resolve
             (:meth:`resolve_due`); None: only :meth:`resolve_open` resolves them.
         metrics: ``ftwatch.telemetry.Metrics`` counting lines, findings, decisions and restarts,
             or None.
         output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
+        link_url: ``alerting.link_url``: a URL template for the alerts' link instead of a command
+            (``ftwatch.alerting.alerts.alert_link``), or None.
 
-    Resolution (SPEC N2, Alertmanager): the alerts of resolvable incidents (event types
-    ``job_restart``, ``instance_restart``, ``job_hang``, ``node_isolated``;
-    ``ftwatch.alerting.alerts.RESOLVABLE``) stay open until :meth:`resolve_open` is called
-    (the job finished, successfully or not) or :meth:`resolve_due` finds ``resolve_after``
-    seconds passed since the job's last such incident while it ran on. Each then goes to every
-    receiver once more with status ``resolved`` and ``ends_at`` set. ``job_failed`` and
-    notifications never resolve here. The bookkeeping is per job (label ``job``): one job's
-    quiet period or end never resolves another job's alerts (``ftwatch watch`` sees many).
+    Resolution (SPEC N2): ``ftwatch.alerting.resolve.OpenAlerts`` keeps the open alerts per job;
+    :meth:`resolve_open` (the job finished) and :meth:`resolve_due` (quiet for
+    ``resolve_after``) send each to every receiver once more with status ``resolved``.
     """
 
-    def __init__(self, store: Any = None, decisions_file: Path | None = None, dispatcher: Any = None,
-                 out: TextIO | None = None, state_dir: Path | None = None, color: bool | None = None,
+    def __init__(self, store: Sink | None = None, decisions_file: Path | None = None,
+                 dispatcher: AlertPath | None = None, out: TextIO | None = None,
+                 state_dir: Path | None = None, color: bool | None = None,
                  resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
                  output_bucket: float = 5.0, link_url: str | None = None):
-        self.store = store
+        self.store = store.primary if isinstance(store, FanOut) else store   # the reading side
+        sink: Sink = store if store is not None else NULL_SINK
+        self.sink: Sink = FanOut(sink, [DecisionsFile(decisions_file)]) if decisions_file else sink
         self.decisions_file = decisions_file
         self.dispatcher = dispatcher
+        self.metrics = metrics
         self.out = out or sys.stdout
         self.state_dir = state_dir
         self.link_url = link_url
+        self.alerts = AlertMaker(state_dir, link_url)
         self.color = self.out.isatty() if color is None else color
         self.attempt = 0          # the runner sets the attempt findings belong to
         self.decisions: list[Decision] = []
         self._last_resend: float | None = None   # the start already resent (cli)
         self.finding_count = 0
-        self.deliveries: list[Any] = []
-        self.metrics = metrics
+        self.deliveries: list[DeliveryResult] = []
         self.output_counts = OutputCounts(output_bucket)
         self._origins: dict[tuple[str, str], Origin] = {}   # (job, instance) -> its latest origin
-        self.resolve_after = resolve_after
-        self.open_alerts: dict[tuple, Any] = {}    # labels (job included) -> the latest firing alert
-        self._last_incident: dict[str, float] = {}  # job -> time of its latest resolvable incident
+        self.open = OpenAlerts(resolve_after)
         self._closed = False
-        if decisions_file is not None:
-            decisions_file.parent.mkdir(parents=True, exist_ok=True)
+
+    # -- the null objects stand in for what is not configured ---------------------------------
+
+    @property
+    def dispatcher(self) -> AlertPath:
+        """The alert path (``NULL_ALERTS`` when alerting is off); assign None to turn it off."""
+        return self._alerts
+
+    @dispatcher.setter
+    def dispatcher(self, value: AlertPath | None) -> None:
+        self._alerts = NULL_ALERTS if value is None else value
+
+    @property
+    def metrics(self) -> Any:
+        """The metrics (``NULL_METRICS`` when off); assign None to turn them off."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, value: Any) -> None:
+        self._metrics = NULL_METRICS if value is None else value
+
+    @property
+    def resolve_after(self) -> float | None:
+        return self.open.resolve_after
+
+    def _write(self, *records: Record) -> None:
+        self.sink.write(records)
+
+    # -- records ------------------------------------------------------------------------------
 
     def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
         """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the
         store's per-instance buckets once a later bucket starts (and at :meth:`flush_output`)."""
-        if self.metrics is not None:
-            self.metrics.count_output(origin.job, lines, nbytes)
+        self.metrics.count_output(origin.job, lines, nbytes)
         if self._origins.get(origin.key) is not origin:   # node and pod labels of the rows
             if len(self._origins) >= 65536:
                 self._origins.clear()
             self._origins[origin.key] = origin
         if self.output_counts.add(origin.job, origin.instance, origin.rank, time, lines, nbytes):
-            rows = self.output_counts.closed()
-            if self.store is not None:
-                self.store.add_output(rows, origins=self._origins)
+            self._write(OutputBatch(self.output_counts.closed(), self._origins))
 
     def flush_output(self) -> None:
         """Store every output bucket still open (the run or watch ends)."""
-        rows = self.output_counts.drain()
-        if self.store is not None:
-            self.store.add_output(rows, origins=self._origins)
+        self._write(OutputBatch(self.output_counts.drain(), self._origins))
 
     def findings(self, findings: Iterable[Finding]) -> None:
         """Store findings (every one, fallout included: ``explain`` shows them)."""
         findings = list(findings)
         self.finding_count += len(findings)
-        if self.metrics is not None:
-            self.metrics.count_findings(findings)
-        if findings and self.store is not None:
-            self.store.add_findings(findings, attempt=self.attempt)
+        self.metrics.count_findings(findings)
+        if findings:
+            self._write(FindingBatch(findings, self.attempt))
 
     def event(self, time: float, job: str, kind: str, instance: str | None = None,
               rank: int | None = None, **detail: Any) -> None:
-        """Store a lifecycle event (start, exit, restart, stop).
-
-        Restarts are counted in the metrics: ``job_restart`` (kind ``job``), ``instance_restart``
-        (kind ``instance``) and an ``actuator`` event whose restart action was ``done``.
-        """
-        if self.metrics is not None:
-            if kind in ("job_restart", "instance_restart"):
-                self.metrics.count_restart(job, kind.split("_")[0])
-            elif kind == "actuator" and detail.get("status") == "done" and \
-                    detail.get("action") in _RESTART_ACTIONS:
-                self.metrics.count_restart(job, detail["action"])
-        if self.store is not None:
-            self.store.add_event(time, job, kind, instance=instance, rank=rank, detail=detail)
+        """Store a lifecycle event (start, exit, restart, stop); the metrics count the restarts
+        among them (``Metrics.count_event``)."""
+        self.metrics.count_event(job, kind, detail)
+        self._write(LifecycleEvent(time, job, kind, instance, rank, detail))
 
     def run_started(self, job: str, attempt: int, time: float, command: list[str]) -> None:
         """An attempt of the job starts (the store's ``runs`` table and a ``job_start`` event)."""
-        if self.store is not None:
-            self.store.start_run(job, attempt, time, command)
+        self._write(RunStart(job, attempt, time, command))
         self.event(time, job, "job_start", attempt=attempt, command=command)
 
     def run_ended(self, job: str, attempt: int, time: float, status: str) -> None:
         """An attempt ended: ``succeeded``, ``failed``, ``restarted`` or ``stopped``."""
-        if self.store is not None:
-            self.store.end_run(job, attempt, time, status)
+        self._write(RunEnd(job, attempt, time, status))
 
     def decision(self, decision: Decision) -> None:
         """Record a decision everywhere and send its alert (action none sends none)."""
         self.decisions.append(decision)
-        if self.metrics is not None:
-            self.metrics.count_decision(decision.target.job, decision.action.label)
-        if self.store is not None:
-            self.store.add_decision(decision)
-        if self.decisions_file is not None:
-            with self.decisions_file.open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps(decision.to_json(), ensure_ascii=False) + "\n")
+        self.metrics.count_decision(decision.target.job, decision.action.label)
+        self._write(decision)
         self.say(self._describe(decision))
-        if self.dispatcher is not None and decision.action is not Action.NONE:
-            from ftwatch.alerting.alerts import alert_from_decision
-            from ftwatch.alerting.alerts import RESOLVABLE
-            alert = self._linked(alert_from_decision(decision, ""))
-            self._dispatch(alert)
-            if alert.event_type in RESOLVABLE:
-                self.open_alerts[tuple(sorted(alert.labels.items()))] = alert
-                self._last_incident[alert.labels.get("job", "")] = decision.time
+        if decision.action is not Action.NONE:
+            alert = self.alerts.for_decision(decision)
+            self.dispatcher.dispatch(alert)
+            self.open.fired(alert, decision.time)
+            self.collect()
+
+    def custom_message(self, time: float, job: str, content: str, instance: str | None = None,
+                       rank: int | None = None, node: str | None = None,
+                       budgets: tuple[int, int] | None = None) -> None:
+        """A message from the training code (SDK ``send_custom_message``): printed, stored as a
+        ``custom_message`` event and sent to every receiver as a ``notify`` alert."""
+        who = f"rank {rank}" if rank is not None else (instance or "the job")
+        self.say(self._style(f"ftwatch: custom message from {who}: {content}", "1;36"))
+        self.event(time, job, "custom_message", instance, rank, content=content)
+        used, left = budgets or (0, 0)
+        self.dispatcher.dispatch(self.alerts.for_custom_message(
+            job, content, time, instance=instance, rank=rank, node=node, restarts_used=used,
+            restarts_left=left, attempt=self.attempt))
+        # (called from the SDK's channel thread: its results are taken at the pipeline's next tick)
+
+    # -- resolution ---------------------------------------------------------------------------
 
     def open_jobs(self) -> set[str]:
         """The jobs (label ``job``) that have open alerts."""
-        return {alert.labels.get("job", "") for alert in self.open_alerts.values()}
+        return self.open.jobs()
 
     def resolve_open(self, time: float, reason: str = "", job: str | None = None) -> int:
         """Resolve the open alerts at ``time`` (epoch seconds): those of ``job``, or of every
         job when None. Each goes to the receivers as ``resolved`` and an ``alert_resolved``
         event is stored. Returns how many resolved."""
-        alerts = [a for a in self.open_alerts.values() if job is None or a.labels.get("job", "") == job]
-        if job is None:
-            self.open_alerts, self._last_incident = {}, {}
-        else:
-            self.open_alerts = {k: a for k, a in self.open_alerts.items()
-                                if a.labels.get("job", "") != job}
-            self._last_incident.pop(job, None)
+        alerts = self.open.take(job)
         for alert in alerts:
             self.event(time, alert.labels.get("job", ""), "alert_resolved",
                        alert.labels.get("instance") or None, decision_id=alert.decision_id,
                        reason=reason)
-            if self.dispatcher is not None:
-                self._dispatch(alert.resolve(time))
+            self.dispatcher.dispatch(alert.resolve(time))
+        self.collect()
         if alerts:
             whose = f" of job {job}" if job is not None else ""
             self.say(f"ftwatch: {len(alerts)} alert(s){whose} resolved ({reason or 'no new incident'})")
@@ -180,64 +203,34 @@ class Recorder:
         ``resolve_after`` seconds before ``now`` (epoch seconds; call it while jobs run).
         Jobs are judged one by one; those named in ``hold`` (an incident still settling) are
         left open. Returns how many resolved."""
-        if self.resolve_after is None or not self.open_alerts:
-            return 0
-        count = 0
-        for job in sorted(self.open_jobs()):
-            last = self._last_incident.get(job)
-            if job in hold or last is None or now - last < self.resolve_after:
-                continue
-            count += self.resolve_open(now, f"no new incident for {self.resolve_after:g}s", job=job)
-        return count
+        return sum(self.resolve_open(now, f"no new incident for {self.resolve_after:g}s", job=job)
+                   for job in self.open.quiet_jobs(now, hold))
 
-    def _dispatch(self, alert: Any) -> None:
-        self._record(self.dispatcher.dispatch(alert))
+    # -- delivery results ---------------------------------------------------------------------
 
-    def _record(self, results: Iterable[Any]) -> None:
-        """Store the results a dispatcher call returned, except those already stored via its
-        ``on_result`` and those only handed to a delivery worker (status ``queued``: the
-        worker reports their outcome through ``on_result``, from its thread)."""
-        from ftwatch.alerting.dispatcher import QUEUED
+    def collect(self) -> int:
+        """Take the delivery results waiting on the alert path's queue and store them (in the
+        caller's thread: the pipeline's). Returns how many."""
+        results = self.dispatcher.take_results()
         for result in results:
-            if result.status != QUEUED and not any(r is result for r in self.deliveries):
-                self.delivery(result)
+            self.delivery(result)
+        return len(results)
 
-    def custom_message(self, time: float, job: str, content: str, instance: str | None = None,
-                       rank: int | None = None, node: str | None = None,
-                       budgets: tuple[int, int] | None = None) -> None:
-        """A message from the training code (SDK ``send_custom_message``): printed, stored as a
-        ``custom_message`` event and sent to every receiver as a ``notify`` alert."""
-        who = f"rank {rank}" if rank is not None else (instance or "the job")
-        self.say(self._style(f"ftwatch: custom message from {who}: {content}", "1;36"))
-        self.event(time, job, "custom_message", instance, rank, content=content)
-        if self.dispatcher is None:
-            return
-        from ftwatch.alerting.alerts import alert_from_custom_message
-        used, left = budgets or (0, 0)
-        alert = alert_from_custom_message(job, content, time, "", instance=instance,
-                                          rank=rank, node=node, restarts_used=used,
-                                          restarts_left=left, attempt=self.attempt)
-        self._dispatch(self._linked(alert))
-
-    def delivery(self, result: Any) -> None:
-        """Record what became of one notification (a dispatcher's ``on_result``, so that the
-        resends of spooled alerts reach the store too). Called from the delivery workers'
-        threads as well: a list append and the store's own lock keep it thread-safe."""
-        if self._closed:          # a worker's late outcome after shutdown: the spool has it
+    def delivery(self, result: DeliveryResult) -> None:
+        """Record what became of one notification (``queued`` is not an outcome: the worker's
+        result follows). After :meth:`close` nothing is recorded: the spool has it."""
+        if self._closed or result.status == QUEUED:
             return
         self.deliveries.append(result)
-        if self.store is not None:
-            self.store.add_delivery(result)
+        self._write(result)
 
     def resend_due(self, mono: float, every: float = RESEND_SECONDS) -> int:
-        """Resend spooled alerts if ``every`` seconds passed since the last try (N4: a receiver that
-        comes back during a long run gets its alerts then, not at the next start). Returns how
-        many were delivered (with background delivery: handed to the delivery workers)."""
-        if self.dispatcher is None:
-            return 0
-        tick = getattr(self.dispatcher, "tick", None)
-        if tick is not None:      # the event center: due groups, rate-limit releases, digests
-            self._record(tick())
+        """The alert path's tick (due groups, rate-limit releases, digests) and its results;
+        then resend spooled alerts if ``every`` seconds passed since the last try (N4: a receiver
+        that comes back during a long run gets its alerts then, not at the next start). Returns
+        how many were delivered (with background delivery: handed to the delivery workers)."""
+        self.dispatcher.tick()
+        self.collect()
         if self._last_resend is None:
             self._last_resend = mono
         if mono - self._last_resend < every:
@@ -248,28 +241,20 @@ class Recorder:
     def close(self) -> None:
         """At shutdown: the event center sends what still waits in its groups (nothing is lost)
         and waits a bounded time for the delivery workers (what they did not deliver stays in
-        the spool), then the store is closed (an Elasticsearch sink flushes its journal)."""
-        close = getattr(self.dispatcher, "close", None)
-        if close is not None:     # (the delivery workers get a bounded time to finish first)
-            self._record(close())
+        the spool); their results are stored, then the sinks are closed (an Elasticsearch sink
+        flushes its journal)."""
+        self.dispatcher.close()
+        self.collect()
         self.flush_output()
         self._closed = True
-        if self.store is not None:
-            self.store.close()
+        self.sink.close()
+
+    # -- the terminal -------------------------------------------------------------------------
 
     def link(self, decision: Decision) -> str:
         """How to see more about a decision: the ``alerting.link_url`` URL, else the command
         that explains it (absolute, quoted ``--state-dir``)."""
-        from ftwatch.alerting.alerts import alert_from_decision
-        return self._linked(alert_from_decision(decision, "", include_none=True)).annotations["explain"]
-
-    def _linked(self, alert: Any) -> Any:
-        """``alert`` with its link (annotation ``explain``, ``ftwatch.alerting.alerts.alert_link``)."""
-        import dataclasses
-
-        from ftwatch.alerting.alerts import alert_link
-        link = alert_link(alert, self.state_dir, self.link_url)
-        return dataclasses.replace(alert, annotations={**alert.annotations, "explain": link})
+        return self.alerts.for_decision(decision, include_none=True).annotations["explain"]
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from ftwatch.alerting.alerts import Notification, sample_alert
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.notifiers import AlertmanagerNotifier, build_notifiers
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
@@ -199,7 +199,7 @@ def restart_decision(t: float, instance: str = "worker-1") -> Decision:
 
 def test_recorder_resolves_open_alerts_after_a_quiet_period(tmp_path: Path):
     rec = CaptureNotifier("rec")
-    recorder = Recorder(dispatcher=Dispatcher([rec], TemplateRenderer("en"), Spool(tmp_path / "s")),
+    recorder = Recorder(dispatcher=Sender([rec], TemplateRenderer("en"), Spool(tmp_path / "s")),
                         out=open(os.devnull, "w"), resolve_after=300)
     t0 = 1_795_250_000.0
     recorder.decision(restart_decision(t0))
@@ -225,7 +225,7 @@ def test_recorder_resolves_open_alerts_after_a_quiet_period(tmp_path: Path):
 def test_alert_reaches_alertmanager_and_its_webhook_then_resolves(am: Alertmanager, hook: Hook,
                                                                    tmp_path: Path):
     n = AlertmanagerNotifier("am", am.url, resolve_after=600, labels={"team": "ml"})
-    d = Dispatcher([n], TemplateRenderer("en"), Spool(tmp_path / "spool"), sleep=lambda s: None)
+    d = Sender([n], TemplateRenderer("en"), Spool(tmp_path / "spool"), sleep=lambda s: None)
     alert = fresh_alert()
     [result] = d.dispatch(alert)
     assert result.status == "delivered", result.error
@@ -254,7 +254,7 @@ def test_alert_reaches_alertmanager_and_its_webhook_then_resolves(am: Alertmanag
 def test_an_invalid_alert_is_refused_with_400_and_not_retried(am: Alertmanager, tmp_path: Path):
     n = AlertmanagerNotifier("am", am.url, labels={"bad-label": "x"})   # not a label name
     spool = Spool(tmp_path / "spool")
-    [result] = Dispatcher([n], TemplateRenderer("en"), spool, sleep=lambda s: None).dispatch(fresh_alert())
+    [result] = Sender([n], TemplateRenderer("en"), spool, sleep=lambda s: None).dispatch(fresh_alert())
     assert (result.status, result.attempts) == ("failed", 1) and "400" in result.error
     assert len(list(spool.dead_dir.glob("*.json"))) == 1
 

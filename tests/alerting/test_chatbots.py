@@ -1,6 +1,6 @@
 """N2: the chat-bot receivers (DingTalk, Feishu/Lark, WeCom, Slack) against local HTTP servers
 that answer like each service: signatures verified server-side, error codes in HTTP 200
-bodies, rate-limit answers; driven through the real Dispatcher with a no-op sleep."""
+bodies, rate-limit answers; driven through the real Sender with a no-op sleep."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 
 from ftwatch.alerting.alerts import Alert, alert_from_decision
 from ftwatch.alerting.rendering import TemplateRenderer
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.notifiers import (REGISTRY, ConsoleNotifier, DingTalkNotifier, FeishuNotifier,
                                         SlackNotifier, WebhookNotifier, WeComNotifier,
                                         build_notifiers)
@@ -195,8 +195,8 @@ def make_alert(t: float = 1_795_250_000.5) -> Alert:
     return alert
 
 
-def dispatcher(notifiers, spool_dir: Path, sleeps: list[float], **kw) -> Dispatcher:
-    return Dispatcher(notifiers, TemplateRenderer("en"), Spool(spool_dir), sleep=sleeps.append, **kw)
+def dispatcher(notifiers, spool_dir: Path, sleeps: list[float], **kw) -> Sender:
+    return Sender(notifiers, TemplateRenderer("en"), Spool(spool_dir), sleep=sleeps.append, **kw)
 
 
 def assert_no_secret(text: str) -> None:
@@ -307,7 +307,7 @@ def test_wecom_long_text_is_cut_to_4096_bytes(tmp_path: Path):
     try:
         long = tmp_path / "long.j2"
         long.write_text("{{ job }}\n" + "告警" * 3000 + "\n")
-        d = Dispatcher([make_notifier("wecom", bot)], TemplateRenderer("en", {"wecom": long}),
+        d = Sender([make_notifier("wecom", bot)], TemplateRenderer("en", {"wecom": long}),
                        Spool(tmp_path / "spool"), sleep=lambda s: None)
         [result] = d.dispatch(make_alert())
         assert result.status == "delivered"

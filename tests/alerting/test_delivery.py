@@ -2,7 +2,7 @@
 
 The receivers here are in-process notifiers that block on a ``threading.Event`` the test
 controls, so "the caller did not wait for the receiver" is shown by the order of events, never
-by timing. Waiting for a worker uses ``Dispatcher.drain`` (or an Event with a deadline).
+by timing. Waiting for a worker uses ``Sender.drain`` (or an Event with a deadline).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import io
 import threading
 from pathlib import Path
 
-from ftwatch.alerting.dispatcher import (DELIVERED, QUEUED, SHUTDOWN, SPOOLED, DeliveryResult,
-                                         Dispatcher)
+from ftwatch.alerting.notify import (DELIVERED, QUEUED, SHUTDOWN, SPOOLED, DeliveryResult,
+                                         Sender)
 from ftwatch.alerting.notifiers import ConsoleNotifier
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
@@ -58,28 +58,31 @@ class Gate:
 
 
 class Results:
-    """on_result: collects results and lets a test wait for one receiver's."""
+    """The sender's results queue, read the way the pipeline reads it (taken, never called
+    back); lets a test wait for one receiver's result."""
 
     def __init__(self):
-        self.all: list[DeliveryResult] = []
-        self.cond = threading.Condition()
+        self.sender: Sender | None = None
+        self.taken: list[DeliveryResult] = []
 
-    def __call__(self, result: DeliveryResult) -> None:
-        with self.cond:
-            self.all.append(result)
-            self.cond.notify_all()
+    @property
+    def all(self) -> list[DeliveryResult]:
+        self.taken += self.sender.take_results()
+        return self.taken
 
     def wait_for(self, receiver: str, status: str) -> DeliveryResult:
-        with self.cond:
-            assert self.cond.wait_for(lambda: any(r.receiver == receiver and r.status == status
-                                                  for r in self.all), DEADLINE), self.all
-            return next(r for r in self.all if r.receiver == receiver and r.status == status)
+        def found():
+            return next((r for r in self.taken if r.receiver == receiver and r.status == status), None)
+        while found() is None:
+            self.taken.append(self.sender.results.get(timeout=DEADLINE))
+        return found()
 
 
-def background(tmp_path: Path, *notifiers, **kw) -> tuple[Dispatcher, Results]:
+def background(tmp_path: Path, *notifiers, **kw) -> tuple[Sender, Results]:
     results = Results()
-    d = Dispatcher(list(notifiers), TemplateRenderer("en"), kw.pop("spool", None) or Spool(tmp_path / "spool"),
-                   on_result=results, background=True, **kw)
+    d = Sender(list(notifiers), TemplateRenderer("en"), kw.pop("spool", None) or Spool(tmp_path / "spool"),
+               background=True, **kw)
+    results.sender = d
     return d, results
 
 
@@ -90,7 +93,7 @@ def test_dispatch_returns_before_the_receiver_answers_and_the_spool_has_it_first
     [r] = d.dispatch(make_alert())
     assert (r.status, r.attempts) == (QUEUED, 0)             # the gate is still shut
     assert [e.id for e in spool.pending()] == [r.notification_id]
-    assert results.all == []                                 # "queued" is not a stored outcome
+    assert results.all == []                                 # "queued" is not an outcome
     assert slow.entered.wait(DEADLINE)
     assert slow.in_spool_at_attempt == [True]                # written ahead of the attempt
     slow.open.set()
@@ -104,7 +107,7 @@ def test_the_synchronous_dispatcher_also_writes_ahead(tmp_path):
     spool = Spool(tmp_path / "spool")
     gate = Gate("ops", spool)
     gate.open.set()
-    [r] = Dispatcher([gate], TemplateRenderer("en"), spool).dispatch(make_alert())
+    [r] = Sender([gate], TemplateRenderer("en"), spool).dispatch(make_alert())
     assert r.status == DELIVERED and gate.in_spool_at_attempt == [True]
     assert spool.pending() == []
 
@@ -202,7 +205,7 @@ def test_resend_hands_spooled_notifications_to_the_worker_once(tmp_path):
     spool = Spool(tmp_path / "spool")
     down = Gate("ops", fail=99)
     down.open.set()
-    old = Dispatcher([down], TemplateRenderer("en"), spool, max_retries=0)
+    old = Sender([down], TemplateRenderer("en"), spool, max_retries=0)
     a, b = make_alert(1_795_250_000.5), make_alert(1_795_250_100.5)
     ids = [old.dispatch(a)[0].notification_id, old.dispatch(b)[0].notification_id]
     assert [e.id for e in spool.pending()] == ids and down.attempts == 2
@@ -231,18 +234,52 @@ def test_resend_hands_spooled_notifications_to_the_worker_once(tmp_path):
 
 
 def test_the_recorder_stores_the_workers_results_not_the_queued_ones(tmp_path):
+    """The worker's result reaches the store when the pipeline's thread takes it from the
+    queue (the recorder's tick), never from the worker's thread."""
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     store = SqliteStore(tmp_path / "ftwatch.db")
     rec = Recorder(store, out=io.StringIO(), resolve_after=None)
     hook = Gate("ops")
-    d = Dispatcher([hook], TemplateRenderer("en"), Spool(tmp_path / "spool"),
-                   on_result=rec.delivery, background=True)
+    d = Sender([hook], TemplateRenderer("en"), Spool(tmp_path / "spool"), background=True)
     rec.dispatcher = d
     alert = make_alert()
     rec.decision(alert.decision)
     assert store.deliveries() == []                          # the receiver has not answered yet
     hook.open.set()
     assert d.drain(DEADLINE)
+    assert store.deliveries() == []                          # on the queue: no call into the pipeline
+    rec.resend_due(0.0)                                      # the pipeline's tick takes it
     assert [(x["receiver"], x["status"]) for x in store.deliveries()] == [("ops", DELIVERED)]
     rec.close()
+
+
+def test_results_are_written_in_the_pipelines_thread_only(tmp_path):
+    """Every sink write, delivery results included, happens in the thread that runs the
+    recorder; the delivery worker only puts its result on the queue."""
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.sinks.base import NULL_SINK
+
+    class Threads:
+        def __init__(self):
+            self.threads: set[str] = set()
+            self.records: list = []
+
+        def write(self, batch) -> None:
+            NULL_SINK.write(batch)
+            self.threads.add(threading.current_thread().name)
+            self.records += batch
+
+        def close(self) -> None:
+            pass
+
+    sink = Threads()
+    hook = Gate("ops")
+    hook.open.set()
+    d = Sender([hook], TemplateRenderer("en"), Spool(tmp_path / "spool"), background=True)
+    rec = Recorder(sink, out=io.StringIO(), dispatcher=d, resolve_after=None)
+    rec.decision(make_alert().decision)
+    assert d.drain(DEADLINE) and hook.sent
+    rec.close()
+    assert sink.threads == {threading.current_thread().name}
+    assert [r.status for r in sink.records if isinstance(r, DeliveryResult)] == [DELIVERED]

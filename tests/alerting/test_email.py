@@ -17,7 +17,7 @@ from aiosmtpd.controller import Controller  # noqa: E402
 from aiosmtpd.smtp import AuthResult  # noqa: E402
 
 from ftwatch.alerting.alerts import Notification, sample_alert  # noqa: E402
-from ftwatch.alerting.dispatcher import Dispatcher  # noqa: E402
+from ftwatch.alerting.notify import Sender  # noqa: E402
 from ftwatch.alerting.notifiers import EmailNotifier, build_notifiers  # noqa: E402
 from ftwatch.alerting.rendering import TemplateRenderer  # noqa: E402
 from ftwatch.alerting.spool import Spool  # noqa: E402
@@ -122,7 +122,7 @@ def test_554_is_a_failed_delivery_kept_as_a_dead_letter(smtp, tmp_path: Path):
         n.send(notification())
     assert not info.value.retryable and "554" in str(info.value)
     spool = Spool(tmp_path / "spool")
-    [result] = Dispatcher([n], TemplateRenderer("en"), spool, sleep=lambda s: None).dispatch(sample_alert())
+    [result] = Sender([n], TemplateRenderer("en"), spool, sleep=lambda s: None).dispatch(sample_alert())
     assert (result.status, result.attempts) == ("failed", 1)
     assert len(list(spool.dead_dir.glob("*.json"))) == 1 and spool.pending() == []
 
@@ -132,7 +132,7 @@ def test_a_transient_4xx_is_retried_spooled_and_resent_when_the_server_takes_it(
     port = smtp(inbox)
     sleeps: list[float] = []
     spool = Spool(tmp_path / "spool")
-    d = Dispatcher([notifier(port, max_retries=2)], TemplateRenderer("en"), spool, sleep=sleeps.append)
+    d = Sender([notifier(port, max_retries=2)], TemplateRenderer("en"), spool, sleep=sleeps.append)
     [result] = d.dispatch(sample_alert())
     assert (result.status, result.attempts) == ("spooled", 3) and len(sleeps) == 2
     assert "451" in result.error and len(spool.pending()) == 1
@@ -144,7 +144,7 @@ def test_a_transient_4xx_is_retried_spooled_and_resent_when_the_server_takes_it(
 def test_connection_refused_is_retryable_and_spooled(tmp_path: Path):
     port = free_port()                       # nothing listens there
     spool = Spool(tmp_path / "spool")
-    d = Dispatcher([notifier(port, max_retries=1)], TemplateRenderer("en"), spool,
+    d = Sender([notifier(port, max_retries=1)], TemplateRenderer("en"), spool,
                    sleep=lambda s: None)
     [result] = d.dispatch(sample_alert())
     assert result.status == "spooled" and "unreachable" in result.error

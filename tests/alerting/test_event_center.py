@@ -15,8 +15,9 @@ from ftwatch.alerting.alerts import (
     alert_from_decision,
     event_type_of,
 )
-from ftwatch.alerting.center import EventCenter
-from ftwatch.alerting.dispatcher import DELIVERED, SPOOLED, Dispatcher
+from ftwatch.alerting.dispatch import EventCenter
+from ftwatch.alerting.notify import DELIVERED, SPOOLED, Sender
+from ftwatch.alerting.ratelimit import RateLimiter
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.routing import EventView, Router
 from ftwatch.alerting.spool import Spool
@@ -51,9 +52,11 @@ def alert(action: Action, job: str = "job-a", rank: int | None = 3, node: str | 
 def center(tmp_path: Path, clock: FakeClock, sinks: list[CaptureNotifier], state: bool = True, **alerting):
     config = AlertingConfig.model_validate(
         {"receivers": [{"type": "console", "name": s.name} for s in sinks], **alerting})
-    dispatcher = Dispatcher(sinks, TemplateRenderer("en"), Spool(tmp_path / "spool", now=clock.time),
-                            sleep=lambda s: None, now=clock.time)
-    return EventCenter(config, dispatcher, clock.time, tmp_path if state else None)
+    limiter = RateLimiter.from_config(config.rate_limits, {s.name: s.kind for s in sinks}, clock.time(),
+                                      tmp_path / "ratelimit.json" if state else None)
+    sender = Sender(sinks, TemplateRenderer("en"), Spool(tmp_path / "spool", now=clock.time),
+                    sleep=lambda s: None, now=clock.time, limiter=limiter)
+    return EventCenter(config, sender, clock.time, tmp_path if state else None)
 
 
 # -- event types and labels ---------------------------------------------------------------------
@@ -432,7 +435,7 @@ def test_retry_backoff_has_seeded_jitter(tmp_path):
     sleeps: list[float] = []
     down = receiver("down")
     down.down, down.max_retries = True, 3
-    d = Dispatcher([down], TemplateRenderer("en"), Spool(tmp_path / "s"), backoff=(1.0, 2.0, 4.0),
+    d = Sender([down], TemplateRenderer("en"), Spool(tmp_path / "s"), backoff=(1.0, 2.0, 4.0),
                    jitter=0.2, sleep=sleeps.append, rng=random.Random(7))
     [r] = d.dispatch(alert(Action.RESTART_JOB))
     assert r.status == SPOOLED and r.attempts == 4 and len(sleeps) == 3
@@ -440,7 +443,7 @@ def test_retry_backoff_has_seeded_jitter(tmp_path):
         assert base * 0.8 <= wait <= base * 1.2
     assert sleeps != [1.0, 2.0, 4.0]                      # jitter is applied
     again: list[float] = []
-    d2 = Dispatcher([down], TemplateRenderer("en"), Spool(tmp_path / "s2"), backoff=(1.0, 2.0, 4.0),
+    d2 = Sender([down], TemplateRenderer("en"), Spool(tmp_path / "s2"), backoff=(1.0, 2.0, 4.0),
                     jitter=0.2, sleep=again.append, rng=random.Random(7))
     d2.dispatch(alert(Action.RESTART_JOB))
     assert again == sleeps                                # the same seed, the same waits
@@ -456,6 +459,32 @@ def test_custom_messages_are_routed_as_custom_message(tmp_path):
     assert [n.alert.event_type for n in chat.sent] == ["custom_message"]
     assert "loss is NaN" in chat.sent[0].body
     assert [n.alert.event_type for n in ops.sent] == ["job_restart"]
+
+
+def test_digests_and_custom_messages_are_alerts_without_a_decision(tmp_path):
+    """No stand-in Decision: a custom message and a digest carry their own id, which names
+    their notifications, and both survive the spool (a receiver that is down keeps them)."""
+    from ftwatch.alerting.spool import alert_from_dict, alert_to_dict
+    clock = FakeClock(at("2026-11-23T10:00:00"))
+    ops = receiver("ops")
+    c = center(tmp_path, clock, [ops], inhibit_rules=[], mute_time_intervals=[
+        {"name": "always", "weekdays": ["mon:sun"]}], route={"routes": [
+            {"match": {"event_type": ["job_restart"]}, "mute_time_intervals": ["always"]}]},
+        digest={"at": "09:00", "timezone": "Asia/Shanghai"})
+    msg = alert_from_custom_message("job-a", "loss is NaN", clock.time(), rank=0)
+    assert msg.decision is None and len(msg.id) == 16 and msg.decision_id == msg.id
+    assert alert_from_dict(alert_to_dict(msg)) == msg
+    c.dispatch(msg)
+    assert ops.ids == [f"{msg.id}-ops"]
+    c.dispatch(alert(Action.RESTART_JOB))                 # muted: a digest line
+    clock.advance(24 * 3600)
+    ops.down = True
+    [r] = c.tick()
+    assert r.status == SPOOLED and r.notification_id.startswith("digest")
+    [entry] = c.sender.spool.pending()
+    assert entry.notification.alert.decision is None and entry.notification.alert.id.startswith("digest")
+    ops.down = False
+    assert c.resend_pending() == 1 and ops.ids[-1] == r.notification_id
 
 
 def test_the_example_config_loads():

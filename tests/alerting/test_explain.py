@@ -10,6 +10,7 @@ from ftwatch.alerting.explain import explain
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,
                             iso)
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
+from ftwatch.pipeline.sinks.base import FindingBatch
 
 T0 = 1_795_250_000.0
 JOB = "train-7"
@@ -46,16 +47,16 @@ def decision(t=T0 + 5, root=ROOT, findings=(FALLOUT_0, FALLOUT_1), action=Action
 @pytest.fixture
 def store(tmp_path: Path):
     s = SqliteStore(tmp_path / "ftwatch.db")
-    s.add_findings([EARLIER_ATTEMPT], attempt=0)
-    s.add_findings([FALLOUT_1, ROOT, FALLOUT_0], attempt=1)
-    s.add_findings([OTHER_JOB], attempt=1)
+    s.write([FindingBatch([EARLIER_ATTEMPT], attempt=0)])
+    s.write([FindingBatch([FALLOUT_1, ROOT, FALLOUT_0], attempt=1)])
+    s.write([FindingBatch([OTHER_JOB], attempt=1)])
     yield s
     s.close()
 
 
 def test_explains_the_last_decision(store: SqliteStore):
     d = decision()
-    store.add_decision(d)
+    store.write([d])
     text = explain(store, None)
     assert text.startswith(f"Decision {d.decision_id}: restart_job\n")
     assert iso(d.time) in text and "the whole job" in text and "attempt 1" in text
@@ -88,8 +89,8 @@ def test_by_id_prefix_and_target_instance(store: SqliteStore):
     old = decision(t=T0 + 5)
     new = decision(t=T0 + 9, action=Action.RESTART_INSTANCE,
                    target=Target(JOB, "worker-2", 2, "host-2"))
-    store.add_decision(old)
-    store.add_decision(new)
+    store.write([old])
+    store.write([new])
     text = explain(store, old.decision_id[:8])
     assert text.startswith(f"Decision {old.decision_id}: restart_job")
     text = explain(store, None)
@@ -98,7 +99,7 @@ def test_by_id_prefix_and_target_instance(store: SqliteStore):
 
 def test_decision_findings_show_even_when_not_stored_separately(tmp_path: Path):
     with SqliteStore(tmp_path / "x.db") as s:
-        s.add_decision(decision())
+        s.write([decision()])
         text = explain(s)
         assert text.count("[root cause]") == 1 and text.count("[fallout]") == 2
         assert "worker-0" in text and "worker-1" in text
@@ -106,8 +107,8 @@ def test_decision_findings_show_even_when_not_stored_separately(tmp_path: Path):
 
 def test_decision_without_root_cause(tmp_path: Path):
     with SqliteStore(tmp_path / "x.db") as s:
-        s.add_decision(Decision(T0, Action.RESTART_JOB, Target("quiet"), None,
-                                "R5 job hang: every instance silent > 60 s", 0, 3))
+        s.write([Decision(T0, Action.RESTART_JOB, Target("quiet"), None,
+                                "R5 job hang: every instance silent > 60 s", 0, 3)])
         text = explain(s)
         assert "none recorded" in text and "no findings recorded" in text
         assert "R5 job hang" in text and "restarts left  3" in text
@@ -116,7 +117,7 @@ def test_decision_without_root_cause(tmp_path: Path):
 def test_unknown_or_missing_decision(store: SqliteStore):
     with pytest.raises(LookupError):
         explain(store, None)
-    store.add_decision(decision())
+    store.write([decision()])
     with pytest.raises(LookupError):
         explain(store, "not-an-id")
 
@@ -132,9 +133,9 @@ def test_survivor_exit_after_only_fallout_is_marked_fallout(tmp_path: Path):
     peer_exit = Finding("exit.1", "exit_code", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                         Origin("worker-0", 0, JOB), "worker-0 (rank 0) exited with code 1", T0 + 0.4, 0,
                         fields={"exitcode": 1, "signal": None, "generic": True})
-    s.add_findings([killed, peer_log, peer_exit], attempt=1)
+    s.write([FindingBatch([killed, peer_log, peer_exit], attempt=1)])
     d = decision(root=killed, findings=(peer_log, peer_exit))
-    s.add_decision(d)
+    s.write([d])
     text = explain(s, d.decision_id)
     assert "[fallout] " + iso(T0 + 0.4) in text
     assert "worker-0  rank 0" in text and "fallout only" in text

@@ -13,7 +13,7 @@ import pytest
 
 from ftwatch.alerting.alerts import Alert, alert_from_decision
 from ftwatch.alerting.rendering import TemplateRenderer
-from ftwatch.alerting.dispatcher import DeliveryResult, Dispatcher
+from ftwatch.alerting.notify import DeliveryResult, Sender
 from ftwatch.alerting.notifiers import ConsoleNotifier, WebhookNotifier, build_notifiers
 from ftwatch.alerting.spool import Spool
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target)
@@ -88,15 +88,24 @@ def make_alert(t: float = 1_795_250_000.5) -> Alert:
 
 
 class Recorder:
+    """The sleeps a sender took and the results it put on its queue."""
+
     def __init__(self):
         self.sleeps: list[float] = []
-        self.results: list[DeliveryResult] = []
+        self.sender: Sender | None = None
+        self._results: list[DeliveryResult] = []
+
+    @property
+    def results(self) -> list[DeliveryResult]:
+        self._results += self.sender.take_results()
+        return self._results
 
 
-def make_dispatcher(url: str, spool_dir: Path, rec: Recorder, **kw) -> Dispatcher:
+def make_dispatcher(url: str, spool_dir: Path, rec: Recorder, **kw) -> Sender:
     hook = WebhookNotifier("ops-hook", url, headers={"Authorization": SECRET}, timeout=5.0)
-    return Dispatcher([hook], TemplateRenderer("en"), Spool(spool_dir), sleep=rec.sleeps.append,
-                      now=lambda: 1_795_260_000.0, on_result=rec.results.append, **kw)
+    rec.sender = Sender([hook], TemplateRenderer("en"), Spool(spool_dir), sleep=rec.sleeps.append,
+                        now=lambda: 1_795_260_000.0, **kw)
+    return rec.sender
 
 
 def test_200_is_delivered_with_key_and_body(receiver: Receiver, tmp_path: Path):
@@ -244,7 +253,7 @@ def test_receivers_are_independent_and_broken_override_falls_back(receiver: Rece
     bad = tmp_path / "bad.j2"
     bad.write_text("{{ nope }}\n")
     out = io.StringIO()
-    d = Dispatcher([ConsoleNotifier(out, name="screen"),
+    d = Sender([ConsoleNotifier(out, name="screen"),
                     WebhookNotifier("ops-hook", receiver.url)],
                    TemplateRenderer("en", {"console": bad}), Spool(tmp_path / "spool"),
                    max_retries=0, sleep=lambda s: None)
@@ -256,8 +265,8 @@ def test_receivers_are_independent_and_broken_override_falls_back(receiver: Rece
 def test_spool_survives_corrupt_files_and_leaves_no_temp_files(tmp_path: Path):
     spool = Spool(tmp_path / "spool")
     (tmp_path / "spool" / "garbage.json").write_text("{not json")
-    n = Dispatcher([], TemplateRenderer(), spool).notification(
-        WebhookNotifier("w", "http://127.0.0.1:9/"), make_alert())
+    n = Sender([WebhookNotifier("w", "http://127.0.0.1:9/")], TemplateRenderer(), spool).render(
+        "w", make_alert())
     spool.put(n, attempts=2, error="boom")
     spool.put(n, attempts=3, error="boom again")
     [entry] = spool.pending()
@@ -278,7 +287,7 @@ def test_a_receivers_own_max_retries_wins(receiver: Receiver, tmp_path: Path):
     receiver.default = 500
     hook = WebhookNotifier("h", receiver.url, max_retries=1)
     sleeps: list[float] = []
-    d = Dispatcher([hook], TemplateRenderer(), Spool(tmp_path / "s"), sleep=sleeps.append)
+    d = Sender([hook], TemplateRenderer(), Spool(tmp_path / "s"), sleep=sleeps.append)
     [result] = d.dispatch(make_alert())
     assert (result.status, result.attempts, len(sleeps)) == ("spooled", 2, 1)
 

@@ -2,13 +2,14 @@
 
 import io
 
+from ftwatch.alerting.dispatch import NullAlerts
 from ftwatch.events import Action, Origin
 from ftwatch.pipeline.recorder import RESEND_SECONDS, Recorder
 from ftwatch.testing import CaptureNotifier, decision, finding
 
 
-class CountingDispatcher:
-    """A stand-in dispatcher that counts resend passes (the recorder's timing is under test)."""
+class CountingDispatcher(NullAlerts):
+    """A stand-in alert path that counts resend passes (the recorder's timing is under test)."""
 
     def __init__(self):
         self.passes = 0
@@ -49,11 +50,11 @@ def restart(job: str, t: float):
 def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
     """Two jobs' restart alerts: each resolves after its own quiet period; resolving one job
     (its end, or its quiet period) leaves the other's alert open."""
-    from ftwatch.alerting.dispatcher import Dispatcher
+    from ftwatch.alerting.notify import Sender
     from ftwatch.alerting.rendering import TemplateRenderer
     from ftwatch.alerting.spool import Spool
     keep = CaptureNotifier("keep")
-    rec = Recorder(dispatcher=Dispatcher([keep], TemplateRenderer("en"), Spool(tmp_path / "s")),
+    rec = Recorder(dispatcher=Sender([keep], TemplateRenderer("en"), Spool(tmp_path / "s")),
                    out=io.StringIO(), resolve_after=300)
     t0 = 1_795_250_000.0
     rec.decision(restart("a", t0))
@@ -74,8 +75,8 @@ def test_open_alerts_are_kept_and_resolved_per_job(tmp_path):
     assert rec.resolve_open(t0 + 600) == 1 and rec.open_jobs() == set()   # None: every job
 
 
-class Keep:
-    """A stand-in dispatcher that keeps the alerts it is handed."""
+class Keep(NullAlerts):
+    """A stand-in alert path that keeps the alerts it is handed."""
 
     def __init__(self):
         self.alerts = []

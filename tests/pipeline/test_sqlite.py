@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ftwatch.alerting.dispatcher import DeliveryResult
 from ftwatch.errors import SinkError
-from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target,
-                            iso)
+from ftwatch.events import (Action, Decision, DeliveryResult, FailureClass, Finding, Origin, Severity,
+                            Target, iso)
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
 from ftwatch.pipeline.sinks.sqlite import SCHEMA_VERSION, SqliteStore
 
 T0 = 1_795_250_000.125
@@ -66,8 +66,9 @@ def test_not_a_database_is_refused(tmp_path: Path):
 
 def test_decision_round_trip_and_lookup_by_prefix(store: SqliteStore):
     d = decision()
-    assert store.add_decision(d) == d.decision_id
-    store.add_decision(d)  # idempotent
+    store.write([d])
+    assert [x["decision_id"] for x in store.decisions()] == [d.decision_id]   # stored under its id
+    store.write([d])  # idempotent
     got = store.decision(d.decision_id[:6])
     assert got is not None
     assert got["decision_id"] == d.decision_id and got["action"] == "fail_job"
@@ -89,7 +90,7 @@ def test_decision_round_trip_and_lookup_by_prefix(store: SqliteStore):
 def test_ambiguous_prefix_is_an_error(store: SqliteStore):
     ds = [decision(T0 + i) for i in range(40)]
     for d in ds:
-        store.add_decision(d)
+        store.write([d])
     firsts = [d.decision_id[0] for d in ds]
     shared = next(c for c in firsts if firsts.count(c) > 1)
     with pytest.raises(ValueError, match="ambiguous"):
@@ -100,7 +101,7 @@ def test_last_decision_and_filter_by_job(store: SqliteStore):
     assert store.last_decision() is None
     a, b, c = decision(T0, "job-1"), decision(T0 + 60, "job-2"), decision(T0 + 30, "job-1")
     for d in (a, b, c):
-        store.add_decision(d)
+        store.write([d])
     assert store.last_decision()["decision_id"] == b.decision_id
     assert [x["decision_id"] for x in store.decisions("job-1")] == [a.decision_id, c.decision_id]
     assert [x["decision_id"] for x in store.decisions()] == [a.decision_id, c.decision_id,
@@ -108,10 +109,10 @@ def test_last_decision_and_filter_by_job(store: SqliteStore):
 
 
 def test_findings_by_job_and_attempt(store: SqliteStore):
-    store.add_findings([finding("worker-2", 2, T0 + 2), finding("worker-0", 0, T0)], attempt=0)
-    store.add_findings([finding("worker-1", 1, T0 + 100)], attempt=1)
-    store.add_findings([finding("worker-0", 0, T0, job="other")], attempt=0)
-    store.add_findings([])
+    store.write([FindingBatch([finding("worker-2", 2, T0 + 2), finding("worker-0", 0, T0)], attempt=0)])
+    store.write([FindingBatch([finding("worker-1", 1, T0 + 100)], attempt=1)])
+    store.write([FindingBatch([finding("worker-0", 0, T0, job="other")], attempt=0)])
+    store.write([FindingBatch([])])
     first = store.findings_for("job-1", 0)
     assert [f["instance"] for f in first] == ["worker-0", "worker-2"]
     f = first[0]
@@ -124,12 +125,12 @@ def test_findings_by_job_and_attempt(store: SqliteStore):
 
 
 def test_runs_events_and_deliveries(store: SqliteStore):
-    store.start_run("job-1", 0, T0, ["python", "train.py", "--steps", "30"])
-    store.add_event(T0 + 1, "job-1", "start", "worker-0", 0, {"pid": 123})
-    store.add_event(T0 + 9, "job-1", "exit", "worker-0", 0, {"returncode": -9, "signal": 9})
-    store.add_event(T0 + 10, "job-1", "restart")
-    store.end_run("job-1", 0, T0 + 10, "restarted")
-    store.end_run("job-1", 1, T0 + 50, "succeeded")  # no start recorded: still stored
+    store.write([RunStart("job-1", 0, T0, ["python", "train.py", "--steps", "30"])])
+    store.write([LifecycleEvent(T0 + 1, "job-1", "start", "worker-0", 0, {"pid": 123})])
+    store.write([LifecycleEvent(T0 + 9, "job-1", "exit", "worker-0", 0, {"returncode": -9, "signal": 9})])
+    store.write([LifecycleEvent(T0 + 10, "job-1", "restart")])
+    store.write([RunEnd("job-1", 0, T0 + 10, "restarted")])
+    store.write([RunEnd("job-1", 1, T0 + 50, "succeeded")])  # no start recorded: still stored
     runs = store.runs("job-1")
     assert runs[0] == {"job": "job-1", "attempt": 0, "started": T0, "ended": T0 + 10,
                        "status": "restarted", "command": "python train.py --steps 30"}
@@ -142,10 +143,10 @@ def test_runs_events_and_deliveries(store: SqliteStore):
     d = decision()
     result = DeliveryResult("ops", f"{d.decision_id}-ops", "spooled", 4, "HTTP 500",
                             d.decision_id, "the text", T0 + 20)
-    store.add_delivery(result)
-    store.add_delivery(DeliveryResult("ops", f"{d.decision_id}-ops", "delivered", 5), "again")
-    store.add_delivery(DeliveryResult("ops", f"{d.decision_id}-ops~resolved", "delivered", 1,
-                                      text="from the result"), object())
+    store.write([result])
+    store.write([DeliveryResult("ops", f"{d.decision_id}-ops", "delivered", 5, text="again")])
+    store.write([DeliveryResult("ops", f"{d.decision_id}-ops~resolved", "delivered", 1,
+                                text="from the result")])
     rows = store.deliveries(d.decision_id)[:2]
     assert store.deliveries(d.decision_id)[2]["text"] == "from the result"
     assert [(r["status"], r["attempts"], r["text"]) for r in rows] == [
@@ -156,23 +157,35 @@ def test_runs_events_and_deliveries(store: SqliteStore):
 def test_batch_is_one_transaction_and_rolls_back(store: SqliteStore):
     with pytest.raises(RuntimeError):
         with store.batch():
-            store.add_event(T0, "job-1", "start", "worker-0", 0)
-            store.add_decision(decision())
+            store.write([LifecycleEvent(T0, "job-1", "start", "worker-0", 0)])
+            store.write([decision()])
             raise RuntimeError("crash in the middle")
     assert store.events() == [] and store.decisions() == []
     with store.batch():
-        store.add_event(T0, "job-1", "start", "worker-0", 0)
+        store.write([LifecycleEvent(T0, "job-1", "start", "worker-0", 0)])
         with store.batch():
-            store.add_event(T0 + 1, "job-1", "start", "worker-1", 1)
+            store.write([LifecycleEvent(T0 + 1, "job-1", "start", "worker-1", 1)])
     assert len(store.events()) == 2
+
+
+def test_one_write_is_one_transaction(store: SqliteStore):
+    """A batch of several records is stored whole or not at all (a record nobody can store
+    fails the write before anything is written)."""
+    with pytest.raises(TypeError, match="not a sink record"):
+        store.write([LifecycleEvent(T0, "job-1", "start"), decision(), "not a record"])
+    assert store.events() == [] and store.decisions() == []
+    store.write([RunStart("job-1", 0, T0), LifecycleEvent(T0, "job-1", "start"), decision(),
+                 FindingBatch([finding("worker-0", 0, T0)])])
+    assert len(store.events()) == 1 and len(store.decisions()) == 1
+    assert store.runs()[0]["status"] == "running" and len(store.findings_for("job-1")) == 1
 
 
 def test_data_survives_reopening(tmp_path: Path):
     path = tmp_path / "ftwatch.db"
     d = decision()
     with SqliteStore(path) as s:
-        s.add_decision(d)
-        s.add_findings([finding("worker-0", 0, T0)])
+        s.write([d])
+        s.write([FindingBatch([finding("worker-0", 0, T0)])])
     with SqliteStore(path) as s:
         assert s.schema_version == SCHEMA_VERSION
         assert s.last_decision()["decision_id"] == d.decision_id
@@ -180,7 +193,7 @@ def test_data_survives_reopening(tmp_path: Path):
 
 
 def test_a_reader_sees_committed_writes_while_the_writer_is_open(store: SqliteStore):
-    store.add_decision(decision())
+    store.write([decision()])
     reader = SqliteStore(store.path)
     try:
         assert reader.last_decision() is not None
@@ -189,9 +202,9 @@ def test_a_reader_sees_committed_writes_while_the_writer_is_open(store: SqliteSt
 
 
 def test_output_counts_add_up_per_bucket_and_list_every_job(store: SqliteStore):
-    store.add_output([("job-1", "worker-0", 0, T0, 10.0, 3, 90), ("job-1", "worker-1", 1, T0, 10.0, 1, 5)])
-    store.add_output([("job-1", "worker-0", 0, T0, 10.0, 2, 10), ("job-1", "worker-0", 0, T0 + 10, 10.0, 1, 1)])
-    store.add_event(T0, "job-2", "job_start")
+    store.write([OutputBatch([("job-1", "worker-0", 0, T0, 10.0, 3, 90), ("job-1", "worker-1", 1, T0, 10.0, 1, 5)])])
+    store.write([OutputBatch([("job-1", "worker-0", 0, T0, 10.0, 2, 10), ("job-1", "worker-0", 0, T0 + 10, 10.0, 1, 1)])])
+    store.write([LifecycleEvent(T0, "job-2", "job_start")])
     rows = store.output("job-1")
     assert [(r["instance"], r["bucket"], r["lines"], r["bytes"]) for r in rows] == [
         ("worker-0", T0, 5, 100), ("worker-0", T0 + 10, 1, 1), ("worker-1", T0, 1, 5)]
@@ -211,5 +224,5 @@ def test_a_version_1_file_is_migrated_and_keeps_its_data(tmp_path: Path):
     with SqliteStore(path) as s:
         assert s.schema_version == 2
         assert [e["kind"] for e in s.events()] == ["job_start"]
-        s.add_output([("job-1", "worker-0", 0, T0, 5.0, 1, 2)])
+        s.write([OutputBatch([("job-1", "worker-0", 0, T0, 5.0, 1, 2)])])
         assert s.output()[0]["lines"] == 1

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
 from ftwatch.config.model import Config
@@ -49,9 +49,9 @@ def make(tmp_path: Path, clock: FakeClock, actuator=None, dispatcher=None, resol
     return Watcher(config, Engine(RULES), recorder, resolve, actuator, clock), recorder
 
 
-def alerting(tmp_path: Path) -> tuple[CaptureNotifier, Dispatcher]:
+def alerting(tmp_path: Path) -> tuple[CaptureNotifier, Sender]:
     keep = CaptureNotifier("keep")
-    return keep, Dispatcher([keep], TemplateRenderer("en"), Spool(tmp_path / "spool"))
+    return keep, Sender([keep], TemplateRenderer("en"), Spool(tmp_path / "spool"))
 
 
 NCCL = "RuntimeError: NCCL error: unhandled system error"

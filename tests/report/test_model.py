@@ -14,6 +14,7 @@ from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.report import model
 from ftwatch.report.reader import SqliteReader
 from ftwatch.report.render import render_html, write_report
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
 
 T0 = 1_700_000_000.0
 
@@ -27,26 +28,26 @@ def finding(instance, rank, t, kind="error", cls=FailureClass.RETRYABLE_INFRA, f
 @pytest.fixture
 def store(tmp_path: Path):
     s = SqliteStore(tmp_path / "ftwatch.db")
-    s.start_run("j", 0, T0, ["python", "train.py"])
+    s.write([RunStart("j", 0, T0, ["python", "train.py"])])
     for rank in (0, 1):
-        s.add_event(T0 + 1, "j", "instance_start", f"worker-{rank}", rank, {"pid": 10 + rank})
-    s.add_event(T0 + 5, "j", "instance_exit", "worker-1", 1, {"returncode": None, "signal": 9})
-    s.add_event(T0 + 6, "j", "instance_exit", "worker-0", 0, {"returncode": -15, "stopped_by_us": True})
+        s.write([LifecycleEvent(T0 + 1, "j", "instance_start", f"worker-{rank}", rank, {"pid": 10 + rank})])
+    s.write([LifecycleEvent(T0 + 5, "j", "instance_exit", "worker-1", 1, {"returncode": None, "signal": 9})])
+    s.write([LifecycleEvent(T0 + 6, "j", "instance_exit", "worker-0", 0, {"returncode": -15, "stopped_by_us": True})])
     rc = finding("worker-1", 1, T0 + 5)
     hang = finding("worker-0", 0, T0 + 9, kind="hang", cls=FailureClass.HANG, fields={"silent_for": 3.0},
                    rule="hang.job")
-    s.add_findings([rc, hang])
-    s.add_decision(Decision(T0 + 6, Action.RESTART_JOB, Target("j"), rc, "D2 clause", 1, 2, (rc,), 0))
-    s.end_run("j", 0, T0 + 6, "restarted")
-    s.add_event(T0 + 6.5, "j", "job_restart", detail={"attempt": 0, "action": "restart_job"})
-    s.start_run("j", 1, T0 + 7, ["python", "train.py"])
-    s.add_event(T0 + 7, "j", "instance_start", "worker-0", 0, {})
-    s.add_event(T0 + 8, "j", "instance_restart", "worker-0", 0, {"action": "restart_instance"})
+    s.write([FindingBatch([rc, hang])])
+    s.write([Decision(T0 + 6, Action.RESTART_JOB, Target("j"), rc, "D2 clause", 1, 2, (rc,), 0)])
+    s.write([RunEnd("j", 0, T0 + 6, "restarted")])
+    s.write([LifecycleEvent(T0 + 6.5, "j", "job_restart", detail={"attempt": 0, "action": "restart_job"})])
+    s.write([RunStart("j", 1, T0 + 7, ["python", "train.py"])])
+    s.write([LifecycleEvent(T0 + 7, "j", "instance_start", "worker-0", 0, {})])
+    s.write([LifecycleEvent(T0 + 8, "j", "instance_restart", "worker-0", 0, {"action": "restart_instance"})])
     counts = OutputCounts(1.0)
     counts.add("j", "worker-0", 0, T0 + 1.2, 4, 40)
     counts.add("j", "worker-0", 0, T0 + 3.5, 2, 20)     # T0+2 silent: a zero bucket
     counts.add("j", "worker-1", 1, T0 + 1.9, 1, 10)
-    s.add_output(counts.drain())
+    s.write([OutputBatch(counts.drain())])
     yield s
     s.close()
 

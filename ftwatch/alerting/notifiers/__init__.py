@@ -3,9 +3,10 @@
 A notifier has a ``name`` (the receiver's, from the config), a ``kind`` (the config's
 ``type:``, which also picks the template) and ``send(notification)``, which returns when the
 receiver took it and raises ``NotifyError(message, retryable)`` when not. A notifier may have
-a ``max_retries`` attribute (int) that the Dispatcher uses instead of its own, a ``timeout``
-(seconds per attempt; bounds how long a shutdown waits for its delivery worker), and
-``inline = True`` when ``send`` never blocks (the console): the Dispatcher then sends in the
+a ``max_retries`` attribute (int) that the sender (``ftwatch.alerting.notify``) uses instead
+of its own, a ``timeout`` (seconds per attempt; bounds how long a shutdown waits for its
+delivery worker), and
+``inline = True`` when ``send`` never blocks (the console): the sender then sends in the
 caller's thread instead of the receiver's delivery worker.
 """
 

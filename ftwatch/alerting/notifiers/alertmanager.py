@@ -85,8 +85,8 @@ def am_annotations(notification: Notification) -> dict[str, str]:
 
 
 def _root_node(alert: Alert) -> str:
-    rc = alert.decision.root_cause
-    return (rc.origin.node or "") if rc is not None else ""
+    rc = alert.decision.root_cause if alert.decision is not None else None
+    return (rc.origin.node or "") if rc is not None else alert.labels.get("node", "")
 
 
 class AlertmanagerNotifier(WebhookNotifier):
@@ -101,7 +101,7 @@ class AlertmanagerNotifier(WebhookNotifier):
         labels: static labels added to every alert.
         timeout: seconds for connect, read and write each.
         client: an ``httpx.Client`` to use (tests).
-        max_retries: retries within one dispatch (None: the Dispatcher's).
+        max_retries: retries within one dispatch (None: the sender's).
     """
 
     kind = "alertmanager"

@@ -27,7 +27,7 @@ class ChatBotNotifier(WebhookNotifier):
         secret: the signing secret, for services that sign (None: unsigned).
         timeout: seconds for connect, read and write each.
         client: an ``httpx.Client`` to use (tests); default: one made on first use.
-        max_retries: retries within one dispatch (None: the Dispatcher's).
+        max_retries: retries within one dispatch (None: the sender's).
         clock: epoch seconds, for the signature's timestamp (tests pass a fixed one).
 
     Subclasses set ``code_keys`` (body keys holding the error code, first present wins)

@@ -76,7 +76,7 @@ class EmailNotifier:
         use_ssl: implicit TLS (SMTPS); not together with ``starttls``.
         ca_file: PEM CA bundle to verify the server with (None: the system's CAs).
         timeout: seconds per connection attempt and per SMTP command.
-        max_retries: retries within one dispatch (None: the Dispatcher's).
+        max_retries: retries within one dispatch (None: the sender's).
 
     Raises:
         ValueError: no recipient, or both ``starttls`` and ``use_ssl``.

@@ -5,7 +5,8 @@ The body is::
     {"id", "receiver", "status", "labels", "annotations", "startsAt", "endsAt",
      "text", "decision": Decision.to_json()}
 
-with the header ``Idempotency-Key: <id>``, so a receiver can drop a notification that a
+(``decision`` is null for an alert made from no decision: a custom message, a digest) with the
+header ``Idempotency-Key: <id>``, so a receiver can drop a notification that a
 retry after a lost response delivers twice. Header values, URL credentials and query values
 (DingTalk's ``access_token``, a Slack hook's path is kept) never appear in an error message
 or a log line.
@@ -46,7 +47,7 @@ class WebhookNotifier:
         timeout: seconds for connect, read and write each.
         client: an ``httpx.Client`` to use (tests, shared pools); by default one is made
             on first use and closed by :meth:`close`.
-        max_retries: retries within one dispatch for this receiver (None: the Dispatcher's).
+        max_retries: retries within one dispatch for this receiver (None: the sender's).
 
     Subclasses for chat bots override :meth:`payload` and :meth:`check_response` (a bot's
     HTTP 200 with an error code in the body is a failure, SPEC N2), :meth:`request_url` when
@@ -92,7 +93,7 @@ class WebhookNotifier:
             "startsAt": iso(alert.starts_at),
             "endsAt": None if alert.ends_at is None else iso(alert.ends_at),
             "text": notification.body,
-            "decision": alert.decision.to_json(),
+            "decision": None if alert.decision is None else alert.decision.to_json(),
         }
 
     def request_url(self) -> str:

@@ -1,52 +1,44 @@
-"""One store that is several: the SQLite store first, then extra sinks (Elasticsearch).
+"""One sink that is several: the primary (the SQLite store) first, then the extra sinks
+(Elasticsearch, the decisions file).
 
-The recorder talks to one ``store``; ``FanOut`` hands every writer call to the primary (whose
-errors propagate as before, and whose answer is returned) and then to each extra sink, whose
-errors are logged and counted, never raised: a broken secondary must not stop the run. Readers and
-any other attribute (``path``, ``decision``, ``findings_for`` ...) are the primary's.
+``FanOut.write`` hands each batch to the primary, whose errors propagate, and then to every extra
+sink, whose errors are logged and counted, never raised: a broken secondary must not stop the
+run. Reading is not its job: the primary's reading side is the store (``Recorder.store``).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Sequence
 
 from ftwatch.errors import FtwatchError
+from ftwatch.pipeline.sinks.base import Record, Sink
 
 log = logging.getLogger(__name__)
 
-WRITERS = ("start_run", "end_run", "add_event", "add_findings", "add_decision", "add_delivery",
-           "add_output")
-"""The store methods every sink receives."""
-
 
 class FanOut:
-    """Hands the store's writer calls to ``primary`` and then to every sink in ``extra``.
+    """A ``Sink`` over ``primary`` and then every sink in ``extra``.
 
     Args:
-        primary: the SQLite store (``ftwatch.pipeline.sinks.sqlite.SqliteStore``).
-        extra: more sinks with the writer methods of :data:`WRITERS` (and ``close``).
+        primary: the sink whose failures are the caller's (the SQLite store).
+        extra: more sinks; their failures are logged and counted in :attr:`errors`.
     """
 
-    def __init__(self, primary: Any, extra: Sequence[Any] = ()):
+    def __init__(self, primary: Sink, extra: Sequence[Sink] = ()):
         self.primary = primary
         self.extra = list(extra)
-        self.errors = 0           # writer calls an extra sink failed
+        self.errors = 0           # batches an extra sink failed to take
 
-    def __getattr__(self, name: str) -> Any:
-        if name in WRITERS:
-            return lambda *args, **kwargs: self._write(name, args, kwargs)
-        return getattr(self.primary, name)
-
-    def _write(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        result = getattr(self.primary, name)(*args, **kwargs)
+    def write(self, batch: Sequence[Record]) -> None:
+        """Write ``batch`` to the primary (raises what it raises), then to each extra sink."""
+        self.primary.write(batch)
         for sink in self.extra:
             try:
-                getattr(sink, name)(*args, **kwargs)
+                sink.write(batch)
             except (FtwatchError, OSError, ValueError, TypeError) as exc:
                 self.errors += 1
-                log.error("%s.%s failed: %s", type(sink).__name__, name, exc)
-        return result
+                log.error("%s.write failed: %s", type(sink).__name__, exc)
 
     def close(self) -> None:
         """Close the extra sinks (they flush), then the primary."""

@@ -17,11 +17,11 @@ from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s
 same bucket again adds to it.
 
 The file is in WAL mode (readers such as ``ftwatch report`` do not block the writer) and its
-schema version is ``PRAGMA user_version``. Each write method is one transaction; wrap several
-in :meth:`SqliteStore.batch` to make them one.
+schema version is ``PRAGMA user_version``. It is a sink (``ftwatch.pipeline.sinks.base.Sink``):
+each :meth:`SqliteStore.write` of a batch of records is one transaction.
 
 Threads: a store may be used from any thread; calls are serialised by an internal lock, so a
-concurrent call (the alert delivery workers' ``add_delivery`` while the runner writes) waits
+concurrent call (``ftwatch report`` reading in a thread while the pipeline writes) waits
 instead of corrupting state.
 
 Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()`` (``time`` as
@@ -38,10 +38,12 @@ import threading
 import time as _time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 from ftwatch.errors import SinkError
-from ftwatch.events import Decision, Finding, iso
+from ftwatch.events import Decision, DeliveryResult, Finding, iso
+from ftwatch.pipeline.sinks.base import (FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd,
+                                         RunStart, encode)
 
 SCHEMA_VERSION = 2
 
@@ -98,8 +100,76 @@ def finding_record(f: Finding) -> dict[str, Any]:
     return {**f.to_dict(), "epoch": f.time}
 
 
+# -- the encoder: record -> [(SQL, rows)] ------------------------------------------------------
+
+def _run_start_rows(r: RunStart) -> list[tuple[str, list[tuple]]]:
+    command = r.command if isinstance(r.command, str) else shlex.join(str(c) for c in r.command)
+    return [("INSERT INTO runs (job, attempt, started, status, command) "
+             "VALUES (?, ?, ?, 'running', ?) ON CONFLICT (job, attempt) DO UPDATE SET "
+             "started = excluded.started, status = 'running', command = excluded.command",
+             [(r.job, r.attempt, r.time, command)])]
+
+
+def _run_end_rows(r: RunEnd) -> list[tuple[str, list[tuple]]]:
+    return [("INSERT INTO runs (job, attempt, ended, status) VALUES (?, ?, ?, ?) "
+             "ON CONFLICT (job, attempt) DO UPDATE SET ended = excluded.ended, "
+             "status = excluded.status", [(r.job, r.attempt, r.time, r.status)])]
+
+
+def _event_rows(e: LifecycleEvent) -> list[tuple[str, list[tuple]]]:
+    return [("INSERT INTO events (time, job, instance, rank, kind, detail) VALUES (?, ?, ?, ?, ?, ?)",
+             [(e.time, e.job, e.instance, e.rank, e.kind, _dumps(dict(e.detail or {})))])]
+
+
+def _findings_rows(b: FindingBatch) -> list[tuple[str, list[tuple]]]:
+    rows = []
+    for f in b.findings:
+        d = f.to_dict()
+        d.update(attempt=b.attempt, time=f.time, evidence=_dumps(d["evidence"]), fields=_dumps(d["fields"]))
+        rows.append(tuple(d[c] for c in _FINDING_COLUMNS))
+    marks = ", ".join("?" * len(_FINDING_COLUMNS))
+    return [(f"INSERT INTO findings ({', '.join(_FINDING_COLUMNS)}) VALUES ({marks})", rows)] if rows else []
+
+
+def _decision_rows(d: Decision) -> list[tuple[str, list[tuple]]]:
+    t, rc = d.target, d.root_cause
+    return [("INSERT OR REPLACE INTO decisions (decision_id, time, job, action, target, root_cause, "
+             "policy_clause, restarts_used, restarts_left, attempt, findings) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             [(d.decision_id, d.time, t.job, d.action.label,
+               _dumps({"job": t.job, "instance": t.instance, "rank": t.rank, "node": t.node}),
+               None if rc is None else _dumps(finding_record(rc)), d.policy_clause,
+               d.restarts_used, d.restarts_left, d.attempt,
+               _dumps([finding_record(f) for f in d.findings]))])]
+
+
+def _delivery_rows(r: DeliveryResult) -> list[tuple[str, list[tuple]]]:
+    decision_id = r.decision_id or r.notification_id.split("-")[0]
+    return [("INSERT INTO alerts (notification_id, decision_id, receiver, status, attempts, error, "
+             "text, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+             [(r.notification_id, decision_id, r.receiver, r.status, int(r.attempts), r.error or "",
+               r.text or "", r.time or _time.time())])]
+
+
+def _output_rows(b: OutputBatch) -> list[tuple[str, list[tuple]]]:
+    if not b.rows:
+        return []
+    return [("INSERT INTO output (job, instance, rank, bucket, seconds, lines, bytes) "
+             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, instance, bucket) DO UPDATE SET "
+             "lines = lines + excluded.lines, bytes = bytes + excluded.bytes", list(b.rows))]
+
+
+_ENCODERS = {RunStart: _run_start_rows, RunEnd: _run_end_rows, LifecycleEvent: _event_rows,
+             FindingBatch: _findings_rows, Decision: _decision_rows, DeliveryResult: _delivery_rows,
+             OutputBatch: _output_rows}
+"""Every sink record -> the statements and rows that store it."""
+
+
 class SqliteStore:
-    """The SQLite file behind ``report`` and ``explain``.
+    """The SQLite file behind ``report`` and ``explain``: a ``Sink`` (:meth:`write`), and apart
+    from it the reading side (the methods below ``readers``): ``explain`` reads it as its
+    ``ftwatch.alerting.explain.DecisionStore``, ``report`` through ``SqliteReader`` (its
+    ``ReportReader``).
 
     Args:
         path: the database file; its parent directory is created if missing.
@@ -182,107 +252,23 @@ class SqliteStore:
                                     retryable=busy) from exc
                 raise
 
-    # -- writers ----------------------------------------------------------------------------
+    # -- the sink face ------------------------------------------------------------------------
 
-    def start_run(self, job: str, attempt: int, started: float,
-                  command: str | Sequence[str] = "") -> None:
-        """Record that attempt ``attempt`` (0 = first start) of ``job`` began at ``started``
-        (epoch s); an argv ``command`` is stored shell-quoted."""
-        if not isinstance(command, str):
-            command = shlex.join(str(c) for c in command)
-        with self.batch():
-            self._conn.execute(
-                "INSERT INTO runs (job, attempt, started, status, command) "
-                "VALUES (?, ?, ?, 'running', ?) ON CONFLICT (job, attempt) DO UPDATE SET "
-                "started = excluded.started, status = 'running', command = excluded.command",
-                (job, attempt, started, command))
+    def write(self, batch: Sequence[Record]) -> None:
+        """Store every record of ``batch`` (``ftwatch.pipeline.sinks.base``) in one transaction.
+        A decision again replaces it (a replay is idempotent); an output bucket already stored
+        is added to; a delivery without a time is stamped now.
 
-    def end_run(self, job: str, attempt: int, ended: float, status: str) -> None:
-        """Record how an attempt ended (``succeeded``, ``failed``, ``restarted``, ``stopped`` ...)."""
-        with self.batch():
-            self._conn.execute(
-                "INSERT INTO runs (job, attempt, ended, status) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (job, attempt) DO UPDATE SET ended = excluded.ended, "
-                "status = excluded.status", (job, attempt, ended, status))
-
-    def add_event(self, time: float, job: str, kind: str, instance: str | None = None,
-                  rank: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
-        """Record an event: ``kind`` is ``start``, ``exit``, ``restart``, ``stop`` ... and
-        ``detail`` anything JSON-able (pid, returncode, signal ...)."""
-        with self.batch():
-            self._conn.execute(
-                "INSERT INTO events (time, job, instance, rank, kind, detail) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (time, job, instance, rank, kind, _dumps(dict(detail or {}))))
-
-    def add_findings(self, findings: Sequence[Finding], attempt: int = 0) -> None:
-        """Record findings of attempt ``attempt``, all in one transaction."""
-        rows = []
-        for f in findings:
-            d = f.to_dict()
-            d.update(attempt=attempt, time=f.time, evidence=_dumps(d["evidence"]),
-                     fields=_dumps(d["fields"]))
-            rows.append(tuple(d[c] for c in _FINDING_COLUMNS))
-        if not rows:
-            return
-        marks = ", ".join("?" * len(_FINDING_COLUMNS))
-        with self.batch():
-            self._conn.executemany(
-                f"INSERT INTO findings ({', '.join(_FINDING_COLUMNS)}) VALUES ({marks})", rows)
-
-    def add_decision(self, decision: Decision) -> str:
-        """Record a decision (again: replaced, so a replay is idempotent). Returns its id."""
-        t = decision.target
-        rc = decision.root_cause
-        with self.batch():
-            self._conn.execute(
-                "INSERT OR REPLACE INTO decisions (decision_id, time, job, action, target, "
-                "root_cause, policy_clause, restarts_used, restarts_left, attempt, findings) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (decision.decision_id, decision.time, t.job, decision.action.label,
-                 _dumps({"job": t.job, "instance": t.instance, "rank": t.rank, "node": t.node}),
-                 None if rc is None else _dumps(finding_record(rc)), decision.policy_clause,
-                 decision.restarts_used, decision.restarts_left, decision.attempt,
-                 _dumps([finding_record(f) for f in decision.findings])))
-        return decision.decision_id
-
-    def add_delivery(self, result: Any, text: Any = None) -> None:
-        """Record what became of one notification.
-
-        Args:
-            result: a ``DeliveryResult`` (anything with ``notification_id``, ``receiver``,
-                ``status``, ``attempts``, ``error``; ``decision_id``, ``text`` and ``time``
-                are used when present).
-            text: the rendered text; when None or not a str (e.g. the Alert itself),
-                ``result.text`` is stored.
+        Raises:
+            SinkError: as :meth:`batch`; nothing of the batch is stored then.
+            TypeError: a record that is not a sink record.
         """
-        if not isinstance(text, str):
-            text = getattr(result, "text", "") or ""
-        decision_id = getattr(result, "decision_id", "") or result.notification_id.split("-")[0]
-        with self.batch():
-            self._conn.execute(
-                "INSERT INTO alerts (notification_id, decision_id, receiver, status, attempts, "
-                "error, text, time) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (result.notification_id, decision_id, result.receiver, result.status,
-                 int(result.attempts), result.error or "", text,
-                 getattr(result, "time", 0.0) or _time.time()))
-
-    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]],
-                   origins: Any = None) -> None:
-        """Add output counts, all in one transaction (``origins``, for other sinks, unused here).
-
-        Args:
-            rows: ``(job, instance, rank, bucket, seconds, lines, bytes)``: ``lines`` and
-                ``bytes`` read from ``instance`` in the bucket of ``seconds`` starting at
-                ``bucket`` (epoch s); a bucket already stored is added to.
-        """
-        if not rows:
+        statements = [st for record in batch for st in (encode(_ENCODERS, record) or ())]
+        if not statements:
             return
         with self.batch():
-            self._conn.executemany(
-                "INSERT INTO output (job, instance, rank, bucket, seconds, lines, bytes) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job, instance, bucket) DO UPDATE SET "
-                "lines = lines + excluded.lines, bytes = bytes + excluded.bytes", list(rows))
+            for sql, rows in statements:
+                self._conn.executemany(sql, rows)
 
     # -- readers ----------------------------------------------------------------------------
 

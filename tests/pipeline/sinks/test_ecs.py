@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftwatch.alerting.dispatcher import DeliveryResult
+from ftwatch.alerting.notify import DeliveryResult
 from ftwatch.cli import main
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 from ftwatch.pipeline.sinks.elasticsearch import ecs, setup as essetup

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from elasticsearch import Elasticsearch
 
-from ftwatch.alerting.dispatcher import DeliveryResult
+from ftwatch.alerting.notify import DeliveryResult
 from ftwatch.errors import SinkError
 from ftwatch.events import (Action, Decision, FailureClass, Finding, Origin, Severity, Target)
 from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, RunEnd, RunStart
 from ftwatch.testing import KEYERROR_JOB
 
 COMPAT_JSON = "application/vnd.elasticsearch+json; compatible-with=8"
@@ -49,20 +50,20 @@ def make_sink(url: str, buffer: Path, sleeps: list[float] | None = None, **kwarg
 
 def write_some(sink: ElasticsearchSink, n: int, t: float = T0) -> None:
     for i in range(n):
-        sink.add_event(t + i, "job-a", "instance_exit", f"worker-{i}", i, {"returncode": 1, "signal": None})
+        sink.write([LifecycleEvent(t + i, "job-a", "instance_exit", f"worker-{i}", i, {"returncode": 1, "signal": None})])
 
 
 def test_every_kind_lands_in_its_data_stream_in_the_bulk_wire_format(fake_es, tmp_path):
     """NDJSON create pairs, compatibility headers on the request, ECS documents under stable ids."""
     sink = make_sink(fake_es.url, tmp_path / "buf")
-    sink.add_event(T0, "job-a", "job_start", detail={"attempt": 0, "command": ["python", "t.py"]})
-    sink.add_findings([finding(0), finding(1)], attempt=0)
+    sink.write([LifecycleEvent(T0, "job-a", "job_start", detail={"attempt": 0, "command": ["python", "t.py"]})])
+    sink.write([FindingBatch([finding(0), finding(1)], attempt=0)])
     d = decision()
-    assert sink.add_decision(d) == d.decision_id
-    sink.add_delivery(DeliveryResult("ops", f"{d.decision_id}-ops", "delivered", 1, decision_id=d.decision_id,
-                                     text="restart_job", time=T0 + 6))
-    sink.end_run("job-a", 0, T0 + 7, "restarted")
-    sink.start_run("job-a", 1, T0 + 8, ["python", "t.py"])      # nothing: job_start carries it
+    sink.write([d])                          # under its id: fake_es.docs[(..., d.decision_id)] below
+    sink.write([DeliveryResult("ops", f"{d.decision_id}-ops", "delivered", 1, decision_id=d.decision_id,
+                                     text="restart_job", time=T0 + 6)])
+    sink.write([RunEnd("job-a", 0, T0 + 7, "restarted")])
+    sink.write([RunStart("job-a", 1, T0 + 8, ["python", "t.py"])])      # nothing: job_start carries it
     assert sink.pending() == 6
     assert sink.flush() == 0
     assert fake_es.problems == []
@@ -140,7 +141,7 @@ def test_the_cluster_goes_away_and_comes_back(es_server, tmp_path):
     write_some(sink, 5, T0 + 100)
     assert sink.flush() == 5
     assert "no connection" in sink.stats.last_error
-    sink.add_decision(decision())
+    sink.write([decision()])
     sink.close()                             # ftwatch ends: the six stay on disk
     assert any((tmp_path / "buf").glob("seg-*.jsonl"))
     second = es_server(port)                 # the cluster comes back (a fresh one: only what waited arrives)
@@ -157,10 +158,11 @@ def test_a_crashed_process_loses_nothing(fake_es, tmp_path):
     script = textwrap.dedent(f"""
         import os, sys
         from elasticsearch import Elasticsearch
+        from ftwatch.pipeline.sinks.base import LifecycleEvent
         from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink
         sink = ElasticsearchSink(Elasticsearch("http://127.0.0.1:9", max_retries=0), sys.argv[1])
         for i in range(4):
-            sink.add_event({T0} + i, "job-a", "instance_start", f"worker-{{i}}", i, {{"pid": 100 + i}})
+            sink.write([LifecycleEvent({T0} + i, "job-a", "instance_start", f"worker-{{i}}", i, {{"pid": 100 + i}})])
         os._exit(9)
     """)
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "buf")], env=os.environ.copy(),
@@ -210,10 +212,11 @@ def test_fan_out_gives_both_stores_everything_and_a_broken_sink_breaks_nothing(f
 
     store = FanOut(sqlite, [es, Broken()])
     d = decision()
-    assert store.add_decision(d) == d.decision_id
-    store.add_findings([finding(3)], attempt=1)
-    store.add_event(T0, "job-a", "job_restart", detail={"attempt": 0})
-    assert store.path == sqlite.path and store.decision(d.decision_id)["action"] == "restart_job"
+    store.write([d])
+    store.write([FindingBatch([finding(3)], attempt=1)])
+    store.write([LifecycleEvent(T0, "job-a", "job_restart", detail={"attempt": 0})])
+    # the reading side is the primary's (no attribute is forwarded)
+    assert store.primary is sqlite and sqlite.decision(d.decision_id)["action"] == "restart_job"
     assert store.errors == 3
     es.flush()
     assert len(fake_es.docs) == 3 and len(sqlite.findings_for("job-a")) == 1

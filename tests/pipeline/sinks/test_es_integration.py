@@ -15,6 +15,7 @@ from ftwatch.config.storage import ElasticsearchConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 from ftwatch.pipeline.sinks.elasticsearch import setup as essetup
 from ftwatch.pipeline.sinks.elasticsearch.sink import ElasticsearchSink, build_client
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
 
 URL = os.environ.get("FTWATCH_ES_URL")
 pytestmark = pytest.mark.skipif(not URL, reason="FTWATCH_ES_URL is not set: no Elasticsearch cluster to test against")
@@ -48,12 +49,12 @@ def test_documents_arrive_once_in_data_streams_with_no_mapping_conflict(cluster)
     f = Finding("xid.79", "fault_code", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE, Severity.CRITICAL,
                 origin, "NVRM: Xid 79", 1_795_219_200.0, fields={"kubernetes": {"labels": {"app": "x"}}})
     d = Decision(1_795_219_201.0, Action.ISOLATE_NODE, Target("job-i", "pod-1", 1, "node-i"), f, "hardware", 0, 3, (f,))
-    sink.add_findings([f])
-    sink.add_decision(d)
-    sink.add_event(1_795_219_199.0, "job-i", "job_start", detail={"attempt": 0})
+    sink.write([FindingBatch([f])])
+    sink.write([d])
+    sink.write([LifecycleEvent(1_795_219_199.0, "job-i", "job_start", detail={"attempt": 0})])
     assert sink.flush() == 0, sink.stats
     assert sink.stats.dead_lettered == 0 and sink.stats.sent == 3
-    sink.add_decision(d)                    # the same decision again: 409, counted as done
+    sink.write([d])                    # the same decision again: 409, counted as done
     assert sink.flush() == 0 and sink.stats.duplicates == 1
     sink.close()
     prefix = cfg.data_stream_prefix
@@ -80,19 +81,19 @@ def test_the_report_reads_back_from_the_cluster_what_the_sqlite_store_holds(clus
     t0 = 1_795_219_200.123456
     store = FanOut(SqliteStore(tmp / "ftwatch.db"), [ElasticsearchSink.from_config(cfg, tmp)])
     cmd = ["python", "train.py"]
-    store.start_run("job-r", 0, t0, cmd)
-    store.add_event(t0, "job-r", "job_start", detail={"attempt": 0, "command": cmd})
+    store.write([RunStart("job-r", 0, t0, cmd)])
+    store.write([LifecycleEvent(t0, "job-r", "job_start", detail={"attempt": 0, "command": cmd})])
     for rank in range(3):
-        store.add_event(t0 + 1, "job-r", "instance_start", f"w-{rank}", rank, {"pid": rank})
+        store.write([LifecycleEvent(t0 + 1, "job-r", "instance_start", f"w-{rank}", rank, {"pid": rank})])
     origin = Origin("w-1", 1, "job-r", "node-r", "stderr", "process")
     f = Finding("nccl.x", "error", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB, Severity.ERROR, origin,
                 "NCCL error", t0 + 2.5, seq=1)
-    store.add_findings([f], attempt=0)
-    store.add_decision(Decision(t0 + 3, Action.RESTART_JOB, Target("job-r"), f, "retryable", 1, 2, (f,), 0))
-    store.add_event(t0 + 3, "job-r", "instance_exit", "w-1", 1, {"returncode": 1, "signal": None})
-    store.end_run("job-r", 0, t0 + 3.5, "restarted")
-    store.add_output([("job-r", f"w-{rank}", rank, 1_795_219_200.0 + k, 1.0, 3 + rank, 30)
-                      for rank in range(3) for k in range(40)])
+    store.write([FindingBatch([f], attempt=0)])
+    store.write([Decision(t0 + 3, Action.RESTART_JOB, Target("job-r"), f, "retryable", 1, 2, (f,), 0)])
+    store.write([LifecycleEvent(t0 + 3, "job-r", "instance_exit", "w-1", 1, {"returncode": 1, "signal": None})])
+    store.write([RunEnd("job-r", 0, t0 + 3.5, "restarted")])
+    store.write([OutputBatch([("job-r", f"w-{rank}", rank, 1_795_219_200.0 + k, 1.0, 3 + rank, 30)
+                      for rank in range(3) for k in range(40)])])
     store.close()
     client.indices.refresh(index=f"{cfg.data_stream_prefix}-*")
     with SqliteReader(tmp / "ftwatch.db") as sq, EsReader.from_config(cfg, page_size=25) as es:

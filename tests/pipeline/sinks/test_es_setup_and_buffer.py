@@ -72,7 +72,7 @@ def test_a_plain_index_in_the_way_keeps_documents_on_disk(fake_es, tmp_path):
 def test_es_setup_again_updates_the_mappings_of_existing_data_streams(fake_es, tmp_path, capsys):
     sink = make_sink(fake_es.url, tmp_path / "buf")
     write_some(sink, 1)
-    sink.add_decision(decision())
+    sink.write([decision()])
     assert sink.flush() == 0
     sink.close()
     assert set(fake_es.streams) == {"ftwatch-events", "ftwatch-decisions"}

@@ -22,6 +22,7 @@ from ftwatch.report import model
 from ftwatch.cli.report import cmd_report, parse_time
 from ftwatch.report.esreader import EsReader, EsReadError
 from ftwatch.report.reader import SqliteReader
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
 from ftwatch.testing import write_nccl_crash_worker
 
 T0 = 1_795_219_200.123456          # sub-millisecond: @timestamp cannot carry it, ftwatch.epoch does
@@ -45,33 +46,33 @@ def finding(instance: str, rank: int, t: float, kind: str = "error", seq: int = 
 def write_run(store) -> None:
     """Two attempts with ties in time, a bucket written twice, a run ended but never started."""
     cmd = ["python", "train.py", "--lr", "0.1 0.2"]          # as Recorder.run_started: the run and its event
-    store.start_run("j", 0, T0, cmd)
-    store.add_event(T0, "j", "job_start", detail={"attempt": 0, "command": cmd})
+    store.write([RunStart("j", 0, T0, cmd)])
+    store.write([LifecycleEvent(T0, "j", "job_start", detail={"attempt": 0, "command": cmd})])
     for rank in (0, 1):                                   # the same time: written order decides
-        store.add_event(T0 + 1, "j", "instance_start", f"worker-{rank}", rank, {"pid": 10 + rank})
-    store.add_event(T0 + 5, "j", "instance_exit", "worker-1", 1, {"returncode": None, "signal": 9})
-    store.add_event(T0 + 5, "j", "instance_exit", "worker-0", 0, {"returncode": -15, "stopped_by_us": True})
+        store.write([LifecycleEvent(T0 + 1, "j", "instance_start", f"worker-{rank}", rank, {"pid": 10 + rank})])
+    store.write([LifecycleEvent(T0 + 5, "j", "instance_exit", "worker-1", 1, {"returncode": None, "signal": 9})])
+    store.write([LifecycleEvent(T0 + 5, "j", "instance_exit", "worker-0", 0, {"returncode": -15, "stopped_by_us": True})])
     rc = finding("worker-1", 1, T0 + 4.5, seq=2)
-    store.add_findings([rc, finding("worker-0", 0, T0 + 4.5, seq=1),
+    store.write([FindingBatch([rc, finding("worker-0", 0, T0 + 4.5, seq=1),
                         finding("worker-0", 0, T0 + 9, kind="hang", cls=FailureClass.HANG,
-                                fields={"silent_for": 3.0, "labels": {"app.kubernetes.io/name": "t"}})], attempt=0)
-    store.add_decision(Decision(T0 + 6, Action.RESTART_JOB, Target("j"), rc, "D2 clause", 1, 2, (rc,), 0))
-    store.end_run("j", 0, T0 + 6, "restarted")
-    store.add_event(T0 + 6.5, "j", "job_restart", detail={"attempt": 0, "action": "restart_job"})
-    store.start_run("j", 1, T0 + 7, ["python", "train.py"])
-    store.add_event(T0 + 7, "j", "job_start", detail={"attempt": 1, "command": ["python", "train.py"]})
-    store.add_event(T0 + 7, "j", "instance_start", "worker-0", 0, {})
-    store.add_event(T0 + 8, "j", "instance_restart", "worker-0", 0, {"action": "restart_instance"})
-    store.add_decision(Decision(T0 + 11, Action.NONE, Target("j"), None, "finished", 1, 2, (), 1))
+                                fields={"silent_for": 3.0, "labels": {"app.kubernetes.io/name": "t"}})], attempt=0)])
+    store.write([Decision(T0 + 6, Action.RESTART_JOB, Target("j"), rc, "D2 clause", 1, 2, (rc,), 0)])
+    store.write([RunEnd("j", 0, T0 + 6, "restarted")])
+    store.write([LifecycleEvent(T0 + 6.5, "j", "job_restart", detail={"attempt": 0, "action": "restart_job"})])
+    store.write([RunStart("j", 1, T0 + 7, ["python", "train.py"])])
+    store.write([LifecycleEvent(T0 + 7, "j", "job_start", detail={"attempt": 1, "command": ["python", "train.py"]})])
+    store.write([LifecycleEvent(T0 + 7, "j", "instance_start", "worker-0", 0, {})])
+    store.write([LifecycleEvent(T0 + 8, "j", "instance_restart", "worker-0", 0, {"action": "restart_instance"})])
+    store.write([Decision(T0 + 11, Action.NONE, Target("j"), None, "finished", 1, 2, (), 1)])
     counts = OutputCounts(1.0)
     counts.add("j", "worker-0", 0, T0 + 1.2, 4, 40)
     counts.add("j", "worker-1", 1, T0 + 1.9, 1, 10)
     counts.add("j", "worker-0", 0, T0 + 3.5, 2, 20)
-    store.add_output(counts.closed())
+    store.write([OutputBatch(counts.closed())])
     counts.add("j", "worker-0", 0, T0 + 1.4, 3, 30)       # late: the first bucket again
-    store.add_output(counts.drain())
-    store.end_run("other", 0, T0 + 12, "failed")           # never started: started None
-    store.add_event(T0 + 12, "other", "instance_exit", "o-0", 0, {"returncode": 1})
+    store.write([OutputBatch(counts.drain())])
+    store.write([RunEnd("other", 0, T0 + 12, "failed")])           # never started: started None
+    store.write([LifecycleEvent(T0 + 12, "other", "instance_exit", "o-0", 0, {"returncode": 1})])
 
 
 @pytest.fixture

@@ -108,7 +108,7 @@ def _new_run(job: Any, attempt: int) -> Row:
 def run_rows(sources: Iterable[Row]) -> list[Row]:
     """``job_start`` events and ``job_end`` documents of one job, in written order -> its runs
     (job, attempt, started, ended, status, command) by attempt, as the SQLite store's
-    ``start_run`` / ``end_run`` keep them: a start sets started, command and status ``running``;
+    ``RunStart`` / ``RunEnd`` records keep them: a start sets started, command and status ``running``;
     an end sets ended and status."""
     runs: dict[int, Row] = {}
     for s in sources:

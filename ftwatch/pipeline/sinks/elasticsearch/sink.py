@@ -2,8 +2,7 @@
 
 Flow::
 
-    add_event / add_findings / add_decision / add_delivery / add_output / end_run
-        -> ecs.*_doc (pure) + event.sequence  -> DiskBuffer journal (esbuffer.py: appended before anything is sent)
+    write(batch of records)  -> one encoder: record type -> ecs.*_doc (pure) + event.sequence  -> DiskBuffer journal (esbuffer.py: appended before anything is sent)
     flush()  -> first (until it succeeds): is the index template there? if not, install it
                 (``essetup.install``; a user without the privilege gets one warning)
              -> one bulk request per sealed segment (``require_data_stream=true``: nothing
@@ -31,6 +30,10 @@ Client: ``elasticsearch`` 8.x (pinned in pyproject). It sends ``compatible-with=
 which Elasticsearch 8.x and 9.x servers accept (9.x through REST API compatibility); a 9.x client
 would be refused by 8.x servers (elasticsearch-py README "Compatibility", issue #2928). It also
 requires ``X-Elastic-Product: Elasticsearch`` on 2xx answers and refuses other products.
+
+Size: about 420 lines, one class: the journal, the sequence numbers, the template state and the
+flusher thread share one lock discipline; the pure parts are apart already (``ecs`` encodes,
+``buffer`` journals, ``client`` classifies answers, ``setup`` installs templates).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ftwatch.events import Decision, Finding
+from ftwatch.events import Decision, DeliveryResult
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd, encode
 from ftwatch.pipeline.sinks.elasticsearch import ecs, setup as essetup
 from ftwatch.pipeline.sinks.elasticsearch.buffer import DiskBuffer
 from ftwatch.pipeline.sinks.elasticsearch.client import KEEP_STATUSES, SinkStats, build_client, no_data_stream, reason
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 class ElasticsearchSink:
     """Writes ECS documents to ``<prefix>-{events,findings,decisions,alerts,output}`` data streams.
 
-    Has the SQLite store's writer methods, so ``FanOut`` can hand it the same calls.
+    A ``Sink`` (``ftwatch.pipeline.sinks.base``): :meth:`write` journals, a thread sends.
 
     Args:
         client: an ``elasticsearch.Elasticsearch`` (or anything with its ``bulk``).
@@ -107,6 +111,9 @@ class ElasticsearchSink:
         self._sequence = 0                     # event.sequence of the next document
         self._writer = uuid.uuid4().hex[:16]   # tells this sink's output documents apart
         self._outputs = 0
+        self._encoders = {RunEnd: self._run_end_docs, LifecycleEvent: self._event_docs,
+                          FindingBatch: self._finding_docs, Decision: self._decision_docs,
+                          DeliveryResult: self._delivery_docs, OutputBatch: self._output_docs}
 
     @classmethod
     def from_config(cls, cfg: Any, state_dir: Path, **kwargs: Any) -> "ElasticsearchSink":
@@ -123,52 +130,49 @@ class ElasticsearchSink:
             client.close()                     # the buffer is unusable (e.g. held by another run)
             raise
 
-    # -- the store's writer methods -------------------------------------------------------------
+    # -- the sink face --------------------------------------------------------------------------
 
-    def start_run(self, job: str, attempt: int, started: float, command: Any = "") -> None:
-        """Nothing to write: the recorder's ``job_start`` event carries the start."""
+    def write(self, batch: Sequence[Record]) -> None:
+        """Journal the documents of ``batch`` (records of ``ftwatch.pipeline.sinks.base``); never
+        waits for the network. A run's start has no document (its ``job_start`` event carries it).
 
-    def end_run(self, job: str, attempt: int, ended: float, status: str) -> None:
-        """A ``job_end`` event (``status``: succeeded, failed, restarted, stopped)."""
-        self._queue([ecs.run_end_doc(job, attempt, ended, status, host=self.host, labels=self.labels)])
+        Raises:
+            TypeError: a record that is not a sink record.
+        """
+        docs: list[ecs.Doc] = []
+        for record in batch:
+            docs += encode(self._encoders, record) or []
+        self._queue(docs)
 
-    def add_event(self, time: float, job: str, kind: str, instance: str | None = None,
-                  rank: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
-        """A lifecycle event (``ecs.event_doc``)."""
-        self._queue([ecs.event_doc(time, job, kind, instance, rank, detail, host=self.host,
-                                   labels=self.labels)])
+    def _run_end_docs(self, r: RunEnd) -> list[ecs.Doc]:
+        return [ecs.run_end_doc(r.job, r.attempt, r.time, r.status, host=self.host, labels=self.labels)]
 
-    def add_findings(self, findings: Sequence[Finding], attempt: int = 0) -> None:
-        """Findings of attempt ``attempt`` (``ecs.finding_doc``)."""
-        self._queue([ecs.finding_doc(f, attempt, labels=self.labels) for f in findings])
+    def _event_docs(self, e: LifecycleEvent) -> list[ecs.Doc]:
+        return [ecs.event_doc(e.time, e.job, e.kind, e.instance, e.rank, e.detail, host=self.host,
+                              labels=self.labels)]
 
-    def add_decision(self, decision: Decision) -> str:
-        """A decision under its id (``ecs.decision_doc``). Returns the id."""
-        self._queue([ecs.decision_doc(decision, host=self.host, labels=self.labels)])
-        return decision.decision_id
+    def _finding_docs(self, b: FindingBatch) -> list[ecs.Doc]:
+        return [ecs.finding_doc(f, b.attempt, labels=self.labels) for f in b.findings]
 
-    def add_delivery(self, result: Any, text: Any = None) -> None:
-        """What became of one notification (``ecs.delivery_doc``)."""
-        job = getattr(result, "job", "") or ""
-        self._queue([ecs.delivery_doc(result, text, time=self._now(), job=job, host=self.host,
-                                      labels=self.labels)])
+    def _decision_docs(self, d: Decision) -> list[ecs.Doc]:
+        return [ecs.decision_doc(d, host=self.host, labels=self.labels)]
 
-    def add_output(self, rows: Sequence[tuple[str, str, int | None, float, float, int, int]],
-                   origins: Mapping[tuple[str, str], Any] | None = None) -> None:
-        """Output counts ``(job, instance, rank, bucket, seconds, lines, bytes)`` (``ecs.output_doc``;
-        a bucket written twice is two documents, summed by readers). ``origins``: (job, instance)
-        -> its ``Origin``, whose node becomes ``host.name`` and whose pod labels are added."""
+    def _delivery_docs(self, r: DeliveryResult) -> list[ecs.Doc]:
+        return [ecs.delivery_doc(r, None, time=self._now(), host=self.host, labels=self.labels)]
+
+    def _output_docs(self, b: OutputBatch) -> list[ecs.Doc]:
+        """A bucket written twice is two documents, summed by readers; an instance's ``Origin``
+        gives ``host.name`` (its node) and the pod labels."""
         docs = []
-        origins = origins or {}
         with self._lock:
-            for job, instance, rank, bucket, seconds, lines, nbytes in rows:
-                o = origins.get((job, instance))
+            for job, instance, rank, bucket, seconds, lines, nbytes in b.rows:
+                o = b.origins.get((job, instance))
                 docs.append(ecs.output_doc(job, instance, rank, bucket, seconds, lines, nbytes,
                                            writer=self._writer, n=self._outputs,
                                            host=o.node if o is not None else self.host, labels=self.labels,
                                            pod_labels=dict(o.labels) if o is not None and o.labels else None))
                 self._outputs += 1
-        self._queue(docs)
+        return docs
 
     def _queue(self, docs: list[ecs.Doc]) -> None:
         if not docs:

@@ -1,51 +1,85 @@
-"""The event center (SPEC N3, N4): route, group, mute, inhibit, rate-limit and digest alerts.
+"""The event center (SPEC N3, N4): route, group, mute, inhibit and digest alerts; the dispatch
+stage of Alertmanager's dispatch/notify split.
 
-:class:`EventCenter` sits in front of the :class:`~ftwatch.alerting.dispatcher.Dispatcher`
-(which stays the delivery core: rendering, the write-ahead spool, the delivery workers,
-retries with backoff and jitter) and has
-the same ``dispatch(alert)`` / ``resend_pending()`` face, plus :meth:`EventCenter.tick` (call it
-often: flushes due groups, releases rate-limited notifications, sends due digests) and
-:meth:`EventCenter.close` (at shutdown: every waiting group is sent or spooled).
+:class:`EventCenter` decides which receiver gets which alerts when; the
+:class:`~ftwatch.alerting.notify.Sender` behind it renders, rate-limits, spools, retries and
+sends (``ftwatch.alerting.notify``). The center only calls the sender's public steps:
+``render_batch`` / ``send`` for a batch, ``skip`` for what it holds back, ``release`` /
+``next_ready`` for what the rate limits let go, ``resend_pending`` and ``close``. Both have the
+face of :class:`AlertPath` (what the recorder calls): ``dispatch(alert)``, ``tick()`` (call it
+often: flushes due groups, releases rate-limited notifications, sends due digests),
+``resend_pending()``, ``close()`` (at shutdown: every waiting group is sent or spooled) and
+``take_results()`` (the delivery results, from the sender's queue).
 
-One notification per (batch, receiver): a batch of one alert is exactly the notification the
-Dispatcher would make (id ``<decision id>-<receiver>``); a batch of several joins their rendered
-texts under one title, with id ``grp<hash of the decision ids>-<receiver>``; a repeat adds
-``~repeat<n>``. A resolved alert goes where its firing alert went: a receiver that had the
-firing one muted or inhibited does not get the resolution either (recorded as such); a
-resolved inhibit source inhibits nothing more. An Alertmanager receiver gets one notification per alert instead (its API takes
-alerts, each with its own labels and ``endsAt``; it groups them itself). Muted and inhibited notifications are recorded (status ``muted`` /
-``inhibited``) and listed in the receiver's daily digest; so are rate-limited ones (which are
-also delivered once the limit allows).
+One notification per (batch, receiver) (``Sender.render_batch`` for its id and text). A
+resolved alert goes where its firing alert went: a receiver that had the firing one muted or
+inhibited does not get the resolution either (recorded as such); a resolved inhibit source
+inhibits nothing more. An Alertmanager receiver gets one notification per alert instead (its API
+takes alerts, each with its own labels and ``endsAt``; it groups them itself). Muted and
+inhibited notifications are recorded (status ``muted`` / ``inhibited``) and listed in the
+receiver's daily digest; so are rate-limited ones (which are also delivered once the limit
+allows).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from typing import Protocol
+
 from ftwatch.alerting.alerts import RESOLVABLE, Alert, Notification, notification_id
-from ftwatch.alerting.dispatcher import DeliveryResult, Dispatcher
 from ftwatch.alerting.grouping import Batch, Grouper, HeldStore, alert_key
-from ftwatch.alerting.ratelimit import (
-    RATE_LIMITED,
-    DigestBook,
-    RateLimiter,
-    digest_text,
-)
+from ftwatch.alerting.notify import Sender
+from ftwatch.alerting.ratelimit import RATE_LIMITED, DigestBook, digest_text
 from ftwatch.alerting.routing import EventView, Inhibitor, MuteWindows, Router
-from ftwatch.events import Action, Decision, Target
+from ftwatch.events import DeliveryResult
 
 log = logging.getLogger(__name__)
 
 MUTED = "muted"
 INHIBITED = "inhibited"
-_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+class AlertPath(Protocol):
+    """What the pipeline (``Recorder``) calls on alerting: the event center, a bare
+    :class:`~ftwatch.alerting.notify.Sender`, or :data:`NULL_ALERTS`."""
+
+    def dispatch(self, alert: Alert) -> list[DeliveryResult]: ...
+
+    def tick(self, now: float | None = None) -> list[DeliveryResult]: ...
+
+    def resend_pending(self) -> int: ...
+
+    def close(self) -> list[DeliveryResult]: ...
+
+    def take_results(self) -> list[DeliveryResult]: ...
+
+
+class NullAlerts:
+    """No alerting configured: every alert goes nowhere."""
+
+    def dispatch(self, alert: Alert) -> list[DeliveryResult]:
+        return []
+
+    def tick(self, now: float | None = None) -> list[DeliveryResult]:
+        return []
+
+    def resend_pending(self) -> int:
+        return 0
+
+    def close(self) -> list[DeliveryResult]:
+        return []
+
+    def take_results(self) -> list[DeliveryResult]:
+        return []
+
+
+NULL_ALERTS = NullAlerts()
 
 
 def _locked(method):
@@ -63,30 +97,23 @@ class EventCenter:
     Args:
         alerting: ``Config.alerting`` (receivers, route, mute_time_intervals, inhibit_rules,
             rate_limits, digest, language).
-        dispatcher: the delivery core; its receivers are the configured ones. Its ``limiter``
-            is set from ``alerting.rate_limits`` unless it has one.
+        sender: the notify stage; its receivers are the configured ones (and its rate limiter
+            the one from ``alerting.rate_limits``: ``ftwatch.alerting.ratelimit.RateLimiter.from_config``).
         now: wall clock, epoch seconds (``ftwatch.clock``; a FakeClock's ``time`` in tests).
-        state_dir: where held alerts (``held/``), the digest (``digest.json``) and the rate-limit
-            log (``ratelimit.json``) are kept;
+        state_dir: where held alerts (``held/``) and the digest (``digest.json``) are kept;
             None keeps them in memory (tests).
     """
 
-    def __init__(self, alerting: Any, dispatcher: Dispatcher, now: Callable[[], float],
+    def __init__(self, alerting: Any, sender: Sender, now: Callable[[], float],
                  state_dir: Path | None = None):
-        self.dispatcher = dispatcher
+        self.sender = sender
         self.now = now
         self._lock = threading.RLock()
         self.language = getattr(alerting, "language", "en")
-        names = list(dispatcher.notifiers)
-        self.router = Router(alerting.route, names)
+        self.router = Router(alerting.route, list(sender.kinds))
         self.mutes = MuteWindows(alerting.mute_time_intervals)
         self.inhibitor = Inhibitor(alerting.inhibit_rules)
         self.grouper = Grouper()
-        if dispatcher.limiter is None:
-            kinds = {n.name: n.kind for n in dispatcher.notifiers.values()}
-            dispatcher.limiter = RateLimiter.from_config(
-                alerting.rate_limits, kinds, now(), state_dir / "ratelimit.json" if state_dir is not None else None)
-        self.limiter = dispatcher.limiter
         self.held = HeldStore(state_dir / "held") if state_dir is not None else None
         self.digest = DigestBook(state_dir / "digest.json" if state_dir is not None else None,
                                  alerting.digest)
@@ -94,7 +121,7 @@ class EventCenter:
         # inhibited): that alert's resolution is not sent to that receiver either
         self._unsent: dict[tuple[str, str], str] = {}
 
-    # -- the Dispatcher's face ---------------------------------------------------------------
+    # -- the AlertPath face -------------------------------------------------------------------
 
     @_locked
     def dispatch(self, alert: Alert) -> list[DeliveryResult]:
@@ -121,8 +148,8 @@ class EventCenter:
 
     @_locked
     def resend_pending(self) -> int:
-        """Resend spooled notifications (the Dispatcher's), then do what is due."""
-        delivered = self.dispatcher.resend_pending()
+        """Resend spooled notifications (the sender's), then do what is due."""
+        delivered = self.sender.resend_pending()
         self.tick()
         return delivered
 
@@ -157,28 +184,29 @@ class EventCenter:
         results: list[DeliveryResult] = []
         for batch in self.grouper.due(now):
             results += self._send(batch, now)
-        ready = self.limiter.ready(now) if self.limiter is not None else []
-        if ready:
-            self.dispatcher.resend_pending(set(ready))
+        self.sender.release(now)
         return results + self._digests(now)
 
     @_locked
     def close(self) -> list[DeliveryResult]:
         """Shutdown: every alert still waiting in a group is sent (or spooled) now, and a due
-        digest goes out; then the dispatcher's delivery workers get a bounded time to finish
-        (``Dispatcher.close``: what they have not delivered stays in the spool for the next
+        digest goes out; then the sender's delivery workers get a bounded time to finish
+        (``Sender.close``: what they have not delivered stays in the spool for the next
         start). Nothing waits in memory afterwards."""
         now = self.now()
         results: list[DeliveryResult] = []
         for batch in self.grouper.flush_all(now):
             results += self._send(batch, now)
         results += self._digests(now)
-        return results + self.dispatcher.close()
+        return results + self.sender.close()
+
+    def take_results(self) -> list[DeliveryResult]:
+        """The delivery results known since the last call (``Sender.take_results``)."""
+        return self.sender.take_results()
 
     def next_due(self) -> float | None:
         """The earliest time (epoch seconds) :meth:`tick` has something to do, or None."""
-        times = [t for t in (self.grouper.next_due(),
-                             self.limiter.next_ready(self.now()) if self.limiter else None) if t is not None]
+        times = [t for t in (self.grouper.next_due(), self.sender.next_ready(self.now())) if t is not None]
         return min(times, default=None)
 
     # -- sending -----------------------------------------------------------------------------
@@ -201,22 +229,22 @@ class EventCenter:
                    if alert.status == "firing" else None)
             (blocked.append((alert, str(why))) if why is not None else live.append(alert))
         muted = self.mutes.active(batch.match.mute_windows, now)
+        kinds = self.sender.kinds
         for receiver in batch.match.receivers:
-            notifier = self.dispatcher.notifiers.get(receiver)
-            if notifier is None:
+            if receiver not in kinds:
                 log.error("route %s names unknown receiver %r", batch.match.path, receiver)
                 continue
             for alert, why in blocked:
                 if alert.event_type in RESOLVABLE:
                     self._unsent[(receiver, alert.decision_id)] = INHIBITED
                 if not batch.repeat:
-                    results.append(self._skip(notifier, alert, INHIBITED, why, now))
+                    results.append(self._skip(receiver, alert, INHIBITED, why, now))
             mine = []
             for alert in live:
                 held = (self._unsent.pop((receiver, alert.decision_id), None)
                         if alert.status != "firing" else None)
                 if held is not None:     # no digest line: the digest lists the firing one
-                    results.append(self._skip(notifier, alert, held,
+                    results.append(self._skip(receiver, alert, held,
                                               f"{held}: its firing alert was not sent", now,
                                               digest=False))
                 else:
@@ -229,15 +257,15 @@ class EventCenter:
                     for alert in mine:
                         if alert.status == "firing" and alert.event_type in RESOLVABLE:
                             self._unsent[(receiver, alert.decision_id)] = MUTED
-                        results.append(self._skip(notifier, alert, MUTED, why, now))
+                        results.append(self._skip(receiver, alert, MUTED, why, now))
                 continue
             # Alertmanager takes alerts, not texts: each alert of the batch is posted on its own
             # (with its own labels and endsAt) and Alertmanager groups them by its own routes
-            parts = [[a] for a in mine] if notifier.kind == "alertmanager" else [mine]
+            parts = [[a] for a in mine] if kinds[receiver] == "alertmanager" else [mine]
             for part in parts:
                 for alert in part:       # (a repeat may bring what was inhibited at first)
                     self._unsent.pop((receiver, alert.decision_id), None)
-                result = self.dispatcher.deliver(self._notification(notifier, part, batch))
+                result = self.sender.send(self.sender.render_batch(receiver, part, batch.key, batch.repeat))
                 if result.error.startswith(RATE_LIMITED):
                     for alert in part:
                         self.digest.add(receiver, alert, RATE_LIMITED, now)
@@ -251,43 +279,24 @@ class EventCenter:
                     self.held.put(alert, self.grouper.waiting(alert))
         return results
 
-    def _skip(self, notifier: Any, alert: Alert, status: str, why: str, now: float,
+    def _skip(self, receiver: str, alert: Alert, status: str, why: str, now: float,
               digest: bool = True) -> DeliveryResult:
         if digest:
-            self.digest.add(notifier.name, alert, why, now)
-        return self.dispatcher.note(self.dispatcher.notification(notifier, alert), status, why)
-
-    def _notification(self, notifier: Any, alerts: list[Alert], batch: Batch) -> Notification:
-        """One notification for a batch (see the module doc for ids)."""
-        suffix = f"~repeat{batch.repeat}" if batch.repeat else ""
-        if len(alerts) == 1:
-            n = self.dispatcher.notification(notifier, alerts[0])
-            return replace(n, id=n.id + suffix) if suffix else n
-        alerts = sorted(alerts, key=lambda a: (_RANK.get(a.severity, 3), a.starts_at))
-        parts = [self.dispatcher.notification(notifier, a) for a in alerts]
-        ids = ",".join(sorted(alert_key(a) for a in alerts))
-        digest = hashlib.sha1(ids.encode()).hexdigest()[:16]
-        group = batch.key[batch.key.find("{"):]
-        title = (f"【ftwatch】{len(alerts)} 条告警 {group}" if self.language == "zh"
-                 else f"[ftwatch] {len(alerts)} alerts {group}")
-        body = title + "\n\n" + "\n\n---\n\n".join(p.body for p in parts)
-        first = alerts[0]
-        annotations = {**first.annotations, "group_key": batch.key, "grouped_alerts": ids}
-        nid = notification_id(f"grp{digest}", notifier.name, first.status) + suffix
-        return Notification(notifier.name, replace(first, annotations=annotations), title, body, nid)
+            self.digest.add(receiver, alert, why, now)
+        return self.sender.skip(receiver, alert, status, why)
 
     def _digests(self, now: float) -> list[DeliveryResult]:
         results = []
         for receiver, entries in self.digest.due(now).items():
-            if receiver not in self.dispatcher.notifiers:
+            if receiver not in self.sender.kinds:
                 continue
             title, body = digest_text(receiver, entries, self.language)
             upto = max(e.time for e in entries)
-            decision = Decision(upto, Action.NOTIFY, Target("*"), None,
-                                f"daily digest of {len(entries)} alerts", 0, 0)
+            key = f"digest{int(upto)}"             # no decision: the alert names itself
             alert = Alert({"alertname": "ftwatch_digest", "event_type": "digest", "severity": "info",
-                           "job": "*"}, {"summary": title}, "firing", upto, None, decision)
-            nid = notification_id(f"digest{int(upto)}", receiver)
-            results.append(self.dispatcher.deliver(Notification(receiver, alert, title, body, nid)))
+                           "job": "*"}, {"summary": title, "description": f"daily digest of {len(entries)} alerts"},
+                          "firing", upto, None, id=key)
+            nid = notification_id(key, receiver)
+            results.append(self.sender.send(Notification(receiver, alert, title, body, nid)))
             self.digest.clear(receiver, upto)
         return results

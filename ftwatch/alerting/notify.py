@@ -1,49 +1,83 @@
-"""Durable delivery of alerts to receivers: render, spool, send, retry (SPEC N4).
+"""Sending alerts to receivers, never losing one (SPEC N4): the notify stage, after
+``ftwatch.alerting.dispatch`` routed and grouped them (Alertmanager's dispatch/notify split).
+
+One notification goes down a chain of steps, each one method of :class:`Sender`::
+
+    render (render / render_batch) -> rate-limit (_submit: the limiter's token)
+      -> spool (write-ahead) -> retry (_attempt_all: backoff with jitter) -> send (_send)
+      -> result (_result: onto the results queue)
 
 Write-ahead: every notification is put in the on-disk :class:`~ftwatch.alerting.spool.Spool`
 before the first attempt to send it, and leaves it only once delivered (``ack``) or refused for
 good (moved to ``<spool>/dead/``). A crash or a SIGKILL at any moment therefore leaves every
-undelivered notification on disk, and :meth:`Dispatcher.resend_pending` (at start and
-periodically) sends it; an acked one is never sent again.
+undelivered notification on disk, and :meth:`Sender.resend_pending` (at start and periodically)
+sends it; an acked one is never sent again.
 
 Sending: on a retryable failure a new notification is retried with backoff (``backoff[i]``
 seconds times a jitter factor) up to ``max_retries`` times; what still fails stays in the spool
 (status ``spooled``) for the next resend pass. With ``background=True`` (``ftwatch run`` and
-``ftwatch watch``) the sends happen in one :class:`~ftwatch.alerting.delivery.DeliveryWorker`
-thread per receiver: :meth:`Dispatcher.dispatch` returns right after the spool write (status
-``queued``) and the final results reach ``on_result`` from the worker's thread. Receivers whose
-``send`` never blocks (``inline = True``: the console) are still sent in the caller's thread,
-so the terminal shows the alert where it happened. With ``background=False`` (the default, for
-tests and tools) everything happens in the caller's thread and the results are returned.
+``ftwatch watch``) the sends happen in one :class:`~ftwatch.alerting.workers.DeliveryWorker`
+thread per receiver: :meth:`Sender.send` returns right after the spool write (status
+``queued``). Receivers whose ``send`` never blocks (``inline = True``: the console) are still
+sent in the caller's thread, so the terminal shows the alert where it happened. With
+``background=False`` (the default, for tests and tools) everything happens in the caller's
+thread.
 
-With a :class:`~ftwatch.alerting.ratelimit.RateLimiter`, a notification whose receiver has no
-token left is spooled at once (error ``rate limited``) and resent when a token is back; the
-limiter is only consulted in the caller's thread. Each notification carries a stable id
-(decision id + receiver) sent as the idempotency key, so a resend after a lost response does
-not show twice at a receiver that honours it.
+Results: every final result (delivered, spooled, failed, muted, inhibited; never ``queued``) is
+put on :attr:`Sender.results`, a queue, in whichever thread it was known; the pipeline's thread
+takes them (:meth:`Sender.take_results`, from ``Recorder.resend_due`` and after each dispatch)
+and stores them. Nothing from here calls back into the pipeline. The calls also return the
+results they produced in the caller's thread (tests and tools read those).
+
+Rate limits: the :class:`~ftwatch.alerting.ratelimit.RateLimiter` belongs to the sender. A
+notification whose receiver has no token left is spooled at once (error ``rate limited``) and
+sent by :meth:`Sender.release` once a token is back; the limiter is only consulted in the
+caller's thread. Each notification carries a stable id (decision id + receiver) sent as the
+idempotency key, so a resend after a lost response does not show twice at a receiver that
+honours it.
+
+Size: about 480 lines, one class, on purpose: the steps share one lock, the set of
+notifications in flight and the resend pass; split over files they would reach into each
+other's state again (what the center did to the old dispatcher). The threads are apart
+(``ftwatch.alerting.workers``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import queue
 import random
 import threading
 import time as _time
+from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 from ftwatch.alerting.alerts import Alert, Notification, notification_id
-from ftwatch.alerting.delivery import (  # noqa: F401 - the results are part of this face
-    CLOSE_WAIT_CAP, DELIVERED, FAILED, QUEUED, SHUTDOWN, SPOOLED, DeliveryResult, DeliveryWorker, Job)
-from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.notifiers import Notifier
 from ftwatch.alerting.ratelimit import RATE_LIMITED, RateLimiter
+from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
+from ftwatch.alerting.workers import DeliveryWorker, Job
 from ftwatch.errors import NotifyError, TemplateError
+from ftwatch.events import DeliveryResult
+
+__all__ = ["CLOSE_WAIT_CAP", "DELIVERED", "FAILED", "QUEUED", "SHUTDOWN", "SPOOLED", "DeliveryResult",
+           "Sender"]
 
 log = logging.getLogger(__name__)
 
-class Dispatcher:
-    """Sends alerts to every receiver, never losing one.
+DELIVERED = "delivered"
+SPOOLED = "spooled"
+FAILED = "failed"
+QUEUED = "queued"
+CLOSE_WAIT_CAP = 30.0   # seconds: the most a shutdown waits for the delivery workers
+SHUTDOWN = "not sent before shutdown; kept in the spool for the next start"
+_RANK = {"critical": 0, "warning": 1, "info": 2}
+
+
+class Sender:
+    """Renders, rate-limits, spools, retries and sends notifications; reports on a queue.
 
     Args:
         notifiers: the receivers (names must be unique).
@@ -57,17 +91,15 @@ class Dispatcher:
             :meth:`close` cuts short.
         now: wall clock, epoch seconds.
         rng: random source for the jitter.
-        on_result: called with each DeliveryResult (e.g. to store it in SQLite); in background
-            mode also from the delivery workers' threads, so it must be thread-safe (the
-            SQLite store and the Elasticsearch sink serialise their writes with a lock).
         max_delay: cap in seconds on a receiver's ``Retry-After``.
         limiter: per-receiver rate limits (None: none); consulted before each send.
         background: send from one worker thread per receiver (see the module doc).
+        language: ``en`` or ``zh``: the title of a grouped notification.
 
     Raises:
         ValueError: for duplicate receiver names or a negative max_retries.
 
-    Calls are serialised by a lock. Without ``background``, ``dispatch`` may sleep while
+    Calls are serialised by a lock. Without ``background``, ``send`` may sleep while
     holding it; with it, the lock is only held for spool writes and queueing.
     """
 
@@ -75,9 +107,8 @@ class Dispatcher:
                  max_retries: int = 3, backoff: Sequence[float] = (0.5, 2.0, 5.0),
                  jitter: float = 0.2, sleep: Callable[[float], None] | None = None,
                  now: Callable[[], float] = _time.time, rng: random.Random | None = None,
-                 on_result: Callable[[DeliveryResult], None] | None = None,
                  max_delay: float = 60.0, limiter: RateLimiter | None = None,
-                 background: bool = False):
+                 background: bool = False, language: str = "en"):
         self.notifiers: dict[str, Notifier] = {}
         for n in notifiers:
             if n.name in self.notifiers:
@@ -93,10 +124,11 @@ class Dispatcher:
         self._sleep = sleep
         self._now = now
         self._rng = rng or random.Random()
-        self._on_result = on_result
         self.max_delay = max_delay
         self.limiter = limiter
         self.background = background
+        self.language = language
+        self.results: queue.SimpleQueue[DeliveryResult] = queue.SimpleQueue()
         self._lock = threading.RLock()
         self._unknown_warned: set[str] = set()
         self._closing = threading.Event()     # close()'s wait is over: no more waits or sends
@@ -107,14 +139,36 @@ class Dispatcher:
         self._pass = 0                        # resend passes (background)
         self._down: dict[str, int] = {}       # receiver -> the pass it failed in
 
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Receiver name -> its kind (``webhook``, ``alertmanager`` ...), in config order."""
+        return {name: n.kind for name, n in self.notifiers.items()}
+
+    def take_results(self) -> list[DeliveryResult]:
+        """Every result put on :attr:`results` since the last call, oldest first (call it from
+        the pipeline's thread; the workers only ever put)."""
+        out = []
+        while True:
+            try:
+                out.append(self.results.get_nowait())
+            except queue.Empty:
+                return out
+
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0-based), jitter included."""
         base = self.backoff[min(retry, len(self.backoff) - 1)]
         return max(0.0, base * (1.0 + self.jitter * (2.0 * self._rng.random() - 1.0)))
 
-    def notification(self, notifier: Notifier, alert: Alert) -> Notification:
+    # -- render ------------------------------------------------------------------------------
+
+    def render(self, receiver: str, alert: Alert) -> Notification:
         """Render ``alert`` for one receiver. A broken user template falls back to the
-        built-in one (logged), so a template mistake never loses an alert."""
+        built-in one (logged), so a template mistake never loses an alert.
+
+        Raises:
+            KeyError: the receiver is not configured.
+        """
+        notifier = self.notifiers[receiver]
         try:
             text = self.renderer.render(notifier.kind, alert)
         except TemplateError as exc:
@@ -125,8 +179,39 @@ class Dispatcher:
         nid = notification_id(alert.decision_id, notifier.name, alert.status)
         return Notification(notifier.name, alert, title, text, nid)
 
+    def render_batch(self, receiver: str, alerts: Sequence[Alert], group_key: str = "",
+                     repeat: int = 0) -> Notification:
+        """One notification for a batch of alerts of one group: a batch of one is exactly
+        :meth:`render`'s; several join their texts under one title, with id ``grp<hash of the
+        alert keys>-<receiver>``; a repeat adds ``~repeat<n>``.
+
+        Args:
+            receiver: the receiver's name.
+            alerts: at least one alert.
+            group_key: the group's key (``route.routes.0{job=a}``), named in the title.
+            repeat: 0 for a first notification, n for the n-th repeat of the same content.
+        """
+        suffix = f"~repeat{repeat}" if repeat else ""
+        if len(alerts) == 1:
+            n = self.render(receiver, alerts[0])
+            return replace(n, id=n.id + suffix) if suffix else n
+        alerts = sorted(alerts, key=lambda a: (_RANK.get(a.severity, 3), a.starts_at))
+        parts = [self.render(receiver, a) for a in alerts]
+        ids = ",".join(sorted(a.key for a in alerts))
+        digest = hashlib.sha1(ids.encode()).hexdigest()[:16]
+        group = group_key[group_key.find("{"):]
+        title = (f"【ftwatch】{len(alerts)} 条告警 {group}" if self.language == "zh"
+                 else f"[ftwatch] {len(alerts)} alerts {group}")
+        body = title + "\n\n" + "\n\n---\n\n".join(p.body for p in parts)
+        first = alerts[0]
+        annotations = {**first.annotations, "group_key": group_key, "grouped_alerts": ids}
+        nid = notification_id(f"grp{digest}", receiver, first.status) + suffix
+        return Notification(receiver, replace(first, annotations=annotations), title, body, nid)
+
+    # -- send --------------------------------------------------------------------------------
+
     def dispatch(self, alert: Alert) -> list[DeliveryResult]:
-        """Deliver ``alert`` to every receiver.
+        """Deliver ``alert`` to every receiver (no routing: a sender used on its own).
 
         Returns:
             One DeliveryResult per receiver, in receiver order (status ``queued`` for those
@@ -134,10 +219,10 @@ class Dispatcher:
             the results.
         """
         with self._lock:
-            return [self._submit(n, self.notification(n, alert)) for n in self.notifiers.values()]
+            return [self._submit(n, self.render(n.name, alert)) for n in self.notifiers.values()]
 
-    def deliver(self, n: Notification) -> DeliveryResult:
-        """Deliver one rendered notification to its receiver (spool, rate limit, retries).
+    def send(self, n: Notification) -> DeliveryResult:
+        """Deliver one rendered notification to its receiver (rate limit, spool, retries).
 
         Raises:
             KeyError: the receiver is not configured.
@@ -145,9 +230,26 @@ class Dispatcher:
         with self._lock:
             return self._submit(self.notifiers[n.receiver], n)
 
-    def note(self, n: Notification, status: str, reason: str) -> DeliveryResult:
-        """Record a notification not sent on purpose (status ``muted`` or ``inhibited``)."""
-        return self._result(n, status, 0, reason)
+    def skip(self, receiver: str, alert: Alert, status: str, reason: str) -> DeliveryResult:
+        """Record ``alert`` not sent to ``receiver`` on purpose (status ``muted`` or
+        ``inhibited``, ``reason`` why)."""
+        return self._result(self.render(receiver, alert), status, 0, reason)
+
+    def tick(self, now: float | None = None) -> list[DeliveryResult]:
+        """What is due without routing: rate-limited notifications whose receiver has a token
+        again (:meth:`release`). Returns [] (their results go on the queue)."""
+        self.release(self._now() if now is None else now)
+        return []
+
+    def release(self, now: float) -> int:
+        """Resend the rate-limited notifications of the receivers that have a token again at
+        ``now`` (epoch s). Returns how many were delivered (or handed to a worker)."""
+        ready = self.limiter.ready(now) if self.limiter is not None else []
+        return self.resend_pending(set(ready)) if ready else 0
+
+    def next_ready(self, now: float) -> float | None:
+        """When (epoch s) a rate-limited receiver next has a token, or None."""
+        return self.limiter.next_ready(now) if self.limiter is not None else None
 
     def _submit(self, notifier: Notifier, n: Notification) -> DeliveryResult:
         if n.id in self._queued or self.spool.has(n.id):
@@ -215,7 +317,7 @@ class Dispatcher:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until the delivery workers have finished every notification handed to them
-        (their results passed to ``on_result``), at most ``timeout`` seconds (None: no limit).
+        (their results put on the queue), at most ``timeout`` seconds (None: no limit).
         Returns True when nothing is left with them. A no-op without ``background``."""
         with self._idle:
             return self._idle.wait_for(lambda: not self._queued, timeout)
@@ -224,11 +326,11 @@ class Dispatcher:
         """Shutdown: let the workers go on with what they have (sends, retries, backoff) for at
         most ``timeout`` seconds (None: :meth:`close_wait`); then their waits are cut short and
         what they have not sent stays in the spool, where it already is, for the next start
-        (its result, status ``spooled``, may still reach ``on_result`` afterwards). Later
+        (its result, status ``spooled``, may still reach the queue afterwards). Later
         notifications are only spooled. Returns at once without ``background``.
 
         Returns:
-            [] (the workers' results went to ``on_result``).
+            [] (the workers' results go on the queue).
         """
         wait = self.close_wait() if timeout is None else timeout
         if not self.drain(wait):
@@ -279,7 +381,7 @@ class Dispatcher:
             self._idle.notify_all()
 
     def _work(self, job: Job) -> None:
-        """In a worker's thread: send one job (no dispatcher lock held while sending)."""
+        """In a worker's thread: send one job (no sender lock held while sending)."""
         n = job.notification
         notifier = self.notifiers[n.receiver]
         if self._closing.is_set():             # shut down: the spool keeps it
@@ -383,10 +485,5 @@ class Dispatcher:
     def _result(self, n: Notification, status: str, attempts: int, error: str) -> DeliveryResult:
         result = DeliveryResult(n.receiver, n.id, status, attempts, error,
                                 n.alert.decision_id, n.body, self._now())
-        on_result = self._on_result
-        if on_result is not None:
-            try:
-                on_result(result)
-            except Exception:  # noqa: BLE001 - recording must not stop delivery
-                log.exception("on_result callback failed for %s", n.id)
+        self.results.put(result)
         return result

@@ -1,14 +1,13 @@
-"""Background delivery: one worker thread per receiver (SPEC N4: deciding and acting never wait
-on a receiver).
+"""The delivery threads of ``ftwatch.alerting.notify``: one worker per receiver (SPEC N4: deciding
+and acting never wait on a receiver).
 
-The :class:`~ftwatch.alerting.dispatcher.Dispatcher` writes each notification to the spool
-first and then hands it to its receiver's :class:`DeliveryWorker`, which sends it (with the
-retries, backoff and jitter) in its own thread. One worker per receiver, not one per
-dispatcher: a receiver that accepts connections but never answers (webhook timeout x retries,
-about 27 s with the defaults) would otherwise hold up every other receiver's alerts behind it.
-A receiver's notifications still go out one at a time, in the order they were handed over.
-
-Also here: :class:`DeliveryResult` and its statuses, which the Dispatcher re-exports.
+The :class:`~ftwatch.alerting.notify.Sender` writes each notification to the spool first and
+then hands it to its receiver's :class:`DeliveryWorker`, which sends it (with the retries,
+backoff and jitter) in its own thread. One worker per receiver, not one per sender: a receiver
+that accepts connections but never answers (webhook timeout x retries, about 27 s with the
+defaults) would otherwise hold up every other receiver's alerts behind it. A receiver's
+notifications still go out one at a time, in the order they were handed over. A worker never
+calls into the pipeline: its results go on the sender's queue.
 """
 
 from __future__ import annotations
@@ -22,42 +21,6 @@ from typing import Callable
 from ftwatch.alerting.alerts import Notification
 
 log = logging.getLogger(__name__)
-
-DELIVERED = "delivered"
-SPOOLED = "spooled"
-FAILED = "failed"
-QUEUED = "queued"
-CLOSE_WAIT_CAP = 30.0   # seconds: the most a shutdown waits for the delivery workers
-SHUTDOWN = "not sent before shutdown; kept in the spool for the next start"
-
-
-@dataclass(frozen=True)
-class DeliveryResult:
-    """What became of one notification.
-
-    Attributes:
-        receiver: the receiver's name.
-        notification_id: the notification's stable id.
-        status: ``delivered``, ``spooled`` (in the spool, will be resent), ``failed`` (a dead
-            letter) or ``queued`` (in the spool and handed to the receiver's delivery worker;
-            only returned by ``dispatch``/``deliver`` in background mode, never passed to
-            ``on_result``: the worker reports the outcome).
-        attempts: sends tried in total, including earlier ones for a spooled notification.
-        error: the last failure's message ("" when delivered at once).
-        decision_id: the decision the alert is about.
-        text: the rendered text.
-        time: epoch seconds when the result was known.
-    """
-
-    receiver: str
-    notification_id: str
-    status: str
-    attempts: int
-    error: str = ""
-    decision_id: str = ""
-    text: str = ""
-    time: float = 0.0
-
 
 @dataclass(frozen=True)
 class Job:
