@@ -37,6 +37,8 @@ def cmd_run(argv: list[str]) -> int:
     from ftwatch.rules.engine import Engine
     state_dir = Path(config.storage.state_dir)
     job = job_id_for(args.job_id or config.job.id, command)
+    from ftwatch.pipeline.sources.orphans import reap     # workers a killed ftwatch left running here
+    reap(state_dir, config.supervisor.grace_period, lambda text: print(text, flush=True))
     if args.network_check or config.health.network_check:
         from ftwatch.cli.health import network_check
         status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
