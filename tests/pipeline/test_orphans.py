@@ -145,8 +145,8 @@ def test_record_lists_the_live_groups_with_start_times_and_goes_at_a_clean_end(t
     assert not record.path.exists()
 
 
-def test_workers_carry_the_monitor_id_for_their_children():
-    record = WorkerRecord(Path("/nonexistent-dir-for-ftwatch"), warn=lambda text: None)
+def test_workers_carry_the_monitor_id_for_their_children(tmp_path):
+    record = WorkerRecord(tmp_path)
     code = f"import os; print(os.environ['{MONITOR_ENV}'], flush=True)"
     with Supervisor([sys.executable, "-c", code], 1, record=record) as sup:
         sup.start_all(0)
