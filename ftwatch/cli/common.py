@@ -19,13 +19,14 @@ EXIT_INTERRUPTED = 130
 EXIT_STDOUT_CLOSED = 141
 
 EXIT_STATUSES = {
-    0: "success: the job succeeded (run); nothing wrong found (check, test-rules, evaluate)",
+    0: "success: the job succeeded (run); nothing wrong found (check, test-rules, evaluate); "
+       "watch stopped by SIGINT or SIGTERM, its normal end",
     EXIT_FAILED: "failure: the policy failed the job (run); problems found (check, test-rules, evaluate); "
                  "a store, file, worker or service could not be used",
     EXIT_USAGE: "usage or configuration error: a bad option, a missing file, an invalid config or rule file",
     EXIT_CANNOT_EXECUTE: "run: the training command is not executable",
     EXIT_NOT_FOUND: "run: the training command is not found",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C; run: SIGINT or SIGTERM), after the workers were stopped",
+    EXIT_INTERRUPTED: "interrupted by Ctrl-C (run: SIGINT or SIGTERM, after the workers were stopped)",
     EXIT_STDOUT_CLOSED: "standard output was closed early (as by `| head`); the rest is not printed",
 }
 """Every exit status of the ``ftwatch`` command and its meaning (``ftwatch --help``, README)."""

@@ -69,6 +69,10 @@ class _Worker:
 class Supervisor:
     """Starts, watches, stops and restarts N local workers.
 
+    Call :meth:`start_all` and :meth:`restart_instance` from a thread that lives as long as the
+    workers should: each worker gets SIGKILL when the thread that started it ends (Linux's
+    parent-death signal belongs to the starting thread; ``ftwatch.pipeline.sources.orphans``).
+
     Args:
         command: the argv every worker runs.
         nproc: how many workers (ranks 0 .. nproc-1); >= 1.
