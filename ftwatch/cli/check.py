@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
+from ftwatch.cli.common import ArgumentParser
 from ftwatch.errors import ConfigError, Issue
 
 
@@ -201,7 +202,7 @@ def explain_route(config_path: str | None, event_file: str, at: float | None = N
 
 
 def cmd_check(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
+    p = ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
     p.add_argument("config", nargs="?")
     p.add_argument("--rules", nargs="*", default=[], help="extra rule files to check")
     p.add_argument("--config", dest="config_opt", help="the config (same as the positional CONFIG)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ftwatch.cli.common import aimaster_epilog, load_config_from_args, split_flags
+from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
 from ftwatch.errors import ConfigError
 from ftwatch.pipeline.build import build_recorder, build_rules
 
@@ -13,9 +13,9 @@ from ftwatch.pipeline.build import build_recorder, build_rules
 def cmd_watch(argv: list[str]) -> int:
     """``ftwatch watch``: watch jobs from shipped logs until a signal (or stdin's end)."""
     flags, rest, _ = split_flags(argv)
-    p = argparse.ArgumentParser(prog="ftwatch watch", description="Watch jobs ftwatch did not launch, "
-                                "from shipped logs (fluent-bit Forward / HTTP, file tails, stdin).",
-                                epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="ftwatch watch", description="Watch jobs ftwatch did not launch, "
+                       "from shipped logs (fluent-bit Forward / HTTP, file tails, stdin).",
+                       epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML config with a watch.sources list")
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
     p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")

@@ -38,6 +38,7 @@ from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
+from ftwatch.pipeline.sources.orphans import WorkerRecord
 from ftwatch.pipeline.sources.supervisor import Output, Started, Supervisor
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
@@ -101,7 +102,8 @@ class JobRunner(RecoveryActs):
             env["FTWATCH_DUMP_SIGNAL"] = self.mc.dump_signal
         self.supervisor = Supervisor(self.command, max(1, self.nproc), job=job, node=self.node,
                                      grace_period=sup.grace_period, master_addr=sup.master_addr,
-                                     master_port=sup.master_port, env=env)
+                                     master_port=sup.master_port, env=env,
+                                     record=WorkerRecord(state_dir, recorder.say))   # the next start reaps orphans
         pol = config.policy
         sync = pol.job_execution_mode == "Sync"
         hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
