@@ -183,4 +183,4 @@ def test_check_refuses_a_billion_laughs_config_and_rule_file_in_one_line_each(tm
     proc = ftwatch("check", str(config))
     assert proc.returncode == 1 and proc.stdout.splitlines()[0].startswith(f"{rules}:6: YAML aliases")
     proc = ftwatch("test-rules", str(rules))
-    assert proc.returncode == 2 and f"{rules}:6: YAML aliases" in proc.stderr   # a usage error (README)
+    assert proc.returncode == 2 and f"{rules}:6: YAML aliases" in proc.stderr   # a configuration error: 2 (README)

@@ -48,7 +48,8 @@ def cmd_watch(argv: list[str]) -> int:
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:
         metrics.watch_queue(watcher.queue.qsize)
-    sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
+    count = metrics.count_connection if metrics is not None else None
+    sources = [build_source(s, watcher.queue, state_dir, count) for s in config.watch.sources]
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: watcher.stop())

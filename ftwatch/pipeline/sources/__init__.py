@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 
-def build_source(config: Any, out: queue.Queue, state_dir: Path):
+def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = None):
     """The source a ``watch.sources[]`` entry describes, not yet started.
 
     Args:
         config: one of ``ftwatch.config.watch``'s source models.
         out: the queue it puts ``list[Shipped]`` batches on.
         state_dir: where a file source keeps its offsets (``offsets/<name>.json``).
+        count: ``(source name, event)`` callback of the listeners' connection events
+            (``ftwatch.telemetry.Metrics.count_connection``), or None.
 
     Raises:
         ValueError: an unknown ``type``.
@@ -32,10 +34,13 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path):
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
         return ForwardSource(out, config.host, config.port, shared_key=config.shared_key, tls=tls,
-                             name=config.name)
+                             name=config.name, max_connections=config.max_connections,
+                             idle_timeout=config.idle_timeout, count=count)
     if kind == "http":
         from ftwatch.pipeline.sources.http import HttpSource
-        return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name)
+        return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name,
+                          max_connections=config.max_connections, idle_timeout=config.idle_timeout,
+                          count=count)
     if kind == "file":
         from ftwatch.pipeline.sources.checkpoints import OffsetStore
         from ftwatch.pipeline.sources.file_tail import FileTailSource
