@@ -24,6 +24,7 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
 
     Raises:
         ValueError: an unknown ``type``.
+        SourceError: a file source cannot keep its offsets (the directory cannot be made or written).
     """
     kind = config.type
     if kind == "forward":
@@ -44,7 +45,11 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
     if kind == "file":
         from ftwatch.pipeline.sources.checkpoints import OffsetStore
         from ftwatch.pipeline.sources.file_tail import FileTailSource
-        offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
+        from ftwatch.errors import SourceError
+        try:
+            offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
+        except OSError as e:
+            raise SourceError(f"file source {config.name}: {e.strerror or e}") from None
         return FileTailSource(list(config.paths), out, offsets, name=config.name,
                               read_from_head=config.read_from_head, envelope=config.envelope,
                               require_ack=True)
