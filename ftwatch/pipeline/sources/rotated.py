@@ -15,9 +15,12 @@ nothing twice, also across a restart (issue 17):
   before the truncation.
 
 A copy is only recognised when both the first bytes (up to 64) and the 64 bytes before the
-offset agree, and the copy is in the same directory. Lines written between logrotate's copy
-and its truncate are in neither file (fluent-bit documents the same window); rename rotation
-has no such window.
+offset agree (with nothing delivered yet: all 64 first bytes), and the copy is in the same
+directory. Lines written between logrotate's copy and its truncate are in neither file
+(fluent-bit documents the same window); rename rotation has no such window. Nor can a copy be
+recognised of content ftwatch never saw: when ftwatch is down from before a file's first 64
+bytes were written until after that file was copied and truncated (two rotations within one
+downtime, the second a copytruncate), that file's lines are lost.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, fingerprints_agree, read_fingerprint
+from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, read_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +55,11 @@ class Known:
 
     @property
     def comparable(self) -> bool:
-        """Whether there is enough to recognise a copy by (something delivered, both byte strings)."""
-        return self.offset > 0 and bool(self.fingerprint) and bool(self.mark)
+        """Whether there is enough to recognise a copy by: the fingerprint and the mark, or (with
+        nothing delivered yet) a whole 64-byte fingerprint."""
+        if self.offset > 0:
+            return bool(self.fingerprint) and bool(self.mark)
+        return len(self.fingerprint) == FINGERPRINT_BYTES
 
 
 def mark_at(fd: int, offset: int) -> bytes:
@@ -72,9 +78,9 @@ def is_copy(fd: int, size: int, key: tuple[int, int], known: Known) -> bool:
     Raises:
         OSError: a read failed.
     """
-    if key == known.key or not known.comparable or size < known.offset:
+    if key == known.key or not known.comparable or size < max(known.offset, len(known.fingerprint)):
         return False
-    return (fingerprints_agree(read_fingerprint(fd), known.fingerprint)
+    return (read_fingerprint(fd).startswith(known.fingerprint)
             and os.pread(fd, len(known.mark), known.offset - len(known.mark)) == known.mark)
 
 
