@@ -153,3 +153,17 @@ def test_kill_9_of_watch_with_rotation_loses_and_repeats_no_line(tmp_path: Path)
     repeated = len(lines) - len(set(lines))
     assert not lost and repeated == 0 and set(lines) == expected, \
         f"{len(lost)} lines lost {ranges([int(x.split()[1]) for x in lost])[:10]}, {repeated} repeated of {written}"
+
+
+def test_watch_fails_at_start_in_one_line_when_it_cannot_keep_offsets(tmp_path: Path) -> None:
+    """Before issue 17 every pass warned "cannot save offsets" and a restart lost its place."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "offsets").write_text("a file where the offsets directory should be")
+    config = tmp_path / "watch.yaml"
+    config.write_text(f'watch:\n  sources:\n    - {{type: file, name: app, paths: ["{tmp_path / "*.log"}"]}}\n')
+    proc = subprocess.run([sys.executable, "-m", "ftwatch", "watch", "--config", str(config), "--state-dir",
+                           str(state)], cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE)
+    assert proc.returncode == 2                            # a configuration error (README)
+    assert proc.stderr.splitlines() == [
+        f"ftwatch watch: file source app: cannot create the offsets directory {state / 'offsets'}: File exists"]
