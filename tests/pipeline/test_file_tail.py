@@ -258,6 +258,21 @@ def test_a_copy_the_globs_match_is_never_read_again(tmp_path: Path) -> None:
     writer.close()
 
 
+def test_a_sibling_that_begins_like_a_followed_file_is_no_copy(tmp_path: Path) -> None:
+    """The same banner in every worker's log: content alone cannot tell a copy; only a
+    truncated original makes one."""
+    banner = b"=" * 80 + b" trainer v1.2 starting " + b"=" * 80 + b"\n"
+    rig = Rig(tmp_path, [str(tmp_path / "*.log")], read_from_head=True)
+    write(tmp_path / "worker-0.log", banner)
+    assert rig.poll() == [banner[:-1]]
+    write(tmp_path / "worker-1.log", banner + b"rank 1 up\n")
+    assert rig.poll() == [banner[:-1], b"rank 1 up"]
+    write(tmp_path / "worker-0.log", b"rank 0 up\n")
+    os.truncate(tmp_path / "worker-0.log", 0)          # truncated, yet worker-1 is no copy of it
+    write(tmp_path / "worker-0.log", b"again\n")
+    assert rig.poll() == [b"again"] and rig.src.stats["salvaged"] == 0
+
+
 def test_copytruncate_while_down_is_salvaged_at_restart(tmp_path: Path) -> None:
     log = tmp_path / "app.log"
     rig = Rig(tmp_path, [str(log)], read_from_head=True, require_ack=True)

@@ -138,6 +138,8 @@ class FileTailSource:
         self._scanned = False
         self._failed: set[str] = set()  # paths whose open failed (logged once)
         self._known_paths = {e.path for e in offsets.entries()}  # paths followed by the last run
+        self._copies: set[tuple[int, int]] = set()  # followed files opened as copies (from their end)
+        self._truncated_while_down: list[Known] | None = None   # at the first scan, see _copy_of
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -275,10 +277,11 @@ class FileTailSource:
             fp = read_fingerprint(fd)
             saved = self._offsets.get(st.st_dev, st.st_ino, fp)
             entry = self._offsets.entry(st.st_dev, st.st_ino)
-            salvaged: list[bytes] = []
+            salvage_from = None
+            copy = False
             if entry is not None and entry.path == path and (saved is None or saved > st.st_size):
                 self.stats["truncations"] += 1     # truncated (copytruncate) or rewritten while down
-                salvaged = self._salvage(path, Known(key, entry.fingerprint, entry.offset, entry.mark))
+                salvage_from = Known(key, entry.fingerprint, entry.offset, entry.mark)
                 pos = 0
             elif saved is not None and saved > st.st_size:
                 self.stats["truncations"] += 1
@@ -286,7 +289,7 @@ class FileTailSource:
             elif saved is not None:
                 pos = saved
             elif self._copy_of(fd, st.st_size, key, first):
-                pos = st.st_size                   # a copy of what was delivered: never read again
+                pos, copy = st.st_size, True       # a copy of what was delivered: never read again
             elif first and not self.read_from_head and path not in self._known_paths:
                 pos = tail_start(fd, st.st_size, self.chunk_bytes)
             else:
@@ -297,8 +300,10 @@ class FileTailSource:
             log.warning("file tail %s: cannot read %s: %s", self.name, path, e)
             return
         f = TailedFile(st.st_dev, st.st_ino, path, fd, pos, fp)
-        f.salvage = salvaged
+        f.salvage = salvage_from                   # read in its first pump, once every copy is known
         self._files[key] = f
+        if copy:
+            self._copies.add(key)
         self._save(f)  # a restart before the first line must resume here, not skip to the end
         log.info("file tail %s: following %s from offset %d", self.name, path, pos)
 
@@ -336,16 +341,35 @@ class FileTailSource:
         return True
 
     def _copy_of(self, fd: int, size: int, key: tuple[int, int], first: bool) -> bool:
-        """Whether a newly found file is a copy of a followed file (or, at the first scan, of a
-        saved one) up to its delivered offset."""
-        known = [Known((f.dev, f.ino), f.fp, f.saved, f.mark) for f in self._files.values()]
+        """Whether a newly found file is a copy, up to its delivered offset, of a followed file
+        that was truncated (or, at the first scan, of a saved one truncated while ftwatch was down).
+
+        Only a truncated original counts: a sibling that begins with the same bytes as a followed
+        file (a common banner) is no copy and is read like any new file.
+        """
+        known = [Known((f.dev, f.ino), f.fp, f.saved, f.mark) for f in self._files.values()
+                 if f.salvage is not None or self._truncated(f)]
         if first:
-            known += [Known((e.dev, e.ino), e.fingerprint, e.offset, e.mark) for e in self._offsets.entries()]
+            if self._truncated_while_down is None:
+                self._truncated_while_down = [k for k in map(_known, self._offsets.entries())
+                                              if _truncated_at(k, self._offsets.entry(*k.key).path)]
+            known += self._truncated_while_down
         return any(is_copy(fd, size, key, k) for k in known)
 
+    def _truncated(self, f: TailedFile) -> bool:
+        """Whether a followed file is shorter than the read position or no longer begins as it did."""
+        try:
+            st = os.fstat(f.fd)
+            return st.st_size < f.pos or (st.st_size != f.size_seen and not self._same_start(f))
+        except OSError:
+            return False
+
     def _salvage(self, path: str, known: Known) -> list[bytes]:
-        """The lines after ``known.offset`` read from a copy of the truncated file ``path``."""
-        lines, copy = salvage(os.path.dirname(path), known)
+        """The lines after ``known.offset`` read from a copy of the truncated file ``path`` (never
+        from a file followed in its own right)."""
+        def followed(key: tuple[int, int]) -> bool:
+            return key in self._files and key not in self._copies
+        lines, copy = salvage(os.path.dirname(path), known, followed)
         if copy is not None:
             self.stats["salvaged"] += len(lines)
             log.info("file tail %s: %s was truncated; %d unread lines taken from its copy %s",
@@ -355,10 +379,10 @@ class FileTailSource:
     def _pump(self, f: TailedFile) -> int:
         """Reads one file's growth, delivers its batch, saves its offset. Returns lines emitted."""
         st = os.fstat(f.fd)
-        if st.st_size < f.pos or (st.st_size != f.size_seen and not self._same_start(f)):
+        if self._truncated(f):
             self.stats["truncations"] += 1
             log.info("file tail %s: %s truncated; reading it from the start", self.name, f.path)
-            f.salvage = self._salvage(f.path, Known((f.dev, f.ino), f.fp, f.saved, f.mark))
+            f.salvage = Known((f.dev, f.ino), f.fp, f.saved, f.mark)
             f.pos, f.carry, f.carried, f.skipping = 0, [], 0, False
             f.fp = read_fingerprint(f.fd)
         f.size_seen = st.st_size
@@ -366,10 +390,10 @@ class FileTailSource:
         meta: dict[str, Any] = {"path": f.path, "inode": f.ino}
         if self.envelope is not None:
             meta["envelope"] = self.envelope
-        if f.salvage:
+        if f.salvage is not None:
             now = time.time()
-            batch.extend([Shipped(now, self._cut(line), meta) for line in f.salvage])
-            f.salvage = []
+            batch.extend([Shipped(now, self._cut(line), meta) for line in self._salvage(f.path, f.salvage)])
+            f.salvage = None
         budget = 16 * self.chunk_bytes
         emitted_bytes = 0
         eof = False
@@ -400,6 +424,7 @@ class FileTailSource:
         if finished:
             os.close(f.fd)
             del self._files[(f.dev, f.ino)]
+            self._copies.discard((f.dev, f.ino))
             if not committed:
                 self._offsets.forget(f.dev, f.ino)
             log.info("file tail %s: closed %s (%s)", self.name, f.path,
@@ -482,3 +507,23 @@ class FileTailSource:
         except OSError as e:
             self.stats["errors"] += 1
             log.warning("file tail %s: cannot save offsets to %s: %s", self.name, self._offsets.path, e)
+
+
+def _known(e: OffsetEntry) -> Known:
+    return Known((e.dev, e.ino), e.fingerprint, e.offset, e.mark)
+
+
+def _truncated_at(known: Known, path: str) -> bool:
+    """Whether the saved file is still at ``path`` but shorter than its offset or begins otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == known.key and (
+            st.st_size < known.offset or not fingerprints_agree(read_fingerprint(fd), known.fingerprint))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

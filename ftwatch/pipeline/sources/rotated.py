@@ -15,12 +15,15 @@ nothing twice, also across a restart (issue 17):
   before the truncation.
 
 A copy is only recognised when both the first bytes (up to 64) and the 64 bytes before the
-offset agree (with nothing delivered yet: all 64 first bytes), and the copy is in the same
-directory. Lines written between logrotate's copy and its truncate are in neither file
-(fluent-bit documents the same window); rename rotation has no such window. Nor can a copy be
-recognised of content ftwatch never saw: when ftwatch is down from before a file's first 64
-bytes were written until after that file was copied and truncated (two rotations within one
-downtime, the second a copytruncate), that file's lines are lost.
+offset agree, the copy is in the same directory, and the original was truncated (a sibling
+that merely begins like it, the same banner, is never taken for a copy; the tail also never
+salvages from a file it follows in its own right). Lines written between logrotate's copy and
+its truncate are in neither file (fluent-bit documents the same window); rename rotation has no
+such window. Nor can a copy be recognised of content ftwatch never delivered: when ftwatch is
+down from before a file's first line was delivered until after that file was copied and
+truncated (two rotations within one downtime, the second a copytruncate), its lines are lost;
+when the tail sees the copy before the truncation (logrotate's own microseconds between the
+two), the copy is read as a new file (its lines twice).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import logging
 import os
 import stat
 from dataclasses import dataclass
+from typing import Callable
 
 from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, read_fingerprint
 
@@ -55,11 +59,8 @@ class Known:
 
     @property
     def comparable(self) -> bool:
-        """Whether there is enough to recognise a copy by: the fingerprint and the mark, or (with
-        nothing delivered yet) a whole 64-byte fingerprint."""
-        if self.offset > 0:
-            return bool(self.fingerprint) and bool(self.mark)
-        return len(self.fingerprint) == FINGERPRINT_BYTES
+        """Whether there is enough to recognise a copy by (something delivered, both byte strings)."""
+        return self.offset > 0 and bool(self.fingerprint) and bool(self.mark)
 
 
 def mark_at(fd: int, offset: int) -> bytes:
@@ -78,7 +79,7 @@ def is_copy(fd: int, size: int, key: tuple[int, int], known: Known) -> bool:
     Raises:
         OSError: a read failed.
     """
-    if key == known.key or not known.comparable or size < max(known.offset, len(known.fingerprint)):
+    if key == known.key or not known.comparable or size < known.offset:
         return False
     return (read_fingerprint(fd).startswith(known.fingerprint)
             and os.pread(fd, len(known.mark), known.offset - len(known.mark)) == known.mark)
@@ -102,12 +103,15 @@ def find_inode(directory: str, dev: int, ino: int) -> str | None:
     return None
 
 
-def salvage(directory: str, known: Known) -> tuple[list[bytes], str | None]:
+def salvage(directory: str, known: Known, skip: Callable[[tuple[int, int]], bool] = lambda key: False,
+            ) -> tuple[list[bytes], str | None]:
     """Reads the lines after ``known.offset`` from the newest copy of the file in ``directory``.
 
     Args:
         directory: where the followed file is (logrotate copies beside it).
         known: the followed file as it was before it was truncated.
+        skip: keys ``(st_dev, st_ino)`` that are no copy whatever their content (files followed
+            in their own right: a sibling log that begins with the same banner).
 
     Returns:
         (lines, copy path): the copy's complete lines after the offset, and its last partial
@@ -123,7 +127,7 @@ def salvage(directory: str, known: Known) -> tuple[list[bytes], str | None]:
     for entry in entries:
         try:
             st = entry.stat()
-            if not stat.S_ISREG(st.st_mode) or st.st_size < known.offset:
+            if not stat.S_ISREG(st.st_mode) or st.st_size < known.offset or skip((st.st_dev, st.st_ino)):
                 continue
             fd = os.open(entry.path, os.O_RDONLY)
         except OSError:

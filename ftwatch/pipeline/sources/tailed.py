@@ -25,7 +25,7 @@ class TailedFile:
         self.deleted = False      # no name left: read to the end, then close
         self.saved = -1           # the offset last handed to the OffsetStore
         self.mark = b""           # the bytes just before ``saved`` (a copy of the file agrees with them)
-        self.salvage: list[bytes] = []  # lines read from its copy after a copytruncate, not yet emitted
+        self.salvage = None       # rotated.Known: it was truncated; read what followed this from its copy
 
     @property
     def offset(self) -> int:
