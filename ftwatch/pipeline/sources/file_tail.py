@@ -65,9 +65,11 @@ from typing import Any, Callable
 
 from ftwatch.pipeline.sources.base import Shipped, ShippedBatch, put_until_stopped
 from ftwatch.pipeline.sources.checkpoints import (
-    FINGERPRINT_BYTES, Commit, OffsetEntry, OffsetStore, fingerprints_agree, read_fingerprint,
+    FINGERPRINT_BYTES, Commit, OffsetEntry, OffsetStore, read_fingerprint,
 )
-from ftwatch.pipeline.sources.rotated import Known, find_inode, is_copy, mark_at, salvage
+from ftwatch.pipeline.sources.rotated import (
+    Known, is_copy, known_of, mark_at, open_moved, salvage, truncated_at,
+)
 from ftwatch.pipeline.sources.tailed import TailedFile, tail_start
 
 log = logging.getLogger(__name__)
@@ -314,23 +316,10 @@ class FileTailSource:
             True when it was found by its inode (it is read on from its offset, as a rotated
             file); False when it is gone or no longer the saved content.
         """
-        moved = find_inode(os.path.dirname(e.path), e.dev, e.ino)
-        if moved is None:
+        found = open_moved(known_of(e), e.path)
+        if found is None:
             return False
-        try:
-            fd = os.open(moved, os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            st = os.fstat(fd)
-            fp = read_fingerprint(fd)
-        except OSError:
-            os.close(fd)
-            return False
-        if (st.st_dev, st.st_ino) != (e.dev, e.ino) or st.st_size < e.offset or \
-                not fingerprints_agree(fp, e.fingerprint):
-            os.close(fd)
-            return False
+        moved, fd, fp = found
         f = TailedFile(e.dev, e.ino, e.path, fd, e.offset, fp)   # its lines keep the path they had
         f.saved, f.mark = e.offset, e.mark
         f.rotated_at = self._clock()
@@ -351,8 +340,8 @@ class FileTailSource:
                  if f.salvage is not None or self._truncated(f)]
         if first:
             if self._truncated_while_down is None:
-                self._truncated_while_down = [k for k in map(_known, self._offsets.entries())
-                                              if _truncated_at(k, self._offsets.entry(*k.key).path)]
+                self._truncated_while_down = [known_of(e) for e in self._offsets.entries()
+                                              if truncated_at(known_of(e), e.path)]
             known += self._truncated_while_down
         return any(is_copy(fd, size, key, k) for k in known)
 
@@ -507,23 +496,3 @@ class FileTailSource:
         except OSError as e:
             self.stats["errors"] += 1
             log.warning("file tail %s: cannot save offsets to %s: %s", self.name, self._offsets.path, e)
-
-
-def _known(e: OffsetEntry) -> Known:
-    return Known((e.dev, e.ino), e.fingerprint, e.offset, e.mark)
-
-
-def _truncated_at(known: Known, path: str) -> bool:
-    """Whether the saved file is still at ``path`` but shorter than its offset or begins otherwise."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        return (st.st_dev, st.st_ino) == known.key and (
-            st.st_size < known.offset or not fingerprints_agree(read_fingerprint(fd), known.fingerprint))
-    except OSError:
-        return False
-    finally:
-        os.close(fd)

@@ -34,7 +34,9 @@ import stat
 from dataclasses import dataclass
 from typing import Callable
 
-from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, read_fingerprint
+from ftwatch.pipeline.sources.checkpoints import (
+    FINGERPRINT_BYTES, OffsetEntry, fingerprints_agree, read_fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,53 @@ class Known:
     def comparable(self) -> bool:
         """Whether there is enough to recognise a copy by (something delivered, both byte strings)."""
         return self.offset > 0 and bool(self.fingerprint) and bool(self.mark)
+
+
+def known_of(e: OffsetEntry) -> Known:
+    """A saved entry as :class:`Known`."""
+    return Known((e.dev, e.ino), e.fingerprint, e.offset, e.mark)
+
+
+def truncated_at(known: Known, path: str) -> bool:
+    """Whether the saved file is still at ``path`` but shorter than its offset or begins otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == known.key and (
+            st.st_size < known.offset or not fingerprints_agree(read_fingerprint(fd), known.fingerprint))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def open_moved(known: Known, path: str) -> tuple[str, int, bytes] | None:
+    """Opens a saved file that left ``path`` but is still beside it (rename rotation).
+
+    Returns:
+        (its path now, an open read-only descriptor, its fingerprint), or None when it is gone,
+        shorter than its offset, or no longer begins as it did.
+    """
+    moved = find_inode(os.path.dirname(path), *known.key)
+    if moved is None:
+        return None
+    try:
+        fd = os.open(moved, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        fp = read_fingerprint(fd)
+        if (st.st_dev, st.st_ino) == known.key and st.st_size >= known.offset and \
+                fingerprints_agree(fp, known.fingerprint):
+            return moved, fd, fp
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def mark_at(fd: int, offset: int) -> bytes:
