@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
-from ftwatch.errors import ConfigError
+from ftwatch.errors import ConfigError, SourceError
 from ftwatch.pipeline.build import build_recorder, build_rules
 
 
@@ -48,14 +49,25 @@ def cmd_watch(argv: list[str]) -> int:
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:
         metrics.watch_queue(watcher.queue.qsize)
-    sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
+    count = metrics.count_connection if metrics is not None else None
+    sources = []
+    try:                         # a source that cannot start (its port, its offsets): one line, status 2
+        for s in config.watch.sources:
+            sources.append(build_source(s, watcher.queue, state_dir, count))
+            sources[-1].start()
+            port = getattr(sources[-1], "port", None)
+            recorder.say(f"ftwatch watch: source {s.name} started" + (f" on port {port}" if port else ""))
+    except SourceError as exc:
+        for source in sources:
+            source.stop()
+        recorder.close()
+        if metrics is not None:
+            metrics.close()
+        print(f"ftwatch watch: {exc}", file=sys.stderr)
+        return 2
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: watcher.stop())
-    for source in sources:
-        source.start()
-        port = getattr(source, "port", None)
-        recorder.say(f"ftwatch watch: source {source.name} started" + (f" on port {port}" if port else ""))
     stdin_only = all(s.type == "stdin" for s in config.watch.sources)
 
     def finished() -> bool:      # stdin sources end at EOF; listeners run until a signal
