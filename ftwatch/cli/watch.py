@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
+from ftwatch.cli.common import EXIT_FAILED, ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
 from ftwatch.errors import ConfigError, SourceError
 from ftwatch.pipeline.build import build_recorder, build_rules
 
@@ -51,7 +51,7 @@ def cmd_watch(argv: list[str]) -> int:
         metrics.watch_queue(watcher.queue.qsize)
     count = metrics.count_connection if metrics is not None else None
     sources = []
-    try:                         # a source that cannot start (its port, its offsets): one line, status 2
+    try:                         # a source that cannot start (its port, its offsets): one line, status 1
         for s in config.watch.sources:
             sources.append(build_source(s, watcher.queue, state_dir, count))
             sources[-1].start()
@@ -64,7 +64,7 @@ def cmd_watch(argv: list[str]) -> int:
         if metrics is not None:
             metrics.close()
         print(f"ftwatch watch: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: watcher.stop())
