@@ -23,6 +23,9 @@ metric                                 type     labels
                                                 journaled, the buffer was full)
 ``ftwatch_spool_bytes``                gauge    ``spool``, ``state``
 ``ftwatch_queue_batches``              gauge    batches waiting in ``watch``'s ingest queue
+``ftwatch_source_connections_total``   counter  ``source``, ``event``: ``accepted``,
+                                                ``refused`` (over ``max_connections``),
+                                                ``idle_closed`` (Forward / HTTP listeners)
 =====================================  =======  ==========================================
 
 The label is ``job_id``, not ``job``: Prometheus sets ``job`` to the scrape job's name.
@@ -133,6 +136,9 @@ class Metrics:
                               registry=r)
         self.queue = Gauge("ftwatch_queue_batches", "Batches waiting in the ingest queue.",
                            registry=r)
+        self.connections = Counter("ftwatch_source_connections", "Connections to the Forward and HTTP "
+                                   "listeners: accepted, refused (over max_connections), idle_closed.",
+                                   ["source", "event"], registry=r)
         self._spools = _SpoolCollector()
         r.register(self._spools)
         self._server = None
@@ -166,6 +172,10 @@ class Metrics:
         elif kind == "actuator" and detail.get("status") == "done" and \
                 detail.get("action") in _RESTART_ACTIONS:
             self.count_restart(job, detail["action"])
+
+    def count_connection(self, source: str, event: str) -> None:
+        """A listener ``source`` accepted, refused or idle-closed a connection (``event``)."""
+        self.connections.labels(source, event).inc()
 
     def observe_lag(self, seconds: float) -> None:
         """A shipped record was ingested ``seconds`` after its own time (negative: clock skew,

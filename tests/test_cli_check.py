@@ -165,3 +165,22 @@ def test_check_and_run_reject_a_step_pattern_the_matcher_cannot_compile(tmp_path
         proc = ftwatch(*cmd)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr and f"{config}:5: health.straggler.patterns[1]" in proc.stderr
+
+
+def test_check_refuses_a_billion_laughs_config_and_rule_file_in_one_line_each(tmp_path):
+    """Issue 17: `check` (and `test-rules`) answered only after growing to GBs; now one file:line each."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("\n".join(lines + ["rules: *a8"]) + "\n")
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text("\n".join(lines + ["policy: *a8"]) + "\n")
+    proc = ftwatch("check", str(config))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(f"{config}:6: YAML aliases expand this to more than")
+    assert proc.stdout.count("billion laughs") == 1 and "Traceback" not in proc.stderr
+    config.write_text(f"rules:\n  files: [{rules}]\n")
+    proc = ftwatch("check", str(config))
+    assert proc.returncode == 1 and proc.stdout.splitlines()[0].startswith(f"{rules}:6: YAML aliases")
+    proc = ftwatch("test-rules", str(rules))
+    assert proc.returncode == 2 and f"{rules}:6: YAML aliases" in proc.stderr   # a configuration error: 2 (README)

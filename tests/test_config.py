@@ -332,3 +332,16 @@ def test_config_reference_lists_every_key_with_its_default():
     for line in ref.splitlines()[2:]:
         if line.startswith("|"):
             assert line.rstrip("|").rsplit("|", 1)[1].strip(), f"no description: {line}"
+
+
+def test_a_billion_laughs_config_is_refused_at_load_with_its_line(tmp_path):
+    """Issue 17: nine levels of nine aliases (387 M values) are refused before validation walks them."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines + ["policy: *a8"]) + "\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path)
+    assert len(excinfo.value.issues) == 1
+    line, message = issues_of(excinfo)[0]
+    assert line == 6 and "billion laughs" in message and excinfo.value.issues[0].file == str(path)

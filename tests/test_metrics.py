@@ -90,6 +90,23 @@ def test_the_watcher_counts_shipped_lines_and_their_lag(tmp_path: Path):
     assert rec.output_counts.drain()[0][5] == 2
 
 
+def test_the_listeners_connection_events_are_counted_per_source_and_event():
+    """Issue 17: what a source's ConnectionGate reports is exposed as one counter."""
+    from ftwatch.pipeline.sources.connlimit import ConnectionGate
+    m = Metrics()
+    gate = ConnectionGate("fluent-bit", max_connections=1, idle_timeout=1.0, count=m.count_connection)
+    assert gate.admit() and not gate.admit()
+    gate.idle_closed()
+    gate.release()
+    assert gate.admit()
+    s = samples(m)
+    key = "ftwatch_source_connections_total"
+    assert s[(key, ("event", "accepted"), ("source", "fluent-bit"))] == 2
+    assert s[(key, ("event", "refused"), ("source", "fluent-bit"))] == 1
+    assert s[(key, ("event", "idle_closed"), ("source", "fluent-bit"))] == 1
+    assert gate.stats == {"accepted": 2, "refused": 1, "idle_closed": 1, "open": 1}
+
+
 def test_spool_sizes_are_read_at_each_scrape(tmp_path: Path):
     m = Metrics()
     spool = tmp_path / "spool"

@@ -3,36 +3,78 @@
 AIMaster flags (SPEC M1) are accepted verbatim anywhere before ``--`` in ``run``, ``watch`` and
 ``replay``, as argv (``--enable-job-restart=True``) or as one string
 (``--aimaster-args "--job-execution-mode=Sync --enable-job-restart=True"``).
+
+Errors end here, each as one line on stderr with its exit status (``common.EXIT_STATUSES``, README
+"Exit status"): a configuration error (one line per issue), an error ftwatch raised on purpose, a
+file the user named that cannot be opened. A closed stdout (``ftwatch explain | head -1``) and
+Ctrl-C end quietly, after the command's own cleanup (its ``finally`` blocks) has run. Anything else
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import textwrap
 from typing import Sequence
 
-from ftwatch.cli.common import EXIT_USAGE
-from ftwatch.errors import ConfigError
+from ftwatch.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUSES, EXIT_STDOUT_CLOSED, EXIT_USAGE
+from ftwatch.errors import ConfigError, FtwatchError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script. Returns the process exit status."""
+    """Entry point of the console script. Returns the process exit status (``EXIT_STATUSES``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    command = argv[0] if argv else ""
+    try:
+        status = _dispatch(command, argv[1:])
+        sys.stdout.flush()             # a closed stdout shows here, not at the interpreter's exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except ConfigError as exc:
+        for issue in exc.issues:
+            _error(command, f"configuration error: {issue}")
+        return EXIT_USAGE
+    except FtwatchError as exc:        # a worker, source, sink or receiver that could not be used
+        _error(command, str(exc))
+        return EXIT_FAILED
+    except OSError as exc:
+        if exc.filename is None:       # not a file the user named: a bug, keep the traceback
+            raise
+        _error(command, f"{exc.filename}: {exc.strerror or exc}")
+        return EXIT_FAILED
+
+
+def _dispatch(command: str, rest: list[str]) -> int:
+    if command in ("", "-h", "--help"):
         print(_USAGE)
-        return 0 if argv else EXIT_USAGE
-    command, rest = argv[0], argv[1:]
+        return 0 if command else EXIT_USAGE
     handler = _handler(command)
     if handler is None:
-        print(f"ftwatch: unknown command {command!r}\n{_USAGE}", file=sys.stderr)
+        print(f"ftwatch: unknown command {command!r} (see ftwatch --help)", file=sys.stderr)
         return EXIT_USAGE
+    return handler(rest)
+
+
+def _error(command: str, text: str) -> None:
+    """One line on stderr, newlines in ``text`` folded (one mistake, one line)."""
+    print(f"ftwatch {command}: " + " ".join(text.split("\n")), file=sys.stderr)
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): point stdout at /dev/null so that the
+    interpreter's last flush cannot fail again, and end without a word."""
     try:
-        return handler(rest)
-    except ConfigError as exc:
-        print("ftwatch: configuration error:", file=sys.stderr)
-        for issue in exc.issues:
-            print(f"  {issue}", file=sys.stderr)
-        return EXIT_USAGE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):      # stdout is no file (replaced by a test, say): nothing to point
+        pass
+    return EXIT_STDOUT_CLOSED
 
 
 _COMMANDS = {
@@ -76,7 +118,11 @@ commands:
   nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]
   evaluate [CORPUS] [--min-accuracy 0.9] [--json]
   es setup|flush [--config FILE] [--url URL]
-  dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]"""
+  dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]
+
+exit status:
+""" + "\n".join(textwrap.fill(meaning, 100, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+                for code, meaning in EXIT_STATUSES.items())
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
+from ftwatch.cli.common import ArgumentParser
 from ftwatch.errors import ConfigError, Issue
 
 
@@ -82,9 +83,9 @@ def step_pattern_issues(config, config_path: str | Path | None = None) -> list[I
     lines: dict = {}
     file = str(config_path) if config_path else "<config>"
     if config_path:
-        from ftwatch.config.yamlsource import line_index, parse_yaml
+        from ftwatch.config.yamlsource import line_index, parse_yaml, read_yaml_text
         try:
-            data, _ = parse_yaml(Path(config_path).read_text(encoding="utf-8"), file, paths=True, merge_keys=False)
+            data, _ = parse_yaml(read_yaml_text(config_path), file, paths=True, merge_keys=False)
             lines = line_index(data) if data is not None else {}
         except (OSError, UnicodeDecodeError):
             lines = {}
@@ -108,13 +109,13 @@ def check_step_patterns(config, config_path: str | Path | None = None) -> None:
 
 def _raw_rule_files(config_path: str) -> list[str]:
     """``rules.files`` read straight from a config that failed validation, so they get checked too."""
-    import yaml
-    try:
-        raw = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+    from ftwatch.config.yamlsource import parse_yaml, read_yaml_text
+    try:            # bounded like every config read (issue 17); a bad document gives no files
+        raw = parse_yaml(read_yaml_text(config_path), str(config_path))[0] or {}
         files = (raw.get("rules") or {}).get("files") or []
         base = Path(config_path).parent
         return [str(f if Path(f).is_absolute() else base / f) for f in files if isinstance(f, str)]
-    except (OSError, yaml.YAMLError, AttributeError):
+    except (OSError, UnicodeDecodeError, AttributeError, TypeError):
         return []
 
 
@@ -201,7 +202,7 @@ def explain_route(config_path: str | None, event_file: str, at: float | None = N
 
 
 def cmd_check(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
+    p = ArgumentParser(prog="ftwatch check", description="Validate config, rule files, tables and templates.")
     p.add_argument("config", nargs="?")
     p.add_argument("--rules", nargs="*", default=[], help="extra rule files to check")
     p.add_argument("--config", dest="config_opt", help="the config (same as the positional CONFIG)")

@@ -1,5 +1,5 @@
 """What the ``ftwatch`` subcommands share: the config from a file, the AIMaster flags (argv or
-``--aimaster-args``) on top, the job id, the exit status for usage errors."""
+``--aimaster-args``) on top, the job id, the exit statuses, an argument parser whose errors are one line."""
 
 from __future__ import annotations
 
@@ -11,7 +11,33 @@ from typing import Sequence
 from ftwatch.errors import ConfigError
 
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+EXIT_INTERRUPTED = 130
+EXIT_STDOUT_CLOSED = 141
+
+EXIT_STATUSES = {
+    0: "success: the job succeeded (run); nothing wrong found (check, test-rules, evaluate); "
+       "watch stopped by SIGINT or SIGTERM, its normal end",
+    EXIT_FAILED: "failure: the policy failed the job (run); problems found (check, test-rules, evaluate); "
+                 "a store, file, worker or service could not be used",
+    EXIT_USAGE: "usage or configuration error: a bad option, a missing file, an invalid config or rule file",
+    EXIT_CANNOT_EXECUTE: "run: the training command is not executable",
+    EXIT_NOT_FOUND: "run: the training command is not found",
+    EXIT_INTERRUPTED: "interrupted by Ctrl-C (run: SIGINT or SIGTERM, after the workers were stopped)",
+    EXIT_STDOUT_CLOSED: "standard output was closed early (as by `| head`); the rest is not printed",
+}
+"""Every exit status of the ``ftwatch`` command and its meaning (``ftwatch --help``, README)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line on stderr (exit status 2) instead of the usage block."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
 
 def load_config_from_args(args: argparse.Namespace, flags: dict):
     """The Config of ``args.config`` (or the defaults), with ``--aimaster-args`` and the argv

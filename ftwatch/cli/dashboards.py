@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from ftwatch.cli.common import EXIT_USAGE
+from ftwatch.cli.common import ArgumentParser, EXIT_USAGE
 
 
 def _default_ndjson() -> Any:
@@ -23,7 +22,7 @@ def _default_ndjson() -> Any:
 
 def cmd_dashboards(argv: list[str]) -> int:
     """``ftwatch dashboards import``: the saved objects into Kibana (overwrite)."""
-    p = argparse.ArgumentParser(prog="ftwatch dashboards", description="Kibana dashboards (dashboards/).")
+    p = ArgumentParser(prog="ftwatch dashboards", description="Kibana dashboards (dashboards/).")
     p.add_argument("action", choices=["import"])
     p.add_argument("--kibana-url", required=True, help="e.g. http://localhost:5601")
     p.add_argument("--space", help="Kibana space id (default: the default space)")

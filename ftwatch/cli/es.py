@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ftwatch.cli.common import EXIT_USAGE
+from ftwatch.cli.common import ArgumentParser, EXIT_USAGE
 from ftwatch.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def cmd_es(argv: list[str]) -> int:
     """``ftwatch es setup|flush``: install the ILM policy and index templates (and bring the
     mappings of existing data streams up to date); send what the disk buffer holds (with
     ``--dead-letters``, the dead-letter file's documents too)."""
-    p = argparse.ArgumentParser(prog="ftwatch es", description="The Elasticsearch sink (storage.elasticsearch).")
+    p = ArgumentParser(prog="ftwatch es", description="The Elasticsearch sink (storage.elasticsearch).")
     p.add_argument("action", choices=["setup", "flush"],
                    help="setup: ILM policy + index templates; flush: send the disk buffer now")
     p.add_argument("--config", help="YAML config with storage.elasticsearch")

@@ -20,7 +20,6 @@ stage's engine and policy, as ``cli.cmd_replay`` does.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from ftwatch.rules.engine import Engine
 from ftwatch.rules.model import Rule
 from ftwatch.policy.policy import Policy
 from ftwatch.config.yamlsource import dotted, line_index, parse_yaml
+from ftwatch.cli.common import ArgumentParser
 
 CASE_FILE = "case.yaml"
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
@@ -309,9 +309,9 @@ def report_json(report: Report) -> dict[str, Any]:
 
 
 def cmd_evaluate(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ftwatch evaluate",
-                                description="Run the evaluation corpus; print accuracy per failure class and "
-                                            "a confusion table of actions (T4).")
+    p = ArgumentParser(prog="ftwatch evaluate",
+                       description="Run the evaluation corpus; print accuracy per failure class and "
+                                   "a confusion table of actions (T4).")
     p.add_argument("corpus", nargs="?", type=Path, default=Path("tests/corpus"), help="corpus directory")
     p.add_argument("--config", help="YAML config file (rules, base policy); each case's flags apply on top")
     p.add_argument("--min-accuracy", type=float, default=0.9,

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
+from ftwatch.cli.common import ArgumentParser
 from ftwatch.errors import ConfigError
 
 
 def cmd_explain(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ftwatch explain", description="Explain a decision (the last one by default).")
+    p = ArgumentParser(prog="ftwatch explain", description="Explain a decision (the last one by default).")
     p.add_argument("decision_id", nargs="?")
     p.add_argument("--state-dir", default=".ftwatch-state")
     p.add_argument("--db", help="SQLite file (default: <state-dir>/ftwatch.db)")

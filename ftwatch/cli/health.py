@@ -16,6 +16,7 @@ from ftwatch.config.model import Config
 from ftwatch.config.supervisor import default_devices, parse_elastic_range
 from ftwatch.health.ftlog import FaultToleranceLog, ending, format_block, verdict
 from ftwatch.health.nodecheck import parse_range
+from ftwatch.cli.common import ArgumentParser
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -54,8 +55,8 @@ def _write_log(config: Config, recorder: Any, job: str, kind: str, started: floa
 
 def cmd_bootcheck(argv: list[str]) -> int:
     """Run the Bootcheck once by hand; exit 0 when nothing failed (warnings allowed), else 1."""
-    p = argparse.ArgumentParser(prog="ftwatch bootcheck", description="Run the Bootcheck (seed 001) by hand: "
-                                "disks, accelerators, versions, all-reduce; appended to the fault-tolerance log.")
+    p = ArgumentParser(prog="ftwatch bootcheck", description="Run the Bootcheck (seed 001) by hand: "
+                       "disks, accelerators, versions, all-reduce; appended to the fault-tolerance log.")
     p.add_argument("--config")
     p.add_argument("--state-dir")
     p.add_argument("--nproc-per-node", "--nproc_per_node", help="worker slots for the all-reduce: N or MIN:MAX "
@@ -125,8 +126,8 @@ def _run_nodecheck(config: Config, nnodes: int, nproc: int, exclude: bool, min_n
 
 def cmd_nodecheck(argv: list[str]) -> int:
     """DLRover-style node check on this machine: each node is a worker group (seed 003)."""
-    p = argparse.ArgumentParser(prog="ftwatch nodecheck", description="Node check (DLRover --network-check, "
-                                "seed 003): timed GEMM + allgather / all-reduce in pairs, two rounds.")
+    p = ArgumentParser(prog="ftwatch nodecheck", description="Node check (DLRover --network-check, "
+                       "seed 003): timed GEMM + allgather / all-reduce in pairs, two rounds.")
     p.add_argument("--nnodes", default="2", help="nodes (worker groups) to check: N or MIN:MAX (elastic: "
                    "MAX are checked, the check passes when MIN are usable)")
     p.add_argument("--nproc-per-node", "--nproc_per_node", default="1", help="processes per node: N or MIN:MAX "

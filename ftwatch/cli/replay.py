@@ -7,14 +7,14 @@ import json
 import sys
 from pathlib import Path
 
-from ftwatch.cli.common import aimaster_epilog, load_config_from_args, split_flags
+from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
 from ftwatch.pipeline.build import build_rules
 
 
 def cmd_replay(argv: list[str]) -> int:
     flags, rest, tail = split_flags(argv)
-    p = argparse.ArgumentParser(prog="ftwatch replay", description="Run recorded logs through the engine.",
-                                epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="ftwatch replay", description="Run recorded logs through the engine.",
+                       epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("files", nargs="*", type=Path)
     p.add_argument("--config")
     p.add_argument("--aimaster-args")
@@ -26,6 +26,9 @@ def cmd_replay(argv: list[str]) -> int:
     args = p.parse_args(rest + tail)
     if not args.files:
         p.error("give at least one log file")
+    for f in args.files:                 # before any work: a mistyped name is a usage error, not a traceback
+        if not f.exists() or f.is_dir():     # (a pipe, as from <(zcat log.gz), is fine)
+            p.error(f"{f}: {'a directory' if f.exists() else 'no such file'}")
     import tempfile
     from ftwatch.pipeline.replay import replay
     from ftwatch.policy.budgets import BudgetStore

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ftwatch.cli.common import ArgumentParser
+
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(s|m|h|d)$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -48,8 +50,8 @@ def parse_time(text: str, now: float) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ftwatch report", description="Write a self-contained HTML page "
-                                "of the store: timelines, decisions, failure classes, root causes.")
+    p = ArgumentParser(prog="ftwatch report", description="Write a self-contained HTML page "
+                       "of the store: timelines, decisions, failure classes, root causes.")
     p.add_argument("--state-dir", default=None, help="where the store is (default: the config's "
                    "storage.state_dir, else .ftwatch-state)")
     p.add_argument("--db", help="SQLite file (default: <state-dir>/ftwatch.db)")

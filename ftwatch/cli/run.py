@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 from pathlib import Path
 
-from ftwatch.cli.common import aimaster_epilog, job_id_for, load_config_from_args, split_flags
+from ftwatch.cli.common import (EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, ArgumentParser, aimaster_epilog, job_id_for,
+                                load_config_from_args, split_flags)
 from ftwatch.pipeline.build import build_recorder, build_run
 
 
 def cmd_run(argv: list[str]) -> int:
     """``ftwatch run``: supervise a training job on this machine (exit status: the job's outcome)."""
     flags, rest, command = split_flags(argv)
-    p = argparse.ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.",
-                                epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.",
+                       epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
     p.add_argument("--nproc-per-node", help="workers to start: N or MIN:MAX (default: config, else 1)")
@@ -29,12 +33,19 @@ def cmd_run(argv: list[str]) -> int:
     args = p.parse_args(rest)
     if not command:
         p.error("give the training command after --")
+    unusable = _unusable(command[0])
+    if unusable is not None:
+        status, why = unusable
+        print(f"ftwatch run: {command[0]}: {why}", file=sys.stderr)
+        return status
     config = apply_run_flags(load_config_from_args(args, flags), args)
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     from ftwatch.telemetry import start_metrics
     state_dir = Path(config.storage.state_dir)
     job = job_id_for(args.job_id or config.job.id, command)
+    from ftwatch.pipeline.sources.orphans import reap     # workers a killed ftwatch left running here
+    reap(state_dir, config.supervisor.grace_period, lambda text: print(text, flush=True))
     if args.network_check or config.health.network_check:
         from ftwatch.cli.health import network_check
         status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
@@ -51,6 +62,17 @@ def cmd_run(argv: list[str]) -> int:
             metrics.close()
     _summary(runner, recorder, status, state_dir)
     return status
+
+def _unusable(program: str) -> tuple[int, str] | None:
+    """Why the workers could not start ``program`` (exit status, words), or None when they can:
+    looked up as the workers' exec will (``PATH`` for a bare name; they share ftwatch's directory)."""
+    if os.sep not in program:
+        return None if shutil.which(program) else (EXIT_NOT_FOUND, "command not found")
+    if not os.path.exists(program):
+        return EXIT_NOT_FOUND, "no such file"
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        return EXIT_CANNOT_EXECUTE, "not executable"
+    return None
 
 def _summary(runner, recorder, status: int, state_dir: Path) -> None:
     """The short summary printed when ``ftwatch run`` ends."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from ftwatch.cli.common import ArgumentParser
 
 
 def cmd_test_rules(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ftwatch test-rules", description="Run every rule's examples and counterexamples.")
+    p = ArgumentParser(prog="ftwatch test-rules", description="Run every rule's examples and counterexamples.")
     p.add_argument("files", nargs="*", help="rule files (default: the built-in packs only)")
     p.add_argument("--no-builtin", action="store_true")
     args = p.parse_args(argv)

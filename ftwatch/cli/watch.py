@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from ftwatch.cli.common import aimaster_epilog, load_config_from_args, split_flags
-from ftwatch.errors import ConfigError
+from ftwatch.cli.common import EXIT_FAILED, ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
+from ftwatch.errors import ConfigError, SourceError
 from ftwatch.pipeline.build import build_recorder, build_rules
 
 
 def cmd_watch(argv: list[str]) -> int:
     """``ftwatch watch``: watch jobs from shipped logs until a signal (or stdin's end)."""
     flags, rest, _ = split_flags(argv)
-    p = argparse.ArgumentParser(prog="ftwatch watch", description="Watch jobs ftwatch did not launch, "
-                                "from shipped logs (fluent-bit Forward / HTTP, file tails, stdin).",
-                                epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="ftwatch watch", description="Watch jobs ftwatch did not launch, "
+                       "from shipped logs (fluent-bit Forward / HTTP, file tails, stdin).",
+                       epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="YAML config with a watch.sources list")
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
     p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")
@@ -48,14 +49,25 @@ def cmd_watch(argv: list[str]) -> int:
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:
         metrics.watch_queue(watcher.queue.qsize)
-    sources = [build_source(s, watcher.queue, state_dir) for s in config.watch.sources]
+    count = metrics.count_connection if metrics is not None else None
+    sources = []
+    try:                         # a source that cannot start (its port, its offsets): one line, status 1
+        for s in config.watch.sources:
+            sources.append(build_source(s, watcher.queue, state_dir, count))
+            sources[-1].start()
+            port = getattr(sources[-1], "port", None)
+            recorder.say(f"ftwatch watch: source {s.name} started" + (f" on port {port}" if port else ""))
+    except SourceError as exc:
+        for source in sources:
+            source.stop()
+        recorder.close()
+        if metrics is not None:
+            metrics.close()
+        print(f"ftwatch watch: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: watcher.stop())
-    for source in sources:
-        source.start()
-        port = getattr(source, "port", None)
-        recorder.say(f"ftwatch watch: source {source.name} started" + (f" on port {port}" if port else ""))
     stdin_only = all(s.type == "stdin" for s in config.watch.sources)
 
     def finished() -> bool:      # stdin sources end at EOF; listeners run until a signal

@@ -31,7 +31,7 @@ from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.config.health import HealthConfig
 from ftwatch.config.watch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
-from ftwatch.config.yamlsource import Loc, line_index, parse_yaml
+from ftwatch.config.yamlsource import Loc, line_index, parse_yaml, read_yaml_text
 from ftwatch.config.yamlsource import dotted as _dotted
 
 __all__ = ["AIMASTER_FLAGS", "AlertingConfig", "Config", "ConsoleReceiver", "JobConfig", "PolicyConfig",
@@ -239,7 +239,7 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_yaml_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(Issue(file, 0, f"cannot read: {exc}")) from None
     data, issues = parse_yaml(text, file, paths=True, merge_keys=False)

@@ -13,7 +13,30 @@ from pydantic import BaseModel, ConfigDict, Field
 _STRICT = ConfigDict(extra="forbid")
 
 
-class ForwardSourceConfig(BaseModel):
+class ListenerLimits(BaseModel):
+    """Connection limits of a listening source (Forward, HTTP), issue 17.
+
+    Each connection holds a thread and up to a request's worth of buffer (Forward: 6 MiB,
+    HTTP: 16 MiB), so the count is bounded: ``max_connections`` 512 (nginx's default
+    ``worker_connections``) serves 256 fluent-bit nodes at out_forward's default of 2 workers
+    each, with room for restarts; a bigger fleet raises it or ships to several ftwatch. One more
+    connection is closed as soon as it is accepted; fluent-bit retries it.
+
+    ``idle_timeout`` 120 s is four times fluent-bit's ``net.keepalive_idle_timeout`` (30 s):
+    fluent-bit closes its own idle keepalive connections first, so ftwatch never closes one that
+    fluent-bit is about to reuse (a write into it could be lost), yet a client that opened a
+    connection and went silent (or stalls inside a request) frees its slot within two minutes.
+    """
+
+    model_config = _STRICT
+    max_connections: int = Field(512, gt=0, description="Connections held at once; one more is "
+                                 "closed at once (counted in ftwatch_source_connections_total).")
+    idle_timeout: float = Field(120.0, gt=0, description="Seconds a connection may send nothing "
+                                "(between or inside requests) before it is closed; above fluent-bit's "
+                                "30 s keepalive idle timeout.")
+
+
+class ForwardSourceConfig(ListenerLimits):
     """fluent-bit's out_forward sends here (Forward protocol v1, TCP)."""
 
     model_config = _STRICT
@@ -26,7 +49,7 @@ class ForwardSourceConfig(BaseModel):
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
 
 
-class HttpSourceConfig(BaseModel):
+class HttpSourceConfig(ListenerLimits):
     """fluent-bit's out_http posts here (json or json_lines, gzip)."""
 
     model_config = _STRICT

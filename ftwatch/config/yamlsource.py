@@ -5,6 +5,14 @@
 Duplicate keys do not stop the parse: each becomes an ``Issue`` (the first value is kept), so one
 load reports all of them. ``line_index`` flattens those lines to ``{path: line}`` for callers that
 locate problems by data path (pydantic error locations); ``dotted`` writes such a path for users.
+
+Bounded input (issue 17): a document is refused, as one ``Issue`` at its file:line, before
+anything is built from it, when its text is over :data:`MAX_YAML_BYTES` or when its aliases
+would expand it to more than :data:`MAX_YAML_NODES` nodes (a "billion laughs": ten aliases of
+ten aliases ... are a few hundred bytes that every later walk, validation or copy expands to
+10^9 values) or make it contain itself (a recursive alias). The node count is taken on the
+composed node graph, where an alias is the anchored node itself, so checking costs one visit
+per distinct node. :func:`read_yaml_text` reads a file with the same byte bound.
 """
 
 from __future__ import annotations
@@ -14,6 +22,13 @@ from typing import Any, Sequence, Union
 import yaml
 
 from ftwatch.errors import Issue
+
+MAX_YAML_BYTES = 8 * 1024 * 1024
+"""The longest config or rule file read, in bytes: 40x the biggest shipped pack (ascend.yaml, 216 kB)."""
+
+MAX_YAML_NODES = 200_000
+"""The most nodes (scalars, mappings, sequences) a document may hold once its aliases are expanded:
+30x the biggest shipped pack (ascend.yaml, 6,900 nodes); validating that many takes well under a second."""
 
 Loc = tuple[Union[str, int], ...]
 """A path into the data: mapping keys and list indices, from the root."""
@@ -128,12 +143,20 @@ def parse_yaml(text: str, name: str, *, paths: bool = False, merge_keys: bool = 
 
     Returns:
         (data, issues): data holds :class:`LineDict`/:class:`LineList` for mappings/sequences and
-        is None when the text is empty or does not parse; issues hold the syntax error (at the line
-        YAML names, message starting with ``YAML``) and every duplicate key.
+        is None when the text is empty, does not parse or is over the bounds (module doc);
+        issues hold the syntax error (at the line YAML names, message starting with ``YAML``)
+        or the bound passed, and every duplicate key.
     """
+    if len(text) > MAX_YAML_BYTES:
+        line = text.count("\n", 0, MAX_YAML_BYTES) + 1
+        return None, [Issue(name, line, f"YAML file too large: over {MAX_YAML_BYTES:,} characters")]
     loader = LineLoader(text, name, paths=paths, merge_keys=merge_keys)
     try:
-        data = loader.get_single_data()
+        node = loader.get_single_node()
+        bomb = _expansion_issue(node, name) if node is not None else None
+        if bomb is not None:
+            return None, loader.issues + [bomb]
+        data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else 0
@@ -146,6 +169,61 @@ def parse_yaml(text: str, name: str, *, paths: bool = False, merge_keys: bool = 
     finally:
         loader.dispose()
     return data, loader.issues
+
+
+def read_yaml_text(path: Any) -> str:
+    """Reads a config or rule file as UTF-8, refusing one over :data:`MAX_YAML_BYTES` unread.
+
+    Raises:
+        OSError: it cannot be read, or is too large (the message says so).
+        UnicodeDecodeError: it is not UTF-8.
+    """
+    with open(path, "rb") as f:
+        raw = f.read(MAX_YAML_BYTES + 1)
+    if len(raw) > MAX_YAML_BYTES:
+        raise OSError(f"file too large: over {MAX_YAML_BYTES:,} bytes")
+    return raw.decode("utf-8")
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _expansion_issue(root: yaml.Node, name: str, limit: int = MAX_YAML_NODES) -> Issue | None:
+    """The Issue of a node graph whose aliases expand past ``limit`` nodes or into a cycle, else None.
+
+    Sizes are summed bottom-up with one visit per distinct node (an alias is its anchored node,
+    shared), iteratively (no recursion limit); the Issue names the line of the first collection
+    found to be over the limit.
+    """
+    size: dict[int, int] = {}
+    open_: set[int] = set()           # the collections whose children are being counted
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, counted = stack.pop()
+        key = id(node)
+        if counted:
+            open_.discard(key)
+            total = 1 + sum(size[id(c)] for c in _children(node))
+            if total > limit:
+                return Issue(name, node.start_mark.line + 1,
+                             f"YAML aliases expand this to more than {limit:,} nodes (a \"billion laughs\"?); "
+                             "write the values out instead")
+            size[key] = total
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            return Issue(name, node.start_mark.line + 1, "YAML alias refers to a node that contains it "
+                         "(a recursive structure); write the values out instead")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in size)
+    return None
 
 
 def line_index(data: Any) -> dict[Loc, int]:

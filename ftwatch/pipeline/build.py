@@ -123,6 +123,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     from ftwatch.pipeline.actuators.slots import Slots
     from ftwatch.pipeline.run import JobRunner, RunParts
     from ftwatch.pipeline.sources.control import ControlServer
+    from ftwatch.pipeline.sources.orphans import WorkerRecord
     from ftwatch.pipeline.sources.supervisor import Supervisor
     from ftwatch.policy.budgets import BudgetStore
     from ftwatch.policy.policy import Policy
@@ -157,7 +158,8 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
             env["FTWATCH_DUMP_SIGNAL"] = mc.dump_signal
         supervisor = Supervisor(list(command), max(1, slots.nproc), job=job, node=node,
                                 grace_period=sup.grace_period, master_addr=sup.master_addr,
-                                master_port=sup.master_port, env=env)
+                                master_port=sup.master_port, env=env,
+                                record=WorkerRecord(state_dir, recorder.say))   # the next start reaps orphans
     health = HealthChecks(config, recorder, job, node, slots.nproc, slots.active)   # H1, H3
     if health.steps is not None:
         engine.set_steps(health.steps)

@@ -22,7 +22,7 @@ from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Action, FailureClass, Severity
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule
-from ftwatch.config.yamlsource import LineDict, LineList, LineLoader, parse_yaml
+from ftwatch.config.yamlsource import LineDict, LineList, LineLoader, parse_yaml, read_yaml_text
 
 __all__ = ["LineDict", "LineList", "LineLoader", "parse_yaml", "RULE_KEYS", "TOP_KEYS", "builtin_pack_files",
            "load_rules", "rules_from_text", "rules_from_keywords"]
@@ -82,7 +82,7 @@ def load_rules(paths: Sequence[str | Path] = (), builtin: bool = True) -> list[R
             sources.append((str(f), f.read_text(encoding="utf-8")))
     for path in _expand(paths):
         try:
-            sources.append((str(path), path.read_text(encoding="utf-8")))
+            sources.append((str(path), read_yaml_text(path)))
         except (OSError, UnicodeDecodeError) as exc:
             issues.append(Issue(str(path), 0, f"cannot read rule file: {exc}"))
     for name, text in sources:

@@ -5,7 +5,9 @@ a small plain-Python worker script (no torch), written to the test's tmp_path: r
 itself on every start, except that from attempt 1 on it holds (prints and sleeps) while a gate
 file exists; that gate is what makes "ftwatch killed while attempt 1 runs" deterministic. Worker
 pids come from the SQLite store's ``instance_start`` events; every worker process group the
-tests see is SIGKILLed in a ``finally``.
+tests see is SIGKILLed in a ``finally``. No orphans (issue 17): a SIGKILLed ftwatch takes its
+workers' main processes with it (parent-death signal), and the next start on the same state
+directory reaps what they left in their process groups.
 """
 
 from __future__ import annotations
@@ -274,3 +276,59 @@ def test_sigint_stops_workers_cleanly_exits_130_and_keeps_budgets(tmp_path):
         groups = worker_groups(tmp_path)
         kill_groups(groups)
         wait_gone(groups)
+
+
+ORPHAN_WORKER = r'''
+import os, signal, subprocess, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)     # does not die with its peers; inherited by its child
+if sys.argv[1] == "clean":
+    print("worker done", flush=True)
+    sys.exit(0)
+child = subprocess.Popen(["sleep", "600"])          # stays in the worker's process group
+print(f"orphan-test worker={os.getpid()} child={child.pid}", flush=True)
+child.wait()
+'''
+
+
+def test_sigkill_of_ftwatch_kills_its_workers_and_the_next_start_reaps_their_children_and_says_so(tmp_path):
+    """kill -9 of ``ftwatch run`` -> its workers (ignoring SIGTERM) die with it; their children, left in the
+    workers' process groups, are stopped by the next ``ftwatch run`` on that state directory, with a line."""
+    import re
+    (tmp_path / "worker.py").write_text(ORPHAN_WORKER, encoding="utf-8")
+    runs: list[Ftwatch] = []
+    workers: set[int] = set()
+    children: set[int] = set()
+    try:
+        first = Ftwatch(tmp_path, "orphan", [])
+        runs.append(first)
+        first.wait_for("orphan-test worker=")
+        end = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < end:
+            first.wait_for("orphan-test worker=")
+            for m in re.finditer(r"orphan-test worker=(\d+) child=(\d+)", first.output):
+                workers.add(int(m.group(1)))
+                children.add(int(m.group(2)))
+        assert len(workers) == 2 and len(children) == 2, first.output
+        records = list((first.state / "workers").glob("*.json"))
+        assert [r.name for r in records] == [f"{first.proc.pid}.json"], records
+        os.kill(first.proc.pid, signal.SIGKILL)
+        assert first.wait(30) == -signal.SIGKILL
+        end = time.monotonic() + 10
+        while live_members(workers) != sorted(children) and time.monotonic() < end:
+            time.sleep(0.05)              # real processes dying: poll /proc, bounded
+        assert not [p for p in live_members(workers) if p in workers], "workers outlived a SIGKILLed ftwatch"
+        assert sorted(live_members(workers)) == sorted(children), "their children left the groups early"
+
+        second = Ftwatch(tmp_path, "clean", [])
+        runs.append(second)
+        assert second.wait() == 0, second.output
+        assert f"ftwatch: stopping 2 worker process group(s) left running by ftwatch pid {first.proc.pid}" \
+            in second.output, second.output
+        assert all(str(pgid) in second.output for pgid in workers), second.output
+        assert wait_gone(workers) == [], "the next start left the orphans running"
+        assert list((second.state / "workers").glob("*")) == [], "a clean end leaves no record"
+    finally:
+        for run in runs:
+            run.kill()
+        kill_groups(workers)
+        wait_gone(workers)

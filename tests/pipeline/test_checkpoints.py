@@ -168,9 +168,47 @@ def test_a_corrupt_file_is_kept_aside_and_the_store_starts_empty(tmp_path: Path,
 def test_a_failed_flush_raises_and_is_retried(tmp_path: Path) -> None:
     path = tmp_path / "later" / "offsets.json"
     store = OffsetStore(path)
+    path.parent.rmdir()            # the store made it; gone again, flushing fails
     store.set(1, 1, b"a", 1, "p")
     with pytest.raises(OSError):
         store.flush()
     path.parent.mkdir()
     store.flush()  # still dirty: written now
     assert OffsetStore(path).get(1, 1, b"a") == 1
+
+
+# -- issue 17: the store makes its directory, and commits with delivery ----------------------------
+
+def test_the_store_creates_its_directory_and_fails_at_once_when_it_cannot(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "offsets" / "file.json"
+    OffsetStore(path).flush()
+    assert path.parent.is_dir()
+    (tmp_path / "blocked").write_text("a file where the directory should be")
+    with pytest.raises(OSError, match="cannot create the offsets directory .*blocked/offsets"):
+        OffsetStore(tmp_path / "blocked" / "offsets" / "file.json")
+
+
+def test_a_prepared_commit_changes_nothing_until_it_is_called(tmp_path: Path) -> None:
+    path = tmp_path / "o.json"
+    store = OffsetStore(path)
+    store.set(1, 1, b"a", 1, "p", b"x" * 100)
+    store.flush()
+    commit = store.prepare(1, 1, b"a", 7, "p", b"m")
+    assert OffsetStore(path).get(1, 1, b"a") == 1 and store.get(1, 1, b"a") == 1   # not yet
+    assert commit() is True
+    again = OffsetStore(path)
+    assert again.get(1, 1, b"a") == 7 and store.get(1, 1, b"a") == 7
+    assert again.entry(1, 1).mark == b"m"
+    assert OffsetStore(tmp_path / "o2.json").entry(1, 1) is None
+    assert store.prepare(1, 1, forget=True)() and OffsetStore(path).entries() == []
+
+
+def test_a_commit_refuses_when_the_store_changed_since_it_was_prepared(tmp_path: Path) -> None:
+    path = tmp_path / "o.json"
+    store = OffsetStore(path)
+    commit = store.prepare(1, 1, b"a", 7, "p")
+    store.set(2, 2, b"b", 3, "q")          # e.g. stop() saved the state without the batch
+    assert commit() is False
+    store.flush()
+    assert OffsetStore(path).get(1, 1, b"a") is None and OffsetStore(path).get(2, 2, b"b") == 3
+    assert OffsetStore(path).entry(2, 2).mark == b""      # no mark recorded: none in the file

@@ -160,6 +160,9 @@ def test_a_file_replaced_while_down_is_read_from_its_head(tmp_path: Path) -> Non
     write(log, b"new 1\n")
     again = Rig(tmp_path, [str(log)])  # read_from_head=False, but the path was followed before
     assert again.poll() == [b"new 1"]
+    assert again.src.stats["rotations"] == 1   # w.log.1 found by its inode: read on (nothing new)
+    again.clock.now += again.src.rotate_wait
+    assert again.poll() == []
     assert [e.path for e in again.store.entries()] == [str(log)]  # the stale entry is pruned
 
 
@@ -214,6 +217,94 @@ def test_copytruncate(tmp_path: Path, after: bytes) -> None:
     assert rig.poll() == after.rstrip(b"\n").split(b"\n")
     assert rig.src.stats["truncations"] == 1
     writer.close()
+
+
+# -- issue 17: rotation and copytruncate neither lose nor repeat, also across a restart --------------
+
+def copytruncate(log: Path, copy: Path) -> None:
+    shutil.copyfile(log, copy)
+    os.truncate(log, 0)
+
+
+def test_copytruncate_takes_the_unread_lines_from_the_copy(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    rig = Rig(tmp_path, [str(log)], read_from_head=True)
+    writer = open(log, "ab", buffering=0)
+    writer.write(b"line 1\nline 2\n")
+    assert rig.poll() == [b"line 1", b"line 2"]
+    writer.write(b"line 3\nline 4\n")               # not read before logrotate copies and truncates
+    copytruncate(log, tmp_path / "app.log.1")
+    writer.write(b"line 5\n")
+    assert rig.poll() == [b"line 3", b"line 4", b"line 5"]
+    assert rig.src.stats["salvaged"] == 2 and rig.src.stats["truncations"] == 1
+    writer.close()
+
+
+def test_a_copy_the_globs_match_is_never_read_again(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    rig = Rig(tmp_path, [str(tmp_path / "app.log*")], read_from_head=True)
+    writer = open(log, "ab", buffering=0)
+    writer.write(b"line 1\nline 2\n")
+    assert rig.poll() == [b"line 1", b"line 2"]
+    writer.write(b"line 3\n")
+    copytruncate(log, tmp_path / "app.log.1")
+    writer.write(b"line 4\n")
+    assert rig.poll() == [b"line 3", b"line 4"]       # the copy is followed from its end
+    os.rename(tmp_path / "app.log.1", tmp_path / "app.log.2")   # the next rotation moves it on
+    writer.write(b"line 5\n")
+    copytruncate(log, tmp_path / "app.log.1")
+    assert rig.poll() == [b"line 5"]
+    assert rig.src.stats["files"] == 3 and rig.src.stats["salvaged"] == 2   # line 3, then line 5
+    writer.close()
+
+
+def test_a_sibling_that_begins_like_a_followed_file_is_no_copy(tmp_path: Path) -> None:
+    """The same banner in every worker's log: content alone cannot tell a copy; only a
+    truncated original makes one."""
+    banner = b"=" * 80 + b" trainer v1.2 starting " + b"=" * 80 + b"\n"
+    rig = Rig(tmp_path, [str(tmp_path / "*.log")], read_from_head=True)
+    write(tmp_path / "worker-0.log", banner)
+    assert rig.poll() == [banner[:-1]]
+    write(tmp_path / "worker-1.log", banner + b"rank 1 up\n")
+    assert rig.poll() == [banner[:-1], b"rank 1 up"]
+    write(tmp_path / "worker-0.log", b"rank 0 up\n")
+    os.truncate(tmp_path / "worker-0.log", 0)          # truncated, yet worker-1 is no copy of it
+    write(tmp_path / "worker-0.log", b"again\n")
+    assert rig.poll() == [b"again"] and rig.src.stats["salvaged"] == 0
+
+
+def test_copytruncate_while_down_is_salvaged_at_restart(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    rig = Rig(tmp_path, [str(log)], read_from_head=True, require_ack=True)
+    write(log, b"line 1\nline 2\n")
+    passing = threading.Thread(target=rig.src.poll_once)
+    passing.start()
+    rig.q.get(timeout=DEADLINE).ack()
+    passing.join(DEADLINE)
+    rig.src.stop()
+    write(log, b"line 3\n")
+    copytruncate(log, tmp_path / "app.log.1")
+    write(log, b"line 4\n")
+    again = Rig(tmp_path, [str(log)])
+    assert again.poll() == [b"line 3", b"line 4"]
+    assert again.src.stats["salvaged"] == 1
+
+
+def test_rename_rotation_while_down_reads_the_old_file_on(tmp_path: Path) -> None:
+    log = tmp_path / "app.log"
+    write(log, b"a1\n")
+    rig = Rig(tmp_path, [str(log)], read_from_head=True)
+    assert rig.poll() == [b"a1"]
+    rig.src.stop()                                     # killed, or stopped inside rotate_wait
+    write(log, b"a2\n")
+    os.rename(log, tmp_path / "app.log.1")
+    write(log, b"b1\n")
+    again = Rig(tmp_path, [str(log)], rotate_wait=5.0)
+    batches = again.src.poll_once() and again.batches()
+    assert {s.line for b in batches for s in b} == {b"a2", b"b1"}
+    assert all(b[0].meta["path"] == str(log) for b in batches)   # the same origin as before
+    again.clock.now += 5.0
+    assert again.poll() == [] and again.src.stats["files"] == 1
 
 
 def test_truncation_by_rewrite_and_by_shrink_while_down(tmp_path: Path) -> None:
@@ -293,6 +384,8 @@ def test_require_ack_saves_the_offset_only_after_the_ack(tmp_path: Path) -> None
     assert isinstance(batch, ShippedBatch) and [s.line for s in batch] == [b"1", b"2"]
     assert OffsetStore(rig.offsets_path).get(st.st_dev, st.st_ino, b"1\n") == 0  # not yet
     batch.ack()
+    assert batch.committed      # issue 17: on disk when ack() returned, not when the pass goes on
+    assert OffsetStore(rig.offsets_path).get(st.st_dev, st.st_ino, b"1\n") == 4
     passing.join(DEADLINE)
     assert batch.acked and OffsetStore(rig.offsets_path).get(st.st_dev, st.st_ino, b"1\n") == 4
 

@@ -406,3 +406,48 @@ def test_end_to_end_speed_is_printed():
             elapsed = time.perf_counter() - start
         assert count[0] == n_req * per
         print(f"\nend to end {mode} over loopback, 1 client: {n_req * per / elapsed:,.0f} records/s")
+
+
+# ---- connection limits and idle timeout (issue 17) ----
+
+def until(cond, what: str) -> None:
+    """Waits for an observable condition (never for time), failing after DEADLINE."""
+    deadline = time.monotonic() + DEADLINE
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def acked(c: Client, tag: str) -> bool:
+    c.send(pack_request("kube.w0", [(1, {"log": tag}, None)], "message", chunk=tag))
+    return c.recv() == {"ack": tag}
+
+
+def test_the_connection_over_max_connections_is_closed_while_the_others_are_served():
+    from ftwatch.telemetry import Metrics
+    metrics = Metrics()
+    with listening(max_connections=2, count=metrics.count_connection) as src:
+        first, second = Client(src.port), Client(src.port)
+        until(lambda: src.stats["active"] == 2, "two connections open")
+        third = Client(src.port)
+        assert third.closed_by_server()
+        assert src.stats["refused"] == 1 and src.stats["active"] == 2
+        assert acked(first, "a") and acked(second, "b")      # the two open ones are served
+        first.close()
+        until(lambda: src.stats["active"] == 1, "the first connection released")
+        assert acked(Client(src.port), "c")                  # its slot is free again
+        assert src.stats["connections"] == 3
+    value = metrics.connections.labels
+    assert (value("forward", "accepted")._value.get(), value("forward", "refused")._value.get()) == (3, 1)
+
+
+def test_an_idle_connection_is_closed_after_idle_timeout():
+    with listening(idle_timeout=0.2) as src:
+        silent = Client(src.port)
+        assert silent.closed_by_server()                      # nothing sent at all
+        talked = Client(src.port)
+        assert acked(talked, "x")
+        assert talked.closed_by_server()                      # idle after a request
+        assert src.stats["idle_closed"] == 2 and src.stats["errors"] == 0
+        until(lambda: src.stats["active"] == 0, "both released")

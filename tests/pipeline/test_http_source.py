@@ -183,3 +183,77 @@ def test_decode_records_forms():
     assert decode_records(b"") == []
     assert decode_records(b' [ {"a": 1} ] ') == [{"a": 1}]
     assert decode_records(b'{"a": 1}{"b": 2}\n\n{"c": 3}\n') == [{"a": 1}, {"b": 2}, {"c": 3}]   # json_stream too
+
+
+# -- connection limits and idle timeout (issue 17) --------------------------------------------------
+
+def until(cond, what: str) -> None:
+    """Waits for an observable condition (never for time), failing after 20 s."""
+    deadline = time.monotonic() + 20
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+def closed_by_server(sock) -> bool:
+    """Reads until the server closes (EOF or reset); True, or a socket timeout after 20 s."""
+    sock.settimeout(20)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def post_on(sock, body: bytes = b'[{"log": "x"}]') -> bytes:
+    """One keep-alive POST on a raw socket; returns the status line."""
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.settimeout(20)
+    data = b""
+    while not data.endswith(b"\r\n\r\nok\n"):        # the 200's body is "ok\n"
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n", 1)[0]
+
+
+def test_the_connection_over_max_connections_is_closed_while_the_others_are_served(served):
+    import socket
+    from ftwatch.telemetry import Metrics
+    metrics = Metrics()
+    src, q, _ = served(max_connections=2, count=metrics.count_connection)
+    first, second = (socket.create_connection(("127.0.0.1", src.port)) for _ in range(2))
+    until(lambda: src.gate.stats["open"] == 2, "two connections open")
+    third = socket.create_connection(("127.0.0.1", src.port))
+    assert closed_by_server(third)
+    assert src.gate.stats["refused"] == 1
+    assert post_on(first) == post_on(second) == b"HTTP/1.1 200 OK"
+    first.close()
+    until(lambda: src.gate.stats["open"] == 1, "the first connection released")
+    fourth = socket.create_connection(("127.0.0.1", src.port))
+    assert post_on(fourth) == b"HTTP/1.1 200 OK"
+    assert q.qsize() == 3
+    for s in (second, third, fourth):
+        s.close()
+    value = metrics.connections.labels
+    assert (value("http", "accepted")._value.get(), value("http", "refused")._value.get()) == (3, 1)
+
+
+def test_an_idle_connection_is_closed_after_idle_timeout(served):
+    import socket
+    src, _, _ = served(idle_timeout=0.2)
+    silent = socket.create_connection(("127.0.0.1", src.port))
+    assert closed_by_server(silent)                           # no request at all
+    talked = socket.create_connection(("127.0.0.1", src.port))
+    assert post_on(talked) == b"HTTP/1.1 200 OK"
+    assert closed_by_server(talked)                           # idle after a keep-alive request
+    stalled = socket.create_connection(("127.0.0.1", src.port))
+    stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n[{")
+    assert closed_by_server(stalled)                          # stalled inside the body
+    until(lambda: src.gate.stats["idle_closed"] == 3, "three idle closes counted")
+    until(lambda: src.gate.stats["open"] == 0, "every slot released")
+    for s in (silent, talked, stalled):
+        s.close()

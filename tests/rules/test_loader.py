@@ -250,3 +250,39 @@ def test_rules_from_keywords_rejects_empty_ones():
     with pytest.raises(RuleError) as info:
         rules_from_keywords(["ok", "  ", 3])
     assert [(i.file, i.line) for i in info.value.issues] == [("<retryable_errors>", 2), ("<retryable_errors>", 3)]
+
+
+# --- bounded YAML (issue 17) ------------------------------------------------------------------------
+
+def billion_laughs(levels: int = 9, top: str = "rules") -> str:
+    """A "billion laughs" document: each level is nine aliases of the one above (9**levels values)."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    lines.append(f"{top}: *a{levels - 1}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_billion_laughs_rule_file_is_refused_at_load_with_its_line(tmp_path):
+    """Without the bound the aliases expand to 387 million values while the rules are built."""
+    issues = _issues([_write(tmp_path, billion_laughs())])
+    assert len(issues) == 1
+    name, line, message = issues[0]
+    assert (name, line) == ("rules.yaml", 6)            # a5 is the first level over 200,000 nodes
+    assert "billion laughs" in message
+
+
+def test_a_recursive_alias_and_an_oversized_rule_file_are_refused(tmp_path):
+    assert _issues([_write(tmp_path, "rules: &r\n  - *r\n")])[0][:2] == ("rules.yaml", 1)
+    big = _write(tmp_path, "rules:\n" + "#" * (9 * 1024 * 1024) + "\n", "big.yaml")
+    assert _issues([big]) == [("big.yaml", 0, f"cannot read rule file: file too large: over {8 * 1024 * 1024:,} bytes")]
+    data, issues = parse_yaml("a: 1\n" * (2 * 1024 * 1024), "<t>")
+    assert data is None and issues[0].line == 8 * 1024 * 1024 // 5 + 1 and "too large" in issues[0].message
+
+
+def test_aliases_within_the_bound_still_load(tmp_path):
+    text = billion_laughs(levels=3, top="x") + "rules:\n  - id: a.b\n    keywords: [boom]\n    class: user_code\n" \
+                                               "    action: fail_job\n"
+    with pytest.raises(RuleError) as info:        # x is an unknown top key: the document was built
+        load_rules([_write(tmp_path, text)], builtin=False)
+    assert "billion" not in str(info.value)

@@ -12,16 +12,19 @@ from pathlib import Path
 from typing import Any
 
 
-def build_source(config: Any, out: queue.Queue, state_dir: Path):
+def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = None):
     """The source a ``watch.sources[]`` entry describes, not yet started.
 
     Args:
         config: one of ``ftwatch.config.watch``'s source models.
         out: the queue it puts ``list[Shipped]`` batches on.
         state_dir: where a file source keeps its offsets (``offsets/<name>.json``).
+        count: ``(source name, event)`` callback of the listeners' connection events
+            (``ftwatch.telemetry.Metrics.count_connection``), or None.
 
     Raises:
         ValueError: an unknown ``type``.
+        SourceError: a file source cannot keep its offsets (the directory cannot be made or written).
     """
     kind = config.type
     if kind == "forward":
@@ -32,14 +35,21 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path):
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
         return ForwardSource(out, config.host, config.port, shared_key=config.shared_key, tls=tls,
-                             name=config.name)
+                             name=config.name, max_connections=config.max_connections,
+                             idle_timeout=config.idle_timeout, count=count)
     if kind == "http":
         from ftwatch.pipeline.sources.http import HttpSource
-        return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name)
+        return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name,
+                          max_connections=config.max_connections, idle_timeout=config.idle_timeout,
+                          count=count)
     if kind == "file":
         from ftwatch.pipeline.sources.checkpoints import OffsetStore
         from ftwatch.pipeline.sources.file_tail import FileTailSource
-        offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
+        from ftwatch.errors import SourceError
+        try:
+            offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
+        except OSError as e:
+            raise SourceError(f"file source {config.name}: {e.strerror or e}") from None
         return FileTailSource(list(config.paths), out, offsets, name=config.name,
                               read_from_head=config.read_from_head, envelope=config.envelope,
                               require_ack=True)

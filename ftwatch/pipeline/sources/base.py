@@ -14,10 +14,13 @@ stops reading, instead of ftwatch buffering without limit.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
+
+log = logging.getLogger(__name__)
 
 PUT_POLL = 0.25   # seconds between checks for a stop while the queue is full
 
@@ -42,16 +45,32 @@ class Shipped:
 
 class ShippedBatch(list):
     """A ``list[Shipped]`` the consumer acknowledges with :meth:`ack` once it has handled the lines
-    durably; a source may then commit its position (a file tail saves its offset)."""
+    durably; the source's position is committed with that acknowledgement.
 
-    __slots__ = ("_acked",)
+    Attributes:
+        commit: called by :meth:`ack`, in the consumer's thread, before it returns (a file tail
+            makes the offsets after these lines its saved ones: one rename); returns whether it
+            committed. None: nothing to commit.
+        committed: what ``commit`` returned (False before the ack, or when it raised).
+    """
 
-    def __init__(self, items: Any = ()):
+    __slots__ = ("_acked", "commit", "committed")
+
+    def __init__(self, items: Any = (), commit: Callable[[], bool] | None = None):
         super().__init__(items)
         self._acked = threading.Event()
+        self.commit = commit
+        self.committed = False
 
     def ack(self) -> None:
-        """The lines are handled; the source may commit. Idempotent."""
+        """The lines are handled: commit the source's position, then tell the source. Idempotent."""
+        if self._acked.is_set():
+            return
+        if self.commit is not None:
+            try:
+                self.committed = bool(self.commit())
+            except Exception:        # the lines are handled; the source records them later
+                log.exception("committing a batch's position failed")
         self._acked.set()
 
     @property

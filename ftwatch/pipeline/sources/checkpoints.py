@@ -13,6 +13,20 @@ crash at any point the file holds either the previous complete set of offsets or
 A file that cannot be read as such (a disk error, a hand edit) is moved aside to
 ``<path>.corrupt`` and the store starts empty, with a logged warning; it never stops the monitor.
 
+Committing with delivery (issue 17). :meth:`OffsetStore.prepare` writes the set of offsets as it
+will be once one batch is delivered to ``<path>.next`` (fsync'd) *before* the batch is handed on;
+the returned :class:`Commit` makes it current with one ``os.replace`` when the consumer
+acknowledges the batch (``ShippedBatch.ack`` calls it), so the offset of delivered lines is on
+disk the moment the consumer says they are handled, and never before.
+
+An entry also keeps a *mark*: the (up to 64) bytes just before its offset. A copy of the file
+(logrotate's ``copytruncate``) is recognised by agreeing with both the fingerprint and the mark,
+so the tail can read what it had not read yet from the copy, and never read the copy twice.
+
+The store creates its directory (``<state-dir>/offsets/``) and checks that it can write there
+when it is made: a monitor that cannot keep offsets fails at start instead of warning at every
+pass and losing its place at the next restart.
+
 Use one store per tail source (as fluent-bit's in_tail wants one ``db`` per input).
 """
 
@@ -59,6 +73,7 @@ class OffsetEntry:
         path: the last path it was seen at (for people and for pruning; not part of the key).
         fingerprint: its first bytes (at most 64) when the offset was saved.
         offset: bytes from the start of the file up to which every line has been delivered.
+        mark: the bytes (at most 64) just before ``offset`` (b"" when unknown).
     """
 
     dev: int
@@ -66,6 +81,24 @@ class OffsetEntry:
     path: str
     fingerprint: bytes
     offset: int
+    mark: bytes = b""
+
+
+class Commit:
+    """Makes a prepared set of offsets current (see :meth:`OffsetStore.prepare`); call it once.
+
+    Calling returns True when the prepared file became the offsets file, False when it could
+    not (the store changed since, or the rename failed: logged); then the caller records the
+    change again and the next flush writes it.
+    """
+
+    __slots__ = ("_store", "_generation", "_entries", "_pending")
+
+    def __init__(self, store: "OffsetStore", generation: int, entries: dict, pending: Path):
+        self._store, self._generation, self._entries, self._pending = store, generation, entries, pending
+
+    def __call__(self) -> bool:
+        return self._store._commit(self)
 
 
 class OffsetStore:
@@ -74,7 +107,11 @@ class OffsetStore:
     Thread-safe: every method takes one lock.
 
     Args:
-        path: the JSON file; its directory must exist. A missing file means no offsets yet.
+        path: the JSON file; its directory is created when missing. A missing file means no
+            offsets yet.
+
+    Raises:
+        OSError: the directory cannot be created or written (the message names it).
     """
 
     def __init__(self, path: str | os.PathLike[str]):
@@ -82,6 +119,8 @@ class OffsetStore:
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, int], OffsetEntry] = {}
         self._dirty = False
+        self._generation = 0       # bumped by every change: a prepared Commit is only valid for its own
+        _writable_dir(self.path.parent)
         self._load()
 
     # -- reading and changing -------------------------------------------------------------------------
@@ -103,7 +142,7 @@ class OffsetStore:
             return None
         return entry.offset
 
-    def set(self, dev: int, ino: int, fingerprint: bytes, offset: int, path: str) -> None:
+    def set(self, dev: int, ino: int, fingerprint: bytes, offset: int, path: str, mark: bytes = b"") -> None:
         """Records a file's offset in memory; :meth:`flush` makes it durable.
 
         Args:
@@ -112,28 +151,79 @@ class OffsetStore:
             fingerprint: its first bytes (at most 64; longer input is cut).
             offset: bytes delivered from the start of the file, ``>= 0``.
             path: where the file is now.
+            mark: the bytes just before ``offset`` (at most 64 kept).
 
         Raises:
             ValueError: a negative offset.
         """
-        if offset < 0:
-            raise ValueError(f"negative offset {offset} for {path}")
-        entry = OffsetEntry(dev, ino, str(path), bytes(fingerprint[:FINGERPRINT_BYTES]), offset)
+        entry = _entry(dev, ino, fingerprint, offset, path, mark)
         with self._lock:
             if self._entries.get((dev, ino)) != entry:
                 self._entries[(dev, ino)] = entry
                 self._dirty = True
+                self._generation += 1
 
     def forget(self, dev: int, ino: int) -> None:
         """Drops a file's entry (it was deleted or finished after rotation); a no-op if absent."""
         with self._lock:
             if self._entries.pop((dev, ino), None) is not None:
                 self._dirty = True
+                self._generation += 1
 
     def entries(self) -> list[OffsetEntry]:
         """Returns a snapshot of every entry, in no particular order."""
         with self._lock:
             return list(self._entries.values())
+
+    def entry(self, dev: int, ino: int) -> OffsetEntry | None:
+        """Returns the entry of a file, or None."""
+        with self._lock:
+            return self._entries.get((dev, ino))
+
+    # -- committing with delivery ---------------------------------------------------------------------
+
+    def prepare(self, dev: int, ino: int, fingerprint: bytes = b"", offset: int = 0, path: str = "",
+                mark: bytes = b"", *, forget: bool = False) -> Commit:
+        """Writes the offsets as they will be after one change to ``<path>.next`` (fsync'd), not yet current.
+
+        The caller hands its batch on and, once it is delivered, calls the returned
+        :class:`Commit`: one ``os.replace`` (and a directory fsync) makes the prepared file the
+        offsets file and the change the store's. Any other change (``set``, ``forget``,
+        ``flush``, another prepare) in between makes the Commit refuse.
+
+        Args:
+            dev, ino, fingerprint, offset, path, mark: the file's entry after delivery (as :meth:`set`).
+            forget: the change drops the file's entry instead (it was read to its end and closed).
+
+        Raises:
+            OSError: the prepared file could not be written.
+            ValueError: a negative offset.
+        """
+        with self._lock:
+            entries = dict(self._entries)
+            if forget:
+                entries.pop((dev, ino), None)
+            else:
+                entries[(dev, ino)] = _entry(dev, ino, fingerprint, offset, path, mark)
+            self._generation += 1
+            pending = self.path.with_name(self.path.name + ".next")
+            _write_file(pending, _dump(entries.values()))
+            return Commit(self, self._generation, entries, pending)
+
+    def _commit(self, commit: Commit) -> bool:
+        with self._lock:
+            if commit._generation != self._generation:
+                return False
+            try:
+                os.replace(commit._pending, self.path)
+            except OSError as e:
+                log.warning("cannot commit offsets to %s: %s", self.path, e)
+                return False
+            self._entries = commit._entries
+            self._dirty = False
+            self._generation += 1
+        _fsync_dir(self.path.parent)
+        return True
 
     # -- disk -----------------------------------------------------------------------------------------
 
@@ -147,11 +237,8 @@ class OffsetStore:
         with self._lock:
             if not self._dirty:
                 return
-            doc = {"version": FORMAT_VERSION, "files": [
-                {"dev": e.dev, "ino": e.ino, "path": e.path, "fingerprint": e.fingerprint.hex(),
-                 "offset": e.offset} for e in self._entries.values()]}
-            data = json.dumps(doc, separators=(",", ":")).encode()
-            _write_atomically(self.path, data)
+            self._generation += 1
+            _write_atomically(self.path, _dump(self._entries.values()))
             self._dirty = False
 
     def _load(self) -> None:
@@ -175,6 +262,34 @@ class OffsetStore:
             self._entries = {}
 
 
+def _entry(dev: int, ino: int, fingerprint: bytes, offset: int, path: str, mark: bytes) -> OffsetEntry:
+    if offset < 0:
+        raise ValueError(f"negative offset {offset} for {path}")
+    return OffsetEntry(dev, ino, str(path), bytes(fingerprint[:FINGERPRINT_BYTES]), offset,
+                       bytes(mark[-FINGERPRINT_BYTES:]) if mark else b"")
+
+
+def _dump(entries) -> bytes:
+    doc = {"version": FORMAT_VERSION, "files": [
+        {"dev": e.dev, "ino": e.ino, "path": e.path, "fingerprint": e.fingerprint.hex(),
+         "offset": e.offset, **({"mark": e.mark.hex()} if e.mark else {})} for e in entries]}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _writable_dir(directory: Path) -> None:
+    """Creates ``directory`` (and its parents) if missing and checks it can hold new files.
+
+    Raises:
+        OSError: it cannot be created, is not a directory, or is not writable.
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot create the offsets directory {directory}: {e.strerror or e}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise OSError(13, f"cannot write in the offsets directory {directory}")
+
+
 def _parse(raw: bytes) -> dict[tuple[int, int], OffsetEntry]:
     """Parses the JSON document. Raises ValueError/TypeError/KeyError on anything malformed."""
     doc = json.loads(raw)
@@ -188,14 +303,22 @@ def _parse(raw: bytes) -> dict[tuple[int, int], OffsetEntry]:
         if not isinstance(path, str):
             raise ValueError(f"bad path in {item!r}")
         fp = bytes.fromhex(item["fingerprint"])
-        entries[(dev, ino)] = OffsetEntry(dev, ino, path, fp[:FINGERPRINT_BYTES], offset)
+        mark = bytes.fromhex(item.get("mark", ""))
+        entries[(dev, ino)] = OffsetEntry(dev, ino, path, fp[:FINGERPRINT_BYTES], offset, mark[-FINGERPRINT_BYTES:])
     return entries
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
     """Replaces ``path`` with ``data``: tmp file, fsync, ``os.replace``, directory fsync."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    _write_file(tmp, data)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` (created or truncated) and fsyncs it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:
@@ -203,9 +326,12 @@ def _write_atomically(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Makes a rename in ``directory`` durable where the platform can open a directory."""
     try:
-        dfd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:  # some platforms cannot open a directory; the rename is still atomic
         return
     try:

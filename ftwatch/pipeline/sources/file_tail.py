@@ -15,27 +15,41 @@ file's new complete lines on the queue as one batch (``list[Shipped]``). Like fl
   and closed; the new file is read from its head. A file renamed to a name the globs also match
   is just followed there, never read twice.
 - **copytruncate / truncation**: a file shorter than the read position, or whose first bytes
-  changed, is read again from 0 (``stats["truncations"]``). With copytruncate, lines written
-  between logrotate's copy and its truncate that were not read yet are lost (fluent-bit documents
-  the same window); prefer rename rotation. **Deleted** files are read to their end and closed.
+  changed, is read again from 0 (``stats["truncations"]``); the lines after the delivered offset
+  that were not read yet are first read from its copy beside it (``stats["salvaged"]``), and a
+  copy the globs match is followed from its end, never read again
+  (:mod:`ftwatch.pipeline.sources.rotated`). Lines written between logrotate's copy and its
+  truncate are in neither file (fluent-bit documents the same window); prefer rename rotation.
+  **Deleted** files are read to their end and closed.
+- **Rotated while down** (or killed inside ``rotate_wait``): a saved file that the globs no
+  longer find is looked for by its inode in its directory and read on from its offset to its
+  end; a followed file truncated while down is salvaged from its copy as above.
 - **Long lines** (over ``max_line_bytes``) are emitted once, cut, with :data:`TRUNCATED_MARKER`,
   and the rest skipped up to the newline (``stats["long_lines"]``): no stall, bounded memory.
   Binary data and invalid UTF-8 pass through as bytes. Only complete lines are emitted; a partial
   last line waits for its newline (or the end of a rotated or deleted file).
 
-Delivery. A batch's offset is saved (in memory; on disk by one :meth:`OffsetStore.flush` per
-pass) only after the batch is on the queue. With ``require_ack=False`` (default) the guarantee is
-at the queue: a crash between ``put`` and the flush re-emits those batches (at-least-once), a
-crash after it loses batches the consumer had not taken yet. With ``require_ack=True`` batches
-are :class:`ShippedBatch` es and a batch's offset is saved only after the consumer's
-``batch.ack()`` (one batch per source in flight): nothing unacknowledged is lost, and a crash
-between an ack and the flush re-emits acknowledged batches. Exactly-once needs the consumer to
-make its effect and the offset one transaction, e.g. by rolling its output back to the committed
-offset (:meth:`OffsetStore.get`) at start, as the SIGKILL test in
-``tests/pipeline/test_file_tail.py`` does.
+Delivery. With ``require_ack=False`` (default) a batch's offset is saved (in memory; on disk by
+one :meth:`OffsetStore.flush` per pass) once the batch is on the queue: a crash between ``put``
+and the flush re-emits those batches, a crash after it loses batches the consumer had not taken
+yet. With ``require_ack=True`` (``ftwatch watch``) batches are :class:`ShippedBatch` es whose
+offsets are committed with their delivery (issue 17): before a batch is put on the queue the
+offsets after it are written aside (:meth:`OffsetStore.prepare`, fsync'd), and the consumer's
+``batch.ack()`` makes them current with one rename before it returns (one batch per source in
+flight). A crash before the ack re-reads the batch, a crash after it does not: nothing is lost,
+and nothing the consumer acknowledged is read again. What remains is the consumer's own window
+between its last effect and its ack (``ftwatch watch``: from storing the batch's findings to the
+rename, microseconds); closing it too needs the consumer to make its effect and the offset one
+transaction, e.g. by rolling its output back to the committed offset (:meth:`OffsetStore.get`)
+at start, as the SIGKILL test in ``tests/pipeline/test_file_tail.py`` does.
 
-Not resumed after a restart: a rotated file inside its ``rotate_wait``; a restart while skipping
-an over-long line emits that line's remainder as a line.
+Not resumed after a restart: a restart while skipping an over-long line emits that line's
+remainder as a line.
+
+Size: over 400 lines because one pass (scan, reconcile, open, pump, deliver) works on one table
+of followed files under one lock; what needs none of that state lives beside it: one file's
+position (``tailed``), where its lines went after a rotation (``rotated``), the offsets on disk
+(``checkpoints``).
 """
 
 from __future__ import annotations
@@ -50,7 +64,12 @@ import time
 from typing import Any, Callable
 
 from ftwatch.pipeline.sources.base import Shipped, ShippedBatch, put_until_stopped
-from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, OffsetStore, read_fingerprint
+from ftwatch.pipeline.sources.checkpoints import (
+    FINGERPRINT_BYTES, Commit, OffsetEntry, OffsetStore, read_fingerprint,
+)
+from ftwatch.pipeline.sources.rotated import (
+    Known, is_copy, known_of, mark_at, open_moved, salvage, truncated_at,
+)
 from ftwatch.pipeline.sources.tailed import TailedFile, tail_start
 
 log = logging.getLogger(__name__)
@@ -84,7 +103,8 @@ class FileTailSource:
 
     Attributes:
         stats: counters: ``files`` (followed now), ``lines``, ``bytes`` (read), ``rotations``,
-            ``truncations``, ``long_lines``, ``errors`` (OS errors on a file, logged).
+            ``truncations``, ``salvaged`` (lines read from a copy after a copytruncate),
+            ``long_lines``, ``errors`` (OS errors on a file, logged).
         backlog: True when the last pass stopped on the per-file budget with data left to read.
 
     Each emitted :class:`Shipped` has ``time`` = epoch seconds of receipt, ``line`` = the bytes
@@ -111,7 +131,7 @@ class FileTailSource:
         self.envelope = envelope
         self.require_ack = require_ack
         self.stats = {"files": 0, "lines": 0, "bytes": 0, "rotations": 0, "truncations": 0,
-                      "long_lines": 0, "errors": 0}
+                      "salvaged": 0, "long_lines": 0, "errors": 0}
         self.backlog = False
         self._out = out
         self._offsets = offsets
@@ -120,6 +140,8 @@ class FileTailSource:
         self._scanned = False
         self._failed: set[str] = set()  # paths whose open failed (logged once)
         self._known_paths = {e.path for e in offsets.entries()}  # paths followed by the last run
+        self._copies: set[tuple[int, int]] = set()  # followed files opened as copies (from their end)
+        self._truncated_while_down: list[Known] | None = None   # at the first scan, see _copy_of
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,7 +200,7 @@ class FileTailSource:
             self._reconcile(self._scan(), first)
             if first:
                 for e in self._offsets.entries():
-                    if (e.dev, e.ino) not in self._files:
+                    if (e.dev, e.ino) not in self._files and not self._resume_moved(e):
                         self._offsets.forget(e.dev, e.ino)
                 self._scanned = True
             self._flush_offsets()  # where new files start, before any wait on the queue
@@ -256,11 +278,20 @@ class FileTailSource:
                 return
             fp = read_fingerprint(fd)
             saved = self._offsets.get(st.st_dev, st.st_ino, fp)
-            if saved is not None and saved > st.st_size:
+            entry = self._offsets.entry(st.st_dev, st.st_ino)
+            salvage_from = None
+            copy = False
+            if entry is not None and entry.path == path and (saved is None or saved > st.st_size):
+                self.stats["truncations"] += 1     # truncated (copytruncate) or rewritten while down
+                salvage_from = Known(key, entry.fingerprint, entry.offset, entry.mark)
+                pos = 0
+            elif saved is not None and saved > st.st_size:
                 self.stats["truncations"] += 1
                 pos = 0
             elif saved is not None:
                 pos = saved
+            elif self._copy_of(fd, st.st_size, key, first):
+                pos, copy = st.st_size, True       # a copy of what was delivered: never read again
             elif first and not self.read_from_head and path not in self._known_paths:
                 pos = tail_start(fd, st.st_size, self.chunk_bytes)
             else:
@@ -271,16 +302,76 @@ class FileTailSource:
             log.warning("file tail %s: cannot read %s: %s", self.name, path, e)
             return
         f = TailedFile(st.st_dev, st.st_ino, path, fd, pos, fp)
+        f.salvage = salvage_from                   # read in its first pump, once every copy is known
         self._files[key] = f
+        if copy:
+            self._copies.add(key)
         self._save(f)  # a restart before the first line must resume here, not skip to the end
         log.info("file tail %s: following %s from offset %d", self.name, path, pos)
+
+    def _resume_moved(self, e: OffsetEntry) -> bool:
+        """Follows a saved file that the first scan did not find, if it was rotated beside its path.
+
+        Returns:
+            True when it was found by its inode (it is read on from its offset, as a rotated
+            file); False when it is gone or no longer the saved content.
+        """
+        found = open_moved(known_of(e), e.path)
+        if found is None:
+            return False
+        moved, fd, fp = found
+        f = TailedFile(e.dev, e.ino, e.path, fd, e.offset, fp)   # its lines keep the path they had
+        f.saved, f.mark = e.offset, e.mark
+        f.rotated_at = self._clock()
+        self._files[(e.dev, e.ino)] = f
+        self.stats["rotations"] += 1
+        log.info("file tail %s: %s was rotated to %s while ftwatch was down; reading it on from offset %d",
+                 self.name, e.path, moved, e.offset)
+        return True
+
+    def _copy_of(self, fd: int, size: int, key: tuple[int, int], first: bool) -> bool:
+        """Whether a newly found file is a copy, up to its delivered offset, of a followed file
+        that was truncated (or, at the first scan, of a saved one truncated while ftwatch was down).
+
+        Only a truncated original counts: a sibling that begins with the same bytes as a followed
+        file (a common banner) is no copy and is read like any new file.
+        """
+        known = [Known((f.dev, f.ino), f.fp, f.saved, f.mark) for f in self._files.values()
+                 if f.salvage is not None or self._truncated(f)]
+        if first:
+            if self._truncated_while_down is None:
+                self._truncated_while_down = [known_of(e) for e in self._offsets.entries()
+                                              if truncated_at(known_of(e), e.path)]
+            known += self._truncated_while_down
+        return any(is_copy(fd, size, key, k) for k in known)
+
+    def _truncated(self, f: TailedFile) -> bool:
+        """Whether a followed file is shorter than the read position or no longer begins as it did."""
+        try:
+            st = os.fstat(f.fd)
+            return st.st_size < f.pos or (st.st_size != f.size_seen and not self._same_start(f))
+        except OSError:
+            return False
+
+    def _salvage(self, path: str, known: Known) -> list[bytes]:
+        """The lines after ``known.offset`` read from a copy of the truncated file ``path`` (never
+        from a file followed in its own right)."""
+        def followed(key: tuple[int, int]) -> bool:
+            return key in self._files and key not in self._copies
+        lines, copy = salvage(os.path.dirname(path), known, followed)
+        if copy is not None:
+            self.stats["salvaged"] += len(lines)
+            log.info("file tail %s: %s was truncated; %d unread lines taken from its copy %s",
+                     self.name, path, len(lines), copy)
+        return lines
 
     def _pump(self, f: TailedFile) -> int:
         """Reads one file's growth, delivers its batch, saves its offset. Returns lines emitted."""
         st = os.fstat(f.fd)
-        if st.st_size < f.pos or (st.st_size != f.size_seen and not self._same_start(f)):
+        if self._truncated(f):
             self.stats["truncations"] += 1
             log.info("file tail %s: %s truncated; reading it from the start", self.name, f.path)
+            f.salvage = Known((f.dev, f.ino), f.fp, f.saved, f.mark)
             f.pos, f.carry, f.carried, f.skipping = 0, [], 0, False
             f.fp = read_fingerprint(f.fd)
         f.size_seen = st.st_size
@@ -288,6 +379,10 @@ class FileTailSource:
         meta: dict[str, Any] = {"path": f.path, "inode": f.ino}
         if self.envelope is not None:
             meta["envelope"] = self.envelope
+        if f.salvage is not None:
+            now = time.time()
+            batch.extend([Shipped(now, self._cut(line), meta) for line in self._salvage(f.path, f.salvage)])
+            f.salvage = None
         budget = 16 * self.chunk_bytes
         emitted_bytes = 0
         eof = False
@@ -306,20 +401,39 @@ class FileTailSource:
         if finished and f.carry and not f.skipping:
             batch.append(Shipped(time.time(), self._cut(b"".join(f.carry)), meta))
             f.carry, f.carried = [], 0
+        if not finished and len(f.fp) < FINGERPRINT_BYTES and f.offset > len(f.fp):
+            f.fp = read_fingerprint(f.fd)
+        mark = b"" if finished else mark_at(f.fd, f.offset)
+        if isinstance(batch, ShippedBatch) and batch:
+            batch.commit = self._prepare(f, finished, mark)
         if batch and not self._deliver(batch):
             return 0
         self.stats["lines"] += len(batch)
+        committed = isinstance(batch, ShippedBatch) and batch.committed
         if finished:
             os.close(f.fd)
             del self._files[(f.dev, f.ino)]
-            self._offsets.forget(f.dev, f.ino)
+            self._copies.discard((f.dev, f.ino))
+            if not committed:
+                self._offsets.forget(f.dev, f.ino)
             log.info("file tail %s: closed %s (%s)", self.name, f.path,
                      "deleted" if f.deleted else "rotated")
+        elif committed:
+            f.saved, f.mark = f.offset, mark
         else:
-            if len(f.fp) < FINGERPRINT_BYTES and f.offset > len(f.fp):
-                f.fp = read_fingerprint(f.fd)
-            self._save(f)
+            self._save(f, mark)
         return len(batch)
+
+    def _prepare(self, f: TailedFile, finished: bool, mark: bytes) -> Commit | None:
+        """The commit of ``f``'s offset after its batch (its entry dropped when ``finished``), for the ack."""
+        try:
+            if finished:
+                return self._offsets.prepare(f.dev, f.ino, forget=True)
+            return self._offsets.prepare(f.dev, f.ino, f.fp, f.offset, f.path, mark)
+        except OSError as e:        # the batch still goes; its offset is saved after the ack
+            self.stats["errors"] += 1
+            log.warning("file tail %s: cannot prepare offsets in %s: %s", self.name, self._offsets.path, e)
+            return None
 
     def _split(self, f: TailedFile, data: bytes, batch: list[Shipped], meta: dict[str, Any], now: float) -> int:
         """Cuts a chunk into complete lines appended to ``batch``; keeps the partial rest. Returns bytes emitted."""
@@ -370,9 +484,10 @@ class FileTailSource:
             return False
         return not isinstance(batch, ShippedBatch) or batch.wait_acked(self._stop)
 
-    def _save(self, f: TailedFile) -> None:
+    def _save(self, f: TailedFile, mark: bytes | None = None) -> None:
         if f.offset != f.saved:
-            self._offsets.set(f.dev, f.ino, f.fp, f.offset, f.path)
+            f.mark = mark_at(f.fd, f.offset) if mark is None else mark
+            self._offsets.set(f.dev, f.ino, f.fp, f.offset, f.path, f.mark)
             f.saved = f.offset
 
     def _flush_offsets(self) -> None:

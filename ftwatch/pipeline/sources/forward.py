@@ -28,6 +28,11 @@ reading and TCP pushes back on the sender. Per connection ftwatch then holds at 
 decoded requests of one read, and the batch waiting to be queued (a gzip request expands to at
 most ``MAX_DECOMPRESSED_SIZE`` bytes). Decoded Python objects take typically 3-5x their bytes.
 
+Connections (issue 17, :mod:`ftwatch.pipeline.sources.connlimit`): at most ``max_connections``
+at once (one more is closed as soon as it is accepted, counted ``refused``), and one that sends
+nothing for ``idle_timeout`` seconds once its handshakes are done is closed (``idle_closed``);
+the TLS and shared-key handshakes have their own ``HANDSHAKE_TIMEOUT``.
+
 Binds to 127.0.0.1 unless told otherwise (SPEC Q2).
 """
 
@@ -48,6 +53,7 @@ from typing import Any, Mapping
 
 from ftwatch.errors import SourceError
 from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
+from ftwatch.pipeline.sources.connlimit import ConnectionGate
 from ftwatch.pipeline.sources.forward_protocol import (
     MAX_FRAME_SIZE, Entries, ForwardDecoder, ForwardProtocolError, Ping, helo, pack_ack, pong,
     shared_key_digest,
@@ -60,6 +66,8 @@ log = logging.getLogger(__name__)
 RECV_SIZE = 64 * 1024 # bytes per recv
 HANDSHAKE_TIMEOUT = 10.0  # seconds for the TLS and shared-key handshakes
 JOIN_TIMEOUT = 5.0        # seconds stop() waits for each thread
+MAX_CONNECTIONS = 512     # the config's default (ftwatch.config.watch.ListenerLimits says why)
+IDLE_TIMEOUT = 120.0      # seconds; the config's default, as above
 
 
 class ForwardSource:
@@ -75,16 +83,21 @@ class ForwardSource:
         max_connection_buffer: bytes one request may span (fluent-bit in_forward's
             ``buffer_max_size`` default, 6 MiB); a longer one closes the connection.
         name: the source's name in logs.
+        max_connections: connections held at once; one more is closed at once (module doc).
+        idle_timeout: seconds a connection may send nothing before it is closed.
+        count: called with ``(name, event)`` per connection event (``ConnectionGate``), or None.
 
     Attributes:
         stats: a snapshot dict: ``connections`` (accepted), ``active``, ``messages`` (data
-            requests queued), ``entries``, ``bytes`` (received), ``acks``, ``errors``.
+            requests queued), ``entries``, ``bytes`` (received), ``acks``, ``errors``,
+            ``refused`` (over ``max_connections``), ``idle_closed``.
     """
 
     def __init__(self, out: queue.Queue, host: str = "127.0.0.1", port: int = 24224,
                  shared_key: str | None = None, self_hostname: str = "ftwatch",
                  tls: ssl.SSLContext | None = None, max_connection_buffer: int = MAX_FRAME_SIZE,
-                 name: str = "forward"):
+                 name: str = "forward", max_connections: int = MAX_CONNECTIONS,
+                 idle_timeout: float = IDLE_TIMEOUT, count: Any = None):
         self.out = out
         self.host = host
         self._port = port
@@ -93,6 +106,7 @@ class ForwardSource:
         self.tls = tls
         self.max_connection_buffer = max_connection_buffer
         self.name = name
+        self.gate = ConnectionGate(name, max_connections, idle_timeout, count)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._stats = dict.fromkeys(("connections", "active", "messages", "entries", "bytes",
@@ -111,8 +125,9 @@ class ForwardSource:
     @property
     def stats(self) -> dict[str, int]:
         """A copy of the counters (see the class doc)."""
+        gate = self.gate.stats
         with self._lock:
-            return dict(self._stats)
+            return {**self._stats, "refused": gate["refused"], "idle_closed": gate["idle_closed"]}
 
     @property
     def buffered(self) -> int:
@@ -192,10 +207,20 @@ class ForwardSource:
                     except OSError as err:
                         log.warning("%s: accept failed: %s", self.name, err)
                         continue
-                    self._spawn(conn, peer)
+                    if not self.gate.admit():
+                        log.warning("%s: refused a connection from %s: %d connections open already",
+                                    self.name, peer, self.gate.max_connections)
+                        conn.close()
+                        continue
+                    try:
+                        self._spawn(conn, peer)
+                    except Exception:     # no thread: give its slot back (SPEC Q1: go on)
+                        self.gate.release()
+                        conn.close()
+                        log.exception("%s: cannot serve a connection from %s", self.name, peer)
 
     def _spawn(self, conn: socket.socket, peer: Any) -> None:
-        conn.setblocking(True)
+        conn.settimeout(self.gate.idle_timeout)   # blocking reads that end when it is idle
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         decoder = ForwardDecoder(self.max_connection_buffer)
         thread = threading.Thread(target=self._serve, args=(conn, peer, decoder),
@@ -222,7 +247,7 @@ class ForwardSource:
                     return
                 sock.do_handshake()
                 if self.shared_key is None:
-                    sock.settimeout(None)
+                    sock.settimeout(self.gate.idle_timeout)
             self._read(sock, peer, decoder)
         except ForwardProtocolError as err:
             self._count(errors=1)
@@ -243,6 +268,7 @@ class ForwardSource:
             with self._lock:
                 self._conns.pop(key, None)
                 self._stats["active"] -= 1
+            self.gate.release()
 
     def _read(self, sock: socket.socket, peer: Any, decoder: ForwardDecoder) -> None:
         nonce = None
@@ -252,7 +278,15 @@ class ForwardSource:
         buf = bytearray(RECV_SIZE)
         view = memoryview(buf)
         while not self._stopping.is_set():
-            n = sock.recv_into(buf)
+            try:
+                n = sock.recv_into(buf)
+            except TimeoutError:
+                if nonce is not None:     # the shared-key handshake timed out: an error
+                    raise
+                self.gate.idle_closed()
+                log.info("%s: closing the connection from %s: idle for %gs", self.name, peer,
+                         self.gate.idle_timeout)
+                return
             if n == 0:
                 return
             self._count(bytes=n)
@@ -279,7 +313,7 @@ class ForwardSource:
                 raise ForwardProtocolError(f"shared key mismatch (client {event.client_hostname!r})")
             sock.sendall(pong(True, "", self.self_hostname, shared_key_digest(
                 event.shared_key_salt, self.self_hostname, nonce, self.shared_key)))
-            sock.settimeout(None)
+            sock.settimeout(self.gate.idle_timeout)
             log.info("%s: %s authenticated as %r", self.name, peer, event.client_hostname)
             return None
         if nonce is not None:

@@ -24,6 +24,11 @@ Answers: 200 queued; 400 malformed body (nothing queued, counted); 401 missing o
 Bearer <token>``); 404 another path; 405 not POST; 411 no Content-Length; 413 body, or its
 gzip expansion, over ``max_body``; 415 unknown encoding; 503 stopping.
 
+Connections (issue 17, :mod:`ftwatch.pipeline.sources.connlimit`): at most ``max_connections``
+at once (one more is closed as soon as it is accepted, unanswered, counted ``refused``); a
+connection that sends nothing for ``idle_timeout`` seconds, between requests or inside one, is
+closed (``idle_closed``).
+
 Binds to 127.0.0.1 unless told otherwise (SPEC Q2).
 """
 
@@ -33,6 +38,7 @@ import hmac
 import json
 import logging
 import queue
+import sys
 import threading
 import time
 import zlib
@@ -43,13 +49,15 @@ from typing import Any
 from ftwatch.errors import SourceError
 from ftwatch.parsers.envelopes import parse_rfc3339
 from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
+from ftwatch.pipeline.sources.connlimit import ConnectionGate
 
 __all__ = ["HttpSource", "HttpStats", "decode_records"]
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024 * 1024
-IDLE_TIMEOUT = 120.0  # seconds a connection may sit idle or stall mid-request
+IDLE_TIMEOUT = 120.0  # seconds a connection may sit idle or stall mid-request (the config's default)
+MAX_CONNECTIONS = 512  # connections at once (the config's default; ftwatch.config.watch.ListenerLimits)
 DRAIN_MAX = 64 * 1024 * 1024   # a rejected request's body up to this is read and dropped (keep-alive)
 
 
@@ -133,15 +141,21 @@ class HttpSource:
         name: the source's name.
         tag_header: the header ``header_tag`` sends the tag in.
         date_key: out_http's ``json_date_key``.
+        max_connections: connections held at once; one more is closed at once (module doc).
+        idle_timeout: seconds a connection may send nothing before it is closed.
+        count: called with ``(name, event)`` per connection event (``ConnectionGate``), or None.
 
     Attributes:
         port: the bound port (after ``start``).
         stats: the counters.
+        gate: the connection limits and their counts (``gate.stats``).
     """
 
     def __init__(self, out: queue.Queue, host: str = "127.0.0.1", port: int = 0, path: str = "/",
                  token: str | None = None, max_body: int = MAX_BODY, name: str = "http", *,
-                 tag_header: str = "FLUENT-TAG", date_key: str = "date"):
+                 tag_header: str = "FLUENT-TAG", date_key: str = "date",
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 count: Any = None):
         self.out = out
         self.host = host
         self.port = port
@@ -152,6 +166,7 @@ class HttpSource:
         self.tag_header = tag_header
         self.date_key = date_key
         self.stats = HttpStats()
+        self.gate = ConnectionGate(name, max_connections, idle_timeout, count)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
@@ -164,7 +179,7 @@ class HttpSource:
             SourceError: when the address cannot be bound.
         """
         try:
-            server = ThreadingHTTPServer((self.host, self.port), _handler_for(self))
+            server = _GatedServer((self.host, self.port), _handler_for(self), self.gate)
         except OSError as exc:
             raise SourceError(f"{self.name}: cannot listen on {self.host}:{self.port}: {exc}") from exc
         server.daemon_threads = True
@@ -234,17 +249,58 @@ def _time_of(value: Any, received: float) -> float:
     return received
 
 
+class _GatedServer(ThreadingHTTPServer):
+    """A ThreadingHTTPServer that serves at most ``gate.max_connections`` connections at once."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], gate: ConnectionGate):
+        self.gate = gate
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self.gate.admit():
+            return True
+        log.warning("%s: refused a connection from %s: %d connections open already",
+                    self.gate.name, client_address, self.gate.max_connections)
+        return False                  # socketserver closes it unanswered
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except BaseException:         # no thread started: its slot is free again
+            self.gate.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.gate.release()
+
+
 def _handler_for(source: HttpSource) -> type[BaseHTTPRequestHandler]:
     """A request-handler class bound to ``source``."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"     # keep-alive, as fluent-bit's upstream connections expect
-        timeout = IDLE_TIMEOUT
+        timeout = source.gate.idle_timeout
         server_version = "ftwatch"
         sys_version = ""
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
             log.debug("%s: %s " + format, source.name, self.address_string(), *args)
+
+        def log_error(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+            # handle_one_request calls this from its ``except TimeoutError`` (then closes the
+            # connection): the wait for a request line timed out, i.e. the connection was idle.
+            if isinstance(sys.exc_info()[1], TimeoutError):
+                self._idle()
+                return
+            self.log_message(format, *args)
+
+        def _idle(self) -> None:
+            source.gate.idle_closed()
+            log.info("%s: closing the connection from %s: idle for %gs", source.name,
+                     self.address_string(), source.gate.idle_timeout)
 
         def _answer(self, code: int, text: str, close: bool = False) -> None:
             body = (text + "\n").encode()
@@ -303,7 +359,9 @@ def _handler_for(source: HttpSource) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 body = self.rfile.read(length)
-            except OSError:               # the client stalled past IDLE_TIMEOUT or went away
+            except OSError as exc:        # the client stalled past idle_timeout or went away
+                if isinstance(exc, TimeoutError):
+                    self._idle()
                 body = b""
             if len(body) < length:
                 self.close_connection = True

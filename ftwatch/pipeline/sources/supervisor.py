@@ -20,7 +20,10 @@ holds the streams ``DONE_TIMEOUT`` s longer, can make output follow the exit). G
 until :meth:`~Supervisor.stop_all`, a restart or :meth:`~Supervisor.close`. Main processes are
 reaped only then: the zombie keeps the group id from being reused, so a signal to the group never
 reaches an unrelated process. Nothing is left behind after ``close`` (a finalizer also kills the
-groups at interpreter exit); only a SIGKILL of ftwatch itself can leave workers running.
+groups at interpreter exit). A SIGKILL of ftwatch itself kills every worker's main process through
+the parent-death signal; with a ``record`` (:class:`~ftwatch.pipeline.sources.orphans.WorkerRecord`)
+the live groups are also kept in the state directory, so that the next start reaps what is left
+(a worker's children): ``ftwatch.pipeline.sources.orphans``.
 
 Signals. ``stop_all`` and ``close`` may be called from a Python signal handler. If the handler
 interrupted this supervisor's own ``start_all``, ``restart_instance``, ``stop_all`` or ``close``, the
@@ -44,6 +47,7 @@ from typing import Iterator, Mapping, Sequence
 
 from ftwatch.errors import SourceError
 from ftwatch.events import Origin, ProcessExit
+from ftwatch.pipeline.sources.orphans import WorkerRecord, die_with_parent_hook, process_start
 from ftwatch.pipeline.sources.process import Output, Started, start_readers  # re-exported
 
 EXIT_LINGER = 2.0          # seconds a worker's leftovers may keep its pipes open after it exits
@@ -65,6 +69,10 @@ class _Worker:
 class Supervisor:
     """Starts, watches, stops and restarts N local workers.
 
+    Call :meth:`start_all` and :meth:`restart_instance` from a thread that lives as long as the
+    workers should: each worker gets SIGKILL when the thread that started it ends (Linux's
+    parent-death signal belongs to the starting thread; ``ftwatch.pipeline.sources.orphans``).
+
     Args:
         command: the argv every worker runs.
         nproc: how many workers (ranks 0 .. nproc-1); >= 1.
@@ -75,6 +83,8 @@ class Supervisor:
         master_port: ``MASTER_PORT``; 0 picks a free port at each :meth:`start_all`.
         env: extra environment on top of ``os.environ`` (the variables above win).
         cwd: the workers' working directory.
+        record: where the live process groups are recorded for the next start to reap (none
+            when None); its :meth:`~WorkerRecord.env` joins the workers' environment.
 
     Raises:
         ValueError: an empty command or ``nproc < 1``.
@@ -82,13 +92,15 @@ class Supervisor:
 
     def __init__(self, command: Sequence[str], nproc: int, *, job: str = "local", node: str | None = None,
                  grace_period: float = 10.0, master_addr: str = "127.0.0.1", master_port: int = 0,
-                 env: Mapping[str, str] | None = None, cwd: str | None = None):
+                 env: Mapping[str, str] | None = None, cwd: str | None = None,
+                 record: WorkerRecord | None = None):
         if not command:
             raise ValueError("empty command")
         if nproc < 1:
             raise ValueError(f"nproc must be >= 1, got {nproc}")
         self.command, self.nproc, self.job, self.node = list(command), nproc, job, node or socket.gethostname()
         self.grace_period, self.env, self.cwd = grace_period, dict(env or {}), cwd
+        self.record = record
         self.master_addr, self.master_port, self._fixed_port = master_addr, master_port, master_port
         self.restart_count = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()   # reentrant put: safe with signals
@@ -103,7 +115,7 @@ class Supervisor:
         self._pending: str | None = None       # "stop" / "close" asked for by a signal handler
         self._hurry = threading.Event()        # skip the rest of the grace period
         self._stopping = self._closed = False
-        self._groups: set[int] = set()         # unreaped process groups, for the finalizer
+        self._groups: dict[int, int | None] = {}   # unreaped process groups -> leader start ticks
         self._finalizer = weakref.finalize(self, _kill_groups, self._groups)
 
     def start_all(self, restart_count: int, *, reschedule: bool = False) -> None:
@@ -277,16 +289,18 @@ class Supervisor:
             "TORCHELASTIC_RUN_ID": self.job,
             "MA_SCHEDULE_CNT": str(self._schedule_cnt), "MA_PROC_START_CNT": str(self._proc_starts[rank] + 1),
             "FTWATCH_ATTEMPT": str(self._starts[rank] + 1), "FTWATCH_JOB": self.job,
-            "FTWATCH_INSTANCE": f"worker-{rank}"}}
+            "FTWATCH_INSTANCE": f"worker-{rank}", **(self.record.env() if self.record else {})}}
         popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, env=env, cwd=self.cwd, start_new_session=True)
+                                 stderr=subprocess.PIPE, env=env, cwd=self.cwd, start_new_session=True,
+                                 preexec_fn=die_with_parent_hook())
         self._proc_starts[rank] += 1
         self._starts[rank] += 1
         origin = Origin(f"worker-{rank}", rank, self.job, self.node, "process", "process")
         w = _Worker(rank, popen, origin)
         with self._lock:
             self._workers[rank] = w
-            self._groups.add(popen.pid)
+            self._groups[popen.pid] = process_start(popen.pid)
+            self._write_record()
         self._queue.put(Started(origin, popen.pid, time.time(), self._starts[rank]))
         w.readers = start_readers({"stdout": popen.stdout, "stderr": popen.stderr}, origin, self._queue)
         threading.Thread(target=self._wait, args=(w,), name=f"ftwatch-wait-{rank}", daemon=True).start()
@@ -372,7 +386,8 @@ class Supervisor:
             except (subprocess.TimeoutExpired, ChildProcessError):
                 pass
             w.reaped = True
-            self._groups.discard(w.popen.pid)
+            self._groups.pop(w.popen.pid, None)
+            self._write_record()
             if w in self._old:
                 self._old.remove(w)
 
@@ -382,6 +397,12 @@ class Supervisor:
         self._stop(0.0, term=False)
         self._closed = True
         self._finalizer()
+        if self.record is not None:
+            self.record.remove()
+
+    def _write_record(self) -> None:     # with the lock
+        if self.record is not None:
+            self.record.write(self._groups)
 
 
 def _killpg(w: _Worker, sig: int) -> None:
@@ -394,7 +415,7 @@ def _killpg(w: _Worker, sig: int) -> None:
         pass
 
 
-def _kill_groups(groups: set[int]) -> None:
+def _kill_groups(groups: dict[int, int | None]) -> None:
     """Finalizer: SIGKILL every unreaped group (the supervisor was dropped or the interpreter exits)."""
     for pgid in list(groups):
         try:

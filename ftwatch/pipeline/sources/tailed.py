@@ -11,7 +11,7 @@ class TailedFile:
     """One followed file (one inode) and where reading stands."""
 
     __slots__ = ("dev", "ino", "path", "fd", "pos", "carry", "carried", "skipping", "fp",
-                 "size_seen", "rotated_at", "deleted", "saved")
+                 "size_seen", "rotated_at", "deleted", "saved", "mark", "salvage")
 
     def __init__(self, dev: int, ino: int, path: str, fd: int, pos: int, fp: bytes):
         self.dev, self.ino, self.path, self.fd = dev, ino, path, fd
@@ -24,6 +24,8 @@ class TailedFile:
         self.rotated_at: float | None = None  # clock() when it left its path (still named elsewhere)
         self.deleted = False      # no name left: read to the end, then close
         self.saved = -1           # the offset last handed to the OffsetStore
+        self.mark = b""           # the bytes just before ``saved`` (a copy of the file agrees with them)
+        self.salvage = None       # rotated.Known: it was truncated; read what followed this from its copy
 
     @property
     def offset(self) -> int:
