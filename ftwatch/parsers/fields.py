@@ -10,7 +10,7 @@ import calendar
 import re
 from datetime import datetime
 
-__all__ = ["clean", "split_rank_prefix", "parse_timestamp", "level_of"]
+__all__ = ["clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "level_of"]
 
 # ECMA-48 escape sequences, as terminals print them:
 #   CSI  ESC [ params intermediates final        colours \x1b[31m, cursor moves \x1b[2K
@@ -57,6 +57,12 @@ _CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MONTH
                     + r" {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})(?![\d:])")
 _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
 _NEAR = 40  # characters: how far into the line an ISO timestamp may start
+
+# The last line (from ``pos`` on) with a time of day near its start: every timestamp format above
+# has one within the first _HEAD_BYTES of the line (rank prefixes and a plog head included).
+_HEAD_BYTES = 240
+_LAST_CLOCK = re.compile(rb"(?s).*^()[^\n]{0,%d}?\d\d:\d\d:\d\d" % _HEAD_BYTES, re.MULTILINE)
+_MAX_TRIES = 16  # lines with a time of day but no timestamp tried before giving up
 
 _GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _LEVEL_WORD = re.compile(r"\b(CRITICAL|FATAL|ERROR|WARNING|WARN|INFO)\b")
@@ -188,6 +194,39 @@ def parse_timestamp(text: str, year: int | None) -> float | None:
     if m is not None:
         millis, micros, frac = m.group(7, 8, 9)
         return _epoch(m.groups()[:6] + (millis + micros if millis else frac,), None, m.group(10))
+    return None
+
+
+def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int, float] | None:
+    """Finds the last line starting in ``data[lo:hi]`` that carries a timestamp.
+
+    The candidates (lines with a time of day near their start) are found from the end by one
+    regex search, in C; only they are decoded and parsed (:func:`parse_timestamp`), at most
+    16 of them. So a chunk's lines that carry no timestamp cost no Python work.
+
+    Args:
+        data: complete lines (``b"\\n"``-separated), ANSI escapes removed or not.
+        lo: where the search starts: 0 or the start of a line.
+        hi: where it ends (exclusive): the start of the line whose predecessor is wanted, or
+            ``len(data)``.
+        year: the year for stamps without one (glog, syslog); None: those do not count.
+
+    Returns:
+        (the line's start offset, epoch seconds), or None when no line there has a timestamp.
+    """
+    end = hi
+    for _ in range(_MAX_TRIES):
+        if end <= lo:
+            return None
+        m = _LAST_CLOCK.match(data, lo, end)
+        if m is None:
+            return None
+        line = m.start(1)
+        eol = data.find(b"\n", line, line + _HEAD_BYTES + 16)
+        stamp = parse_timestamp(clean(data[line:eol if eol >= 0 else line + _HEAD_BYTES + 16]), year)
+        if stamp is not None:
+            return line, stamp
+        end = line
     return None
 
 

@@ -98,6 +98,7 @@ class Engine:
         self._pending: dict[Origin, _Pending] = {}
         self._line_pos = self._line_no = 0
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
+        self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
         self._compile(list(rules))
 
     # -- set-up ---------------------------------------------------------------------------
@@ -137,8 +138,10 @@ class Engine:
             data: complete lines (``b"\\n"``-separated); the last may lack its newline.
             time: epoch seconds the chunk was received (or the replay clock's time).
             final: the stream ended: close any open block instead of carrying it.
-            sim_step: seconds added per line for lines without a timestamp (replay's
-                simulated clock); 0 gives every such line ``time``.
+            sim_step: replay's simulated clock: a line without a timestamp takes the time of
+                the last line with one before it in ``data``, plus ``sim_step`` seconds per line
+                between them; with none before it, ``time`` plus ``sim_step`` per line from the
+                chunk's start. 0 gives every such line ``time`` (live: the time it was read).
 
         Returns:
             The findings, in input order.
@@ -149,6 +152,7 @@ class Engine:
         now = time
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
+        self._stamped = (0, None)                   # the last stamp search of this feed
         pending = self._pending.pop(origin, None)
         if pending is not None:
             data = pending.data + data
@@ -205,11 +209,6 @@ class Engine:
         self.stats.findings += len(findings)
         return findings
 
-    def set_steps(self, steps: StepTap | None) -> None:
-        """Attach a step-line tap (H3, ``ftwatch.rules.stragglers.StepTracker``); recompiles."""
-        self.steps = steps
-        self._compile(self.rules)
-
     def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
               sim_step: float) -> list[Finding]:
         """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
@@ -227,10 +226,12 @@ class Engine:
             return []
         return self.feed(origin, b"", time, final=True)
 
-    def flush_stale(self, now: float, timeout: float) -> list[Finding]:
-        """Close every open block older than ``timeout`` seconds (P1 flush timeout)."""
+    def flush_stale(self, now: float, timeout: float, job: str | None = None) -> list[Finding]:
+        """Close every open block older than ``timeout`` seconds (P1 flush timeout); only those
+        of ``job`` when given."""
         out: list[Finding] = []
-        for origin in [o for o, p in self._pending.items() if now - p.since >= timeout]:
+        for origin in [o for o, p in self._pending.items()
+                       if now - p.since >= timeout and (job is None or o.job == job)]:
             out.extend(self.flush(origin, now))
         return out
 
@@ -260,8 +261,19 @@ class Engine:
         self._pending[origin] = _Pending(rest, now, base, skip)
 
     def _base_time(self, data: bytes, start: int, time: float, sim_step: float) -> float:
-        """The time of the line at ``start`` when it carries no timestamp of its own."""
+        """The time of the line at ``start`` when it carries no timestamp of its own (see
+        ``feed``'s ``sim_step``). Hits come mostly in order, so each search for the stamp
+        before a hit covers only the lines since the previous one."""
         if sim_step:
+            searched, found = self._stamped
+            year = self.year or _year_of(time)
+            if start >= searched:
+                found = fields.last_timestamp(data, searched, start, year) or found
+                self._stamped = (start, found)
+            else:                                   # a block's first line, before the last hit
+                found = fields.last_timestamp(data, 0, start, year)
+            if found is not None:
+                return found[1] + data.count(b"\n", found[0], start) * sim_step
             return time + self._line_index(data, start) * sim_step
         return self._carry_time if start < self._carry_end else time
 
