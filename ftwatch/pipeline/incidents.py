@@ -211,9 +211,9 @@ class IncidentDesk:
             due = self.open
         return due
 
-    def settled(self, mono: float) -> bool:
-        """True when no incident is settling at ``mono``."""
-        return self.open is None or mono >= self._settle_until
+    def settle_left(self, mono: float) -> float:
+        """Seconds the open incident still settles at ``mono``; 0 when none is settling."""
+        return 0.0 if self.open is None else max(0.0, self._settle_until - mono)
 
     # -- deciding ------------------------------------------------------------------------------
 
