@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import calendar
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 
-__all__ = ["clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "level_of"]
+__all__ = ["clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "year_of", "level_of"]
 
 # ECMA-48 escape sequences, as terminals print them:
 #   CSI  ESC [ params intermediates final        colours \x1b[31m, cursor moves \x1b[2K
@@ -228,6 +228,11 @@ def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int
             return line, stamp
         end = line
     return None
+
+
+def year_of(t: float) -> int:
+    """The UTC year of epoch seconds ``t``: the year for stamps that carry none (glog, syslog)."""
+    return datetime.fromtimestamp(t, tz=timezone.utc).year
 
 
 def level_of(text: str) -> str | None:

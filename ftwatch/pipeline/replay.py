@@ -30,7 +30,6 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -103,7 +102,7 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     desk = IncidentDesk(job, engine, policy, recorder, exits=False, summaries="close", exit_origin=exit_origin)
     total = 0
     own_year = engine.year
-    default_year = own_year or _year_of(SIM_START)
+    default_year = own_year or fields.year_of(SIM_START)
     anchors = [anchor(Path(path), default_year) for path in paths]
     fallback = min((a for a in anchors if a is not None), default=(SIM_START, own_year))
     ends = [fallback[0]]                    # each file's clock at its end
@@ -149,7 +148,7 @@ def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
     this file, when hang detection is on; returns (bytes read, the clock at the end).
     """
     total = 0
-    year = desk.engine.year or _year_of(base)
+    year = desk.engine.year or fields.year_of(base)
     with open(path, "rb") as fh:
         parts: list[bytes] = []         # a line longer than a chunk, read so far
         while True:
@@ -217,7 +216,7 @@ def anchor(path: Path, year: int) -> tuple[float, int] | None:
     for text in texts:
         stamp = fields.parse_timestamp(text, None)
         if stamp is not None:
-            year = _year_of(stamp)
+            year = fields.year_of(stamp)
             break
     for index, text in enumerate(texts):
         stamp = fields.parse_timestamp(text, year)
@@ -225,6 +224,3 @@ def anchor(path: Path, year: int) -> tuple[float, int] | None:
             return stamp - index * SIM_STEP, year
     return None
 
-
-def _year_of(t: float) -> int:
-    return datetime.fromtimestamp(t, tz=timezone.utc).year

@@ -16,6 +16,13 @@ found in it) the highest ``priority`` wins, then the most drastic action. That i
 traceback ending in a gloo "Connection closed by peer" is fallout and not user code.
 A Finding keeps at most ``MAX_LINE_CHARS`` characters of each line (Q1): a 10 MB hit line
 is cut in the middle, with a marker saying how much went.
+
+A hit line without a timestamp is at the time its chunk was read (live), or, in a replay
+(``feed``'s ``sim_step``), at the time of the last timestamped line before it in the chunk,
+found by one backward search over the lines since the previous hit
+(``ftwatch.parsers.fields.last_timestamp``). Over 400 lines on purpose: scanning, carrying
+blocks and dating records share one feed's state (the carried part, the line count, the last
+stamp found), which a split would pass between modules on every hit.
 """
 
 from __future__ import annotations
@@ -213,7 +220,7 @@ class Engine:
               sim_step: float) -> list[Finding]:
         """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
         rank, text = fields.split_rank_prefix(fields.clean(_line_at(data, start)))
-        stamp = fields.parse_timestamp(text, self.year or _year_of(time))
+        stamp = fields.parse_timestamp(text, self.year or fields.year_of(time))
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
         index = min(self._step_ids[i] for i in ids if i in self._step_ids)
@@ -266,7 +273,7 @@ class Engine:
         before a hit covers only the lines since the previous one."""
         if sim_step:
             searched, found = self._stamped
-            year = self.year or _year_of(time)
+            year = self.year or fields.year_of(time)
             if start >= searched:
                 found = fields.last_timestamp(data, searched, start, year) or found
                 self._stamped = (start, found)
@@ -311,7 +318,7 @@ class Engine:
 
     def _record(self, origin: Origin, rank: int | None, texts: list[str], data: bytes,
                 start: int, time: float, sim_step: float) -> Record:
-        year = self.year or _year_of(time)
+        year = self.year or fields.year_of(time)
         stamp = fields.parse_timestamp(texts[0], year)
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
@@ -424,7 +431,3 @@ def _size(chars: int) -> str:
         return f"{chars / 1e3:.1f} kB"
     return f"{chars} B"
 
-
-def _year_of(t: float) -> int:
-    import datetime as _dt
-    return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).year
