@@ -329,9 +329,12 @@ class JobRunner(RecoveryActs):
 
     def _settle(self, state: _Attempt) -> None:
         """Give the other workers the desk's settle time (SETTLE_SECONDS from the incident's
-        opening) to print (or exit with) their own errors."""
-        while self.supervisor.running() and (left := self.desk.settle_left(self.clock.mono())) > 0:
-            for item in self.supervisor.poll(min(POLL_SECONDS, left)):
+        opening; from now for a trigger the desk did not open, e.g. a fault a retry did not
+        answer) to print (or exit with) their own errors."""
+        mono = self.clock.mono()
+        deadline = mono + (self.desk.settle_left(mono) if self.desk.open is not None else SETTLE_SECONDS)
+        while self.supervisor.running() and self.clock.mono() < deadline:
+            for item in self.supervisor.poll(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono()))):
                 self._handle(item, state)
 
     def _stop_and_drain(self, state: _Attempt) -> None:
