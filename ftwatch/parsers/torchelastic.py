@@ -144,6 +144,11 @@ class SummaryLines:
         self._open = not closed
         return closed
 
+    @property
+    def pending(self) -> bool:
+        """True while it holds lines not handed out by :meth:`failures`."""
+        return bool(self.lines)
+
     def failures(self) -> list[SummaryFailure]:
         """The failures of every summary read so far (an unclosed one too); forgets them."""
         lines, self.lines, self._open = self.lines, [], False

@@ -137,9 +137,7 @@ class IncidentDesk:
         self.recorder.output(origin, lines, len(data), time)
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step)
         if self.summaries is not None:
-            summary = self._summary_lines.setdefault(origin, SummaryLines())
-            if summary.take(data) and self.summaries == "live":
-                found += self._deaths(summary_exits(summary.failures(), lambda f: self.exit_origin(origin, f), time))
+            found += self._summary(origin, data, time)
         return self.add(found, mono)
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
@@ -278,6 +276,17 @@ class IncidentDesk:
         self.tracker.reset(now, forget=not self.exits)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
+        """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
+        (``summaries="live"``). Only streams with a summary under way keep a reader."""
+        summary = self._summary_lines.pop(origin, None) or SummaryLines()
+        found: list[Finding] = []
+        if summary.take(data) and self.summaries == "live":
+            found = self._deaths(summary_exits(summary.failures(), lambda f: self.exit_origin(origin, f), time))
+        if summary.pending:
+            self._summary_lines[origin] = summary
+        return found
 
     def _deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
         """The findings of exits: ok ones are noted, those ftwatch caused make none."""
