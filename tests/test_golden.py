@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import pytest
 
-from ftwatch.alerting.dispatcher import Dispatcher
+from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
 from ftwatch.cli.evaluate import Case, CaseSpec, Expected, run_case
@@ -96,7 +96,7 @@ def capture(tmp_path: Path, name: str) -> tuple[Recorder, CaptureSink, CaptureNo
     """A Recorder over capture doubles: a sink that keeps what is stored, a receiver that keeps
     what is sent (synchronous delivery)."""
     sink, notifier = CaptureSink(), CaptureNotifier()
-    dispatcher = Dispatcher([notifier], TemplateRenderer("en"), Spool(tmp_path / f"spool-{name}"))
+    dispatcher = Sender([notifier], TemplateRenderer("en"), Spool(tmp_path / f"spool-{name}"))
     return Recorder(sink, None, dispatcher, out=io.StringIO()), sink, notifier
 
 
