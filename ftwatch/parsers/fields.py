@@ -58,10 +58,11 @@ _CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MONTH
 _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
 _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 
-# The last line (from ``pos`` on) with a time of day near its start: every timestamp format above
-# has one within the first _HEAD_BYTES of the line (rank prefixes and a plog head included).
+# The last time of day (from ``pos`` on); the line holding it is parsed from its start: every
+# timestamp format above has one within the first _HEAD_BYTES of its line (rank prefixes and a plog head included). Greedy and unanchored, it
+# runs from the end in C (about 7 ms per MiB without a match; a line-anchored form took 16).
 _HEAD_BYTES = 240
-_LAST_CLOCK = re.compile(rb"(?s).*^()[^\n]{0,%d}?\d\d:\d\d:\d\d" % _HEAD_BYTES, re.MULTILINE)
+_LAST_CLOCK = re.compile(rb"(?s).*(\d\d:\d\d:\d\d)")
 _MAX_TRIES = 16  # lines with a time of day but no timestamp tried before giving up
 
 _GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
@@ -221,9 +222,12 @@ def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int
         m = _LAST_CLOCK.match(data, lo, end)
         if m is None:
             return None
-        line = m.start(1)
-        eol = data.find(b"\n", line, line + _HEAD_BYTES + 16)
-        stamp = parse_timestamp(clean(data[line:eol if eol >= 0 else line + _HEAD_BYTES + 16]), year)
+        clock = m.start(1)
+        line = data.rfind(b"\n", lo, clock)
+        line = lo if line < 0 else line + 1
+        head = line + _HEAD_BYTES
+        eol = data.find(b"\n", line, head)      # the line's head: a later time of day is no stamp
+        stamp = parse_timestamp(clean(data[line:eol if eol >= 0 else head]), year)
         if stamp is not None:
             return line, stamp
         end = line

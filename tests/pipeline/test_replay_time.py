@@ -93,3 +93,10 @@ def test_last_timestamp_parses_only_candidate_lines_and_skips_false_ones():
     assert last_timestamp(data, 0, len(data), 2026) == (xid_at, pytest.approx(XID_AT))   # skips "eta 01:02:03"
     assert last_timestamp(data, 0, xid_at, 2026) == (0, pytest.approx(XID_AT - 36 * 60 - 3))
     assert last_timestamp(data, data.index(b"step 1"), xid_at, 2026) is None
+
+
+def test_a_stamped_line_with_a_later_time_of_day_far_into_it_keeps_its_stamp():
+    """The search finds the last time of day (here far into a long line); the line is read from
+    its start, where its own stamp is."""
+    data = (START + " " + "x" * 400 + " eta 01:02:03\nterminate\n").encode()
+    assert last_timestamp(data, 0, len(data), 2026) == (0, pytest.approx(XID_AT - 36 * 60 - 3))
