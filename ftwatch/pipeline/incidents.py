@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Literal, Sequence
 
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
 from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
+from ftwatch.pipeline.recorder import Recorder
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import HANG_KINDS, failed_instances, opens_incident, pick_trigger
 from ftwatch.rules.engine import Engine
@@ -67,7 +68,7 @@ class IncidentDesk:
         on_findings: called with every batch of new findings after they are recorded.
     """
 
-    def __init__(self, job: str, engine: Engine, policy: Policy, recorder, *, exits: bool,
+    def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
                  settle: float = 0.0, cooldown: float = 0.0,
                  summaries: Literal["live", "close"] | None = None,
                  exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
