@@ -1,6 +1,6 @@
-"""The one place a Config becomes components: the rules, the store (SQLite, plus
-Elasticsearch when configured), the recorder with its event center and receivers.
-A hub: it wires every stage together."""
+"""The one place a Config becomes components: the rules, the engine with its step tap (compiled
+once), the policy, the store (SQLite, plus Elasticsearch when configured), the recorder with its
+event center and receivers. A hub: it wires every stage together."""
 
 from __future__ import annotations
 
@@ -18,6 +18,53 @@ def build_rules(config):
     if config.rules.retryable_errors:
         rules += rules_from_keywords(list(config.rules.retryable_errors))
     return rules
+
+def build_engine(config, rules=None, say=None):
+    """The rule engine of ``run``, ``watch``, ``replay`` and ``evaluate``, its database compiled
+    once, with the step-line tap (H3 stragglers) when ``health.straggler`` is on.
+
+    Args:
+        config: the Config.
+        rules: the rules, when already loaded (``evaluate`` shares them between cases); default
+            :func:`build_rules`.
+        say: where the tap also tells each straggler it finds (``run``: the terminal), or None.
+
+    Raises:
+        RuleError: a rule file is bad (file:line).
+    """
+    from ftwatch.rules.engine import Engine
+    steps = None
+    straggler = config.health.straggler
+    if straggler.enabled:
+        if say is not None:
+            from ftwatch.health.runhook import SayingStepTracker
+            steps = SayingStepTracker(straggler, say)
+        else:
+            from ftwatch.rules.stragglers import StepTracker
+            steps = StepTracker(straggler)
+    return Engine(build_rules(config) if rules is None else rules, steps=steps)
+
+
+def build_policy(config, job: str, budgets=None, state_dir: Path | None = None, in_memory: bool = False):
+    """The one place a job's Policy is made: the AIMaster flags, ModelArts and the recovery
+    settings of ``config``.
+
+    Args:
+        config: the Config.
+        job: the job id.
+        budgets: the job's BudgetStore; default ``BudgetStore.for_job`` under the state dir.
+        state_dir: where budgets, chip-fault history and node blame live; default
+            ``config.storage.state_dir``.
+        in_memory: the chip-fault history and node blame stay in memory (``replay``,
+            ``evaluate``: a replay never counts against the real jobs).
+    """
+    from ftwatch.policy.budgets import BudgetStore
+    from ftwatch.policy.policy import Policy
+    state = Path(state_dir if state_dir is not None else config.storage.state_dir)
+    if budgets is None:
+        budgets = BudgetStore.for_job(state, job)
+    return Policy.for_config(config, budgets, job, state_dir=state, in_memory=in_memory)
+
 
 def build_store(config: Any, state_dir: Path) -> Any:
     """The store the recorder writes to: the SQLite store, fanned out to Elasticsearch when

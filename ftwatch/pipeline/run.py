@@ -1,10 +1,12 @@
 """``ftwatch run``: supervise the workers, feed their output to the engine, decide, act, report.
 
-One loop, one thread (the supervisor's reader threads only fill its queue):
+One loop, one thread (the supervisor's reader threads only fill its queue). What comes in goes to
+the job's incident desk (``ftwatch.pipeline.incidents``: engine, hang tracker, findings, what opens
+an incident and which instances failed, as in ``watch`` and ``replay``); the rest is acting:
 
-    poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
-                    -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
-    every tick      -> flush stale blocks, hang / exit-hang check
+    poll supervisor -> Output: print with rank prefix, desk.output
+                    -> ProcessExit: desk.exited (that instance's open blocks, exit finding)
+    every tick      -> desk.tick: stale blocks, hang / exit-hang check
     incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.decide -> act
                        (Async) policy.decide -> restart that instance / fail
                        hang, C4D record, notify / isolate finding: decide first; notify stops
@@ -29,11 +31,13 @@ from typing import Sequence, TextIO
 from ftwatch.clock import SystemClock
 from ftwatch.config.model import Config
 from ftwatch.config.mindcluster import policy_overrides
-from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Target
+from ftwatch.events import Action, Decision, Finding, ProcessExit, Target
 from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.actuators.local import RecoveryActs
 from ftwatch.pipeline.sources.control import ControlServer
+from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.echo import echo_text
+from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler, isolate_devices, plan, retry_candidate
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
@@ -42,23 +46,12 @@ from ftwatch.pipeline.sources.orphans import WorkerRecord
 from ftwatch.pipeline.sources.supervisor import Output, Started, Supervisor
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
-from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
-from ftwatch.policy.triggers import opens_incident
 from ftwatch.rules.loader import rules_from_keywords
-from ftwatch.policy.policy import Incident, Policy
-from ftwatch.rules.timers import HangTracker
-
-POLL_SECONDS = 0.2         # how often the loop wakes with nothing to read (the Tick period)
-SETTLE_SECONDS = 1.0       # after a failure, how long the others may show their own errors
-BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
-_STREAMS = ("stdout", "stderr")
 
 
 @dataclass
 class _Attempt:
-    findings: list[Finding] = field(default_factory=list)
-    failed: set[str] = field(default_factory=set)
-    ok: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)           # the desk's set of failed instances
     retry: list[Finding] = field(default_factory=list)      # faults a MindCluster retry may answer
     retried: set[str] = field(default_factory=set)          # their fingerprints, once each
 
@@ -89,8 +82,7 @@ class JobRunner(RecoveryActs):
         self.mc = config.mindcluster
         state_dir = Path(config.storage.state_dir)
         self.budgets = BudgetStore.for_job(state_dir, job)
-        self.policy = Policy.for_config(config, self.budgets, job)
-        self.exit_table = ExitCodeTable.load()
+        self.policy = build_policy(config, job, self.budgets)
         sup = config.supervisor
         self.slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
         self.nproc = self.slots.nproc
@@ -107,8 +99,10 @@ class JobRunner(RecoveryActs):
         pol = config.policy
         sync = pol.job_execution_mode == "Sync"
         hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
-        self.tracker = HangTracker(
-            hang, float(pol.job_exit_hang_interval) if pol.enable_job_exit_hang_detection and sync else None)
+        # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
+        self.desk = IncidentDesk(job, engine, self.policy, recorder, exits=True,
+                                 settle=SETTLE_SECONDS if sync else 0.0, on_findings=self._retry_candidates)
+        self.tracker = self.desk.tracker
         self.controls = RecoveryHandler(
             engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
             budgets=lambda: (self.budgets.restarts_used,
@@ -118,13 +112,11 @@ class JobRunner(RecoveryActs):
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
         self.live = sup.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
         self.scene = Scene()
-        self.health = HealthChecks(config, recorder, job, self.node, self.nproc, self.slots.active)   # H1, H3
-        if self.health.steps is not None:
-            engine.set_steps(self.health.steps)
+        self.health = HealthChecks(config, recorder, job, self.node, self.nproc, self.slots.active,
+                                   steps=engine.steps)   # H1, H3
         self._stop_requested = threading.Event()
-        self._state = _Attempt()
+        self._state = _Attempt(self.desk.failed)
         self._reschedule = False     # the next start moves the job (isolation, MindCluster recover): A2
-        self._hang_notified = False  # a hang only notified: the hang timer re-arms when output resumes
         self.final: Decision | None = None
 
     # -- public -----------------------------------------------------------------------------
@@ -160,9 +152,12 @@ class JobRunner(RecoveryActs):
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
             if self.slots.isolated:
                 self.recorder.say(f"ftwatch: {self.slots.describe()}")
-            self.tracker.reset(self.clock.time())
+            self.desk.new_attempt(self.clock.time(), world_size=self.nproc)
+            self._state = _Attempt(self.desk.failed)
             self.controls.new_attempt()
-            decision = self._incident(blocking, _Attempt([blocking])) if blocking is not None else None
+            if blocking is not None:
+                self.desk.add([blocking], record=False)    # stored by the health log already
+            decision = self._incident(blocking, self._state) if blocking is not None else None
             if decision is None:
                 self.supervisor.start_all(restart_count=attempt, reschedule=self._reschedule)
                 self._reschedule = False
@@ -216,7 +211,7 @@ class JobRunner(RecoveryActs):
 
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""
-        state = self._state = _Attempt()
+        state = self._state = _Attempt(self.desk.failed)
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
@@ -237,13 +232,12 @@ class JobRunner(RecoveryActs):
             now = self.clock.time()
             self.recorder.resend_due(self.clock.mono())
             self.recorder.resolve_due(now)
-            self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))
-            for finding in self.tracker.check(now):
-                self._add(state, [finding])
-                decision = self._incident(finding, state)
+            due = self.desk.tick(now, self.clock.mono())     # a hang, or an incident settled
+            if due is not None:
+                decision = self._incident(due, state)
                 if decision is not None:
                     return decision
-            if len(state.ok) == self.nproc and not self.supervisor.running():
+            if len(self.desk.ok) == self.nproc and not self.supervisor.running():
                 decision = self.policy.finished(self.clock.time(), ok=True)
                 self.recorder.decision(decision)
                 return decision
@@ -252,19 +246,10 @@ class JobRunner(RecoveryActs):
         """Take one supervisor event; return a finding that starts an incident, if any."""
         if isinstance(item, Output):
             self._echo(item)
-            self.tracker.output(item.origin.instance, item.time)
-            if self._hang_notified:
-                self._hang_notified = False
-                self.tracker.rearm()
-            data = item.data
-            lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-            self.recorder.output(item.origin, lines, len(data), item.time)
-            found = self.engine.feed(item.origin, item.data, item.time)
-            self._add(state, found)
             # C4D records, notify / isolate findings: an incident while the workers run (R8)
-            return next((f for f in found if opens_incident(f, self.policy.c4d)), None)
+            return self.desk.output(item.origin, item.data, item.time, self.clock.mono())
         if isinstance(item, Started):
-            self.tracker.started(item.origin, item.time)
+            self.desk.started(item.origin, item.time)
             self.scene.started(item.origin.instance, item.origin.rank, item.pid)
             self.recorder.event(item.time, self.job, "instance_start", item.origin.instance,
                                 item.origin.rank, pid=item.pid, start_count=item.start_count)
@@ -277,23 +262,12 @@ class JobRunner(RecoveryActs):
         return None
 
     def _exited(self, exit: ProcessExit, state: _Attempt) -> Finding | None:
-        for stream in _STREAMS:
-            origin = Origin(exit.origin.instance, exit.origin.rank, exit.origin.job,
-                            exit.origin.node, stream, exit.origin.source)
-            self._add(state, self.engine.flush(origin, exit.time))
-        self.tracker.exited(exit.origin, exit.ok, exit.time)
+        """A worker ended: recorded, then judged by the desk (a failing exit is a trigger)."""
         self.recorder.event(exit.time, self.job, "instance_exit", exit.origin.instance, exit.origin.rank,
                             returncode=exit.returncode, signal=exit.signal, stopped_by_us=exit.stopped_by_us)
-        if exit.ok:
-            state.ok.add(exit.origin.instance)
-            return None
-        if exit.stopped_by_us or (self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked):
-            return None                        # stopped by us, or ended while writing its last words
-        state.failed.add(exit.origin.instance)
-        finding = exit_finding(exit, self.exit_table, seq=0)
-        if finding is not None:
-            self._add(state, [finding])
-        return finding
+        # ended while writing the last words we asked for: as if stopped by us
+        dumping = self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked
+        return self.desk.exited(exit, self.clock.mono(), expected=dumping)
 
     def _incident(self, trigger: Finding, state: _Attempt) -> Decision | None:
         """Decide on a failure, a hang or a log finding that opens an incident, and act.
@@ -311,14 +285,10 @@ class JobRunner(RecoveryActs):
         if stop and is_exit and not self.live:
             self._dump()
             self._stop_and_drain(state)
-        incident = Incident(trigger, tuple(state.findings), self.nproc, frozenset(state.failed),
-                            self.budgets.attempt)
-        decision = self.policy.decide(incident, self.clock.time())
+        decision = self.desk.decide(trigger, self.clock.time(), self.clock.mono())
         if not is_exit and decision.action in (Action.NONE, Action.NOTIFY):
             self.recorder.decision(decision)       # told a person (or below the log level): run on
-            if is_hang:
-                self._hang_notified = True
-            return None
+            return None                            # (a hang: the desk re-arms it when output resumes)
         failed = {self._rank(i) for i in state.failed} - {None}
         decision, how = plan(decision, self.mc, failed, bool(self.supervisor.running()))
         decision, isolated = isolate_devices(decision, self.slots)
@@ -358,8 +328,11 @@ class JobRunner(RecoveryActs):
         return w.rank if w is not None else None
 
     def _settle(self, state: _Attempt) -> None:
-        """Give the other workers up to SETTLE_SECONDS to print (or exit with) their own errors."""
-        deadline = self.clock.mono() + SETTLE_SECONDS
+        """Give the other workers the desk's settle time (SETTLE_SECONDS from the incident's
+        opening; from now for a trigger the desk did not open, e.g. a fault a retry did not
+        answer) to print (or exit with) their own errors."""
+        mono = self.clock.mono()
+        deadline = mono + (self.desk.settle_left(mono) if self.desk.open is not None else SETTLE_SECONDS)
         while self.supervisor.running() and self.clock.mono() < deadline:
             for item in self.supervisor.poll(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono()))):
                 self._handle(item, state)
@@ -384,11 +357,13 @@ class JobRunner(RecoveryActs):
     # -- helpers ----------------------------------------------------------------------------
 
     def _add(self, state: _Attempt, findings: list[Finding]) -> None:
-        if findings:
-            state.findings.extend(findings)
-            self.recorder.findings(findings)
-            if self.mc.has("retry"):
-                state.retry += [f for f in findings if retry_candidate(f)]
+        """Findings made beside the output (drained blocks, a Bootcheck): to the desk."""
+        self.desk.add(findings, self.clock.mono())
+
+    def _retry_candidates(self, findings: list[Finding]) -> None:
+        """The desk's ``on_findings``: faults a MindCluster retry may answer."""
+        if self.mc.has("retry"):
+            self._state.retry += [f for f in findings if retry_candidate(f)]
 
     def _echo(self, item: Output) -> None:
         self.out.write(echo_text(item.origin, item.data))
