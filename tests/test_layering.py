@@ -17,7 +17,8 @@ The folder list is the flow, and imports go one way, down this list:
     health/                   pre- and post-run checks: config, rules (the step tap)
     top-level modules         (telemetry, sdk): config
     hubs                      ``cli/*`` (one module per subcommand), ``pipeline/build.py`` (Config ->
-                              components), the drivers ``pipeline/run.py``, ``watch.py``, ``replay.py``,
+                              components), the incident core ``pipeline/incidents.py``, the drivers
+                              ``pipeline/run.py``, ``watch.py``, ``replay.py``,
                               ``pipeline/recorder.py`` and ``testing.py`` (doubles of parts of every
                               stage) may import every stage
 
@@ -42,7 +43,9 @@ PACKAGE = Path(ftwatch.__file__).parent
 STAGES = ("config", "parsers", "rules", "policy", "alerting", "pipeline.sources", "pipeline.actuators",
           "pipeline.sinks", "pipeline", "report", "health", "cli")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
-HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/run.py", "ftwatch/pipeline/watch.py",
+# pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
+HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/run.py",
+                  "ftwatch/pipeline/watch.py",
                   "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py", "ftwatch/testing.py",
                   "ftwatch/__main__.py"}
                  | {"ftwatch/" + p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "cli").glob("*.py")})
@@ -229,9 +232,13 @@ def test_hubs_are_real_and_do_see_several_stages():
     """Keeps HUBS honest: a hub that no longer exists or needs nothing is dropped from the list."""
     for rel in HUBS:
         assert rel in SOURCES or rel == "ftwatch/testing.py", rel
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/run.py"]} >= {"pipeline.sources", "rules", "policy"}
+    # run.py takes its rules through the incident desk and acts through the local actuator
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/run.py"]} >= {"pipeline.sources",
+                                                                                 "pipeline.actuators", "policy"}
     assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/build.py"]} >= {"pipeline.sinks", "rules", "alerting"}
-    assert {stage_of(i.module) for i in SOURCES["ftwatch/cli/replay.py"]} >= {"pipeline", "rules"}
+    # the CLI takes its engine and policy from pipeline/build.py now; it still reaches policy (budgets)
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/cli/replay.py"]} >= {"pipeline", "policy"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/incidents.py"]} >= {"rules", "policy", "parsers"}
 
 
 def test_the_root_holds_only_the_core_and_the_stage_folders():

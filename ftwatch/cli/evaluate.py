@@ -3,9 +3,12 @@
 A corpus is a directory of cases, one sub-directory each (``tests/corpus/README.md``): a
 ``case.yaml`` (where the failure comes from, what its thread concluded, the expected action and
 failure class) and the logs, one file per instance (``rank3.log``) or one combined log, exactly as
-``ftwatch replay`` takes them. Each case runs through :func:`ftwatch.pipeline.replay.replay` with a
-fresh Engine and a fresh budget store in its own temporary directory, under the case's AIMaster
-flags (default :data:`DEFAULT_FLAGS`, the ``make run`` policy without hang detection).
+``ftwatch replay`` takes them. Each case runs through :func:`ftwatch.pipeline.replay.replay` (the
+incident core every driver decides through) with a fresh Engine and Policy built as ``ftwatch
+replay`` builds them (``ftwatch.pipeline.build``: the step tap, the config's ModelArts and recovery
+settings, history and blame in memory) and a fresh budget store in its own temporary directory,
+under the case's AIMaster flags (default :data:`DEFAULT_FLAGS`, the ``make run`` policy without
+hang detection).
 
 The decided failure class is the root cause's class; a decision whose root cause is only fallout
 is read as ``retryable_infra`` (the policy's reading, SPEC D2/R7) and a decision without a root
@@ -14,8 +17,8 @@ class both match (and the root-cause rule, where the case names one). A case mar
 ``known_miss`` is a failure the rules are known to get wrong; it counts against the accuracy but
 does not fail the run on its own.
 
-This module is a hub (tests/test_layering.py): it drives the pipeline's replay with the rules
-stage's engine and policy, as ``cli.cmd_replay`` does.
+This module is a hub (tests/test_layering.py): it drives the pipeline's replay with the engine
+and policy of ``ftwatch.pipeline.build``, as ``ftwatch.cli.replay`` does.
 """
 
 from __future__ import annotations
@@ -33,11 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ftwatch.config.model import Config, parse_aimaster_flags
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.events import Action, FailureClass
+from ftwatch.pipeline.build import build_engine, build_policy
 from ftwatch.pipeline.replay import replay
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.rules.engine import Engine
 from ftwatch.rules.model import Rule
-from ftwatch.policy.policy import Policy
 from ftwatch.config.yamlsource import dotted, line_index, parse_yaml
 from ftwatch.cli.common import ArgumentParser
 
@@ -218,9 +220,11 @@ def run_case(case: Case, rules: Sequence[Rule], base: Config | None = None) -> O
     config = (base or Config()).with_policy(**flags)
     job = case.spec.id
     with tempfile.TemporaryDirectory(prefix="ftwatch-eval-") as tmp:
-        policy = Policy(config.policy, BudgetStore(Path(tmp) / "budgets.json", job), job)
+        # as ``ftwatch replay`` builds them: history and blame in memory, the step tap on
+        policy = build_policy(config, job, BudgetStore(Path(tmp) / "budgets.json", job), state_dir=Path(tmp),
+                              in_memory=True)
         try:
-            result = replay(list(case.logs), Engine(rules), policy, job)
+            result = replay(list(case.logs), build_engine(config, rules), policy, job)
         except OSError as exc:
             return Outcome(case, "error", NONE_CLASS, None, None, "", error=str(exc))
     d = result.decision

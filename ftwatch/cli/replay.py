@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
-from ftwatch.pipeline.build import build_rules
 
 
 def cmd_replay(argv: list[str]) -> int:
@@ -30,20 +29,17 @@ def cmd_replay(argv: list[str]) -> int:
         if not f.exists() or f.is_dir():     # (a pipe, as from <(zcat log.gz), is fine)
             p.error(f"{f}: {'a directory' if f.exists() else 'no such file'}")
     import tempfile
+    from ftwatch.pipeline.build import build_engine, build_policy
     from ftwatch.pipeline.replay import replay
     from ftwatch.policy.budgets import BudgetStore
-    from ftwatch.rules.engine import Engine
-    from ftwatch.policy.policy import Policy
     config = load_config_from_args(args, flags)
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(args.state_dir or tmp)
         state.mkdir(parents=True, exist_ok=True)
         # Fault history and blame stay in memory: a replay must not count against the real jobs.
-        policy = Policy(config.policy, BudgetStore(state / "budgets-replay.json", args.job_id), args.job_id,
-                        modelarts=config.modelarts, recovery=config.recovery)
-        from ftwatch.rules.stragglers import StepTracker     # H3: stragglers in replayed logs too (like watch)
-        steps = StepTracker(config.health.straggler) if config.health.straggler.enabled else None
-        engine = Engine(build_rules(config), steps=steps)
+        policy = build_policy(config, args.job_id, BudgetStore(state / "budgets-replay.json", args.job_id),
+                              state_dir=state, in_memory=True)
+        engine = build_engine(config)           # H3: stragglers in replayed logs too (like watch)
         total = sum(f.stat().st_size for f in args.files)
         result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
     for note in result.notes:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ftwatch.cli.common import EXIT_FAILED, ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
 from ftwatch.errors import ConfigError, SourceError
-from ftwatch.pipeline.build import build_recorder, build_rules
+from ftwatch.pipeline.build import build_engine, build_recorder
 
 
 def cmd_watch(argv: list[str]) -> int:
@@ -35,15 +35,12 @@ def cmd_watch(argv: list[str]) -> int:
     from ftwatch.pipeline.sources.identity import Identity
     from ftwatch.pipeline.sources import build_source
     from ftwatch.pipeline.watch import Watcher, tune_gc_for_ingest
-    from ftwatch.rules.engine import Engine
     tune_gc_for_ingest()
     state_dir = Path(config.storage.state_dir)
     recorder = build_recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job)
-    from ftwatch.rules.stragglers import StepTracker     # H3: stragglers from shipped step lines too
-    steps = StepTracker(config.health.straggler) if config.health.straggler.enabled else None
-    watcher = Watcher(config, Engine(build_rules(config), steps=steps), recorder, identity.resolve,
+    watcher = Watcher(config, build_engine(config), recorder, identity.resolve,   # H3: step lines too
                       build_actuator(config.watch.actuator),
                       flush_partials=lambda before: identity.joiners.flush(before))
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)

@@ -1,5 +1,6 @@
 """What ``ftwatch run`` calls: a Bootcheck before each attempt, Troubleshooting after each failure,
-and the step-line tap for runtime stragglers (SPEC H1, H3; seed 001).
+and the reset of the step-line tap for runtime stragglers (SPEC H1, H3; seed 001);
+:class:`SayingStepTracker` is the tap ``ftwatch run`` builds (``ftwatch.pipeline.build``).
 
 Kept here so that the runner's part stays three calls. Both passes write a block to
 ``<state-dir>/fault-tolerance.log``, one event to the store and a finding per failed or slow
@@ -30,17 +31,19 @@ class HealthChecks:
         devices: the slots' devices in order (``Slots.active``; the runner updates ``devices``
             and ``nproc`` before each start): agent ``i`` of the checks sees only ``devices[i]``,
             and the NVML check compares the GPUs it finds with them.
+        steps: the engine's step-line tap (``ftwatch.pipeline.build.build_engine``), reset
+            before each start; None without one.
     """
 
     def __init__(self, config: Config, recorder: Any, job: str, node: str, nproc: int,
-                 devices: Sequence[str] | None = None):
+                 devices: Sequence[str] | None = None, steps: StepTracker | None = None):
         self.config = config.health
         self.state_dir = Path(config.storage.state_dir)
         self.log = FaultToleranceLog(self.state_dir, recorder, job, node)
         self.say: Callable[[str], None] = getattr(recorder, "say", print)
         self.nproc = nproc
         self.devices = list(devices or [])
-        self.steps = _SayingTracker(self.config.straggler, self.say) if self.config.straggler.enabled else None
+        self.steps = steps
 
     def _run(self, kind: str, attempt: int, end: Callable[[str], str], allreduce: bool = True,
              devices: Sequence[str] | None = None) -> list[Finding]:
@@ -107,7 +110,7 @@ def _blocking(findings: Sequence[Finding]) -> Finding | None:
     return next((f for f in findings if f.action.label in ("isolate_node", "fail_job")), None)
 
 
-class _SayingTracker(StepTracker):
+class SayingStepTracker(StepTracker):
     """A StepTracker that also tells the terminal about each straggler (or job slowdown) it finds."""
 
     def __init__(self, config, say: Callable[[str], None]):

@@ -18,24 +18,30 @@ torchrun prints it when a worker group fails (``torch/distributed/elastic/multip
       error_file: <N/A>
       traceback : Signal 9 (SIGKILL) received by PID 4120
 
-``ftwatch replay`` takes the job's exit codes from it: the summary only restates
-failures (its own lines are fallout), but its exit codes are facts.
+``ftwatch replay`` and ``ftwatch watch`` take the job's exit codes from it (through
+``ftwatch.pipeline.incidents``): the summary only restates failures (its own lines are fallout),
+but its exit codes are facts. :class:`SummaryLines` gathers a summary's lines from chunks of a
+stream, :func:`summary_exits` turns its failures into exits.
 """
 
 from __future__ import annotations
 
 import re
+import signal as _signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Callable, Iterable
 
-from ftwatch.parsers.fields import split_rank_prefix
+from ftwatch.events import Origin, ProcessExit
+from ftwatch.parsers.fields import clean, split_rank_prefix
 
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*)$")
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _RANK = re.compile(r"^(\d+)")
 _EXIT = re.compile(r"^(-?\d+)")
 _ROOT = "Root Cause (first observed failure)"
+_STARTS = (b"Failures:", _ROOT.encode())
+MAX_SUMMARY_LINES = 2000    # a summary that never closes is read after this many lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,76 @@ def _time(text: str) -> float | None:
         return datetime.strptime(text.strip(), "%Y-%m-%d_%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         return None
+
+
+class SummaryLines:
+    """The lines of one stream's torchelastic failure summaries, gathered from its chunks.
+
+    A summary runs from ``Failures:`` (or ``Root Cause (first observed failure)``) to its
+    ``=====`` border; a chunk boundary may fall anywhere in it. Only chunks that hold (part of)
+    a summary are split into lines; the rest costs two substring searches.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._open = False
+
+    def take(self, chunk: bytes) -> bool:
+        """Read one chunk of complete lines; True when a summary closed in it (its failures are
+        then ready: :meth:`failures`)."""
+        last = max(chunk.rfind(s) for s in _STARTS)
+        if last < 0 and not self._open:
+            return False
+        begin = 0
+        if not self._open:                          # from the line of the first start on
+            first = min(i for i in (chunk.find(s) for s in _STARTS) if i >= 0)
+            begin = chunk.rfind(b"\n", 0, first) + 1
+        self.lines.extend(clean(raw) for raw in chunk[begin:].split(b"\n"))
+        closed = chunk.find(b"=====", max(last, begin)) >= 0 or len(self.lines) > MAX_SUMMARY_LINES
+        self._open = not closed
+        return closed
+
+    @property
+    def pending(self) -> bool:
+        """True while it holds lines not handed out by :meth:`failures`."""
+        return bool(self.lines)
+
+    def failures(self) -> list[SummaryFailure]:
+        """The failures of every summary read so far (an unclosed one too); forgets them."""
+        lines, self.lines, self._open = self.lines, [], False
+        return parse_summary(lines)
+
+
+def summary_exits(failures: Iterable[SummaryFailure], origin_of: Callable[[SummaryFailure], Origin],
+                  at: float, step: float = 0.0) -> list[ProcessExit]:
+    """The exits a torchelastic summary reports, root cause first, one per rank.
+
+    A SIGTERM beside a real failure is the agent stopping the survivors: that exit is
+    ``stopped_by_us`` (it makes no finding), as when ftwatch stops the survivors itself.
+
+    Args:
+        failures: from :func:`parse_summary` / :meth:`SummaryLines.failures`.
+        origin_of: the origin of a failure's exit (the reader knows how its instances are named).
+        at: epoch seconds of the first exit; the summary's own times have second resolution and
+            another clock than the log lines.
+        step: seconds between consecutive exits (keeps them in summary order).
+
+    Returns:
+        ProcessExits with pid 0, the exit code or the signal (a negative exitcode).
+    """
+    failures = sorted(failures, key=lambda f: not f.root_cause)
+    real = any(f.exitcode != -_signal.SIGTERM for f in failures)
+    out: list[ProcessExit] = []
+    seen: set[int] = set()
+    for f in failures:
+        if f.rank in seen:
+            continue
+        seen.add(f.rank)
+        sig = -f.exitcode if f.exitcode < 0 else None
+        out.append(ProcessExit(origin_of(f), 0, None if sig else f.exitcode, sig, at,
+                               stopped_by_us=bool(real and sig == _signal.SIGTERM)))
+        at += step
+    return out
 
 
 CLEAN_FINISH = b"worker group successfully finished"

@@ -1,6 +1,6 @@
-"""The one place a Config becomes components: the rules, the store (SQLite, plus
-Elasticsearch when configured), the recorder with its event center and receivers.
-A hub: it wires every stage together."""
+"""The one place a Config becomes components: the rules, the engine with its step tap (compiled
+once), the policy, the store (SQLite, plus Elasticsearch when configured), the recorder with its
+event center and receivers. A hub: it wires every stage together."""
 
 from __future__ import annotations
 
@@ -18,6 +18,53 @@ def build_rules(config):
     if config.rules.retryable_errors:
         rules += rules_from_keywords(list(config.rules.retryable_errors))
     return rules
+
+def build_engine(config, rules=None, say=None):
+    """The rule engine of ``run``, ``watch``, ``replay`` and ``evaluate``, its database compiled
+    once, with the step-line tap (H3 stragglers) when ``health.straggler`` is on.
+
+    Args:
+        config: the Config.
+        rules: the rules, when already loaded (``evaluate`` shares them between cases); default
+            :func:`build_rules`.
+        say: where the tap also tells each straggler it finds (``run``: the terminal), or None.
+
+    Raises:
+        RuleError: a rule file is bad (file:line).
+    """
+    from ftwatch.rules.engine import Engine
+    steps = None
+    straggler = config.health.straggler
+    if straggler.enabled:
+        if say is not None:
+            from ftwatch.health.runhook import SayingStepTracker
+            steps = SayingStepTracker(straggler, say)
+        else:
+            from ftwatch.rules.stragglers import StepTracker
+            steps = StepTracker(straggler)
+    return Engine(build_rules(config) if rules is None else rules, steps=steps)
+
+
+def build_policy(config, job: str, budgets=None, state_dir: Path | None = None, in_memory: bool = False):
+    """The one place a job's Policy is made: the AIMaster flags, ModelArts and the recovery
+    settings of ``config``.
+
+    Args:
+        config: the Config.
+        job: the job id.
+        budgets: the job's BudgetStore; default ``BudgetStore.for_job`` under the state dir.
+        state_dir: where budgets, chip-fault history and node blame live; default
+            ``config.storage.state_dir``.
+        in_memory: the chip-fault history and node blame stay in memory (``replay``,
+            ``evaluate``: a replay never counts against the real jobs).
+    """
+    from ftwatch.policy.budgets import BudgetStore
+    from ftwatch.policy.policy import Policy
+    state = Path(state_dir if state_dir is not None else config.storage.state_dir)
+    if budgets is None:
+        budgets = BudgetStore.for_job(state, job)
+    return Policy.for_config(config, budgets, job, state_dir=state, in_memory=in_memory)
+
 
 def build_store(config: Any, state_dir: Path) -> Any:
     """The store the recorder writes to: the SQLite store, fanned out to Elasticsearch when
@@ -89,16 +136,16 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
 
     The MindCluster section is first translated into the policy (M4: a recovering strategy enables
     restarts, ``max_restarts`` is the budget). Then: the job's budgets, slots (A1) and policy
-    under ``storage.state_dir``, the hang tracker (Sync only), the SDK's control socket and its
-    handler, the supervisor (one worker per active slot), the health hooks (H1, H3; their step
-    tap wired into the engine), the scene and the local actuator.
+    under ``storage.state_dir``, the incident desk (its hang tracker: Sync only), the SDK's
+    control socket and its handler, the supervisor (one worker per active slot), the health hooks
+    (H1, H3; the engine's step tap), the scene and the local actuator.
 
     Args:
         config: the validated config.
         command: the training command (argv), run once per worker.
         job: the job id.
         recorder: where decisions, findings and events go.
-        engine: the rule engine; None builds it from the config's rules.
+        engine: the rule engine; None: :func:`build_engine` (its step tap tells the terminal).
         out: where worker output is echoed (default stdout).
         clock: default the system clock; tests give a FakeClock.
         supervisor, control: default the real ``Supervisor`` and ``ControlServer``; tests give
@@ -106,7 +153,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         node: this machine's name (default: the host name).
 
     Returns:
-        A ``JobRunner``; ``run()`` it.
+        A ``JobRunner`` over its incident desk (``ftwatch.pipeline.incidents``); ``run()`` it.
 
     Raises:
         ConfigError: fewer devices than MIN, a device listed twice, a corrupt state file.
@@ -121,33 +168,30 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     from ftwatch.pipeline.actuators.recovery import RecoveryHandler
     from ftwatch.pipeline.actuators.scene import Scene
     from ftwatch.pipeline.actuators.slots import Slots
+    from ftwatch.pipeline.incidents import SETTLE_SECONDS, IncidentDesk
     from ftwatch.pipeline.run import JobRunner, RunParts
     from ftwatch.pipeline.sources.control import ControlServer
     from ftwatch.pipeline.sources.orphans import WorkerRecord
     from ftwatch.pipeline.sources.supervisor import Supervisor
     from ftwatch.policy.budgets import BudgetStore
-    from ftwatch.policy.policy import Policy
-    from ftwatch.rules.engine import Engine
-    from ftwatch.rules.exitcodes import ExitCodeTable
     from ftwatch.rules.loader import rules_from_keywords
-    from ftwatch.rules.timers import HangTracker
 
     if policy_overrides(config.mindcluster):           # M3 translated into the policy (M4)
         config = config.with_policy(**policy_overrides(config.mindcluster))
     mc, sup, pol = config.mindcluster, config.supervisor, config.policy
     clock = clock or SystemClock()
     node = node or socket.gethostname()
-    engine = engine if engine is not None else Engine(build_rules(config))
+    engine = engine if engine is not None else build_engine(config, say=recorder.say)
     state_dir = Path(config.storage.state_dir)
     budgets = BudgetStore.for_job(state_dir, job)
-    policy = Policy.for_config(config, budgets, job)
+    policy = build_policy(config, job, budgets)
     slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
     sync = pol.job_execution_mode == "Sync"
     hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
-    tracker = HangTracker(
-        hang, float(pol.job_exit_hang_interval) if pol.enable_job_exit_hang_detection and sync else None)
+    # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
+    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0)
     controls = RecoveryHandler(
-        engine, tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
+        engine, desk.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
         budgets=lambda: (budgets.restarts_used, max(0, policy.max_restarts - budgets.restarts_used)),
         node=node, clock=clock.time)
     if control is None:
@@ -160,13 +204,10 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
                                 grace_period=sup.grace_period, master_addr=sup.master_addr,
                                 master_port=sup.master_port, env=env,
                                 record=WorkerRecord(state_dir, recorder.say))   # the next start reaps orphans
-    health = HealthChecks(config, recorder, job, node, slots.nproc, slots.active)   # H1, H3
-    if health.steps is not None:
-        engine.set_steps(health.steps)
+    health = HealthChecks(config, recorder, job, node, slots.nproc, slots.active, steps=engine.steps)  # H1, H3
     scene = Scene()
     actuator = LocalActuator(supervisor, control, controls, slots, scene, recorder, clock, job=job, mindcluster=mc,
                              restart_delay=sup.restart_delay, keep_scene_seconds=sup.keep_scene_seconds,
                              state_dir=config.storage.state_dir)
-    parts = RunParts(supervisor, control, controls, engine, tracker, policy, budgets, slots, health, scene,
-                     actuator, clock, ExitCodeTable.load())
+    parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock)
     return JobRunner(config, command, parts, recorder, job, out=out)

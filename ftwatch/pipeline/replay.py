@@ -1,46 +1,46 @@
-"""``ftwatch replay``: recorded logs through the same engine and policy, with a simulated clock (T3).
+"""``ftwatch replay``: recorded logs through the incident core, with a simulated clock (T3).
 
 Each file is one instance's log (its rank read from the file name, e.g. ``rank3.log`` or
 ``worker-3.err``) or one combined log whose lines carry rank prefixes (``[rank3]:``,
-torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks cut at line ends and
+torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks cut at line ends and fed,
+one file after the other, to one :class:`ftwatch.pipeline.incidents.IncidentDesk` (the core
+``run`` and ``watch`` decide through; errors open incidents, as in ``watch``); each chunk is
 scanned whole (no per-line Python work on lines that do not hit a rule); a traceback or a
-torchelastic summary cut by a chunk boundary is joined, and a line longer than a chunk is
-read whole.
+torchelastic summary cut by a chunk boundary is joined, and a line longer than a chunk is read
+whole. Findings and the decision go through the Recorder (the CLI's prints nothing; tests hand
+in one with capture doubles and check the alerts).
 
-Time comes from the lines' timestamps where present, else from a simulated clock that
-advances ``SIM_STEP`` seconds per line. Each file's clock is anchored at the first real
-timestamp among its first ``ANCHOR_LINES`` lines (see ``anchor``): line *i* of a file whose
-line *k* reads time *t* is at *t + (i - k) * SIM_STEP*, so untimed lines sit on the log's own
-dates; a file with none there takes the earliest anchor of the other files, or ``SIM_START``.
-The anchor's year is the engine's year for stamps that carry none (glog, syslog). This is
-the simplest correct thing, not a per-line clock: an untimed line long after the anchor
-may still be placed before a timestamped line that precedes it (SIM_STEP per line runs
-slower than most logs), since following every timestamp would mean Python work on every
-line. With job hang detection on (R5, opt-in), the lines' timestamps also place each
-instance's output on a merged timeline, where a silence of every instance for the interval is
-a job hang (see ``replay_hang``); it is the trigger when it comes before the first real
-error. The end of the input is the end of the job: exit
-codes come from a torchelastic failure summary when present; otherwise the job failed if an
-error was found, else it succeeded.
+Time: a line with a timestamp is at its own time. A line without one is at the time of the last
+timestamped line before it in the same file, plus ``SIM_STEP`` seconds per line between them
+(which keeps a file's lines in order); lines before the file's first timestamp count from the
+file's anchor: the first real timestamp among its first ``ANCHOR_LINES`` lines, moved back
+``SIM_STEP`` per line (see ``anchor``), or, for a file with none there, the earliest anchor of
+the other files, or ``SIM_START``. So a ``what(): CUDA error`` printed after a stamped ``NVRM:
+Xid 79`` line counts as later than it. Only hit lines look back for their stamp (``Engine.feed``'s
+``sim_step``), and the stamp is carried from chunk to chunk. The anchor's year is the engine's
+year for stamps that carry none (glog, syslog). With job hang detection on (R5, opt-in), the
+lines' timestamps also place each instance's output on a merged timeline, where a silence of
+every instance for the interval is a job hang (see ``replay_hang``). The end of the input is the
+end of the job: exit codes come from a torchelastic failure summary when present (placed after
+every line); the desk's open incident, if any, is decided then, else the job succeeded.
 """
 
 from __future__ import annotations
 
+import io
 import re
-import signal as _signal
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ftwatch.events import Decision, Finding, Origin, ProcessExit, Severity, FailureClass
+from ftwatch.events import Decision, Finding, Origin
 from ftwatch.parsers import fields
-from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
+from ftwatch.parsers.torchelastic import SummaryFailure
+from ftwatch.pipeline.incidents import IncidentDesk
+from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.replay_hang import HangScan
+from ftwatch.policy.policy import Policy
 from ftwatch.rules.engine import Engine
-from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
-from ftwatch.policy.triggers import opens_incident
-from ftwatch.policy.policy import Incident, Policy
 from ftwatch.rules.timers import HangTracker
 
 CHUNK_BYTES = 1 << 20
@@ -50,7 +50,6 @@ ANCHOR_LINES = 200          # lines at the head of a file searched for the clock
 ANCHOR_BYTES = 64 << 10     # bytes at the head of a file searched for it
 _ANCHOR_CHARS = 256         # of each line: every timestamp format starts well within it
 _RANK_IN_NAME = re.compile(r"(?:rank|worker|default|node)[-_.]?(\d+)", re.IGNORECASE)
-_SUMMARY_MARK = b"Root Cause (first observed failure)"
 
 
 @dataclass
@@ -74,13 +73,24 @@ def origin_for(path: Path, job: str) -> Origin:
     return Origin(path.stem, None, job, "replay", str(path), "replay")
 
 
+def exit_origin(origin: Origin, failure: SummaryFailure) -> Origin:
+    """The origin of an exit a replayed summary reports: rank *r* is instance ``rank<r>`` on the
+    summary's host, whatever file the summary was in."""
+    return Origin(f"rank{failure.rank}", failure.rank, origin.job, failure.host or "replay", "exit", "replay")
+
+
 def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "replay",
-           progress: Callable[[int], None] | None = None) -> ReplayResult:
+           progress: Callable[[int], None] | None = None, recorder: Recorder | None = None) -> ReplayResult:
     """Run recorded logs through ``engine`` and ``policy``.
 
     Args:
         paths: log files (see module docstring).
+        engine: the rule engine (``ftwatch.pipeline.build.build_engine``).
+        policy: the job's policy (``ftwatch.pipeline.build.build_policy``).
+        job: the job id.
         progress: called with the number of bytes read after each chunk (a progress bar).
+        recorder: where findings, output counts and the decision go (alerts included when it
+            has a dispatcher); default: one that keeps nothing but its ``decisions``.
 
     Returns:
         The findings, the final decision and the volume read.
@@ -88,92 +98,57 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     Raises:
         OSError: a file cannot be read.
     """
-    findings: list[Finding] = []
-    failures: list[SummaryFailure] = []
-    ranks: set[int] = set()
+    recorder = recorder or Recorder(out=io.StringIO(), resolve_after=None)
+    desk = IncidentDesk(job, engine, policy, recorder, exits=False, summaries="close", exit_origin=exit_origin)
     total = 0
     own_year = engine.year
-    default_year = own_year or _year_of(SIM_START)
+    default_year = own_year or fields.year_of(SIM_START)
     anchors = [anchor(Path(path), default_year) for path in paths]
     fallback = min((a for a in anchors if a is not None), default=(SIM_START, own_year))
     ends = [fallback[0]]                    # each file's clock at its end
-    pol = policy.policy
-    scan = (HangScan(pol.job_hang_interval, job) if pol.enable_job_hang_detection and pol.job_hang_interval > 0
-            and pol.job_execution_mode == "Sync" else None)
+    interval = HangTracker.from_policy(policy.policy, exits=False).job_hang_interval
+    scan = HangScan(interval, job) if interval else None
     try:
         for path, found in zip(paths, anchors):
             origin = origin_for(Path(path), job)
-            if origin.rank is not None:
-                ranks.add(origin.rank)
             base, engine.year = found or fallback
-            summary = _SummaryLines()
             if scan is not None:
                 scan.open(origin, engine.year or default_year)
-            size, end = _replay_file(Path(path), origin, engine, base, findings, summary, progress, scan)
+            size, end = _replay_file(Path(path), origin, desk, base, progress, scan)
             total += size
             ends.append(end)
-            failures.extend(parse_summary(summary.lines))
     finally:
         engine.year = own_year
-    hang, notes = _job_hang(scan)
+    hang, notes = _job_hang(scan, policy)
     if hang is not None:
-        findings.append(hang)
+        desk.add([hang])
         ends.append(scan.last)
-    for f in findings:
-        if f.rank is not None:
-            ranks.add(f.rank)
-    end = max([f.time for f in findings] + ends)
-    exits = _summary_exits(failures, job, end + SIM_STEP)
-    ranks.update(e.origin.rank for e in exits)
-    table = ExitCodeTable.load()
-    failed: set[str] = set()
-    trigger: Finding | None = None
-    for exit in exits:
-        if exit.stopped_by_us:
-            continue
-        failed.add(exit.origin.instance)
-        finding = exit_finding(exit, table, seq=0)
-        if finding is not None:
-            findings.append(finding)
-            trigger = trigger or finding
-    errors = [f for f in findings if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO]
-    if trigger is None and errors:
-        trigger = min(errors, key=lambda f: (f.time, f.seq))
-        failed.update(f.origin.instance for f in errors
-                      if f.failure_class is not FailureClass.FALLOUT and f is not hang)
-    if hang is not None and not any(f.time < hang.time for f in errors
-                                    if f.failure_class is not FailureClass.FALLOUT and f is not hang):
-        trigger, failed = hang, set()       # live, the hang fired before anything failed
-    if trigger is None:     # no failure: a C4D record or a notify / isolate finding still opens one (R8)
-        trigger = next((f for f in sorted(findings, key=lambda f: (f.time, f.seq))
-                        if opens_incident(f, policy.c4d)), None)
-    if trigger is None:
-        decision = policy.finished(end, ok=True)
-    else:
-        world = max(len(ranks), 1)
-        decision = policy.decide(Incident(trigger, tuple(findings), world, frozenset(failed), 0), end)
-    return ReplayResult(findings, decision, engine.stats.lines, total, notes)
+    end = max([f.time for f in desk.findings] + ends)
+    decision = desk.close(end, step=SIM_STEP) or policy.finished(end, ok=True)
+    recorder.decision(decision)
+    return ReplayResult(list(desk.findings), decision, engine.stats.lines, total, notes)
 
 
-def _job_hang(scan: HangScan | None) -> tuple[Finding | None, list[str]]:
+def _job_hang(scan: HangScan | None, policy: Policy) -> tuple[Finding | None, list[str]]:
     """The job hang ``scan`` found, and notes on what it could not read."""
     if scan is None:
         return None, []
     if scan.untimed:
         return None, [f"job hang detection needs timestamps: no line of {', '.join(scan.untimed)} has one, "
                       "so no job hang was looked for"]
-    return scan.first_hang(HangTracker(scan.interval, None)), []
+    return scan.first_hang(HangTracker.from_policy(policy.policy, exits=False)), []
 
 
-def _replay_file(path: Path, origin: Origin, engine: Engine, base: float, findings: list[Finding],
-                 summary: "_SummaryLines", progress: Callable[[int], None] | None,
-                 scan: HangScan | None = None) -> tuple[int, float]:
-    """Feed one file to ``engine`` in chunks, its clock starting at ``base``.
+def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
+                 progress: Callable[[int], None] | None, scan: HangScan | None = None) -> tuple[int, float]:
+    """Feed one file to ``desk`` in chunks, its clock starting at ``base``.
 
-    Appends to ``findings`` and ``summary`` (and gives each chunk to ``scan``, opened for this
-    file, when hang detection is on); returns (bytes read, the clock at the end).
+    Each chunk's time is that of its first line when it has no timestamp: the last stamp before
+    it plus ``SIM_STEP`` per line since (``_next_base``). Gives each chunk to ``scan``, opened for
+    this file, when hang detection is on; returns (bytes read, the clock at the end).
     """
     total = 0
+    year = desk.engine.year or fields.year_of(base)
     with open(path, "rb") as fh:
         parts: list[bytes] = []         # a line longer than a chunk, read so far
         while True:
@@ -186,17 +161,15 @@ def _replay_file(path: Path, origin: Origin, engine: Engine, base: float, findin
                 continue
             chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
             parts = [block[cut:]] if cut < len(block) else []
-            findings.extend(engine.feed(origin, chunk, base, sim_step=SIM_STEP))
-            base += chunk.count(b"\n") * SIM_STEP
-            summary.take(chunk)
+            desk.output(origin, chunk, base, sim_step=SIM_STEP)
+            base = _next_base(chunk, base, year)
             if scan is not None:
                 scan.take(chunk)
             total += len(chunk)
             if progress:
                 progress(len(chunk))
         carry = b"".join(parts)
-        findings.extend(engine.feed(origin, carry, base, final=True, sim_step=SIM_STEP))
-        summary.take(carry)
+        desk.output(origin, carry, base, final=True, sim_step=SIM_STEP)
         if scan is not None:
             scan.take(carry)
             scan.close()
@@ -204,6 +177,15 @@ def _replay_file(path: Path, origin: Origin, engine: Engine, base: float, findin
         if progress and carry:
             progress(len(carry))
     return total, base
+
+
+def _next_base(chunk: bytes, base: float, year: int) -> float:
+    """The time of the line after ``chunk`` when it carries no timestamp: the chunk's last
+    timestamped line plus ``SIM_STEP`` per line since it, else ``base`` plus the chunk's lines."""
+    found = fields.last_timestamp(chunk, 0, len(chunk), year)
+    if found is None:
+        return base + chunk.count(b"\n") * SIM_STEP
+    return found[1] + chunk.count(b"\n", found[0]) * SIM_STEP
 
 
 def anchor(path: Path, year: int) -> tuple[float, int] | None:
@@ -234,7 +216,7 @@ def anchor(path: Path, year: int) -> tuple[float, int] | None:
     for text in texts:
         stamp = fields.parse_timestamp(text, None)
         if stamp is not None:
-            year = _year_of(stamp)
+            year = fields.year_of(stamp)
             break
     for index, text in enumerate(texts):
         stamp = fields.parse_timestamp(text, year)
@@ -242,51 +224,3 @@ def anchor(path: Path, year: int) -> tuple[float, int] | None:
             return stamp - index * SIM_STEP, year
     return None
 
-
-def _year_of(t: float) -> int:
-    return datetime.fromtimestamp(t, tz=timezone.utc).year
-
-
-class _SummaryLines:
-    """The lines of the chunks that hold a torchelastic failure summary (cleaned text).
-
-    A summary runs from ``Failures:`` to its ``=====`` border; a chunk boundary may fall
-    anywhere in it, so a chunk where one starts and does not end also takes the next one.
-    Only such chunks are split into lines.
-    """
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._open = False
-
-    def take(self, chunk: bytes) -> None:
-        last = max(chunk.rfind(b"Failures:"), chunk.rfind(_SUMMARY_MARK))
-        if last < 0 and not self._open:
-            return
-        begin = 0
-        if not self._open:                          # from the line of the first start on
-            first = min(i for i in (chunk.find(b"Failures:"), chunk.find(_SUMMARY_MARK)) if i >= 0)
-            begin = chunk.rfind(b"\n", 0, first) + 1
-        self.lines.extend(fields.clean(raw) for raw in chunk[begin:].split(b"\n"))
-        self._open = last >= 0 and chunk.find(b"=====", last) < 0
-
-
-def _summary_exits(failures: list[SummaryFailure], job: str, at: float) -> list[ProcessExit]:
-    """Exit events from torchelastic's summary; a SIGTERM beside a real failure is the agent's stop.
-
-    The exits are placed at ``at`` (after every log line, in summary order): the summary's
-    own times have second resolution and another clock than the log lines.
-    """
-    failures = sorted(failures, key=lambda f: not f.root_cause)
-    any_real = any(f.exitcode != -_signal.SIGTERM for f in failures)
-    out, seen = [], set()
-    for f in failures:
-        if f.rank in seen:
-            continue
-        seen.add(f.rank)
-        sig = -f.exitcode if f.exitcode < 0 else None
-        origin = Origin(f"rank{f.rank}", f.rank, job, f.host or "replay", "exit", "replay")
-        at += SIM_STEP
-        out.append(ProcessExit(origin, 0, None if sig else f.exitcode, sig, at,
-                               stopped_by_us=bool(any_real and sig == _signal.SIGTERM)))
-    return out

@@ -1,22 +1,24 @@
 """``ftwatch run``: supervise the workers, feed their output to the engine, decide, act, report.
 
-One loop, one thread (the supervisor's reader threads only fill its queue):
+One loop, one thread (the supervisor's reader threads only fill its queue). What comes in goes to
+the job's incident desk (``ftwatch.pipeline.incidents``: engine, hang tracker, findings, what opens
+an incident and which instances failed, as in ``watch`` and ``replay``); the rest is acting:
 
-    poll supervisor -> Output: print with rank prefix, engine.feed, hang tracker
-                    -> ProcessExit: flush that instance's open blocks, exit finding, maybe an incident
-    every tick      -> flush stale blocks, hang / exit-hang check
-    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.verdict -> act
-                       (Async) policy.verdict -> restart that instance / fail
+    poll supervisor -> Output: print with rank prefix, desk.output
+                    -> ProcessExit: desk.exited (that instance's open blocks, exit finding)
+    every tick      -> desk.tick: stale blocks, hang / exit-hang check
+    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> verdict -> act
+                       (Async) verdict -> restart that instance / fail
                        hang, C4D record, notify / isolate finding: decide first; notify stops
                        nothing (the job runs on), anything else: [dump], stop all, act
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
 
-The policy stage returns the final decision and its plan (``Policy.verdict``); the local actuator
-(``pipeline/actuators/local.py``) carries the plan out and runs this loop's one poll-and-handle
-step (``_step``) whenever it waits. Every collaborator comes built (``pipeline/build.build_run``).
-Exit status: 0 if and only if the job finally succeeded.
+The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
+the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
+poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
+(``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from typing import Any, Sequence, TextIO
 
 from ftwatch.clock import Clock
 from ftwatch.config.model import Config
-from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
+from ftwatch.events import Action, Decision, Finding, ProcessExit
 from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.actuators.local import LocalActuator, Workers
 from ftwatch.pipeline.echo import echo_text
+from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
@@ -40,23 +43,11 @@ from ftwatch.pipeline.actuators.slots import Slots
 from ftwatch.pipeline.sources.supervisor import Output, Started
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.plan import Plan, RunFacts, Verdict, retry_candidate
-from ftwatch.rules.engine import Engine
-from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
-from ftwatch.policy.triggers import opens_incident
-from ftwatch.policy.policy import Incident, Policy
-from ftwatch.rules.timers import HangTracker
-
-POLL_SECONDS = 0.2         # how often the loop wakes with nothing to read (the Tick period)
-SETTLE_SECONDS = 1.0       # after a failure, how long the others may show their own errors
-BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
-_STREAMS = ("stdout", "stderr")
-
+from ftwatch.policy.policy import Policy
 
 @dataclass
 class _Attempt:
-    findings: list[Finding] = field(default_factory=list)
-    failed: set[str] = field(default_factory=set)
-    ok: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)           # the desk's set of failed instances
     retry: list[Finding] = field(default_factory=list)      # faults a MindCluster retry may answer
 
 
@@ -68,8 +59,7 @@ class RunParts:
     supervisor: Workers            # the workers: Supervisor, or any actuators.local.Workers
     control: Any                   # the SDK's socket (ControlServer): start, stop, drain, subscribers
     controls: RecoveryHandler      # answers the SDK's requests; retry / dump watches, hang scopes
-    engine: Engine                 # the rule engine, its step tap wired
-    tracker: HangTracker
+    desk: IncidentDesk             # the input half: engine (its step tap wired), hang tracker, incidents
     policy: Policy                 # decides: Policy.verdict -> (final decision, plan)
     budgets: BudgetStore
     slots: Slots                   # the job's devices (A1), read here, changed by the actuator
@@ -77,7 +67,6 @@ class RunParts:
     scene: Scene                   # the workers' pids and exits
     actuator: LocalActuator        # carries out the plans
     clock: Clock
-    exit_table: ExitCodeTable
 
 
 class JobRunner:
@@ -99,9 +88,10 @@ class JobRunner:
         self.out = out or sys.stdout
         p = self.parts = parts
         self.supervisor, self.control, self.controls = p.supervisor, p.control, p.controls
-        self.engine, self.tracker, self.policy, self.budgets = p.engine, p.tracker, p.policy, p.budgets
+        self.desk, self.policy, self.budgets = p.desk, p.policy, p.budgets
+        self.engine, self.tracker = p.desk.engine, p.desk.tracker
         self.slots, self.health, self.scene, self.clock = p.slots, p.health, p.scene, p.clock
-        self.exit_table = p.exit_table
+        self.desk.on_findings = self._retry_candidates
         self.act = p.actuator
         self.act.drive(self._step)
         self.mc = config.mindcluster
@@ -111,8 +101,7 @@ class JobRunner:
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
         self.live = config.supervisor.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
         self._stop_requested = self.act.stop_requested   # SIGINT / SIGTERM: every wait ends
-        self._state = _Attempt()
-        self._hang_notified = False  # a hang only notified: the hang timer re-arms when output resumes
+        self._state = _Attempt(self.desk.failed)
         self._instance_checking = False   # H1 before an instance restart is under way (no second round)
         self.final: Decision | None = None
 
@@ -151,10 +140,13 @@ class JobRunner:
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
             if slots.isolated:
                 self.recorder.say(f"ftwatch: {slots.describe()}")
-            self.tracker.reset(self.clock.time())
+            self.desk.new_attempt(self.clock.time(), world_size=self.nproc)
+            self._state = _Attempt(self.desk.failed)
             self.controls.new_attempt()
             self.act.new_attempt()
-            decision = self._incident(blocking, _Attempt([blocking])) if blocking is not None else None
+            if blocking is not None:
+                self.desk.add([blocking], record=False)    # stored by the health log already
+            decision = self._incident(blocking, self._state) if blocking is not None else None
             if decision is None:
                 self.act.start_all(attempt)
                 decision = self._watch()
@@ -198,7 +190,7 @@ class JobRunner:
 
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""
-        state = self._state = _Attempt()
+        state = self._state = _Attempt(self.desk.failed)
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
@@ -219,13 +211,12 @@ class JobRunner:
             now = self.clock.time()
             self.recorder.resend_due(self.clock.mono())
             self.recorder.resolve_due(now)
-            self._add(state, self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS))
-            for finding in self.tracker.check(now):
-                self._add(state, [finding])
-                decision = self._incident(finding, state)
+            due = self.desk.tick(now, self.clock.mono())     # a hang, or an incident settled
+            if due is not None:
+                decision = self._incident(due, state)
                 if decision is not None:
                     return decision
-            if len(state.ok) == self.nproc and not self.supervisor.running():
+            if len(self.desk.ok) == self.nproc and not self.supervisor.running():
                 decision = self.policy.finished(self.clock.time(), ok=True)
                 self.recorder.decision(decision)
                 return decision
@@ -246,19 +237,10 @@ class JobRunner:
         """Take one supervisor event; return a finding that starts an incident, if any."""
         if isinstance(item, Output):
             self._echo(item)
-            self.tracker.output(item.origin.instance, item.time)
-            if self._hang_notified:
-                self._hang_notified = False
-                self.tracker.rearm()
-            data = item.data
-            lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-            self.recorder.output(item.origin, lines, len(data), item.time)
-            found = self.engine.feed(item.origin, item.data, item.time)
-            self._add(state, found)
             # C4D records, notify / isolate findings: an incident while the workers run (R8)
-            return next((f for f in found if opens_incident(f, self.policy.c4d)), None)
+            return self.desk.output(item.origin, item.data, item.time, self.clock.mono())
         if isinstance(item, Started):
-            self.tracker.started(item.origin, item.time)
+            self.desk.started(item.origin, item.time)
             self.scene.started(item.origin.instance, item.origin.rank, item.pid)
             self.recorder.event(item.time, self.job, "instance_start", item.origin.instance,
                                 item.origin.rank, pid=item.pid, start_count=item.start_count)
@@ -271,23 +253,12 @@ class JobRunner:
         return None
 
     def _exited(self, exit: ProcessExit, state: _Attempt) -> Finding | None:
-        for stream in _STREAMS:
-            origin = Origin(exit.origin.instance, exit.origin.rank, exit.origin.job,
-                            exit.origin.node, stream, exit.origin.source)
-            self._add(state, self.engine.flush(origin, exit.time))
-        self.tracker.exited(exit.origin, exit.ok, exit.time)
+        """A worker ended: recorded, then judged by the desk (a failing exit is a trigger)."""
         self.recorder.event(exit.time, self.job, "instance_exit", exit.origin.instance, exit.origin.rank,
                             returncode=exit.returncode, signal=exit.signal, stopped_by_us=exit.stopped_by_us)
-        if exit.ok:
-            state.ok.add(exit.origin.instance)
-            return None
-        if exit.stopped_by_us or (self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked):
-            return None                        # stopped by us, or ended while writing its last words
-        state.failed.add(exit.origin.instance)
-        finding = exit_finding(exit, self.exit_table, seq=0)
-        if finding is not None:
-            self._add(state, [finding])
-        return finding
+        # ended while writing the last words we asked for: as if stopped by us
+        dumping = self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked
+        return self.desk.exited(exit, self.clock.mono(), expected=dumping)
 
     def _incident(self, trigger: Finding, state: _Attempt) -> Decision | None:
         """Decide on a failure, a hang or a log finding that opens an incident, and act.
@@ -305,9 +276,7 @@ class JobRunner:
             self._stop_and_drain(state)
         facts = RunFacts(frozenset(self.act.running()), frozenset({self._rank(i) for i in state.failed} - {None}),
                          self.slots.facts(), self.mc)
-        incident = Incident(trigger, tuple(state.findings), self.nproc, frozenset(state.failed),
-                            self.budgets.attempt, facts)
-        return self._act(self.policy.verdict(incident, self.clock.time()), trigger, state)
+        return self._act(self.desk.verdict(trigger, self.clock.time(), self.clock.mono(), facts), trigger, state)
 
     def _act(self, verdict: Verdict, trigger: Finding, state: _Attempt) -> Decision | None:
         """Record the decision and carry out its plan. Returns the decision that ends the attempt
@@ -323,9 +292,7 @@ class JobRunner:
         is_exit = trigger.kind == "exit_code"
         if not is_exit and decision.action in (Action.NONE, Action.NOTIFY):
             self.recorder.decision(decision)       # told a person (or below the log level): run on
-            if is_hang:
-                self._hang_notified = True
-            return None
+            return None                            # (a hang: the desk re-arms it when output resumes)
         self.recorder.decision(decision)
         self.act.carry_out(plan, decision)
         if plan.kind in ("in_place", "instance"):
@@ -365,8 +332,11 @@ class JobRunner:
         return w.rank if w is not None else None
 
     def _settle(self, state: _Attempt) -> None:
-        """Give the other workers up to SETTLE_SECONDS to print (or exit with) their own errors."""
-        deadline = self.clock.mono() + SETTLE_SECONDS
+        """Give the other workers the desk's settle time (SETTLE_SECONDS from the incident's
+        opening; from now for a trigger the desk did not open, e.g. a fault a retry did not
+        answer) to print (or exit with) their own errors."""
+        mono = self.clock.mono()
+        deadline = mono + (self.desk.settle_left(mono) if self.desk.open is not None else SETTLE_SECONDS)
         while self.supervisor.running() and self.clock.mono() < deadline:
             self._step(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono())))
 
@@ -387,11 +357,13 @@ class JobRunner:
     # -- helpers ----------------------------------------------------------------------------
 
     def _add(self, state: _Attempt, findings: list[Finding]) -> None:
-        if findings:
-            state.findings.extend(findings)
-            self.recorder.findings(findings)
-            if self.mc.has("retry"):
-                state.retry += [f for f in findings if retry_candidate(f)]
+        """Findings made beside the output (drained blocks, a Bootcheck): to the desk."""
+        self.desk.add(findings, self.clock.mono())
+
+    def _retry_candidates(self, findings: list[Finding]) -> None:
+        """The desk's ``on_findings``: faults a MindCluster retry may answer."""
+        if self.mc.has("retry"):
+            self._state.retry += [f for f in findings if retry_candidate(f)]
 
     def _echo(self, item: Output) -> None:
         self.out.write(echo_text(item.origin, item.data))

@@ -36,6 +36,7 @@ finds these lines (one rule per level); ``refine`` reads them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -80,8 +81,13 @@ class C4DRecord:
         return self.type.endswith("Hang")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_line(line: str) -> C4DRecord | None:
-    """Parse a C4D line (see the module docstring); None when ``line`` is not one."""
+    """Parse a C4D line (see the module docstring); None when ``line`` is not one.
+
+    Cached: the trigger test (``ftwatch.policy.triggers``) and :func:`refine` both read a C4D
+    finding's line, and a line is parsed once. The record is shared: never change its ``extra``.
+    """
     m = _LINE.search(line)
     if not m:
         return None

@@ -115,10 +115,12 @@ class Policy:
 
     @classmethod
     def for_config(cls, config: Config, budgets: BudgetStore, job: str,
-                   state_dir: Path | None = None) -> "Policy":
-        """The policy a config asks for; state under ``state_dir`` or ``config.storage.state_dir``."""
+                   state_dir: Path | None = None, in_memory: bool = False) -> "Policy":
+        """The policy a config asks for (``ftwatch.pipeline.build.build_policy`` calls it); state
+        under ``state_dir`` or ``config.storage.state_dir``, or in memory (``in_memory``)."""
+        state = Path(state_dir if state_dir is not None else config.storage.state_dir)
         return cls(config.policy, budgets, job, modelarts=config.modelarts, recovery=config.recovery,
-                   state_dir=Path(state_dir if state_dir is not None else config.storage.state_dir))
+                   state_dir=None if in_memory else state)
 
     @property
     def max_restarts(self) -> int:

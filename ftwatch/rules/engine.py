@@ -16,6 +16,13 @@ found in it) the highest ``priority`` wins, then the most drastic action. That i
 traceback ending in a gloo "Connection closed by peer" is fallout and not user code.
 A Finding keeps at most ``MAX_LINE_CHARS`` characters of each line (Q1): a 10 MB hit line
 is cut in the middle, with a marker saying how much went.
+
+A hit line without a timestamp is at the time its chunk was read (live), or, in a replay
+(``feed``'s ``sim_step``), at the time of the last timestamped line before it in the chunk,
+found by one backward search over the lines since the previous hit
+(``ftwatch.parsers.fields.last_timestamp``). Over 400 lines on purpose: scanning, carrying
+blocks and dating records share one feed's state (the carried part, the line count, the last
+stamp found), which a split would pass between modules on every hit.
 """
 
 from __future__ import annotations
@@ -98,6 +105,7 @@ class Engine:
         self._pending: dict[Origin, _Pending] = {}
         self._line_pos = self._line_no = 0
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
+        self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
         self._compile(list(rules))
 
     # -- set-up ---------------------------------------------------------------------------
@@ -137,8 +145,10 @@ class Engine:
             data: complete lines (``b"\\n"``-separated); the last may lack its newline.
             time: epoch seconds the chunk was received (or the replay clock's time).
             final: the stream ended: close any open block instead of carrying it.
-            sim_step: seconds added per line for lines without a timestamp (replay's
-                simulated clock); 0 gives every such line ``time``.
+            sim_step: replay's simulated clock: a line without a timestamp takes the time of
+                the last line with one before it in ``data``, plus ``sim_step`` seconds per line
+                between them; with none before it, ``time`` plus ``sim_step`` per line from the
+                chunk's start. 0 gives every such line ``time`` (live: the time it was read).
 
         Returns:
             The findings, in input order.
@@ -149,6 +159,7 @@ class Engine:
         now = time
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
+        self._stamped = (0, None)                   # the last stamp search of this feed
         pending = self._pending.pop(origin, None)
         if pending is not None:
             data = pending.data + data
@@ -205,16 +216,11 @@ class Engine:
         self.stats.findings += len(findings)
         return findings
 
-    def set_steps(self, steps: StepTap | None) -> None:
-        """Attach a step-line tap (H3, ``ftwatch.rules.stragglers.StepTracker``); recompiles."""
-        self.steps = steps
-        self._compile(self.rules)
-
     def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
               sim_step: float) -> list[Finding]:
         """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
         rank, text = fields.split_rank_prefix(fields.clean(_line_at(data, start)))
-        stamp = fields.parse_timestamp(text, self.year or _year_of(time))
+        stamp = fields.parse_timestamp(text, self.year or fields.year_of(time))
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
         index = min(self._step_ids[i] for i in ids if i in self._step_ids)
@@ -227,10 +233,12 @@ class Engine:
             return []
         return self.feed(origin, b"", time, final=True)
 
-    def flush_stale(self, now: float, timeout: float) -> list[Finding]:
-        """Close every open block older than ``timeout`` seconds (P1 flush timeout)."""
+    def flush_stale(self, now: float, timeout: float, job: str | None = None) -> list[Finding]:
+        """Close every open block older than ``timeout`` seconds (P1 flush timeout); only those
+        of ``job`` when given."""
         out: list[Finding] = []
-        for origin in [o for o, p in self._pending.items() if now - p.since >= timeout]:
+        for origin in [o for o, p in self._pending.items()
+                       if now - p.since >= timeout and (job is None or o.job == job)]:
             out.extend(self.flush(origin, now))
         return out
 
@@ -260,8 +268,19 @@ class Engine:
         self._pending[origin] = _Pending(rest, now, base, skip)
 
     def _base_time(self, data: bytes, start: int, time: float, sim_step: float) -> float:
-        """The time of the line at ``start`` when it carries no timestamp of its own."""
+        """The time of the line at ``start`` when it carries no timestamp of its own (see
+        ``feed``'s ``sim_step``). Hits come mostly in order, so each search for the stamp
+        before a hit covers only the lines since the previous one."""
         if sim_step:
+            searched, found = self._stamped
+            year = self.year or fields.year_of(time)
+            if start >= searched:
+                found = fields.last_timestamp(data, searched, start, year) or found
+                self._stamped = (start, found)
+            else:                                   # a block's first line, before the last hit
+                found = fields.last_timestamp(data, 0, start, year)
+            if found is not None:
+                return found[1] + data.count(b"\n", found[0], start) * sim_step
             return time + self._line_index(data, start) * sim_step
         return self._carry_time if start < self._carry_end else time
 
@@ -299,7 +318,7 @@ class Engine:
 
     def _record(self, origin: Origin, rank: int | None, texts: list[str], data: bytes,
                 start: int, time: float, sim_step: float) -> Record:
-        year = self.year or _year_of(time)
+        year = self.year or fields.year_of(time)
         stamp = fields.parse_timestamp(texts[0], year)
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
@@ -412,7 +431,3 @@ def _size(chars: int) -> str:
         return f"{chars / 1e3:.1f} kB"
     return f"{chars} B"
 
-
-def _year_of(t: float) -> int:
-    import datetime as _dt
-    return _dt.datetime.fromtimestamp(t, tz=_dt.timezone.utc).year

@@ -61,11 +61,18 @@ class HangTracker:
         self._armed: float | None = None   # when job-hang detection last went from off to on
 
     @classmethod
-    def from_policy(cls, policy: "PolicyConfig") -> "HangTracker":
-        """The tracker a ``PolicyConfig`` asks for: off unless enabled, and off in Async mode."""
+    def from_policy(cls, policy: "PolicyConfig", exits: bool = True) -> "HangTracker":
+        """The tracker a ``PolicyConfig`` asks for: off unless enabled, and off in Async mode.
+
+        Args:
+            policy: the AIMaster flags.
+            exits: the source reports process exits; without them (shipped logs, replay) there
+                is no exit hang to detect.
+        """
         sync = policy.job_execution_mode == "Sync"
         return cls(policy.job_hang_interval if sync and policy.enable_job_hang_detection else None,
-                   policy.job_exit_hang_interval if sync and policy.enable_job_exit_hang_detection else None)
+                   policy.job_exit_hang_interval if exits and sync and policy.enable_job_exit_hang_detection
+                   else None)
 
     # ------------------------------------------------------------------ events
 
@@ -100,9 +107,12 @@ class HangTracker:
             self._armed = time
         self.job_hang_interval = new
 
-    def reset(self, time: float) -> None:
+    def reset(self, time: float, forget: bool = False) -> None:
         """A new attempt begins at ``time``: both timers re-arm, and every instance still tracked
-        as running counts as started at ``time``."""
+        as running counts as started at ``time`` (``forget``: none is tracked any more; a source
+        without process starts meets them again by their output)."""
+        if forget:
+            self._running.clear()
         self._first_ok_exit = None
         self._hang_fired = self._exit_hang_fired = False
         self._armed = None

@@ -1,0 +1,313 @@
+"""The incident core: one job's output, exits and clock ticks in, triggers and decisions out.
+
+``ftwatch run``, ``watch``, ``replay`` and ``evaluate`` decide through an :class:`IncidentDesk`
+per job; they differ only in how input reaches it and what they do with a decision:
+
+    output(origin, chunk, time)  -> engine.feed, hang tracker, recorder (counts, findings),
+                                    torchelastic summary -> exits (watch: at once; replay: at close)
+    exited(ProcessExit)          -> that instance's open blocks closed, exit finding (run)
+    add(findings)                -> findings made beside the engine (a replayed hang, a Bootcheck)
+    tick(now, mono)              -> stale blocks closed, hang check; returns a trigger that is due:
+                                    a hang (at once) or an incident whose settle time ran out
+    decide(trigger, now)         -> policy.decide(Incident) -> Decision (the driver records, acts)
+    close(now)                   -> end of input: blocks flushed, summary exits, the open incident
+                                    decided
+
+What opens an incident, which finding triggers it and which instances failed is
+``ftwatch.policy.triggers`` (one rule for every driver). An incident opens with its first
+opening finding and settles for ``settle`` seconds, in which the others' evidence joins it; a
+hang is due at once. After a decision that acted (not ``none`` / ``notify``) the job's new
+findings are recorded but open nothing for ``cooldown`` seconds (``watch``: the fallout of its
+own action); a hang that only notified re-arms once output resumes. The evidence is the
+attempt's: :meth:`new_attempt` clears it (the driver calls it when the job restarts).
+
+Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
+and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Literal, Sequence
+
+from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
+from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
+from ftwatch.pipeline.recorder import Recorder
+from ftwatch.policy.plan import RunFacts, Verdict
+from ftwatch.policy.policy import Incident, Policy
+from ftwatch.policy.triggers import HANG_KINDS, failed_instances, opens_incident, pick_trigger
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.timers import HangTracker
+
+POLL_SECONDS = 0.2         # how often a live loop wakes with nothing to read (the Tick period)
+SETTLE_SECONDS = 1.0       # ``run``: after a failure, how long the others may show their own errors
+BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
+
+
+def rank_origin(origin: Origin, failure: SummaryFailure) -> Origin:
+    """The origin of a summary's exit read from a stream: that stream's rank ``failure.rank``."""
+    return origin.with_rank(failure.rank)
+
+
+class IncidentDesk:
+    """The incidents of one job.
+
+    Args:
+        job: the job id.
+        engine: the rule engine (may be shared by many desks: its state is per origin).
+        policy: the job's policy (``ftwatch.pipeline.build.build_policy``).
+        recorder: findings and output counts go here (``ftwatch.pipeline.recorder.Recorder``).
+        exits: the source reports process exits (``run``); without them an error opens an
+            incident by itself and instances are met by their output.
+        settle: seconds an incident collects evidence before it is due (``tick``).
+        cooldown: seconds after an acting decision in which new findings open nothing.
+        summaries: read torchelastic failure summaries from the output: ``"live"`` (their exits
+            count as soon as a summary closes), ``"close"`` (at :meth:`close`, after every line:
+            the end of a replayed log is the end of the job) or None (real exits only).
+        exit_origin: the origin of a summary's exit, from the stream's origin and the failure.
+        tracker: the hang tracker; default ``HangTracker.from_policy`` of the policy's flags.
+        on_findings: called with every batch of new findings after they are recorded.
+    """
+
+    def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
+                 settle: float = 0.0, cooldown: float = 0.0,
+                 summaries: Literal["live", "close"] | None = None,
+                 exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
+                 tracker: HangTracker | None = None,
+                 on_findings: Callable[[list[Finding]], None] | None = None):
+        self.job = job
+        self.engine = engine
+        self.policy = policy
+        self.recorder = recorder
+        self.exits = exits
+        self.settle = settle
+        self.cooldown = cooldown
+        self.summaries = summaries
+        self.exit_origin = exit_origin
+        self.tracker = tracker or HangTracker.from_policy(policy.policy, exits=exits)
+        self.on_findings = on_findings
+        self.exit_table = ExitCodeTable.load()
+        self.world_size: int | None = None     # the driver's count of instances (run), else counted
+        self.findings: list[Finding] = []      # this attempt's evidence
+        self.failed: set[str] = set()          # instances with a failing exit ftwatch did not cause
+        self.ok: set[str] = set()              # instances that exited 0
+        self.instances: dict[str, Origin] = {}
+        self.ranks: set[int] = set()
+        self.open: Finding | None = None       # the finding that opened the current incident
+        self._openers: list[Finding] = []      # findings that could trigger it
+        self._settle_until = 0.0
+        self._quiet_until = float("-inf")
+        self._hang_notified = False
+        self._summary_lines: dict[Origin, SummaryLines] = {}
+
+    @property
+    def attempt(self) -> int:
+        """The job's attempt (0 for the first run), from its budgets."""
+        return self.policy.budgets.attempt
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def started(self, origin: Origin, time: float) -> None:
+        """An instance started at ``time`` (its silence clock starts)."""
+        self.instances[origin.instance] = origin
+        if origin.rank is not None:
+            self.ranks.add(origin.rank)
+        self.tracker.started(origin, time)
+
+    def output(self, origin: Origin, data: bytes, time: float, mono: float = 0.0, *, final: bool = False,
+               sim_step: float = 0.0) -> Finding | None:
+        """A chunk of complete lines from ``origin``.
+
+        Args:
+            origin: the stream.
+            data: ``b"\\n"``-separated lines (the last may lack its newline).
+            time: epoch seconds it was read at (replay: its first line's time).
+            mono: monotonic seconds now.
+            final: the stream ended (a replayed file): its open blocks close.
+            sim_step: replay's seconds per untimed line (``Engine.feed``).
+
+        Returns:
+            The finding that opened an incident, or a failing exit a summary reported; else None.
+        """
+        if origin.instance not in self.instances and not self.exits:
+            self.started(origin, time)
+        self.tracker.output(origin.instance, time)
+        if self._hang_notified:
+            self._hang_notified = False
+            self.tracker.rearm()
+        lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+        self.recorder.output(origin, lines, len(data), time)
+        found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step)
+        if self.summaries is not None:
+            found += self._summary(origin, data, time)
+        return self.add(found, mono)
+
+    def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
+        """A worker process ended: its open blocks close, then its exit is judged.
+
+        Args:
+            exit: the exit.
+            mono: monotonic seconds now.
+            expected: ftwatch caused it (besides ``exit.stopped_by_us``: a worker that ended while
+                writing the last words ftwatch asked for).
+
+        Returns:
+            The exit's finding when it failed on its own (the driver acts on it), else the finding
+            that opened an incident, if any.
+        """
+        for origin in self.engine.pending_origins():
+            if origin.key == exit.origin.key:
+                self.add(self.engine.flush(origin, exit.time), mono)
+        self.tracker.exited(exit.origin, exit.ok, exit.time)
+        return self.add(self._deaths([exit], expected), mono)
+
+    def add(self, findings: Sequence[Finding], mono: float = 0.0, record: bool = True) -> Finding | None:
+        """Findings of this job: recorded (unless ``record`` is false: already stored), and
+        evidence unless a cooldown runs.
+
+        Returns:
+            The finding that opened an incident, or a failing exit (a death always asks for a
+            decision); else None.
+        """
+        if not findings:
+            return None
+        findings = list(findings)
+        if record:
+            self.recorder.attempt = self.attempt
+            self.recorder.findings(findings)
+        self.ranks.update(f.rank for f in findings if f.rank is not None)
+        if self.on_findings is not None:
+            self.on_findings(findings)
+        if mono < self._quiet_until:
+            return None                             # the aftermath of our own action
+        self.findings.extend(findings)
+        trigger = None
+        for f in findings:
+            if not opens_incident(f, self.policy.c4d, errors=not self.exits):
+                continue
+            self._openers.append(f)
+            if self.open is None:
+                self.open = f
+                self._settle_until = mono + (0.0 if f.kind in HANG_KINDS else self.settle)
+                trigger = trigger or f
+            elif f.kind == "exit_code":
+                trigger = trigger or f
+        return trigger
+
+    def tick(self, now: float, mono: float) -> Finding | None:
+        """Time passes: close this job's stale blocks, check the hang timers.
+
+        Returns:
+            A trigger that is due now: a hang (at once), else the opener of an incident whose
+            settle time ran out; None when nothing is due.
+        """
+        self.add(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=self.job), mono)
+        due = None
+        for hang in self.tracker.check(now):
+            self.add([hang], mono)
+            if due is None and mono >= self._quiet_until:
+                due = hang
+        if due is None and self.open is not None and mono >= self._settle_until:
+            due = self.open
+        return due
+
+    def settle_left(self, mono: float) -> float:
+        """Seconds the open incident still settles at ``mono``; 0 when none is settling."""
+        return 0.0 if self.open is None else max(0.0, self._settle_until - mono)
+
+    # -- deciding ------------------------------------------------------------------------------
+
+    def decide(self, trigger: Finding | None, now: float, mono: float = 0.0) -> Decision:
+        """Ask the policy about the open incident (the driver records the decision and acts).
+
+        Args:
+            trigger: the finding the driver acts on (``run``: the one it was handed); None: the
+                incident's trigger by ``ftwatch.policy.triggers.pick_trigger``.
+            now: epoch seconds, the decision's time.
+            mono: monotonic seconds now (the cooldown starts here).
+
+        Raises:
+            ValueError: no trigger given and no incident open.
+        """
+        return self.verdict(trigger, now, mono).decision
+
+    def verdict(self, trigger: Finding | None, now: float, mono: float = 0.0, facts: RunFacts | None = None) -> Verdict:
+        """:meth:`decide` with the plan that carries the decision out (``Policy.verdict``);
+        ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
+        then :meth:`decide`'s)."""
+        trigger = trigger or pick_trigger(self._openers)
+        failed = failed_instances(self.findings, trigger, self.failed, exits_only=self.exits)
+        world = self.world_size or len(self.ranks) or len(self.instances) or 1
+        verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
+        decision = verdict.decision
+        self.open = None
+        self._openers.clear()
+        if decision.action not in (Action.NONE, Action.NOTIFY):
+            self._quiet_until = mono + self.cooldown
+        elif trigger.kind in HANG_KINDS:
+            self._hang_notified = True              # one finding per hang episode
+        return verdict
+
+    def close(self, now: float, step: float = 0.0) -> Decision | None:
+        """The input ended: open blocks close, the summaries' exits count (``summaries="close"``:
+        at ``now``, ``step`` apart), and the open incident is decided at ``now``.
+
+        Returns:
+            The decision, or None when no incident is open (the job ended by itself).
+        """
+        for origin in self.engine.pending_origins():
+            if origin.job == self.job:
+                self.add(self.engine.flush(origin, now))
+        if self.summaries == "close":
+            origins = {}
+            failures = []
+            for origin, summary in self._summary_lines.items():
+                for failure in summary.failures():
+                    origins[id(failure)] = origin
+                    failures.append(failure)
+            self.add(self._deaths(summary_exits(
+                failures, lambda f: self.exit_origin(origins[id(f)], f), now + step, step)))
+        return self.decide(None, now) if self.open is not None else None
+
+    def new_attempt(self, now: float, world_size: int | None = None) -> None:
+        """The job (re)starts at ``now``: the evidence, failed and finished instances and any open
+        incident are forgotten; the hang timers re-arm (``world_size``: the driver's count of
+        instances, None to count them)."""
+        self.findings.clear()
+        self._openers.clear()
+        self.failed.clear()                         # in place: a driver may hold the set
+        self.ok.clear()
+        self.open = None
+        self._hang_notified = False
+        self.world_size = world_size
+        if not self.exits:
+            self.instances.clear()                  # met again by their output
+        self.tracker.reset(now, forget=not self.exits)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
+        """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
+        (``summaries="live"``). Only streams with a summary under way keep a reader."""
+        summary = self._summary_lines.pop(origin, None) or SummaryLines()
+        found: list[Finding] = []
+        if summary.take(data) and self.summaries == "live":
+            found = self._deaths(summary_exits(summary.failures(), lambda f: self.exit_origin(origin, f), time))
+        if summary.pending:
+            self._summary_lines[origin] = summary
+        return found
+
+    def _deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
+        """The findings of exits: ok ones are noted, those ftwatch caused make none."""
+        out = []
+        for exit in exits:
+            if exit.ok:
+                self.ok.add(exit.origin.instance)
+                continue
+            if exit.stopped_by_us or expected:
+                continue
+            self.failed.add(exit.origin.instance)
+            finding = exit_finding(exit, self.exit_table, seq=self.engine.next_seq())
+            if finding is not None:
+                out.append(finding)
+        return out

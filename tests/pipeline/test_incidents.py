@@ -1,0 +1,164 @@
+"""The incident core (``ftwatch.pipeline.incidents.IncidentDesk``) and its rules
+(``ftwatch.policy.triggers``), driven by hand with a FakeClock: no process, no thread."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from ftwatch.config.model import Config
+from ftwatch.events import Action, FailureClass, Origin, ProcessExit
+from ftwatch.pipeline.build import build_engine, build_policy
+from ftwatch.pipeline.incidents import IncidentDesk
+from ftwatch.pipeline.recorder import Recorder
+from ftwatch.policy.triggers import failed_instances, pick_trigger
+from ftwatch.rules.timers import HangTracker
+from ftwatch.testing import T0, CaptureSink, FakeClock, finding
+
+JOB = "desk-test"
+KEYERROR = b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nKeyError: 'lr'\n"
+NCCL = b"RuntimeError: NCCL error: unhandled system error\n"
+GLOO = b"RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.3]:29500\n"
+
+
+def worker(rank: int) -> Origin:
+    return Origin(f"worker-{rank}", rank, JOB, "node-a", "stderr", "process")
+
+
+def desk(tmp_path: Path, exits: bool, settle: float = 0.0, cooldown: float = 0.0, **flags):
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(
+        enable_job_restart=True, **flags)
+    sink = CaptureSink()
+    recorder = Recorder(sink, out=io.StringIO(), resolve_after=None)
+    d = IncidentDesk(JOB, build_engine(config), build_policy(config, JOB), recorder, exits=exits,
+                     settle=settle, cooldown=cooldown, summaries=None if exits else "live")
+    d.new_attempt(T0, world_size=2 if exits else None)
+    return d, sink
+
+
+def test_with_process_exits_an_error_line_opens_nothing_and_a_failing_exit_does(tmp_path):
+    """``run``: the exit is the event; the KeyError it printed is the evidence and the root cause."""
+    clock = FakeClock()
+    d, sink = desk(tmp_path, exits=True, settle=1.0)
+    for rank in (0, 1):
+        d.started(worker(rank), clock.time())
+    assert d.output(worker(1), KEYERROR, clock.time(), clock.mono()) is None
+    exit = ProcessExit(worker(1), 4121, 1, None, clock.time() + 0.1)
+    trigger = d.exited(exit, clock.mono())
+    assert trigger is not None and trigger.kind == "exit_code"
+    assert d.settle_left(clock.mono()) == pytest.approx(1.0)
+    clock.advance(1.0)
+    assert d.settle_left(clock.mono()) == 0
+    decision = d.decide(trigger, clock.time(), clock.mono())
+    assert (decision.action, decision.root_cause.rule_id, decision.root_cause.rank) == (
+        Action.FAIL_JOB, "python.key_error", 1)
+    assert d.failed == {"worker-1"}
+    assert [f.rule_id for f in sink.findings] == ["python.key_error", "exit.1"]
+
+
+def test_an_exit_ftwatch_caused_is_no_trigger(tmp_path):
+    d, _ = desk(tmp_path, exits=True)
+    d.started(worker(0), T0)
+    assert d.exited(ProcessExit(worker(0), 1, None, 15, T0, stopped_by_us=True)) is None
+    assert d.exited(ProcessExit(worker(1), 2, 1, None, T0), expected=True) is None     # writing last words
+    assert d.failed == set() and d.findings == []
+
+
+def test_without_exits_an_error_opens_an_incident_that_is_due_after_settle(tmp_path):
+    """``watch``: the first error opens; the peers' evidence joins within ``settle``; then tick
+    hands the incident over and the decision is about the earliest real error."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False, settle=5.0)
+    opener = d.output(worker(0), GLOO, clock.time(), clock.mono())
+    assert opener is not None and opener.failure_class is FailureClass.FALLOUT
+    clock.advance(1)
+    assert d.output(worker(1), NCCL, clock.time() - 0.5, clock.mono()) is None   # joins, opens nothing new
+    clock.advance(3.9)
+    assert d.tick(clock.time(), clock.mono()) is None
+    clock.advance(0.2)
+    assert d.tick(clock.time(), clock.mono()) is opener
+    decision = d.decide(None, clock.time(), clock.mono())
+    assert (decision.action, decision.root_cause.rule_id, decision.root_cause.rank) == (
+        Action.RESTART_JOB, "nccl.unhandled_system_error", 1)
+    assert d.open is None
+
+
+def test_after_acting_new_errors_open_nothing_for_the_cooldown(tmp_path):
+    clock = FakeClock()
+    d, sink = desk(tmp_path, exits=False, cooldown=60.0)
+    d.output(worker(1), NCCL, clock.time(), clock.mono())
+    assert d.decide(None, clock.time(), clock.mono()).action is Action.RESTART_JOB
+    d.new_attempt(clock.time())
+    clock.advance(10)
+    assert d.output(worker(0), GLOO, clock.time(), clock.mono()) is None       # the fallout of acting
+    assert d.open is None and d.findings == []
+    assert sink.findings[-1].rule_id.startswith("gloo.")                         # still stored
+    clock.advance(51)
+    assert d.output(worker(0), NCCL, clock.time(), clock.mono()) is not None
+
+
+def test_a_torchelastic_summary_in_shipped_output_is_an_exit_that_triggers(tmp_path):
+    d, _ = desk(tmp_path, exits=False)
+    launcher = Origin("launcher", None, JOB, "node-a", "stderr", "forward")
+    summary = b"".join(line + b"\n" for line in [
+        b"Root Cause (first observed failure):", b"[0]:", b"  time      : 2026-11-21_11:02:19",
+        b"  host      : node-a", b"  rank      : 1 (local_rank: 1)", b"  exitcode  : -9 (pid: 18989)",
+        b"  error_file: <N/A>", b"  traceback : Signal 9 (SIGKILL) received by PID 18989",
+        b"=" * 55])
+    assert d.output(launcher, summary, T0) is not None
+    [exit] = [f for f in d.findings if f.kind == "exit_code"]
+    assert (exit.rule_id, exit.rank, exit.origin.instance) == ("exit.sigkill", 1, "launcher/rank1")
+    decision = d.decide(None, T0)                  # the exit is the trigger, not the summary's own lines
+    assert decision.root_cause is exit and d.failed == {"launcher/rank1"}
+
+
+def test_a_hang_that_only_notified_fires_again_once_output_resumed(tmp_path):
+    """An Async job's hang only notifies (hang restarts are Sync-only); the desk re-arms the
+    hang timer on the next output, so one silence makes one finding and a new one another."""
+    clock = FakeClock()
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(
+        job_execution_mode="Async", enable_job_restart=True)
+    d = IncidentDesk(JOB, build_engine(config), build_policy(config, JOB),
+                     Recorder(CaptureSink(), out=io.StringIO(), resolve_after=None), exits=True,
+                     tracker=HangTracker(60, None))
+    d.new_attempt(clock.time(), world_size=1)
+    d.started(worker(0), clock.time())
+    clock.advance(60)
+    hang = d.tick(clock.time(), clock.mono())
+    assert hang is not None and hang.kind == "hang"
+    assert d.decide(hang, clock.time(), clock.mono()).action is Action.NOTIFY
+    clock.advance(60)
+    assert d.tick(clock.time(), clock.mono()) is None              # one finding per hang episode
+    d.output(worker(0), b"step 9\n", clock.time(), clock.mono())    # output resumes: re-armed
+    clock.advance(60)
+    assert d.tick(clock.time(), clock.mono()).kind == "hang"
+
+
+# --- the rules ----------------------------------------------------------------------------------
+
+def test_the_trigger_is_the_earliest_by_time_not_by_arrival():
+    late = finding("python.key_error", time=T0 + 5, seq=1)
+    early = finding("nccl.unhandled_system_error", time=T0 + 1, seq=9)
+    assert pick_trigger([late, early]) is early
+
+
+def test_a_failing_exit_outranks_errors_and_a_hang_outranks_what_came_after_it():
+    err = finding("python.key_error", time=T0 + 1)
+    ex = finding("exit.1", kind="exit_code", time=T0 + 9)
+    hang = finding("hang.job", kind="hang", failure_class=FailureClass.HANG, time=T0 + 5)
+    fallout = finding("gloo.pair_io_error", failure_class=FailureClass.FALLOUT, time=T0 + 2)
+    assert pick_trigger([err, ex]) is ex
+    assert pick_trigger([fallout, hang, ex]) is hang        # nothing real before the hang
+    assert pick_trigger([err, hang, ex]) is ex              # a real error came first
+
+
+def test_failed_instances_are_the_exits_else_the_real_errors_where_no_exits_are_seen():
+    real = finding("python.key_error", at=worker(1))
+    fallout = finding("gloo.pair_io_error", failure_class=FailureClass.FALLOUT, at=worker(0))
+    assert failed_instances([real, fallout], real, set(), exits_only=False) == {"worker-1"}
+    assert failed_instances([real, fallout], real, set(), exits_only=True) == set()
+    assert failed_instances([real], real, {"worker-3"}, exits_only=False) == {"worker-3"}
+    hang = finding("hang.job", kind="hang", failure_class=FailureClass.HANG)
+    assert failed_instances([real, hang], hang, set(), exits_only=False) == set()
