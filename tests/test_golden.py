@@ -4,14 +4,15 @@ scrubbed) -> the decision `ftwatch replay --json` must print and the alerts it s
 
 Every driver decides through the one incident core (``ftwatch.pipeline.incidents``), so each
 scenario is also fed to ``watch`` (its lines as shipped records, a FakeClock, then the input's
-end), to ``replay`` and to ``evaluate`` in-process, and the decisions must be the same. ``run``
-joins them once its loop can be driven with fake collaborators: see :func:`decide_by_run`.
+end), to ``replay`` and to ``evaluate`` in-process, and to ``run``'s loop with scripted workers
+(:func:`decide_by_run`), and the decisions must be the same.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,15 +24,19 @@ from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.spool import Spool
 from ftwatch.cli.evaluate import Case, CaseSpec, Expected, run_case
+from ftwatch.config.health import HealthConfig
 from ftwatch.config.model import Config, parse_aimaster_flags
+from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.events import Decision
-from ftwatch.pipeline.build import build_engine, build_policy
+from ftwatch.parsers.fields import clean, split_rank_prefix
+from ftwatch.parsers.torchelastic import parse_summary
+from ftwatch.pipeline.build import build_engine, build_policy, build_run
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.replay import origin_for, replay
 from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.watch import Watcher
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.testing import CaptureNotifier, CaptureSink, FakeClock
+from ftwatch.testing import CaptureNotifier, CaptureSink, Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p for p in GOLDEN.iterdir() if (p / "expected.json").exists())
@@ -134,19 +139,62 @@ def decide_by_evaluate(case: Path, tmp_path: Path) -> Verdict:
     return Verdict(out.action, out.rule, out.rank, None)
 
 
-def decide_by_run(case: Path, tmp_path: Path) -> Decision:
-    """FOR THE RUN LOOP (h11-act): drive ``ftwatch.pipeline.run.JobRunner`` over this scenario with
-    fake collaborators (a ListSource playing the supervisor: each log's lines as ``Output``, then
-    the exits the torchelastic summary names as ``ProcessExit``; a FakeClock; a capture Recorder)
-    and return its decision. Until the runner takes its collaborators, the entry is skipped."""
-    raise NotImplementedError("the run loop cannot be driven with fake collaborators yet")
+def worker_script(case: Path) -> tuple[int, dict[tuple[int, int], list]]:
+    """The scenario as ``ftwatch run``'s workers would have played it: (world size, the script
+    of each rank's first start; later starts end well).
+
+    Each line goes to the worker of its rank (a per-rank file's rank, else its rank prefix),
+    in file order, on the file's stream; torchrun's own lines (no rank: its banner, its failure
+    summary) are not a worker's, since under ``run`` ftwatch is the launcher. A rank's exit is
+    the one the torchelastic summary names; without a summary, a rank whose output ends in a
+    traceback exits 1 and the others 0. A rank the summary says torchrun stopped (SIGTERM)
+    runs until ftwatch stops it.
+    """
+    lines: dict[int, list[tuple[str, str]]] = {}
+    text: list[str] = []
+    for path in logs_of(case):
+        stream = "stderr" if path.suffix == ".err" else "stdout"
+        file_rank = origin_for(path, JOB).rank
+        for raw in path.read_bytes().splitlines():
+            line = clean(raw)
+            text.append(line)
+            rank = file_rank if file_rank is not None else split_rank_prefix(line)[0]
+            if rank is not None:
+                lines.setdefault(rank, []).append((line, stream))
+    if not lines:
+        pytest.skip("no line names its rank (one node's log of a multi-node job): under ftwatch run "
+                    "every line comes from a worker whose rank is known, so there is no run to compare")
+    failures = {f.rank: f.exitcode for f in parse_summary(text)}
+    script = {}
+    for rank, said in lines.items():
+        steps = [Say(0.001 * (n + 1), line, stream) for n, (line, stream) in enumerate(said)]
+        end = 0.001 * (len(said) + 1) + 0.5
+        code = failures.get(rank, 1 if not failures and "Traceback" in "".join(t for t, _ in said) else 0)
+        if code != -signal.SIGTERM:
+            steps.append(Exit(end, code if code >= 0 else None, -code if code < 0 else None))
+        script[(rank, 1)] = steps
+    return max(lines) + 1, script
+
+
+def decide_by_run(case: Path, tmp_path: Path) -> Decision | None:
+    """``ftwatch run``'s loop over the scenario: scripted workers (:func:`worker_script`) under
+    a FakeSupervisor on a FakeClock, a capture Recorder; its first decision."""
+    world, script = worker_script(case)
+    config = config_of(case, tmp_path).model_copy(update={
+        "supervisor": SupervisorConfig(nproc_per_node=world, restart_delay=0, devices=[str(r) for r in range(world)]),
+        "health": HealthConfig(bootcheck=False, troubleshooting=False)})
+    recorder, _, _ = capture(tmp_path, "run")
+    clock = FakeClock()
+    sup = FakeSupervisor(clock, script_of(script, [Exit(1)]), job=JOB)
+    build_run(config, ["train"], JOB, recorder, out=io.StringIO(), clock=clock, supervisor=sup,
+              control=FakeControl()).run()
+    return recorder.decisions[0] if recorder.decisions else None
 
 
 DRIVERS = [
     pytest.param("watch", id="watch"),
     pytest.param("evaluate", id="evaluate"),
-    pytest.param("run", id="run", marks=pytest.mark.skip(
-        reason="the run loop needs injected fake collaborators (h11-act): fill in decide_by_run")),
+    pytest.param("run", id="run"),
 ]
 
 

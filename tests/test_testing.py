@@ -216,3 +216,24 @@ def test_the_nccl_crash_worker_kills_rank_1_on_the_first_attempt_only(tmp_path):
     assert "NCCL error in:" in crashed.stdout and "unhandled system error" in crashed.stdout
     retried = run(0, 1)
     assert retried.returncode == 0 and retried.stdout.splitlines()[-1] == "rank 0 done"
+
+
+def test_fake_supervisor_plays_its_script_on_the_clock_and_a_stop_ends_the_rest():
+    """poll() moves the clock to the next scripted item (never past the timeout); a worker with no
+    Exit runs until stop_all, which drops what it had not yet printed and reports it stopped."""
+    from ftwatch.pipeline.sources.process import Started
+    from ftwatch.testing import Exit, FakeSupervisor, Say, script_of
+    c = FakeClock()
+    sup = FakeSupervisor(c, script_of({(0, 1): [Say(5, "step 1"), Say(50, "never")], (1, 1): [Exit(2, 3)]}), 2)
+    sup.start_all(0)
+    assert [type(i).__name__ for i in sup.poll(0.2)] == ["Started", "Started"] and c.mono() == 0
+    assert sup.poll(1) == [] and c.mono() == 1                         # nothing within the timeout
+    [gone] = sup.poll(10)
+    assert c.mono() == 2 and isinstance(gone, ProcessExit) and gone.returncode == 3 and sup.running() == {0}
+    [out] = sup.poll(10)
+    assert isinstance(out, Output) and out.data == b"step 1\n" and out.time == c.time() and c.mono() == 5
+    [stopped] = sup.stop_all()
+    assert stopped.stopped_by_us and sup.running() == set() and sup.poll(0) == [stopped]
+    assert sup.poll(100) == [] and c.mono() == 105                      # "never" was dropped
+    sup.restart_instance(1)
+    assert isinstance(sup.poll(0)[0], Started) and sup.names() == ["start_all", "stop_all", "restart_instance"]

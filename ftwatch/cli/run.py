@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ftwatch.cli.common import (EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, ArgumentParser, aimaster_epilog, job_id_for,
                                 load_config_from_args, split_flags)
-from ftwatch.pipeline.build import build_engine, build_recorder
+from ftwatch.pipeline.build import build_recorder, build_run
 
 
 def cmd_run(argv: list[str]) -> int:
@@ -42,7 +42,6 @@ def cmd_run(argv: list[str]) -> int:
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     from ftwatch.telemetry import start_metrics
-    from ftwatch.pipeline.run import JobRunner
     state_dir = Path(config.storage.state_dir)
     job = job_id_for(args.job_id or config.job.id, command)
     from ftwatch.pipeline.sources.orphans import reap     # workers a killed ftwatch left running here
@@ -54,7 +53,7 @@ def cmd_run(argv: list[str]) -> int:
             return status
     recorder = build_recorder(config, state_dir, args.decisions_file)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
-    runner = JobRunner(config, command, build_engine(config, say=recorder.say), recorder, job)
+    runner = build_run(config, command, job, recorder)
     try:
         status = runner.run()
     finally:

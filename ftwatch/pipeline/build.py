@@ -129,3 +129,85 @@ def resolve_after_of(config) -> float:
     from ftwatch.pipeline.recorder import RESOLVE_AFTER
     values = [r.resolve_after for r in config.alerting.receivers if r.type == "alertmanager"]
     return min(values, default=RESOLVE_AFTER)
+
+def build_run(config, command, job: str, recorder, *, engine=None, out=None, clock=None, supervisor=None,
+              control=None, node: str | None = None):
+    """The run loop of ``ftwatch run`` with every collaborator it drives, built once here.
+
+    The MindCluster section is first translated into the policy (M4: a recovering strategy enables
+    restarts, ``max_restarts`` is the budget). Then: the job's budgets, slots (A1) and policy
+    under ``storage.state_dir``, the incident desk (its hang tracker: Sync only), the SDK's
+    control socket and its handler, the supervisor (one worker per active slot), the health hooks
+    (H1, H3; the engine's step tap), the scene and the local actuator.
+
+    Args:
+        config: the validated config.
+        command: the training command (argv), run once per worker.
+        job: the job id.
+        recorder: where decisions, findings and events go.
+        engine: the rule engine; None: :func:`build_engine` (its step tap tells the terminal).
+        out: where worker output is echoed (default stdout).
+        clock: default the system clock; tests give a FakeClock.
+        supervisor, control: default the real ``Supervisor`` and ``ControlServer``; tests give
+            fakes (``ftwatch.testing.FakeSupervisor``, ``FakeControl``).
+        node: this machine's name (default: the host name).
+
+    Returns:
+        A ``JobRunner`` over its incident desk (``ftwatch.pipeline.incidents``); ``run()`` it.
+
+    Raises:
+        ConfigError: fewer devices than MIN, a device listed twice, a corrupt state file.
+        RuleError: a rule file that does not load (engine None).
+    """
+    import socket
+
+    from ftwatch.clock import SystemClock
+    from ftwatch.config.mindcluster import policy_overrides
+    from ftwatch.health.runhook import HealthChecks
+    from ftwatch.pipeline.actuators.local import LocalActuator
+    from ftwatch.pipeline.actuators.recovery import RecoveryHandler
+    from ftwatch.pipeline.actuators.scene import Scene
+    from ftwatch.pipeline.actuators.slots import Slots
+    from ftwatch.pipeline.incidents import SETTLE_SECONDS, IncidentDesk
+    from ftwatch.pipeline.run import JobRunner, RunParts
+    from ftwatch.pipeline.sources.control import ControlServer
+    from ftwatch.pipeline.sources.orphans import WorkerRecord
+    from ftwatch.pipeline.sources.supervisor import Supervisor
+    from ftwatch.policy.budgets import BudgetStore
+    from ftwatch.rules.loader import rules_from_keywords
+
+    if policy_overrides(config.mindcluster):           # M3 translated into the policy (M4)
+        config = config.with_policy(**policy_overrides(config.mindcluster))
+    mc, sup, pol = config.mindcluster, config.supervisor, config.policy
+    clock = clock or SystemClock()
+    node = node or socket.gethostname()
+    engine = engine if engine is not None else build_engine(config, say=recorder.say)
+    state_dir = Path(config.storage.state_dir)
+    budgets = BudgetStore.for_job(state_dir, job)
+    policy = build_policy(config, job, budgets)
+    slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
+    sync = pol.job_execution_mode == "Sync"
+    hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
+    # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
+    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0)
+    controls = RecoveryHandler(
+        engine, desk.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
+        budgets=lambda: (budgets.restarts_used, max(0, policy.max_restarts - budgets.restarts_used)),
+        node=node, clock=clock.time)
+    if control is None:
+        control = ControlServer(state_dir)          # the SDK's socket (ftwatch.sdk), started by run()
+    if supervisor is None:
+        env = control.env()
+        if mc.has("dump"):
+            env["FTWATCH_DUMP_SIGNAL"] = mc.dump_signal
+        supervisor = Supervisor(list(command), max(1, slots.nproc), job=job, node=node,
+                                grace_period=sup.grace_period, master_addr=sup.master_addr,
+                                master_port=sup.master_port, env=env,
+                                record=WorkerRecord(state_dir, recorder.say))   # the next start reaps orphans
+    health = HealthChecks(config, recorder, job, node, slots.nproc, slots.active, steps=engine.steps)  # H1, H3
+    scene = Scene()
+    actuator = LocalActuator(supervisor, control, controls, slots, scene, recorder, clock, job=job, mindcluster=mc,
+                             restart_delay=sup.restart_delay, keep_scene_seconds=sup.keep_scene_seconds,
+                             state_dir=config.storage.state_dir)
+    parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock)
+    return JobRunner(config, command, parts, recorder, job, out=out)

@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Literal, Sequence
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
 from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.policy.plan import RunFacts, Verdict
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import HANG_KINDS, failed_instances, opens_incident, pick_trigger
 from ftwatch.rules.engine import Engine
@@ -228,17 +229,24 @@ class IncidentDesk:
         Raises:
             ValueError: no trigger given and no incident open.
         """
+        return self.verdict(trigger, now, mono).decision
+
+    def verdict(self, trigger: Finding | None, now: float, mono: float = 0.0, facts: RunFacts | None = None) -> Verdict:
+        """:meth:`decide` with the plan that carries the decision out (``Policy.verdict``);
+        ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
+        then :meth:`decide`'s)."""
         trigger = trigger or pick_trigger(self._openers)
         failed = failed_instances(self.findings, trigger, self.failed, exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
-        decision = self.policy.decide(Incident(trigger, tuple(self.findings), world, failed, self.attempt), now)
+        verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
+        decision = verdict.decision
         self.open = None
         self._openers.clear()
         if decision.action not in (Action.NONE, Action.NOTIFY):
             self._quiet_until = mono + self.cooldown
         elif trigger.kind in HANG_KINDS:
             self._hang_notified = True              # one finding per hang episode
-        return decision
+        return verdict
 
     def close(self, now: float, step: float = 0.0) -> Decision | None:
         """The input ended: open blocks close, the summaries' exits count (``summaries="close"``:

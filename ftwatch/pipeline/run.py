@@ -7,116 +7,102 @@ an incident and which instances failed, as in ``watch`` and ``replay``); the res
     poll supervisor -> Output: print with rank prefix, desk.output
                     -> ProcessExit: desk.exited (that instance's open blocks, exit finding)
     every tick      -> desk.tick: stale blocks, hang / exit-hang check
-    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> policy.decide -> act
-                       (Async) policy.decide -> restart that instance / fail
+    incident        -> failing exit (Sync): settle, [dump], stop all, drain -> verdict -> act
+                       (Async) verdict -> restart that instance / fail
                        hang, C4D record, notify / isolate finding: decide first; notify stops
                        nothing (the job runs on), anything else: [dump], stop all, act
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
 
-Exit status: 0 if and only if the job finally succeeded.
+The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
+the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
+poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
+(``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
 """
 
 from __future__ import annotations
 
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
-from ftwatch.clock import SystemClock
+from ftwatch.clock import Clock
 from ftwatch.config.model import Config
-from ftwatch.config.mindcluster import policy_overrides
-from ftwatch.events import Action, Decision, Finding, ProcessExit, Target
+from ftwatch.events import Action, Decision, Finding, ProcessExit
 from ftwatch.health.runhook import HealthChecks
-from ftwatch.pipeline.actuators.local import RecoveryActs
-from ftwatch.pipeline.sources.control import ControlServer
-from ftwatch.pipeline.build import build_policy
+from ftwatch.pipeline.actuators.local import LocalActuator, Workers
 from ftwatch.pipeline.echo import echo_text
 from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.actuators.recovery import RecoveryHandler, isolate_devices, plan, retry_candidate
+from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
-from ftwatch.pipeline.sources.orphans import WorkerRecord
-from ftwatch.pipeline.sources.supervisor import Output, Started, Supervisor
+from ftwatch.pipeline.sources.supervisor import Output, Started
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.rules.engine import Engine
-from ftwatch.rules.loader import rules_from_keywords
-
+from ftwatch.policy.plan import Plan, RunFacts, Verdict, retry_candidate
+from ftwatch.policy.policy import Policy
 
 @dataclass
 class _Attempt:
     failed: set[str] = field(default_factory=set)           # the desk's set of failed instances
     retry: list[Finding] = field(default_factory=list)      # faults a MindCluster retry may answer
-    retried: set[str] = field(default_factory=set)          # their fingerprints, once each
 
 
-class JobRunner(RecoveryActs):
+@dataclass
+class RunParts:
+    """The collaborators of one :class:`JobRunner`, built once by ``ftwatch.pipeline.build.build_run``
+    (tests give a fake supervisor and control socket: ``ftwatch.testing``)."""
+
+    supervisor: Workers            # the workers: Supervisor, or any actuators.local.Workers
+    control: Any                   # the SDK's socket (ControlServer): start, stop, drain, subscribers
+    controls: RecoveryHandler      # answers the SDK's requests; retry / dump watches, hang scopes
+    desk: IncidentDesk             # the input half: engine (its step tap wired), hang tracker, incidents
+    policy: Policy                 # decides: Policy.verdict -> (final decision, plan)
+    budgets: BudgetStore
+    slots: Slots                   # the job's devices (A1), read here, changed by the actuator
+    health: HealthChecks           # Bootcheck / Troubleshooting (H1, H3)
+    scene: Scene                   # the workers' pids and exits
+    actuator: LocalActuator        # carries out the plans
+    clock: Clock
+
+
+class JobRunner:
     """Runs one job under supervision until it succeeds or the policy fails it.
 
     Args:
-        config: the validated config (policy, supervisor, storage ...).
+        config: the validated config (policy, supervisor, mindcluster), with the MindCluster
+            flags already translated into the policy (``build_run``).
         command: the training command, run once per worker.
-        engine: the rule engine.
+        parts: the collaborators (``ftwatch.pipeline.build.build_run`` builds them).
         recorder: where decisions and findings go.
         job: the job id.
         out: where worker output is echoed, prefixed by rank.
     """
 
-    def __init__(self, config: Config, command: Sequence[str], engine: Engine, recorder: Recorder,
-                 job: str, out: TextIO | None = None, clock: SystemClock | None = None):
-        if policy_overrides(config.mindcluster):           # M3 translated into the policy (M4)
-            config = config.with_policy(**policy_overrides(config.mindcluster))
-        self.config = config
-        self.command = list(command)
-        self.engine = engine
-        self.recorder = recorder
-        self.job = job
+    def __init__(self, config: Config, command: Sequence[str], parts: RunParts, recorder: Recorder, job: str,
+                 out: TextIO | None = None):
+        self.config, self.command, self.recorder, self.job = config, list(command), recorder, job
         self.out = out or sys.stdout
-        self.clock = clock or SystemClock()
+        p = self.parts = parts
+        self.supervisor, self.control, self.controls = p.supervisor, p.control, p.controls
+        self.desk, self.policy, self.budgets = p.desk, p.policy, p.budgets
+        self.engine, self.tracker = p.desk.engine, p.desk.tracker
+        self.slots, self.health, self.scene, self.clock = p.slots, p.health, p.scene, p.clock
+        self.desk.on_findings = self._retry_candidates
+        self.act = p.actuator
+        self.act.drive(self._step)
         self.mc = config.mindcluster
-        state_dir = Path(config.storage.state_dir)
-        self.budgets = BudgetStore.for_job(state_dir, job)
-        self.policy = build_policy(config, job, self.budgets)
-        sup = config.supervisor
-        self.slots = Slots.for_job(state_dir, job, sup.nproc_range, sup.devices)
         self.nproc = self.slots.nproc
-        self.node = socket.gethostname()
         self.poll_seconds = self.mc.monitor_interval or POLL_SECONDS
-        self.control = ControlServer(state_dir)     # the SDK's socket (ftwatch.sdk), started in run()
-        env = self.control.env()
-        if self.mc.has("dump"):
-            env["FTWATCH_DUMP_SIGNAL"] = self.mc.dump_signal
-        self.supervisor = Supervisor(self.command, max(1, self.nproc), job=job, node=self.node,
-                                     grace_period=sup.grace_period, master_addr=sup.master_addr,
-                                     master_port=sup.master_port, env=env,
-                                     record=WorkerRecord(state_dir, recorder.say))   # the next start reaps orphans
-        pol = config.policy
-        sync = pol.job_execution_mode == "Sync"
-        hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
-        # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
-        self.desk = IncidentDesk(job, engine, self.policy, recorder, exits=True,
-                                 settle=SETTLE_SECONDS if sync else 0.0, on_findings=self._retry_candidates)
-        self.tracker = self.desk.tracker
-        self.controls = RecoveryHandler(
-            engine, self.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
-            budgets=lambda: (self.budgets.restarts_used,
-                             max(0, self.policy.max_restarts - self.budgets.restarts_used)),
-            node=self.node, clock=self.clock.time)
-        self.sync = sync
+        self.sync = config.policy.job_execution_mode == "Sync"
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
-        self.live = sup.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
-        self.scene = Scene()
-        self.health = HealthChecks(config, recorder, job, self.node, self.nproc, self.slots.active,
-                                   steps=engine.steps)   # H1, H3
-        self._stop_requested = threading.Event()
+        self.live = config.supervisor.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
+        self._stop_requested = self.act.stop_requested   # SIGINT / SIGTERM: every wait ends
         self._state = _Attempt(self.desk.failed)
-        self._reschedule = False     # the next start moves the job (isolation, MindCluster recover): A2
+        self._instance_checking = False   # H1 before an instance restart is under way (no second round)
         self.final: Decision | None = None
 
     # -- public -----------------------------------------------------------------------------
@@ -143,24 +129,26 @@ class JobRunner(RecoveryActs):
             attempt = self.budgets.attempt
             self.recorder.attempt = attempt
             self.recorder.run_started(self.job, attempt, self.clock.time(), self.command)
-            if not self.slots.viable:          # isolations kept from an earlier ftwatch run
-                return self._end(self._below_min(), attempt)
-            self.nproc = self.health.nproc = self.slots.nproc
-            self.health.devices = list(self.slots.active)    # each check agent on its slot's device
-            self.supervisor.resize(self.nproc, self.slots.env())
+            slots = self.slots.facts()
+            if not slots.viable:               # isolations kept from an earlier ftwatch run
+                decision = self.policy.below_min(slots, self.clock.time())
+                self.recorder.decision(decision)
+                return self._end(decision, attempt)
+            self.nproc = self.health.nproc = slots.nproc
+            self.health.devices = slots.active    # each check agent on its slot's device
             blocking = self.health.bootcheck(attempt)     # H1: before every start and restart
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
-            if self.slots.isolated:
-                self.recorder.say(f"ftwatch: {self.slots.describe()}")
+            if slots.isolated:
+                self.recorder.say(f"ftwatch: {slots.describe()}")
             self.desk.new_attempt(self.clock.time(), world_size=self.nproc)
             self._state = _Attempt(self.desk.failed)
             self.controls.new_attempt()
+            self.act.new_attempt()
             if blocking is not None:
                 self.desk.add([blocking], record=False)    # stored by the health log already
             decision = self._incident(blocking, self._state) if blocking is not None else None
             if decision is None:
-                self.supervisor.start_all(restart_count=attempt, reschedule=self._reschedule)
-                self._reschedule = False
+                self.act.start_all(attempt)
                 decision = self._watch()
             self.final = decision
             if decision is not None and decision.action is not Action.NONE:
@@ -171,15 +159,15 @@ class JobRunner(RecoveryActs):
             if decision.action in (Action.NONE, Action.FAIL_JOB):
                 return self._end(decision, attempt)
             # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
-            if self.supervisor.running():        # Async isolate_node: the others still run
-                self._dump()
+            if self.act.running():               # Async isolate_node: the others still run
+                self.act.dump()
                 self._stop_and_drain(self._state)
             self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
             self.recorder.say(f"ftwatch: restarting all {self.slots.nproc} workers "
                               f"(restart {decision.restarts_used} of {self.policy.max_restarts})")
-            self._sleep(self.config.supervisor.restart_delay)
+            self.act.pause(self.config.supervisor.restart_delay)
             if self._stop_requested.is_set():     # interrupted while waiting to restart
                 self.recorder.say("ftwatch: interrupted before the restart")
                 self.recorder.event(self.clock.time(), self.job, "interrupted")
@@ -188,11 +176,11 @@ class JobRunner(RecoveryActs):
     def _end(self, decision: Decision, attempt: int) -> int:
         """The job ended: success, or a final failure (scene kept, last words, workers stopped)."""
         ok = decision.action is Action.NONE
-        if not ok and self.supervisor.running():
-            self._keep_scene()
-            self._dump()
+        if not ok and self.act.running():
+            self.act.keep_scene()
+            self.act.dump()
             self._stop_and_drain(self._state)
-        self.supervisor.stop_all()
+        self.act.stop_all()
         self.recorder.resolve_open(self.clock.time(), "the job finished successfully" if ok
                                    else "superseded: the job failed")
         self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded" if ok else "failed")
@@ -200,35 +188,26 @@ class JobRunner(RecoveryActs):
         self.slots.close("succeeded" if ok else "failed")
         return 0 if ok else 1
 
-    def _below_min(self) -> Decision:
-        rng = self.slots.range
-        decision = Decision(self.clock.time(), Action.FAIL_JOB, Target(self.job), None,
-                            f"A1 local: {self.slots.describe()}: {self.slots.nproc} healthy device(s), below the "
-                            f"minimum {rng.min} of --nproc-per-node {rng} → fail_job",
-                            self.budgets.restarts_used, 0, attempt=self.budgets.attempt)
-        self.recorder.decision(decision)
-        return decision
-
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""
         state = self._state = _Attempt(self.desk.failed)
         while True:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
-            # Take the whole batch before deciding: output that arrived with a failing exit
-            # (a peer's traceback) is evidence for that decision, not something to drop.
-            triggers = [t for t in (self._handle(i, state) for i in self.supervisor.poll(self.poll_seconds))
-                        if t is not None]
+            triggers = self._step(self.poll_seconds)
             while not triggers and state.retry:         # MindCluster retry, while the workers live
                 fault = state.retry.pop(0)
-                recovered, trigger = self._retry(fault, state)
-                triggers = [trigger] if trigger is not None else [] if recovered else [fault]
+                tried = self.act.retry(fault)
+                if tried.outcome == "recovered":
+                    assert tried.watch is not None
+                    self.recorder.decision(self.policy.retry_recovered(
+                        fault, tried.watch.stepped, len(tried.watch.asked), self.clock.time()))
+                triggers = [tried.trigger] if tried.trigger is not None else [] if tried.recovered else [fault]
             state.retry.clear()
             for trigger in triggers:
                 decision = self._incident(trigger, state)
                 if decision is not None:
                     return decision
-            self.control.drain(self.controls)     # SDK requests, on this thread
             now = self.clock.time()
             self.recorder.resend_due(self.clock.mono())
             self.recorder.resolve_due(now)
@@ -241,6 +220,18 @@ class JobRunner(RecoveryActs):
                 decision = self.policy.finished(self.clock.time(), ok=True)
                 self.recorder.decision(decision)
                 return decision
+
+    def _step(self, timeout: float) -> list[Finding]:
+        """The one poll-and-handle step, for the loop and every wait (settle, stop, retry, dump,
+        kept scene): take what the workers sent (waiting up to ``timeout`` seconds for the first
+        item), handle each, answer the SDK's requests (on this thread). Returns the findings that
+        open an incident.
+
+        The whole batch is taken before deciding: output that arrived with a failing exit (a
+        peer's traceback) is evidence for that decision, not something to drop."""
+        triggers = [t for t in (self._handle(i, self._state) for i in self.supervisor.poll(timeout)) if t is not None]
+        self.control.drain(self.controls)
+        return triggers
 
     def _handle(self, item, state: _Attempt) -> Finding | None:
         """Take one supervisor event; return a finding that starts an incident, if any."""
@@ -274,54 +265,67 @@ class JobRunner(RecoveryActs):
 
         A failing exit in Sync: stop the workers first (last words before), unless they may be
         kept (``self.live``: recover-in-place, keep-scene). A hang or a log finding (C4D record,
-        notify / isolate finding): decide first, while the workers run; a ``notify`` (or ``none``)
-        decision is recorded and stops nothing (the job runs on, ModelArts hang-retry off, C4D
-        Warn); anything else stops them before acting."""
+        notify / isolate finding): decide first, while the workers run. The policy stage returns
+        the final decision and its plan (``Policy.verdict``); :meth:`_act` carries it out."""
         is_hang = trigger.kind in ("hang", "exit_hang")
         is_exit = trigger.kind == "exit_code"
         if self.sync and not is_hang:
             self._settle(state)
-        stop = self.sync or is_hang or not is_exit
-        if stop and is_exit and not self.live:
-            self._dump()
+        if (self.sync or is_hang or not is_exit) and is_exit and not self.live:
+            self.act.dump()
             self._stop_and_drain(state)
-        decision = self.desk.decide(trigger, self.clock.time(), self.clock.mono())
+        facts = RunFacts(frozenset(self.act.running()), frozenset({self._rank(i) for i in state.failed} - {None}),
+                         self.slots.facts(), self.mc)
+        return self._act(self.desk.verdict(trigger, self.clock.time(), self.clock.mono(), facts), trigger, state)
+
+    def _act(self, verdict: Verdict, trigger: Finding, state: _Attempt) -> Decision | None:
+        """Record the decision and carry out its plan. Returns the decision that ends the attempt
+        (restart all, fail, success), or None when the job runs on.
+
+        A ``notify`` (or ``none``) decision on a hang or a log finding stops nothing (the job runs
+        on: ModelArts hang-retry off, C4D Warn); an in-place or one-instance restart happens here
+        (after the instance-level health checks); a restart of every worker or a failure stops
+        them first (last words before), except for a failing exit the incident already stopped
+        them for, and a final failure, which keeps the scene first (``_end``)."""
+        decision, plan = verdict
+        is_hang = trigger.kind in ("hang", "exit_hang")
+        is_exit = trigger.kind == "exit_code"
         if not is_exit and decision.action in (Action.NONE, Action.NOTIFY):
             self.recorder.decision(decision)       # told a person (or below the log level): run on
             return None                            # (a hang: the desk re-arms it when output resumes)
-        failed = {self._rank(i) for i in state.failed} - {None}
-        decision, how = plan(decision, self.mc, failed, bool(self.supervisor.running()))
-        decision, isolated = isolate_devices(decision, self.slots)
-        device = isolated[0] if isolated else None
         self.recorder.decision(decision)
-        for one in isolated:
-            self.recorder.event(self.clock.time(), self.job, "device_isolated", decision.target.instance,
-                                decision.target.rank, device=one, devices=self.slots.active)
-        if how.kind == "in_place":
-            return self._in_place(how, state)
-        # A2: the job moves (MA_SCHEDULE_CNT + 1, MA_PROC_START_CNT back to 1) after an isolation,
-        # a MindCluster recover, or any ModelArts job reschedule (seed 002: the job is rebuilt)
-        self._reschedule = how.kind == "job" and (
-            device is not None or self.mc.has("recover")
-            or (self.policy.modelarts is not None and decision.action in (Action.RESTART_JOB, Action.ISOLATE_NODE)))
-        one_instance = decision.action is Action.RESTART_INSTANCE or (
-            not self.sync and decision.action is Action.RESTART_IN_PLACE)
-        if one_instance and decision.target.rank is not None:
-            go, replaced = self._checked_instance_restart([decision.target.rank], state)
-            if not go:                       # H1: a hardware fault; decided on instead
-                return replaced
-            self._sleep(self.config.supervisor.restart_delay)
-            state.failed.discard(decision.target.instance or "")
-            self.supervisor.restart_instance(decision.target.rank)
-            self.recorder.event(self.clock.time(), self.job, "instance_restart", decision.target.instance,
-                                decision.target.rank, action=decision.action.label)
-            return None
+        self.act.carry_out(plan, decision)
+        if plan.kind in ("in_place", "instance"):
+            return self._restart_instances(plan, decision, state)
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on
+        stop = self.sync or is_hang or not is_exit
         if stop and (self.live or not is_exit) and decision.action is not Action.FAIL_JOB:
-            self._dump()                     # a final failure keeps the scene first (_end)
+            self.act.dump()                  # a final failure keeps the scene first (_end)
             self._stop_and_drain(state)
         return decision
+
+    def _restart_instances(self, plan: Plan, decision: Decision, state: _Attempt) -> Decision | None:
+        """Restart the plan's ranks only (MindCluster in place, Async ``restart_instance``), the
+        others run on; first the instance-level health checks (H1, seed 001: checks at every
+        restart, Troubleshooting after every failure), without the all-reduce.
+
+        Returns None (the job runs on), or when the Bootcheck found a hardware fault the restart
+        of those ranks cannot help: that fault became an incident of its own (the policy's
+        decision, usually ``isolate_node``: its device leaves the slots), whose decision replaces
+        the restart. No second round of checks runs inside it."""
+        if not self._instance_checking:
+            blocking = self.health.instance_restart(self.budgets.attempt, list(plan.ranks))
+            if blocking is not None:
+                self._add(state, [blocking])
+                self._instance_checking = True
+                try:
+                    return self._incident(blocking, state)
+                finally:
+                    self._instance_checking = False
+        state.failed -= {f"worker-{r}" for r in plan.ranks}
+        self.act.restart_instances(plan, decision)
+        return None
 
     def _rank(self, instance: str) -> int | None:
         w = self.scene.workers.get(instance)
@@ -334,16 +338,12 @@ class JobRunner(RecoveryActs):
         mono = self.clock.mono()
         deadline = mono + (self.desk.settle_left(mono) if self.desk.open is not None else SETTLE_SECONDS)
         while self.supervisor.running() and self.clock.mono() < deadline:
-            for item in self.supervisor.poll(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono()))):
-                self._handle(item, state)
+            self._step(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono())))
 
     def _stop_and_drain(self, state: _Attempt) -> None:
-        """Stop every worker (SIGTERM, grace, SIGKILL) and take all the output they left."""
-        if self.supervisor.running():
-            self.recorder.say("ftwatch: stopping all workers")
-            self.supervisor.stop_all()
-        for item in self.supervisor.poll(0.05):
-            self._handle(item, state)
+        """Stop every worker (SIGTERM, grace, SIGKILL), take all the output they left, and close
+        the blocks still open."""
+        self.act.stop()
         now = self.clock.time()
         for origin in self.engine.pending_origins():
             self._add(state, self.engine.flush(origin, now))
@@ -368,10 +368,6 @@ class JobRunner(RecoveryActs):
     def _echo(self, item: Output) -> None:
         self.out.write(echo_text(item.origin, item.data))
         self.out.flush()
-
-    def _sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self._stop_requested.wait(seconds)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -39,6 +39,7 @@ from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause,
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
+from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
 from ftwatch.policy.rootcause import Analysis, analyse
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
@@ -58,6 +59,8 @@ class Incident:
         world_size: the number of instances.
         failed_instances: instances that failed on their own (not stopped by ftwatch).
         attempt: 0 for the first run.
+        facts: what a local run knows (running and failed ranks, its devices and MIN, the
+            MindCluster strategies) for :meth:`Policy.verdict`'s plan; None in watch and replay.
     """
 
     trigger: Finding
@@ -65,6 +68,7 @@ class Incident:
     world_size: int
     failed_instances: frozenset[str]
     attempt: int
+    facts: RunFacts | None = None
 
 
 def is_ps_or_chief(instance: str) -> bool:
@@ -287,6 +291,32 @@ class Policy:
             instance = v.instance or rc.origin.instance
             target = Target(self.job, instance, rc.rank if instance == rc.origin.instance else None, v.node)
         return done(v.action, v.clause, target)
+
+    def verdict(self, incident: Incident, now: float) -> Verdict:
+        """:meth:`decide`, then the plan that carries the decision out (``ftwatch.policy.plan``):
+        the MindCluster strategies (D5), the devices to isolate bounded by MIN (A1), one-instance
+        restarts (Async) and rescheduling (A2). Nothing after this changes the decision.
+
+        Args:
+            incident: the trigger, the attempt's findings and (``ftwatch run``) ``facts``.
+            now: epoch seconds; the decision's time.
+
+        Returns:
+            (the final Decision, its Plan).
+        """
+        return plan_decision(self.decide(incident, now), incident.facts,
+                             sync=self.policy.job_execution_mode == "Sync", modelarts=self.modelarts is not None)
+
+    def below_min(self, slots: SlotFacts, now: float) -> Decision:
+        """FAIL_JOB before any start: fewer than MIN healthy devices are left (A1, isolations kept
+        from an earlier ftwatch run of the job)."""
+        return below_min(self.job, slots, now, self.budgets.restarts_used, self.budgets.attempt)
+
+    def retry_recovered(self, fault: Finding, stepped: dict[str, int], asked: int, now: float) -> Decision:
+        """NOTIFY after a MindCluster retry every asked worker recovered from (D5); no budget spent."""
+        used = self.budgets.restarts_used
+        return retry_recovered(self.job, fault, stepped, asked, now, used, max(0, self.max_restarts - used),
+                               self.budgets.attempt)
 
     def finished(self, now: float, ok: bool) -> Decision:
         """The job ended by itself: NONE ("job succeeded") or FAIL_JOB; closes the budget store."""

@@ -19,7 +19,7 @@ from ftwatch.events import Action, FailureClass
 from ftwatch.health import runhook
 from ftwatch.health.ftlog import CheckResult
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.run import JobRunner
+from ftwatch.pipeline.build import build_run
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.rules.engine import Engine
 
@@ -74,7 +74,8 @@ def run(tmp_path, monkeypatch, mode, spy, nproc="2"):
     store = SqliteStore(tmp_path / "ftwatch.db")
     out = io.StringIO()
     recorder = Recorder(store, out=out)
-    runner = JobRunner(config, [sys.executable, "-c", WORKER, str(tmp_path)], Engine([]), recorder, "job1", out=out)
+    runner = build_run(config, [sys.executable, "-c", WORKER, str(tmp_path)], "job1", recorder,
+                       engine=Engine([]), out=out)
     status = runner.run()
     log = (tmp_path / "fault-tolerance.log").read_text().splitlines()
     heads = [line[20:] for line in log if "Start to run" in line or "Check Finished" in line]

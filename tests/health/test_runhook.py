@@ -15,7 +15,7 @@ from ftwatch.events import Action, FailureClass
 from ftwatch.health import runhook
 from ftwatch.health.ftlog import CheckResult
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.run import JobRunner
+from ftwatch.pipeline.build import build_run
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.rules.engine import Engine
 
@@ -36,8 +36,8 @@ def test_a_hardware_fault_blocks_every_start_until_the_budget_is_spent(tmp_path,
     out = io.StringIO()
     recorder = Recorder(store, out=out)
     marker = tmp_path / "started"
-    runner = JobRunner(config, [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
-                       Engine([]), recorder, "job1", out=out)
+    runner = build_run(config, [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"], "job1", recorder,
+                       engine=Engine([]), out=out)
     assert runner.run() == 1
     assert [d.action for d in recorder.decisions] == [Action.ISOLATE_NODE, Action.FAIL_JOB]
     assert recorder.decisions[0].root_cause.rule_id == "health.gpu"
@@ -61,7 +61,7 @@ def test_health_off_runs_no_check(tmp_path, monkeypatch):
                                     "storage": {"state_dir": str(tmp_path)}})
     out = io.StringIO()
     recorder = Recorder(SqliteStore(tmp_path / "ftwatch.db"), out=out)
-    runner = JobRunner(config, [sys.executable, "-c", "raise SystemExit(3)"], Engine([]), recorder, "j", out=out)
+    runner = build_run(config, [sys.executable, "-c", "raise SystemExit(3)"], "j", recorder, engine=Engine([]), out=out)
     assert runner.run() == 1
     assert not (tmp_path / "fault-tolerance.log").exists()
 
@@ -79,8 +79,8 @@ def test_a_failed_all_reduce_says_failed_and_the_job_still_starts(tmp_path, monk
     out = io.StringIO()
     recorder = Recorder(SqliteStore(tmp_path / "ftwatch.db"), out=out)
     marker = tmp_path / "started"
-    runner = JobRunner(config, [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"],
-                       Engine([]), recorder, "j", out=out)
+    runner = build_run(config, [sys.executable, "-c", f"open({str(marker)!r}, 'a').write('x')"], "j", recorder,
+                       engine=Engine([]), out=out)
     assert runner.run() == 0
     assert marker.exists()
     log = (tmp_path / "fault-tolerance.log").read_text().splitlines()

@@ -20,10 +20,11 @@ from ftwatch.config.supervisor import ElasticRange, SupervisorConfig, default_de
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 from ftwatch.pipeline.sources.control import ControlServer
-from ftwatch.pipeline.actuators.recovery import DumpWatch, RecoveryHandler, RetryWatch, isolate, isolate_devices, plan, retry_candidate
+from ftwatch.pipeline.actuators.recovery import DumpWatch, RecoveryHandler, RetryWatch
 from ftwatch.pipeline.actuators.scene import Scene
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.slots import Slots
+from ftwatch.policy.plan import apply_strategies as plan, isolation, retry_candidate
 from ftwatch.rules.loader import rules_from_keywords
 from ftwatch.rules.timers import HangTracker
 from ftwatch.testing import CaptureSink
@@ -43,6 +44,20 @@ def decision(action=Action.RESTART_JOB, rank=None, rc=None, clause="D2 policy"):
 
 
 MC = MindClusterConfig
+
+
+def isolate_devices(decision, slots):
+    """What a run does with an ``isolate_node`` decision: the policy picks the devices
+    (``isolation`` over ``slots.facts()``), the slots exclude them (``Slots.exclude``)."""
+    decided, excluded = isolation(decision, slots.facts())
+    slots.exclude(excluded, decided.time, decided.attempt)
+    return decided, [e.device for e in excluded]
+
+
+def isolate(decision, slots):
+    """``isolate_devices``, with only the first device isolated (the root cause's), or None."""
+    decided, devices = isolate_devices(decision, slots)
+    return decided, devices[0] if devices else None
 
 
 # -- configuration (M3) ------------------------------------------------------------------------------

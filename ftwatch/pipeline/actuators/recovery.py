@@ -1,158 +1,21 @@
-"""How a decision is carried out on one machine: MindCluster strategies (SPEC D5, seed 004) and
-local isolation (A1). Pure logic, driven by ``ftwatch.pipeline.run`` (real time) and by tests
-(a FakeClock): nothing here starts, signals or waits for a process.
+"""Following MindCluster's live strategies while ``ftwatch run`` carries them out (SPEC D5, seed
+004): :class:`RetryWatch` follows one ``retry`` (ask the live workers to recover in place; each
+must acknowledge and then report a step), :class:`DumpWatch` one ``dump`` (signal, grace, who
+wrote last words), and :class:`RecoveryHandler` adds their control ops (``retry_done``,
+``dump_done``, ``dump_ready``). Pure state, driven by ``ftwatch.pipeline.actuators.local`` (real
+time) and by tests (a FakeClock): nothing here starts, signals or waits for a process.
 
-- :func:`plan` turns the policy's decision into what the runner does: restart the failed workers
-  in place, restart the job, or stop and fail; the decision's clause says which strategy chose it.
-- :func:`isolate_devices` excludes the device of the blamed rank and of every other rank with an
-  isolate-level finding in the incident (``Slots``) for an ``isolate_node`` decision, or fails the
-  job when fewer than MIN devices would be left.
-- :class:`RetryWatch` follows one ``retry`` (ask the live workers to recover in place; each must
-  acknowledge and then report a step), :class:`DumpWatch` one ``dump`` (signal, grace, who wrote
-  last words). :class:`RecoveryHandler` adds their control ops (``retry_done``, ``dump_done``).
-
-Precedence when strategies are combined (ftwatch's, README): ``retry`` while the processes live,
-then ``recover-in-place``, then ``recover``; ``dump`` before any stop; ``exit`` fails.
+What a decision means for the workers (the strategies' plan, local isolation) is the policy
+stage's: ``ftwatch.policy.plan``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftwatch.config.mindcluster import RECOVERING, MindClusterConfig
-from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
+from ftwatch.events import Finding
 from ftwatch.pipeline.sources.control import ControlHandler
-from ftwatch.pipeline.actuators.slots import Slots
-
-RESTARTS = (Action.RESTART_INSTANCE, Action.RESTART_IN_PLACE, Action.RESTART_JOB, Action.ISOLATE_NODE)
-_NOT_RETRYABLE_KINDS = ("exit_code", "hang", "exit_hang", "summary")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the runner does with a decision.
-
-    Attributes:
-        kind: ``in_place`` (restart ``ranks`` only, the others run on), ``job`` (stop all, start
-            all), ``fail`` (stop all, the job failed) or ``none`` (nothing: success / notify).
-        ranks: the ranks an ``in_place`` plan restarts.
-    """
-
-    kind: str
-    ranks: tuple[int, ...] = ()
-
-
-def plan(decision: Decision, mc: MindClusterConfig, failed_ranks: set[int], running: bool) -> tuple[Decision, Plan]:
-    """The plan for ``decision`` under the MindCluster strategies (off: the policy's own action).
-
-    Args:
-        decision: the policy's decision.
-        mc: the ``mindcluster`` section.
-        failed_ranks: ranks that failed on their own and are not running.
-        running: whether some worker still runs (in place needs survivors to make sense).
-
-    Returns:
-        (the decision, its clause extended by the strategy that chose the plan; the plan).
-    """
-    act = decision.action
-    if act is Action.FAIL_JOB:
-        if mc.enabled and not RECOVERING & set(mc.recover_strategy):
-            return _clause(decision, f"D5 MindCluster {_names(mc)}: no recover strategy → exit: stop and fail"), Plan("fail")
-        return decision, Plan("fail")
-    if act not in RESTARTS:
-        return decision, Plan("none")
-    if not mc.enabled:
-        return decision, Plan("job")
-    if mc.has("recover-in-place") and act is not Action.ISOLATE_NODE and failed_ranks and running:
-        ranks = tuple(sorted(failed_ranks))
-        who = ", ".join(f"rank {r}" for r in ranks)
-        target = Target(decision.target.job, f"worker-{ranks[0]}" if len(ranks) == 1 else None,
-                        ranks[0] if len(ranks) == 1 else None, decision.target.node)
-        decision = dataclasses.replace(decision, action=Action.RESTART_IN_PLACE, target=target)
-        return _clause(decision, f"D5 MindCluster recover-in-place → restart {who} in place, "
-                                 "the other workers run on"), Plan("in_place", ranks)
-    if mc.has("recover"):
-        why = "restart the job without the isolated device" if act is Action.ISOLATE_NODE else "restart the job"
-        return _clause(decision, f"D5 MindCluster recover → {why}"), Plan("job")
-    why = ("a device must be excluded: restart the job" if act is Action.ISOLATE_NODE
-           else "no failed worker to restart alone: restart every worker")
-    return _clause(decision, f"D5 MindCluster recover-in-place → {why}"), Plan("job")
-
-
-def isolate(decision: Decision, slots: Slots) -> tuple[Decision, str | None]:
-    """``isolate_devices``, returning only the first device isolated (the root cause's), or None."""
-    decision, devices = isolate_devices(decision, slots)
-    return decision, devices[0] if devices else None
-
-
-def isolation_ranks(decision: Decision) -> list[int]:
-    """The ranks whose devices an ``isolate_node`` decision takes out of the slots: the target's
-    rank first, then every other rank with an isolate-level real finding in the incident (a second
-    GPU that fell off the bus in the same incident goes too), in rank order."""
-    ranks = [decision.target.rank] if decision.target.rank is not None else []
-    for f in decision.findings:
-        if (f.action is Action.ISOLATE_NODE and f.severity >= Severity.ERROR and f.rank is not None
-                and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO) and f.rank not in ranks):
-            ranks.append(f.rank)
-    return ranks[:1] + sorted(ranks[1:])
-
-
-def isolate_devices(decision: Decision, slots: Slots) -> tuple[Decision, list[str]]:
-    """Carry out an ``isolate_node`` decision on one machine: exclude the device of every rank of
-    ``isolation_ranks`` (bounded by MIN: fewer than MIN devices left fails the job); where the
-    root cause names its device in ``fields["device"]`` (a Bootcheck's NVML check) and that
-    device is an active one, that device stands for the root cause's rank.
-
-    Returns:
-        (the decision, with its clause extended; FAIL_JOB when fewer than MIN devices are left;
-        the isolated devices, the root cause's first). A decision of another action, or one whose
-        ranks have no device, comes back unchanged but for the clause (then the job restarts with
-        every device).
-    """
-    if decision.action is not Action.ISOLATE_NODE:
-        return decision, []
-    rc = decision.root_cause
-    named = rc.fields.get("device") if rc is not None else None     # a health check names its device
-    pairs: list[tuple[int | None, str | None]] = []
-    if named is not None and str(named) in slots.active:
-        pairs.append((slots.active.index(str(named)), str(named)))
-    pairs += [(r, slots.device_of(r)) for r in isolation_ranks(decision)]   # all looked up before any is removed
-    seen: set[str] = set()
-    pairs = [(r, d) for r, d in pairs if d is not None and not (d in seen or seen.add(d))]
-    if not pairs:
-        return _clause(decision, f"A1 local: no device known for rank {decision.target.rank}; nothing isolated"), []
-    by_rank = {f.rank: f for f in reversed(decision.findings) if f.action is Action.ISOLATE_NODE}
-    for rank, device in pairs:
-        why = by_rank.get(rank) or rc
-        slots.isolate(device, rank=rank, rule=why.rule_id if why else None, line=why.line if why else None,
-                      time=decision.time, attempt=decision.attempt)
-    rng = slots.range
-    what = ", ".join(f"device {d} (rank {r})" for r, d in pairs)
-    devices = [d for _, d in pairs]
-    if not slots.viable:
-        text = (f"A1 local: isolated {what}; {slots.nproc} healthy device(s) left, "
-                f"below the minimum {rng.min} of --nproc-per-node {rng} → fail_job")
-        return dataclasses.replace(_clause(decision, text), action=Action.FAIL_JOB), devices
-    return _clause(decision, f"A1 local: isolated {what}; restart with {slots.nproc} "
-                             f"worker(s) on {','.join(slots.active)} (--nproc-per-node {rng})"), devices
-
-
-def retry_candidate(f: Finding) -> bool:
-    """A finding ``retry`` may answer: a real, retryable error seen in a log (not an exit or a hang)
-    whose rule recommends a restart short of isolation (the device is still there)."""
-    return (f.severity >= Severity.ERROR and f.kind not in _NOT_RETRYABLE_KINDS
-            and f.failure_class in (FailureClass.RETRYABLE_INFRA, FailureClass.HARDWARE_NODE)
-            and f.action in (Action.RESTART_INSTANCE, Action.RESTART_IN_PLACE, Action.RESTART_JOB))
-
-
-def _names(mc: MindClusterConfig) -> str:
-    return "recover-strategy " + ",".join(mc.recover_strategy)
-
-
-def _clause(decision: Decision, text: str) -> Decision:
-    return dataclasses.replace(decision, policy_clause=f"{decision.policy_clause}; {text}")
 
 
 @dataclass

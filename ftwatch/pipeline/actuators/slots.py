@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from ftwatch.config.supervisor import DEVICE_ENV, ElasticRange, default_devices
 from ftwatch.errors import ConfigError, Issue
+from ftwatch.policy.plan import Exclusion, SlotFacts
 
 _FORMAT = "ftwatch-isolation"
 
@@ -67,31 +68,34 @@ class Slots:
 
     # -- reading -----------------------------------------------------------------------------------
 
+    def facts(self) -> SlotFacts:
+        """The slots as plain data for the policy (``ftwatch.policy.plan``), which reads them."""
+        return SlotFacts(tuple(d for d in self.devices if d not in self.isolated), self.range,
+                         tuple((d, v.get("rule")) for d, v in self.isolated.items()))
+
     @property
     def healthy(self) -> list[str]:
         """Devices not isolated, in order."""
-        return [d for d in self.devices if d not in self.isolated]
+        return list(self.facts().healthy)
 
     @property
     def active(self) -> list[str]:
         """The devices the next start uses: the first MAX healthy ones."""
-        return self.healthy[: self.range.max]
+        return self.facts().active
 
     @property
     def nproc(self) -> int:
         """Workers of the next start (may be below MIN: see ``viable``)."""
-        return len(self.active)
+        return self.facts().nproc
 
     @property
     def viable(self) -> bool:
         """True while at least MIN healthy devices are left."""
-        return self.nproc >= self.range.min
+        return self.facts().viable
 
     def device_of(self, local_rank: int | None) -> str | None:
         """The device slot ``local_rank`` uses now (None for an unknown rank)."""
-        if local_rank is None or not 0 <= local_rank < self.nproc:
-            return None
-        return self.active[local_rank]
+        return self.facts().device_of(local_rank)
 
     def env(self) -> dict[str, str]:
         """The workers' visible-devices variables (CUDA and Ascend), the healthy active devices."""
@@ -100,10 +104,7 @@ class Slots:
 
     def describe(self) -> str:
         """``devices 0,2 (isolated: 1 by xid.79)``, for the terminal and decisions."""
-        text = f"devices {','.join(self.active) or '-'}"
-        if self.isolated:
-            text += " (isolated: " + ", ".join(f"{d} by {v.get('rule') or '?'}" for d, v in self.isolated.items()) + ")"
-        return text
+        return self.facts().describe()
 
     # -- changing ----------------------------------------------------------------------------------
 
@@ -114,6 +115,11 @@ class Slots:
             raise KeyError(device)
         self.isolated[device] = dict(why)
         self._save()
+
+    def exclude(self, excluded: list[Exclusion] | tuple[Exclusion, ...], time: float, attempt: int) -> None:
+        """Carry out a plan's exclusions (``Plan.exclude``): each device leaves every later start."""
+        for e in excluded:
+            self.isolate(e.device, rank=e.rank, rule=e.rule, line=e.line, time=time, attempt=attempt)
 
     def close(self, status: str) -> None:
         """The job ended (``succeeded``, ``failed``, ``stopped``): the next run of it starts afresh."""
