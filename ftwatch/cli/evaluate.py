@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ftwatch.cli.common import ArgumentParser
-from ftwatch.cli.corpus import (CASE_FILE, CLASSES, LOG_SUFFIXES, NONE_CLASS, Case, CaseSpec, Expected,  # noqa: F401
+from ftwatch.cli.corpus import (CASE_FILE, CLASSES, LOG_SUFFIXES, NONE_CLASS, Case, CaseSpec, Expected,
                                 load_case, load_corpus)
 from ftwatch.cli.baseline import check_baseline, read_baseline, write_baseline
 from ftwatch.cli.scorecard import Outcome, Report, format_report, report_json
@@ -46,6 +46,12 @@ from ftwatch.pipeline.replay import replay
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.model import Rule
+
+__all__ = ["CASE_FILE", "CLASSES", "DEFAULT_FLAGS", "LOG_SUFFIXES", "NONE_CLASS", "Case", "CaseSpec", "Expected",
+           "Outcome", "Report", "cmd_evaluate", "evaluate", "format_report", "load_case", "load_corpus",
+           "report_json", "run_case"]
+"""The corpus model and the figures are re-exported: the case schema has always been known as
+``ftwatch.cli.evaluate.CaseSpec``."""
 
 DEFAULT_FLAGS = ("--enable-job-restart=True", "--max-num-of-job-restart=3")
 """The policy a case runs under unless it names its own flags: ``make run``'s restart settings
@@ -133,8 +139,8 @@ def cmd_evaluate(argv: list[str]) -> int:
     p.add_argument("--config", help="YAML config file (rules, base policy); each case's flags apply on top")
     p.add_argument("--min-accuracy", type=float, default=None,
                    help="exit 1 when the share of correct actions of the held-out set (of the tuning set "
-                        f"while there is no held-out case) is below this (default {MIN_ACCURACY}, none with "
-                        "--check-baseline)")
+                        f"while there is no held-out case) is below this (default {MIN_ACCURACY}; none with "
+                        "--check-baseline or --write-baseline, where the baseline is the gate)")
     base = p.add_mutually_exclusive_group()
     base.add_argument("--check-baseline", type=Path, metavar="FILE",
                       help="exit 1 when a set's accuracy falls below the figures recorded in FILE or its "

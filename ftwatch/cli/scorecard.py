@@ -318,12 +318,13 @@ def report_json(report: Report) -> dict[str, Any]:
     """The report as JSON-ready data (``ftwatch evaluate --json``): all cases' accuracy, per-class
     and confusion at the top (as before the sets), each set's figures under ``sets``, the misses
     per set (ids), and one entry per case (a held-out case's without its decision)."""
+    everything = _tally_json(report.all)
     return {
         "cases": len(report.outcomes),
         "action_accuracy": report.action_accuracy,
         "accuracy": report.accuracy,
-        "by_class": {c: {"correct": g, "cases": n} for c, (g, n) in sorted(report.by_class.items())},
-        "confusion": [{"expected": e, "decided": d, "n": n} for (e, d), n in sorted(report.confusion.items())],
+        "by_class": everything["by_class"],
+        "confusion": everything["confusion"],
         "freezes": report.freezes,
         "sets": {name: _tally_json(tally) for name, tally in report.sets.items()},
         "misses": {name: [o.case.spec.id for o in tally.outcomes if not o.correct]
