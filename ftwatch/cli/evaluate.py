@@ -178,6 +178,6 @@ def cmd_evaluate(argv: list[str]) -> int:
     if args.write_baseline:
         write_baseline(report, args.write_baseline)
         print(f"ftwatch evaluate: figures recorded in {args.write_baseline}", file=sys.stderr)
-    if failures:
-        print(f"ftwatch evaluate: FAILED: {'; '.join(failures)}", file=sys.stderr)
+    for why in failures:                     # one line each
+        print(f"ftwatch evaluate: FAILED: {why}", file=sys.stderr)
     return 1 if failures else 0
