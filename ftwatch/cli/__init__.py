@@ -116,7 +116,7 @@ commands:
   test-rules [FILE...]
   bootcheck [--config FILE] [--state-dir DIR] [--path DIR...] [--nproc-per-node N] [--no-allreduce]
   nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]
-  evaluate [CORPUS] [--min-accuracy 0.9] [--json]
+  evaluate [CORPUS] [--check-baseline FILE | --write-baseline FILE] [--min-accuracy 0.9] [--json]
   es setup|flush [--config FILE] [--url URL]
   dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]
 

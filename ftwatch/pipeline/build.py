@@ -19,7 +19,7 @@ def build_rules(config):
         rules += rules_from_keywords(list(config.rules.retryable_errors))
     return rules
 
-def build_engine(config, rules=None, say=None):
+def build_engine(config, rules=None, say=None, like=None):
     """The rule engine of ``run``, ``watch``, ``replay`` and ``evaluate``, its database compiled
     once, with the step-line tap (H3 stragglers) when ``health.straggler`` is on.
 
@@ -28,6 +28,8 @@ def build_engine(config, rules=None, say=None):
         rules: the rules, when already loaded (``evaluate`` shares them between cases); default
             :func:`build_rules`.
         say: where the tap also tells each straggler it finds (``run``: the terminal), or None.
+        like: an engine to share the compiled database with when its rules and step patterns
+            are the same (``evaluate``: one compile for every case; ``Engine``'s ``like``).
 
     Raises:
         RuleError: a rule file is bad (file:line).
@@ -42,7 +44,7 @@ def build_engine(config, rules=None, say=None):
         else:
             from ftwatch.rules.stragglers import StepTracker
             steps = StepTracker(straggler)
-    return Engine(build_rules(config) if rules is None else rules, steps=steps)
+    return Engine(build_rules(config) if rules is None else rules, steps=steps, like=like)
 
 
 def build_policy(config, job: str, budgets=None, state_dir: Path | None = None, in_memory: bool = False):

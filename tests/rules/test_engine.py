@@ -103,6 +103,23 @@ def test_c10_stack_dump_is_one_record(engine):
     assert frames.line == C10_DUMP[-1]
 
 
+def test_an_engine_like_another_shares_its_database_and_none_of_its_state(engine, rules):
+    """``like`` (evaluate: one compile for every case) reuses the compiled matcher and tables of an
+    engine with the same rules; a half-fed block, counters and sequence numbers stay behind; other
+    rules compile their own database."""
+    engine.feed(WORKER1, lines(KEYERROR_TB[:2]), T0)               # an open block, carried
+    twin = Engine(rules, like=engine)
+    assert twin.matcher is engine.matcher and twin.tables is engine.tables
+    assert engine.pending_origins() == [WORKER1] and twin.pending_origins() == []
+    [finding] = twin.feed(WORKER1, lines(STEP, KEYERROR_TB), T0, final=True)
+    assert finding.rule_id == "python.key_error" and finding.evidence == tuple(KEYERROR_TB)
+    assert twin.stats.findings == 1 and engine.stats.findings == 0
+    other = Engine(rules[:-1], like=engine)
+    assert other.matcher is not engine.matcher and len(other.rules) == len(rules) - 1
+    twin.add_rules(rules_from_keywords(["flaky fabric"]))          # recompiles its own, never the shared one
+    assert twin.matcher is not engine.matcher and len(engine.rules) == len(rules)
+
+
 def test_traceback_split_across_two_feeds_is_joined(engine):
     assert engine.feed(WORKER1, lines(STEP, KEYERROR_TB[:5]), T0) == []
     assert engine.pending_origins() == [WORKER1]
