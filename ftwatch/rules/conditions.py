@@ -50,6 +50,9 @@ fault_code.level       MindCluster level: NotHandleFault = SubHealthFault    all
 xid.level              NVIDIA's immediate action (RESET_GPU, RESTART_APP..)  ``== != in``
 =====================  ===================================================  ==============
 
+Fault-table fields read the built-in tables (``FaultTables.load()``, once per process), graded
+as the engine grades them (an unknown NPU code by its driver severity).
+
 Named groups for ``in``: ``xid in fatal | nonfatal | app_error | known``
 (``ftwatch.rules.faultcodes.xid_groups``), ``fault_code in user_input | network | known``
 (``USER_INPUT_CODES``, ``NETWORK_CODES``), ``dcgm in known``.
