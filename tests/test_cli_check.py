@@ -184,3 +184,17 @@ def test_check_refuses_a_billion_laughs_config_and_rule_file_in_one_line_each(tm
     assert proc.returncode == 1 and proc.stdout.splitlines()[0].startswith(f"{rules}:6: YAML aliases")
     proc = ftwatch("test-rules", str(rules))
     assert proc.returncode == 2 and f"{rules}:6: YAML aliases" in proc.stderr   # a configuration error: 2 (README)
+
+
+def test_check_reports_a_malformed_condition_at_its_file_and_line(tmp_path):
+    """SPEC P4: a `when:` that does not parse, or that has no positive term, is named at file:line."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - id: my.rule\n    keywords: [oops]\n    when: 'level == INFO and (\"x\"'\n"
+                     "    class: user_code\n    action: fail_job\n"
+                     "  - id: my.other\n    when: 'not keyword \"x\"'\n    class: user_code\n    action: fail_job\n")
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(f"rules:\n  files: [{rules}]\n")
+    proc = ftwatch("check", str(config))
+    assert proc.returncode == 1
+    assert f"{rules}:4:" in proc.stdout and "Expected ')'" in proc.stdout
+    assert f"{rules}:8:" in proc.stdout and "no positive keyword or regex term" in proc.stdout

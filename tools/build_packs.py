@@ -60,7 +60,7 @@ ACTIONS = {"ignore": "none", "restart_process_in_place": "restart_in_place",
 PRIORITY = {"hardware_node": 30, "oom": 25, "fallout": 20}
 DEFAULT_PRIORITY = 10
 OVERLAY_KEYS = {"pattern", "id", "examples", "counterexamples", "class", "action", "regex",
-                "caseless", "priority", "severity", "notes", "tags"}
+                "caseless", "priority", "severity", "notes", "tags", "when"}
 
 HEADER = """\
 # ftwatch built-in keyword pack: {title}.
@@ -76,6 +76,8 @@ HEADER = """\
 #   keywords:        literal strings, any one matching is a hit          } at least one
 #   regex:           regexes in the RE2/Hyperscan common subset          } of the two
 #   caseless:        match ignoring (ASCII) case; default false
+#   when:            a condition ANDed with the patterns, e.g. not (level == INFO and keyword "NCCL INFO")
+#                    (and/or/not over keyword, regex, level, fields, fault tables; README "Conditions")
 #   class:           retryable_infra|hardware_node|user_code|oom|hang|straggler|fallout|info
 #   action:          none|notify|restart_instance|restart_in_place|restart_job|isolate_node|fail_job
 #   severity:        info|warning|error|critical (default error)
@@ -143,6 +145,8 @@ def build_rule(row: dict[str, str], extra: dict) -> dict:
     literal = row["pattern_type"] == "literal" and "regex" not in extra   # an overlay regex is a regex
     rule["keywords" if literal else "regex"] = [text]
     rule["caseless"] = bool(extra.get("caseless", False))
+    if "when" in extra:
+        rule["when"] = extra["when"]
     rule["class"] = failure_class
     if failure_class != src_class:
         rule["source_class"] = src_class

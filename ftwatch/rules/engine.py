@@ -218,18 +218,20 @@ class Engine:
                     break
                 line_starts, texts, rank = block
                 block_ids: set[int] = set()
+                lines = []
                 for s in line_starts:
                     consumed.add(s)
                     block_ids |= by_line.get(s, set())
+                    lines.append((s, by_line.get(s, set())))
                 first = line_starts[0]
                 record = self._record(origin, rank, texts, data, first, time, sim_step)
             else:
                 end = data.find(b"\n", start)
                 raw = data[start:] if end < 0 else data[start:end]
                 rank, text = fields.split_rank_prefix(fields.clean(raw))
-                block_ids = ids
+                block_ids, lines = ids, [(start, ids)]
                 record = self._record(origin, rank, [text], data, start, time, sim_step)
-            finding = self._judge(record, block_ids)
+            finding = self._judge(record, block_ids, data, lines)
             if finding is not None:
                 findings.append(finding)
         self._count(data, end_of_work)
@@ -364,12 +366,16 @@ class Engine:
         self._line_pos = start
         return self._line_no
 
-    def _judge(self, record: Record, ids: set[int]) -> Finding | None:
+    def _judge(self, record: Record, ids: set[int], data: bytes,
+               lines: list[tuple[int, set[int]]]) -> Finding | None:
         """Pick the one finding a record makes: highest priority, then most drastic action.
 
         On a tie a fault code wins over a keyword rule: same verdict, but it carries the
         code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
-        ``GPU has fallen off the bus`` keyword rule that also hits it).
+        ``GPU has fallen off the bus`` keyword rule that also hits it). A rule with a
+        condition (``when:``, SPEC P4) counts only when one of the record's lines that hit
+        it passes its predicate (``lines``: each line's offset in ``data`` and pattern ids);
+        the predicate runs only for a rule that would otherwise win.
         """
         best: tuple[int, int, int] | None = None
         finding: Finding | None = None
@@ -378,8 +384,13 @@ class Engine:
             rule = self.rules[index]
             key = (rule.priority, int(rule.action), 0)
             if best is None or key > best:
+                line = None
+                if rule.predicate is not None:
+                    line = self._passing_line(rule, index, record, data, lines)
+                    if line is None:
+                        continue
                 best = key
-                finding = self._finding(record, index)
+                finding = self._finding(record, index, line)
         if ids & self._fault_ids:
             for hit in self.tables.extract(record.text):
                 entry = hit.entry or self.tables.grade_unknown(hit)
@@ -390,10 +401,21 @@ class Engine:
                     finding = self._fault_finding(record, hit)
         return finding
 
-    def _finding(self, record: Record, index: int) -> Finding:
+    def _passing_line(self, rule: Rule, index: int, record: Record, data: bytes,
+                      lines: list[tuple[int, set[int]]]) -> str | None:
+        """The last of ``lines`` that hits rule ``index`` and passes its predicate (its text), or None."""
+        owner = self._owner
+        texts = record.text.split("\n")
+        for k in range(len(lines) - 1, -1, -1):
+            start, ids = lines[k]
+            if any(owner[i] == index for i in ids) and rule.predicate(_line_at(data, start), record.origin):
+                return texts[k] if k < len(texts) else texts[-1]
+        return None
+
+    def _finding(self, record: Record, index: int, line: str | None = None) -> Finding:
         rule = self.rules[index]
         lines = record.text.split("\n")
-        line = self._matching_line(lines, index) or lines[-1]
+        line = line or self._matching_line(lines, index) or lines[-1]
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, _cap(line), record.time, record.seq, _evidence(lines),
                        {}, rule.source)

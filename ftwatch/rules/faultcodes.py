@@ -404,3 +404,26 @@ def _load_dcgm() -> dict[str, FaultEntry]:
         out[name] = FaultEntry("dcgm", name, row[col["nvsentinel_action"]], row[col["meaning"]],
                                action, _class_for(action, False), row[col["source"]])
     return out
+
+
+def xid_groups() -> dict[str, frozenset[int]]:
+    """Named sets of Xids for rule conditions (``xid in fatal``; ``ftwatch.rules.conditions``).
+
+    From ``gpu_xid.tsv``: ``fatal`` / ``nonfatal`` by its ``nvsentinel_severity`` column
+    (NVIDIA/NVSentinel ``xiderrorsmapping.csv``), ``app_error`` by ``k8s_device_plugin_app_error``
+    (NVIDIA k8s-device-plugin's application-error Xids), ``known`` every row.
+    """
+    header, rows = _read_tsv(XID_FILE)
+    col = {name: i for i, name in enumerate(header)}
+    groups: dict[str, set[int]] = {"fatal": set(), "nonfatal": set(), "app_error": set(), "known": set()}
+    for row in rows:
+        n = int(row[col["xid"]])
+        groups["known"].add(n)
+        severity = row[col["nvsentinel_severity"]].strip().upper()
+        if severity == "FATAL":
+            groups["fatal"].add(n)
+        elif severity == "NONFATAL":
+            groups["nonfatal"].add(n)
+        if row[col["k8s_device_plugin_app_error"]].strip().lower() == "yes":
+            groups["app_error"].add(n)
+    return {name: frozenset(values) for name, values in groups.items()}

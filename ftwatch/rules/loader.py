@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 
 from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Action, FailureClass, Severity
+from ftwatch.rules.conditions import ConditionError, compile_condition
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule
 from ftwatch.config.yamlsource import LineDict, LineList, LineLoader, parse_yaml, read_yaml_text
@@ -30,7 +31,7 @@ __all__ = ["LineDict", "LineList", "LineLoader", "parse_yaml", "RULE_KEYS", "TOP
 RULE_KEYS: frozenset[str] = frozenset({
     "id", "keywords", "regex", "caseless", "class", "action", "severity", "priority", "tags",
     "source", "classified_by", "description", "examples", "counterexamples",
-    "source_class", "source_action", "source_regex", "notes",
+    "source_class", "source_action", "source_regex", "notes", "when",
 })
 """Keys a rule may have; the last four only document where a built-in rule departs from its source."""
 
@@ -181,9 +182,10 @@ def _build_rule(item: LineDict, name: str, issues: list[Issue]) -> Rule | None:
                 issues.append(Issue(name, line, f"{label}{key} {text!r}: {problem}"))
             else:
                 patterns.append(pattern)
-    if "keywords" not in item and "regex" not in item:
-        bad("id", f"{label}no patterns: give 'keywords' and/or 'regex'")
-    elif not lists["keywords"] and not lists["regex"] and len(issues) == before:
+    when, predicate = _condition(item, caseless, patterns, label, bad)
+    if "keywords" not in item and "regex" not in item and "when" not in item:
+        bad("id", f"{label}no patterns: give 'keywords', 'regex' and/or 'when'")
+    elif not patterns and len(issues) == before:
         bad("keywords" if "keywords" in item else "regex", f"{label}no patterns: the lists are empty")
 
     failure_class = _enum(item, "class", name, issues, label, [c.value for c in FailureClass],
@@ -214,8 +216,35 @@ def _build_rule(item: LineDict, name: str, issues: list[Issue]) -> Rule | None:
         severity=severity, priority=priority, examples=tuple(lists["examples"]),
         counterexamples=tuple(lists["counterexamples"]), source=source,
         description=texts["description"], tags=tuple(lists["tags"]),
-        location=f"{name}:{item.line}",
+        location=f"{name}:{item.line}", when=when, predicate=predicate,
     )
+
+
+def _condition(item: LineDict, caseless: bool, patterns: list[Pattern], label: str, bad):
+    """The rule's ``when:`` (SPEC P4) compiled: (text, predicate), both empty when absent.
+
+    Without ``keywords``/``regex`` the condition's positive terms become the rule's patterns
+    (appended to ``patterns``); a condition with none is an issue (it would run on every line).
+    """
+    if "when" not in item:
+        return "", None
+    text = item["when"]
+    if not isinstance(text, str):
+        bad("when", f"{label}'when' must be a string (a condition), not {type(text).__name__}")
+        return "", None
+    try:
+        condition = compile_condition(text, caseless)
+    except ConditionError as exc:
+        bad("when", f"{label}when: {exc}")
+        return "", None
+    if "keywords" not in item and "regex" not in item:
+        if condition.prefilter is None:
+            bad("when", f"{label}when: the condition has no positive keyword or regex term (only fields, "
+                        f"levels or 'not' terms), so it would have to run on every line; add 'keywords:' or "
+                        f"'regex:', or a keyword/regex term outside 'not'")
+            return "", None
+        patterns.extend(condition.prefilter)
+    return text, condition.predicate
 
 
 def _str_list(item: LineDict, key: str, name: str, issues: list[Issue], label: str) -> list[str]:

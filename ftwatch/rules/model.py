@@ -6,7 +6,7 @@ Rule files (YAML, see ``ftwatch/rules/packs/``) are turned into these by ``ftwat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 
@@ -29,7 +29,7 @@ class Pattern:
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """A keyword rule: any of its patterns in a record makes a finding.
+    """A keyword rule: any of its patterns in a line (that passes ``predicate``) makes a finding.
 
     Attributes:
         id: unique, dotted (``nccl.unhandled_system_error``).
@@ -44,6 +44,10 @@ class Rule:
         description: what it means, in one line.
         tags: free labels (component: nccl, gloo, cuda ...).
         location: ``file:line`` of the rule's definition.
+        when: the rule's condition as written (SPEC P4), or "".
+        predicate: the compiled condition (``ftwatch.rules.conditions``), called only on lines
+            that hit one of ``patterns``: ``predicate(raw_line, origin) -> bool``; None: every
+            hit counts.
     """
 
     id: str
@@ -58,6 +62,8 @@ class Rule:
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
     location: str = ""
+    when: str = ""
+    predicate: Callable[[bytes, Origin], bool] | None = field(default=None, compare=False, repr=False)
 
 
 class StepTap(Protocol):

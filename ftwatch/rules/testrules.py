@@ -1,8 +1,10 @@
 """Runs every rule's ``examples`` and ``counterexamples`` (SPEC T2: ``ftwatch test-rules``).
 
 All patterns of all rules go into ONE Matcher, exactly as the engine compiles them, so a rule
-is tested with the engine's semantics (raw lines, both backends' common subset). An example must
-hit its own rule; a counterexample must not hit it. Other rules hitting the same line are
+is tested with the engine's semantics (raw lines, both backends' common subset) and its ``when:``
+condition (SPEC P4) is applied to each line its patterns hit, as the engine does; an example line
+is judged with no rank and node ``localhost``. An example must hit its own rule; a counterexample
+must not hit it. Other rules hitting the same line are
 reported as context (they matter for priorities) but are not failures.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from ftwatch.events import Origin
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Rule
 
@@ -77,8 +80,18 @@ def run_rule_tests(rules: Sequence[Rule], backend: str | None = None) -> list[Ru
         patterns, owner = _owners(rules)
         matcher = Matcher(patterns, backend)
 
+    origin = Origin("test-rules")
+
     def hits(text: str) -> set[int]:
-        return {owner[i] for i in matcher.match_text(text)}
+        """Rules hitting a line of ``text``: a pattern matches and the rule's condition holds."""
+        out: set[int] = set()
+        for line in text.split("\n"):
+            raw = _encode(line)
+            for index in {owner[i] for i in matcher.match_text(line)}:
+                predicate = rules[index].predicate
+                if predicate is None or predicate(raw, origin):
+                    out.add(index)
+        return out
 
     for index, rule in enumerate(rules):
         for example in rule.examples:
@@ -94,6 +107,14 @@ def run_rule_tests(rules: Sequence[Rule], backend: str | None = None) -> list[Ru
                 failures.append(RuleTestFailure(rule.id, rule.location, counter, "no hit",
                                                 "counterexample hits the rule", others))
     return failures
+
+
+def _encode(line: str) -> bytes:
+    """A line as the engine scans it (the matcher's own encoding of text)."""
+    try:
+        return line.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return line.encode("utf-8", "replace")
 
 
 def format_report(failures: Sequence[RuleTestFailure], n_rules: int) -> str:
