@@ -7,9 +7,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from ftwatch.cli.common import (EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, ArgumentParser, aimaster_epilog, job_id_for,
                                 load_config_from_args, split_flags)
+from ftwatch.errors import ConfigError, Issue
 from ftwatch.pipeline.build import build_recorder, build_run
 
 
@@ -26,7 +30,6 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
-    from ftwatch.config.mindcluster import add_run_flags, apply_run_flags
     add_run_flags(p)
     p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
     p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
@@ -90,3 +93,47 @@ def _summary(runner, recorder, status: int, state_dir: Path) -> None:
     acted = [d for d in recorder.decisions if d.action is not Action.NONE] or recorder.decisions
     if acted:
         recorder.say(f"  explain    {recorder.link(acted[-1])}")
+
+
+# -- the recovery flags (MindCluster's, torchrun's spellings, keep-scene) ---------------------------
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """``ftwatch run`` flags for recovery: MindCluster's (torchrun spellings too) and keep-scene."""
+    p.add_argument("--recover-strategy", help="MindCluster recover-strategy, e.g. recover-in-place,dump")
+    p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
+                   help="torchrun/MindCluster restart budget")
+    p.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float,
+                   help="seconds between checks of the workers")
+    p.add_argument("--keep-scene", dest="keep_scene", type=float, metavar="SECONDS",
+                   help="on a final failure keep the workers for SECONDS and print how to attach")
+
+
+_FLAG = {"recover_strategy": "--recover-strategy", "max_restarts": "--max-restarts",
+         "monitor_interval": "--monitor-interval", "nproc_per_node": "--nproc-per-node",
+         "grace_period": "--grace-period", "keep_scene_seconds": "--keep-scene"}
+
+
+def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
+    """The config with the flags of ``add_run_flags`` (and ``--nproc-per-node``,
+    ``--grace-period``) applied and validated.
+
+    Raises:
+        ConfigError: a bad value, naming the flag (file ``<argv>``).
+    """
+    mc = {k: v for k, v in (("recover_strategy", args.recover_strategy), ("max_restarts", args.max_restarts),
+                            ("monitor_interval", args.monitor_interval)) if v is not None}
+    sup = {k: v for k, v in (("nproc_per_node", getattr(args, "nproc_per_node", None)),
+                             ("grace_period", getattr(args, "grace_period", None)),
+                             ("keep_scene_seconds", args.keep_scene)) if v is not None}
+    updates, issues = {}, []
+    for section, overrides in (("mindcluster", mc), ("supervisor", sup)):
+        if overrides:
+            model = getattr(config, section)
+            try:
+                updates[section] = type(model).model_validate(model.model_dump() | overrides)
+            except ValidationError as exc:
+                issues += [Issue("<argv>", 0, f"{_FLAG.get(str(e['loc'][0]), e['loc'][0])}: "
+                                              f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()]
+    if issues:
+        raise ConfigError(issues)
+    return config.model_copy(update=updates) if updates else config

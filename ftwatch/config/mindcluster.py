@@ -20,13 +20,10 @@ dialects): a recovering strategy enables restarts, ``max_restarts`` is the resta
 
 from __future__ import annotations
 
-import argparse
 import signal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from ftwatch.errors import ConfigError, Issue
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _STRICT = ConfigDict(extra="forbid")
 #: The strategies in ftwatch's precedence order (seed 004 lists them in this order too).
@@ -101,47 +98,3 @@ def policy_overrides(mc: MindClusterConfig) -> dict[str, Any]:
     if mc.max_restarts is not None:
         out["max_num_of_job_restart"] = mc.max_restarts
     return out
-
-
-# --------------------------------------------------------------------------- ftwatch run flags
-
-def add_run_flags(p: argparse.ArgumentParser) -> None:
-    """``ftwatch run`` flags for recovery: MindCluster's (torchrun spellings too) and keep-scene."""
-    p.add_argument("--recover-strategy", help="MindCluster recover-strategy, e.g. recover-in-place,dump")
-    p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
-                   help="torchrun/MindCluster restart budget")
-    p.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float,
-                   help="seconds between checks of the workers")
-    p.add_argument("--keep-scene", dest="keep_scene", type=float, metavar="SECONDS",
-                   help="on a final failure keep the workers for SECONDS and print how to attach")
-
-
-_FLAG = {"recover_strategy": "--recover-strategy", "max_restarts": "--max-restarts",
-         "monitor_interval": "--monitor-interval", "nproc_per_node": "--nproc-per-node",
-         "grace_period": "--grace-period", "keep_scene_seconds": "--keep-scene"}
-
-
-def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
-    """The config with the flags of ``add_run_flags`` (and ``--nproc-per-node``,
-    ``--grace-period``) applied and validated.
-
-    Raises:
-        ConfigError: a bad value, naming the flag (file ``<argv>``).
-    """
-    mc = {k: v for k, v in (("recover_strategy", args.recover_strategy), ("max_restarts", args.max_restarts),
-                            ("monitor_interval", args.monitor_interval)) if v is not None}
-    sup = {k: v for k, v in (("nproc_per_node", getattr(args, "nproc_per_node", None)),
-                             ("grace_period", getattr(args, "grace_period", None)),
-                             ("keep_scene_seconds", args.keep_scene)) if v is not None}
-    updates, issues = {}, []
-    for section, overrides in (("mindcluster", mc), ("supervisor", sup)):
-        if overrides:
-            model = getattr(config, section)
-            try:
-                updates[section] = type(model).model_validate(model.model_dump() | overrides)
-            except ValidationError as exc:
-                issues += [Issue("<argv>", 0, f"{_FLAG.get(str(e['loc'][0]), e['loc'][0])}: "
-                                              f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()]
-    if issues:
-        raise ConfigError(issues)
-    return config.model_copy(update=updates) if updates else config
