@@ -14,6 +14,10 @@ an incident and which instances failed, as in ``watch`` and ``replay``); the res
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
+    kernel log      -> each poll, the lines this host's kernel log gained (``RunParts.kernel``:
+                       ``--kernel-log``, /dev/kmsg or the journal) go to the desk as host evidence
+                       of this node (``hostlog.host_origin``: no rank, never an instance); an Xid
+                       79 there opens an incident like a worker's line
 
 The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
 the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
@@ -40,6 +44,7 @@ from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
+from ftwatch.pipeline.sources.hostlog import host_origin
 from ftwatch.pipeline.sources.supervisor import Output, Started
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.plan import Plan, RunFacts, Verdict, retry_candidate
@@ -67,6 +72,8 @@ class RunParts:
     scene: Scene                   # the workers' pids and exits
     actuator: LocalActuator        # carries out the plans
     clock: Clock
+    kernel: Any = None             # this host's kernel log (sources.hostlog.KernelLog, opened), or None
+    node: str = "localhost"        # this machine's name: the node of its kernel lines
 
 
 class JobRunner:
@@ -91,6 +98,7 @@ class JobRunner:
         self.desk, self.policy, self.budgets = p.desk, p.policy, p.budgets
         self.engine, self.tracker = p.desk.engine, p.desk.tracker
         self.slots, self.health, self.scene, self.clock = p.slots, p.health, p.scene, p.clock
+        self.kernel, self.host = p.kernel, host_origin(p.node, job)
         self.desk.on_findings = self._retry_candidates
         self.act = p.actuator
         self.act.drive(self._step)
@@ -116,6 +124,8 @@ class JobRunner:
         finally:
             self.supervisor.close()
             self.control.stop()
+            if self.kernel is not None:
+                self.kernel.close()
             self.recorder.flush_output()
 
     def request_stop(self) -> None:
@@ -230,6 +240,11 @@ class JobRunner:
         The whole batch is taken before deciding: output that arrived with a failing exit (a
         peer's traceback) is evidence for that decision, not something to drop."""
         triggers = [t for t in (self._handle(i, self._state) for i in self.supervisor.poll(timeout)) if t is not None]
+        if self.kernel is not None:
+            data = self.kernel.read()
+            found = self.desk.output(self.host, data, self.clock.time(), self.clock.mono()) if data else None
+            if found is not None:
+                triggers.append(found)
         self.control.drain(self.controls)
         return triggers
 
