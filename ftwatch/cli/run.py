@@ -54,7 +54,7 @@ def cmd_run(argv: list[str]) -> int:
         status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
         if status:
             return status
-    from ftwatch.pipeline.sources.hostlog import open_kernel_log
+    from ftwatch.pipeline.sources.hostlog import gpu_bus_ids, open_kernel_log
     try:                       # from its end, before the workers start: their time is what counts
         kernel, said = open_kernel_log(args.kernel_log)
     except OSError as e:
@@ -64,7 +64,8 @@ def cmd_run(argv: list[str]) -> int:
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     recorder.say(f"ftwatch: {said}")
     try:
-        runner = build_run(config, command, job, recorder, kernel=kernel)
+        runner = build_run(config, command, job, recorder, kernel=kernel,
+                           bus_ids=gpu_bus_ids() if kernel is not None else None)
     except BaseException:
         if kernel is not None:
             kernel.close()

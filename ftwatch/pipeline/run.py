@@ -15,9 +15,13 @@ an incident and which instances failed, as in ``watch`` and ``replay``); the res
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
     kernel log      -> each poll, the lines this host's kernel log gained (``RunParts.kernel``:
-                       ``--kernel-log``, /dev/kmsg or the journal) go to the desk as host evidence
-                       of this node (``hostlog.host_origin``: no rank, never an instance); an Xid
-                       79 there opens an incident like a worker's line
+                       ``--kernel-log``, /dev/kmsg or the journal) are scanned as host evidence of
+                       this node (``hostlog.host_origin``: no rank, never an instance); a finding
+                       naming a GPU by PCI bus id that ``RunParts.bus_ids`` maps to a device of
+                       the job's slots carries that device (``fields["device"]``: A1 excludes it
+                       on isolate_node), one mapped to no slot of the job is stored only; the
+                       rest are the job's, node-wide. An Xid 79 opens an incident like a
+                       worker's line
 
 The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
 the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
@@ -31,7 +35,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from ftwatch.clock import Clock
 from ftwatch.config.model import Config
@@ -44,7 +48,7 @@ from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
-from ftwatch.pipeline.sources.hostlog import host_origin
+from ftwatch.pipeline.sources.hostlog import host_origin, on_devices
 from ftwatch.pipeline.sources.supervisor import Output, Started
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.plan import Plan, RunFacts, Verdict, retry_candidate
@@ -74,6 +78,7 @@ class RunParts:
     clock: Clock
     kernel: Any = None             # this host's kernel log (sources.hostlog.KernelLog, opened), or None
     node: str = "localhost"        # this machine's name: the node of its kernel lines
+    bus_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # PCI bus id -> device names (hostlog.gpu_bus_ids)
 
 
 class JobRunner:
@@ -242,7 +247,7 @@ class JobRunner:
         triggers = [t for t in (self._handle(i, self._state) for i in self.supervisor.poll(timeout)) if t is not None]
         if self.kernel is not None:
             data = self.kernel.read()
-            found = self.desk.output(self.host, data, self.clock.time(), self.clock.mono()) if data else None
+            found = self._host_lines(data) if data else None
             if found is not None:
                 triggers.append(found)
         self.control.drain(self.controls)
@@ -341,6 +346,15 @@ class JobRunner:
         state.failed -= {f"worker-{r}" for r in plan.ranks}
         self.act.restart_instances(plan, decision)
         return None
+
+    def _host_lines(self, data: bytes) -> Finding | None:
+        """Lines of this host's kernel log: their findings to the desk (a GPU they name by PCI bus
+        id is that of the job's slot, or the finding is not the job's: stored only); returns the
+        finding that opened an incident, if any."""
+        found = self.engine.feed(self.host, data, self.clock.time())
+        mine, others = on_devices(found, self.parts.bus_ids, self.slots.active)
+        self.recorder.findings(others)
+        return self.desk.add(mine, self.clock.mono())
 
     def _rank(self, instance: str) -> int | None:
         w = self.scene.workers.get(instance)

@@ -214,6 +214,57 @@ def test_run_a_line_appended_to_the_kernel_log_isolates(tmp_path):
     assert kern._fd is None                      # closed when the run ended
 
 
+def _run_with_kernel(tmp_path, text, nproc="1:2", bus_ids=None, at=3.0, ends=11):
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    clock = FakeClock()
+    kern = _Appending(log, clock, clock.time() + at, text)
+    kern.open()
+    cfg = Config.model_validate({
+        "policy": {"fault_tolerant_policy": "OnFailure", "enable_job_restart": True, "max_num_of_job_restart": 1},
+        "supervisor": {"nproc_per_node": nproc, "restart_delay": 0, "devices": ["0", "1"]},
+        "health": {"bootcheck": False, "troubleshooting": False},
+        "storage": {"state_dir": str(tmp_path)},
+    })
+    script = script_of({}, default=[Say(1, "step 1"), Exit(ends)])
+    sup = FakeSupervisor(clock, script, job="job", node="gpu-7")
+    store = SqliteStore(tmp_path / "ftwatch.db")
+    recorder = Recorder(store, out=io.StringIO())
+    runner = build_run(cfg, ["train"], "job", recorder, out=io.StringIO(), clock=clock, supervisor=sup,
+                       control=FakeControl(), node="gpu-7", kernel=kern, bus_ids=bus_ids)
+    return runner.run(), recorder, sup, store
+
+
+def test_run_a_kernel_line_naming_a_slot_gpu_isolates_that_device(tmp_path):
+    """nvidia-smi maps 0000:3b:00 to GPU 1, the job's second slot: the host Xid 79 excludes
+    device 1 (A1) and the job restarts with one worker on device 0."""
+    status, recorder, sup, store = _run_with_kernel(tmp_path, XID_79, bus_ids={"0000:3b:00": ("GPU-b", "1")})
+    assert status == 0
+    isolate = recorder.decisions[0]
+    assert isolate.action is Action.ISOLATE_NODE
+    assert "A1 local: isolated device 1" in isolate.policy_clause
+    resizes = [c for c in sup.calls if c[0] == "resize"]
+    assert [(n, env["CUDA_VISIBLE_DEVICES"]) for _, n, env in resizes] == [(2, "0,1"), (1, "0")]
+
+
+def test_run_a_kernel_line_naming_another_gpu_is_stored_and_opens_nothing(tmp_path):
+    """The Xid names a GPU of this host that is not among the job's slots (another job's)."""
+    status, recorder, sup, store = _run_with_kernel(tmp_path, XID_79, bus_ids={"0000:3b:00": ("GPU-f", "5")})
+    assert status == 0 and [d.action for d in recorder.decisions] == [Action.NONE]
+    assert [f["rule_id"] for f in store.findings_for("job") if f["rule_id"].startswith("xid")] == ["xid.79"]
+
+
+def test_gpu_bus_ids_reads_nvidia_smi_and_gives_indices_only_where_cuda_means_the_same(monkeypatch):
+    from ftwatch.pipeline.sources.hostlog import gpu_bus_ids
+    same = "0, GPU-a, NVIDIA H100 80GB HBM3, 00000000:18:00.0\n1, GPU-b, NVIDIA H100 80GB HBM3, 00000000:3B:00.0\n"
+    mixed = "0, GPU-a, NVIDIA A100, 00000000:18:00.0\n1, GPU-b, NVIDIA T4, 00000000:3B:00.0\n"
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert gpu_bus_ids(lambda argv: same)["0000:3b:00"] == ("GPU-b", "1")
+    assert gpu_bus_ids(lambda argv: mixed)["0000:3b:00"] == ("GPU-b",)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert gpu_bus_ids(lambda argv: mixed)["0000:3b:00"] == ("GPU-b", "1")
+
+
 def test_kernel_log_file_tail_reads_from_the_end_and_follows_truncation(tmp_path):
     path = tmp_path / "kern.log"
     path.write_text("old line\n")
@@ -261,3 +312,43 @@ def test_a_replayed_kern_log_is_host_evidence_not_an_instance(tmp_path):
     d = result.decision
     assert d.action is Action.ISOLATE_NODE and d.root_cause.rule_id.startswith("xid.79")
     assert is_host(d.root_cause.origin)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+def _ftwatch(*args: str, cwd: Path, timeout: float = 120):
+    import subprocess
+    import sys
+    script = Path(sys.executable).with_name("ftwatch")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "ftwatch"]
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_cli_a_kernel_log_that_cannot_be_opened_is_one_line_and_status_2(tmp_path):
+    proc = _ftwatch("run", "--state-dir", str(tmp_path / "st"), "--kernel-log", str(tmp_path / "none.log"),
+                    "--", "true", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"ftwatch run: --kernel-log {tmp_path / 'none.log'}: No such file or directory"]
+
+
+def test_cli_run_isolates_on_a_line_its_worker_appends_to_the_kernel_log(tmp_path):
+    """A real short run: the first attempt's worker appends an Xid 79 to the kernel log and trains
+    on; ftwatch reads it as host evidence, isolates this node (restart), the second attempt ends."""
+    import json
+    import sys
+    kern = tmp_path / "kern.log"
+    kern.write_text(f"{XID_79} (old)\n")
+    code = ("import os, sys, time\n"
+            "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+            f"    open({str(kern)!r}, 'a').write({XID_79!r} + '\\n')\n"
+            "    time.sleep(30)\n")
+    proc = _ftwatch("run", "--state-dir", str(tmp_path / "st"), "--kernel-log", str(kern),
+                    "--decisions-file", str(tmp_path / "d.jsonl"), "--enable-job-restart=True",
+                    "--max-num-of-job-restart=1", "--grace-period", "1", "--", sys.executable, "-c", code,
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"ftwatch: reading the kernel log from {kern}" in proc.stdout
+    decisions = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert [d["action"] for d in decisions] == ["isolate_node", "none"]
+    assert decisions[0]["root_cause"]["rule_id"].startswith("xid.79") and decisions[0]["root_cause"]["rank"] is None

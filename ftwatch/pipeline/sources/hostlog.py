@@ -24,6 +24,7 @@ digits, bus, device, lower case; the function number is dropped (one GPU is one 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import queue
@@ -32,13 +33,13 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ftwatch.events import Origin
+from ftwatch.events import Finding, Origin
 from ftwatch.pipeline.sources.base import Shipped
 
-__all__ = ["HOST_KEY", "HOST_SOURCE", "HostQueue", "KernelLog", "host_origin", "is_host",
-           "is_host_file", "is_host_meta", "line_device", "open_kernel_log", "pci_bus_id"]
+__all__ = ["HOST_KEY", "HOST_SOURCE", "HostQueue", "KernelLog", "gpu_bus_ids", "host_origin", "is_host",
+           "is_host_file", "is_host_meta", "line_device", "on_devices", "open_kernel_log", "pci_bus_id"]
 
 HOST_SOURCE = "host"         # Origin.source of host evidence
 HOST_KEY = "host_log"        # a shipped record's field that marks it as host evidence
@@ -254,6 +255,70 @@ class KernelLog:
             text = rest.split(b"\n", 1)[0] if rest else record.rstrip(b"\n")
             out.append(text + b"\n")
         return out
+
+
+def gpu_bus_ids(query: Callable[[list[str]], str] | None = None) -> dict[str, tuple[str, ...]]:
+    """This host's GPUs by PCI bus id: ``dddd:bb:dd`` -> the names ``CUDA_VISIBLE_DEVICES`` may
+    give that GPU (its UUID; its index too where the index means the same GPU to CUDA).
+
+    From ``nvidia-smi --query-gpu=index,uuid,name,pci.bus_id --format=csv,noheader``. nvidia-smi
+    numbers GPUs in PCI bus order; CUDA does so only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, its
+    default ``FASTEST_FIRST`` puts faster GPUs first (CUDA C++ Programming Guide, "CUDA
+    Environment Variables"). So the index is given only under ``PCI_BUS_ID`` or when every GPU
+    has the same name (none is faster); the UUID always.
+
+    Args:
+        query: runs the argv and returns its stdout (tests); default ``subprocess.run``, 10 s.
+
+    Returns:
+        The map; empty without nvidia-smi or when it fails.
+    """
+    argv = ["nvidia-smi", "--query-gpu=index,uuid,name,pci.bus_id", "--format=csv,noheader"]
+    try:
+        if query is not None:
+            text = query(argv)
+        elif shutil.which("nvidia-smi") is None:
+            return {}
+        else:
+            text = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [[c.strip() for c in line.split(",")] for line in text.splitlines() if line.count(",") == 3]
+    by_index = os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID" or len({r[2] for r in rows}) <= 1
+    out: dict[str, tuple[str, ...]] = {}
+    for index, uuid, _, bus in rows:
+        bus_id = pci_bus_id(bus)
+        if bus_id is not None:
+            out[bus_id] = (uuid, index) if by_index else (uuid,)
+    return out
+
+
+def on_devices(findings: Iterable[Finding], bus_ids: Mapping[str, tuple[str, ...]],
+               devices: Sequence[str]) -> tuple[list[Finding], list[Finding]]:
+    """Splits host findings into a job's and the others, by the GPU their line names.
+
+    Args:
+        findings: findings of host lines.
+        bus_ids: PCI bus id -> that GPU's names (:func:`gpu_bus_ids`).
+        devices: the job's devices as its slots name them (``CUDA_VISIBLE_DEVICES`` entries).
+
+    Returns:
+        (the job's: a finding whose GPU is one of ``devices`` carries it as ``fields["device"]``,
+        one that names no GPU or an unknown one is the whole node's; the others: a GPU known
+        and not the job's).
+    """
+    mine: list[Finding] = []
+    others: list[Finding] = []
+    for f in findings:
+        names = bus_ids.get(line_device(f.line.encode()) or "")
+        device = next((n for n in names if n in devices), None) if names else None
+        if not names:
+            mine.append(f)
+        elif device is None:
+            others.append(f)
+        else:
+            mine.append(dataclasses.replace(f, fields={**f.fields, "device": device}))
+    return mine, others
 
 
 def open_kernel_log(path: Path | None) -> tuple[KernelLog | None, str]:
