@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftwatch.cli.common import (EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, ArgumentParser, aimaster_epilog, job_id_for,
+from ftwatch.cli.common import (EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, EXIT_USAGE, ArgumentParser, aimaster_epilog, job_id_for,
                                 load_config_from_args, split_flags)
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.pipeline.build import build_recorder, build_run
@@ -30,6 +30,9 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
+    p.add_argument("--kernel-log", type=Path, metavar="PATH",
+                   help="this host's kernel log, tailed from its end (default: /dev/kmsg or journalctl -k "
+                        "when readable): its lines are evidence about this node (Xid 79 isolates it)")
     add_run_flags(p)
     p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
     p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
@@ -54,9 +57,22 @@ def cmd_run(argv: list[str]) -> int:
         status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
         if status:
             return status
+    from ftwatch.pipeline.sources.hostlog import gpu_bus_ids, open_kernel_log
+    try:                       # from its end, before the workers start: their time is what counts
+        kernel, said = open_kernel_log(args.kernel_log)
+    except OSError as e:
+        print(f"ftwatch run: --kernel-log {args.kernel_log}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
     recorder = build_recorder(config, state_dir, args.decisions_file)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
-    runner = build_run(config, command, job, recorder)
+    recorder.say(f"ftwatch: {said}")
+    try:
+        runner = build_run(config, command, job, recorder, kernel=kernel,
+                           bus_ids=gpu_bus_ids() if kernel is not None else None)
+    except BaseException:
+        if kernel is not None:
+            kernel.close()
+        raise
     try:
         status = runner.run()
     finally:

@@ -39,10 +39,11 @@ def cmd_watch(argv: list[str]) -> int:
     state_dir = Path(config.storage.state_dir)
     recorder = build_recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity
-    identity = Identity(job_label=ident.job_label, default_job=ident.default_job)
+    identity = Identity(job_label=ident.job_label, default_job=ident.default_job, default_node=ident.default_node,
+                        host_tags=tuple(ident.host_tags), device_field=ident.device_field)
     watcher = Watcher(config, build_engine(config), recorder, identity.resolve,   # H3: step lines too
                       build_actuator(config.watch.actuator),
-                      flush_partials=lambda before: identity.joiners.flush(before))
+                      flush_partials=lambda before: identity.joiners.flush(before), devices=identity.devices)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:
         metrics.watch_queue(watcher.queue.qsize)

@@ -1,6 +1,17 @@
 """The ``watch`` section of the config: shipped sources, identity and the actuator (issue 3).
 
 Kept apart from ``ftwatch.config.model`` only for size; ``Config.watch`` holds a ``WatchConfig``.
+
+Host logs (issue 12 item 5). A node's kernel and driver lines (``NVRM: Xid ...``, ``mlx5_core``,
+EDAC, the OOM killer) name a node but no job. A source whose every line is such a line says
+``role: host`` (a file tail of ``/var/log/kern.log``, or a listener that only fluent-bit's
+``kmsg`` / ``systemd`` inputs send to); on a listener that also receives pod logs, the host
+records are told apart by their tag (``identity.host_tags``, e.g. ``kmsg*``) or by a
+``host_log: true`` field a fluent-bit ``record_modifier`` adds. The node of a host line is named
+as for any line (``hostname`` / ``host`` field; a file tail's lines need a ``hostname`` or
+``identity.default_node``). ``ftwatch watch`` attaches each host finding to every job with
+instances on that node (``ftwatch.pipeline.watch``); one for a node with no job is stored and
+opens nothing. ``role`` is not ``host`` because a listener's ``host`` is its bind address.
 """
 
 from __future__ import annotations
@@ -36,7 +47,15 @@ class ListenerLimits(BaseModel):
                                 "30 s keepalive idle timeout.")
 
 
-class ForwardSourceConfig(ListenerLimits):
+class SourceRole(BaseModel):
+    """What a source's lines are: a job's output (``job``) or a node's host log (``host``)."""
+
+    role: Literal["job", "host"] = Field("job", description="job: pods' and workers' output; host: "
+                                         "every line is a node's kernel / driver log (no job), "
+                                         "attached to the jobs on that node.")
+
+
+class ForwardSourceConfig(ListenerLimits, SourceRole):
     """fluent-bit's out_forward sends here (Forward protocol v1, TCP)."""
 
     model_config = _STRICT
@@ -49,7 +68,7 @@ class ForwardSourceConfig(ListenerLimits):
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
 
 
-class HttpSourceConfig(ListenerLimits):
+class HttpSourceConfig(ListenerLimits, SourceRole):
     """fluent-bit's out_http posts here (json or json_lines, gzip)."""
 
     model_config = _STRICT
@@ -61,7 +80,7 @@ class HttpSourceConfig(ListenerLimits):
     token: str | None = Field(None, repr=False, description="Bearer token required when set.")
 
 
-class FileSourceConfig(BaseModel):
+class FileSourceConfig(SourceRole):
     """Tail files (globs), surviving rotation and restarts."""
 
     model_config = _STRICT
@@ -72,7 +91,7 @@ class FileSourceConfig(BaseModel):
     read_from_head: bool = Field(False, description="Read files found at start from their beginning.")
 
 
-class StdinSourceConfig(BaseModel):
+class StdinSourceConfig(SourceRole):
     """Read lines from standard input."""
 
     model_config = _STRICT
@@ -91,6 +110,12 @@ class IdentityConfig(BaseModel):
     model_config = _STRICT
     job_label: str = Field("training.kubeflow.org/job-name", description="Pod label that names the job.")
     default_job: str = Field("default", description="Job of lines with no job label.")
+    default_node: str = Field("localhost", description="Node of lines that name none (a role: host "
+                              "file tail of one node's kern.log names its node here).")
+    host_tags: list[str] = Field(default_factory=list, description="Globs of record tags that are a "
+                                 "node's host log (fluent-bit's kmsg / systemd input tag, e.g. kmsg*).")
+    device_field: str = Field("pci_bus_ids", description="Record (or env) field with the PCI bus ids of "
+                              "an instance's devices; a host line naming a device joins only them.")
 
 
 class ActuatorConfig(BaseModel):

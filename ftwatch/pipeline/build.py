@@ -133,7 +133,7 @@ def resolve_after_of(config) -> float:
     return min(values, default=RESOLVE_AFTER)
 
 def build_run(config, command, job: str, recorder, *, engine=None, out=None, clock=None, supervisor=None,
-              control=None, node: str | None = None):
+              control=None, node: str | None = None, kernel=None, bus_ids=None):
     """The run loop of ``ftwatch run`` with every collaborator it drives, built once here.
 
     The MindCluster section is first translated into the policy (M4: a recovering strategy enables
@@ -153,6 +153,10 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         supervisor, control: default the real ``Supervisor`` and ``ControlServer``; tests give
             fakes (``ftwatch.testing.FakeSupervisor``, ``FakeControl``).
         node: this machine's name (default: the host name).
+        kernel: this host's kernel log, opened (``ftwatch.pipeline.sources.hostlog.open_kernel_log``),
+            or None: its lines are host evidence of ``node`` for the job.
+        bus_ids: PCI bus id -> the names of that GPU (``hostlog.gpu_bus_ids``), so that a kernel
+            line naming a GPU is tied to the job's slot on it; None: none known.
 
     Returns:
         A ``JobRunner`` over its incident desk (``ftwatch.pipeline.incidents``); ``run()`` it.
@@ -211,5 +215,6 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     actuator = LocalActuator(supervisor, control, controls, slots, scene, recorder, clock, job=job, mindcluster=mc,
                              restart_delay=sup.restart_delay, keep_scene_seconds=sup.keep_scene_seconds,
                              state_dir=config.storage.state_dir)
-    parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock)
+    parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock,
+                     kernel, node, bus_ids or {})
     return JobRunner(config, command, parts, recorder, job, out=out)

@@ -21,6 +21,11 @@ findings are recorded but open nothing for ``cooldown`` seconds (``watch``: the 
 own action); a hang that only notified re-arms once output resumes. The evidence is the
 attempt's: :meth:`new_attempt` clears it (the driver calls it when the job restarts).
 
+Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
+hands them in with that job in their origin) is output like any other and counts by its time, but
+its origin is never an instance: it starts no hang timer, counts in no world size and fails no
+instance.
+
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
 """
@@ -32,6 +37,7 @@ from typing import Callable, Iterable, Literal, Sequence
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
 from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import HANG_KINDS, failed_instances, opens_incident, pick_trigger
@@ -129,12 +135,13 @@ class IncidentDesk:
         Returns:
             The finding that opened an incident, or a failing exit a summary reported; else None.
         """
-        if origin.instance not in self.instances and not self.exits:
-            self.started(origin, time)
-        self.tracker.output(origin.instance, time)
-        if self._hang_notified:
-            self._hang_notified = False
-            self.tracker.rearm()
+        if not is_host(origin):                     # a node's kernel log: evidence, never an instance
+            if origin.instance not in self.instances and not self.exits:
+                self.started(origin, time)
+            self.tracker.output(origin.instance, time)
+            if self._hang_notified:
+                self._hang_notified = False
+                self.tracker.rearm()
         lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         self.recorder.output(origin, lines, len(data), time)
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step)
@@ -236,7 +243,8 @@ class IncidentDesk:
         ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
         then :meth:`decide`'s)."""
         trigger = trigger or pick_trigger(self._openers)
-        failed = failed_instances(self.findings, trigger, self.failed, exits_only=self.exits)
+        failed = failed_instances([f for f in self.findings if not is_host(f.origin)], trigger, self.failed,
+                                  exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
         verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
         decision = verdict.decision

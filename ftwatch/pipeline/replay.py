@@ -1,7 +1,8 @@
 """``ftwatch replay``: recorded logs through the incident core, with a simulated clock (T3).
 
 Each file is one instance's log (its rank read from the file name, e.g. ``rank3.log`` or
-``worker-3.err``) or one combined log whose lines carry rank prefixes (``[rank3]:``,
+``worker-3.err``), a node's kernel log (``kern.log``: host evidence, never an instance) or one
+combined log whose lines carry rank prefixes (``[rank3]:``,
 torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks cut at line ends and fed,
 one file after the other, to one :class:`ftwatch.pipeline.incidents.IncidentDesk` (the core
 ``run`` and ``watch`` decide through; errors open incidents, as in ``watch``); each chunk is
@@ -39,6 +40,7 @@ from ftwatch.parsers.torchelastic import SummaryFailure
 from ftwatch.pipeline.incidents import IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.replay_hang import HangScan
+from ftwatch.pipeline.sources.hostlog import host_origin, is_host_file
 from ftwatch.policy.policy import Policy
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
@@ -65,7 +67,11 @@ class ReplayResult:
 
 
 def origin_for(path: Path, job: str) -> Origin:
-    """The origin of a file: its rank from the name when it has one, else a combined log."""
+    """The origin of a file: a node's kernel log side file (``kern.log``, ``dmesg.txt``: host
+    evidence of the job's node, ``ftwatch.pipeline.sources.hostlog``, as ``watch`` and ``run``
+    hand their host lines in); else its rank from the name when it has one, else a combined log."""
+    if is_host_file(path):
+        return host_origin("replay", job, str(path))
     match = _RANK_IN_NAME.search(path.name)
     if match:
         rank = int(match.group(1))

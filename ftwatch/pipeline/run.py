@@ -14,6 +14,14 @@ an incident and which instances failed, as in ``watch`` and ``replay``); the res
     MindCluster     -> retry a live fault first (SDK on_retry); recover-in-place / keep-scene decide
                        before stopping (survivors run on / are kept); dump before any stop
     isolate_node    -> the blamed rank's device leaves the slots; restart with fewer (MIN:MAX)
+    kernel log      -> each poll, the lines this host's kernel log gained (``RunParts.kernel``:
+                       ``--kernel-log``, /dev/kmsg or the journal) are scanned as host evidence of
+                       this node (``hostlog.host_origin``: no rank, never an instance); a finding
+                       naming a GPU by PCI bus id that ``RunParts.bus_ids`` maps to a device of
+                       the job's slots carries that device (``fields["device"]``: A1 excludes it
+                       on isolate_node), one mapped to no slot of the job is stored only; the
+                       rest are the job's, node-wide. An Xid 79 opens an incident like a
+                       worker's line
 
 The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
 the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
@@ -27,7 +35,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 from ftwatch.clock import Clock
 from ftwatch.config.model import Config
@@ -40,6 +48,7 @@ from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
+from ftwatch.pipeline.sources.hostlog import host_origin, on_devices
 from ftwatch.pipeline.sources.supervisor import Output, Started
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.plan import Plan, RunFacts, Verdict, retry_candidate
@@ -67,6 +76,9 @@ class RunParts:
     scene: Scene                   # the workers' pids and exits
     actuator: LocalActuator        # carries out the plans
     clock: Clock
+    kernel: Any = None             # this host's kernel log (sources.hostlog.KernelLog, opened), or None
+    node: str = "localhost"        # this machine's name: the node of its kernel lines
+    bus_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # PCI bus id -> device names (hostlog.gpu_bus_ids)
 
 
 class JobRunner:
@@ -91,6 +103,7 @@ class JobRunner:
         self.desk, self.policy, self.budgets = p.desk, p.policy, p.budgets
         self.engine, self.tracker = p.desk.engine, p.desk.tracker
         self.slots, self.health, self.scene, self.clock = p.slots, p.health, p.scene, p.clock
+        self.kernel, self.host = p.kernel, host_origin(p.node, job)
         self.desk.on_findings = self._retry_candidates
         self.act = p.actuator
         self.act.drive(self._step)
@@ -116,6 +129,8 @@ class JobRunner:
         finally:
             self.supervisor.close()
             self.control.stop()
+            if self.kernel is not None:
+                self.kernel.close()
             self.recorder.flush_output()
 
     def request_stop(self) -> None:
@@ -230,6 +245,11 @@ class JobRunner:
         The whole batch is taken before deciding: output that arrived with a failing exit (a
         peer's traceback) is evidence for that decision, not something to drop."""
         triggers = [t for t in (self._handle(i, self._state) for i in self.supervisor.poll(timeout)) if t is not None]
+        if self.kernel is not None:
+            data = self.kernel.read()
+            found = self._host_lines(data) if data else None
+            if found is not None:
+                triggers.append(found)
         self.control.drain(self.controls)
         return triggers
 
@@ -326,6 +346,15 @@ class JobRunner:
         state.failed -= {f"worker-{r}" for r in plan.ranks}
         self.act.restart_instances(plan, decision)
         return None
+
+    def _host_lines(self, data: bytes) -> Finding | None:
+        """Lines of this host's kernel log: their findings to the desk (a GPU they name by PCI bus
+        id is that of the job's slot, or the finding is not the job's: stored only); returns the
+        finding that opened an incident, if any."""
+        found = self.engine.feed(self.host, data, self.clock.time())
+        mine, others = on_devices(found, self.parts.bus_ids, self.slots.active)
+        self.recorder.findings(others)
+        return self.desk.add(mine, self.clock.mono())
 
     def _rank(self, instance: str) -> int | None:
         w = self.scene.workers.get(instance)

@@ -17,6 +17,15 @@ that ended is simply quiet; a restart starts a new attempt of the job (its insta
 again by their output), a ``fail_job`` ends the job's desk (a job of that name later starts
 fresh).
 
+Host evidence (issue 12 item 5, ``ftwatch.pipeline.sources.hostlog``): a node's kernel / driver
+line names a node but no job. Each is handed, as output of ``host_origin(node, job)``, to the desk
+of every job that has instances on that node (met by their output in the job's current attempt);
+a line naming a device (``NVRM: Xid (PCI:0000:3b:00): 79``) goes only to the jobs with an
+instance on that device, where the identity knows the instances' devices on that node (else to
+every job on the node). In the job's incident it counts by its time (the line's own stamp, else
+when it was shipped): a line older than the job's current attempt is not that attempt's evidence.
+The lines no job takes are still scanned and their findings stored; they open nothing.
+
 Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve once
 ``resolve_after`` seconds pass with no new such incident of that job (and none settling), at
 once when a launcher of the job logs that its worker group finished successfully
@@ -28,7 +37,7 @@ from __future__ import annotations
 import queue
 import threading
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, Origin
@@ -38,6 +47,7 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
 from ftwatch.rules.engine import Engine
 
 _NEW_ATTEMPT = (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE)
@@ -93,12 +103,15 @@ class Watcher:
         actuator: acts on decisions (default: observe only).
         flush_partials: hands out runtime-split lines whose first piece is older than the
             given time (``Joiners.flush``), so an unfinished CRI ``P`` line is not held forever.
+        devices: (job, instance) -> the PCI bus ids of its devices (``Identity.devices``), read
+            when a host line names a device; None: no device is known (node-wide).
     """
 
     def __init__(self, config, engine: Engine, recorder: Recorder,
                  resolve: Callable[[list[Shipped]], Iterable[tuple[Origin, bytes, float]]],
                  actuator: Actuator | None = None, clock: SystemClock | None = None,
-                 flush_partials: Callable[[float], list[Shipped]] | None = None):
+                 flush_partials: Callable[[float], list[Shipped]] | None = None,
+                 devices: Mapping[tuple[str, str], frozenset[str]] | None = None):
         self.config = config
         self.engine = engine
         self.recorder = recorder
@@ -109,6 +122,8 @@ class Watcher:
         self.queue: queue.Queue = queue.Queue(maxsize=config.watch.queue_batches)
         self.jobs: dict[str, IncidentDesk] = {}
         self.seen_jobs: set[str] = set()
+        self.devices = devices if devices is not None else {}
+        self.attempt_start: dict[str, float] = {}     # job -> when its current attempt started
         self.state_dir = Path(config.storage.state_dir)
         self._stop = threading.Event()
 
@@ -134,9 +149,12 @@ class Watcher:
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
         for origin, (lines, t) in group_lines(self.resolve(batch)).items():
-            desk = self._desk(origin.job)
             if metrics is not None:
                 metrics.observe_lag(now - t)        # the newest line of this origin in the batch
+            if is_host(origin):
+                self._host(origin, lines, t, now_mono)
+                continue
+            desk = self._desk(origin.job)
             data = b"\n".join(lines) + b"\n"
             desk.output(origin, data, t, now_mono)
             if finished_cleanly(data):
@@ -154,6 +172,7 @@ class Watcher:
             stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
             if stale:
                 self.ingest(stale)
+        self.recorder.findings(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=""))  # no job's host lines
         for desk in list(self.jobs.values()):
             if desk.tick(now, mono) is not None:
                 self._act(desk, desk.decide(None, now, mono))
@@ -167,13 +186,44 @@ class Watcher:
         if self.flush_partials is not None:
             self.ingest(self.flush_partials(float("inf")) or [])
         for origin in self.engine.pending_origins():
-            self._desk(origin.job)                  # a job whose desk ended still has blocks open
+            if is_host(origin) and not origin.job:  # host lines of no job: stored, open nothing
+                self.recorder.findings(self.engine.flush(origin, now))
+            else:
+                self._desk(origin.job)              # a job whose desk ended still has blocks open
         for desk in list(self.jobs.values()):
             decision = desk.close(now)
             if decision is not None:
                 self._act(desk, decision)
 
     # -- internals --------------------------------------------------------------------------
+
+    def _host(self, origin: Origin, lines: list[bytes], t: float, mono: float) -> None:
+        """A node's host lines: to the desks of the jobs on that node (module doc), the rest
+        scanned and stored only."""
+        node = origin.node
+        taken: dict[str, list[bytes]] = {}
+        left: list[bytes] = []
+        on_node = {job: [o for o in desk.instances.values() if o.node == node]
+                   for job, desk in self.jobs.items() if self.attempt_start.get(job, t) <= t}
+        on_node = {job: origins for job, origins in on_node.items() if origins}
+        for line in lines:
+            device = line_device(line) if on_node else None
+            jobs = [job for job, origins in on_node.items() if device is None or self._on_device(origins, device)]
+            for job in jobs:
+                taken.setdefault(job, []).append(line)
+            if not jobs:
+                left.append(line)
+        for job, mine in taken.items():
+            desk = self.jobs[job]
+            desk.output(host_origin(node, job, origin.stream), b"\n".join(mine) + b"\n", t, mono)
+        if left:
+            self.recorder.findings(self.engine.feed(origin, b"\n".join(left) + b"\n", t))
+
+    def _on_device(self, origins: list[Origin], device: str) -> bool:
+        """Whether one of a job's instances on a node uses ``device``; True when none of them has
+        known devices (the line then counts for the whole node)."""
+        known = [self.devices[o.key] for o in origins if o.key in self.devices]
+        return not known or any(device in devices for devices in known)
 
     def _desk(self, job: str) -> IncidentDesk:
         desk = self.jobs.get(job)
@@ -182,6 +232,7 @@ class Watcher:
                                 settle=self.config.watch.settle, cooldown=self.config.watch.cooldown,
                                 summaries="live")
             desk.new_attempt(self.clock.time())
+            self.attempt_start[job] = float("-inf")  # its first attempt began before ftwatch saw it
             self.seen_jobs.add(job)
             self.jobs[job] = desk
         return desk
@@ -196,6 +247,8 @@ class Watcher:
                             returncode=result.returncode, output=result.output)
         if decision.action in _NEW_ATTEMPT:
             desk.new_attempt(self.clock.time())     # a new attempt: instances start again
+            self.attempt_start[desk.job] = self.clock.time()
         if decision.action is Action.FAIL_JOB:
             self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=desk.job)
             del self.jobs[desk.job]                 # ended; a job of that name later starts fresh
+            self.attempt_start.pop(desk.job, None)

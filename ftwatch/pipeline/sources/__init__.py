@@ -17,7 +17,8 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
 
     Args:
         config: one of ``ftwatch.config.watch``'s source models.
-        out: the queue it puts ``list[Shipped]`` batches on.
+        out: the queue it puts ``list[Shipped]`` batches on (a ``role: host`` source's lines are
+            marked as host evidence on the way: ``hostlog.HostQueue``).
         state_dir: where a file source keeps its offsets (``offsets/<name>.json``).
         count: ``(source name, event)`` callback of the listeners' connection events
             (``ftwatch.telemetry.Metrics.count_connection``), or None.
@@ -27,6 +28,9 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
         SourceError: a file source cannot keep its offsets (the directory cannot be made or written).
     """
     kind = config.type
+    if getattr(config, "role", "job") == "host":        # every line is a node's host log (hostlog.py)
+        from ftwatch.pipeline.sources.hostlog import HostQueue
+        out = HostQueue(out)
     if kind == "forward":
         from ftwatch.pipeline.sources.forward import ForwardSource
         tls = None

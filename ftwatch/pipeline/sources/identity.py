@@ -18,6 +18,15 @@ Where the names come from, first match wins:
               label, else the pod name's index; both plus ``worker_rank_offset`` for a
               ``worker`` replica. Else None: the engine learns it from ``[rankN]:`` prefixes.
     stream    ``meta["stream"]``; else the file path; else the tag; else ``stdout``.
+    host      a line is host evidence (a node's kernel / driver log, no job: issue 12 item 5,
+              ``ftwatch.pipeline.sources.hostlog``) when its record's ``host_log`` field is true
+              (a ``host: true`` source sets it on every line) or its tag matches one of
+              ``host_tags`` (fnmatch globs, e.g. ``kmsg*``); its origin is ``host_origin(node)``:
+              the node as above, no job, no rank, and no pod rule applies.
+    devices   the PCI bus ids of an instance's devices, from a ``device_field`` (``pci_bus_ids``,
+              a list or a comma-separated string) at the top of the record or in its ``env``
+              map; kept in :attr:`Identity.devices` per (job, instance) so a host line naming one
+              device joins only the instances on it.
 
 The pod-name rule (for pods without the job label):
 
@@ -44,10 +53,12 @@ the symlinks ``/var/log/containers/<pod>_<namespace>_<container>-<64 hex id>.log
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 from typing import Any, Iterable, Iterator, Mapping
 
 from ftwatch.events import Origin
 from ftwatch.parsers.joiners import Joiners, unwrap
+from ftwatch.pipeline.sources.hostlog import HOST_KEY, host_origin, is_host_meta, pci_bus_id
 
 __all__ = ["Identity", "parse_log_path", "pod_name_rule"]
 
@@ -142,6 +153,11 @@ class Identity:
         namespaced: prefix a pod's job with ``<namespace>/``.
         source: ``Origin.source`` of what ``origin`` returns.
         joiners: the envelope joiners ``resolve`` unwraps with (a new set when None).
+        host_tags: globs of the tags whose records are host evidence.
+        device_field: the record (or ``env``) field with an instance's PCI bus ids.
+
+    Attributes:
+        devices: (job, instance) -> the PCI bus ids (``dddd:bb:dd``) its records named.
     """
 
     def __init__(self, job_label: str = "training.kubeflow.org/job-name",
@@ -152,7 +168,8 @@ class Identity:
                                                          "pytorch-replica-type"),
                  worker_rank_offset: int = 1, default_node: str = "localhost",
                  namespaced: bool = True, source: str = "shipped",
-                 joiners: Joiners | None = None):
+                 joiners: Joiners | None = None, host_tags: tuple[str, ...] = (),
+                 device_field: str = "pci_bus_ids"):
         self.job_label = job_label
         self.rank_labels = tuple(rank_labels)
         self.rank_env = tuple(rank_env)
@@ -163,6 +180,9 @@ class Identity:
         self.namespaced = namespaced
         self.source = source
         self.joiners = joiners if joiners is not None else Joiners()
+        self.host_tags = tuple(host_tags)
+        self.device_field = device_field
+        self.devices: dict[tuple[str, str], frozenset[str]] = {}
         self._cache: dict[tuple, Origin] = {}
 
     def origin(self, meta: Mapping[str, Any]) -> Origin:
@@ -182,13 +202,14 @@ class Identity:
             labels = kube.get("labels")
             key = (kube.get("pod_name"), kube.get("namespace_name"), kube.get("host"),
                    labels.get(self.job_label) if type(labels) is dict else _label(labels, self.job_label),
-                   self._rank_field(meta), meta.get("stream"), meta.get("tag"))
+                   self._rank_field(meta), meta.get("stream"), meta.get("tag"), meta.get(HOST_KEY))
         elif kube is not None and _is_map(kube):
             key = None             # a Mapping that is not a dict: rare, never cached
         else:
             kube = None
             key = (None, meta.get("path"), meta.get("host"), meta.get("hostname"), meta.get("job"),
-                   meta.get("instance"), self._rank_field(meta), meta.get("stream"), meta.get("tag"))
+                   meta.get("instance"), self._rank_field(meta), meta.get("stream"), meta.get("tag"),
+                   meta.get(HOST_KEY))
         try:
             cached = self._cache.get(key)
         except TypeError:          # a list or map where a name belongs: ignore the odd field
@@ -258,6 +279,36 @@ class Identity:
                     pod, namespace = found[0], namespace or found[1]
                     break
         node = node or self.default_node
+        if self._is_host(meta):
+            return host_origin(node, "", stream)
+        origin = self._instance(meta, stream, rank, pod, namespace, node, labels)
+        devices = self._devices(meta)
+        if devices:
+            self.devices[origin.key] = devices
+        return origin
+
+    def _is_host(self, meta: Mapping[str, Any]) -> bool:
+        """The record is host evidence (module doc)."""
+        if is_host_meta(meta):
+            return True
+        tag = meta.get("tag")
+        return isinstance(tag, str) and any(fnmatchcase(tag, glob) for glob in self.host_tags)
+
+    def _devices(self, meta: Mapping[str, Any]) -> frozenset[str]:
+        """The PCI bus ids the record's ``device_field`` names (top level, else ``env``)."""
+        value = meta.get(self.device_field)
+        env = meta.get("env")
+        if value is None and env is not None and _is_map(env):
+            value = env.get(self.device_field)
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, (list, tuple)):
+            return frozenset()
+        return frozenset(d for d in (pci_bus_id(v) for v in value if isinstance(v, str)) if d is not None)
+
+    def _instance(self, meta: Mapping[str, Any], stream: str, rank: int | None, pod: str | None,
+                  namespace: str | None, node: str, labels: Mapping[str, Any]) -> Origin:
+        """The origin of a job's line (the instance, job and rank rules of the module doc)."""
         if pod is None:
             instance = (_text(meta.get("instance")) or _file_stem(meta.get("path"))
                         or _text(meta.get("tag")) or self.source)
