@@ -104,8 +104,12 @@ def snake(enum: str) -> str:
 
 
 def cuda_regex(row: dict[str, str]) -> str:
-    """The message after PyTorch's, NCCL's or THC's prefix, or the enum name alone."""
-    prefix = r"(CUDA (driver )?error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : )"
+    """The message after PyTorch's, NCCL's or THC's prefix, or the enum name alone.
+
+    A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
+    one line never has two equal winners."""
+    torch = "" if row["covered_by"] else "CUDA error: |"
+    prefix = rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : )"
     return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b"
 
 
@@ -114,18 +118,22 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     failure_class, action, priority, why = GRADES[row["grade"]]
     msg, enum, number = row["message"], row["enum"], row["number"]
     notes = f"grade {row['grade']}: {why}. sticky: {row['sticky']}."
+    first = f"[rank0]: RuntimeError: CUDA error: {msg}"
+    counter = [f"[rank0]: RuntimeError: {msg}"]
     if row["covered_by"]:
-        notes += f" The 'CUDA error:' form also hits {row['covered_by']} (same grade; that id wins the tie)."
+        notes += f" PyTorch's 'CUDA error: {msg}' is {row['covered_by']}'s (same grade, its id stays)."
+        first = f"[rank0]: RuntimeError: CUDA driver error: {msg}"
+        counter.append(f"[rank0]: RuntimeError: CUDA error: {msg}")
     return {
         "id": f"cuda.rt.{snake(enum)}", "regex": [cuda_regex(row)], "caseless": False,
         "class": failure_class, "action": action, "severity": severity_for(action, failure_class),
         "priority": priority, "tags": ["cuda", "cuda_errors", row["grade"]],
         "source": row["source"], "classified_by": "graded from the source (ftwatch/rules/packs/cuda_errors.tsv)",
         "description": f"{enum} ({number}): {row['meaning']}", "notes": notes,
-        "examples": [f"[rank0]: RuntimeError: CUDA error: {msg}",
+        "examples": [first,
                      f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
                      f"RuntimeError: cuda failure: {enum}: {msg}"],
-        "counterexamples": [f"[rank0]: RuntimeError: {msg}"],
+        "counterexamples": counter,
     }
 
 
@@ -138,6 +146,8 @@ def vocab_rule(row: dict[str, str], catalog: str, severity_for: Callable[[str, s
         "tags": [catalog.removesuffix(".tsv")], "source": row["source"],
         "classified_by": f"graded from the source (ftwatch/rules/packs/{catalog})",
         "description": row["meaning"],
+        **({"notes": "fallout (SPEC R7): the cause is on another rank; " + row["meaning"]}
+           if row["class"] == "fallout" else {}),
         "examples": [row["example"]], "counterexamples": [row["counterexample"]],
     }
 
