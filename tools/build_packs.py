@@ -10,6 +10,9 @@ departures from the source), and writes:
 * ``ftwatch/rules/packs/exit_codes.tsv``: the ``exit_code`` rows, columns unchanged (read by
   ``ftwatch.rules.exitcodes``).
 
+* ``ftwatch/rules/packs/{cuda_runtime,nccl_vocab,dist_vocab,kernel_vocab}.yaml``: from the graded
+  catalogs beside them (``cuda_errors.tsv`` ...; ``tools/catalogs.py`` says how).
+
 ``python.yaml`` and ``gloo.yaml`` are hand-kept and not touched here. The output is deterministic,
 so ``--check`` (and ``tests/rules/test_packs.py``) can tell whether the committed packs are what
 the table and the overlay say. After writing, every pack is loaded with ``ftwatch.rules.loader``
@@ -31,10 +34,14 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import catalogs  # noqa: E402  (tools/catalogs.py: the graded TSV catalogs)
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TSV = REPO.parent / "shared" / "data" / "fault-tables" / "error_strings.tsv"
 DEFAULT_OVERLAY = REPO / "tools" / "pack_overlay.yaml"
 DEFAULT_OUT = REPO / "ftwatch" / "rules" / "packs"
+CATALOG_DIR = DEFAULT_OUT   # the graded catalogs (*.tsv, tools/catalogs.py) live beside their packs
 COLUMNS = ["pattern", "pattern_type", "component", "class", "recommended_action", "source",
            "classified_by", "meaning", "notes"]
 
@@ -178,7 +185,12 @@ def quote(text: str) -> str:
 
 def render(group: str, rules: list[dict]) -> str:
     """The pack's text: header comment, then one block per rule."""
-    out = [HEADER.replace("{title}", GROUP_TITLES[group]), "rules:"]
+    return HEADER.replace("{title}", GROUP_TITLES[group]) + "\n" + render_rules(rules)
+
+
+def render_rules(rules: list[dict]) -> str:
+    """The ``rules:`` list, one block per rule (also used for the catalogs' packs)."""
+    out = ["rules:"]
     for rule in rules:
         out.append("")
         first = True
@@ -248,6 +260,7 @@ def build(tsv: Path, overlay: Path, allow_missing: bool = False) -> dict[str, st
         sys.exit("rows without an overlay entry:\n  " + "\n  ".join(missing)
                  + "\noverlay entries matching no row:\n  " + "\n  ".join(unused))
     files = {f"{g}.yaml": render(g, rules) for g, rules in packs.items()}
+    files.update(catalogs.build(CATALOG_DIR, render_rules, severity_for))
     files["exit_codes.tsv"] = "\t".join(COLUMNS) + "\n" + "".join(r + "\n" for r in exit_rows)
     return files
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Record, Severity
-from ftwatch.parsers import fields, multiline
+from ftwatch.parsers import collective, fields, multiline
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule, StepTap
@@ -44,6 +44,12 @@ EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
 MAX_LINE_CHARS = 4096          # the longest line a Finding keeps (``line``, each evidence entry)
 _MARKER_ROOM = 40              # of those, kept free for the truncation marker (it takes 20 to 30)
 FAULT_PRIORITY = 30            # fault codes are as specific as rules get
+INFO_LINE = re.compile(r"\bNCCL INFO\b")
+"""A line at NCCL's INFO level (``NCCL_DEBUG=INFO``). NCCL logs failures at WARN; its INFO lines
+are informational by NCCL's own definition (docs, environment variables: ``NCCL_DEBUG=INFO``
+"prints debug information"), so a keyword hit on one never makes a finding, unless the rule's
+class is ``info`` (issue 12: ``NCCL INFO NET/Plugin : dlerror=libnccl-net.so: ... No such file or
+directory`` is not a missing file of the user's). A rule-level ``when:`` may replace this later."""
 BLOCK_START_PATTERNS = tuple(Pattern(text, regex=True) for text in multiline.BLOCK_START_REGEXES)
 """The Matcher patterns of multiline's block starts (parsers export plain regexes)."""
 
@@ -380,8 +386,11 @@ class Engine:
         best: tuple[int, int, int] | None = None
         finding: Finding | None = None
         rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
+        texts = record.text.split("\n")
         for index in rule_ids:
             rule = self.rules[index]
+            if rule.failure_class is not FailureClass.INFO and self._only_info_lines(texts, index):
+                continue
             key = (rule.priority, int(rule.action), 0)
             if best is None or key > best:
                 line = None
@@ -412,13 +421,21 @@ class Engine:
                 return texts[k] if k < len(texts) else texts[-1]
         return None
 
+    def _only_info_lines(self, lines: list[str], index: int) -> bool:
+        """True when every line of the record that hits rule ``index`` is an NCCL INFO line."""
+        if not any(INFO_LINE.search(line) for line in lines):
+            return False
+        owner = self._owner
+        return not any(not INFO_LINE.search(line) and any(owner[i] == index for i in self.matcher.match_text(line))
+                       for line in lines)
+
     def _finding(self, record: Record, index: int, line: str | None = None) -> Finding:
         rule = self.rules[index]
         lines = record.text.split("\n")
         line = line or self._matching_line(lines, index) or lines[-1]
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, _cap(line), record.time, record.seq, _evidence(lines),
-                       {}, rule.source)
+                       collective.fields(record.text), rule.source)
 
     def _fault_finding(self, record: Record, hit) -> Finding:
         entry = hit.entry or self.tables.grade_unknown(hit)

@@ -100,7 +100,8 @@ def test_pack_sizes():
         name = Path(rule.location.rsplit(":", 1)[0]).name
         per_file[name] = per_file.get(name, 0) + 1
     assert set(per_file) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
-                             "python.yaml", "gloo.yaml", "c4d.yaml"}
+                             "python.yaml", "gloo.yaml", "c4d.yaml",
+                             "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml"}
     assert len(BUILTIN) >= 330
 
 
@@ -146,7 +147,8 @@ def test_build_packs_regenerates_committed_files_byte_identically():
     tool = _load_tool()
     files = tool.build(TSV, REPO / "tools" / "pack_overlay.yaml")
     assert set(files) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
-                          "exit_codes.tsv"}
+                          "exit_codes.tsv",
+                          "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml"}
     for name, text in files.items():
         assert (PACKS / name).read_bytes() == text.encode("utf-8"), f"{name} is stale: run tools/build_packs.py"
 
