@@ -79,8 +79,11 @@ def read_tsv(path: Path, columns: list[str]) -> list[dict[str, str]]:
         ValueError: a bad header or a row with the wrong number of columns (``file:line``).
     """
     lines = path.read_text(encoding="utf-8").split("\n")
-    if lines[0].rstrip("\r").split("\t") != columns:
-        raise ValueError(f"{path}:1: expected header {columns}")
+    header = lines[0].rstrip("\r").split("\t")
+    if header == columns + ["tags"]:        # optional: extra rule tags, comma-separated (e.g. cascade)
+        columns = header
+    elif header != columns:
+        raise ValueError(f"{path}:1: expected header {columns} (and optionally tags)")
     rows = []
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -143,7 +146,8 @@ def vocab_rule(row: dict[str, str], catalog: str, severity_for: Callable[[str, s
         "id": row["id"], "regex": [row["regex"]], "caseless": False,
         "class": row["class"], "action": row["action"],
         "severity": severity_for(row["action"], row["class"]), "priority": int(row["priority"]),
-        "tags": [catalog.removesuffix(".tsv")], "source": row["source"],
+        "tags": [catalog.removesuffix(".tsv")] + [tag for tag in row.get("tags", "").split(",") if tag],
+        "source": row["source"],
         "classified_by": f"graded from the source (ftwatch/rules/packs/{catalog})",
         "description": row["meaning"],
         **({"notes": "fallout (SPEC R7): the cause is on another rank; " + row["meaning"]}

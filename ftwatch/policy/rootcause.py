@@ -36,8 +36,9 @@ from ftwatch.events import FailureClass, Finding, Severity
 #: nccl.unhandled_system_error: ncclSystemError, a failed socket/IB/shm call inside NCCL
 #: (NVIDIA/nvidia-resiliency-ext@d8686d9c attribution/restart_agent/l0/registry.py files it as
 #: ``nccl_cascade``); nccl.socket_connect_failed: a refused / timed-out connect to a peer, which a
-#: dead peer causes as well as a broken network.
-CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.socket_connect_failed"})
+#: dead peer causes as well as a broken network; nccl.code.system_error: the ``ncclSystemError``
+#: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv).
+CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed"})
 #: Finding kinds that are not log lines: they never explain an exit.
 _NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang"})
 

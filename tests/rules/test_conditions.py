@@ -306,10 +306,20 @@ def _counting_rules(tmp_path, when: str):
 
 
 def test_a_line_hitting_the_prefilter_but_failing_the_predicate_gives_no_finding(backend, tmp_path):
-    rules, calls = _counting_rules(tmp_path, 'not (level == INFO and keyword "NCCL INFO")')
+    # A plain INFO line (not an NCCL INFO one, which the engine sets aside before any predicate).
+    line = "2026-11-21 10:00:00 INFO loader: optional cache /data/cache.bin: No such file or directory"
+    rules, calls = _counting_rules(tmp_path, 'not level == INFO')
+    engine = Engine(rules)
+    assert engine.feed(ORIGIN, (line + "\n").encode(), T0) == []
+    assert calls == [line.encode()]
+
+
+def test_an_nccl_info_line_makes_no_finding_even_without_a_condition(backend, tmp_path):
+    """NCCL INFO lines never open an incident (issue 12): set aside before any predicate runs."""
+    rules, calls = _counting_rules(tmp_path, 'not keyword "never on this line"')
     engine = Engine(rules)
     assert engine.feed(ORIGIN, (DLERROR + "\n").encode(), T0) == []
-    assert calls == [DLERROR.encode()]
+    assert calls == []
 
 
 def test_the_predicate_runs_only_on_lines_the_prefilter_hit(backend, tmp_path):

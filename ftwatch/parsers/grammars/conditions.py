@@ -96,8 +96,8 @@ class ConditionSyntaxError(ValueError):
 
 def _grammar() -> pp.ParserElement:
     kw = {w: pp.Keyword(w) for w in RESERVED}
-    string = (pp.QuotedString('"', esc_quote='""', multiline=False)
-              | pp.QuotedString("'", esc_quote="''", multiline=False)).set_name("quoted string")
+    string = (pp.QuotedString('"', esc_quote='""', multiline=False, convert_whitespace_escapes=False)
+              | pp.QuotedString("'", esc_quote="''", multiline=False, convert_whitespace_escapes=False)).set_name("quoted string")
     word = pp.Regex(r"(?!(?:and|or|not|in|keyword|regex)\b)-?[A-Za-z0-9_][A-Za-z0-9_.:/+-]*").set_name("value")
     value = (string | word).set_name("value")
     name = pp.Regex(r"(?!(?:and|or|not|in|keyword|regex)\b)[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?")
