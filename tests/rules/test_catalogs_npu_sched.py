@@ -32,6 +32,11 @@ def _one(text: str):
     return findings[0]
 
 
+def _assert_decides(text: str, rule_id: str, failure_class: FailureClass, action: Action) -> None:
+    f = _one(text)
+    assert (f.rule_id, f.failure_class, f.action) == (rule_id, failure_class, action)
+
+
 # --- HCCL: torch_npu's "HCCL function error: ..., error code is N" (HcclResult) -----------------
 
 HCCL_TRACEBACK = """\
@@ -70,8 +75,7 @@ def test_hccl_error_code_7_traceback_matches_a_rule_not_the_catch_all():
     (22, "hccl.result_22_suspending", FailureClass.FALLOUT, Action.RESTART_JOB),
 ])
 def test_hccl_result_codes_graded_by_the_enum(code, rule_id, failure_class, action):
-    f = _one(HCCL_TRACEBACK.format(code=code))
-    assert (f.rule_id, f.failure_class, f.action) == (rule_id, failure_class, action)
+    _assert_decides(HCCL_TRACEBACK.format(code=code), rule_id, failure_class, action)
 
 
 def test_every_hccl_result_of_the_enum_has_a_rule():
@@ -85,11 +89,11 @@ def test_every_hccl_result_of_the_enum_has_a_rule():
 @pytest.mark.parametrize("line, rule_id, failure_class, action", [
     ("RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:508 NPU function error: "
      "AclrtSynchronizeDeviceWithTimeout, error code is 507013", "acl.rt_507013_sys_dma",
-     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+     FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
     ("BootstrapDispatcher: aclrtSynchronizeStream failed: 507018", "acl.rt_507018_aicpu_exception",
-     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+     FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
     ("RuntimeError: ACL stream synchronize failed, error code:507035", "acl.rt_507035_vector_core_exception",
-     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+     FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
     ("RuntimeError: alloc failed, error code is 207018", "acl.rt_207018_devide_oom", FailureClass.OOM, Action.FAIL_JOB),
     ("RuntimeError: call aclnnInplaceCopy failed, error code is 561103", "aclnn.inner_error",
      FailureClass.USER_CODE, Action.FAIL_JOB),
@@ -97,13 +101,21 @@ def test_every_hccl_result_of_the_enum_has_a_rule():
      FailureClass.USER_CODE, Action.FAIL_JOB),
     ("EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.",
      "cann.el0004_driver_memory_alloc_failed", FailureClass.OOM, Action.FAIL_JOB),
-    ("E19999: Inner Error!", "cann.internal_error_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("E19999: Inner Error!", "cann.internal_error_code", FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
     ("E10001: [PID: 881] Value [x] for parameter [--model] is invalid.", "cann.user_error_code",
      FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
 def test_ascend_return_codes_graded_by_the_docs(line, rule_id, failure_class, action):
-    f = _one(line)
-    assert (f.rule_id, f.failure_class, f.action) == (rule_id, failure_class, action)
+    _assert_decides(line, rule_id, failure_class, action)
+
+
+def test_a_runtime_code_leaves_the_decision_to_the_cann_code_printed_with_it():
+    # 507013 alone only notifies (rule 4: contact support); EL0004 after it is the real error.
+    findings = _decide("RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:508 "
+                       "NPU function error: AclrtSynchronizeDeviceWithTimeout, error code is 507013\n"
+                       "EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.")
+    real = [f for f in findings if f.action >= Action.RESTART_INSTANCE]
+    assert [f.rule_id for f in real] == ["cann.el0004_driver_memory_alloc_failed"]
 
 
 def test_a_specific_cann_code_beats_the_generic_family():
@@ -139,8 +151,7 @@ def test_a_specific_cann_code_beats_the_generic_family():
      FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
 ])
 def test_scheduler_lines_graded_by_the_docs(line, rule_id, failure_class, action):
-    f = _one(line)
-    assert (f.rule_id, f.failure_class, f.action) == (rule_id, failure_class, action)
+    _assert_decides(line, rule_id, failure_class, action)
 
 
 def test_plain_cancel_line_is_not_a_preemption():
@@ -194,6 +205,21 @@ def test_a_rule_on_the_final_line_beats_a_rule_on_a_frame_line():
 def test_generic_runtime_error_defers_to_a_rule_on_its_message():
     f = _one(_traceback("RuntimeError: CUDA error: an illegal memory access was encountered"))
     assert f.rule_id.startswith("cuda.")
+
+
+def test_dataloader_reraise_defers_to_the_original_traceback():
+    text = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "/work/train.py", line 209, in <module>',
+        "    data.reraise()",
+        "OSError: Caught OSError in DataLoader worker process 1.",
+        "Original Traceback (most recent call last):",
+        '  File "/site-packages/mmcv/fileio/file_client.py", line 536, in get',
+        "    with open(filepath, 'rb') as f:",
+        "OSError: [Errno 5] Input/output error: '/data/images/1.jpg'",
+    ])
+    findings = _decide(text)
+    assert [f.failure_class for f in findings] == [FailureClass.FALLOUT, FailureClass.RETRYABLE_INFRA]
 
 
 def test_exception_line_index():
