@@ -387,7 +387,8 @@ class Engine:
         final class itself: a class that decides by itself (``KeyError``, ``ConnectionResetError``,
         ``torch.OutOfMemoryError``) at ``EXCEPTION_PRIORITY``, a generic one (``RuntimeError``)
         at ``EXCEPTION_FALLBACK_PRIORITY``, below every rule on its message and above only the
-        ``python.uncaught_exception`` catch-all.
+        ``python.uncaught_exception`` catch-all. The catalog refines a traceback that a rule read
+        (the built-in catch-all reads them all); with no rule counting, the record makes nothing.
 
         On a tie a fault code wins over a keyword rule: same verdict, but it carries the
         code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
@@ -414,7 +415,7 @@ class Engine:
                         continue
                 best = key
                 finding = self._finding(record, index, line)
-        if grade is not None:
+        if grade is not None and best is not None:     # refines a traceback some rule read
             key = (EXCEPTION_PRIORITY if grade.decides_by_class else EXCEPTION_FALLBACK_PRIORITY,
                    1, int(grade.action), 0)
             if best is None or key > best:
