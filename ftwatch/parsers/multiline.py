@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["BLOCK_START_REGEXES", "block_end", "is_block_start"]
+__all__ = ["BLOCK_START_REGEXES", "block_end", "is_block_start", "is_python_start"]
 
 _PY_START = "Traceback (most recent call last):"
 _CPP_RAISED = "Exception raised from "
@@ -52,6 +52,11 @@ hit is a candidate only: confirm it with ``is_block_start`` on the cleaned line.
 def is_block_start(line: str) -> bool:
     """Says whether a cleaned line starts a Python traceback or a C++ stack dump."""
     return _PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
+
+
+def is_python_start(line: str) -> bool:
+    """Says whether a cleaned line starts a Python traceback (not a C++ stack dump)."""
+    return _PY_START in line
 
 
 def _indented(line: str) -> bool:

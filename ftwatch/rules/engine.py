@@ -34,6 +34,8 @@ from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Record, Severity
 from ftwatch.parsers import collective, fields, multiline
+from ftwatch.rules import exceptions
+from ftwatch.rules.exceptions import ExceptionCatalog, ExceptionGrade
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule, StepTap
@@ -50,6 +52,8 @@ are informational by NCCL's own definition (docs, environment variables: ``NCCL_
 "prints debug information"), so a keyword hit on one never makes a finding, unless the rule's
 class is ``info`` (issue 12: ``NCCL INFO NET/Plugin : dlerror=libnccl-net.so: ... No such file or
 directory`` is not a missing file of the user's). A rule-level ``when:`` may replace this later."""
+EXCEPTION_PRIORITY = 10        # a traceback's final class that decides by itself (KeyError, ...)
+EXCEPTION_FALLBACK_PRIORITY = -5   # a generic final class (RuntimeError): rules on its message win
 BLOCK_START_PATTERNS = tuple(Pattern(text, regex=True) for text in multiline.BLOCK_START_REGEXES)
 """The Matcher patterns of multiline's block starts (parsers export plain regexes)."""
 
@@ -116,6 +120,7 @@ class Engine:
         if tables is None and like is not None:
             tables = like.tables
         self.tables = tables if tables is not None else FaultTables.load()
+        self.exceptions = ExceptionCatalog.load()
         self.year = year
         self.stats = EngineStats()
         self._seq = itertools.count(1)
@@ -376,6 +381,15 @@ class Engine:
                lines: list[tuple[int, set[int]]]) -> Finding | None:
         """Pick the one finding a record makes: highest priority, then most drastic action.
 
+        In a Python traceback the final exception decides (``ftwatch.rules.exceptions``): at equal
+        priority a rule that hits the final exception line (or the message lines after it) beats
+        one that hits only a frame or an earlier exception of a chain, and the catalog grades the
+        final class itself: a class that decides by itself (``KeyError``, ``ConnectionResetError``,
+        ``torch.OutOfMemoryError``) at ``EXCEPTION_PRIORITY``, a generic one (``RuntimeError``)
+        at ``EXCEPTION_FALLBACK_PRIORITY``, below every rule on its message and above only the
+        ``python.uncaught_exception`` catch-all. The catalog refines a traceback that a rule read
+        (the built-in catch-all reads them all); with no rule counting, the record makes nothing.
+
         On a tie a fault code wins over a keyword rule: same verdict, but it carries the
         code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
         ``GPU has fallen off the bus`` keyword rule that also hits it). A rule with a
@@ -383,15 +397,16 @@ class Engine:
         it passes its predicate (``lines``: each line's offset in ``data`` and pattern ids);
         the predicate runs only for a rule that would otherwise win.
         """
-        best: tuple[int, int, int] | None = None
+        best: tuple[int, int, int, int] | None = None
         finding: Finding | None = None
-        rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
         texts = record.text.split("\n")
+        final, grade, final_rules = self._final_exception(texts)
+        rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
         for index in rule_ids:
             rule = self.rules[index]
             if rule.failure_class is not FailureClass.INFO and self._only_info_lines(texts, index):
                 continue
-            key = (rule.priority, int(rule.action), 0)
+            key = (rule.priority, int(index in final_rules), int(rule.action), 0)
             if best is None or key > best:
                 line = None
                 if rule.predicate is not None:
@@ -400,11 +415,17 @@ class Engine:
                         continue
                 best = key
                 finding = self._finding(record, index, line)
+        if grade is not None and best is not None:     # refines a traceback some rule read
+            key = (EXCEPTION_PRIORITY if grade.decides_by_class else EXCEPTION_FALLBACK_PRIORITY,
+                   1, int(grade.action), 0)
+            if best is None or key > best:
+                best = key
+                finding = self._exception_finding(record, texts, final, grade)
         if ids & self._fault_ids:
             for hit in self.tables.extract(record.text):
                 entry = hit.entry or self.tables.grade_unknown(hit)
                 action = entry.action if entry else Action.NOTIFY
-                key = (FAULT_PRIORITY, int(action), 1)
+                key = (FAULT_PRIORITY, 1, int(action), 1)
                 if best is None or key > best:
                     best = key
                     finding = self._fault_finding(record, hit)
@@ -428,6 +449,25 @@ class Engine:
         owner = self._owner
         return not any(not INFO_LINE.search(line) and any(owner[i] == index for i in self.matcher.match_text(line))
                        for line in lines)
+
+    def _final_exception(self, lines: list[str]) -> tuple[int, ExceptionGrade | None, set[int]]:
+        """A Python traceback's final exception line: (its index, its catalog grade, the rules
+        that hit it or the message lines after it); (-1, None, set()) for any other record."""
+        if not multiline.is_python_start(lines[0]):
+            return -1, None, set()
+        final = exceptions.exception_line(lines)
+        if final is None:
+            return -1, None, set()
+        hits = self.matcher.match_text("\n".join(lines[final:]))
+        return final, self.exceptions.grade(lines[final]), {self._owner[i] for i in hits if self._owner[i] >= 0}
+
+    def _exception_finding(self, record: Record, lines: list[str], final: int,
+                           grade: ExceptionGrade) -> Finding:
+        severity = (Severity.ERROR if grade.action >= Action.RESTART_INSTANCE
+                    else Severity.WARNING if grade.action == Action.NOTIFY else Severity.INFO)
+        return Finding(f"python.exception.{grade.name}", "keyword", grade.failure_class, grade.action,
+                       severity, record.origin, _cap(lines[final]), record.time, record.seq,
+                       _evidence(lines), {"exception": grade.name}, grade.source)
 
     def _finding(self, record: Record, index: int, line: str | None = None) -> Finding:
         rule = self.rules[index]

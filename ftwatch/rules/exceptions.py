@@ -1,0 +1,147 @@
+"""Python's exception hierarchy as a catalog: a traceback's final exception class, graded.
+
+The data is ``packs/python_exceptions.tsv`` (tab-separated, one header row, no quoting; every row
+names its source): one row per exception class (the built-in hierarchy of
+https://docs.python.org/3/library/exceptions.html#exception-hierarchy, and the few torch classes
+whose name alone says what failed) and one per errno that an ``OSError`` message carries
+(``[Errno 104] Connection reset by peer``). Columns:
+
+    kind      ``class`` or ``errno``
+    name      the class (qualified where it is not a built-in: ``torch.OutOfMemoryError``) or
+              the errno symbol (``ECONNRESET``)
+    parent    the base class (``class`` rows) or the errno number (``errno`` rows)
+    class     the failure class; action: the recommended action
+    decides   ``class``: the class itself decides; ``message``: a generic class (``RuntimeError``,
+              ``OSError``, ``Exception``) whose message decides: the rules that hit the message
+              (a CUDA, NCCL or HCCL error) win, and the row's grade is only the fallback
+    source, meaning
+
+How a traceback is read (``grade``): Python prints the exception line ``<qualified class>: <message>``
+(or the bare class) after the frames, and the block ends there (``ftwatch.parsers.multiline``); the
+last exception line of a block is the one that ended the program (a chain prints the causes first).
+Its class is looked up by its full name, then by its last component; an ``OSError``-family message
+with ``[Errno N]`` is graded by the errno row instead when there is one.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass
+
+__all__ = ["ExceptionGrade", "ExceptionCatalog", "exception_line"]
+
+_PACKAGE = "ftwatch.rules"
+_FILE = "python_exceptions.tsv"
+_COLUMNS = ["kind", "name", "parent", "class", "action", "decides", "source", "meaning"]
+# ``pkg.mod.Class: message`` or a bare ``Class``; a class name starts with a capital letter
+# (built-ins and torch's all do), which keeps log lines such as ``note: ...`` out.
+_EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: (.*))?)?\s*$")
+_ERRNO = re.compile(r"\[Errno (\d+)\]")
+
+
+@dataclass(frozen=True)
+class ExceptionGrade:
+    """One catalog row as the engine uses it.
+
+    Attributes:
+        name: the class (or errno symbol) that matched.
+        failure_class, action: the grade.
+        decides_by_class: True when the class itself decides (``decides`` = ``class``).
+        source: where the grade comes from.
+    """
+
+    name: str
+    failure_class: FailureClass
+    action: Action
+    decides_by_class: bool
+    source: str
+
+
+def exception_line(lines: Sequence[str]) -> int | None:
+    """The index of a Python traceback block's final exception line, or None.
+
+    Args:
+        lines: a block's cleaned lines (rank prefix removed), its first holding
+            ``Traceback (most recent call last):``.
+
+    Returns:
+        The index of the first non-indented line after the frames (the lines after it, if any,
+        continue its message: torch_npu appends the CANN error message), or None when there is
+        no such line. The engine makes each exception of a chain a block of its own.
+    """
+    index = 1
+    while index < len(lines) and lines[index][:1] in (" ", "\t"):
+        index += 1
+    if index >= len(lines) or not _EXC_LINE.match(lines[index].strip()):
+        return None
+    return index
+
+
+class ExceptionCatalog:
+    """The exception classes and errnos of ``python_exceptions.tsv``, by name and number."""
+
+    def __init__(self, rows: Sequence[dict[str, str]]):
+        self._classes: dict[str, ExceptionGrade] = {}
+        self._short: dict[str, ExceptionGrade] = {}
+        self._errno: dict[int, ExceptionGrade] = {}
+        self._oserrors: set[str] = set()
+        parents: dict[str, str] = {}
+        for row in rows:
+            grade = ExceptionGrade(row["name"], FailureClass(row["class"]), Action[row["action"].upper()],
+                                   row["decides"] == "class", row["source"])
+            if row["kind"] == "errno":
+                self._errno[int(row["parent"])] = grade
+                continue
+            self._classes[row["name"]] = grade
+            self._short.setdefault(row["name"].rsplit(".", 1)[-1], grade)
+            parents[row["name"]] = row["parent"]
+        for name in parents:
+            up = name
+            while up:
+                if up == "OSError":
+                    self._oserrors.add(name.rsplit(".", 1)[-1])
+                    break
+                up = parents.get(up, "")
+
+    @classmethod
+    @functools.lru_cache(maxsize=1)
+    def load(cls) -> "ExceptionCatalog":
+        """The built-in catalog (read once).
+
+        Raises:
+            ValueError: the file's header or a row is malformed.
+        """
+        text = importlib.resources.files(_PACKAGE).joinpath("packs").joinpath(_FILE).read_text(encoding="utf-8")
+        lines = [ln for ln in text.split("\n") if ln.strip()]
+        if lines[0].split("\t") != _COLUMNS:
+            raise ValueError(f"{_FILE}:1: unexpected header")
+        rows = []
+        for number, line in enumerate(lines[1:], start=2):
+            cols = line.split("\t")
+            if len(cols) != len(_COLUMNS):
+                raise ValueError(f"{_FILE}:{number}: expected {len(_COLUMNS)} columns, found {len(cols)}")
+            rows.append(dict(zip(_COLUMNS, cols)))
+        return cls(rows)
+
+    def lookup(self, name: str) -> ExceptionGrade | None:
+        """The row of a class by its printed name (qualified or not), or None."""
+        return self._classes.get(name) or self._short.get(name.rsplit(".", 1)[-1])
+
+    def grade(self, line: str) -> ExceptionGrade | None:
+        """Grades one exception line (``ConnectionResetError: [Errno 104] ...``); None if unknown."""
+        m = _EXC_LINE.match(line.strip())
+        if m is None:
+            return None
+        name, message = m.group(1), m.group(2) or ""
+        grade = self.lookup(name)
+        if grade is None:
+            return None
+        errno = _ERRNO.search(message)
+        if errno and name.rsplit(".", 1)[-1] in self._oserrors:
+            return self._errno.get(int(errno.group(1)), grade)
+        return grade

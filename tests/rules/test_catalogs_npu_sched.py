@@ -1,0 +1,251 @@
+"""Issue 12 item 2 (NPU, schedulers, Python): the catalogs grade by their sources.
+
+Table-driven: each row is (a line or traceback as the software prints it, the rule or catalog
+entry that must decide it, its class and action). The sources are in the packs
+(``npu_codes.yaml``, ``scheduler.yaml``, ``python_exceptions.tsv``); these tests keep the grading
+and the matching honest.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exceptions import ExceptionCatalog, exception_line
+from ftwatch.rules.loader import load_rules
+
+ENGINE_RULES = load_rules()
+
+
+def _decide(text: str):
+    """The findings one engine makes of ``text`` (a whole log), fed at once."""
+    engine = Engine(ENGINE_RULES)
+    return engine.feed(Origin("worker-0"), (text.rstrip("\n") + "\n").encode(), 1000.0, final=True)
+
+
+def _one(text: str):
+    findings = _decide(text)
+    assert len(findings) == 1, [(f.rule_id, f.line) for f in findings]
+    return findings[0]
+
+
+def _assert_decides(text: str, rule_id: str, failure_class: FailureClass, action: Action) -> None:
+    f = _one(text)
+    assert (f.rule_id, f.failure_class, f.action) == (rule_id, failure_class, action)
+
+
+# --- HCCL: torch_npu's "HCCL function error: ..., error code is N" (HcclResult) -----------------
+
+HCCL_TRACEBACK = """\
+[rank2]: Traceback (most recent call last):
+[rank2]:   File "/home/user/verl/verl/workers/fsdp_workers.py", line 118, in __init__
+[rank2]:     torch.distributed.barrier()
+[rank2]:   File "/usr/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 4159, in barrier
+[rank2]:     work = group.barrier(opts=opts)
+[rank2]: RuntimeError: create_config:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:102 HCCL function error: hcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), error code is {code}
+"""
+
+
+def test_hccl_error_code_7_traceback_matches_a_rule_not_the_catch_all():
+    # The issue's case: it used to fall to python.uncaught_exception (user_code, fail_job).
+    f = _one(HCCL_TRACEBACK.format(code=7))
+    assert f.rule_id == "hccl.result_7_unavail"
+    assert (f.failure_class, f.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+    assert f.origin.rank == 2
+
+
+@pytest.mark.parametrize("code, rule_id, failure_class, action", [
+    (1, "hccl.result_1_para", FailureClass.USER_CODE, Action.FAIL_JOB),
+    (2, "hccl.result_2_ptr", FailureClass.USER_CODE, Action.FAIL_JOB),
+    (3, "hccl.result_3_memory", FailureClass.OOM, Action.FAIL_JOB),
+    (4, "hccl.result_4_internal", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    (5, "hccl.result_5_not_support", FailureClass.USER_CODE, Action.FAIL_JOB),
+    (6, "hccl.result_6_not_found", FailureClass.USER_CODE, Action.FAIL_JOB),
+    (7, "hccl.result_7_unavail", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    (8, "hccl.result_8_syscall", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    (9, "hccl.result_9_timeout", FailureClass.HANG, Action.RESTART_JOB),
+    (10, "hccl.result_10_open_file_failure", FailureClass.USER_CODE, Action.FAIL_JOB),
+    (11, "hccl.result_11_tcp_connect", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    (15, "hccl.result_15_runtime", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    (20, "hccl.result_20_again", FailureClass.RETRYABLE_INFRA, Action.RESTART_IN_PLACE),
+    (21, "hccl.result_21_remote", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    (22, "hccl.result_22_suspending", FailureClass.FALLOUT, Action.RESTART_JOB),
+])
+def test_hccl_result_codes_graded_by_the_enum(code, rule_id, failure_class, action):
+    _assert_decides(HCCL_TRACEBACK.format(code=code), rule_id, failure_class, action)
+
+
+def test_every_hccl_result_of_the_enum_has_a_rule():
+    # hicann/hccl docs/api/context/HcclResult.md: HCCL_E_PARA = 1 ... HCCL_E_SUSPENDING = 22.
+    ids = {r.id for r in ENGINE_RULES if r.id.startswith("hccl.result_")}
+    assert {int(i.split("_")[1]) for i in ids} == set(range(1, 23))
+
+
+# --- Ascend runtime / aclnn return codes and CANN error codes ----------------------------------
+
+@pytest.mark.parametrize("line, rule_id, failure_class, action", [
+    ("RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:508 NPU function error: "
+     "AclrtSynchronizeDeviceWithTimeout, error code is 507013", "acl.rt_507013_sys_dma",
+     FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    ("BootstrapDispatcher: aclrtSynchronizeStream failed: 507018", "acl.rt_507018_aicpu_exception",
+     FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    ("RuntimeError: ACL stream synchronize failed, error code:507035", "acl.rt_507035_vector_core_exception",
+     FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    ("RuntimeError: alloc failed, error code is 207018", "acl.rt_207018_devide_oom", FailureClass.OOM, Action.FAIL_JOB),
+    ("RuntimeError: call aclnnInplaceCopy failed, error code is 561103", "aclnn.inner_error",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("E30006: 2026-11-19-11:14:58.516.606 Failed to verify the OPP", "cann.e30006_opp_verify_failed",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.",
+     "cann.el0004_driver_memory_alloc_failed", FailureClass.OOM, Action.FAIL_JOB),
+    ("E19999: Inner Error!", "cann.internal_error_code", FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    ("E10001: [PID: 881] Value [x] for parameter [--model] is invalid.", "cann.user_error_code",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+])
+def test_ascend_return_codes_graded_by_the_docs(line, rule_id, failure_class, action):
+    _assert_decides(line, rule_id, failure_class, action)
+
+
+def test_a_runtime_code_leaves_the_decision_to_the_cann_code_printed_with_it():
+    # 507013 alone only notifies (rule 4: contact support); EL0004 after it is the real error.
+    findings = _decide("RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:508 "
+                       "NPU function error: AclrtSynchronizeDeviceWithTimeout, error code is 507013\n"
+                       "EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.")
+    real = [f for f in findings if f.action >= Action.RESTART_INSTANCE]
+    assert [f.rule_id for f in real] == ["cann.el0004_driver_memory_alloc_failed"]
+
+
+def test_a_specific_cann_code_beats_the_generic_family():
+    # EJ0001 has its own rule (ascend.yaml); the generic user-range rule never decides it.
+    f = _one("EJ0001: [PID: 468348] 2026-04-24-16:14:56.975.866 Failed to initialize the HCCP process.")
+    assert f.rule_id == "hccp.ej0001_init_failed"
+
+
+# --- schedulers and orchestrators --------------------------------------------------------------
+
+@pytest.mark.parametrize("line, rule_id, failure_class, action", [
+    ("slurmstepd: error: *** JOB 4471023 ON gpu-r12n07 CANCELLED AT 2026-01-12T03:31:20 DUE TO PREEMPTION ***",
+     "slurm.cancelled_preemption_or_node_failure", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: *** STEP 51720844.0 ON nid02217 CANCELLED AT 2026-03-09T14:12:34 DUE TO NODE FAILURE ***",
+     "slurm.cancelled_preemption_or_node_failure", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: *** JOB 4471023 ON gpu-r12n07 CANCELLED AT 2026-01-12T03:31:20 DUE TO JOB REQUEUE ***",
+     "slurm.cancelled_job_requeue", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: *** JOB 123456 ON node-7 CANCELLED AT 2026-11-21T09:36:03 DUE TO TIME LIMIT ***",
+     "scheduler.time_limit", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("   JobState=PREEMPTED Reason=None Dependency=(null)", "slurm.job_state_preempted_or_node_fail",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=318.batch cgroup. Some of your processes may "
+     "have been killed by the cgroup out-of-memory handler.", "slurm.cgroup_oom_kill", FailureClass.OOM, Action.FAIL_JOB),
+    ("srun: error: sdn4412: task 0: Out Of Memory", "slurm.task_out_of_memory", FailureClass.OOM, Action.FAIL_JOB),
+    ("      Reason:       OOMKilled", "k8s.oom_killed", FailureClass.OOM, Action.FAIL_JOB),
+    ("Message:        The node was low on resource: memory. Container egg was using 6188104Ki, which exceeds "
+     "its request of 0. ", "k8s.evicted_memory_pressure", FailureClass.OOM, Action.FAIL_JOB),
+    ("Warning  Evicted  pod/w-1  The node had condition: [DiskPressure].", "k8s.evicted_other_pressure",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("Normal  Preempted  pod/trainer-3  Preempted by default/critical-0 on node gpu-17", "k8s.preempted",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("Normal  NodeNotReady  node/gpu-17  Node gpu-17 status is now: NodeNotReady", "k8s.node_not_ready",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+])
+def test_scheduler_lines_graded_by_the_docs(line, rule_id, failure_class, action):
+    _assert_decides(line, rule_id, failure_class, action)
+
+
+def test_plain_cancel_line_is_not_a_preemption():
+    findings = _decide("slurmstepd: error: *** STEP 20417731.0 ON sdn4412 CANCELLED AT 2026-03-09T10:58:40 ***")
+    assert all(not f.rule_id.startswith("slurm.cancelled") for f in findings)
+
+
+# --- Python: the final exception class decides -------------------------------------------------
+
+def _traceback(final: str, frames: str = "    sock.recv(4)") -> str:
+    return "\n".join(["Traceback (most recent call last):", '  File "/work/train.py", line 19, in <module>',
+                      frames, final])
+
+
+@pytest.mark.parametrize("final, rule_id, failure_class, action", [
+    ("ConnectionResetError: [Errno 104] Connection reset by peer", None, FailureClass.RETRYABLE_INFRA, None),
+    ("KeyError: 'lr'", "python.key_error", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("OSError: [Errno 5] Input/output error", None, FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("OSError: [Errno 116] Stale file handle", None, FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("TimeoutError: timed out", "python.exception.TimeoutError", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", None, FailureClass.OOM, Action.FAIL_JOB),
+    ("KeyboardInterrupt", "python.exception.KeyboardInterrupt", FailureClass.FALLOUT, Action.NONE),
+    ("SystemExit: 3", "python.exception.SystemExit", FailureClass.INFO, Action.NONE),
+    ("RuntimeError: something the program checked", "python.exception.RuntimeError", FailureClass.USER_CODE,
+     Action.FAIL_JOB),
+])
+def test_final_exception_class_grades_the_traceback(final, rule_id, failure_class, action):
+    f = _one(_traceback(final))
+    assert f.failure_class is failure_class, (f.rule_id, f.failure_class)
+    if rule_id is not None:
+        assert f.rule_id == rule_id
+    if action is not None:
+        assert f.action is action
+    assert f.rule_id != "python.uncaught_exception"
+
+
+def test_connection_reset_is_not_user_code_but_key_error_is():
+    reset = _one(_traceback("ConnectionResetError: [Errno 104] Connection reset by peer"))
+    key = _one(_traceback("KeyError: 'lr'"))
+    assert reset.failure_class is not FailureClass.USER_CODE and reset.action < Action.FAIL_JOB
+    assert (key.failure_class, key.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_a_rule_on_the_final_line_beats_a_rule_on_a_frame_line():
+    # A frame line naming a missing file must not decide a traceback that ended in a reset.
+    text = _traceback("ConnectionResetError: [Errno 104] Connection reset by peer",
+                      '    raise FileNotFoundError("No such file or directory")')
+    assert _one(text).failure_class is not FailureClass.USER_CODE
+
+
+def test_generic_runtime_error_defers_to_a_rule_on_its_message():
+    f = _one(_traceback("RuntimeError: CUDA error: an illegal memory access was encountered"))
+    assert f.rule_id.startswith("cuda.")
+
+
+def test_dataloader_reraise_defers_to_the_original_traceback():
+    text = "\n".join([
+        "Traceback (most recent call last):",
+        '  File "/work/train.py", line 209, in <module>',
+        "    data.reraise()",
+        "OSError: Caught OSError in DataLoader worker process 1.",
+        "Original Traceback (most recent call last):",
+        '  File "/site-packages/mmcv/fileio/file_client.py", line 536, in get',
+        "    with open(filepath, 'rb') as f:",
+        "OSError: [Errno 5] Input/output error: '/data/images/1.jpg'",
+    ])
+    findings = _decide(text)
+    assert [f.failure_class for f in findings] == [FailureClass.FALLOUT, FailureClass.RETRYABLE_INFRA]
+
+
+def test_exception_line_index():
+    lines = _traceback("KeyError: 'lr'").split("\n")
+    assert exception_line(lines) == 3
+    assert exception_line(lines[:3]) is None
+
+
+def test_catalog_rows_follow_pythons_own_hierarchy():
+    # Every built-in class row names its real base class (Python's exception hierarchy).
+    catalog = ExceptionCatalog.load()
+    import importlib.resources
+    text = importlib.resources.files("ftwatch.rules").joinpath("packs/python_exceptions.tsv").read_text()
+    rows = [dict(zip(text.split("\n")[0].split("\t"), ln.split("\t"))) for ln in text.split("\n")[1:] if ln]
+    checked = 0
+    for row in rows:
+        assert row["source"], row["name"]
+        FailureClass(row["class"])
+        Action[row["action"].upper()]
+        assert row["decides"] in ("class", "message")
+        cls = getattr(builtins, row["name"], None)
+        if row["kind"] == "class" and cls is not None and cls.__name__ == row["name"] and row["parent"]:
+            assert cls.__base__.__name__ == row["parent"], row["name"]
+            checked += 1
+        if row["kind"] == "errno":
+            import errno
+            assert getattr(errno, row["name"]) == int(row["parent"]), row["name"]
+    assert checked >= 50
+    assert catalog.lookup("torch.cuda.OutOfMemoryError").failure_class is FailureClass.OOM
