@@ -101,7 +101,8 @@ def test_pack_sizes():
         per_file[name] = per_file.get(name, 0) + 1
     assert set(per_file) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
                              "python.yaml", "gloo.yaml", "c4d.yaml",
-                             "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml"}
+                             "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml",
+                             "lifecycle.yaml"}
     assert len(BUILTIN) >= 330
 
 
