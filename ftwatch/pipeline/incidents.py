@@ -349,14 +349,14 @@ class IncidentDesk:
                 out.append(finding)
         return out
 
-    def _uncaught(self, instance: str, before: float) -> Finding | None:
+    def _uncaught(self, instance: str, before: float, seq: float = float("inf")) -> Finding | None:
         """The last uncaught traceback (``lifecycle.uncaught_traceback``, fallout included) of
-        ``instance`` (or a rank of its stream, ``instance/rank3``) at or before ``before``, unless
-        training finished after it (then it was caught: the run went on)."""
+        ``instance`` (or a rank of its stream, ``instance/rank3``) before (``before``, ``seq``),
+        unless training finished after it (then it was caught: the run went on)."""
         order = sorted(self.findings, key=lambda f: (f.time, f.seq))
         last = None
         for f in order:
-            if f.time > before:
+            if (f.time, f.seq) >= (before, seq):
                 break
             mine = f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
             if mine and (lifecycle.uncaught_traceback(f) or (
@@ -383,7 +383,7 @@ class IncidentDesk:
         for ok in sorted((f for f in self.findings if lifecycle.is_exited_ok(f)), key=lambda f: (f.time, f.seq)):
             tb = max((f for f in self.findings if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
                       and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)
-            if tb is not None and self._uncaught(tb.origin.instance, ok.time) is tb:
+            if tb is not None and self._uncaught(tb.origin.instance, ok.time, ok.seq) is tb:
                 self.failed.add(tb.origin.instance)
                 out.append(self._derived_exit(tb.origin, ok.time, tb, "exit.hidden_by_pipe", (
                     f"{ok.line!r} after an uncaught traceback of {tb.origin.instance} ({tb.line}): the failure's "

@@ -6,7 +6,9 @@ flight-recorder lines carry the work's sequence number and the ranks' progress
 (``ftwatch.parsers.collective``: ``seq``, ``op``, ``timeout_ms``, ``last_completed``); from them:
 
 1. *silent*: with the world size known, a rank that reported no timeout for the collective
-   (nothing at all, or only lines without a sequence number) while the others did;
+   (nothing at all, or only lines without a sequence number) while the others did: the silent
+   ranks must be fewer than the reporters (one rank's timeout beside three quiet ranks names
+   no one: the others may simply have been killed before their watchdogs fired);
 2. else *behind*: among the reporters, the rank(s) whose progress (``last_completed``, else the
    timed-out work's ``seq`` - 1) is lowest, when it is below the others'.
 
@@ -70,7 +72,7 @@ def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | Non
     rule, suspects, why = "", [], ""
     if world and world > 1:
         suspects = [r for r in range(world) if r not in reporters]
-        if suspects and len(suspects) < world:
+        if suspects and len(suspects) < len(reporters):     # "everyone else" reports: the few are silent
             rule = "collective.silent_rank"
             why = (f"ranks {sorted(reporters)} report a timeout of collective SeqNum={seq} ({op}); "
                    f"rank(s) {suspects} reported none")
