@@ -159,9 +159,11 @@ class IncidentDesk:
                 self.tracker.rearm()
         lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         self.recorder.output(origin, lines, len(data), time)
-        tail = data.rstrip()
-        if tail:
-            self._tails[origin] = tail[tail.rfind(b"\n") + 1:]
+        end = len(data)
+        while end and data[end - 1] in b" \t\r\n":     # the last non-empty line, without copying the chunk
+            end -= 1
+        if end:
+            self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
@@ -331,17 +333,16 @@ class IncidentDesk:
         says the status was hidden), those ftwatch caused make none."""
         out = []
         for exit in exits:
+            ours = exit.stopped_by_us or expected
             if exit.ok:
-                tb = None if exit.stopped_by_us or expected else self._uncaught(exit.origin.instance, exit.time)
+                tb = None if ours else lifecycle.last_uncaught(self.findings, exit.origin.instance, exit.time)
                 if tb is None:
                     self.ok.add(exit.origin.instance)
                     continue
                 self.failed.add(exit.origin.instance)
-                out.append(self._derived_exit(exit.origin, exit.time, tb, "exit.hidden_by_pipe", (
-                    f"{exit.origin.instance} exited 0 after an uncaught traceback ({tb.line}): its exit status "
-                    "was hidden, e.g. by a pipe without `set -o pipefail`")))
+                out.append(self._hidden(exit.origin, exit.time, tb, f"{exit.origin.instance} exited 0"))
                 continue
-            if exit.stopped_by_us or expected:
+            if ours:
                 continue
             self.failed.add(exit.origin.instance)
             finding = exit_finding(exit, self.exit_table, seq=self.engine.next_seq(), launchers=self.launchers)
@@ -349,63 +350,44 @@ class IncidentDesk:
                 out.append(finding)
         return out
 
-    def _uncaught(self, instance: str, before: float, seq: float = float("inf")) -> Finding | None:
-        """The last uncaught traceback (``lifecycle.uncaught_traceback``, fallout included) of
-        ``instance`` (or a rank of its stream, ``instance/rank3``) before (``before``, ``seq``),
-        unless training finished after it (then it was caught: the run went on)."""
-        order = sorted(self.findings, key=lambda f: (f.time, f.seq))
-        last = None
-        for f in order:
-            if (f.time, f.seq) >= (before, seq):
-                break
-            mine = f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
-            if mine and (lifecycle.uncaught_traceback(f) or (
-                    f.failure_class is FailureClass.FALLOUT and f.evidence and "Traceback" in f.evidence[0])):
-                last = f
-            elif last is not None and lifecycle.is_finished(f):
-                last = None
-        return last
-
-    def _derived_exit(self, origin: Origin, time: float, cause: Finding, rule_id: str, line: str) -> Finding:
-        """An exit the desk reads from the evidence: a generic failing exit (R7 explains it by
-        ``cause``, so the policy decides by the traceback's class), flagged by ``rule_id``."""
-        return Finding(rule_id, "exit_code", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR, origin, line,
-                       time, self.engine.next_seq(), cause.evidence,
-                       {"exitcode": None, "signal": None, "generic": True, "derived": rule_id,
-                        "traceback": cause.rule_id},
-                       "ftwatch.pipeline.incidents (issue 12: seed 001 pipefail; a log that ends in a traceback)")
+    def _hidden(self, origin: Origin, time: float, tb: Finding, said: str) -> Finding:
+        """``exit.hidden_by_pipe``: ``said`` (an exit 0) after the uncaught traceback ``tb``."""
+        return lifecycle.derived_exit(origin, time, self.engine.next_seq(), tb, "exit.hidden_by_pipe", (
+            f"{said} after an uncaught traceback of {tb.origin.instance} ({tb.line}): the failure's exit status "
+            "was hidden, e.g. by a pipe without `set -o pipefail`"))
 
     def _unseen_exits(self, now: float) -> list[Finding]:
         """At the end of the input, the exits no source reported: a launcher's "exited 0" line
-        after an uncaught traceback (hidden by a pipe), and a stream whose last line ends a
-        traceback (a failed process without an exit line)."""
+        after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
+        error block (a failed process without an exit line)."""
         out: list[Finding] = []
-        for ok in sorted((f for f in self.findings if lifecycle.is_exited_ok(f)), key=lambda f: (f.time, f.seq)):
-            tb = max((f for f in self.findings if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
+        order = sorted(self.findings, key=lambda f: (f.time, f.seq))
+        for ok in (f for f in order if lifecycle.is_exited_ok(f)):
+            tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
                       and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)
-            if tb is not None and self._uncaught(tb.origin.instance, ok.time, ok.seq) is tb:
+            if tb is not None and lifecycle.last_uncaught(order, tb.origin.instance, ok.time, ok.seq) is tb:
                 self.failed.add(tb.origin.instance)
-                out.append(self._derived_exit(tb.origin, ok.time, tb, "exit.hidden_by_pipe", (
-                    f"{ok.line!r} after an uncaught traceback of {tb.origin.instance} ({tb.line}): the failure's "
-                    "exit status was hidden, e.g. by a pipe without `set -o pipefail`")))
-        for origin, tail in self._tails.items():
-            if self.exits:
-                break                           # the source reports exits: they say it
+                out.append(self._hidden(tb.origin, ok.time, tb, repr(ok.line)))
+        if self.exits:
+            return out                          # the source reports exits: they say who failed
+        for stream, tail in self._tails.items():
             rank, text = line_fields.split_rank_prefix(line_fields.clean(tail))
-            instance = origin.with_rank(rank).instance
+            instance = stream.with_rank(rank).instance
             if instance in self.failed or instance in self.ok:
                 continue
-            last = max((f for f in self.findings if f.origin.instance == instance and f.kind != "exit_code"),
+            last = max((f for f in order if f.origin.instance == instance and f.kind != "exit_code"),
                        key=lambda f: (f.time, f.seq), default=None)
             ends_block = last is not None and len(last.evidence) > 1 and last.evidence[-1].strip() == text.strip()
             if ends_block and is_error(last):
                 continue                        # the error already stands for the exit (no exits here)
-            if ends_block or _CPP_FRAME.match(text):
-                origin = last.origin if ends_block else origin.with_rank(rank)
-                cause = last if ends_block else Finding("", "keyword", FailureClass.INFO, Action.NONE, Severity.INFO,
-                                                        origin, text, now, evidence=(text,))
-                self.failed.add(instance)
-                out.append(self._derived_exit(origin, cause.time, cause, "exit.ended_in_traceback", (
-                    f"the output of {instance} ends inside an error block ({text.strip()[:200]}): the process "
-                    "died of it")))
+            if not ends_block and not _CPP_FRAME.match(text):
+                continue
+            cause = last if ends_block and last is not None else Finding(
+                "", "keyword", FailureClass.INFO, Action.NONE, Severity.INFO, stream.with_rank(rank), text, now,
+                evidence=(text,))
+            self.failed.add(instance)
+            out.append(lifecycle.derived_exit(cause.origin, cause.time, self.engine.next_seq(), cause,
+                                              "exit.ended_in_traceback", (
+                f"the output of {instance} ends inside an error block ({text.strip()[:200]}): the process "
+                "died of it")))
         return out

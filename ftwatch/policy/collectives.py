@@ -87,12 +87,15 @@ def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | Non
     if not rule:
         return None
     origins = [_origin_for(r, findings, reporters) for r in suspects]
-    if len(suspects) > 1 and len({o.node for o in origins} - {"unknown"}) != 1 or any(o.node == "unknown" for o in origins[1:]):
+    nodes = {o.node for o in origins}
+    if len(suspects) > 1 and (len(nodes) != 1 or "unknown" in nodes):
         return None                 # several suspects on different (or unknown) nodes: no one culprit
     rank, origin = suspects[0], origins[0]
     hardware = next((f for f in findings if f.rank == rank and f.failure_class is FailureClass.HARDWARE_NODE), None)
-    cls, action = (FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE) if hardware else (FailureClass.HANG, Action.RESTART_JOB)
-    line = f"rank {rank} is the suspect: {why}" + (f"; its own hardware evidence: {hardware.rule_id}" if hardware else "")
+    cls, action = ((FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE) if hardware
+                   else (FailureClass.HANG, Action.RESTART_JOB))
+    line = f"rank {rank} is the suspect: {why}" + (f"; its own hardware evidence: {hardware.rule_id}"
+                                                   if hardware else "")
     return Finding(rule, "collective", cls, action, Severity.ERROR, origin, line, first.time, first.seq,
                    fields={"suspects": suspects, "seq": seq, "op": op, "reporters": sorted(reporters),
                            "timeout_ms": first.fields.get("timeout_ms")},

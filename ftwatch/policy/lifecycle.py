@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Sequence
 
-from ftwatch.events import FailureClass, Finding, Severity
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 
 FINISHED = "lifecycle.finished."
 EXITED_OK = "lifecycle.exited_ok."
@@ -68,3 +68,37 @@ def uncaught_traceback(f: Finding) -> bool:
     return (f.kind != "exit_code" and bool(f.evidence) and _TRACEBACK in f.evidence[0]
             and f.severity >= Severity.ERROR
             and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO))
+
+
+def last_uncaught(findings: Iterable[Finding], instance: str, before: float,
+                  seq: float = float("inf")) -> Finding | None:
+    """The last uncaught traceback (:func:`uncaught_traceback`, or a fallout traceback) of
+    ``instance`` (or a rank of its stream, ``instance/rank3``) before (``before``, ``seq``), unless
+    training finished after it (then it was caught: the run went on); None when there is none."""
+    last = None
+    for f in sorted(findings, key=lambda f: (f.time, f.seq)):
+        if (f.time, f.seq) >= (before, seq):
+            break
+        mine = f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
+        if mine and (uncaught_traceback(f) or (
+                f.failure_class is FailureClass.FALLOUT and f.evidence and _TRACEBACK in f.evidence[0])):
+            last = f
+        elif last is not None and is_finished(f):
+            last = None
+    return last
+
+
+def derived_exit(origin: Origin, time: float, seq: int, cause: Finding, rule_id: str, line: str) -> Finding:
+    """An exit read from the evidence (``exit.hidden_by_pipe``, ``exit.ended_in_traceback``): a
+    generic failing exit, so R7 explains it by ``cause`` (the policy decides by the traceback's
+    class) or, with nothing logged to explain it, it is a user-code failure of its own.
+
+    Returns:
+        A Finding of kind ``exit_code``; fields ``generic`` True, ``derived`` (the rule id) and
+        ``traceback`` (``cause``'s rule id).
+    """
+    return Finding(rule_id, "exit_code", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR, origin, line,
+                   time, seq, cause.evidence,
+                   {"exitcode": None, "signal": None, "generic": True, "derived": rule_id,
+                    "traceback": cause.rule_id},
+                   "ftwatch.pipeline.incidents (issue 12: seed 001 pipefail; a log that ends in an error block)")

@@ -111,6 +111,7 @@ def failed_instances(findings: Iterable[Finding], trigger: Finding, exited: Coll
     if exited:
         return frozenset(exited)
     findings = list(findings)
-    own = [f for f in findings if is_error(f) and f.kind not in HANG_KINDS and f.failure_class is not FailureClass.FALLOUT]
+    own = [f for f in findings
+           if is_error(f) and f.kind not in HANG_KINDS and f.failure_class is not FailureClass.FALLOUT]
     later = {id(f) for f in analyse(findings).peer_fallout}
     return frozenset(f.origin.instance for f in own if id(f) not in later)
