@@ -4,7 +4,7 @@ wait for (``ftwatch.policy.collectives``); DLRover's private exit codes (issue 1
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, Severity
-from ftwatch.parsers.collective import collective_fields
+from ftwatch.parsers.collective import fields as collective_fields
 from ftwatch.policy.collectives import silent_rank
 from ftwatch.policy.lifecycle import launcher_of_command
 from ftwatch.policy.rootcause import analyse
