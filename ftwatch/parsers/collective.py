@@ -25,6 +25,12 @@ _RAN = re.compile(r"ran for (?P<ms>\d+) milliseconds before timing out")
 _PROGRESS = re.compile(r"(?:Timeout at (?:NCCL|HCCL) work|detected by watchdog at work): (?P<seq>-?\d+), "
                        r"last enqueued (?:NCCL|HCCL) work: (?P<enq>-?\d+), "
                        r"last completed (?:NCCL|HCCL) work: (?P<done>-?\d+)")
+# the flight recorder's dump line (HeartbeatMonitor::getNCCLWatchdogTimeoutErrorMsg): "Received a dump
+# signal due to a collective timeout from rank 7 (or: this local rank) ... Last enqueued NCCL work:
+# 56118, last completed NCCL work: 56118." (issue 12 item 3: h12-reason)
+_DUMP = re.compile(r"Last enqueued (?:NCCL|HCCL) work: (?P<enq>-?\d+), "
+                   r"last completed (?:NCCL|HCCL) work: (?P<done>-?\d+)")
+_FROM = re.compile(r"collective timeout from\s+(?:rank (?P<rank>\d+)|this local rank)")
 _NAMES = {"SeqNum": "seq", "OpType": "op", "Timeout(ms)": "timeout_ms", "NumelIn": "numel_in",
           "NumelOut": "numel_out"}
 _MARKERS = ("Work", "work: ")
@@ -35,8 +41,9 @@ def fields(text: str) -> dict[str, Any]:
 
     Returns:
         Any of ``seq`` (int), ``op`` (str, e.g. ``ALLREDUCE``), ``timeout_ms``, ``ran_ms``,
-        ``numel_in``, ``numel_out``, ``last_enqueued``, ``last_completed`` (ints); {} when the
-        text names no collective.
+        ``numel_in``, ``numel_out``, ``last_enqueued``, ``last_completed`` (ints), ``timeout_from``
+        (the rank whose timeout a dump line reports, int, or ``"self"``); {} when the text names no
+        collective.
     """
     if not any(m in text for m in _MARKERS):
         return {}
@@ -55,6 +62,13 @@ def fields(text: str) -> dict[str, Any]:
         out.setdefault("seq", int(progress.group("seq")))
         out["last_enqueued"] = int(progress.group("enq"))
         out["last_completed"] = int(progress.group("done"))
+    dump = None if progress else _DUMP.search(text)
+    if dump:
+        out["last_enqueued"] = int(dump.group("enq"))
+        out["last_completed"] = int(dump.group("done"))
+        sender = _FROM.search(text)
+        if sender:
+            out["timeout_from"] = int(sender.group("rank")) if sender.group("rank") else "self"
     return {k: v for k, v in out.items() if v is not None}
 
 

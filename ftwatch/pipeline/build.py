@@ -196,6 +196,10 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
     # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
     desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0)
+    from ftwatch.policy.lifecycle import launcher_of_command
+    launcher = launcher_of_command(command)     # `dlrover-run ...`: DLRover's private exit codes apply
+    if launcher is not None:
+        desk.launchers.add(launcher)
     controls = RecoveryHandler(
         engine, desk.tracker, recorder, job, rules_from_keywords, hang, hang_supported=hang is not None,
         budgets=lambda: (budgets.restarts_used, max(0, policy.max_restarts - budgets.restarts_used)),

@@ -13,6 +13,14 @@ per job; they differ only in how input reaches it and what they do with a decisi
     close(now)                   -> end of input: blocks flushed, summary exits, the open incident
                                     decided
 
+Exits the desk reads beyond the source's own (issue 12 items 3 and 6, ``ftwatch.policy.lifecycle``):
+an exit 0 of an instance that printed an uncaught traceback this attempt (``run``), or a
+launcher's "exited 0" line after one (``replay``), is ``exit.hidden_by_pipe`` (seed 001: ``| tee``
+without ``set -o pipefail``), decided by the traceback's class; at :meth:`close`, a stream whose
+last line ends a traceback is ``exit.ended_in_traceback`` of that instance, a failed process
+without an exit line. A launcher's private exit codes count only under that launcher
+(:attr:`IncidentDesk.launchers`: its own lines in the output, and ``run``'s command).
+
 What opens an incident, which finding triggers it and which instances failed is
 ``ftwatch.policy.triggers`` (one rule for every driver). An incident opens with its first
 opening finding and settles for ``settle`` seconds, in which the others' evidence joins it; a
@@ -32,19 +40,24 @@ and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at 
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterable, Literal, Sequence
 
-from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit
+from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
+from ftwatch.parsers import fields as line_fields
 from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
+from ftwatch.policy import lifecycle
 from ftwatch.policy.policy import Incident, Policy
-from ftwatch.policy.triggers import HANG_KINDS, failed_instances, opens_incident, pick_trigger
+from ftwatch.policy.triggers import HANG_KINDS, failed_instances, is_error, opens_incident, pick_trigger
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.timers import HangTracker
 
+#: the last line of a C++ stack dump (c10's ``frame #3: ...``, SPEC P1; ftwatch.parsers.multiline)
+_CPP_FRAME = re.compile(r"\s*frame #\d+: ")
 POLL_SECONDS = 0.2         # how often a live loop wakes with nothing to read (the Tick period)
 SETTLE_SECONDS = 1.0       # ``run``: after a failure, how long the others may show their own errors
 BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
@@ -105,6 +118,8 @@ class IncidentDesk:
         self._quiet_until = float("-inf")
         self._hang_notified = False
         self._summary_lines: dict[Origin, SummaryLines] = {}
+        self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
+        self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
 
     @property
     def attempt(self) -> int:
@@ -144,6 +159,11 @@ class IncidentDesk:
                 self.tracker.rearm()
         lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         self.recorder.output(origin, lines, len(data), time)
+        end = len(data)
+        while end and data[end - 1] in b" \t\r\n":     # the last non-empty line, without copying the chunk
+            end -= 1
+        if end:
+            self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
@@ -183,6 +203,7 @@ class IncidentDesk:
             self.recorder.attempt = self.attempt
             self.recorder.findings(findings)
         self.ranks.update(f.rank for f in findings if f.rank is not None)
+        self.launchers |= lifecycle.launchers(findings)
         if self.on_findings is not None:
             self.on_findings(findings)
         if mono < self._quiet_until:
@@ -275,6 +296,7 @@ class IncidentDesk:
                     failures.append(failure)
             self.add(self._deaths(summary_exits(
                 failures, lambda f: self.exit_origin(origins[id(f)], f), now + step, step)))
+        self.add(self._unseen_exits(now))
         return self.decide(None, now) if self.open is not None else None
 
     def new_attempt(self, now: float, world_size: int | None = None) -> None:
@@ -284,6 +306,7 @@ class IncidentDesk:
         self.findings.clear()
         self._openers.clear()
         self.failed.clear()                         # in place: a driver may hold the set
+        self._tails.clear()
         self.ok.clear()
         self.open = None
         self._hang_notified = False
@@ -306,16 +329,65 @@ class IncidentDesk:
         return found
 
     def _deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
-        """The findings of exits: ok ones are noted, those ftwatch caused make none."""
+        """The findings of exits: ok ones are noted (unless an uncaught traceback of the instance
+        says the status was hidden), those ftwatch caused make none."""
         out = []
         for exit in exits:
+            ours = exit.stopped_by_us or expected
             if exit.ok:
-                self.ok.add(exit.origin.instance)
+                tb = None if ours else lifecycle.last_uncaught(self.findings, exit.origin.instance, exit.time)
+                if tb is None:
+                    self.ok.add(exit.origin.instance)
+                    continue
+                self.failed.add(exit.origin.instance)
+                out.append(self._hidden(exit.origin, exit.time, tb, f"{exit.origin.instance} exited 0"))
                 continue
-            if exit.stopped_by_us or expected:
+            if ours:
                 continue
             self.failed.add(exit.origin.instance)
-            finding = exit_finding(exit, self.exit_table, seq=self.engine.next_seq())
+            finding = exit_finding(exit, self.exit_table, seq=self.engine.next_seq(), launchers=self.launchers)
             if finding is not None:
                 out.append(finding)
+        return out
+
+    def _hidden(self, origin: Origin, time: float, tb: Finding, said: str) -> Finding:
+        """``exit.hidden_by_pipe``: ``said`` (an exit 0) after the uncaught traceback ``tb``."""
+        return lifecycle.derived_exit(origin, time, self.engine.next_seq(), tb, "exit.hidden_by_pipe", (
+            f"{said} after an uncaught traceback of {tb.origin.instance} ({tb.line}): the failure's exit status "
+            "was hidden, e.g. by a pipe without `set -o pipefail`"))
+
+    def _unseen_exits(self, now: float) -> list[Finding]:
+        """At the end of the input, the exits no source reported: a launcher's "exited 0" line
+        after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
+        error block (a failed process without an exit line)."""
+        out: list[Finding] = []
+        order = sorted(self.findings, key=lambda f: (f.time, f.seq))
+        for ok in (f for f in order if lifecycle.is_exited_ok(f)):
+            tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
+                      and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)
+            if tb is not None and lifecycle.last_uncaught(order, tb.origin.instance, ok.time, ok.seq) is tb:
+                self.failed.add(tb.origin.instance)
+                out.append(self._hidden(tb.origin, ok.time, tb, repr(ok.line)))
+        if self.exits:
+            return out                          # the source reports exits: they say who failed
+        for stream, tail in self._tails.items():
+            rank, text = line_fields.split_rank_prefix(line_fields.clean(tail))
+            instance = stream.with_rank(rank).instance
+            if instance in self.failed or instance in self.ok:
+                continue
+            last = max((f for f in order if f.origin.instance == instance and f.kind != "exit_code"),
+                       key=lambda f: (f.time, f.seq), default=None)
+            ends_block = last is not None and len(last.evidence) > 1 and last.evidence[-1].strip() == text.strip()
+            if ends_block and is_error(last):
+                continue                        # the error already stands for the exit (no exits here)
+            if not ends_block and not _CPP_FRAME.match(text):
+                continue
+            cause = last if ends_block and last is not None else Finding(
+                "", "keyword", FailureClass.INFO, Action.NONE, Severity.INFO, stream.with_rank(rank), text, now,
+                evidence=(text,))
+            self.failed.add(instance)
+            out.append(lifecycle.derived_exit(cause.origin, cause.time, self.engine.next_seq(), cause,
+                                              "exit.ended_in_traceback", (
+                f"the output of {instance} ends inside an error block ({text.strip()[:200]}): the process "
+                "died of it")))
         return out

@@ -171,8 +171,8 @@ class JobRunner:
             if decision is None:                 # interrupted: the job did not end, budgets stay
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
-            if decision.action in (Action.NONE, Action.FAIL_JOB):
-                return self._end(decision, attempt)
+            if decision.action in (Action.NONE, Action.NOTIFY, Action.FAIL_JOB):
+                return self._end(decision, attempt)     # notify: a failure after training finished
             # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
             if self.act.running():               # Async isolate_node: the others still run
                 self.act.dump()
@@ -190,7 +190,7 @@ class JobRunner:
 
     def _end(self, decision: Decision, attempt: int) -> int:
         """The job ended: success, or a final failure (scene kept, last words, workers stopped)."""
-        ok = decision.action is Action.NONE
+        ok = decision.action in (Action.NONE, Action.NOTIFY)
         if not ok and self.act.running():
             self.act.keep_scene()
             self.act.dump()

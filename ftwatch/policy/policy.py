@@ -160,11 +160,13 @@ class Policy:
         occurrence = str(incident.attempt) if sync else (
             f"{incident.attempt}:{trig.origin.instance}:{self.budgets.instance_restarts(trig.origin.instance)}")
         notes: list[str] = []
+        if trig.fields.get("derived") == "exit.hidden_by_pipe":     # issue 12 item 6, seed 001 pipefail
+            notes.append(f"exit status hidden by a pipe: {trig.line}; decided by the traceback's class")
         if self.recovery.escalation:
             self.escalator.observe(scope, f"{self.job}:{occurrence}")     # one history for every job
             scope, found = self.escalator.apply(scope, now)
             notes += found
-        an = analyse(scope)
+        an = analyse(scope, incident.world_size if sync else None)
         rc = an.root_cause or trig
         if an.real and is_c4d(rc) and rc.action is Action.ISOLATE_NODE:
             notes.append(error_clause(rc))
@@ -187,6 +189,10 @@ class Policy:
                             restarts_left=max(0, max_restarts - used), findings=findings,
                             attempt=incident.attempt)
 
+        if an.after_finish and an.finished is not None:
+            return done(Action.NOTIFY, f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished "
+                                       f"before {rc.rule_id} on {_who(rc)}; an error after the end of "
+                                       "training is a notice → notify")
         if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
             if trig.action is Action.NONE:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "

@@ -20,8 +20,17 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    pipes closed; ``ftwatch replay``: at the end of the log), often after the survivors printed
    their errors.
 3. Warnings and info findings never count, neither as errors nor as what explains an exit.
+4. Anything a peer *prints* after the first real error of another instance is fallout of it
+   (issue 12 item 3): a logged finding of another instance later by (time, seq). Exits are not
+   printed lines (their time is when ftwatch saw them), so they keep their reading above.
+5. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
+   is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
+   came before the finish.
 
-When there is no real error, the root cause is the earliest fallout (``fallout_only``).
+When there is no real error, the root cause is the suspect rank of a collective that timed out
+(``ftwatch.policy.collectives.silent_rank``: the rank that never reported, or is behind, while
+the others report timeouts), else the earliest notice (``after_finish``), else the earliest
+fallout (``fallout_only``).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import FailureClass, Finding, Severity
+from ftwatch.policy.collectives import silent_rank
+from ftwatch.policy.lifecycle import finish
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
 #: (tag ``cascade`` in ``ftwatch/rules/packs``; tests/rules/test_rootcause.py keeps the two in step).
@@ -48,14 +59,33 @@ class Analysis:
     """The R7 reading of a set of findings.
 
     Attributes:
-        root_cause: the earliest real error; else the earliest fallout; else None.
+        root_cause: the earliest real error; else the silent rank's finding; else the earliest
+            notice; else the earliest fallout; else None.
         fallout_only: True when there is no real error, only fallout.
         real: every real error, earliest first.
+        notices: errors printed after ``finished`` (none when there is no finish).
+        finished: the "training finished" finding, if the job printed one.
+        peer_fallout: the real errors (in ``real``) another instance printed after the root
+            cause: fallout of it (rule 4); ``failed`` leaves their instances out.
     """
 
     root_cause: Finding | None
     fallout_only: bool
     real: tuple[Finding, ...]
+    notices: tuple[Finding, ...] = ()
+    finished: Finding | None = None
+    peer_fallout: tuple[Finding, ...] = ()
+
+    @property
+    def failed(self) -> frozenset[str]:
+        """The instances that failed on their own: those of ``real``, less a peer's later prints."""
+        later = {id(f) for f in self.peer_fallout}
+        return frozenset(f.origin.instance for f in self.real if id(f) not in later)
+
+    @property
+    def after_finish(self) -> bool:
+        """No real error, but errors after training finished: a notice."""
+        return not self.real and bool(self.notices)
 
 
 def generic_exit(f: Finding) -> bool:
@@ -81,16 +111,23 @@ def _before(a: Finding, b: Finding) -> bool:
     return (a.time, a.seq) < (b.time, b.seq)
 
 
-def analyse(findings: Sequence[Finding]) -> Analysis:
+def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     """Find the root cause (R7), as the module docstring says.
 
     Args:
         findings: one incident's findings, any order, all instances (or one, in Async).
+        world: the number of ranks, for the silent-rank reading (None: unknown, or Async).
 
     Returns:
-        The analysis; ``real`` leaves out explained exits and cascades filed as fallout.
+        The analysis; ``real`` leaves out explained exits, cascades and a peer's later prints
+        filed as fallout, and errors after training finished (``notices``).
     """
+    done = finish(findings)
     order = sorted(findings, key=lambda f: (f.time, f.seq))
+    notices: list[Finding] = []
+    if done is not None:
+        notices = [f for f in order if _error(f) and _before(done, f)]
+        order = [f for f in order if not _before(done, f)]
     logged: dict[str, list[Finding]] = {}
     unranked: list[Finding] = []
     for f in order:
@@ -138,6 +175,14 @@ def analyse(findings: Sequence[Finding]) -> Analysis:
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
-    if real:
-        return Analysis(real[0], False, real)
-    return Analysis(fallout[0] if fallout else None, bool(fallout), ())
+    if real:                            # 4: a peer's later prints are fallout of the first failure
+        head = real[0]
+        peer = tuple(f for f in real if f.origin.instance != head.origin.instance
+                     and f.kind not in _NOT_LOGGED and _before(head, f))
+        return Analysis(head, False, real, tuple(notices), done, peer)
+    suspect = silent_rank(order, world) if fallout else None
+    if suspect is not None:
+        return Analysis(suspect, False, (suspect,), tuple(notices), done)
+    if notices:
+        return Analysis(notices[0], False, (), tuple(notices), done)
+    return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done)

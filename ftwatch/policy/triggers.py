@@ -26,6 +26,7 @@ from typing import Collection, Iterable, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.c4d import LEVELS, C4DSettings, grade, is_c4d, parse_line
+from ftwatch.policy.rootcause import analyse
 
 HANG_KINDS = ("hang", "exit_hang")
 _DEATHS = ("exit_code",) + HANG_KINDS
@@ -97,8 +98,11 @@ def failed_instances(findings: Iterable[Finding], trigger: Finding, exited: Coll
 
     Returns:
         ``exited``; where it is empty and the source reports no exits, the instances with a real
-        error (not fallout, not a hang): the error stands for the exit. Without real exits, a
-        hang that triggers an incident fails no instance (it fired before anything failed).
+        error (not fallout, not a hang): the error stands for the exit; but not an instance whose
+        every such error came after another instance's failure (R7 via
+        ``ftwatch.policy.rootcause.analyse``: a peer's later prints are fallout). Without real
+        exits, a hang that triggers an incident fails no instance (it fired before anything
+        failed).
     """
     if exits_only:
         return frozenset(exited)
@@ -106,5 +110,8 @@ def failed_instances(findings: Iterable[Finding], trigger: Finding, exited: Coll
         return frozenset()
     if exited:
         return frozenset(exited)
-    return frozenset(f.origin.instance for f in findings if is_error(f) and f.kind not in HANG_KINDS
-                     and f.failure_class is not FailureClass.FALLOUT)
+    findings = list(findings)
+    own = [f for f in findings
+           if is_error(f) and f.kind not in HANG_KINDS and f.failure_class is not FailureClass.FALLOUT]
+    later = {id(f) for f in analyse(findings).peer_fallout}
+    return frozenset(f.origin.instance for f in own if id(f) not in later)

@@ -5,6 +5,12 @@ table ``shared/data/fault-tables/error_strings.tsv`` (columns ``pattern pattern_
 recommended_action source classified_by meaning notes``; tab-separated, no quoting). Each row says
 where its classification comes from (kubedl / kubeflow training-operator / DLRover).
 
+Some codes are one launcher's private convention (DLRover's 14 = GPU InfoROM corrupted, 201, 202,
+247): ``packs/launcher_exit_codes.tsv`` (columns ``code launcher source notes``) names them, and
+they apply only when the job runs under that launcher (``exit_finding``'s ``launchers``: the
+desk learns them from the launcher's own lines and from ``run``'s command, see
+``ftwatch.policy.lifecycle``); elsewhere such a code is an unlisted one.
+
 A death by signal N is looked up as code 128+N, the shell's convention (``bash(1)``, "EXIT STATUS":
 "the exit status of a command that terminates on fatal signal N is 128+N"), whether the process
 reports it as ``signal=N``, as Popen's ``returncode=-N``, or as a shell's ``128+N``.
@@ -16,6 +22,7 @@ import importlib.resources
 import signal as _signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection
 
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.events import Action, FailureClass, Finding, ProcessExit, Severity
@@ -58,6 +65,11 @@ class ExitCodeTable:
 
     rows: dict[int, ExitCodeRow] = field(default_factory=dict)
     location: str = ""
+    private: dict[int, str] = field(default_factory=dict)
+
+    def launcher_of(self, code: int) -> str | None:
+        """The launcher whose private convention ``code`` is (``"dlrover"``), or None."""
+        return self.private.get(code)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "ExitCodeTable":
@@ -70,16 +82,22 @@ class ExitCodeTable:
         Raises:
             ConfigError: the file is unreadable, a header is missing, or a row is bad (file:line each).
         """
+        packs = importlib.resources.files("ftwatch.rules").joinpath("packs")
+        private = packs.joinpath(_PRIVATE)
+        codes = parse_private(private.read_text(encoding="utf-8"), f"ftwatch/rules/packs/{_PRIVATE}") \
+            if private.is_file() else {}
         if path is None:
-            resource = importlib.resources.files("ftwatch.rules").joinpath("packs", "exit_codes.tsv")
+            resource = packs.joinpath("exit_codes.tsv")
             if not resource.is_file():
-                return cls()
-            return cls.parse(resource.read_text(encoding="utf-8"), "ftwatch/rules/packs/exit_codes.tsv")
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(Issue(str(path), 0, f"cannot read exit-code table: {exc}")) from None
-        return cls.parse(text, str(path))
+                return cls(private=codes)
+            table = cls.parse(resource.read_text(encoding="utf-8"), "ftwatch/rules/packs/exit_codes.tsv")
+        else:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(Issue(str(path), 0, f"cannot read exit-code table: {exc}")) from None
+            table = cls.parse(text, str(path))
+        return cls(table.rows, table.location, codes)
 
     @classmethod
     def parse(cls, text: str, location: str = "<exit_codes>") -> "ExitCodeTable":
@@ -115,6 +133,26 @@ class ExitCodeTable:
         return self.rows.get(code)
 
 
+_PRIVATE = "launcher_exit_codes.tsv"
+_PRIVATE_COLUMNS = ("code", "launcher", "source", "notes")
+
+
+def parse_private(text: str, location: str) -> dict[int, str]:
+    """``launcher_exit_codes.tsv``: {code: launcher}. Raises ConfigError (file:line) on a bad row."""
+    lines = text.splitlines()
+    if not lines or tuple(lines[0].split("\t")[:len(_PRIVATE_COLUMNS)]) != _PRIVATE_COLUMNS:
+        raise ConfigError(Issue(location, 1, f"header must be: {' '.join(_PRIVATE_COLUMNS)}"))
+    out: dict[int, str] = {}
+    for number, line in enumerate(lines[1:], start=2):
+        cells = line.split("\t")
+        if not line.strip():
+            continue
+        if len(cells) < 3 or not cells[0].strip().isdigit() or not cells[1].strip() or not cells[2].strip():
+            raise ConfigError(Issue(location, number, "a row needs a code, a launcher and a source"))
+        out[int(cells[0])] = cells[1].strip()
+    return out
+
+
 def signal_name(number: int) -> str:
     """``9`` -> ``SIGKILL``; an unnamed number -> ``SIG<n>``."""
     try:
@@ -138,7 +176,8 @@ def decode_exit(exit: ProcessExit) -> tuple[int, int | None]:
     return code, None
 
 
-def exit_finding(exit: ProcessExit, table: ExitCodeTable, seq: int = 0) -> Finding | None:
+def exit_finding(exit: ProcessExit, table: ExitCodeTable, seq: int = 0,
+                 launchers: Collection[str] = ()) -> Finding | None:
     """A finding for a worker's exit (R4), or None for a clean exit or one ftwatch caused.
 
     Rule ids: ``exit.sig<name>`` for a signal death (``exit.sigkill``), else ``exit.<code>``.
@@ -149,6 +188,8 @@ def exit_finding(exit: ProcessExit, table: ExitCodeTable, seq: int = 0) -> Findi
         exit: the exit; ``stopped_by_us`` exits (the SIGTERM ftwatch sent) are never findings.
         table: the classification.
         seq: the ordering number for the finding.
+        launchers: the launchers the job runs under (``{"dlrover"}``): a code private to another
+            launcher is read as an unlisted code (``fields["private_to"]`` names the launcher).
 
     Returns:
         A Finding of kind ``exit_code`` with fields ``exitcode`` (the code looked up), ``signal``,
@@ -160,6 +201,9 @@ def exit_finding(exit: ProcessExit, table: ExitCodeTable, seq: int = 0) -> Findi
     if code == 0:
         return None
     row = table.get(code)
+    private = table.launcher_of(code) if sig is None else None
+    if private is not None and private not in launchers:
+        row = None                      # another launcher's convention: says nothing here
     generic = sig is None and (row is None or code == GENERIC_EXIT_CODE)
     who = exit.origin.instance + (f" (rank {exit.origin.rank})" if exit.origin.rank is not None else "")
     name = signal_name(sig) if sig is not None else None
@@ -175,9 +219,12 @@ def exit_finding(exit: ProcessExit, table: ExitCodeTable, seq: int = 0) -> Findi
     else:
         failure_class, action, meaning = FailureClass.USER_CODE, Action.FAIL_JOB, "not in the exit-code table"
         source = f"{table.location or 'no exit-code table'}: code not listed, user_code by default (R4)"
+        if private is not None:
+            meaning = f"{private}'s private code; this job does not run under {private}"
+            source = f"ftwatch/rules/packs/{_PRIVATE}: code {code} is {private}'s only (R4)"
     return Finding(
         rule_id=rule_id, kind="exit_code", failure_class=failure_class, action=action,
         severity=Severity.ERROR, origin=exit.origin, line=line, time=exit.time, seq=seq,
         fields={"exitcode": code, "signal": sig, "signal_name": name, "returncode": exit.returncode,
-                "meaning": meaning, "generic": generic},
+                "meaning": meaning, "generic": generic, **({"private_to": private} if private else {})},
         source=source)

@@ -83,10 +83,11 @@ def test_plain_exit_code(table):
 
 
 def test_classified_codes_are_not_generic(table):
-    f = exit_finding(ex(returncode=201), table)
+    # 201 and 247 are DLRover's private codes: they classify under dlrover-run (issue 12 item 6)
+    f = exit_finding(ex(returncode=201), table, launchers={"dlrover"})
     assert f.rule_id == "exit.201" and f.action is Action.ISOLATE_NODE and f.fields["generic"] is False
     assert f.failure_class is FailureClass.HARDWARE_NODE
-    oom = exit_finding(ex(returncode=247), table)
+    oom = exit_finding(ex(returncode=247), table, launchers={"dlrover"})
     assert oom.failure_class is FailureClass.OOM and oom.fields["generic"] is False
 
 

@@ -102,7 +102,7 @@ def test_pack_sizes():
     assert set(per_file) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
                              "python.yaml", "gloo.yaml", "c4d.yaml",
                              "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml",
-                             "npu_codes.yaml", "scheduler.yaml"}
+                             "npu_codes.yaml", "scheduler.yaml", "lifecycle.yaml"}
     assert len(BUILTIN) >= 330
 
 

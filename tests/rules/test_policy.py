@@ -42,9 +42,10 @@ def log(rule: str, cls: FailureClass, action: Action, rank: int = 1, t: float = 
 
 
 def died(rank: int, t: float, returncode: int | None = None, signal: int | None = None,
-         stopped_by_us: bool = False, name: str = "worker") -> Finding | None:
+         stopped_by_us: bool = False, name: str = "worker", launchers: frozenset[str] = frozenset()) -> Finding | None:
     return exit_finding(ProcessExit(origin(rank, name), pid=100 + rank, returncode=returncode, signal=signal,
-                                    time=T0 + t, stopped_by_us=stopped_by_us), TABLE, seq=int(t * 10))
+                                    time=T0 + t, stopped_by_us=stopped_by_us), TABLE, seq=int(t * 10),
+                        launchers=launchers)
 
 
 def make(tmp_path: Path, **flags) -> Policy:
@@ -256,7 +257,7 @@ def test_a_bare_exit_1_is_a_user_code_root_cause(tmp_path):
 
 
 def test_classified_exit_code_beats_a_later_log_error_and_warnings_never_count():
-    hw = died(1, 5.0, returncode=201)
+    hw = died(1, 5.0, returncode=201, launchers=frozenset({"dlrover"}))     # DLRover's code: under dlrover-run
     warn = log("nccl.warn", RI, A.RESTART_JOB, rank=0, t=1.0, severity=Severity.WARNING)
     info = log("info.step", FailureClass.INFO, A.NONE, rank=0, t=0.5)
     later = log("nccl.unhandled_system_error", RI, A.RESTART_JOB, rank=0, t=6.0)

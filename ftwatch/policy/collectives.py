@@ -1,0 +1,102 @@
+"""The rank the others wait for (SPEC R7 "a rank that went silent first", issue 12 item 3).
+
+When every error of an incident is a collective timeout (fallout), the ranks that report one
+are the victims: the cause is the rank that never reached the collective. The watchdog and
+flight-recorder lines carry the work's sequence number and the ranks' progress
+(``ftwatch.parsers.collective``: ``seq``, ``op``, ``timeout_ms``, ``last_completed``); from them:
+
+1. *silent*: with the world size known, a rank that reported no timeout for the collective
+   (nothing at all, or only lines without a sequence number) while the others did: the silent
+   ranks must be fewer than the reporters (one rank's timeout beside three quiet ranks names
+   no one: the others may simply have been killed before their watchdogs fired);
+2. else *behind*: among the reporters, the rank(s) whose progress (``last_completed``, else the
+   timed-out work's ``seq`` - 1) is lowest, when it is below the others'.
+
+The suspect becomes the root cause, a finding ``collective.silent_rank`` (or
+``collective.behind_rank``) on that rank: class ``hang`` / ``restart_job`` (PyTorch's own advice
+for a timeout: "the order of collectives is not same for all ranks or the scheduled collective,
+for some reason, didn't run", ProcessGroupNCCL.cpp), or ``hardware_node`` / ``isolate_node`` when
+the suspect's own findings include a hardware warning (the node's fault, per the evidence). No
+suspect when every rank reports the same collective (a network stall looks like that), nor when
+several ranks are suspects on different nodes (one may only wait behind the other).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+
+SOURCE = ("pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL SeqNum, "
+          "last enqueued / last completed NCCL work); ftwatch R7 silent-rank reading")
+_PROGRESS = ("seq", "last_completed")
+
+
+def _progress(f: Finding) -> int | None:
+    done = f.fields.get("last_completed")
+    if isinstance(done, int):
+        return done
+    seq = f.fields.get("seq")
+    return seq - 1 if isinstance(seq, int) else None
+
+
+def _origin_for(rank: int, findings: Sequence[Finding], reporters: dict[int, Finding]) -> Origin:
+    """The suspect's origin: its own findings' when it has any, else a reporter's with the rank
+    swapped in (``worker-2`` -> ``worker-3``); the node only when every reporter shares it."""
+    own = next((f.origin for f in findings if f.rank == rank), None)
+    if own is not None:
+        return own
+    o = next(iter(reporters.values())).origin
+    nodes = {f.origin.node for f in reporters.values()}
+    instance = re.sub(r"\d+$", str(rank), o.instance) if o.rank is not None and o.instance.endswith(str(o.rank)) \
+        else f"rank{rank}"
+    return Origin(instance, rank, o.job, o.node if len(nodes) == 1 else "unknown", o.stream, o.source)
+
+
+def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | None:
+    """The suspect finding (see the module docstring), or None.
+
+    Args:
+        findings: one incident's findings (every one fallout or below: the caller checks).
+        world: the number of ranks (0..world-1), or None / 0 when unknown.
+    """
+    reports = [f for f in findings if f.rank is not None and any(k in f.fields for k in _PROGRESS)]
+    if not reports:
+        return None
+    reporters: dict[int, Finding] = {}
+    for f in sorted(reports, key=lambda f: (f.time, f.seq)):
+        reporters.setdefault(f.rank, f)
+    first = min(reports, key=lambda f: (f.time, f.seq))
+    seq, op = first.fields.get("seq"), first.fields.get("op")
+    rule, suspects, why = "", [], ""
+    if world and world > 1:
+        suspects = [r for r in range(world) if r not in reporters]
+        if suspects and len(suspects) < len(reporters):     # "everyone else" reports: the few are silent
+            rule = "collective.silent_rank"
+            why = (f"ranks {sorted(reporters)} report a timeout of collective SeqNum={seq} ({op}); "
+                   f"rank(s) {suspects} reported none")
+    if not rule:
+        progress = {r: min(p for f in reports if f.rank == r and (p := _progress(f)) is not None)
+                    for r in reporters if any(_progress(f) is not None for f in reports if f.rank == r)}
+        if len(progress) > 1 and min(progress.values()) < max(progress.values()):
+            low = min(progress.values())
+            suspects = sorted(r for r, p in progress.items() if p == low)
+            rule = "collective.behind_rank"
+            why = (f"rank(s) {suspects} last completed work {low}, the others up to {max(progress.values())}")
+    if not rule:
+        return None
+    origins = [_origin_for(r, findings, reporters) for r in suspects]
+    nodes = {o.node for o in origins}
+    if len(suspects) > 1 and (len(nodes) != 1 or "unknown" in nodes):
+        return None                 # several suspects on different (or unknown) nodes: no one culprit
+    rank, origin = suspects[0], origins[0]
+    hardware = next((f for f in findings if f.rank == rank and f.failure_class is FailureClass.HARDWARE_NODE), None)
+    cls, action = ((FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE) if hardware
+                   else (FailureClass.HANG, Action.RESTART_JOB))
+    line = f"rank {rank} is the suspect: {why}" + (f"; its own hardware evidence: {hardware.rule_id}"
+                                                   if hardware else "")
+    return Finding(rule, "collective", cls, action, Severity.ERROR, origin, line, first.time, first.seq,
+                   fields={"suspects": suspects, "seq": seq, "op": op, "reporters": sorted(reporters),
+                           "timeout_ms": first.fields.get("timeout_ms")},
+                   source=SOURCE)

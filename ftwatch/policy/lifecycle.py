@@ -1,0 +1,104 @@
+"""Where a job is in its life, read from the findings of ``ftwatch/rules/packs/lifecycle.yaml``
+(issue 12 items 3 and 6). The facts (which line means what, and its source) are that pack; this
+module only knows its id prefixes:
+
+* ``lifecycle.finished.<who>``: the launcher or framework said training finished
+  (torchelastic ``worker group successfully finished``, HF Trainer ``Training completed``,
+  Lightning ``Trainer.fit stopped: max_... reached``, Megatron ``[after training is done]``). An
+  error printed after it is a notice, not a restart (``ftwatch.policy.rootcause``).
+* ``lifecycle.exited_ok.<who>`` (and torchelastic's finished line, which says every local worker
+  exited 0): a launcher saw a worker exit 0. After an uncaught traceback that exit status was
+  hidden (seed 001: ``| tee`` without ``set -o pipefail``).
+* ``launcher.<name>``: the job runs under that launcher (its private exit codes apply,
+  ``ftwatch.rules.exitcodes``). Under ``ftwatch run`` the command says it too
+  (:func:`launcher_of_command`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+
+FINISHED = "lifecycle.finished."
+EXITED_OK = "lifecycle.exited_ok."
+LAUNCHER = "launcher."
+#: finished lines that also say every worker of the agent exited 0 (the pack's ``exited_ok`` tag)
+_FINISHED_AND_EXITED = frozenset({"lifecycle.finished.torchelastic"})
+#: a command (argv[0]'s base name, or ``python -m <module>``) -> the launcher it is
+LAUNCHER_COMMANDS = {"dlrover-run": "dlrover", "dlrover.trainer.torch.elastic_run": "dlrover"}
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def is_finished(f: Finding) -> bool:
+    """A line saying training finished."""
+    return f.rule_id.startswith(FINISHED)
+
+
+def is_exited_ok(f: Finding) -> bool:
+    """A launcher's line saying a worker process exited 0."""
+    return f.rule_id.startswith(EXITED_OK) or f.rule_id in _FINISHED_AND_EXITED
+
+
+def finish(findings: Iterable[Finding]) -> Finding | None:
+    """The earliest (time, seq) "training finished" finding, or None."""
+    return min((f for f in findings if is_finished(f)), key=lambda f: (f.time, f.seq), default=None)
+
+
+def launchers(findings: Iterable[Finding]) -> set[str]:
+    """The launchers the findings show the job runs under (``{"dlrover"}``)."""
+    return {f.rule_id[len(LAUNCHER):] for f in findings if f.rule_id.startswith(LAUNCHER)}
+
+
+def launcher_of_command(command: Sequence[str]) -> str | None:
+    """The launcher a command runs under: ``dlrover-run ...`` or ``python -m
+    dlrover.trainer.torch.elastic_run ...`` -> ``"dlrover"``; else None."""
+    if not command:
+        return None
+    found = LAUNCHER_COMMANDS.get(os.path.basename(command[0]))
+    if found is None and "-m" in command[:-1]:
+        found = LAUNCHER_COMMANDS.get(command[list(command).index("-m") + 1])
+    return found
+
+
+def uncaught_traceback(f: Finding) -> bool:
+    """A Python traceback that is a real error (not fallout, not info, error or worse): what the
+    interpreter prints when an exception ends the program."""
+    return (f.kind != "exit_code" and bool(f.evidence) and _TRACEBACK in f.evidence[0]
+            and f.severity >= Severity.ERROR
+            and f.failure_class not in (FailureClass.FALLOUT, FailureClass.INFO))
+
+
+def last_uncaught(findings: Iterable[Finding], instance: str, before: float,
+                  seq: float = float("inf")) -> Finding | None:
+    """The last uncaught traceback (:func:`uncaught_traceback`, or a fallout traceback) of
+    ``instance`` (or a rank of its stream, ``instance/rank3``) before (``before``, ``seq``), unless
+    training finished after it (then it was caught: the run went on); None when there is none."""
+    last = None
+    for f in sorted(findings, key=lambda f: (f.time, f.seq)):
+        if (f.time, f.seq) >= (before, seq):
+            break
+        mine = f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
+        if mine and (uncaught_traceback(f) or (
+                f.failure_class is FailureClass.FALLOUT and f.evidence and _TRACEBACK in f.evidence[0])):
+            last = f
+        elif last is not None and is_finished(f):
+            last = None
+    return last
+
+
+def derived_exit(origin: Origin, time: float, seq: int, cause: Finding, rule_id: str, line: str) -> Finding:
+    """An exit read from the evidence (``exit.hidden_by_pipe``, ``exit.ended_in_traceback``): a
+    generic failing exit, so R7 explains it by ``cause`` (the policy decides by the traceback's
+    class) or, with nothing logged to explain it, it is a user-code failure of its own.
+
+    Returns:
+        A Finding of kind ``exit_code``; fields ``generic`` True, ``derived`` (the rule id) and
+        ``traceback`` (``cause``'s rule id).
+    """
+    return Finding(rule_id, "exit_code", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR, origin, line,
+                   time, seq, cause.evidence,
+                   {"exitcode": None, "signal": None, "generic": True, "derived": rule_id,
+                    "traceback": cause.rule_id},
+                   "ftwatch.pipeline.incidents (issue 12: seed 001 pipefail; a log that ends in an error block)")
