@@ -42,7 +42,7 @@ def cmd_watch(argv: list[str]) -> int:
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job, default_node=ident.default_node,
                         host_tags=tuple(ident.host_tags), device_field=ident.device_field)
     watcher = Watcher(config, build_engine(config), recorder, identity.resolve,   # H3: step lines too
-                      build_actuator(config.watch.actuator),
+                      build_actuator(config.watch.actuator, log=lambda line: recorder.say(f"ftwatch: k8s {line}")),
                       flush_partials=lambda before: identity.joiners.flush(before), devices=identity.devices)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:

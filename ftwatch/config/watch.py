@@ -21,6 +21,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftwatch.config.kubernetes import KubernetesConfig
+
 _STRICT = ConfigDict(extra="forbid")
 
 
@@ -122,10 +124,14 @@ class ActuatorConfig(BaseModel):
     """What acts on a decision in ``watch`` mode."""
 
     model_config = _STRICT
-    type: Literal["none", "exec"] = Field("none", description="none: observe only; exec: run `command`.")
+    type: Literal["none", "exec", "kubernetes"] = Field(
+        "none", description="none: observe only; exec: run `command`; kubernetes: act through the "
+        "Kubernetes API (README \"Running on Kubernetes\").")
     command: list[str] = Field(default_factory=list,
                                description="exec: argv run with the decision JSON on stdin.")
     timeout: float = Field(60.0, gt=0, description="exec: seconds before the command is killed.")
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig,
+                                         description="kubernetes: cluster access and what each decision does.")
 
 
 class WatchConfig(BaseModel):

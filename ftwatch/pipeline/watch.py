@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Mapping
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, Origin
 from ftwatch.parsers.torchelastic import finished_cleanly
-from ftwatch.pipeline.actuators.exec import Actuator, NoneActuator
+from ftwatch.pipeline.actuators.exec import ActResult, Actuator, NoneActuator
 from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
@@ -179,6 +179,10 @@ class Watcher:
         settling = {desk.job for desk in self.jobs.values() if desk.open is not None}
         self.recorder.resolve_due(now, hold=settling)   # per job: quiet for resolve_after
         self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
+        readmit = getattr(self.actuator, "tick", None)  # the kubernetes actuator's readmission
+        if readmit is not None:
+            for node, result in readmit(now):
+                self._acted("", "readmit_node", result, node=node)
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
@@ -237,14 +241,33 @@ class Watcher:
             self.jobs[job] = desk
         return desk
 
+    def _acted(self, job: str, action: str, result: ActResult, instance: str | None = None,
+               rank: int | None = None, decision_id: str = "", node: str | None = None) -> None:
+        """Store what the actuator did as an ``actuator`` event of the decision (``explain`` shows
+        it); a failure, a held or a dry-run action is also said and alerted (issue 13)."""
+        now = self.clock.time()
+        self.recorder.event(now, job, "actuator", instance, rank, action=action, status=result.status,
+                            returncode=result.returncode, output=result.output, calls=list(result.calls),
+                            decision_id=decision_id)
+        if result.status in ("done", "skipped"):
+            return
+        first = result.output.splitlines()[0] if result.output else ""
+        text = f"actuator {result.status} for {action}" + (f" ({decision_id})" if decision_id else "") + \
+            (f": {first}" if first else "")
+        self.recorder.say(f"ftwatch: {text}")
+        self.recorder.dispatcher.dispatch(self.recorder.alerts.for_custom_message(
+            job, text + "".join(f"\n  {c}" for c in result.calls), now, instance=instance, rank=rank, node=node,
+            attempt=self.recorder.attempt))
+
     def _act(self, desk: IncidentDesk, decision: Decision) -> None:
         """Record a decision, act on it, and start the job's next attempt (or end it)."""
         self.recorder.attempt = decision.attempt
         self.recorder.decision(decision)
         result = self.actuator.act(decision)
-        self.recorder.event(self.clock.time(), desk.job, "actuator", decision.target.instance,
-                            decision.target.rank, action=decision.action.label, status=result.status,
-                            returncode=result.returncode, output=result.output)
+        self._acted(desk.job, decision.action.label, result, decision.target.instance, decision.target.rank,
+                    decision_id=decision.decision_id, node=decision.target.node)
+        if result.status in ("held", "dry_run"):
+            return                                  # nothing was done: no new attempt, the job goes on
         if decision.action in _NEW_ATTEMPT:
             desk.new_attempt(self.clock.time())     # a new attempt: instances start again
             self.attempt_start[desk.job] = self.clock.time()
