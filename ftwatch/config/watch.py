@@ -66,6 +66,8 @@ class ForwardSourceConfig(ListenerLimits, SourceRole):
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 only on purpose (Q2).")
     port: int = Field(24224, ge=0, le=65535, description="TCP port; 24224 is fluent-bit's default.")
     shared_key: str | None = Field(None, repr=False, description="Shared key of the HELO/PING/PONG handshake.")
+    shared_key_file: Path | None = Field(None, description="File holding the shared key (a mounted "
+                                         "Secret; trailing whitespace dropped); instead of shared_key.")
     tls_cert: Path | None = Field(None, description="PEM certificate: TLS when set (with tls_key).")
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
 
