@@ -155,27 +155,21 @@ class KubernetesActuator:
         """Uncordons ``node`` and removes ftwatch's taint and annotations (one JSON patch guarded by
         the node's resourceVersion; a conflict reads again). Never raises."""
         self.kube.take_calls()
+
+        def patch(current) -> tuple[str, list[dict[str, Any]]]:
+            ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
+                                          "value": current.metadata.resource_version}]
+            taints = current.spec.taints or []
+            kept = [_taint_dict(t) for t in taints if t.key != self.config.taint.key]
+            if len(kept) != len(taints):
+                ops.append({"op": "replace", "path": "/spec/taints", "value": kept})
+            ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
+            ann = current.metadata.annotations or {}
+            return JSON_PATCH, ops + [{"op": "remove", "path": "/metadata/annotations/" + _pointer(k)}
+                                      for k in ANNOTATIONS if k in ann]
+
         try:
-            for _ in range(self.config.retries + 1):
-                current = self.kube.send(Call("get", "nodes", node, what="read"), self.kube.core.read_node, node)
-                ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                              "value": current.metadata.resource_version}]
-                taints = current.spec.taints or []
-                kept = [_taint_dict(t) for t in taints if t.key != self.config.taint.key]
-                if len(kept) != len(taints):
-                    ops.append({"op": "replace", "path": "/spec/taints", "value": kept})
-                ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
-                ann = current.metadata.annotations or {}
-                ops += [{"op": "remove", "path": "/metadata/annotations/" + _pointer(k)} for k in ANNOTATIONS
-                        if k in ann]
-                try:
-                    self.kube.send(Call("patch", "nodes", node, what="readmit", content_type=JSON_PATCH, body=ops),
-                                   self.kube.core.patch_node, node, ops)
-                    break
-                except Conflict:
-                    continue
-            else:
-                raise KubeError(f"readmit {node}: the node kept changing ({self.config.retries + 1} conflicts)")
+            self._patch_node_read(node, "readmit", patch)
         except KubeError as exc:
             return self._result("failed", str(exc))
         self.breaker.recent.pop(node, None)
@@ -217,18 +211,32 @@ class KubernetesActuator:
     def _taint(self, node: str, decision_id: str) -> None:
         t = self.config.taint
         ours = {"key": t.key, "value": t.value if t.value is not None else decision_id, "effect": t.effect}
-        for _ in range(self.config.retries + 1):
-            current = self.kube.send(Call("get", "nodes", node, what="read taints"), self.kube.core.read_node, node)
+
+        def patch(current) -> tuple[str, dict[str, Any]]:
             taints = [_taint_dict(x) for x in (current.spec.taints if current else None) or [] if x.key != t.key]
             rv = current.metadata.resource_version if current else None
-            body = {"metadata": {"resourceVersion": rv}, "spec": {"taints": taints + [ours]}}
+            return STRATEGIC, {"metadata": {"resourceVersion": rv}, "spec": {"taints": taints + [ours]}}
+
+        self._patch_node_read(node, "taint", patch)
+
+    def _patch_node_read(self, node: str, what: str, patch: Callable[[Any], tuple[str, Any]]) -> None:
+        """Reads the node, patches it with ``patch(node) -> (content type, body)`` (a body guarded by
+        the read resourceVersion); a 409 conflict reads again, ``retries`` times.
+
+        Raises:
+            KubeError: a call failed, or the node kept changing.
+        """
+        for _ in range(self.config.retries + 1):
+            current = self.kube.send(Call("get", "nodes", node, what=f"read for {what}"),
+                                     self.kube.core.read_node, node)
+            content_type, body = patch(current)
             try:
-                self.kube.send(Call("patch", "nodes", node, what="taint", content_type=STRATEGIC, body=body),
+                self.kube.send(Call("patch", "nodes", node, what=what, content_type=content_type, body=body),
                                self.kube.core.patch_node, node, body)
                 return
             except Conflict:
                 continue
-        raise KubeError(f"taint {node}: the node kept changing ({self.config.retries + 1} conflicts)")
+        raise KubeError(f"{what} {node}: the node kept changing ({self.config.retries + 1} conflicts)")
 
     def _restart_job(self, namespace: str, name: str) -> None:
         selector = f"{self.config.selector()}={name}"
