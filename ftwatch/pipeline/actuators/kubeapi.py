@@ -159,6 +159,10 @@ class Kube:
             call.tries += 1
             try:
                 answer = fn(*args, _request_timeout=self.timeout, **kwargs)
+                if kwargs.get("_preload_content") is False:   # a raw response: read it, free its connection
+                    answer.read()
+                    answer.release_conn()
+                    answer = None
                 self._done(call, "ok")
                 return answer
             except ApiException as exc:
