@@ -221,13 +221,22 @@ def test_network_policy_admits_only_fluent_bit_to_the_listener():
     (policy,) = _objects("NetworkPolicy")
     dep = _objects("Deployment")[0]
     assert policy["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
-    (rule,) = policy["spec"]["ingress"]
+    rule, sdk_rule = policy["spec"]["ingress"]
     (peer,) = rule["from"]
     fluent_bit = _objects("DaemonSet")[0]
     assert peer["podSelector"]["matchLabels"] == fluent_bit["spec"]["template"]["metadata"]["labels"]
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name":
                                                         fluent_bit["metadata"]["namespace"]}
     assert rule["ports"] == [{"port": 24224, "protocol": "TCP"}]
+    monitor = ftwatch_config().watch.monitor        # the SDK endpoint: any pod, each job's token
+    assert monitor.enabled and sdk_rule == {"from": [{"namespaceSelector": {}}],
+                                            "ports": [{"port": monitor.port, "protocol": "TCP"}]}
+    dep = _objects("Deployment")[0]["spec"]["template"]["spec"]
+    mount = next(m["mountPath"] for m in dep["containers"][0]["volumeMounts"] if m["name"] == "secret")
+    assert str(monitor.secret_file) == f"{mount}/monitor_secret"
+    service = _objects("Service")[0]
+    assert {"name": "monitor", "port": monitor.port, "targetPort": "monitor", "protocol": "TCP"} in \
+        service["spec"]["ports"]
 
 
 def test_deployment_acts_through_kubernetes_as_its_own_account_with_state_on_a_volume():

@@ -47,6 +47,7 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.control import ControlHandler
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
 from ftwatch.rules.engine import Engine
 
@@ -105,13 +106,15 @@ class Watcher:
             given time (``Joiners.flush``), so an unfinished CRI ``P`` line is not held forever.
         devices: (job, instance) -> the PCI bus ids of its devices (``Identity.devices``), read
             when a host line names a device; None: no device is known (node-wide).
+        monitor: the SDK's HTTP endpoint (``ftwatch.pipeline.sources.monitor.MonitorServer``),
+            drained at every tick: each request goes to its job's ``ControlHandler``.
     """
 
     def __init__(self, config, engine: Engine, recorder: Recorder,
                  resolve: Callable[[list[Shipped]], Iterable[tuple[Origin, bytes, float]]],
                  actuator: Actuator | None = None, clock: SystemClock | None = None,
                  flush_partials: Callable[[float], list[Shipped]] | None = None,
-                 devices: Mapping[tuple[str, str], frozenset[str]] | None = None):
+                 devices: Mapping[tuple[str, str], frozenset[str]] | None = None, monitor=None):
         self.config = config
         self.engine = engine
         self.recorder = recorder
@@ -125,6 +128,8 @@ class Watcher:
         self.devices = devices if devices is not None else {}
         self.attempt_start: dict[str, float] = {}     # job -> when its current attempt started
         self.state_dir = Path(config.storage.state_dir)
+        self.monitor = monitor
+        self.controls: dict[str, ControlHandler] = {}   # job -> its SDK requests' handler
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -168,6 +173,8 @@ class Watcher:
         """Time passes: close stale blocks, check hangs, decide settled incidents, resolve the
         alerts of jobs quiet for ``resolve_after`` (``Recorder.resolve_due``)."""
         now, mono = self.clock.time(), self.clock.mono()
+        if self.monitor is not None:
+            self.monitor.drain(self.control)
         if self.flush_partials is not None:
             stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
             if stale:
@@ -198,6 +205,25 @@ class Watcher:
             decision = desk.close(now)
             if decision is not None:
                 self._act(desk, decision)
+
+    def control(self, message: dict) -> dict:
+        """One SDK request of a watched job (``message["job"]``, authenticated by the endpoint):
+        answered by that job's ControlHandler on this thread. Retryable errors are refused: the
+        rule engine is shared by every watched job, so they belong in the config's rules."""
+        job = message.pop("job")
+        if message.get("op") == "set_retryable_errors":
+            return {"ok": False, "error": "set_retryable_errors is not supported under ftwatch watch (its "
+                                          "rules would apply to every watched job): add a rule to the config"}
+        handler = self.controls.get(job)
+        if handler is None:
+            from ftwatch.rules.loader import rules_from_keywords
+            desk = self._desk(job)
+            pol = self.config.policy
+            hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection else None
+            handler = self.controls[job] = ControlHandler(
+                self.engine, desk.tracker, self.recorder, job, rules_from_keywords, hang,
+                hang_supported=hang is not None, clock=self.clock.time)
+        return handler(message)
 
     # -- internals --------------------------------------------------------------------------
 
@@ -270,8 +296,11 @@ class Watcher:
             return                                  # nothing was done: no new attempt, the job goes on
         if decision.action in _NEW_ATTEMPT:
             desk.new_attempt(self.clock.time())     # a new attempt: instances start again
+            if desk.job in self.controls:
+                self.controls[desk.job].new_attempt()   # its hang scopes end with its workers
             self.attempt_start[desk.job] = self.clock.time()
         if decision.action is Action.FAIL_JOB:
             self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=desk.job)
             del self.jobs[desk.job]                 # ended; a job of that name later starts fresh
+            self.controls.pop(desk.job, None)
             self.attempt_start.pop(desk.job, None)
