@@ -26,7 +26,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from ftwatch.pipeline.sources.control import ANSWER_TIMEOUT, FIRE_AND_FORGET, MAX_LINE, Request
+from ftwatch.pipeline.sources.control import ANSWER_TIMEOUT, FIRE_AND_FORGET, MAX_LINE, Request, drain_requests
 
 PATH = "/v1/control"
 
@@ -83,21 +83,7 @@ class MonitorServer:
     def drain(self, handle: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
         """Answer every queued request with ``handle(message)`` (``message`` has ``job``) on the
         caller's thread; an exception in it becomes ``ok: false``. Returns how many."""
-        n = 0
-        while True:
-            try:
-                req = self._queue.get_nowait()
-            except queue.Empty:
-                return n
-            with req.lock:
-                if req.dropped:
-                    continue
-                try:
-                    req.answer = handle(req.message)
-                except Exception as exc:  # noqa: BLE001 - a bad request never ends the watch
-                    req.answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                req.done.set()
-                n += 1
+        return drain_requests(self._queue, handle)
 
     def _answer(self, http: BaseHTTPRequestHandler) -> tuple[int, dict[str, Any]]:
         if http.path.split("?", 1)[0] != PATH:
