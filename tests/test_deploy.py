@@ -261,3 +261,7 @@ def test_image_is_built_from_this_checkout_with_the_projects_version():
     assert image == f"ftwatch:{version}"
     dockerfile = (DEPLOY / "ftwatch" / "Dockerfile").read_text()
     assert f"-t {image} ." in dockerfile and "pip install" in dockerfile
+
+
+def test_the_deployment_tells_phases_from_log_lines():
+    assert ftwatch_config().phases.enabled

@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Mapping
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, Origin
 from ftwatch.parsers.torchelastic import finished_cleanly
+from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.pipeline.actuators.exec import ActResult, Actuator, NoneActuator
 from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
@@ -130,6 +131,7 @@ class Watcher:
         self.state_dir = Path(config.storage.state_dir)
         self.monitor = monitor
         self.controls: dict[str, ControlHandler] = {}   # job -> its SDK requests' handler
+        self.phases: dict[str, PhaseTracker] = {}       # job -> its run's phase (config.phases)
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -162,6 +164,8 @@ class Watcher:
             desk = self._desk(origin.job)
             data = b"\n".join(lines) + b"\n"
             desk.output(origin, data, t, now_mono)
+            if self.config.phases.enabled:
+                self._phase(desk, data, t)
             if finished_cleanly(data):
                 self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
                                            job=desk.job)
@@ -226,6 +230,24 @@ class Watcher:
         return handler(message)
 
     # -- internals --------------------------------------------------------------------------
+
+    def _phase(self, desk: IncidentDesk, data: bytes, t: float) -> None:
+        """Phase detection (``ftwatch.pipeline.sources.phases``): a job's first output is initialization, a phase
+        line or a step line changes the job's hang interval. An SDK ``reset_config`` or an open
+        ``hang_detect`` scope of the job wins over the phases."""
+        tracker = self.phases.get(desk.job)
+        if tracker is None:
+            pol = self.config.policy
+            tracker = self.phases[desk.job] = PhaseTracker(
+                self.config.phases, float(pol.job_hang_interval) if pol.enable_job_hang_detection else None)
+            changed = True                          # initialization from the first output
+        else:
+            changed = False
+        changed = tracker.feed(data) is not None or changed
+        control = self.controls.get(desk.job)
+        if changed and not (control is not None and (control.scopes or control.base != control.configured)):
+            desk.tracker.set_job_hang_interval(tracker.interval(), t)
+            self.recorder.event(t, desk.job, "phase", phase=tracker.phase, job_hang_interval=tracker.interval())
 
     def _host(self, origin: Origin, lines: list[bytes], t: float, mono: float) -> None:
         """A node's host lines: to the desks of the jobs on that node (module doc), the rest
@@ -298,9 +320,11 @@ class Watcher:
             desk.new_attempt(self.clock.time())     # a new attempt: instances start again
             if desk.job in self.controls:
                 self.controls[desk.job].new_attempt()   # its hang scopes end with its workers
+            self.phases.pop(desk.job, None)             # the next output is initialization again
             self.attempt_start[desk.job] = self.clock.time()
         if decision.action is Action.FAIL_JOB:
             self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=desk.job)
             del self.jobs[desk.job]                 # ended; a job of that name later starts fresh
             self.controls.pop(desk.job, None)
+            self.phases.pop(desk.job, None)
             self.attempt_start.pop(desk.job, None)
