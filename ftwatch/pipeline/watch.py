@@ -240,14 +240,9 @@ class Watcher:
             pol = self.config.policy
             tracker = self.phases[desk.job] = PhaseTracker(
                 self.config.phases, float(pol.job_hang_interval) if pol.enable_job_hang_detection else None)
-            changed = True                          # initialization from the first output
-        else:
-            changed = False
-        changed = tracker.feed(data) is not None or changed
-        control = self.controls.get(desk.job)
-        if changed and not (control is not None and (control.scopes or control.base != control.configured)):
-            desk.tracker.set_job_hang_interval(tracker.interval(), t)
-            self.recorder.event(t, desk.job, "phase", phase=tracker.phase, job_hang_interval=tracker.interval())
+        phase = tracker.follow(data, t, desk.tracker, self.controls.get(desk.job))
+        if phase is not None:
+            self.recorder.event(t, desk.job, "phase", phase=phase, job_hang_interval=tracker.interval())
 
     def _host(self, origin: Origin, lines: list[bytes], t: float, mono: float) -> None:
         """A node's host lines: to the desks of the jobs on that node (module doc), the rest

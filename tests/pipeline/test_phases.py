@@ -77,3 +77,22 @@ def test_watch_waits_out_a_long_initialization_and_an_evaluation_but_not_a_train
 
 def test_phases_are_off_by_default():
     assert Config().phases.enabled is False
+
+
+def test_run_gives_an_evaluation_its_own_interval_and_hangs_in_training(tmp_path):
+    """`ftwatch run` with phases: the ranks start an evaluation and go quiet for 100 s (no hang:
+    evaluation's 600 s), then train and go quiet: a hang after the policy's 60 s."""
+    from tests.pipeline.test_run_loop import JOB, config, run
+    from ftwatch.testing import Exit, Say, script_of
+    cfg = config(tmp_path, {"enable_job_hang_detection": True, "job_hang_interval": 60},
+                 phases={"enabled": True, "intervals": {"evaluation": 600}})
+    quiet_eval = [Say(1, "step 1 loss 2.0"), Say(2, "***** Running Evaluation *****"),
+                  Say(102, "step 2 loss 1.9")]
+    script = script_of({(0, 1): quiet_eval, (1, 1): quiet_eval}, default=[Exit(1)])
+    status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
+    assert status == 0, out
+    hang, done = recorder.decisions
+    assert hang.root_cause.kind == "hang"
+    assert hang.time - FakeClock().time() >= 102 + 60            # not inside the evaluation
+    phases = [e["detail"]["phase"] for e in store.events(JOB) if e["kind"] == "phase"]
+    assert phases[:3] == ["training", "evaluation", "training"]

@@ -11,6 +11,7 @@ policy's. The drivers hand the interval to the job's hang tracker when the phase
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ftwatch.config.phases import DEFAULT_INTERVALS, PhasesConfig
 
@@ -40,10 +41,12 @@ class PhaseTracker:
                 parts.append(f"(?P<{name}>{pattern})")
         self._pattern = re.compile("|".join(parts).encode(), re.MULTILINE) if parts else None
         self.phase = INITIALIZATION
+        self._started = False
 
     def restart(self) -> None:
-        """A new attempt of the job: initialization again."""
+        """A new attempt of the job: initialization again, from its first output."""
         self.phase = INITIALIZATION
+        self._started = False
 
     def feed(self, data: bytes) -> str | None:
         """Scans a chunk of lines. Returns the new phase when it changed, else None."""
@@ -59,6 +62,22 @@ class PhaseTracker:
             return None
         self.phase = phase
         return phase
+
+    def follow(self, data: bytes, time: float, hang: Any, control: Any = None) -> str | None:
+        """Feeds ``data`` and, when the phase changed (or this is the job's first output), hands
+        its interval to ``hang`` (``set_job_hang_interval(seconds, time)``), unless the SDK set the
+        job's interval itself (``control``: a ControlHandler with an open scope or a reset).
+
+        Returns:
+            the phase whose interval was set, else None.
+        """
+        first, self._started = not self._started, True
+        if self.feed(data) is None and not first:
+            return None
+        if control is not None and (control.scopes or control.base != control.configured):
+            return None
+        hang.set_job_hang_interval(self.interval(), time)
+        return self.phase
 
     def interval(self) -> float | None:
         """The job-hang interval of the current phase (None: no hang detection)."""
