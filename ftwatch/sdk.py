@@ -23,6 +23,13 @@ AIMaster's ``job_monitor`` in spirit (seed 000)::
     monitor.on_retry(lambda notice: repair())      # MindCluster retry: recover in place (D5)
     monitor.on_dump(lambda: save_checkpoint())     # MindCluster dump: last words on the dump signal
 
+Under ``ftwatch watch`` (a job ftwatch did not launch, issue 13) the same calls go over HTTP
+when ``FTWATCH_MONITOR_URL`` is set (and no control socket is): POST ``<url>/v1/control`` with
+``FTWATCH_MONITOR_TOKEN`` as the bearer token, for the job ``FTWATCH_JOB`` (``namespace/name``)
+and this process's instance (``FTWATCH_INSTANCE``, else ``HOSTNAME``: the pod's name) and
+``RANK``. ``on_retry`` and ``on_dump`` are ``run``-only; ``set_retryable_errors`` is refused
+there (the rules of ``watch`` are shared by every job: put them in its config).
+
 Every call returns a :class:`Status` and never raises into training code. Without a monitor
 (``FTWATCH_CONTROL_SOCKET`` unset, or nothing listening there) each call does nothing, returns a
 not-ok Status, and the first such call warns once (``warnings.warn``). Changes take effect in the
@@ -50,6 +57,9 @@ ENV_SOCKET = "FTWATCH_CONTROL_SOCKET"
 ENV_TOKEN = "FTWATCH_CONTROL_TOKEN"
 ENV_TIMEOUT = "FTWATCH_CONTROL_TIMEOUT"
 ENV_DUMP_SIGNAL = "FTWATCH_DUMP_SIGNAL"      # set by ftwatch run when recover_strategy has dump
+ENV_URL = "FTWATCH_MONITOR_URL"              # ftwatch watch's SDK endpoint (a watched job's pods)
+ENV_URL_TOKEN = "FTWATCH_MONITOR_TOKEN"      # the job's token for it (ftwatch watch --monitor-token)
+ENV_JOB = "FTWATCH_JOB"                      # namespace/name, as watch names the job
 DEFAULT_TIMEOUT = 6.0        # seconds; the monitor answers within its own 4 s limit
 
 _warned = False
@@ -164,6 +174,11 @@ class Monitor:
         rank = os.environ.get("RANK", "")
         self.rank = int(rank) if rank.lstrip("-").isdigit() else None
         self.instance = os.environ.get("FTWATCH_INSTANCE") or None
+        self.url = "" if self.socket_path else os.environ.get(ENV_URL, "")
+        if self.url:                   # ftwatch watch over HTTP: the pod names itself
+            self.token = token if token is not None else os.environ.get(ENV_URL_TOKEN, "")
+            self.job = os.environ.get(ENV_JOB, "")
+            self.instance = self.instance or os.environ.get("HOSTNAME") or None
         self.config = config
         self._retry_callbacks: list[Callable[[dict], Any]] = []
         self._retry_sock: socket.socket | None = None
@@ -174,7 +189,7 @@ class Monitor:
     @property
     def available(self) -> bool:
         """Whether a monitor was named in the environment (it may still be unreachable)."""
-        return bool(self.socket_path)
+        return bool(self.socket_path or self.url)
 
     # -- the API ------------------------------------------------------------------------------
 
@@ -307,6 +322,8 @@ class Monitor:
             return _unavailable(f"ftwatch SDK {op} failed: {type(exc).__name__}: {exc}")
 
     def _request(self, op: str, fields: dict[str, Any]) -> Status:
+        if not self.socket_path and self.url:
+            return self._http(op, fields)
         if not self.socket_path:
             return _unavailable(f"no ftwatch monitor ({ENV_SOCKET} is not set); ftwatch.sdk calls do nothing")
         message = {"token": self.token, "op": op, "rank": self.rank, "instance": self.instance, **fields}
@@ -334,6 +351,35 @@ class Monitor:
         if answer.get("ok"):
             return Status(True, "", answer)
         return Status(False, str(answer.get("error", "refused")), answer)
+
+
+    def _http_answer(self, answer: Any) -> Status:
+        if not isinstance(answer, dict):
+            return Status(False, "malformed answer")
+        if answer.get("ok"):
+            return Status(True, "", answer)
+        return Status(False, str(answer.get("error", "refused")), answer)
+
+    def _http(self, op: str, fields: dict[str, Any]) -> Status:
+        """One call to ``ftwatch watch``'s endpoint (module doc)."""
+        import urllib.error
+        import urllib.request
+        body = json.dumps({"op": op, "job": self.job, "rank": self.rank, "instance": self.instance,
+                           **fields}).encode()
+        req = urllib.request.Request(self.url.rstrip("/") + "/v1/control", data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return self._http_answer(json.loads(resp.read() or b"null"))
+        except urllib.error.HTTPError as exc:      # 400 / 401: the endpoint says why
+            try:
+                return self._http_answer(json.loads(exc.read() or b"null"))
+            except ValueError:
+                return Status(False, f"HTTP {exc.code} from the ftwatch monitor at {self.url}")
+        except (OSError, ValueError) as exc:
+            return _unavailable(f"cannot reach the ftwatch monitor at {self.url}: {exc}; "
+                                "ftwatch.sdk calls do nothing")
 
 
 def _unavailable(message: str) -> Status:

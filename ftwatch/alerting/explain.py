@@ -59,6 +59,7 @@ def explain(store: DecisionStore, decision_id: str | None = None) -> str:
     out += _decision_block(d)
     out += _root_block(root)
     out += _evidence_block(d, findings, root)
+    out += _acted_block(store, d)
     out += ["", "Budgets",
             f"  restarts used  {d.get('restarts_used', 0)}",
             f"  restarts left  {d.get('restarts_left', 0)}",
@@ -77,6 +78,28 @@ def describe_target(target: dict[str, Any]) -> str:
     if target.get("node") is not None:
         parts.append(f"node {target['node']}")
     return ", ".join(parts) if parts else "the whole job"
+
+
+def _acted_block(store: Any, d: dict[str, Any]) -> list[str]:
+    """What the actuator did with the decision (``watch``'s ``actuator`` events naming its id:
+    status, and each Kubernetes API call's line); nothing when the store has no events."""
+    events = getattr(store, "events", None)
+    if events is None:
+        return []
+    mine = [e for e in events(d["job"]) if e.get("kind") == "actuator"
+            and (e.get("detail") or {}).get("decision_id") == d["decision_id"]]
+    if not mine:
+        return []
+    out = ["", "Action taken"]
+    for e in mine:
+        detail = e["detail"]
+        out.append(f"  {detail.get('action', '?')}: {detail.get('status', '?')}")
+        calls = detail.get("calls") or []
+        lines = calls or [x for x in str(detail.get("output") or "").splitlines() if x.strip()][:MAX_EVIDENCE_LINES]
+        if calls and detail.get("output") and not str(detail["output"]).startswith(calls[0]):
+            out.append(f"    {str(detail['output']).splitlines()[0]}")    # why (held, failed)
+        out += [f"    {line}" for line in lines]
+    return out
 
 
 def _decision_block(d: dict[str, Any]) -> list[str]:

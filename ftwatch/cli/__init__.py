@@ -90,6 +90,7 @@ _COMMANDS = {
     "dashboards": "ftwatch.cli.dashboards:cmd_dashboards",
     "bootcheck": "ftwatch.cli.health:cmd_bootcheck",
     "nodecheck": "ftwatch.cli.health:cmd_nodecheck",
+    "nodes": "ftwatch.cli.nodes:cmd_nodes",
 }
 """Subcommand -> ``module:function`` (argv list -> exit status), imported only when used."""
 
@@ -117,6 +118,7 @@ commands:
   bootcheck [--config FILE] [--state-dir DIR] [--path DIR...] [--nproc-per-node N] [--no-allreduce]
   nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]
   evaluate [CORPUS] [--check-baseline FILE | --write-baseline FILE] [--min-accuracy 0.9] [--json]
+  nodes list|readmit NODE [--config FILE] [--kubeconfig FILE] [--context NAME] [--dry-run]
   es setup|flush [--config FILE] [--url URL]
   dashboards import --kibana-url URL [--space ID] [--api-key KEY | --username U --password P]
 

@@ -22,8 +22,14 @@ def cmd_watch(argv: list[str]) -> int:
     p.add_argument("--state-dir", help="where the store, budgets, spool and offsets live")
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
+    p.add_argument("--monitor-token", metavar="NAMESPACE/JOB",
+                   help="print the SDK token of this job (watch.monitor.secret_file) and exit")
     args = p.parse_args(rest)
     config = load_config_from_args(args, flags)
+    if args.monitor_token:
+        from ftwatch.pipeline.sources.monitor import job_token
+        print(job_token(_monitor_secret(config, args.config), args.monitor_token))
+        return 0
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     if not config.watch.sources:
@@ -41,9 +47,22 @@ def cmd_watch(argv: list[str]) -> int:
     ident = config.watch.identity
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job, default_node=ident.default_node,
                         host_tags=tuple(ident.host_tags), device_field=ident.device_field)
+    monitor = None
+    if config.watch.monitor.enabled:   # the SDK over HTTP (ftwatch.pipeline.sources.monitor)
+        from ftwatch.pipeline.sources.monitor import MonitorServer
+        try:
+            monitor = MonitorServer(config.watch.monitor.host, config.watch.monitor.port,
+                                    _monitor_secret(config, args.config)).start()
+        except OSError as exc:
+            recorder.close()
+            print(f"ftwatch watch: monitor endpoint {config.watch.monitor.host}:{config.watch.monitor.port}: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
+        recorder.say(f"ftwatch watch: SDK endpoint started on port {monitor.port}")
     watcher = Watcher(config, build_engine(config), recorder, identity.resolve,   # H3: step lines too
-                      build_actuator(config.watch.actuator),
-                      flush_partials=lambda before: identity.joiners.flush(before), devices=identity.devices)
+                      build_actuator(config.watch.actuator, log=lambda line: recorder.say(f"ftwatch: k8s {line}")),
+                      flush_partials=lambda before: identity.joiners.flush(before), devices=identity.devices,
+                      monitor=monitor)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     if metrics is not None:
         metrics.watch_queue(watcher.queue.qsize)
@@ -58,6 +77,8 @@ def cmd_watch(argv: list[str]) -> int:
     except SourceError as exc:
         for source in sources:
             source.stop()
+        if monitor is not None:
+            monitor.stop()
         recorder.close()
         if metrics is not None:
             metrics.close()
@@ -78,9 +99,29 @@ def cmd_watch(argv: list[str]) -> int:
     finally:
         for source in sources:
             source.stop()
+        if monitor is not None:
+            monitor.stop()
         recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
         if metrics is not None:
             metrics.close()
     recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
+
+
+def _monitor_secret(config, path: str) -> bytes:
+    """The secret of ``watch.monitor.secret_file`` (trailing whitespace dropped).
+
+    Raises:
+        ConfigError: no secret_file, or it cannot be read or is empty.
+    """
+    secret_file = config.watch.monitor.secret_file
+    if secret_file is None:
+        raise ConfigError(f"{path}: watch.monitor.secret_file is not set: the SDK endpoint needs a secret")
+    try:
+        secret = secret_file.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"{path}: watch.monitor.secret_file {secret_file}: {exc.strerror or exc}") from exc
+    if not secret:
+        raise ConfigError(f"{path}: watch.monitor.secret_file {secret_file} is empty")
+    return secret

@@ -29,6 +29,7 @@ from ftwatch.config.storage import ElasticsearchConfig
 from ftwatch.config.routes import CROSS_REFERENCE, EventCenterFields, reference_problems
 from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.config.health import HealthConfig
+from ftwatch.config.phases import PhasesConfig
 from ftwatch.config.watch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.config.yamlsource import Loc, line_index, parse_yaml, read_yaml_text
@@ -162,6 +163,7 @@ class Config(BaseModel):
     mindcluster: MindClusterConfig = Field(default_factory=MindClusterConfig,
                                            description="MindCluster recover-strategy (seed 004).")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Health checks (H1-H3).")
+    phases: PhasesConfig = Field(default_factory=PhasesConfig, description="Phases from log lines (R6): hang intervals.")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

@@ -21,6 +21,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftwatch.config.kubernetes import KubernetesConfig
+
 _STRICT = ConfigDict(extra="forbid")
 
 
@@ -64,6 +66,8 @@ class ForwardSourceConfig(ListenerLimits, SourceRole):
     host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 only on purpose (Q2).")
     port: int = Field(24224, ge=0, le=65535, description="TCP port; 24224 is fluent-bit's default.")
     shared_key: str | None = Field(None, repr=False, description="Shared key of the HELO/PING/PONG handshake.")
+    shared_key_file: Path | None = Field(None, description="File holding the shared key (a mounted "
+                                         "Secret; trailing whitespace dropped); instead of shared_key.")
     tls_cert: Path | None = Field(None, description="PEM certificate: TLS when set (with tls_key).")
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
 
@@ -122,10 +126,28 @@ class ActuatorConfig(BaseModel):
     """What acts on a decision in ``watch`` mode."""
 
     model_config = _STRICT
-    type: Literal["none", "exec"] = Field("none", description="none: observe only; exec: run `command`.")
+    type: Literal["none", "exec", "kubernetes"] = Field(
+        "none", description="none: observe only; exec: run `command`; kubernetes: act through the "
+        "Kubernetes API (README \"Running on Kubernetes\").")
     command: list[str] = Field(default_factory=list,
                                description="exec: argv run with the decision JSON on stdin.")
     timeout: float = Field(60.0, gt=0, description="exec: seconds before the command is killed.")
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig,
+                                         description="kubernetes: cluster access and what each decision does.")
+
+
+class MonitorConfig(BaseModel):
+    """The SDK's HTTP endpoint under ``watch`` (issue 13 item 3): a job's ``ftwatch.sdk.Monitor``
+    reaches ``watch`` at ``FTWATCH_MONITOR_URL`` with its job's token (``FTWATCH_MONITOR_TOKEN``,
+    printed by ``ftwatch watch --config FILE --monitor-token NAMESPACE/JOB``: an HMAC of the job
+    under ``secret_file``), so one job's token acts on that job only."""
+
+    model_config = _STRICT
+    enabled: bool = Field(False, description="Serve the SDK endpoint (POST /v1/control).")
+    host: str = Field("127.0.0.1", description="Address to bind; 0.0.0.0 in a pod (Q2).")
+    port: int = Field(8790, ge=0, le=65535, description="TCP port (0: any free one, printed at start).")
+    secret_file: Path | None = Field(None, description="File holding the secret the per-job tokens are "
+                                     "derived from (a mounted Secret); required when enabled.")
 
 
 class WatchConfig(BaseModel):
@@ -135,6 +157,7 @@ class WatchConfig(BaseModel):
     sources: list[SourceConfig] = Field(default_factory=list, description="Where lines come from.")
     identity: IdentityConfig = Field(default_factory=IdentityConfig, description="Job/node/instance from metadata.")
     actuator: ActuatorConfig = Field(default_factory=ActuatorConfig, description="What acts on decisions.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="The SDK over HTTP for watched jobs.")
     settle: float = Field(5.0, ge=0, description="Seconds the other instances may show errors before deciding.")
     cooldown: float = Field(60.0, ge=0, description="Seconds after acting during which a job's new errors wait.")
     queue_batches: int = Field(256, gt=0, description="Bound of the queue between sources and the engine.")

@@ -117,6 +117,12 @@ class JobRunner:
         self._state = _Attempt(self.desk.failed)
         self._instance_checking = False   # H1 before an instance restart is under way (no second round)
         self.final: Decision | None = None
+        self.phases = None                # phases from the workers' lines (R6, config.phases)
+        if config.phases.enabled:
+            from ftwatch.pipeline.sources.phases import PhaseTracker
+            pol = config.policy
+            self.phases = PhaseTracker(config.phases, float(pol.job_hang_interval)
+                                       if pol.enable_job_hang_detection and self.sync else None)
 
     # -- public -----------------------------------------------------------------------------
 
@@ -158,6 +164,8 @@ class JobRunner:
             self.desk.new_attempt(self.clock.time(), world_size=self.nproc)
             self._state = _Attempt(self.desk.failed)
             self.controls.new_attempt()
+            if self.phases is not None:
+                self.phases.restart()
             self.act.new_attempt()
             if blocking is not None:
                 self.desk.add([blocking], record=False)    # stored by the health log already
@@ -258,7 +266,13 @@ class JobRunner:
         if isinstance(item, Output):
             self._echo(item)
             # C4D records, notify / isolate findings: an incident while the workers run (R8)
-            return self.desk.output(item.origin, item.data, item.time, self.clock.mono())
+            trigger = self.desk.output(item.origin, item.data, item.time, self.clock.mono())
+            if self.phases is not None and self.sync:
+                phase = self.phases.follow(item.data, item.time, self.tracker, self.controls)
+                if phase is not None:
+                    self.recorder.event(item.time, self.job, "phase", phase=phase,
+                                        job_hang_interval=self.phases.interval())
+            return trigger
         if isinstance(item, Started):
             self.desk.started(item.origin, item.time)
             self.scene.started(item.origin.instance, item.origin.rank, item.pid)

@@ -42,11 +42,13 @@ from typing import Callable, Iterable, Mapping
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, Origin
 from ftwatch.parsers.torchelastic import finished_cleanly
-from ftwatch.pipeline.actuators.exec import Actuator, NoneActuator
+from ftwatch.pipeline.sources.phases import PhaseTracker
+from ftwatch.pipeline.actuators.exec import ActResult, Actuator, NoneActuator
 from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.control import ControlHandler
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
 from ftwatch.rules.engine import Engine
 
@@ -105,13 +107,15 @@ class Watcher:
             given time (``Joiners.flush``), so an unfinished CRI ``P`` line is not held forever.
         devices: (job, instance) -> the PCI bus ids of its devices (``Identity.devices``), read
             when a host line names a device; None: no device is known (node-wide).
+        monitor: the SDK's HTTP endpoint (``ftwatch.pipeline.sources.monitor.MonitorServer``),
+            drained at every tick: each request goes to its job's ``ControlHandler``.
     """
 
     def __init__(self, config, engine: Engine, recorder: Recorder,
                  resolve: Callable[[list[Shipped]], Iterable[tuple[Origin, bytes, float]]],
                  actuator: Actuator | None = None, clock: SystemClock | None = None,
                  flush_partials: Callable[[float], list[Shipped]] | None = None,
-                 devices: Mapping[tuple[str, str], frozenset[str]] | None = None):
+                 devices: Mapping[tuple[str, str], frozenset[str]] | None = None, monitor=None):
         self.config = config
         self.engine = engine
         self.recorder = recorder
@@ -125,6 +129,9 @@ class Watcher:
         self.devices = devices if devices is not None else {}
         self.attempt_start: dict[str, float] = {}     # job -> when its current attempt started
         self.state_dir = Path(config.storage.state_dir)
+        self.monitor = monitor
+        self.controls: dict[str, ControlHandler] = {}   # job -> its SDK requests' handler
+        self.phases: dict[str, PhaseTracker] = {}       # job -> its run's phase (config.phases)
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -157,6 +164,8 @@ class Watcher:
             desk = self._desk(origin.job)
             data = b"\n".join(lines) + b"\n"
             desk.output(origin, data, t, now_mono)
+            if self.config.phases.enabled:
+                self._phase(desk, data, t)
             if finished_cleanly(data):
                 self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
                                            job=desk.job)
@@ -168,6 +177,8 @@ class Watcher:
         """Time passes: close stale blocks, check hangs, decide settled incidents, resolve the
         alerts of jobs quiet for ``resolve_after`` (``Recorder.resolve_due``)."""
         now, mono = self.clock.time(), self.clock.mono()
+        if self.monitor is not None:
+            self.monitor.drain(self.control)
         if self.flush_partials is not None:
             stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
             if stale:
@@ -179,6 +190,10 @@ class Watcher:
         settling = {desk.job for desk in self.jobs.values() if desk.open is not None}
         self.recorder.resolve_due(now, hold=settling)   # per job: quiet for resolve_after
         self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
+        readmit = getattr(self.actuator, "tick", None)  # the kubernetes actuator's readmission
+        if readmit is not None:
+            for node, result in readmit(now):
+                self._acted("", "readmit_node", result, node=node)
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
@@ -195,7 +210,39 @@ class Watcher:
             if decision is not None:
                 self._act(desk, decision)
 
+    def control(self, message: dict) -> dict:
+        """One SDK request of a watched job (``message["job"]``, authenticated by the endpoint):
+        answered by that job's ControlHandler on this thread. Retryable errors are refused: the
+        rule engine is shared by every watched job, so they belong in the config's rules."""
+        job = message.pop("job")
+        if message.get("op") == "set_retryable_errors":
+            return {"ok": False, "error": "set_retryable_errors is not supported under ftwatch watch (its "
+                                          "rules would apply to every watched job): add a rule to the config"}
+        handler = self.controls.get(job)
+        if handler is None:
+            from ftwatch.rules.loader import rules_from_keywords
+            desk = self._desk(job)
+            pol = self.config.policy
+            hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection else None
+            handler = self.controls[job] = ControlHandler(
+                self.engine, desk.tracker, self.recorder, job, rules_from_keywords, hang,
+                hang_supported=hang is not None, clock=self.clock.time)
+        return handler(message)
+
     # -- internals --------------------------------------------------------------------------
+
+    def _phase(self, desk: IncidentDesk, data: bytes, t: float) -> None:
+        """Phase detection (``ftwatch.pipeline.sources.phases``): a job's first output is initialization, a phase
+        line or a step line changes the job's hang interval. An SDK ``reset_config`` or an open
+        ``hang_detect`` scope of the job wins over the phases."""
+        tracker = self.phases.get(desk.job)
+        if tracker is None:
+            pol = self.config.policy
+            tracker = self.phases[desk.job] = PhaseTracker(
+                self.config.phases, float(pol.job_hang_interval) if pol.enable_job_hang_detection else None)
+        phase = tracker.follow(data, t, desk.tracker, self.controls.get(desk.job))
+        if phase is not None:
+            self.recorder.event(t, desk.job, "phase", phase=phase, job_hang_interval=tracker.interval())
 
     def _host(self, origin: Origin, lines: list[bytes], t: float, mono: float) -> None:
         """A node's host lines: to the desks of the jobs on that node (module doc), the rest
@@ -237,18 +284,42 @@ class Watcher:
             self.jobs[job] = desk
         return desk
 
+    def _acted(self, job: str, action: str, result: ActResult, instance: str | None = None,
+               rank: int | None = None, decision_id: str = "", node: str | None = None) -> None:
+        """Store what the actuator did as an ``actuator`` event of the decision (``explain`` shows
+        it); a failure, a held or a dry-run action is also said and alerted (issue 13)."""
+        now = self.clock.time()
+        self.recorder.event(now, job, "actuator", instance, rank, action=action, status=result.status,
+                            returncode=result.returncode, output=result.output, calls=list(result.calls),
+                            decision_id=decision_id)
+        if result.status in ("done", "skipped"):
+            return
+        first = result.output.splitlines()[0] if result.output else ""
+        text = f"actuator {result.status} for {action}" + (f" ({decision_id})" if decision_id else "") + \
+            (f": {first}" if first else "")
+        self.recorder.say(f"ftwatch: {text}")
+        self.recorder.dispatcher.dispatch(self.recorder.alerts.for_custom_message(
+            job, text + "".join(f"\n  {c}" for c in result.calls), now, instance=instance, rank=rank, node=node,
+            attempt=self.recorder.attempt))
+
     def _act(self, desk: IncidentDesk, decision: Decision) -> None:
         """Record a decision, act on it, and start the job's next attempt (or end it)."""
         self.recorder.attempt = decision.attempt
         self.recorder.decision(decision)
         result = self.actuator.act(decision)
-        self.recorder.event(self.clock.time(), desk.job, "actuator", decision.target.instance,
-                            decision.target.rank, action=decision.action.label, status=result.status,
-                            returncode=result.returncode, output=result.output)
+        self._acted(desk.job, decision.action.label, result, decision.target.instance, decision.target.rank,
+                    decision_id=decision.decision_id, node=decision.target.node)
+        if result.status in ("held", "dry_run"):
+            return                                  # nothing was done: no new attempt, the job goes on
         if decision.action in _NEW_ATTEMPT:
             desk.new_attempt(self.clock.time())     # a new attempt: instances start again
+            if desk.job in self.controls:
+                self.controls[desk.job].new_attempt()   # its hang scopes end with its workers
+            self.phases.pop(desk.job, None)             # the next output is initialization again
             self.attempt_start[desk.job] = self.clock.time()
         if decision.action is Action.FAIL_JOB:
             self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=desk.job)
             del self.jobs[desk.job]                 # ended; a job of that name later starts fresh
+            self.controls.pop(desk.job, None)
+            self.phases.pop(desk.job, None)
             self.attempt_start.pop(desk.job, None)

@@ -451,3 +451,19 @@ def test_an_idle_connection_is_closed_after_idle_timeout():
         assert talked.closed_by_server()                      # idle after a request
         assert src.stats["idle_closed"] == 2 and src.stats["errors"] == 0
         until(lambda: src.stats["active"] == 0, "both released")
+
+
+def test_shared_key_file_is_read_for_the_handshake_and_a_missing_one_is_a_source_error(tmp_path):
+    """deploy/ftwatch mounts the key from a Secret: ``shared_key_file`` (whitespace stripped)."""
+    import queue as _queue
+    import pytest
+    from ftwatch.config.watch import ForwardSourceConfig
+    from ftwatch.errors import SourceError
+    from ftwatch.pipeline.sources import build_source
+    key = tmp_path / "shared_key"
+    key.write_text("s3cret\n")
+    source = build_source(ForwardSourceConfig(type="forward", port=0, shared_key_file=key), _queue.Queue(), tmp_path)
+    assert source.shared_key == "s3cret"
+    with pytest.raises(SourceError, match="shared_key_file"):
+        build_source(ForwardSourceConfig(type="forward", port=0, shared_key_file=tmp_path / "none"),
+                     _queue.Queue(), tmp_path)

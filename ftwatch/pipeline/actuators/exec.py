@@ -17,11 +17,17 @@ from ftwatch.events import Decision
 
 @dataclass(frozen=True, slots=True)
 class ActResult:
-    """What the actuator did: ``status`` is ``done``, ``failed``, ``timeout`` or ``skipped``."""
+    """What the actuator did.
+
+    ``status`` is ``done``, ``failed``, ``timeout``, ``skipped``, ``held`` (the kubernetes
+    actuator's circuit breaker) or ``dry_run`` (nothing was sent); ``calls`` has one line per
+    API call the kubernetes actuator made or would have made (``kubeapi.Call.line``).
+    """
 
     status: str
     returncode: int | None = None
     output: str = ""
+    calls: tuple[str, ...] = ()
 
 
 class Actuator(Protocol):
@@ -71,8 +77,16 @@ class ExecActuator:
         return ActResult("done" if proc.returncode == 0 else "failed", proc.returncode, output)
 
 
-def build_actuator(config) -> Actuator:
-    """The actuator a ``watch.actuator`` config section names."""
+def build_actuator(config, log=None) -> Actuator:
+    """The actuator a ``watch.actuator`` config section names; ``log`` takes the kubernetes
+    actuator's call lines.
+
+    Raises:
+        ConfigError: ``kubernetes`` and no cluster configuration could be loaded.
+    """
     if config.type == "exec":
         return ExecActuator(config.command, config.timeout)
+    if config.type == "kubernetes":
+        from ftwatch.pipeline.actuators.kubernetes import KubernetesActuator
+        return KubernetesActuator(config.kubernetes, log=log)
     return NoneActuator()

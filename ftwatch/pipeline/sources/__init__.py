@@ -11,6 +11,8 @@ import queue
 from pathlib import Path
 from typing import Any
 
+from ftwatch.errors import SourceError
+
 
 def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = None):
     """The source a ``watch.sources[]`` entry describes, not yet started.
@@ -25,7 +27,8 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
 
     Raises:
         ValueError: an unknown ``type``.
-        SourceError: a file source cannot keep its offsets (the directory cannot be made or written).
+        SourceError: a file source cannot keep its offsets (the directory cannot be made or written);
+            a forward source's shared_key_file cannot be read.
     """
     kind = config.type
     if getattr(config, "role", "job") == "host":        # every line is a node's host log (hostlog.py)
@@ -38,7 +41,14 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
             import ssl
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
-        return ForwardSource(out, config.host, config.port, shared_key=config.shared_key, tls=tls,
+        key = config.shared_key
+        if key is None and config.shared_key_file is not None:   # a mounted Secret (deploy/ftwatch)
+            try:
+                key = config.shared_key_file.read_text().strip() or None
+            except OSError as exc:
+                raise SourceError(f"source {config.name}: shared_key_file {config.shared_key_file}: "
+                                  f"{exc.strerror or exc}") from exc
+        return ForwardSource(out, config.host, config.port, shared_key=key, tls=tls,
                              name=config.name, max_connections=config.max_connections,
                              idle_timeout=config.idle_timeout, count=count)
     if kind == "http":
@@ -49,7 +59,6 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
     if kind == "file":
         from ftwatch.pipeline.sources.checkpoints import OffsetStore
         from ftwatch.pipeline.sources.file_tail import FileTailSource
-        from ftwatch.errors import SourceError
         try:
             offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
         except OSError as e:

@@ -72,6 +72,28 @@ class Request:
 FIRE_AND_FORGET = frozenset({"report_step"})   # answered on receipt; applied at the next drain
 
 
+def drain_requests(requests: "queue.SimpleQueue[Request]", handle: Callable[[dict[str, Any]], dict[str, Any]]) -> int:
+    """Answers every queued request with ``handle(message)`` on the caller's thread (a request
+    whose asker gave up is skipped); an exception in ``handle`` becomes ``ok: false``. Returns how
+    many were answered. The socket's and the HTTP endpoint's (``monitor.py``) drain."""
+    n = 0
+    while True:
+        try:
+            req = requests.get_nowait()
+        except queue.Empty:
+            return n
+        with req.lock:
+            if req.dropped:
+                continue
+            try:
+                answer = handle(req.message)
+            except Exception as exc:  # noqa: BLE001 - a bad request never ends the run
+                answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            req.answer = answer
+            req.done.set()
+            n += 1
+
+
 class ControlServer:
     """The Unix-socket server. ``start`` it, give :meth:`env` to the workers, ``drain`` it from the
     runner's loop, ``stop`` it at the end.
@@ -161,22 +183,7 @@ class ControlServer:
         ``handle`` returns the answer; an exception in it becomes ``ok: false``. Returns how
         many requests were answered.
         """
-        n = 0
-        while True:
-            try:
-                req = self._queue.get_nowait()
-            except queue.Empty:
-                return n
-            with req.lock:
-                if req.dropped:
-                    continue
-                try:
-                    answer = handle(req.message)
-                except Exception as exc:  # noqa: BLE001 - a bad request never ends the run
-                    answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                req.answer = answer
-                req.done.set()
-                n += 1
+        return drain_requests(self._queue, handle)
 
     # -- the connection threads -----------------------------------------------------------------
 

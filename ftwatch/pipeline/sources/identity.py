@@ -60,7 +60,7 @@ from ftwatch.events import Origin
 from ftwatch.parsers.joiners import Joiners, unwrap
 from ftwatch.pipeline.sources.hostlog import HOST_KEY, host_origin, is_host_meta, pci_bus_id
 
-__all__ = ["Identity", "parse_log_path", "pod_name_rule"]
+__all__ = ["Identity", "parse_log_path", "pod_name_rule", "split_job"]
 
 _ROLE = re.compile(r"(.+)-(master|worker|chief|ps|evaluator|launcher)-(\d+)")
 _RAND = r"[bcdfghjklmnpqrstvwxz2456789]{5}"   # Kubernetes' generated-name alphabet (no vowels)
@@ -99,6 +99,21 @@ def pod_name_rule(pod: str, worker_rank_offset: int = 1) -> tuple[str, int | Non
     if m is not None:
         return m.group(1), None, None
     return pod, None, None
+
+
+def split_job(job: str, default_namespace: str = "default") -> tuple[str, str]:
+    """Takes a job (as :class:`Identity` names it) apart into (namespace, job name).
+
+    Args:
+        job: ``team-a/mnist`` (a pod's job, namespaced) or ``mnist`` (no namespace known).
+        default_namespace: the namespace of a job that names none.
+
+    Returns:
+        ``("team-a", "mnist")``; ``(default_namespace, "mnist")``. Neither a namespace nor a
+        Kubernetes object name can hold ``/``, so the first ``/`` is the split.
+    """
+    namespace, sep, name = job.partition("/")
+    return (namespace, name) if sep and namespace and name else (default_namespace, job)
 
 
 def parse_log_path(path: str) -> tuple[str, str, str] | None:
