@@ -40,6 +40,25 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def _shared_deadline(quiet: float) -> float:
+    """The wall time every worker of this attempt ends its silence at: the first worker to get here
+    writes it (now + ``quiet``), the others read it, so a busy machine's start skew between the
+    workers does not make a second silence after the first worker's ``done``."""
+    path = OUT / "quiet-deadline"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        for _ in range(200):                 # the writer is between open and write
+            text = path.read_text().strip()
+            if text:
+                return float(text)
+            time.sleep(0.01)
+        return time.time() + quiet
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{time.time() + quiet}\n")
+    return float(path.read_text())
+
+
 def main() -> int:
     devices = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     say(f"rank {RANK} pid {os.getpid()} world {os.environ.get('WORLD_SIZE')} devices "
@@ -86,7 +105,7 @@ def main() -> int:
         time.sleep(4.0 if RANK != 1 else 0.5)
         return 0
     if MODE == "quiet":
-        time.sleep(float(os.environ.get("RW_QUIET", "4")))
+        time.sleep(max(0.0, _shared_deadline(float(os.environ.get("RW_QUIET", "4"))) - time.time()))
         say(f"rank {RANK} done")
         return 0
     if MODE == "c4d":
