@@ -11,18 +11,15 @@ that closed blocks already took (so they are never judged twice) and the time of
 line. ANSI escape sequences are removed from a chunk before it is scanned, so colours
 never hide a pattern (a coloured ``KeyError`` of Python 3.13's tracebacks still hits).
 
-Each Record yields at most one Finding: among the rules that hit it (and the fault codes
-found in it) the highest ``priority`` wins, then the most drastic action. That is how a
-traceback ending in a gloo "Connection closed by peer" is fallout and not user code.
-A Finding keeps at most ``MAX_LINE_CHARS`` characters of each line (Q1): a 10 MB hit line
-is cut in the middle, with a marker saying how much went.
+Each Record yields at most one Finding, chosen by ``ftwatch.rules.judge`` (priority, the
+traceback's final exception, ``when:`` conditions, NCCL INFO lines, fault codes).
 
 A hit line without a timestamp is at the time its chunk was read (live), or, in a replay
 (``feed``'s ``sim_step``), at the time of the last timestamped line before it in the chunk,
 found by one backward search over the lines since the previous hit
-(``ftwatch.parsers.fields.last_timestamp``). Over 400 lines on purpose: scanning, carrying
-blocks and dating records share one feed's state (the carried part, the line count, the last
-stamp found), which a split would pass between modules on every hit.
+(``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
+one feed's state (the carried part, the line count, the last stamp found), so they stay here;
+judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``.
 """
 
 from __future__ import annotations
@@ -32,28 +29,16 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Origin, Record, Severity
-from ftwatch.parsers import collective, fields, multiline
-from ftwatch.rules import exceptions
-from ftwatch.rules.exceptions import ExceptionCatalog, ExceptionGrade
+from ftwatch.events import Finding, Origin, Record
+from ftwatch.parsers import fields, multiline
+from ftwatch.rules.exceptions import ExceptionCatalog
 from ftwatch.rules.faultcodes import FaultTables
+from ftwatch.rules.judge import Judge, line_at
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule, StepTap
 
 MAX_BLOCK_LINES = 400          # a block longer than this is closed where it is
 MAX_CARRY_BYTES = 1 << 20      # never carry more than 1 MiB into the next feed
-EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
-MAX_LINE_CHARS = 4096          # the longest line a Finding keeps (``line``, each evidence entry)
-_MARKER_ROOM = 40              # of those, kept free for the truncation marker (it takes 20 to 30)
-FAULT_PRIORITY = 30            # fault codes are as specific as rules get
-INFO_LINE = re.compile(r"\bNCCL INFO\b")
-"""A line at NCCL's INFO level (``NCCL_DEBUG=INFO``). NCCL logs failures at WARN; its INFO lines
-are informational by NCCL's own definition (docs, environment variables: ``NCCL_DEBUG=INFO``
-"prints debug information"), so a keyword hit on one never makes a finding, unless the rule's
-class is ``info`` (issue 12: ``NCCL INFO NET/Plugin : dlerror=libnccl-net.so: ... No such file or
-directory`` is not a missing file of the user's). A rule-level ``when:`` may replace this later."""
-EXCEPTION_PRIORITY = 10        # a traceback's final class that decides by itself (KeyError, ...)
-EXCEPTION_FALLBACK_PRIORITY = -5   # a generic final class (RuntimeError): rules on its message win
 BLOCK_START_PATTERNS = tuple(Pattern(text, regex=True) for text in multiline.BLOCK_START_REGEXES)
 """The Matcher patterns of multiline's block starts (parsers export plain regexes)."""
 
@@ -133,6 +118,8 @@ class Engine:
         else:                                        # the compiled parts are never mutated, only replaced
             self.rules, self.matcher, self._owner = like.rules, like.matcher, like._owner
             self._block_ids, self._fault_ids, self._step_ids = like._block_ids, like._fault_ids, like._step_ids
+            self.judge = like.judge if tables is like.tables else Judge(
+                self.rules, self._owner, self.matcher, self.tables, self.exceptions)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -159,6 +146,7 @@ class Engine:
         owner.extend([-3] * len(self._step_ids))
         self._owner = owner
         self.matcher = Matcher(patterns)
+        self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
 
     def add_rules(self, rules: Sequence[Rule]) -> None:
         """Add rules at run time (R2: ``set_retryable_errors``); recompiles the database."""
@@ -242,7 +230,7 @@ class Engine:
                 rank, text = fields.split_rank_prefix(fields.clean(raw))
                 block_ids, lines = ids, [(start, ids)]
                 record = self._record(origin, rank, [text], data, start, time, sim_step)
-            finding = self._judge(record, block_ids, data, lines)
+            finding = self.judge.judge(record, block_ids, data, lines)
             if finding is not None:
                 findings.append(finding)
         self._count(data, end_of_work)
@@ -252,7 +240,7 @@ class Engine:
     def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
               sim_step: float) -> list[Finding]:
         """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
-        rank, text = fields.split_rank_prefix(fields.clean(_line_at(data, start)))
+        rank, text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
         stamp = fields.parse_timestamp(text, self.year or fields.year_of(time))
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
@@ -319,11 +307,11 @@ class Engine:
 
     @staticmethod
     def _starts_block(data: bytes, start: int) -> bool:
-        return multiline.is_block_start(fields.split_rank_prefix(fields.clean(_line_at(data, start)))[1])
+        return multiline.is_block_start(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1])
 
     def _collect_block(self, data: bytes, start: int, origin: Origin, final: bool):
         """The lines of the block starting at ``start``, same rank only; None if still open."""
-        first_rank, first_text = fields.split_rank_prefix(fields.clean(_line_at(data, start)))
+        first_rank, first_text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
         line_starts, texts = [start], [first_text]
         pos = data.find(b"\n", start)
         truncated = False
@@ -358,16 +346,6 @@ class Engine:
         self.stats.records += 1
         return Record(origin.with_rank(rank), "\n".join(texts), stamp, next(self._seq))
 
-    def _matching_line(self, lines: list[str], index: int) -> str | None:
-        """The last line of a block that hits rule ``index`` (the exception line, usually)."""
-        if len(lines) == 1:
-            return lines[0]
-        owner = self._owner
-        for line in reversed(lines):
-            if any(owner[i] == index for i in self.matcher.match_text(line)):
-                return line
-        return None
-
     def _line_index(self, data: bytes, start: int) -> int:
         """The 0-based line number of offset ``start``; hits come in order, so count forward only."""
         if start >= self._line_pos:
@@ -376,157 +354,3 @@ class Engine:
             self._line_no -= data.count(b"\n", start, self._line_pos)
         self._line_pos = start
         return self._line_no
-
-    def _judge(self, record: Record, ids: set[int], data: bytes,
-               lines: list[tuple[int, set[int]]]) -> Finding | None:
-        """Pick the one finding a record makes: highest priority, then most drastic action.
-
-        In a Python traceback the final exception decides (``ftwatch.rules.exceptions``): at equal
-        priority a rule that hits the final exception line (or the message lines after it) beats
-        one that hits only a frame or an earlier exception of a chain, and the catalog grades the
-        final class itself: a class that decides by itself (``KeyError``, ``ConnectionResetError``,
-        ``torch.OutOfMemoryError``) at ``EXCEPTION_PRIORITY``, a generic one (``RuntimeError``)
-        at ``EXCEPTION_FALLBACK_PRIORITY``, below every rule on its message and above only the
-        ``python.uncaught_exception`` catch-all. The catalog refines a traceback that a rule read
-        (the built-in catch-all reads them all); with no rule counting, the record makes nothing.
-
-        On a tie a fault code wins over a keyword rule: same verdict, but it carries the
-        code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
-        ``GPU has fallen off the bus`` keyword rule that also hits it). A rule with a
-        condition (``when:``, SPEC P4) counts only when one of the record's lines that hit
-        it passes its predicate (``lines``: each line's offset in ``data`` and pattern ids);
-        the predicate runs only for a rule that would otherwise win.
-        """
-        best: tuple[int, int, int, int] | None = None
-        finding: Finding | None = None
-        texts = record.text.split("\n")
-        final, grade, final_rules = self._final_exception(texts)
-        rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
-        for index in rule_ids:
-            rule = self.rules[index]
-            if rule.failure_class is not FailureClass.INFO and self._only_info_lines(texts, index):
-                continue
-            key = (rule.priority, int(index in final_rules), int(rule.action), 0)
-            if best is None or key > best:
-                line = None
-                if rule.predicate is not None:
-                    line = self._passing_line(rule, index, record, data, lines)
-                    if line is None:
-                        continue
-                best = key
-                finding = self._finding(record, index, line)
-        if grade is not None and best is not None:     # refines a traceback some rule read
-            key = (EXCEPTION_PRIORITY if grade.decides_by_class else EXCEPTION_FALLBACK_PRIORITY,
-                   1, int(grade.action), 0)
-            if best is None or key > best:
-                best = key
-                finding = self._exception_finding(record, texts, final, grade)
-        if ids & self._fault_ids:
-            for hit in self.tables.extract(record.text):
-                entry = hit.entry or self.tables.grade_unknown(hit)
-                action = entry.action if entry else Action.NOTIFY
-                key = (FAULT_PRIORITY, 1, int(action), 1)
-                if best is None or key > best:
-                    best = key
-                    finding = self._fault_finding(record, hit)
-        return finding
-
-    def _passing_line(self, rule: Rule, index: int, record: Record, data: bytes,
-                      lines: list[tuple[int, set[int]]]) -> str | None:
-        """The last of ``lines`` that hits rule ``index`` and passes its predicate (its text), or None."""
-        owner = self._owner
-        texts = record.text.split("\n")
-        for k in range(len(lines) - 1, -1, -1):
-            start, ids = lines[k]
-            if any(owner[i] == index for i in ids) and rule.predicate(_line_at(data, start), record.origin):
-                return texts[k] if k < len(texts) else texts[-1]
-        return None
-
-    def _only_info_lines(self, lines: list[str], index: int) -> bool:
-        """True when every line of the record that hits rule ``index`` is an NCCL INFO line."""
-        if not any(INFO_LINE.search(line) for line in lines):
-            return False
-        owner = self._owner
-        return not any(not INFO_LINE.search(line) and any(owner[i] == index for i in self.matcher.match_text(line))
-                       for line in lines)
-
-    def _final_exception(self, lines: list[str]) -> tuple[int, ExceptionGrade | None, set[int]]:
-        """A Python traceback's final exception line: (its index, its catalog grade, the rules
-        that hit it or the message lines after it); (-1, None, set()) for any other record."""
-        if not multiline.is_python_start(lines[0]):
-            return -1, None, set()
-        final = exceptions.exception_line(lines)
-        if final is None:
-            return -1, None, set()
-        hits = self.matcher.match_text("\n".join(lines[final:]))
-        return final, self.exceptions.grade(lines[final]), {self._owner[i] for i in hits if self._owner[i] >= 0}
-
-    def _exception_finding(self, record: Record, lines: list[str], final: int,
-                           grade: ExceptionGrade) -> Finding:
-        severity = (Severity.ERROR if grade.action >= Action.RESTART_INSTANCE
-                    else Severity.WARNING if grade.action == Action.NOTIFY else Severity.INFO)
-        return Finding(f"python.exception.{grade.name}", "keyword", grade.failure_class, grade.action,
-                       severity, record.origin, _cap(lines[final]), record.time, record.seq,
-                       _evidence(lines), {"exception": grade.name}, grade.source)
-
-    def _finding(self, record: Record, index: int, line: str | None = None) -> Finding:
-        rule = self.rules[index]
-        lines = record.text.split("\n")
-        line = line or self._matching_line(lines, index) or lines[-1]
-        return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
-                       record.origin, _cap(line), record.time, record.seq, _evidence(lines),
-                       collective.fields(record.text), rule.source)
-
-    def _fault_finding(self, record: Record, hit) -> Finding:
-        entry = hit.entry or self.tables.grade_unknown(hit)
-        lines = record.text.split("\n")
-        line = next((ln for ln in lines if hit.code.lower() in ln.lower()), lines[0])
-        if entry is None:
-            return Finding(f"{hit.kind}.{hit.code}", "fault_code", FailureClass.INFO, Action.NOTIFY,
-                           Severity.WARNING, record.origin, _cap(line), record.time, record.seq,
-                           _evidence(lines), {"code": hit.code, **hit.fields}, "unknown code")
-        severity = Severity.CRITICAL if entry.action >= Action.ISOLATE_NODE else (
-            Severity.ERROR if entry.action >= Action.RESTART_IN_PLACE else Severity.WARNING)
-        return Finding(f"{hit.kind}.{entry.code}", "fault_code", entry.failure_class, entry.action,
-                       severity, record.origin, _cap(line), record.time, record.seq, _evidence(lines),
-                       {"code": hit.code, "level": entry.level, "meaning": entry.meaning, **hit.fields},
-                       entry.source)
-
-
-def _line_at(data: bytes, start: int) -> bytes:
-    end = data.find(b"\n", start)
-    return data[start:] if end < 0 else data[start:end]
-
-
-def _evidence(lines: list[str]) -> tuple[str, ...]:
-    if len(lines) > EVIDENCE_HEAD + EVIDENCE_TAIL:
-        lines = lines[:EVIDENCE_HEAD] + ["..."] + lines[-EVIDENCE_TAIL:]
-    return tuple(_cap(line) for line in lines)
-
-
-def _cap(line: str) -> str:
-    """``line`` cut to at most ``MAX_LINE_CHARS`` characters, marker included (Q1).
-
-    A Finding's lines go to SQLite, alerts and the decision JSON; a 10 MB line (a tensor
-    printed whole, binary junk) must not. The middle goes: the head keeps the logger's
-    prefix and the message's start, the tail the exception at its end, and the marker says
-    how much went, in characters (decimal kB/MB; bytes for ASCII text), e.g.
-    ``... …[truncated 10.5 MB]… ...``.
-    """
-    if len(line) <= MAX_LINE_CHARS:
-        return line
-    keep = MAX_LINE_CHARS - _MARKER_ROOM
-    head = keep * 3 // 4
-    marker = f" …[truncated {_size(len(line) - keep)}]… "
-    return line[:head] + marker + line[len(line) - (keep - head):]
-
-
-
-def _size(chars: int) -> str:
-    """``812 B``, ``9.9 kB``, ``10.5 MB``: a count of characters in decimal units."""
-    if chars >= 1_000_000:
-        return f"{chars / 1e6:.1f} MB"
-    if chars >= 1_000:
-        return f"{chars / 1e3:.1f} kB"
-    return f"{chars} B"
-

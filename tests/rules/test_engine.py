@@ -11,7 +11,8 @@ import random
 
 import pytest
 from ftwatch.events import Action, FailureClass, Origin
-from ftwatch.rules.engine import MAX_CARRY_BYTES, MAX_LINE_CHARS, Engine
+from ftwatch.rules.engine import MAX_CARRY_BYTES, Engine
+from ftwatch.rules.judge import MAX_LINE_CHARS
 from ftwatch.rules.loader import load_rules, rules_from_keywords
 
 from engine_samples import (C10_DUMP, GLOO_TB, KEYERROR_TB, NCCL_INFO, STEP, T0, WATCHDOG, XID79, needs_hs,
