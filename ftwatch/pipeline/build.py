@@ -120,6 +120,10 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket,
                         link_url=alerting.link_url)
+    if config.storage.mining.enabled:        # catch-all evidence -> signatures (ftwatch mine)
+        from ftwatch.mining.miner import Miner, catch_all_ids
+        recorder.miner = Miner.in_state_dir(state_dir, catch_all=catch_all_ids(build_rules(config)),
+                                            new_jobs=config.storage.mining.new_signature_jobs)
     sender.resend_pending()                  # alerts spooled by an earlier run, to the workers
     center.recover()                         # alerts an earlier run left waiting in a group
     recorder.collect()

@@ -1,0 +1,97 @@
+"""``ftwatch mine``: failure signatures (SPEC T5), ranked by the jobs they hit; ``--draft`` rules.
+
+Without files: the signatures ``run`` and ``watch`` mined into ``<state-dir>/mining/`` from their
+catch-all decisions. With files: each file is one job, replayed with the configured rules; the
+evidence of its catch-all decision is mined (``--all-lines``: every line of it, no replay).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from ftwatch.cli.common import ArgumentParser, load_config_from_args, split_flags
+
+
+def job_of(path: Path) -> str:
+    """A file's job: its folder's name for a generic file name (``combined.log``, ``rank0.log``),
+    else its stem."""
+    generic = path.stem in {"combined", "log", "output", "stdout", "stderr"} or path.stem.startswith("rank")
+    return path.parent.name if generic and path.parent.name else path.stem
+
+
+def mine_files(files: list[Path], config, all_lines: bool = False):
+    """A fresh miner fed from ``files`` (see the module docstring). Returns the Miner."""
+    from ftwatch.mining.miner import Miner, catch_all_ids
+    from ftwatch.pipeline.build import build_engine, build_policy, build_rules
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.replay import replay
+    from ftwatch.policy.budgets import BudgetStore
+    import tempfile
+    rules = build_rules(config)
+    miner = Miner(catch_all=catch_all_ids(rules), new_jobs=config.storage.mining.new_signature_jobs)
+    if all_lines:
+        for path in files:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    miner.add(line, 0.0, job_of(path))
+        return miner
+    engine = build_engine(config, rules=rules)
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in files:
+            job = job_of(path)
+            policy = build_policy(config, job, BudgetStore(Path(tmp) / f"budgets-{len(miner.signatures)}.json", job),
+                                  state_dir=Path(tmp), in_memory=True)
+            recorder = Recorder(out=io.StringIO(), resolve_after=None)
+            recorder.miner = miner
+            replay([path], engine, policy, job, recorder=recorder)
+    return miner
+
+
+def cmd_mine(argv: list[str]) -> int:
+    flags, rest, tail = split_flags(argv)
+    p = ArgumentParser(prog="ftwatch mine", description="Failure signatures of catch-all decisions, "
+                                                         "ranked by the jobs they hit; --draft writes rules.")
+    p.add_argument("files", nargs="*", type=Path, help="log files, one job each (default: the state dir's signatures)")
+    p.add_argument("--config")
+    p.add_argument("--aimaster-args")
+    p.add_argument("--state-dir", type=Path, help="default: storage.state_dir")
+    p.add_argument("--all-lines", action="store_true", help="mine every line of the files (no replay)")
+    p.add_argument("--no-builtin", action="store_true", help="replay without the built-in rule packs")
+    p.add_argument("--rules", nargs="+", default=[], metavar="FILE", help="more rule files for the replay")
+    p.add_argument("--min-jobs", type=int, default=1, help="only signatures hitting at least this many jobs")
+    p.add_argument("--top", type=int, default=20, help="show this many (0: all)")
+    p.add_argument("--draft", type=Path, metavar="DIR", help="write one rule file per signature shown here")
+    p.add_argument("--clean", type=Path, nargs="+", default=[], metavar="FILE",
+                   help="clean runs' output: drafts must not hit it (their counterexamples)")
+    p.add_argument("--json", action="store_true", help="print the signatures as JSON lines")
+    args = p.parse_args(rest + tail)
+    for f in [*args.files, *args.clean, *map(Path, args.rules)]:
+        if not f.is_file():
+            p.error(f"{f}: no such file")
+    config = load_config_from_args(args, flags)
+    if args.no_builtin or args.rules:
+        config = config.model_copy(update={"rules": config.rules.model_copy(update={
+            "builtin": config.rules.builtin and not args.no_builtin,
+            "files": [*config.rules.files, *args.rules]})})
+    if args.files:
+        miner = mine_files(args.files, config, args.all_lines)
+    else:
+        from ftwatch.mining.miner import Miner
+        miner = Miner.in_state_dir(args.state_dir or config.storage.state_dir)
+    shown = miner.ranked(args.min_jobs)
+    shown = shown[: args.top] if args.top else shown
+    for sig in shown:
+        if args.json:
+            print(json.dumps(sig.to_dict(), ensure_ascii=False))
+        else:
+            print(f"{len(sig.jobs):4d} jobs {sig.count:6d} lines  [{sig.id}] {sig.template}")
+    if not shown and not args.json:
+        print("no signatures")
+    if args.draft:
+        from ftwatch.mining.draft import write_drafts
+        clean = [line for f in args.clean for line in f.read_text(encoding="utf-8", errors="replace").splitlines()]
+        for path in write_drafts(shown, args.draft, clean):
+            print(f"draft: {path}")
+    return 0

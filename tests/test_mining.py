@@ -1,0 +1,194 @@
+"""Failure-signature mining (issue 15, SPEC T5): the miner, its state, the recorder's hook, ``ftwatch
+mine`` and its drafts, on the evaluation corpus's tuning cases (never the held-out ones)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ftwatch.events import Action, FailureClass
+from ftwatch.mining.draft import draft_rule
+from ftwatch.mining.miner import Miner, catch_all_ids, is_catch_all, strip_prefix
+from ftwatch.pipeline.recorder import Recorder
+from ftwatch.rules.loader import load_rules
+from ftwatch.testing import T0, decision, finding
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "corpus"
+FTWATCH = [sys.executable, "-m", "ftwatch"]
+
+
+def tuning_logs() -> list[Path]:
+    """combined.log of every corpus case without ``held_out:`` (case.yaml is read for the mark only)."""
+    out = []
+    for case in sorted(CORPUS.iterdir()):
+        meta = case / "case.yaml"
+        if meta.is_file() and not any(line.startswith("held_out:") for line in meta.read_text().splitlines()) \
+                and (case / "combined.log").is_file():
+            out.append(case / "combined.log")
+    return out
+
+
+def ftwatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([*FTWATCH, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=240)
+
+
+TRACE = ("Traceback (most recent call last):", '  File "train.py", line 12, in <module>',
+         "    main()", "{p}RuntimeError: shard {n} of /data/run{n}/x.bin is corrupt at 0x{n}f3a")
+
+
+def uncaught(job: str, rank: int, n: int, node: str = "node-a"):
+    lines = [t.format(p=f"[rank{rank}]: ", n=n) for t in TRACE]
+    rc = finding("python.uncaught_exception", line=lines[0], evidence=lines, job=job, rank=rank, node=node,
+                 action=Action.FAIL_JOB, failure_class=FailureClass.USER_CODE, time=T0 + n)
+    return decision(Action.FAIL_JOB, rc)
+
+
+def test_prefixes_and_masks_group_ranks_and_parameters():
+    m = Miner()
+    a = m.add("[default2]:[rank2]:[E0423 10:12:23.000000106 ProcessGroupNCCL.cpp:616] [Rank 2] Watchdog caught "
+              "collective operation timeout: WorkNCCL(SeqNum=1741, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+              "Timeout(ms)=600000) ran for 600044 milliseconds before timing out.", T0, "a", "n1")
+    b = m.add("[rank0]:[E0217 07:22:34.380000991 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective "
+              "operation timeout: WorkNCCL(SeqNum=54120, OpType=ALLGATHER, NumelIn=497465344, NumelOut=497465344, "
+              "Timeout(ms)=600000) ran for 600087 milliseconds before timing out.", T0 + 5, "b", "n2")
+    assert a is b and a.jobs == ["a", "b"] and a.nodes == ["n1", "n2"] and a.count == 2
+    assert (a.first_seen, a.last_seen) == (T0, T0 + 5)
+    assert "<RANK>" in a.template and "SeqNum=<NUM>" in a.template and "600044" not in a.template
+    c = m.add("connect to 10.0.0.7:29500 failed at 0x7f3a12c4b740 reading /data/shard-3/x.bin (4.5 GiB)", T0, "a")
+    assert c.template == "connect to <IP> failed at <HEX> reading <PATH> (<SIZE>)"
+    assert strip_prefix("[default1]:[rank1]: KeyError: 'x'") == "KeyError: 'x'"
+    assert m.add('  File "train.py", line 3, in <module>', T0, "a") is None      # frames say nothing
+
+
+def test_catch_all_is_a_rule_tag_an_unlisted_exit_or_no_rule():
+    ids = catch_all_ids(load_rules([], builtin=True))
+    assert "python.uncaught_exception" in ids and "python.key_error" not in ids
+    assert is_catch_all(uncaught("j", 0, 1), ids)
+    assert not is_catch_all(decision(Action.RESTART_JOB), ids)                # a specific rule
+    assert is_catch_all(decision(Action.FAIL_JOB, finding("exit.1", fields={"generic": True})), ids)
+    assert is_catch_all(decision(Action.FAIL_JOB, None), ids)
+
+
+def test_state_survives_a_restart_and_news_is_said_once(tmp_path):
+    m = Miner.in_state_dir(tmp_path, catch_all={"python.uncaught_exception"}, new_jobs=3)
+    assert m.decision(uncaught("j1", 0, 1)) == [] and m.decision(uncaught("j2", 3, 2)) == []
+    assert m.decision(decision(Action.RESTART_JOB)) == []                    # not a catch-all: not mined
+    path = tmp_path / "mining" / "signatures.json"
+    assert json.loads(path.read_text())["format"] == "ftwatch-mining"
+    again = Miner.in_state_dir(tmp_path, catch_all={"python.uncaught_exception"}, new_jobs=3)
+    new = again.decision(uncaught("j3", 5, 3, node="node-b"))
+    assert [s.template for s in new] == ["RuntimeError: shard <NUM> of <PATH> is corrupt at <HEX>"]
+    sig = new[0]
+    assert sig.jobs == ["j1", "j2", "j3"] and sig.nodes == ["node-a", "node-b"]
+    assert sig.rules == {"python.uncaught_exception": 3} and sig.actions == {"fail_job": 3}
+    assert again.decision(uncaught("j4", 1, 4)) == []                        # said once
+    assert again.ranked()[0] is sig
+
+
+class Capture:
+    """An alert path that keeps what it is given."""
+
+    def __init__(self):
+        self.alerts = []
+
+    def dispatch(self, alert):
+        self.alerts.append(alert)
+        return []
+
+    def tick(self, now=None):
+        return []
+
+    def resend_pending(self):
+        return 0
+
+    def close(self):
+        return []
+
+    def take_results(self):
+        return []
+
+
+def test_recorder_sends_a_new_signature_event(tmp_path):
+    capture = Capture()
+    rec = Recorder(dispatcher=capture, out=io.StringIO(), resolve_after=None, state_dir=tmp_path)
+    rec.miner = Miner(catch_all={"python.uncaught_exception"}, new_jobs=2)
+    rec.decision(uncaught("j1", 0, 1))
+    rec.decision(uncaught("j2", 1, 2, node="node-b"))
+    kinds = [a.event_type for a in capture.alerts]
+    assert kinds == ["job_failed", "job_failed", "new_signature"]
+    alert = capture.alerts[-1]
+    assert alert.labels["severity"] == "info" and alert.labels["job"] == "j2"
+    assert "ftwatch mine" in alert.annotations["explain"]
+    assert "new failure signature in 2 jobs" in rec.out.getvalue()
+
+
+def test_new_signature_alert_renders_in_both_languages():
+    from ftwatch.alerting.alerts import alert_from_signature
+    from ftwatch.alerting.rendering import TemplateRenderer
+    m = Miner(new_jobs=1)
+    sig = m.add("RuntimeError: shard 3 is corrupt", T0, "j1")
+    alert = alert_from_signature(sig, T0, "ftwatch mine", job="j1")
+    for lang in ("en", "zh"):
+        text = TemplateRenderer(lang).render("console", alert)
+        assert "RuntimeError: shard 3 is corrupt" in text
+
+
+def test_corpus_with_rules_off_groups_the_same_failure_across_frameworks_and_ranks(tmp_path):
+    logs = tuning_logs()
+    out = ftwatch("mine", "--all-lines", "--no-builtin", "--top", "0", "--json", *map(str, logs))
+    assert out.returncode == 0, out.stderr
+    sigs = [json.loads(line) for line in out.stdout.splitlines()]
+    watchdog = [s for s in sigs if "Watchdog caught collective operation timeout" in s["template"]
+                and "NumelIn" in s["template"]]
+    assert len(watchdog) == 1                                  # every rank, every case, one template
+    assert len(watchdog[0]["jobs"]) >= 5 and "<RANK>" in watchdog[0]["template"]
+    assert len(sigs) < sum(1 for f in logs for _ in f.open(errors="replace")) / 10
+    jobs = [len(s["jobs"]) for s in sigs]
+    assert jobs == sorted(jobs, reverse=True)                  # ranked by jobs hit
+
+
+CASE = "swift-npu-ddp-backend-nccl-not-built"   # a tuning case that ends in python.uncaught_exception
+
+
+def test_a_drafted_rule_turns_a_catch_all_decision_into_the_right_one(tmp_path):
+    case = CORPUS / CASE
+    meta = yaml.safe_load((case / "case.yaml").read_text())
+    assert "held_out" not in meta
+    log = str(case / "combined.log")
+    before = json.loads(ftwatch("replay", "--json", log).stdout)
+    assert before["root_cause"]["rule_id"] == "python.uncaught_exception"
+    clean = tmp_path / "clean.log"
+    clean.write_text("RuntimeError: Distributed package is ready\nINFO backend nccl built in 2.3s\n")
+    drafts = tmp_path / "drafts"
+    out = ftwatch("mine", log, "--draft", str(drafts), "--clean", str(clean))
+    assert out.returncode == 0, out.stderr
+    files = sorted(drafts.glob("*.yaml"))
+    assert files
+    assert ftwatch("test-rules", *map(str, files)).returncode == 0
+    check = ftwatch("check", "--rules", *map(str, files))
+    assert check.returncode == 0, check.stdout + check.stderr
+    [rule] = [r for f in files for r in yaml.safe_load(f.read_text())["rules"]
+              if "NCCL built in" in json.dumps(r)]
+    assert rule.get("counterexamples")                          # from the clean run
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(yaml.safe_dump({"rules": {"files": [str(f) for f in files]}}))
+    after = json.loads(ftwatch("replay", "--json", "--config", str(config), log).stdout)
+    assert after["root_cause"]["rule_id"] == rule["id"]
+    assert after["action"] == meta["expected"]["action"]
+    assert after["root_cause"]["failure_class"] == meta["expected"]["failure_class"]
+
+
+def test_draft_falls_back_to_a_regex_when_no_literal_run_is_safe():
+    m = Miner()
+    sig = m.add("ab 12 cd 13 ef", T0, "j")
+    rule = draft_rule(sig)
+    assert "regex" in rule and rule["examples"] == ["ab 12 cd 13 ef"]
