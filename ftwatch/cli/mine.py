@@ -1,8 +1,9 @@
 """``ftwatch mine``: failure signatures (SPEC T5), ranked by the jobs they hit; ``--draft`` rules.
 
 Without files: the signatures ``run`` and ``watch`` mined into ``<state-dir>/mining/`` from their
-catch-all decisions. With files: each file is one job, replayed with the configured rules; the
-evidence of its catch-all decision is mined (``--all-lines``: every line of it, no replay).
+catch-all decisions. With files: the files of each job (:func:`jobs_of`) are replayed with the
+configured rules and the evidence of the job's catch-all decision is mined (``--all-lines``: every
+line, no replay).
 """
 
 from __future__ import annotations
@@ -11,41 +12,46 @@ import io
 import json
 from pathlib import Path
 
-from ftwatch.cli.common import ArgumentParser, load_config_from_args, split_flags
+from ftwatch.cli.common import ArgumentParser, load_config_from_args, split_flags, with_rule_files
 
 
-def job_of(path: Path) -> str:
-    """A file's job: its folder's name for a generic file name (``combined.log``, ``rank0.log``),
-    else its stem."""
-    generic = path.stem in {"combined", "log", "output", "stdout", "stderr"} or path.stem.startswith("rank")
-    return path.parent.name if generic and path.parent.name else path.stem
+def jobs_of(paths: list[Path]) -> dict[str, list[Path]]:
+    """The files of each job: one job per folder (a corpus case, a job's log folder), or, when
+    every file is in one folder, one job per file (named by its stem)."""
+    by_folder = len({p.resolve().parent for p in paths}) > 1
+    jobs: dict[str, list[Path]] = {}
+    for path in paths:
+        jobs.setdefault(path.resolve().parent.name if by_folder else path.stem, []).append(path)
+    return jobs
 
 
 def mine_files(files: list[Path], config, all_lines: bool = False):
     """A fresh miner fed from ``files`` (see the module docstring). Returns the Miner."""
+    import tempfile
+
     from ftwatch.mining.miner import Miner, catch_all_ids
     from ftwatch.pipeline.build import build_engine, build_policy, build_rules
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.replay import replay
     from ftwatch.policy.budgets import BudgetStore
-    import tempfile
     rules = build_rules(config)
     miner = Miner(catch_all=catch_all_ids(rules), new_jobs=config.storage.mining.new_signature_jobs)
+    jobs = jobs_of(files)
     if all_lines:
-        for path in files:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    miner.add(line, 0.0, job_of(path))
+        for job, paths in jobs.items():
+            for path in paths:
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for line in fh:
+                        miner.add(line, 0.0, job)
         return miner
     engine = build_engine(config, rules=rules)
     with tempfile.TemporaryDirectory() as tmp:
-        for path in files:
-            job = job_of(path)
-            policy = build_policy(config, job, BudgetStore(Path(tmp) / f"budgets-{len(miner.signatures)}.json", job),
+        for n, (job, paths) in enumerate(jobs.items()):
+            policy = build_policy(config, job, BudgetStore(Path(tmp) / f"budgets-{n}.json", job),
                                   state_dir=Path(tmp), in_memory=True)
             recorder = Recorder(out=io.StringIO(), resolve_after=None)
             recorder.miner = miner
-            replay([path], engine, policy, job, recorder=recorder)
+            replay(paths, engine, policy, job, recorder=recorder)
     return miner
 
 
@@ -53,28 +59,28 @@ def cmd_mine(argv: list[str]) -> int:
     flags, rest, tail = split_flags(argv)
     p = ArgumentParser(prog="ftwatch mine", description="Failure signatures of catch-all decisions, "
                                                          "ranked by the jobs they hit; --draft writes rules.")
-    p.add_argument("files", nargs="*", type=Path, help="log files, one job each (default: the state dir's signatures)")
+    p.add_argument("files", nargs="*", type=Path,
+                   help="log files: one job per folder, or per file when all share one folder "
+                        "(default: the state dir's signatures)")
     p.add_argument("--config")
     p.add_argument("--aimaster-args")
     p.add_argument("--state-dir", type=Path, help="default: storage.state_dir")
     p.add_argument("--all-lines", action="store_true", help="mine every line of the files (no replay)")
     p.add_argument("--no-builtin", action="store_true", help="replay without the built-in rule packs")
-    p.add_argument("--rules", nargs="+", default=[], metavar="FILE", help="more rule files for the replay")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="another rule file for the replay (repeat it)")
     p.add_argument("--min-jobs", type=int, default=1, help="only signatures hitting at least this many jobs")
     p.add_argument("--top", type=int, default=20, help="show this many (0: all)")
     p.add_argument("--draft", type=Path, metavar="DIR", help="write one rule file per signature shown here")
-    p.add_argument("--clean", type=Path, nargs="+", default=[], metavar="FILE",
-                   help="clean runs' output: drafts must not hit it (their counterexamples)")
+    p.add_argument("--clean", type=Path, action="append", default=[], metavar="FILE",
+                   help="a clean run's output (repeat it): drafts must not hit it (their counterexamples)")
     p.add_argument("--json", action="store_true", help="print the signatures as JSON lines")
     args = p.parse_args(rest + tail)
     for f in [*args.files, *args.clean, *map(Path, args.rules)]:
         if not f.is_file():
             p.error(f"{f}: no such file")
     config = load_config_from_args(args, flags)
-    if args.no_builtin or args.rules:
-        config = config.model_copy(update={"rules": config.rules.model_copy(update={
-            "builtin": config.rules.builtin and not args.no_builtin,
-            "files": [*config.rules.files, *args.rules]})})
+    config = with_rule_files(config, args.rules, builtin=not args.no_builtin)
     if args.files:
         miner = mine_files(args.files, config, args.all_lines)
     else:

@@ -52,7 +52,7 @@ MASKING: tuple[tuple[str, str], ...] = (
 _PREFIX = re.compile(
     r"^(?:\s*(?:\[(?:default|rank)\d+\]: ?|\d{1,5}: |\[\d+,\d+\]<std(?:out|err)>:|"  # torchrun, torch, mpirun
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z(?: std(?:out|err) [FP])? |"  # CRI / docker stamps
-    r"\[?[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d*\s*[\w./\-]+:\d+\]\s?|"      # glog header
+    r"\[?[EWIF]\d{3,4} \d\d:\d\d:\d\d\.\d+\s+\d*\s*[\w./\-]+:\d+\]\s?|"      # glog header
     r"\[[EWIF] [\w./\-]+:\d+\]\s?))+")                                      # old glog header
 _FRAME = re.compile(r'^(?:Traceback \(most recent call last\):|\s*File ".*", line \d+|\s*\^+\s*$|\s*~+)')
 
