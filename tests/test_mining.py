@@ -194,3 +194,28 @@ def test_draft_falls_back_to_a_regex_when_no_literal_run_is_safe():
     sig = m.add("ab 12 cd 13 ef", T0, "j")
     rule = draft_rule(sig)
     assert "regex" in rule and rule["examples"] == ["ab 12 cd 13 ef"]
+
+
+def readme_commands() -> list[str]:
+    """The commands of README "Unknown failures" (its fenced blocks), in order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Unknown failures\n", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    blocks = text.split("```")[1::2]
+    return [line for block in blocks for line in block.splitlines() if line.startswith("ftwatch ")]
+
+
+def test_readme_unknown_failures_commands_work_as_written(tmp_path):
+    commands = readme_commands()
+    assert len(commands) == 6
+    outputs = []
+    for command in commands:
+        shell = command.replace("/tmp/ftwatch-drafts", str(tmp_path / "drafts"))
+        shell = shell.replace("ftwatch ", f"{sys.executable} -m ftwatch ", 1)
+        out = subprocess.run(shell, shell=True, capture_output=True, text=True, cwd=ROOT, timeout=240,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 0, (command, out.stdout, out.stderr)
+        outputs.append(out.stdout)
+    assert "python.uncaught_exception" in outputs[0]
+    assert "Distributed package doesn't have NCCL built in" in outputs[1]
+    assert "root cause: [user_code] mined." in outputs[4]
+    assert "3 jobs" in outputs[5] and "Watchdog caught collective operation timeout" in outputs[5]

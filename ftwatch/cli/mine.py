@@ -15,10 +15,14 @@ from pathlib import Path
 from ftwatch.cli.common import ArgumentParser, load_config_from_args, split_flags, with_rule_files
 
 
+GENERIC = frozenset({"combined", "train", "log", "output", "stdout", "stderr", "rank0"})
+
+
 def jobs_of(paths: list[Path]) -> dict[str, list[Path]]:
     """The files of each job: one job per folder (a corpus case, a job's log folder), or, when
-    every file is in one folder, one job per file (named by its stem)."""
-    by_folder = len({p.resolve().parent for p in paths}) > 1
+    every file is in one folder, one job per file (named by its stem; a lone ``combined.log``
+    and the like by its folder)."""
+    by_folder = len({p.resolve().parent for p in paths}) > 1 or (len(paths) == 1 and paths[0].stem in GENERIC)
     jobs: dict[str, list[Path]] = {}
     for path in paths:
         jobs.setdefault(path.resolve().parent.name if by_folder else path.stem, []).append(path)
