@@ -18,7 +18,7 @@ from ftwatch.mining.draft import draft_rule
 from ftwatch.mining.miner import Miner, catch_all_ids, is_catch_all, strip_prefix
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.rules.loader import load_rules
-from ftwatch.testing import T0, decision, finding
+from ftwatch.testing import T0, CaptureSink, decision, finding
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
@@ -117,8 +117,8 @@ class Capture:
 
 
 def test_recorder_sends_a_new_signature_event(tmp_path):
-    capture = Capture()
-    rec = Recorder(dispatcher=capture, out=io.StringIO(), resolve_after=None, state_dir=tmp_path)
+    capture, sink = Capture(), CaptureSink()
+    rec = Recorder(sink, dispatcher=capture, out=io.StringIO(), resolve_after=None, state_dir=tmp_path)
     rec.miner = Miner(catch_all={"python.uncaught_exception"}, new_jobs=2)
     rec.decision(uncaught("j1", 0, 1))
     rec.decision(uncaught("j2", 1, 2, node="node-b"))
@@ -128,6 +128,31 @@ def test_recorder_sends_a_new_signature_event(tmp_path):
     assert alert.labels["severity"] == "info" and alert.labels["job"] == "j2"
     assert "ftwatch mine" in alert.annotations["explain"]
     assert "new failure signature in 2 jobs" in rec.out.getvalue()
+    [event] = [e for e in sink.events if e.kind == "new_signature"]
+    assert event.job == "j2" and event.detail["jobs"] == 2
+    assert event.detail["template"] == "RuntimeError: shard <NUM> of <PATH> is corrupt at <HEX>"
+
+
+def test_the_new_signature_event_is_aggregatable_in_elasticsearch():
+    from ftwatch.pipeline.sinks.elasticsearch.ecs import event_doc
+    doc = event_doc(T0, "j2", "new_signature", detail={"template": "RuntimeError: shard <NUM>", "jobs": 3})
+    assert doc.source["event"]["reason"] == "RuntimeError: shard <NUM>"
+    assert doc.source["event"]["action"] == "new_signature"
+    assert "RuntimeError: shard <NUM>" in doc.source["message"]
+
+
+def test_report_has_a_failure_signatures_section(tmp_path):
+    from ftwatch.cli.report import _signatures
+    from ftwatch.report.render import render_html
+    m = Miner.in_state_dir(tmp_path, catch_all={"python.uncaught_exception"})
+    m.decision(uncaught("j1", 0, 1))
+    m.decision(uncaught("j2", 1, 2))
+    rows = _signatures(tmp_path)
+    assert rows[0]["jobs"] == 2 and rows[0]["rule"] == "python.uncaught_exception"
+    html = render_html({"source": "test", "jobs": [], "signatures": rows})
+    assert "Failure signatures" in html and "RuntimeError: shard &lt;NUM&gt; of &lt;PATH&gt;" in html
+    assert "No failure signatures" in render_html({"source": "test", "jobs": []})
+    assert _signatures(tmp_path / "none") == []
 
 
 def test_new_signature_alert_renders_in_both_languages():

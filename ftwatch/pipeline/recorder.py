@@ -167,9 +167,12 @@ class Recorder:
 
     def signatures(self, decision: Decision) -> None:
         """Mine a catch-all decision's evidence (``ftwatch.mining``); a signature that reaches
-        ``mining.new_signature_jobs`` jobs with it is said and sent as a ``new_signature`` event."""
+        ``mining.new_signature_jobs`` jobs with it is stored as a ``new_signature`` event (detail:
+        signature, template, jobs, lines), said, and sent as a ``new_signature`` alert."""
         rc = decision.root_cause
         for sig in self.miner.decision(decision):
+            self.event(decision.time, decision.target.job, "new_signature", signature=sig.id,
+                       template=sig.template, jobs=len(sig.jobs), lines=sig.count)
             self.say(self._style(f"ftwatch: new failure signature in {len(sig.jobs)} jobs: {sig.template}", "1;35"))
             self.dispatcher.dispatch(self.alerts.for_signature(
                 sig, decision.time, job=decision.target.job, node=rc.origin.node if rc else ""))

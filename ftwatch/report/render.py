@@ -40,12 +40,15 @@ def render_html(data: dict[str, Any], generated: float | None = None) -> str:
     script = _SOURCE_MAP.sub("", CHART_JS.read_text(encoding="utf-8"))
     if "</script" in script.lower():     # would end the inline <script> early
         raise ValueError(f"{CHART_JS} contains '</script'; it cannot be inlined")
+    data = {"signatures": [], **data}
     return _environment().get_template(TEMPLATE).render(
         data=data, chart_js=Markup(script), generated=iso(generated if generated is not None else time.time()))
 
 
-def write_report(reader: Any, out: Path, jobs: list[str] | None = None) -> dict[str, Any]:
-    """Build the report from ``reader`` (a ``ReportReader``) and write it to ``out`` atomically.
+def write_report(reader: Any, out: Path, jobs: list[str] | None = None,
+                 signatures: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Build the report from ``reader`` (a ``ReportReader``) and write it to ``out`` atomically;
+    ``signatures`` (``model.signature_rows``) fill its "Failure signatures" section.
 
     Returns:
         the data plotted (``model.build``'s result).
@@ -55,6 +58,7 @@ def write_report(reader: Any, out: Path, jobs: list[str] | None = None) -> dict[
         OSError: ``out`` cannot be written.
     """
     data = model.build(reader, jobs)
+    data["signatures"] = list(signatures or [])
     html = render_html(data)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
