@@ -161,9 +161,13 @@ def test_new_signature_alert_renders_in_both_languages():
     m = Miner(new_jobs=1)
     sig = m.add("RuntimeError: shard 3 is corrupt", T0, "j1")
     alert = alert_from_signature(sig, T0, "ftwatch mine", job="j1")
+    words = {"en": "Event:          new failure signature: new failure signature in 1 jobs (j1)",
+             "zh": "事件：        新的故障特征（特征 1，见 ftwatch mine）"}
     for lang in ("en", "zh"):
         text = TemplateRenderer(lang).render("console", alert)
-        assert "RuntimeError: shard 3 is corrupt" in text
+        assert "RuntimeError: shard 3 is corrupt" in text and words[lang] in text, text
+        for kind in ("webhook", "email", "feishu", "alertmanager"):      # every kind renders it
+            assert "RuntimeError: shard 3 is corrupt" in TemplateRenderer(lang).render(kind, alert)
 
 
 def test_corpus_with_rules_off_groups_the_same_failure_across_frameworks_and_ranks(tmp_path):

@@ -58,8 +58,7 @@ def write_report(reader: Any, out: Path, jobs: list[str] | None = None,
         OSError: ``out`` cannot be written.
     """
     data = model.build(reader, jobs)
-    data["signatures"] = list(signatures or [])
-    html = render_html(data)
+    html = render_html({**data, "signatures": list(signatures or [])})
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)
