@@ -149,7 +149,7 @@ def test_report_has_a_failure_signatures_section(tmp_path):
     m.decision(uncaught("j2", 1, 2))
     rows = _signatures(tmp_path)
     assert rows[0]["jobs"] == 2 and rows[0]["rule"] == "python.uncaught_exception"
-    html = render_html({"source": "test", "jobs": [], "signatures": rows})
+    html = render_html({"source": "test", "jobs": []}, signatures=rows)
     assert "Failure signatures" in html and "RuntimeError: shard &lt;NUM&gt; of &lt;PATH&gt;" in html
     assert "No failure signatures" in render_html({"source": "test", "jobs": []})
     assert _signatures(tmp_path / "none") == []
