@@ -248,3 +248,16 @@ def test_readme_unknown_failures_commands_work_as_written(tmp_path):
     assert "Distributed package doesn't have NCCL built in" in outputs[1]
     assert "root cause: [user_code] mined." in outputs[4]
     assert "3 jobs" in outputs[5] and "Watchdog caught collective operation timeout" in outputs[5]
+
+
+def test_build_recorder_attaches_the_miner_unless_mining_is_off(tmp_path):
+    from ftwatch.config.model import Config
+    from ftwatch.pipeline.build import build_recorder
+    on = build_recorder(Config(), tmp_path / "on", None, out=io.StringIO())
+    assert "python.uncaught_exception" in on.miner.catch_all and on.miner.new_jobs == 3
+    assert on.miner.path == tmp_path / "on" / "mining" / "signatures.json"
+    on.close()
+    off = build_recorder(Config.model_validate({"storage": {"mining": {"enabled": False}}}), tmp_path / "off",
+                         None, out=io.StringIO())
+    assert off.miner is None
+    off.close()
