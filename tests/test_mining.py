@@ -252,12 +252,15 @@ def test_readme_unknown_failures_commands_work_as_written(tmp_path):
 
 def test_build_recorder_attaches_the_miner_unless_mining_is_off(tmp_path):
     from ftwatch.config.model import Config
-    from ftwatch.pipeline.build import build_recorder
+    from ftwatch.pipeline.build import build_engine, build_recorder, mine_catch_alls
     on = build_recorder(Config(), tmp_path / "on", None, out=io.StringIO())
-    assert "python.uncaught_exception" in on.miner.catch_all and on.miner.new_jobs == 3
+    assert on.miner.catch_all == frozenset() and on.miner.new_jobs == 3
+    engine = build_engine(Config())
+    assert mine_catch_alls(on, engine) is engine                  # the engine's rules, not a second load
+    assert "python.uncaught_exception" in on.miner.catch_all
     assert on.miner.path == tmp_path / "on" / "mining" / "signatures.json"
     on.close()
     off = build_recorder(Config.model_validate({"storage": {"mining": {"enabled": False}}}), tmp_path / "off",
                          None, out=io.StringIO())
-    assert off.miner is None
+    assert off.miner is None and mine_catch_alls(off, engine) is engine
     off.close()
