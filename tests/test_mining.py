@@ -264,3 +264,21 @@ def test_build_recorder_attaches_the_miner_unless_mining_is_off(tmp_path):
                          None, out=io.StringIO())
     assert off.miner is None and mine_catch_alls(off, engine) is engine
     off.close()
+
+
+def test_ftwatch_run_mines_its_catch_all_failures_into_the_state_dir(tmp_path):
+    """End to end: two jobs that die of the same unexplained RuntimeError; the second sends the
+    new_signature event (threshold 2 in the config) and ftwatch mine lists the signature."""
+    config = tmp_path / "ftwatch.yaml"
+    config.write_text(yaml.safe_dump({"storage": {"state_dir": str(tmp_path / "state"),
+                                                  "mining": {"new_signature_jobs": 2}}}))
+    said = []
+    for job, shard in (("job-a", 12), ("job-b", 47)):
+        out = ftwatch("run", "--config", str(config), "--nproc-per-node", "1", "--job-id", job, "--",
+                      sys.executable, "-c", f"raise RuntimeError('shard {shard} of /data/s{shard}.bin is corrupt')")
+        said.append(out.stdout + out.stderr)
+    assert "new failure signature" not in said[0]
+    assert "new failure signature in 2 jobs: RuntimeError: shard <NUM> of <PATH> is corrupt" in said[1]
+    listed = ftwatch("mine", "--config", str(config), "--json")
+    [sig] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert sig["jobs"] == ["job-a", "job-b"] and sig["rules"] == {"python.uncaught_exception": 2}
