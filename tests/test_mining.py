@@ -75,6 +75,10 @@ def test_catch_all_is_a_rule_tag_an_unlisted_exit_or_no_rule():
     assert not is_catch_all(decision(Action.RESTART_JOB), ids)                # a specific rule
     assert is_catch_all(decision(Action.FAIL_JOB, finding("exit.1", fields={"generic": True})), ids)
     assert is_catch_all(decision(Action.FAIL_JOB, None), ids)
+    generic = finding("python.exception.RuntimeError", fields={"exception": "RuntimeError"})
+    specific = finding("python.exception.ZeroDivisionError", fields={"exception": "ZeroDivisionError"})
+    assert is_catch_all(decision(Action.FAIL_JOB, generic), ids)            # the message should decide
+    assert not is_catch_all(decision(Action.FAIL_JOB, specific), ids)       # the class says it all
 
 
 def test_state_survives_a_restart_and_news_is_said_once(tmp_path):
@@ -187,7 +191,7 @@ def test_corpus_with_rules_off_groups_the_same_failure_across_frameworks_and_ran
     assert jobs == sorted(jobs, reverse=True)                  # ranked by jobs hit
 
 
-CASE = "swift-npu-ddp-backend-nccl-not-built"   # a tuning case that ends in python.uncaught_exception
+CASE = "swift-npu-ddp-backend-nccl-not-built"   # a tuning case that ends in a catch-all (a bare RuntimeError)
 
 
 def test_a_drafted_rule_turns_a_catch_all_decision_into_the_right_one(tmp_path):
@@ -196,7 +200,7 @@ def test_a_drafted_rule_turns_a_catch_all_decision_into_the_right_one(tmp_path):
     assert "held_out" not in meta
     log = str(case / "combined.log")
     before = json.loads(ftwatch("replay", "--json", log).stdout)
-    assert before["root_cause"]["rule_id"] == "python.uncaught_exception"
+    assert before["root_cause"]["rule_id"] == "python.exception.RuntimeError"   # graded by the class alone
     clean = tmp_path / "clean.log"
     clean.write_text("RuntimeError: Distributed package is ready\nINFO backend nccl built in 2.3s\n")
     drafts = tmp_path / "drafts"
@@ -244,7 +248,7 @@ def test_readme_unknown_failures_commands_work_as_written(tmp_path):
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert out.returncode == 0, (command, out.stdout, out.stderr)
         outputs.append(out.stdout)
-    assert "python.uncaught_exception" in outputs[0]
+    assert "root cause: [user_code] python.exception.RuntimeError" in outputs[0]
     assert "Distributed package doesn't have NCCL built in" in outputs[1]
     assert "root cause: [user_code] mined." in outputs[4]
     assert "3 jobs" in outputs[5] and "Watchdog caught collective operation timeout" in outputs[5]
@@ -281,4 +285,4 @@ def test_ftwatch_run_mines_its_catch_all_failures_into_the_state_dir(tmp_path):
     assert "new failure signature in 2 jobs: RuntimeError: shard <NUM> of <PATH> is corrupt" in said[1]
     listed = ftwatch("mine", "--config", str(config), "--json")
     [sig] = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert sig["jobs"] == ["job-a", "job-b"] and sig["rules"] == {"python.uncaught_exception": 2}
+    assert sig["jobs"] == ["job-a", "job-b"] and sig["rules"] == {"python.exception.RuntimeError": 2}

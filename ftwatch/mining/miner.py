@@ -1,8 +1,9 @@
 """Unknown failures as signatures (SPEC T5): the evidence of catch-all decisions, mined with Drain3.
 
 A decision whose root cause explains nothing — a rule tagged ``catch_all`` (``python.uncaught_exception``),
-an exit code the table does not list or the generic code 1 (``Finding.fields["generic"]``), or no
-rule at all — leaves its evidence lines here (:meth:`Miner.decision`). Drain3 groups them into
+a traceback graded only by a generic exception class (``RuntimeError``, ``OSError``: the catalog's
+``decides: message`` rows, ``ftwatch.rules.exceptions``), an exit code the table does not list or
+the generic code 1 (``Finding.fields["generic"]``), or no rule at all — leaves its evidence lines here (:meth:`Miner.decision`). Drain3 groups them into
 templates across jobs, with the parameters masked (:data:`MASKING`: times, IPs, hex codes, paths,
 ranks, sizes, numbers) after the per-line prefixes are cut (:func:`strip_prefix`: torchrun's
 ``[default3]:``, torch's ``[rank3]:``, glog and ISO timestamps). Each template is a
@@ -28,6 +29,7 @@ from drain3.template_miner_config import TemplateMinerConfig
 
 from ftwatch.events import Decision
 from ftwatch.policy.statefile import read_state, write_state
+from ftwatch.rules.exceptions import ExceptionCatalog
 
 FORMAT, VERSION = "ftwatch-mining", 1
 CATCH_ALL_TAG = "catch_all"     # a rule tag (rule packs): its findings explain nothing specific
@@ -140,9 +142,16 @@ def _bump(counts: dict[str, int], key: str | None) -> None:
 
 def is_catch_all(decision: Decision, catch_all: Iterable[str]) -> bool:
     """True when the decision's root cause explains nothing specific: none, an exit code the
-    table does not list or the generic code (``fields["generic"]``), or a rule in ``catch_all``."""
+    table does not list or the generic code (``fields["generic"]``), a rule in ``catch_all``, or
+    a traceback graded only by a generic exception class whose message should have decided
+    (``python.exception.RuntimeError``: its catalog row says ``decides: message``, and no rule
+    hit the message)."""
     rc = decision.root_cause
-    return rc is None or bool(rc.fields.get("generic")) or rc.rule_id in set(catch_all)
+    if rc is None or rc.fields.get("generic") or rc.rule_id in set(catch_all):
+        return True
+    name = rc.fields.get("exception")
+    grade = ExceptionCatalog.load().lookup(str(name)) if name else None
+    return grade is not None and not grade.decides_by_class
 
 
 def evidence_lines(decision: Decision) -> list[str]:
