@@ -286,3 +286,12 @@ def test_ftwatch_run_mines_its_catch_all_failures_into_the_state_dir(tmp_path):
     listed = ftwatch("mine", "--config", str(config), "--json")
     [sig] = [json.loads(line) for line in listed.stdout.splitlines()]
     assert sig["jobs"] == ["job-a", "job-b"] and sig["rules"] == {"python.exception.RuntimeError": 2}
+
+
+def test_templates_with_little_literal_text_are_not_drafted(tmp_path):
+    from ftwatch.mining.draft import draftable, write_drafts
+    m = Miner()
+    noise = [m.add(line, T0, "j") for line in ("[12]:", "=" * 60, "step 12 of 40")]
+    real = m.add("RuntimeError: shard 3 is corrupt", T0, "j")
+    assert not any(draftable(s) for s in noise) and draftable(real)
+    assert [p.name for p in write_drafts([*noise, real], tmp_path)] == [f"mined.runtimeerror_shard_is_corrupt_{real.id}.yaml"]

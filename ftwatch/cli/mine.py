@@ -102,6 +102,9 @@ def cmd_mine(argv: list[str]) -> int:
     if args.draft:
         from ftwatch.mining.draft import write_drafts
         clean = [line for f in args.clean for line in f.read_text(encoding="utf-8", errors="replace").splitlines()]
-        for path in write_drafts(shown, args.draft, clean):
+        paths = write_drafts(shown, args.draft, clean)
+        for path in paths:
             print(f"draft: {path}")
+        if len(paths) < len(shown):
+            print(f"{len(shown) - len(paths)} signature(s) not drafted: too little literal text to match on")
     return 0

@@ -22,6 +22,7 @@ from ftwatch.mining.miner import Signature
 _MASK = re.compile(r"^<[A-Z*]+>$|<[A-Z*]+>")
 MIN_KEYWORD = 12        # characters: a shorter literal run is too common to be a keyword
 MAX_COUNTEREXAMPLES = 3
+MIN_LITERAL = 8         # characters of literal text a template needs to be drafted at all
 
 
 def _literal_runs(template: str) -> list[str]:
@@ -101,12 +102,20 @@ def _suggested_class(sig: Signature) -> str:
     return cls if cls and cls != "info" else "user_code"
 
 
+def draftable(sig: Signature) -> bool:
+    """False for a template with under :data:`MIN_LITERAL` characters of literal text (``[<NUM>]:``,
+    a rule line of ``====``): any rule drafted from it would hit nearly every line."""
+    return sum(len(run.replace(" ", "")) for run in _literal_runs(sig.template)
+               if run.strip("=-*#_.:[]() ")) >= MIN_LITERAL
+
+
 def write_drafts(signatures: Sequence[Signature], out_dir: Path, clean: Sequence[str] = ()) -> list[Path]:
-    """One ``<rule id>.yaml`` per signature in ``out_dir`` (created). Returns the files."""
+    """One ``<rule id>.yaml`` per :func:`draftable` signature in ``out_dir`` (created). Returns
+    the files."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    for sig in signatures:
+    for sig in filter(draftable, signatures):
         rule = draft_rule(sig, clean)
         path = out_dir / f"{rule['id']}.yaml"
         text = ("# Drafted by ftwatch mine from a failure signature: review before use.\n"
