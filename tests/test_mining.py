@@ -286,6 +286,10 @@ def test_ftwatch_run_mines_its_catch_all_failures_into_the_state_dir(tmp_path):
     listed = ftwatch("mine", "--config", str(config), "--json")
     [sig] = [json.loads(line) for line in listed.stdout.splitlines()]
     assert sig["jobs"] == ["job-a", "job-b"] and sig["rules"] == {"python.exception.RuntimeError": 2}
+    again = ftwatch("mine", "--config", str(config), "--json", "--from-store")     # from SQLite's decisions
+    [from_store] = [json.loads(line) for line in again.stdout.splitlines()]
+    assert {k: from_store[k] for k in ("template", "jobs", "rules", "count")} == \
+        {k: sig[k] for k in ("template", "jobs", "rules", "count")}
 
 
 def test_templates_with_little_literal_text_are_not_drafted(tmp_path):

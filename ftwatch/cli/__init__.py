@@ -118,7 +118,7 @@ commands:
   test-rules [FILE...]
   bootcheck [--config FILE] [--state-dir DIR] [--path DIR...] [--nproc-per-node N] [--no-allreduce]
   nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]
-  mine [FILE...] [--all-lines] [--no-builtin] [--rules FILE]... [--state-dir DIR] [--min-jobs N]
+  mine [FILE... | --from-store [--es-url URL]] [--all-lines] [--no-builtin] [--rules FILE]... [--state-dir DIR] [--min-jobs N]
       [--draft DIR [--clean FILE]...] [--json]
   evaluate [CORPUS] [--check-baseline FILE | --write-baseline FILE] [--min-accuracy 0.9] [--json]
   nodes list|readmit NODE [--config FILE] [--kubeconfig FILE] [--context NAME] [--dry-run]

@@ -1,7 +1,8 @@
 """``ftwatch mine``: failure signatures (SPEC T5), ranked by the jobs they hit; ``--draft`` rules.
 
 Without files: the signatures ``run`` and ``watch`` mined into ``<state-dir>/mining/`` from their
-catch-all decisions. With files: the files of each job (:func:`jobs_of`) are replayed with the
+catch-all decisions; ``--from-store``: mined afresh from the stored decisions (SQLite, or
+Elasticsearch with ``--es-url``), e.g. a store older than the miner. With files: the files of each job (:func:`jobs_of`) are replayed with the
 configured rules and the evidence of the job's catch-all decision is mined (``--all-lines``: every
 line, no replay).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 from ftwatch.cli.common import ArgumentParser, load_config_from_args, split_flags, with_rule_files
@@ -59,6 +61,31 @@ def mine_files(files: list[Path], config, all_lines: bool = False):
     return miner
 
 
+def mine_store(reader, config):
+    """A fresh miner fed with every stored decision of ``reader`` (``ftwatch.report.reader``'s
+    SQLite reader or the Elasticsearch one) whose root cause is a catch-all. Returns the Miner."""
+    from ftwatch.mining.miner import Miner, catch_all_ids
+    from ftwatch.pipeline.build import build_rules
+    miner = Miner(catch_all=catch_all_ids(build_rules(config)), new_jobs=config.storage.mining.new_signature_jobs)
+    for job in reader.jobs():
+        for row in reader.decisions(job):
+            miner.stored(row)
+    return miner
+
+
+def _store_miner(args, config):
+    """:func:`mine_store` over the SQLite store of the state dir, or Elasticsearch (``--es-url``)."""
+    if args.es_url:
+        from ftwatch.config.storage import ElasticsearchConfig
+        from ftwatch.report.esreader import EsReader
+        with EsReader.from_config(ElasticsearchConfig.model_validate({"url": args.es_url})) as reader:
+            return mine_store(reader, config)
+    from ftwatch.report.reader import SqliteReader
+    db = Path(args.state_dir) / "ftwatch.db" if args.state_dir else config.storage.sqlite_path
+    with SqliteReader(db) as reader:
+        return mine_store(reader, config)
+
+
 def cmd_mine(argv: list[str]) -> int:
     flags, rest, tail = split_flags(argv)
     p = ArgumentParser(prog="ftwatch mine", description="Failure signatures of catch-all decisions, "
@@ -70,6 +97,10 @@ def cmd_mine(argv: list[str]) -> int:
     p.add_argument("--aimaster-args")
     p.add_argument("--state-dir", type=Path, help="default: storage.state_dir")
     p.add_argument("--all-lines", action="store_true", help="mine every line of the files (no replay)")
+    p.add_argument("--from-store", action="store_true",
+                   help="mine the stored decisions again (SQLite of the state dir, or --es-url) instead of "
+                        "reading the state dir's signatures")
+    p.add_argument("--es-url", action="append", help="with --from-store: read Elasticsearch (repeatable)")
     p.add_argument("--no-builtin", action="store_true", help="replay without the built-in rule packs")
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
                    help="another rule file for the replay (repeat it)")
@@ -87,6 +118,12 @@ def cmd_mine(argv: list[str]) -> int:
     config = with_rule_files(config, args.rules, builtin=not args.no_builtin)
     if args.files:
         miner = mine_files(args.files, config, args.all_lines)
+    elif args.from_store:
+        try:
+            miner = _store_miner(args, config)
+        except (FileNotFoundError, LookupError) as exc:
+            print(f"ftwatch mine: {exc}", file=sys.stderr)
+            return 1
     else:
         from ftwatch.mining.miner import Miner
         miner = Miner.in_state_dir(args.state_dir or config.storage.state_dir)

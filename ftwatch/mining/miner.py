@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from drain3 import TemplateMiner
 from drain3.masking import MaskingInstruction
@@ -141,27 +141,28 @@ def _bump(counts: dict[str, int], key: str | None) -> None:
 
 
 def is_catch_all(decision: Decision, catch_all: Iterable[str]) -> bool:
-    """True when the decision's root cause explains nothing specific: none, an exit code the
-    table does not list or the generic code (``fields["generic"]``), a rule in ``catch_all``, or
-    a traceback graded only by a generic exception class whose message should have decided
-    (``python.exception.RuntimeError``: its catalog row says ``decides: message``, and no rule
-    hit the message)."""
+    """True when the decision's root cause explains nothing specific (:func:`catch_all_root`)."""
     rc = decision.root_cause
-    if rc is None or rc.fields.get("generic") or rc.rule_id in set(catch_all):
+    return rc is None or catch_all_root(rc.rule_id, rc.fields, catch_all)
+
+
+def catch_all_root(rule_id: str, fields: Mapping[str, Any], catch_all: Iterable[str]) -> bool:
+    """True for a root cause (its rule id and fields) that explains nothing specific: an exit
+    code the table does not list or the generic code (``fields["generic"]``), a rule in
+    ``catch_all``, or a traceback graded only by a generic exception class whose message should
+    have decided (``python.exception.RuntimeError``: its catalog row says ``decides: message``,
+    and no rule hit the message)."""
+    if fields.get("generic") or rule_id in set(catch_all):
         return True
-    name = rc.fields.get("exception")
+    name = fields.get("exception")
     grade = ExceptionCatalog.load().lookup(str(name)) if name else None
     return grade is not None and not grade.decides_by_class
 
 
-def evidence_lines(decision: Decision) -> list[str]:
-    """The lines of a decision worth mining: its root cause's evidence (else its line), frames
-    and headers dropped; nothing when it has no root cause."""
-    rc = decision.root_cause
-    if rc is None:
-        return []
-    lines = list(rc.evidence) or [rc.line]
-    return [line for line in lines if worth_mining(strip_prefix(line))]
+def worth_lines(evidence: Sequence[str], line: str) -> list[str]:
+    """The lines of a root cause worth mining: its evidence (else its line), frames and headers
+    dropped."""
+    return [x for x in (list(evidence) or [line]) if worth_mining(strip_prefix(x))]
 
 
 class Miner:
@@ -227,14 +228,27 @@ class Miner:
     def decision(self, decision: Decision) -> list[Signature]:
         """Mine a decision's evidence when it is a catch-all (:func:`is_catch_all`); save.
         Returns the signatures that reached ``new_jobs`` jobs with it (each once, ever)."""
-        if not is_catch_all(decision, self.catch_all):
-            return []
         rc = decision.root_cause
-        if rc is None:
+        if rc is None or not is_catch_all(decision, self.catch_all):
             return []
-        touched = {s.id: s for line in evidence_lines(decision)
-                   if (s := self.add(line, rc.time, decision.target.job, rc.origin.node, rc.rule_id,
-                                     rc.failure_class.value, decision.action.label)) is not None}
+        return self._mine(worth_lines(rc.evidence, rc.line), rc.time, decision.target.job, rc.origin.node,
+                          rc.rule_id, rc.failure_class.value, decision.action.label)
+
+    def stored(self, row: Mapping[str, Any]) -> list[Signature]:
+        """:meth:`decision` for a stored decision (a ``ReportReader.decisions`` row: ``job``,
+        ``action``, ``root_cause`` with ``rule_id``, ``fields``, ``evidence``, ``line``, ``epoch``,
+        ``node``, ``failure_class``)."""
+        rc = row.get("root_cause")
+        if not rc or not catch_all_root(rc.get("rule_id", ""), rc.get("fields") or {}, self.catch_all):
+            return []
+        return self._mine(worth_lines(rc.get("evidence") or [], rc.get("line", "")), float(rc.get("epoch", 0.0)),
+                          row["job"], rc.get("node") or "", rc.get("rule_id", ""), rc.get("failure_class", ""),
+                          row.get("action", ""))
+
+    def _mine(self, lines: list[str], time: float, job: str, node: str, rule: str, failure_class: str,
+              action: str) -> list[Signature]:
+        touched = {s.id: s for line in lines
+                   if (s := self.add(line, time, job, node, rule, failure_class, action)) is not None}
         new = [s for s in touched.values() if len(s.jobs) >= self.new_jobs and s.id not in self.announced]
         self.announced.update(s.id for s in new)
         if touched:
