@@ -30,6 +30,7 @@ STABLE_IDS = {
     ("visualization", "ftwatch-vis-restarts-over-time"), ("visualization", "ftwatch-vis-decisions-by-action"),
     ("visualization", "ftwatch-vis-failure-classes"), ("visualization", "ftwatch-vis-top-root-causes"),
     ("visualization", "ftwatch-vis-isolated-nodes"), ("search", "ftwatch-search-job-timeline"),
+    ("visualization", "ftwatch-vis-new-failure-signatures"),
     ("dashboard", "ftwatch-dashboard-overview"),
 }
 

@@ -9,6 +9,9 @@ The folder list is the flow, and imports go one way, down this list:
     rules/                    detection: config, parsers
     policy/                   deciding: config, parsers, rules
     alerting/                 config, rules, policy; never pipeline
+    mining/                   failure signatures (Drain3): policy's state files; fed by the
+                              recorder, read by ``ftwatch mine`` (a stage of its own: it is neither
+                              detection nor deciding, and the report and CLI read it back)
     pipeline/sources/         what brings events in: config, parsers
     pipeline/actuators/       what carries decisions out: config, policy, and the sources it acts on
                               (the local supervisor, the SDK channel)
@@ -40,7 +43,7 @@ import pytest
 import ftwatch
 
 PACKAGE = Path(ftwatch.__file__).parent
-STAGES = ("config", "parsers", "rules", "policy", "alerting", "pipeline.sources", "pipeline.actuators",
+STAGES = ("config", "parsers", "rules", "policy", "alerting", "mining", "pipeline.sources", "pipeline.actuators",
           "pipeline.sinks", "pipeline", "report", "health", "cli")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 # pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
@@ -60,6 +63,7 @@ MAY_USE: dict[str | None, frozenset[str]] = {
     "rules": frozenset({"config", "parsers"}),
     "policy": frozenset({"config", "parsers", "rules"}),
     "alerting": frozenset({"config", "rules", "policy"}),
+    "mining": frozenset({"config", "rules", "policy"}),   # new on purpose (issue 15): statefile, rule ids
     "pipeline.sources": frozenset({"config", "parsers"}),
     "pipeline.actuators": frozenset({"config", "policy", "pipeline.sources"}),
     "pipeline.sinks": frozenset(),

@@ -25,6 +25,7 @@ SEVERITY_BY_EVENT_TYPE: dict[str, str] = {
     "node_isolated": "critical", "job_failed": "critical",
     "job_restart": "warning", "instance_restart": "warning", "job_hang": "warning",
     "straggler": "info", "c4d_diagnosis": "info", "custom_message": "info", "notice": "info",
+    "new_signature": "info",
     "job_finished": "info", "digest": "info"}
 """The severity of each event type (:data:`ftwatch.config.routes.EVENT_TYPES`): ``critical`` when
 the job loses a node or ends failed, ``warning`` for restarts (hangs included), ``info`` for
@@ -210,6 +211,8 @@ def alert_link(alert: "Alert", state_dir: str | Path | None, url_template: str |
     state = f" --state-dir {shlex.quote(str(Path(state_dir).resolve()))}" if state_dir is not None else ""
     if alert.event_type == "custom_message":
         return f"ftwatch report{state} --job {shlex.quote(alert.labels.get('job', ''))}"
+    if alert.event_type == "new_signature":
+        return f"ftwatch mine{state}"
     return f"ftwatch explain{state} {alert.decision_id}"
 
 
@@ -285,6 +288,37 @@ def alert_from_custom_message(job: str, content: str, time: float, link: str = "
                  id=hashlib.sha1(raw.encode()).hexdigest()[:16])
 
 
+def alert_from_signature(signature: Any, time: float, link: str = "", *, job: str = "",
+                         node: str = "") -> Alert:
+    """The alert for a new failure signature (SPEC T5, event ``new_signature``): a template that
+    catch-all decisions printed reached the configured number of jobs (``mining.new_signature_jobs``).
+    Action ``notify``, the template as the root-cause line, class ``info``; made from no decision,
+    its :attr:`Alert.id` is a hash of the signature id and template.
+
+    Args:
+        signature: a ``ftwatch.mining.miner.Signature`` (``id``, ``template``, ``jobs``, ``nodes``,
+            ``count``, ``examples``, ``top(what)``).
+        time: epoch seconds (the decision that made it new).
+        link: how to see more (``ftwatch mine``).
+        job, node: the job and node whose decision made it new (labels for routing).
+    """
+    jobs = list(signature.jobs)
+    raw = f"new_signature|{signature.id}|{signature.template}"
+    labels = {"alertname": "ftwatch_new_signature", "event_type": "new_signature", "job": job,
+              "instance": "", "rank": "", "node": node, "action": Action.NOTIFY.label,
+              "severity": severity_of("new_signature"), "failure_class": FailureClass.INFO.value,
+              "rule": "new_signature", "rule_id": "new_signature", "signature": str(signature.id)}
+    annotations = {
+        "summary": f"new failure signature in {len(jobs)} jobs ({', '.join(jobs[:5])}): {signature.template}",
+        "description": (f"{signature.count} lines explained only by {signature.top('rules') or 'no rule'}; "
+                        f"actions taken: {signature.top('actions') or 'none'}; draft a rule with ftwatch mine --draft"),
+        "root_cause_line": signature.examples[0] if signature.examples else signature.template,
+        "root_cause_instance": "", "root_cause_rank": "", "root_cause_time": iso(time),
+        "root_cause_source": "ftwatch.mining", "explain": link}
+    return Alert(labels, annotations, "firing", time, None, budgets={"restarts_used": 0, "restarts_left": 0},
+                 id=hashlib.sha1(raw.encode()).hexdigest()[:16])
+
+
 @dataclass(frozen=True)
 class AlertMaker:
     """Makes an alert and its link (SPEC N1: every alert carries one) in one call.
@@ -306,6 +340,10 @@ class AlertMaker:
     def for_custom_message(self, job: str, content: str, time: float, **kw: Any) -> Alert:
         """:func:`alert_from_custom_message` (same keyword arguments) with its link."""
         return self._linked(alert_from_custom_message(job, content, time, "", **kw))
+
+    def for_signature(self, signature: Any, time: float, **kw: Any) -> Alert:
+        """:func:`alert_from_signature` (same keyword arguments) with its link."""
+        return self._linked(alert_from_signature(signature, time, "", **kw))
 
     def _linked(self, alert: Alert) -> Alert:
         link = alert_link(alert, self.state_dir, self.link_url)

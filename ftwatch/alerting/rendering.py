@@ -24,7 +24,9 @@ body. A template sees only plain values (str, int, None, dicts, lists):
                        ``alerting.link_url`` URL
 ``labels``             the alert's labels; ``annotations`` its annotations; ``summary``
 ``event_type``         ``job_restart``, ``job_hang``, ``node_isolated``, ``job_failed``,
-                       ``custom_message``, ``notice``, ``straggler``... (``ftwatch.alerting.alerts.event_type_of``)
+                       ``custom_message``, ``notice``, ``straggler``, ``new_signature``...
+                       (``ftwatch.alerting.alerts.event_type_of``); ``event_text`` the words
+                       for it where there are some (``new_signature``), else the wire name
 =====================  ===================================================================
 
 None renders as ``-``. Filters besides Jinja2's: ``mrkdwn`` escapes ``& < >`` for Slack
@@ -39,13 +41,14 @@ import re
 import traceback
 from importlib import resources
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ftwatch.alerting.alerts import (Alert, alert_from_custom_message, alert_from_decision, explain_command,
-                                    sample_alert)
+from ftwatch.alerting.alerts import (Alert, alert_from_custom_message, alert_from_decision, alert_from_signature,
+                                     explain_command, sample_alert)
 from ftwatch.errors import Issue, TemplateError
 from ftwatch.events import Action, Decision, Target, iso
 
@@ -67,7 +70,8 @@ _WORDS: dict[str, dict[str, dict[str, str]]] = {
         "retryable_infra": "retryable infrastructure error",
         "hardware_node": "node hardware fault", "user_code": "user code error",
         "oom": "out of memory", "hang": "hang", "straggler": "straggler",
-        "fallout": "fallout of another failure", "info": "information"}},
+        "fallout": "fallout of another failure", "info": "information"},
+        "event_type": {"new_signature": "new failure signature"}},
     "zh": {"action": {
         "none": "不处理", "notify": "通知人工确认", "restart_instance": "重启单个实例",
         "restart_in_place": "原地重启进程", "restart_job": "重启整个任务",
@@ -75,7 +79,8 @@ _WORDS: dict[str, dict[str, dict[str, str]]] = {
         "failure_class": {
         "retryable_infra": "可重试的基础设施故障", "hardware_node": "节点硬件故障",
         "user_code": "用户代码错误", "oom": "内存不足（OOM）", "hang": "任务卡死",
-        "straggler": "慢节点", "fallout": "由其他故障引发的连带错误", "info": "提示信息"}},
+        "straggler": "慢节点", "fallout": "由其他故障引发的连带错误", "info": "提示信息"},
+        "event_type": {"new_signature": "新的故障特征"}},
 }
 
 
@@ -111,6 +116,7 @@ def template_context(alert: Alert, language: str = "en") -> dict[str, Any]:
         "labels": dict(alert.labels), "annotations": dict(alert.annotations),
         "summary": alert.annotations.get("summary", ""),
         "event_type": alert.event_type,
+        "event_text": words["event_type"].get(alert.event_type, alert.event_type),
     }
 
 
@@ -302,7 +308,8 @@ def sample_alerts() -> list[Alert]:
     """The alerts ``check`` renders: :func:`sample_alert` firing and resolved, a custom message
     from the training code, and a ``fail_job`` without a root cause (``root_cause`` is None: the
     job ended by itself with a failure, ``ftwatch.policy.policy.Policy.finished``), so a template
-    that uses ``root_cause.line`` unguarded fails at ``check`` time, not at 3 a.m."""
+    that uses ``root_cause.line`` unguarded fails at ``check`` time, not at 3 a.m.; and a
+    ``new_signature`` alert (``ftwatch.mining``), also made from no decision."""
     alert = sample_alert()
     custom = alert_from_custom_message("demo-job", "loss is NaN at step 1200", alert.starts_at,
                                        alert.annotations["explain"], instance="worker-0",
@@ -311,7 +318,12 @@ def sample_alerts() -> list[Alert]:
                      "the job ended by itself with a failure → fail_job", 3, 0, attempt=3)
     failed = alert_from_decision(ended, explain_command(".ftwatch-state", ended.decision_id))
     assert failed is not None
-    return [alert, alert.resolve(alert.starts_at + 300.0), custom, failed]
+    signature = SimpleNamespace(id=7, template="RuntimeError: shard <NUM> of <PATH> is corrupt", count=9,
+                                jobs=["job-1", "job-2", "job-3"], nodes=["node-a"],
+                                examples=["[rank3]: RuntimeError: shard 12 of /data/s12 is corrupt"],
+                                top=lambda what: {"rules": "python.uncaught_exception", "actions": "fail_job"}[what])
+    new = alert_from_signature(signature, alert.starts_at + 900.0, "ftwatch mine", job="job-3", node="node-a")
+    return [alert, alert.resolve(alert.starts_at + 300.0), custom, failed, new]
 
 
 def _template_line(exc: BaseException, filename: str) -> int:

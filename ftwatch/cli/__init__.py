@@ -85,6 +85,7 @@ _COMMANDS = {
     "check": "ftwatch.cli.check:cmd_check",
     "test-rules": "ftwatch.cli.test_rules:cmd_test_rules",
     "evaluate": "ftwatch.cli.evaluate:cmd_evaluate",
+    "mine": "ftwatch.cli.mine:cmd_mine",
     "report": "ftwatch.cli.report:cmd_report",
     "es": "ftwatch.cli.es:cmd_es",
     "dashboards": "ftwatch.cli.dashboards:cmd_dashboards",
@@ -109,7 +110,7 @@ commands:
   run [AIMaster flags] [--config FILE] --nproc-per-node N|MIN:MAX [--recover-strategy S,...] [--keep-scene SECONDS]
       [--state-dir DIR] [--decisions-file PATH] [--metrics-port N] -- COMMAND...
   watch --config FILE [AIMaster flags] [--state-dir DIR] [--decisions-file PATH] [--metrics-port N]
-  replay [AIMaster flags] [--json] FILE...
+  replay [AIMaster flags] [--json] [--rules FILE]... FILE...
   explain [--state-dir DIR] [DECISION_ID]
   report [--state-dir DIR] [-o FILE] [--job JOB]
   check [CONFIG] [--rules FILE...]
@@ -117,6 +118,8 @@ commands:
   test-rules [FILE...]
   bootcheck [--config FILE] [--state-dir DIR] [--path DIR...] [--nproc-per-node N] [--no-allreduce]
   nodecheck [--nnodes N|MIN:MAX] [--nproc-per-node N] [--exclude-straggler] [--state-dir DIR]
+  mine [FILE... | --from-store [--es-url URL]] [--all-lines] [--no-builtin] [--rules FILE]... [--state-dir DIR] [--min-jobs N]
+      [--draft DIR [--clean FILE]...] [--json]
   evaluate [CORPUS] [--check-baseline FILE | --write-baseline FILE] [--min-accuracy 0.9] [--json]
   nodes list|readmit NODE [--config FILE] [--kubeconfig FILE] [--context NAME] [--dry-run]
   es setup|flush [--config FILE] [--url URL]

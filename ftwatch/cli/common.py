@@ -56,6 +56,15 @@ def load_config_from_args(args: argparse.Namespace, flags: dict):
     check_step_patterns(config, getattr(args, "config", None))     # before an engine is built from them
     return config
 
+def with_rule_files(config, files: Sequence[str] = (), builtin: bool = True):
+    """``config`` with ``files`` added to ``rules.files`` and the built-in packs off unless
+    ``builtin`` (``replay --rules``, ``mine --rules --no-builtin``)."""
+    if not files and builtin:
+        return config
+    return config.model_copy(update={"rules": config.rules.model_copy(update={
+        "builtin": config.rules.builtin and builtin, "files": [*config.rules.files, *files]})})
+
+
 def split_flags(argv: list[str]) -> tuple[dict, list[str], list[str]]:
     """(AIMaster flags, other options, command after ``--``)."""
     from ftwatch.config.model import parse_aimaster_flags

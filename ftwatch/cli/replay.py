@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
+from ftwatch.cli.common import ArgumentParser, aimaster_epilog, load_config_from_args, split_flags, with_rule_files
 
 
 def cmd_replay(argv: list[str]) -> int:
@@ -19,6 +19,8 @@ def cmd_replay(argv: list[str]) -> int:
     p.add_argument("--aimaster-args")
     p.add_argument("--json", action="store_true", help="print decisions as JSON lines")
     p.add_argument("--job-id", default="replay")
+    p.add_argument("--rules", action="append", default=[], metavar="FILE",
+                   help="another rule file (after rules.files; repeat it), e.g. a draft of ftwatch mine")
     p.add_argument("--state-dir", help="keep budgets here (default: a temporary directory); the chip-fault "
                                        "history and node blame always stay in memory, so a replay never "
                                        "counts against real jobs")
@@ -32,7 +34,10 @@ def cmd_replay(argv: list[str]) -> int:
     from ftwatch.pipeline.build import build_engine, build_policy
     from ftwatch.pipeline.replay import replay
     from ftwatch.policy.budgets import BudgetStore
-    config = load_config_from_args(args, flags)
+    for f in args.rules:
+        if not Path(f).is_file():
+            p.error(f"{f}: no such file")
+    config = with_rule_files(load_config_from_args(args, flags), args.rules)
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(args.state_dir or tmp)
         state.mkdir(parents=True, exist_ok=True)

@@ -99,6 +99,16 @@ def _es_config(args: argparse.Namespace, config: Any) -> Any:
     return ElasticsearchConfig.model_validate(data)
 
 
+def _signatures(state_dir: Path) -> list[dict[str, Any]]:
+    """The failure signatures mined under ``state_dir`` (``ftwatch.mining``) as report rows;
+    none when nothing was mined there."""
+    from ftwatch.mining.miner import Miner
+    from ftwatch.report.model import signature_rows
+    if not (Path(state_dir) / "mining" / "signatures.json").is_file():
+        return []
+    return signature_rows(Miner.in_state_dir(state_dir).ranked())
+
+
 def cmd_report(argv: list[str]) -> int:
     """``ftwatch report [--state-dir DIR] [--db FILE | --es-url URL ...] [-o FILE] [--job JOB]...
     [--since T] [--until T]``: writes the page.
@@ -128,13 +138,14 @@ def cmd_report(argv: list[str]) -> int:
     state_dir = Path(args.state_dir) if args.state_dir else (
         config.storage.state_dir if config is not None else Path(".ftwatch-state"))
     out = args.output or state_dir / "report.html"
+    signatures = _signatures(state_dir)
     try:
         if es_cfg is not None:
             from ftwatch.report.esreader import EsReader, EsReadError
             try:
                 with EsReader.from_config(es_cfg, since=since, until=until) as reader:
                     reader.check()
-                    data = write_report(reader, out, args.job)
+                    data = write_report(reader, out, args.job, signatures)
             except EsReadError as exc:
                 print(f"ftwatch report: {exc}", file=sys.stderr)
                 return 1
@@ -144,7 +155,7 @@ def cmd_report(argv: list[str]) -> int:
                 config.storage.sqlite_path if config is not None and not args.state_dir
                 else state_dir / "ftwatch.db")
             with SqliteReader(db, since=since, until=until) as reader:
-                data = write_report(reader, out, args.job)
+                data = write_report(reader, out, args.job, signatures)
     except (FileNotFoundError, LookupError) as exc:
         print(f"ftwatch report: {exc}", file=sys.stderr)
         return 1

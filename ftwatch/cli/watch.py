@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ftwatch.cli.common import EXIT_FAILED, ArgumentParser, aimaster_epilog, load_config_from_args, split_flags
 from ftwatch.errors import ConfigError, SourceError
-from ftwatch.pipeline.build import build_engine, build_recorder
+from ftwatch.pipeline.build import build_engine, build_recorder, mine_catch_alls
 
 
 def cmd_watch(argv: list[str]) -> int:
@@ -59,7 +59,7 @@ def cmd_watch(argv: list[str]) -> int:
                   f"{exc.strerror or exc}", file=sys.stderr)
             return EXIT_FAILED
         recorder.say(f"ftwatch watch: SDK endpoint started on port {monitor.port}")
-    watcher = Watcher(config, build_engine(config), recorder, identity.resolve,   # H3: step lines too
+    watcher = Watcher(config, mine_catch_alls(recorder, build_engine(config)), recorder, identity.resolve,  # H3 too
                       build_actuator(config.watch.actuator, log=lambda line: recorder.say(f"ftwatch: k8s {line}")),
                       flush_partials=lambda before: identity.joiners.flush(before), devices=identity.devices,
                       monitor=monitor)

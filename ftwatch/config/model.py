@@ -36,7 +36,7 @@ from ftwatch.config.yamlsource import Loc, line_index, parse_yaml, read_yaml_tex
 from ftwatch.config.yamlsource import dotted as _dotted
 
 __all__ = ["AIMASTER_FLAGS", "AlertingConfig", "Config", "ConsoleReceiver", "JobConfig", "PolicyConfig",
-           "RulesConfig", "StorageConfig", "SupervisorConfig", "WebhookReceiver", "config_reference",
+           "MiningConfig", "RulesConfig", "StorageConfig", "SupervisorConfig", "WebhookReceiver", "config_reference",
            "load_config", "parse_aimaster_flags"]
 
 _STRICT = ConfigDict(extra="forbid")
@@ -131,6 +131,16 @@ class AlertingConfig(EventCenterFields):
         return value
 
 
+class MiningConfig(BaseModel):
+    """Failure-signature mining (SPEC T5, ``ftwatch.mining``): the evidence of catch-all decisions
+    grouped into templates under ``<state_dir>/mining/``."""
+
+    model_config = _STRICT
+    enabled: bool = Field(True, description="Mine the evidence of catch-all decisions (ftwatch mine reads it).")
+    new_signature_jobs: int = Field(3, ge=1, description="A signature seen in this many jobs sends a "
+                                                         "new_signature event.")
+
+
 class StorageConfig(BaseModel):
     """Where state and events are kept."""
 
@@ -140,6 +150,8 @@ class StorageConfig(BaseModel):
     elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig,
                                    description="Prometheus endpoint and output counts (ftwatch.config.metrics).")
+    mining: MiningConfig = Field(default_factory=MiningConfig,
+                                 description="Failure-signature mining of catch-all decisions (ftwatch mine).")
 
     @property
     def sqlite_path(self) -> Path:

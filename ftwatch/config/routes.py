@@ -40,6 +40,8 @@ EVENT_TYPES: dict[str, str] = {
     "c4d_diagnosis": "a notify-only C4D slow/hang diagnosis (seed 000 --enable-c4d-hang-detection; "
                      "rule id c4d*); a C4D isolation is node_isolated with label c4d=true",
     "custom_message": "a message from the training code (SDK send_custom_message, seed 000)",
+    "new_signature": "a new failure signature: a template that catch-all decisions printed reached "
+                     "mining.new_signature_jobs jobs (ftwatch mine)",
     "notice": "any other notify decision",
     "job_finished": "the job ended without an action (action none, when such alerts are made)",
     "digest": "the daily digest of muted, inhibited and rate-limited alerts",

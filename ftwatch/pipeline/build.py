@@ -120,10 +120,22 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket,
                         link_url=alerting.link_url)
+    if config.storage.mining.enabled:        # catch-all evidence -> signatures (ftwatch mine)
+        from ftwatch.mining.miner import Miner
+        recorder.miner = Miner.in_state_dir(state_dir, new_jobs=config.storage.mining.new_signature_jobs)
     sender.resend_pending()                  # alerts spooled by an earlier run, to the workers
     center.recover()                         # alerts an earlier run left waiting in a group
     recorder.collect()
     return recorder
+
+def mine_catch_alls(recorder, engine):
+    """Tell the recorder's miner (if any) which of ``engine``'s rules are catch-alls (tagged
+    ``catch_all``), from the rules the engine already loaded. Returns ``engine``."""
+    if getattr(recorder, "miner", None) is not None:
+        from ftwatch.mining.miner import catch_all_ids
+        recorder.miner.catch_all = catch_all_ids(engine.rules)
+    return engine
+
 
 def resolve_after_of(config) -> float:
     """Seconds without a new incident before open alerts resolve: the smallest ``resolve_after``
@@ -187,7 +199,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     mc, sup, pol = config.mindcluster, config.supervisor, config.policy
     clock = clock or SystemClock()
     node = node or socket.gethostname()
-    engine = engine if engine is not None else build_engine(config, say=recorder.say)
+    engine = mine_catch_alls(recorder, engine if engine is not None else build_engine(config, say=recorder.say))
     state_dir = Path(config.storage.state_dir)
     budgets = BudgetStore.for_job(state_dir, job)
     policy = build_policy(config, job, budgets)

@@ -80,6 +80,7 @@ class Recorder:
         self.output_counts = OutputCounts(output_bucket)
         self._origins: dict[tuple[str, str], Origin] = {}   # (job, instance) -> its latest origin
         self.open = OpenAlerts(resolve_after)
+        self.miner: Any = None    # ftwatch.mining.miner.Miner: catch-all evidence -> signatures
         self._closed = False
 
     # -- the null objects stand in for what is not configured ---------------------------------
@@ -160,6 +161,21 @@ class Recorder:
             alert = self.alerts.for_decision(decision)
             self.dispatcher.dispatch(alert)
             self.open.fired(alert, decision.time)
+            self.collect()
+        if self.miner is not None:
+            self.signatures(decision)
+
+    def signatures(self, decision: Decision) -> None:
+        """Mine a catch-all decision's evidence (``ftwatch.mining``); a signature that reaches
+        ``mining.new_signature_jobs`` jobs with it is stored as a ``new_signature`` event (detail:
+        signature, template, jobs, lines), said, and sent as a ``new_signature`` alert."""
+        rc = decision.root_cause
+        for sig in self.miner.decision(decision):
+            self.event(decision.time, decision.target.job, "new_signature", signature=sig.id,
+                       template=sig.template, jobs=len(sig.jobs), lines=sig.count)
+            self.say(self._style(f"ftwatch: new failure signature in {len(sig.jobs)} jobs: {sig.template}", "1;35"))
+            self.dispatcher.dispatch(self.alerts.for_signature(
+                sig, decision.time, job=decision.target.job, node=rc.origin.node if rc else ""))
             self.collect()
 
     def custom_message(self, time: float, job: str, content: str, instance: str | None = None,

@@ -221,3 +221,12 @@ def build(reader: Any, jobs: list[str] | None = None) -> Row:
     return {"source": reader.source,
             "jobs": [job_view(j, reader.runs(j), reader.events(j), reader.findings(j),
                               reader.decisions(j), reader.output(j)) for j in wanted]}
+
+
+def signature_rows(signatures: Iterable[Any], limit: int = 20) -> list[Row]:
+    """The report's "Failure signatures" rows (SPEC T5): the first ``limit`` of ``signatures``
+    (``ftwatch.mining.miner.Signature``, ranked by jobs hit), times as ISO strings."""
+    return [{"id": s.id, "template": s.template, "jobs": len(s.jobs), "job_names": list(s.jobs)[:10],
+             "nodes": len(s.nodes), "count": s.count, "first_seen": iso(s.first_seen),
+             "last_seen": iso(s.last_seen), "rule": s.top("rules"), "action": s.top("actions")}
+            for s in list(signatures)[:limit]]

@@ -31,8 +31,10 @@ def _environment() -> Environment:
                        autoescape=select_autoescape(["html", "j2"], default=True))
 
 
-def render_html(data: dict[str, Any], generated: float | None = None) -> str:
-    """The page for ``data`` (``ftwatch.report.model.build``'s result) as one HTML string.
+def render_html(data: dict[str, Any], generated: float | None = None,
+                signatures: list[dict[str, Any]] | None = None) -> str:
+    """The page for ``data`` (``ftwatch.report.model.build``'s result) as one HTML string, with
+    ``signatures`` (``model.signature_rows``) in its "Failure signatures" section.
 
     Raises:
         OSError: the vendored ``static/chart.umd.min.js`` is missing (a broken install).
@@ -41,11 +43,14 @@ def render_html(data: dict[str, Any], generated: float | None = None) -> str:
     if "</script" in script.lower():     # would end the inline <script> early
         raise ValueError(f"{CHART_JS} contains '</script'; it cannot be inlined")
     return _environment().get_template(TEMPLATE).render(
-        data=data, chart_js=Markup(script), generated=iso(generated if generated is not None else time.time()))
+        data=data, signatures=list(signatures or []), chart_js=Markup(script),
+        generated=iso(generated if generated is not None else time.time()))
 
 
-def write_report(reader: Any, out: Path, jobs: list[str] | None = None) -> dict[str, Any]:
-    """Build the report from ``reader`` (a ``ReportReader``) and write it to ``out`` atomically.
+def write_report(reader: Any, out: Path, jobs: list[str] | None = None,
+                 signatures: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Build the report from ``reader`` (a ``ReportReader``) and write it to ``out`` atomically;
+    ``signatures`` (``model.signature_rows``) fill its "Failure signatures" section.
 
     Returns:
         the data plotted (``model.build``'s result).
@@ -55,7 +60,7 @@ def write_report(reader: Any, out: Path, jobs: list[str] | None = None) -> dict[
         OSError: ``out`` cannot be written.
     """
     data = model.build(reader, jobs)
-    html = render_html(data)
+    html = render_html(data, signatures=signatures)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=out.parent)

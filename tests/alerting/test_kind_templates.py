@@ -58,7 +58,7 @@ def test_every_rendering_carries_job_action_root_cause_budget_and_link(kind: str
 @pytest.mark.parametrize("kind", BUILTIN_KINDS)
 def test_resolved_and_custom_messages_render(kind: str, language: str):
     r = TemplateRenderer(language)
-    firing, resolved, custom, no_root_cause = sample_alerts()
+    firing, resolved, custom, no_root_cause, _signature = sample_alerts()
     if kind != "alertmanager":                                     # AM carries it in endsAt
         assert ("RESOLVED" if language == "en" else "已恢复") in r.render(kind, resolved)
         assert "RESOLVED" not in r.render(kind, firing) and "已恢复" not in r.render(kind, firing)

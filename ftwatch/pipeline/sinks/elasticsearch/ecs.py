@@ -137,6 +137,8 @@ def event_doc(time: float, job: str, kind: str, instance: str | None = None, ran
     message = f"{kind} {who}"
     if "content" in detail:
         message += f": {detail['content']}"
+    elif kind == "new_signature":
+        message += f": {detail.get('template', '')}"
     elif kind == "instance_exit":
         message += f" (returncode {detail.get('returncode')}, signal {detail.get('signal')})"
     ftw: dict[str, Any] = {"job": job, "instance": instance, "rank": rank, "kind": kind, "detail": detail}
@@ -144,6 +146,8 @@ def event_doc(time: float, job: str, kind: str, instance: str | None = None, ran
         ftw["attempt"] = detail["attempt"]
     event = {"kind": "event", "category": ["process"], "type": [_EVENT_TYPE.get(kind, "info")],
              "action": kind, "outcome": outcome}
+    if kind == "new_signature":          # the template, aggregatable (Kibana "new failure signatures")
+        event["reason"] = str(detail.get("template", ""))[:1024]
     doc_id = stable_id("event", time, job, kind, instance, rank, detail)
     source = _base(time, "events", event, host, level, message,
                    _labels(job, labels or {}, _k8s_labels(detail)), ftw)
