@@ -8,7 +8,7 @@ fuzzer threads open their own connections and send truncated Forward frames, ran
 /metrics ``ftwatch_lines_total{job_id=...}``, read once the count stops growing.
 
 Figures: crashes (``watch`` exited during the run), Forward and HTTP lines lost and duplicated
-(seen minus sent). Scale 1: 30,000 Forward + 20,000 HTTP lines, about a minute on two cores.
+(seen minus sent). Scale 1: 200,000 Forward + 100,000 HTTP lines, about a minute on two cores.
 """
 
 from __future__ import annotations
@@ -143,13 +143,13 @@ def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = No
 
     Args:
         tmp: a fresh directory.
-        lines_forward: valid Forward lines in all (default 30,000 x SOAK_SCALE).
-        lines_http: valid HTTP lines in all (default 20,000 x SOAK_SCALE).
+        lines_forward: valid Forward lines in all (default 200,000 x SOAK_SCALE).
+        lines_http: valid HTTP lines in all (default 100,000 x SOAK_SCALE).
         clients: valid clients per listener.
         fuzzers: fuzzer threads.
     """
-    lines_forward = lines_forward or int(30_000 * scale())
-    lines_http = lines_http or int(20_000 * scale())
+    lines_forward = lines_forward or int(200_000 * scale())
+    lines_http = lines_http or int(100_000 * scale())
     fwd_port, http_port = free_port(), free_port()
     watch = Watch(tmp, watch_config(fwd_port, http_port)).start()
     figures: list[Figure] = []

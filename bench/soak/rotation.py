@@ -197,3 +197,16 @@ def kill_cycles(tmp: Path, kills: int = 5, seed: int = 17, lines_between: int = 
             if p.stderr is not None:
                 p.stderr.close()
     return Outcome(written, seen(db), len(list(logs.glob("app.log.*"))), kills, status, stderr)
+
+
+def run(tmp: Path, kills: int | None = None) -> list["Figure"]:
+    """Soak part 2 in ``tmp`` (``kills`` SIGKILLs, default 5 x SOAK_SCALE); returns its figures."""
+    from bench.soak.common import Figure, say, scale, zero
+    kills = kills or max(1, round(5 * scale()))
+    say(f"file tails: kill -9 of watch x{kills} under rotation (rename and copytruncate)")
+    outcome = kill_cycles(tmp, kills=kills)
+    return [zero("file tails kill -9: lines lost", len(outcome.lost),
+                 f"{outcome.written} lines written, {outcome.rotated} rotations, {kills} kills"),
+            zero("file tails kill -9: lines duplicated", outcome.repeated),
+            Figure("file tails kill -9: exit status at SIGTERM", outcome.exit_status, "0", outcome.exit_status == 0,
+                   outcome.stderr[-300:] if outcome.exit_status else "")]
