@@ -17,12 +17,12 @@ A last ``run`` with a clean worker ends the job. Scale 1: 3 kills, about 40 s.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from bench.soak.common import Figure, env, say, scale, wait_for, zero
@@ -150,7 +150,6 @@ def run(tmp: Path, kills: int | None = None) -> list[Figure]:
                 r.proc.wait(30)
         for pgid in groups:
             try:
-                import os
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass

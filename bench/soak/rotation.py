@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.soak.common import Figure, say, scale, zero
+
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
 
@@ -106,6 +108,8 @@ class Outcome:
         kills: SIGKILLs of ``watch``.
         exit_status: the last ``watch``'s exit status at SIGTERM.
         stderr: the last ``watch``'s stderr.
+        gaps: seconds from each SIGKILL to the first new row of the restarted ``watch`` (a gap
+            longer than the 2 s between rotations can span two of them).
     """
 
     written: int
@@ -114,6 +118,7 @@ class Outcome:
     kills: int
     exit_status: int | None
     stderr: str
+    gaps: tuple[float, ...] = ()
 
     @property
     def lost(self) -> set[str]:
@@ -165,6 +170,15 @@ def kill_cycles(tmp: Path, kills: int = 5, seed: int = 17, lines_between: int = 
         return procs[-1]
 
     rng = random.Random(seed)
+    gaps: list[float] = []
+    killed: list[tuple[float, int]] = []        # (monotonic time, rows) of the kill not yet followed by a row
+
+    def rows() -> int:
+        n = len(seen(db))
+        if killed and n > killed[0][1]:
+            gaps.append(time.monotonic() - killed.pop()[0])
+        return n
+
     try:
         child = watch()
         wait_for(lambda: (state / "offsets" / "app.json").exists() or child.poll() is not None,
@@ -174,18 +188,20 @@ def kill_cycles(tmp: Path, kills: int = 5, seed: int = 17, lines_between: int = 
                                    str(count)], cwd=ROOT)
         procs.append(writer)
         for _ in range(kills):
-            before = len(seen(db))
-            wait_for(lambda: len(seen(db)) >= before + lines_between or child.poll() is not None, "lines seen")
+            before = rows()
+            wait_for(lambda: rows() >= before + lines_between or child.poll() is not None, "lines seen")
             time.sleep(rng.uniform(0, 0.3))      # kill at a random moment, not just after a commit
             assert child.poll() is None and writer.poll() is None, "watch or the writer died on its own"
             child.send_signal(signal.SIGKILL)
             assert child.wait(DEADLINE) == -signal.SIGKILL
+            killed.append((time.monotonic(), len(seen(db))))
             child = watch()
         wait_for(lambda: len(list(logs.glob("app.log.*"))) >= 3, "rename, copytruncate, rename")
         stop.touch()
         assert writer.wait(DEADLINE) == 0
         written = int(count.read_text())
-        wait_for(lambda: len(set(seen(db))) >= written or child.poll() is not None, "every line", must=False)
+        wait_for(lambda: rows() and len(set(seen(db))) >= written or child.poll() is not None, "every line",
+                 must=False)
         child.send_signal(signal.SIGTERM)
         status = child.wait(DEADLINE)
         stderr = child.stderr.read().decode(errors="replace")
@@ -196,17 +212,17 @@ def kill_cycles(tmp: Path, kills: int = 5, seed: int = 17, lines_between: int = 
                 p.wait()
             if p.stderr is not None:
                 p.stderr.close()
-    return Outcome(written, seen(db), len(list(logs.glob("app.log.*"))), kills, status, stderr)
+    return Outcome(written, seen(db), len(list(logs.glob("app.log.*"))), kills, status, stderr, tuple(gaps))
 
 
-def run(tmp: Path, kills: int | None = None) -> list["Figure"]:
+def run(tmp: Path, kills: int | None = None) -> list[Figure]:
     """Soak part 2 in ``tmp`` (``kills`` SIGKILLs, default 5 x SOAK_SCALE); returns its figures."""
-    from bench.soak.common import Figure, say, scale, zero
     kills = kills or max(1, round(5 * scale()))
     say(f"file tails: kill -9 of watch x{kills} under rotation (rename and copytruncate)")
     outcome = kill_cycles(tmp, kills=kills)
     return [zero("file tails kill -9: lines lost", len(outcome.lost),
-                 f"{outcome.written} lines written, {outcome.rotated} rotations, {kills} kills"),
+                 f"{outcome.describe()}; {outcome.rotated} rotations, {kills} kills; restart gaps "
+                 f"{', '.join(f'{g:.1f}' for g in outcome.gaps)} s (rotations ~2 s apart)"),
             zero("file tails kill -9: lines duplicated", outcome.repeated),
             Figure("file tails kill -9: exit status at SIGTERM", outcome.exit_status, "0", outcome.exit_status == 0,
                    outcome.stderr[-300:] if outcome.exit_status else "")]
