@@ -111,6 +111,7 @@ class IncidentDesk:
         self.failed: set[str] = set()          # instances with a failing exit ftwatch did not cause
         self.ok: set[str] = set()              # instances that exited 0
         self.instances: dict[str, Origin] = {}
+        self._started_at: dict[str, float] = {}   # instance -> its latest start (epoch s)
         self.ranks: set[int] = set()
         self.open: Finding | None = None       # the finding that opened the current incident
         self._openers: list[Finding] = []      # findings that could trigger it
@@ -131,6 +132,7 @@ class IncidentDesk:
     def started(self, origin: Origin, time: float) -> None:
         """An instance started at ``time`` (its silence clock starts)."""
         self.instances[origin.instance] = origin
+        self._started_at[origin.instance] = time
         if origin.rank is not None:
             self.ranks.add(origin.rank)
         self.tracker.started(origin, time)
@@ -335,7 +337,9 @@ class IncidentDesk:
         for exit in exits:
             ours = exit.stopped_by_us or expected
             if exit.ok:
-                tb = None if ours else lifecycle.last_uncaught(self.findings, exit.origin.instance, exit.time)
+                tb = None if ours else lifecycle.last_uncaught(
+                    self.findings, exit.origin.instance, exit.time,
+                    since=self._started_at.get(exit.origin.instance, float("-inf")))
                 if tb is None:
                     self.ok.add(exit.origin.instance)
                     continue

@@ -71,14 +71,18 @@ def uncaught_traceback(f: Finding) -> bool:
 
 
 def last_uncaught(findings: Iterable[Finding], instance: str, before: float,
-                  seq: float = float("inf")) -> Finding | None:
+                  seq: float = float("inf"), since: float = float("-inf")) -> Finding | None:
     """The last uncaught traceback (:func:`uncaught_traceback`, or a fallout traceback) of
-    ``instance`` (or a rank of its stream, ``instance/rank3``) before (``before``, ``seq``), unless
-    training finished after it (then it was caught: the run went on); None when there is none."""
+    ``instance`` (or a rank of its stream, ``instance/rank3``) before (``before``, ``seq``) and not
+    before ``since`` (epoch s: the instance's latest start, so a restarted instance is not blamed
+    for what its previous process printed), unless training finished after it (then it was
+    caught: the run went on); None when there is none."""
     last = None
     for f in sorted(findings, key=lambda f: (f.time, f.seq)):
         if (f.time, f.seq) >= (before, seq):
             break
+        if f.time < since:
+            continue
         mine = f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
         if mine and (uncaught_traceback(f) or (
                 f.failure_class is FailureClass.FALLOUT and f.evidence and _TRACEBACK in f.evidence[0])):

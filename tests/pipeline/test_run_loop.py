@@ -106,6 +106,24 @@ def test_async_restarts_only_the_failed_instance(tmp_path):
     assert [e["rank"] for e in store.events(JOB) if e["kind"] == "instance_restart"] == [1]
 
 
+def test_a_restarted_instance_that_exits_0_is_not_blamed_for_its_previous_traceback(tmp_path):
+    """Async: rank 1's first process dies with an uncaught traceback and is restarted alone; its
+    second process exits 0. That is a success, not an exit status hidden by a pipe: the
+    traceback belongs to the process before the restart."""
+    cfg = config(tmp_path, {"job_execution_mode": "Async"})
+    traceback = ("Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
+                 "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.21.5")
+    script = script_of({
+        (0, 1): [Say(1, "step 1"), Exit(5)],
+        (1, 1): [Say(1, traceback, "stderr"), Exit(1.5, 1)],
+        (1, 2): [Say(1, "step 1"), Exit(2)],
+    })
+    status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
+    assert status == 0, out
+    assert [d.action for d in recorder.decisions] == [Action.RESTART_INSTANCE, Action.NONE], out
+    assert "hidden by a pipe" not in out
+
+
 def test_recover_in_place_restarts_the_failed_rank_while_the_other_runs_on(tmp_path):
     cfg = config(tmp_path, mindcluster={"recover_strategy": "recover-in-place"})
     script = script_of({
