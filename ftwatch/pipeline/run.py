@@ -27,6 +27,10 @@ The policy stage returns the final decision and its plan (``Policy.verdict``, th
 the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
 poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
 (``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
+
+Size: a little over 400 lines, one job (the run loop of one job): the input half is the desk's,
+the acting half the local actuator's and the decision the policy's; what is left is the order in
+which they are called, which reads best in one place.
 """
 
 from __future__ import annotations

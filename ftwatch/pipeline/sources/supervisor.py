@@ -29,6 +29,10 @@ Signals. ``stop_all`` and ``close`` may be called from a Python signal handler. 
 interrupted this supervisor's own ``start_all``, ``restart_instance``, ``stop_all`` or ``close``, the
 call only sets a flag (during a stop it also ends the grace period at once: a second Ctrl-C kills)
 and the interrupted method carries it out before it returns.
+
+Size: over 400 lines, one job (the workers' process lifecycle: spawn, restart, stop, reap, under one
+lock and one interrupt discipline); the reader threads (``process``) and the orphan record
+(``orphans``) are apart already.
 """
 
 from __future__ import annotations
