@@ -22,7 +22,7 @@ The folder list is the flow, and imports go one way, down this list:
     hubs                      ``cli/*`` (one module per subcommand), ``pipeline/build.py`` (Config ->
                               components), the incident core ``pipeline/incidents.py``, the drivers
                               ``pipeline/run.py``, ``watch.py``, ``replay.py``,
-                              ``pipeline/recorder.py`` and ``testing.py`` (doubles of parts of every
+                              ``pipeline/recorder.py`` and ``testing/`` (doubles of parts of every
                               stage) may import every stage
 
 A module that has to see more is a new hub: add it to ``HUBS`` on purpose, not by accident.
@@ -49,7 +49,8 @@ CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 # pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
 HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/run.py",
                   "ftwatch/pipeline/watch.py",
-                  "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py", "ftwatch/testing.py",
+                  "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py", "ftwatch/testing/__init__.py",
+                  "ftwatch/testing/runloop.py",
                   "ftwatch/__main__.py"}
                  | {"ftwatch/" + p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "cli").glob("*.py")})
 # (file, module) -> the names it may take from that module, beyond the rules above (none today:
@@ -171,7 +172,7 @@ def late():
 def test_every_package_file_is_checked():
     assert {"ftwatch/events.py", "ftwatch/parsers/multiline.py", "ftwatch/rules/engine.py",
             "ftwatch/alerting/alerts.py", "ftwatch/pipeline/replay.py", "ftwatch/cli/run.py"} <= set(SOURCES)
-    assert all(rel in SOURCES for rel in HUBS if rel != "ftwatch/testing.py")
+    assert all(rel in SOURCES for rel in HUBS)
 
 
 # --- the rules -------------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ def test_only_the_hubs_import_across_stages():
 def test_hubs_are_real_and_do_see_several_stages():
     """Keeps HUBS honest: a hub that no longer exists or needs nothing is dropped from the list."""
     for rel in HUBS:
-        assert rel in SOURCES or rel == "ftwatch/testing.py", rel
+        assert rel in SOURCES, rel
     # run.py takes its rules through the incident desk and acts through the local actuator
     assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/run.py"]} >= {"pipeline.sources",
                                                                                  "pipeline.actuators", "policy"}
@@ -249,7 +250,7 @@ def test_the_root_holds_only_the_core_and_the_stage_folders():
     """The folder list reads as the flow: no module is parked at the root for size."""
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert root == sorted({"__init__.py", "__main__.py", "clock.py", "errors.py", "events.py", "sdk.py",
-                           "telemetry.py"} | ({"testing.py"} if (PACKAGE / "testing.py").exists() else set()))
+                           "telemetry.py"})
 
 
 # --- every module imports, each in a fresh interpreter state -----------------------------------------
