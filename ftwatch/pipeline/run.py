@@ -128,7 +128,6 @@ class JobRunner:
         self._instance_checking = False   # H1 before an instance restart is under way (no second round)
         self.final: Decision | None = None
         self.requeued = False             # --actuator slurm requeued the job (this run ended)
-        self._deferred: Plan | None = None  # the plan of a decision handed to the scheduler
         self.phases = None                # phases from the workers' lines (R6, config.phases)
         if config.phases.enabled:
             from ftwatch.pipeline.sources.phases import PhaseTracker
@@ -327,8 +326,10 @@ class JobRunner:
         if (self.sync or is_hang or not is_exit) and is_exit and not self.live:
             self.act.dump()
             self._stop_and_drain(state)
+        # with Slurm isolating, the whole node leaves the job: no local devices to exclude (A1)
+        slots = None if self.parts.scheduler is not None else self.slots.facts()
         facts = RunFacts(frozenset(self.act.running()), frozenset({self._rank(i) for i in state.failed} - {None}),
-                         self.slots.facts(), self.mc)
+                         slots, self.mc)
         return self._act(self.desk.verdict(trigger, self.clock.time(), self.clock.mono(), facts), trigger, state)
 
     def _act(self, verdict: Verdict, trigger: Finding, state: _Attempt) -> Decision | None:
@@ -347,10 +348,7 @@ class JobRunner:
             self.recorder.decision(decision)       # told a person (or below the log level): run on
             return None                            # (a hang: the desk re-arms it when output resumes)
         self.recorder.decision(decision)
-        if self._scheduled(decision):
-            self._deferred = plan            # carried out only if the scheduler does not take the job
-        else:
-            self.act.carry_out(plan, decision)
+        self.act.carry_out(plan, decision)
         if plan.kind in ("in_place", "instance"):
             return self._restart_instances(plan, decision, state)
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
@@ -399,20 +397,15 @@ class JobRunner:
     def _hand_over(self, decision: Decision) -> bool:
         """The scheduler carries the decision out (Slurm: drain, requeue, cancel); its outcome is
         stored with the decision (``actuator`` event; not done: said and alerted). Returns True
-        when it was done; else (failed, held by the breaker, dry run) the plan is carried out
-        here as without a scheduler and the run goes on."""
+        when it was done; else (failed, held by the breaker, dry run) the workers restart here
+        (or the job fails) as without a scheduler."""
         if not self._scheduled(decision):
             return False
-        plan, self._deferred = self._deferred, None
         result = self.parts.scheduler.act(decision)
         t = decision.target
         record_outcome(self.recorder, self.clock.time(), self.job, decision.action.label, result,
                        instance=t.instance, rank=t.rank, decision_id=decision.decision_id, node=t.node)
-        if result.status == "done":
-            return True
-        if plan is not None:
-            self.act.carry_out(plan, decision)
-        return False
+        return result.status == "done"
 
     def _rank(self, instance: str) -> int | None:
         w = self.scene.workers.get(instance)
