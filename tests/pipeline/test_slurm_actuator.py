@@ -15,6 +15,7 @@ from ftwatch.errors import ConfigError
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
 from ftwatch.pipeline.actuators.exec import build_actuator
 from ftwatch.pipeline.actuators.slurm import SlurmActuator
+from tests.pipeline.test_watcher import line, make
 from tests.slurmfake import FakeSlurm
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
@@ -196,3 +197,21 @@ def test_build_actuator_makes_the_slurm_actuator_from_the_top_level_section(slur
     config = Config.model_validate({"watch": {"actuator": {"type": "slurm"}}, "slurm": {"fail": "hold"}})
     act = build_actuator(config.watch.actuator, slurm=config.slurm)
     assert isinstance(act, SlurmActuator) and act.config.fail == "hold"
+
+
+def test_watch_requeues_a_watched_slurm_job_on_slurms_own_node_failure_line(slurm, tmp_path):
+    """``watch`` with ``watch.actuator.type: slurm``: srun's node-failure line in job 4471023's
+    output is a finding (slurm.srun_node_failure), its restart_job requeues that job, and the
+    command is stored with the decision."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, actuator=actuator())
+    w.ingest([line(clock, "4471023", "gpu-2", "4471023-task-0", 0, "srun: error: Node failure on gpu-3")])
+    clock.advance(5.01)
+    w.tick()
+    rec.collect()
+    (decision,) = rec.decisions
+    assert decision.action is Action.RESTART_JOB and decision.root_cause.rule_id == "slurm.srun_node_failure"
+    assert slurm.writes() == [["scontrol", "requeue", "4471023"]]
+    (event,) = [e for e in rec.store.events("4471023") if e["kind"] == "actuator"]
+    assert event["detail"]["decision_id"] == decision.decision_id
+    assert event["detail"]["calls"] == ["scontrol requeue 4471023 (requeue the job): ok"]
