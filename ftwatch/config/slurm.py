@@ -37,7 +37,7 @@ class SlurmConfig(BaseModel):
     dry_run: bool = Field(False, description="Log, store and alert every command the actuator would run, "
                           "run none (sinfo, a read, is run).")
     retries: int = Field(3, ge=0, description="Retries of a command that failed (not of one Slurm refused "
-                         "for good: invalid job id, job pending, permission denied).")
+                         "for good: invalid job id, permission denied).")
     backoff: float = Field(1.0, gt=0, description="Seconds before the first retry, doubled each time.")
     timeout: float = Field(30.0, gt=0, description="Seconds one command may take.")
     scontrol: str = Field("scontrol", description="The scontrol command (a name on PATH or a path).")

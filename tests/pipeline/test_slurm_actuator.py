@@ -139,12 +139,26 @@ def test_a_command_that_keeps_failing_fails_with_slurms_last_line(slurm):
 
 
 def test_a_refusal_is_not_retried(slurm):
-    slurm.respond("scontrol requeue", 1, "Job is pending execution for job 4471023")
+    slurm.respond("scontrol requeue", 1, "scontrol: error: Invalid job id specified for job 4471023")
     sleeps: list[float] = []
     result = actuator(sleeps).act(decision(Action.RESTART_JOB))
     assert (result.status, sleeps, len(slurm.calls())) == ("failed", [], 1)
-    assert result.calls == ("scontrol requeue 4471023 (requeue the job): failed: Job is pending execution for "
-                            "job 4471023",)
+    assert result.calls == ("scontrol requeue 4471023 (requeue the job): failed: scontrol: error: Invalid job id "
+                            "specified for job 4471023",)
+
+
+def test_a_goal_that_already_holds_is_done(slurm):
+    """Slurm put the job back to pending already (its own requeue, or ours whose line ``watch``
+    read again), or the job already ended: nothing left to do, no alert."""
+    slurm.respond("scontrol requeue", 1, "Job is pending execution for job 4471023")
+    slurm.respond("scancel", 1, "scancel: error: Kill job error on job id 4471023: Job/step already completing "
+                                "or completed")
+    sleeps: list[float] = []
+    requeue = actuator(sleeps).act(decision(Action.RESTART_JOB))
+    assert requeue.status == "done" and sleeps == []
+    assert requeue.calls == ("scontrol requeue 4471023 (requeue the job): ok: already so (Job is pending execution "
+                             "for job 4471023)",)
+    assert actuator(sleeps).act(decision(Action.FAIL_JOB)).status == "done" and sleeps == []
 
 
 def test_a_drain_that_fails_requeues_nothing(slurm):

@@ -20,8 +20,8 @@ else the decision's job under ``ftwatch watch``; ``NODE`` is the decision's node
     notify, none        nothing.
 
 A command that fails is retried ``retries`` times with a doubling backoff, unless Slurm refused it
-for good (an invalid job id, a job that is pending, no permission); a missing command is one
-line naming it. ``dry_run`` runs none of the writes (``sinfo`` is still read) and reports each as
+for good (an invalid job id, no permission); one whose goal already holds (a requeue of a job
+that is pending, a cancel of a job that ended) is done; a missing command is one line naming it. ``dry_run`` runs none of the writes (``sinfo`` is still read) and reports each as
 it would have been run. Every command's line is in the :class:`ActResult` (``calls``) that the
 driver stores with the decision (``ftwatch explain`` shows it).
 """
@@ -47,8 +47,12 @@ from ftwatch.pipeline.actuators.exec import ActResult
 # 1234, an array task 1234_7, a heterogeneous job's component 1234+1
 JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 # scontrol / scancel messages that a retry cannot change
-PERMANENT = ("invalid job id", "invalid node name", "pending execution", "access/permission denied",
-             "already completing or completed", "presently disabled", "only batch jobs", "invalid user id")
+PERMANENT = ("invalid job id", "invalid node name", "access/permission denied", "presently disabled",
+             "only batch jobs", "invalid user id")
+# ... and those saying the goal already holds: a requeue of a job Slurm already put back to pending
+# (its own requeue, or ours seen again in the job's output under watch), a cancel of an ended job
+ALREADY = {"requeue": ("pending execution",), "requeuehold": ("pending execution",),
+           "scancel": ("already completing or completed",)}
 MAX_REASON = 200          # characters of a drain reason kept
 MAX_OUTPUT = 400          # characters of a failed command's message kept
 
@@ -253,6 +257,10 @@ class SlurmActuator:
                 self._done(call, "ok")
                 return output
             message = _last_line(output) or f"exit status {status}"
+            verb = call.argv[1] if len(call.argv) > 1 and call.argv[0] == self.config.scontrol else "scancel"
+            if any(a in message.lower() for a in ALREADY.get(verb, ())):
+                self._done(call, f"ok: already so ({message})")
+                return output
             if any(p in message.lower() for p in PERMANENT) or call.tries > self.config.retries:
                 self._done(call, f"failed: {message}")
                 raise SlurmError(f"{shlex.join(call.argv)}: {message}")
