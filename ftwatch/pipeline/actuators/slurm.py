@@ -90,7 +90,8 @@ def missing_command(config: SlurmConfig, env: Mapping[str, str] | None = None) -
     path = (env if env is not None else os.environ).get("PATH")
     for name in (config.scontrol, config.scancel, config.sinfo):
         if shutil.which(name, path=path) is None:
-            return (f"{name} not found (PATH or path): the slurm actuator needs Slurm's client commands "
+            where = "" if os.sep in name else " on PATH"
+            return (f"{name} not found{where}: the slurm actuator needs Slurm's client commands "
                     f"(Debian: slurm-client) on this machine")
     return None
 
