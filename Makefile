@@ -26,7 +26,7 @@ run: $(STAMP)
 	    -- $(BIN)/python examples/train_ddp.py --steps 30 --checkpoint-dir $(STATE)/ckpt; \
 	status=$$?; $(BIN)/ftwatch report --state-dir $(STATE) -o $(STATE)/report.html; exit $$status
 
-# Debian packages some tests need (prometheus-alertmanager, chromium, prometheus); skipped with a
+# Debian packages some tests need (prometheus-alertmanager, chromium, prometheus, slurm-wlm, munge); skipped with a
 # reason when not root.
 test-deps:
 	sh tools/test-deps.sh

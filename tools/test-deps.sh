@@ -29,4 +29,10 @@ need chromium chromium
 # tests/integration/test_prometheus_scrape.py: a real Prometheus scraping /metrics (the test
 # starts its own instance on a free loopback port; the package's service is not used).
 need prometheus prometheus
+# tests/integration/test_slurm_real.py: a real Slurm on localhost (slurm-wlm: slurmctld, slurmd and
+# the client commands; munge for its authentication). The test starts its own munged, slurmctld and
+# slurmd with its own config, sockets and ports; the packages' services are not used.
+need slurmctld slurm-wlm
+need sbatch slurm-wlm
+need munged munge
 exit 0

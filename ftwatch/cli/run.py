@@ -34,6 +34,9 @@ def cmd_run(argv: list[str]) -> int:
                    help="this host's kernel log, tailed from its end (default: /dev/kmsg or journalctl -k "
                         "when readable): its lines are evidence about this node (Xid 79 isolates it)")
     add_run_flags(p)
+    p.add_argument("--actuator", choices=("local", "slurm"),
+                   help="who carries out restart_job, isolate_node, fail_job: the local workers (default) or "
+                        "Slurm (requeue, drain, scancel; inside an sbatch script; README \"Slurm\")")
     p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
     p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
     args = p.parse_args(rest)
@@ -98,7 +101,7 @@ def _summary(runner, recorder, status: int, state_dir: Path) -> None:
     from ftwatch.events import Action
     stats = runner.engine.stats
     actions = [d.action.label for d in recorder.decisions]
-    verdict = {0: "SUCCEEDED", 130: "INTERRUPTED"}.get(status, "FAILED")
+    verdict = "REQUEUED" if runner.requeued else {0: "SUCCEEDED", 130: "INTERRUPTED"}.get(status, "FAILED")
     recorder.say("")
     recorder.say("ftwatch summary")
     recorder.say(f"  job        {runner.job}: {verdict} (exit {status})")
@@ -140,7 +143,8 @@ def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
                             ("monitor_interval", args.monitor_interval)) if v is not None}
     sup = {k: v for k, v in (("nproc_per_node", getattr(args, "nproc_per_node", None)),
                              ("grace_period", getattr(args, "grace_period", None)),
-                             ("keep_scene_seconds", args.keep_scene)) if v is not None}
+                             ("keep_scene_seconds", args.keep_scene),
+                             ("actuator", getattr(args, "actuator", None))) if v is not None}
     updates, issues = {}, []
     for section, overrides in (("mindcluster", mc), ("supervisor", sup)):
         if overrides:

@@ -59,8 +59,10 @@ def cmd_watch(argv: list[str]) -> int:
                   f"{exc.strerror or exc}", file=sys.stderr)
             return EXIT_FAILED
         recorder.say(f"ftwatch watch: SDK endpoint started on port {monitor.port}")
+    said_as = {"kubernetes": "k8s"}.get(config.watch.actuator.type, config.watch.actuator.type)
     watcher = Watcher(config, mine_catch_alls(recorder, build_engine(config)), recorder, identity.resolve,  # H3 too
-                      build_actuator(config.watch.actuator, log=lambda line: recorder.say(f"ftwatch: k8s {line}")),
+                      build_actuator(config.watch.actuator, slurm=config.slurm,
+                                     log=lambda line: recorder.say(f"ftwatch: {said_as} {line}")),
                       flush_partials=lambda before: identity.joiners.flush(before), devices=identity.devices,
                       monitor=monitor)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)

@@ -27,6 +27,7 @@ from ftwatch.config.policy import AIMASTER_FLAGS, PolicyConfig, parse_aimaster_f
 from ftwatch.config.reference import flat_args, model_reference
 from ftwatch.config.storage import ElasticsearchConfig
 from ftwatch.config.routes import CROSS_REFERENCE, EventCenterFields, reference_problems
+from ftwatch.config.slurm import SlurmConfig
 from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.config.health import HealthConfig
 from ftwatch.config.phases import PhasesConfig
@@ -176,6 +177,8 @@ class Config(BaseModel):
                                            description="MindCluster recover-strategy (seed 004).")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Health checks (H1-H3).")
     phases: PhasesConfig = Field(default_factory=PhasesConfig, description="Phases from log lines (R6): hang intervals.")
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="The Slurm actuator (run --actuator "
+                               "slurm, watch.actuator.type slurm).")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

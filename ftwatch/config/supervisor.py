@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -91,6 +91,9 @@ class SupervisorConfig(BaseModel):
     master_addr: str = Field("127.0.0.1", description="MASTER_ADDR given to the workers.")
     master_port: int = Field(0, ge=0, le=65535, description="MASTER_PORT; 0: pick a free port.")
     restart_delay: float = Field(1.0, ge=0, description="Seconds to wait before a restart.")
+    actuator: Literal["local", "slurm"] = Field(
+        "local", description="What carries out restart_job, isolate_node and fail_job: the local "
+        "workers only, or Slurm (the `slurm` section; README \"Slurm\"). --actuator.")
     devices: list[str] | None = Field(
         None, description="Devices the worker slots map onto (LOCAL_RANK i -> i-th healthy one); null: "
         "CUDA_VISIBLE_DEVICES, else ASCEND_RT_VISIBLE_DEVICES, else 0..MAX-1.")

@@ -126,9 +126,10 @@ class ActuatorConfig(BaseModel):
     """What acts on a decision in ``watch`` mode."""
 
     model_config = _STRICT
-    type: Literal["none", "exec", "kubernetes"] = Field(
+    type: Literal["none", "exec", "kubernetes", "slurm"] = Field(
         "none", description="none: observe only; exec: run `command`; kubernetes: act through the "
-        "Kubernetes API (README \"Running on Kubernetes\").")
+        "Kubernetes API (README \"Running on Kubernetes\"); slurm: through scontrol and scancel (the "
+        "top-level `slurm` section, README \"Slurm\").")
     command: list[str] = Field(default_factory=list,
                                description="exec: argv run with the decision JSON on stdin.")
     timeout: float = Field(60.0, gt=0, description="exec: seconds before the command is killed.")

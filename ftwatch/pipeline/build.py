@@ -174,7 +174,8 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         A ``JobRunner`` over its incident desk (``ftwatch.pipeline.incidents``); ``run()`` it.
 
     Raises:
-        ConfigError: fewer devices than MIN, a device listed twice, a corrupt state file.
+        ConfigError: fewer devices than MIN, a device listed twice, a corrupt state file;
+            ``supervisor.actuator: slurm`` outside a Slurm job or without scontrol.
         RuleError: a rule file that does not load (engine None).
     """
     import socket
@@ -231,6 +232,11 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     actuator = LocalActuator(supervisor, control, controls, slots, scene, recorder, clock, job=job, mindcluster=mc,
                              restart_delay=sup.restart_delay, keep_scene_seconds=sup.keep_scene_seconds,
                              state_dir=config.storage.state_dir)
+    scheduler = None
+    if sup.actuator == "slurm":                        # decisions for the whole job go to Slurm (README "Slurm")
+        from ftwatch.pipeline.actuators.slurm import SlurmActuator
+        scheduler = SlurmActuator.for_run(config.slurm, clock=clock,
+                                          log=lambda line: recorder.say(f"ftwatch: slurm {line}"))
     parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock,
-                     kernel, node, bus_ids or {})
+                     kernel, node, bus_ids or {}, scheduler)
     return JobRunner(config, command, parts, recorder, job, out=out)

@@ -22,13 +22,17 @@ an incident and which instances failed, as in ``watch`` and ``replay``); the res
                        on isolate_node), one mapped to no slot of the job is stored only; the
                        rest are the job's, node-wide. An Xid 79 opens an incident like a
                        worker's line
+    --actuator slurm -> restart_job, isolate_node, fail_job go to Slurm (``RunParts.scheduler``:
+                       requeue, drain + requeue, scancel / requeuehold) once the workers are
+                       stopped; done: this run ends (``requeued``: the job starts again from its
+                       batch script); failed, held or a dry run: carried out here as without it
 
 The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
 the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
 poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
 (``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
 
-Size: a little over 400 lines, one job (the run loop of one job): the input half is the desk's,
+Size: about 460 lines, one job (the run loop of one job): the input half is the desk's,
 the acting half the local actuator's and the decision the policy's; what is left is the order in
 which they are called, which reads best in one place.
 """
@@ -49,6 +53,7 @@ from ftwatch.pipeline.actuators.local import LocalActuator, Workers
 from ftwatch.pipeline.echo import echo_text
 from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.actuators.outcome import record_outcome
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
@@ -83,6 +88,7 @@ class RunParts:
     kernel: Any = None             # this host's kernel log (sources.hostlog.KernelLog, opened), or None
     node: str = "localhost"        # this machine's name: the node of its kernel lines
     bus_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # PCI bus id -> device names (hostlog.gpu_bus_ids)
+    scheduler: Any = None          # --actuator slurm: actuators.slurm.SlurmActuator (handles, act), or None
 
 
 class JobRunner:
@@ -121,6 +127,7 @@ class JobRunner:
         self._state = _Attempt(self.desk.failed)
         self._instance_checking = False   # H1 before an instance restart is under way (no second round)
         self.final: Decision | None = None
+        self.requeued = False             # --actuator slurm requeued the job (this run ended)
         self.phases = None                # phases from the workers' lines (R6, config.phases)
         if config.phases.enabled:
             from ftwatch.pipeline.sources.phases import PhaseTracker
@@ -184,11 +191,18 @@ class JobRunner:
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
             if decision.action in (Action.NONE, Action.NOTIFY, Action.FAIL_JOB):
-                return self._end(decision, attempt)     # notify: a failure after training finished
+                status = self._end(decision, attempt)   # notify: a failure after training finished
+                if decision.action is Action.FAIL_JOB:
+                    self._hand_over(decision)            # --actuator slurm: scancel / requeuehold
+                return status
             # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
             if self.act.running():               # Async isolate_node: the others still run
                 self.act.dump()
                 self._stop_and_drain(self._state)
+            if self._hand_over(decision):        # Slurm requeued the job: it starts again from its script
+                self.requeued = True
+                self.recorder.run_ended(self.job, attempt, self.clock.time(), "requeued")
+                return 0
             self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
             self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
                                 action=decision.action.label)
@@ -312,8 +326,10 @@ class JobRunner:
         if (self.sync or is_hang or not is_exit) and is_exit and not self.live:
             self.act.dump()
             self._stop_and_drain(state)
+        # with Slurm isolating, the whole node leaves the job: no local devices to exclude (A1)
+        slots = None if self.parts.scheduler is not None else self.slots.facts()
         facts = RunFacts(frozenset(self.act.running()), frozenset({self._rank(i) for i in state.failed} - {None}),
-                         self.slots.facts(), self.mc)
+                         slots, self.mc)
         return self._act(self.desk.verdict(trigger, self.clock.time(), self.clock.mono(), facts), trigger, state)
 
     def _act(self, verdict: Verdict, trigger: Finding, state: _Attempt) -> Decision | None:
@@ -373,6 +389,23 @@ class JobRunner:
         mine, others = on_devices(found, self.parts.bus_ids, self.slots.active)
         self.recorder.findings(others)
         return self.desk.add(mine, self.clock.mono())
+
+    def _scheduled(self, decision: Decision) -> bool:
+        """Whether the scheduler's actuator (``--actuator slurm``) carries ``decision`` out."""
+        return self.parts.scheduler is not None and self.parts.scheduler.handles(decision.action)
+
+    def _hand_over(self, decision: Decision) -> bool:
+        """The scheduler carries the decision out (Slurm: drain, requeue, cancel); its outcome is
+        stored with the decision (``actuator`` event; not done: said and alerted). Returns True
+        when it was done; else (failed, held by the breaker, dry run) the workers restart here
+        (or the job fails) as without a scheduler."""
+        if not self._scheduled(decision):
+            return False
+        result = self.parts.scheduler.act(decision)
+        t = decision.target
+        record_outcome(self.recorder, self.clock.time(), self.job, decision.action.label, result,
+                       instance=t.instance, rank=t.rank, decision_id=decision.decision_id, node=t.node)
+        return result.status == "done"
 
     def _rank(self, instance: str) -> int | None:
         w = self.scene.workers.get(instance)

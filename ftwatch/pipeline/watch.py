@@ -44,6 +44,7 @@ from ftwatch.events import Action, Decision, Origin
 from ftwatch.parsers.torchelastic import finished_cleanly
 from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.pipeline.actuators.exec import ActResult, Actuator, NoneActuator
+from ftwatch.pipeline.actuators.outcome import record_outcome
 from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
@@ -288,19 +289,8 @@ class Watcher:
                rank: int | None = None, decision_id: str = "", node: str | None = None) -> None:
         """Store what the actuator did as an ``actuator`` event of the decision (``explain`` shows
         it); a failure, a held or a dry-run action is also said and alerted (issue 13)."""
-        now = self.clock.time()
-        self.recorder.event(now, job, "actuator", instance, rank, action=action, status=result.status,
-                            returncode=result.returncode, output=result.output, calls=list(result.calls),
-                            decision_id=decision_id)
-        if result.status in ("done", "skipped"):
-            return
-        first = result.output.splitlines()[0] if result.output else ""
-        text = f"actuator {result.status} for {action}" + (f" ({decision_id})" if decision_id else "") + \
-            (f": {first}" if first else "")
-        self.recorder.say(f"ftwatch: {text}")
-        self.recorder.dispatcher.dispatch(self.recorder.alerts.for_custom_message(
-            job, text + "".join(f"\n  {c}" for c in result.calls), now, instance=instance, rank=rank, node=node,
-            attempt=self.recorder.attempt))
+        record_outcome(self.recorder, self.clock.time(), job, action, result, instance=instance, rank=rank,
+                       decision_id=decision_id, node=node)
 
     def _act(self, desk: IncidentDesk, decision: Decision) -> None:
         """Record a decision, act on it, and start the job's next attempt (or end it)."""

@@ -77,16 +77,26 @@ class ExecActuator:
         return ActResult("done" if proc.returncode == 0 else "failed", proc.returncode, output)
 
 
-def build_actuator(config, log=None) -> Actuator:
-    """The actuator a ``watch.actuator`` config section names; ``log`` takes the kubernetes
-    actuator's call lines.
+def build_actuator(config, log=None, slurm=None) -> Actuator:
+    """The actuator a ``watch.actuator`` config section names; ``log`` takes the kubernetes and
+    slurm actuators' call lines; ``slurm`` is the top-level ``slurm`` section (``type: slurm``).
 
     Raises:
-        ConfigError: ``kubernetes`` and no cluster configuration could be loaded.
+        ConfigError: ``kubernetes`` and no cluster configuration could be loaded; ``slurm`` and
+            scontrol, scancel or sinfo missing.
     """
     if config.type == "exec":
         return ExecActuator(config.command, config.timeout)
     if config.type == "kubernetes":
         from ftwatch.pipeline.actuators.kubernetes import KubernetesActuator
         return KubernetesActuator(config.kubernetes, log=log)
+    if config.type == "slurm":
+        from ftwatch.config.slurm import SlurmConfig
+        from ftwatch.errors import ConfigError
+        from ftwatch.pipeline.actuators.slurm import SlurmActuator, missing_command
+        slurm = slurm if slurm is not None else SlurmConfig()
+        missing = missing_command(slurm)
+        if missing:
+            raise ConfigError(f"watch.actuator.type slurm: {missing}")
+        return SlurmActuator(slurm, log=log)
     return NoneActuator()
