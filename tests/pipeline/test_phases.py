@@ -151,3 +151,23 @@ def test_phases_follow_the_policy_when_hang_detection_is_off():
     the training interval when that is longer than 3600 s."""
     assert PhaseTracker(PhasesConfig(enabled=True), None).interval() is None
     assert PhaseTracker(PhasesConfig(enabled=True), 7200.0).interval() == 7200
+
+
+def test_watch_judges_the_silence_after_a_jobs_first_line_as_initialization(tmp_path):
+    """``watch`` meets a job by its first line (a launcher banner): the silence after it, until
+    the first step line, is judged with initialization's interval (300 s here), not training's
+    60 s; past it, a hang that names the phase."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, enable_job_hang_detection=True, job_hang_interval=60)
+    w.config = w.config.model_copy(update={"phases": PhasesConfig(enabled=True,
+                                                                  intervals={"initialization": 300})})
+    job = "train/llm"
+    w.ingest([line(clock, job, "node-0", "llm-worker-0", 0, "Starting elastic_operator with launch configs")])
+    for _ in range(299):
+        clock.advance(1)
+        w.tick()
+    assert rec.decisions == []                  # 299 s silent: longer than training's 60 s
+    clock.advance(1)
+    w.tick()
+    (decision,) = rec.decisions
+    assert decision.root_cause.fields["phase"] == "initialization"

@@ -14,7 +14,7 @@ interval, with the phase's name, to the job's hang tracker when the phase change
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from ftwatch.config.phases import DEFAULT_INTERVALS, PhasesConfig
 
@@ -68,6 +68,14 @@ class PhaseTracker:
         hang.set_job_hang_interval(self.interval(), time, INITIALIZATION)
         return INITIALIZATION
 
+    def changes(self, data: bytes) -> Iterator[tuple[str, int]]:
+        """Every line of a chunk that names a phase: (the phase, the match's offset), in order."""
+        if self._pattern is None:
+            return
+        names = self._names
+        for m in self._pattern.finditer(data):
+            yield names[m.lastgroup], m.start()
+
     def feed(self, data: bytes) -> str | None:
         """Scans a chunk of lines. Returns the new phase when it changed, else None."""
         if self._pattern is None:
@@ -102,6 +110,11 @@ class PhaseTracker:
             return None
         hang.set_job_hang_interval(self.interval(), time, self.phase)
         return self.phase
+
+    def shortest_interval(self) -> float | None:
+        """The shortest job-hang interval of any phase, training's included (None: none has one)."""
+        values = [v for v in map(self.interval, [TRAINING, INITIALIZATION, *self.config.patterns]) if v is not None]
+        return min(values, default=None)
 
     def interval(self, phase: str | None = None) -> float | None:
         """The job-hang interval of ``phase`` (default: the current one); None: no hang
