@@ -171,3 +171,11 @@ def test_watch_judges_the_silence_after_a_jobs_first_line_as_initialization(tmp_
     w.tick()
     (decision,) = rec.decisions
     assert decision.root_cause.fields["phase"] == "initialization"
+
+
+def test_startup_alone_records_no_phase_when_hang_detection_is_off():
+    from ftwatch.rules.timers import HangTracker
+    hang = HangTracker(None, None)
+    assert PhaseTracker(PhasesConfig(), None).start(0.0, hang) is None and hang.job_hang_interval is None
+    assert PhaseTracker(PhasesConfig(), 60.0).start(0.0, hang) == "initialization"
+    assert hang.job_hang_interval == 3600 and hang.phase == "initialization"

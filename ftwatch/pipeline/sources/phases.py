@@ -55,15 +55,15 @@ class PhaseTracker:
     def start(self, time: float, hang: Any) -> str | None:
         """The workers of a new attempt started at ``time`` (``run``): until their first output
         the job is in ``initialization`` and ``hang`` gets its interval (issue 17 item 5), when
-        ``phases.enabled`` or ``phases.startup``. Call it after the SDK's interval was reset for
+        ``phases.enabled``, or ``phases.startup`` with job-hang detection on. Call it after the SDK's interval was reset for
         the attempt (``ControlHandler.new_attempt``).
 
         Returns:
             ``initialization`` when its interval was set, else None.
         """
         self.restart()
-        if not (self.config.enabled or self.config.startup):
-            return None
+        if not (self.config.enabled or self.config.startup and self.training_interval is not None):
+            return None                 # startup only matters to hang detection
         self._started = self._startup = True
         hang.set_job_hang_interval(self.interval(), time, INITIALIZATION)
         return INITIALIZATION
