@@ -27,8 +27,10 @@ Under ``ftwatch watch`` (a job ftwatch did not launch, issue 13) the same calls 
 when ``FTWATCH_MONITOR_URL`` is set (and no control socket is): POST ``<url>/v1/control`` with
 ``FTWATCH_MONITOR_TOKEN`` as the bearer token, for the job ``FTWATCH_JOB`` (``namespace/name``)
 and this process's instance (``FTWATCH_INSTANCE``, else ``HOSTNAME``: the pod's name) and
-``RANK``. ``on_retry`` and ``on_dump`` are ``run``-only; ``set_retryable_errors`` is refused
-there (the rules of ``watch`` are shared by every job: put them in its config).
+``RANK``. Every call acts on that job only: ``set_retryable_errors`` adds rules that hit the
+job's lines (any of its ranks), ``reset_config`` and ``hang_detect`` set the job's interval.
+``on_retry`` and ``on_dump`` are ``run``-only. An ``https://`` URL is verified with the CA
+bundle in ``FTWATCH_MONITOR_CA`` (a PEM file; else the system's CAs).
 
 Every call returns a :class:`Status` and never raises into training code. Without a monitor
 (``FTWATCH_CONTROL_SOCKET`` unset, or nothing listening there) each call does nothing, returns a
@@ -60,6 +62,7 @@ ENV_DUMP_SIGNAL = "FTWATCH_DUMP_SIGNAL"      # set by ftwatch run when recover_s
 ENV_URL = "FTWATCH_MONITOR_URL"              # ftwatch watch's SDK endpoint (a watched job's pods)
 ENV_URL_TOKEN = "FTWATCH_MONITOR_TOKEN"      # the job's token for it (ftwatch watch --monitor-token)
 ENV_JOB = "FTWATCH_JOB"                      # namespace/name, as watch names the job
+ENV_CA = "FTWATCH_MONITOR_CA"                # PEM CA bundle that verifies an https:// monitor URL
 DEFAULT_TIMEOUT = 6.0        # seconds; the monitor answers within its own 4 s limit
 
 _warned = False
@@ -370,7 +373,11 @@ class Monitor:
                                      headers={"Content-Type": "application/json",
                                               "Authorization": f"Bearer {self.token}"})
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            context = None
+            if self.url.lower().startswith("https:"):     # a CA file that cannot be read: an OSError
+                import ssl
+                context = ssl.create_default_context(cafile=os.environ.get(ENV_CA) or None)
+            with urllib.request.urlopen(req, timeout=self.timeout, context=context) as resp:
                 return self._http_answer(json.loads(resp.read() or b"null"))
         except urllib.error.HTTPError as exc:      # 400 / 401: the endpoint says why
             try:

@@ -234,6 +234,7 @@ def test_network_policy_admits_only_fluent_bit_to_the_listener():
     dep = _objects("Deployment")[0]["spec"]["template"]["spec"]
     mount = next(m["mountPath"] for m in dep["containers"][0]["volumeMounts"] if m["name"] == "secret")
     assert str(monitor.secret_file) == f"{mount}/monitor_secret"
+    assert (str(monitor.tls_cert), str(monitor.tls_key)) == (f"{mount}/tls.crt", f"{mount}/tls.key")   # HTTPS
     service = _objects("Service")[0]
     assert {"name": "monitor", "port": monitor.port, "targetPort": "monitor", "protocol": "TCP"} in \
         service["spec"]["ports"]

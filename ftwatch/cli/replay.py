@@ -46,7 +46,8 @@ def cmd_replay(argv: list[str]) -> int:
                               state_dir=state, in_memory=True)
         engine = build_engine(config)           # H3: stragglers in replayed logs too (like watch)
         total = sum(f.stat().st_size for f in args.files)
-        result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb))
+        result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb,
+                                                         phases=config.phases))
     for note in result.notes:
         print(f"ftwatch replay: note: {note}", file=sys.stderr)
     for f in result.findings:            # H3: stragglers and slowdowns are notices, never the root cause

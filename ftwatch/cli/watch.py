@@ -50,15 +50,22 @@ def cmd_watch(argv: list[str]) -> int:
     monitor = None
     if config.watch.monitor.enabled:   # the SDK over HTTP (ftwatch.pipeline.sources.monitor)
         from ftwatch.pipeline.sources.monitor import MonitorServer
+        from ftwatch.pipeline.sources.tls import server_context
+        mon = config.watch.monitor
         try:
-            monitor = MonitorServer(config.watch.monitor.host, config.watch.monitor.port,
-                                    _monitor_secret(config, args.config)).start()
+            tls = server_context(mon.tls_cert, mon.tls_key, "watch.monitor") if mon.tls_cert else None
+        except SourceError as exc:
+            recorder.close()
+            print(f"ftwatch watch: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        try:
+            monitor = MonitorServer(mon.host, mon.port, _monitor_secret(config, args.config), tls=tls).start()
         except OSError as exc:
             recorder.close()
             print(f"ftwatch watch: monitor endpoint {config.watch.monitor.host}:{config.watch.monitor.port}: "
                   f"{exc.strerror or exc}", file=sys.stderr)
             return EXIT_FAILED
-        recorder.say(f"ftwatch watch: SDK endpoint started on port {monitor.port}")
+        recorder.say(f"ftwatch watch: SDK endpoint started on port {monitor.port}" + (" (TLS)" if tls else ""))
     said_as = {"kubernetes": "k8s"}.get(config.watch.actuator.type, config.watch.actuator.type)
     watcher = Watcher(config, mine_catch_alls(recorder, build_engine(config)), recorder, identity.resolve,  # H3 too
                       build_actuator(config.watch.actuator, slurm=config.slurm,

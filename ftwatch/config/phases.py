@@ -7,6 +7,12 @@ either huge (a real hang waits) or a false hang restart. With ``phases.enabled``
 output of a run is ``initialization`` until the first step line; a line matching a phase's
 pattern starts that phase, a step line starts ``training`` (the policy's ``job_hang_interval``).
 The defaults match PyTorch, Hugging Face Trainer, Megatron-LM, DeepSpeed and Lightning lines.
+
+Startup (issue 17 item 5): the silence between the workers' start and their first output
+(imports, rendezvous) is ``initialization`` too, judged with its interval, not the training one:
+in ``run``, which sees the workers start, even with ``enabled`` false (``startup``). ``watch`` and
+``replay`` meet a job by its first line, so no silence before it is judged there; with
+``enabled`` the job is in ``initialization`` from that line until its first step line.
 """
 
 from __future__ import annotations
@@ -54,10 +60,13 @@ class PhasesConfig(BaseModel):
 
     model_config = _STRICT
     enabled: bool = Field(False, description="Tell phases from log lines and use their hang intervals.")
+    startup: bool = Field(True, description="run: the silence from the workers' start to their first output is "
+                          "judged with the initialization interval, even when enabled is false.")
     intervals: dict[str, float] = Field(
         default_factory=dict,
         description="phase -> job-hang interval in seconds (-1: no hang detection in it), over the "
-                    "defaults (3600 for each phase); training uses policy.job_hang_interval.")
+                    "defaults (3600 for each phase, or policy.job_hang_interval when longer); "
+                    "training uses policy.job_hang_interval.")
     patterns: dict[str, list[str]] = Field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_PATTERNS.items()},
                                            description="phase -> regexes of the lines that start it.")
     step_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_STEP_PATTERNS),

@@ -82,6 +82,8 @@ class HttpSourceConfig(ListenerLimits, SourceRole):
     port: int = Field(9880, ge=0, le=65535, description="TCP port.")
     path: str = Field("/", description="URL path prefix accepted.")
     token: str | None = Field(None, repr=False, description="Bearer token required when set.")
+    tls_cert: Path | None = Field(None, description="PEM certificate: HTTPS when set (with tls_key).")
+    tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
 
 
 class FileSourceConfig(SourceRole):
@@ -149,6 +151,9 @@ class MonitorConfig(BaseModel):
     port: int = Field(8790, ge=0, le=65535, description="TCP port (0: any free one, printed at start).")
     secret_file: Path | None = Field(None, description="File holding the secret the per-job tokens are "
                                      "derived from (a mounted Secret); required when enabled.")
+    tls_cert: Path | None = Field(None, description="PEM certificate: HTTPS when set (with tls_key); the SDK "
+                                  "verifies it with the CA in FTWATCH_MONITOR_CA.")
+    tls_key: Path | None = Field(None, description="PEM private key for tls_cert.")
 
 
 class WatchConfig(BaseModel):

@@ -21,8 +21,9 @@ Xid 79`` line counts as later than it. Only hit lines look back for their stamp 
 ``sim_step``), and the stamp is carried from chunk to chunk. The anchor's year is the engine's
 year for stamps that carry none (glog, syslog). With job hang detection on (R5, opt-in), the
 lines' timestamps also place each instance's output on a merged timeline, where a silence of
-every instance for the interval is a job hang (see ``replay_hang``). The end of the input is the
-end of the job: exit codes come from a torchelastic failure summary when present (placed after
+every instance for the interval is a job hang (see ``replay_hang``); with ``phases`` the
+interval is that of the phase the lines tell (``replay_phases``), as in ``run`` and ``watch``.
+The end of the input is the end of the job: exit codes come from a torchelastic failure summary when present (placed after
 every line); the desk's open incident, if any, is decided then, else the job succeeded.
 """
 
@@ -34,13 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ftwatch.config.phases import PhasesConfig
 from ftwatch.events import Decision, Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.parsers.torchelastic import SummaryFailure
 from ftwatch.pipeline.incidents import IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.replay_hang import HangScan
+from ftwatch.pipeline.replay_phases import PhaseScan
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host_file
+from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.policy.policy import Policy
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
@@ -86,7 +90,8 @@ def exit_origin(origin: Origin, failure: SummaryFailure) -> Origin:
 
 
 def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "replay",
-           progress: Callable[[int], None] | None = None, recorder: Recorder | None = None) -> ReplayResult:
+           progress: Callable[[int], None] | None = None, recorder: Recorder | None = None,
+           phases: PhasesConfig | None = None) -> ReplayResult:
     """Run recorded logs through ``engine`` and ``policy``.
 
     Args:
@@ -97,6 +102,8 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
         progress: called with the number of bytes read after each chunk (a progress bar).
         recorder: where findings, output counts and the decision go (alerts included when it
             has a dispatcher); default: one that keeps nothing but its ``decisions``.
+        phases: the ``phases`` section: with ``enabled``, job hangs are judged by the phase
+            the lines tell (``ftwatch.pipeline.replay_phases``).
 
     Returns:
         The findings, the final decision and the volume read.
@@ -113,7 +120,10 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     fallback = min((a for a in anchors if a is not None), default=(SIM_START, own_year))
     ends = [fallback[0]]                    # each file's clock at its end
     interval = HangTracker.from_policy(policy.policy, exits=False).job_hang_interval
-    scan = HangScan(interval, job) if interval else None
+    scan = None
+    if interval:                                                # phase hook (issue 13 item 4)
+        tracker = PhaseTracker(phases, interval) if phases is not None and phases.enabled else None
+        scan = HangScan(interval, job, PhaseScan(tracker, SIM_STEP) if tracker is not None else None)
     try:
         for path, found in zip(paths, anchors):
             origin = origin_for(Path(path), job)
@@ -168,16 +178,16 @@ def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
             chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
             parts = [block[cut:]] if cut < len(block) else []
             desk.output(origin, chunk, base, sim_step=SIM_STEP)
-            base = _next_base(chunk, base, year)
             if scan is not None:
-                scan.take(chunk)
+                scan.take(chunk, base)
+            base = _next_base(chunk, base, year)
             total += len(chunk)
             if progress:
                 progress(len(chunk))
         carry = b"".join(parts)
         desk.output(origin, carry, base, final=True, sim_step=SIM_STEP)
         if scan is not None:
-            scan.take(carry)
+            scan.take(carry, base)
             scan.close()
         total += len(carry)
         if progress and carry:

@@ -17,7 +17,10 @@ conservative on purpose: a log whose stamps are rare (a launcher line at the sta
 watchdog at the end, untimed ``print`` output between) must not look like a hang.
 
 The hang is the first moment *T* at which every instance seen so far has been silent for the
-interval; the end of the input is no hang (the job ended there). The finding is the one that
+interval; the end of the input is no hang (the job ended there). With phases (``phases.enabled``,
+``ftwatch.pipeline.replay_phases``) the interval is the one of the job's phase when the silence
+began (a long checkpoint save or evaluation is judged by its phase's interval, training by the
+policy's), and the finding names that phase. The finding is the one that
 the live ``HangTracker`` gives (kind ``hang``, rule ``hang.job``, class HANG, action
 RESTART_JOB, origin = the instance that went silent first), at *T*: the caller (the replay
 hub) hands one in, so this module stays inside the pipeline stage.
@@ -51,7 +54,21 @@ class Tracker(Protocol):
 
     def output(self, instance: str, time: float) -> None: ...
 
+    def set_job_hang_interval(self, seconds: float | None, time: float, phase: str | None = None) -> None: ...
+
     def check(self, now: float) -> list[Finding]: ...
+
+
+class Phases(Protocol):
+    """What ``HangScan`` needs of ``ftwatch.pipeline.replay_phases.PhaseScan``."""
+
+    shortest: float
+
+    def open(self, year: int | None) -> None: ...
+
+    def take(self, chunk: bytes, base: float) -> None: ...
+
+    def interval_at(self, t: float) -> tuple[float | None, str]: ...
 
 
 @dataclass
@@ -96,10 +113,14 @@ class HangScan:
     Args:
         interval: the job-hang interval in seconds (> 0).
         job: the job id, for the origins of a combined log's ranks.
+        phases: the job's phases (``replay_phases.PhaseScan``), fed the same chunks; their
+            intervals judge each silence; None: ``interval`` judges every one.
     """
 
-    def __init__(self, interval: float, job: str) -> None:
-        self.interval = float(interval)
+    def __init__(self, interval: float, job: str, phases: "Phases | None" = None) -> None:
+        self.phases = phases
+        # activity splits at the shortest interval in use: every silence that may be a hang stays visible
+        self.interval = min(float(interval), phases.shortest) if phases is not None else float(interval)
         self.job = job
         self._acts: dict[str, _Activity] = {}
         self._origins: dict[str, Origin] = {}
@@ -112,9 +133,12 @@ class HangScan:
         """A file starts; ``year`` dates its glog and syslog stamps."""
         self._file = _File(origin, year)
         self._origins.setdefault(origin.instance, origin)
+        if self.phases is not None:
+            self.phases.open(year)
 
-    def take(self, chunk: bytes) -> None:
-        """Read the timestamps of one chunk of complete lines of the open file.
+    def take(self, chunk: bytes, base: float = 0.0) -> None:
+        """Read the timestamps of one chunk of complete lines of the open file (``base``: the
+        replay clock's time of its first line when that has no stamp; for the phases).
 
         Only lines that may carry a stamp are decoded and parsed (``fields.parse_timestamp``);
         in a combined log every line's rank prefix is read (by one regex), since an untimed
@@ -124,6 +148,8 @@ class HangScan:
         assert f is not None
         if not chunk:
             return
+        if self.phases is not None:
+            self.phases.take(chunk, base)
         f.lines = True
         if f.combined:
             self._take_combined(f, chunk)
@@ -202,8 +228,13 @@ class HangScan:
         covered: float | None = None
         seen: set[str] = set()
         for start, end, key in segments:
-            if covered is not None and start - covered >= self.interval:
-                return tracker.check(covered + self.interval)[0]
+            if covered is not None:
+                limit, phase = (self.phases.interval_at(covered) if self.phases is not None
+                                else (self.interval, None))
+                if limit is not None and start - covered >= limit:
+                    if phase is not None:
+                        tracker.set_job_hang_interval(limit, covered, phase)
+                    return tracker.check(covered + limit)[0]
             if key not in seen:
                 seen.add(key)
                 # "started" before its first line, so that this line counts as output

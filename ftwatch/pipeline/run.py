@@ -128,8 +128,8 @@ class JobRunner:
         self._instance_checking = False   # H1 before an instance restart is under way (no second round)
         self.final: Decision | None = None
         self.requeued = False             # --actuator slurm requeued the job (this run ended)
-        self.phases = None                # phases from the workers' lines (R6, config.phases)
-        if config.phases.enabled:
+        self.phases = None                # phases from the workers' lines (R6), their startup (issue 17)
+        if config.phases.enabled or config.phases.startup:
             from ftwatch.pipeline.sources.phases import PhaseTracker
             pol = config.policy
             self.phases = PhaseTracker(config.phases, float(pol.job_hang_interval)
@@ -175,8 +175,9 @@ class JobRunner:
             self.desk.new_attempt(self.clock.time(), world_size=self.nproc)
             self._state = _Attempt(self.desk.failed)
             self.controls.new_attempt()
-            if self.phases is not None:
-                self.phases.restart()
+            if self.phases is not None and self.phases.start(self.clock.time(), self.tracker) is not None:
+                self.recorder.event(self.clock.time(), self.job, "phase", phase=self.phases.phase,
+                                    job_hang_interval=self.phases.interval())
             self.act.new_attempt()
             if blocking is not None:
                 self.desk.add([blocking], record=False)    # stored by the health log already

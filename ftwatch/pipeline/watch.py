@@ -49,7 +49,7 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
-from ftwatch.pipeline.sources.control import ControlHandler
+from ftwatch.pipeline.sources.control import ControlHandler, for_job
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
 from ftwatch.rules.engine import Engine
 
@@ -213,12 +213,9 @@ class Watcher:
 
     def control(self, message: dict) -> dict:
         """One SDK request of a watched job (``message["job"]``, authenticated by the endpoint):
-        answered by that job's ControlHandler on this thread. Retryable errors are refused: the
-        rule engine is shared by every watched job, so they belong in the config's rules."""
+        answered by that job's ControlHandler on this thread. Its retryable errors hit that job's
+        lines only (``control.for_job``: the rule engine is shared by every watched job)."""
         job = message.pop("job")
-        if message.get("op") == "set_retryable_errors":
-            return {"ok": False, "error": "set_retryable_errors is not supported under ftwatch watch (its "
-                                          "rules would apply to every watched job): add a rule to the config"}
         handler = self.controls.get(job)
         if handler is None:
             from ftwatch.rules.loader import rules_from_keywords
@@ -226,7 +223,7 @@ class Watcher:
             pol = self.config.policy
             hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection else None
             handler = self.controls[job] = ControlHandler(
-                self.engine, desk.tracker, self.recorder, job, rules_from_keywords, hang,
+                self.engine, desk.tracker, self.recorder, job, for_job(rules_from_keywords, job), hang,
                 hang_supported=hang is not None, clock=self.clock.time)
         return handler(message)
 

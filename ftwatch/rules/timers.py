@@ -59,6 +59,7 @@ class HangTracker:
         self._exit_hang_fired = False
         self._seq = 0
         self._armed: float | None = None   # when job-hang detection last went from off to on
+        self.phase: str | None = None      # the run's phase whose interval is in force (R6), if named
 
     @classmethod
     def from_policy(cls, policy: "PolicyConfig", exits: bool = True) -> "HangTracker":
@@ -92,9 +93,11 @@ class HangTracker:
         if self._running.pop(origin.instance, None) is not None and ok and self._first_ok_exit is None:
             self._first_ok_exit = time
 
-    def set_job_hang_interval(self, seconds: float | None, time: float) -> None:
+    def set_job_hang_interval(self, seconds: float | None, time: float, phase: str | None = None) -> None:
         """Change the job-hang interval at ``time`` (R6 staged intervals, SDK ``reset_config`` and
-        ``hang_detect``); None/<=0 = off.
+        ``hang_detect``); None/<=0 = off. ``phase``: the run's phase the interval belongs to
+        (``ftwatch.pipeline.sources.phases``), named in the hang finding; None: no phase (the
+        SDK's own interval).
 
         Takes effect at the next ``check``. From one interval to another, silence already
         accumulated counts against the new value (1800 s -> 180 s after 200 s silent fires). From
@@ -106,6 +109,7 @@ class HangTracker:
         if self.job_hang_interval is None and new is not None:
             self._armed = time
         self.job_hang_interval = new
+        self.phase = phase
 
     def reset(self, time: float, forget: bool = False) -> None:
         """A new attempt begins at ``time``: both timers re-arm, and every instance still tracked
@@ -162,10 +166,13 @@ class HangTracker:
         c = self._culprit()
         n = len(self._running)
         last = f"last output {iso(c.last)}" if c.spoke else f"no output since its start {iso(c.last)}"
-        line = (f"no output from any of {n} instance{'s' if n != 1 else ''} for {silent:.0f} s; "
+        during = f" in phase {self.phase} (its interval {self.job_hang_interval:g} s)" if self.phase else ""
+        line = (f"no output from any of {n} instance{'s' if n != 1 else ''} for {silent:.0f} s{during}; "
                 f"{_who(c.origin)} went silent first ({last})")
         fields = {"interval": self.job_hang_interval, "silent_for": silent, "instances": n,
                   "culprit_silent_for": now - c.last, "last_output": iso(c.last) if c.spoke else None}
+        if self.phase:
+            fields["phase"] = self.phase
         if self._armed is not None and self._armed > c.last:
             fields["detection_on_since"] = iso(self._armed)   # silence before it did not count
         return self._finding("hang.job", "hang", c, now, line, _SOURCE, fields)

@@ -1,7 +1,9 @@
-"""Fixtures shared by the replay tests (tests/pipeline/test_replay*.py)."""
+"""Fixtures shared by the replay tests (tests/pipeline/test_replay*.py) and the TLS listeners' tests."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -32,3 +34,19 @@ def run(rules, tmp_path, request) -> Callable[..., ReplayResult]:
         policy = Policy(Config().with_policy(**flags).policy, BudgetStore(tmp_path / "budgets.json", job), job)
         return replay(paths, Engine(rules), policy, job)
     return run
+
+
+@pytest.fixture(scope="session")
+def cert(tmp_path_factory):
+    """A self-signed cert for localhost/127.0.0.1 (cert.pem, key.pem), made by the openssl binary.
+
+    (The ``cryptography`` package is not a dependency of ftwatch and not installed here.)
+    """
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl binary to make a self-signed cert (and cryptography is not a dependency)")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return d / "cert.pem", d / "key.pem"

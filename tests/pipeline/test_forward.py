@@ -6,10 +6,8 @@ import contextlib
 import os
 import queue
 import select
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 
@@ -261,22 +259,6 @@ def test_shared_key_wrong_key_is_refused_and_data_before_ping_too():
         assert c2.closed_by_server()
         assert src.stats["errors"] == 2
     assert out.empty()
-
-
-@pytest.fixture(scope="module")
-def cert(tmp_path_factory):
-    """A self-signed cert for localhost/127.0.0.1, made by the openssl binary.
-
-    (The ``cryptography`` package is not a dependency of ftwatch and not installed here.)
-    """
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl binary to make a self-signed cert (and cryptography is not a dependency)")
-    d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    return d / "cert.pem", d / "key.pem"
 
 
 def test_tls_with_shared_key(cert):

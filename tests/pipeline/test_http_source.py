@@ -257,3 +257,29 @@ def test_an_idle_connection_is_closed_after_idle_timeout(served):
     until(lambda: src.gate.stats["open"] == 0, "every slot released")
     for s in (silent, talked, stalled):
         s.close()
+
+
+def test_https_with_a_self_signed_cert_and_a_plain_client_refused(served, cert):
+    """``tls_cert``: fluent-bit's ``tls on`` with ``tls.ca_file`` posts over HTTPS; a client that
+    trusts nothing fails verification, plain HTTP gets no answer; the source serves on."""
+    import ssl
+    from ftwatch.pipeline.sources.tls import server_context
+    src, q, _ = served(token="s3cret", tls=server_context(*cert, "source http"))
+    plain = httpx.Client(base_url=f"http://127.0.0.1:{src.port}", timeout=10)
+    with pytest.raises(httpx.HTTPError):
+        plain.post("/", content=json.dumps(RECORDS), headers={"Authorization": "Bearer s3cret"})
+    with pytest.raises(httpx.HTTPError):
+        httpx.Client(base_url=f"https://localhost:{src.port}", timeout=10).post("/", content=b"[]")
+    trusted = httpx.Client(base_url=f"https://localhost:{src.port}", timeout=10,
+                           verify=ssl.create_default_context(cafile=str(cert[0])))
+    r = trusted.post("/", content=json.dumps(RECORDS), headers={"Authorization": "Bearer s3cret"})
+    assert r.status_code == 200 and len(q.get_nowait()) == 2 and q.empty()
+
+
+def test_a_source_whose_certificate_cannot_be_loaded_says_so():
+    from ftwatch.config.watch import HttpSourceConfig
+    from ftwatch.errors import SourceError
+    from ftwatch.pipeline.sources import build_source
+    config = HttpSourceConfig(type="http", tls_cert="/nonexistent/cert.pem", tls_key="/nonexistent/key.pem")
+    with pytest.raises(SourceError, match="source http: TLS certificate /nonexistent/cert.pem"):
+        build_source(config, queue.Queue(), None)

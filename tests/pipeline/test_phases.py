@@ -95,4 +95,87 @@ def test_run_gives_an_evaluation_its_own_interval_and_hangs_in_training(tmp_path
     assert hang.root_cause.kind == "hang"
     assert hang.time - FakeClock().time() >= 102 + 60            # not inside the evaluation
     phases = [e["detail"]["phase"] for e in store.events(JOB) if e["kind"] == "phase"]
-    assert phases[:3] == ["training", "evaluation", "training"]
+    assert phases[:4] == ["initialization", "training", "evaluation", "training"]   # from the workers' start
+
+
+# -- startup (issue 17 item 5): the silence before the first output is initialization ------------
+
+def test_run_waits_out_a_silent_startup_longer_than_the_training_interval(tmp_path):
+    """Phase detection off (the default): the workers import and rendezvous for 200 s without a
+    line; the training interval is 60 s but the startup is judged with initialization's (3600 s):
+    no hang, the job trains and ends well."""
+    from tests.pipeline.test_run_loop import JOB, config, run
+    from ftwatch.testing import Exit, Say, script_of
+    cfg = config(tmp_path, {"enable_job_hang_detection": True, "job_hang_interval": 60})
+    script = script_of({}, default=[Say(200, "step 1 loss 2.0"), Say(230, "step 2 loss 1.9"), Exit(240)])
+    status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
+    assert status == 0, out
+    assert [d.action.label for d in recorder.decisions] == ["none"]
+    phases = [e["detail"] for e in store.events(JOB) if e["kind"] == "phase"]
+    assert phases == [{"phase": "initialization", "job_hang_interval": 3600.0},
+                      {"phase": "training", "job_hang_interval": 60.0}]
+
+
+def test_run_without_startup_judges_the_startup_with_the_training_interval(tmp_path):
+    """``phases.startup: false``: the old behaviour, a silent startup of 200 s is a hang at 60 s."""
+    from tests.pipeline.test_run_loop import config, run
+    from ftwatch.testing import Exit, Say, script_of
+    cfg = config(tmp_path, {"enable_job_hang_detection": True, "job_hang_interval": 60,
+                            "max_num_of_job_restart": 0}, phases={"startup": False})
+    script = script_of({}, default=[Say(200, "step 1 loss 2.0"), Exit(240)])
+    status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
+    assert recorder.decisions[0].root_cause.kind == "hang"
+    assert "phase" not in recorder.decisions[0].root_cause.fields
+
+
+def test_run_startup_silent_past_the_initialization_interval_is_a_hang_that_names_the_phase(tmp_path):
+    """Silent longer than initialization's interval (300 s here): a hang at 300 s, not at the
+    training interval's 60 s, and the finding and ``explain`` name the phase."""
+    from tests.pipeline.test_run_loop import JOB, config, run
+    from ftwatch.alerting.explain import explain
+    from ftwatch.testing import Exit, Say, script_of
+    cfg = config(tmp_path, {"enable_job_hang_detection": True, "job_hang_interval": 60,
+                            "max_num_of_job_restart": 0}, phases={"intervals": {"initialization": 300}})
+    script = script_of({}, default=[Say(1000, "step 1 loss 2.0"), Exit(1010)])
+    start = FakeClock().time()
+    status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
+    hang = recorder.decisions[0]
+    assert hang.root_cause.kind == "hang" and 300 <= hang.root_cause.time - start < 302
+    assert hang.root_cause.fields["phase"] == "initialization"
+    assert "in phase initialization (its interval 300 s)" in hang.root_cause.line
+    assert "in phase initialization" in explain(store, hang.decision_id)
+
+
+def test_phases_follow_the_policy_when_hang_detection_is_off():
+    """No phase turns job-hang detection on when the policy has it off; a phase's default is
+    the training interval when that is longer than 3600 s."""
+    assert PhaseTracker(PhasesConfig(enabled=True), None).interval() is None
+    assert PhaseTracker(PhasesConfig(enabled=True), 7200.0).interval() == 7200
+
+
+def test_watch_judges_the_silence_after_a_jobs_first_line_as_initialization(tmp_path):
+    """``watch`` meets a job by its first line (a launcher banner): the silence after it, until
+    the first step line, is judged with initialization's interval (300 s here), not training's
+    60 s; past it, a hang that names the phase."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, enable_job_hang_detection=True, job_hang_interval=60)
+    w.config = w.config.model_copy(update={"phases": PhasesConfig(enabled=True,
+                                                                  intervals={"initialization": 300})})
+    job = "train/llm"
+    w.ingest([line(clock, job, "node-0", "llm-worker-0", 0, "Starting elastic_operator with launch configs")])
+    for _ in range(299):
+        clock.advance(1)
+        w.tick()
+    assert rec.decisions == []                  # 299 s silent: longer than training's 60 s
+    clock.advance(1)
+    w.tick()
+    (decision,) = rec.decisions
+    assert decision.root_cause.fields["phase"] == "initialization"
+
+
+def test_startup_alone_records_no_phase_when_hang_detection_is_off():
+    from ftwatch.rules.timers import HangTracker
+    hang = HangTracker(None, None)
+    assert PhaseTracker(PhasesConfig(), None).start(0.0, hang) is None and hang.job_hang_interval is None
+    assert PhaseTracker(PhasesConfig(), 60.0).start(0.0, hang) == "initialization"
+    assert hang.job_hang_interval == 3600 and hang.phase == "initialization"

@@ -28,7 +28,8 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
     Raises:
         ValueError: an unknown ``type``.
         SourceError: a file source cannot keep its offsets (the directory cannot be made or written);
-            a forward source's shared_key_file cannot be read.
+            a forward source's shared_key_file cannot be read; a listener's TLS certificate or
+            key cannot be loaded.
     """
     kind = config.type
     if getattr(config, "role", "job") == "host":        # every line is a node's host log (hostlog.py)
@@ -36,11 +37,7 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
         out = HostQueue(out)
     if kind == "forward":
         from ftwatch.pipeline.sources.forward import ForwardSource
-        tls = None
-        if config.tls_cert is not None:
-            import ssl
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(str(config.tls_cert), str(config.tls_key) if config.tls_key else None)
+        tls = _tls(config)
         key = config.shared_key
         if key is None and config.shared_key_file is not None:   # a mounted Secret (deploy/ftwatch)
             try:
@@ -55,7 +52,7 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
         from ftwatch.pipeline.sources.http import HttpSource
         return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name,
                           max_connections=config.max_connections, idle_timeout=config.idle_timeout,
-                          count=count)
+                          count=count, tls=_tls(config))
     if kind == "file":
         from ftwatch.pipeline.sources.checkpoints import OffsetStore
         from ftwatch.pipeline.sources.file_tail import FileTailSource
@@ -71,3 +68,15 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
         meta = {"envelope": config.envelope} if config.envelope else {}
         return StdinSource(out, meta=meta, name=config.name)
     raise ValueError(f"unknown source type {kind!r}")
+
+
+def _tls(config: Any):
+    """The server TLS context of a listener's ``tls_cert`` / ``tls_key``, or None.
+
+    Raises:
+        SourceError: they cannot be loaded.
+    """
+    if config.tls_cert is None:
+        return None
+    from ftwatch.pipeline.sources.tls import server_context
+    return server_context(config.tls_cert, config.tls_key, f"source {config.name}")

@@ -36,6 +36,7 @@ never pops it); the restarted workers set them again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import json
 import os
@@ -252,6 +253,25 @@ class ControlServer:
                                       "(workers stopping or restarting)"}
 
 
+def for_job(make_rules: Callable[[Sequence[str]], list], job: str) -> Callable[[Sequence[str]], list]:
+    """``make_rules`` whose rules hit only lines of ``job`` (their origin's job): ``watch``
+    shares one engine among every job, so one job's ``set_retryable_errors`` must not change
+    another's decisions. Each rule's id gets ``@job`` (one job's keyword never shadows
+    another's) and its condition says ``job == ...``.
+
+    Args:
+        make_rules: keywords -> rules (frozen dataclasses with ``id``, ``when``, ``predicate``).
+        job: the job (``namespace/name``).
+    """
+    def predicate(raw: bytes, origin: Any) -> bool:
+        return origin.job == job
+
+    def make(errors: Sequence[str]) -> list:
+        return [dataclasses.replace(rule, id=f"{rule.id}@{job}", when=f"job == {job!r}", predicate=predicate)
+                for rule in make_rules(errors)]
+    return make
+
+
 class ControlHandler:
     """Carries out control requests on the runner's thread.
 
@@ -314,8 +334,10 @@ class ControlHandler:
             rules = self.make_rules(errors)
         except Exception as exc:  # noqa: BLE001 - RuleError names the bad keyword
             return {"ok": False, "error": str(exc)}
-        self.engine.add_rules(rules)
-        self.retryable += [e for e in errors if e not in self.retryable]
+        new = [e for e in errors if e not in self.retryable]
+        if new:                     # every rank sends the same list: recompile the database once
+            self.engine.add_rules(rules)
+        self.retryable += new
         self._event("retryable_errors", m, errors=errors)
         return {"ok": True, "rules": [r.id for r in rules]}
 

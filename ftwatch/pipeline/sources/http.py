@@ -29,6 +29,9 @@ at once (one more is closed as soon as it is accepted, unanswered, counted ``ref
 connection that sends nothing for ``idle_timeout`` seconds, between requests or inside one, is
 closed (``idle_closed``).
 
+TLS (``tls_cert`` / ``tls_key``, :mod:`ftwatch.pipeline.sources.tls`): every connection is
+HTTPS (fluent-bit: ``tls on``, ``tls.ca_file``); a client that does not speak TLS is closed.
+
 Binds to 127.0.0.1 unless told otherwise (SPEC Q2).
 """
 
@@ -38,6 +41,7 @@ import hmac
 import json
 import logging
 import queue
+import ssl
 import sys
 import threading
 import time
@@ -50,6 +54,7 @@ from ftwatch.errors import SourceError
 from ftwatch.parsers.envelopes import parse_rfc3339
 from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
 from ftwatch.pipeline.sources.connlimit import ConnectionGate
+from ftwatch.pipeline.sources.tls import wrap_listener
 
 __all__ = ["HttpSource", "HttpStats", "decode_records"]
 
@@ -144,6 +149,7 @@ class HttpSource:
         max_connections: connections held at once; one more is closed at once (module doc).
         idle_timeout: seconds a connection may send nothing before it is closed.
         count: called with ``(name, event)`` per connection event (``ConnectionGate``), or None.
+        tls: a server-side TLS context (``tls.server_context``): every connection is HTTPS.
 
     Attributes:
         port: the bound port (after ``start``).
@@ -155,8 +161,9 @@ class HttpSource:
                  token: str | None = None, max_body: int = MAX_BODY, name: str = "http", *,
                  tag_header: str = "FLUENT-TAG", date_key: str = "date",
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
-                 count: Any = None):
+                 count: Any = None, tls: ssl.SSLContext | None = None):
         self.out = out
+        self.tls = tls
         self.host = host
         self.port = port
         self.path = "/" + path.strip("/")
@@ -182,13 +189,15 @@ class HttpSource:
             server = _GatedServer((self.host, self.port), _handler_for(self), self.gate)
         except OSError as exc:
             raise SourceError(f"{self.name}: cannot listen on {self.host}:{self.port}: {exc}") from exc
+        wrap_listener(server, self.tls)
         server.daemon_threads = True
         self._server = server
         self.port = server.server_address[1]
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=f"ftwatch-{self.name}", daemon=True)
         self._thread.start()
-        log.info("%s: listening on http://%s:%d%s", self.name, self.host, self.port, self.path)
+        log.info("%s: listening on %s://%s:%d%s", self.name, "https" if self.tls else "http", self.host, self.port,
+                 self.path)
 
     def stop(self) -> None:
         """Stops serving (requests waiting on a full queue get 503) and joins; idempotent."""
@@ -275,6 +284,11 @@ class _GatedServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.gate.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a failed TLS handshake (a client that does not speak TLS, or distrusts the cert) or a
+        # reset connection: a line in the log, not a traceback on stderr
+        log.info("%s: connection from %s failed: %s", self.gate.name, client_address, sys.exc_info()[1])
 
 
 def _handler_for(source: HttpSource) -> type[BaseHTTPRequestHandler]:

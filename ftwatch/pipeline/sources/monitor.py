@@ -14,6 +14,12 @@ body that is no JSON object with a string ``op`` and ``job``. The token of a job
 request's ``instance`` / ``rank`` name the caller inside it. Requests wait on a queue for the
 watcher's thread (``drain``), at most ``answer_timeout`` seconds; ``report_step`` is answered on
 receipt.
+
+``set_retryable_errors`` and ``reset_config`` act on the caller's job only: its retryable errors
+hit that job's lines (``control.for_job``), its interval is that job's hang tracker's. With a
+TLS context (``watch.monitor.tls_cert``, :mod:`ftwatch.pipeline.sources.tls`) the endpoint is
+HTTPS; the SDK verifies it with the CA bundle in ``FTWATCH_MONITOR_CA``. A connection idle for
+``IDLE_TIMEOUT`` seconds (or stuck in its handshake) is closed.
 """
 
 from __future__ import annotations
@@ -22,19 +28,30 @@ import hashlib
 import hmac
 import json
 import queue
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 from ftwatch.pipeline.sources.control import ANSWER_TIMEOUT, FIRE_AND_FORGET, MAX_LINE, Request, drain_requests
+from ftwatch.pipeline.sources.tls import wrap_listener
 
 PATH = "/v1/control"
+IDLE_TIMEOUT = 30.0           # seconds a connection may send nothing
 
 
 def job_token(secret: bytes, job: str) -> str:
     """The token of ``job`` (``namespace/name`` as ``watch`` names it) under ``secret``: hex
     HMAC-SHA256."""
     return hmac.new(secret, job.encode(), hashlib.sha256).hexdigest()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """No traceback on stderr for a connection that fails (a client that does not speak TLS or
+    distrusts the certificate, a reset, an idle timeout): the client sees its own error."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
 
 
 class MonitorServer:
@@ -44,9 +61,11 @@ class MonitorServer:
         host, port: where to listen (port 0: any free one, then :attr:`port`).
         secret: the secret tokens are derived from (:func:`job_token`).
         answer_timeout: seconds a request may wait for :meth:`drain`.
+        tls: a server-side TLS context: every connection is HTTPS.
     """
 
-    def __init__(self, host: str, port: int, secret: bytes, answer_timeout: float = ANSWER_TIMEOUT):
+    def __init__(self, host: str, port: int, secret: bytes, answer_timeout: float = ANSWER_TIMEOUT,
+                 tls: ssl.SSLContext | None = None):
         if not secret:
             raise ValueError("the monitor endpoint needs a secret")
         self.secret = secret
@@ -55,6 +74,8 @@ class MonitorServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT
+
             def log_message(self, *args):
                 pass
 
@@ -67,7 +88,9 @@ class MonitorServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._http = ThreadingHTTPServer((host, port), Handler)
+        self._http = _QuietServer((host, port), Handler)
+        wrap_listener(self._http, tls)
+        self.tls = tls is not None
         self._http.daemon_threads = True
         self.port = self._http.server_address[1]
         self._thread = threading.Thread(target=self._http.serve_forever, name="ftwatch-monitor", daemon=True)

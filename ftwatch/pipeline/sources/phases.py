@@ -2,16 +2,19 @@
 
 In ``pipeline/sources`` with the identity: both read what a shipped line says about its job.
 
-:class:`PhaseTracker` follows one job: ``initialization`` from its first output, then the phase
-of the last line in a chunk that matches a phase pattern or a step line (``training``). Its
-:meth:`PhaseTracker.interval` is the job-hang interval in force: the phase's, or in training the
-policy's. The drivers hand the interval to the job's hang tracker when the phase changes.
+:class:`PhaseTracker` follows one job: ``initialization`` from its workers' start (``run``:
+:meth:`PhaseTracker.start`) or its first output, then the phase of the last line in a chunk that
+matches a phase pattern or a step line (``training``). Its :meth:`PhaseTracker.interval` is the
+job-hang interval in force: the phase's, or in training the policy's. The drivers hand the
+interval, with the phase's name, to the job's hang tracker when the phase changes. With
+``phases.enabled`` false and ``phases.startup`` on, only the startup is a phase: ``start`` sets
+``initialization``, the first output ``training``.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from ftwatch.config.phases import DEFAULT_INTERVALS, PhasesConfig
 
@@ -39,14 +42,39 @@ class PhaseTracker:
                 name = f"p{i}_{j}"
                 self._names[name] = phase
                 parts.append(f"(?P<{name}>{pattern})")
-        self._pattern = re.compile("|".join(parts).encode(), re.MULTILINE) if parts else None
+        self._pattern = re.compile("|".join(parts).encode(), re.MULTILINE) if parts and config.enabled else None
         self.phase = INITIALIZATION
         self._started = False
+        self._startup = False           # start() set initialization for the silence before the first output
 
     def restart(self) -> None:
         """A new attempt of the job: initialization again, from its first output."""
         self.phase = INITIALIZATION
-        self._started = False
+        self._started = self._startup = False
+
+    def start(self, time: float, hang: Any) -> str | None:
+        """The workers of a new attempt started at ``time`` (``run``): until their first output
+        the job is in ``initialization`` and ``hang`` gets its interval (issue 17 item 5), when
+        ``phases.enabled``, or ``phases.startup`` with job-hang detection on. Call it after the SDK's interval was reset for
+        the attempt (``ControlHandler.new_attempt``).
+
+        Returns:
+            ``initialization`` when its interval was set, else None.
+        """
+        self.restart()
+        if not (self.config.enabled or self.config.startup and self.training_interval is not None):
+            return None                 # startup only matters to hang detection
+        self._started = self._startup = True
+        hang.set_job_hang_interval(self.interval(), time, INITIALIZATION)
+        return INITIALIZATION
+
+    def changes(self, data: bytes) -> Iterator[tuple[str, int]]:
+        """Every line of a chunk that names a phase: (the phase, the match's offset), in order."""
+        if self._pattern is None:
+            return
+        names = self._names
+        for m in self._pattern.finditer(data):
+            yield names[m.lastgroup], m.start()
 
     def feed(self, data: bytes) -> str | None:
         """Scans a chunk of lines. Returns the new phase when it changed, else None."""
@@ -72,16 +100,35 @@ class PhaseTracker:
             the phase whose interval was set, else None.
         """
         first, self._started = not self._started, True
-        if self.feed(data) is None and not first:
+        if self._pattern is None:               # startup only: the first output ends it
+            if not self._startup:
+                return None
+            self._startup, self.phase = False, TRAINING
+        elif self.feed(data) is None and not first:
             return None
         if control is not None and (control.scopes or control.base != control.configured):
             return None
-        hang.set_job_hang_interval(self.interval(), time)
+        hang.set_job_hang_interval(self.interval(), time, self.phase)
         return self.phase
 
-    def interval(self) -> float | None:
-        """The job-hang interval of the current phase (None: no hang detection)."""
-        if self.phase == TRAINING:
-            return self.training_interval
-        value = {**DEFAULT_INTERVALS, **self.config.intervals}.get(self.phase, self.training_interval)
-        return None if value is None or value <= 0 else value
+    def shortest_interval(self) -> float | None:
+        """The shortest job-hang interval of any phase, training's included (None: none has one)."""
+        values = [v for v in map(self.interval, [TRAINING, INITIALIZATION, *self.config.patterns]) if v is not None]
+        return min(values, default=None)
+
+    def interval(self, phase: str | None = None) -> float | None:
+        """The job-hang interval of ``phase`` (default: the current one); None: no hang
+        detection (in every phase when the policy has none)."""
+        return phase_interval(self.config, phase or self.phase, self.training_interval)
+
+
+def phase_interval(config: PhasesConfig, phase: str, training: float | None) -> float | None:
+    """The job-hang interval of ``phase`` under ``config``: training's is ``training``; another's is
+    ``config.intervals``' (<= 0: None), else the default (3600 s, or ``training`` when longer).
+    None when ``training`` is None: with job-hang detection off, no phase turns it on."""
+    if training is None or phase == TRAINING:
+        return training
+    value = config.intervals.get(phase)
+    if value is None:
+        value = max(DEFAULT_INTERVALS.get(phase, training), training)
+    return None if value <= 0 else float(value)
