@@ -87,6 +87,8 @@ class ClusterAgent:
         Returns None to start them, or the decision that ends this node (left out, too few nodes)."""
         gen = self.world.gen + 1 if self.world is not None else int(self.kv.read("gen", 0))
         self.rdzv.arrive(gen, self.node, self.addr, self.runner.nproc)
+        if self.checks is not None:
+            self.checks.nproc = self.runner.nproc
         self.say(f"ftwatch: cluster: node {self.node} waiting for generation {gen} "
                  f"(--nnodes={self.config.nnodes})")
         while (world := self.rdzv.world(gen)) is None:
@@ -96,6 +98,8 @@ class ClusterAgent:
             if self._stop_requested():
                 return None
             self.wait(self.config.heartbeat / 4)
+        if self.checks is not None:
+            self.checks.close()                # the node check ran before generation 0's world
         if self.node not in world.nodes:
             why = self.kv.read(f"left/{self.node}") or world.reason or "not in the job's world (it had MAX nodes)"
             decision = self._leave(f"node {self.node} left out of generation {gen}: {why}")
@@ -247,7 +251,7 @@ def connect(config: ClusterConfig, job: str, say: Callable[[str], None] = print,
     vet = checks = None
     if network_check:
         from ftwatch.pipeline.cluster.nodecheck import ClusterCheck
-        checks = ClusterCheck(kv, node, addr, nodecheck, exclude_straggler, say)
+        checks = ClusterCheck(kv, node, addr, nodecheck, exclude_straggler, say, min_nodes=config.min_nodes)
         vet = checks.vet
     say(f"ftwatch: cluster: node {node} of --nnodes={config.nnodes}, store "
         f"{config.endpoint_host}:{config.endpoint_port} (run id {config.run_id})")

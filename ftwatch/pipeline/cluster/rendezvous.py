@@ -140,7 +140,7 @@ class Rendezvous:
                 return None
             members = came
         left: dict[int, str] = {}
-        if vet is not None and len(members) > 1:
+        if vet is not None and expected is None and len(members) > 1:
             members, left = vet(members)
         for n, why in left.items():
             self.kv.put(f"left/{n}", why)
