@@ -61,7 +61,8 @@ def cmd_run(argv: list[str]) -> int:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     from ftwatch.telemetry import start_metrics
     state_dir = Path(config.storage.state_dir)
-    job = job_id_for(args.job_id or config.job.id, command)
+    run_id = cluster_config.run_id if cluster_config is not None and cluster_config.run_id != "none" else None
+    job = job_id_for(args.job_id or config.job.id or run_id, command)   # --rdzv-id names the job on every node
     from ftwatch.pipeline.sources.orphans import reap     # workers a killed ftwatch left running here
     reap(state_dir, config.supervisor.grace_period, lambda text: print(text, flush=True))
     if (args.network_check or config.health.network_check) and cluster_config is None:

@@ -132,3 +132,42 @@ def test_a_straggling_node_is_named_by_the_node_check_and_leaves_within_min_max(
     assert "Node Check round 2" in lead and "Node Check node 2: straggler" in lead
     for out in outs[:2]:
         assert "generation 0: nodes [0, 1]" in out
+
+
+# -- README "Multi-node jobs": its command lines, as written, two nodes on localhost ----------------
+
+def readme_blocks() -> list[list[str]]:
+    """The fenced blocks of README "Multi-node jobs" (up to its next ``###``/``##``), their lines."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Multi-node jobs\n", 1)[1]
+    text = text.split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return [[line for line in block.splitlines()[1:] if line.strip()] for block in text.split("```")[1::2]]
+
+
+@pytest.mark.parametrize("block", [0, 1, 2], ids=["torchrun", "ftwatch-static", "ftwatch-c10d-elastic"])
+def test_readme_multinode_commands_work_as_written(tmp_path, block):
+    """Each block launches one two-node job: a line per node, or the same line on both. On one
+    machine each node gets its own directory (its own ./checkpoints and state, as two machines
+    have) and the fixed ports become free ones; ``$NODE0`` is 127.0.0.1."""
+    lines = readme_blocks()[block]
+    assert len(readme_blocks()) == 3 and all(line.split()[0] in ("torchrun", "ftwatch") for line in lines)
+    lines = lines if len(lines) == 2 else lines * 2
+    ports = {p: str(free_port("127.0.0.1")) for p in ("29500", "29400")}
+    procs = []
+    for n, line in enumerate(lines):
+        for fixed, free in ports.items():
+            line = line.replace(fixed, free)
+        line = line.replace("examples/train_ddp.py", str(TRAIN))
+        line = line.replace("torchrun ", f"{sys.executable} -m torch.distributed.run ", 1)
+        line = line.replace("ftwatch ", f"{sys.executable} -m ftwatch ", 1)
+        where = tmp_path / f"node{n}"
+        where.mkdir()
+        out = open(tmp_path / f"out{n}", "wb")
+        procs.append(subprocess.Popen(line, shell=True, stdout=out, stderr=subprocess.STDOUT, cwd=where,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT), "NODE0": "127.0.0.1"}))
+        out.close()
+    codes = finish(procs)
+    outs = [output(tmp_path, n) for n in range(2)]
+    assert codes == [0, 0], "\n=====\n".join(outs)
+    assert "training finished at step 20" in outs[0] + outs[1]
+    if block:
+        assert all("generation 0: nodes [0, 1]" in out for out in outs)
