@@ -287,3 +287,15 @@ def test_without_torch_the_store_says_how_to_install_it(monkeypatch):
     from ftwatch.pipeline.cluster.store import open_store
     with pytest.raises(RuntimeError, match=r"pip install 'ftwatch\[torch\]'"):
         open_store("127.0.0.1", 1, 1.0)
+
+
+def test_a_node_that_is_done_is_not_waited_for_and_gives_up_the_lead():
+    kv, clock = KV(MemoryStore(), "r"), FakeClock()
+    r = Rendezvous(kv, cfg())
+    beats = Beats(kv, 3.0)
+    assert lead(kv, "0:a", beats, clock.mono())
+    kv.put("done/0", 0)                                 # node 0 finished: its agent ended
+    assert lead(kv, "1:b", beats, clock.mono())
+    for n in (1, 2):
+        r.arrive(1, n, "127.0.0.1", 2)
+    assert r.close(1, clock.mono(), [0, 1, 2], lambda n: beats.alive(n, clock.mono())).nodes == (1, 2)

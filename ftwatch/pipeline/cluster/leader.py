@@ -60,7 +60,8 @@ class Beats:
         return mono - last[1]
 
     def alive(self, node: int, mono: float) -> bool:
-        return self.kv.has(f"done/{node}") or self.stale(node, mono) <= self.lost_after
+        """Whether ``node``'s agent still runs: not done, and its heartbeat moved within ``lost_after``."""
+        return not self.kv.has(f"done/{node}") and self.stale(node, mono) <= self.lost_after
 
 
 def lead(kv: KV, me: str, beats: Beats, mono: float) -> bool:
@@ -69,8 +70,7 @@ def lead(kv: KV, me: str, beats: Beats, mono: float) -> bool:
     holder = kv.claim("leader", me)
     if holder == me:
         return True
-    node = int(holder.split(":", 1)[0])
-    if beats.alive(node, mono) and not kv.has(f"done/{node}"):
+    if beats.alive(int(holder.split(":", 1)[0]), mono):
         return False
     return kv.claim("leader", me, expected=holder) == me
 

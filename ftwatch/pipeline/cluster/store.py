@@ -28,7 +28,7 @@ NEEDS_TORCH = "multi-node ftwatch run needs PyTorch's c10d store: pip install 'f
 
 
 class Store(Protocol):
-    """The part of ``torch.distributed.Store`` the agents use (tests: ``ftwatch.testing.MemoryStore``)."""
+    """The part of ``torch.distributed.Store`` the agents use (tests: a dict, tests/pipeline/test_cluster.py)."""
 
     def set(self, key: str, value: bytes) -> None: ...
 
