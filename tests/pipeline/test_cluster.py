@@ -299,3 +299,53 @@ def test_a_node_that_is_done_is_not_waited_for_and_gives_up_the_lead():
     for n in (1, 2):
         r.arrive(1, n, "127.0.0.1", 2)
     assert r.close(1, clock.mono(), [0, 1, 2], lambda n: beats.alive(n, clock.mono())).nodes == (1, 2)
+
+
+# -- two agents' run-loop hooks, one thread, a FakeClock -----------------------------------------------------
+
+class FakeRunner:
+    """What an agent uses of the run loop: supervisor.place, nproc, desk, budgets, policy, recorder."""
+
+    def __init__(self, tmp_path):
+        import threading
+        from types import SimpleNamespace
+        self.desk = job_desk(tmp_path)
+        self.desk.new_attempt(0.0, world_size=2)
+        self.policy, self.budgets, self.recorder = self.desk.policy, self.desk.policy.budgets, self.desk.recorder
+        self.nproc = 2
+        self.placed: dict = {}
+        self.supervisor = SimpleNamespace(place=lambda **kw: self.placed.update(kw))
+        self.act = SimpleNamespace(stop_requested=threading.Event())
+
+
+def test_two_agents_join_one_reports_and_both_carry_out_the_leaders_decision(tmp_path):
+    from ftwatch.pipeline.cluster.agent import ClusterAgent
+    store, clock = MemoryStore(), FakeClock()
+    config = cfg(nnodes="2", heartbeat=1.0)
+    agents, polled = {}, []
+
+    def wait(seconds):                    # while one agent waits, time passes and the other works
+        clock.advance(seconds)
+        for a in agents.values():
+            a.beat()
+        polled.append(agents[0].poll())   # node 0's run loop: leader duty, then the job's decision
+
+    for n in (0, 1):
+        agents[n] = ClusterAgent(config, KV(store, "j"), None, n, host=f"h{n}", addr="127.0.0.1", job=JOB,
+                                 clock=clock, say=lambda s: None, wait=wait)
+        runner = FakeRunner(tmp_path / f"n{n}")
+        agents[n].bind(runner, lambda: job_desk(tmp_path / "leader"))
+    agents[1].rdzv.arrive(0, 1, "127.0.0.1", 2)
+    assert agents[0].join(0) is None and agents[1].join(0) is None
+    r0, r1 = agents[0].runner, agents[1].runner
+    assert (r0.placed["group_rank"], r1.placed["group_rank"], r1.placed["rank_offset"], r1.placed["world_size"]) \
+        == (0, 1, 2, 4)
+    assert r0.placed["master_port"] == r1.placed["master_port"] != 0
+    decision, plan = agents[1].decide(sigkill(1, "h1"))
+    assert decision.action is Action.RESTART_JOB and plan.kind == "job" and decision.root_cause.rank == 3
+    assert r1.budgets.attempt == 1                       # TORCHELASTIC_RESTART_COUNT of the next start
+    polled.append(agents[0].poll())
+    seen = [d for d in polled if d is not None]          # node 0 takes up the same decision, once
+    assert len(seen) == 1 and seen[0].time == decision.time and r0.budgets.attempt == 1
+    agents[1].rdzv.arrive(1, 1, "127.0.0.1", 2)
+    assert agents[0].join(1) is None and agents[0].world.gen == 1 and agents[0].world.nodes == (0, 1)

@@ -69,6 +69,7 @@ class ClusterAgent:
         self.runner: Any = None
         self._looked = float("-inf")      # mono of the last look at the lead
         self._done = threading.Event()
+        self._carried = -1                # the generation whose decision this node has taken up
         kv.put(f"host/{node}", host)
         self.beat_kv = beat_kv
         self.beat()
@@ -120,7 +121,7 @@ class ClusterAgent:
         run loop stops its workers and goes on with it: restart, or end)."""
         self._duty()
         record = self._published()
-        if record is None:
+        if record is None or record.get("gen") == self._carried:
             return None
         decision = self._carry(record).decision
         self.runner.recorder.decision(decision)
@@ -139,6 +140,8 @@ class ClusterAgent:
                 "findings": [finding_to_dict(f) for f in [trigger, *evidence]], "failed": sorted(desk.failed)})
             self.say(f"ftwatch: cluster: reported {trigger.rule_id} to the leader; waiting for the job's decision")
             while (record := self._published() or self.kv.read(f"answer/{gen}/{self.node}/{k}")) is None:
+                if self._stop_requested():      # interrupted while waiting: this node ends
+                    return Verdict(self._leave("interrupted while waiting for the job's decision"), Plan("fail"))
                 self._duty()
                 self.wait(self.config.heartbeat / 4)
         return self._carry(record)
@@ -147,6 +150,8 @@ class ClusterAgent:
         """This node is done (its exit status): it is not lost when its heartbeat stops."""
         self.kv.put(f"done/{self.node}", status)
         self._done.set()
+        if self.leader is not None:           # the job's budgets end with it (a later run starts afresh)
+            self.leader.desk.policy.budgets.close("succeeded" if status == 0 else "failed")
 
     def beat(self) -> None:
         """One heartbeat (``hb/<node>`` + 1)."""
@@ -211,11 +216,14 @@ class ClusterAgent:
         if kind == "none":
             return Verdict(decision, Plan("none"))
         if kind == "fail":
+            self._carried = record["gen"]
             return Verdict(decision, Plan("fail"))
         if self.node not in record["next"]:
             return Verdict(self._leave(f"node {self.node} excluded from the job by decision "
                                        f"{record['gen']} ({decision.action.label})", decision), Plan("fail"))
-        self.runner.budgets.use_job_restart()
+        if record["gen"] != self._carried:
+            self.runner.budgets.use_job_restart()    # TORCHELASTIC_RESTART_COUNT of the next start
+        self._carried = record["gen"]
         if decision.action not in (Action.RESTART_JOB, Action.ISOLATE_NODE):
             decision = dataclasses.replace(decision, action=Action.RESTART_JOB)
         return Verdict(decision, Plan("job"))

@@ -164,7 +164,8 @@ class Leader:
 
         findings = [renamed(finding_from_dict(d)) for d in report.get("findings", [])]
         self.desk.failed.update(f"node{node}/{i}" for i in report.get("failed", []))
-        self.desk.add(findings, mono)
+        # this node's own findings are in its store already (its run loop's desk recorded them)
+        self.desk.add(findings, mono, record=str(node) != self.token.split(":", 1)[0])
 
     def _decide(self, world: World, now: float, mono: float) -> dict | None:
         if self.desk.open is None:
