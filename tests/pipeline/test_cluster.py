@@ -120,9 +120,14 @@ def test_placed_supervisor_gives_workers_torchrun_environment():
                   master_port=40001)
         sup.start_all(restart_count=0)
         lines: list[str] = []
+        origins = set()
         while sup.running() or len(lines) < 2:
-            lines += [i.data.decode().strip() for i in sup.poll(1.0) if isinstance(i, Output)]
+            for item in sup.poll(1.0):
+                if isinstance(item, Output):
+                    lines.append(item.data.decode().strip())
+                    origins.add((item.origin.instance, item.origin.rank))
     assert sorted(lines) == [f"2 0 4 2 1 2 2 127.0.0.2 40001 {JOB}", f"3 1 4 2 1 2 3 127.0.0.2 40001 {JOB}"]
+    assert origins == {("worker-0", 2), ("worker-1", 3)}     # the global rank; the local instance
 
 
 # -- rendezvous ---------------------------------------------------------------------------------------
@@ -210,7 +215,7 @@ def beat_all(kv, nodes=(0, 1, 2)):
 def test_reports_of_two_nodes_make_one_decision_for_every_node(tmp_path):
     kv, clock, world, leader, beats, _ = setup_leader(tmp_path)
     beat_all(kv)
-    report(kv, 0, 1, sigkill(1, "b"), failed=["worker-1"])
+    report(kv, 0, 1, sigkill(3, "b"), failed=["worker-3"])
     assert leader.tend(world, beats, clock.time(), clock.mono()) is None      # settling
     clock.advance(0.5)
     beat_all(kv)
@@ -222,8 +227,8 @@ def test_reports_of_two_nodes_make_one_decision_for_every_node(tmp_path):
     record = leader.tend(world, beats, clock.time(), clock.mono())
     decision = job_decision(record)
     assert record["kind"] == "restart" and record["next"] == [0, 1, 2] and decision.action is Action.RESTART_JOB
-    assert decision.root_cause.rule_id == "exit.sigkill" and decision.root_cause.rank == 3   # node 1's rank 1
-    assert decision.root_cause.origin.instance == "node1/worker-1"
+    assert decision.root_cause.rule_id == "exit.sigkill" and decision.root_cause.rank == 3
+    assert decision.root_cause.origin.instance == "node1/worker-3"
     assert kv.read("decision/0") == record and kv.read("gen") == 1
     clock.advance(2.0)
     report(kv, 0, 0, sigkill(0, "a"))                  # fallout after the decision: nothing more
@@ -341,7 +346,7 @@ def test_two_agents_join_one_reports_and_both_carry_out_the_leaders_decision(tmp
     assert (r0.placed["group_rank"], r1.placed["group_rank"], r1.placed["rank_offset"], r1.placed["world_size"]) \
         == (0, 1, 2, 4)
     assert r0.placed["master_port"] == r1.placed["master_port"] != 0
-    decision, plan = agents[1].decide(sigkill(1, "h1"))
+    decision, plan = agents[1].decide(sigkill(3, "h1"))
     assert decision.action is Action.RESTART_JOB and plan.kind == "job" and decision.root_cause.rank == 3
     assert r1.budgets.attempt == 1                       # TORCHELASTIC_RESTART_COUNT of the next start
     polled.append(agents[0].poll())

@@ -10,7 +10,7 @@ Deciding (:meth:`Leader.tend`, called from the leader's run loop): the reports o
 ``g`` (``report/<g>/<node>/<k>``: a node's trigger, its attempt's findings and failed
 instances) and the lost nodes (a node of the world whose heartbeat is stale and that is not
 ``done``: the finding ``cluster.node_lost``) go into the job's :class:`IncidentDesk`, with each
-instance renamed ``node<N>/<instance>`` and its rank made global; ``settle`` seconds after the
+instance renamed ``node<N>/<instance>`` (their ranks are global already); ``settle`` seconds after the
 first (at once for a lost node) the desk's verdict is the job's decision, published once
 (``decided/<g>`` is claimed first) as ``decision/<g>`` with what every node does:
 
@@ -153,14 +153,11 @@ class Leader:
         return got
 
     def _ingest(self, world: World, node: int, report: dict, mono: float) -> None:
-        offset = world.rank_offset(node) if node in world.nodes else 0
-
-        def renamed(f: Finding) -> Finding:
+        def renamed(f: Finding) -> Finding:        # ranks are global already (the supervisor's origins)
             o = f.origin
             inst = o.instance if o.instance.startswith("node") and "/" in o.instance else f"node{node}/{o.instance}"
             self._node_of[inst] = node
-            return dataclasses.replace(f, origin=dataclasses.replace(
-                o, instance=inst, rank=None if o.rank is None else o.rank + offset))
+            return dataclasses.replace(f, origin=dataclasses.replace(o, instance=inst))
 
         findings = [renamed(finding_from_dict(d)) for d in report.get("findings", [])]
         self.desk.failed.update(f"node{node}/{i}" for i in report.get("failed", []))

@@ -313,7 +313,9 @@ class Supervisor:
                                  preexec_fn=die_with_parent_hook())
         self._proc_starts[rank] += 1
         self._starts[rank] += 1
-        origin = Origin(f"worker-{rank}", rank, self.job, self.node, "process", "process")
+        # the Origin's rank is the global one (a multi-node job's ranks start at rank_offset here);
+        # the instance keeps the local index, which restart_instance and the slots are keyed by
+        origin = Origin(f"worker-{rank}", self.rank_offset + rank, self.job, self.node, "process", "process")
         w = _Worker(rank, popen, origin)
         with self._lock:
             self._workers[rank] = w
