@@ -70,6 +70,16 @@ def cmd_run(argv: list[str]) -> int:
         status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
         if status:
             return status
+    cluster = None
+    if cluster_config is not None:       # this node's agent: the store, the node id (before any output)
+        from ftwatch.pipeline.cluster.agent import connect
+        try:
+            cluster = connect(cluster_config, job, lambda text: print(text, flush=True), network_check=bool(
+                args.network_check or config.health.network_check), exclude_straggler=bool(
+                args.exclude_straggler or config.health.exclude_straggler), nodecheck=config.health.nodecheck)
+        except (RuntimeError, TimeoutError) as exc:    # no torch, or no store answered
+            print(f"ftwatch run: multi-node: {exc}", file=sys.stderr)
+            return 1
     from ftwatch.pipeline.sources.hostlog import gpu_bus_ids, open_kernel_log
     try:                       # from its end, before the workers start: their time is what counts
         kernel, said = open_kernel_log(args.kernel_log)
@@ -79,18 +89,14 @@ def cmd_run(argv: list[str]) -> int:
     recorder = build_recorder(config, state_dir, args.decisions_file)
     metrics = recorder.metrics = start_metrics(config.storage, args.metrics_port, state_dir, recorder.say)
     recorder.say(f"ftwatch: {said}")
-    cluster = None
     try:
-        if cluster_config is not None:
-            from ftwatch.pipeline.cluster.agent import connect
-            cluster = connect(cluster_config, job, recorder.say, network_check=bool(
-                args.network_check or config.health.network_check), exclude_straggler=bool(
-                args.exclude_straggler or config.health.exclude_straggler), nodecheck=config.health.nodecheck)
         runner = build_run(config, command, job, recorder, kernel=kernel,
                            bus_ids=gpu_bus_ids() if kernel is not None else None, cluster=cluster)
     except BaseException:
         if kernel is not None:
             kernel.close()
+        if cluster is not None:
+            cluster.close(1)
         raise
     status = 1
     try:

@@ -148,8 +148,11 @@ class ClusterAgent:
 
     def close(self, status: int) -> None:
         """This node is done (its exit status): it is not lost when its heartbeat stops."""
-        self.kv.put(f"done/{self.node}", status)
         self._done.set()
+        try:
+            self.kv.put(f"done/{self.node}", status)
+        except Exception:         # noqa: BLE001 - the store ended with the job (this node was left out)
+            pass
         if self.leader is not None:           # the job's budgets end with it (a later run starts afresh)
             self.leader.desk.policy.budgets.close("succeeded" if status == 0 else "failed")
 
