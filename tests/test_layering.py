@@ -16,6 +16,9 @@ The folder list is the flow, and imports go one way, down this list:
     pipeline/actuators/       what carries decisions out: config, policy, and the sources it acts on
                               (the local supervisor, the SDK channel)
     pipeline/sinks/           the core only
+    pipeline/cluster/         a multi-node job's agents: config, policy, alerting (the spool's dict
+                              form of findings and decisions), health (the node check), pipeline
+                              (the incident core they decide through)
     report/                   reads the sinks back for a person
     health/                   pre- and post-run checks: config, rules (the step tap)
     top-level modules         (telemetry, sdk): config
@@ -44,7 +47,7 @@ import ftwatch
 
 PACKAGE = Path(ftwatch.__file__).parent
 STAGES = ("config", "parsers", "rules", "policy", "alerting", "mining", "pipeline.sources", "pipeline.actuators",
-          "pipeline.sinks", "pipeline", "report", "health", "cli")
+          "pipeline.sinks", "pipeline.cluster", "pipeline", "report", "health", "cli")
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
 # pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
 HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/run.py",
@@ -68,6 +71,10 @@ MAY_USE: dict[str | None, frozenset[str]] = {
     "pipeline.sources": frozenset({"config", "parsers"}),
     "pipeline.actuators": frozenset({"config", "policy", "pipeline.sources"}),
     "pipeline.sinks": frozenset(),
+    # issue 14, on purpose: a multi-node job's agents decide through the incident core (pipeline),
+    # ship findings and decisions in the spool's dict form (alerting), plan with the policy's
+    # Verdict/Plan and run the node check's processes (health)
+    "pipeline.cluster": frozenset({"config", "policy", "alerting", "health", "pipeline"}),
     "pipeline": frozenset({"parsers"}),     # replay_hang.py: timestamps of replayed lines
     "report": frozenset({"config", "pipeline.sinks"}),
     "health": frozenset({"config", "rules"}),

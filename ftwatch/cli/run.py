@@ -19,12 +19,14 @@ from ftwatch.pipeline.build import build_recorder, build_run
 
 def cmd_run(argv: list[str]) -> int:
     """``ftwatch run``: supervise a training job on this machine (exit status: the job's outcome)."""
+    argv, torchrun_style = torchrun_argv(argv)
     flags, rest, command = split_flags(argv)
     p = ArgumentParser(prog="ftwatch run", description="Supervise a training job on this machine.",
                        epilog=aimaster_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--aimaster-args", help="AIMaster flags as one string")
-    p.add_argument("--nproc-per-node", help="workers to start: N or MIN:MAX (default: config, else 1)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+                   help="workers to start: N or MIN:MAX (default: config, else 1)")
     p.add_argument("--state-dir", help="where the SQLite store, budgets and spool live")
     p.add_argument("--decisions-file", type=Path, help="append each decision as a JSON line")
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
@@ -37,29 +39,50 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--actuator", choices=("local", "slurm"),
                    help="who carries out restart_job, isolate_node, fail_job: the local workers (default) or "
                         "Slurm (requeue, drain, scancel; inside an sbatch script; README \"Slurm\")")
+    add_cluster_flags(p)
     p.add_argument("--network-check", action="store_true", help="node check of the worker slots first (H2)")
     p.add_argument("--exclude-straggler", action="store_true", help="with --network-check: leave stragglers out")
     args = p.parse_args(rest)
     if not command:
-        p.error("give the training command after --")
+        p.error("give the training command after -- (or, as with torchrun, the script and its arguments)")
+    if torchrun_style:                    # torchrun's way: python SCRIPT, python -m MODULE, or as is
+        command = (command if args.no_python else [sys.executable, "-m", *command] if args.module
+                   else [sys.executable, *command])
+    try:
+        cluster_config = cluster_from_args(args)
+    except ValueError as exc:
+        p.error(str(exc))
     unusable = _unusable(command[0])
     if unusable is not None:
         status, why = unusable
         print(f"ftwatch run: {command[0]}: {why}", file=sys.stderr)
         return status
     config = apply_run_flags(load_config_from_args(args, flags), args)
+    if cluster_config is not None and args.max_restarts and "enable_job_restart" not in flags:
+        config = config.with_policy(enable_job_restart=True)   # torchrun's --max-restarts N restarts
     if args.state_dir:
         config = config.model_copy(update={"storage": config.storage.model_copy(update={"state_dir": args.state_dir})})
     from ftwatch.telemetry import start_metrics
     state_dir = Path(config.storage.state_dir)
-    job = job_id_for(args.job_id or config.job.id, command)
+    run_id = cluster_config.run_id if cluster_config is not None and cluster_config.run_id != "none" else None
+    job = job_id_for(args.job_id or config.job.id or run_id, command)   # --rdzv-id names the job on every node
     from ftwatch.pipeline.sources.orphans import reap     # workers a killed ftwatch left running here
     reap(state_dir, config.supervisor.grace_period, lambda text: print(text, flush=True))
-    if args.network_check or config.health.network_check:
+    if (args.network_check or config.health.network_check) and cluster_config is None:
         from ftwatch.cli.health import network_check
         status, config = network_check(config, job, args.exclude_straggler or config.health.exclude_straggler)
         if status:
             return status
+    cluster = None
+    if cluster_config is not None:       # this node's agent: the store, the node id (before any output)
+        from ftwatch.pipeline.cluster.agent import connect
+        try:
+            cluster = connect(cluster_config, job, lambda text: print(text, flush=True), network_check=bool(
+                args.network_check or config.health.network_check), exclude_straggler=bool(
+                args.exclude_straggler or config.health.exclude_straggler), nodecheck=config.health.nodecheck)
+        except (RuntimeError, TimeoutError) as exc:    # no torch, or no store answered
+            print(f"ftwatch run: multi-node: {exc}", file=sys.stderr)
+            return 1
     from ftwatch.pipeline.sources.hostlog import gpu_bus_ids, open_kernel_log
     try:                       # from its end, before the workers start: their time is what counts
         kernel, said = open_kernel_log(args.kernel_log)
@@ -71,14 +94,19 @@ def cmd_run(argv: list[str]) -> int:
     recorder.say(f"ftwatch: {said}")
     try:
         runner = build_run(config, command, job, recorder, kernel=kernel,
-                           bus_ids=gpu_bus_ids() if kernel is not None else None)
+                           bus_ids=gpu_bus_ids() if kernel is not None else None, cluster=cluster)
     except BaseException:
         if kernel is not None:
             kernel.close()
+        if cluster is not None:
+            cluster.close(1)
         raise
+    status = 1
     try:
         status = runner.run()
     finally:
+        if cluster is not None:
+            cluster.close(status)
         recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
         if metrics is not None:
             metrics.close()
@@ -157,3 +185,69 @@ def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
     if issues:
         raise ConfigError(issues)
     return config.model_copy(update=updates) if updates else config
+
+
+# -- torchrun's multi-node flags (ftwatch.pipeline.cluster) ----------------------------------------
+
+_BARE = frozenset({"--standalone", "--network-check", "--exclude-straggler", "--no-python", "--no_python",
+                   "-m", "--module"})
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """torchrun's flags for a job over several nodes (both spellings), and its script form."""
+    p.add_argument("--nnodes", help="nodes: N or MIN:MAX (torchrun; elastic within MIN:MAX)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, help="this node's rank (static)")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", help="node rank 0's address")
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                   help="the agents' store port on --master-addr (default 29500)")
+    p.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend", help="c10d (PyTorch's TCPStore)")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", help="HOST[:PORT] of the store")
+    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", help="the job's rendezvous id")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", dest="rdzv_conf", default="",
+                   help="KEY=VALUE,...: last_call_timeout, heartbeat, node_timeout (seconds)")
+    p.add_argument("--local-addr", "--local_addr", dest="local_addr", help="this node's address for the others")
+    p.add_argument("--standalone", action="store_true", help="one node, a local store (torchrun)")
+    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                   help="run the script as is, not with python (torchrun)")
+    p.add_argument("-m", "--module", action="store_true", help="run the script as python -m (torchrun)")
+
+
+def torchrun_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """torchrun's form ``[flags] SCRIPT [ARGS]`` as ftwatch's ``[flags] -- SCRIPT [ARGS]``;
+    (argv, whether it was torchrun's form). A flag takes the next word as its value unless it
+    is written ``--flag=value`` or is a bare one (``--standalone``, ``--network-check`` ...)."""
+    if "--" in argv:
+        return argv, False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            return argv[:i] + ["--"] + argv[i:], True
+        i += 1 if "=" in arg or arg in _BARE else 2
+    return argv, False
+
+
+_CONF = {"last_call_timeout": "last_call", "heartbeat": "heartbeat", "node_timeout": "lost_after",
+         "settle": "settle"}
+
+
+def cluster_from_args(args: argparse.Namespace):
+    """The multi-node settings (``ftwatch.config.cluster``) from the flags, or None for one node.
+
+    Raises:
+        ValueError: a bad flag value (the message names the flag).
+    """
+    from ftwatch.config.cluster import cluster_from_flags
+    timing = {}
+    for item in filter(None, args.rdzv_conf.split(",")):
+        key, _, value = item.partition("=")
+        if key.strip() not in _CONF:
+            continue                      # torchrun's other keys (join_timeout, ...): not used here
+        try:
+            timing[_CONF[key.strip()]] = float(value)
+        except ValueError:
+            raise ValueError(f"--rdzv-conf {item}: not a number of seconds") from None
+    return cluster_from_flags(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
+                              master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint,
+                              rdzv_id=args.rdzv_id, rdzv_backend=args.rdzv_backend, standalone=args.standalone,
+                              local_addr=args.local_addr, **timing)

@@ -42,16 +42,7 @@ class LocalNodes:
         cfg = self.config
         answers = run_group([a for _, a in members], {"gemm": cfg.gemm_size, "gemm_iters": cfg.gemm_iters,
                                                        "bytes": cfg.allreduce_bytes, "iters": 2}, cfg.timeout)
-        out: dict[int, tuple[float | None, str, bool]] = {}
-        for node in group:
-            mine = [ans for (n, _), ans in zip(members, answers) if n == node]
-            bad = [a for a in mine if not a.get("ok") or not a.get("allreduce_ok")]
-            if bad:
-                dead = [a for a in bad if a.get("down")]
-                out[node] = (None, (dead or bad)[0].get("error", "wrong all-reduce result"), bool(dead))
-            else:
-                out[node] = (max(a["gemm_s"] + a["allgather_s"] for a in mine), "", False)
-        return out
+        return {node: node_result([ans for (n, _), ans in zip(members, answers) if n == node]) for node in group}
 
     def check(self) -> tuple[list[RoundResult], list[NodeVerdict], list[str]]:
         """Both rounds and the verdicts (``ftwatch.health.nodecheck.check``); agents closed after."""
@@ -61,6 +52,16 @@ class LocalNodes:
             for agents in self.agents.values():
                 for agent in agents:
                     agent.close()
+
+
+def node_result(answers: Sequence[dict]) -> tuple[float | None, str, bool]:
+    """One node's result of a collective check from its agents' answers: (its time, the slowest
+    agent's GEMM + allgather seconds, or None; the error; whether one of its processes died)."""
+    bad = [a for a in answers if not a.get("ok") or not a.get("allreduce_ok")]
+    if bad:
+        dead = [a for a in bad if a.get("down")]
+        return None, (dead or bad)[0].get("error", "wrong all-reduce result"), bool(dead)
+    return max(a["gemm_s"] + a["allgather_s"] for a in answers), "", False
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def resolve_after_of(config) -> float:
     return min(values, default=RESOLVE_AFTER)
 
 def build_run(config, command, job: str, recorder, *, engine=None, out=None, clock=None, supervisor=None,
-              control=None, node: str | None = None, kernel=None, bus_ids=None):
+              control=None, node: str | None = None, kernel=None, bus_ids=None, cluster=None):
     """The run loop of ``ftwatch run`` with every collaborator it drives, built once here.
 
     The MindCluster section is first translated into the policy (M4: a recovering strategy enables
@@ -169,6 +169,9 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
             or None: its lines are host evidence of ``node`` for the job.
         bus_ids: PCI bus id -> the names of that GPU (``hostlog.gpu_bus_ids``), so that a kernel
             line naming a GPU is tied to the job's slot on it; None: none known.
+        cluster: a multi-node job's agent (``ftwatch.pipeline.cluster.agent.ClusterAgent``): bound
+            to the run loop, with the job's desk it decides through should it lead (the job's
+            own budgets, ``<job>@cluster``), or None for a job on this machine.
 
     Returns:
         A ``JobRunner`` over its incident desk (``ftwatch.pipeline.incidents``); ``run()`` it.
@@ -238,5 +241,10 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         scheduler = SlurmActuator.for_run(config.slurm, clock=clock,
                                           log=lambda line: recorder.say(f"ftwatch: slurm {line}"))
     parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock,
-                     kernel, node, bus_ids or {}, scheduler)
-    return JobRunner(config, command, parts, recorder, job, out=out)
+                     kernel, node, bus_ids or {}, scheduler, cluster)
+    runner = JobRunner(config, command, parts, recorder, job, out=out)
+    if cluster is not None:
+        cluster.bind(runner, lambda: IncidentDesk(
+            job, engine, build_policy(config, job, BudgetStore.for_job(state_dir, f"{job}@cluster")),
+            recorder, exits=True))
+    return runner

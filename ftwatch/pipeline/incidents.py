@@ -270,14 +270,19 @@ class IncidentDesk:
                                   exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
         verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
-        decision = verdict.decision
+        self.forget_incident(mono, verdict.decision.action, trigger)
+        return verdict
+
+    def forget_incident(self, mono: float, action: Action, trigger: Finding | None = None) -> None:
+        """The open incident was decided with ``action`` (here, or for the whole job by a
+        multi-node leader, ``ftwatch.pipeline.cluster``): it closes, and an acting decision
+        starts the cooldown; a ``trigger`` hang that only notified waits for output to resume."""
         self.open = None
         self._openers.clear()
-        if decision.action not in (Action.NONE, Action.NOTIFY):
+        if action not in (Action.NONE, Action.NOTIFY):
             self._quiet_until = mono + self.cooldown
-        elif trigger.kind in HANG_KINDS:
+        elif trigger is not None and trigger.kind in HANG_KINDS:
             self._hang_notified = True              # one finding per hang episode
-        return verdict
 
     def close(self, now: float, step: float = 0.0) -> Decision | None:
         """The input ended: open blocks close, the summaries' exits count (``summaries="close"``:

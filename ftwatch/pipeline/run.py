@@ -89,6 +89,7 @@ class RunParts:
     node: str = "localhost"        # this machine's name: the node of its kernel lines
     bus_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # PCI bus id -> device names (hostlog.gpu_bus_ids)
     scheduler: Any = None          # --actuator slurm: actuators.slurm.SlurmActuator (handles, act), or None
+    cluster: Any = None            # a multi-node job's agent (pipeline.cluster.agent.ClusterAgent), or None
 
 
 class JobRunner:
@@ -116,6 +117,7 @@ class JobRunner:
         self.kernel, self.host = p.kernel, host_origin(p.node, job)
         self.desk.on_findings = self._retry_candidates
         self.act = p.actuator
+        self.cluster = p.cluster      # multi-node: join / poll / decide go through the job's leader
         self.act.drive(self._step)
         self.mc = config.mindcluster
         self.nproc = self.slots.nproc
@@ -182,7 +184,9 @@ class JobRunner:
             if blocking is not None:
                 self.desk.add([blocking], record=False)    # stored by the health log already
             decision = self._incident(blocking, self._state) if blocking is not None else None
-            if decision is None:
+            if decision is None and self.cluster is not None:
+                decision = self.cluster.join(attempt)    # this generation's world, or this node's end
+            if decision is None and not self._stop_requested.is_set():
                 self.act.start_all(attempt)
                 decision = self._watch()
             self.final = decision
@@ -237,6 +241,8 @@ class JobRunner:
             if self._stop_requested.is_set():
                 return self._interrupted(state)
             triggers = self._step(self.poll_seconds)
+            if self.cluster is not None and (ended := self.cluster.poll()) is not None:
+                return ended                  # the job's decision, made on another node's incident
             while not triggers and state.retry:         # MindCluster retry, while the workers live
                 fault = state.retry.pop(0)
                 tried = self.act.retry(fault)
@@ -331,6 +337,8 @@ class JobRunner:
         slots = None if self.parts.scheduler is not None else self.slots.facts()
         facts = RunFacts(frozenset(self.act.running()), frozenset({self._rank(i) for i in state.failed} - {None}),
                          slots, self.mc)
+        if self.cluster is not None:          # the job's leader decides, for every node
+            return self._act(self.cluster.decide(trigger, facts), trigger, state)
         return self._act(self.desk.verdict(trigger, self.clock.time(), self.clock.mono(), facts), trigger, state)
 
     def _act(self, verdict: Verdict, trigger: Finding, state: _Attempt) -> Decision | None:

@@ -107,6 +107,8 @@ class Supervisor:
         self.record = record
         self.master_addr, self.master_port, self._fixed_port = master_addr, master_port, master_port
         self.restart_count = 0
+        # this machine's part of a multi-node job (place); one node: all zero / nproc
+        self.group_rank, self.group_world_size, self.rank_offset, self.world_size = 0, 1, 0, 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()   # reentrant put: safe with signals
         self._workers: dict[int, _Worker] = {}
         self._old: list[_Worker] = []          # replaced workers not yet reaped
@@ -153,6 +155,17 @@ class Supervisor:
             except OSError as exc:
                 self._stop(0.0)
                 raise SourceError(f"cannot start worker: {' '.join(self.command)}: {exc}") from exc
+
+    def place(self, *, group_rank: int, group_world_size: int, rank_offset: int, world_size: int,
+              master_addr: str, master_port: int) -> None:
+        """This machine's part of a multi-node job for the next :meth:`start_all`
+        (``ftwatch.pipeline.cluster``): local rank r is global rank ``rank_offset + r`` of
+        ``world_size``; ``GROUP_RANK`` is this node's index among ``group_world_size`` nodes; the
+        workers meet at ``master_addr:master_port`` (0: a free local port, as for one node)."""
+        with self._operation():
+            self.group_rank, self.group_world_size = group_rank, group_world_size
+            self.rank_offset, self.world_size = rank_offset, world_size
+            self.master_addr, self._fixed_port = master_addr, master_port
 
     def resize(self, nproc: int, env: Mapping[str, str]) -> None:
         """Set the worker count and add ``env`` for the next :meth:`start_all` (elastic restarts
@@ -285,9 +298,10 @@ class Supervisor:
 
     def _spawn(self, rank: int) -> None:
         env = {**os.environ, **self.env, **{
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-            "WORLD_SIZE": str(self.nproc), "LOCAL_WORLD_SIZE": str(self.nproc),
-            "ROLE_WORLD_SIZE": str(self.nproc), "GROUP_WORLD_SIZE": "1", "ROLE_NAME": "default",
+            "RANK": str(self.rank_offset + rank), "LOCAL_RANK": str(rank), "GROUP_RANK": str(self.group_rank),
+            "ROLE_RANK": str(self.rank_offset + rank), "WORLD_SIZE": str(self.world_size or self.nproc),
+            "LOCAL_WORLD_SIZE": str(self.nproc), "ROLE_WORLD_SIZE": str(self.world_size or self.nproc),
+            "GROUP_WORLD_SIZE": str(self.group_world_size), "ROLE_NAME": "default",
             "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
             "PYTHONUNBUFFERED": "1", "TORCHELASTIC_RESTART_COUNT": str(self.restart_count),
             "TORCHELASTIC_RUN_ID": self.job,
@@ -299,7 +313,9 @@ class Supervisor:
                                  preexec_fn=die_with_parent_hook())
         self._proc_starts[rank] += 1
         self._starts[rank] += 1
-        origin = Origin(f"worker-{rank}", rank, self.job, self.node, "process", "process")
+        # the Origin's rank is the global one (a multi-node job's ranks start at rank_offset here);
+        # the instance keeps the local index, which restart_instance and the slots are keyed by
+        origin = Origin(f"worker-{rank}", self.rank_offset + rank, self.job, self.node, "process", "process")
         w = _Worker(rank, popen, origin)
         with self._lock:
             self._workers[rank] = w
