@@ -150,8 +150,12 @@ def pattern_file(rules: list[Rule], tmp: Path, kind: str) -> Path | None:
             elif kind == "rg":                        # Rust regex, byte-wise as ftwatch matches
                 body = _rust_regex(p.text) if p.regex else re.sub(r"([.+*?()|\[\]{}^$#&~\\-])", r"\\\1", p.text)
                 lines.append(f"(?-u){'(?i)' if p.caseless else ''}{body}")
-            else:                                     # ERE: literals escaped, regexes as written
-                lines.append(re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", p.text) if not p.regex else p.text)
+            elif not p.regex:                         # ERE: literals escaped
+                lines.append(re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", p.text))
+            else:                                     # regexes that ERE can read (GNU: \b \s \w)
+                body = p.text.replace("(?:", "(").replace("\\d", "[0-9]")
+                if "(?" not in body and "\\]" not in body and not re.search(r"\\[^bswBSW\W]", body):
+                    lines.append(body)
     if not lines:
         return None
     path = tmp / f"{kind}-{len(rules)}.txt"
