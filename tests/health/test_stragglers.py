@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ftwatch.clock import FakeClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import FailureClass, Origin
+from ftwatch.rules import stragglers
 from ftwatch.rules.stragglers import SWEEP_EVERY, StepTracker, is_straggler, scan_form
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -364,3 +369,36 @@ def test_nodes_alike_give_no_node_finding(rules):
             found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 4}", "stdout"),
                                  f"step {n}/100\n".encode(), clock[rank])
     assert found == []
+
+
+@given(st.lists(st.floats(0.001, 100.0, allow_nan=False), min_size=1, max_size=40), st.data())
+@settings(max_examples=200, deadline=None)
+def test_sorted_medians_equal_statistics_median(values, data):
+    ordered = sorted(values)
+    assert stragglers.sorted_median(ordered) == statistics.median(values)
+    leave = data.draw(st.sampled_from(values))
+    rest = list(values)
+    rest.remove(leave)
+    expected = statistics.median(rest) if rest else None
+    assert stragglers.median_without(ordered, leave) == expected
+    assert stragglers.without(ordered, leave) == sorted(rest)
+
+
+def test_a_step_line_of_a_rank_in_line_with_the_others_scans_no_other_rank(rules, monkeypatch):
+    """O(log ranks) per step line: while no rank is past ``factor``, the full test (a list of
+    every other rank's median, their MAD) never runs; the statistics still find the straggler."""
+    calls = []
+    real = stragglers.is_straggler
+    monkeypatch.setattr(stragglers, "is_straggler", lambda *a: calls.append(len(a[1])) or real(*a))
+    engine = engine_with(rules)
+    found, clock = [], {r: 1000.0 for r in range(512)}
+    for n in range(1, 13):
+        for rank in range(512):
+            clock[rank] += 0.1 + 0.001 * (rank % 7)
+            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 8}", "stdout"),
+                                 f"step {n}/100\n".encode(), clock[rank])
+    assert found == [] and calls == []
+    for n in range(13, 40):
+        clock[5] += 1.0                                   # rank 5 becomes 10x slower
+        found += engine.feed(Origin("w5", 5, "job1", "node-0", "stdout"), f"step {n}/100\n".encode(), clock[5])
+    assert [f.origin.rank for f in found if f.kind == "straggler"] == [5] and calls
