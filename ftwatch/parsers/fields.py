@@ -7,6 +7,7 @@ None of them raises on odd input: bad bytes are replaced, unknown formats give N
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 from datetime import datetime, timezone
 
@@ -114,6 +115,18 @@ def split_rank_prefix(text: str) -> tuple[int | None, str]:
     return rank, text[pos:]
 
 
+@functools.lru_cache(maxsize=4096)
+def _whole_seconds(year: int | str, month: str, day: str, hour: str, minute: str, second: str) -> float | None:
+    """Epoch seconds of a UTC date and time given as strings, None when impossible. Cached: the
+    lines of one second (every rank's step line, a burst of errors) share one conversion."""
+    try:
+        fields = (int(year), int(month), int(day), int(hour), int(minute), int(second))
+        datetime(*fields)  # validates
+    except ValueError:
+        return None
+    return float(calendar.timegm(fields + (0, 0, 0)))
+
+
 def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) -> float | None:
     """Returns epoch seconds from (year?, month, day, hour, minute, second, fraction) strings.
 
@@ -121,15 +134,12 @@ def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) ->
     """
     if year is None:
         year_s, month, day, hour, minute, second, frac = parts
-        year = int(year_s)
+        seconds = _whole_seconds(year_s, month, day, hour, minute, second)
     else:
         month, day, hour, minute, second, frac = parts
-    try:
-        fields = (year, int(month), int(day), int(hour), int(minute), int(second))
-        datetime(*fields)  # validates
-    except ValueError:
+        seconds = _whole_seconds(year, month, day, hour, minute, second)
+    if seconds is None:
         return None
-    seconds = float(calendar.timegm(fields + (0, 0, 0)))
     if frac:
         seconds += int(frac) / 10 ** len(frac)
     if zone and zone != "Z":

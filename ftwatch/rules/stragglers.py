@@ -135,12 +135,12 @@ def median_without(values: list[float], value: float) -> float | None:
     n = len(values) - 1
     if n <= 0:
         return None
-    skip = bisect.bisect_left(values, value)
-
-    def at(k: int) -> float:
-        return values[k] if k < skip else values[k + 1]
+    skip = bisect.bisect_left(values, value)      # element k of the rest: values[k + (k >= skip)]
     i = n // 2
-    return at(i) if n % 2 else (at(i - 1) + at(i)) / 2
+    high = values[i] if i < skip else values[i + 1]
+    if n % 2:
+        return high
+    return ((values[i - 1] if i - 1 < skip else values[i]) + high) / 2
 
 
 def _replace(values: list[float], old: float | None, new: float | None) -> None:
@@ -218,6 +218,7 @@ class StepTracker:
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
         self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern) for rx in self.regexes)
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
+        self._recent_len = min(config.min_steps, config.window)   # the slowdown's recent window
         self.reset()
 
     def reset(self) -> None:
@@ -388,7 +389,7 @@ class StepTracker:
         samples.append(seconds)
         bisect.insort(rank.ordered, seconds)
         recent = rank.recent
-        if len(recent) == min(cfg.min_steps, cfg.window):
+        if len(recent) == self._recent_len:
             del rank.recent_ordered[bisect.bisect_left(rank.recent_ordered, recent.popleft())]
         recent.append(seconds)
         bisect.insort(rank.recent_ordered, seconds)
