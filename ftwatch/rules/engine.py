@@ -3,7 +3,9 @@
 The hot path (DESIGN.md "Speed on the hot path"): one multi-pattern database holds every
 rule's patterns, the block starts (tracebacks, C++ stack dumps) and the fault-code
 patterns; it scans a whole chunk at once and Python only touches the lines that hit.
-A hit line becomes a Record (decoded, ANSI stripped, rank prefix and timestamp taken);
+A hit line becomes a Record (decoded, ANSI stripped, rank prefix and timestamp taken), except a
+line that only a fault-code candidate pattern hit and that holds no code (``FaultTables.extract``
+finds none: it would make no finding);
 a block start collects the following lines of the same rank into one Record (P1), so
 interleaved ranks never mix. A block that is still open at the end of a chunk is carried
 over to the next feed of the same origin (or closed by ``flush``), with the lines after it
@@ -276,6 +278,12 @@ class Engine:
                 end = data.find(b"\n", start)
                 raw = data[start:] if end < 0 else data[start:end]
                 rank, text = fields.split_rank_prefix(fields.clean(raw))
+                if ids <= self._fault_ids and not self.tables.extract(text):
+                    # only a fault-code candidate, and no code in it: no Record, no judging. Its
+                    # stamp search still runs where the Record's would, so later lines' times stay.
+                    if sim_step and fields.parse_timestamp(text, self._year) is None:
+                        self._base_time(data, start, time, sim_step)
+                    continue
                 block_ids, lines = ids, [(start, ids)]
                 record = self._record(origin, rank, [text], data, start, time, sim_step)
             finding = self.judge.judge(record, block_ids, data, lines)

@@ -60,3 +60,16 @@ def test_feeding_with_batch_hits_makes_the_same_findings(rules, seed):
         got = [together.feed(origin, data, t, hits=hits) for (origin, data), hits in zip(parts, scans)]
         assert got == expected
     assert together.stats == alone.stats
+
+
+def test_a_fault_code_candidate_without_a_code_builds_no_record(rules):
+    """The fault-code candidate pattern hits "error: deadbeef..." but no code is in it: the cheap
+    confirm (``FaultTables.extract``) drops the line before a Record is made; a real code still
+    makes its finding."""
+    engine = Engine(rules)
+    origin = Origin("w0", 0, "job1", "node-a", "stderr", "forward")
+    assert engine.matcher.scan(b"error: deadbeefcafe1234\n")
+    assert engine.feed(origin, b"error: deadbeefcafe1234\n", T0) == []
+    assert engine.stats.records == 0
+    (finding,) = engine.feed(origin, b"dsmi fault code 0x80E01801 occurred\n", T0 + 1)
+    assert finding.kind == "fault_code" and engine.stats.records == 1
