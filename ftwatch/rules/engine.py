@@ -255,7 +255,7 @@ class Engine:
             ids = by_line[start]
             if self._step_ids and not ids.isdisjoint(self._step_ids):
                 findings += self._step(origin, data, start, ids, time, sim_step)
-                ids = {i for i in ids if i not in self._step_ids}
+                ids = ids.difference(self._step_ids)
                 if not ids:
                     continue
             if ids & self._block_ids and self._starts_block(data, start):

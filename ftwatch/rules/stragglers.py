@@ -76,9 +76,16 @@ _TRAIN_DESC = re.compile(r"(?:Epoch \d+:?)?")
 _NOT_A_STEP = re.compile(r"(?i)checkpoint|\bsav(?:e|ed|ing)\b|schedul|\beval|valid|warm.?up|\bresum|\bload")
 
 
+#: A pattern's last group when it is one repeated character class (``(?:[0-9.]+)`` at the end).
+_TRAILING_REPEAT = re.compile(r"(\(\?:(?:\[[^\]\\]*\]|\\[dw]))\+\)$")
+
+
 def scan_form(regex: str) -> str:
-    """The pattern for the engine's matcher: named groups made non-capturing (``(?P<x>`` -> ``(?:``)."""
-    return _NAMED.sub("(?:", regex)
+    """The pattern for the engine's matcher: named groups made non-capturing (``(?P<x>`` -> ``(?:``),
+    and a last group of one repeated class matched once (``(?:[0-9.]+)$`` -> ``(?:[0-9.])``): a line
+    matches either both or neither, and the matcher, which reports every end of a match, calls
+    back once per step line instead of once per digit (Megatron's ``... (ms): 1234.5``)."""
+    return _TRAILING_REPEAT.sub(r"\1)", _NAMED.sub("(?:", regex))
 
 
 def step_seconds(match: re.Match | dict) -> float | None:
