@@ -360,15 +360,20 @@ def test_a_slow_node_carrying_most_ranks_is_found_by_comparing_nodes(rules):
     assert stragglers[0].fields["slowdown"] == pytest.approx(3.0, rel=0.01) and "node node-a" in stragglers[0].line
 
 
-def test_nodes_alike_give_no_node_finding(rules):
-    engine = engine_with(rules)
-    found, clock = [], {r: 1000.0 for r in range(8)}
+def feed_ranks(engine: Engine, ranks: int, per_node: int, step_time, clock: dict[int, float]) -> list:
+    """12 rounds of ``step n/100`` lines from ``ranks`` ranks, ``per_node`` to a node; rank r's
+    clock advances ``step_time(r)`` s a step. Returns the findings."""
+    found = []
     for n in range(1, 13):
-        for rank in range(8):
-            clock[rank] += 0.1 + 0.01 * (rank % 3)
-            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 4}", "stdout"),
+        for rank in range(ranks):
+            clock[rank] = clock.get(rank, 1000.0) + step_time(rank)
+            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // per_node}", "stdout"),
                                  f"step {n}/100\n".encode(), clock[rank])
-    assert found == []
+    return found
+
+
+def test_nodes_alike_give_no_node_finding(rules):
+    assert feed_ranks(engine_with(rules), 8, 4, lambda rank: 0.1 + 0.01 * (rank % 3), {}) == []
 
 
 @given(st.lists(st.floats(0.001, 100.0, allow_nan=False), min_size=1, max_size=40), st.data())
@@ -390,13 +395,8 @@ def test_a_step_line_of_a_rank_in_line_with_the_others_scans_no_other_rank(rules
     calls = []
     real = stragglers.is_straggler
     monkeypatch.setattr(stragglers, "is_straggler", lambda *a: calls.append(len(a[1])) or real(*a))
-    engine = engine_with(rules)
-    found, clock = [], {r: 1000.0 for r in range(512)}
-    for n in range(1, 13):
-        for rank in range(512):
-            clock[rank] += 0.1 + 0.001 * (rank % 7)
-            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 8}", "stdout"),
-                                 f"step {n}/100\n".encode(), clock[rank])
+    engine, clock = engine_with(rules), {}
+    found = feed_ranks(engine, 512, 8, lambda rank: 0.1 + 0.001 * (rank % 7), clock)
     assert found == [] and calls == []
     for n in range(13, 40):
         clock[5] += 1.0                                   # rank 5 becomes 10x slower
