@@ -64,6 +64,7 @@ _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 # runs from the end in C (about 7 ms per MiB without a match; a line-anchored form took 16).
 _HEAD_BYTES = 240
 _LAST_CLOCK = re.compile(rb"(?s).*(\d\d:\d\d:\d\d)")
+_ANY_CLOCK = re.compile(r"\d\d:\d\d:\d\d")  # in every timestamp format above: a line without one has none
 _MAX_TRIES = 16  # lines with a time of day but no timestamp tried before giving up
 
 _GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
@@ -181,6 +182,8 @@ def parse_timestamp(text: str, year: int | None) -> float | None:
         Epoch seconds (float, fractions to the digit given; UTC unless the text gives an offset),
         or None when there is no valid timestamp.
     """
+    if _ANY_CLOCK.search(text) is None:
+        return None                     # every format has a time of day: none here, no stamp
     _, rest = split_rank_prefix(text)
     start = _LEAD.match(rest).end()
     m = _GLOG.match(rest, start)
