@@ -154,15 +154,16 @@ class Watcher:
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call
-        (``Engine.scan_many``), hand each chunk and its hits to its job's desk."""
+        (``Engine.scan_many``), hand each chunk and its hits to its job's desk. The ingest lag is
+        observed once per batch (its most lagging origin), not once per origin."""
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
         groups = list(group_lines(self.resolve(batch)).items())
         chunks = [b"" if is_host(origin) else b"\n".join(lines) + b"\n" for origin, (lines, _) in groups]
         scans = self.engine.scan_many(chunks)
+        if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
+            metrics.observe_lag(now - min(t for _, (_, t) in groups))
         for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
-            if metrics is not None:
-                metrics.observe_lag(now - t)        # the newest line of this origin in the batch
             if is_host(origin):
                 self._host(origin, lines, t, now_mono)
                 continue
