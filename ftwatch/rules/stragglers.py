@@ -80,12 +80,20 @@ _NOT_A_STEP = re.compile(r"(?i)checkpoint|\bsav(?:e|ed|ing)\b|schedul|\beval|val
 _TRAILING_REPEAT = re.compile(r"(\(\?:(?:\[[^\]\\]*\]|\\[dw]))\+\)$")
 
 
-def scan_form(regex: str) -> str:
+_SPACE = re.compile(r"(?<!\\)\\s")
+
+
+def scan_form(regex: str, builtin: bool = False) -> str:
     """The pattern for the engine's matcher: named groups made non-capturing (``(?P<x>`` -> ``(?:``),
     and a last group of one repeated class matched once (``(?:[0-9.]+)$`` -> ``(?:[0-9.])``): a line
     matches either both or neither, and the matcher, which reports every end of a match, calls
-    back once per step line instead of once per digit (Megatron's ``... (ms): 1234.5``)."""
-    return _TRAILING_REPEAT.sub(r"\1)", _NAMED.sub("(?:", regex))
+    back once per step line instead of once per digit (Megatron's ``... (ms): 1234.5``).
+
+    ``builtin`` (the ``STEP_PATTERNS``, whose ``\\s`` all stand outside classes): ``\\s`` becomes
+    ``[^\\S\\n]``, the same on one line but never a newline, so the matcher needs no per-hit RE2
+    re-check of a match spanning two lines (``ftwatch.rules.matcher``)."""
+    form = _TRAILING_REPEAT.sub(r"\1)", _NAMED.sub("(?:", regex))
+    return _SPACE.sub(r"[^\\S\\n]", form) if builtin else form
 
 
 def step_seconds(match: re.Match | dict) -> float | None:
@@ -223,7 +231,8 @@ class StepTracker:
         self.clock = clock or SystemClock()
         self.names = list(config.patterns)
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
-        self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern) for rx in self.regexes)
+        self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern, builtin=name in STEP_PATTERNS)
+                                               for name, rx in zip(self.names, self.regexes))
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
         self._recent_len = min(config.min_steps, config.window)   # the slowdown's recent window
         self.reset()
@@ -245,14 +254,13 @@ class StepTracker:
         now = self.clock.time()
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
-        match = None
-        for i in (index, *range(len(self.regexes))):
-            found = list(self.regexes[i].finditer(text))
-            if found and self._vetoed[i]:
-                found = [m for m in found if self._accepts(self.names[i], text, m)]
-            if found:
-                match, index = found[-1], i
-                break
+        match = self._last_match(index, text)     # the pattern that hit first, then each in order
+        if match is None:
+            for i in range(len(self.regexes)):
+                match = None if i == index else self._last_match(i, text)
+                if match is not None:
+                    index = i
+                    break
         if match is None:
             return None
         job = self.jobs.get(origin.job)
@@ -265,6 +273,13 @@ class StepTracker:
         return self._step(job, origin, index, groups, text, time, seq)
 
     # -- per-rank step times ------------------------------------------------------------------
+
+    def _last_match(self, i: int, text: str) -> re.Match | None:
+        """The last match of pattern ``i`` in ``text`` that its veto lets pass, or None."""
+        found = list(self.regexes[i].finditer(text))
+        if found and self._vetoed[i]:
+            found = [m for m in found if self._accepts(self.names[i], text, m)]
+        return found[-1] if found else None
 
     def _accepts(self, name: str, text: str, match: re.Match) -> bool:
         if name in ("tqdm_its", "tqdm_sit"):

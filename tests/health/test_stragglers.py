@@ -402,3 +402,26 @@ def test_a_step_line_of_a_rank_in_line_with_the_others_scans_no_other_rank(rules
         clock[5] += 1.0                                   # rank 5 becomes 10x slower
         found += engine.feed(Origin("w5", 5, "job1", "node-0", "stdout"), f"step {n}/100\n".encode(), clock[5])
     assert [f.origin.rank for f in found if f.kind == "straggler"] == [5] and calls
+
+
+def test_builtin_scan_forms_hit_once_per_line_and_need_no_recheck():
+    """The built-in step patterns' scan forms cannot span two lines (no RE2 re-check per hit) and
+    end on one character (one matcher callback per step line), and hit what the patterns hit."""
+    from ftwatch.rules.matcher import Matcher
+    from ftwatch.rules.model import Pattern
+    from ftwatch.rules.patterns import _translate
+    tracker = StepTracker(StragglerConfig())
+    lines = [" [2026-11-21 09:36:03] iteration       10/     100 | consumed samples: 640 | elapsed time per "
+             "iteration (ms): 1234.5 | lr: 1E-04 |", "[Rank 0] step=10, skipped=0, lr=[0.001]",
+             " 45%|####5     | 45/100 [00:10<00:12,  4.50it/s]", "step 12/30 loss 0.43", "Step:\t12",
+             "Epoch 0/9  ━━━━━━━━━━━━━━━ 45/100 0:00:10 • 0:00:12 4.50it/s v_num: 0", "nothing here"]
+    for name, text, rx in zip(tracker.names, tracker.patterns, tracker.regexes):
+        assert not _translate(Pattern(text, regex=True)).may_span, name
+        matcher = Matcher([Pattern(text, regex=True)])
+        for line in lines:
+            assert bool(matcher.scan(line.encode())) == bool(rx.search(line)), (name, line)
+    pytest.importorskip("hyperscan")
+    megatron = Matcher([Pattern(tracker.patterns[0], regex=True)], backend="hyperscan")
+    calls = []
+    megatron._db.scan(lines[0].encode(), match_event_handler=lambda *a: calls.append(a), scratch=megatron._scratch)
+    assert len(calls) == 1
