@@ -21,7 +21,8 @@ A hit line without a timestamp is at the time its chunk was read (live), or, in 
 found by one backward search over the lines since the previous hit
 (``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
 one feed's state (the carried part, the line count, the last stamp found), so they stay here;
-judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``.
+judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``. That shared
+state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, included).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ Semantics, identical on both backends:
 
 Compiled databases are cached on disk (``cache_dir``: ``$FTWATCH_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/ftwatch`` or ``~/.cache/ftwatch``; ``FTWATCH_CACHE_DIR=off`` turns it off),
-keyed by the patterns' content, their flags and the Hyperscan version, so a start with the same
+keyed by the patterns' content, their flags, the Hyperscan version and the machine type (a file
+whose database this CPU cannot run is compiled over), so a start with the same
 rules deserializes the database instead of compiling it (10,000 rules: seconds -> tens of ms).
 A database is only stored once every pattern passed both engines' checks, so a cached one is a
 valid one; an unreadable or stale file is compiled over.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,7 +137,8 @@ def cache_dir() -> Path | None:
 
 def _db_key(exprs: Sequence[_Expr]) -> str:
     """The cache key of a database: the expressions, their flags, the Hyperscan version."""
-    digest = hashlib.sha256(f"ftwatch-hs-1 {getattr(_hs, '__version__', '?')} {len(exprs)}\n".encode())
+    digest = hashlib.sha256(f"ftwatch-hs-1 {getattr(_hs, '__version__', '?')} {platform.machine()} "
+                            f"{len(exprs)}\n".encode())
     for e in exprs:
         digest.update(b"%d %d %d\n" % (len(e.hs), e.caseless, e.may_span))
         digest.update(e.hs)
@@ -153,7 +156,9 @@ def _cache_load(key: str):
     if path is None:
         return None
     try:
-        return _hs.loadb(path.read_bytes(), _hs.HS_MODE_BLOCK)
+        db = _hs.loadb(path.read_bytes(), _hs.HS_MODE_BLOCK)
+        _hs.Scratch(db)     # refused for a database built for another CPU (a cache on a shared home)
+        return db
     except (OSError, _hs.error, TypeError, ValueError):
         return None
 

@@ -38,7 +38,7 @@ job's ranks' medians and, per node, its ranks' medians and the nodes' medians li
 updated by bisection, so a rank's median and the median of the *other* ranks are read in O(1)
 and a step line costs O(log ranks), never a median over a window or a scan over all ranks. Only a
 rank already past ``factor`` (rare) builds the other ranks' list for the MAD test. The answers are
-exactly those of ``statistics.median`` over the same numbers.
+exactly those of ``statistics.median`` over the same numbers (``ftwatch.rules.stepstats``).
 
 What step lines can show: in synchronous data parallel training every rank waits for the slowest
 in each step's collective, so the time *between* step lines is the same on every rank; a
@@ -54,14 +54,13 @@ import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, replace_sorted, sorted_median,
+                                     without)
 
-MAD_SCALE = 1.4826            # MAD -> standard deviation for normal data
-MAD_LIMIT = 3.0               # scaled MADs above the median
 RULE_ID = "straggler.step_time"
 DETECTOR_RULE_ID = "straggler.megatron_detector"
 SLOWDOWN_RULE_ID = "straggler.job_slowdown"
@@ -115,63 +114,6 @@ def step_seconds(match: re.Match | dict) -> float | None:
     return None
 
 
-def is_straggler(mine: float, others: Sequence[float], factor: float) -> tuple[bool, float]:
-    """(is it a straggler, slowdown) for a rank with median step time ``mine`` against the other
-    ranks' medians: ``factor`` x their median, and with 2+ others more than 3 scaled MADs of the
-    others above their median (see the module docstring). Times in seconds; needs one other rank."""
-    if not others:
-        return False, 1.0
-    ref = statistics.median(others)
-    slowdown = mine / ref if ref > 0 else float("inf") if mine > 0 else 1.0
-    if slowdown < factor:
-        return False, slowdown
-    if len(others) >= 2:
-        mad = statistics.median(abs(x - ref) for x in others) * MAD_SCALE
-        if mad > 0 and (mine - ref) / mad <= MAD_LIMIT:
-            return False, slowdown
-    return True, slowdown
-
-
-def rearm_level(factor: float) -> float:
-    """The slowdown below which a reported rank counts as recovered (half way back to 1x)."""
-    return 1.0 + (factor - 1.0) / 2.0
-
-
-def sorted_median(values: list[float]) -> float:
-    """``statistics.median`` of an already sorted, non-empty list, in O(1)."""
-    n = len(values)
-    i = n // 2
-    return values[i] if n % 2 else (values[i - 1] + values[i]) / 2
-
-
-def median_without(values: list[float], value: float) -> float | None:
-    """The median of sorted ``values`` with one occurrence of ``value`` (which it holds) left out,
-    in O(log n); None when nothing is left."""
-    n = len(values) - 1
-    if n <= 0:
-        return None
-    skip = bisect.bisect_left(values, value)      # element k of the rest: values[k + (k >= skip)]
-    i = n // 2
-    high = values[i] if i < skip else values[i + 1]
-    if n % 2:
-        return high
-    return ((values[i - 1] if i - 1 < skip else values[i]) + high) / 2
-
-
-def _replace(values: list[float], old: float | None, new: float | None) -> None:
-    """In sorted ``values``: take out one ``old`` (when not None), put in ``new`` (when not None)."""
-    if old is not None:
-        del values[bisect.bisect_left(values, old)]
-    if new is not None:
-        bisect.insort(values, new)
-
-
-def without(values: list[float], value: float) -> list[float]:
-    """Sorted ``values`` less one occurrence of ``value`` (a copy; the rare path's explicit list)."""
-    i = bisect.bisect_left(values, value)
-    return values[:i] + values[i + 1:]
-
-
 @dataclass
 class _Rank:
     samples: deque
@@ -204,14 +146,14 @@ class _Job:
     def set_median(self, rank: _Rank, median: float) -> None:
         """A rank's median changed: keep the sorted lists of ranks' and nodes' medians."""
         old, rank.median = rank.median, median
-        _replace(self.medians, old, median)
+        replace_sorted(self.medians, old, median)
         if not rank.node:
             return
         mine = self.node_ranks.setdefault(rank.node, [])
-        _replace(mine, old, median)
+        replace_sorted(mine, old, median)
         node_old, node_new = self.node_median.get(rank.node), sorted_median(mine)
         self.node_median[rank.node] = node_new
-        _replace(self.node_medians, node_old, node_new)
+        replace_sorted(self.node_medians, node_old, node_new)
 
 
 class StepTracker:
