@@ -123,7 +123,8 @@ def _hs_bad(exprs: Sequence[_Expr], index: Sequence[int]) -> list[tuple[int, str
 
 CACHE_ENV = "FTWATCH_CACHE_DIR"
 """Environment variable naming the cache folder; ``off`` (or empty) disables the cache."""
-CACHE_KEEP = 16  # databases kept; older ones are removed when a new one is stored
+CACHE_KEEP = 16            # files kept per kind; older ones are removed when a new one is stored
+CACHE_BYTES = 256 << 20    # and at most this many bytes of them (10,000 rules: a database of ~10-40 MB)
 
 
 def cache_dir() -> Path | None:
@@ -164,7 +165,8 @@ def _cache_load(key: str):
 
 
 def _cache_store(key: str, suffix: str, data: bytes) -> None:
-    """Writes ``data`` for ``key`` atomically; keeps the newest ``CACHE_KEEP`` files. Never raises."""
+    """Writes ``data`` for ``key`` atomically; keeps the newest ``CACHE_KEEP`` files of the kind,
+    ``CACHE_BYTES`` in all. Never raises."""
     path = _cache_path(key, suffix)
     if path is None:
         return
@@ -174,9 +176,13 @@ def _cache_store(key: str, suffix: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, path)
-        stored = sorted(path.parent.glob(f"*.{suffix}"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in stored[CACHE_KEEP:]:
-            old.unlink(missing_ok=True)
+        stored = sorted(((p.stat(), p) for p in path.parent.glob(f"*.{suffix}")),
+                        key=lambda sp: sp[0].st_mtime, reverse=True)
+        total = 0
+        for k, (stat, old) in enumerate(stored):
+            total += stat.st_size
+            if k and (k >= CACHE_KEEP or total > CACHE_BYTES):   # the newest one always stays
+                old.unlink(missing_ok=True)
     except OSError:
         pass
 

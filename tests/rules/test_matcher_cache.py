@@ -114,3 +114,14 @@ def test_a_rule_file_is_checked_with_one_compile_and_keeps_file_and_line(tmp_pat
     (issue,) = err.value.issues
     assert (issue.file, issue.line) == (str(bad), 3) and "Hyperscan" in issue.message
     assert issue.message.startswith("rule 'team.r0': regex '(?U)a+': ")
+
+
+@needs_hs
+def test_the_cache_keeps_the_newest_databases_only(cache, monkeypatch):
+    monkeypatch.setattr(matcher_mod, "CACHE_KEEP", 3)
+    for i in range(5):
+        Matcher([Pattern(f"keyword {i}")])
+    assert len(list(cache.glob("*.hsdb"))) == 3
+    monkeypatch.setattr(matcher_mod, "CACHE_BYTES", 1)
+    Matcher([Pattern("the last one")])
+    assert len(list(cache.glob("*.hsdb"))) == 1            # over the byte budget: only the newest stays
