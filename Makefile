@@ -34,9 +34,12 @@ test-deps:
 test: $(STAMP) test-deps
 	$(BIN)/python -m pytest -q
 
+# Every bench/bench_*.py in one run, each figure against its goal (bench/run.py); ripgrep is
+# installed for the comparison when missing (apt as root, else pip's ripgrep wheel).
 bench: $(STAMP)
-	$(BIN)/python bench/bench_engine.py
-	$(BIN)/python bench/bench_ingest.py
+	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq ripgrep >/dev/null 2>&1; } \
+		|| $(BIN)/pip install -qq --disable-pip-version-check ripgrep || echo "ripgrep not installed: no rg figures"
+	PATH="$(BIN):$$PATH" $(BIN)/python bench/run.py $(BENCH_PARTS)
 
 # Not part of `make test`: ftwatch under abuse for about 5 minutes (fuzzed listeners, kill -9 of
 # watch and run, receivers down, RSS over time), each figure against its goal; non-zero status

@@ -1,21 +1,28 @@
-"""`make bench`: engine throughput on real log text, as ratios measured in one run.
+"""`make bench` (engine): the hot path at 10 / 100 / 1,000 / 10,000 rules, as ratios in one run.
 
-The corpus is the recorded multi-rank logs under tests/golden/ (real runs of the example
-trainer, real failure tracebacks) repeated to about 1 M lines. Measured, on the same file:
+On the shared corpus (``benchlib.build_corpus``), per rule count:
 
-- the replay path (chunks read from the file, scanned, findings made) with the built-in packs;
-- the same with 1,000 rules (the packs plus generated literals and regexes that never hit);
-- `grep -F -c -f` on the built-in packs' literal keywords (the C floor for literals);
-- one stdlib ``re`` alternation of the built-in patterns, line by line (the naive design);
-- the plain read floor (``for line in open(path, 'rb')``).
+- ``ftwatch replay`` end to end with the step tap (the default config's engine), and without it;
+- ``Engine.feed`` alone, 1 MiB chunks from memory, no tap;
+- ``rg -c -a -f`` over the rules' patterns (ripgrep, the C/Rust floor for "find lines that hit");
+- raw chunked Hyperscan from Python (one database, 1 MiB chunks, hits mapped to line starts);
 
-Prints lines/s and the ratios; asserts nothing (tests never assert speed).
+and once: ``grep -F`` (the 1,000-rule set's literals), ``grep -E`` (all its patterns), the read floor
+(1 MiB chunks read and their lines counted). Start-up: a subprocess loads 10,000 generated rules
+from YAML beside the built-in packs and builds the default engine, with a cold and a warm database
+cache; its CPU time (wall time beside it: other work on the machine inflates it) and the memory it added (peak RSS minus the RSS after imports).
+
+Goals (issue 16, "Done when"): replay with the tap at 1,000 rules >= 1.5x ripgrep and >= 0.5x raw
+Hyperscan; at 10,000 rules >= 2 M lines/s; the tap adds <= 10 %; start-up <= 2 s and <= 64 MiB at
+10,000 rules (warm cache). Everything else is context. ``--quick`` skips 10,000 rules.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import io
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,139 +30,259 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from benchlib import (RULE_COUNTS, ROOT, Figure, at_least, at_most, corpus, cpu_of, info, report,  # noqa: E402
+                      rule_set, rule_yaml, say, workdir)
+
+from ftwatch.config.health import StragglerConfig  # noqa: E402
 from ftwatch.config.model import PolicyConfig  # noqa: E402
-from ftwatch.events import Action, FailureClass  # noqa: E402
-from ftwatch.pipeline.replay import replay  # noqa: E402
+from ftwatch.events import Origin  # noqa: E402
+from ftwatch.pipeline.recorder import Recorder  # noqa: E402
+from ftwatch.pipeline.replay import CHUNK_BYTES, replay  # noqa: E402
 from ftwatch.policy.budgets import BudgetStore  # noqa: E402
-from ftwatch.rules.engine import Engine  # noqa: E402
-from ftwatch.rules.loader import load_rules  # noqa: E402
-from ftwatch.rules.model import Pattern, Rule  # noqa: E402
 from ftwatch.policy.policy import Policy  # noqa: E402
+from ftwatch.rules.engine import Engine  # noqa: E402
+from ftwatch.rules.model import Rule  # noqa: E402
+from ftwatch.rules.patterns import _translate  # noqa: E402
+from ftwatch.rules.stragglers import StepTracker  # noqa: E402
 
 
-def corpus(path: Path, lines: int, clean_per_failure: int = 300) -> int:
-    """Write ~``lines`` lines of recorded real log text to ``path``; returns the line count.
-
-    The recordings under tests/golden/ are failure runs, dense with tracebacks (a third of
-    their lines hit a rule); a real job's log is mostly step lines. So the corpus repeats the
-    recorded clean run ``clean_per_failure`` times for each copy of the failure recordings,
-    which makes about 1 % of the lines hit, as in a real training log.
-    """
-    golden = ROOT / "tests" / "golden"
-    clean = b"".join(p.read_bytes() for p in sorted(golden.glob("*clean*/*.log")))
-    failures = b"".join(p.read_bytes() for p in sorted(golden.rglob("*.log")) if "clean" not in p.parent.name)
-    unit = clean * clean_per_failure + failures
-    per = unit.count(b"\n")
-    reps = max(1, lines // max(per, 1))
-    with path.open("wb") as fh:
-        for _ in range(reps):
-            fh.write(unit)
-    return per * reps
-
-
-def synthetic_rules(n: int) -> list[Rule]:
-    """``n`` rules that never hit: half literals, half regexes (the RE2/Hyperscan subset)."""
-    out = []
-    for i in range(n):
-        if i % 2:
-            pattern = Pattern(f"zzfault{i:05d} in module q{i % 97}")
-        else:
-            pattern = Pattern(rf"zzerr{i:05d}: code=[0-9]{{3}} dev[0-9]+", regex=True)
-        out.append(Rule(f"bench.r{i}", (pattern,), FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB))
+def chunks(path: Path) -> list[bytes]:
+    """The file in ~1 MiB pieces cut at line ends, as replay reads it."""
+    data = path.read_bytes()
+    out, pos = [], 0
+    while pos < len(data):
+        cut = data.rfind(b"\n", pos, pos + CHUNK_BYTES) + 1
+        if cut <= pos:
+            cut = min(len(data), pos + CHUNK_BYTES)
+        out.append(data[pos:cut])
+        pos = cut
     return out
 
 
-def time_replay(path: Path, rules: list[Rule], state: Path) -> float:
+def time_replay(path: Path, rules: list[Rule], tap: bool, state: Path) -> float:
+    engine = Engine(rules, steps=StepTracker(StragglerConfig()) if tap else None)
+    policy = Policy(PolicyConfig(), BudgetStore(state / f"b{len(rules)}{tap}.json", "bench"), "bench")
+    recorder = Recorder(out=io.StringIO(), resolve_after=None)
+    return cpu_of(lambda: replay([path], engine, policy, "bench", recorder=recorder))
+
+
+def time_feed(parts: list[bytes], rules: list[Rule]) -> float:
     engine = Engine(rules)
-    policy = Policy(PolicyConfig(), BudgetStore(state / f"b{len(rules)}.json", "bench"), "bench")
-    start = time.perf_counter()
-    replay([path], engine, policy, "bench")
-    return time.perf_counter() - start
+    origin = Origin("train", None, "bench", "node", "stderr", "bench")
+
+    def run():
+        t = 1_795_219_200.0
+        for part in parts:
+            engine.feed(origin, part, t, sim_step=0.001)
+        engine.feed(origin, b"", t, final=True, sim_step=0.001)
+    return cpu_of(run)
 
 
-def time_read(path: Path) -> float:
-    start = time.perf_counter()
-    n = 0
-    with path.open("rb") as fh:
-        for _ in fh:
-            n += 1
-    return time.perf_counter() - start
+def exprs(rules: list[Rule]):
+    return [_translate(p) for r in rules for p in r.patterns]
 
 
-def time_grep(path: Path, rules: list[Rule], tmp: Path) -> float | None:
-    if not shutil.which("grep"):
+def time_raw_hyperscan(parts: list[bytes], rules: list[Rule]) -> float | None:
+    try:
+        import hyperscan as hs
+    except ImportError:
         return None
-    literals = [p.text for r in rules for p in r.patterns if not p.regex]
-    words = tmp / "literals.txt"
-    words.write_text("\n".join(literals) + "\n")
-    start = time.perf_counter()
-    proc = subprocess.run(["grep", "-F", "-c", "-f", str(words), str(path)], capture_output=True, check=False)
+    from ftwatch.rules.matcher import _hs_compile
+    db = _hs_compile(exprs(rules))
+    scratch = hs.Scratch(db)
+
+    def run():
+        for data in parts:
+            hits: set[tuple[int, int]] = set()
+            rfind = data.rfind
+
+            def on_match(pid, _s, end, _f, _c):
+                hits.add((rfind(b"\n", 0, end) + 1, pid))
+            db.scan(data, match_event_handler=on_match, scratch=scratch)
+            sorted(hits)
+    return cpu_of(run)
+
+
+def time_tool(argv: list[str]) -> float | None:
+    """CPU seconds of a child command (None when it is missing or fails)."""
+    if not shutil.which(argv[0]):
+        return None
+    result: list = []
+
+    def run():
+        result.append(subprocess.run(argv, capture_output=True, check=False))
+    spent = cpu_of(run)
+    proc = result[-1]
     if proc.returncode > 1:
-        print(f"grep failed: {proc.stderr.decode(errors='replace').strip()}")
+        say(f"{argv[0]} failed: {proc.stderr.decode(errors='replace').strip()[:200]}")
         return None
-    return time.perf_counter() - start
+    return spent
 
 
-def time_re_alternation(path: Path, rules: list[Rule], sample_lines: int) -> tuple[float, int]:
-    parts = []
-    for r in rules:
-        for p in r.patterns:
-            body = p.text if p.regex else re.escape(p.text)
-            parts.append(f"(?i:{body})" if p.caseless else f"(?:{body})")
-    big = re.compile("|".join(parts).encode())
-    with path.open("rb") as fh:
-        lines = [line for _, line in zip(range(sample_lines), fh)]
-    start = time.perf_counter()
-    for line in lines:
-        big.search(line)
-    return time.perf_counter() - start, len(lines)
+_RUST_META = frozenset(".+*?()|[]{}^$#&~\\-")
+
+
+def _rust_regex(text: str) -> str:
+    """A regex with escaped punctuation that Rust's regex rejects (``\\:``, ``\\'``) unescaped."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            out.append(nxt if not nxt.isalnum() and nxt not in _RUST_META else text[i:i + 2])
+            i += 2
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def pattern_file(rules: list[Rule], tmp: Path, kind: str) -> Path | None:
+    """The rules' patterns, one a line: ``rg`` (RE2 syntax), ``fixed`` (literals), ``ere`` (grep -E)."""
+    import re
+    lines = []
+    for rule in rules:
+        for p in rule.patterns:
+            if kind == "fixed":
+                if not p.regex and not p.caseless:
+                    lines.append(p.text)
+            elif kind == "rg":                        # Rust regex, byte-wise as ftwatch matches
+                body = _rust_regex(p.text) if p.regex else re.sub(r"([.+*?()|\[\]{}^$#&~\\-])", r"\\\1", p.text)
+                lines.append(f"(?-u){'(?i)' if p.caseless else ''}{body}")
+            elif not p.regex:                         # ERE: literals escaped
+                lines.append(re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", p.text))
+            else:                                     # regexes that ERE can read (GNU: \b \s \w)
+                body = p.text.replace("(?:", "(").replace("\\d", "[0-9]")
+                if "(?" not in body and "\\]" not in body and not re.search(r"\\[^bswBSW\W]", body):
+                    lines.append(body)
+    if not lines:
+        return None
+    path = tmp / f"{kind}-{len(rules)}.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogateescape")
+    return path
+
+
+def startup(n: int) -> dict:
+    """Start-up in a subprocess: load n generated rules + the packs, build the default engine."""
+    rules_file = rule_yaml(n, workdir() / f"rules-{n}.yaml")
+    cache = workdir() / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(cache), "FTWATCH_CACHE_DIR": str(cache)}
+    out = {}
+    for label in ("cold", "warm"):
+        proc = subprocess.run([sys.executable, __file__, "--startup-child", str(rules_file)], env=env,
+                              capture_output=True, text=True, check=False)
+        if proc.returncode:
+            say(f"start-up child failed: {proc.stderr.strip()[-400:]}")
+            return {}
+        out[label] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def startup_child(rules_file: str) -> None:
+    import resource
+
+    def rss() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+        return 0.0
+    from ftwatch.config.model import Config
+    from ftwatch.pipeline.build import build_engine
+    from ftwatch.rules.loader import load_rules
+    base = rss()
+    wall, cpu = time.perf_counter(), time.process_time()
+    rules = load_rules([rules_file])
+    engine = build_engine(Config(), rules=rules)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps({"wall": wall, "cpu": cpu, "rules": len(engine.rules), "base": base, "after": rss(),
+                      "added": rss() - base, "peak_added": peak - base}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lines", type=int, default=1_000_000)
-    ap.add_argument("--re-sample", type=int, default=100_000, help="lines the re alternation is timed on")
+    ap.add_argument("--quick", action="store_true", help="skip 10,000 rules")
+    ap.add_argument("--startup-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    builtin = load_rules()
-    thousand = builtin + synthetic_rules(max(0, 1000 - len(builtin)))
+    if args.startup_child:
+        startup_child(args.startup_child)
+        return
+    path, meta = corpus()
+    n = meta["lines"]
+    parts = chunks(path)
+    counts = [c for c in RULE_COUNTS if not (args.quick and c > 1000)]
+    figures: list[Figure] = []
+    rate: dict[tuple[str, int], float] = {}
+    read = cpu_of(lambda: [p.count(b"\n") for p in chunks(path)], repeat=3)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        path = tmp / "corpus.log"
-        n = corpus(path, args.lines)
-        size = path.stat().st_size
-        read = time_read(path)
-        t_builtin = time_replay(path, builtin, tmp)
-        t_thousand = time_replay(path, thousand, tmp)
-        t_grep = time_grep(path, builtin, tmp)
-        t_re, re_lines = time_re_alternation(path, builtin, args.re_sample)
+        for count in counts:
+            rules = rule_set(count)
+            say(f"{count} rules")
+            rate["replay", count] = n / time_replay(path, rules, True, tmp)
+            if count in (1_000, 10_000):
+                rate["replay-notap", count] = n / time_replay(path, rules, False, tmp)
+            rate["feed", count] = n / time_feed(parts, rules)
+            hs_time = time_raw_hyperscan(parts, rules)
+            if hs_time:
+                rate["hs", count] = n / hs_time
+            rg = pattern_file(rules, tmp, "rg")
+            rg_time = time_tool(["rg", "-c", "-a", "--no-config", "-f", str(rg), str(path)]) if rg else None
+            if rg_time:
+                rate["rg", count] = n / rg_time
+        thousand = rule_set(1_000)
+        fixed, ere = pattern_file(thousand, tmp, "fixed"), pattern_file(thousand, tmp, "ere")
+        grep_f = time_tool(["grep", "-F", "-c", "-a", "-f", str(fixed), str(path)]) if fixed else None
+        grep_e = time_tool(["grep", "-E", "-c", "-a", "-f", str(ere), str(path)]) if ere else None
+    say("start-up at 10,000 rules")
+    start = startup(10_000) if not args.quick else {}
 
-    def rate(seconds: float, lines: int = n) -> float:
-        return lines / seconds
-
-    from ftwatch.rules.matcher import Matcher
-    backend = Matcher([Pattern("x")]).backend
-    print(f"corpus: {n:,} lines, {size / 1e6:.1f} MB of recorded logs (tests/golden), matcher backend {backend}")
-    print(f"{'what':44} {'lines/s':>12} {'MB/s':>8}")
-    rows = [("read floor (for line in file)", rate(read)),
-            (f"engine replay, built-in packs ({len(builtin)} rules)", rate(t_builtin)),
-            (f"engine replay, {len(thousand)} rules", rate(t_thousand))]
-    if t_grep:
-        rows.append(("grep -F -c -f (built-in literals)", rate(t_grep)))
-    rows.append((f"stdlib re alternation ({len(builtin)} rules, {re_lines:,} lines)", rate(t_re, re_lines)))
-    for name, lps in rows:
-        print(f"{name:44} {lps:12,.0f} {lps * size / n / 1e6:8.1f}")
-    print()
-    e1, e2 = rate(t_builtin), rate(t_thousand)
-    print(f"engine (built-in) / read floor       {e1 / rate(read):6.2f}")
-    if t_grep:
-        print(f"engine (built-in) / grep -F          {e1 / rate(t_grep):6.2f}")
-        print(f"engine (1,000 rules) / grep -F       {e2 / rate(t_grep):6.2f}")
-    print(f"engine (built-in) / re alternation   {e1 / rate(t_re, re_lines):6.2f}")
-    print(f"engine (1,000) / engine (built-in)   {e2 / e1:6.2f}")
-    print(f"target >= 1,000,000 lines/s with the built-in packs: {'met' if e1 >= 1e6 else 'NOT met'}")
+    floor = n / read
+    figures.append(info("read floor (1 MiB chunks, lines counted)", floor, "lines/s"))
+    for count in counts:
+        figures.append(info(f"replay end to end, step tap, {count:,} rules", rate["replay", count], "lines/s"))
+        figures.append(info(f"Engine.feed, {count:,} rules", rate["feed", count], "lines/s"))
+        if ("hs", count) in rate:
+            figures.append(info(f"raw chunked hyperscan, {count:,} rules", rate["hs", count], "lines/s"))
+        if ("rg", count) in rate:
+            figures.append(info(f"ripgrep rg -c -f, {count:,} rules", rate["rg", count], "lines/s"))
+            figures.append(info(f"replay / ripgrep, {count:,} rules", rate["replay", count] / rate["rg", count], "x"))
+            figures.append(info(f"Engine.feed / ripgrep, {count:,} rules", rate["feed", count] / rate["rg", count], "x"))
+        if ("hs", count) in rate:
+            figures.append(info(f"Engine.feed / raw hyperscan, {count:,} rules",
+                                rate["feed", count] / rate["hs", count], "x"))
+        figures.append(info(f"replay / read floor, {count:,} rules", rate["replay", count] / floor, "x"))
+    if grep_f:
+        figures.append(info("replay / grep -F (1,000 rules' literals)", rate["replay", 1000] / (n / grep_f), "x",
+                            f"grep -F {n / grep_f:,.0f} lines/s"))
+    if grep_e:
+        figures.append(info("replay / grep -E (1,000 rules)", rate["replay", 1000] / (n / grep_e), "x",
+                            f"grep -E {n / grep_e:,.0f} lines/s"))
+    if ("rg", 1000) in rate:
+        figures.append(at_least("replay with tap / ripgrep, 1,000 rules", rate["replay", 1000] / rate["rg", 1000],
+                                "x", 1.5))
+    if ("hs", 1000) in rate:
+        figures.append(at_least("replay with tap / raw hyperscan, 1,000 rules",
+                                rate["replay", 1000] / rate["hs", 1000], "x", 0.5))
+    if ("replay", 10_000) in rate:
+        figures.append(at_least("replay with tap, 10,000 rules", rate["replay", 10_000], "lines/s", 2_000_000))
+    for count in (1_000, 10_000):
+        if ("replay-notap", count) in rate:
+            overhead = (rate["replay-notap", count] / rate["replay", count] - 1.0) * 100.0
+            figures.append(at_most(f"step tap overhead on replay, {count:,} rules", overhead, "%", 10.0,
+                                   f"without the tap {rate['replay-notap', count]:,.0f} lines/s"))
+    if start:
+        cold, warm = start["cold"], start["warm"]
+        figures.append(info("start-up CPU, 10,000 rules, cold cache", cold["cpu"], "s",
+                            f"wall {cold['wall']:.2f} s, +{cold['added']:.0f} MiB"))
+        figures.append(at_most("start-up CPU, 10,000 rules, warm cache", warm["cpu"], "s", 2.0,
+                               f"wall {warm['wall']:.2f} s on a shared machine; {warm['rules']} rules"))
+        figures.append(at_most("rules + engine memory, 10,000 rules", warm["added"], "MiB", 64.0,
+                               f"RSS after minus RSS before; peak +{warm['peak_added']:.0f} MiB"))
+    report(f"engine ({n:,} lines, {meta['bytes'] / 1e6:.0f} MB, {meta['hit_lines'] / n:.1%} hit lines, "
+           f"{meta['step_lines'] / n:.0%} step lines)", figures)
 
 
 if __name__ == "__main__":

@@ -207,3 +207,21 @@ def test_ftwatch_run_serves_its_counts_while_the_job_runs(tmp_path: Path):
     assert "SUCCEEDED" in body
     with SqliteStore(tmp_path / "state" / "ftwatch.db") as store:   # the output counts reached the store
         assert sum(r["lines"] for r in store.output("m")) == 8
+
+
+def test_the_watcher_observes_the_lag_once_per_batch_at_its_most_lagging_origin(tmp_path: Path):
+    m = Metrics()
+    clock = FakeClock(T0 + 100)
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}})
+    rec = Recorder(None, out=io.StringIO(), metrics=m)
+
+    def resolve(batch):
+        return [(Origin(s.meta["pod"], 0, "j", source="http"), s.line, s.time) for s in batch]
+
+    w = Watcher(config, Engine(load_rules([], builtin=False)), rec, resolve, clock=clock)
+    w.ingest([Shipped(T0 + 80, b"a", {"pod": "pod-a"}), Shipped(T0 + 99, b"b", {"pod": "pod-b"}),
+              Shipped(T0 + 95, b"c", {"pod": "pod-c"})])
+    s = samples(m)
+    assert s[("ftwatch_ingest_lag_seconds_count",)] == 1
+    assert s[("ftwatch_ingest_lag_last_seconds",)] == pytest.approx(20.0)
+    assert s[("ftwatch_lines_total", ("job_id", "j"))] == 3

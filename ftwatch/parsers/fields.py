@@ -7,6 +7,7 @@ None of them raises on odd input: bad bytes are replaced, unknown formats give N
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 from datetime import datetime, timezone
 
@@ -63,6 +64,7 @@ _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 # runs from the end in C (about 7 ms per MiB without a match; a line-anchored form took 16).
 _HEAD_BYTES = 240
 _LAST_CLOCK = re.compile(rb"(?s).*(\d\d:\d\d:\d\d)")
+_ANY_CLOCK = re.compile(r"\d\d:\d\d:\d\d")  # in every timestamp format above: a line without one has none
 _MAX_TRIES = 16  # lines with a time of day but no timestamp tried before giving up
 
 _GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
@@ -114,6 +116,18 @@ def split_rank_prefix(text: str) -> tuple[int | None, str]:
     return rank, text[pos:]
 
 
+@functools.lru_cache(maxsize=4096)
+def _whole_seconds(year: int | str, month: str, day: str, hour: str, minute: str, second: str) -> float | None:
+    """Epoch seconds of a UTC date and time given as strings, None when impossible. Cached: the
+    lines of one second (every rank's step line, a burst of errors) share one conversion."""
+    try:
+        fields = (int(year), int(month), int(day), int(hour), int(minute), int(second))
+        datetime(*fields)  # validates
+    except ValueError:
+        return None
+    return float(calendar.timegm(fields + (0, 0, 0)))
+
+
 def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) -> float | None:
     """Returns epoch seconds from (year?, month, day, hour, minute, second, fraction) strings.
 
@@ -121,15 +135,12 @@ def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) ->
     """
     if year is None:
         year_s, month, day, hour, minute, second, frac = parts
-        year = int(year_s)
+        seconds = _whole_seconds(year_s, month, day, hour, minute, second)
     else:
         month, day, hour, minute, second, frac = parts
-    try:
-        fields = (year, int(month), int(day), int(hour), int(minute), int(second))
-        datetime(*fields)  # validates
-    except ValueError:
+        seconds = _whole_seconds(year, month, day, hour, minute, second)
+    if seconds is None:
         return None
-    seconds = float(calendar.timegm(fields + (0, 0, 0)))
     if frac:
         seconds += int(frac) / 10 ** len(frac)
     if zone and zone != "Z":
@@ -171,6 +182,8 @@ def parse_timestamp(text: str, year: int | None) -> float | None:
         Epoch seconds (float, fractions to the digit given; UTC unless the text gives an offset),
         or None when there is no valid timestamp.
     """
+    if _ANY_CLOCK.search(text) is None:
+        return None                     # every format has a time of day: none here, no stamp
     _, rest = split_rank_prefix(text)
     start = _LEAD.match(rest).end()
     m = _GLOG.match(rest, start)

@@ -138,7 +138,7 @@ class IncidentDesk:
         self.tracker.started(origin, time)
 
     def output(self, origin: Origin, data: bytes, time: float, mono: float = 0.0, *, final: bool = False,
-               sim_step: float = 0.0) -> Finding | None:
+               sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> Finding | None:
         """A chunk of complete lines from ``origin``.
 
         Args:
@@ -148,6 +148,7 @@ class IncidentDesk:
             mono: monotonic seconds now.
             final: the stream ended (a replayed file): its open blocks close.
             sim_step: replay's seconds per untimed line (``Engine.feed``).
+            hits: ``data``'s hits when the caller scanned many chunks at once (``Engine.scan_many``).
 
         Returns:
             The finding that opened an incident, or a failing exit a summary reported; else None.
@@ -166,7 +167,7 @@ class IncidentDesk:
             end -= 1
         if end:
             self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
-        found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step)
+        found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
         return self.add(found, mono)

@@ -153,18 +153,22 @@ class Watcher:
             self.tick()
 
     def ingest(self, batch: list[Shipped]) -> None:
-        """Feed one batch: group lines per origin, hand each chunk to its job's desk."""
+        """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call
+        (``Engine.scan_many``), hand each chunk and its hits to its job's desk. The ingest lag is
+        observed once per batch (its most lagging origin), not once per origin."""
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
-        for origin, (lines, t) in group_lines(self.resolve(batch)).items():
-            if metrics is not None:
-                metrics.observe_lag(now - t)        # the newest line of this origin in the batch
+        groups = list(group_lines(self.resolve(batch)).items())
+        chunks = [b"" if is_host(origin) else b"\n".join(lines) + b"\n" for origin, (lines, _) in groups]
+        scans = self.engine.scan_many(chunks)
+        if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
+            metrics.observe_lag(now - min(t for _, (_, t) in groups))
+        for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
             if is_host(origin):
                 self._host(origin, lines, t, now_mono)
                 continue
             desk = self._desk(origin.job)
-            data = b"\n".join(lines) + b"\n"
-            desk.output(origin, data, t, now_mono)
+            desk.output(origin, data, t, now_mono, hits=hits)
             if self.config.phases.enabled:
                 self._phase(desk, data, t)
             if finished_cleanly(data):

@@ -3,7 +3,9 @@
 The hot path (DESIGN.md "Speed on the hot path"): one multi-pattern database holds every
 rule's patterns, the block starts (tracebacks, C++ stack dumps) and the fault-code
 patterns; it scans a whole chunk at once and Python only touches the lines that hit.
-A hit line becomes a Record (decoded, ANSI stripped, rank prefix and timestamp taken);
+A hit line becomes a Record (decoded, ANSI stripped, rank prefix and timestamp taken), except a
+line that only a fault-code candidate pattern hit and that holds no code (``FaultTables.extract``
+finds none: it would make no finding);
 a block start collects the following lines of the same rank into one Record (P1), so
 interleaved ranks never mix. A block that is still open at the end of a chunk is carried
 over to the next feed of the same origin (or closed by ``flush``), with the lines after it
@@ -19,7 +21,8 @@ A hit line without a timestamp is at the time its chunk was read (live), or, in 
 found by one backward search over the lines since the previous hit
 (``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
 one feed's state (the carried part, the line count, the last stamp found), so they stay here;
-judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``.
+judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``. That shared
+state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, included).
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ class Engine:
         self._line_pos = self._line_no = 0
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
+        self._year = year or 0                        # the current feed's year for stamps without one
+        self._ranked: dict[int | None, Origin] = {}   # the current feed's origins by rank
         if like is None:
             self._compile(rules)
         else:                                        # the compiled parts are never mutated, only replaced
@@ -155,8 +160,49 @@ class Engine:
 
     # -- feeding --------------------------------------------------------------------------
 
+    def scan_many(self, parts: Sequence[bytes]) -> list[list[tuple[int, int]] | None]:
+        """One matcher scan for many chunks (``watch``: the chunks of every origin of a batch,
+        so 1,000 origins cost one scan, not 1,000): per chunk its hits, offsets into the chunk,
+        as ``Matcher.scan`` would give them, for ``feed``'s ``hits``.
+
+        Args:
+            parts: chunks of complete lines, each ending with ``b"\\n"``.
+
+        Returns:
+            Per chunk its sorted ``(line_start, pattern_id)`` pairs, or None for a chunk that
+            ``feed`` must scan itself (empty, not newline-terminated, or holding ANSI escapes,
+            which ``feed`` removes first).
+        """
+        out: list[list[tuple[int, int]] | None] = [None] * len(parts)
+        joined: list[bytes] = []
+        bounds: list[int] = []                      # where each joined chunk starts
+        index: list[int] = []                       # its position in ``parts``
+        pos = 0
+        for k, data in enumerate(parts):
+            if not data or not data.endswith(b"\n") or b"\x1b" in data:
+                continue
+            joined.append(data)
+            bounds.append(pos)
+            index.append(k)
+            out[k] = []
+            pos += len(data)
+        if not joined:
+            return out
+        hits = self.matcher.scan(joined[0] if len(joined) == 1 else b"".join(joined))
+        j, last = 0, len(bounds) - 1
+        upper = bounds[1] if last else pos
+        base, mine = 0, out[index[0]]
+        for start, pid in hits:                     # sorted by offset: walk the chunks once
+            if start >= upper:
+                while start >= upper:
+                    j += 1
+                    upper = bounds[j + 1] if j < last else pos
+                base, mine = bounds[j], out[index[j]]
+            mine.append((start - base, pid))
+        return out
+
     def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
-             sim_step: float = 0.0) -> list[Finding]:
+             sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> list[Finding]:
         """Scan a chunk of complete lines from one origin.
 
         Args:
@@ -168,6 +214,8 @@ class Engine:
                 the last line with one before it in ``data``, plus ``sim_step`` seconds per line
                 between them; with none before it, ``time`` plus ``sim_step`` per line from the
                 chunk's start. 0 gives every such line ``time`` (live: the time it was read).
+            hits: ``data``'s hits from ``scan_many`` (one scan for many origins); None: scan here.
+                Ignored (scanned again) when a block of ``origin`` was carried over.
 
         Returns:
             The findings, in input order.
@@ -176,6 +224,7 @@ class Engine:
         if b"\x1b" in data:
             data = _ANSI_BYTES.sub(b"", data)
         now = time
+        self._ranked = {}                            # rank -> origin.with_rank(rank), for this feed
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
         self._stamped = (0, None)                   # the last stamp search of this feed
@@ -188,10 +237,12 @@ class Engine:
                 time = pending.base                 # line numbers now count from the carried data
         if not data:
             return []
-        hits = self.matcher.scan(data)
+        if hits is None or pending is not None:
+            hits = self.matcher.scan(data)
         if not hits:
             self._count(data, len(data))
             return []
+        self._year = self.year or fields.year_of(time)
         by_line: dict[int, set[int]] = {}
         for start, pid in hits:
             by_line.setdefault(start, set()).add(pid)
@@ -205,7 +256,7 @@ class Engine:
             ids = by_line[start]
             if self._step_ids and not ids.isdisjoint(self._step_ids):
                 findings += self._step(origin, data, start, ids, time, sim_step)
-                ids = {i for i in ids if i not in self._step_ids}
+                ids = ids.difference(self._step_ids)
                 if not ids:
                     continue
             if ids & self._block_ids and self._starts_block(data, start):
@@ -228,6 +279,12 @@ class Engine:
                 end = data.find(b"\n", start)
                 raw = data[start:] if end < 0 else data[start:end]
                 rank, text = fields.split_rank_prefix(fields.clean(raw))
+                if ids <= self._fault_ids and not self.tables.extract(text):
+                    # only a fault-code candidate, and no code in it: no Record, no judging. Its
+                    # stamp search still runs where the Record's would, so later lines' times stay.
+                    if sim_step and fields.parse_timestamp(text, self._year) is None:
+                        self._base_time(data, start, time, sim_step)
+                    continue
                 block_ids, lines = ids, [(start, ids)]
                 record = self._record(origin, rank, [text], data, start, time, sim_step)
             finding = self.judge.judge(record, block_ids, data, lines)
@@ -241,11 +298,15 @@ class Engine:
               sim_step: float) -> list[Finding]:
         """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
         rank, text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
-        stamp = fields.parse_timestamp(text, self.year or fields.year_of(time))
+        stamp = fields.parse_timestamp(text, self._year)
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
-        index = min(self._step_ids[i] for i in ids if i in self._step_ids)
-        found = self.steps.observe(origin.with_rank(rank), index, text, stamp, next(self._seq))
+        step_ids = self._step_ids
+        index = min(step_ids[i] for i in ids if i in step_ids) if len(ids) > 1 else step_ids[next(iter(ids))]
+        ranked = self._ranked.get(rank)
+        if ranked is None:
+            ranked = self._ranked[rank] = origin.with_rank(rank)
+        found = self.steps.observe(ranked, index, text, stamp, next(self._seq))
         return [] if found is None else [found]
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
@@ -294,7 +355,7 @@ class Engine:
         before a hit covers only the lines since the previous one."""
         if sim_step:
             searched, found = self._stamped
-            year = self.year or fields.year_of(time)
+            year = self._year
             if start >= searched:
                 found = fields.last_timestamp(data, searched, start, year) or found
                 self._stamped = (start, found)
@@ -339,8 +400,7 @@ class Engine:
 
     def _record(self, origin: Origin, rank: int | None, texts: list[str], data: bytes,
                 start: int, time: float, sim_step: float) -> Record:
-        year = self.year or fields.year_of(time)
-        stamp = fields.parse_timestamp(texts[0], year)
+        stamp = fields.parse_timestamp(texts[0], self._year)
         if stamp is None:
             stamp = self._base_time(data, start, time, sim_step)
         self.stats.records += 1

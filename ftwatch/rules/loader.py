@@ -132,25 +132,39 @@ def rules_from_text(text: str, name: str, issues: list[Issue]) -> list[Rule]:
         return []
     out: list[Rule] = []
     ids_here: dict[str, int] = {}
+    checks: list[tuple[Pattern, Issue, int]] = []   # (pattern, its issue if bad, its rule's index in out)
     for index, item in enumerate(items):
         line = items.line_of(index)
         if not isinstance(item, LineDict):
             issues.append(Issue(name, line, "a rule must be a mapping (id, keywords/regex, class, action ...)"))
             continue
-        rule = _build_rule(item, name, issues)
-        if rule is None:
-            continue
-        if rule.id in ids_here:
-            issues.append(Issue(name, item.line_of("id"),
-                                f"duplicate rule id {rule.id!r} (first at line {ids_here[rule.id]})"))
+        mine: list[tuple[Pattern, Issue]] = []
+        rule = _build_rule(item, name, issues, mine)
+        if rule is None or rule.id in ids_here:
+            checks.extend((pattern, issue, -1) for pattern, issue in mine)   # reported, nothing to drop
+            if rule is not None:
+                issues.append(Issue(name, item.line_of("id"),
+                                    f"duplicate rule id {rule.id!r} (first at line {ids_here[rule.id]})"))
             continue
         ids_here[rule.id] = item.line_of("id")
+        checks.extend((pattern, issue, len(out)) for pattern, issue in mine)
         out.append(rule)
-    return out
+    # Every pattern of the file checked at once: one Hyperscan compile, not one per pattern.
+    dropped: set[int] = set()
+    for (pattern, issue, k), problem in zip(checks, Matcher.check_many([c[0] for c in checks])):
+        if problem:
+            issues.append(Issue(issue.file, issue.line, f"{issue.message}{problem}"))
+            dropped.add(k)
+    return [rule for k, rule in enumerate(out) if k not in dropped]
 
 
-def _build_rule(item: LineDict, name: str, issues: list[Issue]) -> Rule | None:
-    """One rule from its mapping, or None (with issues appended) when anything is wrong."""
+def _build_rule(item: LineDict, name: str, issues: list[Issue],
+                checks: list[tuple[Pattern, Issue]]) -> Rule | None:
+    """One rule from its mapping, or None (with issues appended) when anything is wrong.
+
+    Its keyword and regex patterns are not checked here: each goes to ``checks`` with the issue
+    (message without the reason) that it makes if ``Matcher.check_many`` finds it bad.
+    """
     before = len(issues)
 
     def bad(key: str, message: str) -> None:
@@ -177,10 +191,10 @@ def _build_rule(item: LineDict, name: str, issues: list[Issue]) -> Rule | None:
         for i, text in enumerate(lists[key]):
             line = values.line_of(i) if isinstance(values, LineList) else item.line_of(key)
             pattern = Pattern(text, regex=is_regex, caseless=caseless)
-            problem = "empty pattern" if not text.strip() else Matcher.check(pattern)
-            if problem:
-                issues.append(Issue(name, line, f"{label}{key} {text!r}: {problem}"))
+            if not text.strip():
+                issues.append(Issue(name, line, f"{label}{key} {text!r}: empty pattern"))
             else:
+                checks.append((pattern, Issue(name, line, f"{label}{key} {text!r}: ")))
                 patterns.append(pattern)
     when, predicate = _condition(item, caseless, patterns, label, bad)
     if "keywords" not in item and "regex" not in item and "when" not in item:

@@ -81,6 +81,8 @@ def _rewrite_regex(text: str) -> tuple[str, bool]:
     may_span = False
     in_class = False
     class_first = False  # just after "[" or "[^": a "]" here is a literal
+    negated = False      # the open class is "[^...]": it may match a newline unless it lists "\n"
+    lists_newline = False
     i, n = 0, len(text)
     while i < n:
         c = text[i]
@@ -104,6 +106,9 @@ def _rewrite_regex(text: str) -> tuple[str, bool]:
                 may_span = True
             elif e == "S":
                 out.append("[:^space:]" if in_class else "[[:^space:]]")
+            elif negated and e == "n" and not text.startswith("-", i + 2):
+                out.append(c + e)
+                lists_newline = True                          # [^...\n...] never matches a newline
             else:
                 out.append(c + e)
                 if e.isalnum() and e not in _SAFE_ESCAPES:
@@ -118,6 +123,9 @@ def _rewrite_regex(text: str) -> tuple[str, bool]:
         if in_class:
             if c == "]" and not class_first:
                 in_class = False
+                if negated and not lists_newline:
+                    may_span = True
+                negated = lists_newline = False
             elif c == "[" and text.startswith("[:", i):
                 end = text.find(":]", i + 2)
                 if end >= 0:
@@ -132,7 +140,7 @@ def _rewrite_regex(text: str) -> tuple[str, bool]:
         elif c == "[":
             in_class = class_first = True
             if text.startswith("^", i + 1):
-                may_span = True
+                negated, lists_newline = True, False
                 out.append("[^")
                 i += 2
                 continue
@@ -144,6 +152,8 @@ def _rewrite_regex(text: str) -> tuple[str, bool]:
                 may_span = True
         out.append(c)
         i += 1
+    if in_class and negated:
+        may_span = True                                      # an unclosed class: RE2 refuses it anyway
     return "".join(out), may_span
 
 

@@ -32,6 +32,14 @@ the job's slowdown) is reported again only after its slowdown fell below half wa
 (``1 + (factor - 1) / 2``) and rose past the factor again. The state of a job that printed no step
 line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
+Cost per step line (DESIGN.md "Speed on the hot path"): the line is matched once (its pattern's
+groups read once), and the statistics are kept sorted as they change: each rank's window, the
+job's ranks' medians and, per node, its ranks' medians and the nodes' medians live in sorted lists
+updated by bisection, so a rank's median and the median of the *other* ranks are read in O(1)
+and a step line costs O(log ranks), never a median over a window or a scan over all ranks. Only a
+rank already past ``factor`` (rare) builds the other ranks' list for the MAD test. The answers are
+exactly those of ``statistics.median`` over the same numbers (``ftwatch.rules.stepstats``).
+
 What step lines can show: in synchronous data parallel training every rank waits for the slowest
 in each step's collective, so the time *between* step lines is the same on every rank; a
 straggler shows where ranks print their own compute time (Megatron's straggler detector), or where
@@ -41,18 +49,18 @@ work).
 
 from __future__ import annotations
 
+import bisect
 import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, replace_sorted, sorted_median,
+                                     without)
 
-MAD_SCALE = 1.4826            # MAD -> standard deviation for normal data
-MAD_LIMIT = 3.0               # scaled MADs above the median
 RULE_ID = "straggler.step_time"
 DETECTOR_RULE_ID = "straggler.megatron_detector"
 SLOWDOWN_RULE_ID = "straggler.job_slowdown"
@@ -67,14 +75,30 @@ _TRAIN_DESC = re.compile(r"(?:Epoch \d+:?)?")
 _NOT_A_STEP = re.compile(r"(?i)checkpoint|\bsav(?:e|ed|ing)\b|schedul|\beval|valid|warm.?up|\bresum|\bload")
 
 
-def scan_form(regex: str) -> str:
-    """The pattern for the engine's matcher: named groups made non-capturing (``(?P<x>`` -> ``(?:``)."""
-    return _NAMED.sub("(?:", regex)
+#: A pattern's last group when it is one repeated character class (``(?:[0-9.]+)`` at the end).
+_TRAILING_REPEAT = re.compile(r"(\(\?:(?:\[[^\]\\]*\]|\\[dw]))\+\)$")
 
 
-def step_seconds(match: re.Match) -> float | None:
-    """The step duration a line states (``ms``, ``s``, ``its`` or ``sit`` group), else None."""
-    groups = match.groupdict()
+_SPACE = re.compile(r"(?<!\\)\\s")
+
+
+def scan_form(regex: str, builtin: bool = False) -> str:
+    """The pattern for the engine's matcher: named groups made non-capturing (``(?P<x>`` -> ``(?:``),
+    and a last group of one repeated class matched once (``(?:[0-9.]+)$`` -> ``(?:[0-9.])``): a line
+    matches either both or neither, and the matcher, which reports every end of a match, calls
+    back once per step line instead of once per digit (Megatron's ``... (ms): 1234.5``).
+
+    ``builtin`` (the ``STEP_PATTERNS``, whose ``\\s`` all stand outside classes): ``\\s`` becomes
+    ``[^\\S\\n]``, the same on one line but never a newline, so the matcher needs no per-hit RE2
+    re-check of a match spanning two lines (``ftwatch.rules.matcher``)."""
+    form = _TRAILING_REPEAT.sub(r"\1)", _NAMED.sub("(?:", regex))
+    return _SPACE.sub(r"[^\\S\\n]", form) if builtin else form
+
+
+def step_seconds(match: re.Match | dict) -> float | None:
+    """The step duration a line states (``ms``, ``s``, ``its`` or ``sit`` group), else None;
+    takes the match or its ``groupdict()``."""
+    groups = match if isinstance(match, dict) else match.groupdict()
     try:
         if groups.get("ms"):
             return float(groups["ms"]) / 1000.0
@@ -90,32 +114,14 @@ def step_seconds(match: re.Match) -> float | None:
     return None
 
 
-def is_straggler(mine: float, others: Sequence[float], factor: float) -> tuple[bool, float]:
-    """(is it a straggler, slowdown) for a rank with median step time ``mine`` against the other
-    ranks' medians: ``factor`` x their median, and with 2+ others more than 3 scaled MADs of the
-    others above their median (see the module docstring). Times in seconds; needs one other rank."""
-    if not others:
-        return False, 1.0
-    ref = statistics.median(others)
-    slowdown = mine / ref if ref > 0 else float("inf") if mine > 0 else 1.0
-    if slowdown < factor:
-        return False, slowdown
-    if len(others) >= 2:
-        mad = statistics.median(abs(x - ref) for x in others) * MAD_SCALE
-        if mad > 0 and (mine - ref) / mad <= MAD_LIMIT:
-            return False, slowdown
-    return True, slowdown
-
-
-def rearm_level(factor: float) -> float:
-    """The slowdown below which a reported rank counts as recovered (half way back to 1x)."""
-    return 1.0 + (factor - 1.0) / 2.0
-
-
 @dataclass
 class _Rank:
     samples: deque
+    ordered: list[float] = field(default_factory=list)    # ``samples``, sorted
+    recent: deque = field(default_factory=deque)          # the last ``min_steps`` samples
+    recent_ordered: list[float] = field(default_factory=list)
     baseline: list[float] = field(default_factory=list)
+    base_median: float | None = None        # of ``baseline``, once it is full
     seen: int = 0                           # step times taken
     last: tuple[int, float] | None = None   # (step number, time)
     total: str | None = None                # the length of the rank's (first) progress bar
@@ -132,6 +138,22 @@ class _Job:
     detector: list[tuple[int, float]] = field(default_factory=list)   # (slowest rank, max/min) run
     detector_reported: set[int] = field(default_factory=set)
     nodes_reported: set[str] = field(default_factory=set)
+    medians: list[float] = field(default_factory=list)                # every rank's median, sorted
+    node_ranks: dict[str, list[float]] = field(default_factory=dict)  # node -> its ranks' medians, sorted
+    node_median: dict[str, float] = field(default_factory=dict)       # node -> median of node_ranks
+    node_medians: list[float] = field(default_factory=list)           # node_median's values, sorted
+
+    def set_median(self, rank: _Rank, median: float) -> None:
+        """A rank's median changed: keep the sorted lists of ranks' and nodes' medians."""
+        old, rank.median = rank.median, median
+        replace_sorted(self.medians, old, median)
+        if not rank.node:
+            return
+        mine = self.node_ranks.setdefault(rank.node, [])
+        replace_sorted(mine, old, median)
+        node_old, node_new = self.node_median.get(rank.node), sorted_median(mine)
+        self.node_median[rank.node] = node_new
+        replace_sorted(self.node_medians, node_old, node_new)
 
 
 class StepTracker:
@@ -151,8 +173,10 @@ class StepTracker:
         self.clock = clock or SystemClock()
         self.names = list(config.patterns)
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
-        self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern) for rx in self.regexes)
+        self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern, builtin=name in STEP_PATTERNS)
+                                               for name, rx in zip(self.names, self.regexes))
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
+        self._recent_len = min(config.min_steps, config.window)   # the slowdown's recent window
         self.reset()
 
     def reset(self) -> None:
@@ -172,23 +196,32 @@ class StepTracker:
         now = self.clock.time()
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
-        match = None
-        for i in (index, *range(len(self.regexes))):
-            found = list(self.regexes[i].finditer(text))
-            if found and self._vetoed[i]:
-                found = [m for m in found if self._accepts(self.names[i], text, m)]
-            if found:
-                match, index = found[-1], i
-                break
+        match = self._last_match(index, text)     # the pattern that hit first, then each in order
+        if match is None:
+            for i in range(len(self.regexes)):
+                match = None if i == index else self._last_match(i, text)
+                if match is not None:
+                    index = i
+                    break
         if match is None:
             return None
-        job = self.jobs.setdefault(origin.job, _Job())
+        job = self.jobs.get(origin.job)
+        if job is None:
+            job = self.jobs[origin.job] = _Job()
         job.touched = now
-        if match.groupdict().get("max_rank") is not None:
+        groups = match.groupdict()
+        if groups.get("max_rank") is not None:
             return self._detector(job, origin, match, text, time, seq)
-        return self._step(job, origin, index, match, text, time, seq)
+        return self._step(job, origin, index, groups, text, time, seq)
 
     # -- per-rank step times ------------------------------------------------------------------
+
+    def _last_match(self, i: int, text: str) -> re.Match | None:
+        """The last match of pattern ``i`` in ``text`` that its veto lets pass, or None."""
+        found = list(self.regexes[i].finditer(text))
+        if found and self._vetoed[i]:
+            found = [m for m in found if self._accepts(self.names[i], text, m)]
+        return found[-1] if found else None
 
     def _accepts(self, name: str, text: str, match: re.Match) -> bool:
         if name in ("tqdm_its", "tqdm_sit"):
@@ -198,20 +231,19 @@ class StepTracker:
             return _NOT_A_STEP.search(text, 0, match.start()) is None
         return True
 
-    def _step(self, job: _Job, origin: Origin, index: int, match: re.Match, text: str, time: float,
+    def _step(self, job: _Job, origin: Origin, index: int, groups: dict, text: str, time: float,
               seq: int) -> Finding | None:
         cfg = self.config
         rank = job.ranks.get(origin.instance)
         if rank is None:
             rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), node=origin.node or "")
-        groups = match.groupdict()
         total = groups.get("total")
         if total is not None:
             if rank.total is None:
                 rank.total = total
             elif total != rank.total:          # another bar (HF's evaluation bar): not a training step
                 return None
-        seconds = step_seconds(match)
+        seconds = step_seconds(groups)
         if groups.get("step") is not None:
             step_no = int(groups["step"])
             prev = rank.last
@@ -220,17 +252,19 @@ class StepTracker:
                 seconds = (time - prev[1]) / (step_no - prev[0])
         if seconds is None:
             return None
-        rank.samples.append(seconds)
-        rank.seen += 1
-        if len(rank.baseline) < cfg.min_steps:
-            rank.baseline.append(seconds)
+        self._take(rank, seconds)
         if len(rank.samples) < cfg.min_steps:
             return None
-        rank.median = statistics.median(rank.samples)
-        others = [r.median for i, r in job.ranks.items() if i != origin.instance and r.median is not None]
-        if not others:
+        job.set_median(rank, sorted_median(rank.ordered))
+        ref = median_without(job.medians, rank.median)
+        if ref is None:
             return self._slowdown(job, origin, rank, text, time, seq, index)
-        slow, slowdown = is_straggler(rank.median, others, cfg.factor)
+        slowdown = rank.median / ref if ref > 0 else float("inf") if rank.median > 0 else 1.0
+        others: list[float] | None = None
+        slow = False
+        if slowdown >= cfg.factor:                 # rare: the full test, MAD included, on the list
+            others = without(job.medians, rank.median)
+            slow, slowdown = is_straggler(rank.median, others, cfg.factor)
         if not slow and not rank.reported:
             found = self._node(job, origin, rank, text, time, seq, index)
             if found is not None:
@@ -242,7 +276,6 @@ class StepTracker:
         if not slow:
             return None
         rank.reported = True
-        ref = statistics.median(others)
         who = f"rank {origin.rank}" if origin.rank is not None else origin.instance
         line = (f"{who} is a straggler: median step time {rank.median:.3f} s over its last {len(rank.samples)} "
                 f"step lines, {slowdown:.1f}x the other ranks' {ref:.3f} s")
@@ -257,15 +290,17 @@ class StepTracker:
         """Nodes vs nodes (each node's median of its ranks' medians), where ranks come from 2+ nodes:
         finds a slow node that carries most of the job's ranks, which rank vs ranks cannot."""
         cfg = self.config
-        per_node: dict[str, list[float]] = {}
-        for r in job.ranks.values():
-            if r.median is not None and r.node:
-                per_node.setdefault(r.node, []).append(r.median)
-        if len(per_node) < 2 or rank.node not in per_node:
+        per_node = job.node_ranks
+        if len(job.node_median) < 2 or rank.node not in job.node_median:
             return None
-        medians = {n: statistics.median(v) for n, v in per_node.items()}
-        others = [m for n, m in medians.items() if n != rank.node]
-        slow, slowdown = is_straggler(medians[rank.node], others, cfg.factor)
+        medians = job.node_median
+        mine = medians[rank.node]
+        ref = median_without(job.node_medians, mine)
+        slowdown = mine / ref if ref > 0 else float("inf") if mine > 0 else 1.0
+        slow = False
+        if slowdown >= cfg.factor:                 # rare: the full test on the other nodes' list
+            others = without(job.node_medians, mine)
+            slow, slowdown = is_straggler(mine, others, cfg.factor)
         if rank.node in job.nodes_reported:
             if slowdown < rearm_level(cfg.factor):
                 job.nodes_reported.discard(rank.node)
@@ -273,7 +308,6 @@ class StepTracker:
         if not slow:
             return None
         job.nodes_reported.add(rank.node)
-        ref = statistics.median(others)
         line = (f"node {rank.node} is a straggler: the median step time of its {len(per_node[rank.node])} ranks "
                 f"is {medians[rank.node]:.3f} s, {slowdown:.1f}x the other nodes' {ref:.3f} s")
         return Finding(RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
@@ -289,8 +323,8 @@ class StepTracker:
         cfg = self.config
         if rank.seen < 2 * cfg.min_steps:
             return None
-        base = statistics.median(rank.baseline)
-        recent = statistics.median(list(rank.samples)[-cfg.min_steps:])
+        base = rank.base_median
+        recent = sorted_median(rank.recent_ordered)
         rise = recent / base if base > 0 else 1.0
         if job.slowdown_reported:
             if rise < rearm_level(cfg.slowdown_factor):
@@ -308,6 +342,26 @@ class StepTracker:
                        {"slowdown": round(rise, 2), "step_time_s": round(recent, 4),
                         "baseline_step_time_s": round(base, 4), "step_lines": cfg.min_steps,
                         "reporting_rank": origin.rank, "pattern": self.names[index]}, SOURCE)
+
+    def _take(self, rank: _Rank, seconds: float) -> None:
+        """One step time into the rank's window, its recent window and, while it fills, its
+        baseline; the sorted copies follow (O(log window) search, O(window) memmove)."""
+        cfg = self.config
+        samples = rank.samples
+        if len(samples) == samples.maxlen:
+            del rank.ordered[bisect.bisect_left(rank.ordered, samples[0])]
+        samples.append(seconds)
+        bisect.insort(rank.ordered, seconds)
+        recent = rank.recent
+        if len(recent) == self._recent_len:
+            del rank.recent_ordered[bisect.bisect_left(rank.recent_ordered, recent.popleft())]
+        recent.append(seconds)
+        bisect.insort(rank.recent_ordered, seconds)
+        rank.seen += 1
+        if len(rank.baseline) < cfg.min_steps:
+            rank.baseline.append(seconds)
+            if len(rank.baseline) == cfg.min_steps:
+                rank.base_median = statistics.median(rank.baseline)
 
     # -- Megatron's straggler detector -------------------------------------------------------
 

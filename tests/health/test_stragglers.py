@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ftwatch.clock import FakeClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import FailureClass, Origin
+from ftwatch.rules import stragglers
 from ftwatch.rules.stragglers import SWEEP_EVERY, StepTracker, is_straggler, scan_form
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -355,12 +360,68 @@ def test_a_slow_node_carrying_most_ranks_is_found_by_comparing_nodes(rules):
     assert stragglers[0].fields["slowdown"] == pytest.approx(3.0, rel=0.01) and "node node-a" in stragglers[0].line
 
 
-def test_nodes_alike_give_no_node_finding(rules):
-    engine = engine_with(rules)
-    found, clock = [], {r: 1000.0 for r in range(8)}
+def feed_ranks(engine: Engine, ranks: int, per_node: int, step_time, clock: dict[int, float]) -> list:
+    """12 rounds of ``step n/100`` lines from ``ranks`` ranks, ``per_node`` to a node; rank r's
+    clock advances ``step_time(r)`` s a step. Returns the findings."""
+    found = []
     for n in range(1, 13):
-        for rank in range(8):
-            clock[rank] += 0.1 + 0.01 * (rank % 3)
-            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // 4}", "stdout"),
+        for rank in range(ranks):
+            clock[rank] = clock.get(rank, 1000.0) + step_time(rank)
+            found += engine.feed(Origin(f"w{rank}", rank, "job1", f"node-{rank // per_node}", "stdout"),
                                  f"step {n}/100\n".encode(), clock[rank])
-    assert found == []
+    return found
+
+
+def test_nodes_alike_give_no_node_finding(rules):
+    assert feed_ranks(engine_with(rules), 8, 4, lambda rank: 0.1 + 0.01 * (rank % 3), {}) == []
+
+
+@given(st.lists(st.floats(0.001, 100.0, allow_nan=False), min_size=1, max_size=40), st.data())
+@settings(max_examples=200, deadline=None)
+def test_sorted_medians_equal_statistics_median(values, data):
+    ordered = sorted(values)
+    assert stragglers.sorted_median(ordered) == statistics.median(values)
+    leave = data.draw(st.sampled_from(values))
+    rest = list(values)
+    rest.remove(leave)
+    expected = statistics.median(rest) if rest else None
+    assert stragglers.median_without(ordered, leave) == expected
+    assert stragglers.without(ordered, leave) == sorted(rest)
+
+
+def test_a_step_line_of_a_rank_in_line_with_the_others_scans_no_other_rank(rules, monkeypatch):
+    """O(log ranks) per step line: while no rank is past ``factor``, the full test (a list of
+    every other rank's median, their MAD) never runs; the statistics still find the straggler."""
+    calls = []
+    real = stragglers.is_straggler
+    monkeypatch.setattr(stragglers, "is_straggler", lambda *a: calls.append(len(a[1])) or real(*a))
+    engine, clock = engine_with(rules), {}
+    found = feed_ranks(engine, 512, 8, lambda rank: 0.1 + 0.001 * (rank % 7), clock)
+    assert found == [] and calls == []
+    for n in range(13, 40):
+        clock[5] += 1.0                                   # rank 5 becomes 10x slower
+        found += engine.feed(Origin("w5", 5, "job1", "node-0", "stdout"), f"step {n}/100\n".encode(), clock[5])
+    assert [f.origin.rank for f in found if f.kind == "straggler"] == [5] and calls
+
+
+def test_builtin_scan_forms_hit_once_per_line_and_need_no_recheck():
+    """The built-in step patterns' scan forms cannot span two lines (no RE2 re-check per hit) and
+    end on one character (one matcher callback per step line), and hit what the patterns hit."""
+    from ftwatch.rules.matcher import Matcher
+    from ftwatch.rules.model import Pattern
+    from ftwatch.rules.patterns import _translate
+    tracker = StepTracker(StragglerConfig())
+    lines = [" [2026-11-21 09:36:03] iteration       10/     100 | consumed samples: 640 | elapsed time per "
+             "iteration (ms): 1234.5 | lr: 1E-04 |", "[Rank 0] step=10, skipped=0, lr=[0.001]",
+             " 45%|####5     | 45/100 [00:10<00:12,  4.50it/s]", "step 12/30 loss 0.43", "Step:\t12",
+             "Epoch 0/9  ━━━━━━━━━━━━━━━ 45/100 0:00:10 • 0:00:12 4.50it/s v_num: 0", "nothing here"]
+    for name, text, rx in zip(tracker.names, tracker.patterns, tracker.regexes):
+        assert not _translate(Pattern(text, regex=True)).may_span, name
+        matcher = Matcher([Pattern(text, regex=True)])
+        for line in lines:
+            assert bool(matcher.scan(line.encode())) == bool(rx.search(line)), (name, line)
+    pytest.importorskip("hyperscan")
+    megatron = Matcher([Pattern(tracker.patterns[0], regex=True)], backend="hyperscan")
+    calls = []
+    megatron._db.scan(lines[0].encode(), match_event_handler=lambda *a: calls.append(a), scratch=megatron._scratch)
+    assert len(calls) == 1

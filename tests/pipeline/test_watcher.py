@@ -278,3 +278,21 @@ def test_a_c4d_info_below_the_log_level_opens_nothing(tmp_path):
     clock.advance(6)
     w.tick()
     assert rec.decisions == []
+
+
+def test_a_batch_of_many_origins_is_scanned_once(tmp_path):
+    """1,000 pods in one batch: one matcher scan for the batch, not one per origin; the Xid line
+    of one of them still decides for its node."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    scans = []
+    real = w.engine.matcher.scan
+    w.engine.matcher.scan = lambda data: scans.append(len(data)) or real(data)
+    batch = cluster_batch(clock, "llm-a", nodes=125, ranks_per_node=8)
+    batch[17] = line(clock, "llm-a", "node-2", "llm-a-worker-17", 17, XID_79)
+    w.ingest(batch)
+    assert len(scans) == 1
+    clock.advance(5)
+    w.tick()
+    (decision,) = rec.decisions
+    assert decision.action.label == "isolate_node" and decision.target.node == "node-2"

@@ -40,6 +40,8 @@ PATTERNS = [
     Pattern("\x00nul"),
     Pattern(r"\bKilled\b", regex=True),
     Pattern(r"a\sb", regex=True),
+    Pattern(r"x[^|\n]*y", regex=True),
+    Pattern(r"p[^\S\n]+q", regex=True),
 ]
 
 
@@ -243,3 +245,13 @@ def test_random_literal_sets_agree_with_substring_search(specs, data):
         offset += len(line) + 1
     for name in BACKENDS:
         assert Matcher(pats, backend=name).scan(data) == sorted(expected)
+
+
+@pytest.mark.parametrize("text, may_span", [
+    (r"x[^|\n]*y", False), (r"[^\S\n]+", False), (r"a[^]\n]b", False),
+    (r"x[^|]*y", True), (r"[^\n-x]", True), (r"a\sb", True), (r"[^[:space:]]", True),
+])
+def test_a_negated_class_listing_the_newline_never_spans_lines(text, may_span):
+    """Only patterns that may match a newline get their hits re-checked with RE2 (one call per
+    hit): a negated class that lists ``\\n`` cannot, so step lines and tqdm bars skip it."""
+    assert matcher_mod._translate(Pattern(text, regex=True)).may_span is may_span

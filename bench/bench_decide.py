@@ -1,0 +1,93 @@
+"""`make bench` (decide): decision time and memory for a failure log of 8 / 64 / 512 / 4,096 ranks.
+
+Each log is one combined file (torchrun's ``[rankN]:`` prefixes): every rank prints 20 Megatron
+step lines, then one rank raises a KeyError (the recorded traceback of ``tests/golden``) and every
+other rank prints gloo's ``Connection closed by peer`` fallout. A child process replays it with the
+default config's engine (the step tap on) and reports the CPU seconds from the first line to the
+decision and the memory the replay added (peak RSS minus RSS before).
+
+Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import ROOT, at_most, info, report, say, step_lines, workdir  # noqa: E402
+
+RANKS = (8, 64, 512, 4_096)
+STEPS = 20
+
+
+def failure_log(ranks: int, path: Path) -> Path:
+    golden = (ROOT / "tests" / "golden" / "torchrun_keyerror" / "combined.log").read_text().splitlines()
+    traceback = [line.split("]:", 1)[1] for line in golden if line.startswith("[default1]:")]
+    bad = ranks // 2
+    with path.open("w") as fh:
+        for line in step_lines(STEPS * ranks, ranks=ranks):
+            fh.write(line.decode() + "\n")
+        for line in traceback:
+            fh.write(f"[rank{bad}]:{line}\n")
+        for r in range(ranks):
+            if r != bad:
+                fh.write(f"[rank{r}]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                         f"Connection closed by peer [10.0.{r // 256}.{r % 256}]:29500\n")
+    return path
+
+
+def child(path: str) -> None:
+    from ftwatch.config.model import Config
+    from ftwatch.pipeline.build import build_engine, build_policy
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.replay import replay
+    config = Config()
+    engine = build_engine(config)
+    policy = build_policy(config, "bench", in_memory=True, state_dir=Path(path).parent)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss = 0.0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+    cpu = time.process_time()
+    result = replay([Path(path)], engine, policy, "bench", recorder=Recorder(out=io.StringIO(), resolve_after=None))
+    cpu = time.process_time() - cpu
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"cpu": cpu, "added_mib": (peak - max(rss, 0)) / 1024.0 if peak > before else 0.0,
+                      "action": result.decision.action.label, "findings": len(result.findings)}))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2])
+        return
+    figures = []
+    per_rank = {}
+    for ranks in RANKS:
+        say(f"failure log, {ranks} ranks")
+        path = failure_log(ranks, workdir() / f"fail-{ranks}.log")
+        proc = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+        if proc.returncode:
+            say(f"child failed: {proc.stderr.strip()[-400:]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        per_rank[ranks] = r["cpu"] / ranks
+        figures.append(info(f"decision, {ranks:,} ranks", r["cpu"] * 1000.0, "ms",
+                            f"{r['action']}, {r['findings']} findings, {(STEPS + 1) * ranks:,} lines"))
+        figures.append(info(f"memory, {ranks:,} ranks", r["added_mib"], "MiB"))
+    if 512 in per_rank and 4_096 in per_rank:
+        figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
+    report("decide (failure logs by rank count, step tap on)", figures)
+
+
+if __name__ == "__main__":
+    main()

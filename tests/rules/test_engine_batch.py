@@ -1,0 +1,75 @@
+"""One scan for many origins (``Engine.scan_many``, what ``watch`` feeds a batch with): the same
+hits and the same findings as scanning each origin's chunk alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ftwatch.config.health import StragglerConfig
+from ftwatch.events import Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.stragglers import StepTracker
+
+from engine_samples import GLOO_TB, KEYERROR_TB, NCCL_INFO, STEP, T0, WATCHDOG, XID79
+
+PIECES = [[STEP], [NCCL_INFO], [XID79], [WATCHDOG], KEYERROR_TB, GLOO_TB, ["plain text", "more text"],
+          ["\x1b[31mRuntimeError: NCCL error: unhandled system error\x1b[0m"], KEYERROR_TB[:2]]
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules()
+
+
+def batches(seed: int, origins: int = 40, rounds: int = 6):
+    """Rounds of (origin, chunk) parts: random pieces per origin, blocks cut across rounds."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(rounds):
+        parts = []
+        for k in rnd.sample(range(origins), rnd.randint(1, origins)):
+            origin = Origin(f"w{k}", k, f"job{k % 3}", f"node-{k // 8}", "stderr", "forward")
+            text = [line for piece in rnd.choices(PIECES, k=rnd.randint(1, 4)) for line in piece]
+            parts.append((origin, ("\n".join(text) + "\n").encode()))
+        out.append(parts)
+    return out
+
+
+def test_scan_many_gives_each_chunk_its_own_scan(rules):
+    engine = Engine(rules)
+    for parts in batches(1):
+        chunks = [data for _, data in parts] + [b"", b"no newline at the end"]
+        for data, hits in zip(chunks, engine.scan_many(chunks)):
+            if hits is None:
+                assert not data.endswith(b"\n") or b"\x1b" in data
+            else:
+                assert hits == engine.matcher.scan(data)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_feeding_with_batch_hits_makes_the_same_findings(rules, seed):
+    alone = Engine(rules, steps=StepTracker(StragglerConfig()))
+    together = Engine(rules, steps=StepTracker(StragglerConfig()), like=alone)
+    for n, parts in enumerate(batches(seed)):
+        t = T0 + n
+        expected = [alone.feed(origin, data, t) for origin, data in parts]
+        scans = together.scan_many([data for _, data in parts])
+        got = [together.feed(origin, data, t, hits=hits) for (origin, data), hits in zip(parts, scans)]
+        assert got == expected
+    assert together.stats == alone.stats
+
+
+def test_a_fault_code_candidate_without_a_code_builds_no_record(rules):
+    """The fault-code candidate pattern hits "error: deadbeef..." but no code is in it: the cheap
+    confirm (``FaultTables.extract``) drops the line before a Record is made; a real code still
+    makes its finding."""
+    engine = Engine(rules)
+    origin = Origin("w0", 0, "job1", "node-a", "stderr", "forward")
+    assert engine.matcher.scan(b"error: deadbeefcafe1234\n")
+    assert engine.feed(origin, b"error: deadbeefcafe1234\n", T0) == []
+    assert engine.stats.records == 0
+    (finding,) = engine.feed(origin, b"dsmi fault code 0x80E01801 occurred\n", T0 + 1)
+    assert finding.kind == "fault_code" and engine.stats.records == 1

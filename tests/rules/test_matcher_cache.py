@@ -1,0 +1,127 @@
+"""Fast start: compiled databases cached on disk by content, a rule file checked in one compile."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.errors import RuleError
+from ftwatch.rules import matcher as matcher_mod
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.matcher import Matcher
+from ftwatch.rules.model import Pattern
+
+needs_hs = pytest.mark.skipif(matcher_mod._hs is None, reason="hyperscan not installed")
+
+PATTERNS = [Pattern("unhandled system error"), Pattern("connection closed by peer", caseless=True),
+            Pattern(r"OpType=(\w+), NumelIn=\d+", regex=True), Pattern(r"error[^:]*:\s*\d", regex=True)]
+DATA = (b"x\nNCCL error: unhandled system error\nConnection Closed By Peer\n"
+        b"WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1)\nerror code: 3\n")
+
+
+@pytest.fixture
+def compiles(monkeypatch):
+    """Counts Hyperscan compiles (each call of the matcher's ``_hs_compile``)."""
+    calls: list[int] = []
+    real = matcher_mod._hs_compile
+    monkeypatch.setattr(matcher_mod, "_hs_compile", lambda exprs: calls.append(len(exprs)) or real(exprs))
+    return calls
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(matcher_mod.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache" / "hyperscan"
+
+
+@needs_hs
+def test_a_second_matcher_of_the_same_patterns_loads_the_database_instead_of_compiling(cache, compiles):
+    first = Matcher(PATTERNS)
+    assert compiles == [len(PATTERNS)] and len(list(cache.glob("*.hsdb"))) == 1
+    second = Matcher(PATTERNS)
+    assert compiles == [len(PATTERNS)]                  # no second compile
+    assert second.scan(DATA) == first.scan(DATA) and len(first.scan(DATA)) == 4
+
+
+@needs_hs
+def test_other_patterns_or_flags_are_another_database(cache, compiles):
+    Matcher(PATTERNS)
+    Matcher(PATTERNS[:-1] + [Pattern(r"error[^:]*:\s*\d", regex=True, caseless=True)])
+    assert len(compiles) == 2 and len(list(cache.glob("*.hsdb"))) == 2
+
+
+@needs_hs
+def test_a_damaged_cache_file_is_compiled_over(cache, compiles):
+    Matcher(PATTERNS)
+    (path,) = cache.glob("*.hsdb")
+    path.write_bytes(b"not a database")
+    again = Matcher(PATTERNS)
+    assert len(compiles) == 2 and len(again.scan(DATA)) == 4
+    assert path.read_bytes() != b"not a database"
+
+
+@needs_hs
+def test_cache_off_writes_nothing(tmp_path, monkeypatch, compiles):
+    monkeypatch.setenv(matcher_mod.CACHE_ENV, "off")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    Matcher(PATTERNS)
+    Matcher(PATTERNS)
+    assert len(compiles) == 2 and not any(tmp_path.rglob("*.hsdb"))
+
+
+@needs_hs
+def test_an_invalid_pattern_is_never_served_from_the_cache(cache):
+    with pytest.raises(ValueError, match="pattern 1"):
+        Matcher([Pattern("ok"), Pattern("(?U)x", regex=True)])
+    assert not list(cache.glob("*.hsdb"))
+    with pytest.raises(ValueError, match="pattern 1"):
+        Matcher([Pattern("ok"), Pattern("(?U)x", regex=True)])
+
+
+@needs_hs
+def test_check_many_is_one_compile_and_none_once_the_set_was_seen_valid(cache, compiles):
+    patterns = [Pattern(f"keyword number {i}") for i in range(200)] + PATTERNS
+    assert Matcher.check_many(patterns) == [None] * len(patterns)
+    assert compiles == [len(patterns)]
+    assert Matcher.check_many(patterns) == [None] * len(patterns)
+    assert compiles == [len(patterns)]                  # the set's "valid" mark is cached
+
+
+@needs_hs
+def test_check_many_names_each_bad_pattern_as_check_does(cache):
+    patterns = ([Pattern(f"keyword number {i}") for i in range(100)]
+                + [Pattern("(?U)a+", regex=True), Pattern("a(", regex=True), Pattern(r"\p{Greek}", regex=True)])
+    problems = Matcher.check_many(patterns)
+    assert problems[:100] == [None] * 100
+    assert problems[100:] == [Matcher.check(p) for p in patterns[100:]]
+    assert "Hyperscan" in problems[100] and "RE2" in problems[101] and "Hyperscan" in problems[102]
+
+
+@needs_hs
+def test_a_rule_file_is_checked_with_one_compile_and_keeps_file_and_line(tmp_path, cache, compiles):
+    body = ["rules:"]
+    for i in range(300):
+        body += [f"  - id: team.r{i}", f"    keywords: [\"failure number {i}\"]", "    class: retryable_infra",
+                 "    action: restart_job"]
+    good = tmp_path / "good.yaml"
+    good.write_text("\n".join(body) + "\n")
+    assert len(load_rules([good], builtin=False)) == 300
+    assert compiles == [300]
+    body[2] = "    regex: ['(?U)a+']"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("\n".join(body) + "\n")
+    with pytest.raises(RuleError) as err:
+        load_rules([bad], builtin=False)
+    (issue,) = err.value.issues
+    assert (issue.file, issue.line) == (str(bad), 3) and "Hyperscan" in issue.message
+    assert issue.message.startswith("rule 'team.r0': regex '(?U)a+': ")
+
+
+@needs_hs
+def test_the_cache_keeps_the_newest_databases_only(cache, monkeypatch):
+    monkeypatch.setattr(matcher_mod, "CACHE_KEEP", 3)
+    for i in range(5):
+        Matcher([Pattern(f"keyword {i}")])
+    assert len(list(cache.glob("*.hsdb"))) == 3
+    monkeypatch.setattr(matcher_mod, "CACHE_BYTES", 1)
+    Matcher([Pattern("the last one")])
+    assert len(list(cache.glob("*.hsdb"))) == 1            # over the byte budget: only the newest stays
