@@ -70,6 +70,8 @@ class ClusterAgent:
         self._looked = float("-inf")      # mono of the last look at the lead
         self._done = threading.Event()
         self._carried = -1                # the generation whose decision this node has taken up
+        self.carrying: dict | None = None  # the last job decision (not ``none``) this node took up
+        self.requeues: Callable[[Action], bool] = lambda action: False   # Leader.requeues (handover.py)
         kv.put(f"host/{node}", host)
         self.beat_kv = beat_kv
         self.beat()
@@ -96,7 +98,7 @@ class ClusterAgent:
             self._duty()
             if self.checks is not None:
                 self.checks.serve(self.node)
-            if self._stop_requested():
+            if self.stop_requested():
                 return None
             self.wait(self.config.heartbeat / 4)
         if self.checks is not None:
@@ -140,7 +142,7 @@ class ClusterAgent:
                 "findings": [finding_to_dict(f) for f in [trigger, *evidence]], "failed": sorted(desk.failed)})
             self.say(f"ftwatch: cluster: reported {trigger.rule_id} to the leader; waiting for the job's decision")
             while (record := self._published() or self.kv.read(f"answer/{gen}/{self.node}/{k}")) is None:
-                if self._stop_requested():      # interrupted while waiting: this node ends
+                if self.stop_requested():      # interrupted while waiting: this node ends
                     return Verdict(self._leave("interrupted while waiting for the job's decision"), Plan("fail"))
                 self._duty()
                 self.wait(self.config.heartbeat / 4)
@@ -156,6 +158,12 @@ class ClusterAgent:
         if self.leader is not None:           # the job's budgets end with it (a later run starts afresh)
             self.leader.desk.policy.budgets.close("succeeded" if status == 0 else "failed")
 
+    def keep_up(self) -> None:
+        """One look while this node waits on the others (leader duty, the lead taken over when
+        its holder is lost), then a quarter heartbeat's wait."""
+        self._duty()
+        self.wait(self.config.heartbeat / 4)
+
     def beat(self) -> None:
         """One heartbeat (``hb/<node>`` + 1)."""
         (self.beat_kv or self.kv).count(f"hb/{self.node}")
@@ -169,7 +177,8 @@ class ClusterAgent:
             except Exception:       # noqa: BLE001 - the store went away: the job is ending
                 return
 
-    def _stop_requested(self) -> bool:
+    def stop_requested(self) -> bool:
+        """Whether ftwatch was asked to stop (SIGINT, SIGTERM): every wait ends."""
         return self.runner is not None and self.runner.act.stop_requested.is_set()
 
     def _duty(self) -> None:
@@ -181,6 +190,7 @@ class ClusterAgent:
             if lead(self.kv, self.token, self.beats, mono):
                 if self.leader is None:
                     self.leader = Leader(self.kv, self.config, self._job_desk(), self.token, self.job, self.say)
+                    self.leader.requeues = self.requeues
                     self.say(f"ftwatch: cluster: node {self.node} leads the job")
             elif self.leader is not None:
                 self.say(f"ftwatch: cluster: node {self.node} no longer leads")
@@ -218,6 +228,7 @@ class ClusterAgent:
         self.runner.desk.forget_incident(self.clock.mono(), decision.action)
         if kind == "none":
             return Verdict(decision, Plan("none"))
+        self.carrying = record
         if kind == "fail":
             self._carried = record["gen"]
             return Verdict(decision, Plan("fail"))
