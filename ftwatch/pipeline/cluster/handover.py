@@ -115,6 +115,8 @@ class JobHandOver:
                 return ActResult("failed", None, f"interrupted while waiting for the leader to act on decision {gen}")
             a.keep_up()
         done = kv.read(f"acted/{gen}")
+        a.say(f"ftwatch: cluster: decision {gen} carried out through the scheduler by node "
+              f"{kv.text(f'acting/{gen}').split(':', 1)[0]}: {done['status']}")
         return ActResult(done["status"], None, done["output"], tuple(done["calls"]))
 
     # -- the leader -------------------------------------------------------------------------------
