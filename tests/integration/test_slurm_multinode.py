@@ -2,13 +2,16 @@
 ``ftwatch run`` agents, each with the environment srun gives its task (``SLURM_JOB_ID``,
 ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_PROCID``, ``SLURM_JOB_NODELIST``,
 ``SLURMD_NODENAME``) and no other multi-node flag, fake ``scontrol`` / ``scancel`` / ``sinfo`` on
-PATH (tests/slurmfake.py; ``scontrol show hostnames`` names the store's host). Node 1's rank prints
-an Xid 79: Slurm is told once, by the leader: one drain of node 1's Slurm name, one requeue
-(issue 14). The same logic under a FakeClock: tests/pipeline/test_slurm_cluster.py."""
+PATH (tests/slurmfake.py; ``scontrol show hostnames`` names the store's host), each running the
+``ftwatch run`` of the ``srun`` line in README "Slurm"'s multi-node batch script as written (this
+test's own flags added after ``run``: config, state, short waits). Node 1's local rank 1 prints an
+Xid 79: Slurm is told once, by the leader: one drain of node 1's Slurm name, one requeue (issue 14). The same logic under a FakeClock: tests/pipeline/test_slurm_cluster.py."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -25,10 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.multinode]
 
 ROOT = Path(__file__).resolve().parents[2]
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
-# node 1's rank prints the Xid and fails; node 0's runs on until it is stopped
+# node 1's local rank 1 prints the Xid and fails; the others run on until they are stopped
 WORKER = f"""
 import os, sys, time
-if os.environ["GROUP_RANK"] == "1":
+if os.environ["GROUP_RANK"] == "1" and os.environ["LOCAL_RANK"] == "1":
     time.sleep(0.5)
     print({XID!r}, flush=True)
     sys.exit(1)
@@ -36,6 +39,14 @@ for step in range(600):
     print(f"step {{step}}", flush=True)
     time.sleep(0.1)
 """
+
+
+def readme_srun() -> list[str]:
+    """The ``ftwatch run ...`` of the ``srun`` line in README "Slurm"'s multi-node batch script."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("\n### Slurm\n"):].split("\n## ", 1)[0]
+    line = next(m.group(1) for m in re.finditer(r"^srun (?:--\S+ )*(ftwatch run .*)$", section, re.M))
+    return shlex.split(line)
 
 
 def free_job_id() -> str:
@@ -54,7 +65,9 @@ def test_srun_on_two_nodes_drains_the_failing_node_once_and_requeues_once(tmp_pa
     fake = FakeSlurm(tmp_path / "bin")
     fake.hosts(["127.0.0.1", "127.0.0.1"])                     # SLURM_JOB_NODELIST gpu-[0-1]: node 0 first
     fake.nodes([(f"gpu-{n}", "mixed", "Unknown", "none") for n in range(4)])
-    (tmp_path / "worker.py").write_text(WORKER)
+    line = readme_srun()
+    assert line[:2] == ["ftwatch", "run"] and line[-1] == "train.py", line
+    (tmp_path / "train.py").write_text(WORKER)
     (tmp_path / "ftwatch.yaml").write_text("health:\n  bootcheck: false\n  troubleshooting: false\n")
     job = free_job_id()
     procs = []
@@ -62,12 +75,11 @@ def test_srun_on_two_nodes_drains_the_failing_node_once_and_requeues_once(tmp_pa
         env = {**os.environ, "PATH": f"{fake.dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT),
                "PYTHONUNBUFFERED": "1", "SLURM_JOB_ID": job, "SLURM_NNODES": "2", "SLURM_NODEID": str(n),
                "SLURM_PROCID": str(n), "SLURM_JOB_NODELIST": "gpu-[0-1]", "SLURMD_NODENAME": f"gpu-{n}"}
-        argv = [sys.executable, "-m", "ftwatch", "run", "--actuator", "slurm", "--nnodes", "2", "--nproc-per-node",
-                "1", "--max-restarts", "3",
+        argv = [sys.executable, "-m", "ftwatch", "run",
                 # this test's own: its config, state and kernel log per node, short waits
                 "--config", "ftwatch.yaml", "--state-dir", f"state{n}", "--kernel-log", os.devnull,
                 "--grace-period", "2", "--rdzv-conf", "heartbeat=0.5,node_timeout=3,last_call_timeout=1",
-                "worker.py"]
+                *[arg.replace("$SLURM_NNODES", env["SLURM_NNODES"]) for arg in line[2:]]]
         out = open(tmp_path / f"out{n}", "wb")
         procs.append(subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT))
         out.close()
