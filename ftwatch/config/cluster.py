@@ -148,9 +148,11 @@ def slurm_flags(env: Mapping[str, str], hostnames: Callable[[str], list[str]], *
         node_rank, master_addr, master_port, rdzv_endpoint, rdzv_id: the flags as given (None: not).
 
     Returns:
-        ``cluster_from_flags`` keywords: ``node_rank``, ``master_addr``, ``master_port``,
-        ``rdzv_id`` filled from Slurm where the flag was not given (the endpoint: the first host of
-        the step's nodes, which is node rank 0's); {} outside Slurm.
+        ``cluster_from_flags`` keywords filled from Slurm where the flag was not given: ``rdzv_id``;
+        and when no endpoint was given (``--rdzv-endpoint``, ``--master-addr``) ``master_addr``
+        (the first host of the step's nodes), ``master_port`` (:func:`slurm_port`) and
+        ``node_rank`` (``$SLURM_NODEID``: node 0 is that first host, so it hosts the store);
+        {} outside Slurm or for one node.
 
     Raises:
         ValueError: more than one task on a node (``SLURM_PROCID`` is not ``SLURM_NODEID``: one
@@ -168,11 +170,11 @@ def slurm_flags(env: Mapping[str, str], hostnames: Callable[[str], list[str]], *
     node, proc = env.get("SLURM_NODEID"), env.get("SLURM_PROCID")
     if node is not None and proc is not None and node != proc:
         raise ValueError(f"Slurm task {proc} on node {node}: run one ftwatch per node (srun --ntasks-per-node=1)")
-    if node_rank is None and node is not None and node.isdigit():
-        out["node_rank"] = int(node)
     if rdzv_id is None:
         out["rdzv_id"] = f"slurm-{job}"
-    if not (rdzv_endpoint or master_addr):
+    if not (rdzv_endpoint or master_addr):     # an endpoint given: its own way to meet (ranks by arrival)
+        if node_rank is None and node is not None and node.isdigit():
+            out["node_rank"] = int(node)       # node 0 is the node list's first host: it hosts the store
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
         if not nodelist:
             raise ValueError(f"inside Slurm job {job} without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST: "

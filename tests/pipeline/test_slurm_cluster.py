@@ -153,7 +153,7 @@ def test_srun_with_nnodes_alone_gives_rank_endpoint_and_rendezvous_id():
     assert (c.node_rank, c.endpoint_host, c.endpoint_port, c.run_id) == (1, "gpu-7", 16023, "slurm-4471023")
     assert not c.hosts_store and slurm_port("4471023") == 16023
     c = cluster_from_args(parse(["--nnodes", "2", "--rdzv-endpoint", "n0:29400", "--rdzv-id", "x"]), STEP, expand)
-    assert (c.endpoint_host, c.endpoint_port, c.run_id, c.node_rank) == ("n0", 29400, "x", 1)   # flags win
+    assert (c.endpoint_host, c.endpoint_port, c.run_id, c.node_rank) == ("n0", 29400, "x", None)   # flags win
     c = cluster_from_args(parse(["--nnodes", "2", "--node-rank", "0", "--master-port", "29501"]), STEP, expand)
     assert (c.node_rank, c.endpoint_host, c.endpoint_port, c.hosts_store) == (0, "gpu-7", 29501, True)
 

@@ -12,6 +12,9 @@
                              job's decision (or take one already published: this is fallout)
     close(status)            ``done/<node>``, heartbeats stop (``ftwatch run`` calls it at the end)
 
+Under ``--actuator slurm`` the scheduler's stand-in (``handover.JobHandOver``) reads the decision
+this node took up last (``carrying``) and waits on the others with :meth:`ClusterAgent.keep_up`.
+
 A thread beats ``hb/<node>`` every ``heartbeat`` seconds on a store client of its own; every
 other store access is on the run loop's thread, so the leader's desk needs no lock. The keys are
 drawn in ``ftwatch.pipeline.cluster`` (package docstring).
@@ -164,6 +167,10 @@ class ClusterAgent:
         self._duty()
         self.wait(self.config.heartbeat / 4)
 
+    def stop_requested(self) -> bool:
+        """Whether ftwatch was asked to stop (SIGINT, SIGTERM): every wait ends."""
+        return self.runner is not None and self.runner.act.stop_requested.is_set()
+
     def beat(self) -> None:
         """One heartbeat (``hb/<node>`` + 1)."""
         (self.beat_kv or self.kv).count(f"hb/{self.node}")
@@ -176,10 +183,6 @@ class ClusterAgent:
                 self.beat()
             except Exception:       # noqa: BLE001 - the store went away: the job is ending
                 return
-
-    def stop_requested(self) -> bool:
-        """Whether ftwatch was asked to stop (SIGINT, SIGTERM): every wait ends."""
-        return self.runner is not None and self.runner.act.stop_requested.is_set()
 
     def _duty(self) -> None:
         """Take or keep the lead (every ``heartbeat`` seconds); lead: close the pending
