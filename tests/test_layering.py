@@ -18,7 +18,8 @@ The folder list is the flow, and imports go one way, down this list:
     pipeline/sinks/           the core only
     pipeline/cluster/         a multi-node job's agents: config, policy, alerting (the spool's dict
                               form of findings and decisions), health (the node check), pipeline
-                              (the incident core they decide through)
+                              (the incident core they decide through), actuators (the outcome of
+                              the scheduler's act, which the leader hands every node)
     report/                   reads the sinks back for a person
     health/                   pre- and post-run checks: config, rules (the step tap)
     top-level modules         (telemetry, sdk): config
@@ -73,8 +74,9 @@ MAY_USE: dict[str | None, frozenset[str]] = {
     "pipeline.sinks": frozenset(),
     # issue 14, on purpose: a multi-node job's agents decide through the incident core (pipeline),
     # ship findings and decisions in the spool's dict form (alerting), plan with the policy's
-    # Verdict/Plan and run the node check's processes (health)
-    "pipeline.cluster": frozenset({"config", "policy", "alerting", "health", "pipeline"}),
+    # Verdict/Plan and run the node check's processes (health); the leader tells the job's
+    # scheduler once for every node and hands each node the outcome (pipeline.actuators: ActResult)
+    "pipeline.cluster": frozenset({"config", "policy", "alerting", "health", "pipeline", "pipeline.actuators"}),
     "pipeline": frozenset({"parsers"}),     # replay_hang.py: timestamps of replayed lines
     "report": frozenset({"config", "pipeline.sinks"}),
     "health": frozenset({"config", "rules"}),

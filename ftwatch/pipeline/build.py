@@ -240,6 +240,9 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         from ftwatch.pipeline.actuators.slurm import SlurmActuator
         scheduler = SlurmActuator.for_run(config.slurm, clock=clock,
                                           log=lambda line: recorder.say(f"ftwatch: slurm {line}"))
+        if cluster is not None:                        # several nodes: the leader tells Slurm, once
+            from ftwatch.pipeline.cluster.handover import JobHandOver
+            scheduler = JobHandOver(cluster, scheduler)
     parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock,
                      kernel, node, bus_ids or {}, scheduler, cluster)
     runner = JobRunner(config, command, parts, recorder, job, out=out)
