@@ -29,6 +29,16 @@ findings are recorded but open nothing for ``cooldown`` seconds (``watch``: the 
 own action); a hang that only notified re-arms once output resumes. The evidence is the
 attempt's: :meth:`new_attempt` clears it (the driver calls it when the job restarts).
 
+Errors the job outlives (issue 12 item 3, ``ftwatch.policy.progress``): where the source
+reports no exits (``watch``, ``replay``), an error that a process may catch, log and go on from
+(``ftwatch.policy.triggers.may_survive``) opens a *held* incident: it is due after
+``progress.SURVIVE_SECONDS`` rather than ``settle``, unless a fatal finding joins it (an exit, a
+hang, a torchelastic death report, an isolate-level or sticky error: then ``settle`` from that
+finding on). In every driver, when the instance that printed such an error prints
+``progress.MARKS`` progress lines after it within that window, the error is a notice
+(:attr:`IncidentDesk.notices`, a ``notice`` event): it leaves the evidence, and an incident it
+alone held is dropped.
+
 Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
 hands them in with that job in their origin) is output like any other and counts by its time, but
 its origin is never an instance: it starts no hang timer, counts in no world size and fails no
@@ -49,9 +59,10 @@ from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_e
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
-from ftwatch.policy import lifecycle
+from ftwatch.policy import lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
-from ftwatch.policy.triggers import HANG_KINDS, failed_instances, is_error, opens_incident, pick_trigger
+from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, may_survive, opens_incident,
+                                    pick_trigger, sticky_rules)
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.timers import HangTracker
@@ -86,6 +97,7 @@ class IncidentDesk:
         exit_origin: the origin of a summary's exit, from the stream's origin and the failure.
         tracker: the hang tracker; default ``HangTracker.from_policy`` of the policy's flags.
         on_findings: called with every batch of new findings after they are recorded.
+        survive: seconds in which an instance's progress outlives its error (0: never).
     """
 
     def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
@@ -93,7 +105,8 @@ class IncidentDesk:
                  summaries: Literal["live", "close"] | None = None,
                  exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
                  tracker: HangTracker | None = None,
-                 on_findings: Callable[[list[Finding]], None] | None = None):
+                 on_findings: Callable[[list[Finding]], None] | None = None,
+                 survive: float = progress.SURVIVE_SECONDS):
         self.job = job
         self.engine = engine
         self.policy = policy
@@ -121,6 +134,12 @@ class IncidentDesk:
         self._summary_lines: dict[Origin, SummaryLines] = {}
         self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
         self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
+        self.survival = progress.Survival(survive)  # errors waiting for their instance's progress
+        self.notices: list[Finding] = []       # errors this attempt's progress outlived (still in findings)
+        self._noticed: set[int] = set()        # their ids
+        self._sticky = sticky_rules(engine.rules)
+        self._held = False                     # the open incident waits to be outlived
+        self._last: dict[str, Finding] = {}    # each instance's latest finding
 
     @property
     def attempt(self) -> int:
@@ -170,7 +189,10 @@ class IncidentDesk:
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
-        return self.add(found, mono)
+        trigger = self.add(found, mono)
+        if self.survival and not is_host(origin):
+            self._progress(origin, data, time, sim_step)
+        return None if trigger is not None and id(trigger) in self._noticed else trigger
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.
@@ -213,16 +235,26 @@ class IncidentDesk:
             return None                             # the aftermath of our own action
         self.findings.extend(findings)
         trigger = None
-        for f in findings:
+        for f in self._drop_ignored(findings):
+            survivable = self._survivable(f)
+            if survivable:
+                self.survival.wait(f)
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):
                 continue
             self._openers.append(f)
+            held = survivable and not self.exits
+            wait = 0.0 if f.kind in HANG_KINDS else self.settle
             if self.open is None:
                 self.open = f
-                self._settle_until = mono + (0.0 if f.kind in HANG_KINDS else self.settle)
+                self._held = held
+                self._settle_until = mono + (max(wait, self.survival.window) if held else wait)
                 trigger = trigger or f
-            elif f.kind == "exit_code":
-                trigger = trigger or f
+            else:
+                if self._held and not held:         # a fatal finding decides the held incident
+                    self._held = False
+                    self._settle_until = min(self._settle_until, mono + wait)
+                if f.kind == "exit_code":
+                    trigger = trigger or f
         return trigger
 
     def tick(self, now: float, mono: float) -> Finding | None:
@@ -233,6 +265,7 @@ class IncidentDesk:
             settle time ran out; None when nothing is due.
         """
         self.add(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=self.job), mono)
+        self.survival.expire(now)
         due = None
         for hang in self.tracker.check(now):
             self.add([hang], mono)
@@ -267,10 +300,11 @@ class IncidentDesk:
         ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
         then :meth:`decide`'s)."""
         trigger = trigger or pick_trigger(self._openers)
-        failed = failed_instances([f for f in self.findings if not is_host(f.origin)], trigger, self.failed,
+        evidence = self.evidence()
+        failed = failed_instances([f for f in evidence if not is_host(f.origin)], trigger, self.failed,
                                   exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
-        verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
+        verdict = self.policy.verdict(Incident(trigger, tuple(evidence), world, failed, self.attempt, facts), now)
         self.forget_incident(mono, verdict.decision.action, trigger)
         return verdict
 
@@ -279,6 +313,7 @@ class IncidentDesk:
         multi-node leader, ``ftwatch.pipeline.cluster``): it closes, and an acting decision
         starts the cooldown; a ``trigger`` hang that only notified waits for output to resume."""
         self.open = None
+        self._held = False
         self._openers.clear()
         if action not in (Action.NONE, Action.NOTIFY):
             self._quiet_until = mono + self.cooldown
@@ -317,6 +352,11 @@ class IncidentDesk:
         self._tails.clear()
         self.ok.clear()
         self.open = None
+        self._held = False
+        self.survival.clear()
+        self.notices.clear()
+        self._noticed.clear()
+        self._last.clear()
         self._hang_notified = False
         self.world_size = world_size
         if not self.exits:
@@ -324,6 +364,49 @@ class IncidentDesk:
         self.tracker.reset(now, forget=not self.exits)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _survivable(self, f: Finding) -> bool:
+        """An error its instance may outlive (``triggers.may_survive``; host lines never)."""
+        return self.survival.window > 0 and not is_host(f.origin) and may_survive(f, self._sticky)
+
+    def evidence(self) -> list[Finding]:
+        """This attempt's findings less the notices (the errors the job outlived)."""
+        if not self.notices:
+            return self.findings
+        return [f for f in self.findings if id(f) not in self._noticed]
+
+    def _drop_ignored(self, findings: list[Finding]) -> list[Finding]:
+        """``findings`` less the tracebacks Python said it ignored (``progress.ignored``: notices)."""
+        kept = []
+        for f in findings:
+            if progress.ignored(self._last.get(f.origin.instance), f):
+                self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
+            else:
+                kept.append(f)
+            self._last[f.origin.instance] = f
+        return kept
+
+    def _progress(self, origin: Origin, data: bytes, time: float, sim_step: float) -> None:
+        """Read ``data``'s progress lines for the errors waiting to be outlived; those outlived
+        become notices."""
+        year = self.engine.year or line_fields.year_of(time)
+        for rank, at, kind, count in progress.marks(data, time, sim_step, year):
+            for f in self.survival.progress(origin.with_rank(rank).instance, at, kind, count):
+                self._notice(f, at)
+            if not self.survival:
+                break
+
+    def _notice(self, f: Finding, at: float, why: str = "") -> None:
+        """``f``'s instance outlived it: a notice, out of the evidence and the incident."""
+        self.notices.append(f)
+        self._noticed.add(id(f))
+        if any(x is f for x in self._openers):
+            self._openers[:] = [x for x in self._openers if x is not f]
+            if self.open is f:
+                self.open = min(self._openers, key=lambda x: (x.time, x.seq), default=None)
+                self._held = self.open is not None and self._held
+        self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
+                            why=why or f"{f.origin.instance} made progress after it: the job outlived it")
 
     def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
         """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
@@ -344,7 +427,7 @@ class IncidentDesk:
             ours = exit.stopped_by_us or expected
             if exit.ok:
                 tb = None if ours else lifecycle.last_uncaught(
-                    self.findings, exit.origin.instance, exit.time,
+                    self.evidence(), exit.origin.instance, exit.time,
                     since=self._started_at.get(exit.origin.instance, float("-inf")))
                 if tb is None:
                     self.ok.add(exit.origin.instance)
@@ -371,7 +454,7 @@ class IncidentDesk:
         after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
         error block (a failed process without an exit line)."""
         out: list[Finding] = []
-        order = sorted(self.findings, key=lambda f: (f.time, f.seq))
+        order = sorted(self.evidence(), key=lambda f: (f.time, f.seq))
         for ok in (f for f in order if lifecycle.is_exited_ok(f)):
             tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
                       and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)
