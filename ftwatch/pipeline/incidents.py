@@ -44,6 +44,11 @@ hands them in with that job in their origin) is output like any other and counts
 its origin is never an instance: it starts no hang timer, counts in no world size and fails no
 instance.
 
+One module past 400 lines: opening, holding, settling and deciding share the open incident's
+state (openers, settle time, held flag, cooldown), and splitting them would hand that state
+across modules; what can stand alone already does (``ftwatch.policy.triggers``,
+``ftwatch.policy.progress``, ``ftwatch.policy.lifecycle``).
+
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
 """
@@ -134,12 +139,9 @@ class IncidentDesk:
         self._summary_lines: dict[Origin, SummaryLines] = {}
         self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
         self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
-        self.survival = progress.Survival(survive)  # errors waiting for their instance's progress
-        self.notices: list[Finding] = []       # errors this attempt's progress outlived (still in findings)
-        self._noticed: set[int] = set()        # their ids
+        self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
         self._sticky = sticky_rules(engine.rules)
         self._held = False                     # the open incident waits to be outlived
-        self._last: dict[str, Finding] = {}    # each instance's latest finding
 
     @property
     def attempt(self) -> int:
@@ -191,8 +193,10 @@ class IncidentDesk:
             found += self._summary(origin, data, time)
         trigger = self.add(found, mono)
         if self.survival and not is_host(origin):
-            self._progress(origin, data, time, sim_step)
-        return None if trigger is not None and id(trigger) in self._noticed else trigger
+            year = self.engine.year or line_fields.year_of(time)
+            for f, at in self.survival.outlived(origin, data, time, sim_step, year):
+                self._notice(f, at, f"{f.origin.instance} made progress after it: the job outlived it")
+        return None if trigger is not None and self.survival.is_notice(trigger) else trigger
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.
@@ -235,7 +239,11 @@ class IncidentDesk:
             return None                             # the aftermath of our own action
         self.findings.extend(findings)
         trigger = None
-        for f in self._drop_ignored(findings):
+        for f in self.survival.ignored(findings):
+            self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
+        for f in findings:
+            if self.survival.is_notice(f):
+                continue
             survivable = self._survivable(f)
             if survivable:
                 self.survival.wait(f)
@@ -354,9 +362,6 @@ class IncidentDesk:
         self.open = None
         self._held = False
         self.survival.clear()
-        self.notices.clear()
-        self._noticed.clear()
-        self._last.clear()
         self._hang_notified = False
         self.world_size = world_size
         if not self.exits:
@@ -369,44 +374,24 @@ class IncidentDesk:
         """An error its instance may outlive (``triggers.may_survive``; host lines never)."""
         return self.survival.window > 0 and not is_host(f.origin) and may_survive(f, self._sticky)
 
+    @property
+    def notices(self) -> list[Finding]:
+        """This attempt's errors its instances outlived (or Python ignored), still in ``findings``."""
+        return self.survival.notices
+
     def evidence(self) -> list[Finding]:
-        """This attempt's findings less the notices (the errors the job outlived)."""
-        if not self.notices:
-            return self.findings
-        return [f for f in self.findings if id(f) not in self._noticed]
+        """This attempt's findings less the notices."""
+        return self.survival.evidence(self.findings)
 
-    def _drop_ignored(self, findings: list[Finding]) -> list[Finding]:
-        """``findings`` less the tracebacks Python said it ignored (``progress.ignored``: notices)."""
-        kept = []
-        for f in findings:
-            if progress.ignored(self._last.get(f.origin.instance), f):
-                self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
-            else:
-                kept.append(f)
-            self._last[f.origin.instance] = f
-        return kept
-
-    def _progress(self, origin: Origin, data: bytes, time: float, sim_step: float) -> None:
-        """Read ``data``'s progress lines for the errors waiting to be outlived; those outlived
-        become notices."""
-        year = self.engine.year or line_fields.year_of(time)
-        for rank, at, kind, count in progress.marks(data, time, sim_step, year):
-            for f in self.survival.progress(origin.with_rank(rank).instance, at, kind, count):
-                self._notice(f, at)
-            if not self.survival:
-                break
-
-    def _notice(self, f: Finding, at: float, why: str = "") -> None:
-        """``f``'s instance outlived it: a notice, out of the evidence and the incident."""
-        self.notices.append(f)
-        self._noticed.add(id(f))
+    def _notice(self, f: Finding, at: float, why: str) -> None:
+        """``f`` became a notice: out of the incident, and a ``notice`` event."""
         if any(x is f for x in self._openers):
             self._openers[:] = [x for x in self._openers if x is not f]
             if self.open is f:
                 self.open = min(self._openers, key=lambda x: (x.time, x.seq), default=None)
                 self._held = self.open is not None and self._held
         self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
-                            why=why or f"{f.origin.instance} made progress after it: the job outlived it")
+                            why=why)
 
     def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
         """Read ``data`` for a torchelastic summary; the findings of its exits once it closed

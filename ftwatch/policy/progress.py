@@ -35,7 +35,7 @@ import re
 from typing import Iterator
 
 from ftwatch.config.health import STEP_PATTERNS
-from ftwatch.events import Finding
+from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.rules.stragglers import scan_form
 
@@ -45,15 +45,15 @@ MAX_WAITING = 256         # errors waiting at once (the oldest stop waiting firs
 
 #: progress counters beside the step patterns (see the module docstring for where each is printed)
 EXTRA_PATTERNS: dict[str, str] = {
-    "epoch": r"\b[Ee]poch(?:\(train\))?['\"]?\s*[:=]?\s*[(\[]?\s*\d",
-    "iteration": r"\b(?:[Ii]ter(?:ation)?s?)(?:\(train\))?\s*[:=]?\s*\[?\s*\d",
+    "epoch": r"\b[Ee]poch(?:\(train\))?['\"]?\s*[:=]?\s*[(\[]?\s*\d+",
+    "iteration": r"\b(?:[Ii]ter(?:ation)?s?)(?:\(train\))?\s*[:=]?\s*\[?\s*\d+",
     "loss": r"\b[Ll]oss['\"]?\s*[:=]?\s*[-+]?\d*\.\d",
 }
 _ALL = {**{f"step_{k}": scan_form(p) for k, p in STEP_PATTERNS.items()}, **EXTRA_PATTERNS}
 PATTERNS: tuple[str, ...] = tuple(_ALL.values())
-_KINDS = tuple(_ALL)
-_PROGRESS = re.compile("|".join(f"(?P<k{i}>{p})" for i, p in enumerate(PATTERNS)).encode())
-_NO_COUNTER = frozenset({"loss", "step_megatron_straggler"})
+_PROGRESS = re.compile("|".join(f"(?:{p})" for p in PATTERNS).encode())
+_COUNTERS = tuple((k, re.compile(p.encode())) for k, p in _ALL.items()
+                  if k not in ("loss", "step_megatron_straggler"))     # a loss or a round-trip time counts nothing
 _DIGITS = re.compile(rb"\d+")
 _VETO = re.compile(r"(?i)error|exception|traceback|fail|timed? ?out|abort|killed|fatal")
 IGNORED = "python.exception_ignored"
@@ -68,10 +68,11 @@ def ignored(previous: Finding | None, f: Finding) -> bool:
 
 
 def marks(data: bytes, time: float, sim_step: float,
-          year: int | None) -> Iterator[tuple[int | None, float, str, int | None]]:
-    """The progress lines of a chunk, in order, as (rank from the line's prefix, time, the kind of
-    counter, its value): the kind is the pattern's name (:data:`EXTRA_PATTERNS`, ``step_<name>``
-    for ``STEP_PATTERNS``), the value the first number it matched (None for a loss).
+          year: int | None) -> Iterator[tuple[int | None, float, dict[str, int]]]:
+    """The progress lines of a chunk, in order, as (rank from the line's prefix, time, counters):
+    the counters are the line's step, iteration and epoch numbers by the name of the pattern that
+    found each (:data:`EXTRA_PATTERNS`, ``step_<name>`` for ``STEP_PATTERNS``), each the first
+    number its match holds.
 
     A line is at its own timestamp; else at the last timestamped line's before it in ``data``
     plus ``sim_step`` per line between them; else at ``time`` plus ``sim_step`` per line from the
@@ -106,13 +107,18 @@ def marks(data: bytes, time: float, sim_step: float,
             lines += data.count(b"\n", counted, start)
             counted = start
             own = (stamp[1] + (lines - stamp[2]) * sim_step) if stamp is not None else time + lines * sim_step
-        kind = _KINDS[int(m.lastgroup[1:])]
-        digits = None if kind in _NO_COUNTER else _DIGITS.search(m.group())
-        yield rank, time if own is None else own, kind, int(digits.group()) if digits else None
+        line = data[start:] if end < 0 else data[start:end]
+        counters = {}
+        for kind, pattern in _COUNTERS:
+            hit = pattern.search(line)
+            if hit is not None:
+                counters[kind] = int(_DIGITS.search(hit.group()).group())
+        yield rank, time if own is None else own, counters
 
 
 class Survival:
-    """Errors waiting to be outlived by their instance's progress (see the module docstring).
+    """One attempt's errors waiting to be outlived by their instance's progress, and those that
+    were: the notices (see the module docstring). Truthy while an error waits.
 
     Args:
         window: seconds after an error in which its instance's progress counts.
@@ -122,7 +128,46 @@ class Survival:
     def __init__(self, window: float = SURVIVE_SECONDS, needed: int = MARKS):
         self.window = window
         self.needed = needed
+        self.notices: list[Finding] = []         # errors outlived (or ignored by Python), in order
+        self._ids: set[int] = set()              # their ids
         self._waiting: dict[int, list] = {}      # id(finding) -> [finding, lines after, {kind: count before}]
+        self._last: dict[str, Finding] = {}      # each instance's latest finding
+
+    def is_notice(self, f: Finding) -> bool:
+        """``f`` was outlived (or ignored by Python)."""
+        return id(f) in self._ids
+
+    def evidence(self, findings: list[Finding]) -> list[Finding]:
+        """``findings`` less the notices."""
+        return [f for f in findings if id(f) not in self._ids] if self._ids else findings
+
+    def _note(self, f: Finding) -> None:
+        self.notices.append(f)
+        self._ids.add(id(f))
+
+    def ignored(self, findings: list[Finding]) -> list[Finding]:
+        """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`): now
+        notices."""
+        out = []
+        for f in findings:
+            if ignored(self._last.get(f.origin.instance), f):
+                self._note(f)
+                out.append(f)
+            self._last[f.origin.instance] = f
+        return out
+
+    def outlived(self, origin: Origin, data: bytes, time: float, sim_step: float,
+                 year: int | None) -> list[tuple[Finding, float]]:
+        """Read a chunk of ``origin``'s output (see :func:`marks`) for the waiting errors: those
+        it outlives, each with the time of the progress line that did, now notices."""
+        out = []
+        for rank, at, counters in marks(data, time, sim_step, year):
+            for f in self.progress(origin.with_rank(rank).instance, at, counters):
+                self._note(f)
+                out.append((f, at))
+            if not self._waiting:
+                break
+        return out
 
     def __bool__(self) -> bool:
         return bool(self._waiting)
@@ -134,20 +179,20 @@ class Survival:
             del self._waiting[next(iter(self._waiting))]
         self._waiting[id(finding)] = [finding, 0, {}]
 
-    def progress(self, instance: str, time: float, kind: str = "", count: int | None = None) -> list[Finding]:
-        """``instance`` printed a progress line at ``time`` (its counter ``kind`` at ``count``):
+    def progress(self, instance: str, time: float, counters: dict[str, int] | None = None) -> list[Finding]:
+        """``instance`` printed a progress line at ``time`` (with ``counters``, see :func:`marks`):
         the errors it now outlived (they stop waiting). An error of the instance whose window
-        ``time`` is past, or whose counter went back (the process started over), stops waiting."""
+        ``time`` is past, or a counter of which went back (the process started over), stops waiting."""
+        counters = counters or {}
         out = []
         for key, entry in list(self._waiting.items()):
             f, before = entry[0], entry[2]
             if f.origin.instance != instance:
                 continue
             if time <= f.time:
-                if count is not None:
-                    before[kind] = count
+                before.update(counters)
                 continue
-            if time > f.time + self.window or (count is not None and count < before.get(kind, count)):
+            if time > f.time + self.window or any(n < before.get(k, n) for k, n in counters.items()):
                 del self._waiting[key]
                 continue
             entry[1] += 1
@@ -163,5 +208,8 @@ class Survival:
                 del self._waiting[key]
 
     def clear(self) -> None:
-        """Nothing waits (a new attempt)."""
+        """Nothing waits, no notice (a new attempt)."""
         self._waiting.clear()
+        self.notices.clear()
+        self._ids.clear()
+        self._last.clear()
