@@ -31,10 +31,11 @@ attempt's: :meth:`new_attempt` clears it (the driver calls it when the job resta
 
 Errors the job outlives (issue 12 item 3, ``ftwatch.policy.progress``): where the source
 reports no exits (``watch``, ``replay``), an error that a process may catch, log and go on from
-(``ftwatch.policy.triggers.may_survive``) opens a *held* incident: it is due after
-``progress.SURVIVE_SECONDS`` rather than ``settle``, unless a fatal finding joins it (an exit, a
-hang, a torchelastic death report, an isolate-level or sticky error: then ``settle`` from that
-finding on). In every driver, when the instance that printed such an error prints
+(``ftwatch.policy.triggers.may_survive``) opens a *held* incident: due after ``settle`` as any
+other when its instance printed nothing since (a dying process), but once that instance prints
+again it is due only when ``progress.SURVIVE_SECONDS`` have passed, unless a fatal finding joins
+it (an exit, a hang, a torchelastic death report, an isolate-level or sticky error: then ``settle``
+from that finding on). In every driver, when the instance that printed such an error prints
 ``progress.MARKS`` progress lines after it within that window, the error is a notice
 (:attr:`IncidentDesk.notices`, a ``notice`` event): it leaves the evidence, and an incident it
 alone held is dropped.
@@ -141,7 +142,9 @@ class IncidentDesk:
         self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
         self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
         self._sticky = sticky_rules(engine.rules)
-        self._held = False                     # the open incident waits to be outlived
+        self._held = False                     # the open incident waits to be outlived ...
+        self._alive = False                    # ... and its instance printed since it opened ...
+        self._hold_until = 0.0                 # ... so it is due at the latest then (mono)
 
     @property
     def attempt(self) -> int:
@@ -191,7 +194,11 @@ class IncidentDesk:
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
+        opened = self.open
         trigger = self.add(found, mono)
+        if self._held and opened is not None and opened is self.open and (
+                opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
+            self._alive = True                      # it printed after its error: wait for its progress
         if self.survival and not is_host(origin):
             year = self.engine.year or line_fields.year_of(time)
             for f, at in self.survival.outlived(origin, data, time, sim_step, year):
@@ -254,13 +261,14 @@ class IncidentDesk:
             wait = 0.0 if f.kind in HANG_KINDS else self.settle
             if self.open is None:
                 self.open = f
-                self._held = held
-                self._settle_until = mono + (max(wait, self.survival.window) if held else wait)
+                self._held, self._alive = held, False
+                self._settle_until = mono + wait
+                self._hold_until = mono + max(wait, self.survival.window)
                 trigger = trigger or f
             else:
-                if self._held and not held:         # a fatal finding decides the held incident
-                    self._held = False
-                    self._settle_until = min(self._settle_until, mono + wait)
+                if self._held and not held:         # a fatal finding decides the held incident:
+                    self._held = False              # its peers' evidence joins for ``settle``
+                    self._settle_until = max(self._settle_until, mono + wait) if self._alive else self._settle_until
                 if f.kind == "exit_code":
                     trigger = trigger or f
         return trigger
@@ -279,7 +287,8 @@ class IncidentDesk:
             self.add([hang], mono)
             if due is None and mono >= self._quiet_until:
                 due = hang
-        if due is None and self.open is not None and mono >= self._settle_until:
+        if due is None and self.open is not None and mono >= self._settle_until and not (
+                self._held and self._alive and mono < self._hold_until):
             due = self.open
         return due
 

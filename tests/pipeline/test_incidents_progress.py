@@ -21,6 +21,7 @@ REFUSED = (b"Traceback (most recent call last):\n"
            b"ConnectionRefusedError: [Errno 111] Connection refused\n")
 KEYERROR = b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nKeyError: 'lr'\n"
 STICKY = b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+ALIVE = b"Could not connect to the plotting server, going on without it\n"
 
 
 def worker(rank: int) -> Origin:
@@ -102,7 +103,9 @@ def test_without_exits_an_error_the_rank_outlives_is_dropped_as_a_notice(tmp_pat
     d.output(worker(1), step(10), clock.time(), clock.mono())
     opener = d.output(worker(1), REFUSED, clock.time(), clock.mono())
     assert opener is not None and d.open is opener
-    clock.advance(6)
+    clock.advance(1)
+    d.output(worker(1), ALIVE, clock.time(), clock.mono())             # it lives on: wait for its progress
+    clock.advance(5)
     assert d.tick(clock.time(), clock.mono()) is None                   # held past settle
     d.output(worker(0), step(11) + step(12), clock.time(), clock.mono())     # another rank: no matter
     assert d.open is opener
@@ -121,6 +124,7 @@ def test_a_held_error_nobody_outlives_is_due_when_its_window_ends(tmp_path):
     clock = FakeClock()
     d, _ = desk(tmp_path, exits=False, survive=60.0)
     opener = d.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    d.output(worker(1), ALIVE, clock.time(), clock.mono())
     clock.advance(59)
     assert d.tick(clock.time(), clock.mono()) is None
     clock.advance(1.1)
@@ -139,7 +143,9 @@ def test_a_fatal_line_is_never_held_and_decides_a_held_incident_after_settle(tmp
 
     d2, _ = desk(tmp_path / "2", exits=False)
     held = d2.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    d2.output(worker(1), ALIVE, clock.time(), clock.mono())
     clock.advance(30)
+    assert d2.tick(clock.time(), clock.mono()) is None
     d2.output(worker(0), STICKY, clock.time(), clock.mono())            # joins: settle from now on
     clock.advance(4.9)
     assert d2.tick(clock.time(), clock.mono()) is None
@@ -186,3 +192,13 @@ def test_the_traceback_of_an_exception_python_ignored_is_a_notice(tmp_path):
     assert d.output(worker(0), data, clock.time(), clock.mono(), final=True) is None
     assert d.open is None and [f.rule_id for f in d.notices] == ["python.type_error"]
     assert d.close(clock.time()) is None
+
+
+def test_an_error_its_instance_prints_nothing_after_is_due_after_settle(tmp_path):
+    """A dying process prints nothing after its traceback: the held incident is due as any other."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False)
+    opener = d.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    d.output(worker(0), ALIVE, clock.time(), clock.mono())              # another rank's output: no matter
+    clock.advance(5.1)
+    assert d.tick(clock.time(), clock.mono()) is opener
