@@ -23,7 +23,8 @@ rule ``python.exception_ignored``): that traceback is a notice at once (:func:`i
 The reading (:class:`Survival`): an error of one instance (rank) is outlived when that same
 instance prints :data:`MARKS` progress lines after it within :data:`SURVIVE_SECONDS`, its counters
 going on from where they were: a counter (step, iteration, epoch) lower after the error than
-before it says the process started over (a restart), which does not outlive the error. Two lines,
+before it says the process started over (a restart), which does not outlive the error (a step or
+iteration count that restarts with a new epoch is no restart: :func:`went_back`). Two lines,
 not one: in synchronous training a rank whose peer died may still finish the step it was in, but
 it cannot start and finish another (the next collective waits for the dead peer). The window
 bounds how long an error waits: past it, the error stands as it did before.
@@ -116,6 +117,15 @@ def marks(data: bytes, time: float, sim_step: float,
         yield rank, time if own is None else own, counters
 
 
+def went_back(before: dict[str, int], now: dict[str, int]) -> bool:
+    """The counters ``now`` are lower than ``before`` (the process started over): the epoch
+    decides where both lines have one (a step or iteration count may restart with each epoch),
+    else any counter both lines have."""
+    if "epoch" in before and "epoch" in now and before["epoch"] != now["epoch"]:
+        return now["epoch"] < before["epoch"]
+    return any(n < before.get(k, n) for k, n in now.items())
+
+
 class Survival:
     """One attempt's errors waiting to be outlived by their instance's progress, and those that
     were: the notices (see the module docstring). Truthy while an error waits.
@@ -131,6 +141,7 @@ class Survival:
         self.notices: list[Finding] = []         # errors outlived (or ignored by Python), in order
         self._ids: set[int] = set()              # their ids
         self._waiting: dict[int, list] = {}      # id(finding) -> [finding, lines after, {kind: count before}]
+        self._by: dict[str, dict[int, None]] = {}    # instance -> the ids of its waiting errors, in order
         self._last: dict[str, Finding] = {}      # each instance's latest finding
 
     def is_notice(self, f: Finding) -> bool:
@@ -176,8 +187,16 @@ class Survival:
         """``finding`` waits for its instance's progress (the oldest stops waiting past
         :data:`MAX_WAITING`)."""
         if len(self._waiting) >= MAX_WAITING:
-            del self._waiting[next(iter(self._waiting))]
+            self._drop(next(iter(self._waiting)))
         self._waiting[id(finding)] = [finding, 0, {}]
+        self._by.setdefault(finding.origin.instance, {})[id(finding)] = None
+
+    def _drop(self, key: int) -> None:
+        instance = self._waiting.pop(key)[0].origin.instance
+        keys = self._by[instance]
+        keys.pop(key, None)
+        if not keys:
+            del self._by[instance]
 
     def progress(self, instance: str, time: float, counters: dict[str, int] | None = None) -> list[Finding]:
         """``instance`` printed a progress line at ``time`` (with ``counters``, see :func:`marks`):
@@ -185,19 +204,18 @@ class Survival:
         ``time`` is past, or a counter of which went back (the process started over), stops waiting."""
         counters = counters or {}
         out = []
-        for key, entry in list(self._waiting.items()):
+        for key in list(self._by.get(instance, ())):
+            entry = self._waiting[key]
             f, before = entry[0], entry[2]
-            if f.origin.instance != instance:
-                continue
             if time <= f.time:
                 before.update(counters)
                 continue
-            if time > f.time + self.window or any(n < before.get(k, n) for k, n in counters.items()):
-                del self._waiting[key]
+            if time > f.time + self.window or went_back(before, counters):
+                self._drop(key)
                 continue
             entry[1] += 1
             if entry[1] >= self.needed:
-                del self._waiting[key]
+                self._drop(key)
                 out.append(f)
         return out
 
@@ -205,11 +223,12 @@ class Survival:
         """Errors whose window ended by ``now`` stop waiting (they stand)."""
         for key, entry in list(self._waiting.items()):
             if now > entry[0].time + self.window:
-                del self._waiting[key]
+                self._drop(key)
 
     def clear(self) -> None:
         """Nothing waits, no notice (a new attempt)."""
         self._waiting.clear()
+        self._by.clear()
         self.notices.clear()
         self._ids.clear()
         self._last.clear()

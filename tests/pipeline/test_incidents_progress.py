@@ -202,3 +202,37 @@ def test_an_error_its_instance_prints_nothing_after_is_due_after_settle(tmp_path
     d.output(worker(0), ALIVE, clock.time(), clock.mono())              # another rank's output: no matter
     clock.advance(5.1)
     assert d.tick(clock.time(), clock.mono()) is opener
+
+
+def _replay(tmp_path: Path, lines: list[bytes]):
+    from ftwatch.pipeline.replay import replay
+    from ftwatch.policy.budgets import BudgetStore
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(enable_job_restart=True)
+    path = tmp_path / "train.log"
+    path.write_bytes(b"".join(lines))
+    policy = build_policy(config, JOB, BudgetStore(tmp_path / "b.json", JOB), state_dir=tmp_path, in_memory=True)
+    return replay([path], build_engine(config), policy, JOB)
+
+
+def test_replay_a_traceback_printed_every_epoch_while_epochs_go_on_is_left_alone(tmp_path):
+    """A plotting client's caught connection error each epoch (the same code replay and evaluate
+    run): the epochs after each traceback outlive it, the run needs no action."""
+    epoch = [REFUSED] + [f"(epoch: {{e}}, iters: {i}, time: 0.25) loss: 0.3\n".encode() for i in (400, 800, 1200)]
+    lines = [line.replace(b"{e}", str(e).encode()) for e in (1, 2, 3) for line in epoch]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    assert [f.rule_id for f in result.findings].count("python.exception.ECONNREFUSED") == 3
+
+
+def test_replay_the_same_traceback_as_the_logs_last_words_still_decides(tmp_path):
+    lines = [f"(epoch: 1, iters: {i}, time: 0.25) loss: 0.3\n".encode() for i in (400, 800)] + [REFUSED]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.RESTART_JOB
+    assert result.decision.root_cause.rule_id == "python.exception.ECONNREFUSED"
+
+
+def test_a_per_epoch_count_restarting_with_the_next_epoch_is_no_restart():
+    assert not progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 3, "iteration": 400})
+    assert progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 1, "iteration": 1300})
+    assert progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 2, "iteration": 400})
+    assert progress.went_back({"step_plain": 40}, {"step_plain": 1, "epoch": 3})
