@@ -29,10 +29,26 @@ findings are recorded but open nothing for ``cooldown`` seconds (``watch``: the 
 own action); a hang that only notified re-arms once output resumes. The evidence is the
 attempt's: :meth:`new_attempt` clears it (the driver calls it when the job restarts).
 
+Errors the job outlives (issue 12 item 3, ``ftwatch.policy.progress``): where the source
+reports no exits (``watch``, ``replay``), an error that a process may catch, log and go on from
+(``ftwatch.policy.triggers.may_survive``) opens a *held* incident: due after ``settle`` as any
+other when its instance printed nothing since (a dying process), but once that instance prints
+again it is due only when ``progress.SURVIVE_SECONDS`` have passed, unless a fatal finding joins
+it (an exit, a hang, a torchelastic death report, an isolate-level or sticky error: then ``settle``
+from that finding on). In every driver, when the instance that printed such an error prints
+``progress.MARKS`` progress lines after it within that window, the error is a notice
+(:attr:`IncidentDesk.notices`, a ``notice`` event): it leaves the evidence, and an incident it
+alone held is dropped.
+
 Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
 hands them in with that job in their origin) is output like any other and counts by its time, but
 its origin is never an instance: it starts no hang timer, counts in no world size and fails no
 instance.
+
+One module past 400 lines: opening, holding, settling and deciding share the open incident's
+state (openers, settle time, held flag, cooldown), and splitting them would hand that state
+across modules; what can stand alone already does (``ftwatch.policy.triggers``,
+``ftwatch.policy.progress``, ``ftwatch.policy.lifecycle``).
 
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
@@ -49,9 +65,10 @@ from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_e
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
-from ftwatch.policy import lifecycle
+from ftwatch.policy import lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
-from ftwatch.policy.triggers import HANG_KINDS, failed_instances, is_error, opens_incident, pick_trigger
+from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, may_survive, opens_incident,
+                                    pick_trigger, sticky_rules)
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.timers import HangTracker
@@ -86,6 +103,7 @@ class IncidentDesk:
         exit_origin: the origin of a summary's exit, from the stream's origin and the failure.
         tracker: the hang tracker; default ``HangTracker.from_policy`` of the policy's flags.
         on_findings: called with every batch of new findings after they are recorded.
+        survive: seconds in which an instance's progress outlives its error (0: never).
     """
 
     def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
@@ -93,7 +111,8 @@ class IncidentDesk:
                  summaries: Literal["live", "close"] | None = None,
                  exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
                  tracker: HangTracker | None = None,
-                 on_findings: Callable[[list[Finding]], None] | None = None):
+                 on_findings: Callable[[list[Finding]], None] | None = None,
+                 survive: float = progress.SURVIVE_SECONDS):
         self.job = job
         self.engine = engine
         self.policy = policy
@@ -121,6 +140,11 @@ class IncidentDesk:
         self._summary_lines: dict[Origin, SummaryLines] = {}
         self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
         self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
+        self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
+        self._sticky = sticky_rules(engine.rules)
+        self._held = False                     # the open incident waits to be outlived ...
+        self._alive = False                    # ... and its instance printed since it opened ...
+        self._hold_until = 0.0                 # ... so it is due at the latest then (mono)
 
     @property
     def attempt(self) -> int:
@@ -170,7 +194,16 @@ class IncidentDesk:
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
-        return self.add(found, mono)
+        opened = self.open
+        trigger = self.add(found, mono)
+        if self._held and opened is not None and opened is self.open and (
+                opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
+            self._alive = True                      # it printed after its error: wait for its progress
+        if self.survival and not is_host(origin):
+            year = self.engine.year or line_fields.year_of(time)
+            for f, at in self.survival.outlived(origin, data, time, sim_step, year):
+                self._notice(f, at, f"{f.origin.instance} made progress after it: the job outlived it")
+        return None if trigger is not None and self.survival.is_notice(trigger) else trigger
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.
@@ -213,16 +246,31 @@ class IncidentDesk:
             return None                             # the aftermath of our own action
         self.findings.extend(findings)
         trigger = None
+        for f in self.survival.ignored(findings):
+            self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
         for f in findings:
+            if self.survival.is_notice(f):
+                continue
+            survivable = self._survivable(f)
+            if survivable:
+                self.survival.wait(f)
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):
                 continue
             self._openers.append(f)
+            held = survivable and not self.exits
+            wait = 0.0 if f.kind in HANG_KINDS else self.settle
             if self.open is None:
                 self.open = f
-                self._settle_until = mono + (0.0 if f.kind in HANG_KINDS else self.settle)
+                self._held, self._alive = held, False
+                self._settle_until = mono + wait
+                self._hold_until = mono + max(wait, self.survival.window)
                 trigger = trigger or f
-            elif f.kind == "exit_code":
-                trigger = trigger or f
+            else:
+                if self._held and not held:         # a fatal finding decides the held incident:
+                    self._held = False              # its peers' evidence joins for ``settle``
+                    self._settle_until = max(self._settle_until, mono + wait) if self._alive else self._settle_until
+                if f.kind == "exit_code":
+                    trigger = trigger or f
         return trigger
 
     def tick(self, now: float, mono: float) -> Finding | None:
@@ -233,12 +281,14 @@ class IncidentDesk:
             settle time ran out; None when nothing is due.
         """
         self.add(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=self.job), mono)
+        self.survival.expire(now)
         due = None
         for hang in self.tracker.check(now):
             self.add([hang], mono)
             if due is None and mono >= self._quiet_until:
                 due = hang
-        if due is None and self.open is not None and mono >= self._settle_until:
+        if due is None and self.open is not None and mono >= self._settle_until and not (
+                self._held and self._alive and mono < self._hold_until):
             due = self.open
         return due
 
@@ -267,10 +317,11 @@ class IncidentDesk:
         ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
         then :meth:`decide`'s)."""
         trigger = trigger or pick_trigger(self._openers)
-        failed = failed_instances([f for f in self.findings if not is_host(f.origin)], trigger, self.failed,
+        evidence = self.evidence()
+        failed = failed_instances([f for f in evidence if not is_host(f.origin)], trigger, self.failed,
                                   exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
-        verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
+        verdict = self.policy.verdict(Incident(trigger, tuple(evidence), world, failed, self.attempt, facts), now)
         self.forget_incident(mono, verdict.decision.action, trigger)
         return verdict
 
@@ -279,6 +330,7 @@ class IncidentDesk:
         multi-node leader, ``ftwatch.pipeline.cluster``): it closes, and an acting decision
         starts the cooldown; a ``trigger`` hang that only notified waits for output to resume."""
         self.open = None
+        self._held = False
         self._openers.clear()
         if action not in (Action.NONE, Action.NOTIFY):
             self._quiet_until = mono + self.cooldown
@@ -317,6 +369,8 @@ class IncidentDesk:
         self._tails.clear()
         self.ok.clear()
         self.open = None
+        self._held = False
+        self.survival.clear()
         self._hang_notified = False
         self.world_size = world_size
         if not self.exits:
@@ -324,6 +378,29 @@ class IncidentDesk:
         self.tracker.reset(now, forget=not self.exits)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _survivable(self, f: Finding) -> bool:
+        """An error its instance may outlive (``triggers.may_survive``; host lines never)."""
+        return self.survival.window > 0 and not is_host(f.origin) and may_survive(f, self._sticky)
+
+    @property
+    def notices(self) -> list[Finding]:
+        """This attempt's errors its instances outlived (or Python ignored), still in ``findings``."""
+        return self.survival.notices
+
+    def evidence(self) -> list[Finding]:
+        """This attempt's findings less the notices."""
+        return self.survival.evidence(self.findings)
+
+    def _notice(self, f: Finding, at: float, why: str) -> None:
+        """``f`` became a notice: out of the incident, and a ``notice`` event."""
+        if any(x is f for x in self._openers):
+            self._openers[:] = [x for x in self._openers if x is not f]
+            if self.open is f:
+                self.open = min(self._openers, key=lambda x: (x.time, x.seq), default=None)
+                self._held = self.open is not None and self._held
+        self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
+                            why=why)
 
     def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
         """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
@@ -344,7 +421,7 @@ class IncidentDesk:
             ours = exit.stopped_by_us or expected
             if exit.ok:
                 tb = None if ours else lifecycle.last_uncaught(
-                    self.findings, exit.origin.instance, exit.time,
+                    self.evidence(), exit.origin.instance, exit.time,
                     since=self._started_at.get(exit.origin.instance, float("-inf")))
                 if tb is None:
                     self.ok.add(exit.origin.instance)
@@ -371,7 +448,7 @@ class IncidentDesk:
         after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
         error block (a failed process without an exit line)."""
         out: list[Finding] = []
-        order = sorted(self.findings, key=lambda f: (f.time, f.seq))
+        order = sorted(self.evidence(), key=lambda f: (f.time, f.seq))
         for ok in (f for f in order if lifecycle.is_exited_ok(f)):
             tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
                       and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)

@@ -100,3 +100,45 @@ def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | Non
                    fields={"suspects": suspects, "seq": seq, "op": op, "reporters": sorted(reporters),
                            "timeout_ms": first.fields.get("timeout_ms")},
                    source=SOURCE)
+
+
+#: Fallout that says a collective (or the watchdog that watches collectives) timed out: the rules
+#: of the packs that their sources grade ``hang`` (``source_class: hang``: ProcessGroupNCCL's
+#: watchdog timeout, watchdog stall and heartbeat monitor, torch_npu's HCCL watchdog, HCCL/CANN
+#: notify-wait timeouts) and gloo's "Timed out waiting <ms>ms for recv|send operation"
+#: (pytorch/gloo gloo/transport/tcp/unbound_buffer.cc: the same process-group timeout on a gloo
+#: collective). tests/rules/test_collectives.py keeps it in step with the packs.
+TIMEOUT_RULES = frozenset({
+    "torch.nccl_watchdog_timeout", "torch.nccl_watchdog_stuck", "torch.nccl_heartbeat_timeout",
+    "torch_npu.hccl_watchdog_stuck", "hccl.ei0002_notify_wait_timeout", "cann.notify_wait_timeout",
+    "hccl.task_notify_wait_failed", "cann.notify_wait_execute_failed", "gloo.wait_timeout"})
+#: Fallout that only follows such a timeout: ProcessGroupNCCL's own follow-on lines ("Some NCCL
+#: operations have failed or timed out", "NCCL communicator was aborted ... Original reason",
+#: both graded ``hang`` by their source), its flight-recorder progress and dump lines, the
+#: ``DistBackendError`` it raises, and torchelastic reporting the SIGABRT the watchdog ends the
+#: process with ("To avoid data inconsistency, we are taking the entire process down") and the
+#: SIGTERM it then sends the survivors (torch/distributed/elastic/multiprocessing/api.py,
+#: errors/__init__.py).
+FOLLOW_ON_RULES = frozenset({
+    "torch.nccl_operations_failed", "torch.nccl_communicator_aborted", "torch.dist_backend_error",
+    "c10d.watchdog_progress", "c10d.dump_signal", "c10d.nccl_work_progress",
+    "torch_elastic.exitcode_sigabrt", "torch_elastic.child_failed", "torch_elastic.root_cause_summary",
+    "torch_elastic.survivor_sigterm"})
+_NOT_LOGGED = ("exit_code", "hang", "exit_hang")
+
+
+def timeouts_only(fallout: Sequence[Finding]) -> bool:
+    """Every rank reports only collective timeouts (issue 12 item 3, the hang class).
+
+    True when the logged findings of ``fallout`` (exits aside: an exit explained by fallout adds
+    nothing) include a collective timeout (:data:`TIMEOUT_RULES`) and nothing but timeouts and
+    their follow-on lines (:data:`FOLLOW_ON_RULES`). A peer that closed its connection, a refused
+    connect or a store error says a peer went away, which is not that reading: then False.
+
+    Args:
+        fallout: the findings of an incident that are fallout (no rank shows an error of its own:
+            the caller checks, ``ftwatch.policy.rootcause.analyse``).
+    """
+    logged = [f for f in fallout if f.kind not in _NOT_LOGGED]
+    return (any(f.rule_id in TIMEOUT_RULES for f in logged)
+            and all(f.rule_id in TIMEOUT_RULES or f.rule_id in FOLLOW_ON_RULES for f in logged))

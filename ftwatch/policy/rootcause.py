@@ -30,7 +30,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 When there is no real error, the root cause is the suspect rank of a collective that timed out
 (``ftwatch.policy.collectives.silent_rank``: the rank that never reported, or is behind, while
 the others report timeouts), else the earliest notice (``after_finish``), else the earliest
-fallout (``fallout_only``).
+fallout (``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
+(``ftwatch.policy.collectives.timeouts_only``: every rank waited, none failed on its own) reads as a
+hang, other fallout as retryable infrastructure (``Analysis.fallout_class``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import FailureClass, Finding, Severity
-from ftwatch.policy.collectives import silent_rank
+from ftwatch.policy.collectives import silent_rank, timeouts_only
 from ftwatch.policy.lifecycle import finish
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
@@ -67,6 +69,8 @@ class Analysis:
         finished: the "training finished" finding, if the job printed one.
         peer_fallout: the real errors (in ``real``) another instance printed after the root
             cause: fallout of it (rule 4); ``failed`` leaves their instances out.
+        timeouts_only: with ``fallout_only``, the fallout is only collective timeouts and their
+            follow-on lines (``ftwatch.policy.collectives.timeouts_only``).
     """
 
     root_cause: Finding | None
@@ -75,6 +79,14 @@ class Analysis:
     notices: tuple[Finding, ...] = ()
     finished: Finding | None = None
     peer_fallout: tuple[Finding, ...] = ()
+    timeouts_only: bool = False
+
+    @property
+    def fallout_class(self) -> FailureClass:
+        """How only-fallout reads (SPEC D2/R7, issue 12 item 3): ``hang`` when every rank reports
+        only collective timeouts (someone never reached the collective), else
+        ``retryable_infra``."""
+        return FailureClass.HANG if self.timeouts_only else FailureClass.RETRYABLE_INFRA
 
     @property
     def failed(self) -> frozenset[str]:
@@ -185,4 +197,5 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
         return Analysis(notices[0], False, (), tuple(notices), done)
-    return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done)
+    return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done,
+                    timeouts_only=timeouts_only(fallout))
