@@ -113,7 +113,7 @@ def cmd_watch(argv: list[str]) -> int:
         recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
         if metrics is not None:
             metrics.close()
-    recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
+    recorder.say(f"ftwatch watch: {recorder.decision_count} decisions for {watcher.jobs_met} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
 
