@@ -46,7 +46,8 @@ def cmd_watch(argv: list[str]) -> int:
     recorder = build_recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job, default_node=ident.default_node,
-                        host_tags=tuple(ident.host_tags), device_field=ident.device_field)
+                        host_tags=tuple(ident.host_tags), device_field=ident.device_field,
+                        max_devices=config.limits.max_tracked_instances)
     monitor = None
     if config.watch.monitor.enabled:   # the SDK over HTTP (ftwatch.pipeline.sources.monitor)
         from ftwatch.pipeline.sources.monitor import MonitorServer

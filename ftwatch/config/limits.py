@@ -29,6 +29,9 @@ key                            kind counted              what is dropped, and wh
                                                          next chunk, over every origin: the oldest
                                                          closed early, as if its stream had gone quiet
 ``max_open_block_bytes``       ``open_block``            the same, by their bytes together
+``max_tracked_instances``      ``device``                instances known across every job (the devices
+                                                         their records named, for host lines): the
+                                                         earliest named first
 ``max_kept_decisions``         ``decision``              decisions and delivery results the recorder
                                                          keeps in memory (the store has them all)
 =============================  ========================  ================================================
@@ -42,6 +45,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_INSTANCES_PER_JOB = 16384
+MAX_TRACKED_INSTANCES = 262144
 
 
 class LimitsConfig(BaseModel):
@@ -65,5 +69,8 @@ class LimitsConfig(BaseModel):
                                  "origins together; past it the oldest is closed where it is.")
     max_open_block_bytes: int = Field(256 << 20, gt=0, description="Bytes of those open blocks together; "
                                       "past it the oldest are closed where they are.")
+    max_tracked_instances: int = Field(MAX_TRACKED_INSTANCES, gt=0, description="Instances whose devices "
+                                       "(PCI bus ids, for host lines) are known, over every job; the earliest "
+                                       "named goes first.")
     max_kept_decisions: int = Field(10000, gt=0, description="Decisions and delivery results kept in "
                                     "memory (the store keeps every one); the oldest go first.")

@@ -17,6 +17,7 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.identity import Identity
 from ftwatch.pipeline.watch import Watcher
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules, rules_from_text
@@ -250,3 +251,15 @@ def test_the_recorder_keeps_the_newest_decisions_and_counts_them_all(tmp_path):
     assert rec.decision_count == 3 and [d.target.job for d in rec.decisions] == ["b", "c"]
     assert counted(before) == {"decision": 1}
     assert len(rec.store.decisions("a")) == 1                                 # the store keeps every one
+
+
+def test_identity_keeps_the_devices_of_the_newest_instances():
+    identity = Identity(max_devices=2)
+    before = EVICTIONS.snapshot()
+    for rank in range(3):
+        meta = {"kubernetes": {"pod_name": f"j-worker-{rank}", "namespace_name": "team", "host": "node-1",
+                               "labels": {"training.kubeflow.org/job-name": "j"}},
+                "stream": "stderr", "pci_bus_ids": f"00000000:{0x3b + rank:02X}:00.0"}
+        identity.origin(meta)
+    assert [instance for _, instance in identity.devices] == ["j-worker-1", "j-worker-2"]
+    assert counted(before) == {"device": 1}
