@@ -12,7 +12,8 @@ the point where state grows (the numbers come from the ``limits`` config section
 - :func:`trim_oldest`: shortens a list (a job's evidence) past its cap to three quarters of it,
   dropping the oldest items that ``keep`` does not protect first, so a flood of info lines never
   pushes out the errors a decision is made of; :func:`drop_oldest` drops the ``n`` oldest items
-  of one sort (a job's info findings past their own cap).
+  of one sort; :func:`cap_two_tiers` applies both (a job's evidence: info findings have a cap of
+  their own below the cap of all).
 
 Every drop is counted in :data:`EVICTIONS` under a ``kind`` (``finding``, ``instance``, ...);
 ``ftwatch.telemetry.Metrics`` reports the tally as ``ftwatch_state_evicted_total{kind}`` at each
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable, MutableSequence, TypeVar
+from typing import Callable, Hashable, Iterable, MutableSequence, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -167,3 +168,25 @@ def trim_oldest(items: MutableSequence[T], cap: int, kind: str,
     items[:] = out
     EVICTIONS.count(kind, excess)
     return excess
+
+
+def cap_two_tiers(items: MutableSequence[T], new: Iterable[T], free: int, cap_free: int, cap_all: int,
+                  kind: str, keep: Callable[[T], bool]) -> int:
+    """Bound ``items`` after ``new`` (already appended) came: the items ``keep`` does not protect
+    have their own cap ``cap_free`` (past it the oldest of them go, to three quarters of it), all
+    items ``cap_all`` (:func:`trim_oldest`).
+
+    Args:
+        free: how many unprotected items ``items`` held before ``new``.
+
+    Returns:
+        How many unprotected items it holds now (the caller keeps the count, so no call scans
+        the whole list while nothing is dropped).
+    """
+    free += sum(1 for x in new if not keep(x))
+    if free > cap_free:
+        free -= drop_oldest(items, free - (cap_free - cap_free // 4), kind, lambda x: not keep(x))
+    if len(items) > cap_all:
+        trim_oldest(items, cap_all, kind, keep)
+        free = sum(1 for x in items if not keep(x))
+    return free

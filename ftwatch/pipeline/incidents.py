@@ -59,7 +59,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, Literal, Sequence
 
-from ftwatch.bounded import BoundedDict, drop_oldest, trim_oldest
+from ftwatch.bounded import BoundedDict, cap_two_tiers
 from ftwatch.config.limits import LimitsConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers import fields as line_fields
@@ -262,7 +262,8 @@ class IncidentDesk:
         if mono < self._quiet_until:
             return None                             # the aftermath of our own action
         self.findings.extend(findings)
-        self._bound_evidence(findings)
+        self._info = cap_two_tiers(self.findings, findings, self._info, self.limits.max_info_findings_per_job,
+                                   self.limits.max_findings_per_job, "finding", _relevant)
         trigger = None
         for f in self.survival.ignored(findings):
             self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
@@ -420,19 +421,6 @@ class IncidentDesk:
                 self._held = self.open is not None and self._held
         self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
                             why=why)
-
-    def _bound_evidence(self, new: list[Finding]) -> None:
-        """The evidence caps (``limits``): past its cap of info findings the oldest quarter of
-        them goes; past the cap of all findings, the oldest, info ones first."""
-        limits = self.limits
-        self._info += sum(1 for f in new if not _relevant(f))
-        if self._info > limits.max_info_findings_per_job:
-            cap = limits.max_info_findings_per_job
-            self._info -= drop_oldest(self.findings, self._info - (cap - cap // 4), "finding",
-                                      lambda f: not _relevant(f))
-        if len(self.findings) > limits.max_findings_per_job:
-            trim_oldest(self.findings, limits.max_findings_per_job, "finding", _relevant)
-            self._info = sum(1 for f in self.findings if not _relevant(f))
 
     def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
         """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
