@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from ftwatch.bounded import EVICTIONS, BoundedDict, drop_oldest, trim_oldest
+from ftwatch.bounded import EVICTIONS, BoundedDict, cap_two_tiers, drop_oldest, trim_oldest
 
 
 def test_bounded_dict_evicts_the_least_recently_set_and_counts_it():
@@ -60,3 +60,13 @@ def test_drop_oldest_of_one_sort():
     assert items == [1, 3, 5, 6, 7, 8, 9]
     assert drop_oldest(items, 5, "test_drop", lambda x: x > 7) == 2
     assert items == [1, 3, 5, 6, 7]
+
+
+def test_two_tiers_cap_the_unprotected_by_themselves_and_everything_together():
+    items, free = [], 0
+    for i in range(30):
+        new = [("info", i)] if i % 3 else [("err", i)]
+        items += new
+        free = cap_two_tiers(items, new, free, 8, 12, "test_two", keep=lambda x: x[0] == "err")
+        assert free == sum(1 for x in items if x[0] == "info") and free <= 8 and len(items) <= 12
+    assert items[-1] == ("info", 29) and ("err", 27) in items
