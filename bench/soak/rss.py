@@ -2,7 +2,10 @@
 
 One Forward client (fluent-logger) ships a steady ~1,500 lines/s from 8 jobs x 4 ranks, every
 tenth line an info finding of a soak rule (findings are what per-job state keeps: issue 17 found
-~20 MB per 50,000 of them kept for ever). VmRSS is read from /proc/PID/status every 3 s.
+~20 MB per 50,000 of them kept for ever), and every ~2 s one line of a new short-lived job (job
+churn: each job is state, desk and metrics series, until ``limits.job_idle_seconds``, set to
+15 s here so that the run sees jobs forgotten; the default is an hour). VmRSS is read from
+/proc/PID/status every 3 s.
 
 "Flat", two figures: the median of the last third of the samples is within 10 % of the middle
 third's (the first third is start-up and warm-up); and the slope (least squares over the last
@@ -40,6 +43,8 @@ rules:
 """
 GROWTH = 0.10
 SLOPE = 1.0          # MiB per minute
+CHURN_EVERY = 3000   # lines between two new short-lived jobs (~2 s)
+IDLE_SECONDS = 15    # limits.job_idle_seconds of the soak's watch
 
 
 def slope_mib_per_min(samples: list[tuple[float, int]]) -> float:
@@ -78,6 +83,8 @@ def load(port: int, stop: threading.Event, rate: float, sent: list[int]) -> None
             job, rank = i % 8, (i // 8) % 4
             text = f"soak progress step {i}" if i % 10 == 0 else f"iteration {i} loss 0.{i % 97:02d}"
             client.emit("var.log.containers", record(f"soak-rss-{job}", rank, text))
+            if i % CHURN_EVERY == 0:
+                client.emit("var.log.containers", record(f"soak-rss-churn-{i // CHURN_EVERY}", 0, "soak progress"))
             i += 1
         ahead = i / rate - (time.monotonic() - start)
         if ahead > 0:
@@ -93,6 +100,7 @@ def run(tmp: Path, seconds: float | None = None, every: float = 3.0, rate: float
     (tmp / "rules.yaml").write_text(RULES)
     fwd = free_port()
     watch = Watch(tmp, {"rules": {"files": [str(tmp / "rules.yaml")]},
+                        "limits": {"job_idle_seconds": IDLE_SECONDS},
                         "watch": {"sources": [{"type": "forward", "name": "fwd", "port": fwd}],
                                   "identity": {"job_label": JOB_LABEL},
                                   "actuator": {"type": "exec", "command": ["true"], "timeout": 10}}}).start()
