@@ -263,3 +263,21 @@ def test_identity_keeps_the_devices_of_the_newest_instances():
         identity.origin(meta)
     assert [instance for _, instance in identity.devices] == ["j-worker-1", "j-worker-2"]
     assert counted(before) == {"device": 1}
+
+
+def test_a_forgotten_rank_leaves_the_jobs_sorted_medians():
+    """The step statistics keep every rank's median in sorted lists (per job, per node): a rank the
+    cap forgets takes its median out of them, and a node without ranks left goes."""
+    clock = FakeClock()
+    tracker = StepTracker(StragglerConfig(min_steps=3), clock=clock, max_ranks=2)
+    engine = Engine(load_rules(), steps=tracker)
+    for rank, node in ((0, "node-a"), (1, "node-b"), (2, "node-b")):    # one after the other
+        for n in range(1, 6):
+            engine.feed(Origin(f"w{rank}", rank, "job1", node, "stdout"), f"step {n}/100 loss 0.5\n".encode(),
+                        1000.0 + n * (1 + rank))
+        if rank == 1:
+            assert set(tracker.jobs["job1"].node_median) == {"node-a", "node-b"}
+    job = tracker.jobs["job1"]
+    assert list(job.ranks) == ["w1", "w2"] and all(r.median is not None for r in job.ranks.values())
+    assert job.medians == sorted(r.median for r in job.ranks.values())
+    assert set(job.node_ranks) == set(job.node_median) == {"node-b"} and len(job.node_medians) == 1
