@@ -2,7 +2,8 @@
 
 The folder list is the flow, and imports go one way, down this list:
 
-    events, errors, clock     the core: import no stage
+    events, errors, clock,    the core: import no stage
+    bounded
     config/                   models only: the core
     parsers/                  the core (and each other): plain strings and regexes out, which
                               rules/ wraps into its own types (``rules/engine.py``'s block starts)
@@ -49,7 +50,9 @@ import ftwatch
 PACKAGE = Path(ftwatch.__file__).parent
 STAGES = ("config", "parsers", "rules", "policy", "alerting", "mining", "pipeline.sources", "pipeline.actuators",
           "pipeline.sinks", "pipeline.cluster", "pipeline", "report", "health", "cli")
-CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
+# bounded.py (issue 17 item 3): the caps' bounded map and eviction tally, used where state grows in
+# rules/, pipeline/ and telemetry alike, so it is core (it imports nothing of ftwatch)
+CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock", "ftwatch.bounded"})
 # pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
 HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/run.py",
                   "ftwatch/pipeline/watch.py",
@@ -186,7 +189,7 @@ def test_every_package_file_is_checked():
 
 # --- the rules -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("rel", ["ftwatch/events.py", "ftwatch/errors.py", "ftwatch/clock.py"])
+@pytest.mark.parametrize("rel", ["ftwatch/events.py", "ftwatch/errors.py", "ftwatch/clock.py", "ftwatch/bounded.py"])
 def test_core_modules_import_no_stage(rel):
     bad = [where(rel, i) for i in SOURCES[rel] if stage_of(i.module) is not None]
     assert bad == []
@@ -258,7 +261,7 @@ def test_hubs_are_real_and_do_see_several_stages():
 def test_the_root_holds_only_the_core_and_the_stage_folders():
     """The folder list reads as the flow: no module is parked at the root for size."""
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert root == sorted({"__init__.py", "__main__.py", "clock.py", "errors.py", "events.py", "sdk.py",
+    assert root == sorted({"__init__.py", "__main__.py", "bounded.py", "clock.py", "errors.py", "events.py", "sdk.py",
                            "telemetry.py"})
 
 

@@ -40,10 +40,10 @@ def build_engine(config, rules=None, say=None, like=None):
     if straggler.enabled:
         if say is not None:
             from ftwatch.health.runhook import SayingStepTracker
-            steps = SayingStepTracker(straggler, say)
+            steps = SayingStepTracker(straggler, say, max_ranks=config.limits.max_instances_per_job)
         else:
             from ftwatch.rules.stragglers import StepTracker
-            steps = StepTracker(straggler)
+            steps = StepTracker(straggler, max_ranks=config.limits.max_instances_per_job)
     return Engine(build_rules(config) if rules is None else rules, steps=steps, like=like)
 
 
@@ -119,7 +119,7 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
     recorder = Recorder(store, decisions_file, center, out=out, state_dir=state_dir,
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket,
-                        link_url=alerting.link_url)
+                        link_url=alerting.link_url, max_kept=config.limits.max_kept_decisions)
     if config.storage.mining.enabled:        # catch-all evidence -> signatures (ftwatch mine)
         from ftwatch.mining.miner import Miner
         recorder.miner = Miner.in_state_dir(state_dir, new_jobs=config.storage.mining.new_signature_jobs)

@@ -59,6 +59,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, Literal, Sequence
 
+from ftwatch.bounded import BoundedDict, cap_two_tiers
+from ftwatch.config.limits import LimitsConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers import fields as line_fields
 from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
@@ -78,6 +80,11 @@ _CPP_FRAME = re.compile(r"\s*frame #\d+: ")
 POLL_SECONDS = 0.2         # how often a live loop wakes with nothing to read (the Tick period)
 SETTLE_SECONDS = 1.0       # ``run``: after a failure, how long the others may show their own errors
 BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
+
+
+def _relevant(f: Finding) -> bool:
+    """A finding a capped evidence list drops last: a warning or worse, or an exit."""
+    return f.severity >= Severity.WARNING or f.kind == "exit_code"
 
 
 def rank_origin(origin: Origin, failure: SummaryFailure) -> Origin:
@@ -104,6 +111,10 @@ class IncidentDesk:
         tracker: the hang tracker; default ``HangTracker.from_policy`` of the policy's flags.
         on_findings: called with every batch of new findings after they are recorded.
         survive: seconds in which an instance's progress outlives its error (0: never).
+        limits: the caps on its evidence and instances (``ftwatch.config.limits``; default: the
+            defaults): past ``max_info_findings_per_job`` info findings, or
+            ``max_findings_per_job`` in all, the oldest info findings leave the evidence first;
+            past ``max_instances_per_job`` the least recently active instance is forgotten.
     """
 
     def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
@@ -112,7 +123,9 @@ class IncidentDesk:
                  exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
                  tracker: HangTracker | None = None,
                  on_findings: Callable[[list[Finding]], None] | None = None,
-                 survive: float = progress.SURVIVE_SECONDS):
+                 survive: float = progress.SURVIVE_SECONDS, limits: LimitsConfig | None = None):
+        self.limits = limits = limits or LimitsConfig()
+        cap = limits.max_instances_per_job
         self.job = job
         self.engine = engine
         self.policy = policy
@@ -122,15 +135,17 @@ class IncidentDesk:
         self.cooldown = cooldown
         self.summaries = summaries
         self.exit_origin = exit_origin
-        self.tracker = tracker or HangTracker.from_policy(policy.policy, exits=exits)
+        self.tracker = tracker or HangTracker.from_policy(policy.policy, exits=exits, max_instances=cap)
         self.on_findings = on_findings
         self.exit_table = ExitCodeTable.load()
         self.world_size: int | None = None     # the driver's count of instances (run), else counted
         self.findings: list[Finding] = []      # this attempt's evidence
+        self._info = 0                         # how many of them are not _relevant
         self.failed: set[str] = set()          # instances with a failing exit ftwatch did not cause
         self.ok: set[str] = set()              # instances that exited 0
-        self.instances: dict[str, Origin] = {}
         self._started_at: dict[str, float] = {}   # instance -> its latest start (epoch s)
+        self.instances: dict[str, Origin] = BoundedDict(    # least recently active first out
+            cap, "instance", on_evict=lambda instance, _: self._started_at.pop(instance, None))
         self.ranks: set[int] = set()
         self.open: Finding | None = None       # the finding that opened the current incident
         self._openers: list[Finding] = []      # findings that could trigger it
@@ -139,7 +154,7 @@ class IncidentDesk:
         self._hang_notified = False
         self._summary_lines: dict[Origin, SummaryLines] = {}
         self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
-        self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
+        self._tails: dict[Origin, bytes] = BoundedDict(cap)  # each stream's last non-empty line so far
         self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
         self._sticky = sticky_rules(engine.rules)
         self._held = False                     # the open incident waits to be outlived ...
@@ -180,6 +195,8 @@ class IncidentDesk:
         if not is_host(origin):                     # a node's kernel log: evidence, never an instance
             if origin.instance not in self.instances and not self.exits:
                 self.started(origin, time)
+            else:
+                self.instances.touch(origin.instance)
             self.tracker.output(origin.instance, time)
             if self._hang_notified:
                 self._hang_notified = False
@@ -245,6 +262,8 @@ class IncidentDesk:
         if mono < self._quiet_until:
             return None                             # the aftermath of our own action
         self.findings.extend(findings)
+        self._info = cap_two_tiers(self.findings, findings, self._info, self.limits.max_info_findings_per_job,
+                                   self.limits.max_findings_per_job, "finding", _relevant)
         trigger = None
         for f in self.survival.ignored(findings):
             self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
@@ -364,6 +383,7 @@ class IncidentDesk:
         incident are forgotten; the hang timers re-arm (``world_size``: the driver's count of
         instances, None to count them)."""
         self.findings.clear()
+        self._info = 0
         self._openers.clear()
         self.failed.clear()                         # in place: a driver may hold the set
         self._tails.clear()

@@ -55,8 +55,10 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from ftwatch.bounded import BoundedDict
 from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
+from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, replace_sorted, sorted_median,
                                      without)
@@ -143,16 +145,20 @@ class _Job:
     node_median: dict[str, float] = field(default_factory=dict)       # node -> median of node_ranks
     node_medians: list[float] = field(default_factory=list)           # node_median's values, sorted
 
-    def set_median(self, rank: _Rank, median: float) -> None:
-        """A rank's median changed: keep the sorted lists of ranks' and nodes' medians."""
+    def set_median(self, rank: _Rank, median: float | None) -> None:
+        """A rank's median changed (None: the rank is forgotten, ``limits``): keep the sorted lists
+        of ranks' and nodes' medians (a node without ranks left leaves them)."""
         old, rank.median = rank.median, median
         replace_sorted(self.medians, old, median)
         if not rank.node:
             return
         mine = self.node_ranks.setdefault(rank.node, [])
         replace_sorted(mine, old, median)
-        node_old, node_new = self.node_median.get(rank.node), sorted_median(mine)
-        self.node_median[rank.node] = node_new
+        node_old, node_new = self.node_median.pop(rank.node, None), sorted_median(mine) if mine else None
+        if node_new is None:
+            del self.node_ranks[rank.node]
+        else:
+            self.node_median[rank.node] = node_new
         replace_sorted(self.node_medians, node_old, node_new)
 
 
@@ -163,13 +169,15 @@ class StepTracker:
         config: ``health.straggler`` (patterns, min_steps, window, factor, slowdown_factor,
             detector_reports, forget_after).
         clock: when jobs were last seen (``forget_after``); the system clock by default.
+        max_ranks: ranks kept per job (``limits.max_instances_per_job``): one more forgets the stalest.
 
     Attributes:
         patterns: the scan forms of the step patterns, for the engine's matcher.
     """
 
-    def __init__(self, config: StragglerConfig, clock: Clock | None = None):
+    def __init__(self, config: StragglerConfig, clock: Clock | None = None, max_ranks: int = MAX_INSTANCES_PER_JOB):
         self.config = config
+        self.max_ranks = max_ranks
         self.clock = clock or SystemClock()
         self.names = list(config.patterns)
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
@@ -208,6 +216,7 @@ class StepTracker:
         job = self.jobs.get(origin.job)
         if job is None:
             job = self.jobs[origin.job] = _Job()
+            job.ranks = BoundedDict(self.max_ranks, "straggler_rank", on_evict=lambda _, r: job.set_median(r, None))
         job.touched = now
         groups = match.groupdict()
         if groups.get("max_rank") is not None:
@@ -237,6 +246,8 @@ class StepTracker:
         rank = job.ranks.get(origin.instance)
         if rank is None:
             rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), node=origin.node or "")
+        else:
+            job.ranks.touch(origin.instance)
         total = groups.get("total")
         if total is not None:
             if rank.total is None:
