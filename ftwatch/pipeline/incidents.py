@@ -445,6 +445,8 @@ class IncidentDesk:
                     since=self._started_at.get(exit.origin.instance, float("-inf")))
                 if tb is None:
                     self.ok.add(exit.origin.instance)
+                    if not ours:                    # evidence: a rank that left first (rootcause.left_first)
+                        self.findings.append(lifecycle.exited_ok(exit.origin, exit.time, self.engine.next_seq()))
                     continue
                 self.failed.add(exit.origin.instance)
                 out.append(self._hidden(exit.origin, exit.time, tb, f"{exit.origin.instance} exited 0"))

@@ -211,3 +211,18 @@ def test_a_caught_traceback_before_training_finished_is_not_flagged(tmp_path):
                        default=[Say(1, "step 1"), Exit(3)])
     status, decisions = run(tmp_path, script)
     assert status == 0 and [d.action for d in decisions] == [Action.NONE]
+
+
+def test_a_rank_that_exits_0_while_the_other_loses_it_is_named(tmp_path):
+    """Issue 17 item 5: rank 1 exits 0 early, rank 0 then fails on the lost peer (gloo). Before,
+    the root cause was rank 0's fallout line; now it is rank 1's early exit (R5's exit hang: restart)."""
+    closed = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+              "peer [127.0.0.1]:5033. This is typically caused by a remote worker crashing.")
+    script = script_of({(1, 1): [Say(1, "step 1"), Exit(2, 0)], (0, 1): [Say(1, "step 1"), Say(2.1, closed),
+                                                                         Exit(2.5, 1)]},
+                       default=[Say(1, "step 1"), Exit(3)])
+    _, decisions = run(tmp_path, script)
+    first = decisions[0]
+    assert first.root_cause.rule_id == "exit.left_first", first.root_cause
+    assert (first.root_cause.rank, first.root_cause.origin.instance) == (1, "worker-1")
+    assert first.action is Action.RESTART_JOB, first.policy_clause
