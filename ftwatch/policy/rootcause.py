@@ -33,12 +33,13 @@ When there is no real error, the root cause is the rank that left first (:func:`
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
-else the suspect rank of a collective that timed out (``ftwatch.policy.collectives.silent_rank``:
-the rank that never reported, or is behind, while the others report timeouts), else the earliest
-notice (``after_finish``), else the earliest fallout (``fallout_only``). Fallout that is only
-collective timeouts and their follow-on lines (``ftwatch.policy.collectives.timeouts_only``: every
-rank waited, none failed on its own) reads as a hang, other fallout as retryable infrastructure
-(``Analysis.fallout_class``).
+else ranks that timed out in different collectives at one sequence number (user code,
+``ftwatch.policy.collectives.mismatch``), else the suspect rank of a collective that timed out
+(``collectives.silent_rank``: the rank that never reported, or is behind, while the others
+report timeouts), else the earliest notice (``after_finish``), else the earliest fallout
+(``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
+(``collectives.timeouts_only``: every rank waited, none failed on its own) reads as a hang, other
+fallout as retryable infrastructure (``Analysis.fallout_class``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
-from ftwatch.policy.collectives import silent_rank, timeouts_only
+from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.lifecycle import finish
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
@@ -237,7 +238,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in _NOT_LOGGED and _before(head, f))
         return Analysis(head, False, real, tuple(notices), done, peer)
-    suspect = (left_first(order) or silent_rank(order, world)) if fallout else None
+    suspect = (left_first(order) or mismatch(order) or silent_rank(order, world)) if fallout else None
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
