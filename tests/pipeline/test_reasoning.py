@@ -239,3 +239,37 @@ def test_an_ignored_exception_at_the_end_of_the_log_is_no_failure(rules, tmp_pat
              "TypeError: 'NoneType' object is not callable"]
     d = replayed(tmp_path, rules, [write(tmp_path / "rank0.log", lines)]).decision
     assert d is None or d.action is Action.NONE, d.policy_clause
+
+
+def test_a_worker_sigterm_from_outside_under_torchrun_is_the_root_cause(rules, tmp_path):
+    """Issue 17 item 5, replayed: torchrun's summary says rank 1 got SIGTERM (a preemption-like
+    signal from outside); rank 0's lost-peer error, the agent's SIGTERM of the survivor and the
+    ChildFailedError are fallout of it, and the decision is a retryable restart."""
+    lines = [step(0, 100, 0), step(1, 100, 0),
+             "[default0]:[rank0]:[E1121 09:30:05.000000 2981 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID "
+             "0(default_pg) Rank 0] Process group watchdog thread terminated with exception: NCCL error: remote "
+             "process exited or there was a network error, NCCL version 2.21.5",
+             "W1121 09:30:06.000000 2970 torch/distributed/elastic/multiprocessing/api.py:897] Sending process "
+             "2981 closing signal SIGTERM",
+             "Traceback (most recent call last):",
+             '  File "/usr/local/bin/torchrun", line 8, in <module>',
+             "    sys.exit(main())",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "============================================================",
+             "train.py FAILED",
+             "------------------------------------------------------------",
+             "Failures:",
+             "  <NO_OTHER_FAILURES>",
+             "------------------------------------------------------------",
+             "Root Cause (first observed failure):",
+             "[0]:",
+             "  time      : 2026-11-21_09:30:06",
+             "  host      : node-3",
+             "  rank      : 1 (local_rank: 1)",
+             "  exitcode  : -15 (pid: 2982)",
+             "  error_file: <N/A>",
+             "  traceback : Signal 15 (SIGTERM) received by PID 2982",
+             "============================================================"]
+    d = replayed(tmp_path, rules, [write(tmp_path / "job.log", lines)]).decision
+    assert (d.action, d.root_cause.rule_id, d.root_cause.rank) == (Action.RESTART_JOB, "exit.sigterm", 1), \
+        d.policy_clause
