@@ -273,3 +273,41 @@ def test_a_worker_sigterm_from_outside_under_torchrun_is_the_root_cause(rules, t
     d = replayed(tmp_path, rules, [write(tmp_path / "job.log", lines)]).decision
     assert (d.action, d.root_cause.rule_id, d.root_cause.rank) == (Action.RESTART_JOB, "exit.sigterm", 1), \
         d.policy_clause
+
+
+SUMMARY = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+           "============================================================",
+           "train.py FAILED",
+           "------------------------------------------------------------",
+           "Failures:",
+           "[1]:",
+           "  time      : 2026-11-26_04:01:07",
+           "  host      : localhost",
+           "  rank      : 0 (local_rank: 0)",
+           "  exitcode  : -15 (pid: 1159)  (SIGTERM)",
+           "  error_file: <N/A>",
+           "  traceback : Signal 15 (SIGTERM) received by PID 1159",
+           "------------------------------------------------------------",
+           "Root Cause (first observed failure):",
+           "[0]:",
+           "  time      : 2026-11-26_04:01:07",
+           "  host      : localhost",
+           "  rank      : 1 (local_rank: 1)",
+           "  exitcode  : -15 (pid: 1160)  (SIGTERM)",
+           "  error_file: <N/A>",
+           "  traceback : Signal 15 (SIGTERM) received by PID 1160",
+           "============================================================"]
+
+
+def test_a_launchers_summary_names_the_rank_a_signal_stopped_under_run(tmp_path):
+    """Issue 17 item 5: `ftwatch run -- torchrun ...`: ftwatch's worker is the launcher, which exits
+    1 after its summary; the summary's root cause (rank 1, SIGTERM from outside) is the root cause,
+    not rank 0's lost-peer error nor the launcher's generic exit."""
+    closed = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+              "peer [127.0.0.1]:5033. This is typically caused by a remote worker crashing.")
+    script = script_of({(0, 1): [Say(1, "step 1"), Say(2, closed), Say(2.2, "\n".join(SUMMARY)), Exit(2.5, 1)]},
+                       default=[Say(1, "step 1"), Exit(10, 0)])
+    _, decisions = run(tmp_path, script, command=("torchrun", "--nproc-per-node", "3", "train.py"))
+    first = decisions[0]
+    assert (first.root_cause.rule_id, first.root_cause.rank) == ("exit.sigterm", 1), first.root_cause
+    assert first.action is Action.RESTART_JOB, first.policy_clause
