@@ -17,10 +17,6 @@ What is a block:
         line. An exception message continued on further non-indented lines is not joined (those
         lines stay lines of their own). Exception groups (``  + Exception Group Traceback``) and
         torchelastic's ChildFailedError summary are not handled here.
-    An unraisable exception (``sys.unraisablehook``: an exception in a destructor, a callback or
-        at finalization, which Python reports and ignores): ``Exception ignored in: <obj>`` (or
-        ``Exception ignored <context>: ...``, CPython Python/errors.c) followed by a traceback is
-        one block, so a rule can tell it from an uncaught one (it ends nothing); alone it is one line.
     C++ stack dump (c10): a line holding ``Exception raised from `` or ending with ``(most recent
         call first):``, then ``frame #N: ...`` lines; the block ends at the last ``frame #`` line.
 """
@@ -32,7 +28,6 @@ from collections.abc import Sequence
 __all__ = ["BLOCK_START_REGEXES", "block_end", "is_block_start", "is_python_start"]
 
 _PY_START = "Traceback (most recent call last):"
-_UNRAISABLE = "Exception ignored "
 _CPP_RAISED = "Exception raised from "
 _CPP_FIRST = "(most recent call first):"
 _CHAIN_MESSAGES = frozenset(
@@ -46,7 +41,6 @@ BLOCK_START_REGEXES: tuple[str, ...] = (
     r"Traceback \(most recent call last\):",
     r"Exception raised from ",
     r"\(most recent call first\):[ \t\r]*$",
-    r"Exception ignored ",
 )
 """Regexes (the subset RE2 and Hyperscan share) that find candidate block-start lines in a raw chunk.
 
@@ -57,8 +51,7 @@ hit is a candidate only: confirm it with ``is_block_start`` on the cleaned line.
 
 def is_block_start(line: str) -> bool:
     """Says whether a cleaned line starts a Python traceback or a C++ stack dump."""
-    return (_PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
-            or line.startswith(_UNRAISABLE))
+    return _PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
 
 
 def is_python_start(line: str) -> bool:
@@ -137,10 +130,6 @@ def block_end(lines: Sequence[str], start: int) -> int | None:
     line = lines[start]
     if _PY_START in line:
         return _python_end(lines, start)
-    if line.startswith(_UNRAISABLE):
-        if start + 1 >= len(lines):
-            return None                         # the next line says whether a traceback follows
-        return _python_end(lines, start + 1) if _PY_START in lines[start + 1] else start
     if is_block_start(line):
         return _cpp_end(lines, start)
     return start

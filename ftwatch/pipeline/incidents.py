@@ -504,8 +504,8 @@ class IncidentDesk:
             last = max((f for f in order if f.origin.instance == instance and f.kind != "exit_code"),
                        key=lambda f: (f.time, f.seq), default=None)
             ends_block = last is not None and len(last.evidence) > 1 and last.evidence[-1].strip() == text.strip()
-            if ends_block and (is_error(last) or last.failure_class is FailureClass.INFO):
-                continue                        # the error stands for the exit; an info block ends nothing
+            if ends_block and is_error(last):
+                continue                        # the error already stands for the exit (no exits here)
             if not ends_block and not _CPP_FRAME.match(text):
                 continue
             cause = last if ends_block and last is not None else Finding(

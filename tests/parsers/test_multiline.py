@@ -196,17 +196,3 @@ def test_block_end_never_raises_and_stays_in_range(lines, data):
         if early is not None and early + 1 < k:
             # decided with a line after the block in view: more lines do not change it
             assert end == early
-
-
-def test_an_ignored_exception_and_its_traceback_are_one_block():
-    """sys.unraisablehook's report (a destructor's exception, ignored) is one block, so a rule can
-    tell it from an uncaught traceback; alone, the line is a block of its own."""
-    lines = ["Exception ignored in: <function Session.__del__ at 0x7f3e11c8a8d0>",
-             "Traceback (most recent call last):",
-             '  File "/usr/lib/python3/site-packages/tf/session.py", line 738, in __del__',
-             "TypeError: 'NoneType' object is not callable",
-             "step 2"]
-    assert is_block_start(lines[0])
-    assert block_end(lines, 0) == 3
-    assert block_end(lines[:1], 0) is None                  # the next line decides
-    assert block_end(["Exception ignored in: <obj>", "step 2"], 0) == 0

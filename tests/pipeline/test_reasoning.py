@@ -228,19 +228,6 @@ def test_a_rank_that_exits_0_while_the_other_loses_it_is_named(tmp_path):
     assert first.action is Action.RESTART_JOB, first.policy_clause
 
 
-def test_an_ignored_exception_at_the_end_of_the_log_is_no_failure(rules, tmp_path):
-    """Issue 12: an exception Python reported and ignored (a destructor at shutdown) ends nothing:
-    neither a user-code failure nor a log "ending inside an error block"."""
-    lines = [step(0, 999, 0), "saved models",
-             "Exception ignored in: <bound method BaseSession.__del__ of <tensorflow.python.client.session.Session "
-             "object at 0x7f3e11c8a8d0>>",
-             "Traceback (most recent call last):",
-             '  File "/usr/local/lib/python3.5/dist-packages/tensorflow/python/client/session.py", line 738, in __del__',
-             "TypeError: 'NoneType' object is not callable"]
-    d = replayed(tmp_path, rules, [write(tmp_path / "rank0.log", lines)]).decision
-    assert d is None or d.action is Action.NONE, d.policy_clause
-
-
 def test_a_worker_sigterm_from_outside_under_torchrun_is_the_root_cause(rules, tmp_path):
     """Issue 17 item 5, replayed: torchrun's summary says rank 1 got SIGTERM (a preemption-like
     signal from outside); rank 0's lost-peer error, the agent's SIGTERM of the survivor and the
