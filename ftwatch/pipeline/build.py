@@ -211,7 +211,8 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     sync = pol.job_execution_mode == "Sync"
     hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
     # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
-    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0)
+    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0,
+                        summaries="exit")
     from ftwatch.policy.lifecycle import launcher_of_command
     launcher = launcher_of_command(command)     # `dlrover-run ...`: DLRover's private exit codes apply
     if launcher is not None:

@@ -106,7 +106,9 @@ class IncidentDesk:
         cooldown: seconds after an acting decision in which new findings open nothing.
         summaries: read torchelastic failure summaries from the output: ``"live"`` (their exits
             count as soon as a summary closes), ``"close"`` (at :meth:`close`, after every line:
-            the end of a replayed log is the end of the job) or None (real exits only).
+            the end of a replayed log is the end of the job), ``"exit"`` (``run``: when the worker
+            that printed it, a launcher, exits, its ranks' exits are evidence for that exit) or
+            None (real exits only).
         exit_origin: the origin of a summary's exit, from the stream's origin and the failure.
         tracker: the hang tracker; default ``HangTracker.from_policy`` of the policy's flags.
         on_findings: called with every batch of new findings after they are recorded.
@@ -119,7 +121,7 @@ class IncidentDesk:
 
     def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
                  settle: float = 0.0, cooldown: float = 0.0,
-                 summaries: Literal["live", "close"] | None = None,
+                 summaries: Literal["live", "close", "exit"] | None = None,
                  exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
                  tracker: HangTracker | None = None,
                  on_findings: Callable[[list[Finding]], None] | None = None,
@@ -239,6 +241,8 @@ class IncidentDesk:
             if origin.key == exit.origin.key:
                 self.add(self.engine.flush(origin, exit.time), mono)
         self.tracker.exited(exit.origin, exit.ok, exit.time)
+        if self.summaries == "exit":
+            self.add(self._launcher_summary(exit, expected), mono)
         return self.add(self._deaths([exit], expected), mono)
 
     def add(self, findings: Sequence[Finding], mono: float = 0.0, record: bool = True) -> Finding | None:
@@ -387,6 +391,7 @@ class IncidentDesk:
         self._openers.clear()
         self.failed.clear()                         # in place: a driver may hold the set
         self._tails.clear()
+        self._summary_lines.clear()
         self.ok.clear()
         self.open = None
         self._held = False
@@ -433,6 +438,18 @@ class IncidentDesk:
             self._summary_lines[origin] = summary
         return found
 
+    def _launcher_summary(self, exit: ProcessExit, expected: bool) -> list[Finding]:
+        """``summaries="exit"``: findings of the ranks' exits in a summary ``exit``'s worker printed
+        (evidence: they fail no instance of ours); none when ftwatch stopped it."""
+        out: list[Finding] = []
+        for origin in [o for o in self._summary_lines if o.key == exit.origin.key]:
+            exits = summary_exits(self._summary_lines.pop(origin).failures(), lambda f: self.exit_origin(origin, f),
+                                  exit.time)
+            if not (exit.stopped_by_us or expected or exit.ok):
+                out += [f for e in exits if not e.stopped_by_us and (f := exit_finding(
+                    e, self.exit_table, self.engine.next_seq(), launchers=self.launchers)) is not None]
+        return out
+
     def _deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
         """The findings of exits: ok ones are noted (unless an uncaught traceback of the instance
         says the status was hidden), those ftwatch caused make none."""
@@ -445,6 +462,8 @@ class IncidentDesk:
                     since=self._started_at.get(exit.origin.instance, float("-inf")))
                 if tb is None:
                     self.ok.add(exit.origin.instance)
+                    if not ours:                    # evidence: a rank that left first (rootcause.left_first)
+                        self.findings.append(lifecycle.exited_ok(exit.origin, exit.time, self.engine.next_seq()))
                     continue
                 self.failed.add(exit.origin.instance)
                 out.append(self._hidden(exit.origin, exit.time, tb, f"{exit.origin.instance} exited 0"))

@@ -19,6 +19,16 @@ for some reason, didn't run", ProcessGroupNCCL.cpp), or ``hardware_node`` / ``is
 the suspect's own findings include a hardware warning (the node's fault, per the evidence). No
 suspect when every rank reports the same collective (a network stall looks like that), nor when
 several ranks are suspects on different nodes (one may only wait behind the other).
+
+One more reading of timeout-only incidents (issue 12 item 3):
+
+* :func:`mismatch`: two ranks timed out at the *same* sequence number of the same process group
+  on *different* operations (rank 0 in ALLREDUCE, rank 1 in ALLGATHER, both SeqNum=2437): the
+  ranks issued different collectives, which only the program's control flow does (PyTorch's
+  watchdog: "the order of collectives is not same for all ranks"; torch.distributed's
+  ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` check reports the same thing as "Detected mismatch between
+  collectives on ranks", an application error). Finding ``collective.mismatch``: user_code /
+  fail_job: a restart replays the same control flow.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 SOURCE = ("pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL SeqNum, "
           "last enqueued / last completed NCCL work); ftwatch R7 silent-rank reading")
 _PROGRESS = ("seq", "last_completed")
+#: the process group a ProcessGroupNCCL line names ("[PG 5 Rank 0]", "[PG ID 0 PG GUID 0(default_pg) Rank 4]")
+_PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)")
 
 
 def _progress(f: Finding) -> int | None:
@@ -142,3 +154,31 @@ def timeouts_only(fallout: Sequence[Finding]) -> bool:
     logged = [f for f in fallout if f.kind not in _NOT_LOGGED]
     return (any(f.rule_id in TIMEOUT_RULES for f in logged)
             and all(f.rule_id in TIMEOUT_RULES or f.rule_id in FOLLOW_ON_RULES for f in logged))
+
+
+def _pg(f: Finding) -> str | None:
+    m = _PG.search(f.line)
+    return m.group("pg") if m else None
+
+
+def mismatch(findings: Sequence[Finding]) -> Finding | None:
+    """``collective.mismatch`` (see the module docstring) on the earliest of two ranks that timed
+    out at one SeqNum of one process group on different operations; None when there are none."""
+    seen: dict[tuple[str | None, int], dict[int, Finding]] = {}
+    for f in sorted(findings, key=lambda f: (f.time, f.seq)):
+        seq, op = f.fields.get("seq"), f.fields.get("op")
+        if f.rank is None or not isinstance(seq, int) or not op:
+            continue
+        ranks = seen.setdefault((_pg(f), seq), {})
+        ranks.setdefault(f.rank, f)
+        ops = {r: g.fields["op"] for r, g in sorted(ranks.items())}
+        if len(set(ops.values())) > 1:
+            first = min(ranks.values(), key=lambda g: (g.time, g.seq))
+            said = ", ".join(f"rank {r} {o}" for r, o in ops.items())
+            line = (f"ranks timed out in collective SeqNum={seq} on different operations ({said}): "
+                    "they issued different collectives, which the program's control flow does")
+            return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
+                           Severity.ERROR, first.origin, line, first.time, first.seq,
+                           fields={"seq": seq, "ops": ops, "pg": _pg(first)},
+                           source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
+    return None
