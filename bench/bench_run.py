@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""``ftwatch run`` under load: error line -> decision latency, monitor CPU and RSS (issue 16 items 3, 4).
+
+Starts ``ftwatch run`` with N workers (this script, as ``--worker``) that print background output
+at a total rate (10 k and 50 k lines/s by default; a share of it step lines, the straggler tap's
+input) and, at a known moment, a fatal line; then measures, per trial:
+
+* latency: the fatal line's write time (the worker notes it, after its ``write`` returned) to
+  the decision's time (``Decision.time`` from ``--decisions-file``: taken at the verdict, before
+  alerts and storage);
+* monitor CPU: user + system CPU seconds of the ``ftwatch`` process (all its threads, from
+  ``/proc/<pid>/stat``) over the steady window before the fatal line, per wall second (1.0 = one
+  core);
+* RSS: the largest ``VmRSS`` of that process sampled during the window;
+* the rate the workers achieved (a monitor that is slower than its workers slows their pipes:
+  backpressure; the old monitor instead queued without bound).
+
+Scenarios (``--scenario``):
+
+* ``one``: rank 0 prints the fatal line and exits 1, the others train on: the settle window runs to
+  its bound (``--settle-max``, default 1 s), so the goal is 100 ms + the bound;
+* ``all``: rank 0 prints the fatal line and exits 1; every other rank prints its own error (an
+  NCCL error) at the same moment and hangs: an event-driven settle ends when all have reported.
+
+Goals (issue 16): p99 latency <= 100 ms + the settle bound at 50 k lines/s; monitor CPU <= 5 % of
+a core at 10 k lines/s. Each is printed as ``met`` / ``NOT met``.
+
+Usage::
+
+    python bench/bench_run.py [--rates 10000,50000] [--trials 5] [--workers 3] [--window 4]
+                              [--ftwatch PATH] [--quiet] [--settle-max S] [--json OUT]
+
+Older ``ftwatch`` builds without ``--settle-max`` / ``--quiet`` are run without those flags (the
+settle bound then is their fixed 1 s). Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+FATAL = "RuntimeError: CUDA error: an illegal memory access was encountered"
+PEER = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
+        "remote process exited or there was a network error, NCCL version 2.19.3")
+STEP_SHARE = 0.3          # of the background lines, step lines (Megatron's, with their step time)
+TICK = 0.01               # a worker writes its lines in bursts this far apart (seconds)
+TRIAL_TIMEOUT = 60.0      # seconds after the fatal line before a trial is given up
+
+
+# --------------------------------------------------------------------------- the worker
+
+def worker(rate: float, fatal_at: float, scenario: str, notes: Path) -> None:
+    """One training worker: ``rate`` lines/s of background output until ``fatal_at`` seconds, then
+    rank 0 fails (prints FATAL, exits 1); in scenario ``all`` the others print PEER and hang."""
+    rank = int(os.environ.get("RANK", "0"))
+    out = sys.stdout.buffer
+    other = [f"[data] rank {rank} batch {i} tokens 524288 seq 4096 mem 61.2GiB util 97% ok\n".encode()
+             for i in range(1024)]
+    every = int(round(1 / STEP_SHARE))
+    start = time.monotonic()
+    sent = step = 0
+    while True:
+        now = time.monotonic() - start
+        if now >= fatal_at:
+            break
+        due = int(now * rate) + 1 - sent
+        if due > 0:
+            chunk = []
+            for n in range(sent, sent + due):
+                if n % every:
+                    chunk.append(other[n % len(other)])
+                    continue
+                step += 1           # every rank steps at the same pace: no straggler
+                chunk.append(f" iteration {step:8d}/  100000 | consumed samples: {step * 512:10d} | elapsed time "
+                             f"per iteration (ms): 245.0 | lr: 3.0E-04 | loss: 2.4410 |\n".encode())
+            out.write(b"".join(chunk))
+            out.flush()
+            sent += due
+        time.sleep(TICK)
+    elapsed = time.monotonic() - start
+    (notes / f"rate-{rank}").write_text(f"{sent / elapsed}\n")
+    if rank == 0:
+        said = time.time()
+        out.write((FATAL + "\n").encode())
+        out.flush()
+        (notes / "fatal").write_text(f"{said}\n")
+        sys.exit(1)
+    if scenario == "all":
+        out.write((PEER + "\n").encode())
+        out.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while True:                 # hang (a real peer blocks in the collective) until stopped
+        time.sleep(3600)
+
+
+# --------------------------------------------------------------------------- measuring
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _decision(path: Path) -> dict | None:
+    """The decision on the fatal line in the decisions file (not a straggler's notify), or None."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue                    # a line still being written
+        if (d.get("root_cause") or {}).get("line", "").strip() in (FATAL, PEER):
+            return d
+    return None
+
+
+def _epoch(value) -> float:
+    """A decision's ``time``: ISO 8601 (the decisions file, millisecond precision) or epoch seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    return datetime.fromisoformat(value).timestamp()
+
+
+def _supports(ftwatch: list[str], flag: str) -> bool:
+    out = subprocess.run([*ftwatch, "run", "--help"], capture_output=True, text=True)
+    return flag in out.stdout
+
+
+def trial(ftwatch: list[str], rate: float, workers: int, window: float, scenario: str, flags: list[str],
+          warmup: float = 1.5) -> dict:
+    """One run: returns latency (s or None), cpu (cores), rss (MiB), achieved rate (lines/s)."""
+    tmp = Path(tempfile.mkdtemp(prefix="ftwatch-bench-run-"))
+    notes = tmp / "notes"
+    notes.mkdir()
+    decisions = tmp / "decisions.jsonl"
+    config = tmp / "config.yaml"
+    config.write_text("policy:\n  fault_tolerant_policy: OnFailure\n  enable_job_restart: false\n"
+                      "health:\n  bootcheck: false\n  troubleshooting: false\n")
+    fatal_at = warmup + window + 2.0      # + the monitor's own start-up (imports, rules)
+    cmd = [*ftwatch, "run", "--config", str(config), "--nproc-per-node", str(workers), "--state-dir",
+           str(tmp / "state"), "--decisions-file", str(decisions), "--job-id", "bench", *flags, "--",
+           sys.executable, os.path.abspath(__file__), "--worker", str(rate / workers), str(fatal_at),
+           scenario, str(notes)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        cpu0 = t0 = None
+        rss = 0.0
+        begin = time.monotonic()
+        while time.monotonic() - begin < fatal_at + 0.5:
+            rss = max(rss, _rss_mib(proc.pid) or 0.0)
+            now = time.monotonic() - begin
+            if cpu0 is None and now >= 2.0 + warmup:
+                cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
+            if cpu0 is not None and now >= 2.0 + warmup + window:
+                break
+            time.sleep(0.1)
+        cpu1, t1 = _cpu_seconds(proc.pid), time.monotonic()
+        cpu = (cpu1 - cpu0) / (t1 - t0) if cpu0 is not None and cpu1 is not None else None
+        deadline = time.monotonic() + fatal_at + TRIAL_TIMEOUT
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _decision(decisions) is not None:
+                break
+            rss = max(rss, _rss_mib(proc.pid) or 0.0)
+            time.sleep(0.05)
+        latency = None
+        decided = _decision(decisions)
+        if decided is not None and (notes / "fatal").exists():
+            latency = _epoch(decided["time"]) - float((notes / "fatal").read_text())
+        achieved = sum(float(p.read_text()) for p in notes.glob("rate-*")) if list(notes.glob("rate-*")) else None
+        return {"latency": latency, "cpu": cpu, "rss": rss, "achieved": achieved}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation (p99 of a few trials is near their max)."""
+    s = sorted(values)
+    if len(s) == 1:
+        return s[0]
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", default="10000,50000", help="total background lines/s, comma-separated")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--window", type=float, default=4.0, help="seconds of steady output measured per trial")
+    p.add_argument("--scenario", default="one,all", help="one, all, or both (comma-separated)")
+    p.add_argument("--ftwatch", default=None, help="the ftwatch executable (default: the one beside this Python)")
+    p.add_argument("--quiet", action="store_true", help="pass --quiet (no echo of the workers' output)")
+    p.add_argument("--settle-max", type=float, default=None, help="pass --settle-max S")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    args = p.parse_args(argv)
+    exe = args.ftwatch or shutil.which("ftwatch", path=str(Path(sys.executable).parent)) or "ftwatch"
+    ftwatch = [exe]
+    flags = []
+    if args.quiet:
+        if _supports(ftwatch, "--quiet"):
+            flags.append("--quiet")
+        else:
+            print("bench_run: this ftwatch has no --quiet; echoing", file=sys.stderr)
+    settle = 1.0
+    if args.settle_max is not None:
+        if _supports(ftwatch, "--settle-max"):
+            flags += ["--settle-max", str(args.settle_max)]
+            settle = args.settle_max
+        else:
+            print("bench_run: this ftwatch has no --settle-max; its settle is a fixed 1 s", file=sys.stderr)
+    results = []
+    print(f"ftwatch run bench: {args.workers} workers, {args.trials} trials, {args.window:g} s windows, "
+          f"{int(STEP_SHARE * 100)} % step lines, settle bound {settle:g} s, flags {' '.join(flags) or '-'}")
+    for scenario in args.scenario.split(","):
+        for rate in (float(r) for r in args.rates.split(",")):
+            runs = [trial(ftwatch, rate, args.workers, args.window, scenario, flags) for _ in range(args.trials)]
+            lat = [r["latency"] for r in runs if r["latency"] is not None]
+            cpu = [r["cpu"] for r in runs if r["cpu"] is not None]
+            rss = [r["rss"] for r in runs]
+            ach = [r["achieved"] for r in runs if r["achieved"] is not None]
+            row = {"scenario": scenario, "rate": rate, "trials": len(runs), "decided": len(lat),
+                   "p50_ms": pct(lat, 0.5) * 1000 if lat else None, "p99_ms": pct(lat, 0.99) * 1000 if lat else None,
+                   "cpu_pct": statistics.median(cpu) * 100 if cpu else None, "rss_mib": max(rss) if rss else None,
+                   "achieved": statistics.median(ach) if ach else None, "settle": settle}
+            results.append(row)
+            _print_row(row)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _print_row(r: dict) -> None:
+    rate = int(r["rate"])
+    head = f"  [{r['scenario']}] {rate // 1000} k lines/s"
+    if r["p50_ms"] is None:
+        print(f"{head}: no decision within {TRIAL_TIMEOUT:g} s in {r['trials']} trials: latency goal NOT met")
+    else:
+        bound = 100 + r["settle"] * 1000
+        ok = "met" if r["p99_ms"] <= bound and r["decided"] == r["trials"] else "NOT met"
+        print(f"{head}: error line -> decision p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms "
+              f"({r['decided']}/{r['trials']} decided; goal p99 <= {bound:.0f} ms: {ok})")
+    if r["cpu_pct"] is not None:
+        goal = f"; goal <= 5 %: {'met' if r['cpu_pct'] <= 5 else 'NOT met'}" if rate <= 10000 else ""
+        print(f"{head}: monitor CPU {r['cpu_pct']:.1f} % of a core{goal}; RSS max {r['rss_mib']:.0f} MiB")
+    if r["achieved"] is not None:
+        slowed = " (the workers were slowed: backpressure)" if r["achieved"] < 0.9 * r["rate"] else ""
+        print(f"{head}: workers wrote {r['achieved']:.0f} lines/s of {rate}{slowed}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], Path(sys.argv[5]))
+    else:
+        sys.exit(main())
