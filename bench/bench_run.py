@@ -53,7 +53,7 @@ FATAL = "RuntimeError: CUDA error: an illegal memory access was encountered"
 PEER = ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, "
         "remote process exited or there was a network error, NCCL version 2.19.3")
 STEP_SHARE = 0.3          # of the background lines, step lines (Megatron's, with their step time)
-TICK = 0.01               # a worker writes its lines in bursts this far apart (seconds)
+TICK = 0.001              # a worker writes the lines due every TICK seconds, one write(2) per line
 TRIAL_TIMEOUT = 60.0      # seconds after the fatal line before a trial is given up
 
 
@@ -63,7 +63,7 @@ def worker(rate: float, fatal_at: float, scenario: str, notes: Path) -> None:
     """One training worker: ``rate`` lines/s of background output until ``fatal_at`` seconds, then
     rank 0 fails (prints FATAL, exits 1); in scenario ``all`` the others print PEER and hang."""
     rank = int(os.environ.get("RANK", "0"))
-    out = sys.stdout.buffer
+    fd = sys.stdout.fileno()
     other = [f"[data] rank {rank} batch {i} tokens 524288 seq 4096 mem 61.2GiB util 97% ok\n".encode()
              for i in range(1024)]
     every = int(round(1 / STEP_SHARE))
@@ -74,30 +74,24 @@ def worker(rate: float, fatal_at: float, scenario: str, notes: Path) -> None:
         if now >= fatal_at:
             break
         due = int(now * rate) + 1 - sent
-        if due > 0:
-            chunk = []
-            for n in range(sent, sent + due):
-                if n % every:
-                    chunk.append(other[n % len(other)])
-                    continue
-                step += 1           # every rank steps at the same pace: no straggler
-                chunk.append(f" iteration {step:8d}/  100000 | consumed samples: {step * 512:10d} | elapsed time "
-                             f"per iteration (ms): 245.0 | lr: 3.0E-04 | loss: 2.4410 |\n".encode())
-            out.write(b"".join(chunk))
-            out.flush()
-            sent += due
+        for n in range(sent, sent + due):    # as print() with PYTHONUNBUFFERED: a write per line
+            if n % every:
+                os.write(fd, other[n % len(other)])
+                continue
+            step += 1           # every rank steps at the same pace: no straggler
+            os.write(fd, f" iteration {step:8d}/  100000 | consumed samples: {step * 512:10d} | elapsed time "
+                         f"per iteration (ms): 245.0 | lr: 3.0E-04 | loss: 2.4410 |\n".encode())
+        sent += max(0, due)
         time.sleep(TICK)
     elapsed = time.monotonic() - start
     (notes / f"rate-{rank}").write_text(f"{sent / elapsed}\n")
     if rank == 0:
         said = time.time()
-        out.write((FATAL + "\n").encode())
-        out.flush()
+        os.write(fd, (FATAL + "\n").encode())
         (notes / "fatal").write_text(f"{said}\n")
         sys.exit(1)
     if scenario == "all":
-        out.write((PEER + "\n").encode())
-        out.flush()
+        os.write(fd, (PEER + "\n").encode())
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:                 # hang (a real peer blocks in the collective) until stopped
         time.sleep(3600)
