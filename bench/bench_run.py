@@ -9,7 +9,8 @@ input) and, at a known moment, a fatal line; then measures, per trial:
   the decision's time (``Decision.time`` from ``--decisions-file``: taken at the verdict, before
   alerts and storage);
 * monitor CPU: user + system CPU seconds of the ``ftwatch`` process (all its threads, from
-  ``/proc/<pid>/stat``) over the steady window before the fatal line, per wall second (1.0 = one
+  ``/proc/<pid>/stat``) over the steady window (``--window`` s, from 1.5 s after the workers
+  started: the monitor's start-up is not in it) before the fatal line, per wall second (1.0 = one
   core);
 * RSS: the largest ``VmRSS`` of that process sampled during the window;
 * the rate the workers achieved (a monitor that is slower than its workers slows their pipes:
@@ -68,6 +69,7 @@ def worker(rate: float, fatal_at: float, scenario: str, notes: Path) -> None:
              for i in range(1024)]
     every = int(round(1 / STEP_SHARE))
     start = time.monotonic()
+    (notes / f"start-{rank}").write_text(f"{time.time()}\n")
     sent = step = 0
     while True:
         now = time.monotonic() - start
@@ -146,7 +148,7 @@ def _supports(ftwatch: list[str], flag: str) -> bool:
 
 
 def trial(ftwatch: list[str], rate: float, workers: int, window: float, scenario: str, flags: list[str],
-          warmup: float = 1.5) -> dict:
+          warmup: float = 1.5, step_tap: bool = True) -> dict:
     """One run: returns latency (s or None), cpu (cores), rss (MiB), achieved rate (lines/s)."""
     tmp = Path(tempfile.mkdtemp(prefix="ftwatch-bench-run-"))
     notes = tmp / "notes"
@@ -154,8 +156,9 @@ def trial(ftwatch: list[str], rate: float, workers: int, window: float, scenario
     decisions = tmp / "decisions.jsonl"
     config = tmp / "config.yaml"
     config.write_text("policy:\n  fault_tolerant_policy: OnFailure\n  enable_job_restart: false\n"
-                      "health:\n  bootcheck: false\n  troubleshooting: false\n")
-    fatal_at = warmup + window + 2.0      # + the monitor's own start-up (imports, rules)
+                      "health:\n  bootcheck: false\n  troubleshooting: false\n"
+                      + ("" if step_tap else "  straggler:\n    enabled: false\n"))
+    fatal_at = warmup + window + 0.5      # seconds after the workers' start (the monitor's own start-up before)
     cmd = [*ftwatch, "run", "--config", str(config), "--nproc-per-node", str(workers), "--state-dir",
            str(tmp / "state"), "--decisions-file", str(decisions), "--job-id", "bench", *flags, "--",
            sys.executable, os.path.abspath(__file__), "--worker", str(rate / workers), str(fatal_at),
@@ -164,13 +167,18 @@ def trial(ftwatch: list[str], rate: float, workers: int, window: float, scenario
     try:
         cpu0 = t0 = None
         rss = 0.0
+        began = time.monotonic() + TRIAL_TIMEOUT
+        while not (notes / "start-0").exists():       # imports, rules compiled, workers started
+            if proc.poll() is not None or time.monotonic() > began:
+                raise RuntimeError(f"ftwatch run did not start its workers: {' '.join(cmd)}")
+            time.sleep(0.02)
         begin = time.monotonic()
-        while time.monotonic() - begin < fatal_at + 0.5:
+        while True:
             rss = max(rss, _rss_mib(proc.pid) or 0.0)
             now = time.monotonic() - begin
-            if cpu0 is None and now >= 2.0 + warmup:
+            if cpu0 is None and now >= warmup:
                 cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
-            if cpu0 is not None and now >= 2.0 + warmup + window:
+            if cpu0 is not None and now >= warmup + window:
                 break
             time.sleep(0.1)
         cpu1, t1 = _cpu_seconds(proc.pid), time.monotonic()
@@ -219,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ftwatch", default=None, help="the ftwatch executable (default: the one beside this Python)")
     p.add_argument("--quiet", action="store_true", help="pass --quiet (no echo of the workers' output)")
     p.add_argument("--settle-max", type=float, default=None, help="pass --settle-max S")
+    p.add_argument("--no-step-tap", action="store_true",
+                   help="turn the straggler step tap off (health.straggler.enabled: false): the loop's own "
+                        "cost without the engine's per-step-line work")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     exe = args.ftwatch or shutil.which("ftwatch", path=str(Path(sys.executable).parent)) or "ftwatch"
@@ -238,10 +249,12 @@ def main(argv: list[str] | None = None) -> int:
             print("bench_run: this ftwatch has no --settle-max; its settle is a fixed 1 s", file=sys.stderr)
     results = []
     print(f"ftwatch run bench: {args.workers} workers, {args.trials} trials, {args.window:g} s windows, "
-          f"{int(STEP_SHARE * 100)} % step lines, settle bound {settle:g} s, flags {' '.join(flags) or '-'}")
+          f"{int(STEP_SHARE * 100)} % step lines, step tap {'off' if args.no_step_tap else 'on'}, "
+          f"settle bound {settle:g} s, flags {' '.join(flags) or '-'}")
     for scenario in args.scenario.split(","):
         for rate in (float(r) for r in args.rates.split(",")):
-            runs = [trial(ftwatch, rate, args.workers, args.window, scenario, flags) for _ in range(args.trials)]
+            runs = [trial(ftwatch, rate, args.workers, args.window, scenario, flags, step_tap=not args.no_step_tap)
+                    for _ in range(args.trials)]
             lat = [r["latency"] for r in runs if r["latency"] is not None]
             cpu = [r["cpu"] for r in runs if r["cpu"] is not None]
             rss = [r["rss"] for r in runs]
