@@ -357,11 +357,13 @@ class Supervisor:
         deadline = time.monotonic() + EXIT_LINGER
         for t in w.readers:
             eof = _eof(t)
-            while not eof.is_set() and time.monotonic() < deadline:
-                before = time.monotonic()
-                eof.wait(min(0.05, deadline - before))
+            while not eof.is_set():
+                now = time.monotonic()
                 if self._queue.full():       # the readers wait for room, no leftover holds the pipes:
-                    deadline += time.monotonic() - before     # the linger pauses
+                    eof.wait(0.05)           # the linger pauses
+                    deadline += time.monotonic() - now
+                elif now >= deadline or eof.wait(min(0.05, deadline - now)):
+                    break
         if not all(_eof(t).is_set() for t in w.readers):   # leftovers hold the pipes: end them
             with self._lock:
                 _killpg(w, signal.SIGKILL)
