@@ -56,6 +56,10 @@ across modules; what can stand alone already does (``ftwatch.policy.triggers``,
 
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
+
+Size: a little over 400 lines, one job (one job's incidents: what comes in, when an incident is
+due, what is decided on); the rules for triggers and for exits live apart already
+(``policy.triggers``, ``policy.lifecycle``).
 """
 
 from __future__ import annotations

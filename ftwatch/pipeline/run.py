@@ -41,7 +41,7 @@ the local actuator (``pipeline/actuators/local.py``) carries the plan out and ru
 poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
 (``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
 
-Size: about 460 lines, one job (the run loop of one job): the input half is the desk's,
+Size: about 480 lines, one job (the run loop of one job): the input half is the desk's,
 the acting half the local actuator's and the decision the policy's; what is left is the order in
 which they are called, which reads best in one place.
 """
