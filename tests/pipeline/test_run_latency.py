@@ -15,7 +15,7 @@ from ftwatch.events import Action
 from ftwatch.pipeline.build import build_run
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.run import SETTLE_SECONDS
-from ftwatch.testing import Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
+from ftwatch.testing import CaptureAlerts, Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
 
 JOB = "job"
 SIGKILL = 9
@@ -53,29 +53,6 @@ class OrderedSink:
         pass
 
 
-class OrderedAlerts:
-    """An alert path that notes each alert it is handed."""
-
-    def __init__(self, calls: Calls):
-        self.calls = calls
-
-    def dispatch(self, alert):
-        self.calls.names.append("alert")
-        return []
-
-    def tick(self, now=None):
-        return []
-
-    def resend_pending(self):
-        return 0
-
-    def close(self):
-        return []
-
-    def take_results(self):
-        return []
-
-
 def run(tmp_path, cfg, script, nproc=2, calls: Calls | None = None, echo=True):
     """Run the job; returns (status, recorder, supervisor, clock start, terminal text, runner)."""
     clock = FakeClock()
@@ -83,7 +60,7 @@ def run(tmp_path, cfg, script, nproc=2, calls: Calls | None = None, echo=True):
     sup = FakeSupervisor(clock, script, nproc, job=JOB)
     out = io.StringIO()
     calls = calls or Calls()
-    recorder = Recorder(OrderedSink(calls), tmp_path / "decisions.jsonl", OrderedAlerts(calls), out=out)
+    recorder = Recorder(OrderedSink(calls), tmp_path / "decisions.jsonl", CaptureAlerts(calls.names), out=out)
     runner = build_run(cfg, ["train"], JOB, recorder, out=out, clock=clock, supervisor=sup, control=FakeControl(),
                        echo=echo)
     status = runner.run()
@@ -145,7 +122,7 @@ def test_the_decision_is_acted_on_before_it_is_stored_and_alerted(tmp_path):
     clock = FakeClock()
     sup = FakeSupervisor(clock, script, 2, job=JOB)
     out = io.StringIO()
-    recorder = Recorder(OrderedSink(calls), tmp_path / "decisions.jsonl", OrderedAlerts(calls), out=out)
+    recorder = Recorder(OrderedSink(calls), tmp_path / "decisions.jsonl", CaptureAlerts(calls.names), out=out)
     runner = build_run(config(tmp_path), ["train"], JOB, recorder, out=out, clock=clock, supervisor=sup,
                        control=FakeControl())
     carry_out = runner.act.carry_out
@@ -170,7 +147,7 @@ def test_a_restart_of_every_worker_is_also_stored_after_acting(tmp_path):
     script = script_of({(1, 1): [Say(1, FATAL), Exit(1, 1)]}, default=[Say(1, "step 1"), Exit(2)])
     clock = FakeClock()
     sup = FakeSupervisor(clock, script, 2, job=JOB)
-    recorder = Recorder(OrderedSink(calls), None, OrderedAlerts(calls), out=io.StringIO())
+    recorder = Recorder(OrderedSink(calls), None, CaptureAlerts(calls.names), out=io.StringIO())
     runner = build_run(cfg, ["train"], JOB, recorder, out=io.StringIO(), clock=clock, supervisor=sup,
                        control=FakeControl())
     carry_out = runner.act.carry_out
