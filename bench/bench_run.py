@@ -83,6 +83,8 @@ def worker(rate: float, fatal_at: float, scenario: str, notes: Path) -> None:
             if rank == 0:
                 break
         if rank and scenario == "all" and fatal.exists():
+            if not noted:
+                (notes / f"rate-{rank}").write_text(f"{sent / max(now, 1e-3)}\n")
             break
         due = int(now * rate) + 1 - sent
         for n in range(sent, sent + due):    # as print() with PYTHONUNBUFFERED: a write per line
