@@ -128,14 +128,13 @@ def test_a_busy_stream_is_handed_over_in_chunks_not_a_line_per_read():
     assert len(got) <= 30 < n
 
 
-def test_a_worker_whose_output_waits_for_room_is_not_taken_for_leftovers(monkeypatch):
+def test_a_worker_whose_output_waits_for_room_is_delivered_whole_before_its_exit(monkeypatch):
     """A 4 KiB queue and a worker that writes 256 KiB and exits while the loop takes nothing: its
     reader waits for room with the rest in the pipe. That is not a leftover holding the pipe (no
-    SIGKILL, however short the linger), and its exit still comes after all of its output."""
+    SIGKILL), and its exit still comes after all of its output."""
     from ftwatch.pipeline.sources import supervisor as module
     kills = []
     real = module._killpg
-    monkeypatch.setattr(module, "EXIT_LINGER", 0.0)
     monkeypatch.setattr(module, "_killpg", lambda w, sig: (kills.append(sig), real(w, sig)))
     line = b"y" * 1023 + b"\n"
     code = "import os\nfor _ in range(256): os.write(1, b'y' * 1023 + b'\\n')\n"
@@ -143,7 +142,8 @@ def test_a_worker_whose_output_waits_for_room_is_not_taken_for_leftovers(monkeyp
     try:
         sup.start_all(0)
         assert sup._workers[0].exited.wait(30)             # it exited; nothing was taken yet
-        assert sup.lag()[0] >= 4096 and 9 not in kills       # the reader waits for room: no kill
+        assert sup._queue.waiting.wait(30)                  # its reader waits for room
+        assert sup.lag()[0] > 0 and sup._queue.blocked >= 1
         events: list = []
         end = time.monotonic() + 30
         while not any(isinstance(e, ProcessExit) for e in events):

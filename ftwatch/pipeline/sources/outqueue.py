@@ -51,6 +51,7 @@ class OutputQueue:
         self._woken = False
         self._open = 0                 # > 0: puts never block (a stop is under way)
         self.blocked = 0               # puts that had to wait (the readers were slowed)
+        self._waiters = 0              # puts waiting now
         self.waiting = threading.Event()   # set while a put waits for room (tests, diagnostics)
 
     def put(self, item: Any, nbytes: int | None = None) -> None:
@@ -61,12 +62,15 @@ class OutputQueue:
         with self._cond:
             if nbytes > 0 and self._bytes and self._bytes + nbytes > self.max_bytes and not self._open:
                 self.blocked += 1
+                self._waiters += 1
                 self.waiting.set()
                 try:
                     while self._bytes and self._bytes + nbytes > self.max_bytes and not self._open:
                         self._cond.wait()
                 finally:
-                    self.waiting.clear()
+                    self._waiters -= 1
+                    if not self._waiters:
+                        self.waiting.clear()
             self._items.append((item, nbytes, self.clock()))
             self._bytes += nbytes
             self._cond.notify_all()
@@ -102,9 +106,10 @@ class OutputQueue:
             return self._bytes, max(0.0, age)
 
     def full(self) -> bool:
-        """True while a put of output would wait (``max_bytes`` queued, no stop under way)."""
+        """True while a put of output waits for room, or the next one would (``max_bytes``
+        queued); never during a stop."""
         with self._cond:
-            return self._bytes >= self.max_bytes and not self._open
+            return (self._waiters > 0 or self._bytes >= self.max_bytes) and not self._open
 
     def __len__(self) -> int:
         return len(self._items)
