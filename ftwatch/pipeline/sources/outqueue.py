@@ -47,7 +47,8 @@ class OutputQueue:
         self.clock = clock
         self._items: collections.deque[tuple[Any, int, float]] = collections.deque()   # (item, bytes, queued at)
         self._bytes = 0
-        self._cond = threading.Condition(threading.Lock())
+        # reentrant: a signal handler may stop the workers (``unbounded``) while this thread is inside
+        self._cond = threading.Condition(threading.RLock())
         self._woken = False
         self._open = 0                 # > 0: puts never block (a stop is under way)
         self.blocked = 0               # puts that had to wait (the readers were slowed)
