@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--window", type=float, default=4.0, help="seconds of steady output measured per trial")
     p.add_argument("--scenario", default="one,all", help="one, all, or both (comma-separated)")
-    p.add_argument("--ftwatch", default=None, help="the ftwatch executable (default: the one beside this Python)")
+    p.add_argument("--ftwatch", default=None,
+                   help="the ftwatch executable (default: this checkout's, as python -m ftwatch)")
     p.add_argument("--quiet", action="store_true", help="pass --quiet (no echo of the workers' output)")
     p.add_argument("--settle-max", type=float, default=None, help="pass --settle-max S")
     p.add_argument("--no-step-tap", action="store_true",
@@ -240,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                         "cost without the engine's per-step-line work")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
-    exe = args.ftwatch or shutil.which("ftwatch", path=str(Path(sys.executable).parent)) or "ftwatch"
-    ftwatch = [exe]
+    # default: this checkout's ftwatch, run by this Python (not whatever the venv's script imports)
+    ftwatch = [args.ftwatch] if args.ftwatch else [sys.executable, "-m", "ftwatch"]
+    if not args.ftwatch:
+        root = str(Path(__file__).resolve().parents[1])
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     flags = []
     if args.quiet:
         if _supports(ftwatch, "--quiet"):
@@ -275,7 +279,30 @@ def main(argv: list[str] | None = None) -> int:
             _print_row(row)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
+    _report(results)
     return 0
+
+
+def _report(results: list[dict]) -> None:
+    """The figures for ``make bench`` (``bench/run.py``: ``FIGURE`` lines through ``benchlib``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchlib import at_most, info, report
+    figures = []
+    for r in results:
+        k = f"{int(r['rate']) // 1000}k lines/s"
+        what = {"one": "one rank fails, others train on", "all": "every rank reports"}.get(r["scenario"], r["scenario"])
+        if r["p99_ms"] is not None:
+            bound = 100 + r["settle"] * 1000
+            p99 = r["p99_ms"] if r["decided"] == r["trials"] else float("inf")
+            figures.append(at_most(f"run error->decision p99, {k} ({r['scenario']})", p99, "ms", bound,
+                                   f"{what}; 100 ms + the {r['settle']:g} s settle bound; p50 {r['p50_ms']:.0f} ms"))
+        if r["cpu_pct"] is not None:
+            name = f"run monitor CPU, {k} ({r['scenario']})"
+            figures.append(at_most(name, r["cpu_pct"], "%", 5.0, "of one core, step lines included")
+                           if int(r["rate"]) <= 10000 else info(name, r["cpu_pct"], "%", "of one core"))
+        if r["rss_mib"] is not None:
+            figures.append(info(f"run monitor RSS, {k} ({r['scenario']})", r["rss_mib"], "MiB"))
+    report("run", figures)
 
 
 def _print_row(r: dict) -> None:
