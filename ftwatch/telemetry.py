@@ -23,6 +23,11 @@ metric                                 type     labels
                                                 journaled, the buffer was full)
 ``ftwatch_spool_bytes``                gauge    ``spool``, ``state``
 ``ftwatch_queue_batches``              gauge    batches waiting in ``watch``'s ingest queue
+``ftwatch_run_queue_bytes``            gauge    ``run``: workers' output bytes read and not
+                                                yet taken by the loop (bounded: the readers
+                                                then wait and the workers' pipes fill)
+``ftwatch_run_queue_age_seconds``      gauge    ``run``: how long the oldest such output has
+                                                waited (0: none waits; the monitor's lag)
 ``ftwatch_source_connections_total``   counter  ``source``, ``event``: ``accepted``,
                                                 ``refused`` (over ``max_connections``),
                                                 ``idle_closed`` (Forward / HTTP listeners)
@@ -157,6 +162,10 @@ class Metrics:
                               registry=r)
         self.queue = Gauge("ftwatch_queue_batches", "Batches waiting in the ingest queue.",
                            registry=r)
+        self.run_queue_bytes = Gauge("ftwatch_run_queue_bytes", "ftwatch run: workers' output bytes read "
+                                     "and waiting for the loop.", registry=r)
+        self.run_queue_age = Gauge("ftwatch_run_queue_age_seconds", "ftwatch run: seconds the oldest output "
+                                   "waiting for the loop has waited.", registry=r)
         self.connections = Counter("ftwatch_source_connections", "Connections to the Forward and HTTP "
                                    "listeners: accepted, refused (over max_connections), idle_closed.",
                                    ["source", "event"], registry=r)
@@ -241,6 +250,12 @@ class Metrics:
     def watch_queue(self, size: Callable[[], float]) -> None:
         """Report ``size()`` as ``ftwatch_queue_batches`` at each scrape (e.g. ``queue.qsize``)."""
         self.queue.set_function(size)
+
+    def watch_lag(self, lag: Callable[[], tuple[float, float]]) -> None:
+        """Report ``lag()`` = (bytes, seconds) as ``ftwatch_run_queue_bytes`` and
+        ``ftwatch_run_queue_age_seconds`` at each scrape (``Supervisor.lag``)."""
+        self.run_queue_bytes.set_function(lambda: lag()[0])
+        self.run_queue_age.set_function(lambda: lag()[1])
 
     # -- the endpoint ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from ftwatch.mining.draft import draft_rule
 from ftwatch.mining.miner import Miner, catch_all_ids, is_catch_all, strip_prefix
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.rules.loader import load_rules
-from ftwatch.testing import T0, CaptureSink, decision, finding
+from ftwatch.testing import T0, CaptureAlerts, CaptureSink, decision, finding
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
@@ -97,31 +97,8 @@ def test_state_survives_a_restart_and_news_is_said_once(tmp_path):
     assert again.ranked()[0] is sig
 
 
-class Capture:
-    """An alert path that keeps what it is given."""
-
-    def __init__(self):
-        self.alerts = []
-
-    def dispatch(self, alert):
-        self.alerts.append(alert)
-        return []
-
-    def tick(self, now=None):
-        return []
-
-    def resend_pending(self):
-        return 0
-
-    def close(self):
-        return []
-
-    def take_results(self):
-        return []
-
-
 def test_recorder_sends_a_new_signature_event(tmp_path):
-    capture, sink = Capture(), CaptureSink()
+    capture, sink = CaptureAlerts(), CaptureSink()
     rec = Recorder(sink, dispatcher=capture, out=io.StringIO(), resolve_after=None, state_dir=tmp_path)
     rec.miner = Miner(catch_all={"python.uncaught_exception"}, new_jobs=2)
     rec.decision(uncaught("j1", 0, 1))

@@ -32,6 +32,8 @@ def cmd_run(argv: list[str]) -> int:
     p.add_argument("--job-id", help="job id (default: derived from the command and directory)")
     p.add_argument("--grace-period", type=float, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: any free one)")
+    p.add_argument("--quiet", action="store_true", default=False,
+                   help="do not echo the workers' output (it is still read and scanned)")
     p.add_argument("--kernel-log", type=Path, metavar="PATH",
                    help="this host's kernel log, tailed from its end (default: /dev/kmsg or journalctl -k "
                         "when readable): its lines are evidence about this node (Xid 79 isolates it)")
@@ -94,7 +96,8 @@ def cmd_run(argv: list[str]) -> int:
     recorder.say(f"ftwatch: {said}")
     try:
         runner = build_run(config, command, job, recorder, kernel=kernel,
-                           bus_ids=gpu_bus_ids() if kernel is not None else None, cluster=cluster)
+                           bus_ids=gpu_bus_ids() if kernel is not None else None, cluster=cluster,
+                           echo=not args.quiet)
     except BaseException:
         if kernel is not None:
             kernel.close()
@@ -102,6 +105,8 @@ def cmd_run(argv: list[str]) -> int:
             cluster.close(1)
         raise
     status = 1
+    if metrics is not None and hasattr(runner.supervisor, "lag"):
+        metrics.watch_lag(runner.supervisor.lag)     # the workers' output waiting for the loop
     try:
         status = runner.run()
     finally:
@@ -153,11 +158,14 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds between checks of the workers")
     p.add_argument("--keep-scene", dest="keep_scene", type=float, metavar="SECONDS",
                    help="on a final failure keep the workers for SECONDS and print how to attach")
+    p.add_argument("--settle-max", dest="settle_max", type=float, metavar="SECONDS",
+                   help="after a failure, wait at most SECONDS for the other workers' own errors "
+                        "(sooner once each has exited or reported one; default 1)")
 
 
 _FLAG = {"recover_strategy": "--recover-strategy", "max_restarts": "--max-restarts",
          "monitor_interval": "--monitor-interval", "nproc_per_node": "--nproc-per-node",
-         "grace_period": "--grace-period", "keep_scene_seconds": "--keep-scene"}
+         "grace_period": "--grace-period", "keep_scene_seconds": "--keep-scene", "settle_max": "--settle-max"}
 
 
 def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
@@ -172,7 +180,8 @@ def apply_run_flags(config: Any, args: argparse.Namespace) -> Any:
     sup = {k: v for k, v in (("nproc_per_node", getattr(args, "nproc_per_node", None)),
                              ("grace_period", getattr(args, "grace_period", None)),
                              ("keep_scene_seconds", args.keep_scene),
-                             ("actuator", getattr(args, "actuator", None))) if v is not None}
+                             ("actuator", getattr(args, "actuator", None)),
+                             ("settle_max", getattr(args, "settle_max", None))) if v is not None}
     updates, issues = {}, []
     for section, overrides in (("mindcluster", mc), ("supervisor", sup)):
         if overrides:

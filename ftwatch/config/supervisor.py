@@ -99,6 +99,9 @@ class SupervisorConfig(BaseModel):
         "CUDA_VISIBLE_DEVICES, else ASCEND_RT_VISIBLE_DEVICES, else 0..MAX-1.")
     keep_scene_seconds: float = Field(
         0.0, ge=0, description="On a final failure keep the workers this long and print how to attach (A3); 0: off.")
+    settle_max: float = Field(
+        1.0, ge=0, description="After a failure (Sync), at most this many seconds for the other workers' own "
+        "errors before deciding; the wait ends sooner once every worker has exited or reported an error.")
 
     @field_validator("nproc_per_node")
     @classmethod

@@ -145,7 +145,7 @@ def resolve_after_of(config) -> float:
     return min(values, default=RESOLVE_AFTER)
 
 def build_run(config, command, job: str, recorder, *, engine=None, out=None, clock=None, supervisor=None,
-              control=None, node: str | None = None, kernel=None, bus_ids=None, cluster=None):
+              control=None, node: str | None = None, kernel=None, bus_ids=None, cluster=None, echo: bool = True):
     """The run loop of ``ftwatch run`` with every collaborator it drives, built once here.
 
     The MindCluster section is first translated into the policy (M4: a recovering strategy enables
@@ -161,6 +161,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         recorder: where decisions, findings and events go.
         engine: the rule engine; None: :func:`build_engine` (its step tap tells the terminal).
         out: where worker output is echoed (default stdout).
+        echo: echo the workers' output at all (``--quiet``: not).
         clock: default the system clock; tests give a FakeClock.
         supervisor, control: default the real ``Supervisor`` and ``ControlServer``; tests give
             fakes (``ftwatch.testing.FakeSupervisor``, ``FakeControl``).
@@ -190,7 +191,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     from ftwatch.pipeline.actuators.recovery import RecoveryHandler
     from ftwatch.pipeline.actuators.scene import Scene
     from ftwatch.pipeline.actuators.slots import Slots
-    from ftwatch.pipeline.incidents import SETTLE_SECONDS, IncidentDesk
+    from ftwatch.pipeline.incidents import IncidentDesk
     from ftwatch.pipeline.run import JobRunner, RunParts
     from ftwatch.pipeline.sources.control import ControlServer
     from ftwatch.pipeline.sources.orphans import WorkerRecord
@@ -211,7 +212,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     sync = pol.job_execution_mode == "Sync"
     hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
     # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
-    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0,
+    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=sup.settle_max if sync else 0.0,
                         summaries="exit")
     from ftwatch.policy.lifecycle import launcher_of_command
     launcher = launcher_of_command(command)     # `dlrover-run ...`: DLRover's private exit codes apply
@@ -246,7 +247,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
             scheduler = JobHandOver(cluster, scheduler)
     parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock,
                      kernel, node, bus_ids or {}, scheduler, cluster)
-    runner = JobRunner(config, command, parts, recorder, job, out=out)
+    runner = JobRunner(config, command, parts, recorder, job, out=out, echo=echo)
     if cluster is not None:
         cluster.bind(runner, lambda: IncidentDesk(
             job, engine, build_policy(config, job, BudgetStore.for_job(state_dir, f"{job}@cluster")),

@@ -21,6 +21,9 @@ def echo_text(origin: Origin, data: bytes) -> str:
     if origin.stream == "stderr":
         prefix += "!"
     text = data.decode("utf-8", "replace")
+    if "\r" not in text:          # no progress bar: one replace, no per-line Python work
+        body = text[:-1] if text.endswith("\n") else text
+        return f"{prefix} " + body.replace("\n", f"\n{prefix} ") + "\n"
     lines = text.split("\n")
     if text.endswith("\n"):
         lines.pop()

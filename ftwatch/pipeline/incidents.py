@@ -24,7 +24,11 @@ without an exit line. A launcher's private exit codes count only under that laun
 What opens an incident, which finding triggers it and which instances failed is
 ``ftwatch.policy.triggers`` (one rule for every driver). An incident opens with its first
 opening finding and settles for ``settle`` seconds, in which the others' evidence joins it; a
-hang is due at once. After a decision that acted (not ``none`` / ``notify``) the job's new
+hang is due at once. Where the source reports exits (``run``) the settle clock starts at the
+first error of the job in the ``settle`` seconds before the incident opened, if any (a worker's
+fatal line, not its exit a moment later), and a driver that knows which instances still live
+ends the settle early once each of them has reported an error of its own since then
+(:meth:`IncidentDesk.settled`). After a decision that acted (not ``none`` / ``notify``) the job's new
 findings are recorded but open nothing for ``cooldown`` seconds (``watch``: the fallout of its
 own action); a hang that only notified re-arms once output resumes. The evidence is the
 attempt's: :meth:`new_attempt` clears it (the driver calls it when the job restarts).
@@ -52,6 +56,10 @@ across modules; what can stand alone already does (``ftwatch.policy.triggers``,
 
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
+
+Size: a little over 400 lines, one job (one job's incidents: what comes in, when an incident is
+due, what is decided on); the rules for triggers and for exits live apart already
+(``policy.triggers``, ``policy.lifecycle``).
 """
 
 from __future__ import annotations
@@ -78,7 +86,8 @@ from ftwatch.rules.timers import HangTracker
 #: the last line of a C++ stack dump (c10's ``frame #3: ...``, SPEC P1; ftwatch.parsers.multiline)
 _CPP_FRAME = re.compile(r"\s*frame #\d+: ")
 POLL_SECONDS = 0.2         # how often a live loop wakes with nothing to read (the Tick period)
-SETTLE_SECONDS = 1.0       # ``run``: after a failure, how long the others may show their own errors
+SETTLE_SECONDS = 1.0       # ``run``: after a failure, at most how long the others may show their own
+                           # errors (the default of ``supervisor.settle_max``)
 BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
 
 
@@ -152,6 +161,8 @@ class IncidentDesk:
         self.open: Finding | None = None       # the finding that opened the current incident
         self._openers: list[Finding] = []      # findings that could trigger it
         self._settle_until = 0.0
+        self._settle_from = 0.0                # mono: where the open incident's settle clock started
+        self._errors: dict[str, tuple[float, float]] = {}   # instance -> mono of (first, latest) own error
         self._quiet_until = float("-inf")
         self._hang_notified = False
         self._summary_lines: dict[Origin, SummaryLines] = {}
@@ -274,6 +285,9 @@ class IncidentDesk:
         for f in findings:
             if self.survival.is_notice(f):
                 continue
+            if is_error(f) and f.kind not in HANG_KINDS and not is_host(f.origin):   # its own report (settled)
+                first, last = self._errors.get(f.origin.instance, (mono, float("-inf")))
+                self._errors[f.origin.instance] = (first if mono - last <= self.settle else mono, mono)
             survivable = self._survivable(f)
             if survivable:
                 self.survival.wait(f)
@@ -285,7 +299,9 @@ class IncidentDesk:
             if self.open is None:
                 self.open = f
                 self._held, self._alive = held, False
-                self._settle_until = mono + wait
+                self._settle_from = mono if f.kind in HANG_KINDS or not self.exits else max(mono - self.settle, min(
+                    [mono, *(first for first, last in self._errors.values() if last >= mono - self.settle)]))
+                self._settle_until = self._settle_from + wait
                 self._hold_until = mono + max(wait, self.survival.window)
                 trigger = trigger or f
             else:
@@ -316,8 +332,18 @@ class IncidentDesk:
         return due
 
     def settle_left(self, mono: float) -> float:
-        """Seconds the open incident still settles at ``mono``; 0 when none is settling."""
+        """Seconds the open incident still settles at ``mono``, at most; 0 when none is settling."""
         return 0.0 if self.open is None else max(0.0, self._settle_until - mono)
+
+    def settled(self, mono: float, alive: Iterable[str]) -> bool:
+        """True when the open incident need wait no longer at ``mono``: its settle time ran out,
+        or each instance in ``alive`` (those still running; the others' exits are in) reported an
+        error of its own since its settle window began (``settle`` s before its settle clock
+        started). True when no incident is open."""
+        if self.open is None or mono >= self._settle_until:
+            return True
+        since = self._settle_from - self.settle
+        return all(self._errors.get(i, (0.0, float("-inf")))[1] >= since for i in alive)
 
     # -- deciding ------------------------------------------------------------------------------
 
@@ -355,6 +381,7 @@ class IncidentDesk:
         self.open = None
         self._held = False
         self._openers.clear()
+        self._errors.clear()
         if action not in (Action.NONE, Action.NOTIFY):
             self._quiet_until = mono + self.cooldown
         elif trigger is not None and trigger.kind in HANG_KINDS:
@@ -389,6 +416,7 @@ class IncidentDesk:
         self.findings.clear()
         self._info = 0
         self._openers.clear()
+        self._errors.clear()
         self.failed.clear()                         # in place: a driver may hold the set
         self._tails.clear()
         self._summary_lines.clear()

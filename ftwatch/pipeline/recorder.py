@@ -67,7 +67,10 @@ class Recorder:
                  output_bucket: float = 5.0, link_url: str | None = None, max_kept: int = 10000):
         self.store = store.primary if isinstance(store, FanOut) else store   # the reading side
         sink: Sink = store if store is not None else NULL_SINK
-        self.sink: Sink = FanOut(sink, [DecisionsFile(decisions_file)]) if decisions_file else sink
+        lines = [DecisionsFile(decisions_file)] if decisions_file else []
+        self._lines: Sink = FanOut(NULL_SINK, lines)   # a decision's line (decided); errors logged
+        self._stored: Sink = sink                      # its storage (published)
+        self.sink: Sink = FanOut(sink, lines) if decisions_file else sink
         self.decisions_file = decisions_file
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -158,13 +161,25 @@ class Recorder:
         self._write(RunEnd(job, attempt, time, status))
 
     def decision(self, decision: Decision) -> None:
-        """Record a decision everywhere and send its alert (action none sends none)."""
+        """Record a decision everywhere and send its alert (action none sends none):
+        :meth:`decided`, then :meth:`published`."""
+        self.decided(decision)
+        self.published(decision)
+
+    def decided(self, decision: Decision) -> None:
+        """The fast half of :meth:`decision`, before acting on it (``ftwatch run``): counted,
+        its line appended to the decisions file, said on the terminal."""
         self.decisions.append(decision)
         self.decision_count += 1
         trim_oldest(self.decisions, self.max_kept, "decision")
         self.metrics.count_decision(decision.target.job, decision.action.label)
-        self._write(decision)
+        self._lines.write((decision,))
         self.say(self._describe(decision))
+
+    def published(self, decision: Decision) -> None:
+        """The rest of :meth:`decision`, after acting: the store (SQLite, Elasticsearch), the
+        alert rendered and handed to the alert path, the miner."""
+        self._stored.write((decision,))
         if decision.action is not Action.NONE:
             alert = self.alerts.for_decision(decision)
             self.dispatcher.dispatch(alert)

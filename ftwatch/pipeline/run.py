@@ -4,7 +4,7 @@ One loop, one thread (the supervisor's reader threads only fill its queue). What
 the job's incident desk (``ftwatch.pipeline.incidents``: engine, hang tracker, findings, what opens
 an incident and which instances failed, as in ``watch`` and ``replay``); the rest is acting:
 
-    poll supervisor -> Output: print with rank prefix, desk.output
+    poll supervisor -> Output: print with rank prefix (not with --quiet), desk.output
                     -> ProcessExit: desk.exited (that instance's open blocks, exit finding)
     every tick      -> desk.tick: stale blocks, hang / exit-hang check
     incident        -> failing exit (Sync): settle, [dump], stop all, drain -> verdict -> act
@@ -27,12 +27,21 @@ an incident and which instances failed, as in ``watch`` and ``replay``); the res
                        stopped; done: this run ends (``requeued``: the job starts again from its
                        batch script); failed, held or a dry run: carried out here as without it
 
+Latency (issue 16 item 3). The loop sleeps in the supervisor's poll, which returns as soon as a
+worker writes or exits (or a request arrives on the SDK's control socket: ``wake``); the poll's
+timeout only paces the timers (hangs, stale blocks, alert groups). The settle after a failure is
+event-driven: it ends once every live worker has reported an error of its own
+(``IncidentDesk.settled``; the exited ones have), at the latest ``supervisor.settle_max`` seconds
+after the incident's first error (``--settle-max``). A decision is said and written to the
+decisions file (``Recorder.decided``) and the actuator called before it is stored and its alert
+rendered (``Recorder.published``).
+
 The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
 the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
 poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
 (``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
 
-Size: about 460 lines, one job (the run loop of one job): the input half is the desk's,
+Size: about 480 lines, one job (the run loop of one job): the input half is the desk's,
 the acting half the local actuator's and the decision the policy's; what is left is the order in
 which they are called, which reads best in one place.
 """
@@ -51,7 +60,7 @@ from ftwatch.events import Action, Decision, Finding, ProcessExit
 from ftwatch.health.runhook import HealthChecks
 from ftwatch.pipeline.actuators.local import LocalActuator, Workers
 from ftwatch.pipeline.echo import echo_text
-from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk
+from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk  # noqa: F401 (re-exported)
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.actuators.outcome import record_outcome
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
@@ -103,12 +112,14 @@ class JobRunner:
         recorder: where decisions and findings go.
         job: the job id.
         out: where worker output is echoed, prefixed by rank.
+        echo: echo the workers' output to ``out`` (``--quiet``: not).
     """
 
     def __init__(self, config: Config, command: Sequence[str], parts: RunParts, recorder: Recorder, job: str,
-                 out: TextIO | None = None):
+                 out: TextIO | None = None, echo: bool = True):
         self.config, self.command, self.recorder, self.job = config, list(command), recorder, job
         self.out = out or sys.stdout
+        self.echo = echo
         p = self.parts = parts
         self.supervisor, self.control, self.controls = p.supervisor, p.control, p.controls
         self.desk, self.policy, self.budgets = p.desk, p.policy, p.budgets
@@ -119,6 +130,8 @@ class JobRunner:
         self.act = p.actuator
         self.cluster = p.cluster      # multi-node: join / poll / decide go through the job's leader
         self.act.drive(self._step)
+        if hasattr(p.supervisor, "wake") and hasattr(p.control, "wake"):
+            p.control.wake = p.supervisor.wake      # an SDK request ends the poll's wait
         self.mc = config.mindcluster
         self.nproc = self.slots.nproc
         self.poll_seconds = self.mc.monitor_interval or POLL_SECONDS
@@ -278,6 +291,8 @@ class JobRunner:
         The whole batch is taken before deciding: output that arrived with a failing exit (a
         peer's traceback) is evidence for that decision, not something to drop."""
         triggers = [t for t in (self._handle(i, self._state) for i in self.supervisor.poll(timeout)) if t is not None]
+        if self.echo:
+            self.out.flush()
         if self.kernel is not None:
             data = self.kernel.read()
             found = self._host_lines(data) if data else None
@@ -289,7 +304,8 @@ class JobRunner:
     def _handle(self, item, state: _Attempt) -> Finding | None:
         """Take one supervisor event; return a finding that starts an incident, if any."""
         if isinstance(item, Output):
-            self._echo(item)
+            if self.echo:
+                self.out.write(echo_text(item.origin, item.data))
             # C4D records, notify / isolate findings: an incident while the workers run (R8)
             trigger = self.desk.output(item.origin, item.data, item.time, self.clock.mono())
             if self.phases is not None and self.sync:
@@ -356,10 +372,11 @@ class JobRunner:
         if not is_exit and decision.action in (Action.NONE, Action.NOTIFY):
             self.recorder.decision(decision)       # told a person (or below the log level): run on
             return None                            # (a hang: the desk re-arms it when output resumes)
-        self.recorder.decision(decision)
+        self.recorder.decided(decision)            # said and in the decisions file; stored after acting
         self.act.carry_out(plan, decision)
         if plan.kind in ("in_place", "instance"):
             return self._restart_instances(plan, decision, state)
+        self.recorder.published(decision)          # the store, the alert
         if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
             return None                      # Async: told a person; the others run on
         stop = self.sync or is_hang or not is_exit
@@ -380,6 +397,7 @@ class JobRunner:
         if not self._instance_checking:
             blocking = self.health.instance_restart(self.budgets.attempt, list(plan.ranks))
             if blocking is not None:
+                self.recorder.published(decision)    # before the decision that replaces it
                 self._add(state, [blocking])
                 self._instance_checking = True
                 try:
@@ -388,6 +406,7 @@ class JobRunner:
                     self._instance_checking = False
         state.failed -= {f"worker-{r}" for r in plan.ranks}
         self.act.restart_instances(plan, decision)
+        self.recorder.published(decision)
         return None
 
     def _host_lines(self, data: bytes) -> Finding | None:
@@ -421,13 +440,18 @@ class JobRunner:
         return w.rank if w is not None else None
 
     def _settle(self, state: _Attempt) -> None:
-        """Give the other workers the desk's settle time (SETTLE_SECONDS from the incident's
-        opening; from now for a trigger the desk did not open, e.g. a fault a retry did not
-        answer) to print (or exit with) their own errors."""
+        """Give the other workers the desk's settle time to print (or exit with) their own
+        errors: until each live one has reported one (``IncidentDesk.settled``) or exited, at
+        most ``supervisor.settle_max`` from the incident's first error (from now for a trigger
+        the desk did not open, e.g. a fault a retry did not answer). Each step wakes on output."""
         mono = self.clock.mono()
-        deadline = mono + (self.desk.settle_left(mono) if self.desk.open is not None else SETTLE_SECONDS)
-        while self.supervisor.running() and self.clock.mono() < deadline:
-            self._step(min(POLL_SECONDS, max(0.0, deadline - self.clock.mono())))
+        opened = self.desk.open is not None
+        deadline = mono + (self.desk.settle_left(mono) if opened else self.desk.settle)
+        while self.clock.mono() < deadline:
+            alive = {f"worker-{r}" for r in self.supervisor.running()}
+            if not alive or (opened and self.desk.settled(self.clock.mono(), alive)):
+                return
+            self._step(max(0.0, deadline - self.clock.mono()))
 
     def _stop_and_drain(self, state: _Attempt) -> None:
         """Stop every worker (SIGTERM, grace, SIGKILL), take all the output they left, and close
@@ -453,10 +477,6 @@ class JobRunner:
         """The desk's ``on_findings``: faults a MindCluster retry may answer."""
         if self.mc.has("retry"):
             self._state.retry += [f for f in findings if retry_candidate(f)]
-
-    def _echo(self, item: Output) -> None:
-        self.out.write(echo_text(item.origin, item.data))
-        self.out.flush()
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -7,7 +7,8 @@
 - :class:`CaptureSink`: a sink that keeps every record (events, findings, decisions, deliveries,
   output counts, runs) in lists, where the Recorder would have written SQLite rows.
 - :class:`CaptureNotifier`: a receiver that keeps every notification it got, and can be told to
-  fail the next N sends or to be down, raising ``NotifyError``.
+  fail the next N sends or to be down, raising ``NotifyError``; :class:`CaptureAlerts`: an alert
+  path (in the Recorder's place of the event center) that keeps the alerts it is handed.
 - :func:`finding`, :func:`decision`, :func:`origin`: the event types with sensible defaults; name
   only what the test is about.
 - :class:`FakeSupervisor` and :class:`FakeControl`: scripted workers (:class:`Say`, :class:`Exit`,
@@ -31,6 +32,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ftwatch.alerting.dispatch import NullAlerts
 from ftwatch.clock import FakeClock
 from ftwatch.errors import NotifyError
 from ftwatch.events import Action, Decision, DeliveryResult, FailureClass, Finding, Origin, Severity, Target
@@ -38,7 +40,8 @@ from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatc
 from ftwatch.pipeline.sources.base import ShippedBatch
 from ftwatch.testing.runloop import Exit, FakeControl, FakeSupervisor, Say, script_of
 
-__all__ = ["CLEAN_JOB", "JOB", "KEYERROR_JOB", "SIGKILL_JOB", "T0", "CaptureNotifier", "CaptureSink", "Exit",
+__all__ = ["CLEAN_JOB", "JOB", "KEYERROR_JOB", "SIGKILL_JOB", "T0", "CaptureAlerts", "CaptureNotifier", "CaptureSink",
+           "Exit",
            "FakeClock", "FakeControl", "FakeSupervisor", "ListSource", "Say", "StoredEvent", "decision", "finding",
            "origin", "python_job", "script_of", "write_nccl_crash_worker"]
 
@@ -257,6 +260,29 @@ class CaptureNotifier:
         """``(the alert's label value, its status)`` per accepted notification, e.g.
         ``[("job-a", "firing"), ("job-a", "resolved")]``."""
         return [(n.alert.labels.get(label), n.alert.status) for n in self.sent]
+
+
+class CaptureAlerts(NullAlerts):
+    """An alert path (``ftwatch.alerting.dispatch.AlertPath``) that keeps the alerts it is handed
+    and delivers nothing (the rest is ``NullAlerts``').
+
+    Args:
+        log: when given, ``"alert"`` is appended to it at each dispatch (a test's record of the
+            order things happened in, shared with other doubles).
+
+    Attributes:
+        alerts: the alerts dispatched, in order.
+    """
+
+    def __init__(self, log: list[str] | None = None):
+        self.alerts: list[Any] = []
+        self.log = log
+
+    def dispatch(self, alert: Any) -> list[DeliveryResult]:
+        self.alerts.append(alert)
+        if self.log is not None:
+            self.log.append("alert")
+        return []
 
 
 # --------------------------------------------------------------------------- builders

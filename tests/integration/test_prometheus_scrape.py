@@ -185,6 +185,8 @@ def test_prometheus_scrapes_the_counts_of_a_real_run(tmp_path: Path):
                          ("job", "ftwatch"), ("job_id", "prom-e2e"), ("severity", "error"))] >= 1
         assert prom.value('ftwatch_spool_items{spool="alerts", state="pending"}') == 0
         assert prom.value('up{job="ftwatch"}') == 1
+        # the workers wait on the gate: nothing of theirs waits for the loop (the run's lag)
+        assert prom.value("ftwatch_run_queue_bytes") == 0 and prom.value("ftwatch_run_queue_age_seconds") == 0
         (tmp_path / "gate").unlink()                      # attempt 1 finishes
         assert ft.wait(60) == 0
     finally:

@@ -145,11 +145,13 @@ class LocalActuator:
         self.reschedule = False
 
     def stop(self) -> None:
-        """Stop every worker (SIGTERM, grace, SIGKILL) and take what they left (one step)."""
-        if self.supervisor.running():
+        """Stop every worker (SIGTERM, grace, SIGKILL) and take what they left (one step; without
+        waiting when none was running: their exits and output are queued already)."""
+        stopping = bool(self.supervisor.running())
+        if stopping:
             self.recorder.say("ftwatch: stopping all workers")
             self.supervisor.stop_all()
-        self.step(DRAIN_SECONDS)
+        self.step(DRAIN_SECONDS if stopping else 0.0)   # none ran: take what is queued, wait for nothing
 
     def stop_all(self) -> None:
         """Stop whatever still runs, without taking its output (the end of the job)."""

@@ -123,6 +123,7 @@ class ControlServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.subscribers = Subscribers()    # connections that receive pushed notices (retry)
+        self.wake: Callable[[], None] = lambda: None   # called after each queued request (the loop's poll)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -241,6 +242,7 @@ class ControlServer:
             return {"ok": False, "error": "report_step: step must be an integer"}
         req = Request(message)
         self._queue.put(req)
+        self.wake()
         if message["op"] in FIRE_AND_FORGET:   # a heartbeat must not slow a training step down
             return {"ok": True, "queued": True}
         if req.done.wait(self.answer_timeout):

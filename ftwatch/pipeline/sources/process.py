@@ -14,11 +14,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from ftwatch.events import Origin
 
 READ_SIZE = 65536          # bytes per os.read
+LINGER = 0.01              # seconds: a busy stream's hand-overs are at least this far apart
 MAX_LINE = 8 * 1024 * 1024  # a "line" longer than this (bytes) is handed over with a b"\n" added
 
 
@@ -73,34 +74,45 @@ def start_readers(streams: dict[str, IO[bytes]], origin: Origin, out: queue.Simp
         out: where the :class:`Output` batches go.
 
     Returns:
-        The started threads; each ends after the last Output of its stream is queued.
+        The started threads; each ends after the last Output of its stream is queued. Each has an
+        ``eof`` attribute, a ``threading.Event`` set when its pipe reached EOF (what it read may
+        still wait for room on ``out``).
     """
     threads = []
     for stream, pipe in streams.items():
         o = Origin(origin.instance, origin.rank, origin.job, origin.node, stream, "process")
-        t = threading.Thread(target=read_lines, args=(pipe, o, out),
+        eof = threading.Event()
+        t = threading.Thread(target=read_lines, args=(pipe, o, out, eof),
                              name=f"ftwatch-{stream}-{origin.rank}", daemon=True)
+        t.eof = eof  # type: ignore[attr-defined]
         t.start()
         threads.append(t)
     return threads
 
 
-def read_lines(pipe: IO[bytes], origin: Origin, out: queue.SimpleQueue) -> None:
+def read_lines(pipe: IO[bytes], origin: Origin, out: "queue.SimpleQueue | Any",
+               eof: threading.Event | None = None) -> None:
     """Reads ``pipe`` to EOF, putting complete lines as :class:`Output` batches; flushes the tail at EOF.
 
-    A read error counts as EOF. Never raises; closes ``pipe`` when done.
+    A read error counts as EOF (``eof`` is set then). Never raises; closes ``pipe`` when done.
     """
     fd = pipe.fileno()
     carry: list[bytes] = []
     carried = 0
+    last = float("-inf")       # monotonic time of the last hand-over
+    full = False               # the last read filled READ_SIZE: more is waiting, read on
     try:
         while True:
+            wait = last + LINGER - time.monotonic()
+            if wait > 0 and not full:
+                time.sleep(wait)
             try:
                 chunk = os.read(fd, READ_SIZE)
             except OSError:
                 chunk = b""
             if not chunk:
                 break
+            full = len(chunk) == READ_SIZE
             cut = line_end(chunk)
             if cut < 0:
                 carry.append(chunk)
@@ -111,9 +123,14 @@ def read_lines(pipe: IO[bytes], origin: Origin, out: queue.SimpleQueue) -> None:
                 continue
             data = b"".join([*carry, chunk[:cut + 1]]) if carry else chunk[:cut + 1]
             out.put(Output(origin, data, time.time()))
+            last = time.monotonic()
             rest = chunk[cut + 1:]
             carry, carried = ([rest], len(rest)) if rest else ([], 0)
+        if eof is not None:
+            eof.set()
         if carry:
             out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
     finally:
+        if eof is not None:
+            eof.set()
         pipe.close()

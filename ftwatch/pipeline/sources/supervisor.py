@@ -5,7 +5,16 @@ Its stdout and stderr are read separately, one thread each, and handed over as b
 lines (:class:`Output`) as soon as a read returns them (``ftwatch.pipeline.sources.process``, where
 ``Output`` and ``Started`` live; re-exported here). A waiter thread per worker queues its
 :class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
-comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue.
+comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue, the
+Outputs of each stream merged.
+
+Backpressure (issue 16 item 4): that queue is an ``outqueue.OutputQueue`` bounded at
+``queue_bytes``; a reader with no room waits, so a slow monitor slows its workers' writes (each
+pipe gets up to ``PIPE_BYTES`` of kernel buffer first) instead of growing without bound. While a
+stop waits for the workers to die nothing blocks (the loop takes no output then). A reader blocked
+on a full queue has read its pipe to its end or not: the waiter tells the two apart (``eof``), so a
+worker whose last output waits for room is not taken for one whose leftovers hold its pipes.
+:meth:`Supervisor.lag` is the queue's depth in bytes and the age of its oldest item.
 
 Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine unless a start is a
 rescheduling (``start_all(..., reschedule=True)``: the job moved off an isolated device),
@@ -39,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -52,10 +60,13 @@ from typing import Iterator, Mapping, Sequence
 from ftwatch.errors import SourceError
 from ftwatch.events import Origin, ProcessExit
 from ftwatch.pipeline.sources.orphans import WorkerRecord, die_with_parent_hook, process_start
+from ftwatch.pipeline.sources.outqueue import MAX_BYTES, OutputQueue, coalesce
 from ftwatch.pipeline.sources.process import Output, Started, start_readers  # re-exported
 
 EXIT_LINGER = 2.0          # seconds a worker's leftovers may keep its pipes open after it exits
 DONE_TIMEOUT = 5.0         # seconds to wait for a killed worker's exit to be reported
+PIPE_BYTES = 1024 * 1024   # kernel buffer asked for each worker pipe (F_SETPIPE_SZ; best effort)
+_F_SETPIPE_SZ = 1031       # fcntl.F_SETPIPE_SZ (Linux), not named by fcntl before Python 3.10
 
 @dataclass(eq=False)
 class _Worker:
@@ -89,6 +100,7 @@ class Supervisor:
         cwd: the workers' working directory.
         record: where the live process groups are recorded for the next start to reap (none
             when None); its :meth:`~WorkerRecord.env` joins the workers' environment.
+        queue_bytes: output bytes queued for :meth:`poll` before the readers wait (backpressure).
 
     Raises:
         ValueError: an empty command or ``nproc < 1``.
@@ -97,7 +109,7 @@ class Supervisor:
     def __init__(self, command: Sequence[str], nproc: int, *, job: str = "local", node: str | None = None,
                  grace_period: float = 10.0, master_addr: str = "127.0.0.1", master_port: int = 0,
                  env: Mapping[str, str] | None = None, cwd: str | None = None,
-                 record: WorkerRecord | None = None):
+                 record: WorkerRecord | None = None, queue_bytes: int = MAX_BYTES):
         if not command:
             raise ValueError("empty command")
         if nproc < 1:
@@ -109,7 +121,7 @@ class Supervisor:
         self.restart_count = 0
         # this machine's part of a multi-node job (place); one node: all zero / nproc
         self.group_rank, self.group_world_size, self.rank_offset, self.world_size = 0, 1, 0, 0
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()   # reentrant put: safe with signals
+        self._queue = OutputQueue(queue_bytes)    # bounded: backpressure on the workers' pipes
         self._workers: dict[int, _Worker] = {}
         self._old: list[_Worker] = []          # replaced workers not yet reaped
         self._schedule_cnt = 1
@@ -226,20 +238,20 @@ class Supervisor:
     def poll(self, timeout: float) -> list[Output | Started | ProcessExit]:
         """Everything that happened since the last call, in order per instance.
 
-        Blocks up to ``timeout`` seconds for the first event, then takes what else is queued (at
-        most 4096 events). Returns [] on timeout.
+        Blocks up to ``timeout`` seconds for the first event (or until :meth:`wake`), then takes
+        what else is queued (at most 4096 events); the Outputs of one stream come merged into one
+        (``outqueue.coalesce``). Returns [] on timeout.
         """
-        items: list = []
-        try:
-            items.append(self._queue.get(timeout=max(0.0, timeout)))
-        except queue.Empty:
-            return items
-        while len(items) < 4096:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return items
+        return coalesce(self._queue.take(timeout))
+
+    def wake(self) -> None:
+        """End the :meth:`poll` waiting now (or the next one) at once: something else needs the
+        loop (a request on the SDK's control socket). Not from a signal handler."""
+        self._queue.wake()
+
+    def lag(self) -> tuple[int, float]:
+        """(output bytes waiting for :meth:`poll`, seconds the oldest waiting item has waited)."""
+        return self._queue.lag()
 
     def running(self) -> set[int]:
         """The ranks whose main process is alive (a stopped, i.e. SIGSTOPped, one counts)."""
@@ -322,6 +334,8 @@ class Supervisor:
             self._groups[popen.pid] = process_start(popen.pid)
             self._write_record()
         self._queue.put(Started(origin, popen.pid, time.time(), self._starts[rank]))
+        for pipe in (popen.stdout, popen.stderr):
+            _grow_pipe(pipe)
         w.readers = start_readers({"stdout": popen.stdout, "stderr": popen.stderr}, origin, self._queue)
         threading.Thread(target=self._wait, args=(w,), name=f"ftwatch-wait-{rank}", daemon=True).start()
 
@@ -342,12 +356,21 @@ class Supervisor:
             w.exited.set()
         deadline = time.monotonic() + EXIT_LINGER
         for t in w.readers:
-            t.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in w.readers):   # leftovers hold the pipes: end them
+            eof = _eof(t)
+            while not eof.is_set():
+                now = time.monotonic()
+                if self._queue.full():       # the readers wait for room, no leftover holds the pipes:
+                    eof.wait(0.05)           # the linger pauses
+                    deadline += time.monotonic() - now
+                elif now >= deadline or eof.wait(min(0.05, deadline - now)):
+                    break
+        if not all(_eof(t).is_set() for t in w.readers):   # leftovers hold the pipes: end them
             with self._lock:
                 _killpg(w, signal.SIGKILL)
             for t in w.readers:
-                t.join(DONE_TIMEOUT)
+                _eof(t).wait(DONE_TIMEOUT)
+        for t in w.readers:       # read to the end: what is left waits for room on the queue
+            t.join(DONE_TIMEOUT if _eof(t).is_set() else 0.0)
         w.exit = ProcessExit(w.origin, w.popen.pid, returncode, sig, time.time(), stopped)
         self._queue.put(w.exit)
         w.done.set()
@@ -366,6 +389,11 @@ class Supervisor:
                 _killpg(w, signal.SIGTERM)
                 _killpg(w, signal.SIGCONT)
         self._stopping = True
+        with self._queue.unbounded():      # the loop waits here, it takes no output: no reader may wait
+            return self._stop_unbounded(grace, term, targets, everyone)
+
+    def _stop_unbounded(self, grace: float, term: bool, targets: list[_Worker],
+                        everyone: list[_Worker]) -> list[ProcessExit]:
         try:
             deadline = time.monotonic() + max(0.0, grace)
             for w in targets if term else ():
@@ -423,6 +451,26 @@ class Supervisor:
     def _write_record(self) -> None:     # with the lock
         if self.record is not None:
             self.record.write(self._groups)
+
+
+def _eof(t: threading.Thread) -> threading.Event:
+    """A reader's end-of-pipe event (``process.start_readers``); a thread without one: its end."""
+    eof = getattr(t, "eof", None)
+    if eof is None:
+        eof = threading.Event()
+        if not t.is_alive():
+            eof.set()
+    return eof
+
+
+def _grow_pipe(pipe) -> None:
+    """Ask for a ``PIPE_BYTES`` kernel buffer on ``pipe`` (room for a burst while the reader waits
+    for room on the queue); where that is refused (not Linux, over ``pipe-max-size``) it stays."""
+    try:
+        import fcntl
+        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
+    except (OSError, ValueError, ImportError):
+        pass
 
 
 def _killpg(w: _Worker, sig: int) -> None:
