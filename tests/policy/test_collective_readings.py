@@ -19,10 +19,11 @@ def logged(rank: int, t: float, *lines: str) -> list[Finding]:
     return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), T0 + t, final=True)
 
 
-def watchdog(rank: int, seq: int, op: str, pg: str = "") -> str:
+def watchdog(rank: int, seq: int, op: str, pg: str = "", numel: int = 1) -> str:
     where = f"[PG ID {pg} PG GUID {pg}(default_pg) Rank {rank}]" if pg else f"[Rank {rank}]"
     return (f"[rank{rank}]:[E0110 16:40:30.000000 ProcessGroupNCCL.cpp:616] {where} Watchdog caught collective "
-            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=1, NumelOut=2, Timeout(ms)=1800000) "
+            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={2 * numel}, "
+            "Timeout(ms)=1800000) "
             "ran for 1800071 milliseconds before timing out.")
 
 
@@ -37,6 +38,25 @@ def test_ranks_in_different_collectives_at_one_seqnum_are_a_program_bug():
 def test_the_same_collective_everywhere_is_no_mismatch():
     found = [f for r in range(2) for f in logged(r, 1.0 + r / 10, watchdog(r, 2437, "ALLREDUCE"))]
     assert mismatch(found) is None
+
+
+def test_one_sized_collective_on_different_sizes_is_a_program_bug():
+    """ZeRO-3: the rank that left generate() gathers another layer's parameter (NCCL's all-gather
+    takes one count on every rank; TORCH_DISTRIBUTED_DEBUG=DETAIL compares the sizes)."""
+    found = [*logged(0, 1.0, watchdog(0, 20911, "_ALLGATHER_BASE", numel=114688)),
+             *logged(1, 1.1, watchdog(1, 20911, "_ALLGATHER_BASE", numel=114688)),
+             *logged(3, 1.2, watchdog(3, 20911, "_ALLGATHER_BASE", numel=4718592))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.mismatch", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 3      # the odd one out
+    assert rc.fields["sizes"] == {0: 114688, 1: 114688, 3: 4718592}
+
+
+def test_uneven_sizes_where_torch_allows_them_are_no_mismatch():
+    """All-to-all takes split sizes and list all_gather accepts uneven tensors: sizes may differ."""
+    for op in ("ALLTOALL_BASE", "ALLGATHER", "SEND"):
+        found = [*logged(0, 1.0, watchdog(0, 77, op, numel=100)), *logged(1, 1.1, watchdog(1, 77, op, numel=300))]
+        assert mismatch(found) is None, op
 
 
 def test_different_process_groups_are_not_compared():
