@@ -69,3 +69,26 @@ def test_the_same_collective_timing_out_everywhere_stays_fallout():
     an = analyse(found, world=2)
     assert an.fallout_only and an.root_cause.rule_id == "torch.nccl_watchdog_timeout"
     assert an.fallout_class is FailureClass.HANG
+
+
+def test_a_ddp_reducer_error_is_the_program_bug_its_peers_wait_on():
+    """reducer.cpp's unused-parameter error on one rank (dist_vocab.tsv) is the root cause; the
+    peers' later watchdog timeouts are its fallout."""
+    found = [*logged(1, 1.0, "[rank1]:Traceback (most recent call last):",
+                     '[rank1]:  File "train.py", line 88, in <module>',
+                     "[rank1]:    loss = model(batch).sum()",
+                     "[rank1]:RuntimeError: Expected to have finished reduction in the prior iteration before "
+                     "starting a new one. This error indicates that your module has parameters that were not "
+                     "used in producing loss."),
+             *logged(0, 600.0, watchdog(0, 812, "ALLREDUCE"))]
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "ddp.prior_reduction_unfinished", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 1
+
+
+def test_torch_collective_fingerprint_mismatch_is_a_program_bug():
+    found = logged(0, 1.0, "[rank0]:RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is "
+                           "running collective: CollectiveFingerPrint(SequenceNumber=9, OpType=ALLREDUCE), but "
+                           "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=9, OpType=BROADCAST).")
+    assert [f.rule_id for f in found] == ["c10d.collective_mismatch_detected"]
+    assert found[0].failure_class is FailureClass.USER_CODE
