@@ -1,6 +1,6 @@
 """Configuration errors NCCL names itself decide over the ncclSystemError PyTorch raises after them
 (nccl_vocab.tsv: 'No usable listening interface found', 'No interface found in the same subnet',
-'Invalid NCCL_COMM_ID'): user_code / fail_job, a retry repeats them; a connect failure that names
+'Invalid NCCL_COMM_ID', 'Duplicate GPU detected'): user_code / fail_job, a retry repeats them; a connect failure that names
 no configuration stays retryable (a dead or unreachable peer looks the same)."""
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def test_a_named_interface_error_is_the_root_cause_of_the_system_error():
          "remote address 192.168.10.11<29500>", "nccl.no_interface_in_subnet"),
         ("node-1:4410:4410 [0] bootstrap.cc:33 NCCL WARN Invalid NCCL_COMM_ID [head-0.cluster:37917], please "
          "use format: <ipv4>:<port> or [<ipv6>]:<port> or <hostname>:<port>", "nccl.invalid_comm_id"),
+        ("node-1:4410:4493 [1] init.cc:871 NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA "
+         "device 1a000", "nccl.duplicate_gpu"),
     ]:
         rc = analyse(logged(warn, RAISED)).root_cause
         assert rc is not None and rc.rule_id == rule, (warn, rc)
