@@ -29,6 +29,18 @@ One more reading of timeout-only incidents (issue 12 item 3):
   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` check reports the same thing as "Detected mismatch between
   collectives on ranks", an application error). Finding ``collective.mismatch``: user_code /
   fail_job: a restart replays the same control flow.
+* the same reading when they timed out at one SeqNum in the same operation on tensors of
+  *different sizes* (``NumelIn``), for the operations whose size every rank must agree on
+  (:data:`SIZED_OPS`: NCCL's AllReduce, Broadcast, Reduce, AllGather and ReduceScatter take one
+  ``count`` that is the same on every rank, NCCL user guide "Collective Operations"; PyTorch's
+  ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` fingerprint, ``CollectiveFingerPrint`` in
+  torch/csrc/distributed/c10d/ProcessGroupWrapper.cpp, compares the tensor sizes as well as the
+  op and reports a difference as "Detected mismatch between collectives"): one rank's all-gather
+  of one parameter beside another's all-gather of another parameter is two different collectives
+  (a rank that left a data-dependent loop early, then entered the next layer's gather). The list
+  forms (``ALLGATHER``, ``REDUCE_SCATTER``) and all-to-all / gather / scatter / point-to-point
+  are left out: PyTorch accepts uneven sizes there (uneven all_gather falls back to broadcasts,
+  all-to-all takes split sizes, a root's buffers differ from the others').
 """
 
 from __future__ import annotations
@@ -161,24 +173,47 @@ def _pg(f: Finding) -> str | None:
     return m.group("pg") if m else None
 
 
+#: Operations whose input size (``NumelIn``) every rank of the group must give alike (the module
+#: docstring): NCCL's single-count collectives as ProcessGroupNCCL names them (``OpType``).
+SIZED_OPS = frozenset({"ALLREDUCE", "BROADCAST", "REDUCE", "_ALLGATHER_BASE", "_REDUCE_SCATTER_BASE"})
+
+
+def _sizes(ranks: dict[int, Finding]) -> dict[int, int] | None:
+    """The ranks' ``NumelIn`` when they all ran one :data:`SIZED_OPS` operation and at least two
+    of them report a size; else None."""
+    ops = {g.fields["op"] for g in ranks.values()}
+    sizes = {r: n for r, g in sorted(ranks.items()) if isinstance(n := g.fields.get("numel_in"), int)}
+    return sizes if len(ops) == 1 and ops <= SIZED_OPS and len(sizes) > 1 else None
+
+
 def mismatch(findings: Sequence[Finding]) -> Finding | None:
-    """``collective.mismatch`` (see the module docstring) on the earliest of two ranks that timed
-    out at one SeqNum of one process group on different operations; None when there are none."""
+    """``collective.mismatch`` (see the module docstring): ranks that timed out at one SeqNum of one
+    process group on different operations, or in one :data:`SIZED_OPS` operation on different
+    sizes; None when there are none. The finding is on the odd one out: the earliest rank of the
+    smallest group that ran one (operation, size) (with 7 ranks in one all-gather and rank 3 in
+    another, rank 3 left the common path); on a tie, the earliest rank."""
     seen: dict[tuple[str | None, int], dict[int, Finding]] = {}
     for f in sorted(findings, key=lambda f: (f.time, f.seq)):
         seq, op = f.fields.get("seq"), f.fields.get("op")
-        if f.rank is None or not isinstance(seq, int) or not op:
-            continue
-        ranks = seen.setdefault((_pg(f), seq), {})
-        ranks.setdefault(f.rank, f)
+        if f.rank is not None and isinstance(seq, int) and op:
+            seen.setdefault((_pg(f), seq), {}).setdefault(f.rank, f)
+    for (pg, seq), ranks in seen.items():
         ops = {r: g.fields["op"] for r, g in sorted(ranks.items())}
-        if len(set(ops.values())) > 1:
-            first = min(ranks.values(), key=lambda g: (g.time, g.seq))
-            said = ", ".join(f"rank {r} {o}" for r, o in ops.items())
-            line = (f"ranks timed out in collective SeqNum={seq} on different operations ({said}): "
-                    "they issued different collectives, which the program's control flow does")
-            return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
-                           Severity.ERROR, first.origin, line, first.time, first.seq,
-                           fields={"seq": seq, "ops": ops, "pg": _pg(first)},
-                           source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
+        sizes = _sizes(ranks)
+        if len(set(ops.values())) == 1 and not (sizes and len(set(sizes.values())) > 1):
+            continue
+        groups: dict[tuple[str, int | None], list[Finding]] = {}
+        for r, g in ranks.items():
+            groups.setdefault((ops[r], (sizes or {}).get(r)), []).append(g)
+        odd = min(groups.values(), key=lambda gs: (len(gs), min((g.time, g.seq) for g in gs)))
+        first = min(odd, key=lambda g: (g.time, g.seq))
+        said = ", ".join(f"rank {r} {o}" + (f" NumelIn={sizes[r]}" if sizes and r in sizes else "")
+                         for r, o in ops.items())
+        what = "different operations" if len(set(ops.values())) > 1 else "different tensor sizes"
+        line = (f"ranks timed out in collective SeqNum={seq} on {what} ({said}): they issued different "
+                f"collectives, which the program's control flow does; rank {first.rank} is the odd one out")
+        return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
+                       Severity.ERROR, first.origin, line, first.time, first.seq,
+                       fields={"seq": seq, "ops": ops, "sizes": sizes or {}, "pg": pg},
+                       source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
     return None

@@ -33,11 +33,11 @@ When there is no real error, the root cause is the rank that left first (:func:`
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
-else ranks that timed out in different collectives at one sequence number (user code,
-``ftwatch.policy.collectives.mismatch``), else the suspect rank of a collective that timed out
-(``collectives.silent_rank``: the rank that never reported, or is behind, while the others
-report timeouts), else the earliest notice (``after_finish``), else the earliest fallout
-(``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
+else ranks that timed out in different collectives (operation, or size of a sized one) at one
+sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else the suspect rank of a
+collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
+behind, while the others report timeouts), else the earliest notice (``after_finish``), else the
+earliest fallout (``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
 (``collectives.timeouts_only``: every rank waited, none failed on its own) reads as a hang, other
 fallout as retryable infrastructure (``Analysis.fallout_class``).
 """

@@ -19,10 +19,11 @@ def logged(rank: int, t: float, *lines: str) -> list[Finding]:
     return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), T0 + t, final=True)
 
 
-def watchdog(rank: int, seq: int, op: str, pg: str = "") -> str:
+def watchdog(rank: int, seq: int, op: str, pg: str = "", numel: int = 1) -> str:
     where = f"[PG ID {pg} PG GUID {pg}(default_pg) Rank {rank}]" if pg else f"[Rank {rank}]"
     return (f"[rank{rank}]:[E0110 16:40:30.000000 ProcessGroupNCCL.cpp:616] {where} Watchdog caught collective "
-            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=1, NumelOut=2, Timeout(ms)=1800000) "
+            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={2 * numel}, "
+            "Timeout(ms)=1800000) "
             "ran for 1800071 milliseconds before timing out.")
 
 
@@ -39,6 +40,25 @@ def test_the_same_collective_everywhere_is_no_mismatch():
     assert mismatch(found) is None
 
 
+def test_one_sized_collective_on_different_sizes_is_a_program_bug():
+    """ZeRO-3: the rank that left generate() gathers another layer's parameter (NCCL's all-gather
+    takes one count on every rank; TORCH_DISTRIBUTED_DEBUG=DETAIL compares the sizes)."""
+    found = [*logged(0, 1.0, watchdog(0, 20911, "_ALLGATHER_BASE", numel=114688)),
+             *logged(1, 1.1, watchdog(1, 20911, "_ALLGATHER_BASE", numel=114688)),
+             *logged(3, 1.2, watchdog(3, 20911, "_ALLGATHER_BASE", numel=4718592))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.mismatch", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 3      # the odd one out
+    assert rc.fields["sizes"] == {0: 114688, 1: 114688, 3: 4718592}
+
+
+def test_uneven_sizes_where_torch_allows_them_are_no_mismatch():
+    """All-to-all takes split sizes and list all_gather accepts uneven tensors: sizes may differ."""
+    for op in ("ALLTOALL_BASE", "ALLGATHER", "SEND"):
+        found = [*logged(0, 1.0, watchdog(0, 77, op, numel=100)), *logged(1, 1.1, watchdog(1, 77, op, numel=300))]
+        assert mismatch(found) is None, op
+
+
 def test_different_process_groups_are_not_compared():
     found = [*logged(0, 1.0, watchdog(0, 12, "ALLREDUCE", pg="0")), *logged(1, 1.1, watchdog(1, 12, "BROADCAST", pg="3"))]
     assert mismatch(found) is None
@@ -49,3 +69,26 @@ def test_the_same_collective_timing_out_everywhere_stays_fallout():
     an = analyse(found, world=2)
     assert an.fallout_only and an.root_cause.rule_id == "torch.nccl_watchdog_timeout"
     assert an.fallout_class is FailureClass.HANG
+
+
+def test_a_ddp_reducer_error_is_the_program_bug_its_peers_wait_on():
+    """reducer.cpp's unused-parameter error on one rank (dist_vocab.tsv) is the root cause; the
+    peers' later watchdog timeouts are its fallout."""
+    found = [*logged(1, 1.0, "[rank1]:Traceback (most recent call last):",
+                     '[rank1]:  File "train.py", line 88, in <module>',
+                     "[rank1]:    loss = model(batch).sum()",
+                     "[rank1]:RuntimeError: Expected to have finished reduction in the prior iteration before "
+                     "starting a new one. This error indicates that your module has parameters that were not "
+                     "used in producing loss."),
+             *logged(0, 600.0, watchdog(0, 812, "ALLREDUCE"))]
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "ddp.prior_reduction_unfinished", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 1
+
+
+def test_torch_collective_fingerprint_mismatch_is_a_program_bug():
+    found = logged(0, 1.0, "[rank0]:RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is "
+                           "running collective: CollectiveFingerPrint(SequenceNumber=9, OpType=ALLREDUCE), but "
+                           "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=9, OpType=BROADCAST).")
+    assert [f.rule_id for f in found] == ["c10d.collective_mismatch_detected"]
+    assert found[0].failure_class is FailureClass.USER_CODE
