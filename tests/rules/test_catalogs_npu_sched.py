@@ -118,6 +118,45 @@ def test_a_runtime_code_leaves_the_decision_to_the_cann_code_printed_with_it():
     assert [f.rule_id for f in real] == ["cann.el0004_driver_memory_alloc_failed"]
 
 
+@pytest.mark.parametrize("code, rule_id, failure_class, action", [
+    # the runtime codes of the faults torch_npu names (UCE ERROR, HBM MULTI BIT ECC ERROR, ...):
+    # graded as the names are, so a log that shows only the code decides the same way
+    (507053, "acl.rt_507053_device_mem_error", FailureClass.HARDWARE_NODE, Action.RESTART_IN_PLACE),
+    (507054, "acl.rt_507054_hbm_multi_bit_ecc", FailureClass.HARDWARE_NODE, Action.RESTART_IN_PLACE),
+    (507055, "acl.rt_507055_suspect_device_mem_error", FailureClass.HARDWARE_NODE, Action.RESTART_IN_PLACE),
+    (507056, "acl.rt_507056_link_error", FailureClass.HARDWARE_NODE, Action.RESTART_JOB),
+    (507057, "acl.rt_507057_suspect_remote_error", FailureClass.FALLOUT, Action.RESTART_JOB),
+    (507904, "acl.rt_507904_comm_op_retry_fail", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+])
+def test_runtime_codes_of_named_device_faults_grade_as_their_names(code, rule_id, failure_class, action):
+    _assert_decides("RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:508 "
+                    f"NPU function error: AclrtSynchronizeDeviceWithTimeout, error code is {code}",
+                    rule_id, failure_class, action)
+
+
+def test_code_and_name_of_one_device_fault_agree():
+    names = {r.id: r for r in ENGINE_RULES}
+    for code_rule, name_rule in [("acl.rt_507053_device_mem_error", "torch_npu.uce_error"),
+                                 ("acl.rt_507054_hbm_multi_bit_ecc", "torch_npu.hbm_multi_bit_ecc"),
+                                 ("acl.rt_507055_suspect_device_mem_error", "torch_npu.suspect_mem_error"),
+                                 ("acl.rt_507056_link_error", "torch_npu.hccs_link_error"),
+                                 ("acl.rt_507057_suspect_remote_error", "torch_npu.suspect_remote_error"),
+                                 ("acl.rt_507904_comm_op_retry_fail", "torch_npu.hccl_op_retry_failed")]:
+        a, b = names[code_rule], names[name_rule]
+        assert (a.failure_class, a.action) == (b.failure_class, b.action), code_rule
+
+
+def test_operator_compiler_environment_failure_is_the_jobs_environment_not_an_internal_error():
+    # EH9999 alone (an ACL internal code) only notifies; the message under it says the operator
+    # compiler's environment could not be set up, which every attempt repeats.
+    findings = _decide("EH9999: Inner Error!\n"
+                       "EH9999  [Init][Env]init env failed![FUNC:ReportInnerError][FILE:log_inner.cpp][LINE:145]\n"
+                       "        TraceBack (most recent call last):\n"
+                       "        build op model failed, result = 500001[FUNC:ReportInnerError][FILE:log_inner.cpp][LINE:145]")
+    real = [(f.rule_id, f.failure_class, f.action) for f in findings if f.action >= Action.RESTART_INSTANCE]
+    assert real == [("acl.op_compile_env_init_failed", FailureClass.USER_CODE, Action.FAIL_JOB)]
+
+
 def test_a_specific_cann_code_beats_the_generic_family():
     # EJ0001 has its own rule (ascend.yaml); the generic user-range rule never decides it.
     f = _one("EJ0001: [PID: 468348] 2026-04-24-16:14:56.975.866 Failed to initialize the HCCP process.")
