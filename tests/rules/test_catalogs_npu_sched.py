@@ -102,6 +102,15 @@ def test_every_hccl_result_of_the_enum_has_a_rule():
     ("EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.",
      "cann.el0004_driver_memory_alloc_failed", FailureClass.OOM, Action.FAIL_JOB),
     ("E19999: Inner Error!", "cann.internal_error_code", FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    # 1XXXXX: environment or code logic (the aclError rules)
+    ("RuntimeError: SetDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:127 NPU function error: "
+     "aclrtSetDevice(device), error code is 107001", "acl.rt_107001_invalid_deviceid",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("RuntimeError: call aclrtGetCurrentContext failed, error code is 107002", "acl.rt_107002_context_null",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    # llama.cpp's CANN backend aborting on a failed ACL call: graded as its abort (exit 134)
+    ("/llama.cpp/ggml/src/ggml-cann/ggml-cann.cpp:63: CANN error", "ggml.cann_abort",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
     ("E10001: [PID: 881] Value [x] for parameter [--model] is invalid.", "cann.user_error_code",
      FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
@@ -288,3 +297,10 @@ def test_catalog_rows_follow_pythons_own_hierarchy():
             assert getattr(errno, row["name"]) == int(row["parent"]), row["name"]
     assert checked >= 50
     assert catalog.lookup("torch.cuda.OutOfMemoryError").failure_class is FailureClass.OOM
+
+
+def test_ggml_cann_abort_is_graded_as_the_abort_it_announces():
+    from ftwatch.rules.exitcodes import ExitCodeTable
+    row = ExitCodeTable.load().get(134)
+    rule = next(r for r in ENGINE_RULES if r.id == "ggml.cann_abort")
+    assert (rule.failure_class, rule.action) == (row.failure_class, row.action)
