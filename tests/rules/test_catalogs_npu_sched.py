@@ -108,6 +108,13 @@ def test_every_hccl_result_of_the_enum_has_a_rule():
      FailureClass.USER_CODE, Action.FAIL_JOB),
     ("RuntimeError: call aclrtGetCurrentContext failed, error code is 107002", "acl.rt_107002_context_null",
      FailureClass.USER_CODE, Action.FAIL_JOB),
+    # torch_npu's own ERR<submodule><ErrCode> line (_error_code.py)
+    ("[ERROR] 2026-11-19-11:14:58 (PID:356, Device:0, RankID:-1) ERR00003 PTA invalid value",
+     "torch_npu.err_caller_error", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("[ERROR] 2026-11-19-11:14:58 (PID:356, Device:0, RankID:-1) ERR01005 OPS internal error",
+     "torch_npu.err_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_IN_PLACE),
+    ("[ERROR] 2026-11-19-11:14:58 (PID:356, Device:-1, RankID:-1) ERR99999 UNKNOWN application exception",
+     "torch_npu.err_application_exception", FailureClass.INFO, Action.NONE),
     # llama.cpp's CANN backend aborting on a failed ACL call: graded as its abort (exit 134)
     ("/llama.cpp/ggml/src/ggml-cann/ggml-cann.cpp:63: CANN error", "ggml.cann_abort",
      FailureClass.USER_CODE, Action.FAIL_JOB),
