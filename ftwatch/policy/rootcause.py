@@ -29,8 +29,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
    came before the finish.
 6. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
-   followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error of another rule is
-   explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
+   followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
+   CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
@@ -48,6 +48,7 @@ fallout as retryable infrastructure (``Analysis.fallout_class``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -75,6 +76,9 @@ CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_erro
 WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
 WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
 WRAPPED_WINDOW = 2.0
+#: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
+#: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
+_CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
 #: Finding kinds that are not log lines: they never explain an exit. ``exit_ok``: an instance that
 #: exited 0 (info; ``ftwatch.pipeline.incidents`` notes it under ``ftwatch run``).
 _NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
@@ -189,10 +193,12 @@ def wrapped_code(f: Finding) -> bool:
 
 def _spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
     """Says whether the return-code line ``f`` is followed, on its instance and within
-    ``WRAPPED_WINDOW`` seconds, by a real error of another kind: the rest of its message."""
+    ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
+    message."""
     return wrapped_code(f) and any(
         not wrapped_code(e) and e.kind not in _NOT_LOGGED and e.origin.instance == f.origin.instance
-        and _before(f, e) and e.time - f.time <= WRAPPED_WINDOW for e in errors)
+        and _before(f, e) and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line)
+        for e in errors)
 
 
 def _before(a: Finding, b: Finding) -> bool:
