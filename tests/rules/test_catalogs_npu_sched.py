@@ -102,6 +102,8 @@ def test_every_hccl_result_of_the_enum_has_a_rule():
     ("EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.",
      "cann.el0004_driver_memory_alloc_failed", FailureClass.OOM, Action.FAIL_JOB),
     ("E19999: Inner Error!", "cann.internal_error_code", FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    ("EL0005: [PID: 3571] 2026-11-21-09:36:03.735.123 The resources are busy.", "cann.el0005_resource_busy",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_IN_PLACE),
     # 1XXXXX: environment or code logic (the aclError rules)
     ("RuntimeError: SetDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:127 NPU function error: "
      "aclrtSetDevice(device), error code is 107001", "acl.rt_107001_invalid_deviceid",
