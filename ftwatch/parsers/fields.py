@@ -33,7 +33,9 @@ _ANSI = re.compile(
 #   (MyActor pid=480956, ip=10.0.0.2)   Ray: the driver reprints each task's or actor's output
 #                 behind its name, pid and (when on another node) ip; no rank in it
 #                 (ray-project/ray doc/source/ray-observability/ray-logging.rst, "Worker logs";
-#                 python/ray/_private/worker.py print_worker_logs)
+#                 python/ray/_private/worker.py print_worker_logs); vLLM's worker processes print
+#                 the same "(VllmWorkerProcess pid=N) " / "(Worker_TP1 pid=N) " (vllm-project/vllm
+#                 multiproc_worker_utils.py _add_prefix), as vLLM-Ascend does
 _RANK_PREFIX = re.compile(r"\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): "
                           r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) ")
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"

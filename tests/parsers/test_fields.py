@@ -84,6 +84,11 @@ def test_clean_keeps_plain_text(text):
         ("(pid=45601) task", None, "task"),
         ("(WorkerDict pid=480956, ip=10.0.0.2) [rank3]: RuntimeError: x", 3, "RuntimeError: x"),
         ("(main_task pid=3) [default1]:step 1", 1, "step 1"),
+        # vLLM's worker processes use the same form (colour codes are gone after clean())
+        ("(VllmWorkerProcess pid=4242) ERROR 04-24 16:14:56 worker.py:99] x", None,
+         "ERROR 04-24 16:14:56 worker.py:99] x"),
+        ("(Worker_TP1 pid=77) EJ0001: Failed to initialize the HCCP process.", None,
+         "EJ0001: Failed to initialize the HCCP process."),
         ("(not a prefix) pid=3 x", None, "(not a prefix) pid=3 x"),
         ("(pid=abc) x", None, "(pid=abc) x"),
     ],
