@@ -38,7 +38,9 @@ instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any oth
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
 else ranks that timed out in different collectives (operation, or size of a sized one) at one
-sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else the suspect rank of a
+sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
+completion that nothing explains (the node's PCIe path, ``ftwatch.policy.verbs.flushed_alone``),
+else the suspect rank of a
 collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
 behind, while the others report timeouts), else the earliest notice (``after_finish``), else the
 earliest fallout (``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
@@ -55,6 +57,7 @@ from typing import Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.verbs import flushed_alone
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
 #: (tag ``cascade`` in ``ftwatch/rules/packs``; tests/rules/test_rootcause.py keeps the two in step).
@@ -275,7 +278,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in _NOT_LOGGED and _before(head, f))
         return Analysis(head, False, real, tuple(notices), done, peer)
-    suspect = (left_first(order) or mismatch(order) or silent_rank(order, world)) if fallout else None
+    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
+               or silent_rank(order, world)) if fallout else None
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
