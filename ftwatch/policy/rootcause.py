@@ -25,7 +25,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 4. Anything a peer *prints* after the first real error of another instance is fallout of it
    (issue 12 item 3): a logged finding of another instance later by (time, seq). Exits are not
    printed lines (their time is when ftwatch saw them), so they keep their reading above.
-5. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
+5. The GPU driver's required reset (Xid 154, ``ftwatch.policy.gpureset``) of the root cause's
+   node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
+6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
    came before the finish.
 6. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
@@ -56,6 +58,7 @@ from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
+from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.verbs import flushed_alone
 
@@ -277,6 +280,10 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in _NOT_LOGGED and _before(head, f))
+        reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
+        if reset is not None:
+            return Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices), done,
+                            tuple(f for f in peer if f is not reset))
         return Analysis(head, False, real, tuple(notices), done, peer)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world)) if fallout else None
