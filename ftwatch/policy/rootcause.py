@@ -30,7 +30,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
    came before the finish.
-6. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
+7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
