@@ -25,10 +25,12 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 4. Anything a peer *prints* after the first real error of another instance is fallout of it
    (issue 12 item 3): a logged finding of another instance later by (time, seq). Exits are not
    printed lines (their time is when ftwatch saw them), so they keep their reading above.
-5. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
+5. The GPU driver's required reset (Xid 154, ``ftwatch.policy.gpureset``) of the root cause's
+   node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
+6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
    came before the finish.
-6. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
+7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
@@ -38,7 +40,9 @@ instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any oth
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
 else ranks that timed out in different collectives (operation, or size of a sized one) at one
-sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else the suspect rank of a
+sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
+completion that nothing explains (the node's PCIe path, ``ftwatch.policy.verbs.flushed_alone``),
+else the suspect rank of a
 collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
 behind, while the others report timeouts), else the earliest notice (``after_finish``), else the
 earliest fallout (``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
@@ -54,7 +58,9 @@ from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
+from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.verbs import flushed_alone
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
 #: (tag ``cascade`` in ``ftwatch/rules/packs``; tests/rules/test_rootcause.py keeps the two in step).
@@ -274,8 +280,13 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in _NOT_LOGGED and _before(head, f))
+        reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
+        if reset is not None:
+            return Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices), done,
+                            tuple(f for f in peer if f is not reset))
         return Analysis(head, False, real, tuple(notices), done, peer)
-    suspect = (left_first(order) or mismatch(order) or silent_rank(order, world)) if fallout else None
+    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
+               or silent_rank(order, world)) if fallout else None
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
