@@ -117,21 +117,20 @@ class Engine:
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
         self._year = year or 0                        # the current feed's year for stamps without one
-        self._ranked: dict[int | None, Origin] = {}   # the current feed's origins by rank
         if like is None:
             self._compile(rules)
         else:                                        # the compiled parts are never mutated, only replaced
             self.rules, self.matcher, self._owner = like.rules, like.matcher, like._owner
-            self._block_ids, self._fault_ids, self._step_ids = like._block_ids, like._fault_ids, like._step_ids
+            self._block_ids, self._fault_ids = like._block_ids, like._fault_ids
             self.judge = like.judge if tables is like.tables else Judge(
                 self.rules, self._owner, self.matcher, self.tables, self.exceptions)
 
     # -- set-up ---------------------------------------------------------------------------
 
     def _compiled_for(self, rules: list[Rule], steps: StepTap | None) -> bool:
-        """Whether this engine's database is the one ``rules`` and ``steps`` would compile."""
-        return (tuple(steps.patterns if steps else ()) == tuple(self.steps.patterns if self.steps else ())
-                and len(rules) == len(self.rules) and all(a is b or a == b for a, b in zip(rules, self.rules)))
+        """Whether this engine's database is the one ``rules`` would compile (the step tap's
+        patterns are not in it: the tap finds its lines itself)."""
+        return len(rules) == len(self.rules) and all(a is b or a == b for a, b in zip(rules, self.rules))
 
     def _compile(self, rules: list[Rule]) -> None:
         self.rules = rules
@@ -146,9 +145,6 @@ class Engine:
         self._fault_ids = set(range(len(patterns), len(patterns) + len(FaultTables.PATTERNS)))
         patterns.extend(FaultTables.PATTERNS)
         owner.extend([-2] * len(FaultTables.PATTERNS))
-        self._step_ids = {len(patterns) + j: j for j in range(len(self.steps.patterns if self.steps else ()))}
-        patterns.extend(Pattern(text, regex=True) for text in (self.steps.patterns if self.steps else ()))
-        owner.extend([-3] * len(self._step_ids))
         self._owner = owner
         self.matcher = Matcher(patterns)
         self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
@@ -224,7 +220,6 @@ class Engine:
         if b"\x1b" in data:
             data = _ANSI_BYTES.sub(b"", data)
         now = time
-        self._ranked = {}                            # rank -> origin.with_rank(rank), for this feed
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
         self._stamped = (0, None)                   # the last stamp search of this feed
@@ -239,10 +234,10 @@ class Engine:
             return []
         if hits is None or pending is not None:
             hits = self.matcher.scan(data)
+        self._year = self.year or fields.year_of(time)
         if not hits:
             self._count(data, len(data))
-            return []
-        self._year = self.year or fields.year_of(time)
+            return self._steps(origin, data, len(data), consumed, time, sim_step) if self.steps else []
         by_line: dict[int, set[int]] = {}
         for start, pid in hits:
             by_line.setdefault(start, set()).add(pid)
@@ -254,11 +249,6 @@ class Engine:
             if start in consumed:
                 continue
             ids = by_line[start]
-            if self._step_ids and not ids.isdisjoint(self._step_ids):
-                findings += self._step(origin, data, start, ids, time, sim_step)
-                ids = ids.difference(self._step_ids)
-                if not ids:
-                    continue
             if ids & self._block_ids and self._starts_block(data, start):
                 block = self._collect_block(data, start, origin, final)
                 if block is None:                      # open block: carry it over
@@ -291,23 +281,24 @@ class Engine:
             if finding is not None:
                 findings.append(finding)
         self._count(data, end_of_work)
+        if self.steps:
+            findings += self._steps(origin, data, end_of_work, consumed, time, sim_step)
         self.stats.findings += len(findings)
         return findings
 
-    def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
-              sim_step: float) -> list[Finding]:
-        """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
-        rank, text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
-        stamp = fields.parse_timestamp(text, self._year)
-        if stamp is None:
-            stamp = self._base_time(data, start, time, sim_step)
-        step_ids = self._step_ids
-        index = min(step_ids[i] for i in ids if i in step_ids) if len(ids) > 1 else step_ids[next(iter(ids))]
-        ranked = self._ranked.get(rank)
-        if ranked is None:
-            ranked = self._ranked[rank] = origin.with_rank(rank)
-        found = self.steps.observe(ranked, index, text, stamp, next(self._seq))
-        return [] if found is None else [found]
+    def _steps(self, origin: Origin, data: bytes, end: int, consumed: set[int], time: float,
+               sim_step: float) -> list[Finding]:
+        """Hand the chunk to the step tap: its step lines before ``end`` that no block took (a
+        step line may also hit rules: those were judged above). Its findings come after the
+        chunk's others. A line's time, only where the tap asks: its own stamp, else as a hit
+        line's (``_base_time``; the stamp search starts again, the tap asks in line order)."""
+        self._stamped = (0, None)
+        self._line_pos, self._line_no = 0, 0
+
+        def time_at(start: int) -> float:
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], self._year)
+            return stamp if stamp is not None else self._base_time(data, start, time, sim_step)
+        return self.steps.take_chunk(origin, data, end, consumed, time_at, self.next_seq)
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""
