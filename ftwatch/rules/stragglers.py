@@ -58,6 +58,7 @@ work).
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 from collections import deque
@@ -68,7 +69,7 @@ from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.parsers import fields
-from ftwatch.rules.steplines import StepLines, accepts, scan_form
+from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
 from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, replace_sorted, sorted_median,
                                      without)
 
@@ -224,37 +225,47 @@ class StepTracker:
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
         out: list[Finding] = []
-        ranked: dict[int | None, tuple[Origin, _Job]] = {}
         took_at: dict[tuple[str, str], tuple[Origin, _Rank, int]] = {}   # rank -> its last step time's line
         stepped: dict[int, _Rank] = {}                 # ranks whose last step line is in this chunk
         prefix = fields.rank_prefix_at
         take, readers = self._take, self._byte_readers
+        by_rank: dict[int | None, list[StepHit]] = {}
         last_hit = len(hits) - 1
-        for k, (start, index, match) in enumerate(hits):
-            if k < last_hit and hits[k + 1][0] == start:
+        for k, hit in enumerate(hits):
+            if k < last_hit and hits[k + 1][0] == hit[0]:
                 continue                               # a line's last match counts
-            rank_no = prefix(data, start)[0]
-            known = ranked.get(rank_no)
-            if known is None:
-                who = origin.with_rank(rank_no)
-                known = ranked[rank_no] = (who, self._job(who, now))
-            who, job = known
-            if match is None:                          # a custom pattern, Megatron's report: read the text
-                text = _text_at(data, start)
-                found, rank, took = self._read(job, who, index, text, start, time_at,
-                                               lambda s=start, t=text: (t, time_at(s), next_seq()))
-                if found is not None:
-                    out.append(found)
-                    self.said(found)
-                if rank is None:
+            rank_no = prefix(data, hit[0])[0]
+            mine = by_rank.get(rank_no)
+            if mine is None:
+                mine = by_rank[rank_no] = []
+            mine.append(hit)
+        for rank_no, mine in by_rank.items():          # ranks are independent: each in its lines' order
+            who = origin.with_rank(rank_no)
+            job = self._job(who, now)
+            for _, run in itertools.groupby(mine, key=lambda hit: hit[1] if hit[2] is not None else -1):
+                run = list(run)                        # consecutive lines of one pattern: at once if it can
+                if len(run) > 1 and self._take_all(job, who, run):
+                    rank = job.ranks[who.instance]
+                    took_at[who.job, who.instance] = (who, rank, run[-1][0])
+                    stepped[id(rank)] = rank
                     continue
-            else:
-                rank, took = take(job, who, index, match, readers[index], start, time_at)
-            if took:
-                took_at[who.job, who.instance] = (who, rank, start)
-            last = rank.last
-            if last is not None and last[1] is None:
-                stepped[id(rank)] = rank
+                for start, index, match in run:
+                    if match is None:                  # a custom pattern, Megatron's report: read the text
+                        text = _text_at(data, start)
+                        found, rank, took = self._read(job, who, index, text, start, time_at,
+                                                       lambda s=start, t=text: (t, time_at(s), next_seq()))
+                        if found is not None:
+                            out.append(found)
+                            self.said(found)
+                        if rank is None:
+                            continue
+                    else:
+                        rank, took = take(job, who, index, match, readers[index], start, time_at)
+                    if took:
+                        took_at[who.job, who.instance] = (who, rank, start)
+                    last = rank.last
+                    if last is not None and last[1] is None:
+                        stepped[id(rank)] = rank
         for rank in stepped.values():                  # offsets mean nothing after this chunk
             if rank.last is not None and rank.last[1] is None:
                 rank.last = (rank.last[0], time_at(rank.last[2]), -1)
@@ -312,6 +323,46 @@ class StepTracker:
     def _accepts(self, name: str, text: str, match: re.Match) -> bool:
         """The veto of pattern ``name`` (``steplines.accepts``)."""
         return accepts(name, text, match)
+
+    def _take_all(self, job: _Job, origin: Origin, hits: list[StepHit]) -> bool:
+        """Consecutive step lines of a rank, all of one built-in pattern (matched on bytes), at
+        once where that pattern states a duration and no bar length (Megatron, Lightning's rich bar): the step
+        times converted in one comprehension and appended in one ``extend``; the same state as
+        ``_take`` line by line. False (nothing taken) where that does not hold."""
+        index = hits[0][1]
+        step_group, total_group, durations = self._byte_readers[index]
+        if total_group or len(durations) != 1 or hits[0][2] is None:
+            return False
+        kind, group = durations[0]
+        try:
+            numbers = [float(h[2].group(group)) for h in hits]
+        except ValueError:
+            return False
+        if kind == "ms":
+            seconds = [n / 1000.0 for n in numbers]
+        elif kind == "its":
+            if min(numbers) <= 0:
+                return False
+            seconds = [1.0 / n for n in numbers]
+        else:
+            seconds = numbers
+        cfg = self.config
+        rank = job.ranks.get(origin.instance)
+        if rank is None:
+            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), deque(maxlen=self._recent_len),
+                                                      node=origin.node or "")
+        rank.samples.extend(seconds)
+        rank.recent.extend(seconds)
+        rank.seen += len(seconds)
+        rank.index = index
+        if step_group:
+            rank.last = (int(hits[-1][2].group(step_group)), None, hits[-1][0])
+        need = cfg.min_steps - len(rank.baseline)
+        if need > 0:
+            rank.baseline.extend(seconds[:need])
+            if len(rank.baseline) == cfg.min_steps:
+                rank.base_median = statistics.median(rank.baseline)
+        return True
 
     def _take(self, job: _Job, origin: Origin, index: int, match: re.Match, reader: _Reader, start: int,
               time_at: Callable[[int], float]) -> tuple[_Rank, bool]:
