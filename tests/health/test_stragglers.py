@@ -521,3 +521,14 @@ def test_engines_with_other_taps_share_one_database(rules):
     assert second.matcher is first.matcher
     found = feed_steps(second, {0: 0.1, 1: 0.1, 2: 0.3, 3: 0.1}, steps=12)
     assert [f.rank for f in found if f.kind == "straggler"] == [2]
+
+
+def test_the_saying_tracker_tells_each_finding_of_a_chunk(rules):
+    """``ftwatch run``'s tracker prints each straggler it finds, also those found for a whole chunk."""
+    from ftwatch.health.runhook import SayingStepTracker
+    said: list[str] = []
+    engine = Engine(rules, steps=SayingStepTracker(StragglerConfig(min_steps=5), said.append))
+    chunk = "".join(MEGATRON.format(r=r, s=n, n=n, ms=3000.0 if r == 2 else 1000.0)
+                    for n in range(1, 9) for r in range(4)).encode()
+    found = engine.feed(Origin("combined", None, "job1", "n", "stdout", "replay"), chunk, 100.0)
+    assert [f.rank for f in found] == [2] and said == [f"ftwatch: straggler: {found[0].line}"]
