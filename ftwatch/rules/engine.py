@@ -55,6 +55,13 @@ _ANSI_BYTES = re.compile(
 )
 
 
+class ScanHits(list):
+    """One chunk's rule hits from ``Engine.scan_many`` (``(line_start, pattern_id)`` pairs), and
+    in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself)."""
+
+    steps: list | None = None
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Counters: bytes fed, lines scanned, records built, findings made."""
@@ -167,7 +174,9 @@ class Engine:
         Returns:
             Per chunk its sorted ``(line_start, pattern_id)`` pairs, or None for a chunk that
             ``feed`` must scan itself (empty, not newline-terminated, or holding ANSI escapes,
-            which ``feed`` removes first).
+            which ``feed`` removes first). With a step tap, each list (a ``ScanHits``) also
+            carries the chunk's step lines, found in one pass over the batch as well, so a
+            chunk of 1,000 origins' without a step line costs the tap nothing.
         """
         out: list[list[tuple[int, int]] | None] = [None] * len(parts)
         joined: list[bytes] = []
@@ -180,11 +189,14 @@ class Engine:
             joined.append(data)
             bounds.append(pos)
             index.append(k)
-            out[k] = []
+            out[k] = ScanHits()
             pos += len(data)
         if not joined:
             return out
-        hits = self.matcher.scan(joined[0] if len(joined) == 1 else b"".join(joined))
+        whole = joined[0] if len(joined) == 1 else b"".join(joined)
+        hits = self.matcher.scan(whole)
+        if self.steps is not None:
+            self._split_steps(self.steps.find(whole), bounds, index, out, pos)
         j, last = 0, len(bounds) - 1
         upper = bounds[1] if last else pos
         base, mine = 0, out[index[0]]
@@ -196,6 +208,23 @@ class Engine:
                 base, mine = bounds[j], out[index[j]]
             mine.append((start - base, pid))
         return out
+
+    @staticmethod
+    def _split_steps(found: list, bounds: list[int], index: list[int], out: list, end: int) -> None:
+        """The batch's step lines (offsets into the joined chunks, sorted) to their chunks'
+        ``ScanHits.steps``, offsets made the chunk's own."""
+        for k in index:
+            out[k].steps = []
+        j, last = 0, len(bounds) - 1
+        upper = bounds[1] if last else end
+        mine = out[index[0]].steps
+        for start, pid, match in found:
+            if start >= upper:
+                while start >= upper:
+                    j += 1
+                    upper = bounds[j + 1] if j < last else end
+                mine = out[index[j]].steps
+            mine.append((start - bounds[j], pid, match))
 
     def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
              sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> list[Finding]:
@@ -210,8 +239,9 @@ class Engine:
                 the last line with one before it in ``data``, plus ``sim_step`` seconds per line
                 between them; with none before it, ``time`` plus ``sim_step`` per line from the
                 chunk's start. 0 gives every such line ``time`` (live: the time it was read).
-            hits: ``data``'s hits from ``scan_many`` (one scan for many origins); None: scan here.
-                Ignored (scanned again) when a block of ``origin`` was carried over.
+            hits: ``data``'s hits from ``scan_many`` (one scan for many origins, its step lines
+                with them); None: scan here. Ignored (scanned again) when a block of ``origin``
+                was carried over.
 
         Returns:
             The findings, in input order.
@@ -232,12 +262,17 @@ class Engine:
                 time = pending.base                 # line numbers now count from the carried data
         if not data:
             return []
+        steps = None
         if hits is None or pending is not None:
             hits = self.matcher.scan(data)
+        else:
+            steps = getattr(hits, "steps", None)
         self._year = self.year or fields.year_of(time)
         if not hits:
             self._count(data, len(data))
-            return self._steps(origin, data, len(data), consumed, time, sim_step) if self.steps else []
+            if self.steps is None or steps == []:
+                return []
+            return self._steps(origin, data, len(data), consumed, time, sim_step, steps)
         by_line: dict[int, set[int]] = {}
         for start, pid in hits:
             by_line.setdefault(start, set()).add(pid)
@@ -281,13 +316,13 @@ class Engine:
             if finding is not None:
                 findings.append(finding)
         self._count(data, end_of_work)
-        if self.steps:
-            findings += self._steps(origin, data, end_of_work, consumed, time, sim_step)
+        if self.steps is not None and steps != []:
+            findings += self._steps(origin, data, end_of_work, consumed, time, sim_step, steps)
         self.stats.findings += len(findings)
         return findings
 
     def _steps(self, origin: Origin, data: bytes, end: int, consumed: set[int], time: float,
-               sim_step: float) -> list[Finding]:
+               sim_step: float, found: list | None = None) -> list[Finding]:
         """Hand the chunk to the step tap: its step lines before ``end`` that no block took (a
         step line may also hit rules: those were judged above). Its findings come after the
         chunk's others. A line's time, only where the tap asks: its own stamp, else as a hit
@@ -298,7 +333,7 @@ class Engine:
         def time_at(start: int) -> float:
             stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], self._year)
             return stamp if stamp is not None else self._base_time(data, start, time, sim_step)
-        return self.steps.take_chunk(origin, data, end, consumed, time_at, self.next_seq)
+        return self.steps.take_chunk(origin, data, end, consumed, time_at, self.next_seq, found)
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

@@ -73,8 +73,14 @@ class StepTap(Protocol):
     engine's database.
     """
 
+    def find(self, data: bytes) -> list:
+        """The step lines of ``data`` (complete lines), sorted by offset, to hand back to
+        ``take_chunk`` (``Engine.scan_many`` finds a whole batch's at once)."""
+
     def take_chunk(self, origin: Origin, data: bytes, end: int, skip: Container[int],
-                   time_at: Callable[[int], float], next_seq: Callable[[], int]) -> list[Finding]:
+                   time_at: Callable[[int], float], next_seq: Callable[[], int],
+                   hits: list | None = None) -> list[Finding]:
         """The step lines of ``data`` before offset ``end`` whose starts are not in ``skip`` (lines
         blocks took); ``time_at(start)``: a line's time (epoch s), ``next_seq()``: a finding's
-        sequence number. Returns the findings (stragglers), at the latest by the chunk's end."""
+        sequence number; ``hits``: ``find(data)`` when known. Returns the findings (stragglers),
+        at the latest by the chunk's end."""

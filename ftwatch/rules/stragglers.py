@@ -201,8 +201,14 @@ class StepTracker:
             self.said(found)
         return found
 
+    def find(self, data: bytes) -> list[StepHit]:
+        """The step lines of ``data`` (complete lines, ANSI removed), for ``take_chunk``'s ``hits``:
+        ``watch`` finds those of a whole batch of origins in one pass."""
+        return self.lines.find(data, len(data))
+
     def take_chunk(self, origin: Origin, data: bytes, end: int, skip: Container[int],
-                   time_at: Callable[[int], float], next_seq: Callable[[], int]) -> list[Finding]:
+                   time_at: Callable[[int], float], next_seq: Callable[[], int],
+                   hits: list[StepHit] | None = None) -> list[Finding]:
         """The step lines of one chunk of one origin, and the verdicts for the ranks that printed.
 
         Args:
@@ -213,12 +219,16 @@ class StepTracker:
             time_at: the time (epoch s) of the line starting at an offset; called only for lines
                 whose pattern states no duration and for the lines findings name.
             next_seq: a sequence number for a finding.
+            hits: ``find(data)``, where the caller found them already (None: found here).
 
         Returns:
             The findings: Megatron straggler reports where their lines are, then, once for the
             chunk, the straggler / slowdown verdicts of the ranks that took step times in it.
         """
-        hits = self.lines.find(data, end, skip)
+        if hits is None:
+            hits = self.lines.find(data, end, skip)
+        elif skip or end < len(data):
+            hits = [h for h in hits if h[0] < end and h[0] not in skip]
         if not hits:
             return []
         now = self.clock.time()
