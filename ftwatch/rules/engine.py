@@ -27,6 +27,7 @@ state is why this module stays one past 400 lines (``scan_many``, a batch's one 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from dataclasses import dataclass
@@ -87,6 +88,36 @@ class _Pending:
     since: float
     base: float
     skip: frozenset[int] = frozenset()
+
+
+class _LineClock:
+    """The time of a chunk's line at an offset, asked in any order (the step tap asks rank by
+    rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search and the
+    line count resumed from the nearest line asked before it, so each search covers only the
+    lines between two asks."""
+
+    def __init__(self, engine: "Engine", data: bytes, time: float, sim_step: float):
+        self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
+        self.marks = [0]                                              # offsets asked, sorted
+        self.before: dict[int, tuple[tuple[int, float] | None, int]] = {0: (None, 0)}  # -> (last stamp, line no)
+
+    def __call__(self, start: int) -> float:
+        engine, data = self.engine, self.data
+        stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], engine._year)
+        if stamp is not None:
+            return stamp
+        if not self.sim_step:
+            return engine._carry_time if start < engine._carry_end else self.time
+        pos = self.marks[bisect.bisect_right(self.marks, start) - 1]
+        found, line_no = self.before[pos]
+        if pos < start:
+            found = fields.last_timestamp(data, pos, start, engine._year) or found
+            line_no += data.count(b"\n", pos, start)
+            bisect.insort(self.marks, start)
+            self.before[start] = (found, line_no)
+        if found is not None:
+            return found[1] + data.count(b"\n", found[0], start) * self.sim_step
+        return self.time + line_no * self.sim_step
 
 
 class Engine:
@@ -325,15 +356,9 @@ class Engine:
                sim_step: float, found: list | None = None) -> list[Finding]:
         """Hand the chunk to the step tap: its step lines before ``end`` that no block took (a
         step line may also hit rules: those were judged above). Its findings come after the
-        chunk's others. A line's time, only where the tap asks: its own stamp, else as a hit
-        line's (``_base_time``; the stamp search starts again, the tap asks in line order)."""
-        self._stamped = (0, None)
-        self._line_pos, self._line_no = 0, 0
-
-        def time_at(start: int) -> float:
-            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], self._year)
-            return stamp if stamp is not None else self._base_time(data, start, time, sim_step)
-        return self.steps.take_chunk(origin, data, end, consumed, time_at, self.next_seq, found)
+        chunk's others. A line's time, only where the tap asks (``_LineClock``)."""
+        return self.steps.take_chunk(origin, data, end, consumed, _LineClock(self, data, time, sim_step),
+                                     self.next_seq, found)
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

@@ -96,3 +96,26 @@ def test_a_batch_finds_its_step_lines_in_one_pass(rules, monkeypatch):
                                                                                          hits=hits)]
     assert [(f.kind, f.rank) for f in got] == [(f.kind, f.rank) for f in expected] == [("straggler", 5)]
     assert len(passes) == 9                                  # one pass per batch of 12 origins
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_line_times_asked_in_any_order_are_those_asked_in_order(rules, seed):
+    """The step tap asks a chunk's line times rank by rank, out of line order: each answer is
+    the one ``_base_time`` gives in line order (the last stamp before it plus ``sim_step`` per
+    line, or the chunk's time plus ``sim_step`` per line before the first stamp)."""
+    from ftwatch.rules.engine import _LineClock
+    rnd = random.Random(seed)
+    lines = [f"[2026-11-21 09:00:{rnd.randint(0, 59):02d}] stamped" if rnd.random() < 0.2 else f"plain {i}"
+             for i in range(200)]
+    data = ("\n".join(lines) + "\n").encode()
+    starts = [0] + [i + 1 for i, b in enumerate(data[:-1]) if b == 10]
+    engine = Engine(rules)
+    engine._year = 2026
+    in_order = [engine._base_time(data, s, T0, 0.01) for s in starts]
+    clock = _LineClock(engine, data, T0, 0.01)
+    asked = list(range(len(starts)))
+    rnd.shuffle(asked)
+    got = {i: clock(starts[i]) for i in asked}
+    for i, line in enumerate(lines):
+        if not line.startswith("["):                      # a stamped line answers its own stamp
+            assert got[i] == pytest.approx(in_order[i]), i
