@@ -26,7 +26,16 @@ metric                                 type     labels
 ``ftwatch_source_connections_total``   counter  ``source``, ``event``: ``accepted``,
                                                 ``refused`` (over ``max_connections``),
                                                 ``idle_closed`` (Forward / HTTP listeners)
+``ftwatch_state_evicted_total``        counter  ``kind``: state dropped by a cap of the
+                                                ``limits`` section (``job``, ``job_idle``,
+                                                ``finding``, ``instance``, ...;
+                                                ``ftwatch.config.limits``), read from
+                                                ``ftwatch.bounded.EVICTIONS`` at scrape time
 =====================================  =======  ==========================================
+
+A job whose state ``watch`` drops (``limits.max_jobs``, ``limits.job_idle_seconds``, a failed
+job) has its series dropped too (:meth:`Metrics.forget_job`), so the label sets stay as bounded
+as the jobs: a job that speaks again starts its counters from 0 (a counter reset to Prometheus).
 
 The label is ``job_id``, not ``job``: Prometheus sets ``job`` to the scrape job's name.
 """
@@ -38,8 +47,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ftwatch.bounded import EVICTIONS
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action
 
@@ -64,6 +74,17 @@ class _SpoolCollector:
                 size.add_metric([name, state], b)
         yield items
         yield size
+
+
+class _EvictionCollector:
+    """``ftwatch_state_evicted_total{kind}`` from the process's eviction tally (``ftwatch.bounded``)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("ftwatch_state_evicted", "State dropped by a cap of the limits "
+                                     "section, by kind.", labels=["kind"])
+        for kind, n in sorted(EVICTIONS.snapshot().items()):
+            family.add_metric([kind], n)
+        yield family
 
 
 def _files_usage(path: Path) -> list[tuple[str, int, int]]:
@@ -141,6 +162,7 @@ class Metrics:
                                    ["source", "event"], registry=r)
         self._spools = _SpoolCollector()
         r.register(self._spools)
+        r.register(_EvictionCollector())
         self._server = None
         self._output: dict[str, tuple] = {}      # job -> its (lines, bytes) counters, labelled
 
@@ -183,6 +205,19 @@ class Metrics:
     def count_connection(self, source: str, event: str) -> None:
         """A listener ``source`` accepted, refused or idle-closed a connection (``event``)."""
         self.connections.labels(source, event).inc()
+
+    def forget_job(self, job: str) -> int:
+        """Drop every series labelled ``job_id=job`` (its state was dropped: ``limits``); returns
+        how many went. Reads prometheus_client's children map (``_metrics``, under its lock): the
+        library removes a child only by its full label values."""
+        gone = 0
+        for metric in (self.lines, self.bytes, self.findings, self.decisions, self.restarts):
+            with metric._lock:
+                keys = [k for k in metric._metrics if k[0] == job]
+                for k in keys:
+                    del metric._metrics[k]
+            gone += len(keys)
+        return gone
 
     def observe_lag(self, seconds: float) -> None:
         """A shipped record was ingested ``seconds`` after its own time (negative: clock skew,
@@ -250,6 +285,9 @@ class NullMetrics:
 
     def observe_lag(self, seconds: float) -> None:
         pass
+
+    def forget_job(self, job: str) -> int:
+        return 0
 
     def close(self) -> None:
         pass

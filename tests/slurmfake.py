@@ -1,7 +1,8 @@
 """Fake Slurm client commands for tests: ``scontrol``, ``scancel`` and ``sinfo`` as small scripts in
 a directory put first on PATH. Each records its argv (one JSON list per line in ``calls.jsonl``);
 its answers are queued per command and first argument (``respond("scontrol requeue", 1, "...")``),
-an empty queue answers exit 0; ``sinfo`` prints ``sinfo.txt``."""
+an empty queue answers exit 0; ``sinfo`` prints ``sinfo.txt``, ``scontrol show hostnames``
+``hostnames.txt``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ status, message = queue.pop(0) if queue else (0, "")
 json.dump(answers, open(path, "w"))
 if name == "sinfo" and status == 0 and os.path.exists(os.path.join(d, "sinfo.txt")):
     sys.stdout.write(open(os.path.join(d, "sinfo.txt")).read())
+if sys.argv[1:3] == ["show", "hostnames"] and status == 0 and os.path.exists(os.path.join(d, "hostnames.txt")):
+    sys.stdout.write(open(os.path.join(d, "hostnames.txt")).read())
 if message:
     sys.stderr.write(message + "\\n")
 sys.exit(status)
@@ -50,7 +53,7 @@ class FakeSlurm:
 
     def writes(self) -> list[list[str]]:
         """The commands that change something (all but sinfo)."""
-        return [c for c in self.calls() if c[0] != "sinfo"]
+        return [c for c in self.calls() if c[0] != "sinfo" and c[1:2] != ["show"]]
 
     def respond(self, key: str, status: int, message: str = "") -> None:
         """Queue one answer of ``key`` (``"scontrol requeue"``, ``"scancel"``, ``"sinfo"``)."""
@@ -62,3 +65,7 @@ class FakeSlurm:
     def nodes(self, rows: list[tuple[str, str, str, str]]) -> None:
         """What sinfo -N -o '%N|%T|%H|%E' prints: (node, state, reason time, reason) per row."""
         (self.dir / "sinfo.txt").write_text("".join("|".join(r) + "\n" for r in rows))
+
+    def hosts(self, names: list[str]) -> None:
+        """What ``scontrol show hostnames LIST`` prints (any LIST): one host name a line."""
+        (self.dir / "hostnames.txt").write_text("".join(n + "\n" for n in names))

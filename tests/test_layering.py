@@ -2,7 +2,8 @@
 
 The folder list is the flow, and imports go one way, down this list:
 
-    events, errors, clock     the core: import no stage
+    events, errors, clock,    the core: import no stage
+    bounded
     config/                   models only: the core
     parsers/                  the core (and each other): plain strings and regexes out, which
                               rules/ wraps into its own types (``rules/engine.py``'s block starts)
@@ -18,7 +19,8 @@ The folder list is the flow, and imports go one way, down this list:
     pipeline/sinks/           the core only
     pipeline/cluster/         a multi-node job's agents: config, policy, alerting (the spool's dict
                               form of findings and decisions), health (the node check), pipeline
-                              (the incident core they decide through)
+                              (the incident core they decide through), actuators (the outcome of
+                              the scheduler's act, which the leader hands every node)
     report/                   reads the sinks back for a person
     health/                   pre- and post-run checks: config, rules (the step tap)
     top-level modules         (telemetry, sdk): config
@@ -48,7 +50,9 @@ import ftwatch
 PACKAGE = Path(ftwatch.__file__).parent
 STAGES = ("config", "parsers", "rules", "policy", "alerting", "mining", "pipeline.sources", "pipeline.actuators",
           "pipeline.sinks", "pipeline.cluster", "pipeline", "report", "health", "cli")
-CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock"})
+# bounded.py (issue 17 item 3): the caps' bounded map and eviction tally, used where state grows in
+# rules/, pipeline/ and telemetry alike, so it is core (it imports nothing of ftwatch)
+CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock", "ftwatch.bounded"})
 # pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
 HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/run.py",
                   "ftwatch/pipeline/watch.py",
@@ -73,8 +77,9 @@ MAY_USE: dict[str | None, frozenset[str]] = {
     "pipeline.sinks": frozenset(),
     # issue 14, on purpose: a multi-node job's agents decide through the incident core (pipeline),
     # ship findings and decisions in the spool's dict form (alerting), plan with the policy's
-    # Verdict/Plan and run the node check's processes (health)
-    "pipeline.cluster": frozenset({"config", "policy", "alerting", "health", "pipeline"}),
+    # Verdict/Plan and run the node check's processes (health); the leader tells the job's
+    # scheduler once for every node and hands each node the outcome (pipeline.actuators: ActResult)
+    "pipeline.cluster": frozenset({"config", "policy", "alerting", "health", "pipeline", "pipeline.actuators"}),
     "pipeline": frozenset({"parsers"}),     # replay_hang.py: timestamps of replayed lines
     "report": frozenset({"config", "pipeline.sinks"}),
     "health": frozenset({"config", "rules"}),
@@ -184,7 +189,7 @@ def test_every_package_file_is_checked():
 
 # --- the rules -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("rel", ["ftwatch/events.py", "ftwatch/errors.py", "ftwatch/clock.py"])
+@pytest.mark.parametrize("rel", ["ftwatch/events.py", "ftwatch/errors.py", "ftwatch/clock.py", "ftwatch/bounded.py"])
 def test_core_modules_import_no_stage(rel):
     bad = [where(rel, i) for i in SOURCES[rel] if stage_of(i.module) is not None]
     assert bad == []
@@ -256,7 +261,7 @@ def test_hubs_are_real_and_do_see_several_stages():
 def test_the_root_holds_only_the_core_and_the_stage_folders():
     """The folder list reads as the flow: no module is parked at the root for size."""
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert root == sorted({"__init__.py", "__main__.py", "clock.py", "errors.py", "events.py", "sdk.py",
+    assert root == sorted({"__init__.py", "__main__.py", "bounded.py", "clock.py", "errors.py", "events.py", "sdk.py",
                            "telemetry.py"})
 
 

@@ -37,6 +37,13 @@ def test_rss_flat_compares_the_last_third_with_the_middle_one():
     assert rss.slope_mib_per_min(flat[:1]) == 0.0
 
 
+def test_rss_reads_which_caps_dropped_state_from_metrics():
+    text = ('# TYPE ftwatch_state_evicted_total counter\nftwatch_state_evicted_total{kind="finding"} 1250.0\n'
+            'ftwatch_state_evicted_total{kind="job"} 0.0\nftwatch_lines_total{job_id="a"} 5.0\n')
+    assert rss.evictions(text) == {"finding": 1250.0}
+    assert rss.evictions("") == {}
+
+
 def test_table_marks_a_missed_goal():
     text = table([zero("a: lost", 0), zero("b: duplicated", 3, "3 of 10"), Figure("c: growth (%)", 12.5, "<= 10", False)])
     rows = text.splitlines()

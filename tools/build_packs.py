@@ -8,7 +8,8 @@ departures from the source), and writes:
 * ``ftwatch/rules/packs/{nccl,torch,cuda,ascend,infra}.yaml``: one rule per string row, grouped by
   the row's component, keeping the row's ``source`` and ``classified_by``;
 * ``ftwatch/rules/packs/exit_codes.tsv``: the ``exit_code`` rows, columns unchanged (read by
-  ``ftwatch.rules.exitcodes``).
+  ``ftwatch.rules.exitcodes``), then the overlay's ``exit_codes`` rows: codes the table does not
+  list, each with its own source (a code the table lists cannot be given again).
 
 * ``ftwatch/rules/packs/{cuda_runtime,nccl_vocab,dist_vocab,kernel_vocab}.yaml``: from the graded
   catalogs beside them (``cuda_errors.tsv`` ...; ``tools/catalogs.py`` says how).
@@ -232,6 +233,21 @@ def load_overlay(path: Path) -> dict[str, dict]:
     return entries
 
 
+def overlay_exit_rows(path: Path, listed: set[str]) -> list[str]:
+    """The overlay's ``exit_codes`` rows as TSV lines (exit on a missing column or a code the
+    table already lists)."""
+    out = []
+    for n, entry in enumerate(yaml.safe_load(path.read_text(encoding="utf-8")).get("exit_codes") or [], start=1):
+        entry = {"pattern_type": "exit_code", "component": "process", **{k: str(v) for k, v in entry.items()}}
+        where = f"{path}: exit_codes entry {n} ({entry.get('pattern', '?')})"
+        if set(entry) != set(COLUMNS) or not all(entry[c] for c in COLUMNS if c != "notes"):
+            sys.exit(f"{where}: needs exactly the columns {COLUMNS} (notes may be empty)")
+        if entry["pattern"] in listed:
+            sys.exit(f"{where}: the table lists this code already")
+        out.append("\t".join(entry[c] for c in COLUMNS))
+    return out
+
+
 def build(tsv: Path, overlay: Path, allow_missing: bool = False) -> dict[str, str]:
     """File name -> content for every generated file.
 
@@ -261,6 +277,7 @@ def build(tsv: Path, overlay: Path, allow_missing: bool = False) -> dict[str, st
                  + "\noverlay entries matching no row:\n  " + "\n  ".join(unused))
     files = {f"{g}.yaml": render(g, rules) for g, rules in packs.items()}
     files.update(catalogs.build(CATALOG_DIR, render_rules, severity_for))
+    exit_rows += overlay_exit_rows(overlay, {r.split("\t")[0] for r in exit_rows})
     files["exit_codes.tsv"] = "\t".join(COLUMNS) + "\n" + "".join(r + "\n" for r in exit_rows)
     return files
 

@@ -10,7 +10,8 @@ hang detection). The rules' database is compiled once for all cases (``Engine``'
 fresh engine per case, sharing the compiled matcher, so nothing a case feeds reaches the next.
 
 The decided failure class is the root cause's class; a decision whose root cause is only fallout
-is read as ``retryable_infra`` (the policy's reading, SPEC D2/R7) and a decision without a root
+is read as the policy reads it (SPEC D2/R7: ``hang`` when every rank reports only collective
+timeouts, else ``retryable_infra``; ``Analysis.fallout_class``) and a decision without a root
 cause (the job ended by itself) as ``none``. A case is correct when the decided action and failure
 class both match (and the root-cause rule, where the case names one).
 
@@ -44,6 +45,7 @@ from ftwatch.events import FailureClass
 from ftwatch.pipeline.build import build_engine, build_policy
 from ftwatch.pipeline.replay import replay
 from ftwatch.policy.budgets import BudgetStore
+from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.model import Rule
 
@@ -102,7 +104,7 @@ def _run_case(case: Case, rules: Sequence[Rule], base: Config | None,
     if rc is None:
         cls = NONE_CLASS
     elif rc.failure_class is FailureClass.FALLOUT:
-        cls = FailureClass.RETRYABLE_INFRA.value      # only fallout: the policy's reading
+        cls = analyse(d.findings).fallout_class.value    # only fallout: the policy's reading
     else:
         cls = rc.failure_class.value
     outcome = Outcome(case, d.action.label, cls, rc.rule_id if rc else None, rc.rank if rc else None,

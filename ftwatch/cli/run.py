@@ -48,16 +48,16 @@ def cmd_run(argv: list[str]) -> int:
     if torchrun_style:                    # torchrun's way: python SCRIPT, python -m MODULE, or as is
         command = (command if args.no_python else [sys.executable, "-m", *command] if args.module
                    else [sys.executable, *command])
-    try:
-        cluster_config = cluster_from_args(args)
-    except ValueError as exc:
-        p.error(str(exc))
     unusable = _unusable(command[0])
     if unusable is not None:
         status, why = unusable
         print(f"ftwatch run: {command[0]}: {why}", file=sys.stderr)
         return status
     config = apply_run_flags(load_config_from_args(args, flags), args)
+    try:                                  # inside a Slurm step, what the flags leave out comes from Slurm
+        cluster_config = cluster_from_args(args, os.environ, lambda nodes: hostnames(config.slurm.scontrol, nodes))
+    except ValueError as exc:
+        p.error(str(exc))
     if cluster_config is not None and args.max_restarts and "enable_job_restart" not in flags:
         config = config.with_policy(enable_job_restart=True)   # torchrun's --max-restarts N restarts
     if args.state_dir:
@@ -231,13 +231,41 @@ _CONF = {"last_call_timeout": "last_call", "heartbeat": "heartbeat", "node_timeo
          "settle": "settle"}
 
 
-def cluster_from_args(args: argparse.Namespace):
-    """The multi-node settings (``ftwatch.config.cluster``) from the flags, or None for one node.
+def hostnames(scontrol: str, nodelist: str) -> list[str]:
+    """Slurm's node list (``gpu-[1-2],cpu-3``) as host names: ``scontrol show hostnames`` (a
+    plain name or comma list needs no scontrol).
 
     Raises:
-        ValueError: a bad flag value (the message names the flag).
+        ValueError: scontrol is missing or failed (its message).
     """
-    from ftwatch.config.cluster import cluster_from_flags
+    import subprocess
+    if "[" not in nodelist:
+        return [h for h in nodelist.split(",") if h]
+    try:
+        proc = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"{scontrol} show hostnames {nodelist}: {exc}; give --rdzv-endpoint HOST:PORT") from None
+    if proc.returncode != 0:
+        raise ValueError(f"{scontrol} show hostnames {nodelist}: {(proc.stderr or proc.stdout).strip()}; "
+                         f"give --rdzv-endpoint HOST:PORT")
+    return proc.stdout.split()
+
+
+def cluster_from_args(args: argparse.Namespace, env=None, expand=None):
+    """The multi-node settings (``ftwatch.config.cluster``) from the flags, or None for one node.
+
+    Args:
+        args: the parsed flags.
+        env: the environment: inside a Slurm job, the flags not given come from it
+            (``config.cluster.slurm_flags``); None: none read.
+        expand: a Slurm node list -> its host names (:func:`hostnames` with the configured scontrol).
+
+    Raises:
+        ValueError: a bad flag value (the message names the flag), or a Slurm environment that
+            does not give the job's endpoint.
+    """
+    from ftwatch.config.cluster import cluster_from_flags, slurm_flags
     timing = {}
     for item in filter(None, args.rdzv_conf.split(",")):
         key, _, value = item.partition("=")
@@ -247,7 +275,11 @@ def cluster_from_args(args: argparse.Namespace):
             timing[_CONF[key.strip()]] = float(value)
         except ValueError:
             raise ValueError(f"--rdzv-conf {item}: not a number of seconds") from None
-    return cluster_from_flags(nnodes=args.nnodes, node_rank=args.node_rank, master_addr=args.master_addr,
-                              master_port=args.master_port, rdzv_endpoint=args.rdzv_endpoint,
-                              rdzv_id=args.rdzv_id, rdzv_backend=args.rdzv_backend, standalone=args.standalone,
-                              local_addr=args.local_addr, **timing)
+    given = {"node_rank": args.node_rank, "master_addr": args.master_addr, "master_port": args.master_port,
+             "rdzv_id": args.rdzv_id}
+    if env is not None and not args.standalone:
+        given.update(slurm_flags(env, expand or (lambda nodes: hostnames("scontrol", nodes)), nnodes=args.nnodes,
+                                 rdzv_endpoint=args.rdzv_endpoint, **given))
+    return cluster_from_flags(nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint,
+                              rdzv_backend=args.rdzv_backend, standalone=args.standalone,
+                              local_addr=args.local_addr, **given, **timing)

@@ -46,7 +46,8 @@ def cmd_watch(argv: list[str]) -> int:
     recorder = build_recorder(config, state_dir, args.decisions_file)
     ident = config.watch.identity
     identity = Identity(job_label=ident.job_label, default_job=ident.default_job, default_node=ident.default_node,
-                        host_tags=tuple(ident.host_tags), device_field=ident.device_field)
+                        host_tags=tuple(ident.host_tags), device_field=ident.device_field,
+                        max_devices=config.limits.max_tracked_instances)
     monitor = None
     if config.watch.monitor.enabled:   # the SDK over HTTP (ftwatch.pipeline.sources.monitor)
         from ftwatch.pipeline.sources.monitor import MonitorServer
@@ -113,7 +114,7 @@ def cmd_watch(argv: list[str]) -> int:
         recorder.close()           # waiting alert groups sent (or spooled), then the store closed (ES flushed)
         if metrics is not None:
             metrics.close()
-    recorder.say(f"ftwatch watch: {len(recorder.decisions)} decisions for {len(watcher.seen_jobs)} jobs; "
+    recorder.say(f"ftwatch watch: {recorder.decision_count} decisions for {watcher.jobs_met} jobs; "
                  f"{watcher.engine.stats.lines} lines")
     return 0
 

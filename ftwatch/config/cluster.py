@@ -7,9 +7,16 @@ given out in the order the agents arrive). Either way the agents meet at one PyT
 ``TCPStore`` (``ftwatch.pipeline.cluster.store``), hosted on the endpoint's machine; the
 workers' own ``MASTER_ADDR``/``MASTER_PORT`` are chosen afresh for each generation of the job.
 A job with one node and no endpoint (``--standalone``, or no flag at all) is the plain local run.
+
+Inside a Slurm step (``srun ftwatch run --nnodes $SLURM_NNODES ...``, one task per node) the
+flags not given come from Slurm's environment (:func:`slurm_flags`): the node rank
+``$SLURM_NODEID``, the endpoint the first host of ``$SLURM_STEP_NODELIST`` (else
+``$SLURM_JOB_NODELIST``), the rendezvous id ``slurm-$SLURM_JOB_ID``.
 """
 
 from __future__ import annotations
+
+from typing import Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -117,3 +124,65 @@ def cluster_from_flags(*, nnodes: str | None, node_rank: int | None, master_addr
         host, port = master_addr or "127.0.0.1", master_port or DEFAULT_PORT
     return ClusterConfig(nnodes=str(span), node_rank=node_rank, endpoint_host=host, endpoint_port=port,
                          run_id=rdzv_id or "none", local_addr=local_addr, **timing)
+
+
+def slurm_port(job_id: str) -> int:
+    """The store's port of Slurm job ``job_id`` when ``--master-port`` is not given: 15000 plus
+    the job id's last four digits (PyTorch Lightning's SLURM convention), so two jobs sharing a
+    node do not meet at one port."""
+    digits = "".join(c for c in job_id if c.isdigit())[-4:]
+    return 15000 + int(digits or 0)
+
+
+def slurm_flags(env: Mapping[str, str], hostnames: Callable[[str], list[str]], *, nnodes: str | None,
+                node_rank: int | None,
+                master_addr: str | None, master_port: int | None, rdzv_endpoint: str | None,
+                rdzv_id: str | None) -> dict:
+    """The multi-node flags a Slurm step's environment gives, for those not given (a flag wins).
+
+    Args:
+        env: the environment (``SLURM_JOB_ID``, ``SLURM_NODEID``, ``SLURM_PROCID``,
+            ``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST``); no ``SLURM_JOB_ID``: nothing.
+        hostnames: a Slurm node list (``gpu-[1-4]``) -> its host names (``scontrol show hostnames``).
+        nnodes: ``--nnodes`` (one node, or not given: nothing; a job on this machine stays one).
+        node_rank, master_addr, master_port, rdzv_endpoint, rdzv_id: the flags as given (None: not).
+
+    Returns:
+        ``cluster_from_flags`` keywords filled from Slurm where the flag was not given: ``rdzv_id``;
+        and when no endpoint was given (``--rdzv-endpoint``, ``--master-addr``) ``master_addr``
+        (the first host of the step's nodes), ``master_port`` (:func:`slurm_port`) and
+        ``node_rank`` (``$SLURM_NODEID``: node 0 is that first host, so it hosts the store);
+        {} outside Slurm or for one node.
+
+    Raises:
+        ValueError: more than one task on a node (``SLURM_PROCID`` is not ``SLURM_NODEID``: one
+            ``ftwatch run`` per node, ``srun --ntasks-per-node=1``), or no node list to find the
+            endpoint in.
+    """
+    job = env.get("SLURM_JOB_ID")
+    try:
+        several = parse_elastic_range(nnodes or "1").max > 1
+    except ValueError:
+        several = False                   # cluster_from_flags names the bad --nnodes
+    if not job or not several:
+        return {}
+    out: dict = {}
+    node, proc = env.get("SLURM_NODEID"), env.get("SLURM_PROCID")
+    if node is not None and proc is not None and node != proc:
+        raise ValueError(f"Slurm task {proc} on node {node}: run one ftwatch per node (srun --ntasks-per-node=1)")
+    if rdzv_id is None:
+        out["rdzv_id"] = f"slurm-{job}"
+    if not (rdzv_endpoint or master_addr):     # an endpoint given: its own way to meet (ranks by arrival)
+        if node_rank is None and node is not None and node.isdigit():
+            out["node_rank"] = int(node)       # node 0 is the node list's first host: it hosts the store
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+        if not nodelist:
+            raise ValueError(f"inside Slurm job {job} without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST: "
+                             "give --rdzv-endpoint HOST:PORT")
+        hosts = hostnames(nodelist)
+        if not hosts:
+            raise ValueError(f"no host in Slurm's node list {nodelist!r}: give --rdzv-endpoint HOST:PORT")
+        out["master_addr"] = hosts[0]
+        if master_port is None:
+            out["master_port"] = slurm_port(job)
+    return out

@@ -31,6 +31,7 @@ from ftwatch.config.slurm import SlurmConfig
 from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.config.health import HealthConfig
 from ftwatch.config.phases import PhasesConfig
+from ftwatch.config.limits import LimitsConfig
 from ftwatch.config.watch import WatchConfig
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.config.yamlsource import Loc, line_index, parse_yaml, read_yaml_text
@@ -179,6 +180,7 @@ class Config(BaseModel):
     phases: PhasesConfig = Field(default_factory=PhasesConfig, description="Phases from log lines (R6): hang intervals.")
     slurm: SlurmConfig = Field(default_factory=SlurmConfig, description="The Slurm actuator (run --actuator "
                                "slurm, watch.actuator.type slurm).")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Caps on kept state (issue 17).")
 
     def with_policy(self, **overrides: Any) -> "Config":
         """A validated copy with some ``policy`` fields replaced (e.g. from ``parse_aimaster_flags``).

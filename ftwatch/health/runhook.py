@@ -113,8 +113,8 @@ def _blocking(findings: Sequence[Finding]) -> Finding | None:
 class SayingStepTracker(StepTracker):
     """A StepTracker that also tells the terminal about each straggler (or job slowdown) it finds."""
 
-    def __init__(self, config, say: Callable[[str], None]):
-        super().__init__(config)
+    def __init__(self, config, say: Callable[[str], None], **kwargs):
+        super().__init__(config, **kwargs)
         self._say = say
 
     def said(self, finding):

@@ -40,10 +40,10 @@ def build_engine(config, rules=None, say=None, like=None):
     if straggler.enabled:
         if say is not None:
             from ftwatch.health.runhook import SayingStepTracker
-            steps = SayingStepTracker(straggler, say)
+            steps = SayingStepTracker(straggler, say, max_ranks=config.limits.max_instances_per_job)
         else:
             from ftwatch.rules.stragglers import StepTracker
-            steps = StepTracker(straggler)
+            steps = StepTracker(straggler, max_ranks=config.limits.max_instances_per_job)
     return Engine(build_rules(config) if rules is None else rules, steps=steps, like=like)
 
 
@@ -119,7 +119,7 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
     recorder = Recorder(store, decisions_file, center, out=out, state_dir=state_dir,
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket,
-                        link_url=alerting.link_url)
+                        link_url=alerting.link_url, max_kept=config.limits.max_kept_decisions)
     if config.storage.mining.enabled:        # catch-all evidence -> signatures (ftwatch mine)
         from ftwatch.mining.miner import Miner
         recorder.miner = Miner.in_state_dir(state_dir, new_jobs=config.storage.mining.new_signature_jobs)
@@ -211,7 +211,8 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     sync = pol.job_execution_mode == "Sync"
     hang = float(pol.job_hang_interval) if pol.enable_job_hang_detection and sync else None
     # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
-    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0)
+    desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=SETTLE_SECONDS if sync else 0.0,
+                        summaries="exit")
     from ftwatch.policy.lifecycle import launcher_of_command
     launcher = launcher_of_command(command)     # `dlrover-run ...`: DLRover's private exit codes apply
     if launcher is not None:
@@ -240,6 +241,9 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
         from ftwatch.pipeline.actuators.slurm import SlurmActuator
         scheduler = SlurmActuator.for_run(config.slurm, clock=clock,
                                           log=lambda line: recorder.say(f"ftwatch: slurm {line}"))
+        if cluster is not None:                        # several nodes: the leader tells Slurm, once
+            from ftwatch.pipeline.cluster.handover import JobHandOver
+            scheduler = JobHandOver(cluster, scheduler)
     parts = RunParts(supervisor, control, controls, desk, policy, budgets, slots, health, scene, actuator, clock,
                      kernel, node, bus_ids or {}, scheduler, cluster)
     runner = JobRunner(config, command, parts, recorder, job, out=out)

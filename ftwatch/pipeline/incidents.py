@@ -29,10 +29,26 @@ findings are recorded but open nothing for ``cooldown`` seconds (``watch``: the 
 own action); a hang that only notified re-arms once output resumes. The evidence is the
 attempt's: :meth:`new_attempt` clears it (the driver calls it when the job restarts).
 
+Errors the job outlives (issue 12 item 3, ``ftwatch.policy.progress``): where the source
+reports no exits (``watch``, ``replay``), an error that a process may catch, log and go on from
+(``ftwatch.policy.triggers.may_survive``) opens a *held* incident: due after ``settle`` as any
+other when its instance printed nothing since (a dying process), but once that instance prints
+again it is due only when ``progress.SURVIVE_SECONDS`` have passed, unless a fatal finding joins
+it (an exit, a hang, a torchelastic death report, an isolate-level or sticky error: then ``settle``
+from that finding on). In every driver, when the instance that printed such an error prints
+``progress.MARKS`` progress lines after it within that window, the error is a notice
+(:attr:`IncidentDesk.notices`, a ``notice`` event): it leaves the evidence, and an incident it
+alone held is dropped.
+
 Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
 hands them in with that job in their origin) is output like any other and counts by its time, but
 its origin is never an instance: it starts no hang timer, counts in no world size and fails no
 instance.
+
+One module past 400 lines: opening, holding, settling and deciding share the open incident's
+state (openers, settle time, held flag, cooldown), and splitting them would hand that state
+across modules; what can stand alone already does (``ftwatch.policy.triggers``,
+``ftwatch.policy.progress``, ``ftwatch.policy.lifecycle``).
 
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
@@ -43,15 +59,18 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, Literal, Sequence
 
+from ftwatch.bounded import BoundedDict, cap_two_tiers
+from ftwatch.config.limits import LimitsConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers import fields as line_fields
 from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
-from ftwatch.policy import lifecycle
+from ftwatch.policy import lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
-from ftwatch.policy.triggers import HANG_KINDS, failed_instances, is_error, opens_incident, pick_trigger
+from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, may_survive, opens_incident,
+                                    pick_trigger, sticky_rules)
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.timers import HangTracker
@@ -61,6 +80,11 @@ _CPP_FRAME = re.compile(r"\s*frame #\d+: ")
 POLL_SECONDS = 0.2         # how often a live loop wakes with nothing to read (the Tick period)
 SETTLE_SECONDS = 1.0       # ``run``: after a failure, how long the others may show their own errors
 BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is closed (P1)
+
+
+def _relevant(f: Finding) -> bool:
+    """A finding a capped evidence list drops last: a warning or worse, or an exit."""
+    return f.severity >= Severity.WARNING or f.kind == "exit_code"
 
 
 def rank_origin(origin: Origin, failure: SummaryFailure) -> Origin:
@@ -82,18 +106,28 @@ class IncidentDesk:
         cooldown: seconds after an acting decision in which new findings open nothing.
         summaries: read torchelastic failure summaries from the output: ``"live"`` (their exits
             count as soon as a summary closes), ``"close"`` (at :meth:`close`, after every line:
-            the end of a replayed log is the end of the job) or None (real exits only).
+            the end of a replayed log is the end of the job), ``"exit"`` (``run``: when the worker
+            that printed it, a launcher, exits, its ranks' exits are evidence for that exit) or
+            None (real exits only).
         exit_origin: the origin of a summary's exit, from the stream's origin and the failure.
         tracker: the hang tracker; default ``HangTracker.from_policy`` of the policy's flags.
         on_findings: called with every batch of new findings after they are recorded.
+        survive: seconds in which an instance's progress outlives its error (0: never).
+        limits: the caps on its evidence and instances (``ftwatch.config.limits``; default: the
+            defaults): past ``max_info_findings_per_job`` info findings, or
+            ``max_findings_per_job`` in all, the oldest info findings leave the evidence first;
+            past ``max_instances_per_job`` the least recently active instance is forgotten.
     """
 
     def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
                  settle: float = 0.0, cooldown: float = 0.0,
-                 summaries: Literal["live", "close"] | None = None,
+                 summaries: Literal["live", "close", "exit"] | None = None,
                  exit_origin: Callable[[Origin, SummaryFailure], Origin] = rank_origin,
                  tracker: HangTracker | None = None,
-                 on_findings: Callable[[list[Finding]], None] | None = None):
+                 on_findings: Callable[[list[Finding]], None] | None = None,
+                 survive: float = progress.SURVIVE_SECONDS, limits: LimitsConfig | None = None):
+        self.limits = limits = limits or LimitsConfig()
+        cap = limits.max_instances_per_job
         self.job = job
         self.engine = engine
         self.policy = policy
@@ -103,15 +137,17 @@ class IncidentDesk:
         self.cooldown = cooldown
         self.summaries = summaries
         self.exit_origin = exit_origin
-        self.tracker = tracker or HangTracker.from_policy(policy.policy, exits=exits)
+        self.tracker = tracker or HangTracker.from_policy(policy.policy, exits=exits, max_instances=cap)
         self.on_findings = on_findings
         self.exit_table = ExitCodeTable.load()
         self.world_size: int | None = None     # the driver's count of instances (run), else counted
         self.findings: list[Finding] = []      # this attempt's evidence
+        self._info = 0                         # how many of them are not _relevant
         self.failed: set[str] = set()          # instances with a failing exit ftwatch did not cause
         self.ok: set[str] = set()              # instances that exited 0
-        self.instances: dict[str, Origin] = {}
         self._started_at: dict[str, float] = {}   # instance -> its latest start (epoch s)
+        self.instances: dict[str, Origin] = BoundedDict(    # least recently active first out
+            cap, "instance", on_evict=lambda instance, _: self._started_at.pop(instance, None))
         self.ranks: set[int] = set()
         self.open: Finding | None = None       # the finding that opened the current incident
         self._openers: list[Finding] = []      # findings that could trigger it
@@ -120,7 +156,12 @@ class IncidentDesk:
         self._hang_notified = False
         self._summary_lines: dict[Origin, SummaryLines] = {}
         self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
-        self._tails: dict[Origin, bytes] = {}  # each stream's last non-empty line so far
+        self._tails: dict[Origin, bytes] = BoundedDict(cap)  # each stream's last non-empty line so far
+        self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
+        self._sticky = sticky_rules(engine.rules)
+        self._held = False                     # the open incident waits to be outlived ...
+        self._alive = False                    # ... and its instance printed since it opened ...
+        self._hold_until = 0.0                 # ... so it is due at the latest then (mono)
 
     @property
     def attempt(self) -> int:
@@ -156,6 +197,8 @@ class IncidentDesk:
         if not is_host(origin):                     # a node's kernel log: evidence, never an instance
             if origin.instance not in self.instances and not self.exits:
                 self.started(origin, time)
+            else:
+                self.instances.touch(origin.instance)
             self.tracker.output(origin.instance, time)
             if self._hang_notified:
                 self._hang_notified = False
@@ -170,7 +213,16 @@ class IncidentDesk:
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None:
             found += self._summary(origin, data, time)
-        return self.add(found, mono)
+        opened = self.open
+        trigger = self.add(found, mono)
+        if self._held and opened is not None and opened is self.open and (
+                opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
+            self._alive = True                      # it printed after its error: wait for its progress
+        if self.survival and not is_host(origin):
+            year = self.engine.year or line_fields.year_of(time)
+            for f, at in self.survival.outlived(origin, data, time, sim_step, year):
+                self._notice(f, at, f"{f.origin.instance} made progress after it: the job outlived it")
+        return None if trigger is not None and self.survival.is_notice(trigger) else trigger
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.
@@ -189,6 +241,8 @@ class IncidentDesk:
             if origin.key == exit.origin.key:
                 self.add(self.engine.flush(origin, exit.time), mono)
         self.tracker.exited(exit.origin, exit.ok, exit.time)
+        if self.summaries == "exit":
+            self.add(self._launcher_summary(exit, expected), mono)
         return self.add(self._deaths([exit], expected), mono)
 
     def add(self, findings: Sequence[Finding], mono: float = 0.0, record: bool = True) -> Finding | None:
@@ -212,17 +266,34 @@ class IncidentDesk:
         if mono < self._quiet_until:
             return None                             # the aftermath of our own action
         self.findings.extend(findings)
+        self._info = cap_two_tiers(self.findings, findings, self._info, self.limits.max_info_findings_per_job,
+                                   self.limits.max_findings_per_job, "finding", _relevant)
         trigger = None
+        for f in self.survival.ignored(findings):
+            self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
         for f in findings:
+            if self.survival.is_notice(f):
+                continue
+            survivable = self._survivable(f)
+            if survivable:
+                self.survival.wait(f)
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):
                 continue
             self._openers.append(f)
+            held = survivable and not self.exits
+            wait = 0.0 if f.kind in HANG_KINDS else self.settle
             if self.open is None:
                 self.open = f
-                self._settle_until = mono + (0.0 if f.kind in HANG_KINDS else self.settle)
+                self._held, self._alive = held, False
+                self._settle_until = mono + wait
+                self._hold_until = mono + max(wait, self.survival.window)
                 trigger = trigger or f
-            elif f.kind == "exit_code":
-                trigger = trigger or f
+            else:
+                if self._held and not held:         # a fatal finding decides the held incident:
+                    self._held = False              # its peers' evidence joins for ``settle``
+                    self._settle_until = max(self._settle_until, mono + wait) if self._alive else self._settle_until
+                if f.kind == "exit_code":
+                    trigger = trigger or f
         return trigger
 
     def tick(self, now: float, mono: float) -> Finding | None:
@@ -233,12 +304,14 @@ class IncidentDesk:
             settle time ran out; None when nothing is due.
         """
         self.add(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=self.job), mono)
+        self.survival.expire(now)
         due = None
         for hang in self.tracker.check(now):
             self.add([hang], mono)
             if due is None and mono >= self._quiet_until:
                 due = hang
-        if due is None and self.open is not None and mono >= self._settle_until:
+        if due is None and self.open is not None and mono >= self._settle_until and not (
+                self._held and self._alive and mono < self._hold_until):
             due = self.open
         return due
 
@@ -267,10 +340,11 @@ class IncidentDesk:
         ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
         then :meth:`decide`'s)."""
         trigger = trigger or pick_trigger(self._openers)
-        failed = failed_instances([f for f in self.findings if not is_host(f.origin)], trigger, self.failed,
+        evidence = self.evidence()
+        failed = failed_instances([f for f in evidence if not is_host(f.origin)], trigger, self.failed,
                                   exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
-        verdict = self.policy.verdict(Incident(trigger, tuple(self.findings), world, failed, self.attempt, facts), now)
+        verdict = self.policy.verdict(Incident(trigger, tuple(evidence), world, failed, self.attempt, facts), now)
         self.forget_incident(mono, verdict.decision.action, trigger)
         return verdict
 
@@ -279,6 +353,7 @@ class IncidentDesk:
         multi-node leader, ``ftwatch.pipeline.cluster``): it closes, and an acting decision
         starts the cooldown; a ``trigger`` hang that only notified waits for output to resume."""
         self.open = None
+        self._held = False
         self._openers.clear()
         if action not in (Action.NONE, Action.NOTIFY):
             self._quiet_until = mono + self.cooldown
@@ -312,11 +387,15 @@ class IncidentDesk:
         incident are forgotten; the hang timers re-arm (``world_size``: the driver's count of
         instances, None to count them)."""
         self.findings.clear()
+        self._info = 0
         self._openers.clear()
         self.failed.clear()                         # in place: a driver may hold the set
         self._tails.clear()
+        self._summary_lines.clear()
         self.ok.clear()
         self.open = None
+        self._held = False
+        self.survival.clear()
         self._hang_notified = False
         self.world_size = world_size
         if not self.exits:
@@ -324,6 +403,29 @@ class IncidentDesk:
         self.tracker.reset(now, forget=not self.exits)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _survivable(self, f: Finding) -> bool:
+        """An error its instance may outlive (``triggers.may_survive``; host lines never)."""
+        return self.survival.window > 0 and not is_host(f.origin) and may_survive(f, self._sticky)
+
+    @property
+    def notices(self) -> list[Finding]:
+        """This attempt's errors its instances outlived (or Python ignored), still in ``findings``."""
+        return self.survival.notices
+
+    def evidence(self) -> list[Finding]:
+        """This attempt's findings less the notices."""
+        return self.survival.evidence(self.findings)
+
+    def _notice(self, f: Finding, at: float, why: str) -> None:
+        """``f`` became a notice: out of the incident, and a ``notice`` event."""
+        if any(x is f for x in self._openers):
+            self._openers[:] = [x for x in self._openers if x is not f]
+            if self.open is f:
+                self.open = min(self._openers, key=lambda x: (x.time, x.seq), default=None)
+                self._held = self.open is not None and self._held
+        self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
+                            why=why)
 
     def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
         """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
@@ -336,6 +438,18 @@ class IncidentDesk:
             self._summary_lines[origin] = summary
         return found
 
+    def _launcher_summary(self, exit: ProcessExit, expected: bool) -> list[Finding]:
+        """``summaries="exit"``: findings of the ranks' exits in a summary ``exit``'s worker printed
+        (evidence: they fail no instance of ours); none when ftwatch stopped it."""
+        out: list[Finding] = []
+        for origin in [o for o in self._summary_lines if o.key == exit.origin.key]:
+            exits = summary_exits(self._summary_lines.pop(origin).failures(), lambda f: self.exit_origin(origin, f),
+                                  exit.time)
+            if not (exit.stopped_by_us or expected or exit.ok):
+                out += [f for e in exits if not e.stopped_by_us and (f := exit_finding(
+                    e, self.exit_table, self.engine.next_seq(), launchers=self.launchers)) is not None]
+        return out
+
     def _deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
         """The findings of exits: ok ones are noted (unless an uncaught traceback of the instance
         says the status was hidden), those ftwatch caused make none."""
@@ -344,10 +458,12 @@ class IncidentDesk:
             ours = exit.stopped_by_us or expected
             if exit.ok:
                 tb = None if ours else lifecycle.last_uncaught(
-                    self.findings, exit.origin.instance, exit.time,
+                    self.evidence(), exit.origin.instance, exit.time,
                     since=self._started_at.get(exit.origin.instance, float("-inf")))
                 if tb is None:
                     self.ok.add(exit.origin.instance)
+                    if not ours:                    # evidence: a rank that left first (rootcause.left_first)
+                        self.findings.append(lifecycle.exited_ok(exit.origin, exit.time, self.engine.next_seq()))
                     continue
                 self.failed.add(exit.origin.instance)
                 out.append(self._hidden(exit.origin, exit.time, tb, f"{exit.origin.instance} exited 0"))
@@ -371,7 +487,7 @@ class IncidentDesk:
         after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
         error block (a failed process without an exit line)."""
         out: list[Finding] = []
-        order = sorted(self.findings, key=lambda f: (f.time, f.seq))
+        order = sorted(self.evidence(), key=lambda f: (f.time, f.seq))
         for ok in (f for f in order if lifecycle.is_exited_ok(f)):
             tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
                       and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)

@@ -18,6 +18,7 @@ from ftwatch.alerting.alerts import AlertMaker
 from ftwatch.alerting.dispatch import NULL_ALERTS, AlertPath
 from ftwatch.alerting.notify import QUEUED
 from ftwatch.alerting.resolve import OpenAlerts
+from ftwatch.bounded import trim_oldest
 from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks.base import (NULL_SINK, FindingBatch, LifecycleEvent, OutputBatch, Record,
                                          RunEnd, RunStart, Sink)
@@ -50,6 +51,9 @@ class Recorder:
         output_bucket: seconds per bucket of the per-instance output counts (store ``output``).
         link_url: ``alerting.link_url``: a URL template for the alerts' link instead of a command
             (``ftwatch.alerting.alerts.alert_link``), or None.
+        max_kept: ``limits.max_kept_decisions``: the most decisions (and delivery results) kept
+            in :attr:`decisions` (:attr:`deliveries`); past it the oldest go (kinds ``decision``,
+            ``delivery``). The sinks get every one; :attr:`decision_count` counts them all.
 
     Resolution (SPEC N2): ``ftwatch.alerting.resolve.OpenAlerts`` keeps the open alerts per job;
     :meth:`resolve_open` (the job finished) and :meth:`resolve_due` (quiet for
@@ -60,7 +64,7 @@ class Recorder:
                  dispatcher: AlertPath | None = None, out: TextIO | None = None,
                  state_dir: Path | None = None, color: bool | None = None,
                  resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
-                 output_bucket: float = 5.0, link_url: str | None = None):
+                 output_bucket: float = 5.0, link_url: str | None = None, max_kept: int = 10000):
         self.store = store.primary if isinstance(store, FanOut) else store   # the reading side
         sink: Sink = store if store is not None else NULL_SINK
         self.sink: Sink = FanOut(sink, [DecisionsFile(decisions_file)]) if decisions_file else sink
@@ -74,6 +78,8 @@ class Recorder:
         self.color = self.out.isatty() if color is None else color
         self.attempt = 0          # the runner sets the attempt findings belong to
         self.decisions: list[Decision] = []
+        self.decision_count = 0
+        self.max_kept = max_kept
         self._last_resend: float | None = None   # the start already resent (cli)
         self.finding_count = 0
         self.deliveries: list[DeliveryResult] = []
@@ -154,6 +160,8 @@ class Recorder:
     def decision(self, decision: Decision) -> None:
         """Record a decision everywhere and send its alert (action none sends none)."""
         self.decisions.append(decision)
+        self.decision_count += 1
+        trim_oldest(self.decisions, self.max_kept, "decision")
         self.metrics.count_decision(decision.target.job, decision.action.label)
         self._write(decision)
         self.say(self._describe(decision))
@@ -238,6 +246,7 @@ class Recorder:
         if self._closed or result.status == QUEUED:
             return
         self.deliveries.append(result)
+        trim_oldest(self.deliveries, self.max_kept, "delivery")
         self._write(result)
 
     def resend_due(self, mono: float, every: float = RESEND_SECONDS) -> int:

@@ -26,6 +26,13 @@ every job on the node). In the job's incident it counts by its time (the line's 
 when it was shipped): a line older than the job's current attempt is not that attempt's evidence.
 The lines no job takes are still scanned and their findings stored; they open nothing.
 
+Bounded (issue 17 item 3, the ``limits`` section, ``ftwatch.config.limits``): a job silent for
+``job_idle_seconds`` whose incident is not open and whose hang timer has nothing left to judge is
+forgotten (desk, SDK handler, phase, metrics series; kind ``job_idle``), and a new job beyond
+``max_jobs`` forgets the job whose output is the oldest (kind ``job``); either starts fresh if it
+speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
+oldest first, into their job's desk (kind ``open_block``).
+
 Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve once
 ``resolve_after`` seconds pass with no new such incident of that job (and none settling), at
 once when a launcher of the job logs that its worker group finished successfully
@@ -34,11 +41,13 @@ once when a launcher of the job logs that its worker group finished successfully
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
+from ftwatch.bounded import EVICTIONS
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, Origin
 from ftwatch.parsers.torchelastic import finished_cleanly
@@ -126,13 +135,14 @@ class Watcher:
         self.clock = clock or SystemClock()
         self.queue: queue.Queue = queue.Queue(maxsize=config.watch.queue_batches)
         self.jobs: dict[str, IncidentDesk] = {}
-        self.seen_jobs: set[str] = set()
+        self.jobs_met = 0       # desks made: a job forgotten (limits) and met again counts again
         self.devices = devices if devices is not None else {}
         self.attempt_start: dict[str, float] = {}     # job -> when its current attempt started
         self.state_dir = Path(config.storage.state_dir)
         self.monitor = monitor
         self.controls: dict[str, ControlHandler] = {}   # job -> its SDK requests' handler
         self.phases: dict[str, PhaseTracker] = {}       # job -> its run's phase (config.phases)
+        self._active: dict[str, float] = {}             # job -> its last output (mono s), oldest first
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -168,6 +178,8 @@ class Watcher:
                 self._host(origin, lines, t, now_mono)
                 continue
             desk = self._desk(origin.job)
+            self._active.pop(desk.job, None)
+            self._active[desk.job] = now_mono
             desk.output(origin, data, t, now_mono, hits=hits)
             if self.config.phases.enabled:
                 self._phase(desk, data, t)
@@ -189,6 +201,7 @@ class Watcher:
             if stale:
                 self.ingest(stale)
         self.recorder.findings(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=""))  # no job's host lines
+        self._bound(now, mono)
         for desk in list(self.jobs.values()):
             if desk.tick(now, mono) is not None:
                 self._act(desk, desk.decide(None, now, mono))
@@ -274,15 +287,67 @@ class Watcher:
         known = [self.devices[o.key] for o in origins if o.key in self.devices]
         return not known or any(device in devices for devices in known)
 
+    def _bound(self, now: float, mono: float) -> None:
+        """The ``limits`` caps (module doc): open blocks past the caps are closed early, idle
+        jobs are forgotten."""
+        limits = self.config.limits
+        for origin in self.engine.pending_over(limits.max_open_blocks, limits.max_open_block_bytes):
+            found = self.engine.flush(origin, now)
+            EVICTIONS.count("open_block")
+            desk = self.jobs.get(origin.job) if origin.job else None
+            if desk is not None:
+                desk.add(found, mono)
+            else:
+                self.recorder.findings(found)
+        idle = []
+        for job, last in self._active.items():
+            if mono - last < limits.job_idle_seconds:
+                break                                   # oldest first: the rest spoke later
+            idle.append(job)
+        for job in idle:
+            self._forget(job, "job_idle", now, mono)
+
+    def _forget(self, job: str, kind: str | None, now: float, mono: float) -> bool:
+        """Drop a job's state; counted under ``kind``. A cap or idleness (``kind`` ``job`` /
+        ``job_idle``) closes the job's open blocks into its desk first and keeps a job whose
+        incident is open, or (idle) whose hang timer still judges its silence; its metrics
+        series go too. ``kind`` None: the job failed (a ``fail_job`` decision, stored): its desk
+        goes at once, its series stay until it has been idle ``job_idle_seconds`` (so the failing
+        decision is scraped). Returns whether the job's state was dropped."""
+        desk = self.jobs.get(job)
+        if desk is not None and kind is not None:
+            for origin in self.engine.pending_origins():
+                if origin.job == job:
+                    desk.add(self.engine.flush(origin, now), mono)
+            if desk.open is not None or (kind == "job_idle" and desk.tracker.hang_due):
+                return False
+        self.jobs.pop(job, None)
+        self.controls.pop(job, None)
+        self.phases.pop(job, None)
+        self.attempt_start.pop(job, None)
+        if kind is not None:
+            self._active.pop(job, None)
+            self.recorder.metrics.forget_job(job)
+            EVICTIONS.count(kind)
+        return True
+
     def _desk(self, job: str) -> IncidentDesk:
         desk = self.jobs.get(job)
         if desk is None:
+            if len(self.jobs) >= self.config.limits.max_jobs:
+                now, mono = self.clock.time(), self.clock.mono()
+                oldest = [j for j in itertools.islice(self._active, 64) if j in self.jobs]
+                for old in oldest:                  # the oldest output first; an open incident stays
+                    if self._forget(old, "job", now, mono):
+                        break
             desk = IncidentDesk(job, self.engine, build_policy(self.config, job), self.recorder, exits=False,
                                 settle=self.config.watch.settle, cooldown=self.config.watch.cooldown,
-                                summaries="live")
+                                summaries="live", limits=self.config.limits)
             desk.new_attempt(self.clock.time())
             self.attempt_start[job] = float("-inf")  # its first attempt began before ftwatch saw it
-            self.seen_jobs.add(job)
+            self.jobs_met += 1
+            self._active.pop(job, None)
+            self._active[job] = self.clock.mono()       # met now (by output, the SDK or close)
             self.jobs[job] = desk
         return desk
 
@@ -310,7 +375,5 @@ class Watcher:
             self.attempt_start[desk.job] = self.clock.time()
         if decision.action is Action.FAIL_JOB:
             self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=desk.job)
-            del self.jobs[desk.job]                 # ended; a job of that name later starts fresh
-            self.controls.pop(desk.job, None)
-            self.phases.pop(desk.job, None)
-            self.attempt_start.pop(desk.job, None)
+            # ended (its decision is stored); a job of that name later starts fresh
+            self._forget(desk.job, None, self.clock.time(), self.clock.mono())

@@ -19,6 +19,16 @@ for some reason, didn't run", ProcessGroupNCCL.cpp), or ``hardware_node`` / ``is
 the suspect's own findings include a hardware warning (the node's fault, per the evidence). No
 suspect when every rank reports the same collective (a network stall looks like that), nor when
 several ranks are suspects on different nodes (one may only wait behind the other).
+
+One more reading of timeout-only incidents (issue 12 item 3):
+
+* :func:`mismatch`: two ranks timed out at the *same* sequence number of the same process group
+  on *different* operations (rank 0 in ALLREDUCE, rank 1 in ALLGATHER, both SeqNum=2437): the
+  ranks issued different collectives, which only the program's control flow does (PyTorch's
+  watchdog: "the order of collectives is not same for all ranks"; torch.distributed's
+  ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` check reports the same thing as "Detected mismatch between
+  collectives on ranks", an application error). Finding ``collective.mismatch``: user_code /
+  fail_job: a restart replays the same control flow.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 SOURCE = ("pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL SeqNum, "
           "last enqueued / last completed NCCL work); ftwatch R7 silent-rank reading")
 _PROGRESS = ("seq", "last_completed")
+#: the process group a ProcessGroupNCCL line names ("[PG 5 Rank 0]", "[PG ID 0 PG GUID 0(default_pg) Rank 4]")
+_PG = re.compile(r"\[PG (?:ID )?(?P<pg>\d+)")
 
 
 def _progress(f: Finding) -> int | None:
@@ -100,3 +112,73 @@ def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | Non
                    fields={"suspects": suspects, "seq": seq, "op": op, "reporters": sorted(reporters),
                            "timeout_ms": first.fields.get("timeout_ms")},
                    source=SOURCE)
+
+
+#: Fallout that says a collective (or the watchdog that watches collectives) timed out: the rules
+#: of the packs that their sources grade ``hang`` (``source_class: hang``: ProcessGroupNCCL's
+#: watchdog timeout, watchdog stall and heartbeat monitor, torch_npu's HCCL watchdog, HCCL/CANN
+#: notify-wait timeouts) and gloo's "Timed out waiting <ms>ms for recv|send operation"
+#: (pytorch/gloo gloo/transport/tcp/unbound_buffer.cc: the same process-group timeout on a gloo
+#: collective). tests/rules/test_collectives.py keeps it in step with the packs.
+TIMEOUT_RULES = frozenset({
+    "torch.nccl_watchdog_timeout", "torch.nccl_watchdog_stuck", "torch.nccl_heartbeat_timeout",
+    "torch_npu.hccl_watchdog_stuck", "hccl.ei0002_notify_wait_timeout", "cann.notify_wait_timeout",
+    "hccl.task_notify_wait_failed", "cann.notify_wait_execute_failed", "gloo.wait_timeout"})
+#: Fallout that only follows such a timeout: ProcessGroupNCCL's own follow-on lines ("Some NCCL
+#: operations have failed or timed out", "NCCL communicator was aborted ... Original reason",
+#: both graded ``hang`` by their source), its flight-recorder progress and dump lines, the
+#: ``DistBackendError`` it raises, and torchelastic reporting the SIGABRT the watchdog ends the
+#: process with ("To avoid data inconsistency, we are taking the entire process down") and the
+#: SIGTERM it then sends the survivors (torch/distributed/elastic/multiprocessing/api.py,
+#: errors/__init__.py).
+FOLLOW_ON_RULES = frozenset({
+    "torch.nccl_operations_failed", "torch.nccl_communicator_aborted", "torch.dist_backend_error",
+    "c10d.watchdog_progress", "c10d.dump_signal", "c10d.nccl_work_progress",
+    "torch_elastic.exitcode_sigabrt", "torch_elastic.child_failed", "torch_elastic.root_cause_summary",
+    "torch_elastic.survivor_sigterm"})
+_NOT_LOGGED = ("exit_code", "hang", "exit_hang")
+
+
+def timeouts_only(fallout: Sequence[Finding]) -> bool:
+    """Every rank reports only collective timeouts (issue 12 item 3, the hang class).
+
+    True when the logged findings of ``fallout`` (exits aside: an exit explained by fallout adds
+    nothing) include a collective timeout (:data:`TIMEOUT_RULES`) and nothing but timeouts and
+    their follow-on lines (:data:`FOLLOW_ON_RULES`). A peer that closed its connection, a refused
+    connect or a store error says a peer went away, which is not that reading: then False.
+
+    Args:
+        fallout: the findings of an incident that are fallout (no rank shows an error of its own:
+            the caller checks, ``ftwatch.policy.rootcause.analyse``).
+    """
+    logged = [f for f in fallout if f.kind not in _NOT_LOGGED]
+    return (any(f.rule_id in TIMEOUT_RULES for f in logged)
+            and all(f.rule_id in TIMEOUT_RULES or f.rule_id in FOLLOW_ON_RULES for f in logged))
+
+
+def _pg(f: Finding) -> str | None:
+    m = _PG.search(f.line)
+    return m.group("pg") if m else None
+
+
+def mismatch(findings: Sequence[Finding]) -> Finding | None:
+    """``collective.mismatch`` (see the module docstring) on the earliest of two ranks that timed
+    out at one SeqNum of one process group on different operations; None when there are none."""
+    seen: dict[tuple[str | None, int], dict[int, Finding]] = {}
+    for f in sorted(findings, key=lambda f: (f.time, f.seq)):
+        seq, op = f.fields.get("seq"), f.fields.get("op")
+        if f.rank is None or not isinstance(seq, int) or not op:
+            continue
+        ranks = seen.setdefault((_pg(f), seq), {})
+        ranks.setdefault(f.rank, f)
+        ops = {r: g.fields["op"] for r, g in sorted(ranks.items())}
+        if len(set(ops.values())) > 1:
+            first = min(ranks.values(), key=lambda g: (g.time, g.seq))
+            said = ", ".join(f"rank {r} {o}" for r, o in ops.items())
+            line = (f"ranks timed out in collective SeqNum={seq} on different operations ({said}): "
+                    "they issued different collectives, which the program's control flow does")
+            return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
+                           Severity.ERROR, first.origin, line, first.time, first.seq,
+                           fields={"seq": seq, "ops": ops, "pg": _pg(first)},
+                           source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
+    return None

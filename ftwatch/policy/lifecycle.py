@@ -106,3 +106,11 @@ def derived_exit(origin: Origin, time: float, seq: int, cause: Finding, rule_id:
                    {"exitcode": None, "signal": None, "generic": True, "derived": rule_id,
                     "traceback": cause.rule_id},
                    "ftwatch.pipeline.incidents (issue 12: seed 001 pipefail; a log that ends in an error block)")
+
+
+def exited_ok(origin: Origin, time: float, seq: int) -> Finding:
+    """An instance exited 0 (kind ``exit_ok``, info: it opens nothing); evidence for
+    ``ftwatch.policy.rootcause.left_first``, a rank that left while the others ran on."""
+    who = origin.instance + (f" (rank {origin.rank})" if origin.rank is not None else "")
+    return Finding("exit.0", "exit_ok", FailureClass.INFO, Action.NONE, Severity.INFO, origin, f"{who} exited 0",
+                   time, seq, fields={"exitcode": 0}, source="the process's exit status (ftwatch run)")

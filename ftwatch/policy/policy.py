@@ -225,9 +225,10 @@ class Policy:
                                          f"(> {p.max_num_of_same_error}) → fail_job")
 
         # D2: restart or not, and which kind of restart the root cause asks for.
-        cls = FailureClass.RETRYABLE_INFRA if an.fallout_only else rc.failure_class
-        what = (f"only fallout found (earliest: {rc.rule_id} on {_who(rc)}), treated as retryable_infra"
-                if an.fallout_only else f"{cls.value} root cause")
+        cls = an.fallout_class if an.fallout_only else rc.failure_class
+        what = (f"only fallout found (earliest: {rc.rule_id} on {_who(rc)}), " + (
+                    "every rank reports only collective timeouts: read as hang" if an.timeouts_only
+                    else "treated as retryable_infra") if an.fallout_only else f"{cls.value} root cause")
         head = f"D2 {p.fault_tolerant_policy}: {what}"
         user_input = is_npu(rc) and npu_code(rc) in USER_INPUT_CODES
         if user_input:

@@ -19,7 +19,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    because an exit is timestamped when ftwatch saw it (``ftwatch run``: after the dead worker's
    pipes closed; ``ftwatch replay``: at the end of the log), often after the survivors printed
    their errors.
-3. Warnings and info findings never count, neither as errors nor as what explains an exit.
+3. Warnings and info findings never count, neither as errors nor as what explains an exit, except
+   a traceback ended by an exception the catalog grades fallout (``KeyboardInterrupt``: the
+   process was interrupted from outside; issue 17 item 5), which explains its instance's exit.
 4. Anything a peer *prints* after the first real error of another instance is fallout of it
    (issue 12 item 3): a logged finding of another instance later by (time, seq). Exits are not
    printed lines (their time is when ftwatch saw them), so they keep their reading above.
@@ -27,10 +29,17 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
    came before the finish.
 
-When there is no real error, the root cause is the suspect rank of a collective that timed out
-(``ftwatch.policy.collectives.silent_rank``: the rank that never reported, or is behind, while
-the others report timeouts), else the earliest notice (``after_finish``), else the earliest
-fallout (``fallout_only``).
+When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
+instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
+failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
+instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
+else ranks that timed out in different collectives at one sequence number (user code,
+``ftwatch.policy.collectives.mismatch``), else the suspect rank of a collective that timed out
+(``collectives.silent_rank``: the rank that never reported, or is behind, while the others
+report timeouts), else the earliest notice (``after_finish``), else the earliest fallout
+(``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
+(``collectives.timeouts_only``: every rank waited, none failed on its own) reads as a hang, other
+fallout as retryable infrastructure (``Analysis.fallout_class``).
 """
 
 from __future__ import annotations
@@ -38,8 +47,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ftwatch.events import FailureClass, Finding, Severity
-from ftwatch.policy.collectives import silent_rank
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.lifecycle import finish
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
@@ -50,8 +59,13 @@ from ftwatch.policy.lifecycle import finish
 #: dead peer causes as well as a broken network; nccl.code.system_error: the ``ncclSystemError``
 #: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv).
 CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed"})
-#: Finding kinds that are not log lines: they never explain an exit.
-_NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang"})
+#: Finding kinds that are not log lines: they never explain an exit. ``exit_ok``: an instance that
+#: exited 0 (info; ``ftwatch.pipeline.incidents`` notes it under ``ftwatch run``).
+_NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
+#: The rule id of the root cause :func:`left_first` names.
+LEFT_FIRST = "exit.left_first"
+_LEFT_SOURCE = ("SPEC R5 (AIMaster exit hang, seeds/000: an instance that exited 0 while the job has not "
+                "finished is the culprit, restart) and R7 (a peer's lost connection is fallout)")
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class Analysis:
         finished: the "training finished" finding, if the job printed one.
         peer_fallout: the real errors (in ``real``) another instance printed after the root
             cause: fallout of it (rule 4); ``failed`` leaves their instances out.
+        timeouts_only: with ``fallout_only``, the fallout is only collective timeouts and their
+            follow-on lines (``ftwatch.policy.collectives.timeouts_only``).
     """
 
     root_cause: Finding | None
@@ -75,6 +91,14 @@ class Analysis:
     notices: tuple[Finding, ...] = ()
     finished: Finding | None = None
     peer_fallout: tuple[Finding, ...] = ()
+    timeouts_only: bool = False
+
+    @property
+    def fallout_class(self) -> FailureClass:
+        """How only-fallout reads (SPEC D2/R7, issue 12 item 3): ``hang`` when every rank reports
+        only collective timeouts (someone never reached the collective), else
+        ``retryable_infra``."""
+        return FailureClass.HANG if self.timeouts_only else FailureClass.RETRYABLE_INFRA
 
     @property
     def failed(self) -> frozenset[str]:
@@ -101,6 +125,40 @@ def abort_exit(f: Finding) -> bool:
     """A SIGABRT death (-6 / 134): how PyTorch's NCCL watchdog ends a process after a collective
     failed ("To avoid data inconsistency, we are taking the entire process down" → std::abort)."""
     return f.kind == "exit_code" and (f.fields.get("signal") == 6 or f.fields.get("exitcode") == 134)
+
+
+def left_first(order: Sequence[Finding]) -> Finding | None:
+    """The rank that left first: the earliest ``exit_ok`` finding (an instance exited 0) that came
+    before every failing exit of another instance, when another instance failed or reported
+    fallout after it. None when no instance exited 0 first.
+
+    Args:
+        order: the findings, by (time, seq), none after training finished (a rank that exits 0
+            then is done, not gone early).
+
+    Returns:
+        A Finding ``exit.left_first`` (kind ``exit_hang``, class hang, restart_job: an exit hang
+        seen by its consequences, SPEC R5) on the instance that left, its line naming what the
+        others reported; or None.
+    """
+    for ok in (f for f in order if f.kind == "exit_ok"):
+        others = [f for f in order if f.origin.instance != ok.origin.instance and _error(f)]
+        if not others or any(f.kind == "exit_code" and _before(f, ok) for f in others):
+            continue
+        lost = next((f for f in others if f.kind != "exit_code"), others[0])
+        who = f"rank {lost.rank}" if lost.rank is not None else lost.origin.instance
+        line = (f"{ok.line} while the others were still running; then {who} reported {lost.rule_id} "
+                "(a lost peer): the instance that left first is the culprit")
+        return Finding(LEFT_FIRST, "exit_hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR, ok.origin,
+                       line, ok.time, ok.seq, (ok.line,), {"exitcode": 0, "after": lost.rule_id}, _LEFT_SOURCE)
+    return None
+
+
+def _interrupted(f: Finding) -> bool:
+    """A traceback whose final exception the catalog grades fallout whatever its severity
+    (``KeyboardInterrupt``: SIGINT reached the process, python_exceptions.tsv): the process was
+    stopped from outside, so it explains that instance's exit (issue 17 item 5)."""
+    return f.failure_class is FailureClass.FALLOUT and "exception" in f.fields
 
 
 def _error(f: Finding) -> bool:
@@ -131,7 +189,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     logged: dict[str, list[Finding]] = {}
     unranked: list[Finding] = []
     for f in order:
-        if f.kind not in _NOT_LOGGED and _error(f):
+        if f.kind not in _NOT_LOGGED and (_error(f) or _interrupted(f)):
             logged.setdefault(f.origin.instance, []).append(f)
             if f.origin.rank is None:
                 unranked.append(f)
@@ -180,9 +238,10 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in _NOT_LOGGED and _before(head, f))
         return Analysis(head, False, real, tuple(notices), done, peer)
-    suspect = silent_rank(order, world) if fallout else None
+    suspect = (left_first(order) or mismatch(order) or silent_rank(order, world)) if fallout else None
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
         return Analysis(notices[0], False, (), tuple(notices), done)
-    return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done)
+    return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done,
+                    timeouts_only=timeouts_only(fallout))

@@ -18,10 +18,23 @@ A finding opens an incident (:func:`opens_incident`) when it is
 Of the findings that opened or joined an incident, :func:`pick_trigger` names the one the policy
 is asked about, and :func:`failed_instances` the instances that failed on their own. A notify
 decision stops nothing.
+
+Fatal or survivable (issue 12 item 3): an error that opens an incident only because the source
+reports no exits may be one the process catches, logs and outlives (:func:`may_survive`); the
+desk then holds the incident until that instance's progress outlives it
+(``ftwatch.policy.progress``) or its window ends. A :func:`fatal` finding is never held: a death
+(exit, hang, exit hang, a torchelastic report of a dead worker), a critical line, a rule that asks
+to isolate the node (the fault catalogs grade the chip or node out of service: Xid 79, ...), and a
+CUDA error the catalog marks sticky (``cuda_errors.tsv`` ``sticky = yes``: "the process must be
+terminated and relaunched", CUDA Runtime API, cudaError).
 """
 
 from __future__ import annotations
 
+import csv
+import importlib.resources
+import io
+from functools import lru_cache
 from typing import Collection, Iterable, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
@@ -30,6 +43,16 @@ from ftwatch.policy.rootcause import analyse
 
 HANG_KINDS = ("hang", "exit_hang")
 _DEATHS = ("exit_code",) + HANG_KINDS
+#: torchelastic reporting a worker that died (torch/distributed/elastic/multiprocessing/api.py
+#: "failed (exitcode: ...)", "Sending process ... closing signal"; errors/__init__.py
+#: ChildFailedError and its "Root Cause (first observed failure)" summary): a death, never survived
+DEATH_REPORTS = frozenset({
+    "torch_elastic.child_failed", "torch_elastic.root_cause_summary", "torch_elastic.exitcode_sigabrt",
+    "torch_elastic.exitcode_sigkill", "torch_elastic.exitcode_sigsegv", "torch_elastic.survivor_sigterm",
+    "torch_elastic.agent_signal_exception"})
+#: the CUDA catalog's grades whose rows are sticky errors (tools/catalogs.py GRADES)
+STICKY_GRADES = frozenset({"sticky_program", "sticky_ambiguous"})
+_LOGGED = ("keyword", "fault_code")
 
 
 def is_error(f: Finding) -> bool:
@@ -57,6 +80,36 @@ def opens_incident(f: Finding, c4d: C4DSettings, errors: bool = False) -> bool:
     if f.failure_class is FailureClass.INFO:
         return False
     return f.action in (Action.NOTIFY, Action.ISOLATE_NODE)
+
+
+@lru_cache(maxsize=1)
+def _catalog_sticky() -> frozenset[str]:
+    """The older rule ids (``covered_by``) of the CUDA catalog's sticky rows."""
+    text = importlib.resources.files("ftwatch.rules").joinpath("packs").joinpath("cuda_errors.tsv").read_text(
+        encoding="utf-8")
+    return frozenset(row["covered_by"] for row in csv.DictReader(io.StringIO(text), delimiter="\t")
+                     if row.get("sticky") == "yes" and row.get("covered_by"))
+
+
+def sticky_rules(rules: Iterable) -> frozenset[str]:
+    """The rule ids of sticky CUDA errors among ``rules`` (``ftwatch.rules.model.Rule``): those
+    tagged with a sticky grade (the catalog's generated rules) and the older rules the catalog's
+    sticky rows name (``covered_by``)."""
+    return frozenset(r.id for r in rules if STICKY_GRADES.intersection(r.tags)) | _catalog_sticky()
+
+
+def fatal(f: Finding, sticky: Collection[str] = frozenset()) -> bool:
+    """A finding no process outlives (see the module docstring); ``sticky``: :func:`sticky_rules`."""
+    return (f.kind in _DEATHS or f.severity >= Severity.CRITICAL or f.action is Action.ISOLATE_NODE
+            or f.rule_id in DEATH_REPORTS or f.rule_id in sticky)
+
+
+def may_survive(f: Finding, sticky: Collection[str] = frozenset()) -> bool:
+    """An error a process may catch, log and go on from: a logged error of its own (not fallout:
+    that says another rank already failed, and R7 reads it beside that failure), not C4D, that is
+    not :func:`fatal`."""
+    return (f.kind in _LOGGED and is_error(f) and f.failure_class is not FailureClass.FALLOUT
+            and not is_c4d(f) and not fatal(f, sticky))
 
 
 def _order(f: Finding) -> tuple[float, int]:

@@ -384,6 +384,21 @@ class Engine:
         """Origins with an open block carried over."""
         return list(self._pending)
 
+    def pending_over(self, max_blocks: int, max_bytes: int) -> list[Origin]:
+        """The origins whose open blocks are past the caps (``limits.max_open_blocks`` /
+        ``max_open_block_bytes``), the least recently carried first: those to :meth:`flush`
+        early. Empty while within both."""
+        total = sum(len(p.data) for p in self._pending.values())
+        if len(self._pending) <= max_blocks and total <= max_bytes:
+            return []
+        out, count = [], len(self._pending)
+        for origin, p in sorted(self._pending.items(), key=lambda item: item[1].since):
+            if count <= max_blocks and total <= max_bytes:
+                break
+            out.append(origin)
+            count, total = count - 1, total - len(p.data)
+        return out
+
     # -- internals ------------------------------------------------------------------------
 
     def _count(self, data: bytes, end: int) -> None:

@@ -65,8 +65,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Container
 
+from ftwatch.bounded import BoundedDict
 from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
+from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.parsers import fields
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
@@ -123,16 +125,20 @@ class _Job:
     node_median: dict[str, float] = field(default_factory=dict)       # node -> median of node_ranks
     node_medians: list[float] = field(default_factory=list)           # node_median's values, sorted
 
-    def set_median(self, rank: _Rank, median: float) -> None:
-        """A rank's median changed: keep the sorted lists of ranks' and nodes' medians."""
+    def set_median(self, rank: _Rank, median: float | None) -> None:
+        """A rank's median changed (None: the rank is forgotten, ``limits``): keep the sorted lists
+        of ranks' and nodes' medians (a node without ranks left leaves them)."""
         old, rank.median = rank.median, median
         replace_sorted(self.medians, old, median)
         if not rank.node:
             return
         mine = self.node_ranks.setdefault(rank.node, [])
         replace_sorted(mine, old, median)
-        node_old, node_new = self.node_median.get(rank.node), sorted_median(mine)
-        self.node_median[rank.node] = node_new
+        node_old, node_new = self.node_median.pop(rank.node, None), sorted_median(mine) if mine else None
+        if node_new is None:
+            del self.node_ranks[rank.node]
+        else:
+            self.node_median[rank.node] = node_new
         replace_sorted(self.node_medians, node_old, node_new)
 
 
@@ -149,14 +155,16 @@ class StepTracker:
         config: ``health.straggler`` (patterns, min_steps, window, factor, slowdown_factor,
             detector_reports, forget_after).
         clock: when jobs were last seen (``forget_after``); the system clock by default.
+        max_ranks: ranks kept per job (``limits.max_instances_per_job``): one more forgets the stalest.
 
     Attributes:
         patterns: the scan forms of the step patterns (what ``ftwatch check`` validates).
         lines: the chunk pass that finds step lines (``ftwatch.rules.steplines``).
     """
 
-    def __init__(self, config: StragglerConfig, clock: Clock | None = None):
+    def __init__(self, config: StragglerConfig, clock: Clock | None = None, max_ranks: int = MAX_INSTANCES_PER_JOB):
         self.config = config
+        self.max_ranks = max_ranks
         self.clock = clock or SystemClock()
         self.names = list(config.patterns)
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
@@ -300,8 +308,20 @@ class StepTracker:
         job = self.jobs.get(origin.job)
         if job is None:
             job = self.jobs[origin.job] = _Job()
+            job.ranks = BoundedDict(self.max_ranks, "straggler_rank", on_evict=lambda _, r: job.set_median(r, None))
         job.touched = now
         return job
+
+    def _rank(self, job: _Job, origin: Origin) -> _Rank:
+        """The rank of ``origin`` in ``job`` (made on its first step time; the stalest one past
+        ``max_ranks`` is forgotten)."""
+        rank = job.ranks.get(origin.instance)
+        if rank is None:
+            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=self.config.window), deque(maxlen=self._recent_len),
+                                                      node=origin.node or "")
+        else:
+            job.ranks.touch(origin.instance)
+        return rank
 
     def _read(self, job: _Job, origin: Origin, index: int, text: str, start: int,
               time_at: Callable[[int], float], line: LineOf) -> tuple[Finding | None, _Rank | None, bool]:
@@ -357,10 +377,7 @@ class StepTracker:
         else:
             seconds = numbers
         cfg = self.config
-        rank = job.ranks.get(origin.instance)
-        if rank is None:
-            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), deque(maxlen=self._recent_len),
-                                                      node=origin.node or "")
+        rank = self._rank(job, origin)
         rank.samples.extend(seconds)
         rank.recent.extend(seconds)
         rank.seen += len(seconds)
@@ -380,10 +397,7 @@ class StepTracker:
         The line's time is read (``time_at(start)``) only when its pattern states no duration.
         Returns (the rank, whether a step time was taken)."""
         cfg = self.config
-        rank = job.ranks.get(origin.instance)
-        if rank is None:
-            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), deque(maxlen=self._recent_len),
-                                                      node=origin.node or "")
+        rank = self._rank(job, origin)
         step_group, total_group, durations = reader
         total = match.group(total_group) if total_group else None
         if total is not None:
@@ -434,6 +448,7 @@ class StepTracker:
         each rank against the others (and its node against the other nodes, or the one printing
         rank against its own baseline)."""
         cfg = self.config
+        members = [(who, rank) for who, rank in members if job.ranks.get(who.instance) is rank]  # not forgotten
         for _, rank in members:
             if len(rank.samples) >= cfg.min_steps:
                 job.set_median(rank, sorted_median(sorted(rank.samples)))

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ftwatch.bounded import BoundedDict
+from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity, iso
 
 if TYPE_CHECKING:
@@ -47,13 +49,15 @@ class HangTracker:
             must have ended; None (or <= 0) = off.
 
     Instances are keyed by ``Origin.instance``. Output from an instance that is not running (never
-    ``started``, or already ``exited``) is ignored.
+    ``started``, or already ``exited``) is ignored. At most ``max_instances`` are tracked (``limits``
+    section): one more forgets the least recently active (counted as ``hang_timer``).
     """
 
-    def __init__(self, job_hang_interval: float | None, exit_hang_interval: float | None):
+    def __init__(self, job_hang_interval: float | None, exit_hang_interval: float | None,
+                 max_instances: int = MAX_INSTANCES_PER_JOB):
         self.job_hang_interval = _interval(job_hang_interval)
         self.exit_hang_interval = _interval(exit_hang_interval)
-        self._running: dict[str, _Instance] = {}
+        self._running: dict[str, _Instance] = BoundedDict(max_instances, "hang_timer")
         self._first_ok_exit: float | None = None
         self._hang_fired = False
         self._exit_hang_fired = False
@@ -62,7 +66,8 @@ class HangTracker:
         self.phase: str | None = None      # the run's phase whose interval is in force (R6), if named
 
     @classmethod
-    def from_policy(cls, policy: "PolicyConfig", exits: bool = True) -> "HangTracker":
+    def from_policy(cls, policy: "PolicyConfig", exits: bool = True,
+                    max_instances: int = MAX_INSTANCES_PER_JOB) -> "HangTracker":
         """The tracker a ``PolicyConfig`` asks for: off unless enabled, and off in Async mode.
 
         Args:
@@ -73,7 +78,7 @@ class HangTracker:
         sync = policy.job_execution_mode == "Sync"
         return cls(policy.job_hang_interval if sync and policy.enable_job_hang_detection else None,
                    policy.job_exit_hang_interval if exits and sync and policy.enable_job_exit_hang_detection
-                   else None)
+                   else None, max_instances)
 
     # ------------------------------------------------------------------ events
 
@@ -87,6 +92,7 @@ class HangTracker:
         if inst is not None and time > inst.last:
             inst.last = time
             inst.spoke = True
+            self._running.touch(instance)
 
     def exited(self, origin: Origin, ok: bool, time: float) -> None:
         """An instance ended; ``ok`` = exit status 0. The first ok exit starts the exit-hang timer."""
@@ -129,6 +135,12 @@ class HangTracker:
         self._hang_fired = False
 
     # ------------------------------------------------------------------ checks
+
+    @property
+    def hang_due(self) -> bool:
+        """Whether a job hang can still fire this attempt (detection on, instances tracked, not
+        fired yet): a silent job is then still being judged (``watch`` keeps its state)."""
+        return self.job_hang_interval is not None and not self._hang_fired and bool(self._running)
 
     @property
     def running(self) -> tuple[Origin, ...]:

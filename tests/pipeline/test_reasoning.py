@@ -211,3 +211,90 @@ def test_a_caught_traceback_before_training_finished_is_not_flagged(tmp_path):
                        default=[Say(1, "step 1"), Exit(3)])
     status, decisions = run(tmp_path, script)
     assert status == 0 and [d.action for d in decisions] == [Action.NONE]
+
+
+def test_a_rank_that_exits_0_while_the_other_loses_it_is_named(tmp_path):
+    """Issue 17 item 5: rank 1 exits 0 early, rank 0 then fails on the lost peer (gloo). Before,
+    the root cause was rank 0's fallout line; now it is rank 1's early exit (R5's exit hang: restart)."""
+    closed = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+              "peer [127.0.0.1]:5033. This is typically caused by a remote worker crashing.")
+    script = script_of({(1, 1): [Say(1, "step 1"), Exit(2, 0)], (0, 1): [Say(1, "step 1"), Say(2.1, closed),
+                                                                         Exit(2.5, 1)]},
+                       default=[Say(1, "step 1"), Exit(3)])
+    _, decisions = run(tmp_path, script)
+    first = decisions[0]
+    assert first.root_cause.rule_id == "exit.left_first", first.root_cause
+    assert (first.root_cause.rank, first.root_cause.origin.instance) == (1, "worker-1")
+    assert first.action is Action.RESTART_JOB, first.policy_clause
+
+
+def test_a_worker_sigterm_from_outside_under_torchrun_is_the_root_cause(rules, tmp_path):
+    """Issue 17 item 5, replayed: torchrun's summary says rank 1 got SIGTERM (a preemption-like
+    signal from outside); rank 0's lost-peer error, the agent's SIGTERM of the survivor and the
+    ChildFailedError are fallout of it, and the decision is a retryable restart."""
+    lines = [step(0, 100, 0), step(1, 100, 0),
+             "[default0]:[rank0]:[E1121 09:30:05.000000 2981 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID "
+             "0(default_pg) Rank 0] Process group watchdog thread terminated with exception: NCCL error: remote "
+             "process exited or there was a network error, NCCL version 2.21.5",
+             "W1121 09:30:06.000000 2970 torch/distributed/elastic/multiprocessing/api.py:897] Sending process "
+             "2981 closing signal SIGTERM",
+             "Traceback (most recent call last):",
+             '  File "/usr/local/bin/torchrun", line 8, in <module>',
+             "    sys.exit(main())",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "============================================================",
+             "train.py FAILED",
+             "------------------------------------------------------------",
+             "Failures:",
+             "  <NO_OTHER_FAILURES>",
+             "------------------------------------------------------------",
+             "Root Cause (first observed failure):",
+             "[0]:",
+             "  time      : 2026-11-21_09:30:06",
+             "  host      : node-3",
+             "  rank      : 1 (local_rank: 1)",
+             "  exitcode  : -15 (pid: 2982)",
+             "  error_file: <N/A>",
+             "  traceback : Signal 15 (SIGTERM) received by PID 2982",
+             "============================================================"]
+    d = replayed(tmp_path, rules, [write(tmp_path / "job.log", lines)]).decision
+    assert (d.action, d.root_cause.rule_id, d.root_cause.rank) == (Action.RESTART_JOB, "exit.sigterm", 1), \
+        d.policy_clause
+
+
+SUMMARY = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+           "============================================================",
+           "train.py FAILED",
+           "------------------------------------------------------------",
+           "Failures:",
+           "[1]:",
+           "  time      : 2026-11-26_04:01:07",
+           "  host      : localhost",
+           "  rank      : 0 (local_rank: 0)",
+           "  exitcode  : -15 (pid: 1159)  (SIGTERM)",
+           "  error_file: <N/A>",
+           "  traceback : Signal 15 (SIGTERM) received by PID 1159",
+           "------------------------------------------------------------",
+           "Root Cause (first observed failure):",
+           "[0]:",
+           "  time      : 2026-11-26_04:01:07",
+           "  host      : localhost",
+           "  rank      : 1 (local_rank: 1)",
+           "  exitcode  : -15 (pid: 1160)  (SIGTERM)",
+           "  error_file: <N/A>",
+           "  traceback : Signal 15 (SIGTERM) received by PID 1160",
+           "============================================================"]
+
+
+def test_a_launchers_summary_names_the_rank_a_signal_stopped_under_run(tmp_path):
+    """Issue 17 item 5: `ftwatch run -- torchrun ...`: ftwatch's worker is the launcher, which exits
+    1 after its summary; the summary's root cause (rank 1, SIGTERM from outside) is the root cause,
+    not rank 0's lost-peer error nor the launcher's generic exit."""
+    closed = ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+              "peer [127.0.0.1]:5033. This is typically caused by a remote worker crashing.")
+    script = script_of({(0, 1): [Say(1, "step 1"), Say(2, closed), Say(2.2, "\n".join(SUMMARY)), Exit(2.5, 1)]},
+                       default=[Say(1, "step 1"), Exit(10, 0)])
+    _, decisions = run(tmp_path, script, command=("torchrun", "--nproc-per-node", "3", "train.py"))
+    first = decisions[0]
+    assert (first.root_cause.rule_id, first.root_cause.rank) == ("exit.sigterm", 1), first.root_cause
+    assert first.action is Action.RESTART_JOB, first.policy_clause

@@ -140,7 +140,12 @@ def test_exit_code_rows_copied_verbatim():
     text = (PACKS / "exit_codes.tsv").read_text(encoding="utf-8")
     lines = text.rstrip("\n").split("\n")
     assert lines[0].split("\t")[0] == "pattern"
-    assert [dict(zip(lines[0].split("\t"), ln.split("\t"))) for ln in lines[1:]] == rows
+    parsed = [dict(zip(lines[0].split("\t"), ln.split("\t"))) for ln in lines[1:]]
+    assert parsed[:len(rows)] == rows
+    # then the codes the table does not list, from the overlay, each with its own source
+    extra = yaml.safe_load((REPO / "tools" / "pack_overlay.yaml").read_text(encoding="utf-8")).get("exit_codes") or []
+    assert [r["pattern"] for r in parsed[len(rows):]] == [str(e["pattern"]) for e in extra]
+    assert all(r["source"] and r["classified_by"] for r in parsed[len(rows):])
 
 
 @needs_tsv

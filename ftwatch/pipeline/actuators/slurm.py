@@ -24,6 +24,10 @@ for good (an invalid job id, no permission); one whose goal already holds (a req
 that is pending, a cancel of a job that ended) is done; a missing command is one line naming it. ``dry_run`` runs none of the writes (``sinfo`` is still read) and reports each as
 it would have been run. Every command's line is in the :class:`ActResult` (``calls``) that the
 driver stores with the decision (``ftwatch explain`` shows it).
+
+In a multi-node job one agent (the leader) acts for the whole job (``ftwatch.pipeline.cluster.
+handover``): it names the node to drain (``act(node=...)``) and gives a :class:`Ledger` of the
+commands already done for that decision, so that a next leader does not run them again.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from ftwatch.clock import SystemClock
 from ftwatch.config.slurm import SlurmConfig
@@ -58,6 +62,14 @@ MAX_OUTPUT = 400          # characters of a failed command's message kept
 
 # argv, timeout (s) -> (exit status, stdout and stderr). Raises FileNotFoundError, subprocess.TimeoutExpired.
 Runner = Callable[[Sequence[str], float], "tuple[int, str]"]
+
+
+class Ledger(Protocol):
+    """The commands of one decision already carried out (by whoever acted before), by their ``what``."""
+
+    def done(self, what: str) -> bool: ...
+
+    def mark(self, what: str) -> None: ...
 
 
 class SlurmError(Exception):
@@ -124,6 +136,7 @@ class SlurmActuator:
         b = config.breaker
         self.breaker = NodeBreaker(b.max_share, b.max_nodes, b.window)
         self.calls: list[Command] = []
+        self._ledger: Ledger | None = None
 
     @classmethod
     def for_run(cls, config: SlurmConfig, env: Mapping[str, str] | None = None, **kwargs) -> "SlurmActuator":
@@ -151,9 +164,18 @@ class SlurmActuator:
 
     # -- the actuator protocol ------------------------------------------------------------------
 
-    def act(self, decision: Decision) -> ActResult:
-        """Carries the decision out; never raises (a failure is ``failed`` with the commands' lines)."""
+    def act(self, decision: Decision, *, node: str | None = None, ledger: Ledger | None = None) -> ActResult:
+        """Carries the decision out; never raises (a failure is ``failed`` with the commands' lines).
+
+        Args:
+            decision: the decision.
+            node: the Slurm node an ``isolate_node`` drains (default: this actuator's node, else
+                the decision's).
+            ledger: the decision's commands already done (skipped, said so) and where each one
+                done now is marked; None: every command runs.
+        """
         self.calls = []
+        self._ledger = ledger
         action = decision.action
         if action in (Action.NONE, Action.NOTIFY):
             return ActResult("skipped")
@@ -163,7 +185,7 @@ class SlurmActuator:
                                              f"Slurm job id (watch.identity) or set slurm.job_id")
         try:
             if action is Action.ISOLATE_NODE:
-                held = self._isolate(decision, job)
+                held = self._isolate(decision, job, node)
                 if held:
                     return self._result("held", held)
             elif action is Action.FAIL_JOB:
@@ -179,15 +201,17 @@ class SlurmActuator:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _isolate(self, decision: Decision, job: str) -> str | None:
-        """Breaker, drain, requeue; the breaker's reason when it holds."""
-        node = self.node or decision.target.node
+    def _isolate(self, decision: Decision, job: str, node: str | None = None) -> str | None:
+        """Breaker, drain, requeue; the breaker's reason when it holds (no breaker for a drain
+        the ledger says was done)."""
+        node = node or self.node or decision.target.node
         if node:
             now = self.clock.time()
-            total, drained = self._nodes()
-            held = self.breaker.check(node, now, total, drained)
-            if held:
-                return held
+            if not (self._ledger is not None and self._ledger.done("drain the node")):
+                total, drained = self._nodes()
+                held = self.breaker.check(node, now, total, drained)
+                if held:
+                    return held
             self._write((self.config.scontrol, "update", f"NodeName={node}", "State=DRAIN",
                          f"Reason={self.reason(decision)}"), "drain the node")
             self.breaker.record(node, now)
@@ -229,12 +253,14 @@ class SlurmActuator:
     def _write(self, argv: tuple[str, ...], what: str) -> None:
         """A command that changes something: not run in dry run."""
         call = Command(argv, what)
-        if self.config.dry_run:
+        if self.config.dry_run or (self._ledger is not None and self._ledger.done(what)):
             self.calls.append(call)
-            call.outcome = "dry run (not run)"
+            call.outcome = "dry run (not run)" if self.config.dry_run else "done before (not run again)"
             self._said(call)
             return
         self._run(call)
+        if self._ledger is not None:
+            self._ledger.mark(what)
 
     def _run(self, call: Command) -> str:
         """Runs ``call``, retrying failures with a doubling backoff. Returns its output.

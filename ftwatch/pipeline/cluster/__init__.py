@@ -9,6 +9,7 @@ process of its own). Modules, one job each:
     leader.py       election and the job's decisions through the incident core (IncidentDesk)
     agent.py        this node's link, called by the run loop (join / poll / decide / close)
     nodecheck.py    ``--network-check`` across the agents (SPEC H2, seed 003)
+    handover.py     ``--actuator slurm``: the leader tells the job's scheduler once per decision
 
 Keys (``<g>`` a generation, ``<n>`` a node id, ``<k>`` a counter):
 
@@ -25,6 +26,8 @@ Keys (``<g>`` a generation, ``<n>`` a node id, ``<k>`` a counter):
     decided/<g>, decision/<g>   the job's decision that ends g (claimed once), what each node does
     answer/<g>/<n>/<k>      a decision that stops nothing, answering one report
     check/...               the node check's requests and answers (nodecheck.py)
+    sched/<n>, stopped/<g>/<n>, acting/<g>, step/<g>/<what>, acted/<g>
+                            the scheduler's act on decision g, once for the job (handover.py)
 
 A generation ends with one decision (restart, exclude a node, fail) and the next one is formed
 by the nodes the decision kept; TORCHELASTIC_RESTART_COUNT counts them on each node.

@@ -12,6 +12,9 @@
                              job's decision (or take one already published: this is fallout)
     close(status)            ``done/<node>``, heartbeats stop (``ftwatch run`` calls it at the end)
 
+Under ``--actuator slurm`` the scheduler's stand-in (``handover.JobHandOver``) reads the decision
+this node took up last (``carrying``) and waits on the others with :meth:`ClusterAgent.keep_up`.
+
 A thread beats ``hb/<node>`` every ``heartbeat`` seconds on a store client of its own; every
 other store access is on the run loop's thread, so the leader's desk needs no lock. The keys are
 drawn in ``ftwatch.pipeline.cluster`` (package docstring).
@@ -70,6 +73,8 @@ class ClusterAgent:
         self._looked = float("-inf")      # mono of the last look at the lead
         self._done = threading.Event()
         self._carried = -1                # the generation whose decision this node has taken up
+        self.carrying: dict | None = None  # the last job decision (not ``none``) this node took up
+        self.requeues: Callable[[Action], bool] = lambda action: False   # Leader.requeues (handover.py)
         kv.put(f"host/{node}", host)
         self.beat_kv = beat_kv
         self.beat()
@@ -96,7 +101,7 @@ class ClusterAgent:
             self._duty()
             if self.checks is not None:
                 self.checks.serve(self.node)
-            if self._stop_requested():
+            if self.stop_requested():
                 return None
             self.wait(self.config.heartbeat / 4)
         if self.checks is not None:
@@ -140,7 +145,7 @@ class ClusterAgent:
                 "findings": [finding_to_dict(f) for f in [trigger, *evidence]], "failed": sorted(desk.failed)})
             self.say(f"ftwatch: cluster: reported {trigger.rule_id} to the leader; waiting for the job's decision")
             while (record := self._published() or self.kv.read(f"answer/{gen}/{self.node}/{k}")) is None:
-                if self._stop_requested():      # interrupted while waiting: this node ends
+                if self.stop_requested():      # interrupted while waiting: this node ends
                     return Verdict(self._leave("interrupted while waiting for the job's decision"), Plan("fail"))
                 self._duty()
                 self.wait(self.config.heartbeat / 4)
@@ -156,6 +161,16 @@ class ClusterAgent:
         if self.leader is not None:           # the job's budgets end with it (a later run starts afresh)
             self.leader.desk.policy.budgets.close("succeeded" if status == 0 else "failed")
 
+    def keep_up(self) -> None:
+        """One look while this node waits on the others (leader duty, the lead taken over when
+        its holder is lost), then a quarter heartbeat's wait."""
+        self._duty()
+        self.wait(self.config.heartbeat / 4)
+
+    def stop_requested(self) -> bool:
+        """Whether ftwatch was asked to stop (SIGINT, SIGTERM): every wait ends."""
+        return self.runner is not None and self.runner.act.stop_requested.is_set()
+
     def beat(self) -> None:
         """One heartbeat (``hb/<node>`` + 1)."""
         (self.beat_kv or self.kv).count(f"hb/{self.node}")
@@ -169,9 +184,6 @@ class ClusterAgent:
             except Exception:       # noqa: BLE001 - the store went away: the job is ending
                 return
 
-    def _stop_requested(self) -> bool:
-        return self.runner is not None and self.runner.act.stop_requested.is_set()
-
     def _duty(self) -> None:
         """Take or keep the lead (every ``heartbeat`` seconds); lead: close the pending
         rendezvous, or tend the current generation's reports and heartbeats."""
@@ -181,6 +193,7 @@ class ClusterAgent:
             if lead(self.kv, self.token, self.beats, mono):
                 if self.leader is None:
                     self.leader = Leader(self.kv, self.config, self._job_desk(), self.token, self.job, self.say)
+                    self.leader.requeues = self.requeues
                     self.say(f"ftwatch: cluster: node {self.node} leads the job")
             elif self.leader is not None:
                 self.say(f"ftwatch: cluster: node {self.node} no longer leads")
@@ -218,6 +231,7 @@ class ClusterAgent:
         self.runner.desk.forget_incident(self.clock.mono(), decision.action)
         if kind == "none":
             return Verdict(decision, Plan("none"))
+        self.carrying = record
         if kind == "fail":
             self._carried = record["gen"]
             return Verdict(decision, Plan("fail"))

@@ -15,9 +15,10 @@ first (at once for a lost node) the desk's verdict is the job's decision, publis
 (``decided/<g>`` is claimed first) as ``decision/<g>`` with what every node does:
 
 * ``restart``: every node of the world restarts, lost nodes left out (generation g+1);
-* ``exclude``: ``isolate_node``: the root cause's node leaves (its agent ends), the rest restart
-  within MIN:MAX (generation g+1);
-* ``fail``: every node stops and ftwatch ends with 1 (also when fewer than MIN would be left);
+* ``exclude``: ``isolate_node``: the root cause's node (``blamed``) leaves (its agent ends), the
+  rest restart within MIN:MAX (generation g+1);
+* ``fail``: every node stops and ftwatch ends with 1 (also when fewer than MIN would be left,
+  unless the job's scheduler requeues the job for the decision: ``Leader.requeues``);
 * ``none``: a decision that stops nothing (notify): answered to each report
   (``answer/<g>/<node>/<k>``), the generation goes on.
 """
@@ -64,15 +65,16 @@ class Beats:
         return not self.kv.has(f"done/{node}") and self.stale(node, mono) <= self.lost_after
 
 
-def lead(kv: KV, me: str, beats: Beats, mono: float) -> bool:
-    """Whether ``me`` (``"<node>:<token>"``) leads after this look: take an empty lead, or one
-    whose holder's heartbeat is stale (or whose holder is done)."""
-    holder = kv.claim("leader", me)
+def lead(kv: KV, me: str, beats: Beats, mono: float, key: str = "leader") -> bool:
+    """Whether ``me`` (``"<node>:<token>"``) holds ``key`` after this look: take it empty, or
+    from a holder whose heartbeat is stale (or who is done). ``leader``: the lead; also who
+    carries out a generation's decision (``handover.py``)."""
+    holder = kv.claim(key, me)
     if holder == me:
         return True
     if beats.alive(int(holder.split(":", 1)[0]), mono):
         return False
-    return kv.claim("leader", me, expected=holder) == me
+    return kv.claim(key, me, expected=holder) == me
 
 
 def node_lost(node: int, host: str, job: str, seconds: float, now: float) -> Finding:
@@ -104,6 +106,9 @@ class Leader:
         self._first: float | None = None         # mono of the first report of this generation
         self._waiting: list[tuple[int, int]] = []  # (node, k) reports to answer
         self._node_of: dict[str, int] = {}        # renamed instance -> node
+        # whether the job's scheduler carries an action out by requeueing the job (Slurm): the job
+        # starts again on a fresh allocation, so fewer than MIN nodes left is no failure
+        self.requeues: Callable[[Action], bool] = lambda action: False
 
     def tend(self, world: World, beats: Beats, now: float, mono: float) -> dict | None:
         """Take the generation's reports and lost nodes; decide when due. Returns the published
@@ -179,6 +184,7 @@ class Leader:
             return record
         out = set(lost)
         kind = "restart"
+        blamed = None
         if act is Action.FAIL_JOB:
             kind = "fail"
         elif act is Action.ISOLATE_NODE:
@@ -186,10 +192,11 @@ class Leader:
             if blamed is None and decision.root_cause is not None:
                 blamed = decision.root_cause.fields.get("node_rank")
             if blamed is not None:
-                out.add(int(blamed))
+                blamed = int(blamed)
+                out.add(blamed)
             kind = "exclude"
         keep = [n for n in world.nodes if n not in out]
-        if kind != "fail" and len(keep) < self.config.min_nodes:
+        if kind != "fail" and len(keep) < self.config.min_nodes and not self.requeues(act):
             decision = dataclasses.replace(
                 decision, action=Action.FAIL_JOB,
                 policy_clause=f"{decision.policy_clause}; {len(keep)} node(s) left, fewer than "
@@ -197,7 +204,7 @@ class Leader:
             kind = "fail"
         record: dict[str, Any] = {"kind": kind, "gen": world.gen, "decision": decision_to_dict(decision),
                                   "out": sorted(out), "next": keep if kind != "fail" else [],
-                                  "lost": sorted(lost)}
+                                  "lost": sorted(lost), "blamed": blamed}
         if self.kv.claim(f"decided/{world.gen}", self.token) != self.token:
             return None                           # another leader decided this generation
         self.kv.put(f"decision/{world.gen}", record)

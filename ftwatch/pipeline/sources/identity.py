@@ -56,6 +56,8 @@ import re
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Iterator, Mapping
 
+from ftwatch.bounded import BoundedDict
+from ftwatch.config.limits import MAX_TRACKED_INSTANCES
 from ftwatch.events import Origin
 from ftwatch.parsers.joiners import Joiners, unwrap
 from ftwatch.pipeline.sources.hostlog import HOST_KEY, host_origin, is_host_meta, pci_bus_id
@@ -170,6 +172,8 @@ class Identity:
         joiners: the envelope joiners ``resolve`` unwraps with (a new set when None).
         host_tags: globs of the tags whose records are host evidence.
         device_field: the record (or ``env``) field with an instance's PCI bus ids.
+        max_devices: the most instances whose devices are kept (``limits.max_tracked_instances``);
+            one more forgets the earliest named (counted as ``device``).
 
     Attributes:
         devices: (job, instance) -> the PCI bus ids (``dddd:bb:dd``) its records named.
@@ -184,7 +188,7 @@ class Identity:
                  worker_rank_offset: int = 1, default_node: str = "localhost",
                  namespaced: bool = True, source: str = "shipped",
                  joiners: Joiners | None = None, host_tags: tuple[str, ...] = (),
-                 device_field: str = "pci_bus_ids"):
+                 device_field: str = "pci_bus_ids", max_devices: int = MAX_TRACKED_INSTANCES):
         self.job_label = job_label
         self.rank_labels = tuple(rank_labels)
         self.rank_env = tuple(rank_env)
@@ -197,7 +201,7 @@ class Identity:
         self.joiners = joiners if joiners is not None else Joiners()
         self.host_tags = tuple(host_tags)
         self.device_field = device_field
-        self.devices: dict[tuple[str, str], frozenset[str]] = {}
+        self.devices: dict[tuple[str, str], frozenset[str]] = BoundedDict(max_devices, "device")
         self._cache: dict[tuple, Origin] = {}
 
     def origin(self, meta: Mapping[str, Any]) -> Origin:

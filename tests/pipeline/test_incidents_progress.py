@@ -1,0 +1,238 @@
+"""Errors the job outlives (issue 12 item 3, part A): ``ftwatch.policy.progress`` and the desk's
+held incidents (``ftwatch.pipeline.incidents.IncidentDesk``), driven by hand with a FakeClock."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from ftwatch.config.model import Config
+from ftwatch.events import Action, FailureClass, Origin, ProcessExit, Severity
+from ftwatch.pipeline.build import build_engine, build_policy, build_rules
+from ftwatch.pipeline.incidents import IncidentDesk
+from ftwatch.pipeline.recorder import Recorder
+from ftwatch.policy import progress
+from ftwatch.policy.triggers import fatal, may_survive, sticky_rules
+from ftwatch.testing import T0, CaptureSink, FakeClock, finding
+
+JOB = "progress-test"
+REFUSED = (b"Traceback (most recent call last):\n"
+           b"  File \"/opt/conda/lib/python3.10/site-packages/urllib3/connection.py\", line 174, in _new_conn\n"
+           b"ConnectionRefusedError: [Errno 111] Connection refused\n")
+KEYERROR = b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nKeyError: 'lr'\n"
+STICKY = b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
+ALIVE = b"Could not connect to the plotting server, going on without it\n"
+
+
+def worker(rank: int) -> Origin:
+    return Origin(f"worker-{rank}", rank, JOB, "node-a", "stderr", "process")
+
+
+def desk(tmp_path: Path, exits: bool, settle: float = 5.0, survive: float = progress.SURVIVE_SECONDS):
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(enable_job_restart=True)
+    sink = CaptureSink()
+    recorder = Recorder(sink, out=io.StringIO(), resolve_after=None)
+    d = IncidentDesk(JOB, build_engine(config), build_policy(config, JOB), recorder, exits=exits, settle=settle,
+                     summaries=None if exits else "live", survive=survive)
+    d.new_attempt(T0, world_size=2 if exits else None)
+    return d, sink
+
+
+def step(n: int) -> bytes:
+    return f"epoch 3 step {n} loss 0.{n:03d}\n".encode()
+
+
+# -- the vocabulary and the reading ----------------------------------------------------------------
+
+def test_progress_lines_are_dated_like_hit_lines_and_carry_their_counter():
+    data = (b"[rank1]: 2026-11-21 10:00:00,000 step 5/12 loss 0.4\n"
+            b"Epoch 0:  45%|####5     | 45/100 [00:10<00:12,  4.50it/s]\n"
+            b"nothing here\n"
+            b" iteration       10/     100 | elapsed time per iteration (ms): 1234.5\n"
+            b"{'loss': 0.12, 'learning_rate': 1e-05, 'epoch': 0.5}\n"
+            b"RuntimeError: failed at step 4\n")
+    got = list(progress.marks(data, T0, 0.001, 2026))
+    stamp = got[0][1]
+    assert [(r, c) for r, _, c in got] == [
+        (1, {"step_plain": 5}), (None, {"step_tqdm_its": 45, "epoch": 0}),
+        (None, {"step_megatron": 10, "iteration": 10}), (None, {"epoch": 0})]
+    assert [round(t - stamp, 3) for _, t, _ in got] == [0.0, 0.001, 0.003, 0.004]   # lines after the stamp
+
+
+def test_two_progress_lines_after_an_error_outlive_it_within_the_window_only():
+    err = finding("python.exception.ECONNREFUSED", time=T0 + 10, rank=1)
+    s = progress.Survival(window=60, needed=2)
+    s.wait(err)
+    assert s.progress("worker-1", T0 + 5, {"step_plain": 7}) == []        # before it: the counter so far
+    assert s.progress("worker-0", T0 + 11, {"step_plain": 8}) == []       # another rank's progress
+    assert s.progress("worker-1", T0 + 11, {"step_plain": 8}) == []
+    assert s.progress("worker-1", T0 + 12, {"step_plain": 9}) == [err] and not s
+    late = finding("python.exception.ECONNREFUSED", time=T0 + 10, rank=1)
+    s.wait(late)
+    assert s.progress("worker-1", T0 + 71, {"step_plain": 9}) == [] and not s    # past the window: it stands
+
+
+def test_a_counter_that_went_back_is_a_restart_which_does_not_outlive_the_error():
+    err = finding("python.key_error", time=T0 + 10, rank=1, failure_class=FailureClass.USER_CODE)
+    s = progress.Survival(window=60, needed=2)
+    s.wait(err)
+    s.progress("worker-1", T0 + 9, {"step_plain": 5})
+    assert s.progress("worker-1", T0 + 11, {"step_plain": 1}) == [] and not s
+
+
+def test_fatal_findings_are_graded_by_the_catalogs():
+    sticky = sticky_rules(build_rules(Config()))
+    assert "cuda.illegal_memory_access" in sticky                  # cuda_errors.tsv: sticky = yes
+    assert fatal(finding("xid.79", kind="fault_code", action=Action.ISOLATE_NODE,
+                         failure_class=FailureClass.HARDWARE_NODE))
+    assert fatal(finding("cuda.illegal_memory_access", failure_class=FailureClass.USER_CODE,
+                         action=Action.FAIL_JOB), sticky)
+    assert fatal(finding("exit.1", kind="exit_code")) and fatal(finding("torch_elastic.child_failed"))
+    assert fatal(finding("x", severity=Severity.CRITICAL))
+    keyerror = finding("python.key_error", failure_class=FailureClass.USER_CODE, action=Action.FAIL_JOB)
+    assert not fatal(keyerror, sticky) and may_survive(keyerror, sticky)
+    assert not may_survive(finding("gloo.connection_closed_by_peer", failure_class=FailureClass.FALLOUT))
+    assert not may_survive(finding("x", severity=Severity.WARNING))
+
+
+# -- the desk -------------------------------------------------------------------------------------
+
+def test_without_exits_an_error_the_rank_outlives_is_dropped_as_a_notice(tmp_path):
+    clock = FakeClock()
+    d, sink = desk(tmp_path, exits=False)
+    d.output(worker(1), step(10), clock.time(), clock.mono())
+    opener = d.output(worker(1), REFUSED, clock.time(), clock.mono())
+    assert opener is not None and d.open is opener
+    clock.advance(1)
+    d.output(worker(1), ALIVE, clock.time(), clock.mono())             # it lives on: wait for its progress
+    clock.advance(5)
+    assert d.tick(clock.time(), clock.mono()) is None                   # held past settle
+    d.output(worker(0), step(11) + step(12), clock.time(), clock.mono())     # another rank: no matter
+    assert d.open is opener
+    d.output(worker(1), step(11), clock.time(), clock.mono())
+    clock.advance(10)
+    d.output(worker(1), step(12), clock.time(), clock.mono())
+    assert d.open is None and d.notices == [opener] and d.evidence() == []
+    assert opener in d.findings                                         # still this attempt's record
+    assert [e.kind for e in sink.events if e.kind == "notice"] == ["notice"]
+    clock.advance(600)
+    assert d.tick(clock.time(), clock.mono()) is None
+    assert d.close(clock.time()) is None                                # the job ended by itself
+
+
+def test_a_held_error_nobody_outlives_is_due_when_its_window_ends(tmp_path):
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False, survive=60.0)
+    opener = d.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    d.output(worker(1), ALIVE, clock.time(), clock.mono())
+    clock.advance(59)
+    assert d.tick(clock.time(), clock.mono()) is None
+    clock.advance(1.1)
+    assert d.tick(clock.time(), clock.mono()) is opener
+    decision = d.decide(None, clock.time(), clock.mono())
+    assert (decision.action, decision.root_cause.rule_id) == (Action.FAIL_JOB, "python.key_error")
+
+
+def test_a_fatal_line_is_never_held_and_decides_a_held_incident_after_settle(tmp_path):
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False)
+    sticky = d.output(worker(0), STICKY, clock.time(), clock.mono())
+    assert sticky.rule_id == "cuda.illegal_memory_access"
+    clock.advance(5.1)
+    assert d.tick(clock.time(), clock.mono()) is sticky                 # not held: due after settle
+
+    d2, _ = desk(tmp_path / "2", exits=False)
+    held = d2.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    d2.output(worker(1), ALIVE, clock.time(), clock.mono())
+    clock.advance(30)
+    assert d2.tick(clock.time(), clock.mono()) is None
+    d2.output(worker(0), STICKY, clock.time(), clock.mono())            # joins: settle from now on
+    clock.advance(4.9)
+    assert d2.tick(clock.time(), clock.mono()) is None
+    clock.advance(0.2)
+    assert d2.tick(clock.time(), clock.mono()) is held
+
+
+def test_under_run_an_outlived_traceback_is_not_the_root_cause_of_a_later_exit(tmp_path):
+    """``run`` decides on exits; a KeyError the rank caught and trained on from is no root cause
+    of its later SIGKILL (which is retryable, while the KeyError would fail the job)."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=True, settle=1.0)
+    for rank in (0, 1):
+        d.started(worker(rank), clock.time())
+    d.output(worker(1), step(10), clock.time(), clock.mono())
+    assert d.output(worker(1), KEYERROR, clock.time(), clock.mono()) is None
+    for n in (11, 12):
+        clock.advance(5)
+        d.output(worker(1), step(n), clock.time(), clock.mono())
+    assert [f.rule_id for f in d.notices] == ["python.key_error"]
+    clock.advance(60)
+    trigger = d.exited(ProcessExit(worker(1), 4121, None, 9, clock.time()), clock.mono())
+    decision = d.decide(trigger, clock.time(), clock.mono())
+    assert (decision.action, decision.root_cause.rule_id) == (Action.RESTART_JOB, "exit.sigkill")
+
+
+def test_a_restarted_counter_does_not_outlive_the_error(tmp_path):
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False, settle=0.0)
+    opener = d.output(worker(1), step(40) + KEYERROR, clock.time(), clock.mono())
+    for n in (1, 2, 3):
+        clock.advance(5)
+        d.output(worker(1), step(n), clock.time(), clock.mono())
+    assert d.notices == [] and d.open is opener
+
+
+def test_the_traceback_of_an_exception_python_ignored_is_a_notice(tmp_path):
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False)
+    data = (b"Exception ignored in: <bound method BaseSession.__del__ of <Session object at 0x7f3e11c8a8d0>>\n"
+            b"Traceback (most recent call last):\n"
+            b"  File \"/usr/lib/python3/dist-packages/tensorflow/python/client/session.py\", line 738, in __del__\n"
+            b"TypeError: 'NoneType' object is not callable\n")
+    assert d.output(worker(0), data, clock.time(), clock.mono(), final=True) is None
+    assert d.open is None and [f.rule_id for f in d.notices] == ["python.type_error"]
+    assert d.close(clock.time()) is None
+
+
+def test_an_error_its_instance_prints_nothing_after_is_due_after_settle(tmp_path):
+    """A dying process prints nothing after its traceback: the held incident is due as any other."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False)
+    opener = d.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    d.output(worker(0), ALIVE, clock.time(), clock.mono())              # another rank's output: no matter
+    clock.advance(5.1)
+    assert d.tick(clock.time(), clock.mono()) is opener
+
+
+def _replay(tmp_path: Path, lines: list[bytes]):
+    from ftwatch.pipeline.replay import replay
+    from ftwatch.policy.budgets import BudgetStore
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(enable_job_restart=True)
+    path = tmp_path / "train.log"
+    path.write_bytes(b"".join(lines))
+    policy = build_policy(config, JOB, BudgetStore(tmp_path / "b.json", JOB), state_dir=tmp_path, in_memory=True)
+    return replay([path], build_engine(config), policy, JOB)
+
+
+def test_replay_a_traceback_printed_every_epoch_while_epochs_go_on_is_left_alone(tmp_path):
+    """A plotting client's caught connection error each epoch (the same code replay and evaluate
+    run): the epochs after each traceback outlive it, the run needs no action."""
+    epoch = [REFUSED] + [f"(epoch: {{e}}, iters: {i}, time: 0.25) loss: 0.3\n".encode() for i in (400, 800, 1200)]
+    lines = [line.replace(b"{e}", str(e).encode()) for e in (1, 2, 3) for line in epoch]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    assert [f.rule_id for f in result.findings].count("python.exception.ECONNREFUSED") == 3
+
+
+def test_replay_the_same_traceback_as_the_logs_last_words_still_decides(tmp_path):
+    lines = [f"(epoch: 1, iters: {i}, time: 0.25) loss: 0.3\n".encode() for i in (400, 800)] + [REFUSED]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.RESTART_JOB
+    assert result.decision.root_cause.rule_id == "python.exception.ECONNREFUSED"
+
+
+def test_a_per_epoch_count_restarting_with_the_next_epoch_is_no_restart():
+    assert not progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 3, "iteration": 400})
+    assert progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 1, "iteration": 1300})
+    assert progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 2, "iteration": 400})
+    assert progress.went_back({"step_plain": 40}, {"step_plain": 1, "epoch": 3})
