@@ -532,3 +532,15 @@ def test_the_saying_tracker_tells_each_finding_of_a_chunk(rules):
                     for n in range(1, 9) for r in range(4)).encode()
     found = engine.feed(Origin("combined", None, "job1", "n", "stdout", "replay"), chunk, 100.0)
     assert [f.rank for f in found] == [2] and said == [f"ftwatch: straggler: {found[0].line}"]
+
+
+def test_a_rank_forgotten_within_a_chunk_leaves_no_median_behind(rules):
+    """More ranks in one chunk than ``max_ranks``: the stalest is forgotten while the chunk is
+    taken, and the chunk's verdicts do not put its median back (the job's lists hold kept ranks only)."""
+    tracker = StepTracker(StragglerConfig(min_steps=5), max_ranks=2)
+    engine = Engine(rules, steps=tracker)
+    chunk = "".join(MEGATRON.format(r=r, s=n, n=n, ms=1000.0 + r) for r in range(3) for n in range(1, 9)).encode()
+    engine.feed(Origin("combined", None, "job1", "n", "stdout", "replay"), chunk, 100.0)
+    job = tracker.jobs["job1"]
+    assert sorted(job.ranks) == ["rank1", "rank2"]
+    assert sorted(job.medians) == sorted(r.median for r in job.ranks.values())
