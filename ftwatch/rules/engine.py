@@ -31,7 +31,7 @@ import bisect
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
@@ -100,6 +100,23 @@ class _LineClock:
         self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
         self.marks = [0]                                              # offsets asked, sorted
         self.before: dict[int, tuple[tuple[int, float] | None, int]] = {0: (None, 0)}  # -> (last stamp, line no)
+
+    def later(self, start: int) -> Callable[[], float]:
+        """The time of the line at ``start``, read only if called (a rank's last step line, whose
+        time a later duration-less line may need): live, the line and the chunk's time are kept,
+        not the chunk; in a replay it is read now (``sim_step`` needs the lines before it)."""
+        if self.sim_step:
+            value = self(start)
+            return lambda: value
+        engine = self.engine
+        line = line_at(self.data, start)
+        default = engine._carry_time if start < engine._carry_end else self.time
+        year = engine._year
+
+        def read() -> float:
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
+            return default if stamp is None else stamp
+        return read
 
     def __call__(self, start: int) -> float:
         engine, data = self.engine, self.data

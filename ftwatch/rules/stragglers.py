@@ -58,6 +58,7 @@ work).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 import statistics
@@ -104,12 +105,14 @@ class _Rank:
     baseline: list[float] = field(default_factory=list)
     base_median: float | None = None        # of ``baseline``, once it is full
     seen: int = 0                           # step times taken
-    last: tuple[int, float | None, int] | None = None   # (step number, time or None: not read yet, line start)
+    #: (step number, time; None: not read yet, the line start gives it; a callable: read it then, line start)
+    last: tuple[int, float | Callable[[], float] | None, int] | None = None
     total: str | None = None                # the length of the rank's (first) progress bar
     median: float | None = None
     reported: bool = False
     node: str = ""
     index: int = 0                          # the pattern of its last step time
+    ordered: list[float] | None = field(default_factory=list)   # ``samples`` sorted; None: to sort again
 
 
 @dataclass
@@ -225,7 +228,8 @@ class StepTracker:
             end: the lines to take end here (the rest is carried to the next chunk).
             skip: line starts to leave (lines a block took).
             time_at: the time (epoch s) of the line starting at an offset; called only for lines
-                whose pattern states no duration and for the lines findings name.
+                whose pattern states no duration and for the lines findings name. Its optional
+                ``later(start)`` gives a callable reading that time after the chunk, when needed.
             next_seq: a sequence number for a finding.
             hits: ``find(data)``, where the caller found them already (None: found here).
 
@@ -285,8 +289,9 @@ class StepTracker:
                     if last is not None and last[1] is None:
                         stepped[id(rank)] = rank
         for rank in stepped.values():                  # offsets mean nothing after this chunk
-            if rank.last is not None and rank.last[1] is None:
-                rank.last = (rank.last[0], time_at(rank.last[2]), -1)
+            if rank.last is not None and rank.last[1] is None:   # read when a later line needs it
+                later = getattr(time_at, "later", None)
+                rank.last = (rank.last[0], later(rank.last[2]) if later else time_at(rank.last[2]), -1)
 
         def line_of(start: int) -> LineOf:
             return lambda: (_text_at(data, start), time_at(start), next_seq())
@@ -379,6 +384,7 @@ class StepTracker:
         cfg = self.config
         rank = self._rank(job, origin)
         rank.samples.extend(seconds)
+        rank.ordered = None                                # sorted once, at the verdict
         rank.recent.extend(seconds)
         rank.seen += len(seconds)
         rank.index = index
@@ -424,6 +430,8 @@ class StepTracker:
             prev = rank.last
             if seconds is None and prev is not None and step_no > prev[0]:
                 before = prev[1] if prev[1] is not None else time_at(prev[2])
+                if callable(before):
+                    before = before()
                 time = time_at(start)
                 rank.last = (step_no, time, start)
                 if time >= before:
@@ -432,7 +440,12 @@ class StepTracker:
                 rank.last = (step_no, None, start)
         if seconds is None:
             return rank, False
-        rank.samples.append(seconds)
+        ordered, samples = rank.ordered, rank.samples
+        if ordered is not None:                            # kept sorted line by line: O(log window)
+            if len(samples) == samples.maxlen:
+                del ordered[bisect.bisect_left(ordered, samples[0])]
+            bisect.insort(ordered, seconds)
+        samples.append(seconds)
         rank.recent.append(seconds)
         rank.seen += 1
         rank.index = index
@@ -451,7 +464,9 @@ class StepTracker:
         members = [(who, rank) for who, rank in members if job.ranks.get(who.instance) is rank]  # not forgotten
         for _, rank in members:
             if len(rank.samples) >= cfg.min_steps:
-                job.set_median(rank, sorted_median(sorted(rank.samples)))
+                if rank.ordered is None:
+                    rank.ordered = sorted(rank.samples)
+                job.set_median(rank, sorted_median(rank.ordered))
         found = [self._judge(job, who, rank, lines[who.instance]) for who, rank in members
                  if len(rank.samples) >= cfg.min_steps]
         return [f for f in found if f is not None]
