@@ -39,6 +39,10 @@ _ANSI = re.compile(
 _RANK_PREFIX = re.compile(r"\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): "
                           r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) ")
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
+# the stacked prefixes at once (bytes, for the step tap): up to 3, then the innermost, whose rank counts
+_RANK_PREFIXES_BYTES = re.compile(
+    rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: ){0,%d}(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
+    % (_MAX_PREFIXES - 1))
 
 # glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone)
 _GLOG = re.compile(r"\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\b")
@@ -124,6 +128,16 @@ def split_rank_prefix(text: str) -> tuple[int | None, str]:
             rank = int(digits)
         pos = m.end()
     return rank, text[pos:]
+
+
+def rank_prefix_at(data: bytes, pos: int) -> tuple[int | None, int]:
+    """``split_rank_prefix`` on the raw line of ``data`` starting at ``pos``, without decoding it
+    and in one regex match: (rank or None, the offset where the text after the prefixes starts).
+    For the step tap, which reads its fields from a chunk's bytes (ANSI escapes already removed)."""
+    m = _RANK_PREFIXES_BYTES.match(data, pos)
+    if m is None:
+        return None, pos
+    return int(m.group(1) or m.group(2)), m.end()
 
 
 @functools.lru_cache(maxsize=4096)
