@@ -15,8 +15,9 @@ Two shapes:
   ``CUDA error:`` text; it keeps its id and must carry the same grade (tests/rules/test_catalogs.py).
   ``driver_enum`` (may be empty) is the Driver API's ``CUresult`` name of the same error
   (``CUDA_ERROR_CONTAINED``), which JAX/XLA and the driver API print instead of the runtime's.
-* the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``): ``id, regex,
-  class, action, priority, source, meaning, example, counterexample``. A row whose regex is ``-``
+* the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``,
+  ``net_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
+  counterexample``. A row whose regex is ``-``
   records the grade of a rule that already lives in another pack (its id stays there); the
   tests check that rule carries that grade.
 
@@ -60,6 +61,8 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "cuda_errors.tsv": ("cuda_runtime.yaml", "CUDA runtime error enum (cudaError_t), graded"),
     "nccl_vocab.tsv": ("nccl_vocab.yaml", "NCCL result codes and WARN vocabulary (IB events and completions, verbs, bootstrap), graded"),
     "dist_vocab.tsv": ("dist_vocab.yaml", "c10d store and ProcessGroupNCCL watchdog lines, torchelastic, graded"),
+    "net_vocab.tsv": ("net_vocab.yaml", "transfer-library network errors: libcurl codes 7/28/55/56, "
+                      "the AWS SDK's retryable 'Unable to connect to endpoint', graded"),
     "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, PCIe AER, GHES, NFS/Lustre, OOM killer, graded"),
 }
 """catalog file -> (generated pack, title)."""

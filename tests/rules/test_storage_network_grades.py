@@ -45,3 +45,26 @@ def test_a_generic_exception_whose_message_is_an_errnos_text_takes_the_errnos_gr
 def test_only_a_whole_strerror_message_of_a_generic_class_counts(line, name):
     grade = ExceptionCatalog.load().grade(line)
     assert grade.name == name and grade.failure_class is FailureClass.USER_CODE
+
+
+@pytest.mark.parametrize("line, rule_id", [
+    ("2026-11-01 07:42:19.441201: E tensorflow/core/platform/s3/aws_logging.cc:60] Curl returned error code 55",
+     "curl.send_error"),
+    ("curl: (56) Recv failure: Connection reset by peer", "curl.recv_error"),
+    ("curl: (28) Operation timed out after 30001 milliseconds with 0 bytes received", "curl.operation_timedout"),
+    ("W op_kernel.cc:1273] OP_REQUIRES failed at save_restore_v2_ops.cc:137 : Unknown: : Unable to connect "
+     "to endpoint", "aws.unable_to_connect_to_endpoint"),
+])
+def test_libcurl_network_errors_are_transient_infrastructure(line, rule_id):
+    """libcurl-errors(3): 7, 28, 55, 56 are connect, time-out, send and receive failures."""
+    [finding] = _feed(line)
+    assert finding.rule_id == rule_id
+    assert (finding.failure_class, finding.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "E tensorflow/core/platform/s3/aws_logging.cc:60] Curl returned error code 3",   # URL malformed
+    "curl: (22) The requested URL returned error: 404",
+])
+def test_other_curl_codes_make_no_network_finding(line):
+    assert not [f for f in _feed(line) if f.rule_id.startswith("curl.")]
