@@ -13,8 +13,11 @@ Two shapes:
   NCCL (``Cuda failure 999 'unknown error'``) and old THC (``cuda runtime error (30) : ``) print
   it, and the enum name itself. ``covered_by`` names an older rule that matches the same
   ``CUDA error:`` text; it keeps its id and must carry the same grade (tests/rules/test_catalogs.py).
-* the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``): ``id, regex,
-  class, action, priority, source, meaning, example, counterexample``. A row whose regex is ``-``
+  ``driver_enum`` (may be empty) is the Driver API's ``CUresult`` name of the same error
+  (``CUDA_ERROR_CONTAINED``), which JAX/XLA and the driver API print instead of the runtime's.
+* the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``,
+  ``net_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
+  counterexample``. A row whose regex is ``-``
   records the grade of a rule that already lives in another pack (its id stays there); the
   tests check that rule carries that grade.
 
@@ -27,7 +30,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-CUDA_COLUMNS = ["enum", "number", "message", "sticky", "grade", "covered_by", "source", "meaning"]
+CUDA_COLUMNS = ["enum", "number", "message", "sticky", "grade", "covered_by", "source", "meaning",
+                "driver_enum"]
 VOCAB_COLUMNS = ["id", "regex", "class", "action", "priority", "source", "meaning", "example",
                  "counterexample"]
 EXISTING = "-"
@@ -57,6 +61,8 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "cuda_errors.tsv": ("cuda_runtime.yaml", "CUDA runtime error enum (cudaError_t), graded"),
     "nccl_vocab.tsv": ("nccl_vocab.yaml", "NCCL result codes and WARN vocabulary (IB events and completions, verbs, bootstrap), graded"),
     "dist_vocab.tsv": ("dist_vocab.yaml", "c10d store and ProcessGroupNCCL watchdog lines, torchelastic, graded"),
+    "net_vocab.tsv": ("net_vocab.yaml", "transfer-library network errors: libcurl codes 7/28/55/56, "
+                      "the AWS SDK's retryable 'Unable to connect to endpoint', graded"),
     "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, PCIe AER, GHES, NFS/Lustre, OOM killer, graded"),
 }
 """catalog file -> (generated pack, title)."""
@@ -113,7 +119,8 @@ def cuda_regex(row: dict[str, str]) -> str:
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
     prefix = rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : )"
-    return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b"
+    driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
+    return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
 
 
 def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> dict:
@@ -127,15 +134,20 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
         notes += f" PyTorch's 'CUDA error: {msg}' is {row['covered_by']}'s (same grade, its id stays)."
         first = f"[rank0]: RuntimeError: CUDA driver error: {msg}"
         counter.append(f"[rank0]: RuntimeError: CUDA error: {msg}")
+    driver = row.get("driver_enum", "")
+    examples = [first,
+                f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
+                f"RuntimeError: cuda failure: {enum}: {msg}"]
+    if driver:
+        examples.append(f"jax.errors.JaxRuntimeError: INTERNAL: CUDA error: : {driver}: {msg}")
+        counter.append(f"E0905 17:34:36.549112 allocator.cc:414] {driver}_X: not the enum")
     return {
         "id": f"cuda.rt.{snake(enum)}", "regex": [cuda_regex(row)], "caseless": False,
         "class": failure_class, "action": action, "severity": severity_for(action, failure_class),
         "priority": priority, "tags": ["cuda", "cuda_errors", row["grade"]],
         "source": row["source"], "classified_by": "graded from the source (ftwatch/rules/packs/cuda_errors.tsv)",
         "description": f"{enum} ({number}): {row['meaning']}", "notes": notes,
-        "examples": [first,
-                     f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
-                     f"RuntimeError: cuda failure: {enum}: {msg}"],
+        "examples": examples,
         "counterexamples": counter,
     }
 

@@ -17,7 +17,8 @@ conservative on purpose: a log whose stamps are rare (a launcher line at the sta
 watchdog at the end, untimed ``print`` output between) must not look like a hang.
 
 The hang is the first moment *T* at which every instance seen so far has been silent for the
-interval; the end of the input is no hang (the job ended there). With phases (``phases.enabled``,
+interval, also when the silence runs up to a later stamped line that is no instance's output (a
+launcher's shutdown line); the end of the input is no hang (the job ended there). With phases (``phases.enabled``,
 ``ftwatch.pipeline.replay_phases``) the interval is the one of the job's phase when the silence
 began (a long checkpoint save or evaluation is judged by its phase's interval, training by the
 policy's), and the finding names that phase. The finding is the one that
@@ -242,7 +243,27 @@ class HangScan:
             tracker.output(key, start)
             tracker.output(key, end)
             covered = end if covered is None else max(covered, end)
-        return None
+        return self._silent_to_the_last_stamp(tracker, covered)
+
+    def _silent_to_the_last_stamp(self, tracker: Tracker, covered: float | None) -> Finding | None:
+        """The hang of a job whose instances all fell silent while the log's clock went on.
+
+        A stamped line that is no instance's output (the launcher's unprefixed lines in a
+        combined log with rank prefixes, e.g. torchrun's ``Received Signals.SIGINT death signal``
+        hours later) proves the input did not end where the ranks' output did: a live monitor
+        saw that silence and reported the hang at ``covered + interval``, before whatever the
+        stamped line says (a person's Ctrl-C, a scheduler's SIGTERM, issue 12). The end of the
+        input itself is still no hang.
+        """
+        if covered is None or self.last is None or not math.isfinite(covered):
+            return None
+        limit, phase = (self.phases.interval_at(covered) if self.phases is not None
+                        else (self.interval, None))
+        if limit is None or self.last - covered < limit:
+            return None
+        if phase is not None:
+            tracker.set_job_hang_interval(limit, covered, phase)
+        return tracker.check(covered + limit)[0]
 
     def _stamp(self, f: _File, key: str, t: float) -> None:
         f.stamps += 1

@@ -20,13 +20,18 @@ How a traceback is read (``grade``): Python prints the exception line ``<qualifi
 (or the bare class) after the frames, and the block ends there (``ftwatch.parsers.multiline``); the
 last exception line of a block is the one that ended the program (a chain prints the causes first).
 Its class is looked up by its full name, then by its last component; an ``OSError``-family message
-with ``[Errno N]`` is graded by the errno row instead when there is one.
+with ``[Errno N]`` is graded by the errno row instead when there is one. A generic class whose
+message decides (``RuntimeError``) and whose whole message is the C library's text for one of the
+errnos (``RuntimeError: Connection reset by peer``: C++ code threw ``std::system_error(errno,
+std::system_category())``, whose ``what()`` is ``strerror(errno)``, and pybind11 turns it into a
+``RuntimeError``, as c10d's TCPStore did) is graded by that errno's row too (``_strerror_grade``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.resources
+import os
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -144,4 +149,21 @@ class ExceptionCatalog:
         errno = _ERRNO.search(message)
         if errno and name.rsplit(".", 1)[-1] in self._oserrors:
             return self._errno.get(int(errno.group(1)), grade)
+        if not grade.decides_by_class:
+            return self._strerror_grade(message) or grade
         return grade
+
+    def _strerror_grade(self, message: str) -> ExceptionGrade | None:
+        """The errno row whose ``strerror`` text is the whole message, or None.
+
+        ``os.strerror`` is the C library's text (glibc on the Linux nodes whose logs ftwatch reads:
+        104 -> ``Connection reset by peer``); only an exact match counts, so a message that merely
+        mentions the text (``... failed: Connection reset by peer, retrying``) keeps its class.
+        """
+        text = message.strip()
+        if not text:
+            return None
+        for number, grade in self._errno.items():
+            if os.strerror(number) == text:
+                return grade
+        return None

@@ -191,3 +191,35 @@ def test_replay_command_notes_on_stderr_that_hang_detection_needs_timestamps(tmp
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["action"] == "none"
     assert "job hang detection needs timestamps" in proc.stderr
+
+
+def agent_sigint(at: datetime) -> list[str]:
+    """torchrun's agent (no rank prefix) stopping the workers on a SIGINT at ``at``."""
+    return [f"W{at:%m%d %H:%M:%S}.000000 3001 torch/distributed/elastic/agent/server/api.py:704] "
+            "Received Signals.SIGINT death signal, shutting down workers",
+            f"W{at:%m%d %H:%M:%S}.100000 3001 torch/distributed/elastic/multiprocessing/api.py:897] "
+            "Sending process 3100 closing signal SIGINT"]
+
+
+def test_a_signal_long_after_every_rank_went_silent_is_the_reaction_to_a_hang(run, tmp_path):
+    """The ranks stop at 09:05; the launcher's SIGINT lines come 4 hours later. A live monitor
+    reported the hang at 09:35; the person's Ctrl-C afterwards is no root cause (issue 12)."""
+    lines = training(iso_line, {r: T0 + timedelta(minutes=5) for r in RANKS3}) + agent_sigint(T0 + timedelta(hours=4))
+
+    rc = run([write(tmp_path / "combined.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class, rc.rank) == ("hang.job", FailureClass.HANG, 0)
+    assert rc.time == pytest.approx(utc(T0 + timedelta(minutes=5, milliseconds=74)) + 1800)
+
+
+def test_a_signal_during_active_progress_stays_the_root_cause(run, tmp_path):
+    """10 minutes of silence (under the 30-minute interval): the SIGINT is the cause (issue 17 item 5)."""
+    lines = training(iso_line, {r: T0 + timedelta(minutes=5) for r in RANKS3}) + agent_sigint(T0 + timedelta(minutes=15))
+
+    d = run([write(tmp_path / "combined.log", lines)], **HANG_ON).decision
+
+    assert d.root_cause.rule_id == "torch_elastic.agent_death_signal"
+    assert d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
+
+
+RANKS3 = (0, 1, 2)

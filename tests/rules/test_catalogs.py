@@ -74,6 +74,7 @@ def test_cuda_row_is_a_rule_with_its_grade(row):
     ("cudaErrorUnknown", "device"),               # issue 12: "CUDA error: unknown error" matched nothing
     ("cudaErrorECCUncorrectable", "device"),
     ("cudaErrorNvlinkUncorrectable", "device"),
+    ("cudaErrorContained", "device"),             # docs: GPU error containment; NVLink or hardware
     ("cudaErrorDevicesUnavailable", "device"),
     ("cudaErrorNoDevice", "device"),
     ("cudaErrorIllegalAddress", "sticky_program"),
@@ -92,10 +93,15 @@ def test_cuda_grades_follow_the_documentation(enum, grade):
 
 
 def test_sticky_errors_are_never_plain_usage_or_status():
-    """The docs' "the process must be terminated and relaunched" errors need a new process."""
+    """The docs' "the process must be terminated and relaunched" errors need a new process.
+
+    ``device`` (isolate the node: the process is relaunched elsewhere) is allowed for a sticky
+    error the docs blame on the hardware (cudaErrorContained: the GPU's error containment)."""
     for row in CUDA_ROWS:
         if row["sticky"] == "yes":
-            assert row["grade"] in ("sticky_program", "sticky_ambiguous", "hang"), row["enum"]
+            assert row["grade"] in ("sticky_program", "sticky_ambiguous", "hang", "device"), row["enum"]
+            if row["grade"] == "device":
+                assert "hardware" in row["meaning"], row["enum"]
 
 
 @pytest.mark.parametrize("line", [
@@ -109,6 +115,22 @@ def test_cuda_unknown_error_is_a_device_suspect_finding(line):
     assert finding.failure_class is FailureClass.HARDWARE_NODE
     assert finding.action is Action.ISOLATE_NODE
     assert finding.rule_id == "cuda.rt.unknown"
+
+
+@pytest.mark.parametrize("line", [
+    "task-162 rank 1: jax.errors.JaxRuntimeError: INTERNAL: CUDA error: : CUDA_ERROR_CONTAINED: "
+    "Invalid access of peer GPU memory over nvlink or a hardware error",
+    "E0905 17:34:36.549112 gpu_cudamallocasync_allocator.cc:414] CUDA_ERROR_CONTAINED: Invalid access",
+])
+def test_driver_api_name_of_a_contained_error_isolates_the_node(line):
+    """The Driver API's CUresult name (driver_enum) is matched like the runtime's enum name."""
+    [finding] = _feed(line)
+    assert finding.rule_id == "cuda.rt.contained"
+    assert (finding.failure_class, finding.action) == (FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE)
+
+
+def test_a_driver_name_only_counts_as_a_whole_word():
+    assert _feed("CUDA_ERROR_CONTAINED_X is not a CUresult") == []
 
 
 def test_nccl_cuda_failure_is_graded_by_the_quoted_cuda_error():

@@ -1,0 +1,70 @@
+"""Transient storage and network failures that printed no ``[Errno N]`` (issue 12 item 2): a short
+checkpoint write, an errno's C-library text as a bare ``RuntimeError``, libcurl's transfer errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exceptions import ExceptionCatalog
+from ftwatch.rules.loader import load_rules
+
+BUILTIN = load_rules()
+W1 = Origin("worker-1", 1, "job-7", "node-a", "stderr", "process")
+T0 = 1_795_253_763.0
+
+
+def _feed(*lines: str) -> list:
+    return Engine(BUILTIN).feed(W1, "".join(f"{line}\n" for line in lines).encode(), T0, final=True)
+
+
+def test_a_short_checkpoint_write_is_a_storage_failure_not_the_program():
+    """miniz's MZ_ZIP_FILE_WRITE_FAILED through PytorchStreamWriter: the OS refused the write."""
+    [finding] = _feed("RuntimeError: [enforce fail at inline_container.cc:857] . PytorchStreamWriter "
+                      "failed writing file data/322: file write failed")
+    assert finding.rule_id == "torch_npu.save_write_failed"
+    assert (finding.failure_class, finding.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize("line, name, failure_class", [
+    ("RuntimeError: Connection reset by peer", "ECONNRESET", FailureClass.RETRYABLE_INFRA),
+    ("RuntimeError: Connection timed out", "ETIMEDOUT", FailureClass.RETRYABLE_INFRA),
+    ("RuntimeError: No such file or directory", "ENOENT", FailureClass.USER_CODE),
+])
+def test_a_generic_exception_whose_message_is_an_errnos_text_takes_the_errnos_grade(line, name, failure_class):
+    grade = ExceptionCatalog.load().grade(line)
+    assert (grade.name, grade.failure_class) == (name, failure_class)
+
+
+@pytest.mark.parametrize("line, name", [
+    ("RuntimeError: Connection reset by peer, retrying in 5 s", "RuntimeError"),   # not the whole message
+    ("ValueError: Connection reset by peer", "ValueError"),                         # the class decides
+    ("RuntimeError: expected scalar type Float but found Half", "RuntimeError"),
+])
+def test_only_a_whole_strerror_message_of_a_generic_class_counts(line, name):
+    grade = ExceptionCatalog.load().grade(line)
+    assert grade.name == name and grade.failure_class is FailureClass.USER_CODE
+
+
+@pytest.mark.parametrize("line, rule_id", [
+    ("2026-11-01 07:42:19.441201: E tensorflow/core/platform/s3/aws_logging.cc:60] Curl returned error code 55",
+     "curl.send_error"),
+    ("curl: (56) Recv failure: Connection reset by peer", "curl.recv_error"),
+    ("curl: (28) Operation timed out after 30001 milliseconds with 0 bytes received", "curl.operation_timedout"),
+    ("W op_kernel.cc:1273] OP_REQUIRES failed at save_restore_v2_ops.cc:137 : Unknown: : Unable to connect "
+     "to endpoint", "aws.unable_to_connect_to_endpoint"),
+])
+def test_libcurl_network_errors_are_transient_infrastructure(line, rule_id):
+    """libcurl-errors(3): 7, 28, 55, 56 are connect, time-out, send and receive failures."""
+    [finding] = _feed(line)
+    assert finding.rule_id == rule_id
+    assert (finding.failure_class, finding.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "E tensorflow/core/platform/s3/aws_logging.cc:60] Curl returned error code 3",   # URL malformed
+    "curl: (22) The requested URL returned error: 404",
+])
+def test_other_curl_codes_make_no_network_finding(line):
+    assert not [f for f in _feed(line) if f.rule_id.startswith("curl.")]
