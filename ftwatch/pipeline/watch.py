@@ -164,8 +164,10 @@ class Watcher:
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call
-        (``Engine.scan_many``), hand each chunk and its hits to its job's desk. The ingest lag is
-        observed once per batch (its most lagging origin), not once per origin."""
+        (``Engine.scan_many``), hand each job's chunks and their hits, origins beside them, to
+        its desk in one call (``IncidentDesk.output_many``: a chunk no rule hit costs no engine
+        or summary work). The ingest lag is observed once per batch (its most lagging origin),
+        not once per origin."""
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
         groups = list(group_lines(self.resolve(batch)).items())
@@ -173,22 +175,64 @@ class Watcher:
         scans = self.engine.scan_many(chunks)
         if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
-        for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
-            if is_host(origin):
-                self._host(origin, lines, t, now_mono)
-                continue
-            desk = self._desk(origin.job)
-            self._active.pop(desk.job, None)
-            self._active[desk.job] = now_mono
-            desk.output(origin, data, t, now_mono, hits=hits)
-            if self.config.phases.enabled:
-                self._phase(desk, data, t)
-            if finished_cleanly(data):
-                self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
-                                           job=desk.job)
+        if self.config.phases.enabled:              # a phase follows each chunk as it is fed
+            self._ingest_each(groups, chunks, scans, now, now_mono)
+        else:
+            self._ingest_jobs(groups, chunks, scans, now, now_mono)
         ack = getattr(batch, "ack", None)
         if ack is not None:
             ack()                                   # a file tail may now save its offsets
+
+    def _ingest_jobs(self, groups: list, chunks: list[bytes], scans: list, now: float, mono: float) -> None:
+        """One batch's chunks, grouped per job in input order: one ``output_many`` per job. Host
+        lines, and a job's first chunk (its new desk may forget another job: ``max_jobs``), are
+        handed over after every chunk before them, as :meth:`_ingest_each` would."""
+        clean = finished_cleanly(b"".join(chunks))   # one search for the batch, not one per chunk
+        by_job: dict[str, list] = {}
+        active = self._active
+        for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
+            if is_host(origin):
+                self._feed_jobs(by_job, now, mono, clean)
+                by_job = {}
+                self._host(origin, lines, t, mono)
+                continue
+            job = origin.job
+            parts = by_job.get(job)
+            if parts is None:
+                if job not in self.jobs:
+                    self._feed_jobs(by_job, now, mono, clean)
+                    by_job = {}
+                    self._desk(job)
+                parts = by_job[job] = []
+            parts.append((origin, data, t, hits))
+            active.pop(job, None)
+            active[job] = mono
+        self._feed_jobs(by_job, now, mono, clean)
+
+    def _feed_jobs(self, by_job: dict[str, list], now: float, mono: float, clean: bool) -> None:
+        """Each job's chunks to its desk; a launcher's clean finish resolves the job's alerts."""
+        for job, parts in by_job.items():
+            self.jobs[job].output_many(parts, mono)
+            if clean:
+                for origin, data, _, _ in parts:
+                    if finished_cleanly(data):
+                        self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
+                                                   job=job)
+
+    def _ingest_each(self, groups: list, chunks: list[bytes], scans: list, now: float, mono: float) -> None:
+        """One batch's chunks one origin at a time (phases on: each chunk's phase is read after it)."""
+        for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
+            if is_host(origin):
+                self._host(origin, lines, t, mono)
+                continue
+            desk = self._desk(origin.job)
+            self._active.pop(desk.job, None)
+            self._active[desk.job] = mono
+            desk.output(origin, data, t, mono, hits=hits)
+            self._phase(desk, data, t)
+            if finished_cleanly(data):
+                self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
+                                           job=desk.job)
 
     def tick(self) -> None:
         """Time passes: close stale blocks, check hangs, decide settled incidents, resolve the

@@ -294,6 +294,17 @@ class Engine:
         self.stats.findings += len(findings)
         return findings
 
+    def carries(self, origin: Origin) -> bool:
+        """Whether an open block of ``origin`` is carried over to its next :meth:`feed`."""
+        return bool(self._pending) and origin in self._pending
+
+    def passed(self, data: bytes) -> None:
+        """Count a chunk that :meth:`scan_many` found no hit in, of an origin that carries no open
+        block, without feeding it: all that :meth:`feed` would do with it (``watch``: a batch's
+        quiet origins, ``IncidentDesk.output_many``)."""
+        self.stats.bytes += len(data)
+        self._count(data, len(data))
+
     def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
               sim_step: float) -> list[Finding]:
         """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
