@@ -222,14 +222,14 @@ class IncidentDesk:
         if end:
             self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
-        if self.summaries is not None:
+        if self.summaries is not None and (may_hold_summary(data) or origin in self._summary_lines):
             found += self._summary(origin, data, time)
         opened = self.open
         trigger = self.add(found, mono)
         if self._held and opened is not None and opened is self.open and (
                 opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
             self._alive = True                      # it printed after its error: wait for its progress
-        if self.survival and not is_host(origin):
+        if not is_host(origin) and self.survival.watches(origin):
             year = self.engine.year or line_fields.year_of(time)
             for f, at in self.survival.outlived(origin, data, time, sim_step, year):
                 self._notice(f, at, f"{f.origin.instance} made progress after it: the job outlived it")
