@@ -135,3 +135,18 @@ def test_survival_watches_only_the_streams_of_a_waiting_instance():
     assert not s.watches(Origin("pod-a", 1, JOB, "n", "stderr", "shipped"))     # a known rank keeps the instance
     assert not s.watches(Origin("pod-b", None, JOB, "n", "stderr", "shipped"))
     assert s.watches(Origin("rank0", None, JOB, "n", "x", "replay"))            # a combined log's ranks
+
+
+def test_output_reads_progress_only_for_a_waiting_instance_and_summaries_only_where_one_may_be(tmp_path):
+    d, _ = desk(tmp_path)
+    read = []
+    outlived = d.survival.outlived
+    d.survival.outlived = lambda origin, *a: read.append(("progress", origin.instance)) or outlived(origin, *a)
+    summary = d._summary
+    d._summary = lambda origin, *a: read.append(("summary", origin.instance)) or summary(origin, *a)
+    d.output(pod(2), REFUSED, T0, T0)                   # pod 2's error waits for its progress (read from here on)
+    assert d.survival
+    d.output(pod(3), step(1), T0 + 1, T0 + 1)           # another pod's step line: nothing to read
+    d.output(pod(2), step(1), T0 + 2, T0 + 2)
+    d.output(TORCHRUN, SUMMARY, T0 + 3, T0 + 3)
+    assert read == [("progress", pod(2).instance)] * 2 + [("summary", TORCHRUN.instance)]
