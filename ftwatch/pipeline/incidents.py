@@ -224,6 +224,13 @@ class IncidentDesk:
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None and (may_hold_summary(data) or origin in self._summary_lines):
             found += self._summary(origin, data, time)
+        return self._take(origin, data, time, mono, found, sim_step)
+
+    def _take(self, origin: Origin, data: bytes, time: float, mono: float, found: list[Finding],
+              sim_step: float = 0.0) -> Finding | None:
+        """The findings of ``origin``'s chunk ``data`` join the job (:meth:`add`); then its instance
+        printed after the open incident's error, and the chunk is read for the waiting errors'
+        progress. Returns :meth:`output`'s trigger."""
         opened = self.open
         trigger = self.add(found, mono)
         if self._held and opened is not None and opened is self.open and (
@@ -238,10 +245,11 @@ class IncidentDesk:
     def output_many(self, parts: Sequence[tuple[Origin, bytes, float, list[tuple[int, int]] | None]],
                     mono: float = 0.0) -> Finding | None:
         """Chunks of many origins of this job at once (``watch``: one batch's, its origins carried
-        beside the chunks): the same as :meth:`output` of each in order, but a *quiet* chunk (no
-        hit in ``Engine.scan_many``, no open block of its origin, no summary words or summary
-        under way, no waiting error of its instance) only meets its instance, keeps its last line
-        and is counted (the metrics once per batch, ``Recorder.output_many``).
+        beside the chunks): the same as :meth:`output` of each in order, but a chunk of an origin
+        with no open block, no summary words or summary under way and no waiting error of its
+        instance only meets its instance, keeps its last line, is counted (the metrics once per
+        batch, ``Recorder.output_many``) and goes to the engine only when a rule hit it
+        (``Engine.scan_many``; else ``Engine.passed``); only its findings, if any, go further.
 
         Args:
             parts: ``(origin, data, time, hits)`` per chunk, in input order, as for :meth:`output`
@@ -256,7 +264,7 @@ class IncidentDesk:
         engine, survival = self.engine, self.survival
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
         for origin, data, time, hits in parts:
-            if (hits or hits is None or summaries or is_host(origin) or engine.carries(origin)
+            if (hits is None or summaries or is_host(origin) or engine.carries(origin)
                     or (self._summary_lines and origin in self._summary_lines)
                     or (survival and survival.watches(origin))):
                 if counts:                          # counted in input order (the store's buckets)
@@ -281,7 +289,13 @@ class IncidentDesk:
                 end -= 1
             if end:
                 self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
-            engine.passed(data)
+            if not hits:
+                engine.passed(data)
+            else:
+                found = engine.feed(origin, data, time, hits=hits)
+                if found:
+                    trigger = trigger or self._take(origin, data, time, mono, found)
+                    continue
             opened = self.open
             if self._held and opened is not None and (
                     opened.origin.instance == instance or opened.origin.instance.startswith(instance + "/")):

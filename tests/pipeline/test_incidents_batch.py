@@ -54,6 +54,8 @@ def batches() -> list[list[tuple[Origin, bytes]]]:
             batch[4] = (pod(4), b"KeyError: 'lr'\n")        # the traceback carried over one batch
             batch.append((TORCHRUN, SUMMARY))
             batch.append((host_origin("node-1", JOB, "kmsg"), b"NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus\n"))
+        if b == 6:
+            batch[0] = (pod(0), b"RuntimeError: NCCL communicator was aborted on rank 0.\n")   # a hit, nothing open
         if b == 5:
             batch[5] = (pod(5), b"\x1b[31mRuntimeError: CUDA error: an illegal memory access was encountered\x1b[0m\n")
         out.append(batch)
