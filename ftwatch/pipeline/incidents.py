@@ -264,7 +264,7 @@ class IncidentDesk:
         engine, survival = self.engine, self.survival
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
         for origin, data, time, hits in parts:
-            if (hits is None or summaries or is_host(origin) or engine.carries(origin)
+            if (hits is None or (summaries and may_hold_summary(data)) or is_host(origin) or engine.carries(origin)
                     or (self._summary_lines and origin in self._summary_lines)
                     or (survival and survival.watches(origin))):
                 if counts:                          # counted in input order (the store's buckets)
