@@ -57,7 +57,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "cuda_errors.tsv": ("cuda_runtime.yaml", "CUDA runtime error enum (cudaError_t), graded"),
     "nccl_vocab.tsv": ("nccl_vocab.yaml", "NCCL result codes and WARN vocabulary (IB events and completions, verbs, bootstrap), graded"),
     "dist_vocab.tsv": ("dist_vocab.yaml", "c10d store and ProcessGroupNCCL watchdog lines, torchelastic, graded"),
-    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, mlx5 port and health, EDAC, OOM killer, graded"),
+    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, PCIe AER, GHES, NFS/Lustre, OOM killer, graded"),
 }
 """catalog file -> (generated pack, title)."""
 

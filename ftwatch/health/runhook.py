@@ -117,8 +117,5 @@ class SayingStepTracker(StepTracker):
         super().__init__(config, **kwargs)
         self._say = say
 
-    def observe(self, origin, index, text, time, seq=0):
-        found = super().observe(origin, index, text, time, seq)
-        if found is not None:
-            self._say(f"ftwatch: {found.kind}: {found.line}")     # straggler or slowdown
-        return found
+    def said(self, finding):
+        self._say(f"ftwatch: {finding.kind}: {finding.line}")     # straggler or slowdown

@@ -30,8 +30,19 @@ _ANSI = re.compile(
 #   [rank3]:      PyTorch (TORCH_DISTRIBUTED_DEBUG / c10d logging)
 #   [default3]:   torchrun --tee / --log-dir, "[<role><rank>]:" for any role name
 #   3:            older launchers: digits, a colon and a space (never "12:34:56")
-_RANK_PREFIX = re.compile(r"\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): ")
+#   (MyActor pid=480956, ip=10.0.0.2)   Ray: the driver reprints each task's or actor's output
+#                 behind its name, pid and (when on another node) ip; no rank in it
+#                 (ray-project/ray doc/source/ray-observability/ray-logging.rst, "Worker logs";
+#                 python/ray/_private/worker.py print_worker_logs); vLLM's worker processes print
+#                 the same "(VllmWorkerProcess pid=N) " / "(Worker_TP1 pid=N) " (vllm-project/vllm
+#                 multiproc_worker_utils.py _add_prefix), as vLLM-Ascend does
+_RANK_PREFIX = re.compile(r"\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): "
+                          r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) ")
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
+# the stacked prefixes at once (bytes, for the step tap): up to 3, then the innermost, whose rank counts
+_RANK_PREFIXES_BYTES = re.compile(
+    rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: ){0,%d}(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
+    % (_MAX_PREFIXES - 1))
 
 # glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone)
 _GLOG = re.compile(r"\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\b")
@@ -95,7 +106,8 @@ def split_rank_prefix(text: str) -> tuple[int | None, str]:
 
     Recognised: PyTorch's ``[rank3]:``, torchrun's ``[default3]:`` (any ``[<role><digits>]:``,
     e.g. ``[trainer12]:``) and the older ``3: `` (digits, colon, space), each with one optional
-    space after it. Stacked prefixes (``[default1]:[rank1]: msg``) are all removed; the rank is
+    space after it; Ray's ``(TaskRunner pid=467613) `` / ``(pid=45601, ip=10.0.0.2) `` is removed
+    too, but names no rank (a traceback behind it joins into one record all the same). Stacked prefixes (``[default1]:[rank1]: msg``) are all removed; the rank is
     the innermost one, the closest to the message. In ``[rank3]:[W1121 09:36:03.735000 ...]``
     only ``[rank3]:`` goes. Indentation after the one space is kept (traceback frames).
 
@@ -111,9 +123,21 @@ def split_rank_prefix(text: str) -> tuple[int | None, str]:
         m = _RANK_PREFIX.match(text, pos)
         if m is None:
             break
-        rank = int(m.group(1) or m.group(2))
+        digits = m.group(1) or m.group(2)
+        if digits is not None:                  # a Ray prefix names no rank
+            rank = int(digits)
         pos = m.end()
     return rank, text[pos:]
+
+
+def rank_prefix_at(data: bytes, pos: int) -> tuple[int | None, int]:
+    """``split_rank_prefix`` on the raw line of ``data`` starting at ``pos``, without decoding it
+    and in one regex match: (rank or None, the offset where the text after the prefixes starts).
+    For the step tap, which reads its fields from a chunk's bytes (ANSI escapes already removed)."""
+    m = _RANK_PREFIXES_BYTES.match(data, pos)
+    if m is None:
+        return None, pos
+    return int(m.group(1) or m.group(2)), m.end()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -245,11 +245,12 @@ class IncidentDesk:
     def output_many(self, parts: Sequence[tuple[Origin, bytes, float, list[tuple[int, int]] | None]],
                     mono: float = 0.0) -> Finding | None:
         """Chunks of many origins of this job at once (``watch``: one batch's, its origins carried
-        beside the chunks): the same as :meth:`output` of each in order, but a chunk of an origin
-        with no open block, no summary words or summary under way and no waiting error of its
-        instance only meets its instance, keeps its last line, is counted (the metrics once per
-        batch, ``Recorder.output_many``) and goes to the engine only when a rule hit it
-        (``Engine.scan_many``; else ``Engine.passed``); only its findings, if any, go further.
+        beside the chunks): the same as :meth:`output` of each in order, but a chunk with no
+        summary words or summary under way and no waiting error of its instance only meets its
+        instance, keeps its last line, is counted (the metrics once per batch,
+        ``Recorder.output_many``) and goes to the engine only when a rule or the step tap hit it
+        or its origin carries an open block (``Engine.count_if_quiet``); only its findings, if
+        any, go further.
 
         Args:
             parts: ``(origin, data, time, hits)`` per chunk, in input order, as for :meth:`output`
@@ -264,7 +265,7 @@ class IncidentDesk:
         engine, survival = self.engine, self.survival
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
         for origin, data, time, hits in parts:
-            if (hits is None or (summaries and may_hold_summary(data)) or is_host(origin) or engine.carries(origin)
+            if ((summaries and may_hold_summary(data)) or is_host(origin)
                     or (self._summary_lines and origin in self._summary_lines)
                     or (survival and survival.watches(origin))):
                 if counts:                          # counted in input order (the store's buckets)
@@ -289,9 +290,7 @@ class IncidentDesk:
                 end -= 1
             if end:
                 self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
-            if not hits:
-                engine.passed(data)
-            else:
+            if not engine.count_if_quiet(origin, data, hits):
                 found = engine.feed(origin, data, time, hits=hits)
                 if found:
                     trigger = trigger or self._take(origin, data, time, mono, found)

@@ -25,16 +25,24 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 4. Anything a peer *prints* after the first real error of another instance is fallout of it
    (issue 12 item 3): a logged finding of another instance later by (time, seq). Exits are not
    printed lines (their time is when ftwatch saw them), so they keep their reading above.
-5. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
+5. The GPU driver's required reset (Xid 154, ``ftwatch.policy.gpureset``) of the root cause's
+   node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
+6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
    came before the finish.
+7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
+   followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
+   CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
+   rest of the same message, and that is the specific reading.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
 else ranks that timed out in different collectives (operation, or size of a sized one) at one
-sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else the suspect rank of a
+sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
+completion that nothing explains (the node's PCIe path, ``ftwatch.policy.verbs.flushed_alone``),
+else the suspect rank of a
 collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
 behind, while the others report timeouts), else the earliest notice (``after_finish``), else the
 earliest fallout (``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
@@ -44,12 +52,15 @@ fallout as retryable infrastructure (``Analysis.fallout_class``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
+from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.verbs import flushed_alone
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
 #: (tag ``cascade`` in ``ftwatch/rules/packs``; tests/rules/test_rootcause.py keeps the two in step).
@@ -59,6 +70,21 @@ from ftwatch.policy.lifecycle import finish
 #: dead peer causes as well as a broken network; nccl.code.system_error: the ``ncclSystemError``
 #: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv).
 CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed"})
+#: Ascend return-code lines (issue 12 item 2): torch_npu raises a failed ACL or HCCL call as one
+#: message, ``<func>:<file>:<line> NPU function error: <call>, error code is N``, then its
+#: ``[ERROR] ... ERRxxxxx`` line and ``[Error]: <meaning>``, then the error CANN recorded for it
+#: (``EJ0001: ...``, ``EI0006: ...``, ``EL0004: ...``) on the lines after (Ascend/pytorch
+#: torch_npu/csrc/core/npu/NPUException.h NPU_CHECK_ERROR / OPS_CHECK_ERROR:
+#: ``"\n", c10_npu_get_error_message()``). A traceback record ends at the first line of that
+#: message, so the rest arrive as findings of their own; the code's rule (priority 5 in
+#: ``npu_codes.yaml``) then yields to the real error the same instance prints within
+#: ``WRAPPED_WINDOW`` seconds after it, the more specific reading of the same failure.
+WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
+WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
+WRAPPED_WINDOW = 2.0
+#: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
+#: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
+_CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
 #: Finding kinds that are not log lines: they never explain an exit. ``exit_ok``: an instance that
 #: exited 0 (info; ``ftwatch.pipeline.incidents`` notes it under ``ftwatch run``).
 _NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
@@ -165,6 +191,22 @@ def _error(f: Finding) -> bool:
     return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
 
 
+def wrapped_code(f: Finding) -> bool:
+    """Says whether ``f`` is a torch_npu return-code line whose message goes on with what CANN
+    recorded (``WRAPPED_CODE_PREFIXES``)."""
+    return f.kind == "keyword" and (f.rule_id.startswith(WRAPPED_CODE_PREFIXES) or f.rule_id in WRAPPED_CODE_RULES)
+
+
+def _spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
+    """Says whether the return-code line ``f`` is followed, on its instance and within
+    ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
+    message."""
+    return wrapped_code(f) and any(
+        not wrapped_code(e) and e.kind not in _NOT_LOGGED and e.origin.instance == f.origin.instance
+        and _before(f, e) and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line)
+        for e in errors)
+
+
 def _before(a: Finding, b: Finding) -> bool:
     return (a.time, a.seq) < (b.time, b.seq)
 
@@ -216,6 +258,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         elif _error(f) and not why:
             candidates.append(f)
 
+    candidates = [c for c in candidates if not _spelled_out(c, candidates)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
     deaths = {r.origin.instance for r in strong
               if r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r))}
@@ -237,8 +280,13 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in _NOT_LOGGED and _before(head, f))
+        reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
+        if reset is not None:
+            return Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices), done,
+                            tuple(f for f in peer if f is not reset))
         return Analysis(head, False, real, tuple(notices), done, peer)
-    suspect = (left_first(order) or mismatch(order) or silent_rank(order, world)) if fallout else None
+    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
+               or silent_rank(order, world)) if fallout else None
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:

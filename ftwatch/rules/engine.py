@@ -27,10 +27,11 @@ state is why this module stays one past 400 lines (``scan_many``, a batch's one 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
@@ -53,6 +54,13 @@ _ANSI_BYTES = re.compile(
     rb"|\x1b[ -/]*[0-~]"
     rb"|\x1b"
 )
+
+
+class ScanHits(list):
+    """One chunk's rule hits from ``Engine.scan_many`` (``(line_start, pattern_id)`` pairs), and
+    in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself)."""
+
+    steps: list | None = None
 
 
 @dataclass(slots=True)
@@ -80,6 +88,53 @@ class _Pending:
     since: float
     base: float
     skip: frozenset[int] = frozenset()
+
+
+class _LineClock:
+    """The time of a chunk's line at an offset, asked in any order (the step tap asks rank by
+    rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search and the
+    line count resumed from the nearest line asked before it, so each search covers only the
+    lines between two asks."""
+
+    def __init__(self, engine: "Engine", data: bytes, time: float, sim_step: float):
+        self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
+        self.marks = [0]                                              # offsets asked, sorted
+        self.before: dict[int, tuple[tuple[int, float] | None, int]] = {0: (None, 0)}  # -> (last stamp, line no)
+
+    def later(self, start: int) -> Callable[[], float]:
+        """The time of the line at ``start``, read only if called (a rank's last step line, whose
+        time a later duration-less line may need): live, the line and the chunk's time are kept,
+        not the chunk; in a replay it is read now (``sim_step`` needs the lines before it)."""
+        if self.sim_step:
+            value = self(start)
+            return lambda: value
+        engine = self.engine
+        line = line_at(self.data, start)
+        default = engine._carry_time if start < engine._carry_end else self.time
+        year = engine._year
+
+        def read() -> float:
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
+            return default if stamp is None else stamp
+        return read
+
+    def __call__(self, start: int) -> float:
+        engine, data = self.engine, self.data
+        stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], engine._year)
+        if stamp is not None:
+            return stamp
+        if not self.sim_step:
+            return engine._carry_time if start < engine._carry_end else self.time
+        pos = self.marks[bisect.bisect_right(self.marks, start) - 1]
+        found, line_no = self.before[pos]
+        if pos < start:
+            found = fields.last_timestamp(data, pos, start, engine._year) or found
+            line_no += data.count(b"\n", pos, start)
+            bisect.insort(self.marks, start)
+            self.before[start] = (found, line_no)
+        if found is not None:
+            return found[1] + data.count(b"\n", found[0], start) * self.sim_step
+        return self.time + line_no * self.sim_step
 
 
 class Engine:
@@ -117,21 +172,20 @@ class Engine:
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
         self._year = year or 0                        # the current feed's year for stamps without one
-        self._ranked: dict[int | None, Origin] = {}   # the current feed's origins by rank
         if like is None:
             self._compile(rules)
         else:                                        # the compiled parts are never mutated, only replaced
             self.rules, self.matcher, self._owner = like.rules, like.matcher, like._owner
-            self._block_ids, self._fault_ids, self._step_ids = like._block_ids, like._fault_ids, like._step_ids
+            self._block_ids, self._fault_ids = like._block_ids, like._fault_ids
             self.judge = like.judge if tables is like.tables else Judge(
                 self.rules, self._owner, self.matcher, self.tables, self.exceptions)
 
     # -- set-up ---------------------------------------------------------------------------
 
     def _compiled_for(self, rules: list[Rule], steps: StepTap | None) -> bool:
-        """Whether this engine's database is the one ``rules`` and ``steps`` would compile."""
-        return (tuple(steps.patterns if steps else ()) == tuple(self.steps.patterns if self.steps else ())
-                and len(rules) == len(self.rules) and all(a is b or a == b for a, b in zip(rules, self.rules)))
+        """Whether this engine's database is the one ``rules`` would compile (the step tap's
+        patterns are not in it: the tap finds its lines itself)."""
+        return len(rules) == len(self.rules) and all(a is b or a == b for a, b in zip(rules, self.rules))
 
     def _compile(self, rules: list[Rule]) -> None:
         self.rules = rules
@@ -146,9 +200,6 @@ class Engine:
         self._fault_ids = set(range(len(patterns), len(patterns) + len(FaultTables.PATTERNS)))
         patterns.extend(FaultTables.PATTERNS)
         owner.extend([-2] * len(FaultTables.PATTERNS))
-        self._step_ids = {len(patterns) + j: j for j in range(len(self.steps.patterns if self.steps else ()))}
-        patterns.extend(Pattern(text, regex=True) for text in (self.steps.patterns if self.steps else ()))
-        owner.extend([-3] * len(self._step_ids))
         self._owner = owner
         self.matcher = Matcher(patterns)
         self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
@@ -171,7 +222,9 @@ class Engine:
         Returns:
             Per chunk its sorted ``(line_start, pattern_id)`` pairs, or None for a chunk that
             ``feed`` must scan itself (empty, not newline-terminated, or holding ANSI escapes,
-            which ``feed`` removes first).
+            which ``feed`` removes first). With a step tap, each list (a ``ScanHits``) also
+            carries the chunk's step lines, found in one pass over the batch as well, so a
+            chunk of 1,000 origins' without a step line costs the tap nothing.
         """
         out: list[list[tuple[int, int]] | None] = [None] * len(parts)
         joined: list[bytes] = []
@@ -184,11 +237,14 @@ class Engine:
             joined.append(data)
             bounds.append(pos)
             index.append(k)
-            out[k] = []
+            out[k] = ScanHits()
             pos += len(data)
         if not joined:
             return out
-        hits = self.matcher.scan(joined[0] if len(joined) == 1 else b"".join(joined))
+        whole = joined[0] if len(joined) == 1 else b"".join(joined)
+        hits = self.matcher.scan(whole)
+        if self.steps is not None:
+            self._split_steps(self.steps.find(whole), bounds, index, out, pos)
         j, last = 0, len(bounds) - 1
         upper = bounds[1] if last else pos
         base, mine = 0, out[index[0]]
@@ -200,6 +256,23 @@ class Engine:
                 base, mine = bounds[j], out[index[j]]
             mine.append((start - base, pid))
         return out
+
+    @staticmethod
+    def _split_steps(found: list, bounds: list[int], index: list[int], out: list, end: int) -> None:
+        """The batch's step lines (offsets into the joined chunks, sorted) to their chunks'
+        ``ScanHits.steps``, offsets made the chunk's own."""
+        for k in index:
+            out[k].steps = []
+        j, last = 0, len(bounds) - 1
+        upper = bounds[1] if last else end
+        mine = out[index[0]].steps
+        for start, pid, match in found:
+            if start >= upper:
+                while start >= upper:
+                    j += 1
+                    upper = bounds[j + 1] if j < last else end
+                mine = out[index[j]].steps
+            mine.append((start - bounds[j], pid, match))
 
     def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
              sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> list[Finding]:
@@ -214,8 +287,9 @@ class Engine:
                 the last line with one before it in ``data``, plus ``sim_step`` seconds per line
                 between them; with none before it, ``time`` plus ``sim_step`` per line from the
                 chunk's start. 0 gives every such line ``time`` (live: the time it was read).
-            hits: ``data``'s hits from ``scan_many`` (one scan for many origins); None: scan here.
-                Ignored (scanned again) when a block of ``origin`` was carried over.
+            hits: ``data``'s hits from ``scan_many`` (one scan for many origins, its step lines
+                with them); None: scan here. Ignored (scanned again) when a block of ``origin``
+                was carried over.
 
         Returns:
             The findings, in input order.
@@ -224,7 +298,6 @@ class Engine:
         if b"\x1b" in data:
             data = _ANSI_BYTES.sub(b"", data)
         now = time
-        self._ranked = {}                            # rank -> origin.with_rank(rank), for this feed
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
         self._stamped = (0, None)                   # the last stamp search of this feed
@@ -237,12 +310,17 @@ class Engine:
                 time = pending.base                 # line numbers now count from the carried data
         if not data:
             return []
+        steps = None
         if hits is None or pending is not None:
             hits = self.matcher.scan(data)
+        else:
+            steps = getattr(hits, "steps", None)
+        self._year = self.year or fields.year_of(time)
         if not hits:
             self._count(data, len(data))
-            return []
-        self._year = self.year or fields.year_of(time)
+            if self.steps is None or steps == []:
+                return []
+            return self._steps(origin, data, len(data), consumed, time, sim_step, steps)
         by_line: dict[int, set[int]] = {}
         for start, pid in hits:
             by_line.setdefault(start, set()).add(pid)
@@ -254,11 +332,6 @@ class Engine:
             if start in consumed:
                 continue
             ids = by_line[start]
-            if self._step_ids and not ids.isdisjoint(self._step_ids):
-                findings += self._step(origin, data, start, ids, time, sim_step)
-                ids = ids.difference(self._step_ids)
-                if not ids:
-                    continue
             if ids & self._block_ids and self._starts_block(data, start):
                 block = self._collect_block(data, start, origin, final)
                 if block is None:                      # open block: carry it over
@@ -291,34 +364,30 @@ class Engine:
             if finding is not None:
                 findings.append(finding)
         self._count(data, end_of_work)
+        if self.steps is not None and steps != []:
+            findings += self._steps(origin, data, end_of_work, consumed, time, sim_step, steps)
         self.stats.findings += len(findings)
         return findings
 
-    def carries(self, origin: Origin) -> bool:
-        """Whether an open block of ``origin`` is carried over to its next :meth:`feed`."""
-        return bool(self._pending) and origin in self._pending
+    def _steps(self, origin: Origin, data: bytes, end: int, consumed: set[int], time: float,
+               sim_step: float, found: list | None = None) -> list[Finding]:
+        """Hand the chunk to the step tap: its step lines before ``end`` that no block took (a
+        step line may also hit rules: those were judged above). Its findings come after the
+        chunk's others. A line's time, only where the tap asks (``_LineClock``)."""
+        return self.steps.take_chunk(origin, data, end, consumed, _LineClock(self, data, time, sim_step),
+                                     self.next_seq, found)
 
-    def passed(self, data: bytes) -> None:
-        """Count a chunk that :meth:`scan_many` found no hit in, of an origin that carries no open
-        block, without feeding it: all that :meth:`feed` would do with it (``watch``: a batch's
-        quiet origins, ``IncidentDesk.output_many``)."""
+    def count_if_quiet(self, origin: Origin, data: bytes, hits: list[tuple[int, int]] | None) -> bool:
+        """Count ``data`` and return True when :meth:`feed` of it with ``hits`` (from
+        :meth:`scan_many`) would only count it: no rule hit, no step line, no open block of
+        ``origin`` carried over (``watch``: a batch's quiet origins, ``IncidentDesk.output_many``).
+        Else False, and nothing is done: feed it."""
+        if hits is None or hits or (self.steps is not None and getattr(hits, "steps", None) != []) or (
+                self._pending and origin in self._pending):
+            return False
         self.stats.bytes += len(data)
         self._count(data, len(data))
-
-    def _step(self, origin: Origin, data: bytes, start: int, ids: set[int], time: float,
-              sim_step: float) -> list[Finding]:
-        """Hand a step line to the tap (its own finding, if any; the line may also hit rules)."""
-        rank, text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
-        stamp = fields.parse_timestamp(text, self._year)
-        if stamp is None:
-            stamp = self._base_time(data, start, time, sim_step)
-        step_ids = self._step_ids
-        index = min(step_ids[i] for i in ids if i in step_ids) if len(ids) > 1 else step_ids[next(iter(ids))]
-        ranked = self._ranked.get(rank)
-        if ranked is None:
-            ranked = self._ranked[rank] = origin.with_rank(rank)
-        found = self.steps.observe(ranked, index, text, stamp, next(self._seq))
-        return [] if found is None else [found]
+        return True
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

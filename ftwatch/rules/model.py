@@ -6,7 +6,7 @@ Rule files (YAML, see ``ftwatch/rules/packs/``) are turned into these by ``ftwat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Container, Protocol
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 
@@ -67,14 +67,20 @@ class Rule:
 
 
 class StepTap(Protocol):
-    """Step lines the engine hands over (H3; ``ftwatch.rules.stragglers.StepTracker``).
+    """The chunks the engine hands over to find step lines in (H3; ``ftwatch.rules.stragglers.StepTracker``).
 
-    Attributes:
-        patterns: regexes in the matcher's subset; they join the engine's one database.
+    The tap finds its lines itself, in one pass over each chunk; its patterns are not in the
+    engine's database.
     """
 
-    patterns: tuple[str, ...]
+    def find(self, data: bytes) -> list:
+        """The step lines of ``data`` (complete lines), sorted by offset, to hand back to
+        ``take_chunk`` (``Engine.scan_many`` finds a whole batch's at once)."""
 
-    def observe(self, origin: Origin, index: int, text: str, time: float, seq: int) -> Finding | None:
-        """A line (rank prefix removed; ``origin`` has the rank) that hit pattern ``index``, at
-        ``time`` (epoch s): returns a finding (a straggler) or None."""
+    def take_chunk(self, origin: Origin, data: bytes, end: int, skip: Container[int],
+                   time_at: Callable[[int], float], next_seq: Callable[[], int],
+                   hits: list | None = None) -> list[Finding]:
+        """The step lines of ``data`` before offset ``end`` whose starts are not in ``skip`` (lines
+        blocks took); ``time_at(start)``: a line's time (epoch s), ``next_seq()``: a finding's
+        sequence number; ``hits``: ``find(data)`` when known. Returns the findings (stragglers),
+        at the latest by the chunk's end."""

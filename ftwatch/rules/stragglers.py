@@ -32,13 +32,22 @@ the job's slowdown) is reported again only after its slowdown fell below half wa
 (``1 + (factor - 1) / 2``) and rose past the factor again. The state of a job that printed no step
 line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
-Cost per step line (DESIGN.md "Speed on the hot path"): the line is matched once (its pattern's
-groups read once), and the statistics are kept sorted as they change: each rank's window, the
-job's ranks' medians and, per node, its ranks' medians and the nodes' medians live in sorted lists
-updated by bisection, so a rank's median and the median of the *other* ranks are read in O(1)
-and a step line costs O(log ranks), never a median over a window or a scan over all ranks. Only a
-rank already past ``factor`` (rare) builds the other ranks' list for the MAD test. The answers are
-exactly those of ``statistics.median`` over the same numbers (``ftwatch.rules.stepstats``).
+Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
+(``take_chunk``); ``ftwatch.rules.steplines`` finds their step lines in one compiled pass per
+pattern and the fields are read from the bytes of the match, so a step line costs its share of
+that pass, one dict of groups and two deque appends (O(1)). Its time is parsed only where it is
+needed: for a pattern without a duration (the time between step lines), and for the line a
+finding names. The verdict runs once per chunk, for the ranks that printed in it: each rank's
+median over its window (sorted once, ``window`` values), the job's ranks' medians and, per node,
+its ranks' medians and the nodes' medians kept in sorted lists by bisection, so the median of
+the *other* ranks is read in O(1) and never a scan over all ranks. Only a rank already past
+``factor`` (rare) builds the other ranks' list for the MAD test. The answers are exactly those
+of ``statistics.median`` over the same numbers (``ftwatch.rules.stepstats``). A finding comes at
+the end of the chunk that made the statistics cross (``observe``, one line, is a chunk of one).
+
+One module past 400 lines: the per-rank state (``_Rank``, ``_Job``), the chunk intake and the
+three verdicts share it; finding step lines and their patterns' forms live in
+``ftwatch.rules.steplines``, the sorted-list statistics in ``ftwatch.rules.stepstats``.
 
 What step lines can show: in synchronous data parallel training every rank waits for the slowest
 in each step's collective, so the time *between* step lines is the same on every rank; a
@@ -50,16 +59,20 @@ work).
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable, Container
 
 from ftwatch.bounded import BoundedDict
 from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.parsers import fields
+from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
 from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, replace_sorted, sorted_median,
                                      without)
 
@@ -69,67 +82,37 @@ SLOWDOWN_RULE_ID = "straggler.job_slowdown"
 SOURCE = "SPEC H3: per-rank step times from step lines (median / MAD)"
 DETECTOR_SOURCE = "Megatron-LM megatron/core/utils.py StragglerDetector.report (--log-straggler)"
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
-_NAMED = re.compile(r"\(\?P<\w+>")
-#: tqdm descriptions of a training bar: none (HF Trainer) or Lightning's "Epoch N".
-_TRAIN_DESC = re.compile(r"(?:Epoch \d+:?)?")
-#: "plain" hits that are not a training step (a checkpoint, the scheduler, evaluation, warm-up).
-#: Looked for before the match only: "step 100 loss 2.3 eval_loss 2.1" is a step line.
-_NOT_A_STEP = re.compile(r"(?i)checkpoint|\bsav(?:e|ed|ing)\b|schedul|\beval|valid|warm.?up|\bresum|\bload")
+
+#: Where a finding's line is: () -> (its text, rank prefix removed; its time, epoch s; a sequence number).
+LineOf = Callable[[], tuple[str, float, int]]
 
 
-#: A pattern's last group when it is one repeated character class (``(?:[0-9.]+)`` at the end).
-_TRAILING_REPEAT = re.compile(r"(\(\?:(?:\[[^\]\\]*\]|\\[dw]))\+\)$")
+#: Which groups of a step pattern hold what: (step group, total group, ((duration kind, group), ...)
+#: in ``step_seconds``'s order); 0: no such group.
+_Reader = tuple[int, int, tuple[tuple[str, int], ...]]
 
 
-_SPACE = re.compile(r"(?<!\\)\\s")
-
-
-def scan_form(regex: str, builtin: bool = False) -> str:
-    """The pattern for the engine's matcher: named groups made non-capturing (``(?P<x>`` -> ``(?:``),
-    and a last group of one repeated class matched once (``(?:[0-9.]+)$`` -> ``(?:[0-9.])``): a line
-    matches either both or neither, and the matcher, which reports every end of a match, calls
-    back once per step line instead of once per digit (Megatron's ``... (ms): 1234.5``).
-
-    ``builtin`` (the ``STEP_PATTERNS``, whose ``\\s`` all stand outside classes): ``\\s`` becomes
-    ``[^\\S\\n]``, the same on one line but never a newline, so the matcher needs no per-hit RE2
-    re-check of a match spanning two lines (``ftwatch.rules.matcher``)."""
-    form = _TRAILING_REPEAT.sub(r"\1)", _NAMED.sub("(?:", regex))
-    return _SPACE.sub(r"[^\\S\\n]", form) if builtin else form
-
-
-def step_seconds(match: re.Match | dict) -> float | None:
-    """The step duration a line states (``ms``, ``s``, ``its`` or ``sit`` group), else None;
-    takes the match or its ``groupdict()``."""
-    groups = match if isinstance(match, dict) else match.groupdict()
-    try:
-        if groups.get("ms"):
-            return float(groups["ms"]) / 1000.0
-        if groups.get("s"):
-            return float(groups["s"])
-        if groups.get("sit"):
-            return float(groups["sit"])
-        if groups.get("its"):
-            rate = float(groups["its"])
-            return 1.0 / rate if rate > 0 else None
-    except ValueError:
-        return None
-    return None
+def _reader(rx: re.Pattern) -> _Reader:
+    groups = rx.groupindex
+    return (groups.get("step", 0), groups.get("total", 0),
+            tuple((kind, groups[kind]) for kind in ("ms", "s", "sit", "its") if kind in groups))
 
 
 @dataclass
 class _Rank:
     samples: deque
-    ordered: list[float] = field(default_factory=list)    # ``samples``, sorted
-    recent: deque = field(default_factory=deque)          # the last ``min_steps`` samples
-    recent_ordered: list[float] = field(default_factory=list)
+    recent: deque                           # the last ``min_steps`` samples
     baseline: list[float] = field(default_factory=list)
     base_median: float | None = None        # of ``baseline``, once it is full
     seen: int = 0                           # step times taken
-    last: tuple[int, float] | None = None   # (step number, time)
+    #: (step number, time; None: not read yet, the line start gives it; a callable: read it then, line start)
+    last: tuple[int, float | Callable[[], float] | None, int] | None = None
     total: str | None = None                # the length of the rank's (first) progress bar
     median: float | None = None
     reported: bool = False
     node: str = ""
+    index: int = 0                          # the pattern of its last step time
+    ordered: list[float] | None = field(default_factory=list)   # ``samples`` sorted; None: to sort again
 
 
 @dataclass
@@ -162,6 +145,12 @@ class _Job:
         replace_sorted(self.node_medians, node_old, node_new)
 
 
+def _text_at(data: bytes, start: int) -> str:
+    """The text of the line of ``data`` starting at ``start``, cleaned, rank prefix removed."""
+    stop = data.find(b"\n", start)
+    return fields.split_rank_prefix(fields.clean(data[start:] if stop < 0 else data[start:stop]))[1]
+
+
 class StepTracker:
     """Per-rank step times and straggler / slowdown findings; an engine tap (``Engine(..., steps=tracker)``).
 
@@ -172,7 +161,8 @@ class StepTracker:
         max_ranks: ranks kept per job (``limits.max_instances_per_job``): one more forgets the stalest.
 
     Attributes:
-        patterns: the scan forms of the step patterns, for the engine's matcher.
+        patterns: the scan forms of the step patterns (what ``ftwatch check`` validates).
+        lines: the chunk pass that finds step lines (``ftwatch.rules.steplines``).
     """
 
     def __init__(self, config: StragglerConfig, clock: Clock | None = None, max_ranks: int = MAX_INSTANCES_PER_JOB):
@@ -183,6 +173,9 @@ class StepTracker:
         self.regexes = [re.compile(STEP_PATTERNS.get(p, p)) for p in config.patterns]
         self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern, builtin=name in STEP_PATTERNS)
                                                for name, rx in zip(self.names, self.regexes))
+        self.lines = StepLines(self.names)
+        self._readers = [_reader(rx) for rx in self.regexes]            # for the text of a line
+        self._byte_readers = [_reader(rx) for rx in self.lines.regexes]  # for a match in a chunk
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
         self._recent_len = min(config.min_steps, config.window)   # the slowdown's recent window
         self.reset()
@@ -197,14 +190,150 @@ class StepTracker:
         """(job, instance) of the ranks reported and not yet recovered."""
         return {(j, i) for j, job in self.jobs.items() for i, r in job.ranks.items() if r.reported}
 
+    def said(self, finding: Finding) -> None:
+        """Called with each finding as it is made (a hook: ``SayingStepTracker`` prints it)."""
+
     def observe(self, origin: Origin, index: int, text: str, time: float, seq: int = 0) -> Finding | None:
         """Take one step line that hit pattern ``index`` (rank prefix removed; ``origin`` carries
         the rank); ``time`` is the line's time (epoch s). A line may hold several ``\\r``-separated
-        progress-bar updates: the last one counts. Returns a finding or None."""
+        progress-bar updates: the last one counts. A chunk of one line: its verdict follows at once.
+        Returns a finding or None."""
         now = self.clock.time()
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
-        match = self._last_match(index, text)     # the pattern that hit first, then each in order
+        job = self._job(origin, now)
+        line: LineOf = lambda: (text, time, seq)  # noqa: E731
+        found, rank, took = self._read(job, origin, index, text, 0, lambda _start: time, line)
+        if rank is not None and rank.last is not None and rank.last[1] is None:
+            rank.last = (rank.last[0], time, -1)
+        if found is None and took:
+            found = next(iter(self._verdicts(job, [(origin, rank)], {origin.instance: line})), None)
+        if found is not None:
+            self.said(found)
+        return found
+
+    def find(self, data: bytes) -> list[StepHit]:
+        """The step lines of ``data`` (complete lines, ANSI removed), for ``take_chunk``'s ``hits``:
+        ``watch`` finds those of a whole batch of origins in one pass."""
+        return self.lines.find(data, len(data))
+
+    def take_chunk(self, origin: Origin, data: bytes, end: int, skip: Container[int],
+                   time_at: Callable[[int], float], next_seq: Callable[[], int],
+                   hits: list[StepHit] | None = None) -> list[Finding]:
+        """The step lines of one chunk of one origin, and the verdicts for the ranks that printed.
+
+        Args:
+            origin: the chunk's stream (a rank prefix in a line gives the line's rank).
+            data: complete lines, ANSI escapes removed.
+            end: the lines to take end here (the rest is carried to the next chunk).
+            skip: line starts to leave (lines a block took).
+            time_at: the time (epoch s) of the line starting at an offset; called only for lines
+                whose pattern states no duration and for the lines findings name. Its optional
+                ``later(start)`` gives a callable reading that time after the chunk, when needed.
+            next_seq: a sequence number for a finding.
+            hits: ``find(data)``, where the caller found them already (None: found here).
+
+        Returns:
+            The findings: Megatron straggler reports where their lines are, then, once for the
+            chunk, the straggler / slowdown verdicts of the ranks that took step times in it.
+        """
+        if hits is None:
+            hits = self.lines.find(data, end, skip)
+        elif skip or end < len(data):
+            hits = [h for h in hits if h[0] < end and h[0] not in skip]
+        if not hits:
+            return []
+        now = self.clock.time()
+        if now - self._swept >= SWEEP_EVERY:
+            self._sweep(now)
+        out: list[Finding] = []
+        took_at: dict[tuple[str, str], tuple[Origin, _Rank, int]] = {}   # rank -> its last step time's line
+        stepped: dict[int, _Rank] = {}                 # ranks whose last step line is in this chunk
+        prefix = fields.rank_prefix_at
+        take, readers = self._take, self._byte_readers
+        by_rank: dict[int | None, list[StepHit]] = {}
+        last_hit = len(hits) - 1
+        for k, hit in enumerate(hits):
+            if k < last_hit and hits[k + 1][0] == hit[0]:
+                continue                               # a line's last match counts
+            rank_no = prefix(data, hit[0])[0]
+            mine = by_rank.get(rank_no)
+            if mine is None:
+                mine = by_rank[rank_no] = []
+            mine.append(hit)
+        for rank_no, mine in by_rank.items():          # ranks are independent: each in its lines' order
+            who = origin.with_rank(rank_no)
+            job = self._job(who, now)
+            for _, run in itertools.groupby(mine, key=lambda hit: hit[1] if hit[2] is not None else -1):
+                run = list(run)                        # consecutive lines of one pattern: at once if it can
+                if len(run) > 1 and self._take_all(job, who, run):
+                    rank = job.ranks[who.instance]
+                    took_at[who.job, who.instance] = (who, rank, run[-1][0])
+                    stepped[id(rank)] = rank
+                    continue
+                for start, index, match in run:
+                    if match is None:                  # a custom pattern, Megatron's report: read the text
+                        text = _text_at(data, start)
+                        found, rank, took = self._read(job, who, index, text, start, time_at,
+                                                       lambda s=start, t=text: (t, time_at(s), next_seq()))
+                        if found is not None:
+                            out.append(found)
+                            self.said(found)
+                        if rank is None:
+                            continue
+                    else:
+                        rank, took = take(job, who, index, match, readers[index], start, time_at)
+                    if took:
+                        took_at[who.job, who.instance] = (who, rank, start)
+                    last = rank.last
+                    if last is not None and last[1] is None:
+                        stepped[id(rank)] = rank
+        for rank in stepped.values():                  # offsets mean nothing after this chunk
+            if rank.last is not None and rank.last[1] is None:   # read when a later line needs it
+                later = getattr(time_at, "later", None)
+                rank.last = (rank.last[0], later(rank.last[2]) if later else time_at(rank.last[2]), -1)
+
+        def line_of(start: int) -> LineOf:
+            return lambda: (_text_at(data, start), time_at(start), next_seq())
+        by_job: dict[str, list[tuple[Origin, _Rank]]] = {}
+        lines: dict[str, LineOf] = {}
+        for who, rank, start in took_at.values():
+            by_job.setdefault(who.job, []).append((who, rank))
+            lines[who.instance] = line_of(start)
+        for job_name, members in by_job.items():
+            job = self.jobs.get(job_name)
+            for found in self._verdicts(job, members, lines) if job is not None else ():
+                out.append(found)
+                self.said(found)
+        return out
+
+    # -- per-rank step times ------------------------------------------------------------------
+
+    def _job(self, origin: Origin, now: float) -> _Job:
+        job = self.jobs.get(origin.job)
+        if job is None:
+            job = self.jobs[origin.job] = _Job()
+            job.ranks = BoundedDict(self.max_ranks, "straggler_rank", on_evict=lambda _, r: job.set_median(r, None))
+        job.touched = now
+        return job
+
+    def _rank(self, job: _Job, origin: Origin) -> _Rank:
+        """The rank of ``origin`` in ``job`` (made on its first step time; the stalest one past
+        ``max_ranks`` is forgotten)."""
+        rank = job.ranks.get(origin.instance)
+        if rank is None:
+            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=self.config.window), deque(maxlen=self._recent_len),
+                                                      node=origin.node or "")
+        else:
+            job.ranks.touch(origin.instance)
+        return rank
+
+    def _read(self, job: _Job, origin: Origin, index: int, text: str, start: int,
+              time_at: Callable[[int], float], line: LineOf) -> tuple[Finding | None, _Rank | None, bool]:
+        """One step line's text read by the patterns themselves (the first that hit, then each in
+        order): a Megatron straggler report is judged at once; a step time is taken (no verdict).
+        Returns (a finding, the rank the line is about, whether it took a step time)."""
+        match = self._last_match(index, text)
         if match is None:
             for i in range(len(self.regexes)):
                 match = None if i == index else self._last_match(i, text)
@@ -212,64 +341,141 @@ class StepTracker:
                     index = i
                     break
         if match is None:
-            return None
-        job = self.jobs.get(origin.job)
-        if job is None:
-            job = self.jobs[origin.job] = _Job()
-            job.ranks = BoundedDict(self.max_ranks, "straggler_rank", on_evict=lambda _, r: job.set_median(r, None))
-        job.touched = now
-        groups = match.groupdict()
-        if groups.get("max_rank") is not None:
-            return self._detector(job, origin, match, text, time, seq)
-        return self._step(job, origin, index, groups, text, time, seq)
-
-    # -- per-rank step times ------------------------------------------------------------------
+            return None, None, False
+        if "max_rank" in match.re.groupindex and match.group("max_rank") is not None:
+            text_, time, seq = line()
+            return self._detector(job, origin, match, text_, time, seq), None, False
+        rank, took = self._take(job, origin, index, match, self._readers[index], start, time_at)
+        return None, rank, took
 
     def _last_match(self, i: int, text: str) -> re.Match | None:
         """The last match of pattern ``i`` in ``text`` that its veto lets pass, or None."""
         found = list(self.regexes[i].finditer(text))
         if found and self._vetoed[i]:
-            found = [m for m in found if self._accepts(self.names[i], text, m)]
+            found = [m for m in found if accepts(self.names[i], text, m)]
         return found[-1] if found else None
 
     def _accepts(self, name: str, text: str, match: re.Match) -> bool:
-        if name in ("tqdm_its", "tqdm_sit"):
-            segment = text[: match.start()].rsplit("\r", 1)[-1].rsplit("\n", 1)[-1]
-            return _TRAIN_DESC.fullmatch(segment.strip()) is not None
-        if name == "plain":
-            return _NOT_A_STEP.search(text, 0, match.start()) is None
+        """The veto of pattern ``name`` (``steplines.accepts``)."""
+        return accepts(name, text, match)
+
+    def _take_all(self, job: _Job, origin: Origin, hits: list[StepHit]) -> bool:
+        """Consecutive step lines of a rank, all of one built-in pattern (matched on bytes), at
+        once where that pattern states a duration and no bar length (Megatron, Lightning's rich bar): the step
+        times converted in one comprehension and appended in one ``extend``; the same state as
+        ``_take`` line by line. False (nothing taken) where that does not hold."""
+        index = hits[0][1]
+        step_group, total_group, durations = self._byte_readers[index]
+        if total_group or len(durations) != 1 or hits[0][2] is None:
+            return False
+        kind, group = durations[0]
+        try:
+            numbers = [float(h[2].group(group)) for h in hits]
+        except ValueError:
+            return False
+        if kind == "ms":
+            seconds = [n / 1000.0 for n in numbers]
+        elif kind == "its":
+            if min(numbers) <= 0:
+                return False
+            seconds = [1.0 / n for n in numbers]
+        else:
+            seconds = numbers
+        cfg = self.config
+        rank = self._rank(job, origin)
+        rank.samples.extend(seconds)
+        rank.ordered = None                                # sorted once, at the verdict
+        rank.recent.extend(seconds)
+        rank.seen += len(seconds)
+        rank.index = index
+        if step_group:
+            rank.last = (int(hits[-1][2].group(step_group)), None, hits[-1][0])
+        need = cfg.min_steps - len(rank.baseline)
+        if need > 0:
+            rank.baseline.extend(seconds[:need])
+            if len(rank.baseline) == cfg.min_steps:
+                rank.base_median = statistics.median(rank.baseline)
         return True
 
-    def _step(self, job: _Job, origin: Origin, index: int, groups: dict, text: str, time: float,
-              seq: int) -> Finding | None:
+    def _take(self, job: _Job, origin: Origin, index: int, match: re.Match, reader: _Reader, start: int,
+              time_at: Callable[[int], float]) -> tuple[_Rank, bool]:
+        """A step line's match (on str or bytes) into its rank's windows: O(1), no verdict.
+        The line's time is read (``time_at(start)``) only when its pattern states no duration.
+        Returns (the rank, whether a step time was taken)."""
         cfg = self.config
-        rank = job.ranks.get(origin.instance)
-        if rank is None:
-            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=cfg.window), node=origin.node or "")
-        else:
-            job.ranks.touch(origin.instance)
-        total = groups.get("total")
+        rank = self._rank(job, origin)
+        step_group, total_group, durations = reader
+        total = match.group(total_group) if total_group else None
         if total is not None:
+            if isinstance(total, bytes):
+                total = total.decode()
             if rank.total is None:
                 rank.total = total
             elif total != rank.total:          # another bar (HF's evaluation bar): not a training step
-                return None
-        seconds = step_seconds(groups)
-        if groups.get("step") is not None:
-            step_no = int(groups["step"])
+                return rank, False
+        seconds = None
+        for kind, group in durations:              # step_seconds, without a dict
+            value = match.group(group)
+            if value:
+                try:
+                    number = float(value)
+                except ValueError:
+                    break
+                seconds = number / 1000.0 if kind == "ms" else number if kind != "its" else \
+                    1.0 / number if number > 0 else None
+                break
+        step = match.group(step_group) if step_group else None
+        if step is not None:
+            step_no = int(step)
             prev = rank.last
-            rank.last = (step_no, time)
-            if seconds is None and prev is not None and step_no > prev[0] and time >= prev[1]:
-                seconds = (time - prev[1]) / (step_no - prev[0])
+            if seconds is None and prev is not None and step_no > prev[0]:
+                before = prev[1] if prev[1] is not None else time_at(prev[2])
+                if callable(before):
+                    before = before()
+                time = time_at(start)
+                rank.last = (step_no, time, start)
+                if time >= before:
+                    seconds = (time - before) / (step_no - prev[0])
+            else:
+                rank.last = (step_no, None, start)
         if seconds is None:
-            return None
-        self._take(rank, seconds)
-        if len(rank.samples) < cfg.min_steps:
-            return None
-        job.set_median(rank, sorted_median(rank.ordered))
+            return rank, False
+        ordered, samples = rank.ordered, rank.samples
+        if ordered is not None:                            # kept sorted line by line: O(log window)
+            if len(samples) == samples.maxlen:
+                del ordered[bisect.bisect_left(ordered, samples[0])]
+            bisect.insort(ordered, seconds)
+        samples.append(seconds)
+        rank.recent.append(seconds)
+        rank.seen += 1
+        rank.index = index
+        if len(rank.baseline) < cfg.min_steps:
+            rank.baseline.append(seconds)
+            if len(rank.baseline) == cfg.min_steps:
+                rank.base_median = statistics.median(rank.baseline)
+        return rank, True
+
+    def _verdicts(self, job: _Job, members: list[tuple[Origin, _Rank]], lines: dict[str, LineOf]
+                  ) -> list[Finding]:
+        """The verdicts for the ranks of ``job`` that took step times: their medians first, then
+        each rank against the others (and its node against the other nodes, or the one printing
+        rank against its own baseline)."""
+        cfg = self.config
+        members = [(who, rank) for who, rank in members if job.ranks.get(who.instance) is rank]  # not forgotten
+        for _, rank in members:
+            if len(rank.samples) >= cfg.min_steps:
+                if rank.ordered is None:
+                    rank.ordered = sorted(rank.samples)
+                job.set_median(rank, sorted_median(rank.ordered))
+        found = [self._judge(job, who, rank, lines[who.instance]) for who, rank in members
+                 if len(rank.samples) >= cfg.min_steps]
+        return [f for f in found if f is not None]
+
+    def _judge(self, job: _Job, origin: Origin, rank: _Rank, line: LineOf) -> Finding | None:
+        cfg = self.config
         ref = median_without(job.medians, rank.median)
         if ref is None:
-            return self._slowdown(job, origin, rank, text, time, seq, index)
+            return self._slowdown(job, origin, rank, line)
         slowdown = rank.median / ref if ref > 0 else float("inf") if rank.median > 0 else 1.0
         others: list[float] | None = None
         slow = False
@@ -277,7 +483,7 @@ class StepTracker:
             others = without(job.medians, rank.median)
             slow, slowdown = is_straggler(rank.median, others, cfg.factor)
         if not slow and not rank.reported:
-            found = self._node(job, origin, rank, text, time, seq, index)
+            found = self._node(job, origin, rank, line)
             if found is not None:
                 return found
         if rank.reported:
@@ -287,17 +493,17 @@ class StepTracker:
         if not slow:
             return None
         rank.reported = True
+        text, time, seq = line()
         who = f"rank {origin.rank}" if origin.rank is not None else origin.instance
-        line = (f"{who} is a straggler: median step time {rank.median:.3f} s over its last {len(rank.samples)} "
-                f"step lines, {slowdown:.1f}x the other ranks' {ref:.3f} s")
+        msg = (f"{who} is a straggler: median step time {rank.median:.3f} s over its last {len(rank.samples)} "
+               f"step lines, {slowdown:.1f}x the other ranks' {ref:.3f} s")
         return Finding(RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING, origin,
-                       line, time, seq, (text,),
+                       msg, time, seq, (text,),
                        {"slowdown": round(slowdown, 2), "step_time_s": round(rank.median, 4),
                         "others_step_time_s": round(ref, 4), "step_lines": len(rank.samples),
-                        "ranks_compared": len(others) + 1, "pattern": self.names[index]}, SOURCE)
+                        "ranks_compared": len(others) + 1, "pattern": self.names[rank.index]}, SOURCE)
 
-    def _node(self, job: _Job, origin: Origin, rank: _Rank, text: str, time: float, seq: int,
-              index: int) -> Finding | None:
+    def _node(self, job: _Job, origin: Origin, rank: _Rank, line: LineOf) -> Finding | None:
         """Nodes vs nodes (each node's median of its ranks' medians), where ranks come from 2+ nodes:
         finds a slow node that carries most of the job's ranks, which rank vs ranks cannot."""
         cfg = self.config
@@ -319,23 +525,23 @@ class StepTracker:
         if not slow:
             return None
         job.nodes_reported.add(rank.node)
-        line = (f"node {rank.node} is a straggler: the median step time of its {len(per_node[rank.node])} ranks "
-                f"is {medians[rank.node]:.3f} s, {slowdown:.1f}x the other nodes' {ref:.3f} s")
+        text, time, seq = line()
+        msg = (f"node {rank.node} is a straggler: the median step time of its {len(per_node[rank.node])} ranks "
+               f"is {medians[rank.node]:.3f} s, {slowdown:.1f}x the other nodes' {ref:.3f} s")
         return Finding(RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
                        Origin(f"node {rank.node}", None, origin.job, rank.node, origin.stream, origin.source),
-                       line, time, seq, (text,),
+                       msg, time, seq, (text,),
                        {"slowdown": round(slowdown, 2), "step_time_s": round(medians[rank.node], 4),
                         "others_step_time_s": round(ref, 4), "node_ranks": len(per_node[rank.node]),
-                        "nodes_compared": len(per_node), "pattern": self.names[index]}, SOURCE)
+                        "nodes_compared": len(per_node), "pattern": self.names[rank.index]}, SOURCE)
 
-    def _slowdown(self, job: _Job, origin: Origin, rank: _Rank, text: str, time: float, seq: int,
-                  index: int) -> Finding | None:
+    def _slowdown(self, job: _Job, origin: Origin, rank: _Rank, line: LineOf) -> Finding | None:
         """The one reporting rank against its own baseline (module docstring, ``slowdown``)."""
         cfg = self.config
         if rank.seen < 2 * cfg.min_steps:
             return None
         base = rank.base_median
-        recent = sorted_median(rank.recent_ordered)
+        recent = statistics.median(rank.recent)
         rise = recent / base if base > 0 else 1.0
         if job.slowdown_reported:
             if rise < rearm_level(cfg.slowdown_factor):
@@ -344,35 +550,16 @@ class StepTracker:
         if rise < cfg.slowdown_factor:
             return None
         job.slowdown_reported = True
-        line = (f"job {origin.job} step time rose {rise:.1f}x: median {recent:.3f} s over the last "
-                f"{cfg.min_steps} step lines vs {base:.3f} s over the first {cfg.min_steps} (one rank prints "
-                f"step times, so this is the job's pace, not a rank straggler)")
+        text, time, seq = line()
+        msg = (f"job {origin.job} step time rose {rise:.1f}x: median {recent:.3f} s over the last "
+               f"{cfg.min_steps} step lines vs {base:.3f} s over the first {cfg.min_steps} (one rank prints "
+               f"step times, so this is the job's pace, not a rank straggler)")
         return Finding(SLOWDOWN_RULE_ID, "slowdown", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
                        Origin(origin.instance, None, origin.job, origin.node, origin.stream, origin.source),
-                       line, time, seq, (text,),
+                       msg, time, seq, (text,),
                        {"slowdown": round(rise, 2), "step_time_s": round(recent, 4),
                         "baseline_step_time_s": round(base, 4), "step_lines": cfg.min_steps,
-                        "reporting_rank": origin.rank, "pattern": self.names[index]}, SOURCE)
-
-    def _take(self, rank: _Rank, seconds: float) -> None:
-        """One step time into the rank's window, its recent window and, while it fills, its
-        baseline; the sorted copies follow (O(log window) search, O(window) memmove)."""
-        cfg = self.config
-        samples = rank.samples
-        if len(samples) == samples.maxlen:
-            del rank.ordered[bisect.bisect_left(rank.ordered, samples[0])]
-        samples.append(seconds)
-        bisect.insort(rank.ordered, seconds)
-        recent = rank.recent
-        if len(recent) == self._recent_len:
-            del rank.recent_ordered[bisect.bisect_left(rank.recent_ordered, recent.popleft())]
-        recent.append(seconds)
-        bisect.insort(rank.recent_ordered, seconds)
-        rank.seen += 1
-        if len(rank.baseline) < cfg.min_steps:
-            rank.baseline.append(seconds)
-            if len(rank.baseline) == cfg.min_steps:
-                rank.base_median = statistics.median(rank.baseline)
+                        "reporting_rank": origin.rank, "pattern": self.names[rank.index]}, SOURCE)
 
     # -- Megatron's straggler detector -------------------------------------------------------
 

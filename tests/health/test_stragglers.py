@@ -425,3 +425,122 @@ def test_builtin_scan_forms_hit_once_per_line_and_need_no_recheck():
     calls = []
     megatron._db.scan(lines[0].encode(), match_event_handler=lambda *a: calls.append(a), scratch=megatron._scratch)
     assert len(calls) == 1
+
+
+# -- the batch tap: one pass per chunk, verdicts at the chunk's end (issue 16 item 1) -------------
+
+def _chunk_pattern(line: str) -> str | None:
+    """The pattern the chunk pass gives ``line`` (behind a rank prefix, between other lines)."""
+    tracker = StepTracker(StragglerConfig(min_steps=3))
+    data = f"noise before\n[rank1]: {line}\nnoise after\n".encode()
+    hits = tracker.lines.find(data, len(data))
+    assert len({start for start, _, _ in hits}) <= 1
+    return tracker.names[hits[-1][1]] if hits else None
+
+
+@pytest.mark.parametrize("line", [
+    " [2026-11-21 09:00:01] iteration       10/     100 | consumed samples:          640 | elapsed time per "
+    "iteration (ms): 1234.5 | learning rate: 1.000000E-04 |",
+    "[2024-03-14 23:07:56] | MnRtt/Rnk: 3453.08ms/8 | MxRtt/Rnk: 3468.20ms/0 | MnPwr/Rnk: 601796W/8 |",
+    "[2026-11-21 09:00:01,123] [INFO] [logging.py:96:log_dist] [Rank 0] step=10, skipped=0, lr=[0.0001]",
+    " 45%|████▌     | 45/100 [00:10<00:12,  4.50it/s]", "\r  3%|▎         | 3/100 [00:04<02:26,  1.52s/it]",
+    "Epoch 0:  45%|████▌     | 45/100 [00:10<00:12,  4.50it/s, v_num=0, train_loss=0.512]",
+    "Epoch 0/9  ━━━━━━━━━━━━━━━━━━━━━━━━━ 45/100 0:00:10 • 0:00:12 4.50it/s v_num: 0 train_loss: 0.512",
+    "step 12/30 loss 0.43", "Step: 12 | loss 0.43", "global_step=12 loss=0.43", "Step:\t12",
+    "step 500: train loss 4.0, val loss 4.1, eval_loss 4.2",
+    "[2026-11-21 09:00:01] epoch=0/micro_step=10/global_step=10, RunningAvgSamplesPerSec=101.2",
+    "Saving checkpoint at step 100", "lr scheduler step 3", "warmup step 3 of 100", "stepped into the loop",
+    "Loading checkpoint shards:  50%|█████     | 1/2 [00:03<00:03,  3.21s/it]",
+    "Validation DataLoader 0:  45%|████▌     | 5/11 [00:01<00:01,  4.50it/s]",
+    "Validation DataLoader 0 ━━━━━━━━━━━━━━━━━━━━━━━ 5/11 0:00:01 • 0:00:01 4.50it/s",
+    "Map: 100%|██████████| 1000/1000 [00:00<00:00, 9914.64 examples/s]", "nothing here", "xstep=3, skipped=0",
+])
+def test_the_chunk_pass_takes_what_the_per_line_patterns_take(line):
+    """The bytes forms (heads behind their first literal, the vetoes on bytes, a rank prefix before
+    the line) give each line the pattern the per-line regexes give it."""
+    assert _chunk_pattern(line) == pattern_of(line)
+
+
+@given(st.text(st.sampled_from("[]:0123 rankdefault_-1x"), max_size=30))
+@settings(max_examples=300, deadline=None)
+def test_rank_prefix_at_is_split_rank_prefix_on_bytes(text):
+    from ftwatch.parsers.fields import rank_prefix_at, split_rank_prefix
+    rank, end = rank_prefix_at(text.encode(), 0)
+    assert (rank, text[end:]) == split_rank_prefix(text)
+
+
+MEGATRON = ("[rank{r}]: [2026-11-21 09:00:{s:02d}] iteration {n:8d}/     100 | consumed samples: 64 | "
+            "elapsed time per iteration (ms): {ms:.1f} | lm loss: 7.1E+00 |\n")
+
+
+def test_a_chunk_of_many_ranks_step_lines_gives_the_straggler_by_its_end(rules):
+    """One chunk holding every rank's step lines: the verdict runs once, at the chunk's end, and
+    names the same rank, ratio and window as line-by-line feeding; the finding's line and time
+    are the straggler's last step line of the chunk, after the chunk's other findings."""
+    chunk = "".join(MEGATRON.format(r=r, s=n, n=n, ms=3000.0 if r == 2 else 1000.0)
+                    for n in range(1, 9) for r in range(4)).encode()
+    origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+    batch = engine_with(rules).feed(origin, chunk, 100.0)
+    single = engine_with(rules)
+    by_line = [f for line in chunk.splitlines(keepends=True) for f in single.feed(origin, line, 100.0)]
+    assert [(f.rank, f.fields["slowdown"], f.fields["step_lines"]) for f in batch] == [(2, 3.0, 8)]
+    assert [(f.rank, f.fields["slowdown"]) for f in by_line] == [(2, 3.0)]
+    assert by_line[0].fields["step_lines"] == 5                       # per line: at the 5th (min_steps)
+    assert "iteration        8/" in batch[0].evidence[0]             # the rank's last step line in the chunk
+    assert batch[0].time == 1795251608.0                                # its own stamp, 2026-11-21 09:00:08
+
+
+def test_step_lines_that_state_their_duration_parse_no_timestamp(rules, monkeypatch):
+    """Timestamps parsed only when needed: Megatron lines carry their step time; with no finding
+    to date, the chunk's step lines parse no stamp but the ranks' last lines (one per rank)."""
+    from ftwatch.parsers import fields as fields_mod
+    calls = []
+    real = fields_mod.parse_timestamp
+    monkeypatch.setattr(fields_mod, "parse_timestamp", lambda *a: calls.append(a[0]) or real(*a))
+    chunk = "".join(MEGATRON.format(r=r, s=n, n=n, ms=1000.0) for n in range(1, 30) for r in range(4)).encode()
+    assert engine_with(rules).feed(Origin("combined", None, "job1", "n", "stdout", "replay"), chunk, 100.0) == []
+    assert len(calls) <= 4
+
+
+def test_step_lines_after_an_open_block_are_taken_once(rules):
+    """A traceback still open at a chunk's end is carried with the lines after it: another rank's
+    step line there is taken with the next chunk, once, at the carried part's time."""
+    tracker = StepTracker(StragglerConfig(min_steps=5))
+    engine = Engine(rules, steps=tracker)
+    origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+    engine.feed(origin, b"[rank0]: Traceback (most recent call last):\n[rank1]: step 1 loss 0.5\n", 10.0)
+    assert "job1" not in tracker.jobs                          # carried, not taken yet
+    engine.feed(origin, b"[rank1]: step 2 loss 0.5\n[rank0]: ValueError: boom\n[rank1]: step 3 loss 0.5\n", 20.0)
+    assert list(tracker.jobs["job1"].ranks["rank1"].samples) == [10.0, 0.0]   # 10 s -> 20 s -> 20 s
+
+
+def test_engines_with_other_taps_share_one_database(rules):
+    """The step patterns are not in the engine's database: any tap can share it (``like``)."""
+    first = Engine(rules)
+    second = Engine(rules, steps=StepTracker(StragglerConfig()), like=first)
+    assert second.matcher is first.matcher
+    found = feed_steps(second, {0: 0.1, 1: 0.1, 2: 0.3, 3: 0.1}, steps=12)
+    assert [f.rank for f in found if f.kind == "straggler"] == [2]
+
+
+def test_the_saying_tracker_tells_each_finding_of_a_chunk(rules):
+    """``ftwatch run``'s tracker prints each straggler it finds, also those found for a whole chunk."""
+    from ftwatch.health.runhook import SayingStepTracker
+    said: list[str] = []
+    engine = Engine(rules, steps=SayingStepTracker(StragglerConfig(min_steps=5), said.append))
+    chunk = "".join(MEGATRON.format(r=r, s=n, n=n, ms=3000.0 if r == 2 else 1000.0)
+                    for n in range(1, 9) for r in range(4)).encode()
+    found = engine.feed(Origin("combined", None, "job1", "n", "stdout", "replay"), chunk, 100.0)
+    assert [f.rank for f in found] == [2] and said == [f"ftwatch: straggler: {found[0].line}"]
+
+
+def test_a_rank_forgotten_within_a_chunk_leaves_no_median_behind(rules):
+    """More ranks in one chunk than ``max_ranks``: the stalest is forgotten while the chunk is
+    taken, and the chunk's verdicts do not put its median back (the job's lists hold kept ranks only)."""
+    tracker = StepTracker(StragglerConfig(min_steps=5), max_ranks=2)
+    engine = Engine(rules, steps=tracker)
+    chunk = "".join(MEGATRON.format(r=r, s=n, n=n, ms=1000.0 + r) for r in range(3) for n in range(1, 9)).encode()
+    engine.feed(Origin("combined", None, "job1", "n", "stdout", "replay"), chunk, 100.0)
+    job = tracker.jobs["job1"]
+    assert sorted(job.ranks) == ["rank1", "rank2"]
+    assert sorted(job.medians) == sorted(r.median for r in job.ranks.values())

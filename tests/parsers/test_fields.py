@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -75,6 +76,21 @@ def test_clean_keeps_plain_text(text):
         ("[2026-11-21 09:36:03] iteration 10", None, "[2026-11-21 09:36:03] iteration 10"),
         ("[rank]: no digits", None, "[rank]: no digits"),
         ("", None, ""),
+        # Ray's driver reprints a task's or actor's output behind "(<name> pid=N[, ip=A]) ": no rank
+        ("(TaskRunner pid=467613) Traceback (most recent call last):", None,
+         "Traceback (most recent call last):"),
+        ('(TaskRunner pid=467613)   File "/home/verl/fsdp_workers.py", line 118, in __init__', None,
+         '  File "/home/verl/fsdp_workers.py", line 118, in __init__'),
+        ("(pid=45601) task", None, "task"),
+        ("(WorkerDict pid=480956, ip=10.0.0.2) [rank3]: RuntimeError: x", 3, "RuntimeError: x"),
+        ("(main_task pid=3) [default1]:step 1", 1, "step 1"),
+        # vLLM's worker processes use the same form (colour codes are gone after clean())
+        ("(VllmWorkerProcess pid=4242) ERROR 04-24 16:14:56 worker.py:99] x", None,
+         "ERROR 04-24 16:14:56 worker.py:99] x"),
+        ("(Worker_TP1 pid=77) EJ0001: Failed to initialize the HCCP process.", None,
+         "EJ0001: Failed to initialize the HCCP process."),
+        ("(not a prefix) pid=3 x", None, "(not a prefix) pid=3 x"),
+        ("(pid=abc) x", None, "(pid=abc) x"),
     ],
 )
 def test_split_rank_prefix(line, rank, rest):
@@ -96,7 +112,7 @@ def test_split_rank_prefix_never_loses_text_after_the_prefix(prefix, rest):
     if prefix.endswith(":") and rest.startswith(" "):
         rest = rest[1:]  # the one optional space belongs to the prefix
     assert rest.endswith(out)
-    if split_rank_prefix(rest)[0] is None:
+    if split_rank_prefix(rest) == (None, rest):      # no rank (nor Ray) prefix after this one
         assert out == rest
         assert rank == int("".join(c for c in prefix if c.isdigit()))
 
@@ -105,7 +121,20 @@ def test_split_rank_prefix_never_loses_text_after_the_prefix(prefix, rest):
 def test_split_rank_prefix_returns_a_suffix(text):
     rank, out = split_rank_prefix(text)
     assert text.endswith(out)
-    assert (rank is None) == (out == text)
+    # a prefix was removed exactly when a rank was found, except a Ray prefix, which names none
+    assert (rank is None) == (out == text) or (rank is None and RAY_PREFIX.match(text))
+
+
+RAY_PREFIX = re.compile(r"\((?:[A-Za-z_][\w.-]* )?pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\) ")
+
+
+@given(st.sampled_from(["(TaskRunner pid=467613) ", "(pid=45601) ", "(MyActor pid=7, ip=10.0.0.2) "]),
+       st.text(max_size=60))
+def test_split_rank_prefix_removes_a_ray_prefix_without_a_rank(prefix, rest):
+    rank, out = split_rank_prefix(prefix + rest)
+    assert rest.endswith(out)
+    if split_rank_prefix(rest) == (None, rest):
+        assert (rank, out) == (None, rest)
 
 
 # -- parse_timestamp -----------------------------------------------------------------------

@@ -152,3 +152,18 @@ def test_output_reads_progress_only_for_a_waiting_instance_and_summaries_only_wh
     d.output(pod(2), step(1), T0 + 2, T0 + 2)
     d.output(TORCHRUN, SUMMARY, T0 + 3, T0 + 3)
     assert read == [("progress", pod(2).instance)] * 2 + [("summary", TORCHRUN.instance)]
+
+
+def test_a_chunk_is_quiet_only_with_no_rule_hit_no_step_line_and_nothing_carried(tmp_path):
+    d, _ = desk(tmp_path)
+    engine = d.engine
+    chunks = [b"loading shard 3 of 8\n", step(7), b"KeyError: 'lr'\n"]
+    quiet, stepped, hit = engine.scan_many(chunks)
+    assert engine.count_if_quiet(pod(0), chunks[0], quiet)
+    assert engine.stats.lines == 1
+    assert not engine.count_if_quiet(pod(0), chunks[1], stepped)     # the step tap reads it
+    assert not engine.count_if_quiet(pod(0), chunks[2], hit)
+    assert not engine.count_if_quiet(pod(0), chunks[0], None)        # not scanned yet
+    engine.feed(pod(1), b"Traceback (most recent call last):\n", T0)  # an open block of pod 1
+    assert not engine.count_if_quiet(pod(1), chunks[0], quiet)
+    assert engine.stats.lines == 1                                    # nothing counted for a chunk not quiet

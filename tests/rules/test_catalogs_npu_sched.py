@@ -102,6 +102,24 @@ def test_every_hccl_result_of_the_enum_has_a_rule():
     ("EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.",
      "cann.el0004_driver_memory_alloc_failed", FailureClass.OOM, Action.FAIL_JOB),
     ("E19999: Inner Error!", "cann.internal_error_code", FailureClass.RETRYABLE_INFRA, Action.NOTIFY),
+    ("EL0005: [PID: 3571] 2026-11-21-09:36:03.735.123 The resources are busy.", "cann.el0005_resource_busy",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_IN_PLACE),
+    # 1XXXXX: environment or code logic (the aclError rules)
+    ("RuntimeError: SetDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:127 NPU function error: "
+     "aclrtSetDevice(device), error code is 107001", "acl.rt_107001_invalid_deviceid",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("RuntimeError: call aclrtGetCurrentContext failed, error code is 107002", "acl.rt_107002_context_null",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    # torch_npu's own ERR<submodule><ErrCode> line (_error_code.py)
+    ("[ERROR] 2026-11-19-11:14:58 (PID:356, Device:0, RankID:-1) ERR00003 PTA invalid value",
+     "torch_npu.err_caller_error", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("[ERROR] 2026-11-19-11:14:58 (PID:356, Device:0, RankID:-1) ERR01005 OPS internal error",
+     "torch_npu.err_code", FailureClass.RETRYABLE_INFRA, Action.RESTART_IN_PLACE),
+    ("[ERROR] 2026-11-19-11:14:58 (PID:356, Device:-1, RankID:-1) ERR99999 UNKNOWN application exception",
+     "torch_npu.err_application_exception", FailureClass.INFO, Action.NONE),
+    # llama.cpp's CANN backend aborting on a failed ACL call: graded as its abort (exit 134)
+    ("/llama.cpp/ggml/src/ggml-cann/ggml-cann.cpp:63: CANN error", "ggml.cann_abort",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
     ("E10001: [PID: 881] Value [x] for parameter [--model] is invalid.", "cann.user_error_code",
      FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
@@ -116,6 +134,45 @@ def test_a_runtime_code_leaves_the_decision_to_the_cann_code_printed_with_it():
                        "EL0004: [PID: 553] 2026-09-17-04:55:13.065.712 Failed to allocate memory.")
     real = [f for f in findings if f.action >= Action.RESTART_INSTANCE]
     assert [f.rule_id for f in real] == ["cann.el0004_driver_memory_alloc_failed"]
+
+
+@pytest.mark.parametrize("code, rule_id, failure_class, action", [
+    # the runtime codes of the faults torch_npu names (UCE ERROR, HBM MULTI BIT ECC ERROR, ...):
+    # graded as the names are, so a log that shows only the code decides the same way
+    (507053, "acl.rt_507053_device_mem_error", FailureClass.HARDWARE_NODE, Action.RESTART_IN_PLACE),
+    (507054, "acl.rt_507054_hbm_multi_bit_ecc", FailureClass.HARDWARE_NODE, Action.RESTART_IN_PLACE),
+    (507055, "acl.rt_507055_suspect_device_mem_error", FailureClass.HARDWARE_NODE, Action.RESTART_IN_PLACE),
+    (507056, "acl.rt_507056_link_error", FailureClass.HARDWARE_NODE, Action.RESTART_JOB),
+    (507057, "acl.rt_507057_suspect_remote_error", FailureClass.FALLOUT, Action.RESTART_JOB),
+    (507904, "acl.rt_507904_comm_op_retry_fail", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+])
+def test_runtime_codes_of_named_device_faults_grade_as_their_names(code, rule_id, failure_class, action):
+    _assert_decides("RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:508 "
+                    f"NPU function error: AclrtSynchronizeDeviceWithTimeout, error code is {code}",
+                    rule_id, failure_class, action)
+
+
+def test_code_and_name_of_one_device_fault_agree():
+    names = {r.id: r for r in ENGINE_RULES}
+    for code_rule, name_rule in [("acl.rt_507053_device_mem_error", "torch_npu.uce_error"),
+                                 ("acl.rt_507054_hbm_multi_bit_ecc", "torch_npu.hbm_multi_bit_ecc"),
+                                 ("acl.rt_507055_suspect_device_mem_error", "torch_npu.suspect_mem_error"),
+                                 ("acl.rt_507056_link_error", "torch_npu.hccs_link_error"),
+                                 ("acl.rt_507057_suspect_remote_error", "torch_npu.suspect_remote_error"),
+                                 ("acl.rt_507904_comm_op_retry_fail", "torch_npu.hccl_op_retry_failed")]:
+        a, b = names[code_rule], names[name_rule]
+        assert (a.failure_class, a.action) == (b.failure_class, b.action), code_rule
+
+
+def test_operator_compiler_environment_failure_is_the_jobs_environment_not_an_internal_error():
+    # EH9999 alone (an ACL internal code) only notifies; the message under it says the operator
+    # compiler's environment could not be set up, which every attempt repeats.
+    findings = _decide("EH9999: Inner Error!\n"
+                       "EH9999  [Init][Env]init env failed![FUNC:ReportInnerError][FILE:log_inner.cpp][LINE:145]\n"
+                       "        TraceBack (most recent call last):\n"
+                       "        build op model failed, result = 500001[FUNC:ReportInnerError][FILE:log_inner.cpp][LINE:145]")
+    real = [(f.rule_id, f.failure_class, f.action) for f in findings if f.action >= Action.RESTART_INSTANCE]
+    assert real == [("acl.op_compile_env_init_failed", FailureClass.USER_CODE, Action.FAIL_JOB)]
 
 
 def test_a_specific_cann_code_beats_the_generic_family():
@@ -249,3 +306,10 @@ def test_catalog_rows_follow_pythons_own_hierarchy():
             assert getattr(errno, row["name"]) == int(row["parent"]), row["name"]
     assert checked >= 50
     assert catalog.lookup("torch.cuda.OutOfMemoryError").failure_class is FailureClass.OOM
+
+
+def test_ggml_cann_abort_is_graded_as_the_abort_it_announces():
+    from ftwatch.rules.exitcodes import ExitCodeTable
+    row = ExitCodeTable.load().get(134)
+    rule = next(r for r in ENGINE_RULES if r.id == "ggml.cann_abort")
+    assert (rule.failure_class, rule.action) == (row.failure_class, row.action)

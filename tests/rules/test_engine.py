@@ -56,6 +56,19 @@ def test_keyerror_traceback_is_one_user_code_finding_on_its_exception_line(engin
     assert engine.stats.records == 1 and engine.stats.findings == 1
 
 
+def test_traceback_behind_a_ray_prefix_is_one_record(rules):
+    # Ray's driver reprints an actor's output as "(TaskRunner pid=N) <line>" (verl, OpenRLHF): the
+    # prefix must not cut the traceback into a lone "Traceback" line (the catch-all) and frames
+    [bare] = Engine(rules).feed(COMBINED, lines(STEP, KEYERROR_TB), T0)
+    [finding] = Engine(rules).feed(COMBINED, lines(STEP, KEYERROR_TB, prefix="(TaskRunner pid=467613) "), T0)
+
+    assert finding.rule_id != "python.uncaught_exception"     # the final exception decides
+    assert finding.failure_class is bare.failure_class is FailureClass.USER_CODE
+    assert finding.line.endswith(bare.line)
+    assert finding.evidence == tuple(KEYERROR_TB)
+    assert finding.rank is None
+
+
 @pytest.mark.parametrize("prefix", ["[rank{r}]: ", "[default{r}]:[rank{r}]: "], ids=["torch", "torchrun-tee"])
 def test_interleaved_tracebacks_of_two_ranks_never_mix(engine, prefix):
     rank0 = [prefix.format(r=0) + line for line in GLOO_TB]

@@ -73,3 +73,49 @@ def test_a_fault_code_candidate_without_a_code_builds_no_record(rules):
     assert engine.stats.records == 0
     (finding,) = engine.feed(origin, b"dsmi fault code 0x80E01801 occurred\n", T0 + 1)
     assert finding.kind == "fault_code" and engine.stats.records == 1
+
+
+def test_a_batch_finds_its_step_lines_in_one_pass(rules, monkeypatch):
+    """``scan_many`` also finds the batch's step lines, once for all origins: feeding each chunk
+    with its hits makes the straggler that chunks fed alone make, and the tap looks for step
+    lines once per batch, not once per origin (nothing at all for an origin without one)."""
+    alone = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)))
+    tracker = StepTracker(StragglerConfig(min_steps=5))
+    together = Engine(rules, steps=tracker, like=alone)
+    passes = []
+    real = tracker.lines.find
+    monkeypatch.setattr(tracker.lines, "find", lambda *a: passes.append(len(a[0])) or real(*a))
+    expected, got = [], []
+    for n in range(1, 10):
+        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
+                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
+        t = {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+        expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
+        scans = together.scan_many([data for _, data in parts])
+        got += [f for (origin, data), hits in zip(parts, scans) for f in together.feed(origin, data, t[origin.rank],
+                                                                                         hits=hits)]
+    assert [(f.kind, f.rank) for f in got] == [(f.kind, f.rank) for f in expected] == [("straggler", 5)]
+    assert len(passes) == 9                                  # one pass per batch of 12 origins
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_line_times_asked_in_any_order_are_those_asked_in_order(rules, seed):
+    """The step tap asks a chunk's line times rank by rank, out of line order: each answer is
+    the one ``_base_time`` gives in line order (the last stamp before it plus ``sim_step`` per
+    line, or the chunk's time plus ``sim_step`` per line before the first stamp)."""
+    from ftwatch.rules.engine import _LineClock
+    rnd = random.Random(seed)
+    lines = [f"[2026-11-21 09:00:{rnd.randint(0, 59):02d}] stamped" if rnd.random() < 0.2 else f"plain {i}"
+             for i in range(200)]
+    data = ("\n".join(lines) + "\n").encode()
+    starts = [0] + [i + 1 for i, b in enumerate(data[:-1]) if b == 10]
+    engine = Engine(rules)
+    engine._year = 2026
+    in_order = [engine._base_time(data, s, T0, 0.01) for s in starts]
+    clock = _LineClock(engine, data, T0, 0.01)
+    asked = list(range(len(starts)))
+    rnd.shuffle(asked)
+    got = {i: clock(starts[i]) for i in asked}
+    for i, line in enumerate(lines):
+        if not line.startswith("["):                      # a stamped line answers its own stamp
+            assert got[i] == pytest.approx(in_order[i]), i

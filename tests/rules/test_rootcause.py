@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ftwatch.config.model import PolicyConfig
@@ -159,3 +160,36 @@ def test_cascade_rules_are_the_rules_tagged_cascade_in_the_packs():
     assert tagged == CASCADE_RULES
     [rule] = [r for r in load_rules([], builtin=True) if r.id == SYSERR]
     assert rule.failure_class is RI and rule.action is Action.RESTART_JOB
+
+
+# --- 6: a torch_npu return-code line is spelled out by the CANN error printed after it -----------
+
+def test_the_cann_error_printed_after_a_return_code_line_is_the_root_cause():
+    # torch_npu: "HCCL function error: ..., error code is 7", "[ERROR] ... ERR02200 ...", then
+    # "EJ0001: Failed to initialize the HCCP process ..." (NPUException.h: one message)
+    code = log("hccl.result_7_unavail", RI, 2, 10.0)
+    wrapper = log("torch_npu.err_api_call_failed", FALL, 2, 10.01)
+    ej = replace(log("hccp.ej0001_init_failed", RI, 2, 10.9, action=Action.RESTART_IN_PLACE),
+                 line="EJ0001: [PID: 468348] 2026-04-24-16:14:56.975.866 Failed to initialize the HCCP process.")
+    an = analyse([ej, wrapper, code])
+    assert an.root_cause == ej and an.real == (ej,)
+    # a later error without a CANN code (another traceback of the instance) spells nothing out
+    other = log("python.uncaught_exception", UC, 2, 10.5, action=Action.FAIL_JOB)
+    assert analyse([other, code]).root_cause == code
+
+
+def test_a_return_code_line_stays_the_root_cause_when_nothing_spells_it_out():
+    code = log("hccl.result_7_unavail", RI, 2, 10.0)
+    other_rank = replace(log("hccp.ej0001_init_failed", RI, 3, 10.5),   # another instance's error
+                         line="EJ0001: Failed to initialize the HCCP process.")
+    much_later = replace(log("cann.ee1002_stream_sync_timeout", FailureClass.HANG, 2, 10.0 + 60),
+                         line="EE1002: Stream synchronize timeout.")
+    only_fallout = log("torch_npu.err_api_call_failed", FALL, 2, 10.01)
+    for rest in ([other_rank], [much_later], [only_fallout]):
+        assert analyse([code, *rest]).root_cause == code
+
+
+def test_only_return_code_rules_yield_to_what_follows():
+    keyerror = log("python.key_error", UC, 1, 10.0, action=Action.FAIL_JOB)
+    later = replace(log("hccp.ej0001_init_failed", RI, 1, 10.5), line="EJ0001: Failed to initialize the HCCP process.")
+    assert analyse([keyerror, later]).root_cause == keyerror
