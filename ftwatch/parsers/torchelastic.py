@@ -194,6 +194,12 @@ to finish.`` (``torch/distributed/elastic/agent/server/api.py``, ``SimpleElastic
 torch 2.x)."""
 
 
+def may_hold_summary(data: bytes) -> bool:
+    """True when ``data`` may start a failure summary (it holds a start line's words): a stream
+    with no summary under way needs no :class:`SummaryLines` for a chunk without them."""
+    return any(s in data for s in _STARTS)
+
+
 def finished_cleanly(data: bytes) -> bool:
     """True when a chunk of a launcher's output says its worker group finished successfully
     (:data:`CLEAN_FINISH`); the only sign of a clean end that shipped logs carry."""

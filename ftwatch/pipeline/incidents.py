@@ -71,7 +71,7 @@ from ftwatch.bounded import BoundedDict, cap_two_tiers
 from ftwatch.config.limits import LimitsConfig
 from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers import fields as line_fields
-from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, summary_exits
+from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, may_hold_summary, summary_exits
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
@@ -222,18 +222,86 @@ class IncidentDesk:
         if end:
             self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
-        if self.summaries is not None:
+        if self.summaries is not None and (may_hold_summary(data) or origin in self._summary_lines):
             found += self._summary(origin, data, time)
+        return self._take(origin, data, time, mono, found, sim_step)
+
+    def _take(self, origin: Origin, data: bytes, time: float, mono: float, found: list[Finding],
+              sim_step: float = 0.0) -> Finding | None:
+        """The findings of ``origin``'s chunk ``data`` join the job (:meth:`add`); then its instance
+        printed after the open incident's error, and the chunk is read for the waiting errors'
+        progress. Returns :meth:`output`'s trigger."""
         opened = self.open
         trigger = self.add(found, mono)
         if self._held and opened is not None and opened is self.open and (
                 opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
             self._alive = True                      # it printed after its error: wait for its progress
-        if self.survival and not is_host(origin):
+        if not is_host(origin) and self.survival.watches(origin):
             year = self.engine.year or line_fields.year_of(time)
             for f, at in self.survival.outlived(origin, data, time, sim_step, year):
                 self._notice(f, at, f"{f.origin.instance} made progress after it: the job outlived it")
         return None if trigger is not None and self.survival.is_notice(trigger) else trigger
+
+    def output_many(self, parts: Sequence[tuple[Origin, bytes, float, list[tuple[int, int]] | None]],
+                    mono: float = 0.0) -> Finding | None:
+        """Chunks of many origins of this job at once (``watch``: one batch's, its origins carried
+        beside the chunks): the same as :meth:`output` of each in order, but a chunk with no
+        summary words or summary under way and no waiting error of its instance only meets its
+        instance, keeps its last line, is counted (the metrics once per batch,
+        ``Recorder.output_many``) and goes to the engine only when a rule or the step tap hit it
+        or its origin carries an open block (``Engine.count_if_quiet``); only its findings, if
+        any, go further.
+
+        Args:
+            parts: ``(origin, data, time, hits)`` per chunk, in input order, as for :meth:`output`
+                (``hits`` from ``Engine.scan_many``; None: scanned here).
+            mono: monotonic seconds now.
+
+        Returns:
+            The first trigger :meth:`output` returned for one of them, else None.
+        """
+        trigger = None
+        counts: list[tuple[Origin, int, int, float]] = []
+        engine, survival = self.engine, self.survival
+        summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
+        for origin, data, time, hits in parts:
+            if ((summaries and may_hold_summary(data)) or is_host(origin)
+                    or (self._summary_lines and origin in self._summary_lines)
+                    or (survival and survival.watches(origin))):
+                if counts:                          # counted in input order (the store's buckets)
+                    self.recorder.output_many(counts)
+                    counts = []
+                found = self.output(origin, data, time, mono, hits=hits)
+                trigger = trigger or found
+                continue
+            instance = origin.instance
+            if instance not in self.instances and not self.exits:
+                self.started(origin, time)
+            else:
+                self.instances.touch(instance)
+            self.tracker.output(instance, time)
+            if self._hang_notified:
+                self._hang_notified = False
+                self.tracker.rearm()
+            counts.append((origin, data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0),
+                           len(data), time))
+            end = len(data)
+            while end and data[end - 1] in b" \t\r\n":
+                end -= 1
+            if end:
+                self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
+            if not engine.count_if_quiet(origin, data, hits):
+                found = engine.feed(origin, data, time, hits=hits)
+                if found:
+                    trigger = trigger or self._take(origin, data, time, mono, found)
+                    continue
+            opened = self.open
+            if self._held and opened is not None and (
+                    opened.origin.instance == instance or opened.origin.instance.startswith(instance + "/")):
+                self._alive = True
+        if counts:
+            self.recorder.output_many(counts)
+        return trigger
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.

@@ -2,7 +2,8 @@
 
 Sources put ``list[Shipped]`` on one bounded queue. The loop unwraps envelopes, names each
 line's job / node / instance (``ftwatch.pipeline.sources.identity``), groups the lines of one batch by
-origin into chunks and hands each to its job's :class:`ftwatch.pipeline.incidents.IncidentDesk`
+origin into chunks and hands each job's chunks, origins beside them, to its
+:class:`ftwatch.pipeline.incidents.IncidentDesk` in one call (``output_many``)
 (one per job, all feeding the one Engine: its state is keyed by origin, and origins carry the
 job, so jobs never mix). The desk decides as for every driver (``ftwatch.policy.triggers``):
 
@@ -37,6 +38,9 @@ Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve on
 ``resolve_after`` seconds pass with no new such incident of that job (and none settling), at
 once when a launcher of the job logs that its worker group finished successfully
 (``ftwatch.parsers.torchelastic.CLEAN_FINISH``), and as superseded when the job is failed.
+
+Size: a little over 400 lines, one job (the loop over batches and the jobs' lifetimes); handing
+a batch over per job (issue 16) needs the job state it orders against (new desks, host lines).
 """
 
 from __future__ import annotations
@@ -164,8 +168,10 @@ class Watcher:
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call
-        (``Engine.scan_many``), hand each chunk and its hits to its job's desk. The ingest lag is
-        observed once per batch (its most lagging origin), not once per origin."""
+        (``Engine.scan_many``), hand each job's chunks and their hits, origins beside them, to
+        its desk in one call (``IncidentDesk.output_many``: a chunk no rule hit costs no engine
+        or summary work). The ingest lag is observed once per batch (its most lagging origin),
+        not once per origin."""
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
         groups = list(group_lines(self.resolve(batch)).items())
@@ -173,22 +179,52 @@ class Watcher:
         scans = self.engine.scan_many(chunks)
         if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
-        for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
-            if is_host(origin):
-                self._host(origin, lines, t, now_mono)
-                continue
-            desk = self._desk(origin.job)
-            self._active.pop(desk.job, None)
-            self._active[desk.job] = now_mono
-            desk.output(origin, data, t, now_mono, hits=hits)
-            if self.config.phases.enabled:
-                self._phase(desk, data, t)
-            if finished_cleanly(data):
-                self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
-                                           job=desk.job)
+        self._ingest_jobs(groups, chunks, scans, now, now_mono)
         ack = getattr(batch, "ack", None)
         if ack is not None:
             ack()                                   # a file tail may now save its offsets
+
+    def _ingest_jobs(self, groups: list, chunks: list[bytes], scans: list, now: float, mono: float) -> None:
+        """One batch's chunks, grouped per job in input order: one ``output_many`` per job. Host
+        lines, and a job's first chunk (its new desk may forget another job: ``max_jobs``), are
+        handed over after every chunk before them; with ``phases`` on, each chunk is handed over
+        alone and its phase read after it."""
+        clean = finished_cleanly(b"".join(chunks))   # one search for the batch, not one per chunk
+        phased = self.config.phases.enabled
+        by_job: dict[str, list] = {}
+        active = self._active
+        for (origin, (lines, t)), data, hits in zip(groups, chunks, scans):
+            if is_host(origin):
+                self._feed_jobs(by_job, now, mono, clean)
+                by_job = {}
+                self._host(origin, lines, t, mono)
+                continue
+            job = origin.job
+            parts = by_job.get(job)
+            if parts is None:
+                if job not in self.jobs:
+                    self._feed_jobs(by_job, now, mono, clean)
+                    by_job = {}
+                    self._desk(job)
+                parts = by_job[job] = []
+            parts.append((origin, data, t, hits))
+            active.pop(job, None)
+            active[job] = mono
+            if phased:
+                self._feed_jobs(by_job, now, mono, clean)
+                by_job = {}
+                self._phase(self.jobs[job], data, t)
+        self._feed_jobs(by_job, now, mono, clean)
+
+    def _feed_jobs(self, by_job: dict[str, list], now: float, mono: float, clean: bool) -> None:
+        """Each job's chunks to its desk; a launcher's clean finish resolves the job's alerts."""
+        for job, parts in by_job.items():
+            self.jobs[job].output_many(parts, mono)
+            if clean:
+                for origin, data, _, _ in parts:
+                    if finished_cleanly(data):
+                        self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
+                                                   job=job)
 
     def tick(self) -> None:
         """Time passes: close stale blocks, check hangs, decide settled incidents, resolve the

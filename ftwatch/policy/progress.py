@@ -183,6 +183,21 @@ class Survival:
     def __bool__(self) -> bool:
         return bool(self._waiting)
 
+    def watches(self, origin: Origin) -> bool:
+        """Whether output of ``origin`` may outlive a waiting error (:meth:`outlived` would read
+        it): an error of its instance, or of one of its ranks' instances (``Origin.with_rank``),
+        waits. False means :meth:`outlived` would find nothing and change nothing."""
+        if not self._waiting:
+            return False
+        if origin.instance in self._by:
+            return True
+        if origin.rank is not None:                 # a prefix's rank keeps the instance
+            return False
+        if origin.source == "replay":               # a combined log: any rank's instance
+            return True
+        prefix = origin.instance + "/rank"
+        return any(instance.startswith(prefix) for instance in self._by)
+
     def wait(self, finding: Finding) -> None:
         """``finding`` waits for its instance's progress (the oldest stops waiting past
         :data:`MAX_WAITING`)."""

@@ -377,6 +377,18 @@ class Engine:
         return self.steps.take_chunk(origin, data, end, consumed, _LineClock(self, data, time, sim_step),
                                      self.next_seq, found)
 
+    def count_if_quiet(self, origin: Origin, data: bytes, hits: list[tuple[int, int]] | None) -> bool:
+        """Count ``data`` and return True when :meth:`feed` of it with ``hits`` (from
+        :meth:`scan_many`) would only count it: no rule hit, no step line, no open block of
+        ``origin`` carried over (``watch``: a batch's quiet origins, ``IncidentDesk.output_many``).
+        Else False, and nothing is done: feed it."""
+        if hits is None or hits or (self.steps is not None and getattr(hits, "steps", None) != []) or (
+                self._pending and origin in self._pending):
+            return False
+        self.stats.bytes += len(data)
+        self._count(data, len(data))
+        return True
+
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""
         if origin not in self._pending:
