@@ -25,7 +25,8 @@ The folder list is the flow, and imports go one way, down this list:
     health/                   pre- and post-run checks: config, rules (the step tap)
     top-level modules         (telemetry, sdk): config
     hubs                      ``cli/*`` (one module per subcommand), ``pipeline/build.py`` (Config ->
-                              components), the incident core ``pipeline/incidents.py``, the drivers
+                              components), the incident core ``pipeline/incidents.py`` (and its
+                              ``pipeline/exits.py``: exits read into findings), the drivers
                               ``pipeline/run.py``, ``watch.py``, ``replay.py``,
                               ``pipeline/recorder.py`` and ``testing/`` (doubles of parts of every
                               stage) may import every stage
@@ -53,8 +54,11 @@ STAGES = ("config", "parsers", "rules", "policy", "alerting", "mining", "pipelin
 # bounded.py (issue 17 item 3): the caps' bounded map and eviction tally, used where state grows in
 # rules/, pipeline/ and telemetry alike, so it is core (it imports nothing of ftwatch)
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock", "ftwatch.bounded"})
-# pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder)
-HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/run.py",
+# pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder);
+# pipeline/exits.py: its exits and launcher summaries read into findings, moved out of it as they were
+# (rules' exit codes, policy's lifecycle), so a hub for the same reason
+HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/exits.py",
+                  "ftwatch/pipeline/run.py",
                   "ftwatch/pipeline/watch.py",
                   "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py", "ftwatch/testing/__init__.py",
                   "ftwatch/testing/runloop.py",

@@ -13,13 +13,9 @@ per job; they differ only in how input reaches it and what they do with a decisi
     close(now)                   -> end of input: blocks flushed, summary exits, the open incident
                                     decided
 
-Exits the desk reads beyond the source's own (issue 12 items 3 and 6, ``ftwatch.policy.lifecycle``):
-an exit 0 of an instance that printed an uncaught traceback this attempt (``run``), or a
-launcher's "exited 0" line after one (``replay``), is ``exit.hidden_by_pipe`` (seed 001: ``| tee``
-without ``set -o pipefail``), decided by the traceback's class; at :meth:`close`, a stream whose
-last line ends a traceback is ``exit.ended_in_traceback`` of that instance, a failed process
-without an exit line. A launcher's private exit codes count only under that launcher
-(:attr:`IncidentDesk.launchers`: its own lines in the output, and ``run``'s command).
+Exits and torchelastic summaries become findings in ``ftwatch.pipeline.exits`` (an
+:class:`~ftwatch.pipeline.exits.ExitReader` per desk: the exits no source reported, a launcher's
+private codes under :attr:`IncidentDesk.launchers`); the desk takes them as any other findings.
 
 What opens an incident, which finding triggers it and which instances failed is
 ``ftwatch.policy.triggers`` (one rule for every driver). An incident opens with its first
@@ -52,26 +48,22 @@ instance.
 One module past 400 lines: opening, holding, settling and deciding share the open incident's
 state (openers, settle time, held flag, cooldown), and splitting them would hand that state
 across modules; what can stand alone already does (``ftwatch.policy.triggers``,
-``ftwatch.policy.progress``, ``ftwatch.policy.lifecycle``).
+``ftwatch.policy.progress``, ``ftwatch.policy.lifecycle``, ``ftwatch.pipeline.exits``).
 
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
-
-Size: a little over 400 lines, one job (one job's incidents: what comes in, when an incident is
-due, what is decided on); the rules for triggers and for exits live apart already
-(``policy.triggers``, ``policy.lifecycle``).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Iterable, Literal, Sequence
 
 from ftwatch.bounded import BoundedDict, cap_two_tiers
 from ftwatch.config.limits import LimitsConfig
-from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, ProcessExit, Severity
+from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers import fields as line_fields
-from ftwatch.parsers.torchelastic import SummaryFailure, SummaryLines, may_hold_summary, summary_exits
+from ftwatch.parsers.torchelastic import SummaryFailure, may_hold_summary
+from ftwatch.pipeline.exits import ExitReader, rank_origin
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
@@ -80,11 +72,8 @@ from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, may_survive, opens_incident,
                                     pick_trigger, sticky_rules)
 from ftwatch.rules.engine import Engine
-from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.timers import HangTracker
 
-#: the last line of a C++ stack dump (c10's ``frame #3: ...``, SPEC P1; ftwatch.parsers.multiline)
-_CPP_FRAME = re.compile(r"\s*frame #\d+: ")
 POLL_SECONDS = 0.2         # how often a live loop wakes with nothing to read (the Tick period)
 SETTLE_SECONDS = 1.0       # ``run``: after a failure, at most how long the others may show their own
                            # errors (the default of ``supervisor.settle_max``)
@@ -94,11 +83,6 @@ BLOCK_FLUSH_SECONDS = 2.0  # an open traceback with no new line for this long is
 def _relevant(f: Finding) -> bool:
     """A finding a capped evidence list drops last: a warning or worse, or an exit."""
     return f.severity >= Severity.WARNING or f.kind == "exit_code"
-
-
-def rank_origin(origin: Origin, failure: SummaryFailure) -> Origin:
-    """The origin of a summary's exit read from a stream: that stream's rank ``failure.rank``."""
-    return origin.with_rank(failure.rank)
 
 
 class IncidentDesk:
@@ -144,11 +128,8 @@ class IncidentDesk:
         self.exits = exits
         self.settle = settle
         self.cooldown = cooldown
-        self.summaries = summaries
-        self.exit_origin = exit_origin
         self.tracker = tracker or HangTracker.from_policy(policy.policy, exits=exits, max_instances=cap)
         self.on_findings = on_findings
-        self.exit_table = ExitCodeTable.load()
         self.world_size: int | None = None     # the driver's count of instances (run), else counted
         self.findings: list[Finding] = []      # this attempt's evidence
         self._info = 0                         # how many of them are not _relevant
@@ -165,14 +146,25 @@ class IncidentDesk:
         self._errors: dict[str, tuple[float, float]] = {}   # instance -> mono of (first, latest) own error
         self._quiet_until = float("-inf")
         self._hang_notified = False
-        self._summary_lines: dict[Origin, SummaryLines] = {}
-        self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
         self._tails: dict[Origin, bytes] = BoundedDict(cap)  # each stream's last non-empty line so far
+        self._exits = ExitReader(engine, exits=exits, summaries=summaries, exit_origin=exit_origin,
+                                 failed=self.failed, ok=self.ok, findings=self.findings, evidence=self.evidence,
+                                 started_at=self._started_at, tails=self._tails)
         self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
         self._sticky = sticky_rules(engine.rules)
         self._held = False                     # the open incident waits to be outlived ...
         self._alive = False                    # ... and its instance printed since it opened ...
         self._hold_until = 0.0                 # ... so it is due at the latest then (mono)
+
+    @property
+    def summaries(self) -> Literal["live", "close", "exit"] | None:
+        """When torchelastic summaries count (the ``summaries`` argument)."""
+        return self._exits.summaries
+
+    @property
+    def launchers(self) -> set[str]:
+        """The launchers the job runs under (``lifecycle.launchers``; a driver may add its own)."""
+        return self._exits.launchers
 
     @property
     def attempt(self) -> int:
@@ -222,8 +214,8 @@ class IncidentDesk:
         if end:
             self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
-        if self.summaries is not None and (may_hold_summary(data) or origin in self._summary_lines):
-            found += self._summary(origin, data, time)
+        if self.summaries is not None and (may_hold_summary(data) or origin in self._exits.summary_lines):
+            found += self._exits.summary(origin, data, time)
         return self._take(origin, data, time, mono, found, sim_step)
 
     def _take(self, origin: Origin, data: bytes, time: float, mono: float, found: list[Finding],
@@ -266,7 +258,7 @@ class IncidentDesk:
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
         for origin, data, time, hits in parts:
             if ((summaries and may_hold_summary(data)) or is_host(origin)
-                    or (self._summary_lines and origin in self._summary_lines)
+                    or (self._exits.summary_lines and origin in self._exits.summary_lines)
                     or (survival and survival.watches(origin))):
                 if counts:                          # counted in input order (the store's buckets)
                     self.recorder.output_many(counts)
@@ -321,8 +313,8 @@ class IncidentDesk:
                 self.add(self.engine.flush(origin, exit.time), mono)
         self.tracker.exited(exit.origin, exit.ok, exit.time)
         if self.summaries == "exit":
-            self.add(self._launcher_summary(exit, expected), mono)
-        return self.add(self._deaths([exit], expected), mono)
+            self.add(self._exits.launcher_summary(exit, expected), mono)
+        return self.add(self._exits.deaths([exit], expected), mono)
 
     def add(self, findings: Sequence[Finding], mono: float = 0.0, record: bool = True) -> Finding | None:
         """Findings of this job: recorded (unless ``record`` is false: already stored), and
@@ -339,7 +331,7 @@ class IncidentDesk:
             self.recorder.attempt = self.attempt
             self.recorder.findings(findings)
         self.ranks.update(f.rank for f in findings if f.rank is not None)
-        self.launchers |= lifecycle.launchers(findings)
+        self.launchers.update(lifecycle.launchers(findings))
         if self.on_findings is not None:
             self.on_findings(findings)
         if mono < self._quiet_until:
@@ -466,15 +458,8 @@ class IncidentDesk:
             if origin.job == self.job:
                 self.add(self.engine.flush(origin, now))
         if self.summaries == "close":
-            origins = {}
-            failures = []
-            for origin, summary in self._summary_lines.items():
-                for failure in summary.failures():
-                    origins[id(failure)] = origin
-                    failures.append(failure)
-            self.add(self._deaths(summary_exits(
-                failures, lambda f: self.exit_origin(origins[id(f)], f), now + step, step)))
-        self.add(self._unseen_exits(now))
+            self.add(self._exits.closed_summaries(now, step))
+        self.add(self._exits.unseen(now))
         return self.decide(None, now) if self.open is not None else None
 
     def new_attempt(self, now: float, world_size: int | None = None) -> None:
@@ -487,7 +472,7 @@ class IncidentDesk:
         self._errors.clear()
         self.failed.clear()                         # in place: a driver may hold the set
         self._tails.clear()
-        self._summary_lines.clear()
+        self._exits.new_attempt()
         self.ok.clear()
         self.open = None
         self._held = False
@@ -522,94 +507,3 @@ class IncidentDesk:
                 self._held = self.open is not None and self._held
         self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
                             why=why)
-
-    def _summary(self, origin: Origin, data: bytes, time: float) -> list[Finding]:
-        """Read ``data`` for a torchelastic summary; the findings of its exits once it closed
-        (``summaries="live"``). Only streams with a summary under way keep a reader."""
-        summary = self._summary_lines.pop(origin, None) or SummaryLines()
-        found: list[Finding] = []
-        if summary.take(data) and self.summaries == "live":
-            found = self._deaths(summary_exits(summary.failures(), lambda f: self.exit_origin(origin, f), time))
-        if summary.pending:
-            self._summary_lines[origin] = summary
-        return found
-
-    def _launcher_summary(self, exit: ProcessExit, expected: bool) -> list[Finding]:
-        """``summaries="exit"``: findings of the ranks' exits in a summary ``exit``'s worker printed
-        (evidence: they fail no instance of ours); none when ftwatch stopped it."""
-        out: list[Finding] = []
-        for origin in [o for o in self._summary_lines if o.key == exit.origin.key]:
-            exits = summary_exits(self._summary_lines.pop(origin).failures(), lambda f: self.exit_origin(origin, f),
-                                  exit.time)
-            if not (exit.stopped_by_us or expected or exit.ok):
-                out += [f for e in exits if not e.stopped_by_us and (f := exit_finding(
-                    e, self.exit_table, self.engine.next_seq(), launchers=self.launchers)) is not None]
-        return out
-
-    def _deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
-        """The findings of exits: ok ones are noted (unless an uncaught traceback of the instance
-        says the status was hidden), those ftwatch caused make none."""
-        out = []
-        for exit in exits:
-            ours = exit.stopped_by_us or expected
-            if exit.ok:
-                tb = None if ours else lifecycle.last_uncaught(
-                    self.evidence(), exit.origin.instance, exit.time,
-                    since=self._started_at.get(exit.origin.instance, float("-inf")))
-                if tb is None:
-                    self.ok.add(exit.origin.instance)
-                    if not ours:                    # evidence: a rank that left first (rootcause.left_first)
-                        self.findings.append(lifecycle.exited_ok(exit.origin, exit.time, self.engine.next_seq()))
-                    continue
-                self.failed.add(exit.origin.instance)
-                out.append(self._hidden(exit.origin, exit.time, tb, f"{exit.origin.instance} exited 0"))
-                continue
-            if ours:
-                continue
-            self.failed.add(exit.origin.instance)
-            finding = exit_finding(exit, self.exit_table, seq=self.engine.next_seq(), launchers=self.launchers)
-            if finding is not None:
-                out.append(finding)
-        return out
-
-    def _hidden(self, origin: Origin, time: float, tb: Finding, said: str) -> Finding:
-        """``exit.hidden_by_pipe``: ``said`` (an exit 0) after the uncaught traceback ``tb``."""
-        return lifecycle.derived_exit(origin, time, self.engine.next_seq(), tb, "exit.hidden_by_pipe", (
-            f"{said} after an uncaught traceback of {tb.origin.instance} ({tb.line}): the failure's exit status "
-            "was hidden, e.g. by a pipe without `set -o pipefail`"))
-
-    def _unseen_exits(self, now: float) -> list[Finding]:
-        """At the end of the input, the exits no source reported: a launcher's "exited 0" line
-        after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
-        error block (a failed process without an exit line)."""
-        out: list[Finding] = []
-        order = sorted(self.evidence(), key=lambda f: (f.time, f.seq))
-        for ok in (f for f in order if lifecycle.is_exited_ok(f)):
-            tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
-                      and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)
-            if tb is not None and lifecycle.last_uncaught(order, tb.origin.instance, ok.time, ok.seq) is tb:
-                self.failed.add(tb.origin.instance)
-                out.append(self._hidden(tb.origin, ok.time, tb, repr(ok.line)))
-        if self.exits:
-            return out                          # the source reports exits: they say who failed
-        for stream, tail in self._tails.items():
-            rank, text = line_fields.split_rank_prefix(line_fields.clean(tail))
-            instance = stream.with_rank(rank).instance
-            if instance in self.failed or instance in self.ok:
-                continue
-            last = max((f for f in order if f.origin.instance == instance and f.kind != "exit_code"),
-                       key=lambda f: (f.time, f.seq), default=None)
-            ends_block = last is not None and len(last.evidence) > 1 and last.evidence[-1].strip() == text.strip()
-            if ends_block and is_error(last):
-                continue                        # the error already stands for the exit (no exits here)
-            if not ends_block and not _CPP_FRAME.match(text):
-                continue
-            cause = last if ends_block and last is not None else Finding(
-                "", "keyword", FailureClass.INFO, Action.NONE, Severity.INFO, stream.with_rank(rank), text, now,
-                evidence=(text,))
-            self.failed.add(instance)
-            out.append(lifecycle.derived_exit(cause.origin, cause.time, self.engine.next_seq(), cause,
-                                              "exit.ended_in_traceback", (
-                f"the output of {instance} ends inside an error block ({text.strip()[:200]}): the process "
-                "died of it")))
-        return out

@@ -144,8 +144,8 @@ def test_output_reads_progress_only_for_a_waiting_instance_and_summaries_only_wh
     read = []
     outlived = d.survival.outlived
     d.survival.outlived = lambda origin, *a: read.append(("progress", origin.instance)) or outlived(origin, *a)
-    summary = d._summary
-    d._summary = lambda origin, *a: read.append(("summary", origin.instance)) or summary(origin, *a)
+    summary = d._exits.summary
+    d._exits.summary = lambda origin, *a: read.append(("summary", origin.instance)) or summary(origin, *a)
     d.output(pod(2), REFUSED, T0, T0)                   # pod 2's error waits for its progress (read from here on)
     assert d.survival
     d.output(pod(3), step(1), T0 + 1, T0 + 1)           # another pod's step line: nothing to read
