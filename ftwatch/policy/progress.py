@@ -133,8 +133,7 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
         ranks: only the lines whose rank (``fields.split_rank_prefix``; None: no prefix) is in it
             (None: every line).
     """
-    searched, stamp = 0, None           # the last stamp search ended here; (its line, time, line no)
-    counted, lines = 0, 0               # newlines counted up to ``counted``
+    clock = Clock(data, time, sim_step, year)
     pos = 0                             # where the last progress match ended (``finditer``'s next start)
     for start, end, want in _lines(data, ranks):
         if end < pos:                   # all taken by a match from an earlier line
@@ -158,21 +157,39 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
             continue
         own = fields.parse_timestamp(text, year)
         if own is None and sim_step:
-            found = fields.last_timestamp(data, searched, start, year)
-            searched = start
-            if found is not None:
-                lines += data.count(b"\n", counted, found[0])
-                counted = found[0]
-                stamp = (found[0], found[1], lines)
-            lines += data.count(b"\n", counted, start)
-            counted = start
-            own = (stamp[1] + (lines - stamp[2]) * sim_step) if stamp is not None else time + lines * sim_step
+            own = clock.at(start)
         counters = {}
         for kind, gate, pattern in _GATED_COUNTERS:
             hit = pattern.search(line) if gate in line else None
             if hit is not None:
                 counters[kind] = int(_DIGITS.search(hit.group()).group())
         yield rank, time if own is None else own, counters
+
+
+class Clock:
+    """The time of a chunk's untimed lines, asked for in line order (:func:`marks`): the last
+    timestamped line's before it plus ``sim_step`` per line between them, else ``time`` plus
+    ``sim_step`` per line from the chunk's start."""
+
+    def __init__(self, data: bytes, time: float, sim_step: float, year: int | None):
+        self.data, self.time, self.sim_step, self.year = data, time, sim_step, year
+        self.searched, self.stamp = 0, None     # the last stamp search ended here; (its line, time, line no)
+        self.counted, self.lines = 0, 0         # newlines counted up to ``counted``
+
+    def at(self, start: int) -> float:
+        """The time of the line starting at ``start`` (not before the last line asked for)."""
+        data = self.data
+        found = fields.last_timestamp(data, self.searched, start, self.year)
+        self.searched = start
+        if found is not None:
+            self.lines += data.count(b"\n", self.counted, found[0])
+            self.counted = found[0]
+            self.stamp = (found[0], found[1], self.lines)
+        self.lines += data.count(b"\n", self.counted, start)
+        self.counted = start
+        if self.stamp is not None:
+            return self.stamp[1] + (self.lines - self.stamp[2]) * self.sim_step
+        return self.time + self.lines * self.sim_step
 
 
 def _lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool]]:

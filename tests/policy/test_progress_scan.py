@@ -17,8 +17,9 @@ from ftwatch.testing import T0, finding
 
 def reference_marks(data: bytes, time: float, sim_step: float, year: int | None):
     """The per-line reading ``marks`` replaced (``_PROGRESS.finditer`` over the chunk, then every
-    progress line of every rank decoded, vetoed, dated and counted): the oracle."""
-    searched, stamp, counted, lines, last_line = 0, None, 0, 0, -1
+    progress line of every rank decoded, vetoed, dated and counted): the oracle (the dating of
+    untimed lines, ``progress.Clock``, is shared: it did not change)."""
+    clock, last_line = progress.Clock(data, time, sim_step, year), -1
     for m in progress._PROGRESS.finditer(data):
         start = data.rfind(b"\n", 0, m.start()) + 1
         if start == last_line:
@@ -30,15 +31,7 @@ def reference_marks(data: bytes, time: float, sim_step: float, year: int | None)
             continue
         own = fields.parse_timestamp(text, year)
         if own is None and sim_step:
-            found = fields.last_timestamp(data, searched, start, year)
-            searched = start
-            if found is not None:
-                lines += data.count(b"\n", counted, found[0])
-                counted = found[0]
-                stamp = (found[0], found[1], lines)
-            lines += data.count(b"\n", counted, start)
-            counted = start
-            own = (stamp[1] + (lines - stamp[2]) * sim_step) if stamp is not None else time + lines * sim_step
+            own = clock.at(start)
         line = data[start:] if end < 0 else data[start:end]
         counters = {kind: int(re.search(rb"\d+", hit.group()).group())
                     for kind, pattern in progress._COUNTERS if (hit := pattern.search(line)) is not None}
