@@ -117,13 +117,14 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
     plus ``sim_step`` per line between them; else at ``time`` plus ``sim_step`` per line from the
     chunk's start (how ``ftwatch.rules.engine.Engine.feed`` dates a hit line).
 
-    Cost: one ``re`` search per literal per chunk (:data:`_LITERALS`, in C); Python work only for
-    the lines holding one, and the veto, the timestamp and the counters only for those of
-    ``ranks``. The lines are those ``_PROGRESS.finditer`` over the chunk starts a match on (a match
-    may run on into the next line; a skipped line's match is followed where it could, by
-    :data:`_TAIL`). One difference from parsing every line's stamp: the stamp of an untimed line is
-    looked for back to the last yielded line, not the last progress line (``fields.last_timestamp``
-    tries at most 16 clock-bearing lines per search, so only 16+ unparseable stamps in a row tell).
+    Cost: one ``re`` pass per chunk, in C (:func:`_finder`: the lines that hold a progress literal
+    and may be of ``ranks``); Python work (decode, veto, timestamp, counters) only for those lines
+    of ``ranks``. They are the lines ``_PROGRESS.finditer`` over the whole chunk starts a match on:
+    a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
+    carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
+    progress line: an untimed line's stamp is looked for back to the last line read, not the last
+    progress line of any rank (``fields.last_timestamp`` tries at most 16 clock-bearing lines a
+    search, so only 16+ unparseable stamps in a row between them could tell).
 
     Args:
         data: complete lines (``b"\\n"``-separated).
