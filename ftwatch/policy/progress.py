@@ -264,6 +264,7 @@ class Survival:
         self._waiting: dict[int, list] = {}      # id(finding) -> [finding, lines after, {kind: count before}]
         self._by: dict[str, dict[int, None]] = {}    # instance -> the ids of its waiting errors, in order
         self._last: dict[str, Finding] = {}      # each instance's latest finding
+        self._ranks_of: dict[tuple[str, str], frozenset[int | None]] = {}   # ``_ranks``, per origin
 
     def is_notice(self, f: Finding) -> bool:
         """``f`` was outlived (or ignored by Python)."""
@@ -306,14 +307,19 @@ class Survival:
 
     def _ranks(self, origin: Origin) -> Container[int | None]:
         """The ranks (None: no prefix) of ``origin``'s lines whose instance has an error waiting
-        (``Origin.with_rank``), or :data:`_ALL_RANKS`."""
+        (``Origin.with_rank``), or :data:`_ALL_RANKS`; kept per origin until the waiting set changes
+        (a chunk per line and origin, as ``watch`` with many pods feeds it, costs one look-up)."""
         if origin.rank is not None:             # every line is the origin's instance
             return _ALL_RANKS if origin.instance in self._by else ()
-        ranks: set[int | None] = {None} if origin.instance in self._by else set()
-        for instance in self._by:
-            digits = instance.rpartition("rank")[2]
-            if digits.isascii() and digits.isdigit() and origin.with_rank(int(digits)).instance == instance:
-                ranks.add(int(digits))
+        key = (origin.instance, origin.source)
+        ranks = self._ranks_of.get(key)
+        if ranks is None:
+            ranks = {None} if origin.instance in self._by else set()
+            for instance in self._by:
+                digits = instance.rpartition("rank")[2]
+                if digits.isascii() and digits.isdigit() and origin.with_rank(int(digits)).instance == instance:
+                    ranks.add(int(digits))
+            self._ranks_of[key] = ranks = frozenset(ranks)
         return ranks
 
     def __bool__(self) -> bool:
@@ -341,6 +347,7 @@ class Survival:
             self._drop(next(iter(self._waiting)))
         self._waiting[id(finding)] = [finding, 0, {}]
         self._by.setdefault(finding.origin.instance, {})[id(finding)] = None
+        self._ranks_of.clear()
 
     def _drop(self, key: int) -> None:
         instance = self._waiting.pop(key)[0].origin.instance
@@ -348,6 +355,7 @@ class Survival:
         keys.pop(key, None)
         if not keys:
             del self._by[instance]
+            self._ranks_of.clear()
 
     def progress(self, instance: str, time: float, counters: dict[str, int] | None = None) -> list[Finding]:
         """``instance`` printed a progress line at ``time`` (with ``counters``, see :func:`marks`):
@@ -380,6 +388,7 @@ class Survival:
         """Nothing waits, no notice (a new attempt)."""
         self._waiting.clear()
         self._by.clear()
+        self._ranks_of.clear()
         self.notices.clear()
         self._ids.clear()
         self._last.clear()

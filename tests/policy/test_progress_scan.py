@@ -158,3 +158,13 @@ def test_decisions_equal_the_per_line_path(seed):
             if not slow:
                 break
         assert got == want and bool(fast) == bool(slow)
+
+
+def test_the_ranks_read_follow_the_waiting_set():
+    origin = Origin("corpus", None, "j", "n", "stderr", "replay")
+    data = b"".join(b"[rank%d]: step %d loss 0.5\n" % (i % 2, i) for i in range(8))
+    s = held("rank0")
+    assert len(s.outlived(origin, data, T0 + 1, 0.0, 2026)) == 1 and not s
+    later = finding("python.exception", time=T0 + 1, at=Origin("rank1", None, "j", "n", "stderr", "replay"))
+    s.wait(later)                                   # another rank waits now: its lines are read
+    assert s.outlived(origin, data, T0 + 2, 0.0, 2026) == [(later, T0 + 2)]
