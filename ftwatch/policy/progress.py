@@ -95,6 +95,8 @@ def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
 
 
 IGNORED = "python.exception_ignored"
+_RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
+_NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
 _TRACEBACK = "Traceback (most recent call last):"
 
@@ -264,7 +266,7 @@ class Survival:
         self._waiting: dict[int, list] = {}      # id(finding) -> [finding, lines after, {kind: count before}]
         self._by: dict[str, dict[int, None]] = {}    # instance -> the ids of its waiting errors, in order
         self._last: dict[str, Finding] = {}      # each instance's latest finding
-        self._ranks_of: dict[tuple[str, str], frozenset[int | None]] = {}   # ``_ranks``, per origin
+        self._ranked: dict[str | None, frozenset[int]] = {}   # base (None: "rank<k>") -> k of "<base>/rank<k>" waiting
 
     def is_notice(self, f: Finding) -> bool:
         """``f`` was outlived (or ignored by Python)."""
@@ -307,20 +309,25 @@ class Survival:
 
     def _ranks(self, origin: Origin) -> Container[int | None]:
         """The ranks (None: no prefix) of ``origin``'s lines whose instance has an error waiting
-        (``Origin.with_rank``), or :data:`_ALL_RANKS`; kept per origin until the waiting set changes
-        (a chunk per line and origin, as ``watch`` with many pods feeds it, costs one look-up)."""
+        (``Origin.with_rank``: ``rank<k>`` in a replay, else ``<instance>/rank<k>``), or
+        :data:`_ALL_RANKS`. O(1): the waiting instances are indexed by name (:meth:`_index`)."""
         if origin.rank is not None:             # every line is the origin's instance
             return _ALL_RANKS if origin.instance in self._by else ()
-        key = (origin.instance, origin.source)
-        ranks = self._ranks_of.get(key)
-        if ranks is None:
-            ranks = {None} if origin.instance in self._by else set()
-            for instance in self._by:
-                digits = instance.rpartition("rank")[2]
-                if digits.isascii() and digits.isdigit() and origin.with_rank(int(digits)).instance == instance:
-                    ranks.add(int(digits))
-            self._ranks_of[key] = ranks = frozenset(ranks)
-        return ranks
+        ranks = self._ranked.get(None if origin.source == "replay" else origin.instance, _NO_RANKS)
+        return ranks | {None} if origin.instance in self._by else ranks
+
+    def _index(self, instance: str, add: bool) -> None:
+        """``instance`` (``rank<k>`` or ``<base>/rank<k>``) starts or stops waiting: kept in ``_ranked``."""
+        m = _RANKED.fullmatch(instance)
+        if m is None or str(int(m.group(2))) != m.group(2):
+            return
+        base, rank = m.group(1), int(m.group(2))
+        ranks = self._ranked.get(base, frozenset())
+        ranks = ranks | {rank} if add else ranks - {rank}
+        if ranks:
+            self._ranked[base] = ranks
+        else:
+            self._ranked.pop(base, None)
 
     def __bool__(self) -> bool:
         return bool(self._waiting)
@@ -346,8 +353,9 @@ class Survival:
         if len(self._waiting) >= MAX_WAITING:
             self._drop(next(iter(self._waiting)))
         self._waiting[id(finding)] = [finding, 0, {}]
+        if finding.origin.instance not in self._by:
+            self._index(finding.origin.instance, True)
         self._by.setdefault(finding.origin.instance, {})[id(finding)] = None
-        self._ranks_of.clear()
 
     def _drop(self, key: int) -> None:
         instance = self._waiting.pop(key)[0].origin.instance
@@ -355,7 +363,7 @@ class Survival:
         keys.pop(key, None)
         if not keys:
             del self._by[instance]
-            self._ranks_of.clear()
+            self._index(instance, False)
 
     def progress(self, instance: str, time: float, counters: dict[str, int] | None = None) -> list[Finding]:
         """``instance`` printed a progress line at ``time`` (with ``counters``, see :func:`marks`):
@@ -388,7 +396,7 @@ class Survival:
         """Nothing waits, no notice (a new attempt)."""
         self._waiting.clear()
         self._by.clear()
-        self._ranks_of.clear()
+        self._ranked.clear()
         self.notices.clear()
         self._ids.clear()
         self._last.clear()
