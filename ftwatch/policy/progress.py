@@ -32,8 +32,9 @@ bounds how long an error waits: past it, the error stands as it did before.
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Iterator
+from typing import Container, Iterator
 
 from ftwatch.config.health import STEP_PATTERNS
 from ftwatch.events import Finding, Origin
@@ -55,9 +56,48 @@ PATTERNS: tuple[str, ...] = tuple(_ALL.values())
 _PROGRESS = re.compile("|".join(f"(?:{p})" for p in PATTERNS).encode())
 _COUNTERS = tuple((k, re.compile(p.encode())) for k, p in _ALL.items()
                   if k not in ("loss", "step_megatron_straggler"))     # a loss or a round-trip time counts nothing
+#: A literal each counter pattern's matches hold: a line without it is not searched with the pattern.
+_COUNTER_GATES = {"step_megatron": b"iteration", "step_deepspeed": b"step=", "step_tqdm_its": b"%|",
+                  "step_tqdm_sit": b"%|", "step_lightning_rich": b"Epoch ", "step_plain": b"tep", "epoch": b"poch",
+                  "iteration": b"ter"}
+_GATED_COUNTERS = tuple((k, _COUNTER_GATES[k], rx) for k, rx in _COUNTERS)
 _DIGITS = re.compile(rb"\d+")
 _VETO = re.compile(r"(?i)error|exception|traceback|fail|timed? ?out|abort|killed|fatal")
+#: Where a progress match can start: each alternative of :data:`PATTERNS` holds one of these on the
+#: line its match starts on (``poch``: epoch and Lightning's ``Epoch``; ``ter``: iteration and Megatron;
+#: ``oss``: loss; ``tep``: the plain step and DeepSpeed's ``step=``; ``%|``: tqdm; ``MnRtt/Rnk: ``).
+_LITERALS = rb"(?:poch|ter|oss|tep|%\||MnRtt/Rnk: )"
+#: One rank prefix as ``fields.rank_prefix_at`` reads it; a line starting with :data:`_UNSURE` may
+#: carry a rank that only ``fields.split_rank_prefix`` reads (Ray's prefix, an escape, non-ASCII).
+_PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: )"
+_UNSURE = _PREFIX + rb"{0,4}(?:[(\x1b\x80-\xff]|\[[A-Za-z_][A-Za-z_-]*[0-9]*[\x80-\xff]|[0-9]+[\x80-\xff])"
+#: The end of a line a progress match may run on past (its ``\s`` reaching the next line).
+_TAIL = re.compile(rb"(?:poch|ter|tion|ters|tions|oss|tep|\(train\)|\d/|['\":=(\[])[ \t\r\f\v]*\Z")
+_HAS_LITERAL = re.compile(_LITERALS)
+_TAIL_ENDS = frozenset(bytes([c]) for c in b"hrnsp)'\":=([/")     # the last bytes :data:`_TAIL` allows
+#: The first byte of a line that may carry a rank prefix (``fields.split_rank_prefix``) or an escape.
+_PREFIXED = frozenset(b"[(0123456789\x1b")
+#: The progress pattern, anchored at a position and matching only from its line (the same match
+#: ``_PROGRESS.search`` finds first from there, when it starts on that line).
+_ON_LINE = re.compile(rb"[^\n]*?(" + _PROGRESS.pattern + rb")")
+
+
+@functools.lru_cache(maxsize=64)
+def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
+    """The newline before each line that holds one of :data:`_LITERALS` and may be of ``ranks``
+    (None: any rank): one ``re`` pass per chunk, in C, led by the ``\\n`` (a memchr search)."""
+    if ranks is None:
+        return re.compile(rb"\n(?=[^\n]*?" + _LITERALS + rb")")
+    starts = [_UNSURE] + [b"(?!" + _PREFIX + b")"] * (None in ranks)
+    starts += [_PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*%d\]: ?|0*%d: )" % (k, k)
+               for k in sorted(k for k in ranks if k is not None)]
+    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=[^\n]*?" + _LITERALS + rb")")
+
+
 IGNORED = "python.exception_ignored"
+_RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
+_NO_RANKS: frozenset[int | None] = frozenset()
+_ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
 _TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -68,8 +108,8 @@ def ignored(previous: Finding | None, f: Finding) -> bool:
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
 
 
-def marks(data: bytes, time: float, sim_step: float,
-          year: int | None) -> Iterator[tuple[int | None, float, dict[str, int]]]:
+def marks(data: bytes, time: float, sim_step: float, year: int | None,
+          ranks: Container[int | None] | None = None) -> Iterator[tuple[int | None, float, dict[str, int]]]:
     """The progress lines of a chunk, in order, as (rank from the line's prefix, time, counters):
     the counters are the line's step, iteration and epoch numbers by the name of the pattern that
     found each (:data:`EXTRA_PATTERNS`, ``step_<name>`` for ``STEP_PATTERNS``), each the first
@@ -79,42 +119,125 @@ def marks(data: bytes, time: float, sim_step: float,
     plus ``sim_step`` per line between them; else at ``time`` plus ``sim_step`` per line from the
     chunk's start (how ``ftwatch.rules.engine.Engine.feed`` dates a hit line).
 
+    Cost: one ``re`` pass per chunk, in C (:func:`_finder`: the lines that hold a progress literal
+    and may be of ``ranks``); Python work (decode, veto, timestamp, counters) only for those lines
+    of ``ranks``. They are the lines ``_PROGRESS.finditer`` over the whole chunk starts a match on:
+    a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
+    carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
+    progress line: an untimed line's stamp is looked for back to the last line read, not the last
+    progress line of any rank (``fields.last_timestamp`` tries at most 16 clock-bearing lines a
+    search, so only 16+ unparseable stamps in a row between them could tell).
+
     Args:
         data: complete lines (``b"\\n"``-separated).
         time: the time of the chunk's first line (replay) or when it was read (live).
         sim_step: replay's seconds per untimed line; 0 live.
         year: the year for stamps that carry none.
+        ranks: only the lines whose rank (``fields.split_rank_prefix``; None: no prefix) is in it
+            (None: every line).
     """
-    searched, stamp = 0, None           # the last stamp search ended here; (its line, time, line no)
-    counted, lines = 0, 0               # newlines counted up to ``counted``
-    last_line = -1
-    for m in _PROGRESS.finditer(data):
-        start = data.rfind(b"\n", 0, m.start()) + 1
-        if start == last_line:
+    clock = Clock(data, time, sim_step, year)
+    pos = 0                             # where the last progress match ended (``finditer``'s next start)
+    for start, end, want in _lines(data, ranks):
+        if end < pos:                   # all taken by a match from an earlier line
             continue
-        last_line = start
-        end = data.find(b"\n", start)
-        rank, text = fields.split_rank_prefix(fields.clean(data[start:] if end < 0 else data[start:end]))
+        m = _ON_LINE.match(data, max(start, pos))
+        if m is None:
+            continue
+        pos = m.end(1)
+        if pos <= end and data[start:end].rstrip()[-1:] not in _TAIL_ENDS:
+            pos = end                   # no match can run on past this line
+        while pos < end:                # the line's further matches: one may run on into the next line
+            more = _ON_LINE.match(data, pos)
+            if more is None:
+                break
+            pos = more.end(1)
+        if not want:
+            continue
+        line = data[start:end]
+        rank, text = fields.split_rank_prefix(fields.clean(line))
         if _VETO.search(text):
             continue
         own = fields.parse_timestamp(text, year)
         if own is None and sim_step:
-            found = fields.last_timestamp(data, searched, start, year)
-            searched = start
-            if found is not None:
-                lines += data.count(b"\n", counted, found[0])
-                counted = found[0]
-                stamp = (found[0], found[1], lines)
-            lines += data.count(b"\n", counted, start)
-            counted = start
-            own = (stamp[1] + (lines - stamp[2]) * sim_step) if stamp is not None else time + lines * sim_step
-        line = data[start:] if end < 0 else data[start:end]
+            own = clock.at(start)
         counters = {}
-        for kind, pattern in _COUNTERS:
-            hit = pattern.search(line)
+        for kind, gate, pattern in _GATED_COUNTERS:
+            hit = pattern.search(line) if gate in line else None
             if hit is not None:
                 counters[kind] = int(_DIGITS.search(hit.group()).group())
         yield rank, time if own is None else own, counters
+
+
+class Clock:
+    """The time of a chunk's untimed lines, asked for in line order (:func:`marks`): the last
+    timestamped line's before it plus ``sim_step`` per line between them, else ``time`` plus
+    ``sim_step`` per line from the chunk's start."""
+
+    def __init__(self, data: bytes, time: float, sim_step: float, year: int | None):
+        self.data, self.time, self.sim_step, self.year = data, time, sim_step, year
+        self.searched, self.stamp = 0, None     # the last stamp search ended here; (its line, time, line no)
+        self.counted, self.lines = 0, 0         # newlines counted up to ``counted``
+
+    def at(self, start: int) -> float:
+        """The time of the line starting at ``start`` (not before the last line asked for)."""
+        data = self.data
+        found = fields.last_timestamp(data, self.searched, start, self.year)
+        self.searched = start
+        if found is not None:
+            self.lines += data.count(b"\n", self.counted, found[0])
+            self.counted = found[0]
+            self.stamp = (found[0], found[1], self.lines)
+        self.lines += data.count(b"\n", self.counted, start)
+        self.counted = start
+        if self.stamp is not None:
+            return self.stamp[1] + (self.lines - self.stamp[2]) * self.sim_step
+        return self.time + self.lines * self.sim_step
+
+
+def _lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool]]:
+    """The lines of ``data`` a progress match may start on that matter, in order, as (start, end,
+    wanted): wanted, those of ``ranks`` (None: all); not wanted, those a match may run on from into
+    a wanted line (through lines ending in :data:`_TAIL`), which must be followed for it."""
+    find, size = data.find, len(data)
+    out: dict[int, tuple[int, int, bool]] = {}
+    known: dict[bytes, int | None] = {}             # a rank prefix's bytes -> its rank
+    for m in _finder(None if ranks is None else frozenset(ranks)).finditer(b"\n" + data):
+        start = m.start()                           # (``data`` shifted by the newline put before it)
+        end = find(b"\n", start)
+        end = size if end < 0 else end
+        if ranks is not None:
+            first = data[start] if start < end else 32
+            if (None if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)) not in ranks:
+                continue
+        out[start] = (start, end, True)
+    if ranks is not None:
+        for start in list(out):
+            end = start - 1                         # walk back while a match could run on from there
+            while end >= 0:
+                prev = data.rfind(b"\n", 0, end) + 1
+                if data[prev:end].strip():
+                    if not _TAIL.search(data, prev, end):
+                        break
+                    if prev not in out and _HAS_LITERAL.search(data, prev, end):
+                        out[prev] = (prev, end, False)
+                end = prev - 1
+    return [out[start] for start in sorted(out)]
+
+
+def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> int | None:
+    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed),
+    read from its prefix bytes alone (cached in ``known``) where that reads the same: an ASCII line
+    (``\\d`` and the decoding agree) whose prefixes no Ray prefix or escape follows."""
+    off = fields.rank_prefix_at(data, start)[1]
+    if (off >= end or data[off] not in b"(\x1b") and data.find(b"\x1b", start, off) < 0 and data[start:end].isascii():
+        if off == start:
+            return None
+        key = data[start:off]
+        if key not in known:
+            known[key] = fields.split_rank_prefix(fields.clean(key))[0]
+        return known[key]
+    return fields.split_rank_prefix(fields.clean(data[start:end]))[0]
 
 
 def went_back(before: dict[str, int], now: dict[str, int]) -> bool:
@@ -143,6 +266,7 @@ class Survival:
         self._waiting: dict[int, list] = {}      # id(finding) -> [finding, lines after, {kind: count before}]
         self._by: dict[str, dict[int, None]] = {}    # instance -> the ids of its waiting errors, in order
         self._last: dict[str, Finding] = {}      # each instance's latest finding
+        self._ranked: dict[str | None, frozenset[int]] = {}   # base (None: "rank<k>") -> k of "<base>/rank<k>" waiting
 
     def is_notice(self, f: Finding) -> bool:
         """``f`` was outlived (or ignored by Python)."""
@@ -171,14 +295,39 @@ class Survival:
                  year: int | None) -> list[tuple[Finding, float]]:
         """Read a chunk of ``origin``'s output (see :func:`marks`) for the waiting errors: those
         it outlives, each with the time of the progress line that did, now notices."""
+        ranks = self._ranks(origin)
+        if not ranks:
+            return []
         out = []
-        for rank, at, counters in marks(data, time, sim_step, year):
+        for rank, at, counters in marks(data, time, sim_step, year, None if ranks is _ALL_RANKS else ranks):
             for f in self.progress(origin.with_rank(rank).instance, at, counters):
                 self._note(f)
                 out.append((f, at))
             if not self._waiting:
                 break
         return out
+
+    def _ranks(self, origin: Origin) -> Container[int | None]:
+        """The ranks (None: no prefix) of ``origin``'s lines whose instance has an error waiting
+        (``Origin.with_rank``: ``rank<k>`` in a replay, else ``<instance>/rank<k>``), or
+        :data:`_ALL_RANKS`. O(1): the waiting instances are indexed by name (:meth:`_index`)."""
+        if origin.rank is not None:             # every line is the origin's instance
+            return _ALL_RANKS if origin.instance in self._by else ()
+        ranks = self._ranked.get(None if origin.source == "replay" else origin.instance, _NO_RANKS)
+        return ranks | {None} if origin.instance in self._by else ranks
+
+    def _index(self, instance: str, add: bool) -> None:
+        """``instance`` (``rank<k>`` or ``<base>/rank<k>``) starts or stops waiting: kept in ``_ranked``."""
+        m = _RANKED.fullmatch(instance)
+        if m is None or str(int(m.group(2))) != m.group(2):
+            return
+        base, rank = m.group(1), int(m.group(2))
+        ranks = self._ranked.get(base, frozenset())
+        ranks = ranks | {rank} if add else ranks - {rank}
+        if ranks:
+            self._ranked[base] = ranks
+        else:
+            self._ranked.pop(base, None)
 
     def __bool__(self) -> bool:
         return bool(self._waiting)
@@ -204,6 +353,8 @@ class Survival:
         if len(self._waiting) >= MAX_WAITING:
             self._drop(next(iter(self._waiting)))
         self._waiting[id(finding)] = [finding, 0, {}]
+        if finding.origin.instance not in self._by:
+            self._index(finding.origin.instance, True)
         self._by.setdefault(finding.origin.instance, {})[id(finding)] = None
 
     def _drop(self, key: int) -> None:
@@ -212,6 +363,7 @@ class Survival:
         keys.pop(key, None)
         if not keys:
             del self._by[instance]
+            self._index(instance, False)
 
     def progress(self, instance: str, time: float, counters: dict[str, int] | None = None) -> list[Finding]:
         """``instance`` printed a progress line at ``time`` (with ``counters``, see :func:`marks`):
@@ -244,6 +396,7 @@ class Survival:
         """Nothing waits, no notice (a new attempt)."""
         self._waiting.clear()
         self._by.clear()
+        self._ranked.clear()
         self.notices.clear()
         self._ids.clear()
         self._last.clear()

@@ -1,0 +1,170 @@
+"""The progress check's cost while an error waits (issue 16 item 1): ``ftwatch.policy.progress.marks``
+finds a chunk's progress lines of the waiting ranks in one C pass; other lines get no per-line
+Python (no regex, no decode, no timestamp), and what it reads equals the per-line reading."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from ftwatch.events import Origin
+from ftwatch.parsers import fields
+from ftwatch.policy import progress
+from ftwatch.testing import T0, finding
+
+
+def reference_marks(data: bytes, time: float, sim_step: float, year: int | None):
+    """The per-line reading ``marks`` replaced (``_PROGRESS.finditer`` over the chunk, then every
+    progress line of every rank decoded, vetoed, dated and counted): the oracle (the dating of
+    untimed lines, ``progress.Clock``, is shared: it did not change)."""
+    clock, last_line = progress.Clock(data, time, sim_step, year), -1
+    for m in progress._PROGRESS.finditer(data):
+        start = data.rfind(b"\n", 0, m.start()) + 1
+        if start == last_line:
+            continue
+        last_line = start
+        end = data.find(b"\n", start)
+        rank, text = fields.split_rank_prefix(fields.clean(data[start:] if end < 0 else data[start:end]))
+        if progress._VETO.search(text):
+            continue
+        own = fields.parse_timestamp(text, year)
+        if own is None and sim_step:
+            own = clock.at(start)
+        line = data[start:] if end < 0 else data[start:end]
+        counters = {kind: int(re.search(rb"\d+", hit.group()).group())
+                    for kind, pattern in progress._COUNTERS if (hit := pattern.search(line)) is not None}
+        yield rank, time if own is None else own, counters
+
+
+LINES = [
+    "[rank{r}]: [2026-11-21 09:00:{s:02d}] iteration {n:>8}/ 1000 | consumed samples: 9 | "
+    "elapsed time per iteration (ms): 12.5 | lm loss: 2.1E+00 |",
+    "[default{r}]:step {n} loss 0.{n:03d}", "[default{r}]:[rank{r}]: Epoch {n}/9 some text", "{r}: iters: {n}",
+    "2026-11-21 10:00:{s:02d},000 INFO reading shard {n}", "nothing at all {n}",
+    "[rank{r}]: RuntimeError: failed at step {n}", "[rank{r}]: epoch", " {n} loss", "[rank{r}]: iteration",
+    "", "   ", "[rank{r}]: loss =", "{n}.5 step=3, skipped=0", "\x1b[31m[rank{r}]: step {n}\x1b[0m",
+    "(pid=4{r}) [rank{r}]: step {n}", "[rank\u0663]: step {n}", "[a{r}]:[rank{r}]:[b1]:[c{r}]:[d2]: step {n}",
+    " 45%|####5     | {n}/100 [00:10<00:12,  4.50it/s]", "{{'loss': 0.12, 'epoch': {r}.5}}",
+    "Epoch(train) [1][{n}/500]", "[2026-11-21 09:00:{s:02d}] global_step={n}", "[W1121 09:36:03] step {n} x",
+]
+
+
+def chunk(seed: int, count: int = 400) -> bytes:
+    rng = random.Random(seed)
+    out = [rng.choice(LINES).format(r=rng.randrange(4), n=rng.randrange(1, 999), s=rng.randrange(60))
+           for _ in range(count)]
+    return ("\n".join(out) + ("\n" if seed % 2 else "")).encode()
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("sim_step", [0.0, 0.001])
+def test_marks_equal_the_per_line_reading_for_every_rank_set(seed, sim_step):
+    data = chunk(seed)
+    want = list(reference_marks(data, T0, sim_step, 2026))
+    assert list(progress.marks(data, T0, sim_step, 2026)) == want
+    for ranks in ({1}, {None}, {None, 1}, {0, 3}, {3}, set()):
+        assert list(progress.marks(data, T0, sim_step, 2026, ranks)) == [m for m in want if m[0] in ranks]
+
+
+def test_a_match_running_on_into_a_waiting_ranks_line_is_followed():
+    # rank 0's "iteration" runs on (\s) into rank 1's line and takes its "7" (so no "7.5" loss there)
+    data = b"[rank0]: epoch\n\n 3 x\n[rank0]: iteration\n7.5 loss\n[rank1]: loss =\n 2.5\n"
+    want = list(reference_marks(data, T0, 0.0, 2026))
+    assert list(progress.marks(data, T0, 0.0, 2026, {None})) == [m for m in want if m[0] is None]
+    assert list(progress.marks(data, T0, 0.0, 2026, {1})) == [m for m in want if m[0] == 1]
+
+
+class Counting:
+    """A compiled pattern whose ``search`` / ``match`` calls are counted."""
+
+    def __init__(self, pattern, calls: list):
+        self.pattern, self.calls = pattern, calls
+
+    def search(self, *args):
+        self.calls.append(self.pattern.pattern)
+        return self.pattern.search(*args)
+
+    def match(self, *args):
+        self.calls.append(self.pattern.pattern)
+        return self.pattern.match(*args)
+
+
+@pytest.fixture
+def per_line_calls(monkeypatch) -> list:
+    """Every per-line regex, decode, rank read and timestamp parse of ``marks``, counted."""
+    calls: list = []
+    monkeypatch.setattr(progress, "_ON_LINE", Counting(progress._ON_LINE, calls))
+    monkeypatch.setattr(progress, "_VETO", Counting(progress._VETO, calls))
+    monkeypatch.setattr(progress, "_TAIL", Counting(progress._TAIL, calls))
+    monkeypatch.setattr(progress, "_HAS_LITERAL", Counting(progress._HAS_LITERAL, calls))
+    monkeypatch.setattr(progress, "_GATED_COUNTERS",
+                        tuple((k, g, Counting(rx, calls)) for k, g, rx in progress._GATED_COUNTERS))
+    for name in ("clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "rank_prefix_at"):
+        real = getattr(fields, name)
+        monkeypatch.setattr(fields, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    return calls
+
+
+def held(instance: str = "corpus", rank: int | None = None) -> progress.Survival:
+    s = progress.Survival(window=60, needed=2)
+    s.wait(finding("python.exception", time=T0, at=Origin(instance, rank, "j", "n", "stderr", "replay")))
+    return s
+
+
+N = 5000
+
+
+def test_non_progress_lines_cost_no_per_line_python_while_an_error_waits(per_line_calls):
+    origin = Origin("corpus", None, "j", "n", "stderr", "replay")
+    quiet = b"".join(b"2026-11-21 10:00:00,000 INFO reading shard %d of the data set\n" % i for i in range(N))
+    assert held().outlived(origin, quiet, T0 + 1, 0.001, 2026) == []
+    assert per_line_calls == []
+
+
+def test_other_ranks_progress_lines_cost_no_per_line_python(per_line_calls):
+    origin = Origin("corpus", None, "j", "n", "stderr", "replay")
+    others = b"".join(b"[rank%d]: [2026-11-21 10:00:01] step %d loss 0.5\n" % (i % 4, i) for i in range(N))
+    s = held("rank7")
+    assert s.outlived(origin, others, T0 + 1, 0.001, 2026) == []
+    assert per_line_calls == [] and s
+    # an origin whose instance has no error waiting: not even the chunk pass
+    assert held("worker-9", 9).outlived(Origin("worker-1", 1, "j", "n", "stderr", "process"),
+                                        others, T0 + 1, 0.0, 2026) == []
+
+
+def test_the_waiting_ranks_progress_still_outlives_its_error(per_line_calls):
+    origin = Origin("corpus", None, "j", "n", "stderr", "replay")
+    data = b"".join(b"[rank%d]: step %d loss 0.5\n" % (i % 4, i) for i in range(N))
+    s = held("rank3")
+    f = next(iter(s._waiting.values()))[0]
+    outlived = s.outlived(origin, data, T0 + 1, 0.0, 2026)
+    assert [g for g, _ in outlived] == [f] and not s
+    assert per_line_calls.count("parse_timestamp") == 2        # rank 3's first two progress lines only
+    assert per_line_calls.count("clean") == 3                  # those, and the "[rank3]: " prefix once
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decisions_equal_the_per_line_path(seed):
+    data = chunk(seed, 2000)
+    origin = Origin("corpus", None, "j", "n", "stderr", "replay")
+    for instance in ("rank1", "corpus", "rank3"):
+        fast, slow = held(instance), held(instance)
+        got = fast.outlived(origin, data, T0 - 3600, 0.001, 2026)
+        want = []
+        for rank, at, counters in reference_marks(data, T0 - 3600, 0.001, 2026):
+            want += [(f, at) for f in slow.progress(origin.with_rank(rank).instance, at, counters)]
+            if not slow:
+                break
+        assert got == want and bool(fast) == bool(slow)
+
+
+def test_the_ranks_read_follow_the_waiting_set():
+    origin = Origin("corpus", None, "j", "n", "stderr", "replay")
+    data = b"".join(b"[rank%d]: step %d loss 0.5\n" % (i % 2, i) for i in range(8))
+    s = held("rank0")
+    assert len(s.outlived(origin, data, T0 + 1, 0.0, 2026)) == 1 and not s
+    later = finding("python.exception", time=T0 + 1, at=Origin("rank1", None, "j", "n", "stderr", "replay"))
+    s.wait(later)                                   # another rank waits now: its lines are read
+    assert s.outlived(origin, data, T0 + 2, 0.0, 2026) == [(later, T0 + 2)]
