@@ -121,28 +121,41 @@ class SummaryLines:
     """The lines of one stream's torchelastic failure summaries, gathered from its chunks.
 
     A summary runs from ``Failures:`` (or ``Root Cause (first observed failure)``) to its
-    ``=====`` border; a chunk boundary may fall anywhere in it. Only chunks that hold (part of)
-    a summary are split into lines; the rest costs two substring searches.
+    ``=====`` border; a chunk boundary may fall anywhere in it. Only the summaries' own lines
+    are split and cleaned (from a start's line to the end of the border's line); the lines
+    between them, and every chunk without a start or an open summary, cost a few substring
+    searches. A summary that never closes is cut after ``MAX_SUMMARY_LINES`` lines.
     """
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self._open = False
+        self._count = 0          # lines taken of the summary still open
 
     def take(self, chunk: bytes) -> bool:
         """Read one chunk of complete lines; True when a summary closed in it (its failures are
         then ready: :meth:`failures`)."""
-        last = max(chunk.rfind(s) for s in _STARTS)
-        if last < 0 and not self._open:
-            return False
-        begin = 0
-        if not self._open:                          # from the line of the first start on
-            first = min(i for i in (chunk.find(s) for s in _STARTS) if i >= 0)
-            begin = chunk.rfind(b"\n", 0, first) + 1
-        self.lines.extend(clean(raw) for raw in chunk[begin:].split(b"\n"))
-        closed = chunk.find(b"=====", max(last, begin)) >= 0 or len(self.lines) > MAX_SUMMARY_LINES
-        self._open = not closed
-        return closed
+        took, pos, size = False, 0, len(chunk)
+        while pos < size:
+            if not self._open:                      # the next start, from its line on
+                found = [i for i in (chunk.find(s, pos) for s in _STARTS) if i >= 0]
+                if not found:
+                    break
+                pos = max(pos, chunk.rfind(b"\n", pos, min(found)) + 1)
+                self._open, self._count = True, 0
+            border = chunk.find(b"=====", pos)
+            end = size if border < 0 else chunk.find(b"\n", border) + 1 or size
+            part = chunk[pos:end].split(b"\n")
+            if chunk.endswith(b"\n", pos, end):
+                part.pop()                          # nothing after the span's last newline
+            room = MAX_SUMMARY_LINES + 1 - self._count
+            self.lines.extend(clean(raw) for raw in part[:room])
+            self._count += min(len(part), room)
+            took = True
+            if border >= 0 or self._count > MAX_SUMMARY_LINES:
+                self._open = False
+            pos = end
+        return took and not self._open              # the chunk's last summary closed in it
 
     @property
     def pending(self) -> bool:
@@ -151,7 +164,7 @@ class SummaryLines:
 
     def failures(self) -> list[SummaryFailure]:
         """The failures of every summary read so far (an unclosed one too); forgets them."""
-        lines, self.lines, self._open = self.lines, [], False
+        lines, self.lines, self._open, self._count = self.lines, [], False, 0
         return parse_summary(lines)
 
 

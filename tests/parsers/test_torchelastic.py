@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftwatch.parsers.torchelastic import SummaryFailure, parse_summary
+from ftwatch.parsers.torchelastic import MAX_SUMMARY_LINES, SummaryFailure, SummaryLines, parse_summary
 
 AT = datetime(2026, 11, 21, 11, 2, 19, tzinfo=timezone.utc).timestamp()
 
@@ -159,3 +159,48 @@ def test_never_raises_and_every_entry_has_a_rank_and_a_code(lines):
     for failure in parse_summary(lines):
         assert isinstance(failure.rank, int) and failure.rank >= 0
         assert isinstance(failure.exitcode, int)
+
+
+# -- SummaryLines: the summaries of a stream read chunk by chunk -----------------------------------
+
+_NOISE = [f"[rank{i % 4}]: step {i} loss 1.{i:03d}" for i in range(300)]
+_LOG = _NOISE + SIGKILL_SUMMARY + _NOISE + NO_OTHER_FAILURES + _NOISE
+
+
+def _read(chunks: list[bytes]) -> tuple[list[SummaryFailure], SummaryLines, list[bool]]:
+    reader = SummaryLines()
+    closed = [reader.take(c) for c in chunks]
+    kept = list(reader.lines)
+    return reader.failures(), kept, closed
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(_LOG) - 1), max_size=8, unique=True))
+def test_chunked_reading_equals_reading_the_whole_log(cuts):
+    """Wherever the chunk boundaries fall (at line ends), the failures are those of the whole log."""
+    bounds = [0, *sorted(cuts), len(_LOG)]
+    chunks = [("\n".join(_LOG[a:b]) + "\n").encode() for a, b in zip(bounds, bounds[1:])]
+    found, _, _ = _read(chunks)
+    assert found == parse_summary(_LOG)
+
+
+def test_only_the_summaries_own_lines_are_kept():
+    """The worker lines between and around summaries are never split, cleaned or kept."""
+    found, kept, closed = _read([("\n".join(_LOG) + "\n").encode()])
+    def own(summary: list[str]) -> list[str]:          # from its start line to its closing border
+        first = next(i for i, line in enumerate(summary) if line.startswith("Failures:"))
+        border = next(i for i in range(first, len(summary)) if summary[i].startswith("====="))
+        return summary[first:border + 1]
+    assert kept == own(SIGKILL_SUMMARY) + own(NO_OTHER_FAILURES)
+    assert not any("loss" in line for line in kept)
+    assert closed == [True]
+    assert [f.rank for f in found] == [0, 2, 1, 13]
+
+
+def test_a_summary_that_never_closes_is_cut_after_its_line_limit():
+    start = SIGKILL_SUMMARY[7:-1]                        # from Failures: on, no closing border
+    chunk = ("\n".join(start + _NOISE * 10) + "\n").encode()
+    reader = SummaryLines()
+    assert reader.take(chunk)                            # cut: read as closed
+    assert len(reader.lines) == MAX_SUMMARY_LINES + 1
+    assert not reader.take(("\n".join(_NOISE) + "\n").encode())
+    assert len(reader.lines) == MAX_SUMMARY_LINES + 1    # nothing more after the cut
