@@ -234,7 +234,9 @@ def test_the_readme_batch_script_requeues_the_job_and_drains_the_node(cluster):
     assert reason.startswith(f"ftwatch {decision.group(1)}: xid.79: NVRM: Xid"), node
     assert cluster.node in cluster.sh("sinfo", "-R", "-h", "-o", "%N")
     assert f"ftwatch: slurm scontrol requeue {job} (requeue the job): ok" in text
-    assert f"scontrol update NodeName={cluster.node} State=DRAIN" in text and "REQUEUED" in text
+    assert f"scontrol update NodeName={cluster.node} State=DRAIN" in text
+    # ftwatch's own "REQUEUED" summary races Slurm: the requeue cancels the running job step
+    # (slurmstepd's "CANCELLED ... DUE TO JOB REQUEUE"), so it is not asserted here.
     # the state (.ftwatch-state in the submit directory) keeps the decision with what was done
     shown = subprocess.run([sys.executable, "-m", "ftwatch", "explain", "--state-dir", str(work / ".ftwatch-state"),
                             decision.group(1)], capture_output=True, text=True, timeout=60, env=env).stdout
