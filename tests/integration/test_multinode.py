@@ -128,8 +128,11 @@ def test_a_straggling_node_is_named_by_the_node_check_and_leaves_within_min_max(
     outs = [output(tmp_path, n) for n in range(3)]
     assert codes == [0, 0, 1], "\n=====\n".join(outs)
     assert "node 2 left out of generation 0: The node is a straggler and exits." in outs[2]
-    lead = next(o for o in outs if "leads the job" in o)
-    assert "Node Check round 2" in lead and "Node Check node 2: straggler" in lead
+    # the node that ran the check led the job then; it may be node 2 itself, which then leaves,
+    # and another node takes the lead (also "leads the job"), so look at every leader's output
+    leads = [o for o in outs if "leads the job" in o]
+    assert any("Node Check round 2" in o and "Node Check node 2: straggler" in o for o in leads), \
+        "\n=====\n".join(outs)
     for out in outs[:2]:
         assert "generation 0: nodes [0, 1]" in out
 
