@@ -80,5 +80,7 @@ def test_the_worker_that_left_first_is_the_root_cause(tmp_path: Path, leave: str
     assert (d["root_cause"]["rule_id"], d["root_cause"]["rank"], d["root_cause"]["failure_class"]) == \
         (rule_id, 1, failure_class), out
     assert "→ restart; D3 max_num_of_job_restart" in d["policy_clause"], d["policy_clause"]   # retryable
-    assert "Connection" in out                        # the peers lost it
+    if not leave.startswith("torchrun"):
+        # the peers lost it; torchrun's agent may stop them (SIGTERM) before they notice
+        assert "Connection" in out
     assert ("worker-0 (rank 1)" if leave.startswith("torchrun") else "worker-1 (rank 1)") in out   # named
