@@ -112,11 +112,7 @@ class _LineClock:
         line = line_at(self.data, start)
         default = engine._carry_time if start < engine._carry_end else self.time
         year = engine._year
-
-        def read() -> float:
-            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
-            return default if stamp is None else stamp
-        return read
+        return lambda: _own_time(line, year, default)
 
     def __call__(self, start: int) -> float:
         engine, data = self.engine, self.data
@@ -135,6 +131,39 @@ class _LineClock:
         if found is not None:
             return found[1] + data.count(b"\n", found[0], start) * self.sim_step
         return self.time + line_no * self.sim_step
+
+
+def _own_time(line: str, year: int, default: float) -> float:
+    """The timestamp of ``line`` (cleaned, rank prefix removed), else ``default`` (epoch s)."""
+    stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
+    return default if stamp is None else stamp
+
+
+class _BatchClock:
+    """``_LineClock`` for a chunk made of many streams' chunks (``Engine.feed_steps``; live, no
+    block carried): a line's own timestamp, else the time of the chunk it came in.
+
+    Args:
+        data: the chunks joined.
+        bounds: where each chunk starts in ``data`` (sorted).
+        times: each chunk's time (epoch s); its year dates stamps that carry none.
+        year: the engine's fixed year, or 0 (then each chunk's time's).
+    """
+
+    def __init__(self, data: bytes, bounds: list[int], times: list[float], year: int):
+        self.data, self.bounds, self.times, self.year = data, bounds, times, year
+
+    def _at(self, start: int) -> tuple[str, int, float]:
+        time = self.times[bisect.bisect_right(self.bounds, start) - 1]
+        return line_at(self.data, start), self.year or fields.year_of(time), time
+
+    def __call__(self, start: int) -> float:
+        return _own_time(*self._at(start))
+
+    def later(self, start: int) -> Callable[[], float]:
+        """The time of the line at ``start``, read only if called (``_LineClock.later``, live)."""
+        line, year, time = self._at(start)
+        return lambda: _own_time(line, year, time)
 
 
 class Engine:
@@ -388,6 +417,45 @@ class Engine:
         self.stats.bytes += len(data)
         self._count(data, len(data))
         return True
+
+    def steps_only(self, origin: Origin, hits: list[tuple[int, int]] | None) -> bool:
+        """Whether :meth:`feed` of a chunk with ``hits`` (from :meth:`scan_many`) would only
+        count it and hand its step lines to the tap: no rule hit, step lines found, no open
+        block of ``origin`` carried over. Such chunks of many origins go to :meth:`feed_steps`
+        together."""
+        return (hits is not None and not hits and self.steps is not None and bool(getattr(hits, "steps", None))
+                and not (self._pending and origin in self._pending))
+
+    def feed_steps(self, parts: Sequence[tuple[Origin, bytes, float, list]]) -> list[Finding]:
+        """The step lines of many origins' chunks in one step-tap call (``watch``: a batch's
+        chunks that :meth:`steps_only` passed): the same step times as :meth:`feed` of each
+        chunk, its findings (stragglers) after them all, the ranks' verdicts once for the
+        batch, not once per chunk.
+
+        Args:
+            parts: ``(origin, data, time, steps)`` per chunk: complete lines without ANSI
+                escapes, the chunk's time (epoch s, live), its step lines (``ScanHits.steps``).
+
+        Returns:
+            The step tap's findings.
+        """
+        bounds: list[int] = []
+        times: list[float] = []
+        hits: list = []
+        who: dict[int, Origin] = {}             # a step line's start -> its stream
+        pos = 0
+        for origin, data, time, steps in parts:
+            bounds.append(pos)
+            times.append(time)
+            for start, pid, match in steps:
+                hits.append((start + pos, pid, match))
+                who[start + pos] = origin
+            pos += len(data)
+        data = b"".join([p[1] for p in parts])
+        self.stats.bytes += len(data)
+        self._count(data, len(data))
+        return self.steps.take_chunk(who.__getitem__, data, len(data), (),
+                                     _BatchClock(data, bounds, times, self.year or 0), self.next_seq, hits)
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

@@ -119,3 +119,32 @@ def test_line_times_asked_in_any_order_are_those_asked_in_order(rules, seed):
     for i, line in enumerate(lines):
         if not line.startswith("["):                      # a stamped line answers its own stamp
             assert got[i] == pytest.approx(in_order[i]), i
+
+
+def test_step_only_chunks_of_many_origins_in_one_call_take_what_feed_takes(rules):
+    """``Engine.feed_steps`` (a batch's chunks that only the step tap hit, many origins at once):
+    the same step times per rank as feeding each chunk alone, lines without a duration timed by
+    their own chunk's time, the same straggler; chunks with a rule hit or an open block are not
+    step-only."""
+    alone = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)))
+    together = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)), like=alone)
+    expected, got = [], []
+    for n in range(1, 10):
+        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
+                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
+        t = {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+        expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
+        scans = together.scan_many([data for _, data in parts])
+        step_only = [(o, d, t[o.rank], h.steps) for (o, d), h in zip(parts, scans) if together.steps_only(o, h)]
+        assert len(step_only) == 8
+        for (o, d), h in zip(parts, scans):
+            if not together.steps_only(o, h):
+                assert together.count_if_quiet(o, d, h)
+        got += together.feed_steps(step_only)
+    assert [(f.kind, f.rank) for f in got] == [(f.kind, f.rank) for f in expected] == [("straggler", 5)]
+    for instance, rank in alone.steps.jobs["job1"].ranks.items():
+        assert list(together.steps.jobs["job1"].ranks[instance].samples) == pytest.approx(list(rank.samples))
+    assert together.stats.lines == alone.stats.lines and together.stats.bytes == alone.stats.bytes
+    origin = Origin("w0", 0, "job1", "node-a", "stderr", "forward")
+    data = b"step 10/100 loss 0.5\nRuntimeError: NCCL error: unhandled system error\n"
+    assert not together.steps_only(origin, together.scan_many([data])[0])      # a rule hit: feed it
