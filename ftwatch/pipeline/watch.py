@@ -1,6 +1,7 @@
 """``ftwatch watch``: many jobs that ftwatch did not launch, from shipped logs.
 
-Sources put ``list[Shipped]`` on one bounded queue. The loop unwraps envelopes, names each
+Sources put ``list[Shipped]`` on one bounded queue. The loop takes the batches queued at once
+together (``Watcher.next_batch``, up to ``MERGE_LINES`` lines), unwraps envelopes, names each
 line's job / node / instance (``ftwatch.pipeline.sources.identity``), groups the lines of one batch by
 origin into chunks and hands each job's chunks, origins beside them, to its
 :class:`ftwatch.pipeline.incidents.IncidentDesk` in one call (``output_many``)
@@ -39,8 +40,9 @@ Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve on
 once when a launcher of the job logs that its worker group finished successfully
 (``ftwatch.parsers.torchelastic.CLEAN_FINISH``), and as superseded when the job is failed.
 
-Size: a little over 400 lines, one job (the loop over batches and the jobs' lifetimes); handing
-a batch over per job (issue 16) needs the job state it orders against (new desks, host lines).
+Size: past 400 lines, one job (the loop over batches and the jobs' lifetimes); taking a backlog
+at once and handing a batch over per job (issue 16) need the job state it orders against (new
+desks, host lines).
 """
 
 from __future__ import annotations

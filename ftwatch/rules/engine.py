@@ -22,7 +22,8 @@ found by one backward search over the lines since the previous hit
 (``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
 one feed's state (the carried part, the line count, the last stamp found), so they stay here;
 judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``. That shared
-state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, included).
+state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, and
+``feed_steps``, its step-only chunks in one step-tap call, included).
 """
 
 from __future__ import annotations
