@@ -255,7 +255,7 @@ class IncidentDesk:
         """
         trigger = None
         counts: list[tuple[Origin, int, int, float]] = []
-        stepping: list[tuple[Origin, bytes, float, list]] = []
+        stepping: list[tuple[Origin, bytes, float, list[tuple[int, int]]]] = []
         engine, survival, summary_lines = self.engine, self.survival, self._exits.summary_lines
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
         instances, tails, output = self.instances, self._tails, self.tracker.output
@@ -289,7 +289,7 @@ class IncidentDesk:
             found = None
             if not quiet(origin, data, hits):
                 if steps_only(origin, hits):
-                    stepping.append((origin, data, time, hits.steps))
+                    stepping.append((origin, data, time, hits))
                 else:
                     found = engine.feed(origin, data, time, hits=hits)
             if found or (survival and survival.watches(origin)):   # read for a waiting error's progress

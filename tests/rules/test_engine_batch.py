@@ -135,7 +135,7 @@ def test_step_only_chunks_of_many_origins_in_one_call_take_what_feed_takes(rules
         t = {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
         expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
         scans = together.scan_many([data for _, data in parts])
-        step_only = [(o, d, t[o.rank], h.steps) for (o, d), h in zip(parts, scans) if together.steps_only(o, h)]
+        step_only = [(o, d, t[o.rank], h) for (o, d), h in zip(parts, scans) if together.steps_only(o, h)]
         assert len(step_only) == 8
         for (o, d), h in zip(parts, scans):
             if not together.steps_only(o, h):
