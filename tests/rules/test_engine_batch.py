@@ -75,6 +75,15 @@ def test_a_fault_code_candidate_without_a_code_builds_no_record(rules):
     assert finding.kind == "fault_code" and engine.stats.records == 1
 
 
+def step_rounds():
+    """9 batches of 12 origins: ranks 0-7 print a step line each (rank 5 three times slower), the
+    rest plain text; per batch its ``(origin, chunk)`` parts and each rank's chunk time."""
+    for n in range(1, 10):
+        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
+                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
+        yield parts, {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+
+
 def test_a_batch_finds_its_step_lines_in_one_pass(rules, monkeypatch):
     """``scan_many`` also finds the batch's step lines, once for all origins: feeding each chunk
     with its hits makes the straggler that chunks fed alone make, and the tap looks for step
@@ -86,10 +95,7 @@ def test_a_batch_finds_its_step_lines_in_one_pass(rules, monkeypatch):
     real = tracker.lines.find
     monkeypatch.setattr(tracker.lines, "find", lambda *a: passes.append(len(a[0])) or real(*a))
     expected, got = [], []
-    for n in range(1, 10):
-        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
-                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
-        t = {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+    for parts, t in step_rounds():
         expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
         scans = together.scan_many([data for _, data in parts])
         got += [f for (origin, data), hits in zip(parts, scans) for f in together.feed(origin, data, t[origin.rank],
@@ -129,10 +135,7 @@ def test_step_only_chunks_of_many_origins_in_one_call_take_what_feed_takes(rules
     alone = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)))
     together = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)), like=alone)
     expected, got = [], []
-    for n in range(1, 10):
-        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
-                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
-        t = {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+    for parts, t in step_rounds():
         expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
         scans = together.scan_many([data for _, data in parts])
         step_only = [(o, d, t[o.rank], h) for (o, d), h in zip(parts, scans) if together.steps_only(o, h)]
