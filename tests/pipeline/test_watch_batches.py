@@ -112,3 +112,23 @@ def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch
     assert rec.metrics is not None
     with pytest.raises(queue.Empty):
         w.queue.get_nowait()
+
+
+def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
+    """Two pods running torchrun (no rank from the pod) both print ``[rank0]:`` and ``[rank1]:``
+    step lines, interleaved in one batch: the step tap, handed the batch's step lines in one
+    call, keeps four ranks (``<pod>/rank<k>``), each with its own six lines' five step times
+    (mixed by rank alone: two ranks, each with both pods' repeated step numbers)."""
+    clock = FakeClock()
+    w, _ = make(tmp_path, clock)
+    batch = []
+    for n in range(1, 7):
+        for pod in ("llm-a", "llm-b"):
+            for r in (0, 1):
+                batch.append(Shipped(clock.time() + n * (0.2 if pod == "llm-b" else 0.1),
+                                     f"[rank{r}]: step {n}/100 loss 0.5".encode(),
+                                     {"job": "llm", "node": "node-0", "pod": pod, "rank": None}))
+    w.ingest(batch)
+    ranks = w.engine.steps.jobs["llm"].ranks
+    assert sorted(ranks) == ["llm-a/rank0", "llm-a/rank1", "llm-b/rank0", "llm-b/rank1"]
+    assert {name: len(rank.samples) for name, rank in ranks.items()} == dict.fromkeys(ranks, 5)  # steps 2-6
