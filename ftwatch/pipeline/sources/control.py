@@ -345,7 +345,7 @@ class ControlHandler:
             return {"ok": False, "error": str(exc)}
         new = [e for e in errors if e not in self.retryable]
         if new:                     # every rank sends the same list: recompile the database once
-            self.rule_ids += self.engine.add_rules(rules) or []   # only those new to the engine
+            self.rule_ids += self.engine.add_rules(rules)    # only those new to the engine
         self.retryable += new
         self._event("retryable_errors", m, errors=errors)
         return {"ok": True, "rules": [r.id for r in rules]}
