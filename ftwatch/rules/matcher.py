@@ -82,11 +82,27 @@ def _hs_first_error(exprs: Sequence[_Expr]) -> tuple[int, str] | None:
     return None
 
 
+_SURE_LITERAL = 4096    # bytes of a literal's escaped form that RE2 surely compiles
+
+
+def _needs_re2_check(pattern: Pattern, expr: _Expr) -> bool:
+    """Whether RE2 must compile ``pattern`` to know it valid (``_check_re2``): a regex, or a
+    literal longer than ``_SURE_LITERAL``."""
+    return pattern.regex or len(expr.re2) > _SURE_LITERAL
+
+
 @functools.lru_cache(maxsize=8192)
 def _check_re2(pattern: Pattern) -> str | None:
-    """Returns why ``pattern`` is outside the subset or invalid on RE2, or None."""
+    """Returns why ``pattern`` is outside the subset or invalid on RE2, or None.
+
+    A literal of up to ``_SURE_LITERAL`` bytes is only translated (which refuses an empty one,
+    a newline, a lone surrogate): its form is word bytes and ``\\xNN`` escapes, which RE2 always
+    compiles to a non-empty match, so compiling it would only cost time (10,000 rules, mostly
+    literals: ~0.25 s per pass); a longer one is compiled (RE2's memory bound)."""
     try:
-        _re2_compile(_translate(pattern), _re2_options())
+        expr = _translate(pattern)
+        if _needs_re2_check(pattern, expr):
+            _re2_compile(expr, _re2_options())
     except _BadPattern as exc:
         return str(exc)
     return None
@@ -227,7 +243,8 @@ class Matcher:
         for i, pattern in enumerate(self.patterns):
             try:
                 expr = _translate(pattern)
-                _re2_compile(expr, opts)
+                if _needs_re2_check(pattern, expr):
+                    _re2_compile(expr, opts)
             except _BadPattern as exc:
                 bad = (i, str(exc))
                 break
