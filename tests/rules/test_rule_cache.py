@@ -13,24 +13,9 @@ from ftwatch.rules import matcher as matcher_mod
 from ftwatch.rules.loader import load_rules
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern
+from test_loader import GOOD
 
-RULES = """\
-rules:
-  - id: team.loss_spike
-    keywords: ["loss spiked"]
-    regex: ['grad norm: (inf|nan)']
-    caseless: true
-    class: user_code
-    action: fail_job
-    severity: critical
-    priority: 12
-    tags: [training]
-    source: "our trainer"
-    classified_by: "us"
-    description: "the loss jumped"
-    examples: ["step 10 LOSS SPIKED to 9e9"]
-    counterexamples: ["loss steady"]
-
+RULES = GOOD + """
   - id: team.when_only
     when: 'keyword "disk full" and not level == INFO'
     class: retryable_infra
@@ -78,7 +63,7 @@ def test_an_edited_file_is_loaded_again_and_a_broken_one_fails_at_its_line(tmp_p
     path.write_text(RULES)
     load_rules([path], builtin=False)
     path.write_text(RULES.replace("loss spiked", "loss exploded"))
-    (rule, _) = load_rules([path], builtin=False)
+    (rule, _, _) = load_rules([path], builtin=False)
     assert rule.patterns[0] == Pattern("loss exploded", caseless=True) and parses.count(str(path)) == 2
     path.write_text(RULES.replace("action: fail_job", "action: explode"))
     for _ in range(2):                                       # a file with an issue is never cached
@@ -105,7 +90,7 @@ def test_the_same_content_under_another_name_is_located_there(tmp_path, cache, p
     load_rules([tmp_path / "a.yaml"], builtin=False)
     rules = load_rules([tmp_path / "b.yaml"], builtin=False)
     assert parses == [str(tmp_path / "a.yaml")]
-    assert [r.location for r in rules] == [f"{tmp_path / 'b.yaml'}:2", f"{tmp_path / 'b.yaml'}:17"]
+    assert [r.location for r in rules] == [f"{tmp_path / 'b.yaml'}:{line}" for line in (2, 17, 22)]
 
 
 def test_a_damaged_entry_or_other_code_is_a_miss(tmp_path, cache, parses, monkeypatch):
