@@ -24,8 +24,13 @@ it finished, so no cache of it was saved). That is the job's configuration: user
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
    datasets map progress bar), its latest such line within the wait's timeout before the first
-   timeout (``Timeout(ms)`` where a line gives it, else :data:`DEFAULT_WAIT_SECONDS`), and not
-   finished (below 100 %).
+   timeout (``Timeout(ms)`` or ``timed out after <ms>ms`` where a line gives it, else
+   :data:`DEFAULT_WAIT_SECONDS`), not finished (below 100 %), and the bar's own account of that
+   work, elapsed plus remaining (tqdm's ``[21:05<35:52, ...]``), at least the wait's timeout: the
+   work could not end before the replicas' wait did, whatever else happened (a node that died
+   meanwhile would not have saved them). A phase line on a stream without a rank prefix
+   (``torchrun`` prefixes its workers' tracebacks, ``[rank1]:``, but not rank 0's progress bar)
+   counts when the waiting ranks are named: it is not one of theirs.
 
 Then that rank is the root cause, ``collective.busy_rank`` (user_code, fail_job). A rank that
 shows no phase line is not read as busy: a silent rank stays the hang reading of
@@ -56,8 +61,11 @@ _TIMEOUT = re.compile(r"(?i)\btim(?:e|ed)[ _-]?out\b|timeout\b")
 #: that a barrier or a communicator's set-up does.
 _WAIT_CALL = re.compile(r"\bbarrier\(|main_process_first|wait_for_everyone|\ball_?reduce\b|\bbroadcast\("
                         r"|store->get|key-value store")
-#: A progress bar's percentage and counts (tqdm: ``37%|███▋      | 851000/2300000 [``).
-_BAR = re.compile(r"(\d+)%\|[^|]*\| *(\d+)/(\d+) ")
+#: A progress bar's percentage, counts, elapsed and remaining time (tqdm:
+#: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown).
+_BAR = re.compile(r"(\d+)%\|[^|]*\| *(\d+)/(\d+) \[([0-9:]+)<([0-9:]+|\?)")
+#: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``).
+_AFTER_MS = re.compile(r"timed out after (\d+) ?ms")
 _OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
 _LOGGED = ("keyword", "fault_code")
 
@@ -73,13 +81,30 @@ def _waiting(mine: Sequence[Finding]) -> bool:
     return timed_out and waits
 
 
-def _unfinished(f: Finding) -> int | None:
-    """The percentage of a phase line's bar when it is below 100 (else None: done, or no bar)."""
+def _clock(text: str) -> float:
+    """tqdm's ``[H:]MM:SS`` as seconds."""
+    secs = 0.0
+    for part in text.split(":"):
+        secs = secs * 60 + int(part)
+    return secs
+
+
+def _unfinished(f: Finding) -> tuple[int, float] | None:
+    """A phase line's bar below 100 %: its percentage and its whole work (elapsed + remaining, s);
+    None when it is done, has no bar, or does not know what remains."""
     m = _BAR.search(f.line)
-    if m is None:
+    if m is None or m.group(5) == "?":
         return None
-    pct, done, total = (int(g) for g in m.groups())
-    return pct if pct < 100 and done < total else None
+    pct, done, total = (int(g) for g in m.groups()[:3])
+    return (pct, _clock(m.group(4)) + _clock(m.group(5))) if pct < 100 and done < total else None
+
+
+def _timeout_s(f: Finding) -> float | None:
+    """The timeout a wait line gives (the watchdog's ``Timeout(ms)``, c10d's ``after <ms>ms``)."""
+    if isinstance(f.fields.get("timeout_ms"), int):
+        return f.fields["timeout_ms"] / 1000.0
+    m = _AFTER_MS.search(f.line)
+    return int(m.group(1)) / 1000.0 if m else None
 
 
 def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
@@ -98,31 +123,36 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
     if any(f.rank is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
         return None
     by_rank: dict[int, list[Finding]] = {}
+    unranked: dict[str, list[Finding]] = {}
     for f in order:
-        if f.rank is not None and f.kind in _LOGGED:
-            by_rank.setdefault(f.rank, []).append(f)
+        if f.kind in _LOGGED:
+            (by_rank.setdefault(f.rank, []) if f.rank is not None else unranked.setdefault(f.origin.instance, [])
+             ).append(f)
     waiting = sorted({f.rank for f in errors if f.rank is not None and f.kind in _LOGGED})
     if not waiting or not all(_waiting(by_rank.get(r, ())) for r in waiting):
         return None
     timeouts = [f for r in waiting for f in by_rank[r] if f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line)]
     first = min(timeouts, key=lambda f: (f.time, f.seq))
-    window = max((f.fields["timeout_ms"] / 1000.0 for f in timeouts if isinstance(f.fields.get("timeout_ms"), int)),
-                 default=DEFAULT_WAIT_SECONDS)
-    for rank, mine in sorted(by_rank.items()):
-        if rank in waiting:
-            continue
+    window = max((t for f in timeouts if (t := _timeout_s(f)) is not None), default=DEFAULT_WAIT_SECONDS)
+    others = [(str(r), m) for r, m in sorted(by_rank.items()) if r not in waiting] + sorted(unranked.items())
+    for who, mine in others:
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
         if any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
             continue
         phase = max((f for f in before if f.rule_id in PHASE_RULES), key=lambda f: (f.time, f.seq), default=None)
-        if phase is None or first.time - phase.time > window or (pct := _unfinished(phase)) is None:
+        bar = _unfinished(phase) if phase is not None and first.time - phase.time <= window else None
+        if bar is None or bar[1] < window:
             continue
-        line = (f"rank {rank} was still in work of its own ({phase.rule_id}, {pct}% done) when rank(s) {waiting} "
-                f"timed out waiting for it ({first.rule_id}): the program held them in a barrier longer than "
-                "its timeout (rank-0-only work outlasting the process-group timeout; raise the timeout, e.g. "
-                "ddp_timeout, or do the work before the distributed job)")
+        pct, work = bar
+        rank = phase.rank
+        name = f"rank {rank}" if rank is not None else f"{who} (no rank prefix)"
+        line = (f"{name} was still in work of its own ({phase.rule_id}, {pct}% done, {work:.0f} s of work by its "
+                f"bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
+                "program held them in a barrier longer than its timeout (rank-0-only work outlasting the "
+                "process-group timeout; raise the timeout, e.g. ddp_timeout, or do the work before the "
+                "distributed job)")
         return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                        phase.origin, line, first.time, first.seq, (phase.line, first.line),
                        {"busy": rank, "waiting": waiting, "phase": phase.rule_id, "percent": pct,
-                        "window_s": window}, SOURCE)
+                        "work_s": work, "timeout_s": window}, SOURCE)
     return None

@@ -21,9 +21,9 @@ def logged(rank: int, t: float, *lines: str) -> list[Finding]:
     return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), T0 + t, final=True)
 
 
-def bar(pct: int, done: int, total: int = 2_000_000) -> str:
+def bar(pct: int, done: int, total: int = 2_000_000, clock: str = "29:57<18:11") -> str:
     return (f"Running tokenizer on dataset (num_proc=16):  {pct}%|██████    | {done}/{total} "
-            "[29:57<18:11, 713.55 examples/s]")
+            f"[{clock}, 713.55 examples/s]")
 
 
 def store_wait(rank: int) -> list[str]:
@@ -37,6 +37,11 @@ def store_wait(rank: int) -> list[str]:
             f"torch.distributed.DistBackendError: [{rank}] is setting up NCCL communicator and retrieving "
             "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: "
             "Socket Timeout"]
+
+
+def unranked(t: float, line: str) -> list[Finding]:
+    o = Origin("combined", None, "busy", "node-0", "stderr", "process")
+    return ENGINE.feed(o, f"{line}\n".encode(), T0 + t, final=True)
 
 
 def incident(phase: str | None, t_phase: float = 0.0) -> list[Finding]:
@@ -79,6 +84,20 @@ def test_a_busy_rank_that_failed_itself_is_no_busy_rank():
     found += logged(0, 1600.0, "RuntimeError: CUDA error: an illegal memory access was encountered")
     rc = analyse(found, world=4).root_cause
     assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_work_that_its_bar_says_ends_within_the_timeout_does_not_explain_the_wait():
+    """05:00 elapsed + 02:00 remaining: the main process's map alone could not hold them 30 min."""
+    rc = analyse(incident(bar(61, 1_221_000, clock="05:00<02:00"), t_phase=1500.0), world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_a_bar_without_a_rank_prefix_beside_named_waiting_ranks_is_the_busy_one():
+    """torchrun prefixes the workers' tracebacks ([rank1]:) but not rank 0's progress bar."""
+    found = unranked(1500.0, bar(92, 1_840_000)) + incident(None)
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.rank is None and rc.fields["waiting"] == [1, 2, 3]
 
 
 def test_phase_rules_are_the_packs_rank_phase_rules():
