@@ -23,12 +23,14 @@ it finished, so no cache of it was saved). That is the job's configuration: user
    program error); exits are left aside (a waiting rank's exit says nothing more);
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
-   datasets map progress bar), its latest such line within the wait's timeout before the first
-   timeout (``Timeout(ms)`` or ``timed out after <ms>ms`` where a line gives it, else
-   :data:`DEFAULT_WAIT_SECONDS`), not finished (below 100 %), and the bar's own account of that
-   work, elapsed plus remaining (tqdm's ``[21:05<35:52, ...]``), at least the wait's timeout: the
-   work could not end before the replicas' wait did, whatever else happened (a node that died
-   meanwhile would not have saved them). A phase line on a stream without a rank prefix
+   datasets map progress bar), its latest such line before the first timeout not finished
+   (below 100 %), and by the bar's own account (tqdm's ``[elapsed<remaining, ...]``) that work
+   both overlaps the replicas' wait (from the first timeout less the wait's timeout, given by
+   ``Timeout(ms)`` or ``timed out after <ms>ms`` where a line has it, else
+   :data:`DEFAULT_WAIT_SECONDS`, to the first timeout) and lasts at least that timeout: the work
+   could not end before the replicas' wait did, whatever else happened (a node that died
+   meanwhile would not have saved them). A replayed bar line without a time of its own carries
+   the last stamped line's, so the overlap, not the line's time alone, ties it to the wait. A phase line on a stream without a rank prefix
    (``torchrun`` prefixes its workers' tracebacks, ``[rank1]:``, but not rank 0's progress bar)
    counts when the waiting ranks are named: it is not one of theirs.
 
@@ -89,14 +91,14 @@ def _clock(text: str) -> float:
     return secs
 
 
-def _unfinished(f: Finding) -> tuple[int, float] | None:
-    """A phase line's bar below 100 %: its percentage and its whole work (elapsed + remaining, s);
-    None when it is done, has no bar, or does not know what remains."""
+def _unfinished(f: Finding) -> tuple[int, float, float] | None:
+    """A phase line's bar below 100 %: its percentage, elapsed and remaining seconds; None when it
+    is done, has no bar, or does not know what remains."""
     m = _BAR.search(f.line)
     if m is None or m.group(5) == "?":
         return None
     pct, done, total = (int(g) for g in m.groups()[:3])
-    return (pct, _clock(m.group(4)) + _clock(m.group(5))) if pct < 100 and done < total else None
+    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 and done < total else None
 
 
 def _timeout_s(f: Finding) -> float | None:
@@ -140,10 +142,13 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         if any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
             continue
         phase = max((f for f in before if f.rule_id in PHASE_RULES), key=lambda f: (f.time, f.seq), default=None)
-        bar = _unfinished(phase) if phase is not None and first.time - phase.time <= window else None
-        if bar is None or bar[1] < window:
+        bar = _unfinished(phase) if phase is not None else None
+        if bar is None:
             continue
-        pct, work = bar
+        pct, elapsed, remaining = bar
+        work = elapsed + remaining
+        if work < window or phase.time - elapsed > first.time or phase.time + remaining < first.time - window:
+            continue
         rank = phase.rank
         name = f"rank {rank}" if rank is not None else f"{who} (no rank prefix)"
         line = (f"{name} was still in work of its own ({phase.rule_id}, {pct}% done, {work:.0f} s of work by its "
