@@ -32,7 +32,12 @@ it finished, so no cache of it was saved). That is the job's configuration: user
    meanwhile would not have saved them). A replayed bar line without a time of its own carries
    the last stamped line's, so the overlap, not the line's time alone, ties it to the wait. A phase line on a stream without a rank prefix
    (``torchrun`` prefixes its workers' tracebacks, ``[rank1]:``, but not rank 0's progress bar)
-   counts when the waiting ranks are named: it is not one of theirs.
+   counts when the waiting ranks are named: it is not one of theirs. So does a bar that opens a
+   waiting rank's own timeout line: tqdm ends each update with a carriage return, so on a
+   terminal the ranks share (``accelerate launch`` prefixes nothing) the next process's message
+   runs on from the bar's line, and the waiting rank, blocked in the wait, is not the one
+   updating a bar. Where no prefix names the waiting ranks, the rank a c10d line names in the
+   default process group (``[Rank 2] Watchdog caught ...``) does.
 
 Then that rank is the root cause, ``collective.busy_rank`` (user_code, fail_job). A rank that
 shows no phase line is not read as busy: a silent rank stays the hang reading of
@@ -50,6 +55,8 @@ from ftwatch.policy.collectives import TIMEOUT_RULES
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
 PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map"})
+#: The phase a datasets bar stands for, in the finding's fields (the rule that reads it).
+PHASE_RULES_BAR = "lifecycle.rank_phase.datasets_map"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
 #: timeout for the store and gloo (``default_pg_timeout``, 30 min) and transformers' ``ddp_timeout``.
 DEFAULT_WAIT_SECONDS = 1800.0
@@ -65,7 +72,13 @@ _WAIT_CALL = re.compile(r"\bbarrier\(|main_process_first|wait_for_everyone|\ball
                         r"|store->get|key-value store")
 #: A progress bar's percentage, counts, elapsed and remaining time (tqdm:
 #: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown).
-_BAR = re.compile(r"(\d+)%\|[^|]*\| *(\d+)/(\d+) \[([0-9:]+)<([0-9:]+|\?)")
+_BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *(\d+)/(\d+) \[([0-9:]+)<([0-9:]+|\?)")
+#: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
+#: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
+_DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
+#: The rank a c10d line names, with its process group when the line gives one
+#: (``[Rank 2]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 2]``).
+_NAMED = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<rank>\d+)\]")
 #: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``).
 _AFTER_MS = re.compile(r"timed out after (\d+) ?ms")
 _OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
@@ -109,6 +122,23 @@ def _timeout_s(f: Finding) -> float | None:
     return int(m.group(1)) / 1000.0 if m else None
 
 
+def _rank(f: Finding) -> int | None:
+    """The finding's rank: its origin's, else the one a c10d line names in the default group
+    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
+    if f.rank is not None:
+        return f.rank
+    m = _NAMED.search(f.line)
+    return int(m.group("rank")) if m and m.group("pg") in (None, "0") else None
+
+
+def _own_bar(f: Finding) -> bool:
+    """A datasets bar that opens the line of another process's message: tqdm ends an update with a
+    carriage return, never a newline, so what a peer writes next to the shared terminal runs on
+    from the bar; the bar is the busy process's (the waiting rank's main thread is in the wait)."""
+    m = _BAR.match(f.line)
+    return m is not None and _DATASETS_UNIT.match(f.line, m.end()) is not None
+
+
 def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
     """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
 
@@ -122,42 +152,45 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
         None when the errors are not all waits or no other rank shows unfinished work of its own.
     """
-    if any(f.rank is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
+    if any(_rank(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
         return None
     by_rank: dict[int, list[Finding]] = {}
     unranked: dict[str, list[Finding]] = {}
     for f in order:
         if f.kind in _LOGGED:
-            (by_rank.setdefault(f.rank, []) if f.rank is not None else unranked.setdefault(f.origin.instance, [])
-             ).append(f)
-    waiting = sorted({f.rank for f in errors if f.rank is not None and f.kind in _LOGGED})
+            r = _rank(f)
+            (by_rank.setdefault(r, []) if r is not None else unranked.setdefault(f.origin.instance, [])).append(f)
+    waiting = sorted({r for f in errors if f.kind in _LOGGED and (r := _rank(f)) is not None})
     if not waiting or not all(_waiting(by_rank.get(r, ())) for r in waiting):
         return None
     timeouts = [f for r in waiting for f in by_rank[r] if f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line)]
     first = min(timeouts, key=lambda f: (f.time, f.seq))
     window = max((t for f in timeouts if (t := _timeout_s(f)) is not None), default=DEFAULT_WAIT_SECONDS)
-    others = [(str(r), m) for r, m in sorted(by_rank.items()) if r not in waiting] + sorted(unranked.items())
+    phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {_rank(f)}'s message interrupted", f)
+                                         for f in timeouts if _own_bar(f)]
+    others = [(f"rank {r}", m) for r, m in sorted(by_rank.items()) if r not in waiting] + [
+        (f"{i} (no rank prefix)", m) for i, m in sorted(unranked.items())]
     for who, mine in others:
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
-        if any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
-            continue
-        phase = max((f for f in before if f.rule_id in PHASE_RULES), key=lambda f: (f.time, f.seq), default=None)
-        bar = _unfinished(phase) if phase is not None else None
+        if not any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
+            phases += [(who, f) for f in sorted(before, key=lambda f: (f.time, f.seq))[::-1]
+                       if f.rule_id in PHASE_RULES][:1]
+    for who, phase in phases:
+        bar = _unfinished(phase)
         if bar is None:
             continue
         pct, elapsed, remaining = bar
         work = elapsed + remaining
         if work < window or phase.time - elapsed > first.time or phase.time + remaining < first.time - window:
             continue
-        rank = phase.rank
-        name = f"rank {rank}" if rank is not None else f"{who} (no rank prefix)"
-        line = (f"{name} was still in work of its own ({phase.rule_id}, {pct}% done, {work:.0f} s of work by its "
-                f"bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
+        line = (f"{who} was still in work of its own (a datasets map bar, {pct}% done, {work:.0f} s of work by "
+                f"its bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
                 "program held them in a barrier longer than its timeout (rank-0-only work outlasting the "
                 "process-group timeout; raise the timeout, e.g. ddp_timeout, or do the work before the "
                 "distributed job)")
+        busy = phase.rank if phase.rule_id in PHASE_RULES else None
         return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                        phase.origin, line, first.time, first.seq, (phase.line, first.line),
-                       {"busy": rank, "waiting": waiting, "phase": phase.rule_id, "percent": pct,
+                       {"busy": busy, "waiting": waiting, "phase": PHASE_RULES_BAR, "percent": pct,
                         "work_s": work, "timeout_s": window}, SOURCE)
     return None

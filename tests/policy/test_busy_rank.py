@@ -100,6 +100,30 @@ def test_a_bar_without_a_rank_prefix_beside_named_waiting_ranks_is_the_busy_one(
     assert rc.rank is None and rc.fields["waiting"] == [1, 2, 3]
 
 
+def watchdog(rank: int) -> str:
+    """torch 2.1's watchdog line, the rank named only inside it (no launcher prefix)."""
+    return (f"[E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800328 "
+            "milliseconds before timing out.")
+
+
+def test_a_bar_that_a_waiting_ranks_timeout_line_runs_on_from_is_the_busy_process():
+    """accelerate launch: one terminal, no prefixes; tqdm's carriage return leaves rank 0's bar
+    at the head of the line rank 2's watchdog message then continues."""
+    head = ("Running tokenizer on dataset:   9%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+            + watchdog(2))
+    found = [f for line in (head, watchdog(1), watchdog(3)) for f in unranked(1800.0, line)]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["waiting"] == [1, 2, 3] and rc.fields["percent"] == 9
+
+
+def test_without_a_bar_unprefixed_watchdog_timeouts_stay_a_hang():
+    found = [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    an = analyse(found, world=4)
+    assert an.fallout_only and an.fallout_class is FailureClass.HANG
+
+
 def test_phase_rules_are_the_packs_rank_phase_rules():
     tagged = {r.id for r in RULES if "rank_phase" in r.tags}
     assert tagged == PHASE_RULES
