@@ -16,7 +16,8 @@ it finished, so no cache of it was saved). That is the job's configuration: user
 
 :func:`busy_rank` reads it from the evidence, not from a case:
 
-1. every rank that reports an error was *waiting*: its findings include a timeout (a rule of
+1. no instance died on its own (an exit by a signal other than the watchdog's SIGABRT and a
+   launcher's SIGTERM, or a listed code), and every rank that reports an error was *waiting*: its findings include a timeout (a rule of
    ``collectives.TIMEOUT_RULES`` or a line that says the wait timed out) and a wait for peers (a
    collective timeout rule, or a line or traceback frame naming a barrier, a collective or the
    store read a barrier does), and none of its findings is a fault of its own (hardware, OOM, a
@@ -122,6 +123,15 @@ def _timeout_s(f: Finding) -> float | None:
     return int(m.group(1)) / 1000.0 if m else None
 
 
+def _death(f: Finding) -> bool:
+    """An exit that says something of its own: not a generic code, not the SIGABRT the watchdog ends
+    a timed-out rank with, not the SIGTERM a launcher stops the others with (a SIGKILL, a SIGSEGV,
+    a listed code: that rank died, which no waiting explains)."""
+    if f.kind != "exit_code" or f.fields.get("generic"):
+        return False
+    return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
+
+
 def _rank(f: Finding) -> int | None:
     """The finding's rank: its origin's, else the one a c10d line names in the default group
     (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
@@ -153,6 +163,8 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         None when the errors are not all waits or no other rank shows unfinished work of its own.
     """
     if any(_rank(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
+        return None
+    if any(_death(f) for f in errors):
         return None
     by_rank: dict[int, list[Finding]] = {}
     unranked: dict[str, list[Finding]] = {}

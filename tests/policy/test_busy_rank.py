@@ -5,10 +5,11 @@ evidence the waits keep their own reading."""
 
 from __future__ import annotations
 
-from ftwatch.events import FailureClass, Finding, Origin
+from ftwatch.events import FailureClass, Finding, Origin, ProcessExit
 from ftwatch.policy.busy import PHASE_RULES, busy_rank
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.loader import load_rules
 
 T0 = 1_795_219_200.0
@@ -77,6 +78,15 @@ def test_a_waiting_rank_with_a_fault_of_its_own_is_not_only_waiting():
     found = incident(bar(61, 1_221_000), t_phase=1500.0)
     found += logged(2, 1790.0, "RuntimeError: CUDA error: uncorrectable ECC error encountered")
     assert busy_rank(sorted(found, key=lambda f: (f.time, f.seq)), found) is None
+
+
+def test_a_rank_killed_meanwhile_is_not_explained_by_the_wait():
+    """A SIGKILL (the OOM killer, a preemption) says rank 3 died: no barrier explains that."""
+    found = incident(bar(61, 1_221_000), t_phase=1500.0)
+    o = Origin("worker-3", 3, "busy", "node-0", "stderr", "process")
+    death = exit_finding(ProcessExit(o, 4242, None, 9, T0 + 1790.0), ExitCodeTable.load())
+    assert death is not None and death.fields.get("signal") == 9
+    assert busy_rank(sorted(found, key=lambda f: (f.time, f.seq)), [*found, death]) is None
 
 
 def test_a_busy_rank_that_failed_itself_is_no_busy_rank():
