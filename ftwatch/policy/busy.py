@@ -17,11 +17,11 @@ it finished, so no cache of it was saved). That is the job's configuration: user
 :func:`busy_rank` reads it from the evidence, not from a case:
 
 1. no instance died on its own (an exit by a signal other than the watchdog's SIGABRT and a
-   launcher's SIGTERM, or a listed code), and every rank that reports an error was *waiting*: its findings include a timeout (a rule of
-   ``collectives.TIMEOUT_RULES`` or a line that says the wait timed out) and a wait for peers (a
-   collective timeout rule, or a line or traceback frame naming a barrier, a collective or the
-   store read a barrier does), and none of its findings is a fault of its own (hardware, OOM, a
-   program error); exits are left aside (a waiting rank's exit says nothing more);
+   launcher's SIGTERM, or a listed code), and every rank that reports an error was *waiting*:
+   its findings include a timeout (a rule of ``collectives.TIMEOUT_RULES`` or a line that says
+   the wait timed out) and a wait for peers (a collective timeout rule, or a line or traceback
+   frame naming a barrier, a collective or the store read a barrier does), and none of its
+   findings is a fault of its own (hardware, OOM, a program error);
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
    datasets map progress bar), its latest such line before the first timeout not finished
@@ -31,14 +31,20 @@ it finished, so no cache of it was saved). That is the job's configuration: user
    :data:`DEFAULT_WAIT_SECONDS`, to the first timeout) and lasts at least that timeout: the work
    could not end before the replicas' wait did, whatever else happened (a node that died
    meanwhile would not have saved them). A replayed bar line without a time of its own carries
-   the last stamped line's, so the overlap, not the line's time alone, ties it to the wait. A phase line on a stream without a rank prefix
-   (``torchrun`` prefixes its workers' tracebacks, ``[rank1]:``, but not rank 0's progress bar)
-   counts when the waiting ranks are named: it is not one of theirs. So does a bar that opens a
-   waiting rank's own timeout line: tqdm ends each update with a carriage return, so on a
-   terminal the ranks share (``accelerate launch`` prefixes nothing) the next process's message
-   runs on from the bar's line, and the waiting rank, blocked in the wait, is not the one
-   updating a bar. Where no prefix names the waiting ranks, the rank a c10d line names in the
-   default process group (``[Rank 2] Watchdog caught ...``) does.
+   the last stamped line's, so the overlap, not the line's time alone, ties it to the wait.
+
+Where the ranks' lines carry no prefix of their own:
+
+* a phase line on a stream without a rank prefix (``torchrun`` prefixes its workers'
+  tracebacks, ``[rank1]:``, but not rank 0's progress bar) counts when the waiting ranks are
+  named: it is not one of theirs;
+* so does a bar that opens a waiting rank's own timeout line: tqdm ends each update with a
+  carriage return, so on a terminal the ranks share (``accelerate launch`` prefixes nothing) the
+  next process's message runs on from the bar's line, and the waiting rank, blocked in the
+  wait, is not the one updating a bar (only a datasets bar: a training bar on that line is the
+  main process's own training, which a rank that hung in training leaves there as well);
+* the rank a c10d line names in the default process group (``[Rank 2] Watchdog caught ...``)
+  is that line's rank.
 
 Then that rank is the root cause, ``collective.busy_rank`` (user_code, fail_job). A rank that
 shows no phase line is not read as busy: a silent rank stays the hang reading of
@@ -56,8 +62,8 @@ from ftwatch.policy.collectives import TIMEOUT_RULES
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
 PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map"})
-#: The phase a datasets bar stands for, in the finding's fields (the rule that reads it).
-PHASE_RULES_BAR = "lifecycle.rank_phase.datasets_map"
+#: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
+DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
 #: timeout for the store and gloo (``default_pg_timeout``, 30 min) and transformers' ``ddp_timeout``.
 DEFAULT_WAIT_SECONDS = 1800.0
@@ -203,6 +209,6 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         busy = phase.rank if phase.rule_id in PHASE_RULES else None
         return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                        phase.origin, line, first.time, first.seq, (phase.line, first.line),
-                       {"busy": busy, "waiting": waiting, "phase": PHASE_RULES_BAR, "percent": pct,
+                       {"busy": busy, "waiting": waiting, "phase": DATASETS_PHASE, "percent": pct,
                         "work_s": work, "timeout_s": window}, SOURCE)
     return None
