@@ -28,7 +28,8 @@ when ``FTWATCH_MONITOR_URL`` is set (and no control socket is): POST ``<url>/v1/
 ``FTWATCH_MONITOR_TOKEN`` as the bearer token, for the job ``FTWATCH_JOB`` (``namespace/name``)
 and this process's instance (``FTWATCH_INSTANCE``, else ``HOSTNAME``: the pod's name) and
 ``RANK``. Every call acts on that job only: ``set_retryable_errors`` adds rules that hit the
-job's lines (any of its ranks), ``reset_config`` and ``hang_detect`` set the job's interval.
+job's lines (any of its ranks) until the job ends (a job of the same name later starts without
+them), ``reset_config`` and ``hang_detect`` set the job's interval.
 ``on_retry`` and ``on_dump`` are ``run``-only. An ``https://`` URL is verified with the CA
 bundle in ``FTWATCH_MONITOR_CA`` (a PEM file; else the system's CAs).
 

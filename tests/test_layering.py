@@ -27,7 +27,8 @@ The folder list is the flow, and imports go one way, down this list:
     hubs                      ``cli/*`` (one module per subcommand), ``pipeline/build.py`` (Config ->
                               components), the incident core ``pipeline/incidents.py`` (and its
                               ``pipeline/exits.py``: exits read into findings), the drivers
-                              ``pipeline/run.py``, ``watch.py``, ``replay.py``,
+                              ``pipeline/run.py`` (and its ``pipeline/respond.py``: settle, decide,
+                              act, restart), ``watch.py``, ``replay.py``,
                               ``pipeline/recorder.py`` and ``testing/`` (doubles of parts of every
                               stage) may import every stage
 
@@ -59,6 +60,10 @@ CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock", "ftwatch.
 # (rules' exit codes, policy's lifecycle), so a hub for the same reason
 HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/exits.py",
                   "ftwatch/pipeline/run.py",
+                  # pipeline/respond.py: run's acting half (settle, decide, act, end or restart), moved
+                  # out of run.py as it was (the local actuator, the policy's plan, the health checks):
+                  # a hub for the same reason as run.py
+                  "ftwatch/pipeline/respond.py",
                   "ftwatch/pipeline/watch.py",
                   "ftwatch/pipeline/replay.py", "ftwatch/pipeline/recorder.py", "ftwatch/testing/__init__.py",
                   "ftwatch/testing/runloop.py",
@@ -256,6 +261,8 @@ def test_hubs_are_real_and_do_see_several_stages():
     # run.py takes its rules through the incident desk and acts through the local actuator
     assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/run.py"]} >= {"pipeline.sources",
                                                                                  "pipeline.actuators", "policy"}
+    assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/respond.py"]} >= {"pipeline.actuators", "policy",
+                                                                                     "health"}
     assert {stage_of(i.module) for i in SOURCES["ftwatch/pipeline/build.py"]} >= {"pipeline.sinks", "rules", "alerting"}
     # the CLI takes its engine and policy from pipeline/build.py now; it still reaches policy (budgets)
     assert {stage_of(i.module) for i in SOURCES["ftwatch/cli/replay.py"]} >= {"pipeline", "policy"}

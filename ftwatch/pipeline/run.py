@@ -37,13 +37,14 @@ decisions file (``Recorder.decided``) and the actuator called before it is store
 rendered (``Recorder.published``).
 
 The policy stage returns the final decision and its plan (``Policy.verdict``, through the desk);
-the local actuator (``pipeline/actuators/local.py``) carries the plan out and runs this loop's one
-poll-and-handle step (``_step``) whenever it waits. Every collaborator comes built
-(``pipeline/build.build_run``). Exit status: 0 if and only if the job finally succeeded.
+an incident is settled, decided and acted on, and the attempt ended or restarted, by the
+:class:`~ftwatch.pipeline.respond.Responder` (``pipeline/respond.py``); the local actuator
+(``pipeline/actuators/local.py``) carries the plan out. Both run this loop's one poll-and-handle
+step (``_step``) whenever they wait. Every collaborator comes built (``pipeline/build.build_run``).
+Exit status: 0 if and only if the job finally succeeded.
 
-Size: about 480 lines, one job (the run loop of one job): the input half is the desk's,
-the acting half the local actuator's and the decision the policy's; what is left is the order in
-which they are called, which reads best in one place.
+This module is the input half and the order of an attempt: start, poll and handle (echo, desk,
+phases, the kernel log, the SDK's requests), MindCluster retries, ticks, the job's end.
 """
 
 from __future__ import annotations
@@ -62,20 +63,15 @@ from ftwatch.pipeline.actuators.local import LocalActuator, Workers
 from ftwatch.pipeline.echo import echo_text
 from ftwatch.pipeline.incidents import POLL_SECONDS, SETTLE_SECONDS, IncidentDesk  # noqa: F401 (re-exported)
 from ftwatch.pipeline.recorder import Recorder
-from ftwatch.pipeline.actuators.outcome import record_outcome
 from ftwatch.pipeline.actuators.recovery import RecoveryHandler
 from ftwatch.pipeline.actuators.scene import Scene, describe_exit
 from ftwatch.pipeline.actuators.slots import Slots
+from ftwatch.pipeline.respond import Attempt, Responder
 from ftwatch.pipeline.sources.hostlog import host_origin, on_devices
 from ftwatch.pipeline.sources.supervisor import Output, Started
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.policy.plan import Plan, RunFacts, Verdict, retry_candidate
+from ftwatch.policy.plan import retry_candidate
 from ftwatch.policy.policy import Policy
-
-@dataclass
-class _Attempt:
-    failed: set[str] = field(default_factory=set)           # the desk's set of failed instances
-    retry: list[Finding] = field(default_factory=list)      # faults a MindCluster retry may answer
 
 
 @dataclass
@@ -139,10 +135,13 @@ class JobRunner:
         # decide before stopping the workers when they may be kept: in place, or as the scene (A3)
         self.live = config.supervisor.keep_scene_seconds > 0 or self.mc.has("recover-in-place")
         self._stop_requested = self.act.stop_requested   # SIGINT / SIGTERM: every wait ends
-        self._state = _Attempt(self.desk.failed)
-        self._instance_checking = False   # H1 before an instance restart is under way (no second round)
+        self._state = Attempt(self.desk.failed)
+        # the acting half: settle, decide, act, end or restart (``pipeline/respond.py``)
+        self.respond = Responder(p.desk, p.actuator, p.supervisor, p.policy, recorder, p.budgets, p.slots,
+                                 p.health, p.scene, p.clock, job, self.mc, sync=self.sync, live=self.live,
+                                 restart_delay=config.supervisor.restart_delay, step=self._step,
+                                 scheduler=p.scheduler, cluster=p.cluster)
         self.final: Decision | None = None
-        self.requeued = False             # --actuator slurm requeued the job (this run ended)
         self.phases = None                # phases from the workers' lines (R6), their startup (issue 17)
         if config.phases.enabled or config.phases.startup:
             from ftwatch.pipeline.sources.phases import PhaseTracker
@@ -165,6 +164,11 @@ class JobRunner:
                 self.kernel.close()
             self.recorder.flush_output()
 
+    @property
+    def requeued(self) -> bool:
+        """Whether ``--actuator slurm`` requeued the job (this run ended; it starts again from its script)."""
+        return self.respond.requeued
+
     def request_stop(self) -> None:
         """Stop the workers cleanly and end (SIGINT / SIGTERM to ftwatch)."""
         self._stop_requested.set()
@@ -180,7 +184,7 @@ class JobRunner:
             if not slots.viable:               # isolations kept from an earlier ftwatch run
                 decision = self.policy.below_min(slots, self.clock.time())
                 self.recorder.decision(decision)
-                return self._end(decision, attempt)
+                return self.respond.end(decision, attempt)
             self.nproc = self.health.nproc = slots.nproc
             self.health.devices = slots.active    # each check agent on its slot's device
             blocking = self.health.bootcheck(attempt)     # H1: before every start and restart
@@ -188,7 +192,7 @@ class JobRunner:
             if slots.isolated:
                 self.recorder.say(f"ftwatch: {slots.describe()}")
             self.desk.new_attempt(self.clock.time(), world_size=self.nproc)
-            self._state = _Attempt(self.desk.failed)
+            self._state = Attempt(self.desk.failed)
             self.controls.new_attempt()
             if self.phases is not None and self.phases.start(self.clock.time(), self.tracker) is not None:
                 self.recorder.event(self.clock.time(), self.job, "phase", phase=self.phases.phase,
@@ -196,7 +200,7 @@ class JobRunner:
             self.act.new_attempt()
             if blocking is not None:
                 self.desk.add([blocking], record=False)    # stored by the health log already
-            decision = self._incident(blocking, self._state) if blocking is not None else None
+            decision = self.respond.incident(blocking, self._state) if blocking is not None else None
             if decision is None and self.cluster is not None:
                 decision = self.cluster.join(attempt)    # this generation's world, or this node's end
             if decision is None and not self._stop_requested.is_set():
@@ -209,50 +213,22 @@ class JobRunner:
                 self.recorder.run_ended(self.job, attempt, self.clock.time(), "stopped")
                 return 130
             if decision.action in (Action.NONE, Action.NOTIFY, Action.FAIL_JOB):
-                status = self._end(decision, attempt)   # notify: a failure after training finished
+                status = self.respond.end(decision, attempt)   # notify: a failure after training finished
                 if decision.action is Action.FAIL_JOB:
-                    self._hand_over(decision)            # --actuator slurm: scancel / requeuehold
+                    self.respond.hand_over(decision)     # --actuator slurm: scancel / requeuehold
                 return status
             # restart_job, restart_in_place, isolate_node (on one machine: restart, without the device)
-            if self.act.running():               # Async isolate_node: the others still run
-                self.act.dump()
-                self._stop_and_drain(self._state)
-            if self._hand_over(decision):        # Slurm requeued the job: it starts again from its script
-                self.requeued = True
-                self.recorder.run_ended(self.job, attempt, self.clock.time(), "requeued")
-                return 0
-            self.recorder.run_ended(self.job, attempt, self.clock.time(), "restarted")
-            self.recorder.event(self.clock.time(), self.job, "job_restart", attempt=attempt,
-                                action=decision.action.label)
-            self.recorder.say(f"ftwatch: restarting all {self.slots.nproc} workers "
-                              f"(restart {decision.restarts_used} of {self.policy.max_restarts})")
-            self.act.pause(self.config.supervisor.restart_delay)
-            if self._stop_requested.is_set():     # interrupted while waiting to restart
-                self.recorder.say("ftwatch: interrupted before the restart")
-                self.recorder.event(self.clock.time(), self.job, "interrupted")
-                return 130
-
-    def _end(self, decision: Decision, attempt: int) -> int:
-        """The job ended: success, or a final failure (scene kept, last words, workers stopped)."""
-        ok = decision.action in (Action.NONE, Action.NOTIFY)
-        if not ok and self.act.running():
-            self.act.keep_scene()
-            self.act.dump()
-            self._stop_and_drain(self._state)
-        self.act.stop_all()
-        self.recorder.resolve_open(self.clock.time(), "the job finished successfully" if ok
-                                   else "superseded: the job failed")
-        self.recorder.run_ended(self.job, attempt, self.clock.time(), "succeeded" if ok else "failed")
-        self.budgets.close("succeeded" if ok else "failed")
-        self.slots.close("succeeded" if ok else "failed")
-        return 0 if ok else 1
+            status = self.respond.restart(decision, attempt)
+            if status is not None:               # requeued by Slurm, or interrupted before the restart
+                return status
 
     def _watch(self) -> Decision | None:
         """Watch one attempt; returns the decision that ends it (none = success), None if interrupted."""
-        state = self._state = _Attempt(self.desk.failed)
+        state = self._state = Attempt(self.desk.failed)
         while True:
             if self._stop_requested.is_set():
-                return self._interrupted(state)
+                self.respond.interrupted()
+                return None
             triggers = self._step(self.poll_seconds)
             if self.cluster is not None and (ended := self.cluster.poll()) is not None:
                 return ended                  # the job's decision, made on another node's incident
@@ -266,7 +242,7 @@ class JobRunner:
                 triggers = [tried.trigger] if tried.trigger is not None else [] if tried.recovered else [fault]
             state.retry.clear()
             for trigger in triggers:
-                decision = self._incident(trigger, state)
+                decision = self.respond.incident(trigger, state)
                 if decision is not None:
                     return decision
             now = self.clock.time()
@@ -274,7 +250,7 @@ class JobRunner:
             self.recorder.resolve_due(now)
             due = self.desk.tick(now, self.clock.mono())     # a hang, or an incident settled
             if due is not None:
-                decision = self._incident(due, state)
+                decision = self.respond.incident(due, state)
                 if decision is not None:
                     return decision
             if len(self.desk.ok) == self.nproc and not self.supervisor.running():
@@ -301,7 +277,7 @@ class JobRunner:
         self.control.drain(self.controls)
         return triggers
 
-    def _handle(self, item, state: _Attempt) -> Finding | None:
+    def _handle(self, item, state: Attempt) -> Finding | None:
         """Take one supervisor event; return a finding that starts an incident, if any."""
         if isinstance(item, Output):
             if self.echo:
@@ -327,87 +303,13 @@ class JobRunner:
             return self._exited(item, state)
         return None
 
-    def _exited(self, exit: ProcessExit, state: _Attempt) -> Finding | None:
+    def _exited(self, exit: ProcessExit, state: Attempt) -> Finding | None:
         """A worker ended: recorded, then judged by the desk (a failing exit is a trigger)."""
         self.recorder.event(exit.time, self.job, "instance_exit", exit.origin.instance, exit.origin.rank,
                             returncode=exit.returncode, signal=exit.signal, stopped_by_us=exit.stopped_by_us)
         # ended while writing the last words we asked for: as if stopped by us
         dumping = self.controls.dump is not None and exit.origin.instance in self.controls.dump.asked
         return self.desk.exited(exit, self.clock.mono(), expected=dumping)
-
-    def _incident(self, trigger: Finding, state: _Attempt) -> Decision | None:
-        """Decide on a failure, a hang or a log finding that opens an incident, and act.
-
-        A failing exit in Sync: stop the workers first (last words before), unless they may be
-        kept (``self.live``: recover-in-place, keep-scene). A hang or a log finding (C4D record,
-        notify / isolate finding): decide first, while the workers run. The policy stage returns
-        the final decision and its plan (``Policy.verdict``); :meth:`_act` carries it out."""
-        is_hang = trigger.kind in ("hang", "exit_hang")
-        is_exit = trigger.kind == "exit_code"
-        if self.sync and not is_hang:
-            self._settle(state)
-        if (self.sync or is_hang or not is_exit) and is_exit and not self.live:
-            self.act.dump()
-            self._stop_and_drain(state)
-        # with Slurm isolating, the whole node leaves the job: no local devices to exclude (A1)
-        slots = None if self.parts.scheduler is not None else self.slots.facts()
-        facts = RunFacts(frozenset(self.act.running()), frozenset({self._rank(i) for i in state.failed} - {None}),
-                         slots, self.mc)
-        if self.cluster is not None:          # the job's leader decides, for every node
-            return self._act(self.cluster.decide(trigger, facts), trigger, state)
-        return self._act(self.desk.verdict(trigger, self.clock.time(), self.clock.mono(), facts), trigger, state)
-
-    def _act(self, verdict: Verdict, trigger: Finding, state: _Attempt) -> Decision | None:
-        """Record the decision and carry out its plan. Returns the decision that ends the attempt
-        (restart all, fail, success), or None when the job runs on.
-
-        A ``notify`` (or ``none``) decision on a hang or a log finding stops nothing (the job runs
-        on: ModelArts hang-retry off, C4D Warn); an in-place or one-instance restart happens here
-        (after the instance-level health checks); a restart of every worker or a failure stops
-        them first (last words before), except for a failing exit the incident already stopped
-        them for, and a final failure, which keeps the scene first (``_end``)."""
-        decision, plan = verdict
-        is_hang = trigger.kind in ("hang", "exit_hang")
-        is_exit = trigger.kind == "exit_code"
-        if not is_exit and decision.action in (Action.NONE, Action.NOTIFY):
-            self.recorder.decision(decision)       # told a person (or below the log level): run on
-            return None                            # (a hang: the desk re-arms it when output resumes)
-        self.recorder.decided(decision)            # said and in the decisions file; stored after acting
-        self.act.carry_out(plan, decision)
-        if plan.kind in ("in_place", "instance"):
-            return self._restart_instances(plan, decision, state)
-        self.recorder.published(decision)          # the store, the alert
-        if not self.sync and not is_hang and decision.action in (Action.NONE, Action.NOTIFY):
-            return None                      # Async: told a person; the others run on
-        stop = self.sync or is_hang or not is_exit
-        if stop and (self.live or not is_exit) and decision.action is not Action.FAIL_JOB:
-            self.act.dump()                  # a final failure keeps the scene first (_end)
-            self._stop_and_drain(state)
-        return decision
-
-    def _restart_instances(self, plan: Plan, decision: Decision, state: _Attempt) -> Decision | None:
-        """Restart the plan's ranks only (MindCluster in place, Async ``restart_instance``), the
-        others run on; first the instance-level health checks (H1, seed 001: checks at every
-        restart, Troubleshooting after every failure), without the all-reduce.
-
-        Returns None (the job runs on), or when the Bootcheck found a hardware fault the restart
-        of those ranks cannot help: that fault became an incident of its own (the policy's
-        decision, usually ``isolate_node``: its device leaves the slots), whose decision replaces
-        the restart. No second round of checks runs inside it."""
-        if not self._instance_checking:
-            blocking = self.health.instance_restart(self.budgets.attempt, list(plan.ranks))
-            if blocking is not None:
-                self.recorder.published(decision)    # before the decision that replaces it
-                self._add(state, [blocking])
-                self._instance_checking = True
-                try:
-                    return self._incident(blocking, state)
-                finally:
-                    self._instance_checking = False
-        state.failed -= {f"worker-{r}" for r in plan.ranks}
-        self.act.restart_instances(plan, decision)
-        self.recorder.published(decision)
-        return None
 
     def _host_lines(self, data: bytes) -> Finding | None:
         """Lines of this host's kernel log: their findings to the desk (a GPU they name by PCI bus
@@ -418,60 +320,7 @@ class JobRunner:
         self.recorder.findings(others)
         return self.desk.add(mine, self.clock.mono())
 
-    def _scheduled(self, decision: Decision) -> bool:
-        """Whether the scheduler's actuator (``--actuator slurm``) carries ``decision`` out."""
-        return self.parts.scheduler is not None and self.parts.scheduler.handles(decision.action)
-
-    def _hand_over(self, decision: Decision) -> bool:
-        """The scheduler carries the decision out (Slurm: drain, requeue, cancel); its outcome is
-        stored with the decision (``actuator`` event; not done: said and alerted). Returns True
-        when it was done; else (failed, held by the breaker, dry run) the workers restart here
-        (or the job fails) as without a scheduler."""
-        if not self._scheduled(decision):
-            return False
-        result = self.parts.scheduler.act(decision)
-        t = decision.target
-        record_outcome(self.recorder, self.clock.time(), self.job, decision.action.label, result,
-                       instance=t.instance, rank=t.rank, decision_id=decision.decision_id, node=t.node)
-        return result.status == "done"
-
-    def _rank(self, instance: str) -> int | None:
-        w = self.scene.workers.get(instance)
-        return w.rank if w is not None else None
-
-    def _settle(self, state: _Attempt) -> None:
-        """Give the other workers the desk's settle time to print (or exit with) their own
-        errors: until each live one has reported one (``IncidentDesk.settled``) or exited, at
-        most ``supervisor.settle_max`` from the incident's first error (from now for a trigger
-        the desk did not open, e.g. a fault a retry did not answer). Each step wakes on output."""
-        mono = self.clock.mono()
-        opened = self.desk.open is not None
-        deadline = mono + (self.desk.settle_left(mono) if opened else self.desk.settle)
-        while self.clock.mono() < deadline:
-            alive = {f"worker-{r}" for r in self.supervisor.running()}
-            if not alive or (opened and self.desk.settled(self.clock.mono(), alive)):
-                return
-            self._step(max(0.0, deadline - self.clock.mono()))
-
-    def _stop_and_drain(self, state: _Attempt) -> None:
-        """Stop every worker (SIGTERM, grace, SIGKILL), take all the output they left, and close
-        the blocks still open."""
-        self.act.stop()
-        now = self.clock.time()
-        for origin in self.engine.pending_origins():
-            self._add(state, self.engine.flush(origin, now))
-
-    def _interrupted(self, state: _Attempt) -> None:
-        self.recorder.say("ftwatch: interrupted, stopping all workers")
-        self._stop_and_drain(state)
-        self.recorder.event(self.clock.time(), self.job, "interrupted")
-        return None
-
     # -- helpers ----------------------------------------------------------------------------
-
-    def _add(self, state: _Attempt, findings: list[Finding]) -> None:
-        """Findings made beside the output (drained blocks, a Bootcheck): to the desk."""
-        self.desk.add(findings, self.clock.mono())
 
     def _retry_candidates(self, findings: list[Finding]) -> None:
         """The desk's ``on_findings``: faults a MindCluster retry may answer."""

@@ -30,9 +30,9 @@ The lines no job takes are still scanned and their findings stored; they open no
 
 Bounded (issue 17 item 3, the ``limits`` section, ``ftwatch.config.limits``): a job silent for
 ``job_idle_seconds`` whose incident is not open and whose hang timer has nothing left to judge is
-forgotten (desk, SDK handler, phase, metrics series; kind ``job_idle``), and a new job beyond
-``max_jobs`` forgets the job whose output is the oldest (kind ``job``); either starts fresh if it
-speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
+forgotten (desk, SDK handler and the retryable-error rules it added, phase, metrics series; kind
+``job_idle``), and a new job beyond ``max_jobs`` forgets the job whose output is the oldest (kind
+``job``); either starts fresh if it speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
 oldest first, into their job's desk (kind ``open_block``).
 
 Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve once
@@ -170,6 +170,7 @@ class Watcher:
         self.controls: dict[str, ControlHandler] = {}   # job -> its SDK requests' handler
         self.phases: dict[str, PhaseTracker] = {}       # job -> its run's phase (config.phases)
         self._active: dict[str, float] = {}             # job -> its last output (mono s), oldest first
+        self._ended_rules: list[str] = []               # SDK rules of forgotten jobs, removed before the next scan
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -220,6 +221,7 @@ class Watcher:
         metrics = self.recorder.metrics
         groups = list(group_lines(self.resolve(batch)).items())
         chunks = [b"" if is_host(origin) else b"\n".join(lines) + b"\n" for origin, (lines, _) in groups]
+        self._drop_rules()
         scans = self.engine.scan_many(chunks)
         if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
@@ -292,6 +294,7 @@ class Watcher:
         if readmit is not None:
             for node, result in readmit(now):
                 self._acted("", "readmit_node", result, node=node)
+        self._drop_rules()
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
@@ -402,7 +405,9 @@ class Watcher:
             if desk.open is not None or (kind == "job_idle" and desk.tracker.hang_due):
                 return False
         self.jobs.pop(job, None)
-        self.controls.pop(job, None)
+        handler = self.controls.pop(job, None)
+        if handler is not None:      # its set_retryable_errors rules leave the engine (_drop_rules)
+            self._ended_rules += handler.rule_ids
         self.phases.pop(job, None)
         self.attempt_start.pop(job, None)
         if kind is not None:
@@ -410,6 +415,14 @@ class Watcher:
             self.recorder.metrics.forget_job(job)
             EVICTIONS.count(kind)
         return True
+
+    def _drop_rules(self) -> None:
+        """The ``set_retryable_errors`` rules of the jobs forgotten since the last call leave the
+        engine, in one recompile; never while a batch is fed (its scan's hits index the compiled
+        rules), so a job forgotten mid-batch keeps them to the batch's end."""
+        if self._ended_rules:
+            self.engine.remove_rules(self._ended_rules)
+            self._ended_rules = []
 
     def _desk(self, job: str) -> IncidentDesk:
         desk = self.jobs.get(job)

@@ -34,6 +34,12 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
+8. When every rank that reports an error only waited for its peers until a timeout (a barrier, a
+   collective, the store read of a barrier) while another rank, with no error of its own, was
+   still in unfinished work of its own (the main process pre-processing data under
+   ``main_process_first``), that rank is the root cause, ``collective.busy_rank`` (user_code: the
+   program held them longer than its timeout; ``ftwatch.policy.busy``), before the readings
+   below and before the waits' own classes.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -57,6 +63,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lifecycle import finish
@@ -276,6 +283,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
+    busy = busy_rank(order, real or fallout)   # 8: the ranks only waited, for a rank busy with its own work
+    if busy is not None:
+        return Analysis(busy, False, (busy,), tuple(notices), done)
     if real:                            # 4: a peer's later prints are fallout of the first failure
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance

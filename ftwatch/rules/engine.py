@@ -32,7 +32,7 @@ import bisect
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
@@ -255,10 +255,23 @@ class Engine:
         self.matcher = Matcher(patterns)
         self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
 
-    def add_rules(self, rules: Sequence[Rule]) -> None:
-        """Add rules at run time (R2: ``set_retryable_errors``); recompiles the database."""
+    def add_rules(self, rules: Sequence[Rule]) -> list[str]:
+        """Add rules at run time (R2: ``set_retryable_errors``); recompiles the database. A rule
+        whose id the engine has already is left out. Returns the ids added."""
         known = {r.id for r in self.rules}
-        self._compile(self.rules + [r for r in rules if r.id not in known])
+        added = [r for r in rules if r.id not in known]
+        self._compile(self.rules + added)
+        return [r.id for r in added]
+
+    def remove_rules(self, ids: Iterable[str]) -> int:
+        """Remove the rules with these ids (``watch``: a job's ``set_retryable_errors`` rules when
+        the job ends); recompiles the database when any was there. Returns how many went."""
+        gone = set(ids)
+        kept = [r for r in self.rules if r.id not in gone]
+        removed = len(self.rules) - len(kept)
+        if removed:
+            self._compile(kept)
+        return removed
 
     # -- feeding --------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ Semantics, identical on both backends:
       match an empty line (``^$``, ``x?$``), and must not use ``\\A``, ``\\z``, ``\\Z``, ``\\G``
       (use ``^`` and ``$``) nor ``\\v`` (RE2 and Hyperscan disagree on it; write ``\\x0b``).
 
-Compiled databases are cached on disk (``cache_dir``: ``$FTWATCH_CACHE_DIR``, else
+Compiled databases are cached on disk (``ftwatch.rules.diskcache``: ``$FTWATCH_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/ftwatch`` or ``~/.cache/ftwatch``; ``FTWATCH_CACHE_DIR=off`` turns it off),
 keyed by the patterns' content, their flags, the Hyperscan version and the machine type (a file
 whose database this CPU cannot run is compiled over), so a start with the same
@@ -41,12 +41,11 @@ import functools
 import hashlib
 import os
 import platform
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import re2
 
+from ftwatch.rules import diskcache
 from ftwatch.rules.model import Pattern
 from ftwatch.rules.patterns import _BadPattern, _Expr, _re2_compile, _re2_options, _translate
 
@@ -83,11 +82,27 @@ def _hs_first_error(exprs: Sequence[_Expr]) -> tuple[int, str] | None:
     return None
 
 
+_SURE_LITERAL = 4096    # bytes of a literal's escaped form that RE2 surely compiles
+
+
+def _needs_re2_check(pattern: Pattern, expr: _Expr) -> bool:
+    """Whether RE2 must compile ``pattern`` to know it valid (``_check_re2``): a regex, or a
+    literal longer than ``_SURE_LITERAL``."""
+    return pattern.regex or len(expr.re2) > _SURE_LITERAL
+
+
 @functools.lru_cache(maxsize=8192)
 def _check_re2(pattern: Pattern) -> str | None:
-    """Returns why ``pattern`` is outside the subset or invalid on RE2, or None."""
+    """Returns why ``pattern`` is outside the subset or invalid on RE2, or None.
+
+    A literal of up to ``_SURE_LITERAL`` bytes is only translated (which refuses an empty one,
+    a newline, a lone surrogate): its form is word bytes and ``\\xNN`` escapes, which RE2 always
+    compiles to a non-empty match, so compiling it would only cost time (10,000 rules, mostly
+    literals: ~0.25 s per pass); a longer one is compiled (RE2's memory bound)."""
     try:
-        _re2_compile(_translate(pattern), _re2_options())
+        expr = _translate(pattern)
+        if _needs_re2_check(pattern, expr):
+            _re2_compile(expr, _re2_options())
     except _BadPattern as exc:
         return str(exc)
     return None
@@ -119,22 +134,7 @@ def _hs_bad(exprs: Sequence[_Expr], index: Sequence[int]) -> list[tuple[int, str
     return _hs_bad(exprs, index[:half]) + _hs_bad(exprs, index[half:])
 
 
-# -- the on-disk database cache ---------------------------------------------------------------
-
-CACHE_ENV = "FTWATCH_CACHE_DIR"
-"""Environment variable naming the cache folder; ``off`` (or empty) disables the cache."""
-CACHE_KEEP = 16            # files kept per kind; older ones are removed when a new one is stored
-CACHE_BYTES = 256 << 20    # and at most this many bytes of them (10,000 rules: a database of ~10-40 MB)
-
-
-def cache_dir() -> Path | None:
-    """The folder of cached databases, or None when caching is off (module docstring)."""
-    chosen = os.environ.get(CACHE_ENV)
-    if chosen is not None:
-        return None if chosen.strip() in ("", "off", "0", "none") else Path(chosen) / "hyperscan"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ftwatch" / "hyperscan"
-
+# -- the on-disk database cache (ftwatch.rules.diskcache) ------------------------------------
 
 def _db_key(exprs: Sequence[_Expr]) -> str:
     """The cache key of a database: the expressions, their flags, the Hyperscan version."""
@@ -146,45 +146,17 @@ def _db_key(exprs: Sequence[_Expr]) -> str:
     return digest.hexdigest()
 
 
-def _cache_path(key: str, suffix: str) -> Path | None:
-    folder = cache_dir()
-    return None if folder is None else folder / f"{key}.{suffix}"
-
-
 def _cache_load(key: str):
     """The cached database for ``key``, or None (missing, unreadable, or not loadable)."""
-    path = _cache_path(key, "hsdb")
-    if path is None:
+    data = diskcache.read("hyperscan", key, "hsdb")
+    if data is None:
         return None
     try:
-        db = _hs.loadb(path.read_bytes(), _hs.HS_MODE_BLOCK)
+        db = _hs.loadb(data, _hs.HS_MODE_BLOCK)
         _hs.Scratch(db)     # refused for a database built for another CPU (a cache on a shared home)
         return db
-    except (OSError, _hs.error, TypeError, ValueError):
+    except (_hs.error, TypeError, ValueError):
         return None
-
-
-def _cache_store(key: str, suffix: str, data: bytes) -> None:
-    """Writes ``data`` for ``key`` atomically; keeps the newest ``CACHE_KEEP`` files of the kind,
-    ``CACHE_BYTES`` in all. Never raises."""
-    path = _cache_path(key, suffix)
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-        stored = sorted(((p.stat(), p) for p in path.parent.glob(f"*.{suffix}")),
-                        key=lambda sp: sp[0].st_mtime, reverse=True)
-        total = 0
-        for k, (stat, old) in enumerate(stored):
-            total += stat.st_size
-            if k and (k >= CACHE_KEEP or total > CACHE_BYTES):   # the newest one always stays
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def _choose_backend(backend: str | None) -> str:
@@ -247,7 +219,7 @@ class Matcher:
         if db is None:
             exprs, db = self._compile(opts)
             if db is not None and key is not None:
-                _cache_store(key, "hsdb", _hs.dumpb(db))
+                diskcache.store("hyperscan", key, "hsdb", _hs.dumpb(db))
 
         self._db = self._scratch = self._set = None
         self._recheck: dict[int, object] = {}
@@ -271,7 +243,8 @@ class Matcher:
         for i, pattern in enumerate(self.patterns):
             try:
                 expr = _translate(pattern)
-                _re2_compile(expr, opts)
+                if _needs_re2_check(pattern, expr):
+                    _re2_compile(expr, opts)
             except _BadPattern as exc:
                 bad = (i, str(exc))
                 break
@@ -290,6 +263,12 @@ class Matcher:
         return exprs, db
 
     @staticmethod
+    def engines() -> str:
+        """What ``check`` answers depend on besides the pattern: ``"re2"``, or ``"re2+hyperscan
+        <version>"`` when Hyperscan is installed (part of the rule cache's key)."""
+        return "re2" if _hs is None else f"re2+hyperscan {getattr(_hs, '__version__', '?')}"
+
+    @staticmethod
     def check_many(patterns: Sequence[Pattern]) -> list[str | None]:
         """``check`` for many patterns at once (the rule loader's): RE2 per pattern, then one
         Hyperscan compile of all that passed (none when the cache has seen this set valid);
@@ -306,14 +285,13 @@ class Matcher:
             return out
         exprs = [_translate(patterns[i]) for i in index]
         key = _db_key(exprs)
-        marker = _cache_path(key, "ok")
-        if marker is not None and marker.exists():
+        if diskcache.has("hyperscan", key, "ok"):
             return out
         bad = _hs_bad(exprs, list(range(len(exprs))))
         for k, reason in bad:
             out[index[k]] = reason
         if not bad:
-            _cache_store(key, "ok", b"")
+            diskcache.store("hyperscan", key, "ok", b"")
         return out
 
     @staticmethod

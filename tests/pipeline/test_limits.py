@@ -224,6 +224,36 @@ def test_max_jobs_drops_the_job_with_the_oldest_output_but_not_one_settling(tmp_
     assert [d.target.job for d in rec.decisions] == ["b"]                    # b's decision as without the cap
 
 
+def test_a_job_forgotten_mid_batch_takes_its_sdk_rules_out_after_the_batch(tmp_path):
+    """Job a declared retryable errors (issue 13); a new job c in a batch forgets it (max_jobs).
+    Its rules leave the engine only once the batch is fed: the batch's scan found b's lines with
+    the rules compiled then, so b's findings are those of a run where a declared nothing (a
+    recompile mid-batch would shift the ids the scan's hits name); the next tick has them out."""
+    tb = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    lr = cfg['lr']",
+          "KeyError: 'lr'"]
+
+    def scenario(declare: bool) -> tuple[Watcher, list[str]]:
+        clock = FakeClock()
+        w, rec = make(tmp_path / str(declare), clock, {"max_jobs": 2})
+        w.ingest([line(clock, "a", "a-w0", "step")])
+        clock.advance(1)
+        w.ingest([line(clock, "b", "b-w0", "step")])
+        if declare:
+            assert w.control({"job": "a", "op": "set_retryable_errors", "errors": ["flaky storage", "flaky fabric"],
+                              "rank": 0})["ok"]
+        clock.advance(1)
+        w.ingest([line(clock, "c", "c-w0", "step")] + [line(clock, "b", "b-w0", text) for text in tb]
+                 + [line(clock, "b", "b-w1", "NPU fault code 0x80C98002", rank=1)])
+        assert set(w.jobs) == {"b", "c"}
+        return w, [f["rule_id"] for f in rec.store.findings_for("b")]
+
+    w, found = scenario(declare=True)
+    assert found == scenario(declare=False)[1] and found
+    assert any(r.id.endswith("@a") for r in w.engine.rules)           # still there: the batch was fed
+    w.tick()
+    assert [r.id for r in w.engine.rules if r.id.endswith("@a")] == []
+
+
 # -- open blocks, kept decisions -------------------------------------------------------------
 
 def test_open_blocks_past_the_cap_close_early_oldest_first(tmp_path):

@@ -132,10 +132,10 @@ def test_a_worker_whose_output_waits_for_room_is_delivered_whole_before_its_exit
     """A 4 KiB queue and a worker that writes 256 KiB and exits while the loop takes nothing: its
     reader waits for room with the rest in the pipe. That is not a leftover holding the pipe (no
     SIGKILL), and its exit still comes after all of its output."""
-    from ftwatch.pipeline.sources import supervisor as module
+    from ftwatch.pipeline.sources import worker as module   # the waiter (worker.wait_exit) kills leftovers
     kills = []
-    real = module._killpg
-    monkeypatch.setattr(module, "_killpg", lambda w, sig: (kills.append(sig), real(w, sig)))
+    real = module.killpg
+    monkeypatch.setattr(module, "killpg", lambda w, sig: (kills.append(sig), real(w, sig)))
     line = b"y" * 1023 + b"\n"
     code = "import os\nfor _ in range(256): os.write(1, b'y' * 1023 + b'\\n')\n"
     sup = Supervisor([sys.executable, "-c", code], 1, job="job", queue_bytes=4096)

@@ -116,6 +116,44 @@ def test_retryable_errors_restart_the_callers_job_and_leave_another_jobs_decisio
     assert not [f for f in rec.store.findings_for(OTHER) if f["rule_id"].startswith("custom.retryable")]
 
 
+IMPORT_ERROR = ("Traceback (most recent call last):", '  File "train.py", line 1, in <module>',
+                "ModuleNotFoundError: No module named 'foo'")
+
+
+def retryable(rec, job):
+    return [f for f in rec.store.findings_for(job) if f["rule_id"].startswith("custom.retryable")]
+
+
+def test_retryable_errors_leave_the_engine_when_their_job_ends(watched):
+    """Job llm-a declares ``flaky storage`` retryable: while it runs its line restarts it; once it
+    ends (``fail_job``: watch forgets it), the rule is out of the shared engine, so neither job
+    llm-b nor a fresh llm-a (same name, nothing declared) finds the same line retryable."""
+    w, rec, clock = watched
+    rules_before = {r.id for r in w.engine.rules}
+    w.ingest([line(clock, JOB, "node-1", "llm-a-worker-1", 2, "step 1 loss 0.5")])
+    st = call(w, lambda: sdk.Monitor().set_retryable_errors(["flaky storage"]))
+    assert st.ok(), st.to_string()
+    (rule_id,) = st.data["rules"]
+    w.ingest([line(clock, JOB, "node-1", "llm-a-worker-1", 2, FLAKY)])
+    clock.advance(6)
+    w.tick()
+    (restart,) = rec.decisions                                    # its own line, while it runs
+    assert restart.action.label == "restart_job" and restart.root_cause.rule_id == rule_id
+    clock.advance(61)                                             # past the cooldown
+    w.ingest([line(clock, JOB, "node-1", "llm-a-worker-1", 2, text) for text in IMPORT_ERROR])
+    clock.advance(6)
+    w.tick()
+    assert [d.action.label for d in rec.decisions] == ["restart_job", "fail_job"] and JOB not in w.jobs
+    assert {r.id for r in w.engine.rules} == rules_before         # recompiled without llm-a's rule
+    found = len(retryable(rec, JOB))
+    w.ingest([line(clock, OTHER, "node-1", "llm-b-worker-0", 0, FLAKY),
+              line(clock, JOB, "node-1", "llm-a-worker-0", 0, FLAKY)])   # llm-a again, started fresh
+    clock.advance(6)
+    w.tick()
+    assert len(rec.decisions) == 2                                # neither line decides anything
+    assert retryable(rec, OTHER) == [] and len(retryable(rec, JOB)) == found
+
+
 def test_reset_config_sets_the_callers_jobs_interval_only(watched):
     w, rec, clock = watched
     for job, pod in ((JOB, "llm-a-worker-1"), (OTHER, "llm-b-worker-0")):

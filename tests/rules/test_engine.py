@@ -371,6 +371,23 @@ def test_runtime_retryable_keyword_takes_effect_at_once(engine):
     assert finding.rank == 0
 
 
+def test_runtime_rules_are_removed_by_the_ids_add_rules_returned(engine):
+    """``add_rules`` returns only the ids it added (a rule the engine had stays someone else's);
+    ``remove_rules`` recompiles without them, and the line hits nothing again while the rules
+    that came after them (and the fault codes and block starts) still match."""
+    line = "[rank0]: dataloader worker 3: connect timeout to oss-cn-hangzhou-internal.aliyuncs.com:80"
+    before = len(engine.rules)
+    added = engine.add_rules(rules_from_keywords(["connect timeout", "flaky fabric"]))
+    assert added == ["custom.retryable.connect_timeout", "custom.retryable.flaky_fabric"]
+    assert engine.add_rules(rules_from_keywords(["connect timeout"])) == []
+    assert engine.remove_rules(added[:1]) == 1 and len(engine.rules) == before + 1
+    assert engine.feed(COMBINED, lines(line), T0) == []
+    [finding] = engine.feed(COMBINED, lines("[rank0]: flaky fabric on port 3"), T0)
+    assert finding.rule_id == "custom.retryable.flaky_fabric"
+    assert [f.rule_id for f in engine.feed(WORKER1, lines(XID79), T0)] == ["xid.79"]
+    assert engine.remove_rules(["no.such.rule"]) == 0
+
+
 def test_runtime_rule_applies_to_a_block_already_carried(engine):
     tb = KEYERROR_TB[:-1] + ["ConnectionError: connect timeout while loading shard-00017"]
     engine.feed(WORKER1, lines(tb[:4]), T0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftwatch.errors import RuleError
+from ftwatch.rules import diskcache
 from ftwatch.rules import matcher as matcher_mod
 from ftwatch.rules.loader import load_rules
 from ftwatch.rules.matcher import Matcher
@@ -29,7 +30,7 @@ def compiles(monkeypatch):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(matcher_mod.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(diskcache.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache" / "hyperscan"
 
 
@@ -61,7 +62,7 @@ def test_a_damaged_cache_file_is_compiled_over(cache, compiles):
 
 @needs_hs
 def test_cache_off_writes_nothing(tmp_path, monkeypatch, compiles):
-    monkeypatch.setenv(matcher_mod.CACHE_ENV, "off")
+    monkeypatch.setenv(diskcache.CACHE_ENV, "off")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     Matcher(PATTERNS)
     Matcher(PATTERNS)
@@ -118,10 +119,10 @@ def test_a_rule_file_is_checked_with_one_compile_and_keeps_file_and_line(tmp_pat
 
 @needs_hs
 def test_the_cache_keeps_the_newest_databases_only(cache, monkeypatch):
-    monkeypatch.setattr(matcher_mod, "CACHE_KEEP", 3)
+    monkeypatch.setattr(diskcache, "CACHE_KEEP", 3)
     for i in range(5):
         Matcher([Pattern(f"keyword {i}")])
     assert len(list(cache.glob("*.hsdb"))) == 3
-    monkeypatch.setattr(matcher_mod, "CACHE_BYTES", 1)
+    monkeypatch.setattr(diskcache, "CACHE_BYTES", 1)
     Matcher([Pattern("the last one")])
     assert len(list(cache.glob("*.hsdb"))) == 1            # over the byte budget: only the newest stays

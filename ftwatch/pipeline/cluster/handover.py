@@ -2,8 +2,9 @@
 on several nodes; README "Slurm").
 
 Every agent of the job takes up the same decision of generation ``g`` and its run loop, once it has
-stopped its workers, hands it over to the scheduler (``JobRunner._hand_over``). Were each agent to
-call Slurm, the job would be requeued once per node and the wrong node drained (each agent's own).
+stopped its workers, hands it over to the scheduler (``pipeline/respond.py``,
+``Responder.hand_over``). Were each agent to call Slurm, the job would be requeued once per node
+and the wrong node drained (each agent's own).
 :class:`JobHandOver` stands in for the scheduler's actuator on every node (same ``handles`` /
 ``act``): the node says it stopped and waits; the leader waits for the others to stop (at most
 ``lost_after`` seconds; lost and ended nodes are not waited for), claims the act, carries the

@@ -31,6 +31,12 @@ Hang scopes of all ranks share one stack: with every rank inside ``hang_detect(2
 stays 2 until the last of them leaves. ``reset_config`` sets the interval outside any scope.
 :meth:`ControlHandler.new_attempt` drops the scopes and the reset (a worker killed inside a scope
 never pops it); the restarted workers set them again.
+
+The rules ``set_retryable_errors`` added are the job's: they stay across its attempts (the
+restarted workers send the same list, which adds nothing), and ``ControlHandler.rule_ids`` names
+them, so that the driver removes them from the engine when the job ends (``watch`` forgets a
+failed or idle job, whose name may later start fresh: ``Engine.remove_rules``; one engine serves
+every watched job, so another job's rules stay).
 """
 
 from __future__ import annotations
@@ -278,7 +284,7 @@ class ControlHandler:
     """Carries out control requests on the runner's thread.
 
     Args:
-        engine: has ``add_rules(rules)``.
+        engine: has ``add_rules(rules) -> ids added`` (kept in ``rule_ids``).
         tracker: has ``set_job_hang_interval(seconds | None, time)`` and ``output(instance, time)``.
         recorder: has ``custom_message(time, job, content, instance=, rank=, node=, budgets=)``.
         job: the job id.
@@ -305,6 +311,7 @@ class ControlHandler:
         self.base = hang_interval
         self.scopes: list[tuple[str, float | None]] = []
         self.retryable: list[str] = []
+        self.rule_ids: list[str] = []          # rules it added to the engine: the job's, removed when it ends
         self.last_step: dict[str, int] = {}
 
     def new_attempt(self) -> None:
@@ -338,7 +345,7 @@ class ControlHandler:
             return {"ok": False, "error": str(exc)}
         new = [e for e in errors if e not in self.retryable]
         if new:                     # every rank sends the same list: recompile the database once
-            self.engine.add_rules(rules)
+            self.rule_ids += self.engine.add_rules(rules)    # only those new to the engine
         self.retryable += new
         self._event("retryable_errors", m, errors=errors)
         return {"ok": True, "rules": [r.id for r in rules]}

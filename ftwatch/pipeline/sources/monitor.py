@@ -16,7 +16,8 @@ watcher's thread (``drain``), at most ``answer_timeout`` seconds; ``report_step`
 receipt.
 
 ``set_retryable_errors`` and ``reset_config`` act on the caller's job only: its retryable errors
-hit that job's lines (``control.for_job``), its interval is that job's hang tracker's. With a
+hit that job's lines (``control.for_job``) and leave the engine when ``watch`` forgets the job,
+its interval is that job's hang tracker's. With a
 TLS context (``watch.monitor.tls_cert``, :mod:`ftwatch.pipeline.sources.tls`) the endpoint is
 HTTPS; the SDK verifies it with the CA bundle in ``FTWATCH_MONITOR_CA``. A connection idle for
 ``IDLE_TIMEOUT`` seconds (or stuck in its handshake) is closed.

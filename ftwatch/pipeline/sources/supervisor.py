@@ -6,14 +6,14 @@ lines (:class:`Output`) as soon as a read returns them (``ftwatch.pipeline.sourc
 ``Output`` and ``Started`` live; re-exported here). A waiter thread per worker queues its
 :class:`~ftwatch.events.ProcessExit` after both streams hit EOF, so an instance's exit always
 comes after all of its output. :meth:`Supervisor.poll` takes everything off that one queue, the
-Outputs of each stream merged.
+Outputs of each stream merged. What happens to one worker process (launch, reader and waiter
+threads, its exit after its output, signals to its group) is ``ftwatch.pipeline.sources.worker``;
+this module keeps the table of workers: starts, restarts, stops and reaping, under one lock.
 
 Backpressure (issue 16 item 4): that queue is an ``outqueue.OutputQueue`` bounded at
 ``queue_bytes``; a reader with no room waits, so a slow monitor slows its workers' writes (each
-pipe gets up to ``PIPE_BYTES`` of kernel buffer first) instead of growing without bound. While a
-stop waits for the workers to die nothing blocks (the loop takes no output then). A reader blocked
-on a full queue has read its pipe to its end or not: the waiter tells the two apart (``eof``), so a
-worker whose last output waits for room is not taken for one whose leftovers hold its pipes.
+pipe gets up to ``worker.PIPE_BYTES`` of kernel buffer first) instead of growing without bound.
+While a stop waits for the workers to die nothing blocks (the loop takes no output then).
 :meth:`Supervisor.lag` is the queue's depth in bytes and the age of its oldest item.
 
 Restart counters (A2, seed 002): ``MA_SCHEDULE_CNT`` stays 1 on one machine unless a start is a
@@ -22,14 +22,12 @@ rescheduling (``start_all(..., reschedule=True)``: the job moved off an isolated
 recovery), ``TORCHELASTIC_RESTART_COUNT`` is the job's restart count and ``FTWATCH_ATTEMPT`` the
 instance's start count; README "Contracts".
 
-Process groups. A group is stopped as a whole, so a worker's children die with it. When a worker's
-main process exits on its own, the rest of its group gets ``EXIT_LINGER`` seconds to close the
-worker's stdout/stderr and is SIGKILLed if it has not (only a process that left the group, and
-holds the streams ``DONE_TIMEOUT`` s longer, can make output follow the exit). Group members that let go of the streams live
-until :meth:`~Supervisor.stop_all`, a restart or :meth:`~Supervisor.close`. Main processes are
-reaped only then: the zombie keeps the group id from being reused, so a signal to the group never
-reaches an unrelated process. Nothing is left behind after ``close`` (a finalizer also kills the
-groups at interpreter exit). A SIGKILL of ftwatch itself kills every worker's main process through
+Process groups. A group is stopped as a whole, so a worker's children die with it; when a worker's
+main process exits on its own, leftovers that hold its pipes are killed (``worker``). Group members
+that let go of the streams live until :meth:`~Supervisor.stop_all`, a restart or
+:meth:`~Supervisor.close`. Main processes are reaped only then: the zombie keeps the group id from
+being reused, so a signal to the group never reaches an unrelated process. Nothing is left behind
+after ``close`` (a finalizer also kills the groups at interpreter exit). A SIGKILL of ftwatch itself kills every worker's main process through
 the parent-death signal; with a ``record`` (:class:`~ftwatch.pipeline.sources.orphans.WorkerRecord`)
 the live groups are also kept in the state directory, so that the next start reaps what is left
 (a worker's children): ``ftwatch.pipeline.sources.orphans``.
@@ -38,10 +36,6 @@ Signals. ``stop_all`` and ``close`` may be called from a Python signal handler. 
 interrupted this supervisor's own ``start_all``, ``restart_instance``, ``stop_all`` or ``close``, the
 call only sets a flag (during a stop it also ends the grace period at once: a second Ctrl-C kills)
 and the interrupted method carries it out before it returns.
-
-Size: over 400 lines, one job (the workers' process lifecycle: spawn, restart, stop, reap, under one
-lock and one interrupt discipline); the reader threads (``process``) and the orphan record
-(``orphans``) are apart already.
 """
 
 from __future__ import annotations
@@ -54,31 +48,15 @@ import subprocess
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 from ftwatch.errors import SourceError
 from ftwatch.events import Origin, ProcessExit
-from ftwatch.pipeline.sources.orphans import WorkerRecord, die_with_parent_hook, process_start
+from ftwatch.pipeline.sources.orphans import WorkerRecord, process_start
 from ftwatch.pipeline.sources.outqueue import MAX_BYTES, OutputQueue, coalesce
-from ftwatch.pipeline.sources.process import Output, Started, start_readers  # re-exported
-
-EXIT_LINGER = 2.0          # seconds a worker's leftovers may keep its pipes open after it exits
-DONE_TIMEOUT = 5.0         # seconds to wait for a killed worker's exit to be reported
-PIPE_BYTES = 1024 * 1024   # kernel buffer asked for each worker pipe (F_SETPIPE_SZ; best effort)
-_F_SETPIPE_SZ = 1031       # fcntl.F_SETPIPE_SZ (Linux), not named by fcntl before Python 3.10
-
-@dataclass(eq=False)
-class _Worker:
-    rank: int
-    popen: subprocess.Popen
-    origin: Origin
-    readers: list[threading.Thread] = field(default_factory=list)
-    exited: threading.Event = field(default_factory=threading.Event)   # main process ended
-    done: threading.Event = field(default_factory=threading.Event)     # ProcessExit queued
-    stop_requested: bool = False
-    reaped: bool = False
-    exit: ProcessExit | None = None
+from ftwatch.pipeline.sources.process import Output, Started  # noqa: F401 (re-exported)
+from ftwatch.pipeline.sources.worker import (DONE_TIMEOUT, EXIT_LINGER, Worker, kill_groups, killpg, launch,
+                                             start_io)
 
 
 class Supervisor:
@@ -122,8 +100,8 @@ class Supervisor:
         # this machine's part of a multi-node job (place); one node: all zero / nproc
         self.group_rank, self.group_world_size, self.rank_offset, self.world_size = 0, 1, 0, 0
         self._queue = OutputQueue(queue_bytes)    # bounded: backpressure on the workers' pipes
-        self._workers: dict[int, _Worker] = {}
-        self._old: list[_Worker] = []          # replaced workers not yet reaped
+        self._workers: dict[int, Worker] = {}
+        self._old: list[Worker] = []          # replaced workers not yet reaped
         self._schedule_cnt = 1
         self._proc_starts = [0] * nproc        # MA_PROC_START_CNT per rank
         self._starts = [0] * nproc             # FTWATCH_ATTEMPT per rank
@@ -134,7 +112,7 @@ class Supervisor:
         self._hurry = threading.Event()        # skip the rest of the grace period
         self._stopping = self._closed = False
         self._groups: dict[int, int | None] = {}   # unreaped process groups -> leader start ticks
-        self._finalizer = weakref.finalize(self, _kill_groups, self._groups)
+        self._finalizer = weakref.finalize(self, kill_groups, self._groups)
 
     def start_all(self, restart_count: int, *, reschedule: bool = False) -> None:
         """Start all N workers (a fresh ``MASTER_PORT`` when it is 0).
@@ -261,7 +239,7 @@ class Supervisor:
         """Send ``sig`` to every worker's process group (live or with leftovers)."""
         with self._lock:
             for w in self._all():
-                _killpg(w, sig)
+                killpg(w, sig)
 
     def close(self) -> None:
         """SIGKILL whatever is left, reap it, and refuse further starts. Idempotent."""
@@ -320,62 +298,21 @@ class Supervisor:
             "MA_SCHEDULE_CNT": str(self._schedule_cnt), "MA_PROC_START_CNT": str(self._proc_starts[rank] + 1),
             "FTWATCH_ATTEMPT": str(self._starts[rank] + 1), "FTWATCH_JOB": self.job,
             "FTWATCH_INSTANCE": f"worker-{rank}", **(self.record.env() if self.record else {})}}
-        popen = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, env=env, cwd=self.cwd, start_new_session=True,
-                                 preexec_fn=die_with_parent_hook())
+        popen = launch(self.command, env, self.cwd)
         self._proc_starts[rank] += 1
         self._starts[rank] += 1
         # the Origin's rank is the global one (a multi-node job's ranks start at rank_offset here);
         # the instance keeps the local index, which restart_instance and the slots are keyed by
         origin = Origin(f"worker-{rank}", self.rank_offset + rank, self.job, self.node, "process", "process")
-        w = _Worker(rank, popen, origin)
+        w = Worker(rank, popen, origin)
         with self._lock:
             self._workers[rank] = w
             self._groups[popen.pid] = process_start(popen.pid)
             self._write_record()
         self._queue.put(Started(origin, popen.pid, time.time(), self._starts[rank]))
-        for pipe in (popen.stdout, popen.stderr):
-            _grow_pipe(pipe)
-        w.readers = start_readers({"stdout": popen.stdout, "stderr": popen.stderr}, origin, self._queue)
-        threading.Thread(target=self._wait, args=(w,), name=f"ftwatch-wait-{rank}", daemon=True).start()
+        start_io(w, self._queue, self._lock)       # readers, and the waiter: the exit after the output
 
-    def _wait(self, w: _Worker) -> None:
-        """Waiter thread: see the exit (without reaping), wait for the output, report the exit."""
-        returncode = sig = None
-        try:
-            info = os.waitid(os.P_PID, w.popen.pid, os.WEXITED | os.WNOWAIT)
-            if info is not None and info.si_code == os.CLD_EXITED:
-                returncode = info.si_status
-            elif info is not None:
-                sig = info.si_status
-        except ChildProcessError:              # reaped elsewhere: take what Popen knows
-            rc = w.popen.returncode
-            returncode, sig = (rc, None) if rc is None or rc >= 0 else (None, -rc)
-        with self._lock:                       # atomic with _stop's choice of targets
-            stopped = w.stop_requested
-            w.exited.set()
-        deadline = time.monotonic() + EXIT_LINGER
-        for t in w.readers:
-            eof = _eof(t)
-            while not eof.is_set():
-                now = time.monotonic()
-                if self._queue.full():       # the readers wait for room, no leftover holds the pipes:
-                    eof.wait(0.05)           # the linger pauses
-                    deadline += time.monotonic() - now
-                elif now >= deadline or eof.wait(min(0.05, deadline - now)):
-                    break
-        if not all(_eof(t).is_set() for t in w.readers):   # leftovers hold the pipes: end them
-            with self._lock:
-                _killpg(w, signal.SIGKILL)
-            for t in w.readers:
-                _eof(t).wait(DONE_TIMEOUT)
-        for t in w.readers:       # read to the end: what is left waits for room on the queue
-            t.join(DONE_TIMEOUT if _eof(t).is_set() else 0.0)
-        w.exit = ProcessExit(w.origin, w.popen.pid, returncode, sig, time.time(), stopped)
-        self._queue.put(w.exit)
-        w.done.set()
-
-    def _all(self) -> list[_Worker]:   # every worker whose group may still need a signal
+    def _all(self) -> list[Worker]:   # every worker whose group may still need a signal
         return [w for w in [*self._old, *self._workers.values()] if not w.reaped]
 
     def _stop(self, grace: float, term: bool = True) -> list[ProcessExit]:
@@ -386,14 +323,14 @@ class Supervisor:
                 w.stop_requested = True
             everyone = self._all()
             for w in everyone if term else ():
-                _killpg(w, signal.SIGTERM)
-                _killpg(w, signal.SIGCONT)
+                killpg(w, signal.SIGTERM)
+                killpg(w, signal.SIGCONT)
         self._stopping = True
         with self._queue.unbounded():      # the loop waits here, it takes no output: no reader may wait
             return self._stop_unbounded(grace, term, targets, everyone)
 
-    def _stop_unbounded(self, grace: float, term: bool, targets: list[_Worker],
-                        everyone: list[_Worker]) -> list[ProcessExit]:
+    def _stop_unbounded(self, grace: float, term: bool, targets: list[Worker],
+                        everyone: list[Worker]) -> list[ProcessExit]:
         try:
             deadline = time.monotonic() + max(0.0, grace)
             for w in targets if term else ():
@@ -405,7 +342,7 @@ class Supervisor:
             self._hurry.clear()
         with self._lock:
             for w in everyone:
-                _killpg(w, signal.SIGKILL)
+                killpg(w, signal.SIGKILL)
         deadline = time.monotonic() + DONE_TIMEOUT + EXIT_LINGER
         for w in everyone:
             w.done.wait(max(0.0, deadline - time.monotonic()))
@@ -414,21 +351,21 @@ class Supervisor:
                 self._reap(w)
         return [w.exit for w in sorted(targets, key=lambda w: w.rank) if w.exit is not None]
 
-    def _retire(self, w: _Worker) -> None:
+    def _retire(self, w: Worker) -> None:
         """Clean up an exited worker before its rank is started again: kill leftovers, reap."""
         w.done.wait(DONE_TIMEOUT + EXIT_LINGER)
         with self._lock:
-            _killpg(w, signal.SIGKILL)
+            killpg(w, signal.SIGKILL)
         if w.done.is_set():
             self._reap(w)
         else:                                   # stuck in the kernel: reap it later
             self._old.append(w)
 
-    def _reap(self, w: _Worker) -> None:
+    def _reap(self, w: Worker) -> None:
         with self._lock:
             if w.reaped or not w.exited.is_set():
                 return
-            _killpg(w, signal.SIGKILL)          # the zombie still holds the group id
+            killpg(w, signal.SIGKILL)          # the zombie still holds the group id
             try:
                 w.popen.wait(timeout=1.0)
             except (subprocess.TimeoutExpired, ChildProcessError):
@@ -451,46 +388,6 @@ class Supervisor:
     def _write_record(self) -> None:     # with the lock
         if self.record is not None:
             self.record.write(self._groups)
-
-
-def _eof(t: threading.Thread) -> threading.Event:
-    """A reader's end-of-pipe event (``process.start_readers``); a thread without one: its end."""
-    eof = getattr(t, "eof", None)
-    if eof is None:
-        eof = threading.Event()
-        if not t.is_alive():
-            eof.set()
-    return eof
-
-
-def _grow_pipe(pipe) -> None:
-    """Ask for a ``PIPE_BYTES`` kernel buffer on ``pipe`` (room for a burst while the reader waits
-    for room on the queue); where that is refused (not Linux, over ``pipe-max-size``) it stays."""
-    try:
-        import fcntl
-        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, PIPE_BYTES)
-    except (OSError, ValueError, ImportError):
-        pass
-
-
-def _killpg(w: _Worker, sig: int) -> None:
-    """Signal a worker's process group unless its main process was reaped (call with the lock)."""
-    if w.reaped:
-        return
-    try:
-        os.killpg(w.popen.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _kill_groups(groups: dict[int, int | None]) -> None:
-    """Finalizer: SIGKILL every unreaped group (the supervisor was dropped or the interpreter exits)."""
-    for pgid in list(groups):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    groups.clear()
 
 
 def _free_port(addr: str, avoid: int = 0) -> int:

@@ -1,0 +1,214 @@
+"""The rank the others waited for was busy, not broken (SPEC R7, issue 12 item 3).
+
+A program may run work on one rank while the others wait for it in a barrier: Hugging Face's
+``main_process_first`` is built for that ("A context manager for torch distributed environment
+where on needs to do something on the main process, while blocking replicas ... One such use is
+for datasets's map feature which to be efficient should be run once on the main process",
+transformers ``TrainingArguments.main_process_first``; accelerate's ``main_process_first`` /
+``wait_for_everyone`` the same). The replicas wait under the process group's timeout; when the
+main process's work outlasts it, their barrier (a store read, a collective, an NPU stream
+synchronise under HCCL) times out and they die while the main process is still working.
+Transformers names the cure: ``ddp_timeout``, "The timeout for torch.distributed.init_process_group
+calls, used to avoid GPU socket timeouts when performing slow operations in distributed runnings"
+(default 1800 s). Nothing failed: the job's own schedule asked the replicas to wait longer than
+its timeout, and a restart runs the same work under the same timeout (the work was cut before
+it finished, so no cache of it was saved). That is the job's configuration: user_code, fail_job.
+
+:func:`busy_rank` reads it from the evidence, not from a case:
+
+1. no instance died on its own (an exit by a signal other than the watchdog's SIGABRT and a
+   launcher's SIGTERM, or a listed code), and every rank that reports an error was *waiting*:
+   its findings include a timeout (a rule of ``collectives.TIMEOUT_RULES`` or a line that says
+   the wait timed out) and a wait for peers (a collective timeout rule, or a line or traceback
+   frame naming a barrier, a collective or the store read a barrier does), and none of its
+   findings is a fault of its own (hardware, OOM, a program error);
+2. another rank, with no error of its own up to then, was in a phase of its own work
+   (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
+   datasets map progress bar), its latest such line before the first timeout not finished
+   (below 100 %), and by the bar's own account (tqdm's ``[elapsed<remaining, ...]``) that work
+   both overlaps the replicas' wait (from the first timeout less the wait's timeout, given by
+   ``Timeout(ms)`` or ``timed out after <ms>ms`` where a line has it, else
+   :data:`DEFAULT_WAIT_SECONDS`, to the first timeout) and lasts at least that timeout: the work
+   could not end before the replicas' wait did, whatever else happened (a node that died
+   meanwhile would not have saved them). A replayed bar line without a time of its own carries
+   the last stamped line's, so the overlap, not the line's time alone, ties it to the wait.
+
+Where the ranks' lines carry no prefix of their own:
+
+* a phase line on a stream without a rank prefix (``torchrun`` prefixes its workers'
+  tracebacks, ``[rank1]:``, but not rank 0's progress bar) counts when the waiting ranks are
+  named: it is not one of theirs;
+* so does a bar that opens a waiting rank's own timeout line: tqdm ends each update with a
+  carriage return, so on a terminal the ranks share (``accelerate launch`` prefixes nothing) the
+  next process's message runs on from the bar's line, and the waiting rank, blocked in the
+  wait, is not the one updating a bar (only a datasets bar: a training bar on that line is the
+  main process's own training, which a rank that hung in training leaves there as well);
+* the rank a c10d line names in the default process group (``[Rank 2] Watchdog caught ...``)
+  is that line's rank.
+
+Then that rank is the root cause, ``collective.busy_rank`` (user_code, fail_job). A rank that
+shows no phase line is not read as busy: a silent rank stays the hang reading of
+``ftwatch.policy.collectives.silent_rank``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.collectives import TIMEOUT_RULES
+
+#: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
+#: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
+PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map"})
+#: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
+DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
+#: The wait assumed where no line gives its timeout: torch.distributed's default process-group
+#: timeout for the store and gloo (``default_pg_timeout``, 30 min) and transformers' ``ddp_timeout``.
+DEFAULT_WAIT_SECONDS = 1800.0
+SOURCE = ("transformers src/transformers/training_args.py TrainingArguments.main_process_first and "
+          "ddp_timeout; huggingface/datasets src/datasets/arrow_dataset.py Dataset.map progress bar")
+#: A line that says a wait timed out (c10d "Socket Timeout", gloo "Timed out waiting", CANN
+#: "Stream synchronize timeout", the watchdog's "timed out").
+_TIMEOUT = re.compile(r"(?i)\btim(?:e|ed)[ _-]?out\b|timeout\b")
+#: A wait for peers, on the error line or a frame of its traceback: a barrier (torch's, a
+#: framework's ``main_process_first`` / ``wait_for_everyone``), a collective, the store read
+#: that a barrier or a communicator's set-up does.
+_WAIT_CALL = re.compile(r"\bbarrier\(|main_process_first|wait_for_everyone|\ball_?reduce\b|\bbroadcast\("
+                        r"|store->get|key-value store")
+#: A progress bar's percentage, counts, elapsed and remaining time (tqdm:
+#: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown).
+_BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *(\d+)/(\d+) \[([0-9:]+)<([0-9:]+|\?)")
+#: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
+#: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
+_DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
+#: The rank a c10d line names, with its process group when the line gives one
+#: (``[Rank 2]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 2]``).
+_NAMED = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<rank>\d+)\]")
+#: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``).
+_AFTER_MS = re.compile(r"timed out after (\d+) ?ms")
+_OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
+_LOGGED = ("keyword", "fault_code")
+
+
+def _waiting(mine: Sequence[Finding]) -> bool:
+    """Says whether one rank's logged findings show it waiting for peers until a timeout."""
+    errors = [f for f in mine if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO]
+    if not errors or any(f.failure_class in _OWN_FAULTS for f in errors):
+        return False
+    timed_out = any(f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line) for f in errors)
+    waits = any(f.rule_id in TIMEOUT_RULES or any(_WAIT_CALL.search(x) for x in (f.line, *f.evidence))
+                for f in mine)
+    return timed_out and waits
+
+
+def _clock(text: str) -> float:
+    """tqdm's ``[H:]MM:SS`` as seconds."""
+    secs = 0.0
+    for part in text.split(":"):
+        secs = secs * 60 + int(part)
+    return secs
+
+
+def _unfinished(f: Finding) -> tuple[int, float, float] | None:
+    """A phase line's bar below 100 %: its percentage, elapsed and remaining seconds; None when it
+    is done, has no bar, or does not know what remains."""
+    m = _BAR.search(f.line)
+    if m is None or m.group(5) == "?":
+        return None
+    pct, done, total = (int(g) for g in m.groups()[:3])
+    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 and done < total else None
+
+
+def _timeout_s(f: Finding) -> float | None:
+    """The timeout a wait line gives (the watchdog's ``Timeout(ms)``, c10d's ``after <ms>ms``)."""
+    if isinstance(f.fields.get("timeout_ms"), int):
+        return f.fields["timeout_ms"] / 1000.0
+    m = _AFTER_MS.search(f.line)
+    return int(m.group(1)) / 1000.0 if m else None
+
+
+def _death(f: Finding) -> bool:
+    """An exit that says something of its own: not a generic code, not the SIGABRT the watchdog ends
+    a timed-out rank with, not the SIGTERM a launcher stops the others with (a SIGKILL, a SIGSEGV,
+    a listed code: that rank died, which no waiting explains)."""
+    if f.kind != "exit_code" or f.fields.get("generic"):
+        return False
+    return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
+
+
+def _rank(f: Finding) -> int | None:
+    """The finding's rank: its origin's, else the one a c10d line names in the default group
+    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
+    if f.rank is not None:
+        return f.rank
+    m = _NAMED.search(f.line)
+    return int(m.group("rank")) if m and m.group("pg") in (None, "0") else None
+
+
+def _own_bar(f: Finding) -> bool:
+    """A datasets bar that opens the line of another process's message: tqdm ends an update with a
+    carriage return, never a newline, so what a peer writes next to the shared terminal runs on
+    from the bar; the bar is the busy process's (the waiting rank's main thread is in the wait)."""
+    m = _BAR.match(f.line)
+    return m is not None and _DATASETS_UNIT.match(f.line, m.end()) is not None
+
+
+def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (the real ones, or the fallout when there is none): every
+            one that names a rank must be on a waiting rank; one without a rank may only be
+            fallout or an exit (a launcher's report).
+
+    Returns:
+        A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
+        None when the errors are not all waits or no other rank shows unfinished work of its own.
+    """
+    if any(_rank(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
+        return None
+    if any(_death(f) for f in errors):
+        return None
+    by_rank: dict[int, list[Finding]] = {}
+    unranked: dict[str, list[Finding]] = {}
+    for f in order:
+        if f.kind in _LOGGED:
+            r = _rank(f)
+            (by_rank.setdefault(r, []) if r is not None else unranked.setdefault(f.origin.instance, [])).append(f)
+    waiting = sorted({r for f in errors if f.kind in _LOGGED and (r := _rank(f)) is not None})
+    if not waiting or not all(_waiting(by_rank.get(r, ())) for r in waiting):
+        return None
+    timeouts = [f for r in waiting for f in by_rank[r] if f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line)]
+    first = min(timeouts, key=lambda f: (f.time, f.seq))
+    window = max((t for f in timeouts if (t := _timeout_s(f)) is not None), default=DEFAULT_WAIT_SECONDS)
+    phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {_rank(f)}'s message interrupted", f)
+                                         for f in timeouts if _own_bar(f)]
+    others = [(f"rank {r}", m) for r, m in sorted(by_rank.items()) if r not in waiting] + [
+        (f"{i} (no rank prefix)", m) for i, m in sorted(unranked.items())]
+    for who, mine in others:
+        before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
+        if not any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
+            phases += [(who, f) for f in sorted(before, key=lambda f: (f.time, f.seq))[::-1]
+                       if f.rule_id in PHASE_RULES][:1]
+    for who, phase in phases:
+        bar = _unfinished(phase)
+        if bar is None:
+            continue
+        pct, elapsed, remaining = bar
+        work = elapsed + remaining
+        if work < window or phase.time - elapsed > first.time or phase.time + remaining < first.time - window:
+            continue
+        line = (f"{who} was still in work of its own (a datasets map bar, {pct}% done, {work:.0f} s of work by "
+                f"its bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
+                "program held them in a barrier longer than its timeout (rank-0-only work outlasting the "
+                "process-group timeout; raise the timeout, e.g. ddp_timeout, or do the work before the "
+                "distributed job)")
+        busy = phase.rank if phase.rule_id in PHASE_RULES else None
+        return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                       phase.origin, line, first.time, first.seq, (phase.line, first.line),
+                       {"busy": busy, "waiting": waiting, "phase": DATASETS_PHASE, "percent": pct,
+                        "work_s": work, "timeout_s": window}, SOURCE)
+    return None

@@ -1,0 +1,139 @@
+"""Ranks that timed out waiting for a rank busy with its own work (ftwatch.policy.busy, issue 12
+item 3): the main process pre-processing data under main_process_first while its replicas' barrier
+times out is the program's schedule (user_code), not a fault of the waiting ranks; without that
+evidence the waits keep their own reading."""
+
+from __future__ import annotations
+
+from ftwatch.events import FailureClass, Finding, Origin, ProcessExit
+from ftwatch.policy.busy import PHASE_RULES, busy_rank
+from ftwatch.policy.rootcause import analyse
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
+from ftwatch.rules.loader import load_rules
+
+T0 = 1_795_219_200.0
+RULES = load_rules()
+ENGINE = Engine(RULES)
+
+
+def logged(rank: int, t: float, *lines: str) -> list[Finding]:
+    o = Origin(f"worker-{rank}", rank, "busy", "node-0", "stderr", "process")
+    return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), T0 + t, final=True)
+
+
+def bar(pct: int, done: int, total: int = 2_000_000, clock: str = "29:57<18:11") -> str:
+    return (f"Running tokenizer on dataset (num_proc=16):  {pct}%|██████    | {done}/{total} "
+            f"[{clock}, 713.55 examples/s]")
+
+
+def store_wait(rank: int) -> list[str]:
+    """A replica's barrier inside main_process_first timing out on the store read."""
+    return ["Traceback (most recent call last):",
+            '  File "/work/train.py", line 40, in <module>',
+            '    with training_args.main_process_first(desc="dataset map pre-processing"):',
+            '  File "/opt/conda/lib/python3.10/site-packages/transformers/training_args.py", line 2368, in '
+            "main_process_first",
+            "    dist.barrier()",
+            f"torch.distributed.DistBackendError: [{rank}] is setting up NCCL communicator and retrieving "
+            "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: "
+            "Socket Timeout"]
+
+
+def unranked(t: float, line: str) -> list[Finding]:
+    o = Origin("combined", None, "busy", "node-0", "stderr", "process")
+    return ENGINE.feed(o, f"{line}\n".encode(), T0 + t, final=True)
+
+
+def incident(phase: str | None, t_phase: float = 0.0) -> list[Finding]:
+    found = logged(0, t_phase, phase) if phase else []
+    for r in (1, 2, 3):
+        found += logged(r, 1800.0 + r / 10, *store_wait(r))
+    return found
+
+
+def test_replicas_timing_out_while_the_main_process_maps_the_dataset_is_a_program_schedule():
+    rc = analyse(incident(bar(61, 1_221_000), t_phase=1500.0), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 0
+    assert rc.fields["waiting"] == [1, 2, 3] and rc.fields["percent"] == 61
+
+
+def test_without_the_busy_ranks_phase_line_the_waits_keep_their_reading():
+    an = analyse(incident(None), world=4)
+    assert an.root_cause is not None and an.root_cause.rule_id != "collective.busy_rank"
+
+
+def test_a_finished_map_says_the_rank_was_no_longer_busy():
+    rc = analyse(incident(bar(100, 2_000_000), t_phase=1500.0), world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_a_phase_line_older_than_the_wait_is_not_what_they_waited_for():
+    rc = analyse(incident(bar(61, 1_221_000), t_phase=-3600.0), world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_a_waiting_rank_with_a_fault_of_its_own_is_not_only_waiting():
+    found = incident(bar(61, 1_221_000), t_phase=1500.0)
+    found += logged(2, 1790.0, "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    assert busy_rank(sorted(found, key=lambda f: (f.time, f.seq)), found) is None
+
+
+def test_a_rank_killed_meanwhile_is_not_explained_by_the_wait():
+    """A SIGKILL (the OOM killer, a preemption) says rank 3 died: no barrier explains that."""
+    found = incident(bar(61, 1_221_000), t_phase=1500.0)
+    o = Origin("worker-3", 3, "busy", "node-0", "stderr", "process")
+    death = exit_finding(ProcessExit(o, 4242, None, 9, T0 + 1790.0), ExitCodeTable.load())
+    assert death is not None and death.fields.get("signal") == 9
+    assert busy_rank(sorted(found, key=lambda f: (f.time, f.seq)), [*found, death]) is None
+
+
+def test_a_busy_rank_that_failed_itself_is_no_busy_rank():
+    found = incident(bar(61, 1_221_000), t_phase=1500.0)
+    found += logged(0, 1600.0, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_work_that_its_bar_says_ends_within_the_timeout_does_not_explain_the_wait():
+    """05:00 elapsed + 02:00 remaining: the main process's map alone could not hold them 30 min."""
+    rc = analyse(incident(bar(61, 1_221_000, clock="05:00<02:00"), t_phase=1500.0), world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_a_bar_without_a_rank_prefix_beside_named_waiting_ranks_is_the_busy_one():
+    """torchrun prefixes the workers' tracebacks ([rank1]:) but not rank 0's progress bar."""
+    found = unranked(1500.0, bar(92, 1_840_000)) + incident(None)
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.rank is None and rc.fields["waiting"] == [1, 2, 3]
+
+
+def watchdog(rank: int) -> str:
+    """torch 2.1's watchdog line, the rank named only inside it (no launcher prefix)."""
+    return (f"[E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800328 "
+            "milliseconds before timing out.")
+
+
+def test_a_bar_that_a_waiting_ranks_timeout_line_runs_on_from_is_the_busy_process():
+    """accelerate launch: one terminal, no prefixes; tqdm's carriage return leaves rank 0's bar
+    at the head of the line rank 2's watchdog message then continues."""
+    head = ("Running tokenizer on dataset:   9%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+            + watchdog(2))
+    found = [f for line in (head, watchdog(1), watchdog(3)) for f in unranked(1800.0, line)]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["waiting"] == [1, 2, 3] and rc.fields["percent"] == 9
+
+
+def test_without_a_bar_unprefixed_watchdog_timeouts_stay_a_hang():
+    found = [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    an = analyse(found, world=4)
+    assert an.fallout_only and an.fallout_class is FailureClass.HANG
+
+
+def test_phase_rules_are_the_packs_rank_phase_rules():
+    tagged = {r.id for r in RULES if "rank_phase" in r.tags}
+    assert tagged == PHASE_RULES
