@@ -238,12 +238,13 @@ class IncidentDesk:
                     mono: float = 0.0) -> Finding | None:
         """Chunks of many origins of this job at once (``watch``: one batch's, its origins carried
         beside the chunks): the same as :meth:`output` of each in order, but a chunk with no
-        summary words or summary under way only meets its instance, keeps its last line, is counted (the metrics once per batch,
-        ``Recorder.output_many``) and goes to the engine only when a rule or the step tap hit it
-        or its origin carries an open block (``Engine.count_if_quiet``); the chunks only the step
-        tap hit go to it together after the others (``Engine.feed_steps``: one call, the ranks'
-        verdicts once for the batch); only findings, and chunks of an instance whose error
-        waits for its progress, go further (:meth:`_take`).
+        summary words or summary under way only meets its instance, keeps its last line, is
+        counted (the metrics once per batch, ``Recorder.output_many``) and goes to the engine
+        only when a rule or the step tap hit it or its origin carries an open block
+        (``Engine.count_if_quiet``); the chunks only the step tap hit go to it together after the
+        others (``Engine.feed_steps``: one call, the ranks' verdicts once for the batch); only
+        findings, and chunks of an instance whose error waits for its progress, go further
+        (:meth:`_take`).
 
         Args:
             parts: ``(origin, data, time, hits)`` per chunk, in input order, as for :meth:`output`
@@ -255,14 +256,13 @@ class IncidentDesk:
         """
         trigger = None
         counts: list[tuple[Origin, int, int, float]] = []
-        stepping: list[tuple[Origin, bytes, float, list[tuple[int, int]]]] = []
+        stepping: list[tuple[Origin, bytes, float, list]] = []     # only the step tap hit them
         engine, survival, summary_lines = self.engine, self.survival, self._exits.summary_lines
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
         instances, tails, output = self.instances, self._tails, self.tracker.output
         touch, exits = instances.move_to_end, self.exits
         quiet, steps_only = engine.count_if_quiet, engine.steps_only
-        for part in parts:
-            origin, data, time, hits = part
+        for origin, data, time, hits in parts:
             if ((summaries and may_hold_summary(data)) or is_host(origin)
                     or (summary_lines and origin in summary_lines)):
                 if counts:                          # counted in input order (the store's buckets)
