@@ -1,7 +1,8 @@
 """`make bench` (watch): Forward records from 1,000 pods of 10 jobs into ``ftwatch watch``'s loop.
 
 A child process runs what ``ftwatch watch`` runs for a Forward source: a ``ForwardSource`` on
-loopback, ``Identity.resolve`` and ``Watcher.ingest`` (one incident desk per job, the engine
+loopback, ``Identity.resolve``, ``Watcher.next_batch`` (a backlog taken in one go, as ``Watcher.run``
+takes it) and ``Watcher.ingest`` (one incident desk per job, the engine
 with 10,000 rules: the built-in packs plus generated ones, and the step tap). The parent sends
 Forward-mode requests (1,000 entries each, EventTime, Kubernetes metadata, one ack outstanding
 as fluent-bit does with require_ack_response) of the shared corpus's lines.
@@ -79,9 +80,10 @@ def child(rules_n: int, expect: int, state: str) -> None:
     seen = 0
     started = time.process_time()
     while seen < expect:
-        batch = watcher.queue.get()
-        watcher.ingest(batch)
-        seen += len(batch)
+        batch = watcher.next_batch(1.0)       # as ``Watcher.run`` takes them: a backlog at once
+        if batch:
+            watcher.ingest(batch)
+            seen += len(batch)
     spent = time.process_time() - started
     rss = 0.0
     for line in Path("/proc/self/status").read_text().splitlines():

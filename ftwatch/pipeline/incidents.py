@@ -238,11 +238,13 @@ class IncidentDesk:
                     mono: float = 0.0) -> Finding | None:
         """Chunks of many origins of this job at once (``watch``: one batch's, its origins carried
         beside the chunks): the same as :meth:`output` of each in order, but a chunk with no
-        summary words or summary under way and no waiting error of its instance only meets its
-        instance, keeps its last line, is counted (the metrics once per batch,
-        ``Recorder.output_many``) and goes to the engine only when a rule or the step tap hit it
-        or its origin carries an open block (``Engine.count_if_quiet``); only its findings, if
-        any, go further.
+        summary words or summary under way only meets its instance, keeps its last line, is
+        counted (the metrics once per batch, ``Recorder.output_many``) and goes to the engine
+        only when a rule or the step tap hit it or its origin carries an open block
+        (``Engine.count_if_quiet``); the chunks only the step tap hit go to it together after the
+        others (``Engine.feed_steps``: one call, the ranks' verdicts once for the batch); only
+        findings, and chunks of an instance whose error waits for its progress, go further
+        (:meth:`_take`).
 
         Args:
             parts: ``(origin, data, time, hits)`` per chunk, in input order, as for :meth:`output`
@@ -254,12 +256,15 @@ class IncidentDesk:
         """
         trigger = None
         counts: list[tuple[Origin, int, int, float]] = []
-        engine, survival = self.engine, self.survival
+        stepping: list[tuple[Origin, bytes, float, list]] = []     # only the step tap hit them
+        engine, survival, summary_lines = self.engine, self.survival, self._exits.summary_lines
         summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
+        instances, tails, output = self.instances, self._tails, self.tracker.output
+        touch, exits = instances.move_to_end, self.exits
+        quiet, steps_only = engine.count_if_quiet, engine.steps_only
         for origin, data, time, hits in parts:
             if ((summaries and may_hold_summary(data)) or is_host(origin)
-                    or (self._exits.summary_lines and origin in self._exits.summary_lines)
-                    or (survival and survival.watches(origin))):
+                    or (summary_lines and origin in summary_lines)):
                 if counts:                          # counted in input order (the store's buckets)
                     self.recorder.output_many(counts)
                     counts = []
@@ -267,32 +272,39 @@ class IncidentDesk:
                 trigger = trigger or found
                 continue
             instance = origin.instance
-            if instance not in self.instances and not self.exits:
+            if instance in instances:
+                touch(instance)
+            elif not exits:
                 self.started(origin, time)
-            else:
-                self.instances.touch(instance)
-            self.tracker.output(instance, time)
+            output(instance, time)
             if self._hang_notified:
                 self._hang_notified = False
                 self.tracker.rearm()
-            counts.append((origin, data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0),
-                           len(data), time))
             end = len(data)
+            counts.append((origin, data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0), end, time))
             while end and data[end - 1] in b" \t\r\n":
                 end -= 1
             if end:
-                self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
-            if not engine.count_if_quiet(origin, data, hits):
-                found = engine.feed(origin, data, time, hits=hits)
-                if found:
-                    trigger = trigger or self._take(origin, data, time, mono, found)
-                    continue
+                tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
+            found = None
+            if not quiet(origin, data, hits):
+                if steps_only(origin, hits):
+                    stepping.append((origin, data, time, hits))
+                else:
+                    found = engine.feed(origin, data, time, hits=hits)
+            if found or (survival and survival.watches(origin)):   # read for a waiting error's progress
+                found = self._take(origin, data, time, mono, found or [])   # taken even when a trigger is
+                trigger = trigger or found
+                continue
             opened = self.open
             if self._held and opened is not None and (
                     opened.origin.instance == instance or opened.origin.instance.startswith(instance + "/")):
                 self._alive = True
         if counts:
             self.recorder.output_many(counts)
+        if stepping:
+            found = self.add(engine.feed_steps(stepping), mono)
+            trigger = trigger or found
         return trigger
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:

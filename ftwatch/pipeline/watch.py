@@ -1,6 +1,7 @@
 """``ftwatch watch``: many jobs that ftwatch did not launch, from shipped logs.
 
-Sources put ``list[Shipped]`` on one bounded queue. The loop unwraps envelopes, names each
+Sources put ``list[Shipped]`` on one bounded queue. The loop takes the batches queued at once
+together (``Watcher.next_batch``, up to ``MERGE_LINES`` lines), unwraps envelopes, names each
 line's job / node / instance (``ftwatch.pipeline.sources.identity``), groups the lines of one batch by
 origin into chunks and hands each job's chunks, origins beside them, to its
 :class:`ftwatch.pipeline.incidents.IncidentDesk` in one call (``output_many``)
@@ -39,8 +40,9 @@ Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve on
 once when a launcher of the job logs that its worker group finished successfully
 (``ftwatch.parsers.torchelastic.CLEAN_FINISH``), and as superseded when the job is failed.
 
-Size: a little over 400 lines, one job (the loop over batches and the jobs' lifetimes); handing
-a batch over per job (issue 16) needs the job state it orders against (new desks, host lines).
+Size: past 400 lines, one job (the loop over batches and the jobs' lifetimes); taking a backlog
+at once and handing a batch over per job (issue 16) need the job state it orders against (new
+desks, host lines).
 """
 
 from __future__ import annotations
@@ -67,6 +69,27 @@ from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
 from ftwatch.rules.engine import Engine
 
 _NEW_ATTEMPT = (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE)
+MERGE_LINES = 8192   # a backlog's batches are taken together up to about this many lines (issue 16)
+
+
+class MergedBatch(list):
+    """Batches that were queued together, as one ``list[Shipped]`` for :meth:`Watcher.ingest`
+    (their lines in queue order); :meth:`ack` acknowledges each of them (``ShippedBatch.ack``).
+
+    Args:
+        batches: the batches, in queue order.
+    """
+
+    def __init__(self, batches: list[list[Shipped]]):
+        super().__init__(itertools.chain.from_iterable(batches))
+        self.batches = batches
+
+    def ack(self) -> None:
+        """Acknowledge every batch that carries an ``ack`` (a file tail's), in queue order."""
+        for batch in self.batches:
+            ack = getattr(batch, "ack", None)
+            if ack is not None:
+                ack()
 
 
 def tune_gc_for_ingest() -> None:
@@ -159,13 +182,34 @@ class Watcher:
     def run(self, until: Callable[[], bool] | None = None) -> None:
         """Take batches until stopped (or ``until()`` is true after a wake-up)."""
         while not self._stop.is_set() and not (until and until()):
-            try:
-                batch = self.queue.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                batch = None
+            batch = self.next_batch(POLL_SECONDS)
             if batch:
                 self.ingest(batch)
             self.tick()
+
+    def next_batch(self, timeout: float) -> list[Shipped] | None:
+        """The next queued batch, waiting up to ``timeout`` seconds (None: none came), and with
+        it the batches queued behind it, up to ``MERGE_LINES`` lines in all, as one
+        :class:`MergedBatch`: a monitor that fell behind takes its backlog in one go, so each
+        origin's state, the scan and the step tap's verdicts cost once per backlog, not once
+        per batch (1,000 pods: a batch holds about one line per pod). Taking what is queued
+        already adds no wait."""
+        try:
+            batch = self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        lines = len(batch)
+        if lines >= MERGE_LINES:
+            return batch
+        batches = [batch]
+        while lines < MERGE_LINES:
+            try:
+                more = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            batches.append(more)
+            lines += len(more)
+        return batch if len(batches) == 1 else MergedBatch(batches)
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call

@@ -22,7 +22,8 @@ found by one backward search over the lines since the previous hit
 (``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
 one feed's state (the carried part, the line count, the last stamp found), so they stay here;
 judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``. That shared
-state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, included).
+state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, and
+``feed_steps``, its step-only chunks in one step-tap call, included).
 """
 
 from __future__ import annotations
@@ -58,9 +59,26 @@ _ANSI_BYTES = re.compile(
 
 class ScanHits(list):
     """One chunk's rule hits from ``Engine.scan_many`` (``(line_start, pattern_id)`` pairs), and
-    in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself)."""
+    in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself).
 
-    steps: list | None = None
+    Attributes:
+        whole: the batch's chunks joined, as ``scan_many`` scanned them.
+        base: where this chunk starts in ``whole``.
+        found: its step lines with offsets into ``whole`` (a slice of the batch's; None: no tap),
+            what ``Engine.feed_steps`` hands the tap as they are; ``steps`` makes them the chunk's.
+    """
+
+    whole: bytes = b""
+    base: int = 0
+    found: list | None = None
+
+    @property
+    def steps(self) -> list | None:
+        """The chunk's step lines, offsets its own (``feed``'s)."""
+        found, base = self.found, self.base
+        if not found or not base:
+            return found
+        return [(start - base, pid, match) for start, pid, match in found]
 
 
 @dataclass(slots=True)
@@ -112,11 +130,7 @@ class _LineClock:
         line = line_at(self.data, start)
         default = engine._carry_time if start < engine._carry_end else self.time
         year = engine._year
-
-        def read() -> float:
-            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
-            return default if stamp is None else stamp
-        return read
+        return lambda: _own_time(line, year, default)
 
     def __call__(self, start: int) -> float:
         engine, data = self.engine, self.data
@@ -135,6 +149,43 @@ class _LineClock:
         if found is not None:
             return found[1] + data.count(b"\n", found[0], start) * self.sim_step
         return self.time + line_no * self.sim_step
+
+
+def _own_time(line: str, year: int, default: float) -> float:
+    """The timestamp of ``line`` (cleaned, rank prefix removed), else ``default`` (epoch s)."""
+    stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
+    return default if stamp is None else stamp
+
+
+class _BatchClock:
+    """``_LineClock`` for a chunk made of many streams' chunks (``Engine.feed_steps``; live, no
+    block carried): a line's own timestamp, else the time of the chunk it came in.
+
+    Args:
+        data: the chunks joined.
+        bounds: where each chunk starts in ``data`` (sorted).
+        times: each chunk's time (epoch s); its year dates stamps that carry none.
+        year: the engine's fixed year, or 0 (then each chunk's time's).
+    """
+
+    def __init__(self, data: bytes, bounds: list[int], times: list[float], year: int):
+        self.data, self.bounds, self.times, self.year = data, bounds, times, year
+        self.years: dict[int, int] = {}              # chunk index -> its time's year, once asked
+
+    def _at(self, start: int) -> tuple[str, int, float]:
+        k = bisect.bisect_right(self.bounds, start) - 1
+        time, year = self.times[k], self.year or self.years.get(k)
+        if not year:
+            year = self.years[k] = fields.year_of(time)
+        return line_at(self.data, start), year, time
+
+    def __call__(self, start: int) -> float:
+        return _own_time(*self._at(start))
+
+    def later(self, start: int) -> Callable[[], float]:
+        """The time of the line at ``start``, read only if called (``_LineClock.later``, live)."""
+        line, year, time = self._at(start)
+        return lambda: _own_time(line, year, time)
 
 
 class Engine:
@@ -256,8 +307,14 @@ class Engine:
             return out
         whole = joined[0] if len(joined) == 1 else b"".join(joined)
         hits = self.matcher.scan(whole)
+        for k, base in zip(index, bounds):
+            out[k].whole, out[k].base = whole, base
         if self.steps is not None:
-            self._split_steps(self.steps.find(whole), bounds, index, out, pos)
+            found = self.steps.find(whole)
+            starts = [hit[0] for hit in found]
+            cut = bisect.bisect_left
+            for k, base, end in zip(index, bounds, bounds[1:] + [pos]):   # each chunk's slice
+                out[k].found = found[cut(starts, base):cut(starts, end)]
         j, last = 0, len(bounds) - 1
         upper = bounds[1] if last else pos
         base, mine = 0, out[index[0]]
@@ -269,23 +326,6 @@ class Engine:
                 base, mine = bounds[j], out[index[j]]
             mine.append((start - base, pid))
         return out
-
-    @staticmethod
-    def _split_steps(found: list, bounds: list[int], index: list[int], out: list, end: int) -> None:
-        """The batch's step lines (offsets into the joined chunks, sorted) to their chunks'
-        ``ScanHits.steps``, offsets made the chunk's own."""
-        for k in index:
-            out[k].steps = []
-        j, last = 0, len(bounds) - 1
-        upper = bounds[1] if last else end
-        mine = out[index[0]].steps
-        for start, pid, match in found:
-            if start >= upper:
-                while start >= upper:
-                    j += 1
-                    upper = bounds[j + 1] if j < last else end
-                mine = out[index[j]].steps
-            mine.append((start - bounds[j], pid, match))
 
     def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
              sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> list[Finding]:
@@ -395,12 +435,51 @@ class Engine:
         :meth:`scan_many`) would only count it: no rule hit, no step line, no open block of
         ``origin`` carried over (``watch``: a batch's quiet origins, ``IncidentDesk.output_many``).
         Else False, and nothing is done: feed it."""
-        if hits is None or hits or (self.steps is not None and getattr(hits, "steps", None) != []) or (
+        if hits is None or hits or (self.steps is not None and getattr(hits, "found", None) != []) or (
                 self._pending and origin in self._pending):
             return False
         self.stats.bytes += len(data)
         self._count(data, len(data))
         return True
+
+    def steps_only(self, origin: Origin, hits: list[tuple[int, int]] | None) -> bool:
+        """Whether :meth:`feed` of a chunk with ``hits`` (from :meth:`scan_many`) would only
+        count it and hand its step lines to the tap: no rule hit, step lines found, no open
+        block of ``origin`` carried over. Such chunks of many origins go to :meth:`feed_steps`
+        together."""
+        return (hits is not None and not hits and self.steps is not None and bool(getattr(hits, "found", None))
+                and not (self._pending and origin in self._pending))
+
+    def feed_steps(self, parts: Sequence[tuple[Origin, bytes, float, ScanHits]]) -> list[Finding]:
+        """The step lines of many origins' chunks in one step-tap call (``watch``: a batch's
+        chunks that :meth:`steps_only` passed): the same step times as :meth:`feed` of each
+        chunk, its findings (stragglers) after them all, the ranks' verdicts once for the
+        batch, not once per chunk. The tap reads the batch's joined buffer as ``scan_many``
+        scanned it, at the offsets found there: nothing is copied or joined again.
+
+        Args:
+            parts: ``(origin, data, time, hits)`` per chunk, in batch order, ``hits`` from one
+                :meth:`scan_many` call; ``time`` the chunk's time (epoch s, live).
+
+        Returns:
+            The step tap's findings.
+        """
+        if not parts:
+            return []
+        parts = sorted(parts, key=lambda part: part[3].base)   # batch order (already, from a desk)
+        whole = parts[0][3].whole
+        bases = [hits.base for _, _, _, hits in parts]
+        origins = [p[0] for p in parts]
+        found = list(itertools.chain.from_iterable(hits.found for _, _, _, hits in parts))
+        for _, data, _, _ in parts:
+            self.stats.bytes += len(data)
+            self.stats.lines += data.count(b"\n")
+
+        def origin_at(start: int, bases=bases, origins=origins) -> Origin:
+            return origins[bisect.bisect_right(bases, start) - 1]
+        return self.steps.take_chunk(origin_at, whole, len(whole), (),
+                                     _BatchClock(whole, bases, [p[2] for p in parts], self.year or 0),
+                                     self.next_seq, found)
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

@@ -77,10 +77,11 @@ class StepTap(Protocol):
         """The step lines of ``data`` (complete lines), sorted by offset, to hand back to
         ``take_chunk`` (``Engine.scan_many`` finds a whole batch's at once)."""
 
-    def take_chunk(self, origin: Origin, data: bytes, end: int, skip: Container[int],
+    def take_chunk(self, origin: Origin | Callable[[int], Origin], data: bytes, end: int, skip: Container[int],
                    time_at: Callable[[int], float], next_seq: Callable[[], int],
                    hits: list | None = None) -> list[Finding]:
         """The step lines of ``data`` before offset ``end`` whose starts are not in ``skip`` (lines
         blocks took); ``time_at(start)``: a line's time (epoch s), ``next_seq()``: a finding's
-        sequence number; ``hits``: ``find(data)`` when known. Returns the findings (stragglers),
+        sequence number; ``hits``: ``find(data)`` when known; ``origin``: the chunk's stream, or
+        the stream of the line at an offset (a chunk of many streams). Returns the findings (stragglers),
         at the latest by the chunk's end."""

@@ -217,13 +217,15 @@ class StepTracker:
         ``watch`` finds those of a whole batch of origins in one pass."""
         return self.lines.find(data, len(data))
 
-    def take_chunk(self, origin: Origin, data: bytes, end: int, skip: Container[int],
+    def take_chunk(self, origin: Origin | Callable[[int], Origin], data: bytes, end: int, skip: Container[int],
                    time_at: Callable[[int], float], next_seq: Callable[[], int],
                    hits: list[StepHit] | None = None) -> list[Finding]:
         """The step lines of one chunk of one origin, and the verdicts for the ranks that printed.
 
         Args:
-            origin: the chunk's stream (a rank prefix in a line gives the line's rank).
+            origin: the chunk's stream (a rank prefix in a line gives the line's rank); or, for a
+                chunk of many streams' lines (``Engine.feed_steps``: a ``watch`` batch's), the
+                stream of the line starting at an offset (its step lines' offsets only).
             data: complete lines, ANSI escapes removed.
             end: the lines to take end here (the rest is carried to the next chunk).
             skip: line starts to leave (lines a block took).
@@ -251,18 +253,21 @@ class StepTracker:
         stepped: dict[int, _Rank] = {}                 # ranks whose last step line is in this chunk
         prefix = fields.rank_prefix_at
         take, readers = self._take, self._byte_readers
-        by_rank: dict[int | None, list[StepHit]] = {}
+        by_rank: dict = {}                             # rank (many streams: (stream, rank)) -> its hits
         last_hit = len(hits) - 1
+        origin_at = None if isinstance(origin, Origin) else origin
         for k, hit in enumerate(hits):
             if k < last_hit and hits[k + 1][0] == hit[0]:
                 continue                               # a line's last match counts
             rank_no = prefix(data, hit[0])[0]
+            if origin_at is not None:
+                rank_no = (origin_at(hit[0]), rank_no)
             mine = by_rank.get(rank_no)
             if mine is None:
                 mine = by_rank[rank_no] = []
             mine.append(hit)
         for rank_no, mine in by_rank.items():          # ranks are independent: each in its lines' order
-            who = origin.with_rank(rank_no)
+            who = origin.with_rank(rank_no) if origin_at is None else rank_no[0].with_rank(rank_no[1])
             job = self._job(who, now)
             for _, run in itertools.groupby(mine, key=lambda hit: hit[1] if hit[2] is not None else -1):
                 run = list(run)                        # consecutive lines of one pattern: at once if it can

@@ -75,6 +75,15 @@ def test_a_fault_code_candidate_without_a_code_builds_no_record(rules):
     assert finding.kind == "fault_code" and engine.stats.records == 1
 
 
+def step_rounds():
+    """9 batches of 12 origins: ranks 0-7 print a step line each (rank 5 three times slower), the
+    rest plain text; per batch its ``(origin, chunk)`` parts and each rank's chunk time."""
+    for n in range(1, 10):
+        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
+                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
+        yield parts, {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+
+
 def test_a_batch_finds_its_step_lines_in_one_pass(rules, monkeypatch):
     """``scan_many`` also finds the batch's step lines, once for all origins: feeding each chunk
     with its hits makes the straggler that chunks fed alone make, and the tap looks for step
@@ -86,10 +95,7 @@ def test_a_batch_finds_its_step_lines_in_one_pass(rules, monkeypatch):
     real = tracker.lines.find
     monkeypatch.setattr(tracker.lines, "find", lambda *a: passes.append(len(a[0])) or real(*a))
     expected, got = [], []
-    for n in range(1, 10):
-        parts = [(Origin(f"w{r}", r, "job1", "node-a", "stderr", "forward"),
-                  f"step {n}/100 loss 0.5\n".encode() if r < 8 else b"plain text\n") for r in range(12)]
-        t = {r: T0 + n * (0.3 if r == 5 else 0.1) for r in range(12)}
+    for parts, t in step_rounds():
         expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
         scans = together.scan_many([data for _, data in parts])
         got += [f for (origin, data), hits in zip(parts, scans) for f in together.feed(origin, data, t[origin.rank],
@@ -119,3 +125,29 @@ def test_line_times_asked_in_any_order_are_those_asked_in_order(rules, seed):
     for i, line in enumerate(lines):
         if not line.startswith("["):                      # a stamped line answers its own stamp
             assert got[i] == pytest.approx(in_order[i]), i
+
+
+def test_step_only_chunks_of_many_origins_in_one_call_take_what_feed_takes(rules):
+    """``Engine.feed_steps`` (a batch's chunks that only the step tap hit, many origins at once):
+    the same step times per rank as feeding each chunk alone, lines without a duration timed by
+    their own chunk's time, the same straggler; chunks with a rule hit or an open block are not
+    step-only."""
+    alone = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)))
+    together = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=5)), like=alone)
+    expected, got = [], []
+    for parts, t in step_rounds():
+        expected += [f for origin, data in parts for f in alone.feed(origin, data, t[origin.rank])]
+        scans = together.scan_many([data for _, data in parts])
+        step_only = [(o, d, t[o.rank], h) for (o, d), h in zip(parts, scans) if together.steps_only(o, h)]
+        assert len(step_only) == 8
+        for (o, d), h in zip(parts, scans):
+            if not together.steps_only(o, h):
+                assert together.count_if_quiet(o, d, h)
+        got += together.feed_steps(step_only)
+    assert [(f.kind, f.rank) for f in got] == [(f.kind, f.rank) for f in expected] == [("straggler", 5)]
+    for instance, rank in alone.steps.jobs["job1"].ranks.items():
+        assert list(together.steps.jobs["job1"].ranks[instance].samples) == pytest.approx(list(rank.samples))
+    assert together.stats.lines == alone.stats.lines and together.stats.bytes == alone.stats.bytes
+    origin = Origin("w0", 0, "job1", "node-a", "stderr", "forward")
+    data = b"step 10/100 loss 0.5\nRuntimeError: NCCL error: unhandled system error\n"
+    assert not together.steps_only(origin, together.scan_many([data])[0])      # a rule hit: feed it

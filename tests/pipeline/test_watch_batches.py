@@ -1,0 +1,134 @@
+"""``watch`` batches of many origins (issue 16): one scan and one step-tap call per batch, a
+backlog taken in one go, and per-origin state (open blocks, ranks) never mixed across origins."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import queue
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftwatch.config.model import Config
+from ftwatch.events import Origin
+from ftwatch.pipeline import watch as watch_mod
+from ftwatch.pipeline.build import build_engine
+from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.sources.base import Shipped, ShippedBatch
+from ftwatch.pipeline.watch import MergedBatch, Watcher
+from ftwatch.testing import FakeClock
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rules"))
+from engine_samples import GLOO_TB, KEYERROR_TB  # noqa: E402
+
+
+def resolve(batch):
+    for s in batch:
+        m = s.meta
+        yield Origin(m["pod"], m.get("rank"), m["job"], m["node"], "stderr", "forward"), s.line, s.time
+
+
+def make(tmp_path: Path, clock: FakeClock, **watch) -> tuple[Watcher, Recorder]:
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path / "state")},
+                                    "watch": {"settle": 5.0, "cooldown": 60.0, **watch},
+                                    "health": {"straggler": {"min_steps": 5}}})
+    recorder = Recorder(out=io.StringIO(), resolve_after=None)
+    return Watcher(config, build_engine(config), recorder, resolve, clock=clock), recorder
+
+
+def shipped(clock: FakeClock, pod: str, rank: int, text: str, job: str = "llm") -> Shipped:
+    return Shipped(clock.time(), text.encode(), {"job": job, "node": "node-0", "pod": pod, "rank": rank})
+
+
+def interleave(*streams: list[Shipped]) -> list[Shipped]:
+    return [s for group in itertools.zip_longest(*streams) for s in group if s is not None]
+
+
+@pytest.mark.parametrize("cut", [None, 4])
+def test_interleaved_tracebacks_of_two_pods_stay_apart(tmp_path, cut):
+    """Two pods print a traceback each, line by line interleaved in the batch (and a third pod
+    step lines between them): each pod's block joins only its own lines, whole, as if it had
+    come alone; cut across two batches, each pod's open block is carried and closed alone.
+    Mixed into one chunk, pod a's traceback would take pod b's lines (or end at b's last line).
+    Both reach the desk: the second pod's finding is taken though the first one's opened the
+    incident in the same batch (``output_many`` once skipped it: ``trigger or self._take(...)``)."""
+    clock = FakeClock()
+    w, _ = make(tmp_path, clock)
+    a = [shipped(clock, "llm-worker-0", 0, text) for text in KEYERROR_TB]
+    b = [shipped(clock, "llm-worker-1", 1, text) for text in GLOO_TB]
+    steps = [shipped(clock, "llm-worker-2", 2, f"step {n}/100 loss 0.5") for n in range(1, 12)]
+    lines = interleave(a, steps, b)
+    for batch in ([lines] if cut is None else [lines[:cut * 3], lines[cut * 3:]]):
+        w.ingest(batch)
+    found = {f.origin.instance: f for f in w.jobs["llm"].findings if len(f.evidence) > 1}
+    assert set(found) == {"llm-worker-0", "llm-worker-1"}
+    assert list(found["llm-worker-0"].evidence) == KEYERROR_TB
+    assert list(found["llm-worker-1"].evidence) == GLOO_TB
+    assert (found["llm-worker-0"].rule_id, found["llm-worker-1"].rule_id) == (
+        "python.key_error", "gloo.connection_closed_by_peer")
+
+
+def test_a_batch_of_many_pods_step_lines_is_one_step_tap_call(tmp_path, monkeypatch):
+    """Step lines of 12 pods per batch go to the step tap in one call per job (``Engine.feed_steps``),
+    and the tap still names the slow rank a straggler."""
+    clock = FakeClock()
+    w, _ = make(tmp_path, clock)
+    tap = w.engine.steps
+    calls = []
+    real = tap.take_chunk
+    monkeypatch.setattr(tap, "take_chunk", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    found = []
+    for n in range(1, 10):
+        batch = []
+        for r in range(12):
+            t = clock.time() + n * (0.3 if r == 5 else 0.1)
+            batch.append(Shipped(t, f"step {n}/100 loss 0.5".encode(),
+                                 {"job": "llm", "node": f"node-{r // 4}", "pod": f"llm-worker-{r}", "rank": r}))
+        w.ingest(batch)
+    found = [f for f in w.jobs["llm"].findings if f.kind == "straggler"]
+    assert [f.rank for f in found] == [5]
+    assert len(calls) == 9 and all(callable(c) for c in calls)      # one per batch, many origins in each
+
+
+def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch):
+    """``next_batch`` takes the batches queued behind the first, up to ``MERGE_LINES`` lines, as
+    one batch; ingesting it acknowledges each (a file tail's offsets); the rest stays queued."""
+    monkeypatch.setattr(watch_mod, "MERGE_LINES", 5)
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    acked = []
+    batches = [ShippedBatch([shipped(clock, f"llm-worker-{k}", k, "plain text") for k in range(2)],
+                            commit=lambda n=n: acked.append(n) or True) for n in range(4)]
+    for batch in batches:
+        w.queue.put(batch)
+    merged = w.next_batch(0.0)
+    assert isinstance(merged, MergedBatch) and len(merged) == 6       # 2 + 2 + 2 >= 5: three batches
+    w.ingest(merged)
+    assert acked == [0, 1, 2] and all(b.acked for b in batches[:3]) and not batches[3].acked
+    assert w.next_batch(0.0) is batches[3]                              # alone: handed over as it is
+    assert w.next_batch(0.0) is None
+    assert rec.metrics is not None
+    with pytest.raises(queue.Empty):
+        w.queue.get_nowait()
+
+
+def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
+    """Two pods running torchrun (no rank from the pod) both print ``[rank0]:`` and ``[rank1]:``
+    step lines, interleaved in one batch: the step tap, handed the batch's step lines in one
+    call, keeps four ranks (``<pod>/rank<k>``), each with its own six lines' five step times
+    (mixed by rank alone: two ranks, each with both pods' repeated step numbers)."""
+    clock = FakeClock()
+    w, _ = make(tmp_path, clock)
+    batch = []
+    for n in range(1, 7):
+        for pod in ("llm-a", "llm-b"):
+            for r in (0, 1):
+                batch.append(Shipped(clock.time() + n * (0.2 if pod == "llm-b" else 0.1),
+                                     f"[rank{r}]: step {n}/100 loss 0.5".encode(),
+                                     {"job": "llm", "node": "node-0", "pod": pod, "rank": None}))
+    w.ingest(batch)
+    ranks = w.engine.steps.jobs["llm"].ranks
+    assert sorted(ranks) == ["llm-a/rank0", "llm-a/rank1", "llm-b/rank0", "llm-b/rank1"]
+    assert {name: len(rank.samples) for name, rank in ranks.items()} == dict.fromkeys(ranks, 5)  # steps 2-6
