@@ -1,0 +1,104 @@
+"""Configuration and environment errors against transient infrastructure (issue 12, h12-config):
+each case is graded by what its source says (the rows' ``source`` columns), not by a corpus case.
+
+- NCCL's socket layer retries a connect only on refused / timed-out / unreachable; an errno it never
+  retries is the host's own network or firewall setting (``nccl.socket_connect_not_retried``), and
+  old NCCL's capitalised ``Connect to`` reads like the new one.
+- c10d prints warnings for connect attempts it retries: notices, never the decision.
+- HTTP status and object-store error codes (RFC 9110 / RFC 6585 / the S3 error table) and the
+  exception classes of requests, urllib3, botocore and huggingface_hub (their docs).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exceptions import ExceptionCatalog
+from ftwatch.rules.loader import load_rules
+
+BUILTIN = load_rules()
+W1 = Origin("worker-1", 1, "job-7", "node-a", "stderr", "process")
+T0 = 1_795_253_763.0
+
+
+def _feed(*lines: str) -> list:
+    return Engine(BUILTIN).feed(W1, "".join(f"{line}\n" for line in lines).encode(), T0, final=True)
+
+
+def _decisive(findings: list) -> list:
+    return [f for f in findings if f.failure_class is not FailureClass.INFO]
+
+
+@pytest.mark.parametrize("errno_text", ["Software caused connection abort", "Operation not permitted",
+                                        "Permission denied", "Cannot assign requested address"])
+def test_a_connect_nccl_never_retries_is_the_hosts_configuration(errno_text):
+    [finding] = _feed(f"gpu-node-3:2111:2190 [1] misc/socket.cc:484 NCCL WARN socketStartConnect: "
+                      f"Connect to 10.42.0.7<43261> failed : {errno_text}")
+    assert finding.rule_id == "nccl.socket_connect_not_retried"
+    assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "gpu-node-3:2111:2190 [1] include/socket.h:390 NCCL WARN Connect to 10.42.0.7<43261> failed : No route to host",
+    "gpu-node-3:2111:2190 [1] misc/socket.cc:484 NCCL WARN socketStartConnect: connect to 10.42.0.7<43261> "
+    "failed : Connection refused",
+])
+def test_the_connect_errors_nccl_retries_stay_transient_in_both_spellings(line):
+    [finding] = _feed(line)
+    assert finding.rule_id == "nccl.socket_connect_failed"
+    assert finding.action is Action.RESTART_JOB
+
+
+def test_c10d_warnings_for_attempts_it_retries_decide_nothing():
+    findings = _feed(
+        "[W socket.cpp:601] [c10d] The IPv6 network addresses of (node-a, 44685) cannot be retrieved "
+        "(gai error: -2 - Name or service not known).",
+        "[W socket.cpp:426] [c10d] The server socket cannot be initialized on [::]:29500 "
+        "(errno: 97 - Address family not supported by protocol).",
+        "[W socket.cpp:436] [c10d] The client socket has failed to connect to [localhost]:29500 "
+        "(errno: 99 - Cannot assign requested address).")
+    assert _decisive(findings) == []
+
+
+@pytest.mark.parametrize("exception, failure_class, action", [
+    ("huggingface_hub.errors.HfHubHTTPError: 504 Server Error: Gateway Time-out for url: "
+     "https://huggingface.co/api/models/org/model", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url: "
+     "https://huggingface.co/api/datasets/org/data", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
+     "https://huggingface.co/org/model/resolve/main/config.json", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6745a1b2)",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. "
+     "(read timeout=10)", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the PutObject operation: "
+     "Please reduce your request rate.", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("botocore.exceptions.ClientError: An error occurred (NoSuchKey) when calling the GetObject operation: "
+     "The specified key does not exist.", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL: "
+     "\"https://s3.us-east-1.amazonaws.com/bucket/ckpt\"", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("socket.gaierror: [Errno -3] Temporary failure in name resolution", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+])
+def test_a_download_or_upload_that_failed_is_graded_by_its_status_or_class(exception, failure_class, action):
+    [finding] = _feed("Traceback (most recent call last):",
+                      '  File "/workspace/train.py", line 12, in <module>',
+                      "    model = load(args.model)",
+                      exception)
+    assert (finding.failure_class, finding.action) == (failure_class, action), finding.rule_id
+    assert finding.rule_id != "python.uncaught_exception"
+
+
+@pytest.mark.parametrize("line, name", [
+    ("urllib3.exceptions.ReadTimeoutError: HTTPSConnectionPool(host='hub', port=443): Read timed out.",
+     "urllib3.exceptions.ReadTimeoutError"),
+    ("botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: \"https://s3/bucket\"",
+     "urllib3.exceptions.ReadTimeoutError"),       # same short name, same meaning
+    ("http.client.RemoteDisconnected: Remote end closed connection without response",
+     "http.client.RemoteDisconnected"),
+])
+def test_library_timeouts_and_disconnects_are_transient(line, name):
+    grade = ExceptionCatalog.load().grade(line)
+    assert (grade.name, grade.failure_class) == (name, FailureClass.RETRYABLE_INFRA)
