@@ -66,7 +66,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "env_vocab.tsv": ("env_vocab.yaml", "configuration and environment errors against transient infrastructure: gloo "
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "
-                      "errors, graded"),
+                      "errors, container start-up errors, graded"),
     "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, PCIe AER, GHES, NFS/Lustre, OOM killer, graded"),
 }
 """catalog file -> (generated pack, title)."""
