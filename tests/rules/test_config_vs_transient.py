@@ -69,32 +69,33 @@ def test_c10d_warnings_for_attempts_it_retries_decide_nothing():
     assert _decisive(findings) == []
 
 
-@pytest.mark.parametrize("exception, failure_class, action", [
-    ("huggingface_hub.errors.HfHubHTTPError: 504 Server Error: Gateway Time-out for url: "
-     "https://huggingface.co/api/models/org/model", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
-    ("requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url: "
-     "https://huggingface.co/api/datasets/org/data", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
-    ("requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
-     "https://huggingface.co/org/model/resolve/main/config.json", FailureClass.USER_CODE, Action.FAIL_JOB),
-    ("huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6745a1b2)",
-     FailureClass.USER_CODE, Action.FAIL_JOB),
-    ("requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. "
-     "(read timeout=10)", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+RETRY = (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+FAIL = (FailureClass.USER_CODE, Action.FAIL_JOB)
+HUB = "https://huggingface.co/api/models/org/model"
+#: final exception lines of a download or upload, and their grade
+TRANSFERS = [
+    (f"huggingface_hub.errors.HfHubHTTPError: 504 Server Error: Gateway Time-out for url: {HUB}", RETRY),
+    (f"requests.exceptions.HTTPError: 429 Client Error: Too Many Requests for url: {HUB}", RETRY),
+    (f"requests.exceptions.HTTPError: 404 Client Error: Not Found for url: {HUB}/config.json", FAIL),
+    ("huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6745a1b2)", FAIL),
+    ("requests.exceptions.ReadTimeout: HTTPSConnectionPool(host='hub', port=443): Read timed out.", RETRY),
     ("botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the PutObject operation: "
-     "Please reduce your request rate.", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+     "Please reduce your request rate.", RETRY),
     ("botocore.exceptions.ClientError: An error occurred (NoSuchKey) when calling the GetObject operation: "
-     "The specified key does not exist.", FailureClass.USER_CODE, Action.FAIL_JOB),
-    ("botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL: "
-     "\"https://s3.us-east-1.amazonaws.com/bucket/ckpt\"", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
-    ("socket.gaierror: [Errno -3] Temporary failure in name resolution", FailureClass.RETRYABLE_INFRA,
-     Action.RESTART_JOB),
-])
-def test_a_download_or_upload_that_failed_is_graded_by_its_status_or_class(exception, failure_class, action):
+     "The specified key does not exist.", FAIL),
+    ('botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL: "https://s3/b/ckpt"',
+     RETRY),
+    ("socket.gaierror: [Errno -3] Temporary failure in name resolution", RETRY),
+]
+
+
+@pytest.mark.parametrize("exception, grade", TRANSFERS)
+def test_a_download_or_upload_that_failed_is_graded_by_its_status_or_class(exception, grade):
     [finding] = _feed("Traceback (most recent call last):",
                       '  File "/workspace/train.py", line 12, in <module>',
                       "    model = load(args.model)",
                       exception)
-    assert (finding.failure_class, finding.action) == (failure_class, action), finding.rule_id
+    assert (finding.failure_class, finding.action) == grade, finding.rule_id
     assert finding.rule_id != "python.uncaught_exception"
 
 
