@@ -86,6 +86,10 @@ TRANSFERS = [
     ('botocore.exceptions.EndpointConnectionError: Could not connect to the endpoint URL: "https://s3/b/ckpt"',
      RETRY),
     ("socket.gaierror: [Errno -3] Temporary failure in name resolution", RETRY),
+    ("OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't find it in the cached "
+     "files and it looks like org/model is not the path to a directory containing a file named config.json.", RETRY),
+    ("OSError: org/modle is not a local folder and is not a valid model identifier listed on "
+     "'https://huggingface.co/models'", FAIL),
 ]
 
 
