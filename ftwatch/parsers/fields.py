@@ -11,7 +11,8 @@ import functools
 import re
 from datetime import datetime, timezone
 
-__all__ = ["clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "year_of", "level_of"]
+__all__ = ["clean", "split_rank_prefix", "strip_stamp_prefix", "parse_timestamp", "last_timestamp", "year_of",
+           "level_of"]
 
 # ECMA-48 escape sequences, as terminals print them:
 #   CSI  ESC [ params intermediates final        colours \x1b[31m, cursor moves \x1b[2K
@@ -128,6 +129,26 @@ def split_rank_prefix(text: str) -> tuple[int | None, str]:
             rank = int(digits)
         pos = m.end()
     return rank, text[pos:]
+
+
+# A whole RFC 3339 timestamp and one space at the start of a line: what `kubectl logs --timestamps`
+# and `docker logs --timestamps` put before every line they print (Kubernetes kubectl reference,
+# "--timestamps: Include timestamps on each line in the log output", RFC3339Nano; docker CLI
+# reference, "docker container logs --timestamps"), and what log shippers and job UIs (Beaker,
+# cloud log viewers) keep when a log is copied out.
+_STAMP_PREFIX = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ")
+
+
+def strip_stamp_prefix(text: str) -> str:
+    """``text`` without a leading RFC 3339 timestamp and its one space (``kubectl logs
+    --timestamps``' ``2026-08-07T22:58:24.992Z ``), or ``text`` unchanged.
+
+    For joining a traceback whose every line carries the stamp: its frames are indented only after
+    it (``ftwatch.rules.engine``). Only the stamp-then-space shape counts (a 'T' between date and
+    time, a zone), so a Python logging line (``2026-08-07 22:58:24,992 - root - ...``) keeps its text.
+    """
+    m = _STAMP_PREFIX.match(text)
+    return text[m.end():] if m else text
 
 
 def rank_prefix_at(data: bytes, pos: int) -> tuple[int | None, int]:

@@ -561,6 +561,9 @@ class Engine:
         """The lines of the block starting at ``start``, same rank only; None if still open."""
         first_rank, first_text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
         line_starts, texts = [start], [first_text]
+        # every line behind a `kubectl/docker logs --timestamps` stamp: the frames' indentation
+        # comes after it, so the block's other lines are read without it (the first keeps its time)
+        stamped = fields.strip_stamp_prefix(first_text) != first_text
         pos = data.find(b"\n", start)
         truncated = False
         while pos >= 0 and pos + 1 < len(data):
@@ -570,6 +573,8 @@ class Engine:
             rank, text = fields.split_rank_prefix(fields.clean(raw))
             if rank != first_rank:
                 continue
+            if stamped:
+                text = fields.strip_stamp_prefix(text)
             line_starts.append(s)
             texts.append(text)
             end = multiline.block_end(texts, 0)

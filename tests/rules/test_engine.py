@@ -69,6 +69,26 @@ def test_traceback_behind_a_ray_prefix_is_one_record(rules):
     assert finding.rank is None
 
 
+def test_traceback_behind_kubectl_timestamps_is_one_record(rules):
+    # `kubectl logs --timestamps` / `docker logs --timestamps` put an RFC 3339 stamp before every
+    # line: the frames' indentation comes after it, and the traceback must still join (else its
+    # lone "Traceback" line is the catch-all and the final exception is a record of its own)
+    [bare] = Engine(rules).feed(COMBINED, lines(STEP, KEYERROR_TB), T0)
+    stamped = [f"2026-08-07T22:58:24.{i:03d}Z {line}" for i, line in enumerate([STEP] + KEYERROR_TB)]
+    [finding] = Engine(rules).feed(COMBINED, lines(stamped), T0)
+
+    assert finding.rule_id == bare.rule_id != "python.uncaught_exception"
+    assert finding.line.endswith(bare.line)
+    assert finding.time == pytest.approx(1786143504.001, abs=1e-3)     # the first line's own stamp
+
+
+def test_a_python_logging_stamp_is_not_stripped():
+    from ftwatch.parsers.fields import strip_stamp_prefix
+    assert strip_stamp_prefix("2026-08-07 22:58:24,992 - root - INFO - Opening data") == \
+        "2026-08-07 22:58:24,992 - root - INFO - Opening data"
+    assert strip_stamp_prefix("2026-08-07T22:58:24.992123456+08:00     main()") == "    main()"
+
+
 @pytest.mark.parametrize("prefix", ["[rank{r}]: ", "[default{r}]:[rank{r}]: "], ids=["torch", "torchrun-tee"])
 def test_interleaved_tracebacks_of_two_ranks_never_mix(engine, prefix):
     rank0 = [prefix.format(r=0) + line for line in GLOO_TB]
