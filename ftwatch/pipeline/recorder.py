@@ -10,9 +10,10 @@ center) and their delivery results come back on its queue, taken here in the pip
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Collection, Iterable, Sequence, TextIO
+from typing import Any, Collection, Iterable, Iterator, Sequence, TextIO
 
 from ftwatch.alerting.alerts import AlertMaker
 from ftwatch.alerting.dispatch import NULL_ALERTS, AlertPath
@@ -21,7 +22,7 @@ from ftwatch.alerting.resolve import OpenAlerts
 from ftwatch.bounded import trim_oldest
 from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks.base import (NULL_SINK, FindingBatch, LifecycleEvent, OutputBatch, Record,
-                                         RunEnd, RunStart, Sink)
+                                         RunEnd, RunStart, Sink, SourcePosition)
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.jsonl import DecisionsFile
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
@@ -120,6 +121,27 @@ class Recorder:
         self.sink.write(records)
 
     # -- records ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def storing(self, position: Any = None, time: float = 0.0) -> Iterator[None]:
+        """Everything recorded inside goes to the store in one transaction, ``position`` (a shipped
+        source's ``Position`` after the lines handled inside, or None) written last in it: the
+        lines' effects and the source's position are stored together or not at all (``watch``,
+        issue 17). The extra sinks (Elasticsearch, the decisions file) and the alert path get
+        their records as they come. A store without transactions (none, or not SQLite) takes
+        each record as it comes and no position.
+
+        Raises:
+            SinkError: the store failed; nothing recorded inside is stored, nor the position.
+        """
+        batch = getattr(self.store, "batch", None)
+        if batch is None:
+            yield
+            return
+        with batch():
+            yield
+            if position is not None:
+                self._stored.write((SourcePosition(position.key, position.seq, position.document, time),))
 
     def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
         """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the

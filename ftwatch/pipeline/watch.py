@@ -179,7 +179,10 @@ class Watcher:
         scans = self.engine.scan_many(chunks)
         if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
-        self._ingest_jobs(groups, chunks, scans, now, now_mono)
+        # the batch's effects and its source's position (a file tail's offsets) in one transaction:
+        # a kill before the ack repeats nothing (issue 17, Recorder.storing)
+        with self.recorder.storing(getattr(batch, "position", None), now):
+            self._ingest_jobs(groups, chunks, scans, now, now_mono)
         ack = getattr(batch, "ack", None)
         if ack is not None:
             ack()                                   # a file tail may now save its offsets
