@@ -22,6 +22,9 @@ key                            kind counted              what is dropped, and wh
 ``max_findings_per_job``       ``finding``               all of a job's evidence of the current attempt:
                                                          the oldest info findings first (warnings,
                                                          errors and exits last)
+``max_notices_per_job``        ``notice``                a job's notices of the current attempt (errors
+                                                         its instances outlived, ``policy.progress``):
+                                                         the oldest first, out of its evidence too
 ``max_instances_per_job``      ``instance``,             a job's instances, streams, hang timers and
                                ``hang_timer``,           per-rank step statistics: the least recently
                                ``straggler_rank``        active first
@@ -46,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_INSTANCES_PER_JOB = 16384
 MAX_TRACKED_INSTANCES = 262144
+MAX_NOTICES_PER_JOB = 1000
 
 
 class LimitsConfig(BaseModel):
@@ -62,6 +66,9 @@ class LimitsConfig(BaseModel):
     max_findings_per_job: int = Field(20000, gt=0, description="Findings kept as one job's evidence per "
                                       "attempt; past it the oldest info findings go first, then the "
                                       "oldest of the rest.")
+    max_notices_per_job: int = Field(MAX_NOTICES_PER_JOB, gt=0, description="Notices (errors the job "
+                                     "outlived) kept for one job's attempt; past it the oldest are "
+                                     "forgotten, out of its evidence too.")
     max_instances_per_job: int = Field(MAX_INSTANCES_PER_JOB, gt=0, description="Instances (and their "
                                        "streams, hang timers and step statistics) kept per job; the "
                                        "least recently active goes first.")
