@@ -19,7 +19,8 @@ from ftwatch.alerting.alerts import AlertMaker
 from ftwatch.alerting.dispatch import NULL_ALERTS, AlertPath
 from ftwatch.alerting.notify import QUEUED
 from ftwatch.alerting.resolve import OpenAlerts
-from ftwatch.bounded import trim_oldest
+from ftwatch.bounded import BoundedDict, trim_oldest
+from ftwatch.config.limits import MAX_TRACKED_INSTANCES
 from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks.base import (NULL_SINK, FindingBatch, LifecycleEvent, OutputBatch, Record,
                                          RunEnd, RunStart, Sink, SourcePosition)
@@ -55,6 +56,9 @@ class Recorder:
         max_kept: ``limits.max_kept_decisions``: the most decisions (and delivery results) kept
             in :attr:`decisions` (:attr:`deliveries`); past it the oldest go (kinds ``decision``,
             ``delivery``). The sinks get every one; :attr:`decision_count` counts them all.
+        max_origins: ``limits.max_tracked_instances``: the instances whose latest origin (node
+            and pod labels of the output rows) is kept; past it the one set longest ago goes
+            (kind ``origin``).
 
     Resolution (SPEC N2): ``ftwatch.alerting.resolve.OpenAlerts`` keeps the open alerts per job;
     :meth:`resolve_open` (the job finished) and :meth:`resolve_due` (quiet for
@@ -65,7 +69,8 @@ class Recorder:
                  dispatcher: AlertPath | None = None, out: TextIO | None = None,
                  state_dir: Path | None = None, color: bool | None = None,
                  resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
-                 output_bucket: float = 5.0, link_url: str | None = None, max_kept: int = 10000):
+                 output_bucket: float = 5.0, link_url: str | None = None, max_kept: int = 10000,
+                 max_origins: int = MAX_TRACKED_INSTANCES):
         self.store = store.primary if isinstance(store, FanOut) else store   # the reading side
         sink: Sink = store if store is not None else NULL_SINK
         lines = [DecisionsFile(decisions_file)] if decisions_file else []
@@ -88,7 +93,7 @@ class Recorder:
         self.finding_count = 0
         self.deliveries: list[DeliveryResult] = []
         self.output_counts = OutputCounts(output_bucket)
-        self._origins: dict[tuple[str, str], Origin] = {}   # (job, instance) -> its latest origin
+        self._origins: dict[tuple[str, str], Origin] = BoundedDict(max_origins, "origin")   # (job, instance) -> its latest
         self.open = OpenAlerts(resolve_after)
         self.miner: Any = None    # ftwatch.mining.miner.Miner: catch-all evidence -> signatures
         self._closed = False
@@ -165,8 +170,6 @@ class Recorder:
             total[0] += lines
             total[1] += nbytes
             if origins.get(origin.key) is not origin:   # node and pod labels of the rows
-                if len(origins) >= 65536:
-                    origins.clear()
                 origins[origin.key] = origin
             if add(origin.job, origin.instance, origin.rank, time, lines, nbytes):
                 self._write(OutputBatch(self.output_counts.closed(), origins))
