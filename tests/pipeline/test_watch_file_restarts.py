@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))       # bench/ is beside the package, not in it
 
-from bench.soak.rotation import DEADLINE, RULES, kill_cycles, seen, wait_for  # noqa: E402
+from bench.soak.rotation import DEADLINE, RULES, kill_cycles, seen, wait_for, watch_config  # noqa: E402
 
 
 def test_kill_9_of_watch_with_rotation_loses_and_repeats_no_line(tmp_path: Path) -> None:
@@ -54,6 +53,38 @@ def test_watch_fails_at_start_in_one_line_when_it_cannot_keep_offsets(tmp_path: 
     assert proc.returncode == 1                            # a file that could not be used (README)
     assert proc.stderr.splitlines() == [
         f"ftwatch watch: file source app: cannot create the offsets directory {state / 'offsets'}: File exists"]
+
+
+def test_the_watcher_stores_a_batchs_position_in_the_transaction_of_its_findings(tmp_path: Path) -> None:
+    """In process: the position comes back from the store with the findings, and a batch whose
+    handling fails (as a kill would end it) leaves neither."""
+    import io
+
+    from ftwatch.config.model import Config
+    from ftwatch.events import Origin
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    from ftwatch.pipeline.sources.base import Position, Shipped, ShippedBatch
+    from ftwatch.pipeline.watch import Watcher
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.loader import rules_from_text
+
+    store = SqliteStore(tmp_path / "ftwatch.db")
+    recorder = Recorder(store, out=io.StringIO(), resolve_after=None)
+    origin = Origin("w0", 0, "j", "n0", "stdout", "file")
+    watcher = Watcher(Config.model_validate({"storage": {"state_dir": str(tmp_path)}}),
+                      Engine(rules_from_text(RULES, "rules.yaml", [])), recorder,
+                      lambda batch: [(origin, s.line, s.time) for s in batch])
+    first = ShippedBatch([Shipped(1.0, b"tick 00000000")], position=Position("offsets/app.json", 3, b"{}"))
+    watcher.ingest(first)
+    assert first.acked and store.positions() == {"offsets/app.json": (3, b"{}")}
+    failing = ShippedBatch([Shipped(2.0, b"tick 00000001")], position=Position("offsets/app.json", 4, b"{}"))
+    watcher._ingest_jobs = lambda *a: (recorder.findings(watcher.engine.feed(origin, b"tick 00000001\n", 2.0)),
+                                       1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        watcher.ingest(failing)
+    assert not failing.acked and store.positions() == {"offsets/app.json": (3, b"{}")}
+    assert [f["line"] for f in store.findings_for("j")] == ["tick 00000000"]
 
 
 # -- a kill at each point of a batch's delivery ---------------------------------------------------------
@@ -125,16 +156,7 @@ def test_a_kill_at_each_point_of_a_batchs_delivery_loses_and_repeats_no_line(tmp
     logs, state = tmp_path / "logs", tmp_path / "state"
     logs.mkdir()
     log = logs / "app.log"
-    (tmp_path / "rules.yaml").write_text(RULES)
-    config = tmp_path / "watch.yaml"
-    config.write_text(textwrap.dedent(f"""\
-        rules:
-          builtin: false
-          files: [{tmp_path / "rules.yaml"}]
-        watch:
-          sources:
-            - {{type: file, name: app, paths: ["{log}"], read_from_head: true}}
-        """))
+    config = watch_config(tmp_path, log, "read_from_head: true")
     args = ["watch", "--config", str(config), "--state-dir", str(state)]
     db = state / "ftwatch.db"
 
