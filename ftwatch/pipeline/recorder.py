@@ -128,16 +128,16 @@ class Recorder:
     # -- records ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def storing(self, position: Any = None, time: float = 0.0) -> Iterator[None]:
-        """Everything recorded inside goes to the store in one transaction, ``position`` (a shipped
-        source's ``Position`` after the lines handled inside, or None) written last in it: the
-        lines' effects and the source's position are stored together or not at all (``watch``,
-        issue 17). The extra sinks (Elasticsearch, the decisions file) and the alert path get
-        their records as they come. A store without transactions (none, or not SQLite) takes
-        each record as it comes and no position.
+    def storing(self, positions: Sequence[Any] = (), time: float = 0.0) -> Iterator[None]:
+        """Everything recorded inside goes to the store in one transaction, ``positions`` (shipped
+        sources' ``Position`` s after the lines handled inside) written last in it: the lines'
+        effects and the sources' positions are stored together or not at all (``watch``, issue
+        17). The extra sinks (Elasticsearch, the decisions file) and the alert path get their
+        records as they come. A store without transactions (none, or not SQLite) takes each
+        record as it comes and no position.
 
         Raises:
-            SinkError: the store failed; nothing recorded inside is stored, nor the position.
+            SinkError: the store failed; nothing recorded inside is stored, nor the positions.
         """
         batch = getattr(self.store, "batch", None)
         if batch is None:
@@ -145,8 +145,8 @@ class Recorder:
             return
         with batch():
             yield
-            if position is not None:
-                self._stored.write((SourcePosition(position.key, position.seq, position.document, time),))
+            if positions:
+                self._stored.write([SourcePosition(p.key, p.seq, p.document, time) for p in positions])
 
     def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
         """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the

@@ -65,7 +65,7 @@ def test_the_watcher_stores_a_batchs_position_in_the_transaction_of_its_findings
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     from ftwatch.pipeline.sources.base import Position, Shipped, ShippedBatch
-    from ftwatch.pipeline.watch import Watcher
+    from ftwatch.pipeline.watch import Watcher, positions_of
     from ftwatch.rules.engine import Engine
     from ftwatch.rules.loader import rules_from_text
 
@@ -85,6 +85,11 @@ def test_the_watcher_stores_a_batchs_position_in_the_transaction_of_its_findings
         watcher.ingest(failing)
     assert not failing.acked and store.positions() == {"offsets/app.json": (3, b"{}")}
     assert [f["line"] for f in store.findings_for("j")] == ["tick 00000000"]
+    parts = [ShippedBatch([Shipped(3.0, b"x")], position=Position("offsets/app.json", 5, b"a")),
+             ShippedBatch([Shipped(3.0, b"y")], position=Position("offsets/sys.json", 1, b"s")), [Shipped(3.0, b"z")]]
+    merged = type("Merged", (list,), {})(s for part in parts for s in part)   # batches taken together
+    merged.batches = parts
+    assert positions_of(merged) == [parts[0].position, parts[1].position]
 
 
 # -- a kill at each point of a batch's delivery ---------------------------------------------------------
