@@ -63,6 +63,22 @@ rules:
 """
 
 
+def watch_config(tmp: Path, log: Path, source: str = "") -> Path:
+    """Writes ``tmp/rules.yaml`` (:data:`RULES` alone) and ``tmp/watch.yaml``: one file source
+    ``app`` on ``log`` (``source``: more of its keys, YAML flow items). Returns the config's path."""
+    (tmp / "rules.yaml").write_text(RULES)
+    config = tmp / "watch.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        rules:
+          builtin: false
+          files: [{tmp / "rules.yaml"}]
+        watch:
+          sources:
+            - {{type: file, name: app, paths: ["{log}"]{", " + source if source else ""}}}
+        """))
+    return config
+
+
 def seen(db: Path) -> list[str]:
     """The lines the store holds a finding for, one entry per finding row."""
     if not db.exists():
@@ -150,16 +166,7 @@ def kill_cycles(tmp: Path, kills: int = 5, seed: int = 17, lines_between: int = 
     logs.mkdir(parents=True)
     log, stop, count = logs / "app.log", tmp / "stop", tmp / "count"
     log.touch()
-    (tmp / "rules.yaml").write_text(RULES)
-    config = tmp / "watch.yaml"
-    config.write_text(textwrap.dedent(f"""\
-        rules:
-          builtin: false
-          files: [{tmp / "rules.yaml"}]
-        watch:
-          sources:
-            - {{type: file, name: app, paths: ["{log}"]}}
-        """))
+    config = watch_config(tmp, log)
     db = state / "ftwatch.db"
     procs: list[subprocess.Popen] = []
 

@@ -37,6 +37,8 @@ from ftwatch.alerting.grouping import Batch, Grouper, HeldStore, alert_key
 from ftwatch.alerting.notify import Sender
 from ftwatch.alerting.ratelimit import RATE_LIMITED, DigestBook, digest_text
 from ftwatch.alerting.routing import EventView, Inhibitor, MuteWindows, Router
+from ftwatch.bounded import BoundedDict
+from ftwatch.config.limits import LimitsConfig
 from ftwatch.events import DeliveryResult
 
 log = logging.getLogger(__name__)
@@ -102,24 +104,29 @@ class EventCenter:
         now: wall clock, epoch seconds (``ftwatch.clock``; a FakeClock's ``time`` in tests).
         state_dir: where held alerts (``held/``) and the digest (``digest.json``) are kept;
             None keeps them in memory (tests).
+        limits: the ``limits`` section (``ftwatch.config.limits``; default: its defaults):
+            ``max_alert_groups`` bounds the groups (``grouping``), ``max_remembered_alerts`` the
+            inhibit sources and the alerts whose resolution is held back (kind ``unsent_alert``).
     """
 
     def __init__(self, alerting: Any, sender: Sender, now: Callable[[], float],
-                 state_dir: Path | None = None):
+                 state_dir: Path | None = None, limits: LimitsConfig | None = None):
+        limits = limits or LimitsConfig()
         self.sender = sender
         self.now = now
         self._lock = threading.RLock()
         self.language = getattr(alerting, "language", "en")
         self.router = Router(alerting.route, list(sender.kinds))
         self.mutes = MuteWindows(alerting.mute_time_intervals)
-        self.inhibitor = Inhibitor(alerting.inhibit_rules)
-        self.grouper = Grouper()
+        self.inhibitor = Inhibitor(alerting.inhibit_rules, limits.max_remembered_alerts)
+        self.grouper = Grouper(limits.max_alert_groups)
         self.held = HeldStore(state_dir / "held") if state_dir is not None else None
         self.digest = DigestBook(state_dir / "digest.json" if state_dir is not None else None,
                                  alerting.digest)
         # (receiver, decision id) -> why its resolvable firing alert was not sent (muted /
         # inhibited): that alert's resolution is not sent to that receiver either
-        self._unsent: dict[tuple[str, str], str] = {}
+        self._unsent: dict[tuple[str, str], str] = BoundedDict(limits.max_remembered_alerts, "unsent_alert",
+                                                               lru=False)
 
     # -- the AlertPath face -------------------------------------------------------------------
 

@@ -13,6 +13,11 @@ notices) never resolve, so repeats stop :data:`REPEAT_HORIZON` seconds after the
 alert (then the group is forgotten), so a long ``ftwatch watch`` does not remind of a job that
 failed last week.
 
+Bounded (issue 17, ``limits.max_alert_groups``): a new group beyond the cap forgets the group
+idle longest (nothing waiting; its repeats stop), counted as ``alert_group`` in
+``ftwatch_state_evicted_total``; when every group has alerts waiting, the oldest of them is due
+at once instead (sent early, never dropped), and forgotten by a later new group once idle.
+
 Time is whatever the caller passes (epoch seconds from ``ftwatch.clock``); nothing here sleeps.
 A :class:`HeldStore` keeps every alert still waiting in a group on disk, so an ftwatch killed
 during a group's wait sends it at its next start (``ftwatch.alerting.dispatch``).
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ftwatch.alerting.alerts import Alert
+from ftwatch.bounded import EVICTIONS
+from ftwatch.config.limits import MAX_ALERT_GROUPS
 from ftwatch.alerting.routing import RouteMatch
 from ftwatch.alerting.spool import alert_from_dict, alert_to_dict
 
@@ -76,16 +83,22 @@ class Grouper:
     Alerts are added with :meth:`add`; :meth:`due` hands out the batches whose time came;
     :meth:`flush_all` hands out everything still waiting (at shutdown). The caller sends each
     batch and then calls :meth:`done` so the alert stops being held.
+
+    Args:
+        max_groups: ``limits.max_alert_groups`` (module docstring, "Bounded").
     """
 
-    def __init__(self) -> None:
-        self.groups: dict[str, _Group] = {}
+    def __init__(self, max_groups: int = MAX_ALERT_GROUPS) -> None:
+        self.max_groups = max_groups
+        self.groups: dict[str, _Group] = {}     # least recently sent first (a group sending moves last)
         self._waiting: dict[str, int] = {}      # alert id -> groups where it waits
 
     def add(self, alert: Alert, match: RouteMatch, now: float) -> None:
         """Put ``alert`` into its group of ``match`` at ``now`` (epoch seconds)."""
         group = self.groups.get(match.group_key)
         if group is None:
+            if len(self.groups) >= self.max_groups:
+                self._make_room(now)
             group = self.groups[match.group_key] = _Group(match, next_flush=now + match.timing.group_wait)
         elif not group.pending and group.last_sent is not None:
             # Next notification: group_interval after the last one, never before now.
@@ -154,7 +167,18 @@ class Grouper:
                 self._waiting[key] = left
         return free
 
+    def _make_room(self, now: float) -> None:
+        """At the cap: forget the group idle longest, or make the oldest waiting group due now."""
+        for key, group in self.groups.items():
+            if not group.pending:
+                del self.groups[key]
+                EVICTIONS.count("alert_group")
+                return
+        oldest = next(iter(self.groups.values()))
+        oldest.next_flush = min(oldest.next_flush, now)
+
     def _take(self, key: str, group: _Group, now: float) -> Batch:
+        self.groups[key] = self.groups.pop(key)      # the most recently sent: forgotten last
         batch = Batch(key, group.match, tuple(group.pending))
         group.pending = []
         group.last_sent = now

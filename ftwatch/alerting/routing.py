@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from ftwatch.bounded import trim_oldest
+from ftwatch.config.limits import MAX_REMEMBERED_ALERTS
 from ftwatch.config.routes import (
     InhibitRuleConfig,
     MatchConfig,
@@ -227,11 +229,15 @@ class Inhibitor:
 
     Args:
         rules: ``alerting.inhibit_rules``.
+        max_sources: ``limits.max_remembered_alerts``: past it the oldest sources are forgotten
+            (to three quarters of it; kind ``inhibit_source``), besides those a day past their
+            rules' longest ``duration``.
     """
 
-    def __init__(self, rules: Iterable[InhibitRuleConfig]):
+    def __init__(self, rules: Iterable[InhibitRuleConfig], max_sources: int = MAX_REMEMBERED_ALERTS):
         self.rules = [(Matcher(r.source_match), Matcher(r.target_match), tuple(r.equal), r.duration)
                       for r in rules]
+        self.max_sources = max_sources
         self._sources: list[tuple[float, str, EventView]] = []   # (fired at, id, event)
         self._ended: dict[str, float] = {}                         # source id -> resolved at
 
@@ -240,6 +246,7 @@ class Inhibitor:
         and it has not resolved (:meth:`end`)."""
         if any(src(event) for src, _, _, _ in self.rules):
             self._sources.append((at, alert_id, event))
+            trim_oldest(self._sources, self.max_sources, "inhibit_source")
 
     def end(self, alert_id: str, at: float) -> None:
         """The source alert ``alert_id`` resolved at ``at``: from then on it inhibits nothing

@@ -22,6 +22,9 @@ key                            kind counted              what is dropped, and wh
 ``max_findings_per_job``       ``finding``               all of a job's evidence of the current attempt:
                                                          the oldest info findings first (warnings,
                                                          errors and exits last)
+``max_notices_per_job``        ``notice``                a job's notices of the current attempt (errors
+                                                         its instances outlived, ``policy.progress``):
+                                                         the oldest first, out of its evidence too
 ``max_instances_per_job``      ``instance``,             a job's instances, streams, hang timers and
                                ``hang_timer``,           per-rank step statistics: the least recently
                                ``straggler_rank``        active first
@@ -29,11 +32,20 @@ key                            kind counted              what is dropped, and wh
                                                          next chunk, over every origin: the oldest
                                                          closed early, as if its stream had gone quiet
 ``max_open_block_bytes``       ``open_block``            the same, by their bytes together
-``max_tracked_instances``      ``device``                instances known across every job (the devices
-                                                         their records named, for host lines): the
-                                                         earliest named first
+``max_tracked_instances``      ``device``, ``origin``    instances known across every job: the devices
+                                                         their records named (for host lines), their
+                                                         latest origin (the recorder's labels of
+                                                         output rows); the earliest named first
 ``max_kept_decisions``         ``decision``              decisions and delivery results the recorder
                                                          keeps in memory (the store has them all)
+``max_alert_groups``           ``alert_group``           the event center's alert groups (their timing
+                                                         and repeats): the one idle longest first (its
+                                                         repeats stop); a group whose alerts still wait
+                                                         is sent early instead, never dropped
+``max_remembered_alerts``      ``inhibit_source``,       firing alerts the event center remembers: as
+                               ``unsent_alert``          inhibit sources, and (muted or inhibited when
+                                                         they fired) to hold back their resolution:
+                                                         the oldest first
 =============================  ========================  ================================================
 
 A finished job's state goes with its decision: a ``fail_job`` drops the desk at once (the
@@ -46,6 +58,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_INSTANCES_PER_JOB = 16384
 MAX_TRACKED_INSTANCES = 262144
+MAX_NOTICES_PER_JOB = 1000
+MAX_ALERT_GROUPS = 10000
+MAX_REMEMBERED_ALERTS = 10000
 
 
 class LimitsConfig(BaseModel):
@@ -62,6 +77,9 @@ class LimitsConfig(BaseModel):
     max_findings_per_job: int = Field(20000, gt=0, description="Findings kept as one job's evidence per "
                                       "attempt; past it the oldest info findings go first, then the "
                                       "oldest of the rest.")
+    max_notices_per_job: int = Field(MAX_NOTICES_PER_JOB, gt=0, description="Notices (errors the job "
+                                     "outlived) kept for one job's attempt; past it the oldest are "
+                                     "forgotten, out of its evidence too.")
     max_instances_per_job: int = Field(MAX_INSTANCES_PER_JOB, gt=0, description="Instances (and their "
                                        "streams, hang timers and step statistics) kept per job; the "
                                        "least recently active goes first.")
@@ -70,7 +88,13 @@ class LimitsConfig(BaseModel):
     max_open_block_bytes: int = Field(256 << 20, gt=0, description="Bytes of those open blocks together; "
                                       "past it the oldest are closed where they are.")
     max_tracked_instances: int = Field(MAX_TRACKED_INSTANCES, gt=0, description="Instances whose devices "
-                                       "(PCI bus ids, for host lines) are known, over every job; the earliest "
-                                       "named goes first.")
+                                       "(PCI bus ids, for host lines) and latest labels (for output counts) are "
+                                       "known, over every job; the earliest named goes first.")
     max_kept_decisions: int = Field(10000, gt=0, description="Decisions and delivery results kept in "
                                     "memory (the store keeps every one); the oldest go first.")
+    max_alert_groups: int = Field(MAX_ALERT_GROUPS, gt=0, description="Alert groups (their timing and "
+                                  "repeats) kept; past it the group idle longest goes (its repeats stop), "
+                                  "or, when every group has alerts waiting, the oldest is sent early.")
+    max_remembered_alerts: int = Field(MAX_REMEMBERED_ALERTS, gt=0, description="Firing alerts remembered "
+                                       "as inhibit sources, and as muted or inhibited (their resolution held "
+                                       "back), each; past it the oldest are forgotten.")

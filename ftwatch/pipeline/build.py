@@ -115,11 +115,12 @@ def build_recorder(config, state_dir: Path, decisions_file: Path | None, out=Non
     renderer = TemplateRenderer(alerting.language, {k: Path(v) for k, v in alerting.templates.items()})
     sender = Sender(notifiers, renderer, Spool(state_dir / "spool"), limiter=limiter,
                     background=True, language=alerting.language)   # deciding and acting never wait on a receiver (N4)
-    center = EventCenter(alerting, sender, now, state_dir)
+    center = EventCenter(alerting, sender, now, state_dir, config.limits)
     recorder = Recorder(store, decisions_file, center, out=out, state_dir=state_dir,
                         resolve_after=resolve_after_of(config),
                         output_bucket=config.storage.metrics.output_bucket,
-                        link_url=alerting.link_url, max_kept=config.limits.max_kept_decisions)
+                        link_url=alerting.link_url, max_kept=config.limits.max_kept_decisions,
+                        max_origins=config.limits.max_tracked_instances)
     if config.storage.mining.enabled:        # catch-all evidence -> signatures (ftwatch mine)
         from ftwatch.mining.miner import Miner
         recorder.miner = Miner.in_state_dir(state_dir, new_jobs=config.storage.mining.new_signature_jobs)

@@ -109,7 +109,8 @@ class IncidentDesk:
         limits: the caps on its evidence and instances (``ftwatch.config.limits``; default: the
             defaults): past ``max_info_findings_per_job`` info findings, or
             ``max_findings_per_job`` in all, the oldest info findings leave the evidence first;
-            past ``max_instances_per_job`` the least recently active instance is forgotten.
+            past ``max_instances_per_job`` the least recently active instance is forgotten;
+            past ``max_notices_per_job`` the oldest notices are forgotten (``progress.Survival``).
     """
 
     def __init__(self, job: str, engine: Engine, policy: Policy, recorder: Recorder, *, exits: bool,
@@ -150,7 +151,8 @@ class IncidentDesk:
         self._exits = ExitReader(engine, exits=exits, summaries=summaries, exit_origin=exit_origin,
                                  failed=self.failed, ok=self.ok, findings=self.findings, evidence=self.evidence,
                                  started_at=self._started_at, tails=self._tails)
-        self.survival = progress.Survival(survive)  # errors waiting for their instance's progress; notices
+        self.survival = progress.Survival(         # errors waiting for their instance's progress; notices
+            survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices)
         self._sticky = sticky_rules(engine.rules)
         self._held = False                     # the open incident waits to be outlived ...
         self._alive = False                    # ... and its instance printed since it opened ...
@@ -509,6 +511,14 @@ class IncidentDesk:
     def evidence(self) -> list[Finding]:
         """This attempt's findings less the notices."""
         return self.survival.evidence(self.findings)
+
+    def _forget_notices(self, gone: list[Finding]) -> None:
+        """Notices past ``limits.max_notices_per_job`` leave the evidence too (else they would
+        count as errors again); their findings and ``notice`` events are stored."""
+        ids = {id(f) for f in gone}
+        kept = [f for f in self.findings if id(f) not in ids]
+        self._info -= sum(1 for f in self.findings if id(f) in ids and not _relevant(f))
+        self.findings[:] = kept
 
     def _notice(self, f: Finding, at: float, why: str) -> None:
         """``f`` became a notice: out of the incident, and a ``notice`` event."""

@@ -10,18 +10,20 @@ center) and their delivery results come back on its queue, taken here in the pip
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import Any, Collection, Iterable, Sequence, TextIO
+from typing import Any, Collection, Iterable, Iterator, Sequence, TextIO
 
 from ftwatch.alerting.alerts import AlertMaker
 from ftwatch.alerting.dispatch import NULL_ALERTS, AlertPath
 from ftwatch.alerting.notify import QUEUED
 from ftwatch.alerting.resolve import OpenAlerts
-from ftwatch.bounded import trim_oldest
+from ftwatch.bounded import BoundedDict, trim_oldest
+from ftwatch.config.limits import MAX_TRACKED_INSTANCES
 from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks.base import (NULL_SINK, FindingBatch, LifecycleEvent, OutputBatch, Record,
-                                         RunEnd, RunStart, Sink)
+                                         RunEnd, RunStart, Sink, SourcePosition)
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.jsonl import DecisionsFile
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
@@ -54,6 +56,9 @@ class Recorder:
         max_kept: ``limits.max_kept_decisions``: the most decisions (and delivery results) kept
             in :attr:`decisions` (:attr:`deliveries`); past it the oldest go (kinds ``decision``,
             ``delivery``). The sinks get every one; :attr:`decision_count` counts them all.
+        max_origins: ``limits.max_tracked_instances``: the instances whose latest origin (node
+            and pod labels of the output rows) is kept; past it the one set longest ago goes
+            (kind ``origin``).
 
     Resolution (SPEC N2): ``ftwatch.alerting.resolve.OpenAlerts`` keeps the open alerts per job;
     :meth:`resolve_open` (the job finished) and :meth:`resolve_due` (quiet for
@@ -64,7 +69,8 @@ class Recorder:
                  dispatcher: AlertPath | None = None, out: TextIO | None = None,
                  state_dir: Path | None = None, color: bool | None = None,
                  resolve_after: float | None = RESOLVE_AFTER, metrics: Any = None,
-                 output_bucket: float = 5.0, link_url: str | None = None, max_kept: int = 10000):
+                 output_bucket: float = 5.0, link_url: str | None = None, max_kept: int = 10000,
+                 max_origins: int = MAX_TRACKED_INSTANCES):
         self.store = store.primary if isinstance(store, FanOut) else store   # the reading side
         sink: Sink = store if store is not None else NULL_SINK
         lines = [DecisionsFile(decisions_file)] if decisions_file else []
@@ -87,7 +93,7 @@ class Recorder:
         self.finding_count = 0
         self.deliveries: list[DeliveryResult] = []
         self.output_counts = OutputCounts(output_bucket)
-        self._origins: dict[tuple[str, str], Origin] = {}   # (job, instance) -> its latest origin
+        self._origins: dict[tuple[str, str], Origin] = BoundedDict(max_origins, "origin")   # (job, instance) -> its latest
         self.open = OpenAlerts(resolve_after)
         self.miner: Any = None    # ftwatch.mining.miner.Miner: catch-all evidence -> signatures
         self._closed = False
@@ -121,6 +127,27 @@ class Recorder:
 
     # -- records ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def storing(self, positions: Sequence[Any] = (), time: float = 0.0) -> Iterator[None]:
+        """Everything recorded inside goes to the store in one transaction, ``positions`` (shipped
+        sources' ``Position`` s after the lines handled inside) written last in it: the lines'
+        effects and the sources' positions are stored together or not at all (``watch``, issue
+        17). The extra sinks (Elasticsearch, the decisions file) and the alert path get their
+        records as they come. A store without transactions (none, or not SQLite) takes each
+        record as it comes and no position.
+
+        Raises:
+            SinkError: the store failed; nothing recorded inside is stored, nor the positions.
+        """
+        batch = getattr(self.store, "batch", None)
+        if batch is None:
+            yield
+            return
+        with batch():
+            yield
+            if positions:
+                self._stored.write([SourcePosition(p.key, p.seq, p.document, time) for p in positions])
+
     def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
         """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the
         store's per-instance buckets once a later bucket starts (and at :meth:`flush_output`)."""
@@ -143,8 +170,6 @@ class Recorder:
             total[0] += lines
             total[1] += nbytes
             if origins.get(origin.key) is not origin:   # node and pod labels of the rows
-                if len(origins) >= 65536:
-                    origins.clear()
                 origins[origin.key] = origin
             if add(origin.job, origin.instance, origin.rank, time, lines, nbytes):
                 self._write(OutputBatch(self.output_counts.closed(), origins))

@@ -130,6 +130,13 @@ def group_lines(resolved: Iterable[tuple[Origin, bytes, float]]) -> dict[Origin,
     return {origin: (slot[1], slot[0]) for origin, slot in by_value.items()}
 
 
+def positions_of(batch: list[Shipped]) -> list:
+    """The source positions (``ShippedBatch.position``) a batch carries; of a batch made of
+    several (``batches``), each one's."""
+    parts = getattr(batch, "batches", None) or (batch,)
+    return [p for p in (getattr(b, "position", None) for b in parts) if p is not None]
+
+
 class Watcher:
     """The ``watch`` loop over shipped batches.
 
@@ -225,7 +232,10 @@ class Watcher:
         scans = self.engine.scan_many(chunks)
         if metrics is not None and groups:          # once per batch: its most lagging origin's newest line
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
-        self._ingest_jobs(groups, chunks, scans, now, now_mono)
+        # the batch's effects and its sources' positions (a file tail's offsets) in one transaction:
+        # a kill before the ack repeats nothing (issue 17, Recorder.storing)
+        with self.recorder.storing(positions_of(batch), now):
+            self._ingest_jobs(groups, chunks, scans, now, now_mono)
         ack = getattr(batch, "ack", None)
         if ack is not None:
             ack()                                   # a file tail may now save its offsets

@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Container, Iterator
+from typing import Callable, Container, Iterator
 
+from ftwatch.bounded import EVICTIONS, BoundedDict
 from ftwatch.config.health import STEP_PATTERNS
+from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.rules.stragglers import scan_form
@@ -256,16 +258,28 @@ class Survival:
     Args:
         window: seconds after an error in which its instance's progress counts.
         needed: progress lines after it that outlive it.
+        max_notices: ``limits.max_notices_per_job``: past it the oldest notices are forgotten
+            (to three quarters of it), counted in ``ftwatch_state_evicted_total{kind="notice"}``
+            and handed to ``on_drop``; their ``notice`` events are stored already.
+        max_instances: ``limits.max_instances_per_job``: the instances whose latest finding is
+            kept (for :func:`ignored`), the least recently seen forgotten first (uncounted: they
+            shadow the desk's instances, counted there).
+        on_drop: called with the notices forgotten (oldest first); the desk drops them from its
+            evidence too, so a forgotten notice never counts as an error again.
     """
 
-    def __init__(self, window: float = SURVIVE_SECONDS, needed: int = MARKS):
+    def __init__(self, window: float = SURVIVE_SECONDS, needed: int = MARKS, *,
+                 max_notices: int = MAX_NOTICES_PER_JOB, max_instances: int = MAX_INSTANCES_PER_JOB,
+                 on_drop: Callable[[list[Finding]], None] | None = None):
         self.window = window
         self.needed = needed
+        self.max_notices = max_notices
+        self.on_drop = on_drop
         self.notices: list[Finding] = []         # errors outlived (or ignored by Python), in order
         self._ids: set[int] = set()              # their ids
         self._waiting: dict[int, list] = {}      # id(finding) -> [finding, lines after, {kind: count before}]
         self._by: dict[str, dict[int, None]] = {}    # instance -> the ids of its waiting errors, in order
-        self._last: dict[str, Finding] = {}      # each instance's latest finding
+        self._last: dict[str, Finding] = BoundedDict(max_instances)   # each instance's latest finding
         self._ranked: dict[str | None, frozenset[int]] = {}   # base (None: "rank<k>") -> k of "<base>/rank<k>" waiting
 
     def is_notice(self, f: Finding) -> bool:
@@ -279,6 +293,20 @@ class Survival:
     def _note(self, f: Finding) -> None:
         self.notices.append(f)
         self._ids.add(id(f))
+        if len(self.notices) > self.max_notices:
+            self._forget_oldest()
+
+    def _forget_oldest(self) -> None:
+        """Past ``max_notices``: the oldest notices go, to three quarters of the cap (so the
+        next cut is a quarter of the cap away), counted and handed to ``on_drop``."""
+        n = len(self.notices) - max(1, self.max_notices - self.max_notices // 4)
+        gone = self.notices[:n]
+        del self.notices[:n]
+        for f in gone:
+            self._ids.discard(id(f))
+        EVICTIONS.count("notice", n)
+        if self.on_drop is not None:
+            self.on_drop(gone)
 
     def ignored(self, findings: list[Finding]) -> list[Finding]:
         """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`): now

@@ -21,6 +21,8 @@ from ftwatch.alerting.ratelimit import RateLimiter
 from ftwatch.alerting.rendering import TemplateRenderer
 from ftwatch.alerting.routing import EventView, Router
 from ftwatch.alerting.spool import Spool
+from ftwatch.bounded import EVICTIONS
+from ftwatch.config.limits import LimitsConfig
 from ftwatch.config.model import AlertingConfig, load_config
 from ftwatch.errors import ConfigError
 from ftwatch.events import Action, FailureClass, Target
@@ -49,14 +51,16 @@ def alert(action: Action, job: str = "job-a", rank: int | None = 3, node: str | 
     return a
 
 
-def center(tmp_path: Path, clock: FakeClock, sinks: list[CaptureNotifier], state: bool = True, **alerting):
+def center(tmp_path: Path, clock: FakeClock, sinks: list[CaptureNotifier], state: bool = True,
+           limits: dict | None = None, **alerting):
     config = AlertingConfig.model_validate(
         {"receivers": [{"type": "console", "name": s.name} for s in sinks], **alerting})
     limiter = RateLimiter.from_config(config.rate_limits, {s.name: s.kind for s in sinks}, clock.time(),
                                       tmp_path / "ratelimit.json" if state else None)
     sender = Sender(sinks, TemplateRenderer("en"), Spool(tmp_path / "spool", now=clock.time),
                     sleep=lambda s: None, now=clock.time, limiter=limiter)
-    return EventCenter(config, sender, clock.time, tmp_path if state else None)
+    return EventCenter(config, sender, clock.time, tmp_path if state else None,
+                       LimitsConfig.model_validate(limits or {}))
 
 
 # -- event types and labels ---------------------------------------------------------------------
@@ -342,6 +346,56 @@ def test_node_isolation_inhibits_per_rank_restarts_of_the_same_job_only(tmp_path
     clock.advance(30)
     c.tick()
     assert ops.sent[-1].alert.decision_id == late.decision_id
+
+
+def test_groups_past_the_cap_forget_the_one_idle_longest_and_never_drop_waiting_alerts(tmp_path):
+    """Issue 17: groups were pruned by time only (a day of repeats), so a flood of jobs kept one
+    group each for a day."""
+    clock = FakeClock()
+    ops = receiver("ops")
+    c = center(tmp_path, clock, [ops], limits={"max_alert_groups": 2},
+               route={"group_by": ["job"], "group_wait": "30s", "repeat_interval": "1h"})
+    before = EVICTIONS.get("alert_group")
+    a, b = alert(Action.RESTART_JOB, job="job-a"), alert(Action.RESTART_JOB, job="job-b")
+    c.dispatch(a)
+    c.dispatch(b)
+    clock.advance(30)
+    c.tick()
+    assert sorted(n.alert.decision_id for n in ops.sent) == sorted([a.decision_id, b.decision_id])
+    waiting = alert(Action.RESTART_JOB, job="job-c")
+    c.dispatch(waiting)                                  # job-a's group (sent first) is forgotten
+    assert list(c.grouper.groups) == ["route{job=job-b}", "route{job=job-c}"]
+    assert EVICTIONS.get("alert_group") - before == 1
+    late = alert(Action.RESTART_JOB, job="job-d")        # job-b is idle: forgotten, job-c still waits
+    c.dispatch(late)
+    assert EVICTIONS.get("alert_group") - before == 2 and waiting.decision_id not in ops.ids[-1]
+    early = alert(Action.RESTART_JOB, job="job-e")       # every group waits: the oldest is sent early
+    c.dispatch(early)
+    assert ops.ids[-1] == f"{waiting.decision_id}-ops" and EVICTIONS.get("alert_group") - before == 2
+    clock.advance(3600)
+    c.tick()                                              # the rest in time; no repeat of a or b
+    sent = [i.split("-ops")[0] for i in ops.ids]
+    assert {waiting.decision_id, late.decision_id, early.decision_id} <= set(sent)
+    assert sent.count(a.decision_id) == 1 and sent.count(b.decision_id) == 1
+
+
+def test_inhibit_sources_and_unsent_alerts_past_the_cap_are_forgotten_oldest_first(tmp_path):
+    clock = FakeClock()
+    ops = receiver("ops")
+    c = center(tmp_path, clock, [ops], limits={"max_remembered_alerts": 1})
+    before = EVICTIONS.snapshot()
+    c.dispatch(alert(Action.ISOLATE_NODE, job="job-a"))
+    hidden = alert(Action.RESTART_JOB, job="job-a")
+    assert [r.status for r in c.dispatch(hidden)] == ["inhibited"]
+    c.dispatch(alert(Action.ISOLATE_NODE, job="job-b"))  # job-a's isolation is forgotten ...
+    other = alert(Action.RESTART_JOB, job="job-b")
+    assert [r.status for r in c.dispatch(other)] == ["inhibited"]    # (and hidden's unsent mark)
+    free = alert(Action.RESTART_JOB, job="job-a")
+    c.dispatch(free)                                      # ... so it inhibits nothing more
+    assert ops.ids[-1] == f"{free.decision_id}-ops"
+    counts = {k: n - before.get(k, 0) for k, n in EVICTIONS.snapshot().items()}
+    assert counts["inhibit_source"] == 1 and counts["unsent_alert"] == 1
+    assert list(c._unsent) == [("ops", other.decision_id)]
 
 
 def test_inhibit_rules_can_be_turned_off(tmp_path):

@@ -212,3 +212,52 @@ def test_a_commit_refuses_when_the_store_changed_since_it_was_prepared(tmp_path:
     store.flush()
     assert OffsetStore(path).get(1, 1, b"a") is None and OffsetStore(path).get(2, 2, b"b") == 3
     assert OffsetStore(path).entry(2, 2).mark == b""      # no mark recorded: none in the file
+
+
+# -- the position stored with the consumer's effects (issue 17) ----------------------------------------
+
+def test_a_commit_carries_its_offsets_as_a_position_that_a_restart_adopts_when_newer(tmp_path: Path) -> None:
+    """Killed between the consumer's transaction (which stored the position) and the rename: the
+    next start takes the stored position, so the batch is not read again."""
+    path = tmp_path / "offsets" / "app.json"
+    store = OffsetStore(path)
+    store.set(1, 1, b"a", 3, "p", b"m")
+    store.flush()
+    commit = store.prepare(1, 1, b"a", 9, "p", b"n")
+    position = commit.position
+    assert position.key == "offsets/app.json" and position.seq > 0
+    # (killed here: the consumer stored `position`, the rename never happened)
+    again = OffsetStore(path)
+    assert again.get(1, 1, b"a") == 3
+    assert again.adopt(position) is True
+    assert again.get(1, 1, b"a") == 9 and again.entry(1, 1).mark == b"n"
+    third = OffsetStore(path)                      # written to the file at once
+    assert third.get(1, 1, b"a") == 9 and third.adopt(position) is False   # not newer any more
+    third.set(1, 1, b"a", 12, "p")
+    third.flush()
+    assert OffsetStore(path).adopt(position) is False and OffsetStore(path).get(1, 1, b"a") == 12
+
+
+def test_a_position_older_than_the_file_or_unreadable_is_not_adopted(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "o.json"
+    store = OffsetStore(path)
+    position = store.prepare(1, 1, b"a", 9, "p").position
+    assert position is not None and store.prepare(1, 1, b"a", 10, "p")() is True   # a later batch renamed
+    assert OffsetStore(path).adopt(position) is False and OffsetStore(path).get(1, 1, b"a") == 10
+    assert OffsetStore(path).adopt(None) is False
+    bad = position._replace(seq=10 ** 6, document=b"{not json")
+    with caplog.at_level(logging.WARNING):
+        assert OffsetStore(path).adopt(bad) is False
+    assert "unreadable" in caplog.text and OffsetStore(path).get(1, 1, b"a") == 10
+
+
+def test_a_file_written_before_the_seq_reads_as_seq_0(tmp_path: Path) -> None:
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps({"version": 1, "files": [
+        {"dev": 1, "ino": 1, "path": "p", "fingerprint": b"a".hex(), "offset": 4}]}))
+    store = OffsetStore(path)
+    assert store.get(1, 1, b"a") == 4
+    store.set(1, 1, b"a", 5, "p")
+    store.flush()
+    assert json.loads(path.read_text())["seq"] > 0

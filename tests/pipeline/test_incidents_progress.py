@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from ftwatch.bounded import EVICTIONS
 from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass, Origin, ProcessExit, Severity
 from ftwatch.pipeline.build import build_engine, build_policy, build_rules
@@ -28,12 +29,14 @@ def worker(rank: int) -> Origin:
     return Origin(f"worker-{rank}", rank, JOB, "node-a", "stderr", "process")
 
 
-def desk(tmp_path: Path, exits: bool, settle: float = 5.0, survive: float = progress.SURVIVE_SECONDS):
-    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(enable_job_restart=True)
+def desk(tmp_path: Path, exits: bool, settle: float = 5.0, survive: float = progress.SURVIVE_SECONDS,
+         limits: dict | None = None):
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}, "limits": limits or {}}
+                                   ).with_policy(enable_job_restart=True)
     sink = CaptureSink()
     recorder = Recorder(sink, out=io.StringIO(), resolve_after=None)
     d = IncidentDesk(JOB, build_engine(config), build_policy(config, JOB), recorder, exits=exits, settle=settle,
-                     summaries=None if exits else "live", survive=survive)
+                     summaries=None if exits else "live", survive=survive, limits=config.limits)
     d.new_attempt(T0, world_size=2 if exits else None)
     return d, sink
 
@@ -93,6 +96,25 @@ def test_fatal_findings_are_graded_by_the_catalogs():
     assert not fatal(keyerror, sticky) and may_survive(keyerror, sticky)
     assert not may_survive(finding("gloo.connection_closed_by_peer", failure_class=FailureClass.FALLOUT))
     assert not may_survive(finding("x", severity=Severity.WARNING))
+
+
+def test_notices_past_the_cap_are_forgotten_counted_and_never_evidence_again(tmp_path):
+    """Issue 17: a job that outlives an error every few seconds for weeks kept every notice."""
+    clock = FakeClock()
+    d, sink = desk(tmp_path, exits=False, limits={"max_notices_per_job": 4})
+    before = EVICTIONS.get("notice")
+    n = 0
+    for i in range(10):
+        d.output(worker(1), REFUSED, clock.time(), clock.mono())
+        for _ in range(2):
+            clock.advance(1)
+            n += 1
+            d.output(worker(1), step(n), clock.time(), clock.mono())
+        assert d.open is None
+    assert len(d.notices) <= 4 and EVICTIONS.get("notice") - before == 10 - len(d.notices)
+    assert d.evidence() == [f for f in d.findings if f.severity < Severity.ERROR]   # no error came back
+    assert [e.kind for e in sink.events].count("notice") == 10                     # every one stored
+    assert len(d.survival._ids) == len(d.notices)
 
 
 # -- the desk -------------------------------------------------------------------------------------

@@ -283,6 +283,19 @@ def test_the_recorder_keeps_the_newest_decisions_and_counts_them_all(tmp_path):
     assert len(rec.store.decisions("a")) == 1                                 # the store keeps every one
 
 
+def test_the_recorder_keeps_the_origins_of_the_newest_instances_and_counts_the_rest():
+    """Its map of each instance's latest origin (the output rows' labels) was cleared, uncounted,
+    at 65,536 entries; now the oldest set goes past ``max_tracked_instances``."""
+    rec = Recorder(out=io.StringIO(), resolve_after=None, max_origins=3)
+    before = EVICTIONS.snapshot()
+    for n in range(5):
+        rec.output(Origin(f"w{n}", n, "j", "node-a", "stdout", "forward"), 1, 10, 1000.0 + n)
+    rec.output(Origin("w3", 3, "j", "node-b", "stdout", "forward"), 1, 10, 1006.0)   # moved: set again
+    assert [(key, o.node) for key, o in rec._origins.items()] == [
+        (("j", "w2"), "node-a"), (("j", "w4"), "node-a"), (("j", "w3"), "node-b")]
+    assert counted(before) == {"origin": 2}
+
+
 def test_identity_keeps_the_devices_of_the_newest_instances():
     identity = Identity(max_devices=2)
     before = EVICTIONS.snapshot()

@@ -10,7 +10,8 @@ import pytest
 from ftwatch.errors import SinkError
 from ftwatch.events import (Action, Decision, DeliveryResult, FailureClass, Finding, Origin, Severity,
                             Target, iso)
-from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
+from ftwatch.pipeline.sinks.base import (FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart,
+                                         SourcePosition)
 from ftwatch.pipeline.sinks.sqlite import SCHEMA_VERSION, SqliteStore
 
 T0 = 1_795_250_000.125
@@ -39,11 +40,11 @@ def store(tmp_path: Path):
 
 
 def test_schema_is_versioned_and_in_wal_mode(store: SqliteStore, tmp_path: Path):
-    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.schema_version == SCHEMA_VERSION == 3
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"runs", "events", "findings", "decisions", "alerts", "output"} <= tables
+    assert {"runs", "events", "findings", "decisions", "alerts", "output", "positions"} <= tables
     conn.close()
 
 
@@ -222,7 +223,26 @@ def test_a_version_1_file_is_migrated_and_keeps_its_data(tmp_path: Path):
     conn.commit()
     conn.close()
     with SqliteStore(path) as s:
-        assert s.schema_version == 2
+        assert s.schema_version == SCHEMA_VERSION == 3
         assert [e["kind"] for e in s.events()] == ["job_start"]
         s.write([OutputBatch([("job-1", "worker-0", 0, T0, 5.0, 1, 2)])])
         assert s.output()[0]["lines"] == 1
+
+
+def test_a_source_position_is_kept_per_key_and_never_replaced_by_an_older_one(store: SqliteStore):
+    """Issue 17: a file tail's offsets are stored with the batch's findings; a lower seq is stale."""
+    store.write([FindingBatch([finding("worker-0", 0, T0)]), SourcePosition("offsets/app.json", 5, b"five", T0)])
+    store.write([SourcePosition("offsets/app.json", 4, b"four", T0)])
+    store.write([SourcePosition("offsets/sys.json", 1, b"one", T0)])
+    assert store.positions() == {"offsets/app.json": (5, b"five"), "offsets/sys.json": (1, b"one")}
+    store.write([SourcePosition("offsets/app.json", 6, b"six", T0)])
+    assert store.positions()["offsets/app.json"] == (6, b"six")
+
+
+def test_a_failed_batch_stores_neither_its_findings_nor_its_position(store: SqliteStore):
+    with pytest.raises(RuntimeError):
+        with store.batch():
+            store.write([FindingBatch([finding("worker-0", 0, T0)])])
+            store.write([SourcePosition("offsets/app.json", 1, b"one", T0)])
+            raise RuntimeError("killed before the commit")
+    assert store.positions() == {} and store.findings_for("job-1") == []

@@ -1,8 +1,9 @@
 """The one write protocol every sink shares: ``write(batch)`` of typed records, and ``close()``.
 
 A batch is a sequence of the records in :data:`RECORD_TYPES`: the core's ``Decision`` and
-``DeliveryResult`` as they are, and four small records for what has no core type (a run's start
-and end, a lifecycle event, findings of one attempt, closed output buckets). Each sink has one
+``DeliveryResult`` as they are, and small records for what has no core type (a run's start
+and end, a lifecycle event, findings of one attempt, closed output buckets, a shipped source's
+position). Each sink has one
 encoder, a dict from record type to a function (:func:`encode`), so a new sink writes the
 records it cares about and passes over the others; no sink mirrors another's methods.
 
@@ -78,9 +79,23 @@ class OutputBatch:
     origins: Mapping[tuple[str, str], Any] = field(default_factory=dict)
 
 
-Record = Union[RunStart, RunEnd, LifecycleEvent, FindingBatch, Decision, DeliveryResult, OutputBatch]
+@dataclass(frozen=True, slots=True)
+class SourcePosition:
+    """Where a shipped source stands after the lines whose effects are written in the same batch
+    (``ShippedBatch.position``): one row per ``key``, a higher ``seq`` replacing it; ``document``
+    is the source's own (a file tail's offsets file). Only a transactional store keeps it (the
+    SQLite store; ``ftwatch watch`` reads it back at start)."""
+
+    key: str
+    seq: int
+    document: bytes
+    time: float = 0.0
+
+
+Record = Union[RunStart, RunEnd, LifecycleEvent, FindingBatch, Decision, DeliveryResult, OutputBatch,
+               SourcePosition]
 RECORD_TYPES: tuple[type, ...] = (RunStart, RunEnd, LifecycleEvent, FindingBatch, Decision,
-                                  DeliveryResult, OutputBatch)
+                                  DeliveryResult, OutputBatch, SourcePosition)
 
 
 @runtime_checkable

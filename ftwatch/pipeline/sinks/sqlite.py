@@ -11,10 +11,15 @@ JSON columns hold text)::
               restarts_used, restarts_left, attempt, findings JSON)
     alerts(notification_id, decision_id, receiver, status, attempts, error, text, time)
     output(job, instance, rank, bucket, seconds, lines, bytes)     primary key (job, instance, bucket)
+    positions(key, seq, document BLOB, time)                       primary key (key)
 
 ``output`` (schema 2) is the output volume per instance over time: ``lines`` and ``bytes`` read
 from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
 same bucket again adds to it.
+
+``positions`` (schema 3): each shipped source's position after its last batch, written in the
+transaction of that batch's effects (a file tail's offsets; a lower ``seq`` never replaces a
+higher one), read back by ``watch`` at start (:meth:`SqliteStore.positions`, issue 17).
 
 The file is in WAL mode (readers such as ``ftwatch report`` do not block the writer) and its
 schema version is ``PRAGMA user_version``. It is a sink (``ftwatch.pipeline.sinks.base.Sink``):
@@ -43,9 +48,9 @@ from typing import Any, Iterator, Sequence
 from ftwatch.errors import SinkError
 from ftwatch.events import Decision, DeliveryResult, Finding, iso
 from ftwatch.pipeline.sinks.base import (FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd,
-                                         RunStart, encode)
+                                         RunStart, SourcePosition, encode)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -83,8 +88,13 @@ CREATE TABLE output (
     PRIMARY KEY (job, instance, bucket));
 """
 
+_SCHEMA_V3 = """
+CREATE TABLE positions (
+    key TEXT PRIMARY KEY, seq INTEGER NOT NULL, document BLOB NOT NULL, time REAL NOT NULL DEFAULT 0);
+"""
+
 # version reached -> the script that gets there from the one before
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
@@ -159,9 +169,15 @@ def _output_rows(b: OutputBatch) -> list[tuple[str, list[tuple]]]:
              "lines = lines + excluded.lines, bytes = bytes + excluded.bytes", list(b.rows))]
 
 
+def _position_rows(p: SourcePosition) -> list[tuple[str, list[tuple]]]:
+    return [("INSERT INTO positions (key, seq, document, time) VALUES (?, ?, ?, ?) ON CONFLICT (key) "
+             "DO UPDATE SET seq = excluded.seq, document = excluded.document, time = excluded.time "
+             "WHERE excluded.seq > positions.seq", [(p.key, p.seq, bytes(p.document), p.time)])]
+
+
 _ENCODERS = {RunStart: _run_start_rows, RunEnd: _run_end_rows, LifecycleEvent: _event_rows,
              FindingBatch: _findings_rows, Decision: _decision_rows, DeliveryResult: _delivery_rows,
-             OutputBatch: _output_rows}
+             OutputBatch: _output_rows, SourcePosition: _position_rows}
 """Every sink record -> the statements and rows that store it."""
 
 
@@ -378,6 +394,11 @@ class SqliteStore:
         return [dict(r) for r in self._rows(
             "SELECT notification_id, decision_id, receiver, status, attempts, error, text, "
             f"time FROM alerts {where} ORDER BY time, id", args)]
+
+    def positions(self) -> dict[str, tuple[int, bytes]]:
+        """Each shipped source's position stored with its last batch: key -> (seq, document)."""
+        return {r["key"]: (r["seq"], bytes(r["document"]))
+                for r in self._rows("SELECT key, seq, document FROM positions")}
 
     @staticmethod
     def _decision(row: sqlite3.Row) -> dict[str, Any]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import queue
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ftwatch.errors import SourceError
 
 
-def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = None):
+def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = None,
+                 positions: Mapping[str, tuple[int, bytes]] | None = None):
     """The source a ``watch.sources[]`` entry describes, not yet started.
 
     Args:
@@ -24,10 +25,13 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
         state_dir: where a file source keeps its offsets (``offsets/<name>.json``).
         count: ``(source name, event)`` callback of the listeners' connection events
             (``ftwatch.telemetry.Metrics.count_connection``), or None.
+        positions: the positions the consumer's store holds (``SqliteStore.positions``: key ->
+            (seq, document)); a file source resumes from its own when it is newer than its
+            offsets file (``OffsetStore.adopt``). None: none.
 
     Raises:
         ValueError: an unknown ``type``.
-        SourceError: a file source cannot keep its offsets (the directory cannot be made or written);
+        SourceError: a file source cannot keep its offsets (the directory or file cannot be made or written);
             a forward source's shared_key_file cannot be read; a listener's TLS certificate or
             key cannot be loaded.
     """
@@ -54,10 +58,13 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
                           max_connections=config.max_connections, idle_timeout=config.idle_timeout,
                           count=count, tls=_tls(config))
     if kind == "file":
+        from ftwatch.pipeline.sources.base import Position
         from ftwatch.pipeline.sources.checkpoints import OffsetStore
         from ftwatch.pipeline.sources.file_tail import FileTailSource
         try:
             offsets = OffsetStore(state_dir / "offsets" / f"{config.name}.json")
+            stored = (positions or {}).get(offsets.key)
+            offsets.adopt(Position(offsets.key, *stored) if stored is not None else None)
         except OSError as e:
             raise SourceError(f"file source {config.name}: {e.strerror or e}") from None
         return FileTailSource(list(config.paths), out, offsets, name=config.name,

@@ -18,7 +18,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,20 @@ class Shipped:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
+class Position(NamedTuple):
+    """A source's position after a batch, for the consumer to store with the batch's effects.
+
+    Attributes:
+        key: which source's position (a file tail's: ``offsets/<name>.json``); one row per key.
+        seq: rises with every position the source writes (a newer one replaces an older one).
+        document: the position itself, opaque to the consumer (a file tail's offsets file).
+    """
+
+    key: str
+    seq: int
+    document: bytes
+
+
 class ShippedBatch(list):
     """A ``list[Shipped]`` the consumer acknowledges with :meth:`ack` once it has handled the lines
     durably; the source's position is committed with that acknowledgement.
@@ -52,15 +66,22 @@ class ShippedBatch(list):
             makes the offsets after these lines its saved ones: one rename); returns whether it
             committed. None: nothing to commit.
         committed: what ``commit`` returned (False before the ack, or when it raised).
+        position: the source's position after these lines (:class:`Position`), or None. A
+            consumer with a transactional store writes it in the transaction that stores the
+            lines' effects, before the ack; the source resumes from it at its next start when it
+            is newer than its own (the process died between that transaction and the ack), so a
+            batch is never handled twice (``ftwatch watch``, issue 17).
     """
 
-    __slots__ = ("_acked", "commit", "committed")
+    __slots__ = ("_acked", "commit", "committed", "position")
 
-    def __init__(self, items: Any = (), commit: Callable[[], bool] | None = None):
+    def __init__(self, items: Any = (), commit: Callable[[], bool] | None = None,
+                 position: Position | None = None):
         super().__init__(items)
         self._acked = threading.Event()
         self.commit = commit
         self.committed = False
+        self.position = position
 
     def ack(self) -> None:
         """The lines are handled: commit the source's position, then tell the source. Idempotent."""

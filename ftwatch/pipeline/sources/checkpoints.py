@@ -19,6 +19,15 @@ the returned :class:`Commit` makes it current with one ``os.replace`` when the c
 acknowledges the batch (``ShippedBatch.ack`` calls it), so the offset of delivered lines is on
 disk the moment the consumer says they are handled, and never before.
 
+That rename is a second write after the consumer's own (``ftwatch watch``: the store's
+transaction holding the lines' findings and events), so a kill between the two would read the
+batch again. To close that window every write of the file carries a sequence number (``seq``,
+rising with every change), and the :class:`Commit` carries its set of offsets as a
+:class:`~ftwatch.pipeline.sources.base.Position` (the store's :attr:`OffsetStore.key`, its seq,
+the document): the consumer stores it in the same transaction as the lines' effects, and at the
+next start :meth:`OffsetStore.adopt` takes it when it is newer than the file (killed before the
+rename). Either the effects and their offsets are both stored or neither is.
+
 An entry also keeps a *mark*: the (up to 64) bytes just before its offset. A copy of the file
 (logrotate's ``copytruncate``) is recognised by agreeing with both the fingerprint and the mark,
 so the tail can read what it had not read yet from the copy, and never read the copy twice.
@@ -38,6 +47,8 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from ftwatch.pipeline.sources.base import Position
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +103,11 @@ class Commit:
     change again and the next flush writes it.
     """
 
-    __slots__ = ("_store", "_generation", "_entries", "_pending")
+    __slots__ = ("_store", "_generation", "_entries", "_pending", "position")
 
-    def __init__(self, store: "OffsetStore", generation: int, entries: dict, pending: Path):
+    def __init__(self, store: "OffsetStore", generation: int, entries: dict, pending: Path, document: bytes):
         self._store, self._generation, self._entries, self._pending = store, generation, entries, pending
+        self.position = Position(store.key, generation, document)   # stored with the batch's effects
 
     def __call__(self) -> bool:
         return self._store._commit(self)
@@ -110,6 +122,9 @@ class OffsetStore:
         path: the JSON file; its directory is created when missing. A missing file means no
             offsets yet.
 
+    Attributes:
+        key: ``offsets/<file name>``: names this store's :class:`Position` s in the consumer's store.
+
     Raises:
         OSError: the directory cannot be created or written (the message names it).
     """
@@ -119,7 +134,9 @@ class OffsetStore:
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, int], OffsetEntry] = {}
         self._dirty = False
-        self._generation = 0       # bumped by every change: a prepared Commit is only valid for its own
+        self._generation = 0       # bumped by every change: a prepared Commit is only valid for its own;
+                                   # written as the file's seq, loaded from it (rises across restarts)
+        self.key = f"offsets/{self.path.name}"
         _writable_dir(self.path.parent)
         self._load()
 
@@ -207,8 +224,9 @@ class OffsetStore:
                 entries[(dev, ino)] = _entry(dev, ino, fingerprint, offset, path, mark)
             self._generation += 1
             pending = self.path.with_name(self.path.name + ".next")
-            _write_file(pending, _dump(entries.values()))
-            return Commit(self, self._generation, entries, pending)
+            document = _dump(entries.values(), self._generation)
+            _write_file(pending, document)
+            return Commit(self, self._generation, entries, pending, document)
 
     def _commit(self, commit: Commit) -> bool:
         with self._lock:
@@ -238,8 +256,40 @@ class OffsetStore:
             if not self._dirty:
                 return
             self._generation += 1
-            _write_atomically(self.path, _dump(self._entries.values()))
+            _write_atomically(self.path, _dump(self._entries.values(), self._generation))
             self._dirty = False
+
+    def adopt(self, position: Position | None) -> bool:
+        """At start, before the store is used: take the offsets the consumer stored with its last
+        batch's effects when they are newer than the file (the process died between its store's
+        commit and the rename of :class:`Commit`); they are written to the file at once.
+
+        Args:
+            position: what the consumer's store holds under :attr:`key` (None: nothing).
+
+        Returns:
+            True when the position was newer and taken; False when the file is as new or newer,
+            or the position cannot be read (logged: the file's offsets stay).
+
+        Raises:
+            OSError: the file could not be written.
+        """
+        if position is None:
+            return False
+        with self._lock:
+            if position.seq <= self._generation:
+                return False
+            try:
+                entries, seq = _parse(position.document)
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                log.warning("offsets stored with the last batch of %s are unreadable (%s); keeping %s",
+                            position.key, e, self.path)
+                return False
+            _write_atomically(self.path, _dump(entries.values(), seq))
+            log.info("offsets of %s taken from the store: committed with the last stored batch (seq %d, "
+                     "the file had %d)", self.path, seq, self._generation)
+            self._entries, self._generation, self._dirty = entries, seq, False
+            return True
 
     def _load(self) -> None:
         try:
@@ -250,7 +300,7 @@ class OffsetStore:
             log.warning("offsets file %s unreadable (%s); starting with no offsets", self.path, e)
             return
         try:
-            self._entries = _parse(raw)
+            self._entries, self._generation = _parse(raw)
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             corrupt = self.path.with_name(self.path.name + ".corrupt")
             try:
@@ -269,8 +319,8 @@ def _entry(dev: int, ino: int, fingerprint: bytes, offset: int, path: str, mark:
                        bytes(mark[-FINGERPRINT_BYTES:]) if mark else b"")
 
 
-def _dump(entries) -> bytes:
-    doc = {"version": FORMAT_VERSION, "files": [
+def _dump(entries, seq: int) -> bytes:
+    doc = {"version": FORMAT_VERSION, "seq": seq, "files": [
         {"dev": e.dev, "ino": e.ino, "path": e.path, "fingerprint": e.fingerprint.hex(),
          "offset": e.offset, **({"mark": e.mark.hex()} if e.mark else {})} for e in entries]}
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -290,11 +340,15 @@ def _writable_dir(directory: Path) -> None:
         raise OSError(13, f"cannot write in the offsets directory {directory}")
 
 
-def _parse(raw: bytes) -> dict[tuple[int, int], OffsetEntry]:
-    """Parses the JSON document. Raises ValueError/TypeError/KeyError on anything malformed."""
+def _parse(raw: bytes) -> tuple[dict[tuple[int, int], OffsetEntry], int]:
+    """Parses the JSON document into (entries, seq; 0 when absent, as written before issue 17).
+    Raises ValueError/TypeError/KeyError on anything malformed."""
     doc = json.loads(raw)
     if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION or not isinstance(doc.get("files"), list):
         raise ValueError(f"not an ftwatch offsets file (version {FORMAT_VERSION})")
+    seq = doc.get("seq", 0)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise ValueError(f"bad seq {seq!r}")
     entries: dict[tuple[int, int], OffsetEntry] = {}
     for item in doc["files"]:
         dev, ino, offset, path = item["dev"], item["ino"], item["offset"], item["path"]
@@ -305,7 +359,7 @@ def _parse(raw: bytes) -> dict[tuple[int, int], OffsetEntry]:
         fp = bytes.fromhex(item["fingerprint"])
         mark = bytes.fromhex(item.get("mark", ""))
         entries[(dev, ino)] = OffsetEntry(dev, ino, path, fp[:FINGERPRINT_BYTES], offset, mark[-FINGERPRINT_BYTES:])
-    return entries
+    return entries, seq
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

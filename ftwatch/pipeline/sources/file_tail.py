@@ -37,11 +37,12 @@ offsets are committed with their delivery (issue 17): before a batch is put on t
 offsets after it are written aside (:meth:`OffsetStore.prepare`, fsync'd), and the consumer's
 ``batch.ack()`` makes them current with one rename before it returns (one batch per source in
 flight). A crash before the ack re-reads the batch, a crash after it does not: nothing is lost,
-and nothing the consumer acknowledged is read again. What remains is the consumer's own window
-between its last effect and its ack (``ftwatch watch``: from storing the batch's findings to the
-rename, microseconds); closing it too needs the consumer to make its effect and the offset one
-transaction, e.g. by rolling its output back to the committed offset (:meth:`OffsetStore.get`)
-at start, as the SIGKILL test in ``tests/pipeline/test_file_tail.py`` does.
+and nothing the consumer acknowledged is read again. The consumer's own window, between storing
+the batch's effects and its ack, is closed by the batch's ``position`` (the offsets after it,
+:class:`~ftwatch.pipeline.sources.base.Position`): ``ftwatch watch`` stores it in the same SQLite
+transaction as the lines' findings and events, and at start the offsets store adopts it when it
+is newer than the file (:meth:`OffsetStore.adopt`, called by
+``ftwatch.pipeline.sources.build_source``). A kill -9 at any point then loses and repeats no line.
 
 Not resumed after a restart: a restart while skipping an over-long line emits that line's
 remainder as a line.
@@ -306,7 +307,9 @@ class FileTailSource:
         self._files[key] = f
         if copy:
             self._copies.add(key)
-        self._save(f)  # a restart before the first line must resume here, not skip to the end
+        if salvage_from is None:   # a restart before the first line must resume here, not skip to the end
+            self._save(f)          # (a salvage keeps the old entry until its lines are delivered: a
+                                   #  restart before then salvages them again)
         log.info("file tail %s: following %s from offset %d", self.name, path, pos)
 
     def _resume_moved(self, e: OffsetEntry) -> bool:
@@ -406,6 +409,7 @@ class FileTailSource:
         mark = b"" if finished else mark_at(f.fd, f.offset)
         if isinstance(batch, ShippedBatch) and batch:
             batch.commit = self._prepare(f, finished, mark)
+            batch.position = batch.commit.position if batch.commit is not None else None
         if batch and not self._deliver(batch):
             return 0
         self.stats["lines"] += len(batch)
