@@ -16,7 +16,7 @@ Two shapes:
   ``driver_enum`` (may be empty) is the Driver API's ``CUresult`` name of the same error
   (``CUDA_ERROR_CONTAINED``), which JAX/XLA and the driver API print instead of the runtime's.
 * the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``,
-  ``net_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
+  ``net_vocab.tsv``, ``kill_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
   counterexample``. A row whose regex is ``-``
   records the grade of a rule that already lives in another pack (its id stays there); the
   tests check that rule carries that grade.
@@ -63,7 +63,10 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "dist_vocab.tsv": ("dist_vocab.yaml", "c10d store and ProcessGroupNCCL watchdog lines, torchelastic, graded"),
     "net_vocab.tsv": ("net_vocab.yaml", "transfer-library network errors: libcurl codes 7/28/55/56, "
                       "the AWS SDK's retryable 'Unable to connect to endpoint', graded"),
-    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, PCIe AER, GHES, NFS/Lustre, OOM killer, graded"),
+    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
+    "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
+                       "and the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
+                       "SystemOOM event, Ray's memory monitor), graded"),
 }
 """catalog file -> (generated pack, title)."""
 

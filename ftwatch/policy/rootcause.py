@@ -34,6 +34,12 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
+8. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
+   <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
+   is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
+   ends its victim with SIGKILL (Linux mm/oom_kill.c ``__oom_kill_process``: ``do_send_sig_info(SIGKILL,
+   ...)``), and the enforcer's own line often comes after the kill report (slurmstepd reads the
+   cgroup's oom-kill events when the step has ended; a kernel log is collected apart).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -82,6 +88,10 @@ CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_erro
 WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
 WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
 WRAPPED_WINDOW = 2.0
+#: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
+#: tests/rules/test_rootcause.py keeps the two in step): rule 8 lets an OOM finding explain them.
+SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
+                             "deepspeed_launcher.worker_sigkilled"})
 #: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
 #: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
 _CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
@@ -207,6 +217,11 @@ def _spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
         for e in errors)
 
 
+def sigkill_report(f: Finding) -> bool:
+    """Says whether ``f`` reports a death by SIGKILL and nothing of why (rule 8)."""
+    return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
+
+
 def _before(a: Finding, b: Finding) -> bool:
     return (a.time, a.seq) < (b.time, b.seq)
 
@@ -259,6 +274,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             candidates.append(f)
 
     candidates = [c for c in candidates if not _spelled_out(c, candidates)]
+    if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
+        candidates = [c for c in candidates if not sigkill_report(c)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
     deaths = {r.origin.instance for r in strong
               if r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r))}

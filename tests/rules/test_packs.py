@@ -103,7 +103,8 @@ def test_pack_sizes():
                              "python.yaml", "gloo.yaml", "c4d.yaml",
                              "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml",
                              "npu_codes.yaml", "scheduler.yaml", "lifecycle.yaml",
-                             "net_vocab.yaml"}   # libcurl and AWS SDK network errors (issue 12)
+                             "net_vocab.yaml",   # libcurl and AWS SDK network errors (issue 12)
+                             "kill_vocab.yaml"}  # SIGKILL reports and memory enforcers (issue 12)
     assert len(BUILTIN) >= 330
 
 
@@ -156,7 +157,7 @@ def test_build_packs_regenerates_committed_files_byte_identically():
     assert set(files) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
                           "exit_codes.tsv",
                           "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml",
-                          "net_vocab.yaml"}
+                          "net_vocab.yaml", "kill_vocab.yaml"}
     for name, text in files.items():
         assert (PACKS / name).read_bytes() == text.encode("utf-8"), f"{name} is stale: run tools/build_packs.py"
 
