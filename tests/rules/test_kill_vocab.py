@@ -1,0 +1,68 @@
+"""Who killed a process (``kill_vocab.tsv``): SIGKILL reports are graded as exit code 137 (retryable,
+tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line explains a SIGKILL report
+(``policy/rootcause.py`` rule 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.policy.rootcause import analyse
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+
+ENGINE = Engine(load_rules())
+
+
+def findings(text: str, t: float = 1.0, instance: str = "job"):
+    return ENGINE.feed(Origin(instance, None, "j", "node-1", "stdout", "file"), f"{text}\n".encode(), t,
+                       final=True)
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("/usr/local/bin/train.sh: line 18:    41 Killed                  python3 cnn.py --lr 0.001", "shell.job_killed"),
+    ("Killed", "shell.killed_foreground"),
+    ("[1]+  Killed                  python train.py --cfg a.yaml", "shell.killed_foreground"),
+    ("Loading checkpoint shards:  38%|###   | 3/8 [00:02<00:03,  1.28it/s]Killed", "shell.killed_foreground"),
+    ("subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>.",
+     "python.subprocess_died_sigkill"),
+])
+def test_a_sigkill_report_is_graded_as_exit_137(line: str, rule: str):
+    [f] = findings(line)
+    assert f.rule_id == rule
+    assert f.failure_class is FailureClass.RETRYABLE_INFRA and f.action is Action.RESTART_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "the object was [Killed]",
+    "Killed 3 stale workers",
+    "2026-05-14 10:12:55 INFO scheduler: Killed task 12 after timeout",
+])
+def test_killed_as_a_word_is_not_a_sigkill_report(line: str):
+    assert not [f for f in findings(line) if f.rule_id.startswith("shell.")]
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("slurmstepd: error: StepId=318.0 exceeded memory limit (68719476736 > 64424509440), being killed",
+     "slurm.step_memory_limit_kill"),
+    ("Aug 27 16:10:19 n3 systemd-oomd[709]: Killed /system.slice/train.service due to memory pressure for "
+     "/system.slice being 81.22% > 60.00% for > 20s with reclaim activity", "systemd.oomd_killed"),
+    ("  Warning  SystemOOM  3m57s  kubelet  System OOM encountered, victim process: python3, pid: 3103923",
+     "k8s.system_oom"),
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+     "ray.node_low_memory_kill"),
+    ("[2481.702113] oom_reaper: reaped process 20417 (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB",
+     "os.oom_reaper"),
+])
+def test_a_memory_enforcers_kill_is_oom(line: str, rule: str):
+    [f] = findings(line)
+    assert f.rule_id == rule and f.failure_class is FailureClass.OOM and f.action is Action.FAIL_JOB
+
+
+def test_a_bash_killed_line_then_the_kernel_oom_line_decides_oom():
+    killed = findings("train.sh: line 9:  4242 Killed                  python train.py", 1.0)
+    oom = findings("[Sat Nov 21 09:36:03 2026] Out of memory: Killed process 4242 (python) total-vm:412345678kB, "
+                   "anon-rss:260123456kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:512000kB oom_score_adj:0",
+                   2.0, instance="host")
+    an = analyse(killed + oom)
+    assert an.root_cause is not None and an.root_cause.failure_class is FailureClass.OOM
