@@ -118,10 +118,16 @@ def snake(enum: str) -> str:
 def cuda_regex(row: dict[str, str]) -> str:
     """The message after PyTorch's, NCCL's or THC's prefix, or the enum name alone.
 
+    PyTorch's prefixes: ``CUDA error: `` (C10_CUDA_CHECK), ``CUDA driver error: ``, and the device
+    count's ``Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before
+    calling NumCudaDevices() that might have already set an error? Error <N>: <message>``
+    (c10/cuda/CUDAFunctions.cpp ``device_count_impl``; also the ``CUDA initialization:`` UserWarning).
+
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
-    prefix = rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : )"
+    prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
+              r"|might have already set an error\? Error \d+: )")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
 
@@ -140,7 +146,9 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     driver = row.get("driver_enum", "")
     examples = [first,
                 f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
-                f"RuntimeError: cuda failure: {enum}: {msg}"]
+                f"RuntimeError: cuda failure: {enum}: {msg}",
+                "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+                f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:
         examples.append(f"jax.errors.JaxRuntimeError: INTERNAL: CUDA error: : {driver}: {msg}")
         counter.append(f"E0905 17:34:36.549112 allocator.cc:414] {driver}_X: not the enum")
