@@ -16,7 +16,7 @@ Two shapes:
   ``driver_enum`` (may be empty) is the Driver API's ``CUresult`` name of the same error
   (``CUDA_ERROR_CONTAINED``), which JAX/XLA and the driver API print instead of the runtime's.
 * the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``,
-  ``net_vocab.tsv``, ``kill_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
+  ``net_vocab.tsv``, ``kill_vocab.tsv``, ``cudalib_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
   counterexample``. A row whose regex is ``-``
   records the grade of a rule that already lives in another pack (its id stays there); the
   tests check that rule carries that grade.
@@ -65,8 +65,12 @@ CATALOGS: dict[str, tuple[str, str]] = {
                       "the AWS SDK's retryable 'Unable to connect to endpoint', graded"),
     "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
     "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
-                       "and the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
-                       "SystemOOM event, Ray's memory monitor), graded"),
+                       "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
+                       "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "
+                       "(TensorFlow's OOM, std::bad_alloc), graded"),
+    "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "cuBLAS and cuDNN status codes (cublasStatus_t, cudnnStatus_t), "
+                          "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
+                          "user_code, launch/internal failures ambiguous)"),
 }
 """catalog file -> (generated pack, title)."""
 
