@@ -91,7 +91,8 @@ WRAPPED_WINDOW = 2.0
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 8 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
-                             "deepspeed_launcher.worker_sigkilled"})
+                             "deepspeed_launcher.worker_sigkilled", "slurm.srun_task_killed",
+                             "torch.mp_spawn_sigkill", "container.exit_code_137"})
 #: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
 #: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
 _CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")

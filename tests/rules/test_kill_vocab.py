@@ -66,3 +66,22 @@ def test_a_bash_killed_line_then_the_kernel_oom_line_decides_oom():
                    2.0, instance="host")
     an = analyse(killed + oom)
     assert an.root_cause is not None and an.root_cause.failure_class is FailureClass.OOM
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("srun: error: gpu-node-3: tasks 0-3: Killed", "slurm.srun_task_killed"),
+    ("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
+     "torch.mp_spawn_sigkill"),
+    ("      Exit Code:    137", "container.exit_code_137"),
+    ("trainer-1  | trainer-1 exited with code 137", "container.exit_code_137"),
+    ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "container.exit_code_137"),
+])
+def test_launchers_and_containers_report_a_sigkill(line: str, rule: str):
+    [f] = findings(line)
+    assert f.rule_id == rule and f.failure_class is FailureClass.RETRYABLE_INFRA
+
+
+def test_kubernetes_oomkilled_reason_explains_exit_code_137():
+    lines = findings("    State:          Terminated\n      Reason:       OOMKilled\n      Exit Code:    137")
+    assert {f.rule_id for f in lines} == {"k8s.oom_killed", "container.exit_code_137"}
+    assert analyse(lines).root_cause.rule_id == "k8s.oom_killed"
