@@ -85,3 +85,39 @@ def test_kubernetes_oomkilled_reason_explains_exit_code_137():
     lines = findings("    State:          Terminated\n      Reason:       OOMKilled\n      Exit Code:    137")
     assert {f.rule_id for f in lines} == {"k8s.oom_killed", "container.exit_code_137"}
     assert analyse(lines).root_cause.rule_id == "k8s.oom_killed"
+
+
+# --- exit reports (tag exit_report): the line is read as the exit it reports, graded by exit_codes.tsv ---
+
+def test_an_exit_report_is_an_exit_finding_graded_by_the_exit_code_table():
+    [f] = findings("mpirun noticed that process rank 3 with PID 48213 on node n3 exited on signal 6 (Aborted).")
+    assert f.rule_id == "mpi.process_exited_on_signal" and f.kind == "exit_code"
+    assert (f.fields["exitcode"], f.fields["signal"], f.rank) == (134, 6, 3)
+    assert (f.failure_class, f.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)   # exit_codes.tsv 134
+
+
+def test_srun_exit_code_1_is_a_generic_exit_explained_by_the_error_the_task_logged():
+    error = findings("RuntimeError: CUDA error: an illegal memory access was encountered", 1.0)
+    srun = findings("srun: error: gpu-node-3: task 0: Exited with exit code 1", 2.0)
+    assert srun[0].kind == "exit_code" and srun[0].fields["generic"]
+    assert analyse(error + srun).root_cause is error[0]
+
+
+def test_srun_exit_code_1_alone_fails_the_job_as_user_code():
+    [f] = findings("srun: error: gpu-node-3: task 0: Exited with exit code 1")
+    assert analyse([f]).root_cause is f and (f.failure_class, f.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_a_report_of_exit_0_makes_nothing():
+    assert not findings("srun: error: gpu-node-3: task 0: Exited with exit code 0")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train.sh: line 9:  4242 Killed                  python train.py", (None, 9, None)),
+    ("srun: error: n3: task 2: Segmentation fault (core dumped)", (None, 11, 2)),
+    ("      Exit Code:    137", (137, None, None)),
+    ("died with <Signals.SIGKILL: 9>.", (None, 9, None)),
+])
+def test_reported_exit_reads_signal_names_strsignal_texts_and_codes(text, expected):
+    from ftwatch.rules.exitcodes import reported_exit
+    assert reported_exit(text) == expected
