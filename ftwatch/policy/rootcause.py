@@ -10,8 +10,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    exit-code table alone reads as user_code). A weak exit of a rank with no logged error of its
    own is explained by logged errors that carry no rank and may be that rank's: those of its
    stream (``pod`` for ``pod/rank3``, see ``Origin.with_rank``), or, where the instance names no
-   stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. So a
-   generic exit never outranks the error its rank logged before it.
+   stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. A
+   weak exit reported without a rank (a launcher's ``returned non-zero exit status 1``, srun's
+   ``Exited with exit code 1`` over several tasks) is explained by the errors its stream's ranks
+   logged: they are the processes it ran. So a generic exit never outranks the error its rank
+   logged before it.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
    "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
    instance has a real error before it, or died by a signal or a listed exit code, or exited early
@@ -92,7 +95,7 @@ WRAPPED_WINDOW = 2.0
 #: tests/rules/test_rootcause.py keeps the two in step): rule 8 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
                              "deepspeed_launcher.worker_sigkilled", "slurm.srun_task_killed",
-                             "torch.mp_spawn_sigkill", "container.exit_code_137"})
+                             "torch.mp_spawn_sigkill"})
 #: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
 #: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
 _CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
@@ -257,8 +260,11 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if not (generic_exit(f) or abort_exit(f)):
             return []
         own = logged.get(f.origin.instance)
-        if own or f.origin.rank is None:
-            return own or []
+        if own:
+            return own
+        if f.origin.rank is None:           # a report with no rank (a launcher's "exit status 1"):
+            where = (f.origin.job, f.origin.node, f.origin.stream)      # its stream's ranks are its workers
+            return [e for es in logged.values() for e in es if (e.origin.job, e.origin.node, e.origin.stream) == where]
         stream = f.origin.instance.rpartition("/")[0]       # "pod/rank3": a rank of stream "pod"
         if stream:
             return [e for e in logged.get(stream, ()) if e.origin.rank is None]

@@ -168,6 +168,7 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task) (\d+)\b")
+_RETURN_CODE = re.compile(r"\breturn code = (-?\d{1,3})\b")
 
 
 def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
@@ -175,7 +176,7 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
 
     The signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
-    code (``Exit Code: 137``, ``exit code 1``); the rank when the report names one (mpirun's
+    code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
     ``process rank 3``, srun's ``task 3``; a range of tasks names none). Any part may be None.
     """
     sig = linefacts.signal_of(text)
@@ -185,6 +186,10 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     if sig == 0:
         sig = None                      # "signal 0" kills nothing (kill(2)): not a death
     code = linefacts.exit_code_of(text) if sig is None else None
+    if sig is None and code is None and (m := _RETURN_CODE.search(text)):
+        code = int(m.group(1))          # deepspeed's launcher: "exits with return code = 1"
+        if code < 0:
+            sig, code = -code, None
     m = _REPORTED_RANK.search(text)
     return code, sig, int(m.group(1)) if m else None
 

@@ -72,9 +72,9 @@ def test_a_bash_killed_line_then_the_kernel_oom_line_decides_oom():
     ("srun: error: gpu-node-3: tasks 0-3: Killed", "slurm.srun_task_killed"),
     ("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
      "torch.mp_spawn_sigkill"),
-    ("      Exit Code:    137", "container.exit_code_137"),
-    ("trainer-1  | trainer-1 exited with code 137", "container.exit_code_137"),
-    ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "container.exit_code_137"),
+    ("      Exit Code:    137", "container.exit_code"),
+    ("trainer-1  | trainer-1 exited with code 137", "container.exit_code"),
+    ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "container.exit_code"),
 ])
 def test_launchers_and_containers_report_a_sigkill(line: str, rule: str):
     [f] = findings(line)
@@ -83,7 +83,7 @@ def test_launchers_and_containers_report_a_sigkill(line: str, rule: str):
 
 def test_kubernetes_oomkilled_reason_explains_exit_code_137():
     lines = findings("    State:          Terminated\n      Reason:       OOMKilled\n      Exit Code:    137")
-    assert {f.rule_id for f in lines} == {"k8s.oom_killed", "container.exit_code_137"}
+    assert {f.rule_id for f in lines} == {"k8s.oom_killed", "container.exit_code"}
     assert analyse(lines).root_cause.rule_id == "k8s.oom_killed"
 
 
@@ -121,3 +121,24 @@ def test_a_report_of_exit_0_makes_nothing():
 def test_reported_exit_reads_signal_names_strsignal_texts_and_codes(text, expected):
     from ftwatch.rules.exitcodes import reported_exit
     assert reported_exit(text) == expected
+
+
+def test_a_launchers_exit_1_after_only_fallout_is_fallout():
+    # accelerate's CalledProcessError for a worker that the NCCL watchdog ended: nothing but fallout
+    # was logged, so the generic exit is fallout too (SPEC R7), not the user_code catch-all
+    timeout = findings("[rank1]:[E1121 10:50:03.384 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+                       "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                       "Timeout(ms)=600000) ran for 600042 milliseconds before timing out.", 1.0)
+    cpe = findings("subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' returned non-zero exit "
+                   "status 1.", 2.0)
+    assert cpe[0].rule_id == "python.subprocess_exit_status" and cpe[0].fields["generic"]
+    an = analyse(timeout + cpe)
+    assert an.fallout_only and not an.real
+
+
+@pytest.mark.parametrize("code, signal, exitcode", [("1", None, 1), ("-6", 6, 134)])
+def test_the_deepspeed_launchers_return_code_is_read(code, signal, exitcode):
+    [f] = findings("[2026-11-13 16:59:55,650] [ERROR] [launch.py:321:sigkill_handler] ['/opt/conda/bin/python', "
+                   f"'-u', 'train.py', '--local_rank=1'] exits with return code = {code}")
+    assert f.rule_id == "deepspeed_launcher.worker_exit" and (f.fields["signal"], f.fields["exitcode"]) == (signal,
+                                                                                                          exitcode)

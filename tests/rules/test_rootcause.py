@@ -221,3 +221,12 @@ def test_without_oom_evidence_a_sigkill_report_stays_the_root_cause():
 def test_sigkill_reports_are_the_rules_tagged_sigkill_in_the_packs():
     from ftwatch.policy.rootcause import SIGKILL_REPORTS
     assert {r.id for r in load_rules([], builtin=True) if "sigkill" in r.tags} == SIGKILL_REPORTS
+
+
+def test_an_unranked_weak_exit_is_explained_by_the_errors_of_its_streams_ranks():
+    # a launcher's "returned non-zero exit status 1" (no rank) after rank 2 logged a real error
+    rank2 = log("cuda.illegal_memory_access", UC, 2, 1.0, instance="pod/rank2", action=Action.FAIL_JOB)
+    launcher = replace(died(0, 2.0, returncode=1), origin=Origin("pod", None, JOB, "node-0", "stderr", "process"))
+    rank2 = replace(rank2, origin=Origin("pod/rank2", 2, JOB, "node-0", "stderr", "process"))
+    an = analyse([rank2, launcher])
+    assert an.root_cause is rank2 and an.real == (rank2,)
