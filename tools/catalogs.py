@@ -16,7 +16,7 @@ Two shapes:
   ``driver_enum`` (may be empty) is the Driver API's ``CUresult`` name of the same error
   (``CUDA_ERROR_CONTAINED``), which JAX/XLA and the driver API print instead of the runtime's.
 * the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``,
-  ``net_vocab.tsv``, ``env_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
+  ``net_vocab.tsv``, ``env_vocab.tsv``, ``kill_vocab.tsv``, ``cudalib_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
   counterexample``. A row whose regex is ``-``
   records the grade of a rule that already lives in another pack (its id stays there); the
   tests check that rule carries that grade.
@@ -67,7 +67,14 @@ CATALOGS: dict[str, tuple[str, str]] = {
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "
                       "errors, container start-up errors, graded"),
-    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, PCIe AER, GHES, NFS/Lustre, OOM killer, graded"),
+    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
+    "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
+                       "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
+                       "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "
+                       "(TensorFlow's OOM, std::bad_alloc), graded"),
+    "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "cuBLAS and cuDNN status codes (cublasStatus_t, cudnnStatus_t), "
+                          "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
+                          "user_code, launch/internal failures ambiguous)"),
 }
 """catalog file -> (generated pack, title)."""
 
@@ -119,10 +126,16 @@ def snake(enum: str) -> str:
 def cuda_regex(row: dict[str, str]) -> str:
     """The message after PyTorch's, NCCL's or THC's prefix, or the enum name alone.
 
+    PyTorch's prefixes: ``CUDA error: `` (C10_CUDA_CHECK), ``CUDA driver error: ``, and the device
+    count's ``Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before
+    calling NumCudaDevices() that might have already set an error? Error <N>: <message>``
+    (c10/cuda/CUDAFunctions.cpp ``device_count_impl``; also the ``CUDA initialization:`` UserWarning).
+
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
-    prefix = rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : )"
+    prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
+              r"|might have already set an error\? Error \d+: )")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
 
@@ -141,7 +154,9 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     driver = row.get("driver_enum", "")
     examples = [first,
                 f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
-                f"RuntimeError: cuda failure: {enum}: {msg}"]
+                f"RuntimeError: cuda failure: {enum}: {msg}",
+                "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
+                f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:
         examples.append(f"jax.errors.JaxRuntimeError: INTERNAL: CUDA error: : {driver}: {msg}")
         counter.append(f"E0905 17:34:36.549112 allocator.cc:414] {driver}_X: not the enum")

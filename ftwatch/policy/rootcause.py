@@ -10,8 +10,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    exit-code table alone reads as user_code). A weak exit of a rank with no logged error of its
    own is explained by logged errors that carry no rank and may be that rank's: those of its
    stream (``pod`` for ``pod/rank3``, see ``Origin.with_rank``), or, where the instance names no
-   stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. So a
-   generic exit never outranks the error its rank logged before it.
+   stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. A
+   weak exit reported without a rank (a launcher's ``returned non-zero exit status 1``, srun's
+   ``Exited with exit code 1`` over several tasks) is explained by the errors its stream's ranks
+   logged: they are the processes it ran. So a generic exit never outranks the error its rank
+   logged before it.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
    "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
    instance has a real error before it, or died by a signal or a listed exit code, or exited early
@@ -40,6 +43,12 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``main_process_first``), that rank is the root cause, ``collective.busy_rank`` (user_code: the
    program held them longer than its timeout; ``ftwatch.policy.busy``), before the readings
    below and before the waits' own classes.
+9. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
+   <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
+   is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
+   ends its victim with SIGKILL (Linux mm/oom_kill.c ``__oom_kill_process``: ``do_send_sig_info(SIGKILL,
+   ...)``), and the enforcer's own line often comes after the kill report (slurmstepd reads the
+   cgroup's oom-kill events when the step has ended; a kernel log is collected apart).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -89,6 +98,11 @@ CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_erro
 WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
 WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
 WRAPPED_WINDOW = 2.0
+#: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
+#: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
+SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
+                             "deepspeed_launcher.worker_sigkilled", "slurm.srun_task_killed",
+                             "torch.mp_spawn_sigkill"})
 #: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
 #: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
 _CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
@@ -214,6 +228,11 @@ def _spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
         for e in errors)
 
 
+def sigkill_report(f: Finding) -> bool:
+    """Says whether ``f`` reports a death by SIGKILL and nothing of why (rule 9)."""
+    return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
+
+
 def _before(a: Finding, b: Finding) -> bool:
     return (a.time, a.seq) < (b.time, b.seq)
 
@@ -248,8 +267,11 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if not (generic_exit(f) or abort_exit(f)):
             return []
         own = logged.get(f.origin.instance)
-        if own or f.origin.rank is None:
-            return own or []
+        if own:
+            return own
+        if f.origin.rank is None:           # a report with no rank (a launcher's "exit status 1"):
+            where = (f.origin.job, f.origin.node, f.origin.stream)      # its stream's ranks are its workers
+            return [e for es in logged.values() for e in es if (e.origin.job, e.origin.node, e.origin.stream) == where]
         stream = f.origin.instance.rpartition("/")[0]       # "pod/rank3": a rank of stream "pod"
         if stream:
             return [e for e in logged.get(stream, ()) if e.origin.rank is None]
@@ -266,6 +288,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             candidates.append(f)
 
     candidates = [c for c in candidates if not _spelled_out(c, candidates)]
+    if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
+        candidates = [c for c in candidates if not sigkill_report(c)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
     deaths = {r.origin.instance for r in strong
               if r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r))}

@@ -11,6 +11,10 @@ they apply only when the job runs under that launcher (``exit_finding``'s ``laun
 desk learns them from the launcher's own lines and from ``run``'s command, see
 ``ftwatch.policy.lifecycle``); elsewhere such a code is an unlisted one.
 
+A line that reports an exit (a rule tagged ``exit_report``: a shell's ``Killed``, srun's ``task 0:
+Exited with exit code 1``, ``Exit Code: 137``) is read by :func:`reported_exit` and graded here
+like a process exit (``ftwatch.rules.judge``).
+
 A death by signal N is looked up as code 128+N, the shell's convention (``bash(1)``, "EXIT STATUS":
 "the exit status of a command that terminates on fatal signal N is 128+N"), whether the process
 reports it as ``signal=N``, as Popen's ``returncode=-N``, or as a shell's ``128+N``.
@@ -19,6 +23,7 @@ reports it as ``signal=N``, as Popen's ``returncode=-N``, or as a shell's ``128+
 from __future__ import annotations
 
 import importlib.resources
+import re
 import signal as _signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +31,7 @@ from typing import Collection
 
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.events import Action, FailureClass, Finding, ProcessExit, Severity
+from ftwatch.parsers import linefacts
 
 _COLUMNS = ("pattern", "pattern_type", "component", "class", "recommended_action", "source",
             "classified_by", "meaning", "notes")
@@ -151,6 +157,41 @@ def parse_private(text: str, location: str) -> dict[int, str]:
             raise ConfigError(Issue(location, number, "a row needs a code, a launcher and a source"))
         out[int(cells[0])] = cells[1].strip()
     return out
+
+
+#: strsignal(3)'s text for a signal, as glibc (and signal(7)'s descriptions) give it: what a shell
+#: (bash ``jobs.c``: ``line 18:  41 Killed  cmd``), srun (``task 0: Killed``) and friends print for a
+#: process that a signal ended.
+STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "Trace/breakpoint trap": 5,
+             "Aborted": 6, "Bus error": 7, "Floating point exception": 8, "Killed": 9,
+             "User defined signal 1": 10, "Segmentation fault": 11, "User defined signal 2": 12,
+             "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
+_STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
+_REPORTED_RANK = re.compile(r"\b(?:process rank|task) (\d+)\b")
+_RETURN_CODE = re.compile(r"\breturn code = (-?\d{1,3})\b")
+
+
+def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
+    """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
+
+    The signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
+    ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
+    code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
+    ``process rank 3``, srun's ``task 3``; a range of tasks names none). Any part may be None.
+    """
+    sig = linefacts.signal_of(text)
+    if sig is None:
+        m = _STRSIGNAL.search(text)
+        sig = STRSIGNAL[m.group(1)] if m else None
+    if sig == 0:
+        sig = None                      # "signal 0" kills nothing (kill(2)): not a death
+    code = linefacts.exit_code_of(text) if sig is None else None
+    if sig is None and code is None and (m := _RETURN_CODE.search(text)):
+        code = int(m.group(1))          # deepspeed's launcher: "exits with return code = 1"
+        if code < 0:
+            sig, code = -code, None
+    m = _REPORTED_RANK.search(text)
+    return code, sig, int(m.group(1)) if m else None
 
 
 def signal_name(number: int) -> str:

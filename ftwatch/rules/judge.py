@@ -5,7 +5,9 @@ wins, then the most drastic action; that is how a traceback ending in a gloo "Co
 by peer" is fallout and not user code. In a Python traceback the final exception decides
 (``ftwatch.rules.exceptions``); a rule with a ``when:`` condition (SPEC P4) counts only when one
 of its hit lines passes the predicate; a keyword hit on NCCL INFO lines only makes nothing; a
-fault code wins ties. A Finding keeps at most ``MAX_LINE_CHARS`` characters of each line (Q1): a
+fault code wins ties; a rule tagged ``exit_report`` (a line that reports an exit: a shell's
+``Killed``, srun's ``Exited with exit code 1``) makes the exit it reports, graded by the exit-code
+table (``ftwatch.rules.exitcodes.reported_exit``). A Finding keeps at most ``MAX_LINE_CHARS`` characters of each line (Q1): a
 10 MB hit line is cut in the middle, with a marker saying how much went.
 
 Apart from ``ftwatch.rules.engine`` because it needs none of a feed's state: only the compiled
@@ -17,10 +19,13 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Record, Severity
+from dataclasses import replace
+
+from ftwatch.events import Action, FailureClass, Finding, ProcessExit, Record, Severity
 from ftwatch.parsers import collective, multiline
 from ftwatch.rules import exceptions
 from ftwatch.rules.exceptions import ExceptionCatalog, ExceptionGrade
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding, reported_exit
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Rule
@@ -59,6 +64,7 @@ class Judge:
         self.tables = tables
         self.exceptions = exceptions
         self._fault_ids = frozenset(i for i, o in enumerate(owner) if o == -2)
+        self._exit_table: ExitCodeTable | None = None     # loaded on the first exit report
 
     def _matching_line(self, lines: list[str], index: int) -> str | None:
         """The last line of a block that hits rule ``index`` (the exception line, usually)."""
@@ -162,13 +168,39 @@ class Judge:
                        severity, record.origin, _cap(lines[final]), record.time, record.seq,
                        _evidence(lines), {"exception": grade.name}, grade.source)
 
-    def _finding(self, record: Record, index: int, line: str | None = None) -> Finding:
+    def _finding(self, record: Record, index: int, line: str | None = None) -> Finding | None:
         rule = self.rules[index]
         lines = record.text.split("\n")
         line = line or self._matching_line(lines, index) or lines[-1]
+        if "exit_report" in rule.tags:
+            read, reported = self._reported_exit(record, rule, line, lines)
+            if read:
+                return reported
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, _cap(line), record.time, record.seq, _evidence(lines),
                        collective.fields(record.text), rule.source)
+
+    def _reported_exit(self, record: Record, rule: Rule, line: str,
+                       lines: list[str]) -> tuple[bool, Finding | None]:
+        """A line of a rule tagged ``exit_report`` (a shell's ``Killed``, srun's ``task 0: Exited
+        with exit code 1``) read as the exit it reports, graded by the exit-code table as a
+        process exit is (kind ``exit_code``: a generic one is a weak exit, R7).
+
+        Returns:
+            ``(True, finding)``, or ``(True, None)`` for a report of exit 0; ``(False, None)``
+            when the line names no code or signal (the rule's own grade stands).
+        """
+        code, sig, rank = reported_exit(line)
+        if code is None and sig is None:
+            return False, None
+        if self._exit_table is None:
+            self._exit_table = ExitCodeTable.load()
+        origin = record.origin.with_rank(rank) if rank is not None and record.origin.rank is None else record.origin
+        found = exit_finding(ProcessExit(origin, 0, code, sig, record.time), self._exit_table, record.seq)
+        if found is None:                       # an exit 0 report: nothing failed
+            return True, None
+        return True, replace(found, rule_id=rule.id, line=_cap(line), evidence=_evidence(lines),
+                             source=f"{rule.source}; {found.source}")
 
     def _fault_finding(self, record: Record, hit) -> Finding:
         entry = hit.entry or self.tables.grade_unknown(hit)

@@ -193,3 +193,40 @@ def test_only_return_code_rules_yield_to_what_follows():
     keyerror = log("python.key_error", UC, 1, 10.0, action=Action.FAIL_JOB)
     later = replace(log("hccp.ej0001_init_failed", RI, 1, 10.5), line="EJ0001: Failed to initialize the HCCP process.")
     assert analyse([keyerror, later]).root_cause == keyerror
+
+
+# --- 8: an OOM finding explains a report of a SIGKILL death, whatever the order --------------------
+
+def test_an_oom_line_after_a_shell_killed_line_is_the_root_cause():
+    # a batch script prints "line 31: 20417 Killed  python3 main.py", then slurmstepd reports the
+    # cgroup's oom-kill event once the step has ended (the OOM killer's SIGKILL: mm/oom_kill.c)
+    killed = log("shell.job_killed", RI, None, 5.0, instance="batch")
+    oom = log("slurm.cgroup_oom_kill", FailureClass.OOM, None, 6.0, instance="batch", action=Action.FAIL_JOB)
+    an = analyse([killed, oom])
+    assert an.root_cause == oom and an.real == (oom,)
+
+
+def test_an_oom_line_explains_an_exit_by_sigkill():
+    oom = log("os.oom_killer", FailureClass.OOM, None, 2.0, instance="host", action=Action.FAIL_JOB)
+    exit9 = died(0, 1.0, signal=9)
+    assert analyse([exit9, oom]).root_cause == oom
+
+
+def test_without_oom_evidence_a_sigkill_report_stays_the_root_cause():
+    killed = log("shell.job_killed", RI, None, 5.0, instance="batch")
+    other = log("python.key_error", UC, None, 6.0, instance="batch", action=Action.FAIL_JOB)
+    assert analyse([killed, other]).root_cause == killed
+
+
+def test_sigkill_reports_are_the_rules_tagged_sigkill_in_the_packs():
+    from ftwatch.policy.rootcause import SIGKILL_REPORTS
+    assert {r.id for r in load_rules([], builtin=True) if "sigkill" in r.tags} == SIGKILL_REPORTS
+
+
+def test_an_unranked_weak_exit_is_explained_by_the_errors_of_its_streams_ranks():
+    # a launcher's "returned non-zero exit status 1" (no rank) after rank 2 logged a real error
+    rank2 = log("cuda.illegal_memory_access", UC, 2, 1.0, instance="pod/rank2", action=Action.FAIL_JOB)
+    launcher = replace(died(0, 2.0, returncode=1), origin=Origin("pod", None, JOB, "node-0", "stderr", "process"))
+    rank2 = replace(rank2, origin=Origin("pod/rank2", 2, JOB, "node-0", "stderr", "process"))
+    an = analyse([rank2, launcher])
+    assert an.root_cause is rank2 and an.real == (rank2,)

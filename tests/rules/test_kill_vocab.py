@@ -1,0 +1,144 @@
+"""Who killed a process (``kill_vocab.tsv``): SIGKILL reports are graded as exit code 137 (retryable,
+tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line explains a SIGKILL report
+(``policy/rootcause.py`` rule 8)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.policy.rootcause import analyse
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+
+ENGINE = Engine(load_rules())
+
+
+def findings(text: str, t: float = 1.0, instance: str = "job"):
+    return ENGINE.feed(Origin(instance, None, "j", "node-1", "stdout", "file"), f"{text}\n".encode(), t,
+                       final=True)
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("/usr/local/bin/train.sh: line 18:    41 Killed                  python3 cnn.py --lr 0.001", "shell.job_killed"),
+    ("Killed", "shell.killed_foreground"),
+    ("[1]+  Killed                  python train.py --cfg a.yaml", "shell.killed_foreground"),
+    ("Loading checkpoint shards:  38%|###   | 3/8 [00:02<00:03,  1.28it/s]Killed", "shell.killed_foreground"),
+    ("subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>.",
+     "python.subprocess_died_sigkill"),
+])
+def test_a_sigkill_report_is_graded_as_exit_137(line: str, rule: str):
+    [f] = findings(line)
+    assert f.rule_id == rule
+    assert f.failure_class is FailureClass.RETRYABLE_INFRA and f.action is Action.RESTART_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "the object was [Killed]",
+    "Killed 3 stale workers",
+    "2026-05-14 10:12:55 INFO scheduler: Killed task 12 after timeout",
+])
+def test_killed_as_a_word_is_not_a_sigkill_report(line: str):
+    assert not [f for f in findings(line) if f.rule_id.startswith("shell.")]
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("slurmstepd: error: StepId=318.0 exceeded memory limit (68719476736 > 64424509440), being killed",
+     "slurm.step_memory_limit_kill"),
+    ("Aug 27 16:10:19 n3 systemd-oomd[709]: Killed /system.slice/train.service due to memory pressure for "
+     "/system.slice being 81.22% > 60.00% for > 20s with reclaim activity", "systemd.oomd_killed"),
+    ("  Warning  SystemOOM  3m57s  kubelet  System OOM encountered, victim process: python3, pid: 3103923",
+     "k8s.system_oom"),
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.",
+     "ray.node_low_memory_kill"),
+    ("[2481.702113] oom_reaper: reaped process 20417 (python3), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB",
+     "os.oom_reaper"),
+])
+def test_a_memory_enforcers_kill_is_oom(line: str, rule: str):
+    [f] = findings(line)
+    assert f.rule_id == rule and f.failure_class is FailureClass.OOM and f.action is Action.FAIL_JOB
+
+
+def test_a_bash_killed_line_then_the_kernel_oom_line_decides_oom():
+    killed = findings("train.sh: line 9:  4242 Killed                  python train.py", 1.0)
+    oom = findings("[Sat Nov 21 09:36:03 2026] Out of memory: Killed process 4242 (python) total-vm:412345678kB, "
+                   "anon-rss:260123456kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:512000kB oom_score_adj:0",
+                   2.0, instance="host")
+    an = analyse(killed + oom)
+    assert an.root_cause is not None and an.root_cause.failure_class is FailureClass.OOM
+
+
+@pytest.mark.parametrize("line, rule", [
+    ("srun: error: gpu-node-3: tasks 0-3: Killed", "slurm.srun_task_killed"),
+    ("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
+     "torch.mp_spawn_sigkill"),
+    ("      Exit Code:    137", "container.exit_code"),
+    ("trainer-1  | trainer-1 exited with code 137", "container.exit_code"),
+    ("Process finished with exit code 137 (interrupted by signal 9: SIGKILL)", "container.exit_code"),
+])
+def test_launchers_and_containers_report_a_sigkill(line: str, rule: str):
+    [f] = findings(line)
+    assert f.rule_id == rule and f.failure_class is FailureClass.RETRYABLE_INFRA
+
+
+def test_kubernetes_oomkilled_reason_explains_exit_code_137():
+    lines = findings("    State:          Terminated\n      Reason:       OOMKilled\n      Exit Code:    137")
+    assert {f.rule_id for f in lines} == {"k8s.oom_killed", "container.exit_code"}
+    assert analyse(lines).root_cause.rule_id == "k8s.oom_killed"
+
+
+# --- exit reports (tag exit_report): the line is read as the exit it reports, graded by exit_codes.tsv ---
+
+def test_an_exit_report_is_an_exit_finding_graded_by_the_exit_code_table():
+    [f] = findings("mpirun noticed that process rank 3 with PID 48213 on node n3 exited on signal 6 (Aborted).")
+    assert f.rule_id == "mpi.process_exited_on_signal" and f.kind == "exit_code"
+    assert (f.fields["exitcode"], f.fields["signal"], f.rank) == (134, 6, 3)
+    assert (f.failure_class, f.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)   # exit_codes.tsv 134
+
+
+def test_srun_exit_code_1_is_a_generic_exit_explained_by_the_error_the_task_logged():
+    error = findings("RuntimeError: CUDA error: an illegal memory access was encountered", 1.0)
+    srun = findings("srun: error: gpu-node-3: task 0: Exited with exit code 1", 2.0)
+    assert srun[0].kind == "exit_code" and srun[0].fields["generic"]
+    assert analyse(error + srun).root_cause is error[0]
+
+
+def test_srun_exit_code_1_alone_fails_the_job_as_user_code():
+    [f] = findings("srun: error: gpu-node-3: task 0: Exited with exit code 1")
+    assert analyse([f]).root_cause is f and (f.failure_class, f.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_a_report_of_exit_0_makes_nothing():
+    assert not findings("srun: error: gpu-node-3: task 0: Exited with exit code 0")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("train.sh: line 9:  4242 Killed                  python train.py", (None, 9, None)),
+    ("srun: error: n3: task 2: Segmentation fault (core dumped)", (None, 11, 2)),
+    ("      Exit Code:    137", (137, None, None)),
+    ("died with <Signals.SIGKILL: 9>.", (None, 9, None)),
+])
+def test_reported_exit_reads_signal_names_strsignal_texts_and_codes(text, expected):
+    from ftwatch.rules.exitcodes import reported_exit
+    assert reported_exit(text) == expected
+
+
+def test_a_launchers_exit_1_after_only_fallout_is_fallout():
+    # accelerate's CalledProcessError for a worker that the NCCL watchdog ended: nothing but fallout
+    # was logged, so the generic exit is fallout too (SPEC R7), not the user_code catch-all
+    timeout = findings("[rank1]:[E1121 10:50:03.384 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+                       "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                       "Timeout(ms)=600000) ran for 600042 milliseconds before timing out.", 1.0)
+    cpe = findings("subprocess.CalledProcessError: Command '['/usr/bin/python3', 'train.py']' returned non-zero exit "
+                   "status 1.", 2.0)
+    assert cpe[0].rule_id == "python.subprocess_exit_status" and cpe[0].fields["generic"]
+    an = analyse(timeout + cpe)
+    assert an.fallout_only and not an.real
+
+
+@pytest.mark.parametrize("code, signal, exitcode", [("1", None, 1), ("-6", 6, 134)])
+def test_the_deepspeed_launchers_return_code_is_read(code, signal, exitcode):
+    [f] = findings("[2026-11-13 16:59:55,650] [ERROR] [launch.py:321:sigkill_handler] ['/opt/conda/bin/python', "
+                   f"'-u', 'train.py', '--local_rank=1'] exits with return code = {code}")
+    assert f.rule_id == "deepspeed_launcher.worker_exit" and (f.fields["signal"], f.fields["exitcode"]) == (signal,
+                                                                                                          exitcode)
