@@ -189,7 +189,7 @@ def test_two_bad_devices_in_one_incident_are_isolated_together(tmp_path):
     assert job.wait() == 0, job.output
     decisions = job.decisions()
     assert [d["action"] for d in decisions] == ["isolate_node", "none"], job.output
-    # the root cause's device comes first (plan.isolate_devices), and which of the two Xids the
+    # the root cause's device comes first (policy.plan.isolation), and which of the two Xids the
     # monitor reads first is a race between the workers
     clause = decisions[0]["policy_clause"]
     assert any(f"isolated {a}, {b}; restart with 2 worker(s) on 4,7" in clause
