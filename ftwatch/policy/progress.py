@@ -176,13 +176,14 @@ class Clock:
 
     def __init__(self, data: bytes, time: float, sim_step: float, year: int | None):
         self.data, self.time, self.sim_step, self.year = data, time, sim_step, year
+        self.stamps = fields.Stamps(data, year)  # ``fields.last_timestamp``, its times of day found once
         self.searched, self.stamp = 0, None     # the last stamp search ended here; (its line, time, line no)
         self.counted, self.lines = 0, 0         # newlines counted up to ``counted``
 
     def at(self, start: int) -> float:
         """The time of the line starting at ``start`` (not before the last line asked for)."""
         data = self.data
-        found = fields.last_timestamp(data, self.searched, start, self.year)
+        found = self.stamps.last(self.searched, start)
         self.searched = start
         if found is not None:
             self.lines += data.count(b"\n", self.counted, found[0])

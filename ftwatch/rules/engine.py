@@ -56,6 +56,12 @@ _ANSI_BYTES = re.compile(
 )
 
 
+#: A line needs a time of day for ``fields.parse_timestamp`` to find a stamp in it (every format
+#: has one), or a non-ASCII byte (a decoded ``\d`` may be a non-ASCII digit), or an escape (its
+#: removal may join one): a line with none of them is read as untimed without decoding it.
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+
+
 class ScanHits(list):
     """One chunk's rule hits from ``Engine.scan_many`` (``(line_start, pattern_id)`` pairs), and
     in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself)."""
@@ -100,6 +106,7 @@ class _LineClock:
         self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
         self.marks = [0]                                              # offsets asked, sorted
         self.before: dict[int, tuple[tuple[int, float] | None, int]] = {0: (None, 0)}  # -> (last stamp, line no)
+        self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
 
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (a rank's last step line, whose
@@ -120,15 +127,20 @@ class _LineClock:
 
     def __call__(self, start: int) -> float:
         engine, data = self.engine, self.data
-        stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], engine._year)
-        if stamp is not None:
-            return stamp
+        stop = data.find(b"\n", start)
+        stop = len(data) if stop < 0 else stop
+        if data.find(b"\x1b", start, stop) >= 0 or self.stamps.has_clock(start, stop) or \
+                _NON_ASCII.search(data, start, stop) is not None:
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1],
+                                           engine._year)
+            if stamp is not None:
+                return stamp
         if not self.sim_step:
             return engine._carry_time if start < engine._carry_end else self.time
         pos = self.marks[bisect.bisect_right(self.marks, start) - 1]
         found, line_no = self.before[pos]
         if pos < start:
-            found = fields.last_timestamp(data, pos, start, engine._year) or found
+            found = self.stamps.last(pos, start) or found
             line_no += data.count(b"\n", pos, start)
             bisect.insort(self.marks, start)
             self.before[start] = (found, line_no)
