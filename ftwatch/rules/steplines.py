@@ -104,8 +104,12 @@ def _tqdm_ok(data: bytes, start: int, match: re.Match) -> bool:
 
 
 def _plain_ok(data: bytes, start: int, match: re.Match) -> bool:
-    """No checkpoint, scheduler, evaluation or warm-up word before the match (after the rank prefix)."""
-    return _NOT_A_STEP_BYTES.search(data, rank_prefix_at(data, start)[1], match.start()) is None
+    """No checkpoint, scheduler, evaluation or warm-up word before the match (after the rank prefix:
+    looked for from the line's start first, which finds any the search after the prefix finds
+    (``\\b`` sees the bytes before the search's start), so the prefix is read only when it finds one)."""
+    search = _NOT_A_STEP_BYTES.search
+    return search(data, start, match.start()) is None or search(data, rank_prefix_at(data, start)[1],
+                                                                 match.start()) is None
 
 
 _VETOES: dict[str, Callable[[bytes, int, re.Match], bool]] = {
