@@ -273,15 +273,17 @@ def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int
     return None
 
 
+_FEW = 256                 # ``Stamps``: questions answered by regex before the times of day are listed
 _CLOCK_COLON = re.compile(rb":(?=\d\d:\d\d)")   # the first colon of a time of day (its digits before it)
 _DIGIT_BYTES = frozenset(b"0123456789")
 
 
 class Stamps:
     """:func:`last_timestamp` asked many times over one chunk (the step tap's and the progress
-    reader's clocks): the chunk's times of day are found once, in one C pass (a search led by a
-    colon, ~20 ms per 30 MB), and each search is a bisection over them; each line tried is
-    parsed once. :meth:`last` answers exactly what :func:`last_timestamp` answers.
+    reader's clocks): past its first few questions (regex searches, as :func:`last_timestamp`'s),
+    the chunk's times of day are listed once, in one C pass (a search led by a colon, ~20 ms per
+    30 MB), and each search is a bisection over them; each line tried is parsed once.
+    :meth:`last` answers exactly what :func:`last_timestamp` answers.
 
     Args:
         data: complete lines, as for :func:`last_timestamp`.
@@ -291,6 +293,7 @@ class Stamps:
     def __init__(self, data: bytes, year: int | None):
         self.data, self.year = data, year
         self._clocks: list[int] | None = None
+        self._asked = 0                          # the first ``_FEW`` questions are answered by regex
         self._parsed: dict[int, float | None] = {}
 
     def clocks(self) -> list[int]:
@@ -301,23 +304,38 @@ class Stamps:
                             if c >= 0 and data[c] in digits and data[c + 1] in digits]
         return self._clocks
 
+    def _few(self) -> bool:
+        """Whether to answer by a regex search (a chunk asked a few times, e.g. once per rank, need
+        not have its times of day listed)."""
+        self._asked += 1
+        return self._clocks is None and self._asked <= _FEW
+
     def has_clock(self, lo: int, hi: int) -> bool:
         """Whether a time of day lies wholly in ``data[lo:hi]``."""
+        if self._few():
+            return _LAST_CLOCK.match(self.data, lo, hi) is not None
         clocks = self.clocks()
         i = bisect.bisect_left(clocks, lo)
         return i < len(clocks) and clocks[i] + 8 <= hi
 
     def last(self, lo: int, hi: int) -> tuple[int, float] | None:
         """``last_timestamp(data, lo, hi, year)``."""
-        data, clocks = self.data, self.clocks()
+        few = self._few()
+        data, clocks = self.data, None if few else self.clocks()
         end = hi
         for _ in range(_MAX_TRIES):
             if end <= lo:
                 return None
-            i = bisect.bisect_right(clocks, end - 8) - 1    # the last time of day ending by ``end``
-            if i < 0 or clocks[i] < lo:
-                return None
-            clock = clocks[i]
+            if few:
+                m = _LAST_CLOCK.match(data, lo, end)
+                if m is None:
+                    return None
+                clock = m.start(1)
+            else:
+                i = bisect.bisect_right(clocks, end - 8) - 1    # the last time of day ending by ``end``
+                if i < 0 or clocks[i] < lo:
+                    return None
+                clock = clocks[i]
             line = data.rfind(b"\n", lo, clock)
             line = lo if line < 0 else line + 1
             stamp = self._parsed.get(line, self)

@@ -93,9 +93,9 @@ def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
     (None: any rank): one ``re`` pass per chunk, in C, led by the ``\\n`` (a memchr search)."""
     if ranks is None:
         return re.compile(rb"\n(?=[^\n]*?" + _LITERALS + rb")")
-    starts = [_UNSURE] + [b"(?!" + _PREFIX + b")"] * (None in ranks)
-    starts += [_PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*%d\]: ?|0*%d: )" % (k, k)
-               for k in sorted(k for k in ranks if k is not None)]
+    numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
+    starts = [_PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )" % (numbers, numbers)] * bool(numbers)
+    starts += [b"(?!" + _PREFIX + b")"] * (None in ranks) + [_UNSURE]     # the rarest last: the same lines, sooner
     return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=[^\n]*?" + _LITERALS + rb")")
 
 

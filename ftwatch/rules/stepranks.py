@@ -24,11 +24,13 @@ when the rank's previous step line has a lower step number.
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from ftwatch.parsers import fields
 from ftwatch.rules.stepstats import replace_sorted, sorted_median
@@ -39,6 +41,9 @@ Reader = tuple[int, int, tuple[tuple[str, int], ...]]
 
 #: A chunk's step line: (line start, pattern index, the bytes match; None: read the line again).
 Hit = tuple[int, int, "re.Match[bytes] | None"]
+
+
+_PATTERN = operator.itemgetter(1)
 
 
 def reader(rx: re.Pattern) -> Reader:
@@ -220,11 +225,26 @@ def take_all(rank: Rank, min_steps: int, hits: list[Hit], read: Reader) -> bool:
 def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader],
                time_at: Callable[[int], float]) -> int:
     """One rank's step lines of a chunk, in line order, every match on the chunk's bytes (none
-    None): :func:`take_all` where they are all of one pattern and it can, else :func:`take` of
-    each, inlined. Returns the start of the last line that took a step time, or -1."""
-    if len(hits) > 1 and hits[0][1] == hits[-1][1] and len({h[1] for h in hits}) == 1 and \
-            take_all(rank, min_steps, hits, readers[hits[0][1]]):
-        return hits[-1][0]
+    None): each run of consecutive lines of one pattern by :func:`take_all` where it can, else
+    :func:`take` of each line, inlined (:func:`_take_each`). Returns the start of the last line
+    that took a step time, or -1."""
+    if len(hits) > 1 and hits[0][1] == hits[-1][1] and len({h[1] for h in hits}) == 1:
+        runs: Iterable[list[Hit]] = (hits,)               # one pattern (the usual case): one run
+    else:
+        runs = (list(run) for _, run in itertools.groupby(hits, key=_PATTERN))
+    took = -1
+    for run in runs:
+        if len(run) > 1 and take_all(rank, min_steps, run, readers[run[0][1]]):
+            took = run[-1][0]
+        else:
+            took = max(took, _take_each(rank, min_steps, run, readers, time_at))
+    return took
+
+
+def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader],
+               time_at: Callable[[int], float]) -> int:
+    """:func:`take` of each of ``hits``, inlined; returns the start of the last line that took a
+    step time, or -1."""
     took = -1
     samples, recent, baseline = rank.samples, rank.recent, rank.baseline
     ordered, full = rank.ordered, samples.maxlen
