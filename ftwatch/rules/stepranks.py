@@ -30,7 +30,7 @@ import re
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from ftwatch.parsers import fields
 from ftwatch.rules.stepstats import replace_sorted, sorted_median
@@ -132,59 +132,10 @@ def by_rank(data: bytes, hits: list[Hit]) -> dict[int | None, list[Hit]]:
 
 def take(rank: Rank, min_steps: int, index: int, match: re.Match, read: Reader, start: int,
          time_at: Callable[[int], float]) -> bool:
-    """A step line's match (on ``str`` or bytes) into ``rank``'s windows: O(1), no verdict.
-    The line's time is read (``time_at(start)``) only when its pattern states no duration.
-    Returns whether a step time was taken."""
-    step_group, total_group, durations = read
-    total = match.group(total_group) if total_group else None
-    if total is not None:
-        if isinstance(total, bytes):
-            total = total.decode()
-        if rank.total is None:
-            rank.total = total
-        elif total != rank.total:          # another bar (HF's evaluation bar): not a training step
-            return False
-    seconds = None
-    for kind, group in durations:              # step_seconds, without a dict
-        value = match.group(group)
-        if value:
-            try:
-                number = float(value)
-            except ValueError:
-                break
-            seconds = number / 1000.0 if kind == "ms" else number if kind != "its" else \
-                1.0 / number if number > 0 else None
-            break
-    step = match.group(step_group) if step_group else None
-    if step is not None:
-        step_no = int(step)
-        prev = rank.last
-        if seconds is None and prev is not None and step_no > prev[0]:
-            before = prev[1] if prev[1] is not None else time_at(prev[2])
-            if callable(before):
-                before = before()
-            time = time_at(start)
-            rank.last = (step_no, time, start)
-            if time >= before:
-                seconds = (time - before) / (step_no - prev[0])
-        else:
-            rank.last = (step_no, None, start)
-    if seconds is None:
-        return False
-    ordered, samples = rank.ordered, rank.samples
-    if ordered is not None:                            # kept sorted line by line: O(log window)
-        if len(samples) == samples.maxlen:
-            del ordered[bisect.bisect_left(ordered, samples[0])]
-        bisect.insort(ordered, seconds)
-    samples.append(seconds)
-    rank.recent.append(seconds)
-    rank.seen += 1
-    rank.index = index
-    if len(rank.baseline) < min_steps:
-        rank.baseline.append(seconds)
-        if len(rank.baseline) == min_steps:
-            rank.base_median = statistics.median(rank.baseline)
-    return True
+    """A step line's match of pattern ``index`` (on ``str`` or bytes) into ``rank``'s windows:
+    O(1), no verdict. The line's time is read (``time_at(start)``) only when its pattern states no
+    duration. Returns whether a step time was taken."""
+    return _take_each(rank, min_steps, [(start, index, match)], {index: read}, time_at) >= 0
 
 
 def take_all(rank: Rank, min_steps: int, hits: list[Hit], read: Reader) -> bool:
@@ -241,10 +192,12 @@ def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
     return took
 
 
-def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader],
+def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Reader] | dict[int, Reader],
                time_at: Callable[[int], float]) -> int:
-    """:func:`take` of each of ``hits``, inlined; returns the start of the last line that took a
-    step time, or -1."""
+    """Each of ``hits`` (matches on ``str`` or bytes) into ``rank``'s windows, in one loop (no call
+    per line): a bar of another length (HF's evaluation bar) is no training step; the step time is
+    the one the line states, else the time since the rank's last step line over the steps between.
+    Returns the start of the last line that took a step time, or -1."""
     took = -1
     samples, recent, baseline = rank.samples, rank.recent, rank.baseline
     ordered, full = rank.ordered, samples.maxlen
@@ -254,7 +207,8 @@ def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
         if total_group:
             total = match.group(total_group)
             if total is not None:
-                total = total.decode()
+                if isinstance(total, bytes):
+                    total = total.decode()
                 if rank.total is None:
                     rank.total = total
                 elif total != rank.total:      # another bar (HF's evaluation bar): not a training step
