@@ -46,7 +46,8 @@ over all ranks. Only a rank already past ``factor`` (rare) builds the other rank
 MAD test. The answers are exactly those of ``statistics.median`` over the same numbers
 (``ftwatch.rules.stepstats``). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
-``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``.
+``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``; this module is
+past 400 lines because the chunk intake and the three verdicts share the tracker's jobs.
 
 What step lines can show: in synchronous data parallel training every rank waits for the slowest
 in each step's collective, so the time *between* step lines is the same on every rank; a
