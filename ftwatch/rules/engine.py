@@ -57,6 +57,12 @@ _ANSI_BYTES = re.compile(
 )
 
 
+#: A line needs a time of day for ``fields.parse_timestamp`` to find a stamp in it (every format
+#: has one), or a non-ASCII byte (a decoded ``\d`` may be a non-ASCII digit), or an escape (its
+#: removal may join one): a line with none of them is read as untimed without decoding it.
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+
+
 class ScanHits(list):
     """One chunk's rule hits from ``Engine.scan_many`` (``(line_start, pattern_id)`` pairs), and
     in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself).
@@ -110,14 +116,18 @@ class _Pending:
 
 class _LineClock:
     """The time of a chunk's line at an offset, asked in any order (the step tap asks rank by
-    rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search and the
-    line count resumed from the nearest line asked before it, so each search covers only the
-    lines between two asks."""
+    rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search resumed
+    from the nearest line asked before it, so each search covers only the lines between two asks
+    (a bisection over the chunk's times of day, found once: ``fields.Stamps``). A line is decoded
+    and parsed for its own stamp only where it holds a time of day (or, in a chunk that is not
+    plain ASCII, a byte that decoding could make one of)."""
 
     def __init__(self, engine: "Engine", data: bytes, time: float, sim_step: float):
         self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
         self.marks = [0]                                              # offsets asked, sorted
-        self.before: dict[int, tuple[tuple[int, float] | None, int]] = {0: (None, 0)}  # -> (last stamp, line no)
+        self.before: dict[int, tuple[int, float] | None] = {0: None}  # -> the last stamp before it
+        self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
+        self.plain = data.isascii() and b"\x1b" not in data
 
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (a rank's last step line, whose
@@ -134,21 +144,27 @@ class _LineClock:
 
     def __call__(self, start: int) -> float:
         engine, data = self.engine, self.data
-        stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], engine._year)
-        if stamp is not None:
-            return stamp
+        stop = data.find(b"\n", start)
+        stop = len(data) if stop < 0 else stop
+        if self.stamps.has_clock(start, stop) or not self.plain and (
+                data.find(b"\x1b", start, stop) >= 0 or _NON_ASCII.search(data, start, stop) is not None):
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1],
+                                           engine._year)
+            if stamp is not None:
+                return stamp
         if not self.sim_step:
             return engine._carry_time if start < engine._carry_end else self.time
-        pos = self.marks[bisect.bisect_right(self.marks, start) - 1]
-        found, line_no = self.before[pos]
+        marks = self.marks
+        i = bisect.bisect_right(marks, start)
+        pos = marks[i - 1]
+        found = self.before[pos]
         if pos < start:
-            found = fields.last_timestamp(data, pos, start, engine._year) or found
-            line_no += data.count(b"\n", pos, start)
-            bisect.insort(self.marks, start)
-            self.before[start] = (found, line_no)
+            found = self.stamps.last(pos, start) or found
+            marks.insert(i, start)
+            self.before[start] = found
         if found is not None:
             return found[1] + data.count(b"\n", found[0], start) * self.sim_step
-        return self.time + line_no * self.sim_step
+        return self.time + data.count(b"\n", 0, start) * self.sim_step      # the line's number, counted
 
 
 def _own_time(line: str, year: int, default: float) -> float:

@@ -24,6 +24,7 @@ hyperscan, and for custom patterns, every pattern gets its pass.
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Callable, Container, Sequence
 
@@ -88,6 +89,8 @@ def byte_form(name: str) -> bytes:
         pattern = head[1] + pattern[len(head[0]):]
     return _SPACE.sub(r"[^\\S\\n]", pattern).encode()
 
+_START = operator.itemgetter(0)
+
 #: A line's step match: (line start, pattern index, the bytes match; None: read the line again).
 StepHit = tuple[int, int, "re.Match[bytes] | None"]
 
@@ -104,8 +107,12 @@ def _tqdm_ok(data: bytes, start: int, match: re.Match) -> bool:
 
 
 def _plain_ok(data: bytes, start: int, match: re.Match) -> bool:
-    """No checkpoint, scheduler, evaluation or warm-up word before the match (after the rank prefix)."""
-    return _NOT_A_STEP_BYTES.search(data, rank_prefix_at(data, start)[1], match.start()) is None
+    """No checkpoint, scheduler, evaluation or warm-up word before the match (after the rank prefix:
+    looked for from the line's start first, which finds any the search after the prefix finds
+    (``\\b`` sees the bytes before the search's start), so the prefix is read only when it finds one)."""
+    search = _NOT_A_STEP_BYTES.search
+    return search(data, start, match.start()) is None or search(data, rank_prefix_at(data, start)[1],
+                                                                 match.start()) is None
 
 
 _VETOES: dict[str, Callable[[bytes, int, re.Match], bool]] = {
@@ -180,10 +187,10 @@ class StepLines:
             skip: line starts not to look at (lines a block already took).
 
         Returns:
-            Per step line ``(line start, pattern index, match)`` of the first pattern whose veto
-            passes, in line order; of hits with the same start, the last counts (a line's last
-            match); the match is None where the pattern is not ``exact`` (the tracker reads the
-            line's text with the pattern itself).
+            ``(line start, pattern index, match)`` in line order; of hits with the same start
+            the last counts: the last match in the line of the first pattern whose veto passes
+            there (hits of other patterns on that line come before it). The match is None where
+            the pattern is not ``exact`` (the tracker reads the line's text with the pattern itself).
         """
         found: list[list[StepHit]] = []
         rfind = data.rfind
@@ -202,7 +209,10 @@ class StepLines:
             hits = [(rfind(b"\n", 0, m.start()) + 1, index, m) for m in rx.finditer(data, 0, end)]
             if not hits:
                 continue
-            if veto is not None:
+            if veto is _plain_ok:                # its first search inline: no call for a line without a veto word
+                search = _NOT_A_STEP_BYTES.search
+                hits = [h for h in hits if search(data, h[0], h[2].start()) is None or veto(data, h[0], h[2])]
+            elif veto is not None:
                 hits = [h for h in hits if veto(data, h[0], h[2])]
             if skip:
                 hits = [h for h in hits if h[0] not in skip]
@@ -214,7 +224,8 @@ class StepLines:
             return []
         if len(found) == 1:                     # one pattern: its hits, in order (equal starts: the last counts)
             return found[0]
-        best: dict[int, StepHit] = {}
-        for hits in reversed(found):            # the first pattern's last match in a line wins
-            best.update({h[0]: h for h in hits})
-        return [best[start] for start in sorted(best)]
+        merged: list[StepHit] = []
+        for hits in reversed(found):            # a stable sort by start: a line's hits of the first
+            merged += hits                      # pattern come last, its last match the very last
+        merged.sort(key=_START)
+        return merged

@@ -34,20 +34,20 @@ line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
 Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
 (``take_chunk``); ``ftwatch.rules.steplines`` finds their step lines in one compiled pass per
-pattern and the fields are read from the bytes of the match, so a step line costs its share of
-that pass, one dict of groups and two deque appends (O(1)). Its time is parsed only where it is
-needed: for a pattern without a duration (the time between step lines), and for the line a
-finding names. The verdict runs once per chunk, for the ranks that printed in it: each rank's
-median over its window (sorted once, ``window`` values), the job's ranks' medians and, per node,
-its ranks' medians and the nodes' medians kept in sorted lists by bisection, so the median of
-the *other* ranks is read in O(1) and never a scan over all ranks. Only a rank already past
-``factor`` (rare) builds the other ranks' list for the MAD test. The answers are exactly those
-of ``statistics.median`` over the same numbers (``ftwatch.rules.stepstats``). A finding comes at
-the end of the chunk that made the statistics cross (``observe``, one line, is a chunk of one).
-
-One module past 400 lines: the per-rank state (``_Rank``, ``_Job``), the chunk intake and the
-three verdicts share it; finding step lines and their patterns' forms live in
-``ftwatch.rules.steplines``, the sorted-list statistics in ``ftwatch.rules.stepstats``.
+pattern, and ``ftwatch.rules.stepranks`` takes each rank's lines in one tight loop (or one
+comprehension), the fields read from the bytes of the match: a step line costs its share of
+that pass, its rank prefix's match and two deque appends (O(1)). Its time is read only where it
+is needed: for a pattern without a duration (the time between step lines; the chunk's times of
+day are found once, ``fields.Stamps``), and for the line a finding names. The verdict runs once
+per chunk, for the ranks that printed in it: each rank's median over its window (sorted once),
+the job's ranks' medians and, per node, its ranks' medians and the nodes' medians kept in
+sorted lists by bisection, so the median of the *other* ranks is read in O(1) and never a scan
+over all ranks. Only a rank already past ``factor`` (rare) builds the other ranks' list for the
+MAD test. The answers are exactly those of ``statistics.median`` over the same numbers
+(``ftwatch.rules.stepstats``). A finding comes at the end of the chunk that made the statistics
+cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
+``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``; this module is
+past 400 lines because the chunk intake and the three verdicts share the tracker's jobs.
 
 What step lines can show: in synchronous data parallel training every rank waits for the slowest
 in each step's collective, so the time *between* step lines is the same on every rank; a
@@ -58,12 +58,10 @@ work).
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import re
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Container
 
 from ftwatch.bounded import BoundedDict
@@ -72,8 +70,9 @@ from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.parsers import fields
+from ftwatch.rules.stepranks import Job, Rank, Reader, by_rank, reader, take, take_lines
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
-from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, replace_sorted, sorted_median,
+from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, sorted_median,  # noqa: F401
                                      without)
 
 RULE_ID = "straggler.step_time"
@@ -85,64 +84,6 @@ SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
 
 #: Where a finding's line is: () -> (its text, rank prefix removed; its time, epoch s; a sequence number).
 LineOf = Callable[[], tuple[str, float, int]]
-
-
-#: Which groups of a step pattern hold what: (step group, total group, ((duration kind, group), ...)
-#: in ``step_seconds``'s order); 0: no such group.
-_Reader = tuple[int, int, tuple[tuple[str, int], ...]]
-
-
-def _reader(rx: re.Pattern) -> _Reader:
-    groups = rx.groupindex
-    return (groups.get("step", 0), groups.get("total", 0),
-            tuple((kind, groups[kind]) for kind in ("ms", "s", "sit", "its") if kind in groups))
-
-
-@dataclass
-class _Rank:
-    samples: deque
-    recent: deque                           # the last ``min_steps`` samples
-    baseline: list[float] = field(default_factory=list)
-    base_median: float | None = None        # of ``baseline``, once it is full
-    seen: int = 0                           # step times taken
-    #: (step number, time; None: not read yet, the line start gives it; a callable: read it then, line start)
-    last: tuple[int, float | Callable[[], float] | None, int] | None = None
-    total: str | None = None                # the length of the rank's (first) progress bar
-    median: float | None = None
-    reported: bool = False
-    node: str = ""
-    index: int = 0                          # the pattern of its last step time
-    ordered: list[float] | None = field(default_factory=list)   # ``samples`` sorted; None: to sort again
-
-
-@dataclass
-class _Job:
-    ranks: dict[str, _Rank] = field(default_factory=dict)
-    touched: float = 0.0
-    slowdown_reported: bool = False
-    detector: list[tuple[int, float]] = field(default_factory=list)   # (slowest rank, max/min) run
-    detector_reported: set[int] = field(default_factory=set)
-    nodes_reported: set[str] = field(default_factory=set)
-    medians: list[float] = field(default_factory=list)                # every rank's median, sorted
-    node_ranks: dict[str, list[float]] = field(default_factory=dict)  # node -> its ranks' medians, sorted
-    node_median: dict[str, float] = field(default_factory=dict)       # node -> median of node_ranks
-    node_medians: list[float] = field(default_factory=list)           # node_median's values, sorted
-
-    def set_median(self, rank: _Rank, median: float | None) -> None:
-        """A rank's median changed (None: the rank is forgotten, ``limits``): keep the sorted lists
-        of ranks' and nodes' medians (a node without ranks left leaves them)."""
-        old, rank.median = rank.median, median
-        replace_sorted(self.medians, old, median)
-        if not rank.node:
-            return
-        mine = self.node_ranks.setdefault(rank.node, [])
-        replace_sorted(mine, old, median)
-        node_old, node_new = self.node_median.pop(rank.node, None), sorted_median(mine) if mine else None
-        if node_new is None:
-            del self.node_ranks[rank.node]
-        else:
-            self.node_median[rank.node] = node_new
-        replace_sorted(self.node_medians, node_old, node_new)
 
 
 def _text_at(data: bytes, start: int) -> str:
@@ -174,15 +115,15 @@ class StepTracker:
         self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern, builtin=name in STEP_PATTERNS)
                                                for name, rx in zip(self.names, self.regexes))
         self.lines = StepLines(self.names)
-        self._readers = [_reader(rx) for rx in self.regexes]            # for the text of a line
-        self._byte_readers = [_reader(rx) for rx in self.lines.regexes]  # for a match in a chunk
+        self._readers = [reader(rx) for rx in self.regexes]            # for the text of a line
+        self._byte_readers = [reader(rx) for rx in self.lines.regexes]  # for a match in a chunk
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
         self._recent_len = min(config.min_steps, config.window)   # the slowdown's recent window
         self.reset()
 
     def reset(self) -> None:
         """Forget every job's steps (a new attempt: the ranks restart)."""
-        self.jobs: dict[str, _Job] = {}
+        self.jobs: dict[str, Job] = {}
         self._swept = self.clock.time()
 
     @property
@@ -249,58 +190,42 @@ class StepTracker:
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
         out: list[Finding] = []
-        took_at: dict[tuple[str, str], tuple[Origin, _Rank, int]] = {}   # rank -> its last step time's line
-        stepped: dict[int, _Rank] = {}                 # ranks whose last step line is in this chunk
-        prefix = fields.rank_prefix_at
-        take, readers = self._take, self._byte_readers
-        by_rank: dict = {}                             # rank (many streams: (stream, rank)) -> its hits
-        last_hit = len(hits) - 1
-        origin_at = None if isinstance(origin, Origin) else origin
-        for k, hit in enumerate(hits):
-            if k < last_hit and hits[k + 1][0] == hit[0]:
-                continue                               # a line's last match counts
-            rank_no = prefix(data, hit[0])[0]
-            if origin_at is not None:
-                rank_no = (origin_at(hit[0]), rank_no)
-            mine = by_rank.get(rank_no)
-            if mine is None:
-                mine = by_rank[rank_no] = []
-            mine.append(hit)
-        for rank_no, mine in by_rank.items():          # ranks are independent: each in its lines' order
-            who = origin.with_rank(rank_no) if origin_at is None else rank_no[0].with_rank(rank_no[1])
+        took_at: dict[tuple[str, str], tuple[Origin, Rank, int]] = {}   # rank -> its last step time's line
+        stepped: dict[int, Rank] = {}                 # ranks that took step lines in this chunk
+        readers, min_steps = self._byte_readers, self.config.min_steps
+        stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
+        for key, mine in by_rank(data, hits, stream_at).items():   # ranks are independent: each in its lines' order
+            who = origin.with_rank(key) if stream_at is None else key[0].with_rank(key[1])
             job = self._job(who, now)
-            for _, run in itertools.groupby(mine, key=lambda hit: hit[1] if hit[2] is not None else -1):
-                run = list(run)                        # consecutive lines of one pattern: at once if it can
-                if len(run) > 1 and self._take_all(job, who, run):
-                    rank = job.ranks[who.instance]
-                    took_at[who.job, who.instance] = (who, rank, run[-1][0])
+            for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
+                if exact:                              # matched on the chunk's bytes: one tight loop
+                    rank = self._rank(job, who)
                     stepped[id(rank)] = rank
+                    run = list(run)
+                    last = take_lines(rank, min_steps, run, readers, time_at)
+                    if last >= 0:
+                        took_at[who.job, who.instance] = (who, rank, last)
                     continue
-                for start, index, match in run:
-                    if match is None:                  # a custom pattern, Megatron's report: read the text
-                        text = _text_at(data, start)
-                        found, rank, took = self._read(job, who, index, text, start, time_at,
-                                                       lambda s=start, t=text: (t, time_at(s), next_seq()))
-                        if found is not None:
-                            out.append(found)
-                            self.said(found)
-                        if rank is None:
-                            continue
-                    else:
-                        rank, took = take(job, who, index, match, readers[index], start, time_at)
+                for start, index, _ in run:            # a custom pattern, Megatron's report: read the text
+                    text = _text_at(data, start)
+                    found, rank, took = self._read(job, who, index, text, start, time_at,
+                                                   lambda s=start, t=text: (t, time_at(s), next_seq()))
+                    if found is not None:
+                        out.append(found)
+                        self.said(found)
+                    if rank is None:
+                        continue
                     if took:
                         took_at[who.job, who.instance] = (who, rank, start)
-                    last = rank.last
-                    if last is not None and last[1] is None:
-                        stepped[id(rank)] = rank
+                    stepped[id(rank)] = rank
+        later = getattr(time_at, "later", None)
         for rank in stepped.values():                  # offsets mean nothing after this chunk
             if rank.last is not None and rank.last[1] is None:   # read when a later line needs it
-                later = getattr(time_at, "later", None)
                 rank.last = (rank.last[0], later(rank.last[2]) if later else time_at(rank.last[2]), -1)
 
         def line_of(start: int) -> LineOf:
             return lambda: (_text_at(data, start), time_at(start), next_seq())
-        by_job: dict[str, list[tuple[Origin, _Rank]]] = {}
+        by_job: dict[str, list[tuple[Origin, Rank]]] = {}
         lines: dict[str, LineOf] = {}
         for who, rank, start in took_at.values():
             by_job.setdefault(who.job, []).append((who, rank))
@@ -314,27 +239,27 @@ class StepTracker:
 
     # -- per-rank step times ------------------------------------------------------------------
 
-    def _job(self, origin: Origin, now: float) -> _Job:
+    def _job(self, origin: Origin, now: float) -> Job:
         job = self.jobs.get(origin.job)
         if job is None:
-            job = self.jobs[origin.job] = _Job()
+            job = self.jobs[origin.job] = Job()
             job.ranks = BoundedDict(self.max_ranks, "straggler_rank", on_evict=lambda _, r: job.set_median(r, None))
         job.touched = now
         return job
 
-    def _rank(self, job: _Job, origin: Origin) -> _Rank:
+    def _rank(self, job: Job, origin: Origin) -> Rank:
         """The rank of ``origin`` in ``job`` (made on its first step time; the stalest one past
         ``max_ranks`` is forgotten)."""
         rank = job.ranks.get(origin.instance)
         if rank is None:
-            rank = job.ranks[origin.instance] = _Rank(deque(maxlen=self.config.window), deque(maxlen=self._recent_len),
+            rank = job.ranks[origin.instance] = Rank(deque(maxlen=self.config.window), deque(maxlen=self._recent_len),
                                                       node=origin.node or "")
         else:
             job.ranks.touch(origin.instance)
         return rank
 
-    def _read(self, job: _Job, origin: Origin, index: int, text: str, start: int,
-              time_at: Callable[[int], float], line: LineOf) -> tuple[Finding | None, _Rank | None, bool]:
+    def _read(self, job: Job, origin: Origin, index: int, text: str, start: int,
+              time_at: Callable[[int], float], line: LineOf) -> tuple[Finding | None, Rank | None, bool]:
         """One step line's text read by the patterns themselves (the first that hit, then each in
         order): a Megatron straggler report is judged at once; a step time is taken (no verdict).
         Returns (a finding, the rank the line is about, whether it took a step time)."""
@@ -364,103 +289,14 @@ class StepTracker:
         """The veto of pattern ``name`` (``steplines.accepts``)."""
         return accepts(name, text, match)
 
-    def _take_all(self, job: _Job, origin: Origin, hits: list[StepHit]) -> bool:
-        """Consecutive step lines of a rank, all of one built-in pattern (matched on bytes), at
-        once where that pattern states a duration and no bar length (Megatron, Lightning's rich bar): the step
-        times converted in one comprehension and appended in one ``extend``; the same state as
-        ``_take`` line by line. False (nothing taken) where that does not hold."""
-        index = hits[0][1]
-        step_group, total_group, durations = self._byte_readers[index]
-        if total_group or len(durations) != 1 or hits[0][2] is None:
-            return False
-        kind, group = durations[0]
-        try:
-            numbers = [float(h[2].group(group)) for h in hits]
-        except ValueError:
-            return False
-        if kind == "ms":
-            seconds = [n / 1000.0 for n in numbers]
-        elif kind == "its":
-            if min(numbers) <= 0:
-                return False
-            seconds = [1.0 / n for n in numbers]
-        else:
-            seconds = numbers
-        cfg = self.config
+    def _take(self, job: Job, origin: Origin, index: int, match: re.Match, read: Reader, start: int,
+              time_at: Callable[[int], float]) -> tuple[Rank, bool]:
+        """A step line's match into its rank's windows (``stepranks.take``): (the rank, whether a
+        step time was taken)."""
         rank = self._rank(job, origin)
-        rank.samples.extend(seconds)
-        rank.ordered = None                                # sorted once, at the verdict
-        rank.recent.extend(seconds)
-        rank.seen += len(seconds)
-        rank.index = index
-        if step_group:
-            rank.last = (int(hits[-1][2].group(step_group)), None, hits[-1][0])
-        need = cfg.min_steps - len(rank.baseline)
-        if need > 0:
-            rank.baseline.extend(seconds[:need])
-            if len(rank.baseline) == cfg.min_steps:
-                rank.base_median = statistics.median(rank.baseline)
-        return True
+        return rank, take(rank, self.config.min_steps, index, match, read, start, time_at)
 
-    def _take(self, job: _Job, origin: Origin, index: int, match: re.Match, reader: _Reader, start: int,
-              time_at: Callable[[int], float]) -> tuple[_Rank, bool]:
-        """A step line's match (on str or bytes) into its rank's windows: O(1), no verdict.
-        The line's time is read (``time_at(start)``) only when its pattern states no duration.
-        Returns (the rank, whether a step time was taken)."""
-        cfg = self.config
-        rank = self._rank(job, origin)
-        step_group, total_group, durations = reader
-        total = match.group(total_group) if total_group else None
-        if total is not None:
-            if isinstance(total, bytes):
-                total = total.decode()
-            if rank.total is None:
-                rank.total = total
-            elif total != rank.total:          # another bar (HF's evaluation bar): not a training step
-                return rank, False
-        seconds = None
-        for kind, group in durations:              # step_seconds, without a dict
-            value = match.group(group)
-            if value:
-                try:
-                    number = float(value)
-                except ValueError:
-                    break
-                seconds = number / 1000.0 if kind == "ms" else number if kind != "its" else \
-                    1.0 / number if number > 0 else None
-                break
-        step = match.group(step_group) if step_group else None
-        if step is not None:
-            step_no = int(step)
-            prev = rank.last
-            if seconds is None and prev is not None and step_no > prev[0]:
-                before = prev[1] if prev[1] is not None else time_at(prev[2])
-                if callable(before):
-                    before = before()
-                time = time_at(start)
-                rank.last = (step_no, time, start)
-                if time >= before:
-                    seconds = (time - before) / (step_no - prev[0])
-            else:
-                rank.last = (step_no, None, start)
-        if seconds is None:
-            return rank, False
-        ordered, samples = rank.ordered, rank.samples
-        if ordered is not None:                            # kept sorted line by line: O(log window)
-            if len(samples) == samples.maxlen:
-                del ordered[bisect.bisect_left(ordered, samples[0])]
-            bisect.insort(ordered, seconds)
-        samples.append(seconds)
-        rank.recent.append(seconds)
-        rank.seen += 1
-        rank.index = index
-        if len(rank.baseline) < cfg.min_steps:
-            rank.baseline.append(seconds)
-            if len(rank.baseline) == cfg.min_steps:
-                rank.base_median = statistics.median(rank.baseline)
-        return rank, True
-
-    def _verdicts(self, job: _Job, members: list[tuple[Origin, _Rank]], lines: dict[str, LineOf]
+    def _verdicts(self, job: Job, members: list[tuple[Origin, Rank]], lines: dict[str, LineOf]
                   ) -> list[Finding]:
         """The verdicts for the ranks of ``job`` that took step times: their medians first, then
         each rank against the others (and its node against the other nodes, or the one printing
@@ -476,7 +312,7 @@ class StepTracker:
                  if len(rank.samples) >= cfg.min_steps]
         return [f for f in found if f is not None]
 
-    def _judge(self, job: _Job, origin: Origin, rank: _Rank, line: LineOf) -> Finding | None:
+    def _judge(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
         cfg = self.config
         ref = median_without(job.medians, rank.median)
         if ref is None:
@@ -508,7 +344,7 @@ class StepTracker:
                         "others_step_time_s": round(ref, 4), "step_lines": len(rank.samples),
                         "ranks_compared": len(others) + 1, "pattern": self.names[rank.index]}, SOURCE)
 
-    def _node(self, job: _Job, origin: Origin, rank: _Rank, line: LineOf) -> Finding | None:
+    def _node(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
         """Nodes vs nodes (each node's median of its ranks' medians), where ranks come from 2+ nodes:
         finds a slow node that carries most of the job's ranks, which rank vs ranks cannot."""
         cfg = self.config
@@ -540,7 +376,7 @@ class StepTracker:
                         "others_step_time_s": round(ref, 4), "node_ranks": len(per_node[rank.node]),
                         "nodes_compared": len(per_node), "pattern": self.names[rank.index]}, SOURCE)
 
-    def _slowdown(self, job: _Job, origin: Origin, rank: _Rank, line: LineOf) -> Finding | None:
+    def _slowdown(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
         """The one reporting rank against its own baseline (module docstring, ``slowdown``)."""
         cfg = self.config
         if rank.seen < 2 * cfg.min_steps:
@@ -568,7 +404,7 @@ class StepTracker:
 
     # -- Megatron's straggler detector -------------------------------------------------------
 
-    def _detector(self, job: _Job, origin: Origin, match: re.Match, text: str, time: float,
+    def _detector(self, job: Job, origin: Origin, match: re.Match, text: str, time: float,
                   seq: int) -> Finding | None:
         cfg = self.config
         low, high = float(match.group("min_ms")), float(match.group("max_ms"))

@@ -1,0 +1,260 @@
+"""The step tap's per-rank state and how step lines go into it (``ftwatch.rules.stragglers``).
+
+Per job (:class:`Job`) and rank (:class:`Rank`) the tap keeps the last ``window`` step times
+(``samples``), the last ``min_steps`` of them (``recent``: the slowdown's window), the first
+``min_steps`` (``baseline``), the count taken (``seen``) and the rank's last step line (its step
+number, and its time once read), which a step line of a pattern that prints no duration needs:
+its step time is the time since that line divided by the steps between them.
+
+A chunk's step lines go to their ranks (:func:`by_rank`: one prefix match a line); taking a
+step line is O(1) and makes no verdict (``StepTracker`` judges once per chunk):
+
+* :func:`take`: one line's match (on ``str`` from ``observe``, or on a chunk's bytes);
+* :func:`take_lines`: one rank's step lines of a chunk, all matched on the chunk's bytes, in one
+  tight loop (no call per line); where they are all of one pattern that states a duration and
+  no bar length (Megatron, Lightning's rich bar), at once: the step times converted in one
+  comprehension and appended with one ``extend`` (:func:`take_all`).
+
+All three leave exactly the state that taking the lines one by one leaves: the same samples in
+the same order; only ``ordered`` (``samples`` sorted) may be left to sort again (None).
+A line's time is read (``time_at(start)``) only where its pattern states no duration, and only
+when the rank's previous step line has a lower step number.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+import re
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from ftwatch.parsers import fields
+from ftwatch.rules.stepstats import replace_sorted, sorted_median
+
+#: Which groups of a step pattern hold what: (step group, total group, ((duration kind, group), ...)
+#: in ``step_seconds``'s order); 0: no such group.
+Reader = tuple[int, int, tuple[tuple[str, int], ...]]
+
+#: A chunk's step line: (line start, pattern index, the bytes match; None: read the line again).
+Hit = tuple[int, int, "re.Match[bytes] | None"]
+
+
+_PATTERN = operator.itemgetter(1)
+
+
+def reader(rx: re.Pattern) -> Reader:
+    """Where a step pattern's match holds the step, the bar length and the duration."""
+    groups = rx.groupindex
+    return (groups.get("step", 0), groups.get("total", 0),
+            tuple((kind, groups[kind]) for kind in ("ms", "s", "sit", "its") if kind in groups))
+
+
+@dataclass
+class Rank:
+    """One rank's step times (module docstring)."""
+
+    samples: deque
+    recent: deque                           # the last ``min_steps`` samples
+    baseline: list[float] = field(default_factory=list)
+    base_median: float | None = None        # of ``baseline``, once it is full
+    seen: int = 0                           # step times taken
+    #: (step number, time; None: not read yet, the line start gives it; a callable: read it then, line start)
+    last: tuple[int, float | Callable[[], float] | None, int] | None = None
+    total: str | None = None                # the length of the rank's (first) progress bar
+    median: float | None = None
+    reported: bool = False
+    node: str = ""
+    index: int = 0                          # the pattern of its last step time
+    ordered: list[float] | None = field(default_factory=list)   # ``samples`` sorted; None: to sort again
+
+
+@dataclass
+class Job:
+    """One job's ranks, and the sorted lists of their medians (per job and per node) that the
+    verdicts read in O(1) (``ftwatch.rules.stepstats``)."""
+
+    ranks: dict[str, Rank] = field(default_factory=dict)
+    touched: float = 0.0
+    slowdown_reported: bool = False
+    detector: list[tuple[int, float]] = field(default_factory=list)   # (slowest rank, max/min) run
+    detector_reported: set[int] = field(default_factory=set)
+    nodes_reported: set[str] = field(default_factory=set)
+    medians: list[float] = field(default_factory=list)                # every rank's median, sorted
+    node_ranks: dict[str, list[float]] = field(default_factory=dict)  # node -> its ranks' medians, sorted
+    node_median: dict[str, float] = field(default_factory=dict)       # node -> median of node_ranks
+    node_medians: list[float] = field(default_factory=list)           # node_median's values, sorted
+
+    def set_median(self, rank: Rank, median: float | None) -> None:
+        """A rank's median changed (None: the rank is forgotten, ``limits``): keep the sorted lists
+        of ranks' and nodes' medians (a node without ranks left leaves them)."""
+        old, rank.median = rank.median, median
+        replace_sorted(self.medians, old, median)
+        if not rank.node:
+            return
+        mine = self.node_ranks.setdefault(rank.node, [])
+        replace_sorted(mine, old, median)
+        node_old, node_new = self.node_median.pop(rank.node, None), sorted_median(mine) if mine else None
+        if node_new is None:
+            del self.node_ranks[rank.node]
+        else:
+            self.node_median[rank.node] = node_new
+        replace_sorted(self.node_medians, node_old, node_new)
+
+
+def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None = None) -> dict[Any, list[Hit]]:
+    """A chunk's step lines by the rank of their prefix (None: none), each rank's in line order;
+    of hits with the same start (sorted), the last counts (a line's last match). With
+    ``stream_at`` (a line's offset -> its stream: ``watch`` feeds one buffer of many streams) the
+    key is ``(stream, rank)``, so two streams' rank 0 stay apart."""
+    by_rank: dict[int | None, list[Hit]] = {}
+    match, ranks = fields.RANK_PREFIXES_BYTES.match, {}    # the prefix's digits -> its rank
+    after = hits[1:] + [(-1, 0, None)]
+    for hit, nxt in zip(hits, after):
+        start = hit[0]
+        if nxt[0] == start:
+            continue
+        m = match(data, start)
+        if m is None:
+            rank_no = None
+        else:
+            digits = m.group(1) or m.group(2)
+            rank_no = ranks.get(digits)
+            if rank_no is None:
+                rank_no = ranks[digits] = int(digits)
+        key = rank_no if stream_at is None else (stream_at(start), rank_no)
+        mine = by_rank.get(key)
+        if mine is None:
+            mine = by_rank[key] = []
+        mine.append(hit)
+    return by_rank
+
+
+def take(rank: Rank, min_steps: int, index: int, match: re.Match, read: Reader, start: int,
+         time_at: Callable[[int], float]) -> bool:
+    """A step line's match of pattern ``index`` (on ``str`` or bytes) into ``rank``'s windows:
+    O(1), no verdict. The line's time is read (``time_at(start)``) only when its pattern states no
+    duration. Returns whether a step time was taken."""
+    return _take_each(rank, min_steps, [(start, index, match)], {index: read}, time_at) >= 0
+
+
+def take_all(rank: Rank, min_steps: int, hits: list[Hit], read: Reader) -> bool:
+    """Step lines of one rank, all of one pattern matched on bytes, at once where that pattern
+    states a duration and no bar length: the same state as :func:`take` line by line. False
+    (nothing taken) where that does not hold."""
+    step_group, total_group, durations = read
+    if total_group or len(durations) != 1 or hits[0][2] is None:
+        return False
+    kind, group = durations[0]
+    try:
+        numbers = [float(h[2].group(group)) for h in hits]
+    except ValueError:
+        return False
+    if kind == "ms":
+        seconds = [n / 1000.0 for n in numbers]
+    elif kind == "its":
+        if min(numbers) <= 0:
+            return False
+        seconds = [1.0 / n for n in numbers]
+    else:
+        seconds = numbers
+    rank.samples.extend(seconds)
+    rank.ordered = None                                # sorted once, at the verdict
+    rank.recent.extend(seconds)
+    rank.seen += len(seconds)
+    rank.index = hits[0][1]
+    if step_group:
+        rank.last = (int(hits[-1][2].group(step_group)), None, hits[-1][0])
+    need = min_steps - len(rank.baseline)
+    if need > 0:
+        rank.baseline.extend(seconds[:need])
+        if len(rank.baseline) == min_steps:
+            rank.base_median = statistics.median(rank.baseline)
+    return True
+
+
+def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader],
+               time_at: Callable[[int], float]) -> int:
+    """One rank's step lines of a chunk, in line order, every match on the chunk's bytes (none
+    None): each run of consecutive lines of one pattern by :func:`take_all` where it can, else
+    :func:`take` of each line, inlined (:func:`_take_each`). Returns the start of the last line
+    that took a step time, or -1."""
+    if len(hits) > 1 and hits[0][1] == hits[-1][1] and len({h[1] for h in hits}) == 1:
+        runs: Iterable[list[Hit]] = (hits,)               # one pattern (the usual case): one run
+    else:
+        runs = (list(run) for _, run in itertools.groupby(hits, key=_PATTERN))
+    took = -1
+    for run in runs:
+        if len(run) > 1 and take_all(rank, min_steps, run, readers[run[0][1]]):
+            took = run[-1][0]
+        else:
+            took = max(took, _take_each(rank, min_steps, run, readers, time_at))
+    return took
+
+
+def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Reader] | dict[int, Reader],
+               time_at: Callable[[int], float]) -> int:
+    """Each of ``hits`` (matches on ``str`` or bytes) into ``rank``'s windows, in one loop (no call
+    per line): a bar of another length (HF's evaluation bar) is no training step; the step time is
+    the one the line states, else the time since the rank's last step line over the steps between.
+    Returns the start of the last line that took a step time, or -1."""
+    took = -1
+    samples, recent, baseline = rank.samples, rank.recent, rank.baseline
+    ordered, full = rank.ordered, samples.maxlen
+    insort, bisect_left = bisect.insort, bisect.bisect_left
+    for start, index, match in hits:
+        step_group, total_group, durations = readers[index]
+        if total_group:
+            total = match.group(total_group)
+            if total is not None:
+                if isinstance(total, bytes):
+                    total = total.decode()
+                if rank.total is None:
+                    rank.total = total
+                elif total != rank.total:      # another bar (HF's evaluation bar): not a training step
+                    continue
+        seconds = None
+        for kind, group in durations:
+            value = match.group(group)
+            if value:
+                try:
+                    number = float(value)
+                except ValueError:
+                    break
+                seconds = number / 1000.0 if kind == "ms" else number if kind != "its" else \
+                    1.0 / number if number > 0 else None
+                break
+        if step_group:
+            step = match.group(step_group)
+            if step is not None:
+                step_no = int(step)
+                prev = rank.last
+                if seconds is None and prev is not None and step_no > prev[0]:
+                    before = prev[1] if prev[1] is not None else time_at(prev[2])
+                    if callable(before):
+                        before = before()
+                    time = time_at(start)
+                    rank.last = (step_no, time, start)
+                    if time >= before:
+                        seconds = (time - before) / (step_no - prev[0])
+                else:
+                    rank.last = (step_no, None, start)
+        if seconds is None:
+            continue
+        if ordered is not None:
+            if len(samples) == full:
+                del ordered[bisect_left(ordered, samples[0])]
+            insort(ordered, seconds)
+        samples.append(seconds)
+        recent.append(seconds)
+        rank.seen += 1
+        rank.index = index
+        if len(baseline) < min_steps:
+            baseline.append(seconds)
+            if len(baseline) == min_steps:
+                rank.base_median = statistics.median(baseline)
+        took = start
+    return took
