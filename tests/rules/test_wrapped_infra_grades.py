@@ -1,0 +1,104 @@
+"""Infrastructure failures that surface as Python exceptions (issue 12, false fails): the errno a
+wrapper carries, the C library's text at the end of a generic message, the errnos of the node's
+and the network's state, and the classes of network libraries, graded by their sources
+(``python_exceptions.tsv``) instead of the ``RuntimeError`` fallback or the catch-all traceback
+rule (user code: fail_job)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exceptions import ExceptionCatalog
+from ftwatch.rules.loader import load_rules
+
+BUILTIN = load_rules()
+W1 = Origin("worker-1", 1, "job-7", "node-a", "stderr", "process")
+T0 = 1_795_253_763.0
+
+
+def _traceback(final: str) -> list:
+    lines = ["Traceback (most recent call last):", '  File "/srv/train.py", line 88, in <module>',
+             "    step()", final]
+    return Engine(BUILTIN).feed(W1, "".join(f"{line}\n" for line in lines).encode(), T0, final=True)
+
+
+@pytest.mark.parametrize("line, name", [
+    # an OSError's str() wrapped by another class (urllib.error.URLError's reason)
+    ("urllib.error.URLError: <urlopen error [Errno 111] Connection refused>", "ECONNREFUSED"),
+    ("RuntimeError: upload failed: [Errno 104] Connection reset by peer", "ECONNRESET"),
+    # a class the catalog does not know whose message is an errno's text
+    ("zmq.error.ZMQError: Connection refused", "ECONNREFUSED"),
+    # c10d puts strerror(errno) last
+    ("RuntimeError: [1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value "
+     "store by key '0', but store->get('0') got error: Connection reset by peer", "ECONNRESET"),
+    ("RuntimeError: [enforce fail at ../torch/csrc/distributed/c10d/TCPStore.cpp:223] Connection reset by peer",
+     "ECONNRESET"),
+])
+def test_the_errno_a_generic_or_unknown_class_carries_decides(line, name):
+    grade = ExceptionCatalog.load().grade(line)
+    assert grade is not None and grade.name == name
+    assert (grade.failure_class, grade.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize("line, name", [
+    ("KeyError: 'Connection reset by peer'", "KeyError"),                   # a class that decides by itself
+    ("ValueError: bad url [Errno 111]", "ValueError"),
+    ("RuntimeError: Connection reset by peer, retrying in 5 s", "RuntimeError"),   # mentioned, not the end
+])
+def test_a_class_that_decides_or_a_mention_keeps_the_class(line, name):
+    grade = ExceptionCatalog.load().grade(line)
+    assert grade.name == name and grade.failure_class is FailureClass.USER_CODE
+
+
+def test_an_unknown_class_without_an_errno_stays_ungraded():
+    assert ExceptionCatalog.load().grade("mylib.errors.BadConfig: no such option 'lr'") is None
+
+
+@pytest.mark.parametrize("line, name, failure_class, action", [
+    ("OSError: [Errno 23] Too many open files in system", "ENFILE", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    ("OSError: [Errno 37] No locks available", "ENOLCK", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("OSError: [Errno 105] No buffer space available", "ENOBUFS", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    ("OSError: [Errno 71] Protocol error: '/mnt/fuse/ckpt/latest.pt'", "EPROTO", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    ("OSError: [Errno 117] Structure needs cleaning: '/data/shard-07'", "EUCLEAN", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    ("OSError: [Errno 24] Too many open files", "EMFILE", FailureClass.USER_CODE, Action.FAIL_JOB),   # the process's own
+])
+def test_errnos_of_the_node_and_the_network_are_not_the_programs(line, name, failure_class, action):
+    grade = ExceptionCatalog.load().grade(line)
+    assert (grade.name, grade.failure_class, grade.action) == (name, failure_class, action)
+
+
+@pytest.mark.parametrize("final, rule_id, failure_class", [
+    ("urllib.error.URLError: <urlopen error [Errno 111] Connection refused>", "python.exception.ECONNREFUSED",
+     FailureClass.RETRYABLE_INFRA),
+    ("aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected",
+     "python.exception.aiohttp.client_exceptions.ServerDisconnectedError", FailureClass.RETRYABLE_INFRA),
+    ("aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host s3.example.com:443 ssl:default "
+     "[Connection reset by peer]", "python.exception.aiohttp.client_exceptions.ClientConnectorError",
+     FailureClass.RETRYABLE_INFRA),
+    ("fsspec.exceptions.FSTimeoutError", "python.exception.fsspec.exceptions.FSTimeoutError",
+     FailureClass.RETRYABLE_INFRA),
+    ("ssl.SSLEOFError: EOF occurred in violation of protocol (_ssl.c:2426)", "python.exception.ssl.SSLEOFError",
+     FailureClass.RETRYABLE_INFRA),
+    ("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+     "python.exception.ray.exceptions.RayActorError", FailureClass.FALLOUT),
+    ("EOFError", "python.exception.EOFError", FailureClass.FALLOUT),
+])
+def test_a_traceback_ending_in_an_infrastructure_class_is_not_the_catch_all(final, rule_id, failure_class):
+    """Before: python.uncaught_exception (or EOFError's class): user code, fail_job."""
+    [finding] = _traceback(final)
+    assert finding.rule_id == rule_id and finding.failure_class is failure_class
+    assert finding.action is Action.RESTART_JOB
+
+
+@pytest.mark.parametrize("final", ["EOFError: Ran out of input", "EOFError: EOF when reading a line"])
+def test_an_eof_with_pickles_or_inputs_message_is_the_programs(final):
+    """pickle.load on an empty file, input() with no terminal: a restart repeats them."""
+    [finding] = _traceback(final)
+    assert finding.rule_id == "python.eof_input"
+    assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
