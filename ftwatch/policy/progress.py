@@ -18,7 +18,10 @@ A line that also speaks of an error, exception, failure, timeout or abort is no 
 
 Python says so itself for an exception it could not raise (``sys.unraisablehook``: "Exception
 ignored in: <object>" and then the traceback, docs.python.org/3/library/sys.html#sys.unraisablehook;
-rule ``python.exception_ignored``): that traceback is a notice at once (:func:`ignored`).
+rule ``python.exception_ignored``) and for one that ended a thread, not the process
+(``threading.excepthook``: "Exception in thread <name>:" and then the traceback,
+docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thread_exception``):
+that traceback is a notice at once (:func:`ignored`).
 
 The reading (:class:`Survival`): an error of one instance (rank) is outlived when that same
 instance prints :data:`MARKS` progress lines after it within :data:`SURVIVE_SECONDS`, its counters
@@ -97,6 +100,9 @@ def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
 
 
 IGNORED = "python.exception_ignored"
+#: Python's own words that the traceback after them ended no program: an exception it could not
+#: raise (``sys.unraisablehook``) and one that ended a thread, not the process (``threading.excepthook``)
+NOT_ENDING = frozenset({IGNORED, "python.thread_exception"})
 _RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
 _NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
@@ -104,9 +110,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 
 def ignored(previous: Finding | None, f: Finding) -> bool:
-    """``f`` is the traceback of an exception Python ignored: ``previous``, the finding of the same
-    instance just before it, is the ``Exception ignored in: ...`` line."""
-    return (previous is not None and previous.rule_id == IGNORED and bool(f.evidence)
+    """``f`` is the traceback of an exception that ended no program: ``previous``, the finding of the
+    same instance just before it, is Python's ``Exception ignored in: ...`` or ``Exception in thread
+    <name>:`` line (:data:`NOT_ENDING`)."""
+    return (previous is not None and previous.rule_id in NOT_ENDING and bool(f.evidence)
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
 
 
@@ -411,6 +418,21 @@ class Survival:
             entry[1] += 1
             if entry[1] >= self.needed:
                 self._drop(key)
+                out.append(f)
+        return out
+
+    def finished(self, instance: str, time: float, seq: int) -> list[Finding]:
+        """``instance`` printed its own "training finished" line at (``time``, ``seq``): its errors
+        waiting from before it are outlived (they stop waiting; the caller notes them). The
+        program's finish line runs only after its training loop returned, and an exception that
+        ends a program is printed as the program ends (``sys.excepthook``), so the process that
+        printed both caught the error and went on."""
+        out = []
+        for key in list(self._by.get(instance, ())):
+            f = self._waiting[key][0]
+            if (f.time, f.seq) < (time, seq):
+                self._drop(key)
+                self._note(f)
                 out.append(f)
         return out
 
