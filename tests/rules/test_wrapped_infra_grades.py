@@ -66,7 +66,8 @@ def test_an_unknown_class_without_an_errno_stays_ungraded():
      Action.RESTART_JOB),
     ("OSError: [Errno 117] Structure needs cleaning: '/data/shard-07'", "EUCLEAN", FailureClass.RETRYABLE_INFRA,
      Action.RESTART_JOB),
-    ("OSError: [Errno 24] Too many open files", "EMFILE", FailureClass.USER_CODE, Action.FAIL_JOB),   # the process's own
+    # the process's own limit (RLIMIT_NOFILE) stays the program's
+    ("OSError: [Errno 24] Too many open files", "EMFILE", FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
 def test_errnos_of_the_node_and_the_network_are_not_the_programs(line, name, failure_class, action):
     grade = ExceptionCatalog.load().grade(line)
@@ -88,6 +89,12 @@ def test_errnos_of_the_node_and_the_network_are_not_the_programs(line, name, fai
     ("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
      "python.exception.ray.exceptions.RayActorError", FailureClass.FALLOUT),
     ("EOFError", "python.exception.EOFError", FailureClass.FALLOUT),
+    ("google.api_core.exceptions.ServiceUnavailable: 503 GET https://storage.googleapis.com/storage/v1/b/ckpt/o: "
+     "We encountered an internal error. Please try again.",
+     "python.exception.google.api_core.exceptions.ServiceUnavailable", FailureClass.RETRYABLE_INFRA),
+    ('botocore.exceptions.ConnectionClosedError: Connection was closed before we received a valid response from '
+     'endpoint URL: "https://s3.us-east-1.amazonaws.com/ckpt/step-4000/model.safetensors".',
+     "python.exception.botocore.exceptions.ConnectionClosedError", FailureClass.RETRYABLE_INFRA),
 ])
 def test_a_traceback_ending_in_an_infrastructure_class_is_not_the_catch_all(final, rule_id, failure_class):
     """Before: python.uncaught_exception (or EOFError's class): user code, fail_job."""
