@@ -109,3 +109,26 @@ def test_an_eof_with_pickles_or_inputs_message_is_the_programs(final):
     [finding] = _traceback(final)
     assert finding.rule_id == "python.eof_input"
     assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+HF_CONNECTION = ("ValueError: Connection error, and we cannot find the requested files in the cached path. "
+                 "Please try again or make sure your Internet connection is on.")
+
+
+def test_a_class_that_decides_yields_to_the_vocabulary_of_its_message():
+    """transformers (file_utils.get_from_cache) raised a ValueError when the Hub did not answer:
+    the message's vocabulary (hf.connection_error_no_cache, transient) decides, not ValueError's
+    "a bad value of the program" (before: python.value_error, fail_job, by the more drastic action)."""
+    [finding] = _traceback(HF_CONNECTION)
+    assert finding.rule_id == "hf.connection_error_no_cache"
+    assert (finding.failure_class, finding.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+    [bare] = Engine(BUILTIN).feed(W1, f"[rank0]: {HF_CONNECTION}\n".encode(), T0, final=True)
+    assert bare.rule_id == "hf.connection_error_no_cache"
+
+
+def test_vocabulary_in_a_frame_does_not_outrank_the_final_class():
+    lines = ["Traceback (most recent call last):", '  File "/srv/fetch.py", line 12, in get',
+             "    raise OSError(\"We couldn't connect to 'https://huggingface.co' to load this file\")",
+             '  File "/srv/train.py", line 88, in <module>', "KeyError: 'tokenizer'"]
+    [finding] = Engine(BUILTIN).feed(W1, "".join(f"{line}\n" for line in lines).encode(), T0, final=True)
+    assert finding.rule_id == "python.key_error" and finding.action is Action.FAIL_JOB
