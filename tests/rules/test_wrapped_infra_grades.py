@@ -132,3 +132,17 @@ def test_vocabulary_in_a_frame_does_not_outrank_the_final_class():
              '  File "/srv/train.py", line 88, in <module>', "KeyError: 'tokenizer'"]
     [finding] = Engine(BUILTIN).feed(W1, "".join(f"{line}\n" for line in lines).encode(), T0, final=True)
     assert finding.rule_id == "python.key_error" and finding.action is Action.FAIL_JOB
+
+
+def test_the_dataloaders_own_timeout_is_a_stall_not_the_program():
+    """torch's _try_get_data: no batch within DataLoader(timeout=...); before, the RuntimeError
+    fallback (user code, fail_job)."""
+    [finding] = _traceback("RuntimeError: DataLoader timed out after 1800 seconds")
+    assert finding.rule_id == "torch.dataloader_timeout"
+    assert (finding.failure_class, finding.action) == (FailureClass.HANG, Action.RESTART_JOB)
+
+
+def test_a_broken_process_pool_is_the_symptom_of_a_dead_worker():
+    [finding] = _traceback("concurrent.futures.process.BrokenProcessPool: A process in the process pool was "
+                           "terminated abruptly while the future was running or pending.")
+    assert finding.failure_class is FailureClass.FALLOUT and finding.action is Action.RESTART_JOB
