@@ -23,6 +23,14 @@ rule ``python.exception_ignored``) and for one that ended a thread, not the proc
 docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thread_exception``):
 that traceback is a notice at once (:func:`ignored`).
 
+The program's own "training finished" line (``lifecycle.finished_by_program``: HF Trainer,
+Lightning, Megatron) after an error outlives it at once (:meth:`Survival.finished`): the training
+loop returned after the error, which an exception that ended the program cannot allow. In a
+synchronous job (SPEC D1 Sync: data-parallel ranks all-reduce every step) the line outlives every
+rank's errors, not only its printer's: most trainers log on rank 0 alone, and rank 0 could not
+finish the steps after another rank's error without that rank taking part (Megatron's line even
+follows a barrier, ``print_datetime``).
+
 The reading (:class:`Survival`): an error of one instance (rank) is outlived when that same
 instance prints :data:`MARKS` progress lines after it within :data:`SURVIVE_SECONDS`, its counters
 going on from where they were: a counter (step, iteration, epoch) lower after the error than
@@ -421,14 +429,16 @@ class Survival:
                 out.append(f)
         return out
 
-    def finished(self, instance: str, time: float, seq: int) -> list[Finding]:
+    def finished(self, instance: str | None, time: float, seq: int) -> list[Finding]:
         """``instance`` printed its own "training finished" line at (``time``, ``seq``): its errors
         waiting from before it are outlived (they stop waiting; the caller notes them). The
         program's finish line runs only after its training loop returned, and an exception that
         ends a program is printed as the program ends (``sys.excepthook``), so the process that
-        printed both caught the error and went on."""
+        printed both caught the error and went on. ``instance`` None: every instance's errors
+        (a synchronous job, whose ranks all took part in each step up to the finish)."""
         out = []
-        for key in list(self._by.get(instance, ())):
+        keys = [k for ks in self._by.values() for k in ks] if instance is None else list(self._by.get(instance, ()))
+        for key in keys:
             f = self._waiting[key][0]
             if (f.time, f.seq) < (time, seq):
                 self._drop(key)

@@ -1,6 +1,7 @@
 """Tracebacks a run outlived (issue 12, no-action runs failed): a thread's uncaught exception
 (``threading.excepthook``: the thread ends, the process goes on) and an exception the program
-caught and logged before it said training finished. Both were user-code failures before."""
+caught and logged before it, or (Sync) any rank, said training finished. All were user-code
+failures before."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ FLAGS = {"fault_tolerant_policy": "ExitCodeAndErrorMsg", "enable_job_restart": T
 FINISHED = "[rank0]: Training completed. Do not forget to share your model on huggingface.co/models =)"
 
 
-def _decide(tmp_path: Path, rules, lines: list[str]):
+def _decide(tmp_path: Path, rules, lines: list[str], **flags):
     path = tmp_path / "train.log"
     path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-    policy = Policy(Config().with_policy(**FLAGS).policy, BudgetStore(tmp_path / "budgets.json", JOB), JOB)
+    policy = Policy(Config().with_policy(**{**FLAGS, **flags}).policy, BudgetStore(tmp_path / "budgets.json", JOB),
+                    JOB)
     return replay([path], Engine(rules), policy, JOB)
 
 
@@ -50,7 +52,20 @@ def test_a_traceback_the_program_outlived_to_its_finish_line_is_a_notice(rules, 
     assert result.decision is None or result.decision.action is Action.NONE, result.decision
 
 
-def test_another_ranks_finish_line_does_not_outlive_a_ranks_traceback(rules, tmp_path):
-    lines = (["[rank1]: {'loss': 1.0, 'learning_rate': 1e-05, 'epoch': 2.9}"]
-             + [line.replace("[rank0]", "[rank1]") for line in _tb("ValueError: bad value")] + [FINISHED])
-    assert _decide(tmp_path, rules, lines).decision.action is Action.FAIL_JOB
+def _rank1_error_then_rank0_finishes() -> list[str]:
+    """Rank 1 logs a caught traceback; rank 0 (the only rank that logs) trains on and finishes."""
+    return (["[rank0]: {'loss': 1.0, 'learning_rate': 1e-05, 'epoch': 2.8}"]
+            + [line.replace("[rank0]", "[rank1]") for line in _tb("KeyError: 'metrics_url'")]
+            + ["[rank0]: {'loss': 0.9, 'learning_rate': 1e-05, 'epoch': 2.9}", FINISHED])
+
+
+def test_in_a_synchronous_job_any_ranks_finish_line_outlives_a_ranks_traceback(rules, tmp_path):
+    """Sync (D1): each step all-reduces across every rank, so rank 0 finishing training after rank
+    1's traceback means rank 1 took part to the end (before: fail_job on rank 1's KeyError)."""
+    result = _decide(tmp_path, rules, _rank1_error_then_rank0_finishes())
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_in_an_asynchronous_job_another_ranks_finish_line_does_not(rules, tmp_path):
+    result = _decide(tmp_path, rules, _rank1_error_then_rank0_finishes(), job_execution_mode="Async")
+    assert result.decision.action is Action.FAIL_JOB
