@@ -108,9 +108,10 @@ def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
 
 
 IGNORED = "python.exception_ignored"
-#: Python's own words that the traceback after them ended no program: an exception it could not
-#: raise (``sys.unraisablehook``) and one that ended a thread, not the process (``threading.excepthook``)
-NOT_ENDING = frozenset({IGNORED, "python.thread_exception"})
+#: Words that the traceback after them ended no program: Python's for an exception it could not
+#: raise (``sys.unraisablehook``) and one that ended a thread, not the process
+#: (``threading.excepthook``); torch.compile's for a frame it could not compile and ran eagerly
+NOT_ENDING = frozenset({IGNORED, "python.thread_exception", "torch.dynamo_wont_convert"})
 _RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
 _NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
@@ -120,7 +121,7 @@ _TRACEBACK = "Traceback (most recent call last):"
 def ignored(previous: Finding | None, f: Finding) -> bool:
     """``f`` is the traceback of an exception that ended no program: ``previous``, the finding of the
     same instance just before it, is Python's ``Exception ignored in: ...`` or ``Exception in thread
-    <name>:`` line (:data:`NOT_ENDING`)."""
+    <name>:`` line, or torch.compile's ``WON'T CONVERT ...`` (:data:`NOT_ENDING`)."""
     return (previous is not None and previous.rule_id in NOT_ENDING and bool(f.evidence)
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
 

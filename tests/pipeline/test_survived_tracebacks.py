@@ -69,3 +69,15 @@ def test_in_a_synchronous_job_any_ranks_finish_line_outlives_a_ranks_traceback(r
 def test_in_an_asynchronous_job_another_ranks_finish_line_does_not(rules, tmp_path):
     result = _decide(tmp_path, rules, _rank1_error_then_rank0_finishes(), job_execution_mode="Async")
     assert result.decision.action is Action.FAIL_JOB
+
+
+def test_a_frame_torch_compile_ran_eagerly_ended_no_program(rules, tmp_path):
+    """torch._dynamo with suppress_errors logs "WON'T CONVERT ... due to:" and the traceback, then
+    runs the frame eagerly (convert_frame.py); before: the catch-all, fail_job."""
+    lines = (["[rank0]: step 1 loss 2.31",
+              "[rank0]: [2024-05-01 10:00:00,000] torch._dynamo.convert_frame: [WARNING] WON'T CONVERT forward "
+              "/app/model.py line 88 ", "[rank0]: due to: "]
+             + _tb("torch._dynamo.exc.Unsupported: call_function BuiltinVariable(setattr) [TensorVariable(), "
+                   "ConstantVariable(str)] {}"))
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
