@@ -357,6 +357,10 @@ class IncidentDesk:
         for f in self.survival.ignored(findings):
             self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
         for f in findings:
+            if lifecycle.finished_by_program(f):       # Sync (D1): every rank took part in each step
+                who = None if self.policy.policy.job_execution_mode == "Sync" else f.origin.instance
+                for g in self.survival.finished(who, f.time, f.seq):
+                    self._notice(g, f.time, f"training finished after it ({f.rule_id} on {f.origin.instance})")
             if self.survival.is_notice(f):
                 continue
             if is_error(f) and f.kind not in HANG_KINDS and not is_host(f.origin):   # its own report (settled)

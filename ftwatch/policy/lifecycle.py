@@ -36,6 +36,12 @@ def is_finished(f: Finding) -> bool:
     return f.rule_id.startswith(FINISHED)
 
 
+def finished_by_program(f: Finding) -> bool:
+    """A "training finished" line the training program printed itself (HF Trainer, Lightning,
+    Megatron), not a launcher's (torchelastic's says its workers exited: an exit, read as one)."""
+    return is_finished(f) and f.rule_id not in _FINISHED_AND_EXITED
+
+
 def is_exited_ok(f: Finding) -> bool:
     """A launcher's line saying a worker process exited 0."""
     return f.rule_id.startswith(EXITED_OK) or f.rule_id in _FINISHED_AND_EXITED

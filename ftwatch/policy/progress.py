@@ -18,7 +18,18 @@ A line that also speaks of an error, exception, failure, timeout or abort is no 
 
 Python says so itself for an exception it could not raise (``sys.unraisablehook``: "Exception
 ignored in: <object>" and then the traceback, docs.python.org/3/library/sys.html#sys.unraisablehook;
-rule ``python.exception_ignored``): that traceback is a notice at once (:func:`ignored`).
+rule ``python.exception_ignored``) and for one that ended a thread, not the process
+(``threading.excepthook``: "Exception in thread <name>:" and then the traceback,
+docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thread_exception``):
+that traceback is a notice at once (:func:`ignored`).
+
+The program's own "training finished" line (``lifecycle.finished_by_program``: HF Trainer,
+Lightning, Megatron) after an error outlives it at once (:meth:`Survival.finished`): the training
+loop returned after the error, which an exception that ended the program cannot allow. In a
+synchronous job (SPEC D1 Sync: data-parallel ranks all-reduce every step) the line outlives every
+rank's errors, not only its printer's: most trainers log on rank 0 alone, and rank 0 could not
+finish the steps after another rank's error without that rank taking part (Megatron's line even
+follows a barrier, ``print_datetime``).
 
 The reading (:class:`Survival`): an error of one instance (rank) is outlived when that same
 instance prints :data:`MARKS` progress lines after it within :data:`SURVIVE_SECONDS`, its counters
@@ -102,6 +113,10 @@ def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
 
 
 IGNORED = "python.exception_ignored"
+#: Words that the traceback after them ended no program: Python's for an exception it could not
+#: raise (``sys.unraisablehook``) and one that ended a thread, not the process
+#: (``threading.excepthook``); torch.compile's for a frame it could not compile and ran eagerly
+NOT_ENDING = frozenset({IGNORED, "python.thread_exception", "torch.dynamo_wont_convert"})
 _RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
 _NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
@@ -109,9 +124,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 
 def ignored(previous: Finding | None, f: Finding) -> bool:
-    """``f`` is the traceback of an exception Python ignored: ``previous``, the finding of the same
-    instance just before it, is the ``Exception ignored in: ...`` line."""
-    return (previous is not None and previous.rule_id == IGNORED and bool(f.evidence)
+    """``f`` is the traceback of an exception that ended no program: ``previous``, the finding of the
+    same instance just before it, is Python's ``Exception ignored in: ...`` or ``Exception in thread
+    <name>:`` line, or torch.compile's ``WON'T CONVERT ...`` (:data:`NOT_ENDING`)."""
+    return (previous is not None and previous.rule_id in NOT_ENDING and bool(f.evidence)
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
 
 
@@ -394,6 +410,23 @@ class Survival:
         out, gone = self._waiting.progress(instance, time, counters or {}, self.window, self.needed)
         for emptied in gone:
             self._index(emptied, False)
+        return out
+
+    def finished(self, instance: str | None, time: float, seq: int) -> list[Finding]:
+        """``instance`` printed its own "training finished" line at (``time``, ``seq``): its errors
+        waiting from before it are outlived (they stop waiting; the caller notes them). The
+        program's finish line runs only after its training loop returned, and an exception that
+        ends a program is printed as the program ends (``sys.excepthook``), so the process that
+        printed both caught the error and went on. ``instance`` None: every instance's errors
+        (a synchronous job, whose ranks all took part in each step up to the finish)."""
+        out = []
+        keys = [k for ks in self._by.values() for k in ks] if instance is None else list(self._by.get(instance, ()))
+        for key in keys:
+            f = self._waiting[key][0]
+            if (f.time, f.seq) < (time, seq):
+                self._drop(key)
+                self._note(f)
+                out.append(f)
         return out
 
     def expire(self, now: float) -> None:

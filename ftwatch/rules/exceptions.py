@@ -20,11 +20,17 @@ How a traceback is read (``grade``): Python prints the exception line ``<qualifi
 (or the bare class) after the frames, and the block ends there (``ftwatch.parsers.multiline``); the
 last exception line of a block is the one that ended the program (a chain prints the causes first).
 Its class is looked up by its full name, then by its last component; an ``OSError``-family message
-with ``[Errno N]`` is graded by the errno row instead when there is one. A generic class whose
-message decides (``RuntimeError``) and whose whole message is the C library's text for one of the
-errnos (``RuntimeError: Connection reset by peer``: C++ code threw ``std::system_error(errno,
-std::system_category())``, whose ``what()`` is ``strerror(errno)``, and pybind11 turns it into a
-``RuntimeError``, as c10d's TCPStore did) is graded by that errno's row too (``_strerror_grade``).
+with ``[Errno N]`` is graded by the errno row instead when there is one. So is a generic class
+whose message decides (``RuntimeError``) or a class the catalog does not know, when its message
+carries an ``[Errno N]`` of a row: the ``str()`` of an ``OSError`` wrapped in another exception
+(``urllib.error.URLError: <urlopen error [Errno 111] Connection refused>``,
+https://docs.python.org/3/library/urllib.error.html: ``reason`` is the wrapped exception); the
+errno is what failed, the wrapper's class says only who called. A generic or unknown class whose
+message is, or ends in, the C library's text for one of the errnos (``RuntimeError: Connection
+reset by peer``: C++ code threw ``std::system_error(errno, std::system_category())``, whose
+``what()`` is ``strerror(errno)``, and pybind11 turns it into a ``RuntimeError``, as c10d's
+TCPStore did) is graded by that errno's row too (``_strerror_grade``). A class that decides by
+itself (``ValueError``, ``KeyError``) keeps its grade whatever its message says.
 """
 
 from __future__ import annotations
@@ -144,26 +150,30 @@ class ExceptionCatalog:
             return None
         name, message = m.group(1), m.group(2) or ""
         grade = self.lookup(name)
-        if grade is None:
-            return None
         errno = _ERRNO.search(message)
+        if grade is None or not grade.decides_by_class:     # unknown or generic: the wrapped errno decides
+            return (self._errno.get(int(errno.group(1))) if errno else None) or self._strerror_grade(message) or grade
         if errno and name.rsplit(".", 1)[-1] in self._oserrors:
             return self._errno.get(int(errno.group(1)), grade)
-        if not grade.decides_by_class:
-            return self._strerror_grade(message) or grade
         return grade
 
     def _strerror_grade(self, message: str) -> ExceptionGrade | None:
-        """The errno row whose ``strerror`` text is the whole message, or None.
+        """The errno row whose ``strerror`` text is the whole message, or its last clause, or None.
 
         ``os.strerror`` is the C library's text (glibc on the Linux nodes whose logs ftwatch reads:
-        104 -> ``Connection reset by peer``); only an exact match counts, so a message that merely
-        mentions the text (``... failed: Connection reset by peer, retrying``) keeps its class.
+        104 -> ``Connection reset by peer``). The whole message, or the clause after the message's
+        last ``": "`` or ``"] "`` when the text ends it: C++ code that reports a failed system call
+        puts ``strerror(errno)`` last (c10d's ``... store->get('0') got error: Connection reset by
+        peer``, ``[enforce fail at TCPStore.cpp:223] Connection reset by peer``), so the errno is
+        what failed. A message that merely mentions the text (``... failed: Connection reset by
+        peer, retrying``) keeps its class.
         """
-        text = message.strip()
+        text = message.strip().rstrip(".")
         if not text:
             return None
+        tail = max(text.rfind(": "), text.rfind("] "))
+        last = text[tail + 2:] if tail >= 0 else None
         for number, grade in self._errno.items():
-            if os.strerror(number) == text:
+            if os.strerror(number) in (text, last):
                 return grade
         return None

@@ -86,7 +86,11 @@ class Judge:
         final class itself: a class that decides by itself (``KeyError``, ``ConnectionResetError``,
         ``torch.OutOfMemoryError``) at ``EXCEPTION_PRIORITY``, a generic one (``RuntimeError``)
         at ``EXCEPTION_FALLBACK_PRIORITY``, below every rule on its message and above only the
-        ``python.uncaught_exception`` catch-all. The catalog refines a traceback that a rule read
+        ``python.uncaught_exception`` catch-all. Within a priority the message's vocabulary
+        outranks the class (:func:`_where`): a rule on the message beats the catalog's class grade
+        and the rules that read only the class name (tag ``exception_class``: ``python.value_error``
+        ...), whatever their actions, so a ``ValueError`` whose message says the Hub could not be
+        reached is that, not a bad value of the program's. The catalog refines a traceback that a rule read
         (the built-in catch-all reads them all); with no rule counting, the record makes nothing.
 
         On a tie a fault code wins over a keyword rule: same verdict, but it carries the
@@ -105,7 +109,7 @@ class Judge:
             rule = self.rules[index]
             if rule.failure_class is not FailureClass.INFO and self._only_info_lines(texts, index):
                 continue
-            key = (rule.priority, int(index in final_rules), int(rule.action), 0)
+            key = (rule.priority, _where(rule, index, final, final_rules), int(rule.action), 0)
             if best is None or key > best:
                 line = None
                 if rule.predicate is not None:
@@ -116,7 +120,7 @@ class Judge:
                 finding = self._finding(record, index, line)
         if grade is not None and best is not None:     # refines a traceback some rule read
             key = (EXCEPTION_PRIORITY if grade.decides_by_class else EXCEPTION_FALLBACK_PRIORITY,
-                   1, int(grade.action), 0)
+                   ON_CLASS, int(grade.action), 0)
             if best is None or key > best:
                 best = key
                 finding = self._exception_finding(record, texts, final, grade)
@@ -124,7 +128,7 @@ class Judge:
             for hit in self.tables.extract(record.text):
                 entry = hit.entry or self.tables.grade_unknown(hit)
                 action = entry.action if entry else Action.NOTIFY
-                key = (FAULT_PRIORITY, 1, int(action), 1)
+                key = (FAULT_PRIORITY, ON_MESSAGE, int(action), 1)
                 if best is None or key > best:
                     best = key
                     finding = self._fault_finding(record, hit)
@@ -216,6 +220,21 @@ class Judge:
                        severity, record.origin, _cap(line), record.time, record.seq, _evidence(lines),
                        {"code": hit.code, "level": entry.level, "meaning": entry.meaning, **hit.fields},
                        entry.source)
+
+
+#: where a rule hits a record, the second part of a finding's key (``Judge.judge``): on the final
+#: exception's message (or anywhere in a record that is no traceback), on its class only (the
+#: catalog's grade, a rule tagged ``exception_class``), elsewhere (a frame, an earlier line)
+ON_MESSAGE, ON_CLASS, ELSEWHERE = 2, 1, 0
+EXCEPTION_CLASS_TAG = "exception_class"
+
+
+def _where(rule: Rule, index: int, final: int, final_rules: set[int]) -> int:
+    """Where rule ``index`` hits a record whose final exception line is ``final`` (-1: the record
+    is no traceback) and whose final exception the rules ``final_rules`` hit."""
+    if EXCEPTION_CLASS_TAG in rule.tags:
+        return ON_CLASS
+    return ON_MESSAGE if final < 0 or index in final_rules else ELSEWHERE
 
 
 def line_at(data: bytes, start: int) -> bytes:
