@@ -420,9 +420,8 @@ class Survival:
         printed both caught the error and went on. ``instance`` None: every instance's errors
         (a synchronous job, whose ranks all took part in each step up to the finish)."""
         out = []
-        keys = [k for ks in self._by.values() for k in ks] if instance is None else list(self._by.get(instance, ()))
-        for key in keys:
-            f = self._waiting[key][0]
+        for key in self._waiting.keys(instance):
+            f = self._waiting.finding(key)
             if (f.time, f.seq) < (time, seq):
                 self._drop(key)
                 self._note(f)

@@ -91,6 +91,17 @@ class Waiting:
         """The waiting errors, the oldest first."""
         return [entry[0] for entry in self._entries.values()]
 
+    def keys(self, instance: str | None = None) -> list[int]:
+        """The keys of the errors waiting: ``instance``'s (None: every instance's), each
+        instance's in time order."""
+        if instance is None:
+            return [key for order in self._by.values() for _, _, key in order]
+        return [key for _, _, key in self._by.get(instance, ())]
+
+    def finding(self, key: int) -> Finding:
+        """The waiting error ``key`` (KeyError when it waits no more)."""
+        return self._entries[key][0]
+
     def oldest(self) -> int:
         """The key of the error that began to wait first."""
         return next(iter(self._entries))
