@@ -43,7 +43,8 @@ once when a launcher of the job logs that its worker group finished successfully
 
 Size: past 400 lines, one job (the loop over batches and the jobs' lifetimes); handing a batch
 over per job (issue 16) needs the job state it orders against (new desks, host lines). What needs
-none of it, taking a backlog and grouping its lines per origin, is ``sources/batches.py``.
+none of it is beside it: taking a backlog and grouping its lines per origin
+(``sources/batches.py``), which jobs a node's host lines go to (``hostlog.share_host_lines``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.sources.batches import group_lines, positions_of, take_backlog
 from ftwatch.pipeline.sources.control import ControlHandler, for_job
-from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
+from ftwatch.pipeline.sources.hostlog import host_origin, is_host, share_host_lines
 from ftwatch.rules.engine import Engine
 
 _NEW_ATTEMPT = (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE)
@@ -286,32 +287,18 @@ class Watcher:
             self.recorder.event(t, desk.job, "phase", phase=phase, job_hang_interval=tracker.interval())
 
     def _host(self, origin: Origin, lines: list[bytes], t: float, mono: float) -> None:
-        """A node's host lines: to the desks of the jobs on that node (module doc), the rest
-        scanned and stored only."""
+        """A node's host lines: to the desks of the jobs on that node (module doc,
+        ``hostlog.share_host_lines``), the rest scanned and stored only."""
         node = origin.node
-        taken: dict[str, list[bytes]] = {}
-        left: list[bytes] = []
         on_node = {job: [o for o in desk.instances.values() if o.node == node]
                    for job, desk in self.jobs.items() if self.attempt_start.get(job, t) <= t}
         on_node = {job: origins for job, origins in on_node.items() if origins}
-        for line in lines:
-            device = line_device(line) if on_node else None
-            jobs = [job for job, origins in on_node.items() if device is None or self._on_device(origins, device)]
-            for job in jobs:
-                taken.setdefault(job, []).append(line)
-            if not jobs:
-                left.append(line)
+        taken, left = share_host_lines(lines, on_node, self.devices)
         for job, mine in taken.items():
             desk = self.jobs[job]
             desk.output(host_origin(node, job, origin.stream), b"\n".join(mine) + b"\n", t, mono)
         if left:
             self.recorder.findings(self.engine.feed(origin, b"\n".join(left) + b"\n", t))
-
-    def _on_device(self, origins: list[Origin], device: str) -> bool:
-        """Whether one of a job's instances on a node uses ``device``; True when none of them has
-        known devices (the line then counts for the whole node)."""
-        known = [self.devices[o.key] for o in origins if o.key in self.devices]
-        return not known or any(device in devices for devices in known)
 
     def _bound(self, now: float, mono: float) -> None:
         """The ``limits`` caps (module doc): open blocks past the caps are closed early, idle
