@@ -1,11 +1,11 @@
 """Sending alerts to receivers, never losing one (SPEC N4): the notify stage, after
 ``ftwatch.alerting.dispatch`` routed and grouped them (Alertmanager's dispatch/notify split).
 
-One notification goes down a chain of steps, each one method of :class:`Sender`::
+One notification goes down a chain of steps, each one call from :class:`Sender`::
 
-    render (render / render_batch) -> rate-limit (_submit: the limiter's token)
-      -> spool (write-ahead) -> retry (_attempt_all: backoff with jitter) -> send (_send)
-      -> result (_result: onto the results queue)
+    render (render / render_batch: ``compose``) -> rate-limit (_submit: the limiter's token)
+      -> spool (write-ahead) -> retry (``retry.Retrier.attempt_all``: backoff with jitter)
+      -> send (``Retrier._send``) -> result (``Retrier.result``: onto the results queue)
 
 Write-ahead: every notification is put in the on-disk :class:`~ftwatch.alerting.spool.Spool`
 before the first attempt to send it, and leaves it only once delivered (``ack``) or refused for
@@ -36,30 +36,31 @@ caller's thread. Each notification carries a stable id (decision id + receiver) 
 idempotency key, so a resend after a lost response does not show twice at a receiver that
 honours it.
 
-Size: about 480 lines, one class, on purpose: the steps share one lock, the set of
-notifications in flight and the resend pass; split over files they would reach into each
-other's state again (what the center did to the old dispatcher). The threads are apart
-(``ftwatch.alerting.workers``).
+This module is the receivers' registry and the sender's bookkeeping: the steps that share one
+lock, the set of notifications in flight and the resend pass stay in one class (split over files
+they would reach into each other's state again, what the center did to the old dispatcher). What
+needs none of that state is beside it: a notification's text, title and id
+(``ftwatch.alerting.compose``), one notification's attempts, backoff and spool outcome
+(``ftwatch.alerting.retry``), the threads (``ftwatch.alerting.workers``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import random
 import threading
 import time as _time
-from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
-from ftwatch.alerting.alerts import Alert, Notification, notification_id
+from ftwatch.alerting.alerts import Alert, Notification
+from ftwatch.alerting.compose import compose, compose_batch
 from ftwatch.alerting.notifiers import Notifier
 from ftwatch.alerting.ratelimit import RATE_LIMITED, RateLimiter
 from ftwatch.alerting.rendering import TemplateRenderer
+from ftwatch.alerting.retry import DELIVERED, FAILED, SPOOLED, Retrier
 from ftwatch.alerting.spool import Spool
 from ftwatch.alerting.workers import DeliveryWorker, Job
-from ftwatch.errors import NotifyError, TemplateError
 from ftwatch.events import DeliveryResult
 
 __all__ = ["CLOSE_WAIT_CAP", "DELIVERED", "FAILED", "QUEUED", "SHUTDOWN", "SPOOLED", "DeliveryResult",
@@ -67,13 +68,9 @@ __all__ = ["CLOSE_WAIT_CAP", "DELIVERED", "FAILED", "QUEUED", "SHUTDOWN", "SPOOL
 
 log = logging.getLogger(__name__)
 
-DELIVERED = "delivered"
-SPOOLED = "spooled"
-FAILED = "failed"
 QUEUED = "queued"
 CLOSE_WAIT_CAP = 30.0   # seconds: the most a shutdown waits for the delivery workers
 SHUTDOWN = "not sent before shutdown; kept in the spool for the next start"
-_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 class Sender:
@@ -118,13 +115,7 @@ class Sender:
             raise ValueError("max_retries must be >= 0")
         self.renderer = renderer
         self.spool = spool
-        self.max_retries = max_retries
-        self.backoff = tuple(backoff) or (0.0,)
-        self.jitter = jitter
-        self._sleep = sleep
         self._now = now
-        self._rng = rng or random.Random()
-        self.max_delay = max_delay
         self.limiter = limiter
         self.background = background
         self.language = language
@@ -132,6 +123,9 @@ class Sender:
         self._lock = threading.RLock()
         self._unknown_warned: set[str] = set()
         self._closing = threading.Event()     # close()'s wait is over: no more waits or sends
+        self._retry = Retrier(spool, self.results, now, max_retries=max_retries, backoff=backoff, jitter=jitter,
+                              rng=rng, max_delay=max_delay, sleep=sleep, closing=self._closing,
+                              background=background)
         self._closed = False
         self._idle = threading.Condition()
         self._queued: set[str] = set()        # ids handed to a worker and not finished
@@ -154,59 +148,34 @@ class Sender:
             except queue.Empty:
                 return out
 
-    def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number ``retry`` (0-based), jitter included."""
-        base = self.backoff[min(retry, len(self.backoff) - 1)]
-        return max(0.0, base * (1.0 + self.jitter * (2.0 * self._rng.random() - 1.0)))
-
     # -- render ------------------------------------------------------------------------------
 
     def render(self, receiver: str, alert: Alert) -> Notification:
-        """Render ``alert`` for one receiver. A broken user template falls back to the
-        built-in one (logged), so a template mistake never loses an alert.
+        """Render ``alert`` for one receiver (``ftwatch.alerting.compose``). A broken user
+        template falls back to the built-in one (logged), so a template mistake never loses an
+        alert.
 
         Raises:
             KeyError: the receiver is not configured.
         """
-        notifier = self.notifiers[receiver]
-        try:
-            text = self.renderer.render(notifier.kind, alert)
-        except TemplateError as exc:
-            log.error("alert template for receiver %r failed, using the built-in one: %s",
-                      notifier.name, exc)
-            text = self.renderer.render(notifier.kind, alert, builtin_only=True)
-        title = text.splitlines()[0] if text else alert.annotations.get("summary", "")
-        nid = notification_id(alert.decision_id, notifier.name, alert.status)
-        return Notification(notifier.name, alert, title, text, nid)
+        return compose(self.notifiers[receiver], self.renderer, alert)
 
     def render_batch(self, receiver: str, alerts: Sequence[Alert], group_key: str = "",
                      repeat: int = 0) -> Notification:
-        """One notification for a batch of alerts of one group: a batch of one is exactly
-        :meth:`render`'s; several join their texts under one title, with id ``grp<hash of the
-        alert keys>-<receiver>``; a repeat adds ``~repeat<n>``.
+        """One notification for a batch of alerts of one group (``compose.compose_batch``): a
+        batch of one is exactly :meth:`render`'s; several join their texts under one title, with
+        id ``grp<hash of the alert keys>-<receiver>``; a repeat adds ``~repeat<n>``.
 
         Args:
             receiver: the receiver's name.
             alerts: at least one alert.
             group_key: the group's key (``route.routes.0{job=a}``), named in the title.
             repeat: 0 for a first notification, n for the n-th repeat of the same content.
+
+        Raises:
+            KeyError: the receiver is not configured.
         """
-        suffix = f"~repeat{repeat}" if repeat else ""
-        if len(alerts) == 1:
-            n = self.render(receiver, alerts[0])
-            return replace(n, id=n.id + suffix) if suffix else n
-        alerts = sorted(alerts, key=lambda a: (_RANK.get(a.severity, 3), a.starts_at))
-        parts = [self.render(receiver, a) for a in alerts]
-        ids = ",".join(sorted(a.key for a in alerts))
-        digest = hashlib.sha1(ids.encode()).hexdigest()[:16]
-        group = group_key[group_key.find("{"):]
-        title = (f"【ftwatch】{len(alerts)} 条告警 {group}" if self.language == "zh"
-                 else f"[ftwatch] {len(alerts)} alerts {group}")
-        body = title + "\n\n" + "\n\n---\n\n".join(p.body for p in parts)
-        first = alerts[0]
-        annotations = {**first.annotations, "group_key": group_key, "grouped_alerts": ids}
-        nid = notification_id(f"grp{digest}", receiver, first.status) + suffix
-        return Notification(receiver, replace(first, annotations=annotations), title, body, nid)
+        return compose_batch(self.notifiers[receiver], self.renderer, alerts, group_key, repeat, self.language)
 
     # -- send --------------------------------------------------------------------------------
 
@@ -233,7 +202,7 @@ class Sender:
     def skip(self, receiver: str, alert: Alert, status: str, reason: str) -> DeliveryResult:
         """Record ``alert`` not sent to ``receiver`` on purpose (status ``muted`` or
         ``inhibited``, ``reason`` why)."""
-        return self._result(self.render(receiver, alert), status, 0, reason)
+        return self._retry.result(self.render(receiver, alert), status, 0, reason)
 
     def tick(self, now: float | None = None) -> list[DeliveryResult]:
         """What is due without routing: rate-limited notifications whose receiver has a token
@@ -254,17 +223,17 @@ class Sender:
     def _submit(self, notifier: Notifier, n: Notification) -> DeliveryResult:
         if n.id in self._queued or self.spool.has(n.id):
             # Already waiting (e.g. dispatched again after a restart): resend_pending owns it.
-            return self._result(n, SPOOLED, 0, "already pending in the spool")
+            return self._retry.result(n, SPOOLED, 0, "already pending in the spool")
         if self.limiter is not None and not self.limiter.take(n.receiver, self._now()):
             error = f"{RATE_LIMITED}: held until the receiver's rate limit allows it"
-            if not self._spool_put(n, 0, error):
-                return self._result(n, FAILED, 0, f"{error}; spool failed")
-            return self._result(n, SPOOLED, 0, error)
-        self._spool_put(n, 0, "")          # write-ahead: on disk before the first attempt
+            if not self._retry.spool_put(n, 0, error):
+                return self._retry.result(n, FAILED, 0, f"{error}; spool failed")
+            return self._retry.result(n, SPOOLED, 0, error)
+        self._retry.spool_put(n, 0, "")    # write-ahead: on disk before the first attempt
         if not self._async(notifier):
-            return self._attempt_all(notifier, Job(n))
+            return self._retry.attempt_all(notifier, Job(n))
         if self._closed:
-            return self._result(n, SPOOLED, 0, SHUTDOWN)
+            return self._retry.result(n, SPOOLED, 0, SHUTDOWN)
         self._hand_over(Job(n))
         return DeliveryResult(n.receiver, n.id, QUEUED, 0, "", n.alert.decision_id, n.body,
                               self._now())
@@ -309,7 +278,7 @@ class Sender:
                 if self._async(notifier):
                     self._hand_over(job)
                     count += 1
-                elif self._attempt_once(notifier, job):
+                elif self._retry.attempt_once(notifier, job):
                     count += 1
                 elif self.spool.has(n.id):        # retryable: the receiver is down this pass
                     down.add(n.receiver)
@@ -348,23 +317,13 @@ class Sender:
         """Seconds a shutdown waits for the workers: what one notification may take at the
         slowest receiver (its ``timeout`` times ``1 + max_retries`` attempts, plus the longest
         backoff waits between them), at most :data:`CLOSE_WAIT_CAP`."""
-        waits = []
-        for n in self.notifiers.values():
-            if self._async(n):
-                retries = self._retries(n)
-                backoff = sum(self.backoff[min(i, len(self.backoff) - 1)] for i in range(retries))
-                waits.append(float(getattr(n, "timeout", 5.0) or 5.0) * (1 + retries)
-                             + backoff * (1.0 + self.jitter))
+        waits = [self._retry.longest(n) for n in self.notifiers.values() if self._async(n)]
         return min(CLOSE_WAIT_CAP, max(waits, default=0.0))
 
     # -- sending ------------------------------------------------------------------------------
 
     def _async(self, notifier: Notifier) -> bool:
         return self.background and not getattr(notifier, "inline", False)
-
-    def _retries(self, notifier: Notifier) -> int:
-        own = getattr(notifier, "max_retries", None)
-        return self.max_retries if own is None else max(0, int(own))
 
     def _hand_over(self, job: Job) -> None:
         receiver = job.notification.receiver
@@ -385,105 +344,12 @@ class Sender:
         n = job.notification
         notifier = self.notifiers[n.receiver]
         if self._closing.is_set():             # shut down: the spool keeps it
-            self._result(n, SPOOLED, job.attempts, SHUTDOWN)
+            self._retry.result(n, SPOOLED, job.attempts, SHUTDOWN)
             return
         if job.resend is not None:
             if self._down.get(n.receiver) == job.resend:
                 return                         # failed earlier in this pass: left in the spool
-            if not self._attempt_once(notifier, job) and self.spool.has(n.id):
+            if not self._retry.attempt_once(notifier, job) and self.spool.has(n.id):
                 self._down[n.receiver] = job.resend
         else:
-            self._attempt_all(notifier, job)
-
-    def _attempt_all(self, notifier: Notifier, job: Job) -> DeliveryResult:
-        """A new notification (in the spool already): the first attempt and the retries."""
-        n = job.notification
-        error = ""
-        attempts = 0
-        retry_after: float | None = None
-        for retry in range(self._retries(notifier) + 1):
-            if retry:
-                wait = self.delay(retry - 1)
-                if retry_after is not None:
-                    wait = max(wait, min(float(retry_after), self.max_delay))
-                if not self._closing_now():
-                    self._wait(wait)
-                if self._closing_now():
-                    break                         # shutting down: the spool keeps it
-            attempts += 1
-            ok, retryable, error, retry_after = self._send(notifier, n)
-            if ok:
-                self._ack(n)
-                return self._result(n, DELIVERED, job.attempts + attempts, "")
-            if not retryable:
-                self._dead(n, job.attempts + attempts, error)
-                return self._result(n, FAILED, job.attempts + attempts, error)
-        attempts += job.attempts
-        if not self._spool_put(n, attempts, error):
-            return self._result(n, FAILED, attempts, f"{error}; spool failed")
-        log.warning("receiver %r did not take %s after %d attempts (%s); spooled",
-                    n.receiver, n.id, attempts, error)
-        return self._result(n, SPOOLED, attempts, error)
-
-    def _attempt_once(self, notifier: Notifier, job: Job) -> bool:
-        """A spooled notification: one try. True when delivered."""
-        n = job.notification
-        attempts = job.attempts + 1
-        ok, retryable, error, _ = self._send(notifier, n)
-        if ok:
-            self._ack(n)
-            self._result(n, DELIVERED, attempts, "")
-        elif retryable:
-            self.spool.record_attempt(n.id, error)
-            self._result(n, SPOOLED, attempts, error)
-        else:
-            self._dead(n, attempts, error)
-            self._result(n, FAILED, attempts, error)
-        return ok
-
-    def _closing_now(self) -> bool:
-        return self.background and self._closing.is_set()
-
-    def _wait(self, seconds: float) -> None:
-        if self._sleep is not None:
-            self._sleep(seconds)
-        else:
-            self._closing.wait(seconds)
-
-    def _send(self, notifier: Notifier, n: Notification) -> tuple[bool, bool, str, float | None]:
-        """(delivered, retryable, error, the receiver's Retry-After) of one attempt."""
-        try:
-            notifier.send(n)
-        except NotifyError as exc:
-            return False, exc.retryable, str(exc), getattr(exc, "retry_after", None)
-        except Exception as exc:  # noqa: BLE001 - a notifier bug must not lose the alert
-            log.exception("receiver %r raised unexpectedly", notifier.name)
-            return False, True, f"{type(exc).__name__}: {exc}", None
-        return True, False, "", None
-
-    def _spool_put(self, n: Notification, attempts: int, error: str) -> bool:
-        try:
-            self.spool.put(n, attempts, error)
-        except OSError as exc:
-            log.critical("cannot spool notification %s for %r: %s", n.id, n.receiver, exc)
-            return False
-        return True
-
-    def _ack(self, n: Notification) -> None:
-        try:
-            self.spool.ack(n.id)
-        except OSError as exc:   # delivered, but may be sent again (same idempotency key)
-            log.error("cannot remove delivered notification %s from the spool: %s", n.id, exc)
-
-    def _dead(self, n: Notification, attempts: int, error: str) -> None:
-        log.error("receiver %r refused %s: %s (dead letter)", n.receiver, n.id, error)
-        try:
-            self.spool.dead(n, attempts, error)
-        except OSError as exc:
-            log.critical("cannot write dead letter %s: %s", n.id, exc)
-
-    def _result(self, n: Notification, status: str, attempts: int, error: str) -> DeliveryResult:
-        result = DeliveryResult(n.receiver, n.id, status, attempts, error,
-                                n.alert.decision_id, n.body, self._now())
-        self.results.put(result)
-        return result
+            self._retry.attempt_all(notifier, job)

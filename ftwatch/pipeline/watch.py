@@ -1,7 +1,8 @@
 """``ftwatch watch``: many jobs that ftwatch did not launch, from shipped logs.
 
 Sources put ``list[Shipped]`` on one bounded queue. The loop takes the batches queued at once
-together (``Watcher.next_batch``, up to ``MERGE_LINES`` lines), unwraps envelopes, names each
+together (``Watcher.next_batch``, up to ``MERGE_LINES`` lines: ``ftwatch.pipeline.sources.batches``,
+which also groups a batch's lines per origin), unwraps envelopes, names each
 line's job / node / instance (``ftwatch.pipeline.sources.identity``), groups the lines of one batch by
 origin into chunks and hands each job's chunks, origins beside them, to its
 :class:`ftwatch.pipeline.incidents.IncidentDesk` in one call (``output_many``)
@@ -40,9 +41,10 @@ Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve on
 once when a launcher of the job logs that its worker group finished successfully
 (``ftwatch.parsers.torchelastic.CLEAN_FINISH``), and as superseded when the job is failed.
 
-Size: past 400 lines, one job (the loop over batches and the jobs' lifetimes); taking a backlog
-at once and handing a batch over per job (issue 16) need the job state it orders against (new
-desks, host lines).
+Size: past 400 lines, one job (the loop over batches and the jobs' lifetimes); handing a batch
+over per job (issue 16) needs the job state it orders against (new desks, host lines). What needs
+none of it is beside it: taking a backlog and grouping its lines per origin
+(``sources/batches.py``), which jobs a node's host lines go to (``hostlog.share_host_lines``).
 """
 
 from __future__ import annotations
@@ -64,32 +66,12 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
+from ftwatch.pipeline.sources.batches import group_lines, positions_of, take_backlog
 from ftwatch.pipeline.sources.control import ControlHandler, for_job
-from ftwatch.pipeline.sources.hostlog import host_origin, is_host, line_device
+from ftwatch.pipeline.sources.hostlog import host_origin, is_host, share_host_lines
 from ftwatch.rules.engine import Engine
 
 _NEW_ATTEMPT = (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE)
-MERGE_LINES = 8192   # a backlog's batches are taken together up to about this many lines (issue 16)
-
-
-class MergedBatch(list):
-    """Batches that were queued together, as one ``list[Shipped]`` for :meth:`Watcher.ingest`
-    (their lines in queue order); :meth:`ack` acknowledges each of them (``ShippedBatch.ack``).
-
-    Args:
-        batches: the batches, in queue order.
-    """
-
-    def __init__(self, batches: list[list[Shipped]]):
-        super().__init__(itertools.chain.from_iterable(batches))
-        self.batches = batches
-
-    def ack(self) -> None:
-        """Acknowledge every batch that carries an ``ack`` (a file tail's), in queue order."""
-        for batch in self.batches:
-            ack = getattr(batch, "ack", None)
-            if ack is not None:
-                ack()
 
 
 def tune_gc_for_ingest() -> None:
@@ -102,39 +84,6 @@ def tune_gc_for_ingest() -> None:
     """
     import gc
     gc.set_threshold(50_000, 20, 20)
-
-
-def group_lines(resolved: Iterable[tuple[Origin, bytes, float]]) -> dict[Origin, tuple[list[bytes], float]]:
-    """Groups ``(origin, line, time)`` triples per origin, in one pass: what :meth:`Watcher.ingest`
-    feeds the engine (``bench/bench_ingest.py`` calls it too).
-
-    Returns:
-        origin -> (its lines in input order, its latest time), origins in order of first line.
-    """
-    # Lines are gathered per Origin *object* first (id() hashes in C; an Origin's own hash runs
-    # Python code), and each new object is looked up once by value, so equal Origins that are
-    # different objects still share one list and no line changes places.
-    by_id: dict[int, list] = {}
-    by_value: dict[Origin, list] = {}
-    for origin, line, t in resolved:
-        slot = by_id.get(id(origin))
-        if slot is None:
-            slot = by_value.get(origin)
-            if slot is None:
-                slot = by_value[origin] = [t, []]
-            by_id[id(origin)] = slot
-            slot.append(origin)      # holds the object, so its id is not reused meanwhile
-        if not slot[0] > t:          # max(t, latest), as max() treats ties and NaN
-            slot[0] = t
-        slot[1].append(line)
-    return {origin: (slot[1], slot[0]) for origin, slot in by_value.items()}
-
-
-def positions_of(batch: list[Shipped]) -> list:
-    """The source positions (``ShippedBatch.position``) a batch carries; of a batch made of
-    several (``batches``), each one's."""
-    parts = getattr(batch, "batches", None) or (batch,)
-    return [p for p in (getattr(b, "position", None) for b in parts) if p is not None]
 
 
 class Watcher:
@@ -197,26 +146,11 @@ class Watcher:
     def next_batch(self, timeout: float) -> list[Shipped] | None:
         """The next queued batch, waiting up to ``timeout`` seconds (None: none came), and with
         it the batches queued behind it, up to ``MERGE_LINES`` lines in all, as one
-        :class:`MergedBatch`: a monitor that fell behind takes its backlog in one go, so each
-        origin's state, the scan and the step tap's verdicts cost once per backlog, not once
-        per batch (1,000 pods: a batch holds about one line per pod). Taking what is queued
-        already adds no wait."""
-        try:
-            batch = self.queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        lines = len(batch)
-        if lines >= MERGE_LINES:
-            return batch
-        batches = [batch]
-        while lines < MERGE_LINES:
-            try:
-                more = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            batches.append(more)
-            lines += len(more)
-        return batch if len(batches) == 1 else MergedBatch(batches)
+        ``MergedBatch`` (``sources.batches.take_backlog``): a monitor that fell behind takes its
+        backlog in one go, so each origin's state, the scan and the step tap's verdicts cost once
+        per backlog, not once per batch (1,000 pods: a batch holds about one line per pod).
+        Taking what is queued already adds no wait."""
+        return take_backlog(self.queue, timeout)
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call
@@ -353,32 +287,18 @@ class Watcher:
             self.recorder.event(t, desk.job, "phase", phase=phase, job_hang_interval=tracker.interval())
 
     def _host(self, origin: Origin, lines: list[bytes], t: float, mono: float) -> None:
-        """A node's host lines: to the desks of the jobs on that node (module doc), the rest
-        scanned and stored only."""
+        """A node's host lines: to the desks of the jobs on that node (module doc,
+        ``hostlog.share_host_lines``), the rest scanned and stored only."""
         node = origin.node
-        taken: dict[str, list[bytes]] = {}
-        left: list[bytes] = []
         on_node = {job: [o for o in desk.instances.values() if o.node == node]
                    for job, desk in self.jobs.items() if self.attempt_start.get(job, t) <= t}
         on_node = {job: origins for job, origins in on_node.items() if origins}
-        for line in lines:
-            device = line_device(line) if on_node else None
-            jobs = [job for job, origins in on_node.items() if device is None or self._on_device(origins, device)]
-            for job in jobs:
-                taken.setdefault(job, []).append(line)
-            if not jobs:
-                left.append(line)
+        taken, left = share_host_lines(lines, on_node, self.devices)
         for job, mine in taken.items():
             desk = self.jobs[job]
             desk.output(host_origin(node, job, origin.stream), b"\n".join(mine) + b"\n", t, mono)
         if left:
             self.recorder.findings(self.engine.feed(origin, b"\n".join(left) + b"\n", t))
-
-    def _on_device(self, origins: list[Origin], device: str) -> bool:
-        """Whether one of a job's instances on a node uses ``device``; True when none of them has
-        known devices (the line then counts for the whole node)."""
-        known = [self.devices[o.key] for o in origins if o.key in self.devices]
-        return not known or any(device in devices for devices in known)
 
     def _bound(self, now: float, mono: float) -> None:
         """The ``limits`` caps (module doc): open blocks past the caps are closed early, idle

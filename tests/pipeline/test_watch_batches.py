@@ -13,11 +13,12 @@ import pytest
 
 from ftwatch.config.model import Config
 from ftwatch.events import Origin
-from ftwatch.pipeline import watch as watch_mod
 from ftwatch.pipeline.build import build_engine
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.sources import batches as batches_mod
 from ftwatch.pipeline.sources.base import Shipped, ShippedBatch
-from ftwatch.pipeline.watch import MergedBatch, Watcher
+from ftwatch.pipeline.sources.batches import MergedBatch
+from ftwatch.pipeline.watch import Watcher
 from ftwatch.testing import FakeClock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rules"))
@@ -95,7 +96,7 @@ def test_a_batch_of_many_pods_step_lines_is_one_step_tap_call(tmp_path, monkeypa
 def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch):
     """``next_batch`` takes the batches queued behind the first, up to ``MERGE_LINES`` lines, as
     one batch; ingesting it acknowledges each (a file tail's offsets); the rest stays queued."""
-    monkeypatch.setattr(watch_mod, "MERGE_LINES", 5)
+    monkeypatch.setattr(batches_mod, "MERGE_LINES", 5)
     clock = FakeClock()
     w, rec = make(tmp_path, clock)
     acked = []

@@ -65,7 +65,8 @@ def test_the_watcher_stores_a_batchs_position_in_the_transaction_of_its_findings
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     from ftwatch.pipeline.sources.base import Position, Shipped, ShippedBatch
-    from ftwatch.pipeline.watch import Watcher, positions_of
+    from ftwatch.pipeline.sources.batches import positions_of
+    from ftwatch.pipeline.watch import Watcher
     from ftwatch.rules.engine import Engine
     from ftwatch.rules.loader import rules_from_text
 

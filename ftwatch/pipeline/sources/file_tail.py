@@ -47,31 +47,27 @@ is newer than the file (:meth:`OffsetStore.adopt`, called by
 Not resumed after a restart: a restart while skipping an over-long line emits that line's
 remainder as a line.
 
-Size: over 400 lines because one pass (scan, reconcile, open, pump, deliver) works on one table
-of followed files under one lock; what needs none of that state lives beside it: one file's
-position (``tailed``), where its lines went after a rotation (``rotated``), the offsets on disk
+This module is the tail loop: the thread, one pass under one lock, each file's growth cut into
+lines, delivered and its offset saved or committed. Beside it: which files are followed and
+where each starts, rotation, deletion and truncation noticed (``followed``), one file's position
+(``tailed``), where its lines went after a rotation (``rotated``), the offsets on disk
 (``checkpoints``).
 """
 
 from __future__ import annotations
 
-import glob as globmod
 import logging
 import os
 import queue
-import stat
 import threading
 import time
 from typing import Any, Callable
 
 from ftwatch.pipeline.sources.base import Shipped, ShippedBatch, put_until_stopped
-from ftwatch.pipeline.sources.checkpoints import (
-    FINGERPRINT_BYTES, Commit, OffsetEntry, OffsetStore, read_fingerprint,
-)
-from ftwatch.pipeline.sources.rotated import (
-    Known, is_copy, known_of, mark_at, open_moved, salvage, truncated_at,
-)
-from ftwatch.pipeline.sources.tailed import TailedFile, tail_start
+from ftwatch.pipeline.sources.checkpoints import FINGERPRINT_BYTES, Commit, OffsetStore, read_fingerprint
+from ftwatch.pipeline.sources.followed import FollowedFiles
+from ftwatch.pipeline.sources.rotated import Known, mark_at
+from ftwatch.pipeline.sources.tailed import TailedFile
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +133,8 @@ class FileTailSource:
         self._out = out
         self._offsets = offsets
         self._clock = clock
-        self._files: dict[tuple[int, int], TailedFile] = {}
-        self._scanned = False
-        self._failed: set[str] = set()  # paths whose open failed (logged once)
-        self._known_paths = {e.path for e in offsets.entries()}  # paths followed by the last run
-        self._copies: set[tuple[int, int]] = set()  # followed files opened as copies (from their end)
-        self._truncated_while_down: list[Known] | None = None   # at the first scan, see _copy_of
+        self._followed = FollowedFiles(offsets, self.stats, clock, name=name, read_from_head=read_from_head,
+                                       rotate_wait=rotate_wait, chunk_bytes=chunk_bytes)
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -169,9 +161,7 @@ class FileTailSource:
             self._thread = None
         with self._poll_lock:
             self._flush_offsets()
-            for f in self._files.values():
-                os.close(f.fd)
-            self._files.clear()
+            self._followed.close_all()
             self.stats["files"] = 0
 
     def _run(self) -> None:
@@ -197,16 +187,10 @@ class FileTailSource:
         """
         with self._poll_lock:
             self.backlog = False
-            first = not self._scanned
-            self._reconcile(self._scan(), first)
-            if first:
-                for e in self._offsets.entries():
-                    if (e.dev, e.ino) not in self._files and not self._resume_moved(e):
-                        self._offsets.forget(e.dev, e.ino)
-                self._scanned = True
+            self._followed.update(self.globs)
             self._flush_offsets()  # where new files start, before any wait on the queue
             emitted = 0
-            for f in list(self._files.values()):
+            for f in list(self._followed.files.values()):
                 if self._stop.is_set():
                     break
                 try:
@@ -215,163 +199,13 @@ class FileTailSource:
                     self.stats["errors"] += 1
                     log.warning("file tail %s: reading %s failed: %s", self.name, f.path, e)
             self._flush_offsets()
-            self.stats["files"] = len(self._files)
+            self.stats["files"] = len(self._followed.files)
             return emitted
-
-    def _scan(self) -> dict[str, tuple[int, int]]:
-        """Returns {path: (dev, ino)} of the regular files the globs match now."""
-        found: dict[str, tuple[int, int]] = {}
-        for pattern in self.globs:
-            for path in sorted(globmod.glob(pattern, recursive=True)):
-                if path in found:
-                    continue
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    found[path] = (st.st_dev, st.st_ino)
-        return found
-
-    def _reconcile(self, found: dict[str, tuple[int, int]], first: bool) -> None:
-        """Notices files that left their path (rotated, deleted) and opens files not followed yet."""
-        by_key: dict[tuple[int, int], str] = {}
-        for path, key in found.items():
-            by_key.setdefault(key, path)
-        for key, f in self._files.items():
-            if f.rotated_at is not None or f.deleted or found.get(f.path) == key:
-                continue
-            if key in by_key:  # renamed to another matching name: follow it there
-                f.path = by_key[key]
-                continue
-            try:
-                nlink = os.fstat(f.fd).st_nlink
-            except OSError:
-                nlink = 0
-            if nlink:
-                f.rotated_at = self._clock()
-                self.stats["rotations"] += 1
-                log.info("file tail %s: %s rotated; reading the old file for %.1fs more",
-                         self.name, f.path, self.rotate_wait)
-            else:
-                f.deleted = True
-                if f.path in found:
-                    self.stats["rotations"] += 1
-        for key, path in by_key.items():
-            if key not in self._files:
-                self._open(path, key, first)
-
-    def _open(self, path: str, key: tuple[int, int], first: bool) -> None:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as e:
-            if path not in self._failed:
-                self._failed.add(path)
-                self.stats["errors"] += 1
-                log.warning("file tail %s: cannot open %s: %s", self.name, path, e)
-            return
-        self._failed.discard(path)
-        try:
-            st = os.fstat(fd)
-            key = (st.st_dev, st.st_ino)  # the path may have been rotated since the stat
-            if key in self._files:
-                os.close(fd)
-                return
-            fp = read_fingerprint(fd)
-            saved = self._offsets.get(st.st_dev, st.st_ino, fp)
-            entry = self._offsets.entry(st.st_dev, st.st_ino)
-            salvage_from = None
-            copy = False
-            if entry is not None and entry.path == path and (saved is None or saved > st.st_size):
-                self.stats["truncations"] += 1     # truncated (copytruncate) or rewritten while down
-                salvage_from = Known(key, entry.fingerprint, entry.offset, entry.mark)
-                pos = 0
-            elif saved is not None and saved > st.st_size:
-                self.stats["truncations"] += 1
-                pos = 0
-            elif saved is not None:
-                pos = saved
-            elif self._copy_of(fd, st.st_size, key, first):
-                pos, copy = st.st_size, True       # a copy of what was delivered: never read again
-            elif first and not self.read_from_head and path not in self._known_paths:
-                pos = tail_start(fd, st.st_size, self.chunk_bytes)
-            else:
-                pos = 0
-        except OSError as e:
-            os.close(fd)
-            self.stats["errors"] += 1
-            log.warning("file tail %s: cannot read %s: %s", self.name, path, e)
-            return
-        f = TailedFile(st.st_dev, st.st_ino, path, fd, pos, fp)
-        f.salvage = salvage_from                   # read in its first pump, once every copy is known
-        self._files[key] = f
-        if copy:
-            self._copies.add(key)
-        if salvage_from is None:   # a restart before the first line must resume here, not skip to the end
-            self._save(f)          # (a salvage keeps the old entry until its lines are delivered: a
-                                   #  restart before then salvages them again)
-        log.info("file tail %s: following %s from offset %d", self.name, path, pos)
-
-    def _resume_moved(self, e: OffsetEntry) -> bool:
-        """Follows a saved file that the first scan did not find, if it was rotated beside its path.
-
-        Returns:
-            True when it was found by its inode (it is read on from its offset, as a rotated
-            file); False when it is gone or no longer the saved content.
-        """
-        found = open_moved(known_of(e), e.path)
-        if found is None:
-            return False
-        moved, fd, fp = found
-        f = TailedFile(e.dev, e.ino, e.path, fd, e.offset, fp)   # its lines keep the path they had
-        f.saved, f.mark = e.offset, e.mark
-        f.rotated_at = self._clock()
-        self._files[(e.dev, e.ino)] = f
-        self.stats["rotations"] += 1
-        log.info("file tail %s: %s was rotated to %s while ftwatch was down; reading it on from offset %d",
-                 self.name, e.path, moved, e.offset)
-        return True
-
-    def _copy_of(self, fd: int, size: int, key: tuple[int, int], first: bool) -> bool:
-        """Whether a newly found file is a copy, up to its delivered offset, of a followed file
-        that was truncated (or, at the first scan, of a saved one truncated while ftwatch was down).
-
-        Only a truncated original counts: a sibling that begins with the same bytes as a followed
-        file (a common banner) is no copy and is read like any new file.
-        """
-        known = [Known((f.dev, f.ino), f.fp, f.saved, f.mark) for f in self._files.values()
-                 if f.salvage is not None or self._truncated(f)]
-        if first:
-            if self._truncated_while_down is None:
-                self._truncated_while_down = [known_of(e) for e in self._offsets.entries()
-                                              if truncated_at(known_of(e), e.path)]
-            known += self._truncated_while_down
-        return any(is_copy(fd, size, key, k) for k in known)
-
-    def _truncated(self, f: TailedFile) -> bool:
-        """Whether a followed file is shorter than the read position or no longer begins as it did."""
-        try:
-            st = os.fstat(f.fd)
-            return st.st_size < f.pos or (st.st_size != f.size_seen and not self._same_start(f))
-        except OSError:
-            return False
-
-    def _salvage(self, path: str, known: Known) -> list[bytes]:
-        """The lines after ``known.offset`` read from a copy of the truncated file ``path`` (never
-        from a file followed in its own right)."""
-        def followed(key: tuple[int, int]) -> bool:
-            return key in self._files and key not in self._copies
-        lines, copy = salvage(os.path.dirname(path), known, followed)
-        if copy is not None:
-            self.stats["salvaged"] += len(lines)
-            log.info("file tail %s: %s was truncated; %d unread lines taken from its copy %s",
-                     self.name, path, len(lines), copy)
-        return lines
 
     def _pump(self, f: TailedFile) -> int:
         """Reads one file's growth, delivers its batch, saves its offset. Returns lines emitted."""
         st = os.fstat(f.fd)
-        if self._truncated(f):
+        if self._followed.truncated(f):
             self.stats["truncations"] += 1
             log.info("file tail %s: %s truncated; reading it from the start", self.name, f.path)
             f.salvage = Known((f.dev, f.ino), f.fp, f.saved, f.mark)
@@ -384,7 +218,7 @@ class FileTailSource:
             meta["envelope"] = self.envelope
         if f.salvage is not None:
             now = time.time()
-            batch.extend([Shipped(now, self._cut(line), meta) for line in self._salvage(f.path, f.salvage)])
+            batch.extend([Shipped(now, self._cut(line), meta) for line in self._followed.salvage(f.path, f.salvage)])
             f.salvage = None
         budget = 16 * self.chunk_bytes
         emitted_bytes = 0
@@ -415,9 +249,7 @@ class FileTailSource:
         self.stats["lines"] += len(batch)
         committed = isinstance(batch, ShippedBatch) and batch.committed
         if finished:
-            os.close(f.fd)
-            del self._files[(f.dev, f.ino)]
-            self._copies.discard((f.dev, f.ino))
+            self._followed.close(f)
             if not committed:
                 self._offsets.forget(f.dev, f.ino)
             log.info("file tail %s: closed %s (%s)", self.name, f.path,
@@ -425,7 +257,7 @@ class FileTailSource:
         elif committed:
             f.saved, f.mark = f.offset, mark
         else:
-            self._save(f, mark)
+            self._followed.save(f, mark)
         return len(batch)
 
     def _prepare(self, f: TailedFile, finished: bool, mark: bytes) -> Commit | None:
@@ -478,21 +310,11 @@ class FileTailSource:
         self.stats["long_lines"] += 1
         return line[:self.max_line_bytes] + TRUNCATED_MARKER
 
-    def _same_start(self, f: TailedFile) -> bool:
-        """Whether the file still begins with the bytes it began with (else it was truncated and rewritten)."""
-        return not f.fp or os.pread(f.fd, len(f.fp), 0) == f.fp
-
     def _deliver(self, batch: list[Shipped]) -> bool:
         """Puts a batch (and waits for its ack with require_ack); False if stop() came first."""
         if not put_until_stopped(self._out, batch, self._stop):
             return False
         return not isinstance(batch, ShippedBatch) or batch.wait_acked(self._stop)
-
-    def _save(self, f: TailedFile, mark: bytes | None = None) -> None:
-        if f.offset != f.saved:
-            f.mark = mark_at(f.fd, f.offset) if mark is None else mark
-            self._offsets.set(f.dev, f.ino, f.fp, f.offset, f.path, f.mark)
-            f.saved = f.offset
 
     def _flush_offsets(self) -> None:
         try:

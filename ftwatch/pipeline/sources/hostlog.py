@@ -3,9 +3,9 @@
 A host line (``NVRM: Xid (PCI:0000:3b:00): 79, ...`` from the kernel ring buffer, the journal or
 ``/var/log/kern.log``) is about a machine and its devices, not about a process. Its origin is
 :func:`host_origin`: instance ``host/<node>``, no rank, ``source`` :data:`HOST_SOURCE`. The
-drivers attach it to the jobs that run there (``ftwatch.pipeline.watch``: every job with
-instances on the node, narrowed to the instances on the named device when their devices are
-known; ``ftwatch.pipeline.run``: the one local job; ``ftwatch.pipeline.replay``: a ``kern.log``
+drivers attach it to the jobs that run there (``ftwatch.pipeline.watch``, :func:`share_host_lines`:
+every job with instances on the node, narrowed to the instances on the named device when their
+devices are known; ``ftwatch.pipeline.run``: the one local job; ``ftwatch.pipeline.replay``: a ``kern.log``
 side file). In a job's incident it is evidence like any other and counts by its time; it is never
 an instance (no world size, no hang timer, no failed instance: ``ftwatch.policy.triggers``).
 
@@ -88,6 +88,40 @@ def line_device(line: bytes) -> str | None:
     """The PCI bus id a kernel line names in ``(PCI:dddd:bb:dd)`` (NVRM Xid / SXid), else None."""
     m = _PCI_IN_LINE.search(line)
     return None if m is None else _canonical(m)
+
+
+def share_host_lines(lines: Iterable[bytes], on_node: Mapping[str, Sequence[Origin]],
+                     devices: Mapping[tuple[str, str], frozenset[str]]) -> tuple[dict[str, list[bytes]], list[bytes]]:
+    """Splits a node's host lines among the jobs with instances on that node (``watch``).
+
+    Args:
+        lines: the node's host lines.
+        on_node: job -> the origins of its instances on the node (a job with none left out).
+        devices: ``(job, instance)`` (``Origin.key``) -> the PCI bus ids of its devices; an
+            instance not in it has none known.
+
+    Returns:
+        (job -> its lines, the lines no job takes). A line naming a device goes to the jobs with
+        an instance on that device, or whose instances on the node have no known devices (the
+        line then counts for the whole node); a line naming none goes to every job on the node.
+    """
+    taken: dict[str, list[bytes]] = {}
+    left: list[bytes] = []
+    for line in lines:
+        device = line_device(line) if on_node else None
+        jobs = [job for job, origins in on_node.items() if device is None or _on_device(origins, device, devices)]
+        for job in jobs:
+            taken.setdefault(job, []).append(line)
+        if not jobs:
+            left.append(line)
+    return taken, left
+
+
+def _on_device(origins: Sequence[Origin], device: str, devices: Mapping[tuple[str, str], frozenset[str]]) -> bool:
+    """Whether one of a job's instances on a node uses ``device``; True when none of them has
+    known devices."""
+    known = [devices[o.key] for o in origins if o.key in devices]
+    return not known or any(device in ids for ids in known)
 
 
 def _canonical(m: re.Match) -> str:

@@ -1,6 +1,6 @@
 """Where a followed file's unread lines went when it left its path: its new name, or its copy.
 
-Used by :mod:`ftwatch.pipeline.sources.file_tail` so that rotation loses nothing and reads
+Used by the file tail (:mod:`ftwatch.pipeline.sources.followed`) so that rotation loses nothing and reads
 nothing twice, also across a restart (issue 17):
 
 - **Rename rotation** keeps the inode: :func:`find_inode` looks for it in the directory it was

@@ -1,6 +1,6 @@
 """One followed file of a file tail (:class:`TailedFile`: its inode, descriptor and read
 position) and where reading a file "from its end" starts (:func:`tail_start`). Used by
-:mod:`ftwatch.pipeline.sources.file_tail`."""
+:mod:`ftwatch.pipeline.sources.file_tail` and its table of files, :mod:`ftwatch.pipeline.sources.followed`."""
 
 from __future__ import annotations
 

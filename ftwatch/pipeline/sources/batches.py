@@ -1,0 +1,96 @@
+"""The shipped queue's batches as its consumer (``ftwatch watch``) takes them: a backlog taken
+together, its lines grouped per origin, the source positions it carries.
+
+Sources put ``list[Shipped]`` (a file tail's :class:`~ftwatch.pipeline.sources.base.ShippedBatch`)
+on one bounded queue (``ftwatch.pipeline.sources.base``). :func:`take_backlog` takes the next
+batch and the batches queued behind it as one :class:`MergedBatch` (issue 16), which acknowledges
+each of them; :func:`group_lines` groups a batch's resolved lines per origin (the chunks the
+engine scans); :func:`positions_of` reads the offsets a batch's sources commit with its effects
+(issue 17). Used by :mod:`ftwatch.pipeline.watch`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+from typing import Iterable
+
+from ftwatch.events import Origin
+from ftwatch.pipeline.sources.base import Shipped
+
+MERGE_LINES = 8192   # a backlog's batches are taken together up to about this many lines (issue 16)
+
+
+class MergedBatch(list):
+    """Batches that were queued together, as one ``list[Shipped]`` for ``Watcher.ingest``
+    (their lines in queue order); :meth:`ack` acknowledges each of them (``ShippedBatch.ack``).
+
+    Args:
+        batches: the batches, in queue order.
+    """
+
+    def __init__(self, batches: list[list[Shipped]]):
+        super().__init__(itertools.chain.from_iterable(batches))
+        self.batches = batches
+
+    def ack(self) -> None:
+        """Acknowledge every batch that carries an ``ack`` (a file tail's), in queue order."""
+        for batch in self.batches:
+            ack = getattr(batch, "ack", None)
+            if ack is not None:
+                ack()
+
+
+def take_backlog(q: queue.Queue, timeout: float) -> list[Shipped] | None:
+    """The next queued batch, waiting up to ``timeout`` seconds (None: none came), and with it the
+    batches queued behind it, up to :data:`MERGE_LINES` lines in all, as one :class:`MergedBatch`
+    (a batch alone is returned as it is). Taking what is queued already adds no wait."""
+    try:
+        batch = q.get(timeout=timeout)
+    except queue.Empty:
+        return None
+    lines = len(batch)
+    if lines >= MERGE_LINES:
+        return batch
+    batches = [batch]
+    while lines < MERGE_LINES:
+        try:
+            more = q.get_nowait()
+        except queue.Empty:
+            break
+        batches.append(more)
+        lines += len(more)
+    return batch if len(batches) == 1 else MergedBatch(batches)
+
+
+def group_lines(resolved: Iterable[tuple[Origin, bytes, float]]) -> dict[Origin, tuple[list[bytes], float]]:
+    """Groups ``(origin, line, time)`` triples per origin, in one pass: what ``Watcher.ingest``
+    feeds the engine.
+
+    Returns:
+        origin -> (its lines in input order, its latest time), origins in order of first line.
+    """
+    # Lines are gathered per Origin *object* first (id() hashes in C; an Origin's own hash runs
+    # Python code), and each new object is looked up once by value, so equal Origins that are
+    # different objects still share one list and no line changes places.
+    by_id: dict[int, list] = {}
+    by_value: dict[Origin, list] = {}
+    for origin, line, t in resolved:
+        slot = by_id.get(id(origin))
+        if slot is None:
+            slot = by_value.get(origin)
+            if slot is None:
+                slot = by_value[origin] = [t, []]
+            by_id[id(origin)] = slot
+            slot.append(origin)      # holds the object, so its id is not reused meanwhile
+        if not slot[0] > t:          # max(t, latest), as max() treats ties and NaN
+            slot[0] = t
+        slot[1].append(line)
+    return {origin: (slot[1], slot[0]) for origin, slot in by_value.items()}
+
+
+def positions_of(batch: list[Shipped]) -> list:
+    """The source positions (``ShippedBatch.position``) a batch carries; of a batch made of
+    several (``batches``), each one's."""
+    parts = getattr(batch, "batches", None) or (batch,)
+    return [p for p in (getattr(b, "position", None) for b in parts) if p is not None]
