@@ -13,15 +13,18 @@ long ago", so nothing is graded as an initialisation failure.
 
 The grading (:func:`at_init`): a root cause whose rule and message ``rules/packs/init_phase.tsv``
 lists, with no progress of the job before it, takes that table's class and action. Each row says
-where its source puts the failure at initialisation as configuration (NCCL's troubleshooting guide:
-"interfaces ... not able to communicate between nodes ... fail during the init functions"; NCCL's
-ports must be open in the firewall). After progress the same line keeps its rule's grade: the path
-carried traffic before, so its loss is the network's. What the table leaves out stays as its rule
-grades it at init too: a transient-class message (a refused connect: the host answered, its
-listener not up yet or gone; the c10d store's client "timed out ... trying to connect", which a
-master that starts late or died gives as well as a wrong ``MASTER_ADDR``) keeps its retryable grade,
-and the restart budget (SPEC D3; D4's "3 reschedules in a row with no node or chip fault → the 4th
-fails as user code") ends a configuration that loops.
+where its sources put the failure at initialisation as configuration: NCCL's troubleshooting guide
+("interfaces ... not able to communicate between nodes ... fail during the init functions"), a
+firewall's reject ("No route to host"), a connect to a link-local address or to a network this host
+has no route to. After progress the same line keeps its rule's grade: the path carried traffic
+before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
+because its sources name transients as well: a refused connect (the host answered, its listener not
+up yet or gone), a timed-out one (a node dropping SYNs under load, retried with success: NVIDIA/nccl
+PR #1618), NCCL's "Software caused connection abort" (a refused or timed-out connect retried on the
+same socket: NVIDIA/nccl #1515), the c10d store client's "timed out ... trying to connect" (a
+master that starts late or died as well as a wrong ``MASTER_ADDR``). The restart budget (SPEC D3;
+D4: "3 reschedules in a row with no node or chip fault → the 4th fails as user code") ends a
+configuration among them that loops.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """An error before the job made any progress (SPEC R6, ``ftwatch.policy.initphase``): the fact read
 once in the incident core, and the grading of ``rules/packs/init_phase.tsv`` that uses it. Each test
-fails without its change: a connect that never reached its peer at init is configuration (fail_job),
-the same line after progress stays retryable, a refused connect at init stays retryable, an unseen
-start grades nothing, one start-up line naming a step count is no progress."""
+fails without its change: a connect that no route, no network or a link-local address kept from its
+peer at init is configuration (fail_job), the same line after progress stays retryable, a refused,
+timed-out or aborted connect at init stays retryable, an unseen start grades nothing, a header line
+naming a step count is no progress."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ FLAGS = {"fault_tolerant_policy": "ExitCodeAndErrorMsg", "enable_job_restart": T
 NO_ROUTE = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : No route to host"
 ABORTED = ("node-1:4410:4493 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.42.0.7<41327> "
            "failed : Software caused connection abort")
+UNREACHABLE = ("node-1:4410:4493 [0] include/socket.h:403 NCCL WARN Connect to fe80::4811:8aff:fe89:315f%vethe2e6725<41327> "
+               "failed : Network is unreachable")
+LINK_LOCAL = ("node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to fe80::4811:8aff:fe89:315f"
+              "%vethe2e6725<41327> failed : Connection timed out")
+TIMED_OUT = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : Connection timed out"
 REFUSED = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : Connection refused"
 RAISED = "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error"
 
@@ -47,7 +53,7 @@ def test_every_row_names_a_rule_that_exists():
 
 
 def test_a_connect_that_never_reached_its_peer_before_any_progress_is_configuration(tmp_path):
-    for line in (NO_ROUTE, ABORTED):
+    for line in (NO_ROUTE, UNREACHABLE, LINK_LOCAL):
         d = decided(logged(line, RAISED), NONE_YET, tmp_path / line[-9:].replace(" ", "_"))
         assert d.action is Action.FAIL_JOB, d.policy_clause
         assert d.root_cause.failure_class is FailureClass.USER_CODE and "R6" in d.policy_clause
@@ -58,16 +64,22 @@ def test_the_same_connect_after_progress_stays_retryable(tmp_path):
     assert d.action is Action.RESTART_JOB and d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
 
 
-def test_a_refused_connect_or_an_unseen_start_grades_nothing(tmp_path):
+def test_a_refused_timed_out_or_aborted_connect_or_an_unseen_start_grades_nothing(tmp_path):
     assert at_init(logged(REFUSED)[0], NONE_YET) is None          # the host answered: transient class
+    assert at_init(logged(TIMED_OUT)[0], NONE_YET) is None        # SYNs dropped under load too (PR #1618)
+    aborted = logged(ABORTED, RAISED)                             # a refused connect retried (NCCL #1515)
+    assert at_init(aborted[-1], NONE_YET, aborted) is None
     assert at_init(logged(NO_ROUTE)[0], UNKNOWN) is None          # watch attached mid-run: not known
     d = decided(logged(NO_ROUTE, RAISED), UNKNOWN, tmp_path)
     assert d.action is Action.RESTART_JOB
 
 
-def test_an_aborted_connect_is_a_finding_of_its_own():
-    rules = [f.rule_id for f in logged(ABORTED)]
-    assert rules == ["nccl.socket_connect_aborted"]
+def test_an_unreachable_network_is_a_warning_that_explains_the_system_error():
+    found = logged(UNREACHABLE, RAISED)
+    assert [f.rule_id for f in found][0] == "nccl.socket_connect_net_unreachable"
+    grade = at_init(found[-1], NONE_YET, found)
+    assert found[-1].rule_id == "nccl.unhandled_system_error" and grade is not None
+    assert grade.failure_class is FailureClass.USER_CODE
 
 
 def test_first_progress_is_the_jobs_earliest_step_line_not_a_header_or_a_zero_count():
