@@ -14,11 +14,13 @@ long ago", so nothing is graded as an initialisation failure.
 The grading (:func:`at_init`): a root cause whose rule and message ``rules/packs/init_phase.tsv``
 lists, with no progress of the job before it, takes that table's class and action. Each row says
 where its sources put the failure at initialisation as configuration: NCCL's troubleshooting guide
-("interfaces ... not able to communicate between nodes ... fail during the init functions"), a
-firewall's reject ("No route to host"), a connect to a link-local address or to a network this host
-has no route to. After progress the same line keeps its rule's grade: the path carried traffic
+("interfaces ... not able to communicate between nodes ... fail during the init functions") for a
+connect to a network this host has no route to (ENETUNREACH, which NCCL does not retry) or to a
+peer's link-local address (RFC 4291: not forwarded between links). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
-because its sources name transients as well: a refused connect (the host answered, its listener not
+because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
+ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a
+"No route to host" (an IPoIB link flap that a relaunch got past, NVIDIA/nccl PR #1311), a refused connect (the host answered, its listener not
 up yet or gone), a timed-out one (a node dropping SYNs under load, retried with success: NVIDIA/nccl
 PR #1618), NCCL's "Software caused connection abort" (a refused or timed-out connect retried on the
 same socket: NVIDIA/nccl #1515), the c10d store client's "timed out ... trying to connect" (a
