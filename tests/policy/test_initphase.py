@@ -76,7 +76,7 @@ def test_a_refused_timed_out_or_aborted_connect_or_an_unseen_start_grades_nothin
     assert d.action is Action.RESTART_JOB
 
 
-def test_an_unreachable_network_is_a_warning_that_explains_the_system_error():
+def test_an_unreachable_network_explains_the_system_error_after_it():
     found = logged(UNREACHABLE, RAISED)
     assert [f.rule_id for f in found][0] == "nccl.socket_connect_net_unreachable"
     grade = at_init(found[-1], NONE_YET, found)
