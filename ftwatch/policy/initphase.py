@@ -43,6 +43,8 @@ from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress
 
 _FILE = "init_phase.tsv"
+#: A progress line holds one of these (``progress._LITERALS``, where a progress match can start)
+_LITERALS = (b"poch", b"ter", b"oss", b"tep", b"%|", b"MnRtt/Rnk: ")
 _COMMENT = re.compile(rb"(?m)^[ \t]*#[^\n]*")
 UNKNOWN = float("-inf")     # ``progress_at`` when the start of the attempt was not seen
 NONE_YET = float("inf")     # ``progress_at`` when the job has shown no progress this attempt
@@ -150,8 +152,8 @@ class FirstProgress:
         """Read a chunk of the stream ``key`` (``progress.marks``'s arguments). A line that starts
         with ``#`` is a header or comment (a benchmark's parameter line, ``iters: 20``), and one
         whose counters are all 0 (``Epoch 0:   0%| 0/2300``, ``step 0``) shows no step done yet."""
-        if not self.wants(key):
-            return
+        if not self.wants(key) or not any(literal in data for literal in _LITERALS):
+            return                              # (``bytes.find`` per literal: memchr-fast, no regex pass)
         if b"#" in data:
             data = _COMMENT.sub(b"", data)      # emptied, not removed: untimed lines keep their times
         seen = self._seen.get(key, 0)
