@@ -40,6 +40,12 @@ from that finding on). In every driver, when the instance that printed such an e
 (:attr:`IncidentDesk.notices`, a ``notice`` event): it leaves the evidence, and an incident it
 alone held is dropped.
 
+Progress before the error (SPEC R6, ``ftwatch.policy.initphase.FirstProgress``): each stream's
+chunks are read for progress lines until it shows ``progress.MARKS`` of them (then it costs a dict
+lookup); the earliest such time of the attempt is the incident's ``progress_at``, by which the
+policy tells an error of a job that never trained (configuration at initialisation) from the same
+error after progress.
+
 Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
 hands them in with that job in their origin) is output like any other and counts by its time, but
 its origin is never an instance: it starts no hang timer, counts in no world size and fails no
@@ -67,7 +73,7 @@ from ftwatch.pipeline.exits import ExitReader, rank_origin
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
-from ftwatch.policy import lifecycle, progress
+from ftwatch.policy import initphase, lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, may_survive, opens_incident,
                                     pick_trigger, sticky_rules)
@@ -154,6 +160,7 @@ class IncidentDesk:
         self.survival = progress.Survival(         # errors waiting for their instance's progress; notices
             survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices)
         self._sticky = sticky_rules(engine.rules)
+        self.progress = initphase.FirstProgress(max_streams=cap)   # when the job first showed progress (R6)
         self._held = False                     # the open incident waits to be outlived ...
         self._alive = False                    # ... and its instance printed since it opened ...
         self._hold_until = 0.0                 # ... so it is due at the latest then (mono)
@@ -215,6 +222,8 @@ class IncidentDesk:
             end -= 1
         if end:
             self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
+        if self.progress.wants(origin) and not is_host(origin):
+            self.progress.read(origin, data, time, sim_step, self.engine.year or line_fields.year_of(time))
         found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
         if self.summaries is not None and (may_hold_summary(data) or origin in self._exits.summary_lines):
             found += self._exits.summary(origin, data, time)
@@ -288,6 +297,8 @@ class IncidentDesk:
                 end -= 1
             if end:
                 tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
+            if self.progress.wants(origin):
+                self.progress.read(origin, data, time, 0.0, engine.year or line_fields.year_of(time))
             found = None
             if not quiet(origin, data, hits):
                 if steps_only(origin, hits):
@@ -448,7 +459,8 @@ class IncidentDesk:
         failed = failed_instances([f for f in evidence if not is_host(f.origin)], trigger, self.failed,
                                   exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
-        verdict = self.policy.verdict(Incident(trigger, tuple(evidence), world, failed, self.attempt, facts), now)
+        verdict = self.policy.verdict(Incident(trigger, tuple(evidence), world, failed, self.attempt, facts,
+                                               self.progress.at), now)
         self.forget_incident(mono, verdict.decision.action, trigger)
         return verdict
 
@@ -495,6 +507,7 @@ class IncidentDesk:
         self.open = None
         self._held = False
         self.survival.clear()
+        self.progress.reset()
         self._hang_notified = False
         self.world_size = world_size
         if not self.exits:

@@ -368,6 +368,7 @@ class Watcher:
                                 summaries="live", limits=self.config.limits)
             desk.new_attempt(self.clock.time())
             self.attempt_start[job] = float("-inf")  # its first attempt began before ftwatch saw it
+            desk.progress.reset(known=False)         # ... so whether it made progress is not known (R6)
             self.jobs_met += 1
             self._active.pop(job, None)
             self._active[job] = self.clock.mono()       # met now (by output, the SDK or close)

@@ -37,6 +37,7 @@ from ftwatch.policy.blame import BlameStore, blameable
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
+from ftwatch.policy.initphase import UNKNOWN, at_init
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
@@ -61,6 +62,9 @@ class Incident:
         attempt: 0 for the first run.
         facts: what a local run knows (running and failed ranks, its devices and MIN, the
             MindCluster strategies) for :meth:`Policy.verdict`'s plan; None in watch and replay.
+        progress_at: epoch seconds by which the job had shown progress this attempt
+            (``ftwatch.policy.initphase.FirstProgress``): ``inf`` none, ``-inf`` not known (the
+            default: nothing is graded as an initialisation failure).
     """
 
     trigger: Finding
@@ -69,6 +73,7 @@ class Incident:
     failed_instances: frozenset[str]
     attempt: int
     facts: RunFacts | None = None
+    progress_at: float = UNKNOWN
 
 
 def is_ps_or_chief(instance: str) -> bool:
@@ -168,6 +173,12 @@ class Policy:
             notes += found
         an = analyse(scope, incident.world_size if sync else None)
         rc = an.root_cause or trig
+        init = at_init(rc, incident.progress_at, scope) if an.real and an.root_cause is not None else None
+        if init is not None:                # R6: before any progress this message is configuration
+            notes.append(f"R6 {rc.rule_id} on {_who(rc)} came before the job made any progress: "
+                         f"{init.failure_class.value}/{init.action.label} (init_phase.tsv: {init.meaning.split(':')[0]})")
+            old, rc = rc, dataclasses.replace(rc, failure_class=init.failure_class, action=init.action)
+            an = dataclasses.replace(an, root_cause=rc, real=tuple(rc if f is old else f for f in an.real))
         if an.real and is_c4d(rc) and rc.action is Action.ISOLATE_NODE:
             notes.append(error_clause(rc))
         if self.blame is not None and an.real and blameable(rc):

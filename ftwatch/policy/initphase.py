@@ -1,0 +1,169 @@
+"""Whether the job made progress before its error, and what an error before any progress means
+(SPEC R6 phases, issue 12: a configuration that never worked against a transient fault).
+
+The fact (:class:`FirstProgress`): the time by which the job had shown that it trains, read once in
+the incident core (``ftwatch.pipeline.incidents.IncidentDesk``) for ``run``, ``watch`` and
+``replay`` alike and handed to the policy as ``Incident.progress_at``. It is the time of the job's
+first progress line (``progress.marks``: step, iteration, epoch and loss lines as trainers print
+them; a line that speaks of an error is none), earliest across its streams; a header or comment
+line (``#``: nccl-tests' ``# nThread 1 ... step: 2(factor) warmup iters: 5``) and a line whose
+counters are all 0 (a bar at ``0/2300``: no step done yet) are none. ``inf``: no progress this attempt; ``-inf``: not known (the
+driver did not see the attempt begin: ``watch`` attached to a running job), read as "progressed
+long ago", so nothing is graded as an initialisation failure.
+
+The grading (:func:`at_init`): a root cause whose rule and message ``rules/packs/init_phase.tsv``
+lists, with no progress of the job before it, takes that table's class and action. Each row says
+where its sources put the failure at initialisation as configuration: NCCL's troubleshooting guide
+("interfaces ... not able to communicate between nodes ... fail during the init functions") for a
+connect to a network this host has no route to (ENETUNREACH, which NCCL does not retry) or to a
+peer's link-local address (RFC 4291: not forwarded between links). After progress the same line keeps its rule's grade: the path carried traffic
+before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
+because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
+ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a
+"No route to host" (an IPoIB link flap that a relaunch got past, NVIDIA/nccl PR #1311), a refused connect (the host answered, its listener not
+up yet or gone), a timed-out one (a node dropping SYNs under load, retried with success: NVIDIA/nccl
+PR #1618), NCCL's "Software caused connection abort" (a refused or timed-out connect retried on the
+same socket: NVIDIA/nccl #1515), the c10d store client's "timed out ... trying to connect" (a
+master that starts late or died as well as a wrong ``MASTER_ADDR``). The restart budget (SPEC D3;
+D4: "3 reschedules in a row with no node or chip fault → the 4th fails as user code") ends a
+configuration among them that loops.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from ftwatch.bounded import BoundedDict
+from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
+from ftwatch.events import Action, FailureClass, Finding
+from ftwatch.policy import progress
+
+_FILE = "init_phase.tsv"
+#: A progress line holds one of these (``progress._LITERALS``, where a progress match can start)
+_LITERALS = (b"poch", b"ter", b"oss", b"tep", b"%|", b"MnRtt/Rnk: ")
+_COMMENT = re.compile(rb"(?m)^[ \t]*#[^\n]*")
+UNKNOWN = float("-inf")     # ``progress_at`` when the start of the attempt was not seen
+NONE_YET = float("inf")     # ``progress_at`` when the job has shown no progress this attempt
+
+
+@dataclass(frozen=True)
+class InitGrade:
+    """A row of ``init_phase.tsv``: what ``rule``'s finding whose line matches ``message`` is when
+    the job made no progress before it; also what a later finding of one of the ``explains`` rules
+    on the same instance is (NCCL WARNs the call that failed, then returns the ncclSystemError that
+    its caller reports: the WARN names the errno, the error decides)."""
+
+    rule: str
+    message: re.Pattern[str] | None
+    explains: frozenset[str]
+    failure_class: FailureClass
+    action: Action
+    source: str
+    meaning: str
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> dict[str, tuple[InitGrade, ...]]:
+    """``rules/packs/init_phase.tsv`` by rule id (read once).
+
+    Raises:
+        ValueError: a row with a wrong column count, an unknown class or action, or a bad regex.
+    """
+    text = importlib.resources.files("ftwatch.rules").joinpath("packs").joinpath(_FILE).read_text(encoding="utf-8")
+    rows: dict[str, list[InitGrade]] = {}
+    lines = text.splitlines()
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 7:
+            raise ValueError(f"{_FILE}:{n}: {len(cols)} columns, 7 expected")
+        rule, message, explains, cls, action, source, meaning = cols
+        grade = InitGrade(rule, None if message == "-" else re.compile(message),
+                          frozenset() if explains == "-" else frozenset(explains.split(",")),
+                          FailureClass(cls), Action.parse(action), source, meaning)
+        rows.setdefault(rule, []).append(grade)
+    return {rule: tuple(grades) for rule, grades in rows.items()}
+
+
+def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) -> InitGrade | None:
+    """The ``init_phase.tsv`` row that grades ``f`` when the job made no progress before it
+    (``progress_at`` not before ``f.time``): a row of ``f``'s rule whose message ``f``'s line
+    matches, else one of a finding in ``evidence`` of ``f``'s instance, before ``f``, whose row
+    ``explains`` ``f``'s rule (the latest first). None when the job made progress before ``f``,
+    its start was not seen (``progress_at`` = :data:`UNKNOWN`) or no row applies."""
+    if progress_at < f.time:
+        return None
+    rows = table()
+    found = _row(rows, f)
+    if found is not None:
+        return found
+    before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
+                     and (g.time, g.seq) < (f.time, f.seq)), key=lambda g: (g.time, g.seq), reverse=True)
+    for g in before:
+        found = _row(rows, g)
+        if found is not None and f.rule_id in found.explains:
+            return found
+    return None
+
+
+def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:
+    for grade in rows.get(f.rule_id, ()):
+        if grade.message is None or grade.message.search(f.line):
+            return grade
+    return None
+
+
+class FirstProgress:
+    """The time by which a job showed progress (see the module docstring): the time of its
+    ``needed``-th progress line, counted across its streams in time order.
+
+    Args:
+        needed: progress lines of the job that show it trains (1: one ``step 1`` line is a step done).
+        max_streams: streams counted at once (the least recently read forgotten first).
+
+    Attributes:
+        at: epoch seconds of the job's ``needed``-th progress line (the earliest ``needed`` of all
+            read); :data:`NONE_YET` before that; :data:`UNKNOWN` when the attempt's start was not seen.
+    """
+
+    def __init__(self, needed: int = 1, max_streams: int = MAX_INSTANCES_PER_JOB):
+        self.needed = needed
+        self.at = NONE_YET
+        self._times: list[float] = []           # the earliest ``needed`` progress times read, sorted
+        self._seen: dict[object, int] = BoundedDict(max_streams)   # stream key -> its progress lines so far
+
+    def reset(self, known: bool = True) -> None:
+        """A new attempt: no progress yet (``known``), or not known (its start was not seen)."""
+        self.at = NONE_YET if known else UNKNOWN
+        self._times.clear()
+        self._seen.clear()
+
+    def wants(self, key: object) -> bool:
+        """Whether a chunk of the stream ``key`` may still change :attr:`at` (O(1)): a stream's
+        later lines are later in time, so past its ``needed``-th progress line it is read no more."""
+        return self.at != UNKNOWN and self._seen.get(key, 0) < self.needed
+
+    def read(self, key: object, data: bytes, time: float, sim_step: float, year: int | None) -> None:
+        """Read a chunk of the stream ``key`` (``progress.marks``'s arguments). A line that starts
+        with ``#`` is a header or comment (a benchmark's parameter line, ``iters: 20``), and one
+        whose counters are all 0 (``Epoch 0:   0%| 0/2300``, ``step 0``) shows no step done yet."""
+        if not self.wants(key) or not any(literal in data for literal in _LITERALS):
+            return                              # (``bytes.find`` per literal: memchr-fast, no regex pass)
+        if b"#" in data:
+            data = _COMMENT.sub(b"", data)      # emptied, not removed: untimed lines keep their times
+        seen = self._seen.get(key, 0)
+        for _, at, counters in progress.marks(data, time, sim_step, year):
+            if counters and not any(counters.values()):
+                continue
+            seen += 1
+            self._times = sorted([*self._times, at])[:self.needed]
+            if seen >= self.needed:
+                break
+        self._seen[key] = seen
+        if len(self._times) >= self.needed:
+            self.at = self._times[-1]

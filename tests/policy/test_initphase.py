@@ -1,0 +1,130 @@
+"""An error before the job made any progress (SPEC R6, ``ftwatch.policy.initphase``): the fact read
+once in the incident core, and the grading of ``rules/packs/init_phase.tsv`` that uses it. Each test
+fails without its change: a connect that no route to the network or a link-local address kept from
+its peer at init is configuration (fail_job), the same line after progress stays retryable, a
+refused, timed-out, aborted or no-route-to-host connect at init stays retryable, an unseen start grades nothing, a header line
+naming a step count is no progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftwatch.config.model import Config
+from ftwatch.events import Action, FailureClass, Finding, Origin
+from ftwatch.parsers import fields
+from ftwatch.pipeline.replay import replay
+from ftwatch.policy.budgets import BudgetStore
+from ftwatch.policy.initphase import NONE_YET, UNKNOWN, FirstProgress, at_init, table
+from ftwatch.policy.policy import Incident, Policy
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+
+T0 = 1_795_219_200.0
+RULES = load_rules()
+ENGINE = Engine(RULES)
+JOB = "init"
+FLAGS = {"fault_tolerant_policy": "ExitCodeAndErrorMsg", "enable_job_restart": True, "max_num_of_job_restart": 3}
+NO_ROUTE = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : No route to host"
+ABORTED = ("node-1:4410:4493 [0] misc/socket.cc:483 NCCL WARN socketStartConnect: Connect to 10.42.0.7<41327> "
+           "failed : Software caused connection abort")
+UNREACHABLE = ("node-1:4410:4493 [0] include/socket.h:403 NCCL WARN Connect to fe80::4811:8aff:fe89:315f%vethe2e6725<41327> "
+               "failed : Network is unreachable")
+LINK_LOCAL = ("node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to fe80::4811:8aff:fe89:315f"
+              "%vethe2e6725<41327> failed : Connection timed out")
+TIMED_OUT = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : Connection timed out"
+REFUSED = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : Connection refused"
+RAISED = "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error"
+
+
+def logged(*lines: str, t: float = T0) -> list[Finding]:
+    o = Origin("worker-1", 1, JOB, "node-1", "stderr", "process")
+    return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), t, final=True)
+
+
+def decided(findings: list[Finding], progress_at: float, tmp_path: Path):
+    policy = Policy(Config().with_policy(**FLAGS).policy, BudgetStore(tmp_path / "b.json", JOB), JOB)
+    return policy.decide(Incident(findings[-1], tuple(findings), 2, frozenset({"worker-1"}), 0,
+                                  progress_at=progress_at), T0 + 100)
+
+
+def test_every_row_names_a_rule_that_exists():
+    ids = {r.id for r in RULES}
+    assert table() and set(table()) <= ids
+
+
+def test_a_connect_that_never_reached_its_peer_before_any_progress_is_configuration(tmp_path):
+    for line in (UNREACHABLE, LINK_LOCAL):
+        d = decided(logged(line, RAISED), NONE_YET, tmp_path / line[-9:].replace(" ", "_"))
+        assert d.action is Action.FAIL_JOB, d.policy_clause
+        assert d.root_cause.failure_class is FailureClass.USER_CODE and "R6" in d.policy_clause
+
+
+def test_the_same_connect_after_progress_stays_retryable(tmp_path):
+    d = decided(logged(UNREACHABLE, RAISED, t=T0 + 50), T0, tmp_path)
+    assert d.action is Action.RESTART_JOB and d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
+
+
+def test_a_refused_timed_out_or_aborted_connect_or_an_unseen_start_grades_nothing(tmp_path):
+    assert at_init(logged(REFUSED)[0], NONE_YET) is None          # the host answered: transient class
+    assert at_init(logged(NO_ROUTE)[0], NONE_YET) is None         # NCCL retries it: a link flap (PR #1311)
+    assert at_init(logged(TIMED_OUT)[0], NONE_YET) is None        # SYNs dropped under load too (PR #1618)
+    aborted = logged(ABORTED, RAISED)                             # a refused connect retried (NCCL #1515)
+    assert at_init(aborted[-1], NONE_YET, aborted) is None
+    found = logged(UNREACHABLE, RAISED)
+    assert at_init(found[-1], UNKNOWN, found) is None              # watch attached mid-run: not known
+    d = decided(found, UNKNOWN, tmp_path)
+    assert d.action is Action.RESTART_JOB
+
+
+def test_an_unreachable_network_explains_the_system_error_after_it():
+    found = logged(UNREACHABLE, RAISED)
+    assert [f.rule_id for f in found][0] == "nccl.socket_connect_net_unreachable"
+    grade = at_init(found[-1], NONE_YET, found)
+    assert found[-1].rule_id == "nccl.unhandled_system_error" and grade is not None
+    assert grade.failure_class is FailureClass.USER_CODE
+
+
+def test_first_progress_is_the_jobs_earliest_step_line_not_a_header_or_a_zero_count():
+    p = FirstProgress()
+    header = b"# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20\n"
+    p.read("a", header, T0, 1.0, 2026)
+    p.read("a", b"Epoch 0:   0%|          | 0/2300 [00:00<?, ?it/s]\n", T0, 1.0, 2026)
+    assert p.at == NONE_YET                      # a benchmark's parameter line, a bar at 0: no step yet
+    p.read("r0", b"2026-11-26 10:00:05 step 1 loss 2.5\n", T0, 0.0, 2026)
+    assert p.at == fields.parse_timestamp("2026-11-26 10:00:05 step 1", 2026)
+    p.read("r1", b"2026-11-26 09:00:00 step 1\n2026-11-26 09:00:01 step 2\n", T0, 0.0, 2026)
+    assert p.at == fields.parse_timestamp("2026-11-26 09:00:00 step 1", 2026)   # read later, earlier in time
+    assert not p.wants("r1") and p.wants("a")
+    p.reset(known=False)
+    assert p.at == UNKNOWN and not p.wants("a")
+
+
+def test_replay_reads_the_fact_for_the_policy(tmp_path):
+    def run(lines: list[str], name: str):
+        path = tmp_path / f"{name}.log"
+        path.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+        policy = Policy(Config().with_policy(**FLAGS).policy, BudgetStore(tmp_path / f"{name}.json", JOB), JOB)
+        return replay([path], Engine(RULES), policy, JOB).decision
+
+    steps = [f"[2026-11-26 10:00:{n:02d}] step {n} loss 2.{n}" for n in range(1, 4)]
+    at_init = run(["[2026-11-26 10:00:00] starting", f"[2026-11-26 10:00:09] {UNREACHABLE}", RAISED], "init")
+    midrun = run([*steps, f"[2026-11-26 10:00:09] {UNREACHABLE}", RAISED], "midrun")
+    assert at_init.action is Action.FAIL_JOB, at_init.policy_clause
+    assert midrun.action is Action.RESTART_JOB, midrun.policy_clause
+
+
+def test_watch_does_not_know_whether_a_job_it_met_running_made_progress(tmp_path):
+    import io
+
+    from ftwatch.pipeline.build import build_engine
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.watch import Watcher
+    from ftwatch.testing import FakeClock
+
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path / "state")}})
+    watcher = Watcher(config, build_engine(config), Recorder(out=io.StringIO(), resolve_after=None),
+                      lambda batch: iter(()), clock=FakeClock(T0))
+    desk = watcher._desk("met-running")
+    assert desk.progress.at == UNKNOWN              # its start was before ftwatch saw it
+    desk.new_attempt(T0 + 10)                       # an attempt watch saw begin
+    assert desk.progress.at == NONE_YET
