@@ -1,19 +1,27 @@
 """The remaining false-fail candidates of issue 12 (h12-ff2): texts of c10d's store, NCCL, TLS and
 gRPC that a ``RuntimeError`` (or an unknown class) carries, graded by their sources in the catalogs
 (``dist_vocab.tsv``, ``nccl_vocab.tsv``, ``net_vocab.tsv``) instead of the class fallback (user
-code: fail_job); grpcio's indented status lines joined to their traceback.
+code: fail_job); grpcio's indented status lines joined to their traceback; and a SIGABRT that
+nothing logged explains, read as fallout (``ftwatch.policy.rootcause`` rule 1).
 
 Each test fails without its change: before, every line below was the ``RuntimeError`` class's
-user_code (or the catch-all traceback rule's).
+user_code (or the catch-all traceback rule's), and a bare exit 134 was a user-code root cause.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ftwatch.events import Action, FailureClass, Finding, Origin
+from ftwatch.config.model import PolicyConfig
+from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, Severity
 from ftwatch.parsers.multiline import block_end
+from ftwatch.policy.budgets import BudgetStore
+from ftwatch.policy.policy import Incident, Policy
+from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.loader import load_rules
 
 BUILTIN = load_rules()
@@ -98,3 +106,47 @@ def test_indented_lines_after_the_exception_line_continue_its_message():
     assert block_end(lines, 0) == len(lines) - 2            # the ">" line is not indented: a line of its own
     plain = HEAD + ["KeyError: 'lr'", "step 9"]
     assert block_end(plain, 0) == 3
+
+
+# ---------------------------------------------------------------------------------- bare SIGABRT
+
+def died(rank: int, t: float, returncode: int | None = None, signal: int | None = None) -> Finding:
+    f = exit_finding(ProcessExit(origin(rank), 100 + rank, returncode, signal, T0 + t), ExitCodeTable.load(),
+                     seq=int(t * 100))
+    assert f is not None
+    return f
+
+
+def decide(findings: list[Finding], trigger: Finding, tmp_path: Path):
+    pol = Policy(PolicyConfig(enable_job_restart=True), BudgetStore(tmp_path / "b.json", JOB), JOB)
+    failed = frozenset(f.origin.instance for f in findings if f.kind == "exit_code")
+    return pol.decide(Incident(trigger, tuple(findings), 2, failed, 0), T0 + 100)
+
+
+@pytest.mark.parametrize("code", [dict(returncode=134), dict(signal=6)])
+def test_a_sigabrt_nothing_logged_explains_is_fallout_and_restarts(code, tmp_path):
+    """abort(3) is how the process ended itself on a reason it prints first (torch's NCCL
+    watchdog, glibc, libstdc++'s terminate, assert): with none of it captured the exit says no
+    cause, and only-fallout reads as retryable (before: exit.134, user_code, fail_job)."""
+    abort = died(1, 10.0, **code)
+    an = analyse([abort])
+    assert an.fallout_only and an.root_cause is abort
+    d = decide([abort], abort, tmp_path)
+    assert d.action is Action.RESTART_JOB, d.policy_clause
+    assert "only fallout" in d.policy_clause
+
+
+def test_a_bare_sigabrt_beside_another_ranks_real_error_leaves_it_the_root_cause(tmp_path):
+    oom = Finding("cuda.oom", "keyword", FailureClass.OOM, Action.FAIL_JOB, Severity.ERROR, origin(0),
+                  "torch.OutOfMemoryError: CUDA out of memory.", T0 + 5.0, 500)
+    abort = died(1, 10.0, returncode=134)
+    an = analyse([abort, oom])
+    assert an.root_cause is oom and an.real == (oom,)
+    assert decide([abort, oom], abort, tmp_path).action is Action.FAIL_JOB
+
+
+def test_a_sigsegv_nothing_logged_explains_stays_the_programs(tmp_path):
+    """Only SIGABRT: a SIGSEGV is the program's own invalid access (exit_codes.tsv 139)."""
+    segv = died(1, 10.0, returncode=139)
+    assert analyse([segv]).real == (segv,)
+    assert decide([segv], segv, tmp_path).action is Action.FAIL_JOB
