@@ -57,6 +57,7 @@ def decided(lines: list[str]) -> Finding:
     ("RuntimeError: NCCL Error 3: internal error", "nccl.internal_error_legacy"),
     ("RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:825, internal error, NCCL "
      "version 2.7.8", "nccl.internal_error_legacy"),
+    ("RuntimeError: NCCL error: internal error, NCCL version 2.7.8", "nccl.internal_error_legacy"),
     # OpenSSL 3: the peer closed the TLS connection without close_notify
     ("ssl.SSLError: [SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol (_ssl.c:1007)",
      "tls.unexpected_eof"),
