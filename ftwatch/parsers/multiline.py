@@ -14,8 +14,13 @@ What is a block:
         block: exception line, empty line, ``During handling of the above exception, another
         exception occurred:`` (or ``The above exception was the direct cause of the following
         exception:``), empty line, ``Traceback ...`` again; the block ends at the last exception
-        line. An exception message continued on further non-indented lines is not joined (those
-        lines stay lines of their own). Exception groups (``  + Exception Group Traceback``) and
+        line. An exception message continued on further *indented* lines is joined (CPython prints
+        ``type: str(exc)`` and a multi-line ``str`` goes on as it is: grpcio's ``_InactiveRpcError``
+        puts ``\tstatus = StatusCode.UNAVAILABLE`` there; nothing else of a traceback is indented
+        after its exception line) when the lines are at hand (as for a chain, a chunk that ends
+        right after the exception line ends the block: no wait); one continued on non-indented
+        lines is not (those lines stay lines of their own: they cannot be told from the next log
+        line). Exception groups (``  + Exception Group Traceback``) and
         torchelastic's ChildFailedError summary are not handled here.
     C++ stack dump (c10): a line holding ``Exception raised from `` or ending with ``(most recent
         call first):``, then ``frame #N: ...`` lines; the block ends at the last ``frame #`` line.
@@ -83,9 +88,12 @@ def _python_end(lines: Sequence[str], start: int) -> int | None:
             i += 1
         if i >= n:
             return None  # still in the frames
+        if not lines[i]:
+            return i - 1  # a traceback cut off before its exception line
         exc = i
-        if not lines[exc]:
-            return exc - 1  # a traceback cut off before its exception line
+        while not is_block_start(lines[exc]) and exc + 1 < n and lines[exc + 1] and _indented(lines[exc + 1]):
+            exc += 1  # the exception's message goes on, indented (grpcio's status lines); not the
+            # frames of a traceback that follows one cut off before its exception line
         if exc + 1 >= n:
             return exc
         if lines[exc + 1].strip():

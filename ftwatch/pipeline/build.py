@@ -215,8 +215,9 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
     # the job's incident desk: engine, hang tracker (from the policy), findings, incidents
     desk = IncidentDesk(job, engine, policy, recorder, exits=True, settle=sup.settle_max if sync else 0.0,
                         summaries="exit")
-    from ftwatch.policy.lifecycle import launcher_of_command
+    from ftwatch.policy.lifecycle import launcher_of_command, reports_own_status
     launcher = launcher_of_command(command)     # `dlrover-run ...`: DLRover's private exit codes apply
+    desk.own_status = reports_own_status(command)   # `python ...`, `torchrun ...`: no pipe hides an exit
     if launcher is not None:
         desk.launchers.add(launcher)
     controls = RecoveryHandler(

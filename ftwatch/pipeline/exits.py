@@ -8,11 +8,15 @@ the end of the input. The reader turns them into findings (``ftwatch.rules.exitc
 opening, holding, settling and deciding on them.
 
 Exits the desk reads beyond the source's own (issue 12 items 3 and 6, ``ftwatch.policy.lifecycle``):
-an exit 0 of an instance that printed an uncaught traceback this attempt (``run``), or a
-launcher's "exited 0" line after one (``replay``), is ``exit.hidden_by_pipe`` (seed 001: ``| tee``
-without ``set -o pipefail``), decided by the traceback's class; at close, a stream whose
-last line ends a traceback is ``exit.ended_in_traceback`` of that instance, a failed process
-without an exit line. A launcher's private exit codes count only under that launcher
+an exit 0 of an instance that printed an uncaught traceback this attempt (``run``) says the
+traceback ended no program when the command reports its own status (``python``, ``torchrun``
+...: Python exits 1 when an exception ends the main thread, ``sys.excepthook``; a launcher reads
+its workers' statuses itself): the traceback is a notice (``survived``). Where the command may
+run a pipe or a wrapper script (a shell, anything else), the exit is ``exit.hidden_by_pipe``
+(seed 001: ``| tee`` without ``set -o pipefail``), decided by the traceback's class. A launcher's
+"exited 0" line after tracebacks of its workers (:meth:`ExitReader.launcher_ok`) makes them
+notices the same way. At close, a stream whose last line ends a traceback is
+``exit.ended_in_traceback`` of that instance, a failed process without an exit line. A launcher's private exit codes count only under that launcher
 (:attr:`ExitReader.launchers`, the desk's ``launchers``: its own lines in the output, and
 ``run``'s command).
 
@@ -59,12 +63,21 @@ class ExitReader:
         evidence: the desk's evidence less notices, now (``IncidentDesk.evidence``).
         started_at: instance -> its latest start (epoch s).
         tails: stream -> its last non-empty line so far.
+        survived: told the tracebacks an exit 0 says ended no program, with the exit's time and
+            why (the desk makes them notices).
+
+    Attributes:
+        own_status: the job's command reports its program's own exit status or its launcher's
+            reading of its workers' (``lifecycle.reports_own_status``; ``ftwatch run`` sets it):
+            an exit 0 after a traceback then means the traceback ended nothing. False: a pipe
+            may hide a failure (``exit.hidden_by_pipe``).
     """
 
     def __init__(self, engine: Engine, *, exits: bool, summaries: Literal["live", "close", "exit"] | None,
                  exit_origin: Callable[[Origin, SummaryFailure], Origin], failed: set[str], ok: set[str],
                  findings: list[Finding], evidence: Callable[[], list[Finding]], started_at: Mapping[str, float],
-                 tails: Mapping[Origin, bytes]):
+                 tails: Mapping[Origin, bytes],
+                 survived: Callable[[list[Finding], float, str], None] = lambda found, time, why: None):
         self.engine = engine
         self.exits = exits
         self.summaries = summaries
@@ -78,6 +91,8 @@ class ExitReader:
         self._tails = tails
         self.summary_lines: dict[Origin, SummaryLines] = {}   # streams with a summary under way
         self.launchers: set[str] = set()       # the launchers the job runs under (lifecycle.launchers)
+        self.own_status = False
+        self._survived = survived
 
     def new_attempt(self) -> None:
         """The job restarts: summaries under way are forgotten (the launchers stay)."""
@@ -119,15 +134,21 @@ class ExitReader:
         return out
 
     def deaths(self, exits: Iterable[ProcessExit], expected: bool = False) -> list[Finding]:
-        """The findings of exits: ok ones are noted (unless an uncaught traceback of the instance
-        says the status was hidden), those ftwatch caused make none."""
+        """The findings of exits: ok ones are noted (their instance's tracebacks ended nothing, or,
+        where a pipe may hide a status, the last one says it was hidden), those ftwatch caused make
+        none."""
         out = []
         for exit in exits:
             ours = exit.stopped_by_us or expected
             if exit.ok:
-                tb = None if ours else lifecycle.last_uncaught(
-                    self.evidence(), exit.origin.instance, exit.time,
-                    since=self._started_at.get(exit.origin.instance, float("-inf")))
+                since = self._started_at.get(exit.origin.instance, float("-inf"))
+                tb = None if ours else lifecycle.last_uncaught(self.evidence(), exit.origin.instance, exit.time,
+                                                               since=since)
+                if tb is not None and self.own_status:     # Python exits 1 on an uncaught exception
+                    self._survived(lifecycle.worker_tracebacks(self.evidence(), exit.origin.instance, exit.time,
+                                                               since=since), exit.time,
+                                   f"{exit.origin.instance} exited 0 after it: the traceback ended no program")
+                    tb = None
                 if tb is None:
                     self.ok.add(exit.origin.instance)
                     if not ours:                    # evidence: a rank that left first (rootcause.left_first)
@@ -150,18 +171,28 @@ class ExitReader:
             f"{said} after an uncaught traceback of {tb.origin.instance} ({tb.line}): the failure's exit status "
             "was hidden, e.g. by a pipe without `set -o pipefail`"))
 
+    def launcher_ok(self, ok: Finding) -> list[Finding]:
+        """The tracebacks a launcher's "exited 0" line ``ok`` says ended no program: the launcher
+        is the workers' parent and read their exit statuses itself, and Python exits 1 when an
+        exception ends the main thread. torchelastic's finished line speaks for every local
+        worker (the tracebacks of ``ok``'s stream: its ranks); a one-process line (DeepSpeed's
+        ``Process N exits successfully``) for the last traceback of an instance that has not
+        failed, when it is that instance's last."""
+        order = [f for f in self.evidence() if f.origin.instance not in self.failed]
+        if lifecycle.is_finished(ok):
+            where = (ok.origin.job, ok.origin.node, ok.origin.stream)
+            return lifecycle.worker_tracebacks([f for f in order if (f.origin.job, f.origin.node, f.origin.stream)
+                                                == where], None, ok.time, ok.seq)
+        tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)),
+                 key=lambda f: (f.time, f.seq), default=None)
+        return [tb] if tb is not None and lifecycle.last_uncaught(order, tb.origin.instance, ok.time, ok.seq) is tb \
+            else []
+
     def unseen(self, now: float) -> list[Finding]:
-        """At the end of the input, the exits no source reported: a launcher's "exited 0" line
-        after an uncaught traceback (hidden by a pipe), and a stream whose last line ends an
+        """At the end of the input, the exits no source reported: a stream whose last line ends an
         error block (a failed process without an exit line)."""
         out: list[Finding] = []
         order = sorted(self.evidence(), key=lambda f: (f.time, f.seq))
-        for ok in (f for f in order if lifecycle.is_exited_ok(f)):
-            tb = max((f for f in order if lifecycle.uncaught_traceback(f) and (f.time, f.seq) < (ok.time, ok.seq)
-                      and f.origin.instance not in self.failed), key=lambda f: (f.time, f.seq), default=None)
-            if tb is not None and lifecycle.last_uncaught(order, tb.origin.instance, ok.time, ok.seq) is tb:
-                self.failed.add(tb.origin.instance)
-                out.append(self._hidden(tb.origin, ok.time, tb, repr(ok.line)))
         if self.exits:
             return out                          # the source reports exits: they say who failed
         for stream, tail in self._tails.items():

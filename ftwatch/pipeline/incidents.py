@@ -156,7 +156,7 @@ class IncidentDesk:
         self._tails: dict[Origin, bytes] = BoundedDict(cap)  # each stream's last non-empty line so far
         self._exits = ExitReader(engine, exits=exits, summaries=summaries, exit_origin=exit_origin,
                                  failed=self.failed, ok=self.ok, findings=self.findings, evidence=self.evidence,
-                                 started_at=self._started_at, tails=self._tails)
+                                 started_at=self._started_at, tails=self._tails, survived=self._survived)
         self.survival = progress.Survival(         # errors waiting for their instance's progress; notices
             survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices)
         self._sticky = sticky_rules(engine.rules)
@@ -174,6 +174,16 @@ class IncidentDesk:
     def launchers(self) -> set[str]:
         """The launchers the job runs under (``lifecycle.launchers``; a driver may add its own)."""
         return self._exits.launchers
+
+    @property
+    def own_status(self) -> bool:
+        """The command reports its program's own exit status (``ExitReader.own_status``; ``ftwatch
+        run`` sets it from ``lifecycle.reports_own_status``)."""
+        return self._exits.own_status
+
+    @own_status.setter
+    def own_status(self, value: bool) -> None:
+        self._exits.own_status = value
 
     @property
     def attempt(self) -> int:
@@ -372,6 +382,9 @@ class IncidentDesk:
                 who = None if self.policy.policy.job_execution_mode == "Sync" else f.origin.instance
                 for g in self.survival.finished(who, f.time, f.seq):
                     self._notice(g, f.time, f"training finished after it ({f.rule_id} on {f.origin.instance})")
+            elif lifecycle.is_exited_ok(f):             # the launcher read its workers' exit status 0
+                self._survived(self._exits.launcher_ok(f), f.time, f"{f.rule_id} on {f.origin.instance}: the "
+                               "launcher saw its worker exit 0 after it, so the traceback ended no program")
             if self.survival.is_notice(f):
                 continue
             if is_error(f) and f.kind not in HANG_KINDS and not is_host(f.origin):   # its own report (settled)
@@ -536,6 +549,11 @@ class IncidentDesk:
         kept = [f for f in self.findings if id(f) not in ids]
         self._info -= sum(1 for f in self.findings if id(f) in ids and not _relevant(f))
         self.findings[:] = kept
+
+    def _survived(self, found: list[Finding], at: float, why: str) -> None:
+        """``found``, tracebacks, ended no program (an exit 0 after them): notices."""
+        for f in self.survival.exited_ok(found):
+            self._notice(f, at, why)
 
     def _notice(self, f: Finding, at: float, why: str) -> None:
         """``f`` became a notice: out of the incident, and a ``notice`` event."""

@@ -7,8 +7,13 @@ module only knows its id prefixes:
   Lightning ``Trainer.fit stopped: max_... reached``, Megatron ``[after training is done]``). An
   error printed after it is a notice, not a restart (``ftwatch.policy.rootcause``).
 * ``lifecycle.exited_ok.<who>`` (and torchelastic's finished line, which says every local worker
-  exited 0): a launcher saw a worker exit 0. After an uncaught traceback that exit status was
-  hidden (seed 001: ``| tee`` without ``set -o pipefail``).
+  exited 0): a launcher saw a worker exit 0. The launcher is the worker's parent and reads its
+  exit status itself (torchelastic's ``PContext``, DeepSpeed's ``launch.py``), and Python exits 1
+  when an exception ends the main thread (``sys.excepthook``: "the interpreter exits with status
+  1"), so a traceback before it ended no program: a notice (:func:`worker_tracebacks`). Only a
+  command that may run a pipe or a wrapper (:func:`reports_own_status` false under ``ftwatch
+  run``) can hide a failure's status behind an exit 0 (seed 001: ``| tee`` without ``set -o
+  pipefail``).
 * ``launcher.<name>``: the job runs under that launcher (its private exit codes apply,
   ``ftwatch.rules.exitcodes``). Under ``ftwatch run`` the command says it too
   (:func:`launcher_of_command`).
@@ -17,6 +22,7 @@ module only knows its id prefixes:
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterable, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
@@ -28,6 +34,12 @@ LAUNCHER = "launcher."
 _FINISHED_AND_EXITED = frozenset({"lifecycle.finished.torchelastic"})
 #: a command (argv[0]'s base name, or ``python -m <module>``) -> the launcher it is
 LAUNCHER_COMMANDS = {"dlrover-run": "dlrover", "dlrover.trainer.torch.elastic_run": "dlrover"}
+#: commands whose exit status is the program's own or the launcher's reading of its workers' (the
+#: Python interpreter; torchrun / torch.distributed.run, DeepSpeed's and accelerate's launchers,
+#: dlrover-run, mpirun / mpiexec, srun): no pipe of theirs can turn a failure into an exit 0
+OWN_STATUS_COMMANDS = frozenset({"python", "torchrun", "deepspeed", "accelerate", "dlrover-run", "mpirun",
+                                 "mpiexec", "srun"})
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
 _TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -68,6 +80,18 @@ def launcher_of_command(command: Sequence[str]) -> str | None:
     return found
 
 
+def reports_own_status(command: Sequence[str]) -> bool:
+    """Says whether ``command``'s exit status is its program's own (``python train.py``) or its
+    launcher's reading of its workers' (``torchrun ...``, :data:`OWN_STATUS_COMMANDS`): then an
+    exit 0 after an uncaught-looking traceback means the traceback ended no program. False for a
+    shell (``bash -c "python train.py | tee log"``), a wrapper script or any other command: its
+    pipe may hide a failure (seed 001)."""
+    if not command:
+        return False
+    name = os.path.basename(command[0])
+    return name in OWN_STATUS_COMMANDS or bool(_PYTHON.match(name))
+
+
 def uncaught_traceback(f: Finding) -> bool:
     """A Python traceback that is a real error (not fallout, not info, error or worse): what the
     interpreter prints when an exception ends the program."""
@@ -89,13 +113,33 @@ def last_uncaught(findings: Iterable[Finding], instance: str, before: float,
             break
         if f.time < since:
             continue
-        mine = f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
-        if mine and (uncaught_traceback(f) or (
-                f.failure_class is FailureClass.FALLOUT and f.evidence and _TRACEBACK in f.evidence[0])):
+        if _of(f, instance) and _ends_program(f):
             last = f
         elif last is not None and is_finished(f):
             last = None
     return last
+
+
+def worker_tracebacks(findings: Iterable[Finding], instance: str | None, before: float,
+                      seq: float = float("inf"), since: float = float("-inf")) -> list[Finding]:
+    """Every uncaught traceback (as :func:`last_uncaught` reads one) of ``instance`` or a rank of
+    its stream (None: of any instance) before (``before``, ``seq``) and not before ``since``, in
+    order: those an exit 0 of that instance (or its launcher's "exited 0" line) says ended no
+    program."""
+    return [f for f in sorted(findings, key=lambda f: (f.time, f.seq))
+            if (f.time, f.seq) < (before, seq) and f.time >= since and (instance is None or _of(f, instance))
+            and _ends_program(f)]
+
+
+def _of(f: Finding, instance: str) -> bool:
+    """``f`` is of ``instance`` or of a rank of its stream (``instance/rank3``)."""
+    return f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
+
+
+def _ends_program(f: Finding) -> bool:
+    """An uncaught traceback, or a fallout one: what Python prints as an exception ends it."""
+    return uncaught_traceback(f) or (
+        f.failure_class is FailureClass.FALLOUT and bool(f.evidence) and _TRACEBACK in f.evidence[0])
 
 
 def derived_exit(origin: Origin, time: float, seq: int, cause: Finding, rule_id: str, line: str) -> Finding:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Callable, Container, Iterator
+from typing import Callable, Container, Iterable, Iterator
 
 from ftwatch.bounded import EVICTIONS, BoundedDict
 from ftwatch.config.health import STEP_PATTERNS
@@ -426,6 +426,21 @@ class Survival:
                 self._drop(key)
                 self._note(f)
                 out.append(f)
+        return out
+
+    def exited_ok(self, findings: Iterable[Finding]) -> list[Finding]:
+        """Tracebacks whose process then exited 0 (its own status under ``ftwatch run``, or its
+        launcher's reading of it, ``ftwatch.policy.lifecycle``): they ended no program. They stop
+        waiting and are notices; returns those that were not notices yet (the caller notes them)."""
+        out = []
+        for f in findings:
+            if id(f) in self._ids:
+                continue
+            for key in self._waiting.keys(f.origin.instance):
+                if self._waiting.finding(key) is f:
+                    self._drop(key)
+            self._note(f)
+            out.append(f)
         return out
 
     def expire(self, now: float) -> None:

@@ -14,7 +14,13 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    weak exit reported without a rank (a launcher's ``returned non-zero exit status 1``, srun's
    ``Exited with exit code 1`` over several tasks) is explained by the errors its stream's ranks
    logged: they are the processes it ran. So a generic exit never outranks the error its rank
-   logged before it.
+   logged before it. A SIGABRT that nothing logged explains is fallout as well: abort(3) is how a
+   process ends itself on a reason it prints first (PyTorch's NCCL watchdog after a collective
+   timed out or a peer failed, TORCH_NCCL_ASYNC_ERROR_HANDLING's default tear-down; glibc's heap
+   checks; libstdc++'s terminate; assert(3)), so a bare one says that reason was not captured,
+   and the exit-code sources disagree on it (exit_codes.tsv 134: DLRover fatal, training-operator
+   retryable). With nothing else, D2 reads only-fallout as retryable (the restart budget and
+   max_num_of_same_error bound a repeating abort); a real error of another instance decides.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
    "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
    instance has a real error before it, or died by a signal or a listed exit code, or exited early
@@ -282,7 +288,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     for f in order:
         why = explainers(f)
         if f.failure_class is FailureClass.FALLOUT or (why and all(
-                e.failure_class is FailureClass.FALLOUT for e in why)):
+                e.failure_class is FailureClass.FALLOUT for e in why)) or (abort_exit(f) and not why):
             fallout.append(f)
         elif _error(f) and not why:
             candidates.append(f)

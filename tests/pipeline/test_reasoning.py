@@ -4,7 +4,8 @@
 Each test fails without its change: the silent rank named from the watchdog's SeqNums, a peer's
 later error as fallout, an error after "training finished" as a notice, a log that ends inside an
 error block as a failed process, DLRover's exit 14 only under DLRover, and an exit 0 after an
-uncaught traceback flagged as hidden by a pipe.
+uncaught traceback: flagged as hidden by a pipe under a shell, a notice where the program's own
+status or its launcher's reading of it says 0.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from ftwatch.config.model import Config
 from ftwatch.events import Action, FailureClass
 from ftwatch.pipeline.build import build_run
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.replay import replay
+from ftwatch.policy.lifecycle import reports_own_status
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.policy import Policy
@@ -134,16 +138,50 @@ def test_a_log_that_ends_inside_an_error_block_is_a_failed_process(rules, tmp_pa
     assert d.root_cause.rule_id == "exit.ended_in_traceback" and d.root_cause.rank == 0
 
 
-def test_a_launcher_success_after_an_uncaught_traceback_is_flagged_as_hidden_by_a_pipe(rules, tmp_path):
-    """torchelastic says every worker exited 0, after rank 0's uncaught KeyError: the exit status
-    was hidden (seed 001's `| tee` without pipefail); the KeyError's class decides."""
+def test_a_launcher_success_after_an_uncaught_traceback_is_a_notice(rules, tmp_path):
+    """torchelastic says every worker exited 0, after rank 0's KeyError traceback. Changed on
+    purpose (it was read as a status hidden by a pipe, seed 001): torchelastic is the workers'
+    parent and reads their exit codes itself (torch/distributed/elastic/multiprocessing: the
+    PContext's exit codes; "worker group successfully finished" only when all are 0), and Python
+    exits 1 when an exception ends the main thread (docs: sys.excepthook, "the interpreter exits
+    with status 1"), so no pipe stood between them and the KeyError ended no program: a notice.
+    Still true: the KeyError is found and graded; nothing is flagged as hidden."""
     lines = ([step(0, 7, 0)] + [f"[rank0]: {line}" for line in TRACEBACK]
              + ["INFO:torch.distributed.elastic.agent.server.api:[default] worker group successfully finished. "
                 "Waiting 300 seconds for other agents to finish."])
+    result = replayed(tmp_path, rules, [write(tmp_path / "combined.log", lines)])
+    d = result.decision
+    assert d.action is Action.NONE and d.root_cause is None, d.policy_clause
+    assert "exit status hidden by a pipe" not in d.policy_clause
+    assert any(f.rule_id == "python.key_error" for f in result.findings)
+    assert not any(f.rule_id == "exit.hidden_by_pipe" for f in result.findings)
+
+
+def test_deepspeeds_one_process_exit_0_makes_that_processs_traceback_a_notice(rules, tmp_path):
+    """DeepSpeed's launcher.py logs "Process N exits successfully." when that worker's returncode
+    is 0: the KeyError before it ended no program (before: exit.hidden_by_pipe, fail_job)."""
+    lines = ([step(0, 7, 0)] + [f"[rank0]: {line}" for line in TRACEBACK]
+             + ["[2026-11-21 09:36:03,735] [INFO] [launch.py:351:main] Process 48213 exits successfully."])
+    result = replayed(tmp_path, rules, [write(tmp_path / "combined.log", lines)])
+    assert result.decision.action is Action.NONE, result.decision.policy_clause
+    assert not any(f.rule_id == "exit.hidden_by_pipe" for f in result.findings)
+
+
+@pytest.mark.parametrize("command, own", [
+    (("python", "train.py"), True), (("/usr/bin/python3.11", "-m", "train"), True),
+    (("torchrun", "--nproc_per_node=8", "train.py"), True), (("deepspeed", "train.py"), True),
+    (("bash", "-c", "python train.py | tee log"), False), (("./launch.sh",), False), (("sh", "run.sh"), False),
+    ((), False)])
+def test_which_commands_report_their_programs_own_exit_status(command, own):
+    """Only a shell, a wrapper script or an unknown command can hide a failing status (seed 001)."""
+    assert reports_own_status(command) is own
+
+
+def test_the_same_traceback_without_the_launchers_success_fails_the_job(rules, tmp_path):
+    """The control of the test above: no "exited 0" line, so the KeyError's class decides."""
+    lines = [step(0, 7, 0)] + [f"[rank0]: {line}" for line in TRACEBACK] + ["[rank1]: step 8"]
     d = replayed(tmp_path, rules, [write(tmp_path / "combined.log", lines)]).decision
-    assert "exit status hidden by a pipe" in d.policy_clause, d.policy_clause
-    assert d.root_cause.rule_id == "python.key_error" and d.action is Action.FAIL_JOB
-    assert any(f.rule_id == "exit.hidden_by_pipe" for f in d.findings)
+    assert d.root_cause.rule_id == "python.key_error" and d.action is Action.FAIL_JOB, d.policy_clause
 
 
 # -------------------------------------------------------------------------------------------- run
@@ -193,15 +231,29 @@ def test_exit_14_after_dlrovers_own_lines_is_a_gpu_fault(tmp_path):
 
 
 def test_exit_0_after_an_uncaught_traceback_is_flagged_and_decided_by_its_class(tmp_path):
-    """Rank 1 printed an uncaught KeyError and exited 0 (`python train.py | tee log`): before, the
-    job "succeeded"; now the hidden failure is an incident, decided as the KeyError's user code."""
+    """Rank 1 printed an uncaught KeyError and exited 0 under a shell pipeline (`bash -c "python
+    train.py | tee log"`): before, the job "succeeded"; now the hidden failure is an incident,
+    decided as the KeyError's user code. Changed on purpose: the command is a shell now (it was
+    `python train.py`, whose own exit 0 no pipe can hide, see the next test): only a pipe
+    without pipefail or a wrapper script turns the failing status into 0 (seed 001)."""
     script = script_of({(1, 1): [Say(1, "step 1"), Say(1.5, "\n".join(TRACEBACK)), Exit(2, 0)]},
                        default=[Say(1, "step 1"), Exit(3)])
-    status, decisions = run(tmp_path, script)
+    status, decisions = run(tmp_path, script, command=("bash", "-c", "python train.py | tee train.log"))
     first = decisions[0]
     assert first.action is Action.FAIL_JOB and status == 1, first.policy_clause
     assert first.root_cause.rule_id == "python.key_error"
     assert "exit status hidden by a pipe" in first.policy_clause
+
+
+def test_a_python_workers_own_exit_0_after_a_traceback_is_a_notice(tmp_path):
+    """`python train.py` printed a KeyError traceback and exited 0: ftwatch saw the interpreter's
+    own status, and Python exits 1 when an exception ends the main thread (docs: sys.excepthook),
+    so the traceback was caught and printed (or came from a thread or a child): a notice, and the
+    job succeeds (before: exit.hidden_by_pipe failed it)."""
+    script = script_of({(1, 1): [Say(1, "step 1"), Say(1.5, "\n".join(TRACEBACK)), Exit(2, 0)]},
+                       default=[Say(1, "step 1"), Exit(3)])
+    status, decisions = run(tmp_path, script)
+    assert status == 0 and [d.action for d in decisions] == [Action.NONE], [d.policy_clause for d in decisions]
 
 
 def test_a_caught_traceback_before_training_finished_is_not_flagged(tmp_path):
