@@ -157,8 +157,12 @@ def test_corpus_with_rules_off_groups_the_same_failure_across_frameworks_and_ran
     assert out.returncode == 0, out.stderr
     sigs = [json.loads(line) for line in out.stdout.splitlines()]
     watchdog = [s for s in sigs if s["template"].startswith("[<RANK>] Watchdog caught collective operation timeout")]
-    new, old = ([s for s in watchdog if ("NumelIn" in s["template"]) == numel] for numel in (True, False))
-    assert len(new) == 1 and len(old) == 1     # every rank, every case: one template per torch format
+    # torch's three formats of the line, newest first: WorkNCCL(SeqNum=..., ..., NumelIn=...),
+    # WorkNCCL(SeqNum=..., OpType=..., Timeout(ms)=...) and the oldest, WorkNCCL(OpType=..., Timeout(ms)=...)
+    oldest = [s for s in watchdog if "WorkNCCL(OpType=" in s["template"]]
+    new, old = ([s for s in watchdog if s not in oldest and ("NumelIn" in s["template"]) == numel]
+                for numel in (True, False))
+    assert len(new) == 1 and len(old) == 1 and len(oldest) <= 1   # every rank, every case: one template per format
     assert len(old[0]["jobs"]) >= 3
     assert len(new[0]["jobs"]) >= 10
     assert {"basicsr-watchdog-allreduce", "deepspeed-zero2-fixed-step-hang", "llamafactory-watchdog-allreduce-midrun",
