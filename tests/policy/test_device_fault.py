@@ -135,3 +135,11 @@ def test_an_application_xid_is_explained_only_by_a_fault_of_its_own_gpu():
     other_gpu = host(2.0, XID48.replace("0000:3b:00", "0000:86:00"))
     assert analyse([*host(1.0, XID13), *other_gpu]).root_cause.rule_id == "xid.13"
     assert analyse([*host(1.0, XID13), *host(2.0, XID48)]).root_cause.rule_id == "xid.48"
+
+
+def test_nvidia_smi_device_handle_lines_with_or_without_a_space_name_a_lost_gpu():
+    """nvidia-smi prints ``for GPU <pci>`` or, in some versions, ``for GPU<pci>`` (kernel_vocab.tsv)."""
+    for text in ("Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+                 "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost"):
+        [f] = logged(0, 1.0, text)
+        assert f.rule_id == "nvml.gpu_handle_lost" and f.action is Action.ISOLATE_NODE
