@@ -41,7 +41,10 @@ nor ``oom``), the fault of the device that explains it:
    ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate).
 
 Counterexamples (nothing is paired): an application Xid (13/31/43) beside a CUDA error (both the
-program's: the catalog's ``RESTART_APP``); a hardware fault on another node; a program error that
+program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
+application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
+that GPU: the program's fault, not the GPU's, as threads where the same fault followed the code
+across GPUs found); a hardware fault on another node; a program error that
 no device returns (a Python exception, an out-of-memory); an NPU memory event on another chip or
 long before the failure.
 """
@@ -55,7 +58,7 @@ from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.escalation import chip_of, is_npu, npu_code
-from ftwatch.rules.faultcodes import FaultTables
+from ftwatch.rules.faultcodes import FaultTables, xid_groups
 
 #: Rule families of errors a device returns to the program that calls it (CUDA runtime / driver as
 #: PyTorch, THC, JAX and NCCL print them, cuDNN / cuBLAS status codes, NVRM Xid lines, torch_npu,
@@ -79,11 +82,25 @@ def _tables() -> FaultTables:
     return FaultTables.load()
 
 
+@functools.lru_cache(maxsize=1)
+def _app_cause_xids() -> frozenset[int]:
+    """The Xids NVIDIA's table says the user application can cause (``xid_groups()["app_cause"]``)."""
+    return xid_groups()["app_cause"]
+
+
 def device_error(f: Finding) -> bool:
     """Says whether ``f`` is an error a GPU/NPU runtime returned to the program, graded neither as
     the node's hardware nor as out of memory (a device fault may be its cause)."""
     family = f.rule_id.startswith(DEVICE_ERROR_PREFIXES) or f.rule_id in DEVICE_ERROR_RULES
     return family and f.failure_class not in (FailureClass.HARDWARE_NODE, FailureClass.OOM)
+
+
+def app_caused(f: Finding) -> bool:
+    """Says whether ``f`` is an Xid that NVIDIA's table says the application itself can cause
+    (Xid 109, context switch timeout: "User App Error" among its causes), which follows an
+    application's own fault as often as it explains one."""
+    xid = f.fields.get("xid")
+    return xid is not None and int(xid) in _app_cause_xids()
 
 
 def uncorrectable_chip_fault(f: Finding) -> bool:
@@ -113,7 +130,7 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         return None
     pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's
     fault = next((f for f in real if f is not head and f.failure_class is FailureClass.HARDWARE_NODE
-                  and f.origin.node == head.origin.node and not device_error(f)
+                  and f.origin.node == head.origin.node and not device_error(f) and not app_caused(f)
                   and (not pci or f.fields.get("pci") == pci or pci in f.line)), None)
     if fault is not None:
         return fault

@@ -143,3 +143,17 @@ def test_nvidia_smi_device_handle_lines_with_or_without_a_space_name_a_lost_gpu(
                  "Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost"):
         [f] = logged(0, 1.0, text)
         assert f.rule_id == "nvml.gpu_handle_lost" and f.action is Action.ISOLATE_NODE
+
+
+def test_an_xid_the_application_can_cause_does_not_explain_the_illegal_address(tmp_path: Path):
+    """Xid 109 (context switch timeout) is graded RESET_GPU, but NVIDIA's table lists the user
+    application among its causes: after the program's Xid 31 MMU fault it is that fault's follow-on."""
+    xid31 = ("NVRM: Xid (PCI:0000:3b:00): 31, pid=3004, name=python3, channel 0x00000201, intr 00000000. "
+             "MMU Fault: ENGINE GRAPHICS GPC0 GPCCLIENT_T1_0 faulted @ 0x70a2_c8000000. "
+             "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE")
+    xid109 = ("NVRM: Xid (PCI:0000:3b:00): 109, pid=3004, name=python3, Ch 00000008, errorString CTX SWITCH "
+              "TIMEOUT, Info 0x2c014")
+    found = [*cuda(3, 1.0, "an illegal memory access was encountered"), *host(2.0, xid31, xid109)]
+    assert any(f.rule_id == "xid.109" and f.action is Action.ISOLATE_NODE for f in found)
+    assert analyse(found).root_cause.rule_id != "xid.109"
+    assert decide(found, tmp_path).action is Action.FAIL_JOB
