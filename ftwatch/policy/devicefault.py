@@ -26,16 +26,15 @@ So :func:`device_fault` returns, for an incident whose earliest real error is su
 error* (:func:`device_error`: a GPU/NPU runtime error the catalogs grade neither ``hardware_node``
 nor ``oom``), the fault of the device that explains it:
 
-1. a real finding of the same node graded ``hardware_node`` (an Xid or NVRM line of the host log,
-   an uncorrectable ECC the runtime reported on another line, an NPU chip fault graded
-   SeparateNPU ...; when the device error is an application Xid, which names its GPU, a fault of
-   that GPU), whatever its time within the incident (the kernel's clock and the process's
-   are not the same clock, and the process may report the fault at its next synchronising call,
-   before or after the driver's line is stamped); or
-2. an NPU chip fault of the incident on the failing chip (:func:`ftwatch.policy.escalation.chip_of` of
-   any device error of the failing instance: torch_npu and CANN name the chip on the lines after the
-   one that raised)
-   whose meaning in the fault table is an uncorrectable (multi-bit) memory error, within
+1. a real finding of the same node graded ``hardware_node``, a printed line and not an exit (an
+   Xid or NVRM line of the host log, an uncorrectable ECC the runtime reported on another line, an
+   NPU chip fault graded SeparateNPU ...; when the device error is an application Xid, which names
+   its GPU, a fault of that GPU), whatever its time within the incident (the kernel's clock and
+   the process's are not the same clock, and the process may report the fault at its next
+   synchronising call, before or after the driver's line is stamped); or
+2. an NPU chip fault of the incident on the failing chip (:func:`ftwatch.policy.escalation.chip_of`
+   of any device error of the failing instance: torch_npu and CANN name the chip on the lines after
+   the one that raised) whose meaning in the fault table is an uncorrectable (multi-bit) memory error, within
    ``CHIP_WINDOW`` seconds of the device error, whatever its MindCluster level: graded up to
    ``hardware_node`` / ``isolate_node`` (the memory the failed task used is bad: an uncorrectable
    ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate).
@@ -67,6 +66,8 @@ DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "xid.", "torch_npu.", "ac
                          "hccl.result_")
 #: NCCL's wrappers of a CUDA error (ncclUnhandledCudaError, CUDACHECK's ``Cuda failure``).
 DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error", "nccl.cuda_failure"})
+#: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
+_NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: a fault table meaning that names an uncorrectable memory error (``multi-bit ECC``, ``UCE``)
@@ -130,7 +131,8 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         return None
     pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's
     fault = next((f for f in real if f is not head and f.failure_class is FailureClass.HARDWARE_NODE
-                  and f.origin.node == head.origin.node and not device_error(f) and not app_caused(f)
+                  and f.kind not in _NOT_LINES and f.origin.node == head.origin.node
+                  and not device_error(f) and not app_caused(f)
                   and (not pci or f.fields.get("pci") == pci or pci in f.line)), None)
     if fault is not None:
         return fault

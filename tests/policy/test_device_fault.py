@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ftwatch.config.model import PolicyConfig
-from ftwatch.events import Action, FailureClass, Finding, Origin
+from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.devicefault import device_error, uncorrectable_chip_fault
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
+from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 from ftwatch.rules.loader import load_rules
 
 T0 = 1_795_219_200.0
@@ -157,3 +158,13 @@ def test_an_xid_the_application_can_cause_does_not_explain_the_illegal_address(t
     assert any(f.rule_id == "xid.109" and f.action is Action.ISOLATE_NODE for f in found)
     assert analyse(found).root_cause.rule_id != "xid.109"
     assert decide(found, tmp_path).action is Action.FAIL_JOB
+
+
+def test_an_exit_graded_as_hardware_explains_no_device_error():
+    """An exit code is the process's end, not a report of the device (DLRover's private 14 under
+    its launcher reads as a GPU fault; it still says nothing of why the CUDA call failed)."""
+    head = cuda(3, 1.0, "an illegal memory access was encountered")
+    ex = exit_finding(ProcessExit(head[0].origin, pid=103, returncode=14, signal=None, time=T0 + 3),
+                      ExitCodeTable.load(), seq=0, launchers={"dlrover"})
+    assert ex is not None and ex.failure_class is FailureClass.HARDWARE_NODE
+    assert analyse([*head, ex]).root_cause.rule_id == "cuda.illegal_memory_access"
