@@ -16,9 +16,15 @@ reschedule (restart_job).
 
 Device faults that are not chip codes (issue 12, "the same device failing again"): a finding of
 class ``hardware_node`` graded below isolation (``restart_in_place`` / ``restart_job``: an Xid 94
-contained ECC error, torch_npu's ``UCE ERROR``, ACL's 507053/507054 memory errors) seen on the same
-node and device (:func:`device_of`: an Xid's GPU, else the chip) in **2** attempts within **24 h**
-(``DEVICE_REPEAT``) -> isolate_node, the GPU analogue of MindCluster's 2-in-24-h ECC rule above. Why
+contained ECC error, torch_npu's ``UCE ERROR``, ACL's 507053/507054 memory errors), or a CUDA /
+cuBLAS / cuDNN error the catalogs grade "relaunch once" (``unspecified launch failure``,
+``CUBLAS_STATUS_EXECUTION_FAILED`` ...: the program first, the system second), seen on the same
+node and device (:func:`device_of`: an Xid's GPU, else the chip or rank) in **2** attempts within
+**24 h** (``DEVICE_REPEAT``) -> isolate_node (class hardware_node), the GPU analogue of
+MindCluster's 2-in-24-h ECC rule above. For the ambiguous errors the relaunch in place is the test
+the grade asks for: the same error on the same device again points at the device (NVIDIA's GPU
+debug guidelines: a fault that stays with one GPU is triaged as that GPU's; an application bug
+follows the application to other GPUs); on another device it is no repeat. Why
 a repeat is the device's: NVIDIA's GPU memory error management guide (docs.nvidia.com/deploy/
 a100-gpu-mem-error-mgmt, "Row Remapping"; Xid 63/94 "reset GPU to activate") says a contained or
 uncorrectable memory error is remapped only at the next GPU reset, so a restart in place leaves the
@@ -87,6 +93,8 @@ FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
     FrequencyRule(frozenset({"80E18005"}), 3, DAY),
     FrequencyRule(frozenset({LINK_DOWN}), 5, DAY, release_after_s=2 * DAY),
 )
+#: Rule families of the ambiguous device errors ``DEVICE_REPEAT`` also counts.
+AMBIGUOUS_FAMILIES = ("cuda.", "cudnn.", "cublas.")
 #: The same device fault (not a chip code) on one device in 2 attempts within 24 h (module docstring).
 DEVICE_REPEAT = FrequencyRule(frozenset(), 2, DAY, source=(
     "NVIDIA GPU memory error management (row remapping takes effect at the next GPU reset); "
@@ -140,12 +148,22 @@ def device_key(f: Finding) -> str:
     return f"{f.origin.node}|{device_of(f)}|{f.rule_id}"
 
 
+def ambiguous_device_error(f: Finding) -> bool:
+    """True for a CUDA runtime, cuBLAS or cuDNN error the catalogs grade "relaunch once" (user_code,
+    restart_in_place: ``cuda_errors.tsv``'s sticky_ambiguous ``cudaErrorLaunchFailure``, whose
+    source names "system specific" causes after program faults; ``cudalib_vocab.tsv``'s execution,
+    internal, mapping and initialisation failures)."""
+    return (f.rule_id.startswith(AMBIGUOUS_FAMILIES) and f.failure_class is FailureClass.USER_CODE
+            and f.action is Action.RESTART_IN_PLACE)
+
+
 def device_repeatable(f: Finding) -> bool:
     """True for a device fault that ``DEVICE_REPEAT`` counts: not a chip code (those have their
-    own rules), class ``hardware_node``, graded below isolating the node, not a recovery, on a
-    named node (not ``IMPLICIT_NODES``)."""
-    return (not is_npu(f) and f.failure_class is FailureClass.HARDWARE_NODE
-            and Action.RESTART_INSTANCE <= f.action < Action.ISOLATE_NODE and not is_recovery(f)
+    own rules), class ``hardware_node`` graded below isolating the node, or an ambiguous device
+    error (:func:`ambiguous_device_error`); not a recovery; on a named node (not ``IMPLICIT_NODES``)."""
+    fault = (f.failure_class is FailureClass.HARDWARE_NODE
+             and Action.RESTART_INSTANCE <= f.action < Action.ISOLATE_NODE) or ambiguous_device_error(f)
+    return (not is_npu(f) and fault and not is_recovery(f)
             and f.origin.node is not None and f.origin.node not in IMPLICIT_NODES)
 
 
@@ -338,10 +356,13 @@ class Escalator:
         why = f"{n} hits in {rule.window_s / 3600:g} h (>= {rule.times})"
         clause = (f"device repeat: {f.rule_id} on node {node} device {device}: {why}: a restart in place "
                   "left the faulty device in service → isolate_node")
+        if ambiguous_device_error(f):
+            clause = (f"device repeat: {f.rule_id} on node {node} device {device}: {why}: the relaunch the "
+                      "error's grade asks for failed the same way on the same device → device suspect → isolate_node")
         fields = dict(f.fields) | {"level": f"repeated on one device (escalated: {why})",
                                    "table_level": f.fields.get("level")}
         return Escalated(dataclasses.replace(f, action=Action.ISOLATE_NODE, severity=Severity.CRITICAL,
-                                             fields=fields), clause)
+                                             failure_class=FailureClass.HARDWARE_NODE, fields=fields), clause)
 
 
 def link_down_clauses(findings: Sequence[Finding], now: float) -> list[str]:

@@ -65,3 +65,39 @@ def test_escalation_off_leaves_the_repeat_alone(tmp_path):
     attempt(policy(tmp_path, recovery=off), clock, XID94)
     clock.advance(600)
     assert attempt(policy(tmp_path, recovery=off), clock, XID94).action is Action.RESTART_IN_PLACE
+
+
+ULF = "[rank1]: RuntimeError: CUDA error: unspecified launch failure"
+
+
+def test_an_ambiguous_cuda_error_back_on_the_same_rank_isolates_under_on_failure(tmp_path):
+    """'unspecified launch failure' is graded relaunch-once; OnFailure relaunches in place, and the
+    same error on the same device in the next attempt points at the device."""
+    clock = FakeClock()
+    flags = {"fault_tolerant_policy": "OnFailure"}
+    first = attempt(policy(tmp_path, **flags), clock, ULF)
+    assert first.action is Action.RESTART_IN_PLACE
+    clock.advance(600)
+    second = attempt(policy(tmp_path, **flags), clock, ULF)
+    assert second.action is Action.ISOLATE_NODE, second.policy_clause
+    assert "device repeat: cuda.unspecified_launch_failure on node node-1 device rank1" in second.policy_clause
+    assert second.root_cause.failure_class.value == "hardware_node"
+
+
+def test_an_ambiguous_cuda_error_on_another_rank_is_no_repeat(tmp_path):
+    clock = FakeClock()
+    flags = {"fault_tolerant_policy": "OnFailure"}
+    attempt(policy(tmp_path, **flags), clock, ULF)
+    clock.advance(600)
+    other = attempt(policy(tmp_path, **flags), clock, ULF.replace("rank1", "rank2"), rank=2)
+    assert other.action is Action.RESTART_IN_PLACE, other.policy_clause
+
+
+def test_a_program_error_repeating_is_never_a_device_repeat(tmp_path):
+    """An illegal address is graded the program's (sticky_program, fail): no device reading."""
+    clock = FakeClock()
+    flags = {"fault_tolerant_policy": "OnFailure"}
+    ima = "[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered"
+    attempt(policy(tmp_path, **flags), clock, ima)
+    clock.advance(600)
+    assert attempt(policy(tmp_path, **flags), clock, ima).action is not Action.ISOLATE_NODE
