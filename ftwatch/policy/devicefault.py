@@ -26,9 +26,10 @@ So :func:`device_fault` returns, for an incident whose earliest real error is su
 error* (:func:`device_error`: a GPU/NPU runtime error the catalogs grade neither ``hardware_node``
 nor ``oom``), the fault of the device that explains it:
 
-1. a real finding of the same node graded ``hardware_node``, a printed line and not an exit (an
-   Xid or NVRM line of the host log, an uncorrectable ECC the runtime reported on another line, an
-   NPU chip fault graded SeparateNPU ...; when the device error is an application Xid, which names
+1. a real finding of the same node graded ``hardware_node``, a printed line and not an exit, of
+   an accelerator (``DEVICE_FAULT_PREFIXES``: an Xid or NVRM line of the host log, an uncorrectable
+   ECC the runtime reported on another line, an NPU chip fault graded SeparateNPU ...; not the
+   node's network, storage or corrected-error lines); when the device error is an application Xid, which names
    its GPU, a fault of that GPU), whatever its time within the incident (the kernel's clock and
    the process's are not the same clock, and the process may report the fault at its next
    synchronising call, before or after the driver's line is stamped); or
@@ -66,6 +67,10 @@ DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "xid.", "torch_npu.", "ac
                          "hccl.result_")
 #: NCCL's wrappers of a CUDA error (ncclUnhandledCudaError, CUDACHECK's ``Cuda failure``).
 DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error", "nccl.cuda_failure"})
+#: Rule families of a GPU's or NPU's own fault reports (driver Xid / NVRM / NVML lines, DCGM, the
+#: CUDA enum's device grades, NPU chip codes, ACL / torch_npu / CANN device errors): a node's
+#: network, storage or corrected-error lines are hardware_node too but explain no device error.
+DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.")
 #: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
 _NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
@@ -131,7 +136,8 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         return None
     pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's
     fault = next((f for f in real if f is not head and f.failure_class is FailureClass.HARDWARE_NODE
-                  and f.kind not in _NOT_LINES and f.origin.node == head.origin.node
+                  and f.kind not in _NOT_LINES and f.rule_id.startswith(DEVICE_FAULT_PREFIXES)
+                  and f.origin.node == head.origin.node
                   and not device_error(f) and not app_caused(f)
                   and (not pci or f.fields.get("pci") == pci or pci in f.line)), None)
     if fault is not None:

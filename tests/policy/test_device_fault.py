@@ -168,3 +168,11 @@ def test_an_exit_graded_as_hardware_explains_no_device_error():
                       ExitCodeTable.load(), seq=0, launchers={"dlrover"})
     assert ex is not None and ex.failure_class is FailureClass.HARDWARE_NODE
     assert analyse([*head, ex]).root_cause.rule_id == "cuda.illegal_memory_access"
+
+
+def test_a_network_or_storage_fault_of_the_node_explains_no_cuda_error():
+    """mlx5 / IB port and file-system lines are hardware_node as well, but not the GPU's."""
+    port = "mlx5_core 0000:5e:00.0: Port module event[error]: module 0, Cable error, Bus stuck (I2C or data shorted)"
+    found = [*cuda(3, 1.0, "an illegal memory access was encountered"), *host(2.0, port)]
+    assert any(f.failure_class is FailureClass.HARDWARE_NODE for f in found[1:]), [f.rule_id for f in found]
+    assert analyse(found).root_cause.rule_id == "cuda.illegal_memory_access"
