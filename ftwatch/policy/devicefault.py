@@ -44,9 +44,9 @@ Counterexamples (nothing is paired): an application Xid (13/31/43) beside a CUDA
 program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
 that GPU: the program's fault, not the GPU's, as threads where the same fault followed the code
-across GPUs found); a hardware fault on another node; a program error that
-no device returns (a Python exception, an out-of-memory); an NPU memory event on another chip or
-long before the failure.
+across GPUs found); a hardware fault on another node; a network, storage or exit finding graded
+hardware; a program error that no device returns (a Python exception, an out-of-memory); an NPU
+memory event on another chip, long before the failure, or reporting its recovery.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import re
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
-from ftwatch.policy.escalation import chip_of, is_npu, npu_code
+from ftwatch.policy.escalation import chip_of, is_npu, is_recovery, npu_code
 from ftwatch.rules.faultcodes import FaultTables, xid_groups
 
 #: Rule families of errors a device returns to the program that calls it (CUDA runtime / driver as
@@ -112,7 +112,7 @@ def app_caused(f: Finding) -> bool:
 def uncorrectable_chip_fault(f: Finding) -> bool:
     """Says whether ``f`` is an NPU chip fault code whose table meaning is an uncorrectable memory
     error (``HBM multi-bit ECC found by patrol scrub`` ...), whatever its level."""
-    if not is_npu(f):
+    if not is_npu(f) or is_recovery(f):
         return False
     entry = _tables().npu(npu_code(f))
     return entry is not None and bool(_UNCORRECTABLE.search(entry.meaning))
@@ -129,8 +129,9 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     Returns:
         The first ``hardware_node`` finding of ``real`` on ``head``'s node (rule 1), else a copy of
         the first uncorrectable NPU memory event on ``head``'s chip within ``CHIP_WINDOW`` seconds,
-        graded ``hardware_node`` / ``isolate_node`` / critical, with the pairing in ``fields["explains"]``
-        and ``head``'s origin (the process that drives the chip: the target to isolate) (rule 2); None when ``head`` is no device error or nothing explains it.
+        graded ``hardware_node`` / ``isolate_node`` / critical, with the pairing in
+        ``fields["explains"]`` and ``head``'s origin (the process that drives the chip: the target
+        to isolate) (rule 2); None when ``head`` is no device error or nothing explains it.
     """
     if not device_error(head):
         return None
@@ -153,6 +154,5 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         return None
     fields = dict(event.fields) | {"explains": head.rule_id, "table_level": event.fields.get("level")}
     return dataclasses.replace(event, origin=head.origin, failure_class=FailureClass.HARDWARE_NODE,
-                               action=Action.ISOLATE_NODE,
-                               severity=Severity.CRITICAL, fields=fields,
+                               action=Action.ISOLATE_NODE, severity=Severity.CRITICAL, fields=fields,
                                source=f"{event.source}; paired: {_SOURCE}".lstrip("; "))
