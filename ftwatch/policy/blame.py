@@ -19,15 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ftwatch.events import FailureClass, Finding
-from ftwatch.policy.escalation import is_npu, npu_code
+from ftwatch.policy.escalation import IMPLICIT_NODES, is_npu, npu_code
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.statefile import read_state, write_state
 
 _FORMAT, _VERSION = "ftwatch-node-blame", 1
 BLAMED_CLASSES = frozenset({FailureClass.HARDWARE_NODE, FailureClass.RETRYABLE_INFRA, FailureClass.HANG})
-#: Node names ftwatch makes up when a line names none (``watch`` on stdin: ``localhost``;
-#: ``replay``: ``replay``): blaming them would blame every job on that one name.
-IMPLICIT_NODES = frozenset({"", "localhost", "replay"})
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""NPU fault escalation across attempts and ftwatch restarts (SPEC R3, D4).
+"""NPU fault escalation, and repeated device faults, across attempts and ftwatch restarts (SPEC R3, D4).
 
 MindCluster grades a chip fault more severely when it keeps coming back (fault-tables README,
 "Escalation rules (defaults)", from ``faultCustomization.json`` at mind-cluster@22bb3d98):
@@ -13,6 +13,24 @@ MindCluster grades a chip fault more severely when it keeps coming back (fault-t
 
 User-input codes (80C98002, 80CB8002) are never escalated to an isolation (SPEC R3): at most a
 reschedule (restart_job).
+
+Device faults that are not chip codes (issue 12, "the same device failing again"): a finding of
+class ``hardware_node`` graded below isolation (``restart_in_place`` / ``restart_job``: an Xid 94
+contained ECC error, torch_npu's ``UCE ERROR``, ACL's 507053/507054 memory errors), or a CUDA /
+cuBLAS / cuDNN error the catalogs grade "relaunch once" (``unspecified launch failure``,
+``CUBLAS_STATUS_EXECUTION_FAILED`` ...: the program first, the system second), seen on the same
+node and device (:func:`device_of`: an Xid's GPU, else the chip or rank) in **2** attempts within
+**24 h** (``DEVICE_REPEAT``) -> isolate_node (class hardware_node), the GPU analogue of
+MindCluster's 2-in-24-h ECC rule above. For the ambiguous errors the relaunch in place is the test
+the grade asks for: the same error on the same device again points at the device (NVIDIA's GPU
+debug guidelines: a fault that stays with one GPU is triaged as that GPU's; an application bug
+follows the application to other GPUs); on another device it is no repeat. Why
+a repeat is the device's: NVIDIA's GPU memory error management guide (docs.nvidia.com/deploy/
+a100-gpu-mem-error-mgmt, "Row Remapping"; Xid 63/94 "reset GPU to activate") says a contained or
+uncorrectable memory error is remapped only at the next GPU reset, so a restart in place leaves the
+bad memory in service and the same fault on the same GPU in the next attempt says it needs the reset
+(and the diagnostics) that only draining the node gives; the Xid catalog's "repeated on one GPU ->
+hardware" reading of its investigatory workflows says the same of recurring faults.
 
 A *hit* is one occurrence of (node, chip, code) in one attempt of one job: a code printed by
 several lines of one attempt counts once (each occurrence of a fault ends the attempt it happens
@@ -48,6 +66,9 @@ ECC_CODES = frozenset("""
 LINK_DOWN = "81078603"
 LINK_DOWN_LIMIT_S = 20.0      # lasting longer -> PreSeparateNPU
 _FORMAT, _VERSION = "ftwatch-fault-history", 1
+#: Node names ftwatch makes up when a line names none (``watch`` on stdin: ``localhost``;
+#: ``replay``: ``replay``): no machine to isolate, and counting them would join every job's devices.
+IMPLICIT_NODES = frozenset({"", "localhost", "replay"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,12 @@ FREQUENCY_RULES: tuple[FrequencyRule, ...] = (
     FrequencyRule(frozenset({"80E18005"}), 3, DAY),
     FrequencyRule(frozenset({LINK_DOWN}), 5, DAY, release_after_s=2 * DAY),
 )
+#: Rule families of the ambiguous device errors ``DEVICE_REPEAT`` also counts.
+AMBIGUOUS_FAMILIES = ("cuda.", "cudnn.", "cublas.")
+#: The same device fault (not a chip code) on one device in 2 attempts within 24 h (module docstring).
+DEVICE_REPEAT = FrequencyRule(frozenset(), 2, DAY, source=(
+    "NVIDIA GPU memory error management (row remapping takes effect at the next GPU reset); "
+    "MindCluster's 2-in-24-h ECC rule (faultCustomization.json) as the template"))
 
 # "device 3", "chip_id=3", "npu:3", "logic_id 3", "phy id: 3", "card 3" (a small integer).
 _CHIP = re.compile(r"(?i)\b(?:device|dev|chip|npu|card|logic|phy)[ _-]?(?:id)?\s*[:=#]?\s*(\d{1,3})\b")
@@ -108,6 +135,36 @@ def fault_key(f: Finding) -> str:
     """``node|device|fault`` of any hardware fault: ``chip_key`` for an NPU code, else the node,
     the device (``chip_of``) and the rule id (``xid.94`` ...)."""
     return chip_key(f) if is_npu(f) else f"{f.origin.node}|{chip_of(f)}|{f.rule_id}"
+
+
+def device_of(f: Finding) -> str:
+    """The device a fault is about: an Xid's GPU (its ``pci`` field, lower case), else ``chip_of``."""
+    pci = f.fields.get("pci")
+    return str(pci).lower() if pci else chip_of(f)
+
+
+def device_key(f: Finding) -> str:
+    """``node|device|rule``: what ``DEVICE_REPEAT`` counts as "the same fault on one device"."""
+    return f"{f.origin.node}|{device_of(f)}|{f.rule_id}"
+
+
+def ambiguous_device_error(f: Finding) -> bool:
+    """True for a CUDA runtime, cuBLAS or cuDNN error the catalogs grade "relaunch once" (user_code,
+    restart_in_place: ``cuda_errors.tsv``'s sticky_ambiguous ``cudaErrorLaunchFailure``, whose
+    source names "system specific" causes after program faults; ``cudalib_vocab.tsv``'s execution,
+    internal, mapping and initialisation failures)."""
+    return (f.rule_id.startswith(AMBIGUOUS_FAMILIES) and f.failure_class is FailureClass.USER_CODE
+            and f.action is Action.RESTART_IN_PLACE)
+
+
+def device_repeatable(f: Finding) -> bool:
+    """True for a device fault that ``DEVICE_REPEAT`` counts: not a chip code (those have their
+    own rules), class ``hardware_node`` graded below isolating the node, or an ambiguous device
+    error (:func:`ambiguous_device_error`); not a recovery; on a named node (not ``IMPLICIT_NODES``)."""
+    fault = (f.failure_class is FailureClass.HARDWARE_NODE
+             and Action.RESTART_INSTANCE <= f.action < Action.ISOLATE_NODE) or ambiguous_device_error(f)
+    return (not is_npu(f) and fault and not is_recovery(f)
+            and f.origin.node is not None and f.origin.node not in IMPLICIT_NODES)
 
 
 def is_recovery(f: Finding) -> bool:
@@ -204,22 +261,29 @@ class Escalated:
 
 
 class Escalator:
-    """Applies the frequency and duration rules to the NPU findings of an incident.
+    """Applies the frequency and duration rules to the NPU findings of an incident, and
+    ``DEVICE_REPEAT`` to its other device faults.
 
     Args:
         history: where hits are kept.
         rules: the frequency rules (default ``FREQUENCY_RULES``).
+        device_repeat: apply ``DEVICE_REPEAT`` (False under the ModelArts strategies, whose D4
+            same-fault rule counts repeats its own way).
     """
 
-    def __init__(self, history: FaultHistory, rules: Sequence[FrequencyRule] = FREQUENCY_RULES):
+    def __init__(self, history: FaultHistory, rules: Sequence[FrequencyRule] = FREQUENCY_RULES,
+                 device_repeat: bool = True):
         self.history = history
         self.rules = tuple(rules)
+        self.device_repeat = device_repeat
 
     def observe(self, findings: Iterable[Finding], occurrence: str) -> None:
         """Record each NPU occurrence (not recoveries) once per ``occurrence`` (the attempt)."""
         for f in findings:
             if is_npu(f) and not is_recovery(f):
                 self.history.record(chip_key(f), f.time, occurrence)
+            elif self.device_repeat and device_repeatable(f):
+                self.history.record(device_key(f), f.time, occurrence)
 
     def rule_for(self, code: str) -> FrequencyRule | None:
         """The frequency rule that covers ``code``, or None."""
@@ -237,7 +301,8 @@ class Escalator:
         out: list[Finding] = []
         clauses: list[str] = []
         for f in findings:
-            esc = self._frequency(f, now) if is_npu(f) and not is_recovery(f) else None
+            esc = (self._frequency(f, now) if is_npu(f) and not is_recovery(f)
+                   else self._repeat(f, now) if self.device_repeat and device_repeatable(f) else None)
             if esc is not None:
                 out.append(esc.finding)
                 if esc.clause not in clauses:
@@ -279,6 +344,25 @@ class Escalator:
         severity = Severity.CRITICAL if cls is FailureClass.HARDWARE_NODE else max(f.severity, Severity.ERROR)
         new = dataclasses.replace(f, action=action, failure_class=cls, severity=severity, fields=fields)
         return Escalated(new, clause)
+
+
+    def _repeat(self, f: Finding, now: float) -> Escalated | None:
+        """``DEVICE_REPEAT``: the same device fault on one device in 2 attempts within 24 h."""
+        key, rule = device_key(f), DEVICE_REPEAT
+        n = self.history.count(key, now, rule.window_s)
+        if n < rule.times:
+            return None
+        node, device, _ = key.split("|", 2)
+        why = f"{n} hits in {rule.window_s / 3600:g} h (>= {rule.times})"
+        clause = (f"device repeat: {f.rule_id} on node {node} device {device}: {why}: a restart in place "
+                  "left the faulty device in service → isolate_node")
+        if ambiguous_device_error(f):
+            clause = (f"device repeat: {f.rule_id} on node {node} device {device}: {why}: the relaunch the "
+                      "error's grade asks for failed the same way on the same device → device suspect → isolate_node")
+        fields = dict(f.fields) | {"level": f"repeated on one device (escalated: {why})",
+                                   "table_level": f.fields.get("level")}
+        return Escalated(dataclasses.replace(f, action=Action.ISOLATE_NODE, severity=Severity.CRITICAL,
+                                             failure_class=FailureClass.HARDWARE_NODE, fields=fields), clause)
 
 
 def link_down_clauses(findings: Sequence[Finding], now: float) -> list[str]:

@@ -109,7 +109,7 @@ class Policy:
         ma = modelarts or ModelArtsConfig()
         keep = max([2 * DAY, ma.same_fault_window] + [r.window_s for r in FREQUENCY_RULES])
         self.history = FaultHistory.for_state(state_dir, keep)
-        self.escalator = Escalator(self.history)
+        self.escalator = Escalator(self.history, device_repeat=not ma.enabled)
         bc = self.recovery.blame
         self.blame = BlameStore.for_state(state_dir, threshold=bc.threshold, window=bc.window,
                                           cooldown=bc.cooldown) if bc.enabled else None

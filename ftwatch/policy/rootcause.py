@@ -55,6 +55,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ends its victim with SIGKILL (Linux mm/oom_kill.c ``__oom_kill_process``: ``do_send_sig_info(SIGKILL,
    ...)``), and the enforcer's own line often comes after the kill report (slurmstepd reads the
    cgroup's oom-kill events when the step has ended; a kernel log is collected apart).
+10. A fault of the device (``ftwatch.policy.devicefault``: a ``hardware_node`` finding of the
+   root cause's node, or an uncorrectable NPU memory event on its chip) becomes the root cause when
+   the earliest real error is an error a GPU/NPU runtime returned to the program (a CUDA error
+   graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
+   torch_npu / ACL / CANN error): the program's error is how the device's fault reached it.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -80,6 +85,7 @@ from typing import Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
+from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.verbs import flushed_alone
@@ -324,6 +330,10 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if reset is not None:
             return Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices), done,
                             tuple(f for f in peer if f is not reset))
+        fault = device_fault(head, real, order)   # 10: the device's fault explains the program's device error
+        if fault is not None:
+            return Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices), done,
+                            tuple(f for f in peer if f is not fault))
         return Analysis(head, False, real, tuple(notices), done, peer)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world)) if fallout else None

@@ -414,11 +414,14 @@ def xid_groups() -> dict[str, frozenset[int]]:
 
     From ``gpu_xid.tsv``: ``fatal`` / ``nonfatal`` by its ``nvsentinel_severity`` column
     (NVIDIA/NVSentinel ``xiderrorsmapping.csv``), ``app_error`` by ``k8s_device_plugin_app_error``
-    (NVIDIA k8s-device-plugin's application-error Xids), ``known`` every row.
+    (NVIDIA k8s-device-plugin's application-error Xids), ``app_cause`` those whose
+    ``legacy_possible_causes`` (NVIDIA's Xid table, "User App Error" column) name the user
+    application, ``known`` every row.
     """
     header, rows = _read_tsv(XID_FILE)
     col = {name: i for i, name in enumerate(header)}
-    groups: dict[str, set[int]] = {"fatal": set(), "nonfatal": set(), "app_error": set(), "known": set()}
+    groups: dict[str, set[int]] = {"fatal": set(), "nonfatal": set(), "app_error": set(), "app_cause": set(),
+                                   "known": set()}
     for row in rows:
         n = int(row[col["xid"]])
         groups["known"].add(n)
@@ -429,4 +432,6 @@ def xid_groups() -> dict[str, frozenset[int]]:
             groups["nonfatal"].add(n)
         if row[col["k8s_device_plugin_app_error"]].strip().lower() == "yes":
             groups["app_error"].add(n)
+        if "user_app" in row[col["legacy_possible_causes"]].split(","):
+            groups["app_cause"].add(n)
     return {name: frozenset(values) for name, values in groups.items()}

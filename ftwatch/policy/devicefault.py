@@ -1,0 +1,158 @@
+"""A fault of the device explains the program's error on it (SPEC R7 rule 10, issue 12 items 2-3).
+
+A GPU or NPU fault reaches a training process as an error of the runtime it calls: the driver
+logs the fault (``NVRM: Xid 79``, ``Xid 48``, an Ascend chip event) and the next CUDA / ACL call of
+the process on that device returns an error, which PyTorch raises as ``CUDA error: unspecified
+launch failure``, ``an illegal memory access was encountered``, ``unknown error``, NCCL as
+``unhandled cuda error``, torch_npu as ``error code is 507015`` with an ``EZ9999 ... aicore error``.
+Read alone, those errors are graded as the program's (``cuda_errors.tsv``: the CUDA Runtime API
+names program faults first for ``cudaErrorIllegalAddress`` / ``cudaErrorLaunchFailure`` and
+"system specific" causes second; CANN's ``aclError`` rule 4: 5XXXXX codes are "internal software
+or hardware errors"). Beside a fault of the device they are its consequence:
+
+* NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, via gpu_xid.tsv) grades the hardware
+  Xids (48 DBE, 64 remap failure, 74 NVLink, 79 off the bus, 95 uncontained ECC, 119/120 GSP ...)
+  ``isolate_node_and_restart`` and the application Xids 13/31/43 ``RESTART_APP`` with the note that
+  the app error follows; Xid 48's workflow pairs it with 63/64/94/95 ("pair with Xid 63/64/94/95
+  and row-remap status"). ``cuda.unspecified_launch_failure``'s own note: "bug or hardware ...
+  correlate with Xid".
+* Huawei's CANN troubleshooting guide (hiascend.com canncommercial 800, maintenref
+  troubleshooting_0008, "AI Core error": the device log's HBM multi-bit ECC event 0x80E01809 is
+  the cause of the AI Core exception the process reported) reads an NPU's uncorrectable memory
+  event on the chip of a failed AI Core task as the failure's cause, although MindCluster grades
+  the patrol-scrub event alone NotHandleFault (nothing failed then).
+
+So :func:`device_fault` returns, for an incident whose earliest real error is such a *device
+error* (:func:`device_error`: a GPU/NPU runtime error the catalogs grade neither ``hardware_node``
+nor ``oom``), the fault of the device that explains it:
+
+1. a real finding of the same node graded ``hardware_node``, a printed line and not an exit, of
+   an accelerator (``DEVICE_FAULT_PREFIXES``: an Xid or NVRM line of the host log, an uncorrectable
+   ECC the runtime reported on another line, an NPU chip fault graded SeparateNPU ...; not the
+   node's network, storage or corrected-error lines); when the device error is an application Xid, which names
+   its GPU, a fault of that GPU), whatever its time within the incident (the kernel's clock and
+   the process's are not the same clock, and the process may report the fault at its next
+   synchronising call, before or after the driver's line is stamped); or
+2. an NPU chip fault of the incident on the failing chip (:func:`ftwatch.policy.escalation.chip_of`
+   of any device error of the failing instance: torch_npu and CANN name the chip on the lines after
+   the one that raised) whose meaning in the fault table is an uncorrectable (multi-bit) memory error, within
+   ``CHIP_WINDOW`` seconds of the device error, whatever its MindCluster level: graded up to
+   ``hardware_node`` / ``isolate_node`` (the memory the failed task used is bad: an uncorrectable
+   ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate).
+
+Counterexamples (nothing is paired): an application Xid (13/31/43) beside a CUDA error (both the
+program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
+application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
+that GPU: the program's fault, not the GPU's, as threads where the same fault followed the code
+across GPUs found); a hardware fault on another node; a network, storage or exit finding graded
+hardware; a program error that no device returns (a Python exception, an out-of-memory); an NPU
+memory event on another chip, long before the failure, or reporting its recovery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.escalation import chip_of, is_npu, is_recovery, npu_code
+from ftwatch.rules.faultcodes import FaultTables, xid_groups
+
+#: Rule families of errors a device returns to the program that calls it (CUDA runtime / driver as
+#: PyTorch, THC, JAX and NCCL print them, cuDNN / cuBLAS status codes, NVRM Xid lines, torch_npu,
+#: ACL runtime codes, CANN error codes, HCCL return codes).
+DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "xid.", "torch_npu.", "acl.", "aclnn.", "cann.",
+                         "hccl.result_")
+#: NCCL's wrappers of a CUDA error (ncclUnhandledCudaError, CUDACHECK's ``Cuda failure``).
+DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error", "nccl.cuda_failure"})
+#: Rule families of a GPU's or NPU's own fault reports (driver Xid / NVRM / NVML lines, DCGM, the
+#: CUDA enum's device grades, NPU chip codes, ACL / torch_npu / CANN device errors): a node's
+#: network, storage or corrected-error lines are hardware_node too but explain no device error.
+DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.")
+#: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
+_NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
+#: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
+CHIP_WINDOW = 120.0
+#: a fault table meaning that names an uncorrectable memory error (``multi-bit ECC``, ``UCE``)
+_UNCORRECTABLE = re.compile(r"(?i)multi-bit|uncorrectable|\bUCE\b|double[- ]bit")
+_SOURCE = ("docs.nvidia.com/deploy/xid-errors (Xid catalog: hardware Xids isolate, application Xids follow "
+           "the app error); hiascend.com CANN 8.0 troubleshooting_0008 (AI Core error caused by HBM multi-bit "
+           "ECC 0x80E01809)")
+
+
+@functools.lru_cache(maxsize=1)
+def _tables() -> FaultTables:
+    """The packaged fault tables, read once."""
+    return FaultTables.load()
+
+
+@functools.lru_cache(maxsize=1)
+def _app_cause_xids() -> frozenset[int]:
+    """The Xids NVIDIA's table says the user application can cause (``xid_groups()["app_cause"]``)."""
+    return xid_groups()["app_cause"]
+
+
+def device_error(f: Finding) -> bool:
+    """Says whether ``f`` is an error a GPU/NPU runtime returned to the program, graded neither as
+    the node's hardware nor as out of memory (a device fault may be its cause)."""
+    family = f.rule_id.startswith(DEVICE_ERROR_PREFIXES) or f.rule_id in DEVICE_ERROR_RULES
+    return family and f.failure_class not in (FailureClass.HARDWARE_NODE, FailureClass.OOM)
+
+
+def app_caused(f: Finding) -> bool:
+    """Says whether ``f`` is an Xid that NVIDIA's table says the application itself can cause
+    (Xid 109, context switch timeout: "User App Error" among its causes), which follows an
+    application's own fault as often as it explains one."""
+    xid = f.fields.get("xid")
+    return xid is not None and int(xid) in _app_cause_xids()
+
+
+def uncorrectable_chip_fault(f: Finding) -> bool:
+    """Says whether ``f`` is an NPU chip fault code whose table meaning is an uncorrectable memory
+    error (``HBM multi-bit ECC found by patrol scrub`` ...), whatever its level."""
+    if not is_npu(f) or is_recovery(f):
+        return False
+    entry = _tables().npu(npu_code(f))
+    return entry is not None and bool(_UNCORRECTABLE.search(entry.meaning))
+
+
+def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Finding]) -> Finding | None:
+    """The fault of the device that explains the device error ``head`` (see the module docstring).
+
+    Args:
+        head: the incident's earliest real error (R7).
+        real: its real errors, earliest first.
+        findings: every finding of the incident (NPU events graded below an error are not in ``real``).
+
+    Returns:
+        The first ``hardware_node`` finding of ``real`` on ``head``'s node (rule 1), else a copy of
+        the first uncorrectable NPU memory event on ``head``'s chip within ``CHIP_WINDOW`` seconds,
+        graded ``hardware_node`` / ``isolate_node`` / critical, with the pairing in
+        ``fields["explains"]`` and ``head``'s origin (the process that drives the chip: the target
+        to isolate) (rule 2); None when ``head`` is no device error or nothing explains it.
+    """
+    if not device_error(head):
+        return None
+    pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's
+    fault = next((f for f in real if f is not head and f.failure_class is FailureClass.HARDWARE_NODE
+                  and f.kind not in _NOT_LINES and f.rule_id.startswith(DEVICE_FAULT_PREFIXES)
+                  and f.origin.node == head.origin.node
+                  and not device_error(f) and not app_caused(f)
+                  and (not pci or f.fields.get("pci") == pci or pci in f.line)), None)
+    if fault is not None:
+        return fault
+    ordered = sorted(findings, key=lambda x: (x.time, x.seq))
+    # the chips the failing process named: torch_npu's "(PID:..., Device:2, RankID:2)", CANN's
+    # "error from device(chipId:2, ...)" print it on lines after the one that raised
+    chips = {chip_of(f) for f in ordered if f.origin.instance == head.origin.instance and device_error(f)}
+    event = next((f for f in ordered
+                  if uncorrectable_chip_fault(f) and f.origin.node == head.origin.node
+                  and chip_of(f) in chips and abs(f.time - head.time) <= CHIP_WINDOW), None)
+    if event is None:
+        return None
+    fields = dict(event.fields) | {"explains": head.rule_id, "table_level": event.fields.get("level")}
+    return dataclasses.replace(event, origin=head.origin, failure_class=FailureClass.HARDWARE_NODE,
+                               action=Action.ISOLATE_NODE, severity=Severity.CRITICAL, fields=fields,
+                               source=f"{event.source}; paired: {_SOURCE}".lstrip("; "))
