@@ -91,9 +91,14 @@ def _python_end(lines: Sequence[str], start: int) -> int | None:
         if not lines[i]:
             return i - 1  # a traceback cut off before its exception line
         exc = i
-        while not is_block_start(lines[exc]) and exc + 1 < n and lines[exc + 1] and _indented(lines[exc + 1]):
-            exc += 1  # the exception's message goes on, indented (grpcio's status lines); not the
-            # frames of a traceback that follows one cut off before its exception line
+        if lines[exc].rstrip().endswith(":") and not is_block_start(lines[exc]):
+            # a message that announces more goes on, indented (grpcio: "... terminated with:" then
+            # tab-indented "status = StatusCode.X" lines); where the lines run out inside it, the
+            # block is not complete yet, so where a chunk ends changes nothing
+            while exc + 1 < n and lines[exc + 1] and _indented(lines[exc + 1]) and not is_block_start(lines[exc + 1]):
+                exc += 1
+            if exc + 1 >= n:
+                return None
         if exc + 1 >= n:
             return exc
         if lines[exc + 1].strip():

@@ -594,8 +594,8 @@ class Engine:
             line_starts.append(s)
             texts.append(text)
             end = multiline.block_end(texts, 0)
-            if end is not None and end < len(texts) - 1:   # a line after it (if any here) confirms the end:
-                return line_starts[: end + 1], texts[: end + 1], first_rank     # an indented one goes on
+            if end is not None:
+                return line_starts[: end + 1], texts[: end + 1], first_rank
             if len(texts) >= MAX_BLOCK_LINES:
                 truncated = True
                 break
