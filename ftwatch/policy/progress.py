@@ -100,16 +100,27 @@ _PREFIXED = frozenset(b"[(0123456789\x1b")
 _ON_LINE = re.compile(rb"[^\n]*?(" + _PROGRESS.pattern + rb")")
 
 
+#: "The rest of the line holds one of :data:`_LITERALS`", as a run of bytes that start none
+#: (possessive: never tried again) and single bytes that start one where none begins: the same
+#: lines as ``[^\n]*?`` + the literals, without trying the six literals at every byte (~30 % of
+#: :func:`_finder`'s pass). Each literal starts with one of ``%Mopt``.
+_HOLDS_LITERAL = rb"(?:[^\n%Mopt]++|(?!" + _LITERALS + rb")[%Mopt])*+" + _LITERALS
+#: The first byte of a line that a rank prefix (``_PREFIX``) or :data:`_UNSURE` can start with: a
+#: line starting with another is read no further for a prefix.
+_PREFIX_FIRST = rb"(?=[\[(0-9\x1b\x80-\xff])"
+
+
 @functools.lru_cache(maxsize=64)
 def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
     """The newline before each line that holds one of :data:`_LITERALS` and may be of ``ranks``
     (None: any rank): one ``re`` pass per chunk, in C, led by the ``\\n`` (a memchr search)."""
     if ranks is None:
-        return re.compile(rb"\n(?=[^\n]*?" + _LITERALS + rb")")
+        return re.compile(rb"\n(?=" + _HOLDS_LITERAL + rb")")
     numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
-    starts = [_PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )" % (numbers, numbers)] * bool(numbers)
-    starts += [b"(?!" + _PREFIX + b")"] * (None in ranks) + [_UNSURE]     # the rarest last: the same lines, sooner
-    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=[^\n]*?" + _LITERALS + rb")")
+    starts = [_PREFIX_FIRST + _PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
+              % (numbers, numbers)] * bool(numbers)
+    starts += [b"(?!" + _PREFIX + b")"] * (None in ranks) + [_PREFIX_FIRST + _UNSURE]   # the rarest last
+    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=" + _HOLDS_LITERAL + rb")")
 
 
 IGNORED = "python.exception_ignored"

@@ -168,3 +168,31 @@ def test_the_ranks_read_follow_the_waiting_set():
     later = finding("python.exception", time=T0 + 1, at=Origin("rank1", None, "j", "n", "stderr", "replay"))
     s.wait(later)                                   # another rank waits now: its lines are read
     assert s.outlived(origin, data, T0 + 2, 0.0, 2026) == [(later, T0 + 2)]
+
+
+def reference_finder(ranks):
+    """``progress._finder`` as first written (a lazy ``[^\\n]*?`` before the literals, no first-byte
+    guards): the faster form must find the same lines."""
+    lit = rb"(?=[^\n]*?" + progress._LITERALS + rb")"
+    if ranks is None:
+        return re.compile(rb"\n" + lit)
+    numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
+    starts = [progress._PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
+              % (numbers, numbers)] * bool(numbers)
+    starts += [b"(?!" + progress._PREFIX + b")"] * (None in ranks) + [progress._UNSURE]
+    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")" + lit)
+
+
+PIECES = [b"[rank1]: ", b"[rank01]:", b"[default3]:", b"2: ", b"0003: ", b"(pid=4) ", b"\x1b[31m", b"\xd9\xa1",
+          b"[rank\xd9\xa3]: ", b"[a1]:", b"[2026-11-21 09:00:01] ", b"epoch", b"poch", b"ter", b"te", b"oss", b"os",
+          b"tep", b"%|", b"%", b"MnRtt/Rnk: ", b"MnRtt", b"o", b"p", b"t", b"M", b" ", b"\t", b"x", b"1", b"\r", b"[",
+          b"]: ", b"\xff"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_finder_finds_the_lines_its_first_form_found(seed):
+    rng = random.Random(seed)
+    data = b"\n".join(b"".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
+    for ranks in (None, frozenset({1}), frozenset({None}), frozenset({None, 1}), frozenset({0, 3}), frozenset()):
+        want = [m.start() for m in reference_finder(ranks).finditer(b"\n" + data)]
+        assert [m.start() for m in progress._finder(ranks).finditer(b"\n" + data)] == want
