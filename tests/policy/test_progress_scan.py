@@ -11,7 +11,7 @@ import pytest
 
 from ftwatch.events import Origin
 from ftwatch.parsers import fields
-from ftwatch.policy import progress
+from ftwatch.policy import progress, progresslines
 from ftwatch.testing import T0, finding
 
 
@@ -97,8 +97,8 @@ def per_line_calls(monkeypatch) -> list:
     calls: list = []
     monkeypatch.setattr(progress, "_ON_LINE", Counting(progress._ON_LINE, calls))
     monkeypatch.setattr(progress, "_VETO", Counting(progress._VETO, calls))
-    monkeypatch.setattr(progress, "_TAIL", Counting(progress._TAIL, calls))
-    monkeypatch.setattr(progress, "_HAS_LITERAL", Counting(progress._HAS_LITERAL, calls))
+    monkeypatch.setattr(progresslines, "TAIL", Counting(progresslines.TAIL, calls))
+    monkeypatch.setattr(progresslines, "HAS_LITERAL", Counting(progresslines.HAS_LITERAL, calls))
     monkeypatch.setattr(progress, "_GATED_COUNTERS",
                         tuple((k, g, Counting(rx, calls)) for k, g, rx in progress._GATED_COUNTERS))
     for name in ("clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "rank_prefix_at"):
@@ -171,15 +171,15 @@ def test_the_ranks_read_follow_the_waiting_set():
 
 
 def reference_finder(ranks):
-    """``progress._finder`` as first written (a lazy ``[^\\n]*?`` before the literals, no first-byte
+    """``progresslines.finder`` as first written (a lazy ``[^\\n]*?`` before the literals, no first-byte
     guards): the faster form must find the same lines."""
-    lit = rb"(?=[^\n]*?" + progress._LITERALS + rb")"
+    lit = rb"(?=[^\n]*?" + progresslines.LITERALS + rb")"
     if ranks is None:
         return re.compile(rb"\n" + lit)
     numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
-    starts = [progress._PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
+    starts = [progresslines.PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
               % (numbers, numbers)] * bool(numbers)
-    starts += [b"(?!" + progress._PREFIX + b")"] * (None in ranks) + [progress._UNSURE]
+    starts += [b"(?!" + progresslines.PREFIX + b")"] * (None in ranks) + [progresslines.UNSURE]
     return re.compile(rb"\n(?=" + b"|".join(starts) + rb")" + lit)
 
 
@@ -195,4 +195,30 @@ def test_the_finder_finds_the_lines_its_first_form_found(seed):
     data = b"\n".join(b"".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
     for ranks in (None, frozenset({1}), frozenset({None}), frozenset({None, 1}), frozenset({0, 3}), frozenset()):
         want = [m.start() for m in reference_finder(ranks).finditer(b"\n" + data)]
-        assert [m.start() for m in progress._finder(ranks).finditer(b"\n" + data)] == want
+        assert [m.start() for m in progresslines.finder(ranks).finditer(b"\n" + data)] == want
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+@pytest.mark.parametrize("seed", range(20))
+def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch):
+    # one report per line (every pattern ends at its line's end); the prefix forms' complement
+    # spelt out by first bytes: the same lines as the re pass, on random prefixes and literals
+    rng = random.Random(seed)
+    pieces = PIECES + [b"[ab", b"[m-", b"12", b"1234567", b"12345678", b"]", b":", b"-", b"_", b"M"]
+    data = b"\n".join(b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
+    data += b"\n" if seed % 2 else b""
+    rank_sets = (None, {1}, {None}, {None, 1}, {0, 3}, set(), {None, 0, 1, 2, 3, 12})
+    fast = [progresslines.lines(data, ranks) for ranks in rank_sets]
+    monkeypatch.setattr(progresslines, "_hs", None)
+    assert fast == [progresslines.lines(data, ranks) for ranks in rank_sets]
+    assert fast[0] and fast[3]                          # (some lines found)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_marks_on_random_prefixes_equal_the_per_line_reading(seed):
+    rng = random.Random(seed)
+    data = b"\n".join(b"".join(rng.choice(PIECES + [b" 12 ", b"step 4", b"Epoch 3/9", b"iters: 7", b"loss 0.5"])
+                               for _ in range(rng.randrange(0, 7))) for _ in range(1500))
+    want = list(reference_marks(data, T0, 0.001, 2026))
+    for ranks in ({1}, {None}, {None, 1}, {0, 3}, {3}):
+        assert list(progress.marks(data, T0, 0.001, 2026, ranks)) == [m for m in want if m[0] in ranks]
