@@ -86,7 +86,30 @@ def _unprefixed() -> list[bytes]:
             rb"^[0-9]{1,6}:(?:" + lit + rb"|[^ \n][^\n]*" + lit + rb")"]            # digits, ":" and no " "
 
 
-@functools.lru_cache(maxsize=64)
+#: A rank set's own database is compiled (20-150 ms) once it was asked for this many times (a set
+#: that lasts: a replay's, a job's whose errors wait for many chunks); before, and past
+#: :data:`MAX_COMPILED_RANKS` ranks, the ``re`` pass reads the chunk (a set that changes with each
+#: chunk, as errors of a large job arrive rank by rank, would compile for every chunk).
+COMPILE_AFTER = 3
+MAX_COMPILED_RANKS = 64
+_asked: dict[frozenset[int | None], int] = {}      # rank set -> times asked (cleared past 256 sets)
+
+
+def _use_database(ranks: frozenset[int | None] | None) -> bool:
+    """Whether :func:`lines` scans ``ranks``' hyperscan database (else the ``re`` pass)."""
+    if _hs is None:
+        return False
+    if ranks is None or ranks == {None}:
+        return True                                 # one database for any chunk: compiled once
+    if len(ranks) > MAX_COMPILED_RANKS:
+        return False
+    if len(_asked) > 256:
+        _asked.clear()
+    asked = _asked[ranks] = _asked.get(ranks, 0) + 1
+    return asked > COMPILE_AFTER
+
+
+@functools.lru_cache(maxsize=16)
 def _database(ranks: frozenset[int | None] | None):
     """The hyperscan database of :func:`lines` for ``ranks`` (None: every line): id 0, a line that
     holds a literal; id 1, a line that may hold one, not looked for: a literal in the name of one
@@ -169,11 +192,13 @@ def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> 
         return known[key]
     return fields.split_rank_prefix(fields.clean(data[start:end]))[0]
 
+
 def _candidates(data: bytes, ranks: frozenset[int | None] | None) -> list[tuple[int, int, bool]]:
     """The lines :func:`lines` reads the rank of, in order, as (start, end, whether it surely
-    holds a literal): from the hyperscan database, else from :func:`finder`'s pass."""
+    holds a literal): from the hyperscan database (:func:`_use_database`), else from
+    :func:`finder`'s pass."""
     size = len(data)
-    if _hs is None or not data:
+    if not data or not _use_database(ranks):
         find = data.find
         out = []
         for m in finder(ranks).finditer(b"\n" + data):

@@ -203,6 +203,7 @@ def test_the_finder_finds_the_lines_its_first_form_found(seed):
 def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch):
     # one report per line (every pattern ends at its line's end); the prefix forms' complement
     # spelt out by first bytes: the same lines as the re pass, on random prefixes and literals
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", 0)
     rng = random.Random(seed)
     pieces = PIECES + [b"[ab", b"[m-", b"12", b"1234567", b"12345678", b"]", b":", b"-", b"_", b"M"]
     data = b"\n".join(b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
@@ -215,10 +216,30 @@ def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch)
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_marks_on_random_prefixes_equal_the_per_line_reading(seed):
+@pytest.mark.parametrize("compile_after", [0, 10**9])      # the hyperscan pass, the re pass
+def test_marks_on_random_prefixes_equal_the_per_line_reading(seed, compile_after, monkeypatch):
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", compile_after)
     rng = random.Random(seed)
     data = b"\n".join(b"".join(rng.choice(PIECES + [b" 12 ", b"step 4", b"Epoch 3/9", b"iters: 7", b"loss 0.5"])
                                for _ in range(rng.randrange(0, 7))) for _ in range(1500))
     want = list(reference_marks(data, T0, 0.001, 2026))
     for ranks in ({1}, {None}, {None, 1}, {0, 3}, {3}):
         assert list(progress.marks(data, T0, 0.001, 2026, ranks)) == [m for m in want if m[0] in ranks]
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch):
+    compiled = []
+    real = progresslines._database.__wrapped__
+    monkeypatch.setattr(progresslines, "_database", lambda ranks: compiled.append(ranks) or real(ranks))
+    monkeypatch.setattr(progresslines, "_asked", {})
+    data = b"".join(b"[rank%d]: step %d loss 0.5\n" % (i % 4, i) for i in range(40))
+    want = progresslines.lines(data, {1, 2})
+    for _ in range(progresslines.COMPILE_AFTER - 1):
+        assert progresslines.lines(data, {1, 2}) == want
+    assert compiled == []                               # a set asked for once or twice: the re pass
+    assert progresslines.lines(data, {1, 2}) == want and compiled == [frozenset({1, 2})]
+    many = set(range(4096))                             # past MAX_COMPILED_RANKS: never compiled
+    for _ in range(progresslines.COMPILE_AFTER + 1):
+        assert [s for s, _, _ in progresslines.lines(data, many)] == [s for s, _, _ in progresslines.lines(data, None)]
+    assert [ranks for ranks in compiled if ranks is not None] == [frozenset({1, 2})]
