@@ -140,6 +140,8 @@ def _ends(data: bytes, ranks: frozenset[int | None] | None) -> tuple[set[int], s
     scratches = _SCRATCH.__dict__.setdefault("by_db", {})
     scratch = scratches.get(id(db))
     if scratch is None or scratch[0] is not db:
+        if len(scratches) >= 16:                    # (as many as ``_database`` keeps)
+            scratches.clear()
         scratch = scratches[id(db)] = (db, _hs.Scratch(db))
     sure: set[int] = set()
     maybe: set[int] = set()
