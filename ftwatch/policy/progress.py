@@ -43,7 +43,6 @@ bounds how long an error waits: past it, the error stands as it did before.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Callable, Container, Iterable, Iterator
 
@@ -52,6 +51,7 @@ from ftwatch.config.health import STEP_PATTERNS
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
+from ftwatch.policy.progresslines import lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
 
@@ -80,36 +80,10 @@ _VETO = re.compile(r"(?i)error|exception|traceback|fail|timed? ?out|abort|killed
 #: :data:`_VETO` for ASCII text made lower case (the same answer there, 6x faster than ``(?i)``;
 #: elsewhere case folding also matches non-ASCII letters, e.g. the Kelvin sign for ``k``).
 _VETO_LOWER = re.compile(_VETO.pattern.removeprefix("(?i)"))
-#: Where a progress match can start: each alternative of :data:`PATTERNS` holds one of these on the
-#: line its match starts on (``poch``: epoch and Lightning's ``Epoch``; ``ter``: iteration and Megatron;
-#: ``oss``: loss; ``tep``: the plain step and DeepSpeed's ``step=``; ``%|``: tqdm; ``MnRtt/Rnk: ``).
-_LITERALS = rb"(?:poch|ter|oss|tep|%\||MnRtt/Rnk: )"
-#: One rank prefix as ``fields.rank_prefix_at`` reads it; a line starting with :data:`_UNSURE` may
-#: carry a rank that only ``fields.split_rank_prefix`` reads (Ray's prefix, an escape, non-ASCII).
-_PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: )"
-_UNSURE = _PREFIX + rb"{0,4}(?:[(\x1b\x80-\xff]|\[[A-Za-z_][A-Za-z_-]*[0-9]*[\x80-\xff]|[0-9]+[\x80-\xff])"
-#: The end of a line a progress match may run on past (its ``\s`` reaching the next line).
-_TAIL = re.compile(rb"(?:poch|ter|tion|ters|tions|oss|tep|\(train\)|\d/|['\":=(\[])[ \t\r\f\v]*\Z")
-_HAS_LITERAL = re.compile(_LITERALS)
 _TAIL_ENDS = frozenset(bytes([c]) for c in b"hrnsp)'\":=([/")     # the last bytes :data:`_TAIL` allows
-_MAY_RUN_ON = frozenset(b"hrnsp)'\":=([/ \t\r\f\v")      # the bytes a line that may end in it ends with
-#: The first byte of a line that may carry a rank prefix (``fields.split_rank_prefix``) or an escape.
-_PREFIXED = frozenset(b"[(0123456789\x1b")
 #: The progress pattern, anchored at a position and matching only from its line (the same match
 #: ``_PROGRESS.search`` finds first from there, when it starts on that line).
 _ON_LINE = re.compile(rb"[^\n]*?(" + _PROGRESS.pattern + rb")")
-
-
-@functools.lru_cache(maxsize=64)
-def _finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
-    """The newline before each line that holds one of :data:`_LITERALS` and may be of ``ranks``
-    (None: any rank): one ``re`` pass per chunk, in C, led by the ``\\n`` (a memchr search)."""
-    if ranks is None:
-        return re.compile(rb"\n(?=[^\n]*?" + _LITERALS + rb")")
-    numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
-    starts = [_PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )" % (numbers, numbers)] * bool(numbers)
-    starts += [b"(?!" + _PREFIX + b")"] * (None in ranks) + [_UNSURE]     # the rarest last: the same lines, sooner
-    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=[^\n]*?" + _LITERALS + rb")")
 
 
 IGNORED = "python.exception_ignored"
@@ -142,9 +116,9 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
     plus ``sim_step`` per line between them; else at ``time`` plus ``sim_step`` per line from the
     chunk's start (how ``ftwatch.rules.engine.Engine.feed`` dates a hit line).
 
-    Cost: one ``re`` pass per chunk, in C (:func:`_finder`: the lines that hold a progress literal
-    and may be of ``ranks``); Python work (decode, veto, timestamp, counters) only for those lines
-    of ``ranks``. They are the lines ``_PROGRESS.finditer`` over the whole chunk starts a match on:
+    Cost: one pass per chunk, in C (``ftwatch.policy.progresslines.lines``: the lines that hold a
+    progress literal and may be of ``ranks``, one hyperscan scan); Python work (decode, veto,
+    timestamp, counters) only for those lines of ``ranks``. They are the lines ``_PROGRESS.finditer`` over the whole chunk starts a match on:
     a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
     carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
     progress line: an untimed line's stamp is looked for back to the last line read, not the last
@@ -217,53 +191,6 @@ class Clock:
         if self.stamp is not None:
             return self.stamp[1] + (self.lines - self.stamp[2]) * self.sim_step
         return self.time + self.lines * self.sim_step
-
-
-def _lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool]]:
-    """The lines of ``data`` a progress match may start on that matter, in order, as (start, end,
-    wanted): wanted, those of ``ranks`` (None: all); not wanted, those a match may run on from into
-    a wanted line (through lines ending in :data:`_TAIL`), which must be followed for it."""
-    find, size = data.find, len(data)
-    out: dict[int, tuple[int, int, bool]] = {}
-    known: dict[bytes, int | None] = {}             # a rank prefix's bytes -> its rank
-    for m in _finder(None if ranks is None else frozenset(ranks)).finditer(b"\n" + data):
-        start = m.start()                           # (``data`` shifted by the newline put before it)
-        end = find(b"\n", start)
-        end = size if end < 0 else end
-        if ranks is not None:
-            first = data[start] if start < end else 32
-            if (None if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)) not in ranks:
-                continue
-        out[start] = (start, end, True)
-    if ranks is not None:
-        for start in list(out):
-            end = start - 1                         # walk back while a match could run on from there
-            while end >= 0:
-                prev = data.rfind(b"\n", 0, end) + 1
-                if end > prev and data[end - 1] not in _MAY_RUN_ON:
-                    break                           # no space and no tail's last byte at its end: no tail
-                if data[prev:end].strip():
-                    if not _TAIL.search(data, prev, end):
-                        break
-                    if prev not in out and _HAS_LITERAL.search(data, prev, end):
-                        out[prev] = (prev, end, False)
-                end = prev - 1
-    return [out[start] for start in sorted(out)]
-
-
-def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> int | None:
-    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed),
-    read from its prefix bytes alone (cached in ``known``) where that reads the same: an ASCII line
-    (``\\d`` and the decoding agree) whose prefixes no Ray prefix or escape follows."""
-    off = fields.rank_prefix_at(data, start)[1]
-    if (off >= end or data[off] not in b"(\x1b") and data.find(b"\x1b", start, off) < 0 and data[start:end].isascii():
-        if off == start:
-            return None
-        key = data[start:off]
-        if key not in known:
-            known[key] = fields.split_rank_prefix(fields.clean(key))[0]
-        return known[key]
-    return fields.split_rank_prefix(fields.clean(data[start:end]))[0]
 
 
 class Survival:

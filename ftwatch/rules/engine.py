@@ -22,23 +22,26 @@ found by one backward search over the lines since the previous hit
 (``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
 one feed's state (the carried part, the line count, the last stamp found), so they stay here;
 judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``. That shared
-state is why this module stays one past 400 lines (``scan_many``, a batch's one scan, and
-``feed_steps``, its step-only chunks in one step-tap call, included).
+state is why this module stays a little past 400 lines. A batch of many streams' chunks (one
+scan, the step-only chunks in one step-tap call) is ``ftwatch.rules.batches``; the time of a
+line the step tap asks for, ``ftwatch.rules.lineclock``.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
+from ftwatch.rules import batches
+from ftwatch.rules.batches import ScanHits
 from ftwatch.rules.exceptions import ExceptionCatalog
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.judge import Judge, line_at
+from ftwatch.rules.lineclock import LineClock
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule, StepTap
 
@@ -55,36 +58,6 @@ _ANSI_BYTES = re.compile(
     rb"|\x1b[ -/]*[0-~]"
     rb"|\x1b"
 )
-
-
-#: A line needs a time of day for ``fields.parse_timestamp`` to find a stamp in it (every format
-#: has one), or a non-ASCII byte (a decoded ``\d`` may be a non-ASCII digit), or an escape (its
-#: removal may join one): a line with none of them is read as untimed without decoding it.
-_NON_ASCII = re.compile(rb"[\x80-\xff]")
-
-
-class ScanHits(list):
-    """One chunk's rule hits from ``Engine.scan_many`` (``(line_start, pattern_id)`` pairs), and
-    in ``steps`` its step lines found in the same batch pass (None: the tap finds them itself).
-
-    Attributes:
-        whole: the batch's chunks joined, as ``scan_many`` scanned them.
-        base: where this chunk starts in ``whole``.
-        found: its step lines with offsets into ``whole`` (a slice of the batch's; None: no tap),
-            what ``Engine.feed_steps`` hands the tap as they are; ``steps`` makes them the chunk's.
-    """
-
-    whole: bytes = b""
-    base: int = 0
-    found: list | None = None
-
-    @property
-    def steps(self) -> list | None:
-        """The chunk's step lines, offsets its own (``feed``'s)."""
-        found, base = self.found, self.base
-        if not found or not base:
-            return found
-        return [(start - base, pid, match) for start, pid, match in found]
 
 
 @dataclass(slots=True)
@@ -112,96 +85,6 @@ class _Pending:
     since: float
     base: float
     skip: frozenset[int] = frozenset()
-
-
-class _LineClock:
-    """The time of a chunk's line at an offset, asked in any order (the step tap asks rank by
-    rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search resumed
-    from the nearest line asked before it, so each search covers only the lines between two asks
-    (a bisection over the chunk's times of day, found once: ``fields.Stamps``). A line is decoded
-    and parsed for its own stamp only where it holds a time of day (or, in a chunk that is not
-    plain ASCII, a byte that decoding could make one of)."""
-
-    def __init__(self, engine: "Engine", data: bytes, time: float, sim_step: float):
-        self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
-        self.marks = [0]                                              # offsets asked, sorted
-        self.before: dict[int, tuple[int, float] | None] = {0: None}  # -> the last stamp before it
-        self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
-        self.plain = data.isascii() and b"\x1b" not in data
-
-    def later(self, start: int) -> Callable[[], float]:
-        """The time of the line at ``start``, read only if called (a rank's last step line, whose
-        time a later duration-less line may need): live, the line and the chunk's time are kept,
-        not the chunk; in a replay it is read now (``sim_step`` needs the lines before it)."""
-        if self.sim_step:
-            value = self(start)
-            return lambda: value
-        engine = self.engine
-        line = line_at(self.data, start)
-        default = engine._carry_time if start < engine._carry_end else self.time
-        year = engine._year
-        return lambda: _own_time(line, year, default)
-
-    def __call__(self, start: int) -> float:
-        engine, data = self.engine, self.data
-        stop = data.find(b"\n", start)
-        stop = len(data) if stop < 0 else stop
-        if self.stamps.has_clock(start, stop) or not self.plain and (
-                data.find(b"\x1b", start, stop) >= 0 or _NON_ASCII.search(data, start, stop) is not None):
-            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1],
-                                           engine._year)
-            if stamp is not None:
-                return stamp
-        if not self.sim_step:
-            return engine._carry_time if start < engine._carry_end else self.time
-        marks = self.marks
-        i = bisect.bisect_right(marks, start)
-        pos = marks[i - 1]
-        found = self.before[pos]
-        if pos < start:
-            found = self.stamps.last(pos, start) or found
-            marks.insert(i, start)
-            self.before[start] = found
-        if found is not None:
-            return found[1] + data.count(b"\n", found[0], start) * self.sim_step
-        return self.time + data.count(b"\n", 0, start) * self.sim_step      # the line's number, counted
-
-
-def _own_time(line: str, year: int, default: float) -> float:
-    """The timestamp of ``line`` (cleaned, rank prefix removed), else ``default`` (epoch s)."""
-    stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
-    return default if stamp is None else stamp
-
-
-class _BatchClock:
-    """``_LineClock`` for a chunk made of many streams' chunks (``Engine.feed_steps``; live, no
-    block carried): a line's own timestamp, else the time of the chunk it came in.
-
-    Args:
-        data: the chunks joined.
-        bounds: where each chunk starts in ``data`` (sorted).
-        times: each chunk's time (epoch s); its year dates stamps that carry none.
-        year: the engine's fixed year, or 0 (then each chunk's time's).
-    """
-
-    def __init__(self, data: bytes, bounds: list[int], times: list[float], year: int):
-        self.data, self.bounds, self.times, self.year = data, bounds, times, year
-        self.years: dict[int, int] = {}              # chunk index -> its time's year, once asked
-
-    def _at(self, start: int) -> tuple[str, int, float]:
-        k = bisect.bisect_right(self.bounds, start) - 1
-        time, year = self.times[k], self.year or self.years.get(k)
-        if not year:
-            year = self.years[k] = fields.year_of(time)
-        return line_at(self.data, start), year, time
-
-    def __call__(self, start: int) -> float:
-        return _own_time(*self._at(start))
-
-    def later(self, start: int) -> Callable[[], float]:
-        """The time of the line at ``start``, read only if called (``_LineClock.later``, live)."""
-        line, year, time = self._at(start)
-        return lambda: _own_time(line, year, time)
 
 
 class Engine:
@@ -292,56 +175,9 @@ class Engine:
     # -- feeding --------------------------------------------------------------------------
 
     def scan_many(self, parts: Sequence[bytes]) -> list[list[tuple[int, int]] | None]:
-        """One matcher scan for many chunks (``watch``: the chunks of every origin of a batch,
-        so 1,000 origins cost one scan, not 1,000): per chunk its hits, offsets into the chunk,
-        as ``Matcher.scan`` would give them, for ``feed``'s ``hits``.
-
-        Args:
-            parts: chunks of complete lines, each ending with ``b"\\n"``.
-
-        Returns:
-            Per chunk its sorted ``(line_start, pattern_id)`` pairs, or None for a chunk that
-            ``feed`` must scan itself (empty, not newline-terminated, or holding ANSI escapes,
-            which ``feed`` removes first). With a step tap, each list (a ``ScanHits``) also
-            carries the chunk's step lines, found in one pass over the batch as well, so a
-            chunk of 1,000 origins' without a step line costs the tap nothing.
-        """
-        out: list[list[tuple[int, int]] | None] = [None] * len(parts)
-        joined: list[bytes] = []
-        bounds: list[int] = []                      # where each joined chunk starts
-        index: list[int] = []                       # its position in ``parts``
-        pos = 0
-        for k, data in enumerate(parts):
-            if not data or not data.endswith(b"\n") or b"\x1b" in data:
-                continue
-            joined.append(data)
-            bounds.append(pos)
-            index.append(k)
-            out[k] = ScanHits()
-            pos += len(data)
-        if not joined:
-            return out
-        whole = joined[0] if len(joined) == 1 else b"".join(joined)
-        hits = self.matcher.scan(whole)
-        for k, base in zip(index, bounds):
-            out[k].whole, out[k].base = whole, base
-        if self.steps is not None:
-            found = self.steps.find(whole)
-            starts = [hit[0] for hit in found]
-            cut = bisect.bisect_left
-            for k, base, end in zip(index, bounds, bounds[1:] + [pos]):   # each chunk's slice
-                out[k].found = found[cut(starts, base):cut(starts, end)]
-        j, last = 0, len(bounds) - 1
-        upper = bounds[1] if last else pos
-        base, mine = 0, out[index[0]]
-        for start, pid in hits:                     # sorted by offset: walk the chunks once
-            if start >= upper:
-                while start >= upper:
-                    j += 1
-                    upper = bounds[j + 1] if j < last else pos
-                base, mine = bounds[j], out[index[j]]
-            mine.append((start - base, pid))
-        return out
+        """One matcher scan for many chunks, per chunk its hits for ``feed``'s ``hits``
+        (``ftwatch.rules.batches.scan_many``: what it returns, when a chunk gets None)."""
+        return batches.scan_many(self, parts)
 
     def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
              sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> list[Finding]:
@@ -442,8 +278,8 @@ class Engine:
                sim_step: float, found: list | None = None) -> list[Finding]:
         """Hand the chunk to the step tap: its step lines before ``end`` that no block took (a
         step line may also hit rules: those were judged above). Its findings come after the
-        chunk's others. A line's time, only where the tap asks (``_LineClock``)."""
-        return self.steps.take_chunk(origin, data, end, consumed, _LineClock(self, data, time, sim_step),
+        chunk's others. A line's time, only where the tap asks (``ftwatch.rules.lineclock.LineClock``)."""
+        return self.steps.take_chunk(origin, data, end, consumed, LineClock(self, data, time, sim_step),
                                      self.next_seq, found)
 
     def count_if_quiet(self, origin: Origin, data: bytes, hits: list[tuple[int, int]] | None) -> bool:
@@ -467,35 +303,9 @@ class Engine:
                 and not (self._pending and origin in self._pending))
 
     def feed_steps(self, parts: Sequence[tuple[Origin, bytes, float, ScanHits]]) -> list[Finding]:
-        """The step lines of many origins' chunks in one step-tap call (``watch``: a batch's
-        chunks that :meth:`steps_only` passed): the same step times as :meth:`feed` of each
-        chunk, its findings (stragglers) after them all, the ranks' verdicts once for the
-        batch, not once per chunk. The tap reads the batch's joined buffer as ``scan_many``
-        scanned it, at the offsets found there: nothing is copied or joined again.
-
-        Args:
-            parts: ``(origin, data, time, hits)`` per chunk, in batch order, ``hits`` from one
-                :meth:`scan_many` call; ``time`` the chunk's time (epoch s, live).
-
-        Returns:
-            The step tap's findings.
-        """
-        if not parts:
-            return []
-        parts = sorted(parts, key=lambda part: part[3].base)   # batch order (already, from a desk)
-        whole = parts[0][3].whole
-        bases = [hits.base for _, _, _, hits in parts]
-        origins = [p[0] for p in parts]
-        found = list(itertools.chain.from_iterable(hits.found for _, _, _, hits in parts))
-        for _, data, _, _ in parts:
-            self.stats.bytes += len(data)
-            self.stats.lines += data.count(b"\n")
-
-        def origin_at(start: int, bases=bases, origins=origins) -> Origin:
-            return origins[bisect.bisect_right(bases, start) - 1]
-        return self.steps.take_chunk(origin_at, whole, len(whole), (),
-                                     _BatchClock(whole, bases, [p[2] for p in parts], self.year or 0),
-                                     self.next_seq, found)
+        """The step lines of many origins' chunks (those :meth:`steps_only` passed) in one step-tap
+        call; returns the tap's findings (``ftwatch.rules.batches.feed_steps``)."""
+        return batches.feed_steps(self, parts)
 
     def flush(self, origin: Origin, time: float) -> list[Finding]:
         """Close the open block of ``origin`` (its stream ended or went quiet)."""

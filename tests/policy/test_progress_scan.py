@@ -11,7 +11,7 @@ import pytest
 
 from ftwatch.events import Origin
 from ftwatch.parsers import fields
-from ftwatch.policy import progress
+from ftwatch.policy import progress, progresslines
 from ftwatch.testing import T0, finding
 
 
@@ -97,8 +97,8 @@ def per_line_calls(monkeypatch) -> list:
     calls: list = []
     monkeypatch.setattr(progress, "_ON_LINE", Counting(progress._ON_LINE, calls))
     monkeypatch.setattr(progress, "_VETO", Counting(progress._VETO, calls))
-    monkeypatch.setattr(progress, "_TAIL", Counting(progress._TAIL, calls))
-    monkeypatch.setattr(progress, "_HAS_LITERAL", Counting(progress._HAS_LITERAL, calls))
+    monkeypatch.setattr(progresslines, "TAIL", Counting(progresslines.TAIL, calls))
+    monkeypatch.setattr(progresslines, "HAS_LITERAL", Counting(progresslines.HAS_LITERAL, calls))
     monkeypatch.setattr(progress, "_GATED_COUNTERS",
                         tuple((k, g, Counting(rx, calls)) for k, g, rx in progress._GATED_COUNTERS))
     for name in ("clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "rank_prefix_at"):
@@ -168,3 +168,78 @@ def test_the_ranks_read_follow_the_waiting_set():
     later = finding("python.exception", time=T0 + 1, at=Origin("rank1", None, "j", "n", "stderr", "replay"))
     s.wait(later)                                   # another rank waits now: its lines are read
     assert s.outlived(origin, data, T0 + 2, 0.0, 2026) == [(later, T0 + 2)]
+
+
+def reference_finder(ranks):
+    """``progresslines.finder`` as first written (a lazy ``[^\\n]*?`` before the literals, no first-byte
+    guards): the faster form must find the same lines."""
+    lit = rb"(?=[^\n]*?" + progresslines.LITERALS + rb")"
+    if ranks is None:
+        return re.compile(rb"\n" + lit)
+    numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
+    starts = [progresslines.PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
+              % (numbers, numbers)] * bool(numbers)
+    starts += [b"(?!" + progresslines.PREFIX + b")"] * (None in ranks) + [progresslines.UNSURE]
+    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")" + lit)
+
+
+PIECES = [b"[rank1]: ", b"[rank01]:", b"[default3]:", b"2: ", b"0003: ", b"(pid=4) ", b"\x1b[31m", b"\xd9\xa1",
+          b"[rank\xd9\xa3]: ", b"[a1]:", b"[2026-11-21 09:00:01] ", b"epoch", b"poch", b"ter", b"te", b"oss", b"os",
+          b"tep", b"%|", b"%", b"MnRtt/Rnk: ", b"MnRtt", b"o", b"p", b"t", b"M", b" ", b"\t", b"x", b"1", b"\r", b"[",
+          b"]: ", b"\xff"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_finder_finds_the_lines_its_first_form_found(seed):
+    rng = random.Random(seed)
+    data = b"\n".join(b"".join(rng.choice(PIECES) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
+    for ranks in (None, frozenset({1}), frozenset({None}), frozenset({None, 1}), frozenset({0, 3}), frozenset()):
+        want = [m.start() for m in reference_finder(ranks).finditer(b"\n" + data)]
+        assert [m.start() for m in progresslines.finder(ranks).finditer(b"\n" + data)] == want
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+@pytest.mark.parametrize("seed", range(20))
+def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch):
+    # one report per line (every pattern ends at its line's end); the prefix forms' complement
+    # spelt out by first bytes: the same lines as the re pass, on random prefixes and literals
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", 0)
+    rng = random.Random(seed)
+    pieces = PIECES + [b"[ab", b"[m-", b"12", b"1234567", b"12345678", b"]", b":", b"-", b"_", b"M"]
+    data = b"\n".join(b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
+    data += b"\n" if seed % 2 else b""
+    rank_sets = (None, {1}, {None}, {None, 1}, {0, 3}, set(), {None, 0, 1, 2, 3, 12})
+    fast = [progresslines.lines(data, ranks) for ranks in rank_sets]
+    monkeypatch.setattr(progresslines, "_hs", None)
+    assert fast == [progresslines.lines(data, ranks) for ranks in rank_sets]
+    assert fast[0] and fast[3]                          # (some lines found)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("compile_after", [0, 10**9])      # the hyperscan pass, the re pass
+def test_marks_on_random_prefixes_equal_the_per_line_reading(seed, compile_after, monkeypatch):
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", compile_after)
+    rng = random.Random(seed)
+    data = b"\n".join(b"".join(rng.choice(PIECES + [b" 12 ", b"step 4", b"Epoch 3/9", b"iters: 7", b"loss 0.5"])
+                               for _ in range(rng.randrange(0, 7))) for _ in range(1500))
+    want = list(reference_marks(data, T0, 0.001, 2026))
+    for ranks in ({1}, {None}, {None, 1}, {0, 3}, {3}):
+        assert list(progress.marks(data, T0, 0.001, 2026, ranks)) == [m for m in want if m[0] in ranks]
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch):
+    compiled = []
+    real = progresslines._database.__wrapped__
+    monkeypatch.setattr(progresslines, "_database", lambda ranks: compiled.append(ranks) or real(ranks))
+    monkeypatch.setattr(progresslines, "_asked", {})
+    data = b"".join(b"[rank%d]: step %d loss 0.5\n" % (i % 4, i) for i in range(40))
+    want = progresslines.lines(data, {1, 2})
+    for _ in range(progresslines.COMPILE_AFTER - 1):
+        assert progresslines.lines(data, {1, 2}) == want
+    assert compiled == []                               # a set asked for once or twice: the re pass
+    assert progresslines.lines(data, {1, 2}) == want and compiled == [frozenset({1, 2})]
+    many = set(range(4096))                             # past MAX_COMPILED_RANKS: never compiled
+    for _ in range(progresslines.COMPILE_AFTER + 1):
+        assert [s for s, _, _ in progresslines.lines(data, many)] == [s for s, _, _ in progresslines.lines(data, None)]
+    assert [ranks for ranks in compiled if ranks is not None] == [frozenset({1, 2})]

@@ -109,7 +109,7 @@ def test_line_times_asked_in_any_order_are_those_asked_in_order(rules, seed):
     """The step tap asks a chunk's line times rank by rank, out of line order: each answer is
     the one ``_base_time`` gives in line order (the last stamp before it plus ``sim_step`` per
     line, or the chunk's time plus ``sim_step`` per line before the first stamp)."""
-    from ftwatch.rules.engine import _LineClock
+    from ftwatch.rules.lineclock import LineClock
     rnd = random.Random(seed)
     lines = [f"[2026-11-21 09:00:{rnd.randint(0, 59):02d}] stamped" if rnd.random() < 0.2 else f"plain {i}"
              for i in range(200)]
@@ -118,7 +118,7 @@ def test_line_times_asked_in_any_order_are_those_asked_in_order(rules, seed):
     engine = Engine(rules)
     engine._year = 2026
     in_order = [engine._base_time(data, s, T0, 0.01) for s in starts]
-    clock = _LineClock(engine, data, T0, 0.01)
+    clock = LineClock(engine, data, T0, 0.01)
     asked = list(range(len(starts)))
     rnd.shuffle(asked)
     got = {i: clock(starts[i]) for i in asked}

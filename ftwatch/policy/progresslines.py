@@ -1,0 +1,218 @@
+"""Which lines of a chunk a progress match may start on, of the ranks whose errors wait
+(``ftwatch.policy.progress.marks`` reads those lines; issue 16 item 1).
+
+Found in one pass per chunk without per-line Python for the other lines: where hyperscan is
+installed and the waiting rank set lasts (:func:`_use_database`), one scan of a small database
+built for it (:func:`_database`: cached per rank set), which reports each line once (every pattern ends at the line's end, and hyperscan
+reports an end once per pattern): the lines of a waiting rank's prefix, the lines without a rank
+prefix that hold a literal (:data:`LITERALS`; the exact complement of :data:`PREFIX` at a line's
+start, spelt out by how such a line starts, each form holding the literal anywhere on the line),
+and the lines :data:`UNSURE` may give a rank; else one ``re`` pass (:func:`finder`). Either
+reports a superset of the lines whose rank (``fields.split_rank_prefix``) is waiting and that hold
+a literal; the rank and, where the pattern did not say, the literal are then read per reported
+line (:func:`lines`). The rank-prefix lines of other ranks (a 256-rank job's output, most of a
+combined log) and the quiet lines cost nothing per line. Measured on the bench corpus (35 MB,
+ranks {1, None} waiting, CPU s per replay): the ``re`` pass 0.27 s as first written, 0.19 s now;
+the hyperscan scan ~0.09 s (the lines of no prefix: ~0.06 s of it) and ~0.12 s with its per-line
+reads. Why not the engine's own scan: the progress patterns hit every step line (28 % of the
+corpus) several times; in the engine's database their callbacks cost ~0.22 s per replay on every
+chunk, errors waiting or not (measured), for ~0.27 s saved only while errors wait.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from typing import Container
+
+from ftwatch.parsers import fields
+
+try:  # as in ftwatch.rules.matcher: hyperscan wheels exist for x86_64 only
+    import hyperscan as _hs
+except ImportError:  # pragma: no cover - depends on the platform
+    _hs = None
+
+#: Where a progress match can start: each alternative of :data:`PATTERNS` holds one of these on the
+#: line its match starts on (``poch``: epoch and Lightning's ``Epoch``; ``ter``: iteration and Megatron;
+#: ``oss``: loss; ``tep``: the plain step and DeepSpeed's ``step=``; ``%|``: tqdm; ``MnRtt/Rnk: ``).
+LITERALS = rb"(?:poch|ter|oss|tep|%\||MnRtt/Rnk: )"
+#: One rank prefix as ``fields.rank_prefix_at`` reads it; a line starting with :data:`UNSURE` may
+#: carry a rank that only ``fields.split_rank_prefix`` reads (Ray's prefix, an escape, non-ASCII).
+PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: )"
+UNSURE = PREFIX + rb"{0,4}(?:[(\x1b\x80-\xff]|\[[A-Za-z_][A-Za-z_-]*[0-9]*[\x80-\xff]|[0-9]+[\x80-\xff])"
+#: The end of a line a progress match may run on past (its ``\s`` reaching the next line).
+TAIL = re.compile(rb"(?:poch|ter|tion|ters|tions|oss|tep|\(train\)|\d/|['\":=(\[])[ \t\r\f\v]*\Z")
+HAS_LITERAL = re.compile(LITERALS)
+_MAY_RUN_ON = frozenset(b"hrnsp)'\":=([/ \t\r\f\v")      # the bytes a line that may end in it ends with
+#: The first byte of a line that may carry a rank prefix (``fields.split_rank_prefix``) or an escape.
+_PREFIXED = frozenset(b"[(0123456789\x1b")
+#: "The rest of the line holds one of :data:`LITERALS`", as a run of bytes that start none
+#: (possessive: never tried again) and single bytes that start one where none begins: the same
+#: lines as ``[^\n]*?`` + the literals, without trying the six literals at every byte (~30 % of
+#: :func:`finder`'s pass). Each literal starts with one of ``%Mopt``.
+_HOLDS_LITERAL = rb"(?:[^\n%Mopt]++|(?!" + LITERALS + rb")[%Mopt])*+" + LITERALS
+#: The first byte of a line that a rank prefix (``PREFIX``) or :data:`UNSURE` can start with: a
+#: line starting with another is read no further for a prefix.
+_PREFIX_FIRST = rb"(?=[\[(0-9\x1b\x80-\xff])"
+
+
+@functools.lru_cache(maxsize=64)
+def finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
+    """The newline before each line that holds one of :data:`LITERALS` and may be of ``ranks``
+    (None: any rank): one ``re`` pass per chunk, in C, led by the ``\\n`` (a memchr search)."""
+    if ranks is None:
+        return re.compile(rb"\n(?=" + _HOLDS_LITERAL + rb")")
+    numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
+    starts = [_PREFIX_FIRST + PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
+              % (numbers, numbers)] * bool(numbers)
+    starts += [b"(?!" + PREFIX + b")"] * (None in ranks) + [_PREFIX_FIRST + UNSURE]   # the rarest last
+    return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=" + _HOLDS_LITERAL + rb")")
+
+
+_LINE_END = rb"[^\n]*$"      # every pattern ends at its line's end: hyperscan reports one end per line
+
+
+def _unprefixed() -> list[bytes]:
+    """Lines that do not start with :data:`PREFIX` (rank None unless :data:`UNSURE`) and hold a
+    literal anywhere (where a form takes a byte the literal may start with, the literal there is
+    an alternative): by their first byte, then for ``[`` and digits each way the prefix fails."""
+    lit = LITERALS
+    return [rb"^(?:" + lit + rb"|[^\[0-9\n][^\n]*" + lit + rb")",               # another first byte
+            rb"^\[[A-Za-z_-]*" + lit,                                               # a literal in a bracket's name
+            rb"^\[[^A-Za-z_\n][^\n]*" + lit,                                        # "[" and no name
+            rb"^\[[A-Za-z_][A-Za-z_-]*[^A-Za-z_\-0-9\n][^\n]*" + lit,              # a name and no number
+            rb"^\[[A-Za-z_][A-Za-z_-]*[0-9]{8}[^\n]*" + lit,                        # a number of 8+ digits
+            rb"^\[[A-Za-z_][A-Za-z_-]*[0-9]{1,7}(?:" + lit + rb"|[^\]0-9\n][^\n]*" + lit + rb")",   # no "]"
+            rb"^\[[A-Za-z_][A-Za-z_-]*[0-9]{1,7}\](?:" + lit + rb"|[^:\n][^\n]*" + lit + rb")",    # no ":"
+            rb"^[0-9]{7}[^\n]*" + lit,                                              # 7+ digits
+            rb"^[0-9]{1,6}(?:" + lit + rb"|[^0-9:\n][^\n]*" + lit + rb")",          # digits and no ":"
+            rb"^[0-9]{1,6}:(?:" + lit + rb"|[^ \n][^\n]*" + lit + rb")"]            # digits, ":" and no " "
+
+
+#: A rank set's own database is compiled (20-150 ms) once it was asked for this many times (a set
+#: that lasts: a replay's, a job's whose errors wait for many chunks); before, and past
+#: :data:`MAX_COMPILED_RANKS` ranks, the ``re`` pass reads the chunk (a set that changes with each
+#: chunk, as errors of a large job arrive rank by rank, would compile for every chunk).
+COMPILE_AFTER = 3
+MAX_COMPILED_RANKS = 64
+_asked: dict[frozenset[int | None], int] = {}      # rank set -> times asked (cleared past 256 sets)
+
+
+def _use_database(ranks: frozenset[int | None] | None) -> bool:
+    """Whether :func:`lines` scans ``ranks``' hyperscan database (else the ``re`` pass)."""
+    if _hs is None:
+        return False
+    if ranks is None or ranks == {None}:
+        return True                                 # one database for any chunk: compiled once
+    if len(ranks) > MAX_COMPILED_RANKS:
+        return False
+    if len(_asked) > 256:
+        _asked.clear()
+    asked = _asked[ranks] = _asked.get(ranks, 0) + 1
+    return asked > COMPILE_AFTER
+
+
+@functools.lru_cache(maxsize=16)
+def _database(ranks: frozenset[int | None] | None):
+    """The hyperscan database of :func:`lines` for ``ranks`` (None: every line): id 0, a line that
+    holds a literal; id 1, a line that may hold one, not looked for: a literal in the name of one
+    of its first rank prefixes (the waiting rank's, or one before it), or :data:`UNSURE`."""
+    if ranks is None:
+        sure, maybe = [LITERALS], []
+    else:
+        numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
+        sure = _unprefixed() if None in ranks else []
+        maybe = [rb"^" + UNSURE]
+        if numbers:
+            sure.append(rb"^" + PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*0*(?:%s)\]:|0*(?:%s): )[^\n]*%s"
+                        % (numbers, numbers, LITERALS))
+            maybe.append(rb"^" + PREFIX + rb"{0,3}\[[A-Za-z_-]*" + LITERALS)
+    exprs = sure + maybe
+    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+    db.compile(expressions=[e + _LINE_END for e in exprs], ids=[0] * len(sure) + [1] * len(maybe),
+               flags=[_hs.HS_FLAG_MULTILINE] * len(exprs))
+    return db
+
+
+_SCRATCH = threading.local()       # per thread: database -> its scratch
+
+
+def _ends(data: bytes, ranks: frozenset[int | None] | None) -> tuple[set[int], set[int]]:
+    """The ends of the lines :func:`_database` reports: (holding a literal, not looked at)."""
+    db = _database(ranks)
+    scratches = _SCRATCH.__dict__.setdefault("by_db", {})
+    scratch = scratches.get(id(db))
+    if scratch is None or scratch[0] is not db:
+        if len(scratches) >= 16:                    # (as many as ``_database`` keeps)
+            scratches.clear()
+        scratch = scratches[id(db)] = (db, _hs.Scratch(db))
+    sure: set[int] = set()
+    maybe: set[int] = set()
+    adders = (sure.add, maybe.add)
+    db.scan(data, match_event_handler=lambda pid, _from, end, _flags, _ctx: adders[pid](end), scratch=scratch[1])
+    return sure, maybe
+
+
+def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool]]:
+    """The lines of ``data`` a progress match may start on that matter, in order, as (start, end,
+    wanted): wanted, those of ``ranks`` (None: all); not wanted, those a match may run on from into
+    a wanted line (through lines ending in :data:`TAIL`), which must be followed for it."""
+    out: dict[int, tuple[int, int, bool]] = {}
+    known: dict[bytes, int | None] = {}             # a rank prefix's bytes -> its rank
+    for start, end, sure in _candidates(data, None if ranks is None else frozenset(ranks)):
+        if not sure and HAS_LITERAL.search(data, start, end) is None:
+            continue                                # (one C search: cheaper than the rank's read)
+        if ranks is not None:
+            first = data[start] if start < end else 32
+            if (None if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)) not in ranks:
+                continue
+        out[start] = (start, end, True)
+    if ranks is not None:
+        for start in list(out):
+            end = start - 1                         # walk back while a match could run on from there
+            while end >= 0:
+                prev = data.rfind(b"\n", 0, end) + 1
+                if end > prev and data[end - 1] not in _MAY_RUN_ON:
+                    break                           # no space and no tail's last byte at its end: no tail
+                if data[prev:end].strip():
+                    if not TAIL.search(data, prev, end):
+                        break
+                    if prev not in out and HAS_LITERAL.search(data, prev, end):
+                        out[prev] = (prev, end, False)
+                end = prev - 1
+    return [out[start] for start in sorted(out)]
+
+
+def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> int | None:
+    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed),
+    read from its prefix bytes alone (cached in ``known``) where that reads the same: an ASCII line
+    (``\\d`` and the decoding agree) whose prefixes no Ray prefix or escape follows."""
+    off = fields.rank_prefix_at(data, start)[1]
+    if (off >= end or data[off] not in b"(\x1b") and data.find(b"\x1b", start, off) < 0 and data[start:end].isascii():
+        if off == start:
+            return None
+        key = data[start:off]
+        if key not in known:
+            known[key] = fields.split_rank_prefix(fields.clean(key))[0]
+        return known[key]
+    return fields.split_rank_prefix(fields.clean(data[start:end]))[0]
+
+
+def _candidates(data: bytes, ranks: frozenset[int | None] | None) -> list[tuple[int, int, bool]]:
+    """The lines :func:`lines` reads the rank of, in order, as (start, end, whether it surely
+    holds a literal): from the hyperscan database (:func:`_use_database`), else from
+    :func:`finder`'s pass."""
+    size = len(data)
+    if not data or not _use_database(ranks):
+        find = data.find
+        out = []
+        for m in finder(ranks).finditer(b"\n" + data):
+            start = m.start()                       # (``data`` shifted by the newline put before it)
+            end = find(b"\n", start)
+            out.append((start, size if end < 0 else end, True))
+        return out
+    sure, maybe = _ends(data, ranks)
+    rfind = data.rfind
+    return [(rfind(b"\n", 0, end) + 1, end, end in sure) for end in sorted(sure | maybe)]
+

@@ -1,0 +1,82 @@
+"""The time of a chunk's line at an offset, for the step tap (``Engine.feed`` hands its chunk's
+``LineClock`` to ``StepTap.take_chunk``): the line's own timestamp, else the time ``Engine.feed``
+gives an untimed hit line (``Engine._base_time``: live, the chunk's time; in a replay, the last
+stamp before it plus ``sim_step`` per line). Split from ``ftwatch.rules.engine``, which keeps the
+feed's state this reads (the carried block's end and time, the feed's year, the stamp search).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from typing import TYPE_CHECKING, Callable
+
+from ftwatch.parsers import fields
+from ftwatch.rules.judge import line_at
+
+if TYPE_CHECKING:
+    from ftwatch.rules.engine import Engine
+
+#: A line needs a time of day for ``fields.parse_timestamp`` to find a stamp in it (every format
+#: has one), or a non-ASCII byte (a decoded ``\d`` may be a non-ASCII digit), or an escape (its
+#: removal may join one): a line with none of them is read as untimed without decoding it.
+NON_ASCII = re.compile(rb"[\x80-\xff]")
+
+
+class LineClock:
+    """The time of a chunk's line at an offset, asked in any order (the step tap asks rank by
+    rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search resumed
+    from the nearest line asked before it, so each search covers only the lines between two asks
+    (a bisection over the chunk's times of day, found once: ``fields.Stamps``). A line is decoded
+    and parsed for its own stamp only where it holds a time of day (or, in a chunk that is not
+    plain ASCII, a byte that decoding could make one of)."""
+
+    def __init__(self, engine: Engine, data: bytes, time: float, sim_step: float):
+        self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
+        self.marks = [0]                                              # offsets asked, sorted
+        self.before: dict[int, tuple[int, float] | None] = {0: None}  # -> the last stamp before it
+        self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
+        self.plain = data.isascii() and b"\x1b" not in data
+
+    def later(self, start: int) -> Callable[[], float]:
+        """The time of the line at ``start``, read only if called (a rank's last step line, whose
+        time a later duration-less line may need): live, the line and the chunk's time are kept,
+        not the chunk; in a replay it is read now (``sim_step`` needs the lines before it)."""
+        if self.sim_step:
+            value = self(start)
+            return lambda: value
+        engine = self.engine
+        line = line_at(self.data, start)
+        default = engine._carry_time if start < engine._carry_end else self.time
+        year = engine._year
+        return lambda: own_time(line, year, default)
+
+    def __call__(self, start: int) -> float:
+        engine, data = self.engine, self.data
+        stop = data.find(b"\n", start)
+        stop = len(data) if stop < 0 else stop
+        if self.stamps.has_clock(start, stop) or not self.plain and (
+                data.find(b"\x1b", start, stop) >= 0 or NON_ASCII.search(data, start, stop) is not None):
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1],
+                                           engine._year)
+            if stamp is not None:
+                return stamp
+        if not self.sim_step:
+            return engine._carry_time if start < engine._carry_end else self.time
+        marks = self.marks
+        i = bisect.bisect_right(marks, start)
+        pos = marks[i - 1]
+        found = self.before[pos]
+        if pos < start:
+            found = self.stamps.last(pos, start) or found
+            marks.insert(i, start)
+            self.before[start] = found
+        if found is not None:
+            return found[1] + data.count(b"\n", found[0], start) * self.sim_step
+        return self.time + data.count(b"\n", 0, start) * self.sim_step      # the line's number, counted
+
+
+def own_time(line: str, year: int, default: float) -> float:
+    """The timestamp of ``line`` (cleaned, rank prefix removed), else ``default`` (epoch s)."""
+    stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line))[1], year)
+    return default if stamp is None else stamp
