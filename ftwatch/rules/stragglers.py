@@ -59,6 +59,7 @@ work).
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import statistics
 from collections import deque
@@ -81,6 +82,7 @@ SLOWDOWN_RULE_ID = "straggler.job_slowdown"
 SOURCE = "SPEC H3: per-rank step times from step lines (median / MAD)"
 DETECTOR_SOURCE = "Megatron-LM megatron/core/utils.py StragglerDetector.report (--log-straggler)"
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
+_GROUPS = operator.itemgetter(2)
 
 #: Where a finding's line is: () -> (its text, rank prefix removed; its time, epoch s; a sequence number).
 LineOf = Callable[[], tuple[str, float, int]]
@@ -194,14 +196,16 @@ class StepTracker:
         stepped: dict[int, Rank] = {}                 # ranks that took step lines in this chunk
         readers, min_steps = self._byte_readers, self.config.min_steps
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
+        all_exact = None not in map(_GROUPS, hits)    # (in C) no line to read again: no grouping per line
         for key, mine in by_rank(data, hits, stream_at).items():   # ranks are independent: each in its lines' order
             who = origin.with_rank(key) if stream_at is None else key[0].with_rank(key[1])
             job = self._job(who, now)
-            for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
+            runs = ((True, mine),) if all_exact else itertools.groupby(mine, key=lambda hit: hit[2] is not None)
+            for exact, run in runs:
                 if exact:                              # matched on the chunk's bytes: one tight loop
                     rank = self._rank(job, who)
                     stepped[id(rank)] = rank
-                    run = list(run)
+                    run = run if all_exact else list(run)
                     last = take_lines(rank, min_steps, run, readers, time_at)
                     if last >= 0:
                         took_at[who.job, who.instance] = (who, rank, last)
