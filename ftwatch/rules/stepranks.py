@@ -44,7 +44,7 @@ Reader = tuple[int, int, tuple[tuple[str, int], ...]]
 Hit = tuple[int, int, "tuple[bytes | str | None, ...] | None"]
 
 
-_PATTERN, _GROUPS = operator.itemgetter(1), operator.itemgetter(2)
+_START, _PATTERN, _GROUPS = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 #: ``fields.RANK_PREFIXES_BYTES`` in one repeat: the same match (1 to 4 stacked prefixes, the
 #: innermost's rank: the group that closed last, ``m.group(m.lastindex)``) without trying the
@@ -117,28 +117,34 @@ def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None
     """A chunk's step lines by the rank of their prefix (None: none), each rank's in line order;
     of hits with the same start (sorted), the last counts (a line's last match). With
     ``stream_at`` (a line's offset -> its stream: ``watch`` feeds one buffer of many streams) the
-    key is ``(stream, rank)``, so two streams' rank 0 stay apart."""
-    by_rank: dict[int | None, list[Hit]] = {}
-    match, ranks = PREFIX_CHAIN.match, {}    # the prefix's digits -> its rank
-    after = hits[1:] + [(-1, 0, None)]
-    for hit, nxt in zip(hits, after):
-        start = hit[0]
-        if nxt[0] == start:
-            continue
+    key is ``(stream, rank)``, so two streams' rank 0 stay apart. Keys in order of first line.
+
+    Per line only the prefix's match and an append: the lines are grouped by the prefix's digits
+    as they are (bytes), made ranks once per group; a line with several hits is found in C."""
+    starts = list(map(_START, hits))
+    if len(set(starts)) != len(starts):              # a line with several hits: its last counts
+        keep = list(map(operator.ne, starts, starts[1:] + [-1]))
+        hits, starts = list(itertools.compress(hits, keep)), list(itertools.compress(starts, keep))
+    groups: dict[Any, list[Hit]] = {}
+    match = PREFIX_CHAIN.match
+    for hit, start in zip(hits, starts):
         m = match(data, start)
-        if m is None:
-            rank_no = None
-        else:
-            digits = m.group(m.lastindex)
-            rank_no = ranks.get(digits)
-            if rank_no is None:
-                rank_no = ranks[digits] = int(digits)
-        key = rank_no if stream_at is None else (stream_at(start), rank_no)
-        mine = by_rank.get(key)
+        digits = None if m is None else m[m.lastindex]
+        key = digits if stream_at is None else (stream_at(start), digits)
+        mine = groups.get(key)
         if mine is None:
-            mine = by_rank[key] = []
-        mine.append(hit)
-    return by_rank
+            groups[key] = [hit]
+        else:
+            mine.append(hit)
+    out: dict[Any, list[Hit]] = {}
+    for key, mine in groups.items():                  # digits -> rank ("03" and "3" are one rank)
+        if stream_at is None:
+            key = None if key is None else int(key)
+        else:
+            key = (key[0], None if key[1] is None else int(key[1]))
+        before = out.get(key)
+        out[key] = mine if before is None else sorted(before + mine, key=_START)
+    return out
 
 
 def take(rank: Rank, min_steps: int, index: int, match: re.Match, read: Reader, start: int,
@@ -190,7 +196,9 @@ def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
     None): each run of consecutive lines of one pattern by :func:`take_all` where it can, else
     :func:`take` of each line, inlined (:func:`_take_each`). Returns the start of the last line
     that took a step time, or -1."""
-    if len(hits) > 1 and hits[0][1] == hits[-1][1] and len(set(map(_PATTERN, hits))) == 1:
+    if len(hits) <= 1:                                   # watch: a stream's one step line of a batch
+        return _take_each(rank, min_steps, hits, readers, time_at)
+    if hits[0][1] == hits[-1][1] and len(set(map(_PATTERN, hits))) == 1:
         runs: Iterable[list[Hit]] = (hits,)               # one pattern (the usual case): one run
     else:
         runs = (list(run) for _, run in itertools.groupby(hits, key=_PATTERN))

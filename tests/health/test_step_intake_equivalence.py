@@ -125,7 +125,7 @@ def reference_tracker(monkeypatch, config: StragglerConfig) -> StepTracker:
 
 # -- random step streams -------------------------------------------------------------------
 
-PREFIXES = ["[rank{r}]: ", "[rank{r}]:", "{r}: ", "[default0]:[rank{r}]: ", "[rank{r}]: 7: ", "", "[x_-y{r}]: "]
+PREFIXES = ["[rank{r}]: ", "[rank0{r}]: ", "[rank{r}]:", "{r}: ", "[default0]:[rank{r}]: ", "[rank{r}]: 7: ", "", "[x_-y{r}]: "]
 
 
 def _line(rng: random.Random, step: int, clock: list[float]) -> str:
