@@ -6,14 +6,16 @@ Per job (:class:`Job`) and rank (:class:`Rank`) the tap keeps the last ``window`
 number, and its time once read), which a step line of a pattern that prints no duration needs:
 its step time is the time since that line divided by the steps between them.
 
-A chunk's step lines go to their ranks (:func:`by_rank`: one prefix match a line); taking a
-step line is O(1) and makes no verdict (``StepTracker`` judges once per chunk):
+A chunk's step lines go to their ranks (:func:`by_rank`: one prefix match a line,
+``PREFIX_CHAIN``); taking a step line is O(1) and makes no verdict (``StepTracker`` judges once
+per chunk). A line's match arrives as its groups (``m.groups()``, a tuple the garbage collector
+leaves alone: ``steplines.StepHit``):
 
-* :func:`take`: one line's match (on ``str`` from ``observe``, or on a chunk's bytes);
+* :func:`take`: one line's match (on ``str`` from ``observe``);
 * :func:`take_lines`: one rank's step lines of a chunk, all matched on the chunk's bytes, in one
   tight loop (no call per line); where they are all of one pattern that states a duration and
-  no bar length (Megatron, Lightning's rich bar), at once: the step times converted in one
-  comprehension and appended with one ``extend`` (:func:`take_all`).
+  no bar length (Megatron), at once: the step times converted in C (``map``, no Python step per
+  line) and appended with one ``extend`` (:func:`take_all`).
 
 All three leave exactly the state that taking the lines one by one leaves: the same samples in
 the same order; only ``ordered`` (``samples`` sorted) may be left to sort again (None).

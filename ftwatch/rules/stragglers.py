@@ -34,9 +34,10 @@ line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
 Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
 (``take_chunk``); ``ftwatch.rules.steplines`` finds their step lines in one compiled pass per
-pattern, and ``ftwatch.rules.stepranks`` takes each rank's lines in one tight loop (or one
-comprehension), the fields read from the bytes of the match: a step line costs its share of
-that pass, its rank prefix's match and two deque appends (O(1)). Its time is read only where it
+pattern (its hits built in C, each with its match's groups, not the ``re.Match``: thousands of
+kept matches a chunk set off full collections of the process), and ``ftwatch.rules.stepranks``
+takes each rank's lines in one tight loop (or, for a run of Megatron lines, ``map`` in C): a
+step line costs its share of that pass, its rank prefix's match and two deque appends (O(1)). Its time is read only where it
 is needed: for a pattern without a duration (the time between step lines; the chunk's times of
 day are found once, ``fields.Stamps``), and for the line a finding names. The verdict runs once
 per chunk, for the ranks that printed in it: each rank's median over its window (sorted once),
