@@ -65,7 +65,8 @@ def ref_by_rank(data: bytes, hits, stream_at=None):
 
 
 def ref_take_lines(rank, min_steps, hits, readers, time_at) -> int:
-    """``stepranks._take_each`` as it was, line by line on ``re.Match`` objects (no bulk run)."""
+    """``stepranks._take_each`` as it was, line by line on ``re.Match`` objects (no bulk run): a
+    frozen copy on purpose (the reference must not follow the code it checks)."""
     took = -1
     for start, index, match in hits:
         step_group, total_group, durations = readers[index]
