@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import operator
 import re
+from itertools import repeat, tee
 from typing import Callable, Container, Sequence
 
 from ftwatch.config.health import STEP_PATTERNS
@@ -90,9 +91,13 @@ def byte_form(name: str) -> bytes:
     return _SPACE.sub(r"[^\\S\\n]", pattern).encode()
 
 _START = operator.itemgetter(0)
+_MATCH_START, _GROUPS = re.Match.start, re.Match.groups
 
-#: A line's step match: (line start, pattern index, the bytes match; None: read the line again).
-StepHit = tuple[int, int, "re.Match[bytes] | None"]
+#: A line's step match: (line start, pattern index, the bytes match's groups, ``m.groups()``: group
+#: ``g`` at ``g - 1``; None: read the line again). Groups, not the match: a tuple of bytes is left
+#: alone by the garbage collector, a kept ``re.Match`` is not (a chunk's thousands of them were
+#: promoted to the old generation and set off full collections of the whole process).
+StepHit = tuple[int, int, "tuple[bytes | None, ...] | None"]
 
 
 def _tqdm_ok(data: bytes, start: int, match: re.Match) -> bool:
@@ -187,10 +192,11 @@ class StepLines:
             skip: line starts not to look at (lines a block already took).
 
         Returns:
-            ``(line start, pattern index, match)`` in line order; of hits with the same start
-            the last counts: the last match in the line of the first pattern whose veto passes
-            there (hits of other patterns on that line come before it). The match is None where
-            the pattern is not ``exact`` (the tracker reads the line's text with the pattern itself).
+            ``(line start, pattern index, the match's groups)`` in line order; of hits with the
+            same start the last counts: the last match in the line of the first pattern whose
+            veto passes there (hits of other patterns on that line come before it). The groups
+            are None where the pattern is not ``exact`` (the tracker reads the line's text with
+            the pattern itself).
         """
         found: list[list[StepHit]] = []
         rfind = data.rfind
@@ -206,6 +212,16 @@ class StepLines:
             if present is not None and index not in present:
                 continue
             veto, exact = self._vetoes[index], self.exact[index]
+            if veto is None:                    # in C, no Python step per line, no match kept
+                found_at, groups = tee(rx.finditer(data, 0, end)) if exact else (rx.finditer(data, 0, end), None)
+                starts = map(operator.add, map(rfind, repeat(b"\n"), repeat(0), map(_MATCH_START, found_at)),
+                             repeat(1))
+                hits = list(zip(starts, repeat(index), map(_GROUPS, groups) if exact else repeat(None)))
+                if skip:
+                    hits = [h for h in hits if h[0] not in skip]
+                if hits:
+                    found.append(hits)
+                continue
             hits = [(rfind(b"\n", 0, m.start()) + 1, index, m) for m in rx.finditer(data, 0, end)]
             if not hits:
                 continue
@@ -216,8 +232,7 @@ class StepLines:
                 hits = [h for h in hits if veto(data, h[0], h[2])]
             if skip:
                 hits = [h for h in hits if h[0] not in skip]
-            if not exact:
-                hits = [(start, index, None) for start, index, _ in hits]
+            hits = [(start, index, m.groups() if exact else None) for start, index, m in hits]
             if hits:
                 found.append(hits)
         if not found:

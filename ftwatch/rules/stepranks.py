@@ -6,14 +6,16 @@ Per job (:class:`Job`) and rank (:class:`Rank`) the tap keeps the last ``window`
 number, and its time once read), which a step line of a pattern that prints no duration needs:
 its step time is the time since that line divided by the steps between them.
 
-A chunk's step lines go to their ranks (:func:`by_rank`: one prefix match a line); taking a
-step line is O(1) and makes no verdict (``StepTracker`` judges once per chunk):
+A chunk's step lines go to their ranks (:func:`by_rank`: one prefix match a line,
+``PREFIX_CHAIN``); taking a step line is O(1) and makes no verdict (``StepTracker`` judges once
+per chunk). A line's match arrives as its groups (``m.groups()``, a tuple the garbage collector
+leaves alone: ``steplines.StepHit``):
 
-* :func:`take`: one line's match (on ``str`` from ``observe``, or on a chunk's bytes);
+* :func:`take`: one line's match (on ``str`` from ``observe``);
 * :func:`take_lines`: one rank's step lines of a chunk, all matched on the chunk's bytes, in one
   tight loop (no call per line); where they are all of one pattern that states a duration and
-  no bar length (Megatron, Lightning's rich bar), at once: the step times converted in one
-  comprehension and appended with one ``extend`` (:func:`take_all`).
+  no bar length (Megatron), at once: the step times converted in C (``map``, no Python step per
+  line) and appended with one ``extend`` (:func:`take_all`).
 
 All three leave exactly the state that taking the lines one by one leaves: the same samples in
 the same order; only ``ordered`` (``samples`` sorted) may be left to sort again (None).
@@ -39,11 +41,19 @@ from ftwatch.rules.stepstats import replace_sorted, sorted_median
 #: in ``step_seconds``'s order); 0: no such group.
 Reader = tuple[int, int, tuple[tuple[str, int], ...]]
 
-#: A chunk's step line: (line start, pattern index, the bytes match; None: read the line again).
-Hit = tuple[int, int, "re.Match[bytes] | None"]
+#: A chunk's step line: (line start, pattern index, the match's groups, group ``g`` at ``g - 1``
+#: (``steplines.StepHit``); None: read the line again).
+Hit = tuple[int, int, "tuple[bytes | str | None, ...] | None"]
 
 
-_PATTERN = operator.itemgetter(1)
+_START, _PATTERN, _GROUPS = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+
+#: ``fields.RANK_PREFIXES_BYTES`` in one repeat: the same match (1 to 4 stacked prefixes, the
+#: innermost's rank: the group that closed last, ``m.group(m.lastindex)``) without trying the
+#: chain twice (``P{0,3}Q`` takes three prefixes, fails its last one and backs up: a third of
+#: the step tap's per-line cost). Each prefix reads one way only (its name holds no digit), so
+#: greedy and lazy, one repeat or two, match the same text.
+PREFIX_CHAIN = re.compile(rb"(?:\[[A-Za-z_][A-Za-z_-]*(\d{1,7})\]: ?|(\d{1,6}): ){1,4}")
 
 
 def reader(rx: re.Pattern) -> Reader:
@@ -109,28 +119,34 @@ def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None
     """A chunk's step lines by the rank of their prefix (None: none), each rank's in line order;
     of hits with the same start (sorted), the last counts (a line's last match). With
     ``stream_at`` (a line's offset -> its stream: ``watch`` feeds one buffer of many streams) the
-    key is ``(stream, rank)``, so two streams' rank 0 stay apart."""
-    by_rank: dict[int | None, list[Hit]] = {}
-    match, ranks = fields.RANK_PREFIXES_BYTES.match, {}    # the prefix's digits -> its rank
-    after = hits[1:] + [(-1, 0, None)]
-    for hit, nxt in zip(hits, after):
-        start = hit[0]
-        if nxt[0] == start:
-            continue
+    key is ``(stream, rank)``, so two streams' rank 0 stay apart. Keys in order of first line.
+
+    Per line only the prefix's match and an append: the lines are grouped by the prefix's digits
+    as they are (bytes), made ranks once per group; a line with several hits is found in C."""
+    starts = list(map(_START, hits))
+    if len(set(starts)) != len(starts):              # a line with several hits: its last counts
+        keep = list(map(operator.ne, starts, starts[1:] + [-1]))
+        hits, starts = list(itertools.compress(hits, keep)), list(itertools.compress(starts, keep))
+    groups: dict[Any, list[Hit]] = {}
+    match = PREFIX_CHAIN.match
+    for hit, start in zip(hits, starts):
         m = match(data, start)
-        if m is None:
-            rank_no = None
-        else:
-            digits = m.group(1) or m.group(2)
-            rank_no = ranks.get(digits)
-            if rank_no is None:
-                rank_no = ranks[digits] = int(digits)
-        key = rank_no if stream_at is None else (stream_at(start), rank_no)
-        mine = by_rank.get(key)
+        digits = None if m is None else m[m.lastindex]
+        key = digits if stream_at is None else (stream_at(start), digits)
+        mine = groups.get(key)
         if mine is None:
-            mine = by_rank[key] = []
-        mine.append(hit)
-    return by_rank
+            groups[key] = [hit]
+        else:
+            mine.append(hit)
+    out: dict[Any, list[Hit]] = {}
+    for key, mine in groups.items():                  # digits -> rank ("03" and "3" are one rank)
+        if stream_at is None:
+            key = None if key is None else int(key)
+        else:
+            key = (key[0], None if key[1] is None else int(key[1]))
+        before = out.get(key)
+        out[key] = mine if before is None else sorted(before + mine, key=_START)
+    return out
 
 
 def take(rank: Rank, min_steps: int, index: int, match: re.Match, read: Reader, start: int,
@@ -138,7 +154,7 @@ def take(rank: Rank, min_steps: int, index: int, match: re.Match, read: Reader, 
     """A step line's match of pattern ``index`` (on ``str`` or bytes) into ``rank``'s windows:
     O(1), no verdict. The line's time is read (``time_at(start)``) only when its pattern states no
     duration. Returns whether a step time was taken."""
-    return _take_each(rank, min_steps, [(start, index, match)], {index: read}, time_at) >= 0
+    return _take_each(rank, min_steps, [(start, index, match.groups())], {index: read}, time_at) >= 0
 
 
 def take_all(rank: Rank, min_steps: int, hits: list[Hit], read: Reader) -> bool:
@@ -149,16 +165,16 @@ def take_all(rank: Rank, min_steps: int, hits: list[Hit], read: Reader) -> bool:
     if total_group or len(durations) != 1 or hits[0][2] is None:
         return False
     kind, group = durations[0]
-    try:
-        numbers = [float(h[2].group(group)) for h in hits]
+    try:                                               # in C: no Python step per line
+        numbers = list(map(float, map(operator.itemgetter(group - 1), map(_GROUPS, hits))))
     except ValueError:
         return False
     if kind == "ms":
-        seconds = [n / 1000.0 for n in numbers]
+        seconds = list(map(operator.truediv, numbers, itertools.repeat(1000.0)))
     elif kind == "its":
         if min(numbers) <= 0:
             return False
-        seconds = [1.0 / n for n in numbers]
+        seconds = list(map(operator.truediv, itertools.repeat(1.0), numbers))
     else:
         seconds = numbers
     rank.samples.extend(seconds)
@@ -167,7 +183,7 @@ def take_all(rank: Rank, min_steps: int, hits: list[Hit], read: Reader) -> bool:
     rank.seen += len(seconds)
     rank.index = hits[0][1]
     if step_group:
-        rank.last = (int(hits[-1][2].group(step_group)), None, hits[-1][0])
+        rank.last = (int(hits[-1][2][step_group - 1]), None, hits[-1][0])
     need = min_steps - len(rank.baseline)
     if need > 0:
         rank.baseline.extend(seconds[:need])
@@ -182,7 +198,9 @@ def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
     None): each run of consecutive lines of one pattern by :func:`take_all` where it can, else
     :func:`take` of each line, inlined (:func:`_take_each`). Returns the start of the last line
     that took a step time, or -1."""
-    if len(hits) > 1 and hits[0][1] == hits[-1][1] and len({h[1] for h in hits}) == 1:
+    if len(hits) <= 1:                                   # watch: a stream's one step line of a batch
+        return _take_each(rank, min_steps, hits, readers, time_at)
+    if hits[0][1] == hits[-1][1] and len(set(map(_PATTERN, hits))) == 1:
         runs: Iterable[list[Hit]] = (hits,)               # one pattern (the usual case): one run
     else:
         runs = (list(run) for _, run in itertools.groupby(hits, key=_PATTERN))
@@ -197,7 +215,7 @@ def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
 
 def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Reader] | dict[int, Reader],
                time_at: Callable[[int], float]) -> int:
-    """Each of ``hits`` (matches on ``str`` or bytes) into ``rank``'s windows, in one loop (no call
+    """Each of ``hits`` (groups of matches on ``str`` or bytes) into ``rank``'s windows, in one loop (no call
     per line): a bar of another length (HF's evaluation bar) is no training step; the step time is
     the one the line states, else the time since the rank's last step line over the steps between.
     Returns the start of the last line that took a step time, or -1."""
@@ -208,7 +226,7 @@ def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Re
     for start, index, match in hits:
         step_group, total_group, durations = readers[index]
         if total_group:
-            total = match.group(total_group)
+            total = match[total_group - 1]
             if total is not None:
                 if isinstance(total, bytes):
                     total = total.decode()
@@ -218,7 +236,7 @@ def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Re
                     continue
         seconds = None
         for kind, group in durations:
-            value = match.group(group)
+            value = match[group - 1]
             if value:
                 try:
                     number = float(value)
@@ -228,7 +246,7 @@ def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Re
                     1.0 / number if number > 0 else None
                 break
         if step_group:
-            step = match.group(step_group)
+            step = match[step_group - 1]
             if step is not None:
                 step_no = int(step)
                 prev = rank.last

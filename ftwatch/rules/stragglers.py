@@ -34,9 +34,10 @@ line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
 Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
 (``take_chunk``); ``ftwatch.rules.steplines`` finds their step lines in one compiled pass per
-pattern, and ``ftwatch.rules.stepranks`` takes each rank's lines in one tight loop (or one
-comprehension), the fields read from the bytes of the match: a step line costs its share of
-that pass, its rank prefix's match and two deque appends (O(1)). Its time is read only where it
+pattern (its hits built in C, each with its match's groups, not the ``re.Match``: thousands of
+kept matches a chunk set off full collections of the process), and ``ftwatch.rules.stepranks``
+takes each rank's lines in one tight loop (or, for a run of Megatron lines, ``map`` in C): a
+step line costs its share of that pass, its rank prefix's match and two deque appends (O(1)). Its time is read only where it
 is needed: for a pattern without a duration (the time between step lines; the chunk's times of
 day are found once, ``fields.Stamps``), and for the line a finding names. The verdict runs once
 per chunk, for the ranks that printed in it: each rank's median over its window (sorted once),
@@ -59,6 +60,7 @@ work).
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import statistics
 from collections import deque
@@ -81,6 +83,7 @@ SLOWDOWN_RULE_ID = "straggler.job_slowdown"
 SOURCE = "SPEC H3: per-rank step times from step lines (median / MAD)"
 DETECTOR_SOURCE = "Megatron-LM megatron/core/utils.py StragglerDetector.report (--log-straggler)"
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
+_GROUPS = operator.itemgetter(2)
 
 #: Where a finding's line is: () -> (its text, rank prefix removed; its time, epoch s; a sequence number).
 LineOf = Callable[[], tuple[str, float, int]]
@@ -194,14 +197,16 @@ class StepTracker:
         stepped: dict[int, Rank] = {}                 # ranks that took step lines in this chunk
         readers, min_steps = self._byte_readers, self.config.min_steps
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
+        all_exact = None not in map(_GROUPS, hits)    # (in C) no line to read again: no grouping per line
         for key, mine in by_rank(data, hits, stream_at).items():   # ranks are independent: each in its lines' order
             who = origin.with_rank(key) if stream_at is None else key[0].with_rank(key[1])
             job = self._job(who, now)
-            for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
+            runs = ((True, mine),) if all_exact else itertools.groupby(mine, key=lambda hit: hit[2] is not None)
+            for exact, run in runs:
                 if exact:                              # matched on the chunk's bytes: one tight loop
                     rank = self._rank(job, who)
                     stepped[id(rank)] = rank
-                    run = list(run)
+                    run = run if all_exact else list(run)
                     last = take_lines(rank, min_steps, run, readers, time_at)
                     if last >= 0:
                         took_at[who.job, who.instance] = (who, rank, last)
