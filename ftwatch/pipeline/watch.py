@@ -66,7 +66,7 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
-from ftwatch.pipeline.sources.batches import group_lines, positions_of, take_backlog
+from ftwatch.pipeline.sources.batches import chunks_of, group_lines, positions_of, take_backlog
 from ftwatch.pipeline.sources.control import ControlHandler, for_job
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, share_host_lines
 from ftwatch.rules.engine import Engine
@@ -168,11 +168,11 @@ class Watcher:
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
         # the batch's effects and its sources' positions (a file tail's offsets) in one transaction:
         # a kill before the ack repeats nothing (issue 17, Recorder.storing)
-        with self.recorder.storing(positions_of(batch), now):
+        with self.recorder.storing(positions_of(batch), now, chunks_of(batch)):
             self._ingest_jobs(groups, chunks, scans, now, now_mono)
         ack = getattr(batch, "ack", None)
         if ack is not None:
-            ack()                                   # a file tail may now save its offsets
+            ack()                   # a file tail may now save its offsets, a Forward client get its ack
 
     def _ingest_jobs(self, groups: list, chunks: list[bytes], scans: list, now: float, mono: float) -> None:
         """One batch's chunks, grouped per job in input order: one ``output_many`` per job. Host
