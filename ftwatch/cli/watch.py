@@ -80,6 +80,8 @@ def cmd_watch(argv: list[str]) -> int:
     sources = []
     positions = recorder.store.positions() if hasattr(recorder.store, "positions") else {}   # stored with the last batches
     seen = getattr(recorder.store, "chunk_seen", None)   # Forward chunks handled before (issue 17)
+    if hasattr(recorder.store, "open_blocks"):           # tracebacks a kill left open (issue 17)
+        watcher.restore_blocks(recorder.store.open_blocks())
     repeated = metrics.count_repeated if metrics is not None else None
     try:                         # a source that cannot start (its port, its offsets): one line, status 1
         for s in config.watch.sources:

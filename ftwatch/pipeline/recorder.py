@@ -22,8 +22,8 @@ from ftwatch.alerting.resolve import OpenAlerts
 from ftwatch.bounded import BoundedDict, trim_oldest
 from ftwatch.config.limits import MAX_TRACKED_INSTANCES
 from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
-from ftwatch.pipeline.sinks.base import (NULL_SINK, ChunksSeen, FindingBatch, LifecycleEvent, OutputBatch,
-                                         Record, RunEnd, RunStart, Sink, SourcePosition)
+from ftwatch.pipeline.sinks.base import (NULL_SINK, ChunksSeen, FindingBatch, LifecycleEvent, OpenBlocks,
+                                         OutputBatch, Record, RunEnd, RunStart, Sink, SourcePosition)
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.jsonl import DecisionsFile
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
@@ -153,6 +153,13 @@ class Recorder:
                 self._stored.write([ChunksSeen([(c.source, c.chunk) for c in chunks], time,
                                                min(c.keep for c in chunks),
                                                min(c.keep_seconds for c in chunks))])
+
+    def blocks(self, changed: Sequence[Any], time: float) -> None:
+        """Store the open blocks that changed (``Engine.changed_blocks``) in the store alone: inside
+        :meth:`storing`, in the batch's transaction (``watch``, issue 17). A store without
+        transactions keeps none."""
+        if changed and getattr(self.store, "batch", None) is not None:
+            self._stored.write([OpenBlocks(changed, time)])
 
     def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
         """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the

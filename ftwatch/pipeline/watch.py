@@ -170,6 +170,7 @@ class Watcher:
         # a kill before the ack repeats nothing (issue 17, Recorder.storing)
         with self.recorder.storing(positions_of(batch), now, chunks_of(batch)):
             self._ingest_jobs(groups, chunks, scans, now, now_mono)
+            self.recorder.blocks(self.engine.changed_blocks(), now)   # blocks still open: stored too
         ack = getattr(batch, "ack", None)
         if ack is not None:
             ack()                   # a file tail may now save its offsets, a Forward client get its ack
@@ -239,6 +240,7 @@ class Watcher:
             for node, result in readmit(now):
                 self._acted("", "readmit_node", result, node=node)
         self._drop_rules()
+        self.recorder.blocks(self.engine.changed_blocks(), now)   # the stale blocks closed above
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
@@ -254,6 +256,18 @@ class Watcher:
             decision = desk.close(now)
             if decision is not None:
                 self._act(desk, decision)
+        self.recorder.blocks(self.engine.changed_blocks(), now)
+
+    def restore_blocks(self, blocks: Iterable[tuple[Origin, bytes, float, frozenset[int]]]) -> None:
+        """Open again the blocks the store kept (``SqliteStore.open_blocks``), give each job its
+        desk (its ``tick`` closes them when stale), and from now on store the open blocks with
+        every batch (``Engine.track_blocks``, issue 17)."""
+        now = self.clock.time()
+        self.engine.track_blocks()
+        for origin, data, base, skip in blocks:
+            self.engine.restore_block(origin, data, base, skip, now)
+            if origin.job and origin.job not in self.jobs:
+                self._desk(origin.job)
 
     def control(self, message: dict) -> dict:
         """One SDK request of a watched job (``message["job"]``, authenticated by the endpoint):

@@ -10,8 +10,8 @@ import pytest
 from ftwatch.errors import SinkError
 from ftwatch.events import (Action, Decision, DeliveryResult, FailureClass, Finding, Origin, Severity,
                             Target, iso)
-from ftwatch.pipeline.sinks.base import (ChunksSeen, FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart,
-                                         SourcePosition)
+from ftwatch.pipeline.sinks.base import (ChunksSeen, FindingBatch, LifecycleEvent, OpenBlocks, OutputBatch,
+                                         RunEnd, RunStart, SourcePosition)
 from ftwatch.pipeline.sinks.sqlite import SCHEMA_VERSION, SqliteStore
 
 T0 = 1_795_250_000.125
@@ -45,7 +45,7 @@ def test_schema_is_versioned_and_in_wal_mode(store: SqliteStore, tmp_path: Path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"runs", "events", "findings", "decisions", "alerts", "output", "positions",
-            "chunks"} <= tables
+            "chunks", "open_blocks"} <= tables
     conn.close()
 
 
@@ -264,3 +264,15 @@ def test_forward_chunk_ids_are_kept_with_their_batch_and_pruned_by_count_and_age
     assert [store.chunk_seen("fb", c) for c in "abcd"] == [False, True, True, True]
     store.write([ChunksSeen([("fb", "e")], T0 + 61.5, 3, 60.0)])               # b, c: over a minute old
     assert [store.chunk_seen("fb", c) for c in "bcde"] == [False, False, True, True]
+
+
+def test_open_blocks_are_kept_per_origin_and_dropped_when_closed(store: SqliteStore):
+    """Issue 17: the tracebacks still open after a batch are stored with it and read back whole."""
+    a = Origin("w0", 0, "job-1", "n0", "/logs/a.log", "file", (("team", "x"),))
+    b = Origin("w1", None, "job-1", "n0", "stderr", "forward")
+    store.write([OpenBlocks([(a, b"Traceback (most recent call last):\n", 5.0, frozenset({3})),
+                             (b, b"x\n", 6.0, frozenset())], T0)])
+    store.write([OpenBlocks([(b, None, 0.0, frozenset())], T0 + 1)])           # b's block closed
+    [(origin, data, base, skip)] = store.open_blocks()
+    assert (origin, origin.labels, data, base, skip) == (a, a.labels, b"Traceback (most recent call last):\n",
+                                                          5.0, frozenset({3}))

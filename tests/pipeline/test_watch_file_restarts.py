@@ -203,3 +203,67 @@ def test_a_kill_at_each_point_of_a_batchs_delivery_loses_and_repeats_no_line(tmp
     killed_at_the_point()
     written = _append(log, written, 100)
     every_line_read(written)
+
+
+CRASH_RULE = """\
+  - id: test.frame
+    keywords: ["in train_step"]
+    class: user_code
+    action: none
+    severity: error
+"""
+HEAD = (b'Traceback (most recent call last):\n  File "train.py", line 9, in train_step\n'
+        b'    loss = step(batch)\n')
+TAIL = b"RuntimeError: boom\n"
+
+
+def test_a_traceback_open_when_its_batch_is_stored_survives_a_kill(tmp_path: Path) -> None:
+    """Issue 17: a block still open when its batch commits (a traceback whose exception line has
+    not come) was only in memory, while the stored position had passed its lines: a kill lost it,
+    and the finding of a rule that hit one of its frames never came. The open blocks are now
+    stored in the batch's transaction and reopened at start; killed again in the batch that
+    closes the block, the finding is still stored once."""
+    import json
+    import sqlite3
+
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    logs.mkdir()
+    log = logs / "app.log"
+    config = watch_config(tmp_path, log, "read_from_head: true")
+    (tmp_path / "rules.yaml").write_text(RULES + CRASH_RULE)
+    args = ["watch", "--config", str(config), "--state-dir", str(state)]
+    db = state / "ftwatch.db"
+
+    def killed_when_stored() -> None:
+        proc = subprocess.run([sys.executable, "-c", ARMED, "stored", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=DEADLINE)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+    def frames() -> list[list[str]]:
+        with sqlite3.connect(db) as conn:
+            return [json.loads(e) for (e,) in conn.execute("SELECT evidence FROM findings WHERE rule_id = 'test.frame'")]
+
+    _append(log, 0, 50)
+    with open(log, "ab") as f:
+        f.write(HEAD)                              # the batch ends inside the traceback
+    killed_when_stored()
+    assert frames() == [] and len(seen(db)) == 50
+    with open(log, "ab") as f:
+        f.write(TAIL)
+    _append(log, 50, 10)
+    killed_when_stored()                           # the batch that closes the block
+    child = subprocess.Popen([sys.executable, "-m", "ftwatch", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _append(log, 60, 1)                        # read once this watch runs
+        wait_for(lambda: len(seen(db)) >= 61, "every line")
+        time.sleep(0.3)                            # a repeat would come with the batch it repeats
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(DEADLINE) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stderr.close()
+    assert frames() == [(HEAD + TAIL).decode().splitlines()]
+    assert sorted(seen(db)) == [f"tick {i:08d}" for i in range(61)]

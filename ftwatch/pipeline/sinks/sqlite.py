@@ -13,6 +13,7 @@ JSON columns hold text)::
     output(job, instance, rank, bucket, seconds, lines, bytes)     primary key (job, instance, bucket)
     positions(key, seq, document BLOB, time)                       primary key (key)
     chunks(id, source, chunk, time)                                unique (source, chunk)
+    open_blocks(origin JSON PK, labels JSON, data BLOB, base, skip JSON, time)
 
 ``output`` (schema 2) is the output volume per instance over time: ``lines`` and ``bytes`` read
 from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
@@ -27,6 +28,11 @@ handled, written in that batch's transaction (``ChunksSeen``); each write prunes
 than its ``keep_seconds`` and all but the newest ``keep``. ``watch``'s Forward sources ask
 :meth:`SqliteStore.chunk_seen` on every request that carries one (a client resending a chunk
 whose ack a kill lost: issue 17).
+
+``open_blocks`` (schema 4): the multi-line blocks still open after a batch (``OpenBlocks``), one
+row per origin (its equality fields as a JSON list), written in that batch's transaction and
+read back by ``watch`` at start (:meth:`SqliteStore.open_blocks`), so a traceback whose first
+lines a committed position has passed is not lost with the process (issue 17).
 
 The file is in WAL mode (readers such as ``ftwatch report`` do not block the writer) and its
 schema version is ``PRAGMA user_version``. It is a sink (``ftwatch.pipeline.sinks.base.Sink``):
@@ -53,9 +59,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ftwatch.errors import SinkError
-from ftwatch.events import Decision, DeliveryResult, Finding, iso
-from ftwatch.pipeline.sinks.base import (ChunksSeen, FindingBatch, LifecycleEvent, OutputBatch, Record,
-                                         RunEnd, RunStart, SourcePosition, encode)
+from ftwatch.events import Decision, DeliveryResult, Finding, Origin, iso
+from ftwatch.pipeline.sinks.base import (ChunksSeen, FindingBatch, LifecycleEvent, OpenBlocks, OutputBatch,
+                                         Record, RunEnd, RunStart, SourcePosition, encode)
 
 SCHEMA_VERSION = 4
 
@@ -105,6 +111,9 @@ CREATE TABLE chunks (
     id INTEGER PRIMARY KEY, source TEXT NOT NULL, chunk TEXT NOT NULL, time REAL NOT NULL,
     UNIQUE (source, chunk));
 CREATE INDEX chunks_time ON chunks (time);
+CREATE TABLE open_blocks (
+    origin TEXT PRIMARY KEY, labels TEXT NOT NULL DEFAULT '[]', data BLOB NOT NULL, base REAL NOT NULL,
+    skip TEXT NOT NULL DEFAULT '[]', time REAL NOT NULL);
 """
 
 # version reached -> the script that gets there from the one before
@@ -200,9 +209,23 @@ def _chunk_rows(c: ChunksSeen) -> list[tuple[str, list[tuple]]]:
             ("DELETE FROM chunks WHERE id <= (SELECT max(id) FROM chunks) - ?", [(c.keep,)])]
 
 
+def _origin_key(o: Origin) -> str:
+    return json.dumps([o.instance, o.rank, o.job, o.node, o.stream, o.source])
+
+
+def _block_rows(b: OpenBlocks) -> list[tuple[str, list[tuple]]]:
+    closed = [(_origin_key(o),) for o, data, _, _ in b.blocks if data is None]
+    kept = [(_origin_key(o), json.dumps([list(pair) for pair in o.labels]), data, base, json.dumps(sorted(skip)),
+             b.time) for o, data, base, skip in b.blocks if data is not None]
+    return ([("DELETE FROM open_blocks WHERE origin = ?", closed)] if closed else []) + (
+        [("INSERT OR REPLACE INTO open_blocks (origin, labels, data, base, skip, time) VALUES (?, ?, ?, ?, ?, ?)",
+          kept)] if kept else [])
+
+
 _ENCODERS = {RunStart: _run_start_rows, RunEnd: _run_end_rows, LifecycleEvent: _event_rows,
              FindingBatch: _findings_rows, Decision: _decision_rows, DeliveryResult: _delivery_rows,
-             OutputBatch: _output_rows, SourcePosition: _position_rows, ChunksSeen: _chunk_rows}
+             OutputBatch: _output_rows, SourcePosition: _position_rows, ChunksSeen: _chunk_rows,
+             OpenBlocks: _block_rows}
 """Every sink record -> the statements and rows that store it."""
 
 
@@ -429,6 +452,17 @@ class SqliteStore:
         """Whether a batch that handled Forward ``chunk`` of ``source`` was committed (and its id
         not pruned since)."""
         return bool(self._rows("SELECT 1 FROM chunks WHERE source = ? AND chunk = ?", (source, chunk)))
+
+    def open_blocks(self) -> list[tuple[Origin, bytes, float, frozenset[int]]]:
+        """The open blocks stored with the last batches: ``(origin, data, base, skip)`` each
+        (``Engine.restore_block``)."""
+        out = []
+        for r in self._rows("SELECT origin, labels, data, base, skip FROM open_blocks ORDER BY time"):
+            instance, rank, job, node, stream, source = json.loads(r["origin"])
+            labels = tuple(tuple(pair) for pair in json.loads(r["labels"]))
+            out.append((Origin(instance, rank, job, node, stream, source, labels), bytes(r["data"]), r["base"],
+                        frozenset(json.loads(r["skip"]))))
+        return out
 
     @staticmethod
     def _decision(row: sqlite3.Row) -> dict[str, Any]:
