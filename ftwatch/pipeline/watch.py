@@ -227,11 +227,13 @@ class Watcher:
             stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
             if stale:
                 self.ingest(stale)
-        self.recorder.findings(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=""))  # no job's host lines
-        self._bound(now, mono)
-        for desk in list(self.jobs.values()):
-            if desk.tick(now, mono) is not None:
-                self._act(desk, desk.decide(None, now, mono))
+        with self.recorder.storing():   # stale blocks' findings and their closing together (issue 17)
+            self.recorder.findings(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=""))  # no job's host lines
+            self._bound(now, mono)
+            due = [desk for desk in list(self.jobs.values()) if desk.tick(now, mono) is not None]
+            self.recorder.blocks(self.engine.changed_blocks(), now)
+        for desk in due:
+            self._act(desk, desk.decide(None, now, mono))
         settling = {desk.job for desk in self.jobs.values() if desk.open is not None}
         self.recorder.resolve_due(now, hold=settling)   # per job: quiet for resolve_after
         self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
@@ -240,7 +242,7 @@ class Watcher:
             for node, result in readmit(now):
                 self._acted("", "readmit_node", result, node=node)
         self._drop_rules()
-        self.recorder.blocks(self.engine.changed_blocks(), now)   # the stale blocks closed above
+        self.recorder.blocks(self.engine.changed_blocks(), now)   # blocks an action closed
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""

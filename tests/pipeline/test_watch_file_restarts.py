@@ -267,3 +267,64 @@ def test_a_traceback_open_when_its_batch_is_stored_survives_a_kill(tmp_path: Pat
         child.stderr.close()
     assert frames() == [(HEAD + TAIL).decode().splitlines()]
     assert sorted(seen(db)) == [f"tick {i:08d}" for i in range(61)]
+
+
+def test_a_stale_block_closed_at_a_tick_is_stored_with_its_closing(tmp_path: Path) -> None:
+    """In process (FakeClock): the open block is stored with its batch; a tick that closes it as
+    stale stores its finding and drops its row in one transaction (a tick whose store write fails,
+    as a kill would end it, leaves both as they were, so the restart closes it once); a restart
+    reopens a stored block and the next line completes it."""
+    import io
+
+    from ftwatch.clock import FakeClock
+    from ftwatch.config.model import Config
+    from ftwatch.errors import SinkError
+    from ftwatch.events import Origin
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.sinks.base import OpenBlocks
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    from ftwatch.pipeline.sources.base import Shipped
+    from ftwatch.pipeline.watch import Watcher
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.loader import rules_from_text
+
+    origin = Origin("w0", 0, "j", "n0", "/logs/app.log", "file")
+
+    def watcher(store: SqliteStore, clock: FakeClock) -> Watcher:
+        w = Watcher(Config.model_validate({"storage": {"state_dir": str(tmp_path)}}),
+                    Engine(rules_from_text(RULES + CRASH_RULE, "rules.yaml", [])),
+                    Recorder(store, out=io.StringIO(), resolve_after=None),
+                    lambda batch: [(origin, s.line, s.time) for s in batch], clock=clock)
+        w.restore_blocks(store.open_blocks())
+        return w
+
+    def frames(store: SqliteStore) -> list:
+        return [f["evidence"] for f in store.findings_for("j") if f["rule_id"] == "test.frame"]
+
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "ftwatch.db")
+    w = watcher(store, clock)
+    w.ingest([Shipped(clock.time(), line) for line in HEAD.splitlines()])
+    assert [o for o, *_ in store.open_blocks()] == [origin] and frames(store) == []
+    clock.advance(5)
+    write = store.write
+
+    def killed_at_the_closing(batch):             # the finding is written, then the process dies
+        if any(isinstance(r, OpenBlocks) for r in batch):
+            raise SinkError("killed")
+        write(batch)
+
+    store.write = killed_at_the_closing
+    with pytest.raises(SinkError):
+        w.tick()
+    store.write = write
+    assert [o for o, *_ in store.open_blocks()] == [origin] and frames(store) == []
+
+    clock = FakeClock(clock.time())                # the restart: the block is open again
+    w = watcher(store, clock)
+    w.ingest([Shipped(clock.time(), TAIL.rstrip(b"\n"))])
+    assert store.open_blocks() == []
+    assert frames(store) == [(HEAD + TAIL).decode().splitlines()]
+    clock.advance(5)
+    w.tick()
+    assert len(frames(store)) == 1
