@@ -147,6 +147,23 @@ sys.exit(main(argv))
 """
 
 
+def _watch_until(args: list[str], done) -> None:
+    """Runs ``ftwatch`` ``args`` until ``done()`` holds (or it exits), then SIGTERMs it: it must end
+    with status 0."""
+    child = subprocess.Popen([sys.executable, "-m", "ftwatch", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: done() or child.poll() is not None, "every line", must=False)
+        time.sleep(0.3)                            # a repeat would come with the batch it repeats
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(DEADLINE) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stderr.close()
+
+
 def _append(path: Path, first: int, count: int) -> int:
     with open(path, "ab") as f:
         f.write(b"".join(b"tick %08d\n" % i for i in range(first, first + count)))
@@ -172,18 +189,7 @@ def test_a_kill_at_each_point_of_a_batchs_delivery_loses_and_repeats_no_line(tmp
         assert proc.returncode == -signal.SIGKILL, proc.stderr
 
     def every_line_read(written: int) -> None:
-        child = subprocess.Popen([sys.executable, "-m", "ftwatch", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(lambda: len(set(seen(db))) >= written or child.poll() is not None, "every line", must=False)
-            time.sleep(0.3)                        # a repeat would come with the batch it repeats
-            child.send_signal(signal.SIGTERM)
-            assert child.wait(DEADLINE) == 0, child.stderr.read()
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            child.stderr.close()
+        _watch_until(args, lambda: len(set(seen(db))) >= written)
         lines = seen(db)
         expected = [f"tick {i:08d}" for i in range(written)]
         assert sorted(set(lines)) == expected, f"{len(set(expected) - set(lines))} lines lost"
@@ -252,19 +258,8 @@ def test_a_traceback_open_when_its_batch_is_stored_survives_a_kill(tmp_path: Pat
         f.write(TAIL)
     _append(log, 50, 10)
     killed_when_stored()                           # the batch that closes the block
-    child = subprocess.Popen([sys.executable, "-m", "ftwatch", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        _append(log, 60, 1)                        # read once this watch runs
-        wait_for(lambda: len(seen(db)) >= 61, "every line")
-        time.sleep(0.3)                            # a repeat would come with the batch it repeats
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(DEADLINE) == 0, child.stderr.read()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        child.stderr.close()
+    _append(log, 60, 1)                            # seen once the next watch runs
+    _watch_until(args, lambda: len(seen(db)) >= 61)
     assert frames() == [(HEAD + TAIL).decode().splitlines()]
     assert sorted(seen(db)) == [f"tick {i:08d}" for i in range(61)]
 
