@@ -169,6 +169,9 @@ class Metrics:
         self.connections = Counter("ftwatch_source_connections", "Connections to the Forward and HTTP "
                                    "listeners: accepted, refused (over max_connections), idle_closed.",
                                    ["source", "event"], registry=r)
+        self.repeated = Counter("ftwatch_source_repeated_records", "Records of Forward chunks sent again "
+                                "after they were handled (a kill lost their ack): acked and skipped.",
+                                ["source"], registry=r)
         self._spools = _SpoolCollector()
         r.register(self._spools)
         r.register(_EvictionCollector())
@@ -214,6 +217,10 @@ class Metrics:
     def count_connection(self, source: str, event: str) -> None:
         """A listener ``source`` accepted, refused or idle-closed a connection (``event``)."""
         self.connections.labels(source, event).inc()
+
+    def count_repeated(self, source: str, records: int) -> None:
+        """A Forward source acked and skipped a chunk of ``records`` records it had handled before."""
+        self.repeated.labels(source).inc(records)
 
     def forget_job(self, job: str) -> int:
         """Drop every series labelled ``job_id=job`` (its state was dropped: ``limits``); returns

@@ -1,7 +1,11 @@
 """Soak part 1: the Forward and HTTP listeners of a real ``ftwatch watch`` under fuzzing.
 
 Valid clients send a fixed count of lines: the real fluent-logger client (Forward, message mode,
-one connection per client) and an HTTP client posting ``json_lines`` batches. At the same time
+one connection per client), a client shaped like fluent-bit's ``out_forward`` with
+``Require_ack_response`` (PackedForward chunks of 500 lines, each with fluent-bit's ``chunk`` id
+and waiting for its ack, a chunk sent again on a new connection when the ack does not come: the
+path that ``watch`` acks only once a chunk is stored, issue 17), and an HTTP client posting
+``json_lines`` batches. At the same time
 fuzzer threads open their own connections and send truncated Forward frames, random bytes,
 10 MB records and bad UTF-8 (Forward and HTTP). Valid lines carry their own job label
 (``soak-fwd``, ``soak-http``), fuzz records another (``soak-fuzz``); what ``watch`` saw is its
@@ -13,6 +17,7 @@ Figures: crashes (``watch`` exited during the run), Forward and HTTP lines lost 
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -22,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgpack
 from fluent import sender
 
 from bench.soak.common import Figure, Watch, free_port, say, scale, wait_for, zero
@@ -58,6 +64,42 @@ def forward_client(port: int, job: str, rank: int, count: int, failed: list[int]
     s.close()
     if s.pendings:          # what close could not flush is lost on the client side
         bad += 1
+    failed.append(bad)
+
+
+def acked_forward_client(port: int, job: str, rank: int, count: int, failed: list[int], batch: int = 500) -> None:
+    """``count`` lines in PackedForward chunks of ``batch``, fluent-bit's way with
+    ``Require_ack_response``: the id is the first 16 bytes of the SHA-512 of the chunk's data in
+    hex; a chunk whose ack does not come is sent again, on a new connection."""
+    bad, sock = 0, None
+    for start in range(0, count, batch):
+        now = time.time()
+        entries = [(event_time(now), record(job, rank, f"soak valid rank {rank} line {i:08d}"), None)
+                   for i in range(start, min(start + batch, count))]
+        data = pack_request("kube", entries, "packed_forward")
+        frame = pack_request("kube", entries, "packed_forward", chunk=hashlib.sha512(data).digest()[:16].hex())
+        for attempt in range(5):
+            try:
+                sock = sock or socket.create_connection(("127.0.0.1", port), timeout=60)
+                sock.sendall(frame)
+                unpacker = msgpack.Unpacker(raw=False)
+                while True:
+                    reply = sock.recv(4096)
+                    if not reply:
+                        raise ConnectionError("closed before the ack")
+                    unpacker.feed(reply)
+                    if any(isinstance(obj, dict) and "ack" in obj for obj in unpacker):
+                        break
+                break
+            except OSError:
+                if sock is not None:
+                    sock.close()
+                sock = None
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            bad += len(entries)
+    if sock is not None:
+        sock.close()
     failed.append(bad)
 
 
@@ -145,7 +187,7 @@ def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = No
         tmp: a fresh directory.
         lines_forward: valid Forward lines in all (default 200,000 x SOAK_SCALE).
         lines_http: valid HTTP lines in all (default 100,000 x SOAK_SCALE).
-        clients: valid clients per listener.
+        clients: valid clients per listener (of the Forward ones, every second one acked).
         fuzzers: fuzzer threads.
     """
     lines_forward = lines_forward or int(200_000 * scale())
@@ -162,8 +204,9 @@ def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = No
                                  daemon=True) for i in range(fuzzers)]
         failed_fwd: list[int] = []
         failed_http: list[int] = []
-        valid = [threading.Thread(target=forward_client, args=(fwd_port, "soak-fwd", r, lines_forward // clients,
-                                                               failed_fwd)) for r in range(clients)]
+        valid = [threading.Thread(target=acked_forward_client if r % 2 else forward_client,   # half of each
+                                  args=(fwd_port, "soak-fwd", r, lines_forward // clients, failed_fwd))
+                 for r in range(clients)]
         valid += [threading.Thread(target=http_client, args=(http_port, "soak-http", r, lines_http // clients,
                                                              failed_http)) for r in range(clients)]
         started = time.monotonic()

@@ -79,9 +79,14 @@ def cmd_watch(argv: list[str]) -> int:
     count = metrics.count_connection if metrics is not None else None
     sources = []
     positions = recorder.store.positions() if hasattr(recorder.store, "positions") else {}   # stored with the last batches
+    seen = getattr(recorder.store, "chunk_seen", None)   # Forward chunks handled before (issue 17)
+    if hasattr(recorder.store, "open_blocks"):           # tracebacks a kill left open (issue 17)
+        watcher.restore_blocks(recorder.store.open_blocks())
+    repeated = metrics.count_repeated if metrics is not None else None
     try:                         # a source that cannot start (its port, its offsets): one line, status 1
         for s in config.watch.sources:
-            sources.append(build_source(s, watcher.queue, state_dir, count, positions))
+            sources.append(build_source(s, watcher.queue, state_dir, count, positions, seen, config.limits,
+                                        repeated))
             sources[-1].start()
             port = getattr(sources[-1], "port", None)
             recorder.say(f"ftwatch watch: source {s.name} started" + (f" on port {port}" if port else ""))

@@ -42,6 +42,9 @@ key                            kind counted              what is dropped, and wh
                                                          and repeats): the one idle longest first (its
                                                          repeats stop); a group whose alerts still wait
                                                          is sent early instead, never dropped
+``forward_chunks_kept``        (not counted)             the Forward chunk ids the store keeps to skip a
+                                                         chunk sent again (table ``chunks``): the oldest
+``forward_chunk_seconds``      (not counted)             the same, by age
 ``max_remembered_alerts``      ``inhibit_source``,       firing alerts the event center remembers: as
                                ``unsent_alert``          inhibit sources, and (muted or inhibited when
                                                          they fired) to hold back their resolution:
@@ -95,6 +98,11 @@ class LimitsConfig(BaseModel):
     max_alert_groups: int = Field(MAX_ALERT_GROUPS, gt=0, description="Alert groups (their timing and "
                                   "repeats) kept; past it the group idle longest goes (its repeats stop), "
                                   "or, when every group has alerts waiting, the oldest is sent early.")
+    forward_chunks_kept: int = Field(1_000_000, gt=0, description="Forward chunk ids stored (with the "
+                                     "batch that handled them) so that a chunk sent again after a kill is "
+                                     "acked and skipped; past it the oldest go.")
+    forward_chunk_seconds: float = Field(3600.0, gt=0, description="How long a Forward chunk id is kept; "
+                                         "a chunk sent again later than this is judged again.")
     max_remembered_alerts: int = Field(MAX_REMEMBERED_ALERTS, gt=0, description="Firing alerts remembered "
                                        "as inhibit sources, and as muted or inhibited (their resolution held "
                                        "back), each; past it the oldest are forgotten.")

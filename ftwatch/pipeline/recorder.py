@@ -22,8 +22,8 @@ from ftwatch.alerting.resolve import OpenAlerts
 from ftwatch.bounded import BoundedDict, trim_oldest
 from ftwatch.config.limits import MAX_TRACKED_INSTANCES
 from ftwatch.events import Action, Decision, DeliveryResult, Finding, Origin, iso
-from ftwatch.pipeline.sinks.base import (NULL_SINK, FindingBatch, LifecycleEvent, OutputBatch, Record,
-                                         RunEnd, RunStart, Sink, SourcePosition)
+from ftwatch.pipeline.sinks.base import (NULL_SINK, ChunksSeen, FindingBatch, LifecycleEvent, OpenBlocks,
+                                         OutputBatch, Record, RunEnd, RunStart, Sink, SourcePosition)
 from ftwatch.pipeline.sinks.fanout import FanOut
 from ftwatch.pipeline.sinks.jsonl import DecisionsFile
 from ftwatch.pipeline.sinks.outputcounts import OutputCounts
@@ -128,13 +128,15 @@ class Recorder:
     # -- records ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def storing(self, positions: Sequence[Any] = (), time: float = 0.0) -> Iterator[None]:
+    def storing(self, positions: Sequence[Any] = (), time: float = 0.0,
+                chunks: Sequence[Any] = ()) -> Iterator[None]:
         """Everything recorded inside goes to the store in one transaction, ``positions`` (shipped
-        sources' ``Position`` s after the lines handled inside) written last in it: the lines'
-        effects and the sources' positions are stored together or not at all (``watch``, issue
-        17). The extra sinks (Elasticsearch, the decisions file) and the alert path get their
-        records as they come. A store without transactions (none, or not SQLite) takes each
-        record as it comes and no position.
+        sources' ``Position`` s after the lines handled inside) and ``chunks`` (the Forward
+        ``ChunkMark`` s of the requests handled inside) written last in it: the lines' effects
+        and the sources' positions are stored together or not at all (``watch``, issue 17). The
+        extra sinks (Elasticsearch, the decisions file) and the alert path get their records as
+        they come. A store without transactions (none, or not SQLite) takes each record as it
+        comes and no position.
 
         Raises:
             SinkError: the store failed; nothing recorded inside is stored, nor the positions.
@@ -147,6 +149,17 @@ class Recorder:
             yield
             if positions:
                 self._stored.write([SourcePosition(p.key, p.seq, p.document, time) for p in positions])
+            if chunks:
+                self._stored.write([ChunksSeen([(c.source, c.chunk) for c in chunks], time,
+                                               min(c.keep for c in chunks),
+                                               min(c.keep_seconds for c in chunks))])
+
+    def blocks(self, changed: Sequence[Any], time: float) -> None:
+        """Store the open blocks that changed (``Engine.changed_blocks``) in the store alone: inside
+        :meth:`storing`, in the batch's transaction (``watch``, issue 17). A store without
+        transactions keeps none."""
+        if changed and getattr(self.store, "batch", None) is not None:
+            self._stored.write([OpenBlocks(changed, time)])
 
     def output(self, origin: Origin, lines: int, nbytes: int, time: float) -> None:
         """Count output read from ``origin`` at ``time`` (epoch s): the metrics at once, the

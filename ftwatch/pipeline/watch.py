@@ -66,7 +66,7 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
-from ftwatch.pipeline.sources.batches import group_lines, positions_of, take_backlog
+from ftwatch.pipeline.sources.batches import chunks_of, group_lines, positions_of, take_backlog
 from ftwatch.pipeline.sources.control import ControlHandler, for_job
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, share_host_lines
 from ftwatch.rules.engine import Engine
@@ -168,11 +168,12 @@ class Watcher:
             metrics.observe_lag(now - min(t for _, (_, t) in groups))
         # the batch's effects and its sources' positions (a file tail's offsets) in one transaction:
         # a kill before the ack repeats nothing (issue 17, Recorder.storing)
-        with self.recorder.storing(positions_of(batch), now):
+        with self.recorder.storing(positions_of(batch), now, chunks_of(batch)):
             self._ingest_jobs(groups, chunks, scans, now, now_mono)
+            self.recorder.blocks(self.engine.changed_blocks(), now)   # blocks still open: stored too
         ack = getattr(batch, "ack", None)
         if ack is not None:
-            ack()                                   # a file tail may now save its offsets
+            ack()                   # a file tail may now save its offsets, a Forward client get its ack
 
     def _ingest_jobs(self, groups: list, chunks: list[bytes], scans: list, now: float, mono: float) -> None:
         """One batch's chunks, grouped per job in input order: one ``output_many`` per job. Host
@@ -226,11 +227,13 @@ class Watcher:
             stale = self.flush_partials(now - BLOCK_FLUSH_SECONDS)
             if stale:
                 self.ingest(stale)
-        self.recorder.findings(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=""))  # no job's host lines
-        self._bound(now, mono)
-        for desk in list(self.jobs.values()):
-            if desk.tick(now, mono) is not None:
-                self._act(desk, desk.decide(None, now, mono))
+        with self.recorder.storing():   # stale blocks' findings and their closing together (issue 17)
+            self.recorder.findings(self.engine.flush_stale(now, BLOCK_FLUSH_SECONDS, job=""))  # no job's host lines
+            self._bound(now, mono)
+            due = [desk for desk in list(self.jobs.values()) if desk.tick(now, mono) is not None]
+            self.recorder.blocks(self.engine.changed_blocks(), now)
+        for desk in due:
+            self._act(desk, desk.decide(None, now, mono))
         settling = {desk.job for desk in self.jobs.values() if desk.open is not None}
         self.recorder.resolve_due(now, hold=settling)   # per job: quiet for resolve_after
         self.recorder.resend_due(mono)     # spooled alerts, due alert groups, rate limits, digests
@@ -239,6 +242,7 @@ class Watcher:
             for node, result in readmit(now):
                 self._acted("", "readmit_node", result, node=node)
         self._drop_rules()
+        self.recorder.blocks(self.engine.changed_blocks(), now)   # blocks an action closed
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
@@ -254,6 +258,18 @@ class Watcher:
             decision = desk.close(now)
             if decision is not None:
                 self._act(desk, decision)
+        self.recorder.blocks(self.engine.changed_blocks(), now)
+
+    def restore_blocks(self, blocks: Iterable[tuple[Origin, bytes, float, frozenset[int]]]) -> None:
+        """Open again the blocks the store kept (``SqliteStore.open_blocks``), give each job its
+        desk (its ``tick`` closes them when stale), and from now on store the open blocks with
+        every batch (``Engine.track_blocks``, issue 17)."""
+        now = self.clock.time()
+        self.engine.track_blocks()
+        for origin, data, base, skip in blocks:
+            self.engine.restore_block(origin, data, base, skip, now)
+            if origin.job and origin.job not in self.jobs:
+                self._desk(origin.job)
 
     def control(self, message: dict) -> dict:
         """One SDK request of a watched job (``message["job"]``, authenticated by the endpoint):

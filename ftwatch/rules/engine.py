@@ -118,6 +118,7 @@ class Engine:
         self.stats = EngineStats()
         self._seq = itertools.count(1)
         self._pending: dict[Origin, _Pending] = {}
+        self._changed: set[Origin] | None = None    # origins whose open block changed (track_blocks)
         self._line_pos = self._line_no = 0
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
@@ -208,6 +209,8 @@ class Engine:
         self._stamped = (0, None)                   # the last stamp search of this feed
         pending = self._pending.pop(origin, None)
         if pending is not None:
+            if self._changed is not None:
+                self._changed.add(origin)
             data = pending.data + data
             consumed.update(pending.skip)
             self._carry_end, self._carry_time = len(pending.data), pending.base
@@ -327,6 +330,30 @@ class Engine:
         e.g. exits read from a stream, so that they sort after the lines that came before them)."""
         return next(self._seq)
 
+    def track_blocks(self) -> None:
+        """From now on note which origins' open blocks change, for :meth:`changed_blocks`
+        (``watch`` stores them with each batch, issue 17)."""
+        if self._changed is None:
+            self._changed = set()
+
+    def changed_blocks(self) -> list[tuple[Origin, bytes | None, float, frozenset[int]]]:
+        """The open blocks that changed since the last call (after :meth:`track_blocks`): per
+        origin ``(origin, data, base, skip)`` as :class:`_Pending` holds them, ``data`` None when
+        the origin has none open any more."""
+        if not self._changed:
+            return []
+        changed, self._changed = self._changed, set()
+        out = []
+        for origin in changed:
+            p = self._pending.get(origin)
+            out.append((origin, None, 0.0, frozenset()) if p is None else (origin, p.data, p.base, p.skip))
+        return out
+
+    def restore_block(self, origin: Origin, data: bytes, base: float, skip: frozenset[int], now: float) -> None:
+        """Open ``origin``'s block again as a stored batch left it (``changed_blocks``); it goes
+        stale from ``now`` (epoch s)."""
+        self._pending[origin] = _Pending(data, now, base, frozenset(skip))
+
     def pending_origins(self) -> list[Origin]:
         """Origins with an open block carried over."""
         return list(self._pending)
@@ -361,6 +388,8 @@ class Engine:
             rest += b"\n"                          # the next feed starts a new line
         skip = frozenset(s - start for s in consumed if s > start)
         self._pending[origin] = _Pending(rest, now, base, skip)
+        if self._changed is not None:
+            self._changed.add(origin)
 
     def _base_time(self, data: bytes, start: int, time: float, sim_step: float) -> float:
         """The time of the line at ``start`` when it carries no timestamp of its own (see

@@ -283,3 +283,18 @@ def test_a_source_whose_certificate_cannot_be_loaded_says_so():
     config = HttpSourceConfig(type="http", tls_cert="/nonexistent/cert.pem", tls_key="/nonexistent/key.pem")
     with pytest.raises(SourceError, match="source http: TLS certificate /nonexistent/cert.pem"):
         build_source(config, queue.Queue(), None)
+
+
+def test_with_require_ack_the_200_waits_for_the_consumers_ack(served):
+    """Issue 17: a 200 once queued was lost with the queue by a kill; ``watch`` (its store on) now
+    answers once the batch's effects are stored (``ShippedBatch.ack``): at least once."""
+    src, q, client = served(require_ack=True)
+    answers: list[int] = []
+    post = threading.Thread(target=lambda: answers.append(client.post("/", content=json_lines(RECORDS)).status_code))
+    post.start()
+    batch = q.get(timeout=10)
+    time.sleep(0.3)                       # a 200 would come now without the wait
+    assert answers == [] and len(batch) == 2
+    batch.ack()
+    post.join(10)
+    assert answers == [200]

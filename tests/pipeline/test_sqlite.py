@@ -10,8 +10,8 @@ import pytest
 from ftwatch.errors import SinkError
 from ftwatch.events import (Action, Decision, DeliveryResult, FailureClass, Finding, Origin, Severity,
                             Target, iso)
-from ftwatch.pipeline.sinks.base import (FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart,
-                                         SourcePosition)
+from ftwatch.pipeline.sinks.base import (ChunksSeen, FindingBatch, LifecycleEvent, OpenBlocks, OutputBatch,
+                                         RunEnd, RunStart, SourcePosition)
 from ftwatch.pipeline.sinks.sqlite import SCHEMA_VERSION, SqliteStore
 
 T0 = 1_795_250_000.125
@@ -40,11 +40,12 @@ def store(tmp_path: Path):
 
 
 def test_schema_is_versioned_and_in_wal_mode(store: SqliteStore, tmp_path: Path):
-    assert store.schema_version == SCHEMA_VERSION == 3
+    assert store.schema_version == SCHEMA_VERSION == 4
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"runs", "events", "findings", "decisions", "alerts", "output", "positions"} <= tables
+    assert {"runs", "events", "findings", "decisions", "alerts", "output", "positions",
+            "chunks", "open_blocks"} <= tables
     conn.close()
 
 
@@ -223,7 +224,7 @@ def test_a_version_1_file_is_migrated_and_keeps_its_data(tmp_path: Path):
     conn.commit()
     conn.close()
     with SqliteStore(path) as s:
-        assert s.schema_version == SCHEMA_VERSION == 3
+        assert s.schema_version == SCHEMA_VERSION == 4
         assert [e["kind"] for e in s.events()] == ["job_start"]
         s.write([OutputBatch([("job-1", "worker-0", 0, T0, 5.0, 1, 2)])])
         assert s.output()[0]["lines"] == 1
@@ -246,3 +247,32 @@ def test_a_failed_batch_stores_neither_its_findings_nor_its_position(store: Sqli
             store.write([SourcePosition("offsets/app.json", 1, b"one", T0)])
             raise RuntimeError("killed before the commit")
     assert store.positions() == {} and store.findings_for("job-1") == []
+
+
+def test_forward_chunk_ids_are_kept_with_their_batch_and_pruned_by_count_and_age(store: SqliteStore):
+    """Issue 17: a Forward chunk id is stored in its batch's transaction (a failed batch stores
+    none); past ``keep`` ids or ``keep_seconds`` the oldest go."""
+    with pytest.raises(RuntimeError):
+        with store.batch():
+            store.write([FindingBatch([finding("worker-0", 0, T0)]), ChunksSeen([("fb", "lost")], T0, 10, 60.0)])
+            raise RuntimeError("killed before the commit")
+    assert not store.chunk_seen("fb", "lost")
+    store.write([ChunksSeen([("fb", "a"), ("fb", "b")], T0, 3, 60.0)])
+    assert store.chunk_seen("fb", "a") and store.chunk_seen("fb", "b") and not store.chunk_seen("other", "a")
+    store.write([ChunksSeen([("fb", "a"), ("fb", "c")], T0 + 1, 3, 60.0)])   # "a" again: kept once
+    store.write([ChunksSeen([("fb", "d")], T0 + 2, 3, 60.0)])                  # four ids: "a" goes
+    assert [store.chunk_seen("fb", c) for c in "abcd"] == [False, True, True, True]
+    store.write([ChunksSeen([("fb", "e")], T0 + 61.5, 3, 60.0)])               # b, c: over a minute old
+    assert [store.chunk_seen("fb", c) for c in "bcde"] == [False, False, True, True]
+
+
+def test_open_blocks_are_kept_per_origin_and_dropped_when_closed(store: SqliteStore):
+    """Issue 17: the tracebacks still open after a batch are stored with it and read back whole."""
+    a = Origin("w0", 0, "job-1", "n0", "/logs/a.log", "file", (("team", "x"),))
+    b = Origin("w1", None, "job-1", "n0", "stderr", "forward")
+    store.write([OpenBlocks([(a, b"Traceback (most recent call last):\n", 5.0, frozenset({3})),
+                             (b, b"x\n", 6.0, frozenset())], T0)])
+    store.write([OpenBlocks([(b, None, 0.0, frozenset())], T0 + 1)])           # b's block closed
+    [(origin, data, base, skip)] = store.open_blocks()
+    assert (origin, origin.labels, data, base, skip) == (a, a.labels, b"Traceback (most recent call last):\n",
+                                                          5.0, frozenset({3}))

@@ -147,6 +147,23 @@ sys.exit(main(argv))
 """
 
 
+def _watch_until(args: list[str], done) -> None:
+    """Runs ``ftwatch`` ``args`` until ``done()`` holds (or it exits), then SIGTERMs it: it must end
+    with status 0."""
+    child = subprocess.Popen([sys.executable, "-m", "ftwatch", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: done() or child.poll() is not None, "every line", must=False)
+        time.sleep(0.3)                            # a repeat would come with the batch it repeats
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(DEADLINE) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stderr.close()
+
+
 def _append(path: Path, first: int, count: int) -> int:
     with open(path, "ab") as f:
         f.write(b"".join(b"tick %08d\n" % i for i in range(first, first + count)))
@@ -172,18 +189,7 @@ def test_a_kill_at_each_point_of_a_batchs_delivery_loses_and_repeats_no_line(tmp
         assert proc.returncode == -signal.SIGKILL, proc.stderr
 
     def every_line_read(written: int) -> None:
-        child = subprocess.Popen([sys.executable, "-m", "ftwatch", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(lambda: len(set(seen(db))) >= written or child.poll() is not None, "every line", must=False)
-            time.sleep(0.3)                        # a repeat would come with the batch it repeats
-            child.send_signal(signal.SIGTERM)
-            assert child.wait(DEADLINE) == 0, child.stderr.read()
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-            child.stderr.close()
+        _watch_until(args, lambda: len(set(seen(db))) >= written)
         lines = seen(db)
         expected = [f"tick {i:08d}" for i in range(written)]
         assert sorted(set(lines)) == expected, f"{len(set(expected) - set(lines))} lines lost"
@@ -203,3 +209,117 @@ def test_a_kill_at_each_point_of_a_batchs_delivery_loses_and_repeats_no_line(tmp
     killed_at_the_point()
     written = _append(log, written, 100)
     every_line_read(written)
+
+
+CRASH_RULE = """\
+  - id: test.frame
+    keywords: ["in train_step"]
+    class: user_code
+    action: none
+    severity: error
+"""
+HEAD = (b'Traceback (most recent call last):\n  File "train.py", line 9, in train_step\n'
+        b'    loss = step(batch)\n')
+TAIL = b"RuntimeError: boom\n"
+
+
+def test_a_traceback_open_when_its_batch_is_stored_survives_a_kill(tmp_path: Path) -> None:
+    """Issue 17: a block still open when its batch commits (a traceback whose exception line has
+    not come) was only in memory, while the stored position had passed its lines: a kill lost it,
+    and the finding of a rule that hit one of its frames never came. The open blocks are now
+    stored in the batch's transaction and reopened at start; killed again in the batch that
+    closes the block, the finding is still stored once."""
+    import json
+    import sqlite3
+
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    logs.mkdir()
+    log = logs / "app.log"
+    config = watch_config(tmp_path, log, "read_from_head: true")
+    (tmp_path / "rules.yaml").write_text(RULES + CRASH_RULE)
+    args = ["watch", "--config", str(config), "--state-dir", str(state)]
+    db = state / "ftwatch.db"
+
+    def killed_when_stored() -> None:
+        proc = subprocess.run([sys.executable, "-c", ARMED, "stored", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=DEADLINE)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+    def frames() -> list[list[str]]:
+        with sqlite3.connect(db) as conn:
+            return [json.loads(e) for (e,) in conn.execute("SELECT evidence FROM findings WHERE rule_id = 'test.frame'")]
+
+    _append(log, 0, 50)
+    with open(log, "ab") as f:
+        f.write(HEAD)                              # the batch ends inside the traceback
+    killed_when_stored()
+    assert frames() == [] and len(seen(db)) == 50
+    with open(log, "ab") as f:
+        f.write(TAIL)
+    _append(log, 50, 10)
+    killed_when_stored()                           # the batch that closes the block
+    _append(log, 60, 1)                            # seen once the next watch runs
+    _watch_until(args, lambda: len(seen(db)) >= 61)
+    assert frames() == [(HEAD + TAIL).decode().splitlines()]
+    assert sorted(seen(db)) == [f"tick {i:08d}" for i in range(61)]
+
+
+def test_a_stale_block_closed_at_a_tick_is_stored_with_its_closing(tmp_path: Path) -> None:
+    """In process (FakeClock): the open block is stored with its batch; a tick that closes it as
+    stale stores its finding and drops its row in one transaction (a tick whose store write fails,
+    as a kill would end it, leaves both as they were, so the restart closes it once); a restart
+    reopens a stored block and the next line completes it."""
+    import io
+
+    from ftwatch.clock import FakeClock
+    from ftwatch.config.model import Config
+    from ftwatch.errors import SinkError
+    from ftwatch.events import Origin
+    from ftwatch.pipeline.recorder import Recorder
+    from ftwatch.pipeline.sinks.base import OpenBlocks
+    from ftwatch.pipeline.sinks.sqlite import SqliteStore
+    from ftwatch.pipeline.sources.base import Shipped
+    from ftwatch.pipeline.watch import Watcher
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.loader import rules_from_text
+
+    origin = Origin("w0", 0, "j", "n0", "/logs/app.log", "file")
+
+    def watcher(store: SqliteStore, clock: FakeClock) -> Watcher:
+        w = Watcher(Config.model_validate({"storage": {"state_dir": str(tmp_path)}}),
+                    Engine(rules_from_text(RULES + CRASH_RULE, "rules.yaml", [])),
+                    Recorder(store, out=io.StringIO(), resolve_after=None),
+                    lambda batch: [(origin, s.line, s.time) for s in batch], clock=clock)
+        w.restore_blocks(store.open_blocks())
+        return w
+
+    def frames(store: SqliteStore) -> list:
+        return [f["evidence"] for f in store.findings_for("j") if f["rule_id"] == "test.frame"]
+
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "ftwatch.db")
+    w = watcher(store, clock)
+    w.ingest([Shipped(clock.time(), line) for line in HEAD.splitlines()])
+    assert [o for o, *_ in store.open_blocks()] == [origin] and frames(store) == []
+    clock.advance(5)
+    write = store.write
+
+    def killed_at_the_closing(batch):             # the finding is written, then the process dies
+        if any(isinstance(r, OpenBlocks) for r in batch):
+            raise SinkError("killed")
+        write(batch)
+
+    store.write = killed_at_the_closing
+    with pytest.raises(SinkError):
+        w.tick()
+    store.write = write
+    assert [o for o, *_ in store.open_blocks()] == [origin] and frames(store) == []
+
+    clock = FakeClock(clock.time())                # the restart: the block is open again
+    w = watcher(store, clock)
+    w.ingest([Shipped(clock.time(), TAIL.rstrip(b"\n"))])
+    assert store.open_blocks() == []
+    assert frames(store) == [(HEAD + TAIL).decode().splitlines()]
+    clock.advance(5)
+    w.tick()
+    assert len(frames(store)) == 1

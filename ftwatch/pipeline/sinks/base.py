@@ -3,7 +3,7 @@
 A batch is a sequence of the records in :data:`RECORD_TYPES`: the core's ``Decision`` and
 ``DeliveryResult`` as they are, and small records for what has no core type (a run's start
 and end, a lifecycle event, findings of one attempt, closed output buckets, a shipped source's
-position). Each sink has one
+position, the Forward chunk ids a batch carried, open blocks). Each sink has one
 encoder, a dict from record type to a function (:func:`encode`), so a new sink writes the
 records it cares about and passes over the others; no sink mirrors another's methods.
 
@@ -92,10 +92,36 @@ class SourcePosition:
     time: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class ChunksSeen:
+    """The Forward ``chunk`` ids (``(source, chunk)`` pairs) whose records are handled in the same
+    batch, at ``time`` (epoch s): a later request that carries one of them again is acked and
+    skipped (``ForwardSource``, issue 17). The store keeps at most ``keep`` ids, none older than
+    ``keep_seconds`` (``limits.forward_chunks_kept`` / ``forward_chunk_seconds``). Only a
+    transactional store keeps them (the SQLite store)."""
+
+    chunks: Sequence[tuple[str, str]]
+    time: float
+    keep: int
+    keep_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class OpenBlocks:
+    """Open multi-line blocks (a traceback not closed yet) that changed in a batch, at ``time``
+    (epoch s): ``(origin, data, base, skip)`` as ``Engine.changed_blocks`` gives them, ``data``
+    None for a block closed since. Written in the batch's transaction, so the lines a stored
+    position has passed are never only in memory (``watch`` restores them at start, issue 17).
+    Only a transactional store keeps them (the SQLite store)."""
+
+    blocks: Sequence[tuple[Any, "bytes | None", float, frozenset]]
+    time: float
+
+
 Record = Union[RunStart, RunEnd, LifecycleEvent, FindingBatch, Decision, DeliveryResult, OutputBatch,
-               SourcePosition]
+               SourcePosition, ChunksSeen, OpenBlocks]
 RECORD_TYPES: tuple[type, ...] = (RunStart, RunEnd, LifecycleEvent, FindingBatch, Decision,
-                                  DeliveryResult, OutputBatch, SourcePosition)
+                                  DeliveryResult, OutputBatch, SourcePosition, ChunksSeen, OpenBlocks)
 
 
 @runtime_checkable

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import queue
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ftwatch.errors import SourceError
 
 
 def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = None,
-                 positions: Mapping[str, tuple[int, bytes]] | None = None):
+                 positions: Mapping[str, tuple[int, bytes]] | None = None,
+                 seen: Callable[[str, str], bool] | None = None, limits: Any = None,
+                 repeated: Callable[[str, int], None] | None = None):
     """The source a ``watch.sources[]`` entry describes, not yet started.
 
     Args:
@@ -28,6 +30,15 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
         positions: the positions the consumer's store holds (``SqliteStore.positions``: key ->
             (seq, document)); a file source resumes from its own when it is newer than its
             offsets file (``OffsetStore.adopt``). None: none.
+        seen: ``(source, chunk) -> bool``: whether the consumer's store holds a Forward chunk id
+            (``SqliteStore.chunk_seen``); given, a forward source acks a chunk only once its
+            batch is acknowledged and skips one sent again (``ForwardSource`` "Exactly once").
+            An HTTP source then answers 200 once its batch is acknowledged (at least once).
+            None: both answer once a request is queued.
+        limits: the ``limits`` config (``forward_chunks_kept``, ``forward_chunk_seconds``), or None
+            for its defaults.
+        repeated: ``(source, records)`` callback of the records skipped as sent before
+            (``ftwatch.telemetry.Metrics.count_repeated``), or None.
 
     Raises:
         ValueError: an unknown ``type``.
@@ -49,14 +60,18 @@ def build_source(config: Any, out: queue.Queue, state_dir: Path, count: Any = No
             except OSError as exc:
                 raise SourceError(f"source {config.name}: shared_key_file {config.shared_key_file}: "
                                   f"{exc.strerror or exc}") from exc
+        from ftwatch.config.limits import LimitsConfig
+        limits = limits if limits is not None else LimitsConfig()
         return ForwardSource(out, config.host, config.port, shared_key=key, tls=tls,
                              name=config.name, max_connections=config.max_connections,
-                             idle_timeout=config.idle_timeout, count=count)
+                             idle_timeout=config.idle_timeout, count=count, require_ack=seen is not None,
+                             seen=seen, keep_chunks=limits.forward_chunks_kept,
+                             keep_chunk_seconds=limits.forward_chunk_seconds, repeated=repeated)
     if kind == "http":
         from ftwatch.pipeline.sources.http import HttpSource
         return HttpSource(out, config.host, config.port, config.path, token=config.token, name=config.name,
                           max_connections=config.max_connections, idle_timeout=config.idle_timeout,
-                          count=count, tls=_tls(config))
+                          count=count, tls=_tls(config), require_ack=seen is not None)
     if kind == "file":
         from ftwatch.pipeline.sources.base import Position
         from ftwatch.pipeline.sources.checkpoints import OffsetStore

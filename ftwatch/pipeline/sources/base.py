@@ -57,6 +57,25 @@ class Position(NamedTuple):
     document: bytes
 
 
+class ChunkMark(NamedTuple):
+    """A Forward request's ``chunk`` id (spec v1 "option"), for the consumer to store with the
+    effects of the request's records: the same id sent again (its ack was lost) is then acked
+    and skipped (``ForwardSource``, issue 17).
+
+    Attributes:
+        source: the source's name (ids are kept per source).
+        chunk: the id as the client sent it (fluent-bit: 32 hex digits of the SHA-512 of the
+            chunk's data, the same on every resend; fluentd: the buffer chunk's unique id).
+        keep: ids the store keeps at most (``limits.forward_chunks_kept``).
+        keep_seconds: how long the store keeps an id (``limits.forward_chunk_seconds``).
+    """
+
+    source: str
+    chunk: str
+    keep: int
+    keep_seconds: float
+
+
 class ShippedBatch(list):
     """A ``list[Shipped]`` the consumer acknowledges with :meth:`ack` once it has handled the lines
     durably; the source's position is committed with that acknowledgement.
@@ -71,17 +90,20 @@ class ShippedBatch(list):
             lines' effects, before the ack; the source resumes from it at its next start when it
             is newer than its own (the process died between that transaction and the ack), so a
             batch is never handled twice (``ftwatch watch``, issue 17).
+        chunk: the Forward ``chunk`` id of the request these lines came in (:class:`ChunkMark`),
+            or None; written like ``position``, so the request sent again is skipped.
     """
 
-    __slots__ = ("_acked", "commit", "committed", "position")
+    __slots__ = ("_acked", "commit", "committed", "position", "chunk")
 
     def __init__(self, items: Any = (), commit: Callable[[], bool] | None = None,
-                 position: Position | None = None):
+                 position: Position | None = None, chunk: ChunkMark | None = None):
         super().__init__(items)
         self._acked = threading.Event()
         self.commit = commit
         self.committed = False
         self.position = position
+        self.chunk = chunk
 
     def ack(self) -> None:
         """The lines are handled: commit the source's position, then tell the source. Idempotent."""
@@ -98,6 +120,10 @@ class ShippedBatch(list):
     def acked(self) -> bool:
         """Whether :meth:`ack` was called."""
         return self._acked.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for :meth:`ack`; returns :attr:`acked`."""
+        return self._acked.wait(timeout)
 
     def wait_acked(self, stopping: threading.Event) -> bool:
         """Wait for :meth:`ack`; False if ``stopping`` was set first."""

@@ -6,7 +6,7 @@ on one bounded queue (``ftwatch.pipeline.sources.base``). :func:`take_backlog` t
 batch and the batches queued behind it as one :class:`MergedBatch` (issue 16), which acknowledges
 each of them; :func:`group_lines` groups a batch's resolved lines per origin (the chunks the
 engine scans); :func:`positions_of` reads the offsets a batch's sources commit with its effects
-(issue 17). Used by :mod:`ftwatch.pipeline.watch`.
+and :func:`chunks_of` the Forward chunk ids stored with them (issue 17). Used by :mod:`ftwatch.pipeline.watch`.
 """
 
 from __future__ import annotations
@@ -92,5 +92,16 @@ def group_lines(resolved: Iterable[tuple[Origin, bytes, float]]) -> dict[Origin,
 def positions_of(batch: list[Shipped]) -> list:
     """The source positions (``ShippedBatch.position``) a batch carries; of a batch made of
     several (``batches``), each one's."""
+    return _carried(batch, "position")
+
+
+def chunks_of(batch: list[Shipped]) -> list:
+    """The Forward chunk ids (``ShippedBatch.chunk``, a ``ChunkMark``) a batch carries, stored
+    with its effects (issue 17); of a batch made of several (``batches``), each one's."""
+    return _carried(batch, "chunk")
+
+
+def _carried(batch: list[Shipped], name: str) -> list:
+    """Attribute ``name`` of the batch, or of each batch a merged one is made of, where not None."""
     parts = getattr(batch, "batches", None) or (batch,)
-    return [p for p in (getattr(b, "position", None) for b in parts) if p is not None]
+    return [x for x in (getattr(b, name, None) for b in parts) if x is not None]

@@ -18,6 +18,11 @@ when absent or unreadable), the other fields are ``meta`` with ``tag`` added. A 
 neither field is shipped whole, JSON-encoded, as the line. A request's records go on the
 queue as one batch, and the answer is 200 only once they are on it: a full queue holds the
 request (fluent-bit then retries, which is the backpressure), and a stopping source answers 503.
+With ``require_ack`` (``ftwatch watch`` with its SQLite store) the 200 waits further, for the
+consumer's acknowledgement of the batch (``ShippedBatch.ack``: its effects are stored), so a kill
+loses no answered batch. At least once, not exactly once: ``out_http`` sends no id for a chunk
+(no idempotency header to key on), so a batch whose 200 a kill lost is judged again when
+fluent-bit retries it (the Forward source skips such a chunk by its id).
 
 Answers: 200 queued; 400 malformed body (nothing queued, counted); 401 missing or wrong
 ``Authorization: Bearer <token>`` when a token is set (fluent-bit: ``header Authorization
@@ -52,7 +57,7 @@ from typing import Any
 
 from ftwatch.errors import SourceError
 from ftwatch.parsers.envelopes import parse_rfc3339
-from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
+from ftwatch.pipeline.sources.base import Shipped, ShippedBatch, put_until_stopped, record_line
 from ftwatch.pipeline.sources.connlimit import ConnectionGate
 from ftwatch.pipeline.sources.tls import wrap_listener
 
@@ -150,6 +155,7 @@ class HttpSource:
         idle_timeout: seconds a connection may send nothing before it is closed.
         count: called with ``(name, event)`` per connection event (``ConnectionGate``), or None.
         tls: a server-side TLS context (``tls.server_context``): every connection is HTTPS.
+        require_ack: answer 200 only once the consumer acknowledged the batch (module doc).
 
     Attributes:
         port: the bound port (after ``start``).
@@ -161,8 +167,9 @@ class HttpSource:
                  token: str | None = None, max_body: int = MAX_BODY, name: str = "http", *,
                  tag_header: str = "FLUENT-TAG", date_key: str = "date",
                  max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
-                 count: Any = None, tls: ssl.SSLContext | None = None):
+                 count: Any = None, tls: ssl.SSLContext | None = None, require_ack: bool = False):
         self.out = out
+        self.require_ack = require_ack
         self.tls = tls
         self.host = host
         self.port = port
@@ -211,6 +218,13 @@ class HttpSource:
             self._thread = None
 
     # -- called from the handler threads --------------------------------------------------------
+
+    def _handled(self, batch: ShippedBatch) -> bool:
+        """Wait for the consumer's ack of ``batch``; False when the source stops first."""
+        while not batch.wait(0.25):
+            if self._stopping.is_set():
+                return False
+        return True
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -401,7 +415,10 @@ def _handler_for(source: HttpSource) -> type[BaseHTTPRequestHandler]:
                 return
             tag = source._tag(request_path, self.headers)
             batch = [source.to_shipped(r, tag, received) for r in records]
-            if batch and not put_until_stopped(source.out, batch, source._stopping):
+            if source.require_ack:
+                batch = ShippedBatch(batch)
+            if batch and not (put_until_stopped(source.out, batch, source._stopping)
+                              and (not source.require_ack or source._handled(batch))):
                 self._reject(503, "stopping", close=True)
                 return
             source._count("batches", 1 if batch else 0)
