@@ -15,6 +15,9 @@ tracker, is counted, keeps its stream's last non-empty line (for the exit reader
 - by the engine (its findings) and, where the desk reads them, for torchelastic summaries;
 - for the progress of an instance whose error waits (``ftwatch.pipeline.notices``).
 
+What it keeps is the desk's: its instances, each stream's last line (``_tails``), the hang
+re-arm flag, and the held incident's ``_alive`` (its instance printed after its error).
+
 Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
 hands them in with that job in their origin) is output like any other and counts by its time, but
 its origin is never an instance: it starts no hang timer, counts in no world size and fails no
@@ -82,8 +85,7 @@ def take(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: flo
     progress. Returns :func:`output`'s trigger."""
     opened = desk.open
     trigger = desk.add(found, mono)
-    if desk._held and opened is not None and opened is desk.open and (
-            opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
+    if desk._held and opened is not None and opened is desk.open and _printed_by(opened, origin.instance):
         desk._alive = True                      # it printed after its error: wait for its progress
     if not is_host(origin) and desk.survival.watches(origin):
         year = desk.engine.year or line_fields.year_of(time)
@@ -157,8 +159,7 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
             trigger = trigger or found
             continue
         opened = desk.open
-        if desk._held and opened is not None and (
-                opened.origin.instance == instance or opened.origin.instance.startswith(instance + "/")):
+        if desk._held and opened is not None and _printed_by(opened, instance):
             desk._alive = True
     if counts:
         desk.recorder.output_many(counts)
@@ -166,3 +167,8 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
         found = desk.add(engine.feed_steps(stepping), mono)
         trigger = trigger or found
     return trigger
+
+
+def _printed_by(f: Finding, instance: str) -> bool:
+    """``f`` came from ``instance`` or one of its processes (``instance/...``)."""
+    return f.origin.instance == instance or f.origin.instance.startswith(instance + "/")
