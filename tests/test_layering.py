@@ -57,8 +57,11 @@ STAGES = ("config", "parsers", "rules", "policy", "alerting", "mining", "pipelin
 CORE = frozenset({"ftwatch.events", "ftwatch.errors", "ftwatch.clock", "ftwatch.bounded"})
 # pipeline/incidents.py: the incident core every driver decides through (engine, policy, recorder);
 # pipeline/exits.py: its exits and launcher summaries read into findings, moved out of it as they were
-# (rules' exit codes, policy's lifecycle), so a hub for the same reason
+# (rules' exit codes, policy's lifecycle), so a hub for the same reason; pipeline/intake.py (the desk's
+# output path: host lines, torchelastic summaries) and pipeline/notices.py (errors the job outlived:
+# policy's triggers and lifecycle) likewise, moved out of incidents.py as they were
 HUBS = frozenset({"ftwatch/pipeline/build.py", "ftwatch/pipeline/incidents.py", "ftwatch/pipeline/exits.py",
+                  "ftwatch/pipeline/intake.py", "ftwatch/pipeline/notices.py",
                   "ftwatch/pipeline/run.py",
                   # pipeline/respond.py: run's acting half (settle, decide, act, end or restart), moved
                   # out of run.py as it was (the local actuator, the policy's plan, the health checks):

@@ -35,26 +35,13 @@ reports no exits (``watch``, ``replay``), an error that a process may catch, log
 other when its instance printed nothing since (a dying process), but once that instance prints
 again it is due only when ``progress.SURVIVE_SECONDS`` have passed, unless a fatal finding joins
 it (an exit, a hang, a torchelastic death report, an isolate-level or sticky error: then ``settle``
-from that finding on). In every driver, when the instance that printed such an error prints
-``progress.MARKS`` progress lines after it within that window, the error is a notice
-(:attr:`IncidentDesk.notices`, a ``notice`` event): it leaves the evidence, and an incident it
-alone held is dropped.
+from that finding on). When such an error becomes a notice (``ftwatch.pipeline.notices``) it
+leaves the evidence, and an incident it alone held is dropped.
 
-Progress before the error (SPEC R6, ``ftwatch.policy.initphase.FirstProgress``): each stream's
-chunks are read for progress lines until it shows ``progress.MARKS`` of them (then it costs a dict
-lookup); the earliest such time of the attempt is the incident's ``progress_at``, by which the
-policy tells an error of a job that never trained (configuration at initialisation) from the same
-error after progress.
-
-Host evidence (``ftwatch.pipeline.sources.hostlog``: a node's kernel / driver lines, the driver
-hands them in with that job in their origin) is output like any other and counts by its time, but
-its origin is never an instance: it starts no hang timer, counts in no world size and fails no
-instance.
-
-One module past 400 lines: opening, holding, settling and deciding share the open incident's
-state (openers, settle time, held flag, cooldown), and splitting them would hand that state
-across modules; what can stand alone already does (``ftwatch.policy.triggers``,
-``ftwatch.policy.progress``, ``ftwatch.policy.lifecycle``, ``ftwatch.pipeline.exits``).
+The output path (each chunk met, counted, read for progress and fed to the engine, alone or in a
+batch) is ``ftwatch.pipeline.intake``; the notices ``ftwatch.pipeline.notices``. Opening, holding,
+settling and deciding stay here: they share the open incident's state (openers, settle time, held
+flag, cooldown).
 
 Times: ``time``/``now`` are epoch seconds (the lines' clock), ``mono`` monotonic seconds (settle
 and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at :meth:`close`.
@@ -62,20 +49,21 @@ and cooldown); a replay passes no ``mono`` and never ticks: it decides once, at 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Iterable, Literal, Sequence
 
 from ftwatch.bounded import BoundedDict, cap_two_tiers
 from ftwatch.config.limits import LimitsConfig
 from ftwatch.events import Action, Decision, Finding, Origin, ProcessExit, Severity
-from ftwatch.parsers import fields as line_fields
-from ftwatch.parsers.torchelastic import SummaryFailure, may_hold_summary
+from ftwatch.parsers.torchelastic import SummaryFailure
+from ftwatch.pipeline import intake, notices
 from ftwatch.pipeline.exits import ExitReader, rank_origin
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy.plan import RunFacts, Verdict
 from ftwatch.policy import initphase, lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
-from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, may_survive, opens_incident,
+from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, opens_incident,
                                     pick_trigger, sticky_rules)
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
@@ -156,7 +144,7 @@ class IncidentDesk:
         self._tails: dict[Origin, bytes] = BoundedDict(cap)  # each stream's last non-empty line so far
         self._exits = ExitReader(engine, exits=exits, summaries=summaries, exit_origin=exit_origin,
                                  failed=self.failed, ok=self.ok, findings=self.findings, evidence=self.evidence,
-                                 started_at=self._started_at, tails=self._tails, survived=self._survived)
+                                 started_at=self._started_at, tails=self._tails, survived=partial(notices.survived, self))
         self.survival = progress.Survival(         # errors waiting for their instance's progress; notices
             survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices)
         self._sticky = sticky_rules(engine.rules)
@@ -202,133 +190,17 @@ class IncidentDesk:
 
     def output(self, origin: Origin, data: bytes, time: float, mono: float = 0.0, *, final: bool = False,
                sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> Finding | None:
-        """A chunk of complete lines from ``origin``.
-
-        Args:
-            origin: the stream.
-            data: ``b"\\n"``-separated lines (the last may lack its newline).
-            time: epoch seconds it was read at (replay: its first line's time).
-            mono: monotonic seconds now.
-            final: the stream ended (a replayed file): its open blocks close.
-            sim_step: replay's seconds per untimed line (``Engine.feed``).
-            hits: ``data``'s hits when the caller scanned many chunks at once (``Engine.scan_many``).
-
-        Returns:
-            The finding that opened an incident, or a failing exit a summary reported; else None.
-        """
-        if not is_host(origin):                     # a node's kernel log: evidence, never an instance
-            if origin.instance not in self.instances and not self.exits:
-                self.started(origin, time)
-            else:
-                self.instances.touch(origin.instance)
-            self.tracker.output(origin.instance, time)
-            if self._hang_notified:
-                self._hang_notified = False
-                self.tracker.rearm()
-        lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-        self.recorder.output(origin, lines, len(data), time)
-        end = len(data)
-        while end and data[end - 1] in b" \t\r\n":     # the last non-empty line, without copying the chunk
-            end -= 1
-        if end:
-            self._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
-        if self.progress.wants(origin) and not is_host(origin):
-            self.progress.read(origin, data, time, sim_step, self.engine.year or line_fields.year_of(time))
-        found = self.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
-        if self.summaries is not None and (may_hold_summary(data) or origin in self._exits.summary_lines):
-            found += self._exits.summary(origin, data, time)
-        return self._take(origin, data, time, mono, found, sim_step)
-
-    def _take(self, origin: Origin, data: bytes, time: float, mono: float, found: list[Finding],
-              sim_step: float = 0.0) -> Finding | None:
-        """The findings of ``origin``'s chunk ``data`` join the job (:meth:`add`); then its instance
-        printed after the open incident's error, and the chunk is read for the waiting errors'
-        progress. Returns :meth:`output`'s trigger."""
-        opened = self.open
-        trigger = self.add(found, mono)
-        if self._held and opened is not None and opened is self.open and (
-                opened.origin.instance == origin.instance or opened.origin.instance.startswith(origin.instance + "/")):
-            self._alive = True                      # it printed after its error: wait for its progress
-        if not is_host(origin) and self.survival.watches(origin):
-            year = self.engine.year or line_fields.year_of(time)
-            for f, at in self.survival.outlived(origin, data, time, sim_step, year):
-                self._notice(f, at, f"{f.origin.instance} made progress after it: the job outlived it")
-        return None if trigger is not None and self.survival.is_notice(trigger) else trigger
+        """A chunk of complete lines from ``origin`` (``ftwatch.pipeline.intake.output``: the
+        arguments; ``final``: the stream ended). Returns the finding that opened an incident, or a
+        failing exit a summary reported; else None."""
+        return intake.output(self, origin, data, time, mono, final=final, sim_step=sim_step, hits=hits)
 
     def output_many(self, parts: Sequence[tuple[Origin, bytes, float, list[tuple[int, int]] | None]],
                     mono: float = 0.0) -> Finding | None:
-        """Chunks of many origins of this job at once (``watch``: one batch's, its origins carried
-        beside the chunks): the same as :meth:`output` of each in order, but a chunk with no
-        summary words or summary under way only meets its instance, keeps its last line, is
-        counted (the metrics once per batch, ``Recorder.output_many``) and goes to the engine
-        only when a rule or the step tap hit it or its origin carries an open block
-        (``Engine.count_if_quiet``); the chunks only the step tap hit go to it together after the
-        others (``Engine.feed_steps``: one call, the ranks' verdicts once for the batch); only
-        findings, and chunks of an instance whose error waits for its progress, go further
-        (:meth:`_take`).
-
-        Args:
-            parts: ``(origin, data, time, hits)`` per chunk, in input order, as for :meth:`output`
-                (``hits`` from ``Engine.scan_many``; None: scanned here).
-            mono: monotonic seconds now.
-
-        Returns:
-            The first trigger :meth:`output` returned for one of them, else None.
-        """
-        trigger = None
-        counts: list[tuple[Origin, int, int, float]] = []
-        stepping: list[tuple[Origin, bytes, float, list]] = []     # only the step tap hit them
-        engine, survival, summary_lines = self.engine, self.survival, self._exits.summary_lines
-        summaries = self.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
-        instances, tails, output = self.instances, self._tails, self.tracker.output
-        touch, exits = instances.move_to_end, self.exits
-        quiet, steps_only = engine.count_if_quiet, engine.steps_only
-        for origin, data, time, hits in parts:
-            if ((summaries and may_hold_summary(data)) or is_host(origin)
-                    or (summary_lines and origin in summary_lines)):
-                if counts:                          # counted in input order (the store's buckets)
-                    self.recorder.output_many(counts)
-                    counts = []
-                found = self.output(origin, data, time, mono, hits=hits)
-                trigger = trigger or found
-                continue
-            instance = origin.instance
-            if instance in instances:
-                touch(instance)
-            elif not exits:
-                self.started(origin, time)
-            output(instance, time)
-            if self._hang_notified:
-                self._hang_notified = False
-                self.tracker.rearm()
-            end = len(data)
-            counts.append((origin, data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0), end, time))
-            while end and data[end - 1] in b" \t\r\n":
-                end -= 1
-            if end:
-                tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
-            if self.progress.wants(origin):
-                self.progress.read(origin, data, time, 0.0, engine.year or line_fields.year_of(time))
-            found = None
-            if not quiet(origin, data, hits):
-                if steps_only(origin, hits):
-                    stepping.append((origin, data, time, hits))
-                else:
-                    found = engine.feed(origin, data, time, hits=hits)
-            if found or (survival and survival.watches(origin)):   # read for a waiting error's progress
-                found = self._take(origin, data, time, mono, found or [])   # taken even when a trigger is
-                trigger = trigger or found
-                continue
-            opened = self.open
-            if self._held and opened is not None and (
-                    opened.origin.instance == instance or opened.origin.instance.startswith(instance + "/")):
-                self._alive = True
-        if counts:
-            self.recorder.output_many(counts)
-        if stepping:
-            found = self.add(engine.feed_steps(stepping), mono)
-            trigger = trigger or found
-        return trigger
+        """Chunks of many origins of this job at once, ``(origin, data, time, hits)`` each, as
+        :meth:`output` of each in order (``ftwatch.pipeline.intake.output_many``). Returns the first
+        trigger :meth:`output` returned for one of them, else None."""
+        return intake.output_many(self, parts, mono)
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.
@@ -375,22 +247,15 @@ class IncidentDesk:
         self._info = cap_two_tiers(self.findings, findings, self._info, self.limits.max_info_findings_per_job,
                                    self.limits.max_findings_per_job, "finding", _relevant)
         trigger = None
-        for f in self.survival.ignored(findings):
-            self._notice(f, f.time, "Python ignored the exception (Exception ignored in ...)")
+        notices.ignored(self, findings)
         for f in findings:
-            if lifecycle.finished_by_program(f):       # Sync (D1): every rank took part in each step
-                who = None if self.policy.policy.job_execution_mode == "Sync" else f.origin.instance
-                for g in self.survival.finished(who, f.time, f.seq):
-                    self._notice(g, f.time, f"training finished after it ({f.rule_id} on {f.origin.instance})")
-            elif lifecycle.is_exited_ok(f):             # the launcher read its workers' exit status 0
-                self._survived(self._exits.launcher_ok(f), f.time, f"{f.rule_id} on {f.origin.instance}: the "
-                               "launcher saw its worker exit 0 after it, so the traceback ended no program")
+            notices.ended(self, f)
             if self.survival.is_notice(f):
                 continue
             if is_error(f) and f.kind not in HANG_KINDS and not is_host(f.origin):   # its own report (settled)
                 first, last = self._errors.get(f.origin.instance, (mono, float("-inf")))
                 self._errors[f.origin.instance] = (first if mono - last <= self.settle else mono, mono)
-            survivable = self._survivable(f)
+            survivable = notices.survivable(self, f)
             if survivable:
                 self.survival.wait(f)
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):
@@ -529,10 +394,6 @@ class IncidentDesk:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _survivable(self, f: Finding) -> bool:
-        """An error its instance may outlive (``triggers.may_survive``; host lines never)."""
-        return self.survival.window > 0 and not is_host(f.origin) and may_survive(f, self._sticky)
-
     @property
     def notices(self) -> list[Finding]:
         """This attempt's errors its instances outlived (or Python ignored), still in ``findings``."""
@@ -549,18 +410,3 @@ class IncidentDesk:
         kept = [f for f in self.findings if id(f) not in ids]
         self._info -= sum(1 for f in self.findings if id(f) in ids and not _relevant(f))
         self.findings[:] = kept
-
-    def _survived(self, found: list[Finding], at: float, why: str) -> None:
-        """``found``, tracebacks, ended no program (an exit 0 after them): notices."""
-        for f in self.survival.exited_ok(found):
-            self._notice(f, at, why)
-
-    def _notice(self, f: Finding, at: float, why: str) -> None:
-        """``f`` became a notice: out of the incident, and a ``notice`` event."""
-        if any(x is f for x in self._openers):
-            self._openers[:] = [x for x in self._openers if x is not f]
-            if self.open is f:
-                self.open = min(self._openers, key=lambda x: (x.time, x.seq), default=None)
-                self._held = self.open is not None and self._held
-        self.recorder.event(at, self.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
-                            why=why)

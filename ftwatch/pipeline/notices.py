@@ -1,0 +1,65 @@
+"""Errors a job outlives, out of its :class:`~ftwatch.pipeline.incidents.IncidentDesk`'s incident.
+
+Issue 12 item 3, ``ftwatch.policy.progress``: where the source reports no exits (``watch``,
+``replay``), an error that a process may catch, log and go on from
+(``ftwatch.policy.triggers.may_survive``, :func:`survivable`) opens a *held* incident (the desk's
+``add``). In every driver, when the instance that printed such an error prints ``progress.MARKS``
+progress lines after it within ``progress.SURVIVE_SECONDS`` (``ftwatch.pipeline.intake.take``), or
+the program finished after it, or an exit 0 or a launcher's "exited 0" line says the traceback
+ended no program (:func:`survived`), or Python ignored the exception, the error is a notice
+(:func:`notice`: ``IncidentDesk.notices``, a ``notice`` event): it leaves the evidence, and an
+incident it alone held is dropped. Split from ``ftwatch.pipeline.incidents`` (this module's one
+job: notices); :func:`notice` edits the desk's open incident (its openers, opener and held flag).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ftwatch.events import Finding
+from ftwatch.pipeline.sources.hostlog import is_host
+from ftwatch.policy import lifecycle
+from ftwatch.policy.triggers import may_survive
+
+if TYPE_CHECKING:
+    from ftwatch.pipeline.incidents import IncidentDesk
+
+
+def survivable(desk: IncidentDesk, f: Finding) -> bool:
+    """An error its instance may outlive (``triggers.may_survive``; host lines never)."""
+    return desk.survival.window > 0 and not is_host(f.origin) and may_survive(f, desk._sticky)
+
+
+def survived(desk: IncidentDesk, found: list[Finding], at: float, why: str) -> None:
+    """``found``, tracebacks, ended no program (an exit 0 after them): notices."""
+    for f in desk.survival.exited_ok(found):
+        notice(desk, f, at, why)
+
+
+def notice(desk: IncidentDesk, f: Finding, at: float, why: str) -> None:
+    """``f`` became a notice: out of the incident, and a ``notice`` event."""
+    if any(x is f for x in desk._openers):
+        desk._openers[:] = [x for x in desk._openers if x is not f]
+        if desk.open is f:
+            desk.open = min(desk._openers, key=lambda x: (x.time, x.seq), default=None)
+            desk._held = desk.open is not None and desk._held
+    desk.recorder.event(at, desk.job, "notice", f.origin.instance, f.rank, rule=f.rule_id,
+                        why=why)
+
+
+def ignored(desk: IncidentDesk, findings: list[Finding]) -> None:
+    """The errors of ``findings``' "Exception ignored in" reports: notices."""
+    for f in desk.survival.ignored(findings):
+        notice(desk, f, f.time, "Python ignored the exception (Exception ignored in ...)")
+
+
+def ended(desk: IncidentDesk, f: Finding) -> None:
+    """``f`` says the program finished, or a launcher saw its worker exit 0: the errors it ended
+    (a Sync job's: every rank's) are notices."""
+    if lifecycle.finished_by_program(f):       # Sync (D1): every rank took part in each step
+        who = None if desk.policy.policy.job_execution_mode == "Sync" else f.origin.instance
+        for g in desk.survival.finished(who, f.time, f.seq):
+            notice(desk, g, f.time, f"training finished after it ({f.rule_id} on {f.origin.instance})")
+    elif lifecycle.is_exited_ok(f):             # the launcher read its workers' exit status 0
+        survived(desk, desk._exits.launcher_ok(f), f.time, f"{f.rule_id} on {f.origin.instance}: the "
+                 "launcher saw its worker exit 0 after it, so the traceback ended no program")
