@@ -128,6 +128,9 @@ class StepTracker:
         """Forget every job's steps (a new attempt: the ranks restart)."""
         self.jobs: dict[str, Job] = {}
         self._swept = self.clock.time()
+        #: the last chunk's ``LineClock.settle``: its ranks' last step lines' times not read yet are
+        #: read once the next chunk is taken (most are replaced by then), so at most one chunk is kept
+        self._unsettled: Callable[[], None] | None = None
 
     @property
     def reported(self) -> set[tuple[str, str]]:
@@ -227,6 +230,9 @@ class StepTracker:
         for rank in stepped.values():                  # offsets mean nothing after this chunk
             if rank.last is not None and rank.last[1] is None:   # read when a later line needs it
                 rank.last = (rank.last[0], later(rank.last[2]) if later else time_at(rank.last[2]), -1)
+        settle, self._unsettled = self._unsettled, getattr(time_at, "settle", None)
+        if settle is not None:                         # the last chunk's times not read yet: read now
+            settle()
 
         def line_of(start: int) -> LineOf:
             return lambda: (_text_at(data, start), time_at(start), next_seq())
