@@ -101,7 +101,10 @@ class Job:
     def set_median(self, rank: Rank, median: float | None) -> None:
         """A rank's median changed (None: the rank is forgotten, ``limits``): keep the sorted lists
         of ranks' and nodes' medians (a node without ranks left leaves them)."""
-        old, rank.median = rank.median, median
+        old = rank.median
+        if old == median:                       # the same lists (a step time that left the median as it was)
+            return
+        rank.median = median
         replace_sorted(self.medians, old, median)
         if not rank.node:
             return

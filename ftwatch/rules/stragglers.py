@@ -131,6 +131,8 @@ class StepTracker:
         #: the last chunk's ``LineClock.settle``: its ranks' last step lines' times not read yet are
         #: read once the next chunk is taken (most are replaced by then), so at most one chunk is kept
         self._unsettled: Callable[[], None] | None = None
+        #: (id(stream Origin), rank) -> (that Origin, the rank's Origin): one ``with_rank`` per rank
+        self._who: dict[tuple[int, int | None], tuple[Origin, Origin]] = {}
 
     @property
     def reported(self) -> set[tuple[str, str]]:
@@ -154,7 +156,7 @@ class StepTracker:
         if rank is not None and rank.last is not None and rank.last[1] is None:
             rank.last = (rank.last[0], time, -1)
         if found is None and took:
-            found = next(iter(self._verdicts(job, [(origin, rank)], {origin.instance: line})), None)
+            found = next(iter(self._verdicts(job, [(origin, rank)], lambda _who: line)), None)
         if found is not None:
             self.said(found)
         return found
@@ -201,16 +203,31 @@ class StepTracker:
         readers, min_steps = self._byte_readers, self.config.min_steps
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
         all_exact = None not in map(_GROUPS, hits)    # (in C) no line to read again: no grouping per line
+        ranks_of, job_name, job = self._who, None, None
         for key, mine in by_rank(data, hits, stream_at).items():   # ranks are independent: each in its lines' order
-            who = origin.with_rank(key) if stream_at is None else key[0].with_rank(key[1])
-            job = self._job(who, now)
-            runs = ((True, mine),) if all_exact else itertools.groupby(mine, key=lambda hit: hit[2] is not None)
-            for exact, run in runs:
+            base, digits = (origin, key) if stream_at is None else key
+            cached = ranks_of.get((id(base), digits))
+            if cached is not None and cached[0] is base:
+                who = cached[1]
+            else:                                      # a rank's Origin, made once per stream and rank
+                who = base.with_rank(digits)
+                if len(ranks_of) >= 4 * self.max_ranks:
+                    ranks_of.clear()
+                ranks_of[id(base), digits] = (base, who)
+            if who.job != job_name:
+                job, job_name = self._job(who, now), who.job
+            if all_exact:                              # matched on the chunk's bytes: one tight loop
+                rank = self._rank(job, who)
+                stepped[id(rank)] = rank
+                last = take_lines(rank, min_steps, mine, readers, time_at)
+                if last >= 0:
+                    took_at[who.job, who.instance] = (who, rank, last)
+                continue
+            for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
                 if exact:                              # matched on the chunk's bytes: one tight loop
                     rank = self._rank(job, who)
                     stepped[id(rank)] = rank
-                    run = run if all_exact else list(run)
-                    last = take_lines(rank, min_steps, run, readers, time_at)
+                    last = take_lines(rank, min_steps, list(run), readers, time_at)
                     if last >= 0:
                         took_at[who.job, who.instance] = (who, rank, last)
                     continue
@@ -234,16 +251,18 @@ class StepTracker:
         if settle is not None:                         # the last chunk's times not read yet: read now
             settle()
 
-        def line_of(start: int) -> LineOf:
-            return lambda: (_text_at(data, start), time_at(start), next_seq())
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
-        lines: dict[str, LineOf] = {}
+        starts: dict[str, int] = {}                    # instance -> the line a finding about it names
         for who, rank, start in took_at.values():
             by_job.setdefault(who.job, []).append((who, rank))
-            lines[who.instance] = line_of(start)
+            starts[who.instance] = start
+
+        def line_of(who: Origin) -> LineOf:            # made only for a finding
+            start = starts[who.instance]
+            return lambda: (_text_at(data, start), time_at(start), next_seq())
         for job_name, members in by_job.items():
             job = self.jobs.get(job_name)
-            for found in self._verdicts(job, members, lines) if job is not None else ():
+            for found in self._verdicts(job, members, line_of) if job is not None else ():
                 out.append(found)
                 self.said(found)
         return out
@@ -307,20 +326,32 @@ class StepTracker:
         rank = self._rank(job, origin)
         return rank, take(rank, self.config.min_steps, index, match, read, start, time_at)
 
-    def _verdicts(self, job: Job, members: list[tuple[Origin, Rank]], lines: dict[str, LineOf]
+    def _verdicts(self, job: Job, members: list[tuple[Origin, Rank]], line_of: Callable[[Origin], LineOf]
                   ) -> list[Finding]:
         """The verdicts for the ranks of ``job`` that took step times: their medians first, then
         each rank against the others (and its node against the other nodes, or the one printing
-        rank against its own baseline)."""
+        rank against its own baseline). ``line_of(origin)``: the line a finding about it names.
+
+        With one step line per rank per chunk (thousands of ranks) every chunk judges every rank,
+        so a rank that cannot be found slow is passed over in this loop, not judged: one not
+        reported, without a node to compare (fewer than 2 nodes), whose median is under
+        ``factor`` x a lower bound of the other ranks' median (the median of the lowest n - 1 of
+        the n medians); ``_judge`` would change nothing and find nothing for it."""
         cfg = self.config
-        members = [(who, rank) for who, rank in members if job.ranks.get(who.instance) is rank]  # not forgotten
+        min_steps, ranks = cfg.min_steps, job.ranks
+        members = [(who, rank) for who, rank in members                    # not forgotten, enough steps
+                   if len(rank.samples) >= min_steps and ranks.get(who.instance) is rank]
+        set_median = job.set_median
         for _, rank in members:
-            if len(rank.samples) >= cfg.min_steps:
-                if rank.ordered is None:
-                    rank.ordered = sorted(rank.samples)
-                job.set_median(rank, sorted_median(rank.ordered))
-        found = [self._judge(job, who, rank, lines[who.instance]) for who, rank in members
-                 if len(rank.samples) >= cfg.min_steps]
+            if rank.ordered is None:
+                rank.ordered = sorted(rank.samples)
+            set_median(rank, sorted_median(rank.ordered))
+        medians, node_median = job.medians, job.node_median
+        # below this no rank's slowdown reaches ``factor`` (a margin for the rounding of m / ref)
+        bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")
+        nodes = len(node_median) >= 2
+        found = [self._judge(job, who, rank, line_of(who)) for who, rank in members
+                 if rank.reported or rank.median >= bound or nodes and rank.node in node_median]
         return [f for f in found if f is not None]
 
     def _judge(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
