@@ -105,17 +105,25 @@ class Job:
         if old == median:                       # the same lists (a step time that left the median as it was)
             return
         rank.median = median
-        replace_sorted(self.medians, old, median)
-        if not rank.node:
+        medians = self.medians                  # ``replace_sorted``, inlined: once per rank and chunk
+        if old is not None:
+            del medians[bisect.bisect_left(medians, old)]
+        if median is not None:
+            bisect.insort(medians, median)
+        node = rank.node
+        if not node:
             return
-        mine = self.node_ranks.setdefault(rank.node, [])
+        mine = self.node_ranks.get(node)
+        if mine is None:
+            mine = self.node_ranks[node] = []
         replace_sorted(mine, old, median)
-        node_old, node_new = self.node_median.pop(rank.node, None), sorted_median(mine) if mine else None
+        node_old, node_new = self.node_median.pop(node, None), sorted_median(mine) if mine else None
         if node_new is None:
-            del self.node_ranks[rank.node]
+            del self.node_ranks[node]
         else:
-            self.node_median[rank.node] = node_new
-        replace_sorted(self.node_medians, node_old, node_new)
+            self.node_median[node] = node_new
+        if node_old != node_new:
+            replace_sorted(self.node_medians, node_old, node_new)
 
 
 def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None = None) -> dict[Any, list[Hit]]:

@@ -217,7 +217,11 @@ class StepTracker:
             if who.job != job_name:
                 job, job_name = self._job(who, now), who.job
             if all_exact:                              # matched on the chunk's bytes: one tight loop
-                rank = self._rank(job, who)
+                rank = job.ranks.get(who.instance)
+                if rank is None:
+                    rank = self._rank(job, who)
+                else:                                  # ``_rank``'s touch, inlined
+                    job.ranks.move_to_end(who.instance)
                 stepped[id(rank)] = rank
                 last = take_lines(rank, min_steps, mine, readers, time_at)
                 if last >= 0:
