@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import re
-import weakref
 from typing import TYPE_CHECKING, Callable
 
 from ftwatch.parsers import fields
@@ -38,34 +37,21 @@ class LineClock:
         self.before: dict[int, tuple[int, float] | None] = {0: None}  # -> the last stamp before it
         self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
         self.plain = data.isascii() and b"\x1b" not in data
-        self.pending: list[weakref.ref[Later]] = []                    # ``later``'s answers not read yet
 
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (a rank's last step line, whose
         time a later duration-less line may need). Live, the line and the chunk's time are kept,
         not the chunk. In a replay the answer is the one a call now gives (``sim_step`` needs
-        the lines before it), read when first called or at :meth:`settle`, whichever is first:
-        with thousands of ranks a chunk holds one step line per rank, and reading each rank's
+        the lines before it), read when first called (the step tap reads those still held once
+        the next chunk is taken, so no chunk is kept long): with thousands of ranks a chunk holds one step line per rank, and reading each rank's
         last line's stamp now costs a parse per line that a duration-stating pattern never uses."""
         if self.sim_step:
-            later = Later(self, start, self.engine._year)
-            self.pending.append(weakref.ref(later))
-            return later
+            return Later(self, start, self.engine._year)
         engine = self.engine
         line = line_at(self.data, start)
         default = engine._carry_time if start < engine._carry_end else self.time
         year = engine._year
         return lambda: own_time(line, year, default)
-
-    def settle(self) -> None:
-        """Read every time :meth:`later` handed out that is still held and not read yet, so no
-        one keeps this chunk after it (the step tap calls it once the next chunk is taken: a
-        rank's last step line is then most often a newer one, and this one's reader is gone)."""
-        pending, self.pending = self.pending, []
-        for ref in pending:
-            later = ref()
-            if later is not None:
-                later()
 
     def __call__(self, start: int) -> float:
         return self.at(start, self.engine._year)
@@ -99,7 +85,7 @@ class Later:
     """A replayed line's time (``LineClock.later``): read once, when first called; the chunk is
     let go then."""
 
-    __slots__ = ("clock", "start", "year", "value", "__weakref__")
+    __slots__ = ("clock", "start", "year", "value")
 
     def __init__(self, clock: LineClock, start: int, year: int):
         self.clock: LineClock | None = clock

@@ -128,9 +128,9 @@ class StepTracker:
         """Forget every job's steps (a new attempt: the ranks restart)."""
         self.jobs: dict[str, Job] = {}
         self._swept = self.clock.time()
-        #: the last chunk's ``LineClock.settle``: its ranks' last step lines' times not read yet are
-        #: read once the next chunk is taken (most are replaced by then), so at most one chunk is kept
-        self._unsettled: Callable[[], None] | None = None
+        #: the ranks whose last step line's time (``time_at.later``) the last chunk left unread: those
+        #: the next chunk does not replace are read then, so no rank keeps an older chunk's clock
+        self._unsettled: list[Rank] = []
         #: (id(stream Origin), rank) -> (that Origin, the rank's Origin): one ``with_rank`` per rank
         self._who: dict[tuple[int, int | None], tuple[Origin, Origin]] = {}
 
@@ -198,7 +198,8 @@ class StepTracker:
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
         out: list[Finding] = []
-        took_at: dict[tuple[str, str], tuple[Origin, Rank, int]] = {}   # rank -> its last step time's line
+        took_at: dict[tuple[str, str], tuple[Origin, Rank]] = {}   # ranks that took step times
+        took_start: dict[tuple[str, str], int] = {}   # rank -> its last step time's line
         stepped: dict[int, Rank] = {}                 # ranks that took step lines in this chunk
         readers, min_steps = self._byte_readers, self.config.min_steps
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
@@ -225,7 +226,8 @@ class StepTracker:
                 stepped[id(rank)] = rank
                 last = take_lines(rank, min_steps, mine, readers, time_at)
                 if last >= 0:
-                    took_at[who.job, who.instance] = (who, rank, last)
+                    at = who.job, who.instance
+                    took_at[at], took_start[at] = (who, rank), last
                 continue
             for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
                 if exact:                              # matched on the chunk's bytes: one tight loop
@@ -233,7 +235,8 @@ class StepTracker:
                     stepped[id(rank)] = rank
                     last = take_lines(rank, min_steps, list(run), readers, time_at)
                     if last >= 0:
-                        took_at[who.job, who.instance] = (who, rank, last)
+                        at = who.job, who.instance
+                        took_at[at], took_start[at] = (who, rank), last
                     continue
                 for start, index, _ in run:            # a custom pattern, Megatron's report: read the text
                     text = _text_at(data, start)
@@ -245,21 +248,30 @@ class StepTracker:
                     if rank is None:
                         continue
                     if took:
-                        took_at[who.job, who.instance] = (who, rank, start)
+                        at = who.job, who.instance
+                        took_at[at], took_start[at] = (who, rank), start
                     stepped[id(rank)] = rank
         later = getattr(time_at, "later", None)
+        unread: dict[int, Rank] = {}                   # ranks whose last line's time is read later
         for rank in stepped.values():                  # offsets mean nothing after this chunk
-            if rank.last is not None and rank.last[1] is None:   # read when a later line needs it
-                rank.last = (rank.last[0], later(rank.last[2]) if later else time_at(rank.last[2]), -1)
-        settle, self._unsettled = self._unsettled, getattr(time_at, "settle", None)
-        if settle is not None:                         # the last chunk's times not read yet: read now
-            settle()
+            last = rank.last
+            if last is not None and last[1] is None:   # read when a later line needs it
+                if later is None:
+                    rank.last = (last[0], time_at(last[2]), -1)
+                else:
+                    rank.last = (last[0], later(last[2]), -1)
+                    unread[id(rank)] = rank
+        for rank in self._unsettled:                   # the last chunk's, not replaced in this one: read now
+            last = rank.last
+            if id(rank) not in unread and last is not None and callable(last[1]):
+                rank.last = (last[0], last[1](), -1)
+        self._unsettled = list(unread.values())
 
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
         starts: dict[str, int] = {}                    # instance -> the line a finding about it names
-        for who, rank, start in took_at.values():
-            by_job.setdefault(who.job, []).append((who, rank))
-            starts[who.instance] = start
+        for key, pair in took_at.items():
+            by_job.setdefault(key[0], []).append(pair)
+            starts[key[1]] = took_start[key]
 
         def line_of(who: Origin) -> LineOf:            # made only for a finding
             start = starts[who.instance]
@@ -343,8 +355,8 @@ class StepTracker:
         the n medians); ``_judge`` would change nothing and find nothing for it."""
         cfg = self.config
         min_steps, ranks = cfg.min_steps, job.ranks
-        members = [(who, rank) for who, rank in members                    # not forgotten, enough steps
-                   if len(rank.samples) >= min_steps and ranks.get(who.instance) is rank]
+        members = [pair for pair in members                                 # not forgotten, enough steps
+                   if len(pair[1].samples) >= min_steps and ranks.get(pair[0].instance) is pair[1]]
         set_median = job.set_median
         for _, rank in members:
             if rank.ordered is None:
