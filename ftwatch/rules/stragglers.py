@@ -45,7 +45,12 @@ the job's ranks' medians and, per node, its ranks' medians and the nodes' median
 sorted lists by bisection, so the median of the *other* ranks is read in O(1) and never a scan
 over all ranks. Only a rank already past ``factor`` (rare) builds the other ranks' list for the
 MAD test. The answers are exactly those of ``statistics.median`` over the same numbers
-(``ftwatch.rules.stepstats``). A finding comes at the end of the chunk that made the statistics
+(``ftwatch.rules.stepstats``). With thousands of ranks a chunk holds about one step line per
+rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank that cannot be
+slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
+others' median) is passed over without a verdict; a rank's Origin is made once; its last step
+line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
+next chunk does not replace it, then (no rank keeps an older chunk). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``; this module is
 past 400 lines because the chunk intake and the three verdicts share the tracker's jobs.
