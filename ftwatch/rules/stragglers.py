@@ -217,7 +217,7 @@ class StepTracker:
                 who = cached[1]
             else:                                      # a rank's Origin, made once per stream and rank
                 who = base.with_rank(digits)
-                if len(ranks_of) >= 4 * self.max_ranks:
+                if len(ranks_of) >= self.max_ranks:    # streams come and go (watch): start again
                     ranks_of.clear()
                 ranks_of[id(base), digits] = (base, who)
             if who.job != job_name:
