@@ -362,11 +362,11 @@ class StepTracker:
         min_steps, ranks = cfg.min_steps, job.ranks
         members = [pair for pair in members                                 # not forgotten, enough steps
                    if len(pair[1].samples) >= min_steps and ranks.get(pair[0].instance) is pair[1]]
-        set_median = job.set_median
-        for _, rank in members:
+        ranks_now = [pair[1] for pair in members]
+        for rank in ranks_now:
             if rank.ordered is None:
                 rank.ordered = sorted(rank.samples)
-            set_median(rank, sorted_median(rank.ordered))
+        job.set_medians(ranks_now, [sorted_median(rank.ordered) for rank in ranks_now])
         medians, node_median = job.medians, job.node_median
         # below this no rank's slowdown reaches ``factor`` (a margin for the rounding of m / ref)
         bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")

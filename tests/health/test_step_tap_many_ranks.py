@@ -98,3 +98,34 @@ def test_only_ranks_that_may_be_slow_are_judged(rules, monkeypatch):
     assert [(f.rank, f.fields["slowdown"]) for f in found] == [(7, 2.99)]
     assert judged.count(0) == 1                 # the first with a median: no other rank yet (a slowdown test)
     assert set(judged) == {0, 7}
+
+
+def test_medians_made_again_for_most_ranks_equal_the_ones_kept_rank_by_rank(rules, monkeypatch):
+    """``Job.set_medians`` with 600 ranks on 2 nodes, each rank's median changed per chunk (one line
+    each): the same sorted lists and findings as setting them one by one."""
+    from ftwatch.rules import stepranks
+    singles = []
+    real = stepranks.Job.set_median
+    monkeypatch.setattr(stepranks.Job, "set_median", lambda job, rank, m: singles.append(1) or real(job, rank, m))
+
+    def run() -> tuple[list, list, list, dict, dict]:
+        tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+        engine = Engine(rules, steps=tracker)
+        found = []
+        for n in range(1, 8):
+            for node in range(2):
+                origin = Origin(f"pod-{node}", None, "job1", f"node-{node}", "stdout", "replay")
+                chunk = "".join(MEGATRON.format(r=r, m=0, s=n, n=n, ms=(1000.0 + (r * 37 + n * 11) % 90) *
+                                                (3.0 if r == 5 or node == 1 and n > 4 else 1.0))
+                                for r in range(node * 300, node * 300 + 300)).encode()
+                found += engine.feed(origin, chunk, 100.0, sim_step=0.001)
+        job = tracker.jobs["job1"]
+        return ([(f.origin.instance, f.fields["slowdown"]) for f in found], job.medians, job.node_medians,
+                job.node_ranks, job.node_median)
+
+    bulk = run()
+    assert len(singles) < 600                     # the lists were made again, not set rank by rank
+    monkeypatch.setattr(stepranks, "BULK_RANKS", 10**9)
+    one_by_one = run()
+    assert bulk == one_by_one
+    assert bulk[0] and len(bulk[1]) == 600 and len(bulk[3]) == 2
