@@ -40,11 +40,13 @@ class LineClock:
 
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (a rank's last step line, whose
-        time a later duration-less line may need): live, the line and the chunk's time are kept,
-        not the chunk; in a replay it is read now (``sim_step`` needs the lines before it)."""
+        time a later duration-less line may need). Live, the line and the chunk's time are kept,
+        not the chunk. In a replay the answer is the one a call now gives (``sim_step`` needs
+        the lines before it), read when first called (the step tap reads those still held once
+        the next chunk is taken, so no chunk is kept long): with thousands of ranks a chunk holds one step line per rank, and reading each rank's
+        last line's stamp now costs a parse per line that a duration-stating pattern never uses."""
         if self.sim_step:
-            value = self(start)
-            return lambda: value
+            return Later(self, start, self.engine._year)
         engine = self.engine
         line = line_at(self.data, start)
         default = engine._carry_time if start < engine._carry_end else self.time
@@ -52,13 +54,16 @@ class LineClock:
         return lambda: own_time(line, year, default)
 
     def __call__(self, start: int) -> float:
+        return self.at(start, self.engine._year)
+
+    def at(self, start: int, year: int) -> float:
+        """The time of the line at ``start`` (``__call__``), stamps without a year read in ``year``."""
         engine, data = self.engine, self.data
         stop = data.find(b"\n", start)
         stop = len(data) if stop < 0 else stop
         if self.stamps.has_clock(start, stop) or not self.plain and (
                 data.find(b"\x1b", start, stop) >= 0 or NON_ASCII.search(data, start, stop) is not None):
-            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1],
-                                           engine._year)
+            stamp = fields.parse_timestamp(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1], year)
             if stamp is not None:
                 return stamp
         if not self.sim_step:
@@ -74,6 +79,23 @@ class LineClock:
         if found is not None:
             return found[1] + data.count(b"\n", found[0], start) * self.sim_step
         return self.time + data.count(b"\n", 0, start) * self.sim_step      # the line's number, counted
+
+
+class Later:
+    """A replayed line's time (``LineClock.later``): read once, when first called; the chunk is
+    let go then."""
+
+    __slots__ = ("clock", "start", "year", "value")
+
+    def __init__(self, clock: LineClock, start: int, year: int):
+        self.clock: LineClock | None = clock
+        self.start, self.year, self.value = start, year, 0.0
+
+    def __call__(self) -> float:
+        clock = self.clock
+        if clock is not None:
+            self.value, self.clock = clock.at(self.start, self.year), None
+        return self.value
 
 
 def own_time(line: str, year: int, default: float) -> float:

@@ -41,6 +41,9 @@ from ftwatch.rules.stepstats import replace_sorted, sorted_median
 #: in ``step_seconds``'s order); 0: no such group.
 Reader = tuple[int, int, tuple[tuple[str, int], ...]]
 
+#: ``Job.set_medians``: from this many ranks at once (and half the job's), the sorted lists are made again.
+BULK_RANKS = 256
+
 #: A chunk's step line: (line start, pattern index, the match's groups, group ``g`` at ``g - 1``
 #: (``steplines.StepHit``); None: read the line again).
 Hit = tuple[int, int, "tuple[bytes | str | None, ...] | None"]
@@ -98,21 +101,59 @@ class Job:
     node_median: dict[str, float] = field(default_factory=dict)       # node -> median of node_ranks
     node_medians: list[float] = field(default_factory=list)           # node_median's values, sorted
 
+    def set_medians(self, ranks: list[Rank], medians: list[float]) -> None:
+        """:meth:`set_median` of each of ``ranks`` (none twice, all in ``self.ranks``) to the
+        same place in ``medians``. Where most of the job's ranks changed (one step line per rank
+        per chunk: thousands of ranks), the sorted lists are made again, one sort each, not an
+        insert into a list of every rank per rank (O(ranks) each): the same lists either way."""
+        if len(ranks) < BULK_RANKS or 2 * len(ranks) < len(self.medians):
+            for rank, median in zip(ranks, medians):
+                self.set_median(rank, median)
+            return
+        for rank, median in zip(ranks, medians):
+            rank.median = median
+        known = [rank for rank in self.ranks.values() if rank.median is not None]
+        self.medians = sorted([rank.median for rank in known])
+        by_node: dict[str, list[float]] = {}
+        for rank in known:
+            if rank.node:
+                mine = by_node.get(rank.node)
+                if mine is None:
+                    by_node[rank.node] = [rank.median]
+                else:
+                    mine.append(rank.median)
+        for mine in by_node.values():
+            mine.sort()
+        self.node_ranks = by_node
+        self.node_median = {node: sorted_median(mine) for node, mine in by_node.items()}
+        self.node_medians = sorted(self.node_median.values())
+
     def set_median(self, rank: Rank, median: float | None) -> None:
         """A rank's median changed (None: the rank is forgotten, ``limits``): keep the sorted lists
         of ranks' and nodes' medians (a node without ranks left leaves them)."""
-        old, rank.median = rank.median, median
-        replace_sorted(self.medians, old, median)
-        if not rank.node:
+        old = rank.median
+        if old == median:                       # the same lists (a step time that left the median as it was)
             return
-        mine = self.node_ranks.setdefault(rank.node, [])
+        rank.median = median
+        medians = self.medians                  # ``replace_sorted``, inlined: once per rank and chunk
+        if old is not None:
+            del medians[bisect.bisect_left(medians, old)]
+        if median is not None:
+            bisect.insort(medians, median)
+        node = rank.node
+        if not node:
+            return
+        mine = self.node_ranks.get(node)
+        if mine is None:
+            mine = self.node_ranks[node] = []
         replace_sorted(mine, old, median)
-        node_old, node_new = self.node_median.pop(rank.node, None), sorted_median(mine) if mine else None
+        node_old, node_new = self.node_median.pop(node, None), sorted_median(mine) if mine else None
         if node_new is None:
-            del self.node_ranks[rank.node]
+            del self.node_ranks[node]
         else:
-            self.node_median[rank.node] = node_new
-        replace_sorted(self.node_medians, node_old, node_new)
+            self.node_median[node] = node_new
+        if node_old != node_new:
+            replace_sorted(self.node_medians, node_old, node_new)
 
 
 def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None = None) -> dict[Any, list[Hit]]:

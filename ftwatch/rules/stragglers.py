@@ -45,7 +45,12 @@ the job's ranks' medians and, per node, its ranks' medians and the nodes' median
 sorted lists by bisection, so the median of the *other* ranks is read in O(1) and never a scan
 over all ranks. Only a rank already past ``factor`` (rare) builds the other ranks' list for the
 MAD test. The answers are exactly those of ``statistics.median`` over the same numbers
-(``ftwatch.rules.stepstats``). A finding comes at the end of the chunk that made the statistics
+(``ftwatch.rules.stepstats``). With thousands of ranks a chunk holds about one step line per
+rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank that cannot be
+slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
+others' median) is passed over without a verdict; a rank's Origin is made once; its last step
+line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
+next chunk does not replace it, then (no rank keeps an older chunk). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``; this module is
 past 400 lines because the chunk intake and the three verdicts share the tracker's jobs.
@@ -128,6 +133,11 @@ class StepTracker:
         """Forget every job's steps (a new attempt: the ranks restart)."""
         self.jobs: dict[str, Job] = {}
         self._swept = self.clock.time()
+        #: the ranks whose last step line's time (``time_at.later``) the last chunk left unread: those
+        #: the next chunk does not replace are read then, so no rank keeps an older chunk's clock
+        self._unsettled: list[Rank] = []
+        #: (id(stream Origin), rank) -> (that Origin, the rank's Origin): one ``with_rank`` per rank
+        self._who: dict[tuple[int, int | None], tuple[Origin, Origin]] = {}
 
     @property
     def reported(self) -> set[tuple[str, str]]:
@@ -151,7 +161,7 @@ class StepTracker:
         if rank is not None and rank.last is not None and rank.last[1] is None:
             rank.last = (rank.last[0], time, -1)
         if found is None and took:
-            found = next(iter(self._verdicts(job, [(origin, rank)], {origin.instance: line})), None)
+            found = next(iter(self._verdicts(job, [(origin, rank)], lambda _who: line)), None)
         if found is not None:
             self.said(found)
         return found
@@ -193,23 +203,45 @@ class StepTracker:
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
         out: list[Finding] = []
-        took_at: dict[tuple[str, str], tuple[Origin, Rank, int]] = {}   # rank -> its last step time's line
+        took_at: dict[tuple[str, str], tuple[Origin, Rank]] = {}   # ranks that took step times
+        took_start: dict[tuple[str, str], int] = {}   # rank -> its last step time's line
         stepped: dict[int, Rank] = {}                 # ranks that took step lines in this chunk
         readers, min_steps = self._byte_readers, self.config.min_steps
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
         all_exact = None not in map(_GROUPS, hits)    # (in C) no line to read again: no grouping per line
+        ranks_of, job_name, job = self._who, None, None
         for key, mine in by_rank(data, hits, stream_at).items():   # ranks are independent: each in its lines' order
-            who = origin.with_rank(key) if stream_at is None else key[0].with_rank(key[1])
-            job = self._job(who, now)
-            runs = ((True, mine),) if all_exact else itertools.groupby(mine, key=lambda hit: hit[2] is not None)
-            for exact, run in runs:
+            base, digits = (origin, key) if stream_at is None else key
+            cached = ranks_of.get((id(base), digits))
+            if cached is not None and cached[0] is base:
+                who = cached[1]
+            else:                                      # a rank's Origin, made once per stream and rank
+                who = base.with_rank(digits)
+                if len(ranks_of) >= self.max_ranks:    # streams come and go (watch): start again
+                    ranks_of.clear()
+                ranks_of[id(base), digits] = (base, who)
+            if who.job != job_name:
+                job, job_name = self._job(who, now), who.job
+            if all_exact:                              # matched on the chunk's bytes: one tight loop
+                rank = job.ranks.get(who.instance)
+                if rank is None:
+                    rank = self._rank(job, who)
+                else:                                  # ``_rank``'s touch, inlined
+                    job.ranks.move_to_end(who.instance)
+                stepped[id(rank)] = rank
+                last = take_lines(rank, min_steps, mine, readers, time_at)
+                if last >= 0:
+                    at = who.job, who.instance
+                    took_at[at], took_start[at] = (who, rank), last
+                continue
+            for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
                 if exact:                              # matched on the chunk's bytes: one tight loop
                     rank = self._rank(job, who)
                     stepped[id(rank)] = rank
-                    run = run if all_exact else list(run)
-                    last = take_lines(rank, min_steps, run, readers, time_at)
+                    last = take_lines(rank, min_steps, list(run), readers, time_at)
                     if last >= 0:
-                        took_at[who.job, who.instance] = (who, rank, last)
+                        at = who.job, who.instance
+                        took_at[at], took_start[at] = (who, rank), last
                     continue
                 for start, index, _ in run:            # a custom pattern, Megatron's report: read the text
                     text = _text_at(data, start)
@@ -221,23 +253,37 @@ class StepTracker:
                     if rank is None:
                         continue
                     if took:
-                        took_at[who.job, who.instance] = (who, rank, start)
+                        at = who.job, who.instance
+                        took_at[at], took_start[at] = (who, rank), start
                     stepped[id(rank)] = rank
         later = getattr(time_at, "later", None)
+        unread: dict[int, Rank] = {}                   # ranks whose last line's time is read later
         for rank in stepped.values():                  # offsets mean nothing after this chunk
-            if rank.last is not None and rank.last[1] is None:   # read when a later line needs it
-                rank.last = (rank.last[0], later(rank.last[2]) if later else time_at(rank.last[2]), -1)
+            last = rank.last
+            if last is not None and last[1] is None:   # read when a later line needs it
+                if later is None:
+                    rank.last = (last[0], time_at(last[2]), -1)
+                else:
+                    rank.last = (last[0], later(last[2]), -1)
+                    unread[id(rank)] = rank
+        for rank in self._unsettled:                   # the last chunk's, not replaced in this one: read now
+            last = rank.last
+            if id(rank) not in unread and last is not None and callable(last[1]):
+                rank.last = (last[0], last[1](), -1)
+        self._unsettled = list(unread.values())
 
-        def line_of(start: int) -> LineOf:
-            return lambda: (_text_at(data, start), time_at(start), next_seq())
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
-        lines: dict[str, LineOf] = {}
-        for who, rank, start in took_at.values():
-            by_job.setdefault(who.job, []).append((who, rank))
-            lines[who.instance] = line_of(start)
+        starts: dict[str, int] = {}                    # instance -> the line a finding about it names
+        for key, pair in took_at.items():
+            by_job.setdefault(key[0], []).append(pair)
+            starts[key[1]] = took_start[key]
+
+        def line_of(who: Origin) -> LineOf:            # made only for a finding
+            start = starts[who.instance]
+            return lambda: (_text_at(data, start), time_at(start), next_seq())
         for job_name, members in by_job.items():
             job = self.jobs.get(job_name)
-            for found in self._verdicts(job, members, lines) if job is not None else ():
+            for found in self._verdicts(job, members, line_of) if job is not None else ():
                 out.append(found)
                 self.said(found)
         return out
@@ -301,20 +347,32 @@ class StepTracker:
         rank = self._rank(job, origin)
         return rank, take(rank, self.config.min_steps, index, match, read, start, time_at)
 
-    def _verdicts(self, job: Job, members: list[tuple[Origin, Rank]], lines: dict[str, LineOf]
+    def _verdicts(self, job: Job, members: list[tuple[Origin, Rank]], line_of: Callable[[Origin], LineOf]
                   ) -> list[Finding]:
         """The verdicts for the ranks of ``job`` that took step times: their medians first, then
         each rank against the others (and its node against the other nodes, or the one printing
-        rank against its own baseline)."""
+        rank against its own baseline). ``line_of(origin)``: the line a finding about it names.
+
+        With one step line per rank per chunk (thousands of ranks) every chunk judges every rank,
+        so a rank that cannot be found slow is passed over in this loop, not judged: one not
+        reported, without a node to compare (fewer than 2 nodes), whose median is under
+        ``factor`` x a lower bound of the other ranks' median (the median of the lowest n - 1 of
+        the n medians); ``_judge`` would change nothing and find nothing for it."""
         cfg = self.config
-        members = [(who, rank) for who, rank in members if job.ranks.get(who.instance) is rank]  # not forgotten
-        for _, rank in members:
-            if len(rank.samples) >= cfg.min_steps:
-                if rank.ordered is None:
-                    rank.ordered = sorted(rank.samples)
-                job.set_median(rank, sorted_median(rank.ordered))
-        found = [self._judge(job, who, rank, lines[who.instance]) for who, rank in members
-                 if len(rank.samples) >= cfg.min_steps]
+        min_steps, ranks = cfg.min_steps, job.ranks
+        members = [pair for pair in members                                 # not forgotten, enough steps
+                   if len(pair[1].samples) >= min_steps and ranks.get(pair[0].instance) is pair[1]]
+        ranks_now = [pair[1] for pair in members]
+        for rank in ranks_now:
+            if rank.ordered is None:
+                rank.ordered = sorted(rank.samples)
+        job.set_medians(ranks_now, [sorted_median(rank.ordered) for rank in ranks_now])
+        medians, node_median = job.medians, job.node_median
+        # below this no rank's slowdown reaches ``factor`` (a margin for the rounding of m / ref)
+        bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")
+        nodes = len(node_median) >= 2
+        found = [self._judge(job, who, rank, line_of(who)) for who, rank in members
+                 if rank.reported or rank.median >= bound or nodes and rank.node in node_median]
         return [f for f in found if f is not None]
 
     def _judge(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:

@@ -1,0 +1,131 @@
+"""The step tap with one step line per rank per chunk (thousands of ranks interleaved in a replay,
+``watch`` with 1,000 pods): no stamp parsed per line, no verdict for a rank that cannot be slow,
+the same findings as feeding the lines one chunk at a time (issue 16: decision time linear in ranks)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ftwatch.clock import FakeClock
+from ftwatch.config.health import StragglerConfig
+from ftwatch.events import Origin
+from ftwatch.parsers import fields
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.lineclock import Later, LineClock
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.stragglers import StepTracker
+
+MEGATRON = ("[rank{r}]: [2026-11-21 09:{m:02d}:{s:02d}] iteration {n:8d}/     100 | consumed samples: 64 | "
+            "elapsed time per iteration (ms): {ms:.1f} | lm loss: 7.1E+00 |\n")
+DEEPSPEED = "[rank{r}]: [2026-11-21 09:{m:02d}:{s:02d}] [INFO] [logging.py:96:log_dist] step={n}, skipped=0, lr=[1e-4]\n"
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules([], builtin=True)
+
+
+def replay_clock(data: bytes) -> LineClock:
+    """A replay's clock of one chunk (``sim_step`` set), on an engine of no carried block."""
+    engine = SimpleNamespace(_year=2026, _carry_end=0, _carry_time=0.0)
+    return LineClock(engine, data, 1000.0, 0.001)   # type: ignore[arg-type]
+
+
+def test_a_replayed_line_time_asked_for_later_is_parsed_only_when_read(monkeypatch):
+    data = (MEGATRON.format(r=0, m=0, s=5, n=1, ms=1.0) + "[rank1]: no stamp here\n").encode()
+    second = data.index(b"[rank1]")
+    want = [replay_clock(data)(0), replay_clock(data)(second)]
+    calls = []
+    real = fields.parse_timestamp
+    monkeypatch.setattr(fields, "parse_timestamp", lambda *a: calls.append(a[0]) or real(*a))
+    clock = replay_clock(data)
+    first, untimed = clock.later(0), clock.later(second)
+    assert calls == [] and isinstance(first, Later)
+    assert [first(), untimed()] == want
+    read = len(calls)
+    assert first() == want[0] and len(calls) == read              # read once
+
+
+def test_a_rank_missing_from_the_next_chunk_has_its_time_read_then(rules):
+    """A rank's last line's time stays unread while the rank keeps printing; a rank the next chunk
+    does not print has it read then, so no chunk is kept for it."""
+    tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+    engine = Engine(rules, steps=tracker)
+    origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+    both = "".join(MEGATRON.format(r=r, m=0, s=1, n=1, ms=1000.0) for r in (0, 1)).encode()
+    engine.feed(origin, both, 100.0, sim_step=0.001)
+    ranks = tracker.jobs["job1"].ranks
+    assert all(isinstance(ranks[r].last[1], Later) for r in ("rank0", "rank1"))
+    engine.feed(origin, MEGATRON.format(r=0, m=0, s=2, n=2, ms=1000.0).encode(), 100.0, sim_step=0.001)
+    assert isinstance(ranks["rank0"].last[1], Later)
+    assert ranks["rank1"].last[1] == 1795251601.0                 # its own stamp, 2026-11-21 09:00:01
+
+
+def test_a_duration_less_line_reads_the_previous_chunks_time(rules):
+    """DeepSpeed states no duration: its step time is the time since the rank's last step line,
+    read from the previous chunk's clock, the same with one line per rank per chunk as in one chunk."""
+    lines = [DEEPSPEED.format(r=r, m=n // 60, s=n % 60, n=10 * n) for n in range(1, 12) for r in range(6)]
+    origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+
+    def run(chunks: list[bytes]) -> list[list[float]]:
+        tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+        engine = Engine(rules, steps=tracker)
+        for chunk in chunks:
+            engine.feed(origin, chunk, 100.0, sim_step=0.001)
+        return [list(r.samples) for r in tracker.jobs["job1"].ranks.values()]
+
+    whole = run(["".join(lines).encode()])
+    per_rank_line = run([line.encode() for line in lines])
+    assert whole == per_rank_line and whole[0] == [1.0 / 10] * 10
+
+
+def test_only_ranks_that_may_be_slow_are_judged(rules, monkeypatch):
+    """One step line per rank per chunk: a rank well under ``factor`` x the others' median is not
+    judged at all; the slow rank is, and is found."""
+    tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+    engine = Engine(rules, steps=tracker)
+    judged = []
+    real = tracker._judge
+    monkeypatch.setattr(tracker, "_judge", lambda job, who, rank, line: judged.append(who.rank) or real(job, who, rank, line))
+    origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+    found = []
+    for n in range(1, 6):
+        for r in range(64):
+            line = MEGATRON.format(r=r, m=0, s=n, n=n, ms=3000.0 if r == 7 else 1000.0 + r)
+            found += engine.feed(origin, line.encode(), 100.0, sim_step=0.001)
+    assert [(f.rank, f.fields["slowdown"]) for f in found] == [(7, 2.99)]
+    assert judged.count(0) == 1                 # the first with a median: no other rank yet (a slowdown test)
+    assert set(judged) == {0, 7}
+
+
+def test_medians_made_again_for_most_ranks_equal_the_ones_kept_rank_by_rank(rules, monkeypatch):
+    """``Job.set_medians`` with 600 ranks on 2 nodes, each rank's median changed per chunk (one line
+    each): the same sorted lists and findings as setting them one by one."""
+    from ftwatch.rules import stepranks
+    singles = []
+    real = stepranks.Job.set_median
+    monkeypatch.setattr(stepranks.Job, "set_median", lambda job, rank, m: singles.append(1) or real(job, rank, m))
+
+    def run() -> tuple[list, list, list, dict, dict]:
+        tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+        engine = Engine(rules, steps=tracker)
+        found = []
+        for n in range(1, 8):
+            for node in range(2):
+                origin = Origin(f"pod-{node}", None, "job1", f"node-{node}", "stdout", "replay")
+                chunk = "".join(MEGATRON.format(r=r, m=0, s=n, n=n, ms=(1000.0 + (r * 37 + n * 11) % 90) *
+                                                (3.0 if r == 5 or node == 1 and n > 4 else 1.0))
+                                for r in range(node * 300, node * 300 + 300)).encode()
+                found += engine.feed(origin, chunk, 100.0, sim_step=0.001)
+        job = tracker.jobs["job1"]
+        return ([(f.origin.instance, f.fields["slowdown"]) for f in found], job.medians, job.node_medians,
+                job.node_ranks, job.node_median)
+
+    bulk = run()
+    assert len(singles) < 600                     # the lists were made again, not set rank by rank
+    monkeypatch.setattr(stepranks, "BULK_RANKS", 10**9)
+    one_by_one = run()
+    assert bulk == one_by_one
+    assert bulk[0] and len(bulk[1]) == 600 and len(bulk[3]) == 2

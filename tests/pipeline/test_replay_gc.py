@@ -1,0 +1,39 @@
+"""replay keeps the objects alive before it out of the collector's scans while it runs (issue 16:
+full collections during a 4,096-rank replay rescanned config, rules and engine), and undoes it."""
+
+from __future__ import annotations
+
+import gc
+
+from ftwatch.config.model import Config
+from ftwatch.pipeline.replay import replay
+from ftwatch.policy.budgets import BudgetStore
+from ftwatch.policy.policy import Policy
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+
+
+def test_objects_older_than_the_replay_are_frozen_while_it_runs(tmp_path):
+    rules = load_rules([], builtin=True)
+    path = tmp_path / "rank0.log"
+    path.write_bytes(b"step 1 loss 0.5\n" * 100)
+    policy = Policy(Config().policy, BudgetStore(tmp_path / "b.json", "job"), "job")
+    frozen: list[int] = []
+    assert gc.get_freeze_count() == 0
+    replay([path], Engine(rules), policy, "job", progress=lambda _n: frozen.append(gc.get_freeze_count()))
+    assert frozen and all(n > 0 for n in frozen)
+    assert gc.get_freeze_count() == 0                       # undone after
+
+
+def test_a_freeze_made_by_the_caller_is_left_as_it_is(tmp_path):
+    rules = load_rules([], builtin=True)
+    path = tmp_path / "rank0.log"
+    path.write_bytes(b"step 1 loss 0.5\n")
+    policy = Policy(Config().policy, BudgetStore(tmp_path / "b.json", "job"), "job")
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        replay([path], Engine(rules), policy, "job")
+        assert gc.get_freeze_count() >= before
+    finally:
+        gc.unfreeze()
