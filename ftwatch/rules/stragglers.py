@@ -52,8 +52,8 @@ others' median) is passed over without a verdict; a rank's Origin is made once; 
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
 next chunk does not replace it, then (no rank keeps an older chunk). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
-``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``; this module is
-past 400 lines because the chunk intake and the three verdicts share the tracker's jobs.
+``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
+verdicts on one rank (or node, or the job) in ``ftwatch.rules.stepverdicts``.
 
 What step lines can show: in synchronous data parallel training every rank waits for the slowest
 in each step's collective, so the time *between* step lines is the same on every rank; a
@@ -67,7 +67,6 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-import statistics
 from collections import deque
 from typing import Callable, Container
 
@@ -75,23 +74,15 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
-from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.rules.stepranks import Job, Rank, Reader, by_rank, reader, take, take_lines
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
-from ftwatch.rules.stepstats import (is_straggler, median_without, rearm_level, sorted_median,  # noqa: F401
-                                     without)
+from ftwatch.rules.stepstats import is_straggler, median_without, sorted_median, without  # noqa: F401  (re-exported)
+from ftwatch.rules.stepverdicts import LineOf, detector, judge
 
-RULE_ID = "straggler.step_time"
-DETECTOR_RULE_ID = "straggler.megatron_detector"
-SLOWDOWN_RULE_ID = "straggler.job_slowdown"
-SOURCE = "SPEC H3: per-rank step times from step lines (median / MAD)"
-DETECTOR_SOURCE = "Megatron-LM megatron/core/utils.py StragglerDetector.report (--log-straggler)"
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
 _GROUPS = operator.itemgetter(2)
-
-#: Where a finding's line is: () -> (its text, rank prefix removed; its time, epoch s; a sequence number).
-LineOf = Callable[[], tuple[str, float, int]]
 
 
 def _text_at(data: bytes, start: int) -> str:
@@ -325,7 +316,7 @@ class StepTracker:
             return None, None, False
         if "max_rank" in match.re.groupindex and match.group("max_rank") is not None:
             text_, time, seq = line()
-            return self._detector(job, origin, match, text_, time, seq), None, False
+            return detector(self.config, job, origin, match, text_, time, seq), None, False
         rank, took = self._take(job, origin, index, match, self._readers[index], start, time_at)
         return None, rank, took
 
@@ -371,130 +362,9 @@ class StepTracker:
         # below this no rank's slowdown reaches ``factor`` (a margin for the rounding of m / ref)
         bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")
         nodes = len(node_median) >= 2
-        found = [self._judge(job, who, rank, line_of(who)) for who, rank in members
+        found = [judge(cfg, self.names, job, who, rank, line_of(who)) for who, rank in members
                  if rank.reported or rank.median >= bound or nodes and rank.node in node_median]
         return [f for f in found if f is not None]
-
-    def _judge(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
-        cfg = self.config
-        ref = median_without(job.medians, rank.median)
-        if ref is None:
-            return self._slowdown(job, origin, rank, line)
-        slowdown = rank.median / ref if ref > 0 else float("inf") if rank.median > 0 else 1.0
-        others: list[float] | None = None
-        slow = False
-        if slowdown >= cfg.factor:                 # rare: the full test, MAD included, on the list
-            others = without(job.medians, rank.median)
-            slow, slowdown = is_straggler(rank.median, others, cfg.factor)
-        if not slow and not rank.reported:
-            found = self._node(job, origin, rank, line)
-            if found is not None:
-                return found
-        if rank.reported:
-            if slowdown < rearm_level(cfg.factor):
-                rank.reported = False          # recovered: may be reported again
-            return None
-        if not slow:
-            return None
-        rank.reported = True
-        text, time, seq = line()
-        who = f"rank {origin.rank}" if origin.rank is not None else origin.instance
-        msg = (f"{who} is a straggler: median step time {rank.median:.3f} s over its last {len(rank.samples)} "
-               f"step lines, {slowdown:.1f}x the other ranks' {ref:.3f} s")
-        return Finding(RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING, origin,
-                       msg, time, seq, (text,),
-                       {"slowdown": round(slowdown, 2), "step_time_s": round(rank.median, 4),
-                        "others_step_time_s": round(ref, 4), "step_lines": len(rank.samples),
-                        "ranks_compared": len(others) + 1, "pattern": self.names[rank.index]}, SOURCE)
-
-    def _node(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
-        """Nodes vs nodes (each node's median of its ranks' medians), where ranks come from 2+ nodes:
-        finds a slow node that carries most of the job's ranks, which rank vs ranks cannot."""
-        cfg = self.config
-        per_node = job.node_ranks
-        if len(job.node_median) < 2 or rank.node not in job.node_median:
-            return None
-        medians = job.node_median
-        mine = medians[rank.node]
-        ref = median_without(job.node_medians, mine)
-        slowdown = mine / ref if ref > 0 else float("inf") if mine > 0 else 1.0
-        slow = False
-        if slowdown >= cfg.factor:                 # rare: the full test on the other nodes' list
-            others = without(job.node_medians, mine)
-            slow, slowdown = is_straggler(mine, others, cfg.factor)
-        if rank.node in job.nodes_reported:
-            if slowdown < rearm_level(cfg.factor):
-                job.nodes_reported.discard(rank.node)
-            return None
-        if not slow:
-            return None
-        job.nodes_reported.add(rank.node)
-        text, time, seq = line()
-        msg = (f"node {rank.node} is a straggler: the median step time of its {len(per_node[rank.node])} ranks "
-               f"is {medians[rank.node]:.3f} s, {slowdown:.1f}x the other nodes' {ref:.3f} s")
-        return Finding(RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
-                       Origin(f"node {rank.node}", None, origin.job, rank.node, origin.stream, origin.source),
-                       msg, time, seq, (text,),
-                       {"slowdown": round(slowdown, 2), "step_time_s": round(medians[rank.node], 4),
-                        "others_step_time_s": round(ref, 4), "node_ranks": len(per_node[rank.node]),
-                        "nodes_compared": len(per_node), "pattern": self.names[rank.index]}, SOURCE)
-
-    def _slowdown(self, job: Job, origin: Origin, rank: Rank, line: LineOf) -> Finding | None:
-        """The one reporting rank against its own baseline (module docstring, ``slowdown``)."""
-        cfg = self.config
-        if rank.seen < 2 * cfg.min_steps:
-            return None
-        base = rank.base_median
-        recent = statistics.median(rank.recent)
-        rise = recent / base if base > 0 else 1.0
-        if job.slowdown_reported:
-            if rise < rearm_level(cfg.slowdown_factor):
-                job.slowdown_reported = False
-            return None
-        if rise < cfg.slowdown_factor:
-            return None
-        job.slowdown_reported = True
-        text, time, seq = line()
-        msg = (f"job {origin.job} step time rose {rise:.1f}x: median {recent:.3f} s over the last "
-               f"{cfg.min_steps} step lines vs {base:.3f} s over the first {cfg.min_steps} (one rank prints "
-               f"step times, so this is the job's pace, not a rank straggler)")
-        return Finding(SLOWDOWN_RULE_ID, "slowdown", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
-                       Origin(origin.instance, None, origin.job, origin.node, origin.stream, origin.source),
-                       msg, time, seq, (text,),
-                       {"slowdown": round(rise, 2), "step_time_s": round(recent, 4),
-                        "baseline_step_time_s": round(base, 4), "step_lines": cfg.min_steps,
-                        "reporting_rank": origin.rank, "pattern": self.names[rank.index]}, SOURCE)
-
-    # -- Megatron's straggler detector -------------------------------------------------------
-
-    def _detector(self, job: Job, origin: Origin, match: re.Match, text: str, time: float,
-                  seq: int) -> Finding | None:
-        cfg = self.config
-        low, high = float(match.group("min_ms")), float(match.group("max_ms"))
-        slowest = int(match.group("max_rank"))
-        ratio = high / low if low > 0 else float("inf")
-        if ratio < rearm_level(cfg.factor):
-            job.detector_reported.clear()      # every rank back in line: each may be reported again
-        if ratio < cfg.factor:
-            job.detector.clear()
-            return None
-        if job.detector and job.detector[-1][0] != slowest:
-            job.detector.clear()
-        job.detector.append((slowest, ratio))
-        if len(job.detector) < cfg.detector_reports or slowest in job.detector_reported:
-            return None
-        job.detector_reported.add(slowest)
-        slowdown = statistics.median(r for _, r in job.detector)
-        line = (f"rank {slowest} is a straggler: Megatron's straggler detector shows it slowest in "
-                f"{len(job.detector)} reports in a row, {slowdown:.1f}x the fastest rank's round-trip time "
-                f"({high:.1f} ms vs {low:.1f} ms, rank {match.group('min_rank')})")
-        # the slowest rank's own instance and node are not in the line: it is named by its rank
-        who = Origin(f"rank{slowest}", slowest, origin.job, "", origin.stream, origin.source)
-        return Finding(DETECTOR_RULE_ID, "straggler", FailureClass.STRAGGLER, Action.NOTIFY, Severity.WARNING,
-                       who, line, time, seq, (text,),
-                       {"slowdown": round(slowdown, 2), "step_time_s": round(high / 1000.0, 4),
-                        "others_step_time_s": round(low / 1000.0, 4), "reports": len(job.detector),
-                        "reported_by": origin.rank, "pattern": "megatron_straggler"}, DETECTOR_SOURCE)
 
     def _sweep(self, now: float) -> None:
         self._swept = now

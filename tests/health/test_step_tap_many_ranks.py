@@ -15,6 +15,7 @@ from ftwatch.parsers import fields
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.lineclock import Later, LineClock
 from ftwatch.rules.loader import load_rules
+from ftwatch.rules import stragglers
 from ftwatch.rules.stragglers import StepTracker
 
 MEGATRON = ("[rank{r}]: [2026-11-21 09:{m:02d}:{s:02d}] iteration {n:8d}/     100 | consumed samples: 64 | "
@@ -87,8 +88,10 @@ def test_only_ranks_that_may_be_slow_are_judged(rules, monkeypatch):
     tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
     engine = Engine(rules, steps=tracker)
     judged = []
-    real = tracker._judge
-    monkeypatch.setattr(tracker, "_judge", lambda job, who, rank, line: judged.append(who.rank) or real(job, who, rank, line))
+    real = stragglers.judge                    # the verdict on one rank (rules/stepverdicts.py)
+    monkeypatch.setattr(stragglers, "judge",
+                        lambda cfg, names, job, who, rank, line: judged.append(who.rank) or
+                        real(cfg, names, job, who, rank, line))
     origin = Origin("combined", None, "job1", "n", "stdout", "replay")
     found = []
     for n in range(1, 6):

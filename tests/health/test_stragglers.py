@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from ftwatch.clock import FakeClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.events import FailureClass, Origin
-from ftwatch.rules import stragglers
+from ftwatch.rules import stepverdicts, stragglers
 from ftwatch.rules.stragglers import SWEEP_EVERY, StepTracker, is_straggler, scan_form
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -393,8 +393,8 @@ def test_a_step_line_of_a_rank_in_line_with_the_others_scans_no_other_rank(rules
     """O(log ranks) per step line: while no rank is past ``factor``, the full test (a list of
     every other rank's median, their MAD) never runs; the statistics still find the straggler."""
     calls = []
-    real = stragglers.is_straggler
-    monkeypatch.setattr(stragglers, "is_straggler", lambda *a: calls.append(len(a[1])) or real(*a))
+    real = stepverdicts.is_straggler           # the verdicts' full test (rules/stepverdicts.py)
+    monkeypatch.setattr(stepverdicts, "is_straggler", lambda *a: calls.append(len(a[1])) or real(*a))
     engine, clock = engine_with(rules), {}
     found = feed_ranks(engine, 512, 8, lambda rank: 0.1 + 0.001 * (rank % 7), clock)
     assert found == [] and calls == []
