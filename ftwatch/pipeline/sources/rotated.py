@@ -6,7 +6,9 @@ nothing twice, also across a restart (issue 17):
 - **Rename rotation** keeps the inode: :func:`find_inode` looks for it in the directory it was
   followed in (``app.log`` -> ``app.log.1``, ``0.log`` -> ``0.log.20260101-120000``), so a file
   rotated while ftwatch was down, or inside its ``rotate_wait`` when ftwatch was killed, is
-  read on from its saved offset.
+  read on from its saved offset; one found with other content (copytruncated, then renamed, all
+  while ftwatch was down) is read from its head after salvaging from its copy, when
+  :func:`find_copy` finds one (without a copy its inode is taken as reused, and not followed).
 - **copytruncate** makes a new inode with the old content and empties the followed one.
   :class:`Known` is what a followed file's content looked like at its delivered offset (its
   first bytes and the bytes just before the offset); :func:`is_copy` tells whether another file
