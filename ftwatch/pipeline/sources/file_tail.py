@@ -23,7 +23,9 @@ file's new complete lines on the queue as one batch (``list[Shipped]``). Like fl
   **Deleted** files are read to their end and closed.
 - **Rotated while down** (or killed inside ``rotate_wait``): a saved file that the globs no
   longer find is looked for by its inode in its directory and read on from its offset to its
-  end; a followed file truncated while down is salvaged from its copy as above.
+  end; a followed file truncated while down is salvaged from its copy as above, also when it
+  was renamed after the truncation (found by its inode with other content and a copy of what was
+  delivered beside it: read from its head after the copy's lines).
 - **Long lines** (over ``max_line_bytes``) are emitted once, cut, with :data:`TRUNCATED_MARKER`,
   and the rest skipped up to the newline (``stats["long_lines"]``): no stall, bounded memory.
   Binary data and invalid UTF-8 pass through as bytes. Only complete lines are emitted; a partial

@@ -23,7 +23,7 @@ from typing import Callable
 
 from ftwatch.pipeline.sources.checkpoints import OffsetEntry, OffsetStore, read_fingerprint
 from ftwatch.pipeline.sources.rotated import (
-    Known, is_copy, known_of, mark_at, open_moved, salvage, truncated_at,
+    Known, find_copy, is_copy, known_of, mark_at, open_moved, salvage, truncated_at,
 )
 from ftwatch.pipeline.sources.tailed import TailedFile, tail_start
 
@@ -161,9 +161,11 @@ class FollowedFiles:
             entry = self._offsets.entry(st.st_dev, st.st_ino)
             salvage_from = None
             copy = False
-            if entry is not None and entry.path == path and (saved is None or saved > st.st_size):
-                self._stats["truncations"] += 1     # truncated (copytruncate) or rewritten while down
-                salvage_from = Known(key, entry.fingerprint, entry.offset, entry.mark)
+            if entry is not None and (saved is None or saved > st.st_size) and (
+                    entry.path == path or find_copy(os.path.dirname(path), known_of(entry),
+                                                    self._followed_in_own_right) is not None):
+                self._stats["truncations"] += 1     # truncated (copytruncate) or rewritten while down,
+                salvage_from = known_of(entry)      # perhaps then renamed to another matching name
                 pos = 0
             elif saved is not None and saved > st.st_size:
                 self._stats["truncations"] += 1
@@ -194,21 +196,38 @@ class FollowedFiles:
     def _resume_moved(self, e: OffsetEntry) -> bool:
         """Follows a saved file that the first scan did not find, if it was rotated beside its path.
 
+        A file found by its inode but shorter than its offset or beginning otherwise was truncated
+        (copytruncate) and then renamed while ftwatch was down: when a copy of its delivered
+        content is beside it, the unread lines are salvaged from the copy and the file is read
+        from its head (else its inode was reused by another file, which is not followed).
+
         Returns:
-            True when it was found by its inode (it is read on from its offset, as a rotated
-            file); False when it is gone or no longer the saved content.
+            True when it was found by its inode (it is read on as a rotated file); False when it
+            is gone or no longer the saved content.
         """
-        found = open_moved(known_of(e), e.path)
+        known = known_of(e)
+        found = open_moved(known, e.path)
         if found is None:
             return False
-        moved, fd, fp = found
-        f = TailedFile(e.dev, e.ino, e.path, fd, e.offset, fp)   # its lines keep the path they had
-        f.saved, f.mark = e.offset, e.mark
+        moved, fd, fp, rewritten = found
+        if rewritten and find_copy(os.path.dirname(e.path), known, self._followed_in_own_right) is None:
+            os.close(fd)
+            return False
+        f = TailedFile(e.dev, e.ino, e.path, fd, 0 if rewritten else e.offset, fp)  # lines keep their path
+        if rewritten:
+            f.salvage = known               # read in its first pump; the entry stays until then
+        else:
+            f.saved, f.mark = e.offset, e.mark
         f.rotated_at = self._clock()
         self.files[(e.dev, e.ino)] = f
         self._stats["rotations"] += 1
-        log.info("file tail %s: %s was rotated to %s while ftwatch was down; reading it on from offset %d",
-                 self._name, e.path, moved, e.offset)
+        if rewritten:
+            self._stats["truncations"] += 1
+            log.info("file tail %s: %s was truncated and rotated to %s while ftwatch was down; reading "
+                     "it from its head after the lines of its copy", self._name, e.path, moved)
+        else:
+            log.info("file tail %s: %s was rotated to %s while ftwatch was down; reading it on from "
+                     "offset %d", self._name, e.path, moved, e.offset)
         return True
 
     def _copy_of(self, fd: int, size: int, key: tuple[int, int], first: bool) -> bool:
@@ -218,7 +237,7 @@ class FollowedFiles:
         Only a truncated original counts: a sibling that begins with the same bytes as a followed
         file (a common banner) is no copy and is read like any new file.
         """
-        known = [Known((f.dev, f.ino), f.fp, f.saved, f.mark) for f in self.files.values()
+        known = [f.salvage or Known((f.dev, f.ino), f.fp, f.saved, f.mark) for f in self.files.values()
                  if f.salvage is not None or self.truncated(f)]
         if first:
             if self._truncated_while_down is None:
@@ -238,14 +257,16 @@ class FollowedFiles:
     def salvage(self, path: str, known: Known) -> list[bytes]:
         """The lines after ``known.offset`` read from a copy of the truncated file ``path`` (never
         from a file followed in its own right)."""
-        def followed(key: tuple[int, int]) -> bool:
-            return key in self.files and key not in self._copies
-        lines, copy = salvage(os.path.dirname(path), known, followed)
+        lines, copy = salvage(os.path.dirname(path), known, self._followed_in_own_right)
         if copy is not None:
             self._stats["salvaged"] += len(lines)
             log.info("file tail %s: %s was truncated; %d unread lines taken from its copy %s",
                      self._name, path, len(lines), copy)
         return lines
+
+    def _followed_in_own_right(self, key: tuple[int, int]) -> bool:
+        """Whether ``key`` is a followed file that is no copy (never salvaged from)."""
+        return key in self.files and key not in self._copies
 
 
 def _same_start(f: TailedFile) -> bool:

@@ -6,7 +6,9 @@ nothing twice, also across a restart (issue 17):
 - **Rename rotation** keeps the inode: :func:`find_inode` looks for it in the directory it was
   followed in (``app.log`` -> ``app.log.1``, ``0.log`` -> ``0.log.20260101-120000``), so a file
   rotated while ftwatch was down, or inside its ``rotate_wait`` when ftwatch was killed, is
-  read on from its saved offset.
+  read on from its saved offset; one found with other content (copytruncated, then renamed, all
+  while ftwatch was down) is read from its head after salvaging from its copy, when
+  :func:`find_copy` finds one (without a copy its inode is taken as reused, and not followed).
 - **copytruncate** makes a new inode with the old content and empties the followed one.
   :class:`Known` is what a followed file's content looked like at its delivered offset (its
   first bytes and the bytes just before the offset); :func:`is_copy` tells whether another file
@@ -71,9 +73,18 @@ def known_of(e: OffsetEntry) -> Known:
 
 
 def truncated_at(known: Known, path: str) -> bool:
-    """Whether the saved file is still at ``path`` but shorter than its offset or begins otherwise."""
+    """Whether the saved file, still at ``path`` or renamed beside it since, is shorter than its
+    offset or begins otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        st = os.stat(path)
+        here: str | None = path if (st.st_dev, st.st_ino) == known.key else None
+    except OSError:
+        here = None
+    here = here or find_inode(os.path.dirname(path), *known.key)
+    if here is None:
+        return False
+    try:
+        fd = os.open(here, os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -86,12 +97,14 @@ def truncated_at(known: Known, path: str) -> bool:
         os.close(fd)
 
 
-def open_moved(known: Known, path: str) -> tuple[str, int, bytes] | None:
+def open_moved(known: Known, path: str) -> tuple[str, int, bytes, bool] | None:
     """Opens a saved file that left ``path`` but is still beside it (rename rotation).
 
     Returns:
-        (its path now, an open read-only descriptor, its fingerprint), or None when it is gone,
-        shorter than its offset, or no longer begins as it did.
+        (its path now, an open read-only descriptor, its fingerprint, rewritten), or None when
+        it is gone. ``rewritten``: it is shorter than its offset or no longer begins as it did
+        (truncated, then renamed; or its inode was reused): the caller decides, see
+        :func:`find_copy`, and closes the descriptor if it does not follow it.
     """
     moved = find_inode(os.path.dirname(path), *known.key)
     if moved is None:
@@ -103,9 +116,8 @@ def open_moved(known: Known, path: str) -> tuple[str, int, bytes] | None:
     try:
         st = os.fstat(fd)
         fp = read_fingerprint(fd)
-        if (st.st_dev, st.st_ino) == known.key and st.st_size >= known.offset and \
-                fingerprints_agree(fp, known.fingerprint):
-            return moved, fd, fp
+        if (st.st_dev, st.st_ino) == known.key:
+            return moved, fd, fp, st.st_size < known.offset or not fingerprints_agree(fp, known.fingerprint)
     except OSError:
         pass
     os.close(fd)
@@ -166,13 +178,33 @@ def salvage(directory: str, known: Known, skip: Callable[[tuple[int, int]], bool
         (lines, copy path): the copy's complete lines after the offset, and its last partial
         line (a copy ends there); ``([], None)`` when no copy is found.
     """
-    if not known.comparable:
+    copy = find_copy(directory, known, skip)
+    if copy is None:
         return [], None
+    try:
+        data = _read_from(copy, known.offset)
+    except OSError as e:
+        log.warning("cannot read the copy %s: %s", copy, e)
+        return [], None
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return lines, copy
+
+
+def find_copy(directory: str, known: Known, skip: Callable[[tuple[int, int]], bool] = lambda key: False,
+              ) -> str | None:
+    """The path of the newest copy of ``known``'s content in ``directory`` (``skip``: as in
+    :func:`salvage`), or None. A copy is also the evidence that the original was truncated
+    (copytruncate): a saved file found by its inode with other content is read from its head
+    only when one exists (``ftwatch.pipeline.sources.followed``)."""
+    if not known.comparable:
+        return None
     best: tuple[int, str] | None = None
     try:
         entries = list(os.scandir(directory or "."))
     except OSError:
-        return [], None
+        return None
     for entry in entries:
         try:
             st = entry.stat()
@@ -188,17 +220,7 @@ def salvage(directory: str, known: Known, skip: Callable[[tuple[int, int]], bool
             pass
         finally:
             os.close(fd)
-    if best is None:
-        return [], None
-    try:
-        data = _read_from(best[1], known.offset)
-    except OSError as e:
-        log.warning("cannot read the copy %s: %s", best[1], e)
-        return [], None
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return lines, best[1]
+    return None if best is None else best[1]
 
 
 def _read_from(path: str, offset: int) -> bytes:
