@@ -1,6 +1,6 @@
 """`make soak`'s building blocks at a tiny scale (the soak itself is not part of `make test`).
 
-The listeners part runs for real (a `watch` subprocess, a few hundred valid lines beside the
+The listeners part runs for real (a `watch` subprocess, a few hundred valid lines beside 12
 fuzzers, about 5 s); the judging of the RSS series and the table are checked on made-up numbers.
 """
 
@@ -18,7 +18,8 @@ from bench.soak.common import Figure, zero  # noqa: E402
 
 
 def test_fuzzed_listeners_count_every_valid_line_and_survive(tmp_path):
-    figures = {f.name: f for f in listeners.run(tmp_path, lines_forward=400, lines_http=200, clients=2, fuzzers=2)}
+    figures = {f.name: f for f in listeners.run(tmp_path, lines_forward=400, lines_http=200, clients=2, fuzzers=2,
+                                                       exchanges=12)}
     assert figures["fuzz: watch crashes"].value == 0, figures["fuzz: watch crashes"].note
     assert "truncated" in figures["fuzz: watch crashes"].note or "random" in figures["fuzz: watch crashes"].note
     for name in ("Forward", "HTTP"):

@@ -7,7 +7,7 @@ Parts, in order (each module's doc says what it does and counts):
 2. ``rotation``: ``kill -9`` of ``watch`` following a rotating file, x5: lines lost, duplicated;
 3. ``orphans``: ``kill -9`` of ``run`` mid-job: workers alive after the kill, orphans after the
    next start, budget resets;
-4. ``outage``: a webhook receiver and an Elasticsearch stand-in down for 60 s: alerts and
+4. ``outage``: a webhook receiver and an Elasticsearch stand-in down for 120 s: alerts and
    documents lost or duplicated;
 5. ``rss``: VmRSS of ``watch`` under a steady load: growth of the last third over the middle.
 

@@ -172,15 +172,16 @@ def fuzz_once(rng: random.Random, forward: int, http: int) -> str:
     return kind
 
 
-def fuzzer(rng: random.Random, forward: int, http: int, stop: threading.Event, kinds: list[str]) -> None:
-    while not stop.is_set():
+def fuzzer(rng: random.Random, forward: int, http: int, count: int, kinds: list[str]) -> None:
+    """``count`` malformed or oversized exchanges (:func:`fuzz_once`), their kinds appended to ``kinds``."""
+    for _ in range(count):
         kinds.append(fuzz_once(rng, forward, http))
 
 
 # ------------------------------------------------------------------------- the part
 
 def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = None,
-        clients: int = 4, fuzzers: int = 4) -> list[Figure]:
+        clients: int = 4, fuzzers: int = 4, exchanges: int | None = None) -> list[Figure]:
     """Runs part 1 in ``tmp``; returns its figures.
 
     Args:
@@ -189,7 +190,10 @@ def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = No
         lines_http: valid HTTP lines in all (default 100,000 x SOAK_SCALE).
         clients: valid clients per listener (of the Forward ones, every second one acked).
         fuzzers: fuzzer threads.
+        exchanges: fuzz exchanges in all, shared by the fuzzer threads while the valid clients
+            send (default 800 x SOAK_SCALE; a fixed count, so runs compare).
     """
+    exchanges = exchanges or int(800 * scale())
     lines_forward = lines_forward or int(200_000 * scale())
     lines_http = lines_http or int(100_000 * scale())
     fwd_port, http_port = free_port(), free_port()
@@ -198,9 +202,11 @@ def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = No
     try:
         if not (watch.wait_listening(fwd_port) and watch.wait_listening(http_port)):
             return [zero("fuzz: watch crashes", 1, f"did not start: {watch.stderr()}")]
-        say(f"fuzz: {lines_forward} Forward + {lines_http} HTTP valid lines, {fuzzers} fuzzers")
-        stop, kinds = threading.Event(), []
-        fuzz = [threading.Thread(target=fuzzer, args=(random.Random(17 + i), fwd_port, http_port, stop, kinds),
+        say(f"fuzz: {lines_forward} Forward + {lines_http} HTTP valid lines, {exchanges} fuzz exchanges "
+            f"from {fuzzers} fuzzers")
+        kinds: list[str] = []
+        fuzz = [threading.Thread(target=fuzzer, args=(random.Random(17 + i), fwd_port, http_port,
+                                                      exchanges // fuzzers + (i < exchanges % fuzzers), kinds),
                                  daemon=True) for i in range(fuzzers)]
         failed_fwd: list[int] = []
         failed_http: list[int] = []
@@ -212,11 +218,8 @@ def run(tmp: Path, lines_forward: int | None = None, lines_http: int | None = No
         started = time.monotonic()
         for t in fuzz + valid:
             t.start()
-        for t in valid:
+        for t in valid + fuzz:
             t.join()
-        stop.set()
-        for t in fuzz:
-            t.join(60)
         sent_fwd, sent_http = lines_forward // clients * clients, lines_http // clients * clients
         say(f"fuzz: clients done in {time.monotonic() - started:.0f} s; {len(kinds)} fuzz exchanges")
         last = [-1.0, time.monotonic()]

@@ -5,7 +5,7 @@ soak rule fails (``SOAK FATAL``), so each job gets one finding, one ``fail_job``
 alert. The alert goes to a webhook receiver (a local HTTP server, :class:`Receiver`), and every
 record to Elasticsearch (the stand-in of ``tests/pipeline/sinks/conftest.py``, a real HTTP server
 speaking the bulk API). Both are up for a while, then stopped (connection refused) for the
-outage (60 s x SOAK_SCALE), then started again on the same ports, the stand-in keeping the
+outage (120 s x SOAK_SCALE: minutes), then started again on the same ports, the stand-in keeping the
 documents it had, as a cluster does. Jobs keep coming throughout.
 
 Once they are back, the soak waits until every decision in ftwatch's SQLite store has reached
@@ -16,7 +16,7 @@ both (or a deadline passes) and counts, per decision id (an alert carries it in 
 - documents lost: decisions and findings in SQLite without their Elasticsearch document;
   duplicated: a decision or a soak job's finding stored under two document ids.
 
-Scale 1: about 2 minutes (10 s up, 60 s down, 10 s up, then the resend: spooled alerts are
+Scale 1: about 3 minutes (10 s up, 120 s down, 10 s up, then the resend: spooled alerts are
 retried every 30 s).
 """
 
@@ -131,11 +131,11 @@ def run(tmp: Path, outage: float | None = None, up: float | None = None, every: 
 
     Args:
         tmp: a fresh directory.
-        outage: seconds both are down (default 60 x SOAK_SCALE).
+        outage: seconds both are down (default 120 x SOAK_SCALE).
         up: seconds of jobs before and after the outage (default 10 x SOAK_SCALE).
         every: seconds between new failing jobs.
     """
-    outage = 60 * scale() if outage is None else outage
+    outage = 120 * scale() if outage is None else outage
     up = 10 * scale() if up is None else up
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "rules.yaml").write_text(RULES)
