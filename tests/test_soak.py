@@ -1,7 +1,7 @@
 """`make soak`'s building blocks at a tiny scale (the soak itself is not part of `make test`).
 
-The listeners part runs for real (a `watch` subprocess, a few hundred valid lines beside 12
-fuzzers, about 5 s); the judging of the RSS series and the table are checked on made-up numbers.
+The listeners part runs for real (a `watch` subprocess, a few hundred valid lines beside 12 fuzz
+exchanges, about 5 s); the judging of the RSS series and the table are checked on made-up numbers.
 """
 
 from __future__ import annotations
