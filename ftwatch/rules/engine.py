@@ -19,12 +19,13 @@ traceback's final exception, ``when:`` conditions, NCCL INFO lines, fault codes)
 A hit line without a timestamp is at the time its chunk was read (live), or, in a replay
 (``feed``'s ``sim_step``), at the time of the last timestamped line before it in the chunk,
 found by one backward search over the lines since the previous hit
-(``ftwatch.parsers.fields.last_timestamp``). Scanning, carrying blocks and dating records share
-one feed's state (the carried part, the line count, the last stamp found), so they stay here;
-judging a finished Record needs none of it and lives in ``ftwatch.rules.judge``. That shared
-state is why this module stays a little past 400 lines. A batch of many streams' chunks (one
-scan, the step-only chunks in one step-tap call) is ``ftwatch.rules.batches``; the time of a
-line the step tap asks for, ``ftwatch.rules.lineclock``.
+(``ftwatch.parsers.fields.last_timestamp``). Scanning and dating records share one feed's state
+(the carried part, the line count, the last stamp found), so they stay here; judging a finished
+Record needs none of it and lives in ``ftwatch.rules.judge``. A block's lines and the table of
+open blocks carried between feeds (with what ``watch`` stores of them) are
+``ftwatch.rules.blocks``; a batch of many streams' chunks (one scan, the step-only chunks in one
+step-tap call) is ``ftwatch.rules.batches``; the time of a line the step tap asks for,
+``ftwatch.rules.lineclock``.
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
 from ftwatch.rules import batches
 from ftwatch.rules.batches import ScanHits
+from ftwatch.rules.blocks import MAX_BLOCK_LINES, MAX_CARRY_BYTES, OpenBlocks, collect_block, starts_block
 from ftwatch.rules.exceptions import ExceptionCatalog
 from ftwatch.rules.faultcodes import FaultTables
-from ftwatch.rules.judge import Judge, line_at
+from ftwatch.rules.judge import Judge
 from ftwatch.rules.lineclock import LineClock
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule, StepTap
 
-MAX_BLOCK_LINES = 400          # a block longer than this is closed where it is
-MAX_CARRY_BYTES = 1 << 20      # never carry more than 1 MiB into the next feed
+__all__ = ["BLOCK_START_PATTERNS", "MAX_BLOCK_LINES", "MAX_CARRY_BYTES", "Engine", "EngineStats"]
+
 BLOCK_START_PATTERNS = tuple(Pattern(text, regex=True) for text in multiline.BLOCK_START_REGEXES)
 """The Matcher patterns of multiline's block starts (parsers export plain regexes)."""
 
@@ -68,23 +70,6 @@ class EngineStats:
     lines: int = 0
     records: int = 0
     findings: int = 0
-
-
-@dataclass(slots=True)
-class _Pending:
-    """An open block carried to the next feed of its origin.
-
-    Attributes:
-        data: the bytes from the block's first line on (ANSI removed, newline-terminated).
-        since: the time of the last feed that carried it (``flush_stale`` measures from it).
-        base: the time of ``data``'s first line, for its lines without a timestamp.
-        skip: offsets in ``data`` of lines that closed blocks already took.
-    """
-
-    data: bytes
-    since: float
-    base: float
-    skip: frozenset[int] = frozenset()
 
 
 class Engine:
@@ -117,8 +102,7 @@ class Engine:
         self.year = year
         self.stats = EngineStats()
         self._seq = itertools.count(1)
-        self._pending: dict[Origin, _Pending] = {}
-        self._changed: set[Origin] | None = None    # origins whose open block changed (track_blocks)
+        self._pending = OpenBlocks()
         self._line_pos = self._line_no = 0
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
@@ -207,10 +191,8 @@ class Engine:
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
         self._stamped = (0, None)                   # the last stamp search of this feed
-        pending = self._pending.pop(origin, None)
+        pending = self._pending.take(origin)
         if pending is not None:
-            if self._changed is not None:
-                self._changed.add(origin)
             data = pending.data + data
             consumed.update(pending.skip)
             self._carry_end, self._carry_time = len(pending.data), pending.base
@@ -240,10 +222,10 @@ class Engine:
             if start in consumed:
                 continue
             ids = by_line[start]
-            if ids & self._block_ids and self._starts_block(data, start):
-                block = self._collect_block(data, start, origin, final)
+            if ids & self._block_ids and starts_block(data, start):
+                block = collect_block(data, start, final)
                 if block is None:                      # open block: carry it over
-                    self._carry(origin, data, start, now, self._base_time(data, start, time, sim_step),
+                    self._pending.carry(origin, data, start, now, self._base_time(data, start, time, sim_step),
                                 consumed)
                     end_of_work = start
                     break
@@ -320,8 +302,7 @@ class Engine:
         """Close every open block older than ``timeout`` seconds (P1 flush timeout); only those
         of ``job`` when given."""
         out: list[Finding] = []
-        for origin in [o for o, p in self._pending.items()
-                       if now - p.since >= timeout and (job is None or o.job == job)]:
+        for origin in self._pending.stale(now, timeout, job):
             out.extend(self.flush(origin, now))
         return out
 
@@ -333,45 +314,28 @@ class Engine:
     def track_blocks(self) -> None:
         """From now on note which origins' open blocks change, for :meth:`changed_blocks`
         (``watch`` stores them with each batch, issue 17)."""
-        if self._changed is None:
-            self._changed = set()
+        self._pending.track()
 
     def changed_blocks(self) -> list[tuple[Origin, bytes | None, float, frozenset[int]]]:
         """The open blocks that changed since the last call (after :meth:`track_blocks`): per
-        origin ``(origin, data, base, skip)`` as :class:`_Pending` holds them, ``data`` None when
-        the origin has none open any more."""
-        if not self._changed:
-            return []
-        changed, self._changed = self._changed, set()
-        out = []
-        for origin in changed:
-            p = self._pending.get(origin)
-            out.append((origin, None, 0.0, frozenset()) if p is None else (origin, p.data, p.base, p.skip))
-        return out
+        origin ``(origin, data, base, skip)`` as ``ftwatch.rules.blocks.OpenBlock`` holds them,
+        ``data`` None when the origin has none open any more."""
+        return self._pending.changed()
 
     def restore_block(self, origin: Origin, data: bytes, base: float, skip: frozenset[int], now: float) -> None:
         """Open ``origin``'s block again as a stored batch left it (``changed_blocks``); it goes
         stale from ``now`` (epoch s)."""
-        self._pending[origin] = _Pending(data, now, base, frozenset(skip))
+        self._pending.restore(origin, data, base, skip, now)
 
     def pending_origins(self) -> list[Origin]:
         """Origins with an open block carried over."""
-        return list(self._pending)
+        return self._pending.origins()
 
     def pending_over(self, max_blocks: int, max_bytes: int) -> list[Origin]:
         """The origins whose open blocks are past the caps (``limits.max_open_blocks`` /
         ``max_open_block_bytes``), the least recently carried first: those to :meth:`flush`
         early. Empty while within both."""
-        total = sum(len(p.data) for p in self._pending.values())
-        if len(self._pending) <= max_blocks and total <= max_bytes:
-            return []
-        out, count = [], len(self._pending)
-        for origin, p in sorted(self._pending.items(), key=lambda item: item[1].since):
-            if count <= max_blocks and total <= max_bytes:
-                break
-            out.append(origin)
-            count, total = count - 1, total - len(p.data)
-        return out
+        return self._pending.over(max_blocks, max_bytes)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -379,17 +343,6 @@ class Engine:
         self.stats.lines += data.count(b"\n", 0, end)
         if end == len(data) and data and not data.endswith(b"\n"):
             self.stats.lines += 1                   # a last line without its newline
-
-    def _carry(self, origin: Origin, data: bytes, start: int, now: float, base: float,
-               consumed: set[int]) -> None:
-        """Keep ``data[start:]`` (an open block and what follows it) for the next feed."""
-        rest = data[start:]
-        if not rest.endswith(b"\n"):
-            rest += b"\n"                          # the next feed starts a new line
-        skip = frozenset(s - start for s in consumed if s > start)
-        self._pending[origin] = _Pending(rest, now, base, skip)
-        if self._changed is not None:
-            self._changed.add(origin)
 
     def _base_time(self, data: bytes, start: int, time: float, sim_step: float) -> float:
         """The time of the line at ``start`` when it carries no timestamp of its own (see
@@ -407,43 +360,6 @@ class Engine:
                 return found[1] + data.count(b"\n", found[0], start) * sim_step
             return time + self._line_index(data, start) * sim_step
         return self._carry_time if start < self._carry_end else time
-
-    @staticmethod
-    def _starts_block(data: bytes, start: int) -> bool:
-        return multiline.is_block_start(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1])
-
-    def _collect_block(self, data: bytes, start: int, origin: Origin, final: bool):
-        """The lines of the block starting at ``start``, same rank only; None if still open."""
-        first_rank, first_text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
-        line_starts, texts = [start], [first_text]
-        # every line behind a `kubectl/docker logs --timestamps` stamp: the frames' indentation
-        # comes after it, so the block's other lines are read without it (the first keeps its time)
-        stamped = fields.strip_stamp_prefix(first_text) != first_text
-        pos = data.find(b"\n", start)
-        truncated = False
-        while pos >= 0 and pos + 1 < len(data):
-            s = pos + 1
-            pos = data.find(b"\n", s)
-            raw = data[s:] if pos < 0 else data[s:pos]
-            rank, text = fields.split_rank_prefix(fields.clean(raw))
-            if rank != first_rank:
-                continue
-            if stamped:
-                text = fields.strip_stamp_prefix(text)
-            line_starts.append(s)
-            texts.append(text)
-            end = multiline.block_end(texts, 0)
-            if end is not None:
-                return line_starts[: end + 1], texts[: end + 1], first_rank
-            if len(texts) >= MAX_BLOCK_LINES:
-                truncated = True
-                break
-        end = multiline.block_end(texts, 0)
-        if end is not None:
-            return line_starts[: end + 1], texts[: end + 1], first_rank
-        if final or truncated or len(data) - start > MAX_CARRY_BYTES:
-            return line_starts, texts, first_rank
-        return None
 
     def _record(self, origin: Origin, rank: int | None, texts: list[str], data: bytes,
                 start: int, time: float, sim_step: float) -> Record:

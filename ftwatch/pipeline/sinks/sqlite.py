@@ -19,20 +19,9 @@ JSON columns hold text)::
 from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
 same bucket again adds to it.
 
-``positions`` (schema 3): each shipped source's position after its last batch, written in the
-transaction of that batch's effects (a file tail's offsets; a lower ``seq`` never replaces a
-higher one), read back by ``watch`` at start (:meth:`SqliteStore.positions`, issue 17).
-
-``chunks`` (schema 4): the Forward ``chunk`` ids of the requests whose records a batch
-handled, written in that batch's transaction (``ChunksSeen``); each write prunes the ids older
-than its ``keep_seconds`` and all but the newest ``keep``. ``watch``'s Forward sources ask
-:meth:`SqliteStore.chunk_seen` on every request that carries one (a client resending a chunk
-whose ack a kill lost: issue 17).
-
-``open_blocks`` (schema 4): the multi-line blocks still open after a batch (``OpenBlocks``), one
-row per origin (its equality fields as a JSON list), written in that batch's transaction and
-read back by ``watch`` at start (:meth:`SqliteStore.open_blocks`), so a traceback whose first
-lines a committed position has passed is not lost with the process (issue 17).
+``positions`` (schema 3), ``chunks`` and ``open_blocks`` (schema 4) are the exactly-once marks
+that a batch leaves for ``watch``'s next start, written in that batch's transaction (issue 17):
+their schemas, encoders and readers are ``ftwatch.pipeline.sinks.marks``.
 
 The file is in WAL mode (readers such as ``ftwatch report`` do not block the writer) and its
 schema version is ``PRAGMA user_version``. It is a sink (``ftwatch.pipeline.sinks.base.Sink``):
@@ -45,6 +34,9 @@ instead of corrupting state.
 Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()`` (``time`` as
 ISO-8601) with ``epoch`` (epoch seconds) and ``attempt`` added; decisions likewise carry
 ``time`` (ISO) and ``epoch``.
+
+A little over 400 lines: the readers share the writer's connection and lock; split off, they
+would reach into both.
 """
 
 from __future__ import annotations
@@ -60,8 +52,8 @@ from typing import Any, Iterator, Sequence
 
 from ftwatch.errors import SinkError
 from ftwatch.events import Decision, DeliveryResult, Finding, Origin, iso
-from ftwatch.pipeline.sinks.base import (ChunksSeen, FindingBatch, LifecycleEvent, OpenBlocks, OutputBatch,
-                                         Record, RunEnd, RunStart, SourcePosition, encode)
+from ftwatch.pipeline.sinks import marks
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd, RunStart, encode
 
 SCHEMA_VERSION = 4
 
@@ -101,23 +93,8 @@ CREATE TABLE output (
     PRIMARY KEY (job, instance, bucket));
 """
 
-_SCHEMA_V3 = """
-CREATE TABLE positions (
-    key TEXT PRIMARY KEY, seq INTEGER NOT NULL, document BLOB NOT NULL, time REAL NOT NULL DEFAULT 0);
-"""
-
-_SCHEMA_V4 = """
-CREATE TABLE chunks (
-    id INTEGER PRIMARY KEY, source TEXT NOT NULL, chunk TEXT NOT NULL, time REAL NOT NULL,
-    UNIQUE (source, chunk));
-CREATE INDEX chunks_time ON chunks (time);
-CREATE TABLE open_blocks (
-    origin TEXT PRIMARY KEY, labels TEXT NOT NULL DEFAULT '[]', data BLOB NOT NULL, base REAL NOT NULL,
-    skip TEXT NOT NULL DEFAULT '[]', time REAL NOT NULL);
-"""
-
 # version reached -> the script that gets there from the one before
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
@@ -192,40 +169,9 @@ def _output_rows(b: OutputBatch) -> list[tuple[str, list[tuple]]]:
              "lines = lines + excluded.lines, bytes = bytes + excluded.bytes", list(b.rows))]
 
 
-def _position_rows(p: SourcePosition) -> list[tuple[str, list[tuple]]]:
-    return [("INSERT INTO positions (key, seq, document, time) VALUES (?, ?, ?, ?) ON CONFLICT (key) "
-             "DO UPDATE SET seq = excluded.seq, document = excluded.document, time = excluded.time "
-             "WHERE excluded.seq > positions.seq", [(p.key, p.seq, bytes(p.document), p.time)])]
-
-
-def _chunk_rows(c: ChunksSeen) -> list[tuple[str, list[tuple]]]:
-    """The ids, then the pruning: by age (the time index), then all but the newest ``keep`` ids
-    (``id`` rises with every insert, so the cut is one range on the primary key)."""
-    if not c.chunks:
-        return []
-    return [("INSERT OR IGNORE INTO chunks (source, chunk, time) VALUES (?, ?, ?)",
-             [(source, chunk, c.time) for source, chunk in c.chunks]),
-            ("DELETE FROM chunks WHERE time < ?", [(c.time - c.keep_seconds,)]),
-            ("DELETE FROM chunks WHERE id <= (SELECT max(id) FROM chunks) - ?", [(c.keep,)])]
-
-
-def _origin_key(o: Origin) -> str:
-    return json.dumps([o.instance, o.rank, o.job, o.node, o.stream, o.source])
-
-
-def _block_rows(b: OpenBlocks) -> list[tuple[str, list[tuple]]]:
-    closed = [(_origin_key(o),) for o, data, _, _ in b.blocks if data is None]
-    kept = [(_origin_key(o), json.dumps([list(pair) for pair in o.labels]), data, base, json.dumps(sorted(skip)),
-             b.time) for o, data, base, skip in b.blocks if data is not None]
-    return ([("DELETE FROM open_blocks WHERE origin = ?", closed)] if closed else []) + (
-        [("INSERT OR REPLACE INTO open_blocks (origin, labels, data, base, skip, time) VALUES (?, ?, ?, ?, ?, ?)",
-          kept)] if kept else [])
-
-
 _ENCODERS = {RunStart: _run_start_rows, RunEnd: _run_end_rows, LifecycleEvent: _event_rows,
              FindingBatch: _findings_rows, Decision: _decision_rows, DeliveryResult: _delivery_rows,
-             OutputBatch: _output_rows, SourcePosition: _position_rows, ChunksSeen: _chunk_rows,
-             OpenBlocks: _block_rows}
+             OutputBatch: _output_rows, **marks.ENCODERS}
 """Every sink record -> the statements and rows that store it."""
 
 
@@ -445,24 +391,17 @@ class SqliteStore:
 
     def positions(self) -> dict[str, tuple[int, bytes]]:
         """Each shipped source's position stored with its last batch: key -> (seq, document)."""
-        return {r["key"]: (r["seq"], bytes(r["document"]))
-                for r in self._rows("SELECT key, seq, document FROM positions")}
+        return marks.positions(self._rows)
 
     def chunk_seen(self, source: str, chunk: str) -> bool:
         """Whether a batch that handled Forward ``chunk`` of ``source`` was committed (and its id
         not pruned since)."""
-        return bool(self._rows("SELECT 1 FROM chunks WHERE source = ? AND chunk = ?", (source, chunk)))
+        return marks.chunk_seen(self._rows, source, chunk)
 
     def open_blocks(self) -> list[tuple[Origin, bytes, float, frozenset[int]]]:
         """The open blocks stored with the last batches: ``(origin, data, base, skip)`` each
         (``Engine.restore_block``)."""
-        out = []
-        for r in self._rows("SELECT origin, labels, data, base, skip FROM open_blocks ORDER BY time"):
-            instance, rank, job, node, stream, source = json.loads(r["origin"])
-            labels = tuple(tuple(pair) for pair in json.loads(r["labels"]))
-            out.append((Origin(instance, rank, job, node, stream, source, labels), bytes(r["data"]), r["base"],
-                        frozenset(json.loads(r["skip"]))))
-        return out
+        return marks.open_blocks(self._rows)
 
     @staticmethod
     def _decision(row: sqlite3.Row) -> dict[str, Any]:

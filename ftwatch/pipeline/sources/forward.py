@@ -8,17 +8,10 @@ has returned does it answer ``{"ack": chunk}`` to a request that carried a ``chu
 ack means the data is on ftwatch's queue (at-least-once: a client that gets no ack sends again).
 
 Exactly once (``require_ack``, ``ftwatch watch``, issue 17): a request with a ``chunk`` option is
-queued as a ``ShippedBatch`` carrying its id (``ChunkMark``), and answered only once the consumer
-has acknowledged it (``ShippedBatch.ack``): ``watch`` stores the id in the transaction of the
-records' findings and events (``SqliteStore`` table ``chunks``). The connection waits for that
-ack before it reads on (one chunk in flight per connection, as fluent-bit's ``out_forward``
-with ``Require_ack_response`` sends them). A request whose id ``seen`` says is stored (the
-client sent it again because a kill lost the ack), or whose id another connection is handling
-right now, is acked without queueing its records again, counted in ``stats["repeated"]`` and
-``repeated(name, records)``. Ids are compared per source, as sent: fluent-bit's is the first 16
-bytes of the SHA-512 of the chunk's data in hex (plugins/out_forward/forward_format.c,
-``append_options``), fluentd's its buffer chunk's unique id; both are the same on every resend.
-Requests without a ``chunk`` option carry no id and stay at-most-once across a kill.
+answered only once the consumer has acknowledged its batch, and one sent again (its id stored, or
+in flight on another connection) is acked without queueing its records again, counted in
+``stats["repeated"]`` (:mod:`ftwatch.pipeline.sources.chunkacks`). Requests without a ``chunk``
+option carry no id and stay at-most-once across a kill.
 
 Each entry becomes a ``Shipped``: ``log`` (else ``message``) is the line, as UTF-8 bytes with
 invalid input kept byte for byte (surrogateescape), one trailing newline removed, a non-string
@@ -48,8 +41,8 @@ the TLS and shared-key handshakes have their own ``HANDSHAKE_TIMEOUT``.
 
 Binds to 127.0.0.1 unless told otherwise (SPEC Q2).
 
-Over 400 lines: the sockets, the handshakes, the acks and the fast entry conversion are one
-request's path, read top to bottom; split, each part would reach into the others' state.
+A little over 400 lines: the sockets, the handshakes and the fast entry conversion are one
+request's path, read top to bottom.
 """
 
 from __future__ import annotations
@@ -68,8 +61,8 @@ from itertools import repeat
 from typing import Any, Callable, Mapping
 
 from ftwatch.errors import SourceError
-from ftwatch.pipeline.sources.base import (ChunkMark, Shipped, ShippedBatch, put_until_stopped,
-                                           record_line)
+from ftwatch.pipeline.sources.base import Shipped, put_until_stopped, record_line
+from ftwatch.pipeline.sources.chunkacks import KEEP_CHUNK_SECONDS, KEEP_CHUNKS, ChunkAcks
 from ftwatch.pipeline.sources.connlimit import ConnectionGate
 from ftwatch.pipeline.sources.forward_protocol import (
     MAX_FRAME_SIZE, Entries, ForwardDecoder, ForwardProtocolError, Ping, helo, pack_ack, pong,
@@ -85,9 +78,6 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds for the TLS and shared-key handshakes
 JOIN_TIMEOUT = 5.0        # seconds stop() waits for each thread
 MAX_CONNECTIONS = 512     # the config's default (ftwatch.config.watch.ListenerLimits says why)
 IDLE_TIMEOUT = 120.0      # seconds; the config's default, as above
-ACK_POLL = 0.25           # seconds between checks for a stop while a chunk awaits its consumer's ack
-KEEP_CHUNKS = 1_000_000   # the limits config's defaults (ftwatch.config.limits says why)
-KEEP_CHUNK_SECONDS = 3600.0
 
 
 class ForwardSource:
@@ -131,11 +121,6 @@ class ForwardSource:
                  repeated: Callable[[str, int], None] | None = None):
         self.out = out
         self.require_ack = require_ack
-        self.seen = seen
-        self.keep_chunks = keep_chunks
-        self.keep_chunk_seconds = keep_chunk_seconds
-        self.repeated = repeated
-        self._in_flight: dict[str, ShippedBatch] = {}   # chunk id -> its batch, queued and not acked
         self.host = host
         self._port = port
         self.shared_key = shared_key
@@ -146,6 +131,8 @@ class ForwardSource:
         self.gate = ConnectionGate(name, max_connections, idle_timeout, count)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self.acks = ChunkAcks(name, out, self._stopping, self._count, seen, keep_chunks, keep_chunk_seconds,
+                              repeated)
         self._stats = dict.fromkeys(("connections", "active", "messages", "entries", "bytes",
                                      "acks", "errors", "repeated"), 0)
         self._conns: dict[int, tuple[socket.socket, ForwardDecoder, threading.Thread]] = {}
@@ -356,7 +343,7 @@ class ForwardSource:
         if nonce is not None:
             raise ForwardProtocolError("data before the PING of the shared-key handshake")
         if self.require_ack and event.chunk is not None and event.entries:
-            self._deliver_once(sock, event)
+            self.acks.deliver(sock, event.chunk, len(event.entries), lambda: _shipped(event.tag, event.entries))
             return None
         batch = _shipped(event.tag, event.entries)
         if batch and not put_until_stopped(self.out, batch, self._stopping):
@@ -365,52 +352,6 @@ class ForwardSource:
         if event.chunk is not None:   # counted first, so a client holding its ack sees it counted
             sock.sendall(pack_ack(event.chunk))
         return None
-
-
-    def _deliver_once(self, sock: socket.socket, event: Entries) -> None:
-        """A request with a ``chunk`` id, under ``require_ack`` (module doc, "Exactly once"): queued
-        and acked once its consumer acknowledged it, or acked at once and skipped when its id is
-        stored or in flight.
-
-        Raises:
-            OSError: the source is stopping before the batch was acknowledged (no ack is sent; the
-                client sends it again).
-        """
-        chunk = event.chunk
-        assert chunk is not None
-        batch = ShippedBatch(chunk=ChunkMark(self.name, chunk, self.keep_chunks, self.keep_chunk_seconds))
-        with self._lock:
-            earlier = self._in_flight.setdefault(chunk, batch)
-        if earlier is not batch:              # sent again while the first copy is being handled
-            if not self._wait(earlier):
-                raise OSError("stopping")
-            return self._repeat(sock, chunk, len(event.entries))
-        try:
-            if self.seen is not None and self.seen(self.name, chunk):
-                return self._repeat(sock, chunk, len(event.entries))
-            batch.extend(_shipped(event.tag, event.entries))
-            if not put_until_stopped(self.out, batch, self._stopping) or not self._wait(batch):
-                raise OSError("stopping")     # not handled: no ack; the client sends it again
-        finally:
-            with self._lock:
-                self._in_flight.pop(chunk, None)
-        self._count(messages=1, entries=len(batch), acks=1)
-        sock.sendall(pack_ack(chunk))
-
-    def _wait(self, batch: ShippedBatch) -> bool:
-        """Wait for the consumer's ack of ``batch``; False when the source stops first."""
-        while not batch.wait(ACK_POLL):
-            if self._stopping.is_set():
-                return False
-        return True
-
-    def _repeat(self, sock: socket.socket, chunk: str, records: int) -> None:
-        """Ack a chunk handled before and skip its ``records`` (counted)."""
-        self._count(repeated=1, acks=1)
-        if self.repeated is not None:
-            self.repeated(self.name, records)
-        log.warning("%s: chunk %s was handled before: acked again, %d records skipped", self.name, chunk, records)
-        sock.sendall(pack_ack(chunk))
 
 
 def to_shipped(tag: str, time: float, record: dict, metadata: Mapping[str, Any]) -> Shipped:
@@ -458,12 +399,6 @@ _drain = deque(maxlen=0).extend
 _STR = {str}
 _UTF8, _ESCAPE, _NEWLINE = repeat("utf-8"), repeat("surrogateescape"), repeat(b"\n")
 _LOG, _TAG = repeat("log"), repeat("tag")
-
-
-
-
-
-
 
 
 def _shutdown(sock: socket.socket) -> None:
