@@ -128,6 +128,10 @@ class FakeSupervisor:
         now = self.clock.time()
         return {r for r, end in self._ends.items() if end is None or end > now}
 
+    def wait_reported(self, timeout: float) -> bool:
+        """A scripted exit is queued the moment its worker ends: nothing to wait for."""
+        return True
+
     def close(self) -> None:
         self.calls.append(("close",))
 

@@ -7,10 +7,11 @@ slots, recorder and store.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from ftwatch.config.model import Config
-from ftwatch.events import Action
+from ftwatch.events import Action, ProcessExit
 from ftwatch.pipeline.build import build_run
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.run import SETTLE_SECONDS
@@ -53,7 +54,7 @@ def test_a_killed_worker_restarts_the_job_and_the_restart_succeeds(tmp_path):
         (1, 1): [Say(1, "step 1"), Exit(2, None, SIGKILL)],
     }, default=[Say(1, "step 1"), Exit(2)])
     status, recorder, sup, store, clock, out = run(tmp_path, config(tmp_path), script)
-    assert status == 0, out
+    assert status == 0, out.getvalue()
     assert [d.action for d in recorder.decisions] == [Action.RESTART_JOB, Action.NONE]
     first = recorder.decisions[0]
     assert first.root_cause.rule_id == "exit.sigkill" and first.restarts_used == 1
@@ -83,7 +84,7 @@ def test_silence_for_the_hang_interval_is_a_hang_decision_then_a_restart(tmp_pat
     script = script_of({(0, 1): [Say(1, "step 1")], (1, 1): [Say(1, "step 1")]}, default=[Exit(1)])
     clock0 = FakeClock().time()
     status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
-    assert status == 0, out
+    assert status == 0, out.getvalue()
     hang, done = recorder.decisions
     assert hang.action is Action.RESTART_JOB and hang.root_cause.kind == "hang", hang.policy_clause
     assert 60 <= hang.time - (clock0 + 1) < 61                       # one tick after the interval
@@ -99,7 +100,7 @@ def test_async_restarts_only_the_failed_instance(tmp_path):
         (1, 2): [Say(1, "step 1"), Exit(2)],
     })
     status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
-    assert status == 0, out
+    assert status == 0, out.getvalue()
     assert [d.action for d in recorder.decisions] == [Action.RESTART_INSTANCE, Action.NONE]
     assert sup.names() == ["resize", "start_all", "restart_instance", "stop_all", "close"]
     assert ("restart_instance", 1) in sup.calls
@@ -119,7 +120,7 @@ def test_a_restarted_instance_that_exits_0_is_not_blamed_for_its_previous_traceb
         (1, 2): [Say(1, "step 1"), Exit(2)],
     })
     status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
-    assert status == 0, out
+    assert status == 0, out.getvalue()
     assert [d.action for d in recorder.decisions] == [Action.RESTART_INSTANCE, Action.NONE], out
     assert "hidden by a pipe" not in out
 
@@ -132,7 +133,7 @@ def test_recover_in_place_restarts_the_failed_rank_while_the_other_runs_on(tmp_p
         (1, 2): [Exit(1)],
     })
     status, recorder, sup, store, clock, out = run(tmp_path, cfg, script)
-    assert status == 0, out
+    assert status == 0, out.getvalue()
     in_place, done = recorder.decisions
     assert in_place.action is Action.RESTART_IN_PLACE and in_place.target.rank == 1
     assert in_place.policy_clause.endswith("D5 MindCluster recover-in-place → restart rank 1 in place, "
@@ -146,7 +147,7 @@ def test_an_xid_isolates_its_device_and_the_job_restarts_with_fewer_workers(tmp_
     slots, the job is stopped and restarted (a rescheduling, A2) with one worker on device 0."""
     script = script_of({(0, 1): [Say(1, "step 1")], (1, 1): [Say(1, XID79)]}, default=[Exit(1)])
     status, recorder, sup, store, clock, out = run(tmp_path, config(tmp_path, nproc="1:2"), script)
-    assert status == 0, out
+    assert status == 0, out.getvalue()
     isolate, done = recorder.decisions
     assert isolate.action is Action.ISOLATE_NODE and isolate.root_cause.rule_id.startswith("xid.79")
     assert "A1 local: isolated device 1 (rank 1); restart with 1 worker(s) on 0" in isolate.policy_clause
@@ -207,3 +208,43 @@ def test_a_recovered_retry_is_the_policys_notify_and_training_goes_on(tmp_path):
     assert done.action is Action.NONE
     assert [(kind, reached) for kind, _, reached in control.notices] == [("retry", {"worker-0", "worker-1"})]
     assert sup.names() == ["resize", "start_all", "stop_all", "close"]
+
+
+class _LateExits(FakeSupervisor):
+    """A worker's main process ends, but its waiter queues the ProcessExit only later (it waits
+    for the last of the output first): until then the worker is gone from ``running()`` while
+    ``poll()`` has no exit of it. ``wait_reported`` is what lets the exit through at once."""
+
+    LATE = 30.0
+
+    def _put(self, time, item):
+        if isinstance(item, ProcessExit) and not item.stopped_by_us:
+            item = dataclasses.replace(item)
+            self.late = getattr(self, "late", []) + [item]
+            time += self.LATE
+        super()._put(time, item)
+
+    def wait_reported(self, timeout):
+        now = self.clock.time()
+        for late in getattr(self, "late", []):
+            self._queue = [(min(t, now) if q is late else t, o, q) for t, o, q in self._queue]
+        self.late = []
+        return True
+
+
+def test_an_exit_queued_after_the_decision_stays_in_its_attempt(tmp_path):
+    """The worker prints an Xid 79 and exits 1 at once; the decision (isolate_node, on the Xid)
+    stops the attempt while that exit is not yet queued. Its exit belongs to the attempt it ended
+    in: the next attempt (on the other device) succeeds instead of being failed for an exit 1 of
+    the first one (a fresh-clone CI run of test_slurm_run failed that way)."""
+    script = script_of({(0, 1): [Say(1, XID79), Exit(1, 1)]},                 # gone when the line is read
+                       default=[Say(1, "step 1"), Say(20, "step 2"), Exit(40)])  # outlives the late exit
+    cfg = config(tmp_path, {"fault_tolerant_policy": "ExitCodeAndErrorMsg"}, nproc="1")
+    clock = FakeClock()
+    sup = _LateExits(clock, script, job=JOB)
+    out = io.StringIO()
+    recorder = Recorder(SqliteStore(tmp_path / "ftwatch.db"), out=out)
+    runner = build_run(cfg, ["train"], JOB, recorder, out=out, clock=clock, supervisor=sup, control=FakeControl())
+    status = runner.run()
+    assert [d.action for d in recorder.decisions] == [Action.ISOLATE_NODE, Action.NONE], out.getvalue()
+    assert status == 0, out.getvalue()

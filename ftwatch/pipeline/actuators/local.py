@@ -31,6 +31,8 @@ from ftwatch.policy.plan import Plan
 
 POLL_SECONDS = 0.2   # the longest one step waits while the actuator waits (the run loop's tick)
 DRAIN_SECONDS = 0.05  # after a stop: how long to wait for what the workers left
+REPORT_SECONDS = 5.0  # a worker that ended on its own: the longest wait for its exit to be queued
+                      # (its waiter queues it after its last output; sources.worker.DONE_TIMEOUT)
 
 #: The driver's step: poll the workers up to ``timeout`` seconds, handle what came, answer the SDK;
 #: returns the findings that would open an incident (a failing exit, a C4D record ...).
@@ -48,6 +50,8 @@ class Workers(Protocol):
     def poll(self, timeout: float) -> list[Any]: ...
 
     def running(self) -> set[int]: ...
+
+    def wait_reported(self, timeout: float) -> bool: ...
 
     def resize(self, nproc: int, env: Mapping[str, str]) -> None: ...
 
@@ -151,6 +155,8 @@ class LocalActuator:
         if stopping:
             self.recorder.say("ftwatch: stopping all workers")
             self.supervisor.stop_all()
+        else:          # none runs, but an exit may not be queued yet: it must not reach the next attempt
+            self.supervisor.wait_reported(REPORT_SECONDS)
         self.step(DRAIN_SECONDS if stopping else 0.0)   # none ran: take what is queued, wait for nothing
 
     def stop_all(self) -> None:

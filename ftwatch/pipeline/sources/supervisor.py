@@ -235,6 +235,17 @@ class Supervisor:
         """The ranks whose main process is alive (a stopped, i.e. SIGSTOPped, one counts)."""
         return {r for r, w in list(self._workers.items()) if not w.exited.is_set()}
 
+    def wait_reported(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every worker whose main process ended has its
+        ProcessExit queued (its waiter queues it after the last of its output, so a worker can
+        be gone from :meth:`running` a moment before :meth:`poll` can take its exit). Returns
+        True when none is left unreported."""
+        deadline = time.monotonic() + timeout
+        for w in list(self._workers.values()):
+            if w.exited.is_set() and not w.done.wait(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to every worker's process group (live or with leftovers)."""
         with self._lock:
