@@ -159,7 +159,9 @@ def test_corpus_with_rules_off_groups_the_same_failure_across_frameworks_and_ran
     watchdog = [s for s in sigs if s["template"].startswith("[<RANK>] Watchdog caught collective operation timeout")]
     # torch's three formats of the line, newest first: WorkNCCL(SeqNum=..., ..., NumelIn=...),
     # WorkNCCL(SeqNum=..., OpType=..., Timeout(ms)=...) and the oldest, WorkNCCL(OpType=..., Timeout(ms)=...)
-    oldest = [s for s in watchdog if "WorkNCCL(OpType=" in s["template"]]
+    # drain splits on spaces: the oldest format's work is one token ("WorkNCCL(OpType=X,"), the others' two or more
+    oldest = [s for s in watchdog
+              if len(s["template"].split("timeout: ", 1)[1].split(" Timeout(ms)=", 1)[0].split()) == 1]
     new, old = ([s for s in watchdog if s not in oldest and ("NumelIn" in s["template"]) == numel]
                 for numel in (True, False))
     assert len(new) == 1 and len(old) == 1 and len(oldest) <= 1   # every rank, every case: one template per format

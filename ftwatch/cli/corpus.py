@@ -51,10 +51,11 @@ class CaseSpec(BaseModel):
     known_miss: str | None = Field(None, description="why ftwatch still decides this case wrongly (kept on purpose); "
                                                      "a note for readers, it gates nothing")
     notes: str | None = Field(None, description="anything else: how the log was rebuilt, what was changed")
-    held_out: str | None = Field(None, description="the rule freeze (a date, '2026-11-26') this case was written "
+    held_out: str | None = Field(None, description="the rule freeze (a date, '2026-11-26', with '.N' for the "
+                                                   "day's N-th freeze: '2026-11-26.2') this case was written "
                                                    "after, without changing a rule for it: its accuracy is "
                                                    "reported apart and its decision never shown",
-                                                   pattern=r"^\d{4}-\d{2}-\d{2}$")
+                                                   pattern=r"^\d{4}-\d{2}-\d{2}(\.\d+)?$")
 
     @field_validator("held_out", mode="before")
     @classmethod
