@@ -54,6 +54,7 @@ shows no phase line is not read as busy: a silent rank stays the hang reading of
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
@@ -138,7 +139,7 @@ def _death(f: Finding) -> bool:
     return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
 
 
-def _rank(f: Finding) -> int | None:
+def rank_of(f: Finding) -> int | None:
     """The finding's rank: its origin's, else the one a c10d line names in the default group
     (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
     if f.rank is not None:
@@ -155,8 +156,36 @@ def _own_bar(f: Finding) -> bool:
     return m is not None and _DATASETS_UNIT.match(f.line, m.end()) is not None
 
 
-def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
-    """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
+@dataclass(frozen=True)
+class Waits:
+    """The ranks that only waited for their peers until a timeout (step 1 of the module docstring).
+
+    Attributes:
+        waiting: the ranks whose errors are waits, sorted.
+        by_rank: every logged finding by rank (:func:`rank_of`), in order.
+        unranked: logged findings with no rank, by instance, in order.
+        timeouts: the waiting ranks' timeout findings.
+        first: the earliest of them.
+        window: the wait's timeout in seconds (the longest a line gives, else
+            :data:`DEFAULT_WAIT_SECONDS`).
+    """
+
+    waiting: list[int]
+    by_rank: dict[int, list[Finding]]
+    unranked: dict[str, list[Finding]]
+    timeouts: list[Finding]
+    first: Finding
+    window: float
+
+    def others(self) -> list[tuple[str, list[Finding]]]:
+        """The ranks that did not wait (``("rank 3", findings)``), then the unranked instances
+        (their lines are not the waiting ranks' when those are named)."""
+        return [(f"rank {r}", m) for r, m in sorted(self.by_rank.items()) if r not in self.waiting] + [
+            (f"{i} (no rank prefix)", m) for i, m in sorted(self.unranked.items())]
+
+
+def waits(order: Sequence[Finding], errors: Sequence[Finding]) -> Waits | None:
+    """The ranks that only waited (step 1 of the module docstring), or None.
 
     Args:
         order: the incident's findings by (time, seq).
@@ -165,10 +194,9 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
             fallout or an exit (a launcher's report).
 
     Returns:
-        A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
-        None when the errors are not all waits or no other rank shows unfinished work of its own.
+        The waits, or None when an error is no wait, an instance died on its own, or no rank waited.
     """
-    if any(_rank(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
+    if any(rank_of(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
         return None
     if any(_death(f) for f in errors):
         return None
@@ -176,19 +204,35 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
     unranked: dict[str, list[Finding]] = {}
     for f in order:
         if f.kind in _LOGGED:
-            r = _rank(f)
+            r = rank_of(f)
             (by_rank.setdefault(r, []) if r is not None else unranked.setdefault(f.origin.instance, [])).append(f)
-    waiting = sorted({r for f in errors if f.kind in _LOGGED and (r := _rank(f)) is not None})
+    waiting = sorted({r for f in errors if f.kind in _LOGGED and (r := rank_of(f)) is not None})
     if not waiting or not all(_waiting(by_rank.get(r, ())) for r in waiting):
         return None
     timeouts = [f for r in waiting for f in by_rank[r] if f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line)]
     first = min(timeouts, key=lambda f: (f.time, f.seq))
     window = max((t for f in timeouts if (t := _timeout_s(f)) is not None), default=DEFAULT_WAIT_SECONDS)
-    phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {_rank(f)}'s message interrupted", f)
-                                         for f in timeouts if _own_bar(f)]
-    others = [(f"rank {r}", m) for r, m in sorted(by_rank.items()) if r not in waiting] + [
-        (f"{i} (no rank prefix)", m) for i, m in sorted(unranked.items())]
-    for who, mine in others:
+    return Waits(waiting, by_rank, unranked, timeouts, first, window)
+
+
+def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (:func:`waits`).
+
+    Returns:
+        A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
+        None when the errors are not all waits or no other rank shows unfinished work of its own.
+    """
+    w = waits(order, errors)
+    if w is None:
+        return None
+    waiting, first, window = w.waiting, w.first, w.window
+    phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {rank_of(f)}'s message interrupted", f)
+                                         for f in w.timeouts if _own_bar(f)]
+    for who, mine in w.others():
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
         if not any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
             phases += [(who, f) for f in sorted(before, key=lambda f: (f.time, f.seq))[::-1]

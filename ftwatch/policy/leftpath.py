@@ -1,0 +1,93 @@
+"""The rank the others waited for had left their path: a hang the program made (SPEC R7, issue 12 item 3).
+
+Every rank of a process group must issue the same collectives in the same order. PyTorch's own
+words for what happens when one does not: "Such collective communications require participation
+from all ranks in the process group, so if a rank has fewer inputs, then the other ranks will hang
+or error (depending on the backend)" (tutorial "Distributed Training with Uneven Inputs Using the
+Join Context Manager"; ``torch.distributed.algorithms.Join`` exists to "shadow the collective
+communications of non-joined processes to prevent hanging and erroring"); accelerate's
+troubleshooting guide names the same for a stop decided on one process ("a break can happen on
+process 0 but not on process 1", "Early stopping leads to hanging") and for work only some
+processes run while the others reach a collective. The watchdog that ends such a wait says it too:
+"the order of collectives is not same for all ranks or the scheduled collective, for some reason,
+didn't run" (ProcessGroupNCCL.cpp).
+
+What tells that apart from a rank stuck by its node or the network is the stuck rank's own last
+word. :func:`left_rank` reads it from the evidence:
+
+1. every rank that reports an error only waited for its peers until a timeout, and no instance
+   died on its own (``ftwatch.policy.busy.waits``: the same reading the busy-rank rule starts from);
+2. another rank (one that reported no wait; a line without a rank prefix when the waiting ranks are
+   named), with no error of its own before the first timeout, last said that it *left the path*
+   the waiting ranks are on: a finding of :data:`LEFT_PATH_RULES` (``lifecycle.left_path.*`` in
+   ``rules/packs/lifecycle.yaml``, each with its source: its data ran out, its epoch ended, it
+   stops early, it works on the main process alone) is its latest finding up to the first timeout,
+   printed no earlier than the wait began (the first timeout less the wait's timeout, less
+   :data:`SLACK_SECONDS` for the collective issued after the line);
+3. none of the waiting ranks printed a finding of that rule from then on: they did not leave with it.
+
+Then that rank is the root cause, ``collective.left_path`` (user_code, fail_job): the program's
+control flow (its data split, its stop decision, its rank-only work) put the ranks on different
+paths, and a restart replays the same control flow. A rank that says nothing of the kind keeps
+the hang reading (``ftwatch.policy.collectives.silent_rank``); a rank busy in a datasets map the
+busy-rank reading (``ftwatch.policy.busy``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.busy import waits
+
+#: Rules that say a rank left the path its peers are on (lifecycle.yaml's ``lifecycle.left_path.*``,
+#: tag ``left_path``; tests/policy/test_leftpath.py keeps the two in step).
+LEFT_PATH_RULES = frozenset({"lifecycle.left_path.data_exhausted", "lifecycle.left_path.epoch_end",
+                             "lifecycle.left_path.early_stopping", "lifecycle.left_path.main_process_only"})
+#: How long before the wait began a rank's last line may be: the collective the waiting ranks are
+#: in is issued after the step that printed it (seconds).
+SLACK_SECONDS = 300.0
+SOURCE = ("pytorch.org/tutorials/advanced/generic_join.html (uneven inputs: the other ranks hang or error); "
+          "huggingface.co/docs/accelerate/basic_tutorials/troubleshooting (hanging code: early stopping, "
+          "code run on some processes only); ProcessGroupNCCL.cpp watchdog timeout message")
+
+
+def _error(f: Finding) -> bool:
+    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
+
+
+def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``collective.left_path`` on the rank that left its peers' path (the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (the real ones, or the fallout when there is none;
+            ``ftwatch.policy.busy.waits``).
+
+    Returns:
+        A Finding on the left rank's line's origin, at the first timeout's (time, seq), or None.
+    """
+    w = waits(order, errors)
+    if w is None:
+        return None
+    first = w.first
+    start = first.time - w.window - SLACK_SECONDS
+    for who, mine in w.others():
+        before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
+        if not before or any(_error(f) for f in before):
+            continue
+        last = max(before, key=lambda f: (f.time, f.seq))
+        if last.rule_id not in LEFT_PATH_RULES or last.time < start:
+            continue
+        if any(f.rule_id == last.rule_id and f.time >= start for r in w.waiting for f in w.by_rank.get(r, ())):
+            continue                    # a waiting rank said the same: they did not part there
+        what = last.rule_id.rpartition(".")[2].replace("_", " ")
+        line = (f"{who} last said it left the path its peers are on ({what}: {last.line.strip()[:160]}) and "
+                f"reported no wait, while rank(s) {w.waiting} timed out waiting in a collective "
+                f"({first.rule_id}, timeout {w.window:.0f} s): the program's control flow put the ranks on "
+                "different paths (uneven inputs, a stop or work decided on one rank), which a restart repeats")
+        return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                       last.origin, line, first.time, first.seq, (last.line, first.line),
+                       {"left": last.rank, "waiting": w.waiting, "phase": last.rule_id, "timeout_s": w.window},
+                       SOURCE)
+    return None
