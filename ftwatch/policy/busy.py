@@ -24,7 +24,8 @@ it finished, so no cache of it was saved). That is the job's configuration: user
    findings is a fault of its own (hardware, OOM, a program error);
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
-   datasets map progress bar), its latest such line before the first timeout not finished
+   datasets map progress bar; a bar counting bytes, tqdm's ``unit="B"``: a file read, download or
+   upload, I/O that needs no peer), its latest such line before the first timeout not finished
    (below 100 %), and by the bar's own account (tqdm's ``[elapsed<remaining, ...]``) that work
    both overlaps the replicas' wait (from the first timeout less the wait's timeout, given by
    ``Timeout(ms)`` or ``timed out after <ms>ms`` where a line has it, else
@@ -62,7 +63,10 @@ from ftwatch.policy.collectives import TIMEOUT_RULES
 
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
-PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map"})
+PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map", "lifecycle.rank_phase.bytes_transfer"})
+#: What each phase's bar is, in the finding's line.
+PHASE_WORDS = {"lifecycle.rank_phase.datasets_map": "a datasets map bar",
+               "lifecycle.rank_phase.bytes_transfer": "a bar of bytes read or transferred"}
 #: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
 DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
@@ -79,8 +83,9 @@ _TIMEOUT = re.compile(r"(?i)\btim(?:e|ed)[ _-]?out\b|timeout\b")
 _WAIT_CALL = re.compile(r"\bbarrier\(|main_process_first|wait_for_everyone|\ball_?reduce\b|\bbroadcast\("
                         r"|store->get|key-value store")
 #: A progress bar's percentage, counts, elapsed and remaining time (tqdm:
-#: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown).
-_BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *(\d+)/(\d+) \[([0-9:]+)<([0-9:]+|\?)")
+#: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown;
+#: scaled byte counts with ``unit_scale``: ``2.00G/5.00G``).
+_BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *([0-9.]+[kMGTP]?i?B?)/([0-9.]+[kMGTP]?i?B?) \[([0-9:]+)<([0-9:]+|\?)")
 #: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
 #: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
 _DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
@@ -118,8 +123,10 @@ def _unfinished(f: Finding) -> tuple[int, float, float] | None:
     m = _BAR.search(f.line)
     if m is None or m.group(5) == "?":
         return None
-    pct, done, total = (int(g) for g in m.groups()[:3])
-    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 and done < total else None
+    pct, done, total = int(m.group(1)), m.group(2), m.group(3)
+    if done.isdigit() and total.isdigit() and int(done) >= int(total):
+        return None                     # (scaled counts, ``2.00G/5.00G``: the percentage says it)
+    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 else None
 
 
 def _timeout_s(f: Finding) -> float | None:
@@ -245,7 +252,8 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         work = elapsed + remaining
         if work < window or phase.time - elapsed > first.time or phase.time + remaining < first.time - window:
             continue
-        line = (f"{who} was still in work of its own (a datasets map bar, {pct}% done, {work:.0f} s of work by "
+        kind = phase.rule_id if phase.rule_id in PHASE_RULES else DATASETS_PHASE
+        line = (f"{who} was still in work of its own ({PHASE_WORDS[kind]}, {pct}% done, {work:.0f} s of work by "
                 f"its bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
                 "program held them in a barrier longer than its timeout (rank-0-only work outlasting the "
                 "process-group timeout; raise the timeout, e.g. ddp_timeout, or do the work before the "
@@ -253,6 +261,6 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         busy = phase.rank if phase.rule_id in PHASE_RULES else None
         return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                        phase.origin, line, first.time, first.seq, (phase.line, first.line),
-                       {"busy": busy, "waiting": waiting, "phase": DATASETS_PHASE, "percent": pct,
+                       {"busy": busy, "waiting": waiting, "phase": kind, "percent": pct,
                         "work_s": work, "timeout_s": window}, SOURCE)
     return None
