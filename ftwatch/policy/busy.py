@@ -137,7 +137,7 @@ def _timeout_s(f: Finding) -> float | None:
     return int(m.group(1)) / 1000.0 if m else None
 
 
-def _death(f: Finding) -> bool:
+def died_on_its_own(f: Finding) -> bool:
     """An exit that says something of its own: not a generic code, not the SIGABRT the watchdog ends
     a timed-out rank with, not the SIGTERM a launcher stops the others with (a SIGKILL, a SIGSEGV,
     a listed code: that rank died, which no waiting explains)."""
@@ -205,7 +205,7 @@ def waits(order: Sequence[Finding], errors: Sequence[Finding]) -> Waits | None:
     """
     if any(rank_of(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
         return None
-    if any(_death(f) for f in errors):
+    if any(died_on_its_own(f) for f in errors):
         return None
     by_rank: dict[int, list[Finding]] = {}
     unranked: dict[str, list[Finding]] = {}

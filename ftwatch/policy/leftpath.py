@@ -31,6 +31,19 @@ control flow (its data split, its stop decision, its rank-only work) put the ran
 paths, and a restart replays the same control flow. A rank that says nothing of the kind keeps
 the hang reading (``ftwatch.policy.collectives.silent_rank``); a rank busy in a datasets map the
 busy-rank reading (``ftwatch.policy.busy``).
+
+One more path the ranks leave is the training loop itself. After the program said training
+finished (``ftwatch.policy.lifecycle.finish``), every rank of a synchronous job had completed
+every training collective with its peers; what remains is the program's own end (a final save,
+loading the best model, a last barrier). When what follows is only waiting (a job hang, a
+collective timeout and its follow-on lines, exits nothing else explains), the ranks' ends do not
+match: a collective one rank issues after the loop and the others do not (Lightning's
+``Trainer.save_checkpoint``: "This method needs to be called on all processes in case the selected
+strategy is handling distributed checkpointing", and it ends in ``strategy.barrier``; accelerate's
+"Early stopping leads to hanging"), or rank-only work at the end outlasting the others' timeout
+(the busy-rank reading). :func:`waited_after_finish` reads it as ``collective.wait_after_finish``
+(user_code, fail_job): a restart would train again what was finished and reach the same end.
+An error of its own after the finish (a crash, an OOM, a death by a signal) stays a notice.
 """
 
 from __future__ import annotations
@@ -38,7 +51,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
-from ftwatch.policy.busy import waits
+from ftwatch.policy.busy import died_on_its_own, waits
+from ftwatch.policy.collectives import TIMEOUT_RULES
 
 #: Rules that say a rank left the path its peers are on (lifecycle.yaml's ``lifecycle.left_path.*``,
 #: tag ``left_path``; tests/policy/test_leftpath.py keeps the two in step).
@@ -91,3 +105,37 @@ def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
                        {"left": last.rank, "waiting": w.waiting, "phase": last.rule_id, "timeout_s": w.window},
                        SOURCE)
     return None
+
+
+FINISH_SOURCE = ("Lightning src/lightning/pytorch/trainer/trainer.py Trainer.save_checkpoint (\"This method needs to be "
+                 "called on all processes ...\", then strategy.barrier); huggingface.co/docs/accelerate/"
+                 "basic_tutorials/troubleshooting (early stopping leads to hanging)")
+
+
+def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) -> Finding | None:
+    """``collective.wait_after_finish`` (the module docstring), or None.
+
+    Args:
+        notices: the errors printed after ``finished`` (``ftwatch.policy.rootcause.Analysis.notices``).
+        finished: the "training finished" finding, or None.
+
+    Returns:
+        A Finding on the first wait's origin and (time, seq) when every notice is a wait (a job hang
+        or a collective timeout), its fallout, or an exit that says nothing of its own
+        (``ftwatch.policy.busy.died_on_its_own`` false), and one of them is a wait; else None.
+    """
+    if finished is None or not notices or any(died_on_its_own(f) for f in notices):
+        return None
+    waited = [f for f in notices if f.kind == "hang" or f.rule_id in TIMEOUT_RULES]
+    if not waited or any(f.kind not in ("hang", "exit_code") and f.rule_id not in TIMEOUT_RULES
+                         and f.failure_class is not FailureClass.FALLOUT for f in notices):
+        return None
+    first = min(waited, key=lambda f: (f.time, f.seq))
+    who = f"rank {first.rank}" if first.rank is not None else first.origin.instance
+    line = (f"training had finished ({finished.rule_id}: {finished.line.strip()[:120]}) and then {who} only waited "
+            f"({first.rule_id}): the ranks' ends after the training loop do not match (a collective or barrier "
+            "one rank issues after the loop and the others do not, or rank-only work outlasting their timeout); "
+            "a restart would train again what was finished")
+    return Finding("collective.wait_after_finish", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
+                   Severity.ERROR, first.origin, line, first.time, first.seq, (finished.line, first.line),
+                   {"finished": finished.rule_id, "wait": first.rule_id}, FINISH_SOURCE)

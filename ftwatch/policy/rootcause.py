@@ -38,7 +38,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
 6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
-   came before the finish.
+   came before the finish. When what follows the finish is only waiting (a job hang, collective
+   timeouts and their fallout), the ranks' ends after the loop differ: ``collective.wait_after_finish``
+   (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
@@ -90,7 +92,7 @@ from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
-from ftwatch.policy.leftpath import left_rank
+from ftwatch.policy.leftpath import left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.verbs import flushed_alone
 
@@ -345,6 +347,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
+        waited = waited_after_finish(notices, done)     # 6: only waiting after the finish: the ends differ
+        if waited is not None:
+            return Analysis(waited, False, (waited,), tuple(notices), done)
         return Analysis(notices[0], False, (), tuple(notices), done)
     return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done,
                     timeouts_only=timeouts_only(fallout))

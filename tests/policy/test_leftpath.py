@@ -94,3 +94,29 @@ def test_an_unprefixed_line_beside_named_waiting_ranks_is_the_left_one():
 
 def test_left_path_rules_are_the_packs_left_path_rules():
     assert {r.id for r in RULES if "left_path" in r.tags} == LEFT_PATH_RULES
+
+
+FIT_DONE = "`Trainer.fit` stopped: `max_epochs=50` reached."
+
+
+def test_only_waiting_after_training_finished_is_the_programs_end_not_a_notice():
+    """Lightning's save_checkpoint called on rank 0 alone: its barrier has no partner after fit."""
+    found = logged(0, 0.0, FIT_DONE, "saving final checkpoint to outputs/final.ckpt")
+    found += logged(0, 1800.0, watchdog(0, seq=11874))
+    an = analyse(found, world=4)
+    assert an.root_cause is not None and an.root_cause.rule_id == "collective.wait_after_finish", an.root_cause
+    assert an.root_cause.failure_class is FailureClass.USER_CODE and not an.after_finish
+
+
+def test_an_error_of_its_own_after_training_finished_stays_a_notice():
+    found = logged(0, 0.0, FIT_DONE)
+    found += logged(0, 60.0, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    an = analyse(found, world=4)
+    assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
+
+
+def test_a_wait_beside_an_error_of_its_own_after_the_finish_stays_a_notice():
+    found = logged(0, 0.0, FIT_DONE) + logged(0, 1800.0, watchdog(0, seq=11874))
+    found += logged(1, 1700.0, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    an = analyse(found, world=4)
+    assert an.after_finish
