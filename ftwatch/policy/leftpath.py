@@ -44,6 +44,15 @@ strategy is handling distributed checkpointing", and it ends in ``strategy.barri
 (the busy-rank reading). :func:`waited_after_finish` reads it as ``collective.wait_after_finish``
 (user_code, fail_job): a restart would train again what was finished and reach the same end.
 An error of its own after the finish (a crash, an OOM, a death by a signal) stays a notice.
+
+The same two sources name what a whole job hang right after such a line is: a job whose every
+instance went silent (``hang.job``, SPEC R5) within :data:`SLACK_SECONDS` of a line that says a
+rank stops early or its data ran out (:data:`HANG_LEFT_RULES`), with no error between, is the
+stop or the uneven data leaving the other ranks in a collective ("a break can happen on process 0
+but not on process 1. This will cause the code to hang"; "if a rank has fewer inputs, then the
+other ranks will hang"): :func:`left_before_hang`, ``collective.left_path`` as well. An epoch's
+end or main-process work is no such sign at a job hang (every rank ends its epochs; a hang in the
+main process's own work is no peer's leaving).
 """
 
 from __future__ import annotations
@@ -139,3 +148,40 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
     return Finding("collective.wait_after_finish", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
                    Severity.ERROR, first.origin, line, first.time, first.seq, (finished.line, first.line),
                    {"finished": finished.rule_id, "wait": first.rule_id}, FINISH_SOURCE)
+
+
+#: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
+HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted"})
+
+
+def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
+    """``collective.left_path`` for a job hang right after a rank stopped early or ran out of data
+    (the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        real: its real errors: only a job hang (kind ``hang``) qualifies.
+
+    Returns:
+        A Finding on the stop line's origin, at the hang's (time, seq), or None.
+    """
+    if not real or any(f.kind != "hang" for f in real):
+        return None
+    hang = real[0]
+    silent = hang.fields.get("silent_for")
+    if not isinstance(silent, (int, float)):
+        return None
+    last_output = hang.time - silent
+    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
+    stop = max((f for f in before if f.rule_id in HANG_LEFT_RULES), key=lambda f: (f.time, f.seq), default=None)
+    if stop is None or stop.time < last_output - SLACK_SECONDS:
+        return None
+    if any(_error(f) for f in before if (f.time, f.seq) > (stop.time, stop.seq)):
+        return None
+    what = stop.rule_id.rpartition(".")[2].replace("_", " ")
+    line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "
+            f"peers are on ({what}: {stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves "
+            "the others waiting in a collective, which a restart repeats")
+    return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
+                   {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)

@@ -53,7 +53,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    below and before the waits' own classes. So is a rank, with no error of its own, whose last
    word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
    early, it works on the main process alone; ``collective.left_path``, user_code:
-   ``ftwatch.policy.leftpath``).
+   ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
+   of data (``leftpath.left_before_hang``).
 9. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
    <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
    is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
@@ -92,7 +93,7 @@ from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
-from ftwatch.policy.leftpath import left_rank, waited_after_finish
+from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.verbs import flushed_alone
 
@@ -325,8 +326,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
-    busy = busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
-    # for a rank busy with its own work or one that left their path
+    busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
+            or left_before_hang(order, real))   # for a rank busy with its own work or one that left their path
     if busy is not None:
         return Analysis(busy, False, (busy,), tuple(notices), done)
     if real:                            # 4: a peer's later prints are fallout of the first failure

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftwatch.events import FailureClass, Finding, Origin
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.policy.leftpath import LEFT_PATH_RULES, left_rank
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
@@ -120,3 +120,29 @@ def test_a_wait_beside_an_error_of_its_own_after_the_finish_stays_a_notice():
     found += logged(1, 1700.0, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
     an = analyse(found, world=4)
     assert an.after_finish
+
+
+def job_hang(t: float, silent: float = 1800.0) -> Finding:
+    o = Origin("combined", None, "left", "node-0", "stderr", "process")
+    return Finding("hang.job", "hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR, o,
+                   f"no output from any of 1 instance for {silent:.0f} s", T0 + t, 10_000,
+                   fields={"silent_for": silent, "instances": 1})
+
+
+def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
+    found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["hang"] == "hang.job"
+
+
+def test_a_job_hang_long_after_the_stop_line_keeps_the_hang_reading():
+    found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
+    rc = analyse(found + [job_hang(7200.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+def test_a_job_hang_after_an_epoch_end_keeps_the_hang_reading():
+    """Every rank ends its epochs: an epoch's end is no sign that some ranks left."""
+    rc = analyse(logged(None, 0.0, "epoch 3 done") + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
