@@ -24,7 +24,8 @@ it finished, so no cache of it was saved). That is the job's configuration: user
    findings is a fault of its own (hardware, OOM, a program error);
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
-   datasets map progress bar), its latest such line before the first timeout not finished
+   datasets map progress bar; a bar counting bytes, tqdm's ``unit="B"``: a file read, download or
+   upload, I/O that needs no peer), its latest such line before the first timeout not finished
    (below 100 %), and by the bar's own account (tqdm's ``[elapsed<remaining, ...]``) that work
    both overlaps the replicas' wait (from the first timeout less the wait's timeout, given by
    ``Timeout(ms)`` or ``timed out after <ms>ms`` where a line has it, else
@@ -54,6 +55,7 @@ shows no phase line is not read as busy: a silent rank stays the hang reading of
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
@@ -61,7 +63,10 @@ from ftwatch.policy.collectives import TIMEOUT_RULES
 
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
-PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map"})
+PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map", "lifecycle.rank_phase.bytes_transfer"})
+#: What each phase's bar is, in the finding's line.
+PHASE_WORDS = {"lifecycle.rank_phase.datasets_map": "a datasets map bar",
+               "lifecycle.rank_phase.bytes_transfer": "a bar of bytes read or transferred"}
 #: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
 DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
@@ -78,8 +83,9 @@ _TIMEOUT = re.compile(r"(?i)\btim(?:e|ed)[ _-]?out\b|timeout\b")
 _WAIT_CALL = re.compile(r"\bbarrier\(|main_process_first|wait_for_everyone|\ball_?reduce\b|\bbroadcast\("
                         r"|store->get|key-value store")
 #: A progress bar's percentage, counts, elapsed and remaining time (tqdm:
-#: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown).
-_BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *(\d+)/(\d+) \[([0-9:]+)<([0-9:]+|\?)")
+#: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown;
+#: scaled byte counts with ``unit_scale``: ``2.00G/5.00G``).
+_BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *([0-9.]+[kMGTP]?i?B?)/([0-9.]+[kMGTP]?i?B?) \[([0-9:]+)<([0-9:]+|\?)")
 #: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
 #: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
 _DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
@@ -117,8 +123,10 @@ def _unfinished(f: Finding) -> tuple[int, float, float] | None:
     m = _BAR.search(f.line)
     if m is None or m.group(5) == "?":
         return None
-    pct, done, total = (int(g) for g in m.groups()[:3])
-    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 and done < total else None
+    pct, done, total = int(m.group(1)), m.group(2), m.group(3)
+    if done.isdigit() and total.isdigit() and int(done) >= int(total):
+        return None                     # (scaled counts, ``2.00G/5.00G``: the percentage says it)
+    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 else None
 
 
 def _timeout_s(f: Finding) -> float | None:
@@ -129,7 +137,7 @@ def _timeout_s(f: Finding) -> float | None:
     return int(m.group(1)) / 1000.0 if m else None
 
 
-def _death(f: Finding) -> bool:
+def died_on_its_own(f: Finding) -> bool:
     """An exit that says something of its own: not a generic code, not the SIGABRT the watchdog ends
     a timed-out rank with, not the SIGTERM a launcher stops the others with (a SIGKILL, a SIGSEGV,
     a listed code: that rank died, which no waiting explains)."""
@@ -138,7 +146,7 @@ def _death(f: Finding) -> bool:
     return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
 
 
-def _rank(f: Finding) -> int | None:
+def rank_of(f: Finding) -> int | None:
     """The finding's rank: its origin's, else the one a c10d line names in the default group
     (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
     if f.rank is not None:
@@ -155,8 +163,36 @@ def _own_bar(f: Finding) -> bool:
     return m is not None and _DATASETS_UNIT.match(f.line, m.end()) is not None
 
 
-def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
-    """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
+@dataclass(frozen=True)
+class Waits:
+    """The ranks that only waited for their peers until a timeout (step 1 of the module docstring).
+
+    Attributes:
+        waiting: the ranks whose errors are waits, sorted.
+        by_rank: every logged finding by rank (:func:`rank_of`), in order.
+        unranked: logged findings with no rank, by instance, in order.
+        timeouts: the waiting ranks' timeout findings.
+        first: the earliest of them.
+        window: the wait's timeout in seconds (the longest a line gives, else
+            :data:`DEFAULT_WAIT_SECONDS`).
+    """
+
+    waiting: list[int]
+    by_rank: dict[int, list[Finding]]
+    unranked: dict[str, list[Finding]]
+    timeouts: list[Finding]
+    first: Finding
+    window: float
+
+    def others(self) -> list[tuple[str, list[Finding]]]:
+        """The ranks that did not wait (``("rank 3", findings)``), then the unranked instances
+        (their lines are not the waiting ranks' when those are named)."""
+        return [(f"rank {r}", m) for r, m in sorted(self.by_rank.items()) if r not in self.waiting] + [
+            (f"{i} (no rank prefix)", m) for i, m in sorted(self.unranked.items())]
+
+
+def waits(order: Sequence[Finding], errors: Sequence[Finding]) -> Waits | None:
+    """The ranks that only waited (step 1 of the module docstring), or None.
 
     Args:
         order: the incident's findings by (time, seq).
@@ -165,30 +201,45 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
             fallout or an exit (a launcher's report).
 
     Returns:
-        A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
-        None when the errors are not all waits or no other rank shows unfinished work of its own.
+        The waits, or None when an error is no wait, an instance died on its own, or no rank waited.
     """
-    if any(_rank(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
+    if any(rank_of(f) is None and f.kind in _LOGGED and f.failure_class is not FailureClass.FALLOUT for f in errors):
         return None
-    if any(_death(f) for f in errors):
+    if any(died_on_its_own(f) for f in errors):
         return None
     by_rank: dict[int, list[Finding]] = {}
     unranked: dict[str, list[Finding]] = {}
     for f in order:
         if f.kind in _LOGGED:
-            r = _rank(f)
+            r = rank_of(f)
             (by_rank.setdefault(r, []) if r is not None else unranked.setdefault(f.origin.instance, [])).append(f)
-    waiting = sorted({r for f in errors if f.kind in _LOGGED and (r := _rank(f)) is not None})
+    waiting = sorted({r for f in errors if f.kind in _LOGGED and (r := rank_of(f)) is not None})
     if not waiting or not all(_waiting(by_rank.get(r, ())) for r in waiting):
         return None
     timeouts = [f for r in waiting for f in by_rank[r] if f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line)]
     first = min(timeouts, key=lambda f: (f.time, f.seq))
     window = max((t for f in timeouts if (t := _timeout_s(f)) is not None), default=DEFAULT_WAIT_SECONDS)
-    phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {_rank(f)}'s message interrupted", f)
-                                         for f in timeouts if _own_bar(f)]
-    others = [(f"rank {r}", m) for r, m in sorted(by_rank.items()) if r not in waiting] + [
-        (f"{i} (no rank prefix)", m) for i, m in sorted(unranked.items())]
-    for who, mine in others:
+    return Waits(waiting, by_rank, unranked, timeouts, first, window)
+
+
+def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (:func:`waits`).
+
+    Returns:
+        A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
+        None when the errors are not all waits or no other rank shows unfinished work of its own.
+    """
+    w = waits(order, errors)
+    if w is None:
+        return None
+    waiting, first, window = w.waiting, w.first, w.window
+    phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {rank_of(f)}'s message interrupted", f)
+                                         for f in w.timeouts if _own_bar(f)]
+    for who, mine in w.others():
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
         if not any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
             phases += [(who, f) for f in sorted(before, key=lambda f: (f.time, f.seq))[::-1]
@@ -201,7 +252,8 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         work = elapsed + remaining
         if work < window or phase.time - elapsed > first.time or phase.time + remaining < first.time - window:
             continue
-        line = (f"{who} was still in work of its own (a datasets map bar, {pct}% done, {work:.0f} s of work by "
+        kind = phase.rule_id if phase.rule_id in PHASE_RULES else DATASETS_PHASE
+        line = (f"{who} was still in work of its own ({PHASE_WORDS[kind]}, {pct}% done, {work:.0f} s of work by "
                 f"its bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
                 "program held them in a barrier longer than its timeout (rank-0-only work outlasting the "
                 "process-group timeout; raise the timeout, e.g. ddp_timeout, or do the work before the "
@@ -209,6 +261,6 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         busy = phase.rank if phase.rule_id in PHASE_RULES else None
         return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                        phase.origin, line, first.time, first.seq, (phase.line, first.line),
-                       {"busy": busy, "waiting": waiting, "phase": DATASETS_PHASE, "percent": pct,
+                       {"busy": busy, "waiting": waiting, "phase": kind, "percent": pct,
                         "work_s": work, "timeout_s": window}, SOURCE)
     return None

@@ -38,7 +38,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
 6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
-   came before the finish.
+   came before the finish. When what follows the finish is only waiting (a job hang, collective
+   timeouts and their fallout), the ranks' ends after the loop differ: ``collective.wait_after_finish``
+   (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
@@ -48,7 +50,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    still in unfinished work of its own (the main process pre-processing data under
    ``main_process_first``), that rank is the root cause, ``collective.busy_rank`` (user_code: the
    program held them longer than its timeout; ``ftwatch.policy.busy``), before the readings
-   below and before the waits' own classes.
+   below and before the waits' own classes. So is a rank, with no error of its own, whose last
+   word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
+   early, it works on the main process alone; ``collective.left_path``, user_code:
+   ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
+   of data (``leftpath.left_before_hang``).
 9. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
    <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
    is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
@@ -87,6 +93,7 @@ from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
+from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.verbs import flushed_alone
 
@@ -319,7 +326,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
-    busy = busy_rank(order, real or fallout)   # 8: the ranks only waited, for a rank busy with its own work
+    busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
+            or left_before_hang(order, real))   # for a rank busy with its own work or one that left their path
     if busy is not None:
         return Analysis(busy, False, (busy,), tuple(notices), done)
     if real:                            # 4: a peer's later prints are fallout of the first failure
@@ -340,6 +348,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:
+        waited = waited_after_finish(notices, done)     # 6: only waiting after the finish: the ends differ
+        if waited is not None:
+            return Analysis(waited, False, (waited,), tuple(notices), done)
         return Analysis(notices[0], False, (), tuple(notices), done)
     return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done,
                     timeouts_only=timeouts_only(fallout))

@@ -137,3 +137,20 @@ def test_without_a_bar_unprefixed_watchdog_timeouts_stay_a_hang():
 def test_phase_rules_are_the_packs_rank_phase_rules():
     tagged = {r.id for r in RULES if "rank_phase" in r.tags}
     assert tagged == PHASE_RULES
+
+
+def test_a_rank_reading_a_file_longer_than_the_timeout_is_busy_too():
+    """A bar counting bytes (tqdm unit="B"): the main process scans a file of its own for 88 min
+    while the replicas' all-reduce times out after 30."""
+    scan = " 34%|###       | 70956855155/208140108456 [30:00<58:00, 39115047.81B/s]"
+    found = unranked(1750.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["phase"] == "lifecycle.rank_phase.bytes_transfer" and rc.fields["percent"] == 34
+
+
+def test_a_file_transfer_its_bar_says_ends_within_the_timeout_does_not_explain_the_wait():
+    scan = " 80%|########  | 4.00G/5.00G [06:00<01:30, 11.4MB/s]"
+    found = unranked(1750.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"

@@ -1,0 +1,187 @@
+"""The rank the others waited for had left their path: a hang the program made (SPEC R7, issue 12 item 3).
+
+Every rank of a process group must issue the same collectives in the same order. PyTorch's own
+words for what happens when one does not: "Such collective communications require participation
+from all ranks in the process group, so if a rank has fewer inputs, then the other ranks will hang
+or error (depending on the backend)" (tutorial "Distributed Training with Uneven Inputs Using the
+Join Context Manager"; ``torch.distributed.algorithms.Join`` exists to "shadow the collective
+communications of non-joined processes to prevent hanging and erroring"); accelerate's
+troubleshooting guide names the same for a stop decided on one process ("a break can happen on
+process 0 but not on process 1", "Early stopping leads to hanging") and for work only some
+processes run while the others reach a collective. The watchdog that ends such a wait says it too:
+"the order of collectives is not same for all ranks or the scheduled collective, for some reason,
+didn't run" (ProcessGroupNCCL.cpp).
+
+What tells that apart from a rank stuck by its node or the network is the stuck rank's own last
+word. :func:`left_rank` reads it from the evidence:
+
+1. every rank that reports an error only waited for its peers until a timeout, and no instance
+   died on its own (``ftwatch.policy.busy.waits``: the same reading the busy-rank rule starts from);
+2. another rank (one that reported no wait; a line without a rank prefix when the waiting ranks are
+   named), with no error of its own before the first timeout, last said that it *left the path*
+   the waiting ranks are on: a finding of :data:`LEFT_PATH_RULES` (``lifecycle.left_path.*`` in
+   ``rules/packs/lifecycle.yaml``, each with its source: its data ran out, its epoch ended, it
+   stops early, it works on the main process alone) is its latest finding up to the first timeout,
+   printed no earlier than the wait began (the first timeout less the wait's timeout, less
+   :data:`SLACK_SECONDS` for the collective issued after the line);
+3. none of the waiting ranks printed a finding of that rule from then on: they did not leave with it.
+
+Then that rank is the root cause, ``collective.left_path`` (user_code, fail_job): the program's
+control flow (its data split, its stop decision, its rank-only work) put the ranks on different
+paths, and a restart replays the same control flow. A rank that says nothing of the kind keeps
+the hang reading (``ftwatch.policy.collectives.silent_rank``); a rank busy in a datasets map the
+busy-rank reading (``ftwatch.policy.busy``).
+
+One more path the ranks leave is the training loop itself. After the program said training
+finished (``ftwatch.policy.lifecycle.finish``), every rank of a synchronous job had completed
+every training collective with its peers; what remains is the program's own end (a final save,
+loading the best model, a last barrier). When what follows is only waiting (a job hang, a
+collective timeout and its follow-on lines, exits nothing else explains), the ranks' ends do not
+match: a collective one rank issues after the loop and the others do not (Lightning's
+``Trainer.save_checkpoint``: "This method needs to be called on all processes in case the selected
+strategy is handling distributed checkpointing", and it ends in ``strategy.barrier``; accelerate's
+"Early stopping leads to hanging"), or rank-only work at the end outlasting the others' timeout
+(the busy-rank reading). :func:`waited_after_finish` reads it as ``collective.wait_after_finish``
+(user_code, fail_job): a restart would train again what was finished and reach the same end.
+An error of its own after the finish (a crash, an OOM, a death by a signal) stays a notice.
+
+The same two sources name what a whole job hang right after such a line is: a job whose every
+instance went silent (``hang.job``, SPEC R5) within :data:`SLACK_SECONDS` of a line that says a
+rank stops early or its data ran out (:data:`HANG_LEFT_RULES`), with no error between, is the
+stop or the uneven data leaving the other ranks in a collective ("a break can happen on process 0
+but not on process 1. This will cause the code to hang"; "if a rank has fewer inputs, then the
+other ranks will hang"): :func:`left_before_hang`, ``collective.left_path`` as well. An epoch's
+end or main-process work is no such sign at a job hang (every rank ends its epochs; a hang in the
+main process's own work is no peer's leaving).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.busy import died_on_its_own, waits
+from ftwatch.policy.collectives import TIMEOUT_RULES
+
+#: Rules that say a rank left the path its peers are on (lifecycle.yaml's ``lifecycle.left_path.*``,
+#: tag ``left_path``; tests/policy/test_leftpath.py keeps the two in step).
+LEFT_PATH_RULES = frozenset({"lifecycle.left_path.data_exhausted", "lifecycle.left_path.epoch_end",
+                             "lifecycle.left_path.early_stopping", "lifecycle.left_path.main_process_only"})
+#: How long before the wait began a rank's last line may be: the collective the waiting ranks are
+#: in is issued after the step that printed it (seconds).
+SLACK_SECONDS = 300.0
+SOURCE = ("pytorch.org/tutorials/advanced/generic_join.html (uneven inputs: the other ranks hang or error); "
+          "huggingface.co/docs/accelerate/basic_tutorials/troubleshooting (hanging code: early stopping, "
+          "code run on some processes only); ProcessGroupNCCL.cpp watchdog timeout message")
+
+
+def _error(f: Finding) -> bool:
+    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
+
+
+def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``collective.left_path`` on the rank that left its peers' path (the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (the real ones, or the fallout when there is none;
+            ``ftwatch.policy.busy.waits``).
+
+    Returns:
+        A Finding on the left rank's line's origin, at the first timeout's (time, seq), or None.
+    """
+    w = waits(order, errors)
+    if w is None:
+        return None
+    first = w.first
+    start = first.time - w.window - SLACK_SECONDS
+    for who, mine in w.others():
+        before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
+        if not before or any(_error(f) for f in before):
+            continue
+        last = max(before, key=lambda f: (f.time, f.seq))
+        if last.rule_id not in LEFT_PATH_RULES or last.time < start:
+            continue
+        if any(f.rule_id == last.rule_id and f.time >= start for r in w.waiting for f in w.by_rank.get(r, ())):
+            continue                    # a waiting rank said the same: they did not part there
+        what = last.rule_id.rpartition(".")[2].replace("_", " ")
+        line = (f"{who} last said it left the path its peers are on ({what}: {last.line.strip()[:160]}) and "
+                f"reported no wait, while rank(s) {w.waiting} timed out waiting in a collective "
+                f"({first.rule_id}, timeout {w.window:.0f} s): the program's control flow put the ranks on "
+                "different paths (uneven inputs, a stop or work decided on one rank), which a restart repeats")
+        return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                       last.origin, line, first.time, first.seq, (last.line, first.line),
+                       {"left": last.rank, "waiting": w.waiting, "phase": last.rule_id, "timeout_s": w.window},
+                       SOURCE)
+    return None
+
+
+FINISH_SOURCE = ("Lightning src/lightning/pytorch/trainer/trainer.py Trainer.save_checkpoint (\"This method needs to be "
+                 "called on all processes ...\", then strategy.barrier); huggingface.co/docs/accelerate/"
+                 "basic_tutorials/troubleshooting (early stopping leads to hanging)")
+
+
+def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) -> Finding | None:
+    """``collective.wait_after_finish`` (the module docstring), or None.
+
+    Args:
+        notices: the errors printed after ``finished`` (``ftwatch.policy.rootcause.Analysis.notices``).
+        finished: the "training finished" finding, or None.
+
+    Returns:
+        A Finding on the first wait's origin and (time, seq) when every notice is a wait (a job hang
+        or a collective timeout), its fallout, or an exit that says nothing of its own
+        (``ftwatch.policy.busy.died_on_its_own`` false), and one of them is a wait; else None.
+    """
+    if finished is None or not notices or any(died_on_its_own(f) for f in notices):
+        return None
+    waited = [f for f in notices if f.kind == "hang" or f.rule_id in TIMEOUT_RULES]
+    if not waited or any(f.kind not in ("hang", "exit_code") and f.rule_id not in TIMEOUT_RULES
+                         and f.failure_class is not FailureClass.FALLOUT for f in notices):
+        return None
+    first = min(waited, key=lambda f: (f.time, f.seq))
+    who = f"rank {first.rank}" if first.rank is not None else first.origin.instance
+    line = (f"training had finished ({finished.rule_id}: {finished.line.strip()[:120]}) and then {who} only waited "
+            f"({first.rule_id}): the ranks' ends after the training loop do not match (a collective or barrier "
+            "one rank issues after the loop and the others do not, or rank-only work outlasting their timeout); "
+            "a restart would train again what was finished")
+    return Finding("collective.wait_after_finish", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
+                   Severity.ERROR, first.origin, line, first.time, first.seq, (finished.line, first.line),
+                   {"finished": finished.rule_id, "wait": first.rule_id}, FINISH_SOURCE)
+
+
+#: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
+HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted"})
+
+
+def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
+    """``collective.left_path`` for a job hang right after a rank stopped early or ran out of data
+    (the module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        real: its real errors: only a job hang (kind ``hang``) qualifies.
+
+    Returns:
+        A Finding on the stop line's origin, at the hang's (time, seq), or None.
+    """
+    if not real or any(f.kind != "hang" for f in real):
+        return None
+    hang = real[0]
+    silent = hang.fields.get("silent_for")
+    if not isinstance(silent, (int, float)):
+        return None
+    last_output = hang.time - silent
+    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
+    stop = max((f for f in before if f.rule_id in HANG_LEFT_RULES), key=lambda f: (f.time, f.seq), default=None)
+    if stop is None or stop.time < last_output - SLACK_SECONDS:
+        return None
+    if any(_error(f) for f in before if (f.time, f.seq) > (stop.time, stop.seq)):
+        return None
+    what = stop.rule_id.rpartition(".")[2].replace("_", " ")
+    line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "
+            f"peers are on ({what}: {stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves "
+            "the others waiting in a collective, which a restart repeats")
+    return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
+                   {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)

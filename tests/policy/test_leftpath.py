@@ -1,0 +1,148 @@
+"""Ranks that timed out waiting for a rank that left their path (ftwatch.policy.leftpath, issue 12
+item 3): its data ran out, its epoch ended, it stopped early or it works on the main process alone
+while they wait in a collective is the program's control flow (user_code, PyTorch's uneven-inputs
+tutorial, accelerate's troubleshooting guide); a rank that says nothing of the kind keeps the hang
+reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.policy.leftpath import LEFT_PATH_RULES, left_rank
+from ftwatch.policy.rootcause import analyse
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+
+T0 = 1_795_219_200.0
+RULES = load_rules()
+ENGINE = Engine(RULES)
+
+
+def logged(rank: int | None, t: float, *lines: str) -> list[Finding]:
+    o = Origin(f"worker-{rank}" if rank is not None else "combined", rank, "left", "node-0", "stderr", "process")
+    return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), T0 + t, final=True)
+
+
+def watchdog(rank: int, seq: int = 19) -> str:
+    return (f"[E ProcessGroupNCCL.cpp:563] [Rank {rank}] Watchdog caught collective "
+            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=1800000) ran for 1800083 milliseconds before timing out.")
+
+
+def incident(rank0_last: str | None, t: float = 0.0, waiting_too: str | None = None) -> list[Finding]:
+    """Ranks 1-3 time out at 1800 s in an all-reduce; rank 0 printed ``rank0_last`` at ``t``."""
+    found = logged(0, t, rank0_last) if rank0_last else []
+    for r in (1, 2, 3):
+        if waiting_too:
+            found += logged(r, t, waiting_too)
+        found += logged(r, 1800.0 + r / 10, watchdog(r))
+    return found
+
+
+@pytest.mark.parametrize("line", [
+    "epoch 0 finished after 18 steps, starting validation",
+    "rank 0: dataloader exhausted after 812 batches",
+    "Early stopping: no improvement in 5 validations; stopping at step 14000",
+    "running evaluation on the main process (12000 samples)",
+])
+def test_a_rank_that_last_said_it_left_the_path_made_the_hang(line):
+    rc = analyse(incident(line), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 0
+    assert rc.fields["waiting"] == [1, 2, 3]
+
+
+def test_without_such_a_line_the_silent_rank_stays_a_hang():
+    rc = analyse(incident(None), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.silent_rank"
+    assert rc.failure_class is FailureClass.HANG
+
+
+def test_a_rank_whose_last_line_is_other_work_is_not_read_as_gone():
+    """grpo-style: rank 0 starts a server of its own; nothing says it left the collectives' path."""
+    rc = analyse(incident("starting vLLM generation server on device cuda:7 for rank 0"), world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.left_path"
+
+
+def test_waiting_ranks_that_said_the_same_did_not_part_there():
+    """Every rank ended its epoch: the end of the epoch is where all of them were, not a split."""
+    found = incident("epoch 3 done", waiting_too="epoch 3 done")
+    assert left_rank(sorted(found, key=lambda f: (f.time, f.seq)), found) is None
+
+
+def test_a_line_older_than_the_wait_is_not_where_the_rank_is():
+    rc = analyse(incident("epoch 0 finished after 18 steps", t=-3600.0), world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.left_path"
+
+
+def test_a_rank_with_an_error_of_its_own_failed_rather_than_left():
+    found = incident("epoch 0 finished after 18 steps") + logged(
+        0, 600.0, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.left_path"
+
+
+def test_an_unprefixed_line_beside_named_waiting_ranks_is_the_left_one():
+    """accelerate launch: one terminal, no prefixes; the watchdog lines name their ranks."""
+    found = logged(None, 0.0, "running evaluation on the main process (12000 samples)")
+    found += [f for r in (1, 2, 3) for f in logged(None, 1800.0, watchdog(r).replace("SeqNum=19, ", ""))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.fields["waiting"] == [1, 2, 3]
+
+
+def test_left_path_rules_are_the_packs_left_path_rules():
+    assert {r.id for r in RULES if "left_path" in r.tags} == LEFT_PATH_RULES
+
+
+FIT_DONE = "`Trainer.fit` stopped: `max_epochs=50` reached."
+
+
+def test_only_waiting_after_training_finished_is_the_programs_end_not_a_notice():
+    """Lightning's save_checkpoint called on rank 0 alone: its barrier has no partner after fit."""
+    found = logged(0, 0.0, FIT_DONE, "saving final checkpoint to outputs/final.ckpt")
+    found += logged(0, 1800.0, watchdog(0, seq=11874))
+    an = analyse(found, world=4)
+    assert an.root_cause is not None and an.root_cause.rule_id == "collective.wait_after_finish", an.root_cause
+    assert an.root_cause.failure_class is FailureClass.USER_CODE and not an.after_finish
+
+
+def test_an_error_of_its_own_after_training_finished_stays_a_notice():
+    found = logged(0, 0.0, FIT_DONE)
+    found += logged(0, 60.0, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    an = analyse(found, world=4)
+    assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
+
+
+def test_a_wait_beside_an_error_of_its_own_after_the_finish_stays_a_notice():
+    found = logged(0, 0.0, FIT_DONE) + logged(0, 1800.0, watchdog(0, seq=11874))
+    found += logged(1, 1700.0, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    an = analyse(found, world=4)
+    assert an.after_finish
+
+
+def job_hang(t: float, silent: float = 1800.0) -> Finding:
+    o = Origin("combined", None, "left", "node-0", "stderr", "process")
+    return Finding("hang.job", "hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR, o,
+                   f"no output from any of 1 instance for {silent:.0f} s", T0 + t, 10_000,
+                   fields={"silent_for": silent, "instances": 1})
+
+
+def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
+    found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["hang"] == "hang.job"
+
+
+def test_a_job_hang_long_after_the_stop_line_keeps_the_hang_reading():
+    found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
+    rc = analyse(found + [job_hang(7200.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+def test_a_job_hang_after_an_epoch_end_keeps_the_hang_reading():
+    """Every rank ends its epochs: an epoch's end is no sign that some ranks left."""
+    rc = analyse(logged(None, 0.0, "epoch 3 done") + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
