@@ -66,7 +66,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "env_vocab.tsv": ("env_vocab.yaml", "configuration and environment errors against transient infrastructure: gloo "
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "
-                      "errors, container start-up errors, graded"),
+                      "errors, container start-up errors, ld.so's missing shared library, graded"),
     "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
     "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
                        "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "

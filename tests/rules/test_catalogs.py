@@ -209,6 +209,33 @@ def test_an_info_line_inside_a_traceback_does_not_hide_its_error():
     assert any(f.line.startswith("FileNotFoundError") for f in findings)
 
 
+# --- a dynamic loader's probe is no missing path; its fatal forms still fail the job ---------------
+
+@pytest.mark.parametrize("line", [
+    # rdma-core libibverbs/dynamic_driver.c: one warning per provider it has no library for, then on
+    "[default0]:libibverbs: Warning: couldn't load driver 'libipathverbs-rdmav25.so': libipathverbs-rdmav25.so: "
+    "cannot open shared object file: No such file or directory",
+    # TensorFlow's dso_loader probes CUDA libraries at WARNING level and goes on without them
+    "2021-03-04 12:00:00.123456: W tensorflow/stream_executor/platform/default/dso_loader.cc:60] Could not load "
+    "dynamic library 'libcudart.so.11.0'; dlerror: libcudart.so.11.0: cannot open shared object file: "
+    "No such file or directory",
+])
+def test_a_loader_probe_warning_makes_no_finding(line):
+    assert _feed(line) == []
+
+
+@pytest.mark.parametrize("lines, rule_id", [
+    (["/usr/local/bin/all_reduce_perf: error while loading shared libraries: libnccl.so.2: cannot open shared "
+      "object file: No such file or directory"], "loader.shared_library_missing"),
+    (["Traceback (most recent call last):", '  File "train.py", line 1, in <module>',
+      "ImportError: libcudnn.so.8: cannot open shared object file: No such file or directory"], None),
+])
+def test_a_library_missing_for_good_fails_the_job(lines, rule_id):
+    findings = _feed(*lines)
+    assert findings and all(f.action is Action.FAIL_JOB for f in findings)
+    assert rule_id is None or findings[0].rule_id == rule_id
+
+
 # --- P3: the watchdog's collective fields ---------------------------------------------------------
 
 def test_watchdog_finding_carries_op_seq_and_timeout():
