@@ -10,6 +10,7 @@ and dates the lines and uses both.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ftwatch.events import Origin
@@ -42,11 +43,38 @@ def starts_block(data: bytes, start: int) -> bool:
     return multiline.is_block_start(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1])
 
 
+def glued_start(text: str) -> tuple[int | None, str]:
+    """A Python traceback whose first line was glued behind another writer's unterminated line:
+    ``(rank, text from the traceback on)`` when a rank prefix stands right before ``Traceback
+    (most recent call last):`` inside ``text``, else ``(None, text)``.
+
+    A progress bar redraws its line with carriage returns and writes no newline until it closes
+    (tqdm's docs: it "uses carriage return"), so when a rank's traceback starts while the bar is
+    open, the traceback's first line lands on the bar's line (``Epoch 0: 16%|... [rank3]:
+    Traceback ...``) and its other lines, each under ``[rank3]:``, would read as another rank's.
+    """
+    at = text.find(multiline.PY_START, 1)
+    if at < 0:
+        return None, text
+    m = _GLUED_PREFIX.search(text, 0, at)
+    if m is None:
+        return None, text
+    return int(m.group(1)), text[at:]
+
+
+# a rank prefix that ends right where the traceback starts (fields._RANK_PREFIX's bracketed form),
+# glued to the text before it: a bar's last character, not a launcher's label ("host: ", pdsh)
+_GLUED_PREFIX = re.compile(r"(?<=\S)\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?$")
+
+
 def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list[str], int | None] | None:
     """The lines of the block starting at ``start``, same rank only: ``(line offsets, texts,
     rank)``; None if still open (``final``, a block of ``MAX_BLOCK_LINES`` lines or one past
-    ``MAX_CARRY_BYTES`` closes it where it is)."""
+    ``MAX_CARRY_BYTES`` closes it where it is). A traceback glued behind a progress bar's line
+    takes the rank that stands before it (:func:`glued_start`)."""
     first_rank, first_text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
+    if first_rank is None:
+        first_rank, first_text = glued_start(first_text)
     line_starts, texts = [start], [first_text]
     # every line behind a `kubectl/docker logs --timestamps` stamp: the frames' indentation
     # comes after it, so the block's other lines are read without it (the first keeps its time)
