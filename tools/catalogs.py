@@ -62,7 +62,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "nccl_vocab.tsv": ("nccl_vocab.yaml", "NCCL result codes and WARN vocabulary (IB events and completions, verbs, bootstrap), graded"),
     "dist_vocab.tsv": ("dist_vocab.yaml", "c10d store and ProcessGroupNCCL watchdog lines, torchelastic, graded"),
     "net_vocab.tsv": ("net_vocab.yaml", "transfer-library network errors: libcurl codes 7/28/55/56, "
-                      "the AWS SDK's retryable 'Unable to connect to endpoint', a Hub file (hf://) that fails to open, graded"),
+                      "the AWS SDK's retryable 'Unable to connect to endpoint', a Hub file (hf://) that fails to open, wandb.init's time-out, graded"),
     "env_vocab.tsv": ("env_vocab.yaml", "configuration and environment errors against transient infrastructure: gloo "
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "

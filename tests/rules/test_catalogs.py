@@ -259,3 +259,15 @@ def test_watchdog_finding_carries_op_seq_and_timeout():
 ])
 def test_collective_fields(text, expected):
     assert collective.fields(text) == expected
+
+
+# --- wandb.init's time-out reaching its service is transient (W&B: retry) --------------------------
+
+@pytest.mark.parametrize("line", [
+    "wandb.errors.error.Error: Couldn't communicate with backend after 15 seconds",
+    "wandb.errors.errors.CommError: Run initialization has timed out after 90.0 sec. Please try increasing the "
+    "timeout with the `init_timeout` setting: `wandb.init(settings=wandb.Settings(init_timeout=120))`.",
+])
+def test_a_wandb_init_timeout_restarts(line):
+    findings = _feed("Traceback (most recent call last):", '  File "train.py", line 9, in <module>', line)
+    assert [(f.rule_id, f.action) for f in findings] == [("wandb.init_timeout", Action.RESTART_JOB)]
