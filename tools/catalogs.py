@@ -71,7 +71,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
                        "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
                        "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "
-                       "(TensorFlow's OOM, std::bad_alloc), graded"),
+                       "(TensorFlow's OOM, std::bad_alloc), and the allocator's 1 EB size guard (no shortage), graded"),
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "cuBLAS and cuDNN status codes (cublasStatus_t, cudnnStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
                           "user_code, launch/internal failures ambiguous)"),

@@ -271,3 +271,19 @@ def test_collective_fields(text, expected):
 def test_a_wandb_init_timeout_restarts(line):
     findings = _feed("Traceback (most recent call last):", '  File "train.py", line 9, in <module>', line)
     assert [(f.rule_id, f.action) for f in findings] == [("wandb.init_timeout", Action.RESTART_JOB)]
+
+
+# --- the allocator's 1 EB size guard is a corrupt size, not a memory shortage ---------------------
+
+@pytest.mark.parametrize("line", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more than 1EB memory.",
+    "RuntimeError: NPU out of memory. Tried to allocate more than 1EB memory",
+])
+def test_an_allocation_past_1eb_is_the_programs(line):
+    [finding] = _feed(line)
+    assert (finding.rule_id, finding.failure_class) == ("alloc.size_past_1eb", FailureClass.USER_CODE)
+
+
+def test_a_real_allocation_failure_stays_oom():
+    [finding] = _feed("RuntimeError: NPU out of memory. Tried to allocate 30.00 MiB (NPU 3; 60.96 GiB total capacity)")
+    assert finding.failure_class is FailureClass.OOM
