@@ -67,6 +67,16 @@ def glued_start(text: str) -> tuple[int | None, str]:
 _GLUED_PREFIX = re.compile(r"(?<=\S)\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?$")
 
 
+# vLLM's log header, which its formatter writes before every line of a multi-line message (a
+# traceback logged with logger.exception): vllm/logging_utils/formatter.py NewLineFormatter ("Adds
+# logging prefix to newlines to align multi-line messages"), vllm/logger.py _FORMAT
+# "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s" with _DATE_FORMAT
+# "%m-%d %H:%M:%S" (releases before 0.6: "%(filename)s:%(lineno)d] " without the bracket); the
+# format and formatter come from SkyPilot's sky/sky_logging.py and OpenRLHF and LightLLM copy them.
+# A block that starts under it reads its other lines without it, or the frames' indentation is lost.
+_LOGGER_HEADER = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w.-]+:\d+\] ")
+
+
 def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list[str], int | None] | None:
     """The lines of the block starting at ``start``, same rank only: ``(line offsets, texts,
     rank)``; None if still open (``final``, a block of ``MAX_BLOCK_LINES`` lines or one past
@@ -79,6 +89,7 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
     # every line behind a `kubectl/docker logs --timestamps` stamp: the frames' indentation
     # comes after it, so the block's other lines are read without it (the first keeps its time)
     stamped = fields.strip_stamp_prefix(first_text) != first_text
+    headed = _LOGGER_HEADER.match(fields.strip_stamp_prefix(first_text)) is not None
     pos = data.find(b"\n", start)
     truncated = False
     while pos >= 0 and pos + 1 < len(data):
@@ -90,6 +101,8 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
             continue
         if stamped:
             text = fields.strip_stamp_prefix(text)
+        if headed:
+            text = _LOGGER_HEADER.sub("", text, count=1) if _LOGGER_HEADER.match(text) else text
         line_starts.append(s)
         texts.append(text)
         end = multiline.block_end(texts, 0)

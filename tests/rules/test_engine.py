@@ -123,6 +123,23 @@ def test_a_traceback_glued_behind_a_progress_bar_is_its_ranks_one_record(engine)
     assert finding.evidence == ("Traceback (most recent call last):", *tb)
 
 
+@pytest.mark.parametrize("header", ["ERROR 08-13 15:31:21 [multiproc_executor.py:945] ",
+                                    "ERROR 06-09 06:57:48 worker_base.py:581] "], ids=["vllm", "vllm-before-0.6"])
+def test_a_traceback_logged_under_vllms_header_is_one_record(engine, header):
+    """vLLM's formatter writes its header before every line of a logged traceback; read with it,
+    the frames lose their indentation and the exception line is cut from its traceback."""
+    tb = ["Traceback (most recent call last):",
+          '  File "/vllm-workspace/vllm/worker/worker_base.py", line 573, in execute_method',
+          "    return run_method(target, method, args, kwargs)",
+          "RuntimeError: NPU out of memory. Tried to allocate 30.00 MiB (NPU 3; 60.96 GiB total capacity)"]
+    data = lines([f"(RayWorkerWrapper pid=9120) {header}{t}" for t in tb])
+
+    [finding] = engine.feed(COMBINED, data, T0)
+
+    assert finding.failure_class is FailureClass.OOM
+    assert finding.evidence[1:] == tuple(tb[1:])
+
+
 def test_a_launcher_host_label_before_the_rank_is_no_glued_bar(engine):
     """pdsh's ``host: `` label ends in a space: that line's rank prefix is not a bar's glued tail."""
     data = lines(["ws-gpu-2: [rank13]: Traceback (most recent call last):",
