@@ -62,16 +62,16 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "nccl_vocab.tsv": ("nccl_vocab.yaml", "NCCL result codes and WARN vocabulary (IB events and completions, verbs, bootstrap), graded"),
     "dist_vocab.tsv": ("dist_vocab.yaml", "c10d store and ProcessGroupNCCL watchdog lines, torchelastic, graded"),
     "net_vocab.tsv": ("net_vocab.yaml", "transfer-library network errors: libcurl codes 7/28/55/56, "
-                      "the AWS SDK's retryable 'Unable to connect to endpoint', graded"),
+                      "the AWS SDK's retryable 'Unable to connect to endpoint', a Hub file (hf://) that fails to open, wandb.init's time-out, graded"),
     "env_vocab.tsv": ("env_vocab.yaml", "configuration and environment errors against transient infrastructure: gloo "
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "
-                      "errors, container start-up errors, graded"),
+                      "errors, container start-up errors, ld.so's missing shared library, graded"),
     "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
     "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
                        "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
                        "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "
-                       "(TensorFlow's OOM, std::bad_alloc), graded"),
+                       "(TensorFlow's OOM, std::bad_alloc), and the allocator's 1 EB size guard (no shortage), graded"),
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "cuBLAS and cuDNN status codes (cublasStatus_t, cudnnStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
                           "user_code, launch/internal failures ambiguous)"),

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["BLOCK_START_REGEXES", "block_end", "is_block_start", "is_python_start"]
+__all__ = ["BLOCK_START_REGEXES", "PY_START", "block_end", "is_block_start", "is_python_start"]
 
 _PY_START = "Traceback (most recent call last):"
+PY_START = _PY_START  # public: where a Python traceback starts (rules/blocks.py finds it inside a line)
 _CPP_RAISED = "Exception raised from "
 _CPP_FIRST = "(most recent call first):"
 _CHAIN_MESSAGES = frozenset(

@@ -16,7 +16,7 @@ lists, with no progress of the job before it, takes that table's class and actio
 where its sources put the failure at initialisation as configuration: NCCL's troubleshooting guide
 ("interfaces ... not able to communicate between nodes ... fail during the init functions") for a
 connect to a network this host has no route to (ENETUNREACH, which NCCL does not retry) or to a
-peer's link-local address (RFC 4291: not forwarded between links). After progress the same line keeps its rule's grade: the path carried traffic
+peer's link-local address (RFC 4291: not forwarded between links), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
 ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a

@@ -66,6 +66,15 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    the earliest real error is an error a GPU/NPU runtime returned to the program (a CUDA error
    graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
    torch_npu / ACL / CANN error): the program's error is how the device's fault reached it.
+11. A native crash (``NATIVE_CRASHES``: a segmentation fault, or an exit by SIGSEGV / 139) of an
+   instance that had already logged fallout (its communicator failed because a peer or the
+   network went away, a collective of it timed out) is the tear-down of that failure, fallout
+   too: after an asynchronous error the only operation NCCL allows on the communicator is to
+   destroy or abort it (NVIDIA/nccl#140; NCCL user guide, "Asynchronous errors and error
+   handling"), and the abort of a communicator still in use is what crashes or hangs (openxla/xla#13109:
+   aborting the faulty communicators "seems to be unreliable"; NVIDIA/JAX-Toolbox#194: "Only 2-3
+   out of all the processes segfault with the above error, and the others abort"). A crash with
+   no fallout before it on its instance stays the program's (user_code).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -122,6 +131,8 @@ WRAPPED_WINDOW = 2.0
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
                              "deepspeed_launcher.worker_sigkilled", "slurm.srun_task_killed",
                              "torch.mp_spawn_sigkill"})
+#: Native crashes that rule 11 reads as the tear-down of fallout the same instance logged first.
+NATIVE_CRASHES = frozenset({"os.segfault"})
 #: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
 #: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
 _CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
@@ -252,6 +263,14 @@ def sigkill_report(f: Finding) -> bool:
     return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
 
 
+def native_crash(f: Finding) -> bool:
+    """Says whether ``f`` reports a native crash of its process (rule 11): a segmentation-fault
+    line, or an exit by SIGSEGV (signal 11, code 139)."""
+    if f.kind == "exit_code":
+        return f.fields.get("signal") == 11 or f.fields.get("exitcode") == 139
+    return f.rule_id in NATIVE_CRASHES
+
+
 def _before(a: Finding, b: Finding) -> bool:
     return (a.time, a.seq) < (b.time, b.seq)
 
@@ -296,11 +315,16 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             return [e for e in logged.get(stream, ()) if e.origin.rank is None]
         return unranked
 
+    def torn_down(f: Finding) -> bool:
+        """Rule 11: a native crash after fallout its own instance logged."""
+        return native_crash(f) and any(e.failure_class is FailureClass.FALLOUT and _before(e, f)
+                                       for e in logged.get(f.origin.instance, ()))
+
     fallout: list[Finding] = []
     candidates: list[Finding] = []
     for f in order:
         why = explainers(f)
-        if f.failure_class is FailureClass.FALLOUT or (why and all(
+        if f.failure_class is FailureClass.FALLOUT or torn_down(f) or (why and all(
                 e.failure_class is FailureClass.FALLOUT for e in why)) or (abort_exit(f) and not why):
             fallout.append(f)
         elif _error(f) and not why:

@@ -128,3 +128,27 @@ def test_watch_does_not_know_whether_a_job_it_met_running_made_progress(tmp_path
     assert desk.progress.at == UNKNOWN              # its start was before ftwatch saw it
     desk.new_attempt(T0 + 10)                       # an attempt watch saw begin
     assert desk.progress.at == NONE_YET
+
+
+HF_SHARD = ["Traceback (most recent call last):",
+            '  File "/opt/conda/lib/python3.11/site-packages/huggingface_hub/hf_file_system.py", line 1127, '
+            "in _raise_file_not_found",
+            "    raise FileNotFoundError(msg) from err",
+            "FileNotFoundError: zstd://train_0413.jsonl::hf://datasets/lab/webtext@7f3e9a2c/train/train_0413.jsonl.zst"]
+
+
+def test_a_hub_file_that_fails_to_open_mid_run_is_the_hubs_and_restarts(tmp_path):
+    d = decided(logged(*HF_SHARD), T0 - 3600, tmp_path)
+    assert d.action is Action.RESTART_JOB, d.policy_clause
+    assert d.root_cause.rule_id == "hf.filesystem_not_found_midrun"
+
+
+def test_a_hub_file_missing_before_any_progress_is_the_jobs_path(tmp_path):
+    d = decided(logged(*HF_SHARD), NONE_YET, tmp_path)
+    assert d.action is Action.FAIL_JOB and d.root_cause.failure_class is FailureClass.USER_CODE, d.policy_clause
+
+
+def test_a_local_file_not_found_mid_run_stays_the_programs(tmp_path):
+    d = decided(logged("FileNotFoundError: [Errno 2] No such file or directory: '/data/train/shard-00017.bin'"),
+                T0 - 3600, tmp_path)
+    assert d.action is Action.FAIL_JOB

@@ -209,6 +209,33 @@ def test_an_info_line_inside_a_traceback_does_not_hide_its_error():
     assert any(f.line.startswith("FileNotFoundError") for f in findings)
 
 
+# --- a dynamic loader's probe is no missing path; its fatal forms still fail the job ---------------
+
+@pytest.mark.parametrize("line", [
+    # rdma-core libibverbs/dynamic_driver.c: one warning per provider it has no library for, then on
+    "[default0]:libibverbs: Warning: couldn't load driver 'libipathverbs-rdmav25.so': libipathverbs-rdmav25.so: "
+    "cannot open shared object file: No such file or directory",
+    # TensorFlow's dso_loader probes CUDA libraries at WARNING level and goes on without them
+    "2021-03-04 12:00:00.123456: W tensorflow/stream_executor/platform/default/dso_loader.cc:60] Could not load "
+    "dynamic library 'libcudart.so.11.0'; dlerror: libcudart.so.11.0: cannot open shared object file: "
+    "No such file or directory",
+])
+def test_a_loader_probe_warning_makes_no_finding(line):
+    assert _feed(line) == []
+
+
+@pytest.mark.parametrize("lines, rule_id", [
+    (["/usr/local/bin/all_reduce_perf: error while loading shared libraries: libnccl.so.2: cannot open shared "
+      "object file: No such file or directory"], "loader.shared_library_missing"),
+    (["Traceback (most recent call last):", '  File "train.py", line 1, in <module>',
+      "ImportError: libcudnn.so.8: cannot open shared object file: No such file or directory"], None),
+])
+def test_a_library_missing_for_good_fails_the_job(lines, rule_id):
+    findings = _feed(*lines)
+    assert findings and all(f.action is Action.FAIL_JOB for f in findings)
+    assert rule_id is None or findings[0].rule_id == rule_id
+
+
 # --- P3: the watchdog's collective fields ---------------------------------------------------------
 
 def test_watchdog_finding_carries_op_seq_and_timeout():
@@ -232,3 +259,31 @@ def test_watchdog_finding_carries_op_seq_and_timeout():
 ])
 def test_collective_fields(text, expected):
     assert collective.fields(text) == expected
+
+
+# --- wandb.init's time-out reaching its service is transient (W&B: retry) --------------------------
+
+@pytest.mark.parametrize("line", [
+    "wandb.errors.error.Error: Couldn't communicate with backend after 15 seconds",
+    "wandb.errors.errors.CommError: Run initialization has timed out after 90.0 sec. Please try increasing the "
+    "timeout with the `init_timeout` setting: `wandb.init(settings=wandb.Settings(init_timeout=120))`.",
+])
+def test_a_wandb_init_timeout_restarts(line):
+    findings = _feed("Traceback (most recent call last):", '  File "train.py", line 9, in <module>', line)
+    assert [(f.rule_id, f.action) for f in findings] == [("wandb.init_timeout", Action.RESTART_JOB)]
+
+
+# --- the allocator's 1 EB size guard is a corrupt size, not a memory shortage ---------------------
+
+@pytest.mark.parametrize("line", [
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more than 1EB memory.",
+    "RuntimeError: NPU out of memory. Tried to allocate more than 1EB memory",
+])
+def test_an_allocation_past_1eb_is_the_programs(line):
+    [finding] = _feed(line)
+    assert (finding.rule_id, finding.failure_class) == ("alloc.size_past_1eb", FailureClass.USER_CODE)
+
+
+def test_a_real_allocation_failure_stays_oom():
+    [finding] = _feed("RuntimeError: NPU out of memory. Tried to allocate 30.00 MiB (NPU 3; 60.96 GiB total capacity)")
+    assert finding.failure_class is FailureClass.OOM

@@ -107,6 +107,48 @@ def test_interleaved_tracebacks_of_two_ranks_never_mix(engine, prefix):
     assert by_rank[0].origin.instance == "rank0"
 
 
+def test_a_traceback_glued_behind_a_progress_bar_is_its_ranks_one_record(engine):
+    """A tqdm bar writes no newline until it closes: the rank's first traceback line lands on the
+    bar's line, its other lines under ``[rank3]:`` must still join it (one record, rank 3)."""
+    tb = ["  File \"/workspace/trainer.py\", line 167, in perform_sampling",
+          "    os.makedirs(save_dir, exist_ok=True)",
+          "OSError: [Errno 5] Input/output error: '/data/run7/samples'"]
+    data = lines("Epoch 0:  16%|#5        | 7212/44871 [13:02:19<68:05:41,  6.51s/it, loss: 0.087]"
+                 "[rank3]: Traceback (most recent call last):", [f"[rank3]: {t}" for t in tb])
+
+    [finding] = engine.feed(COMBINED, data, T0)
+
+    assert finding.rank == 3 and finding.origin.instance == "rank3"
+    assert finding.failure_class is FailureClass.RETRYABLE_INFRA
+    assert finding.evidence == ("Traceback (most recent call last):", *tb)
+
+
+@pytest.mark.parametrize("header", ["ERROR 08-13 15:31:21 [multiproc_executor.py:945] ",
+                                    "ERROR 06-09 06:57:48 worker_base.py:581] "], ids=["vllm", "vllm-before-0.6"])
+def test_a_traceback_logged_under_vllms_header_is_one_record(engine, header):
+    """vLLM's formatter writes its header before every line of a logged traceback; read with it,
+    the frames lose their indentation and the exception line is cut from its traceback."""
+    tb = ["Traceback (most recent call last):",
+          '  File "/vllm-workspace/vllm/worker/worker_base.py", line 573, in execute_method',
+          "    return run_method(target, method, args, kwargs)",
+          "RuntimeError: NPU out of memory. Tried to allocate 30.00 MiB (NPU 3; 60.96 GiB total capacity)"]
+    data = lines([f"(RayWorkerWrapper pid=9120) {header}{t}" for t in tb])
+
+    [finding] = engine.feed(COMBINED, data, T0)
+
+    assert finding.failure_class is FailureClass.OOM
+    assert finding.evidence[1:] == tuple(tb[1:])
+
+
+def test_a_launcher_host_label_before_the_rank_is_no_glued_bar(engine):
+    """pdsh's ``host: `` label ends in a space: that line's rank prefix is not a bar's glued tail."""
+    data = lines(["ws-gpu-2: [rank13]: Traceback (most recent call last):",
+                  "ws-gpu-2: [rank13]:   File \"train.py\", line 3, in <module>",
+                  "ws-gpu-2: [rank13]: KeyError: 'labels'"])
+    findings = engine.feed(COMBINED, data, T0)
+    assert all(f.rank is None for f in findings)
+
+
 def test_traceback_ending_in_gloo_peer_closed_is_fallout_not_user_code(engine, rules):
     """The generic traceback rule hits the same record; the gloo rule's priority wins (R7)."""
     generic = next(r for r in rules if r.id == "python.uncaught_exception")

@@ -230,3 +230,33 @@ def test_an_unranked_weak_exit_is_explained_by_the_errors_of_its_streams_ranks()
     rank2 = replace(rank2, origin=Origin("pod/rank2", 2, JOB, "node-0", "stderr", "process"))
     an = analyse([rank2, launcher])
     assert an.root_cause is rank2 and an.real == (rank2,)
+
+
+# --- rule 11: a native crash after the instance's own fallout is the tear-down --------------------
+
+def test_a_segfault_after_its_ranks_async_nccl_error_is_fallout():
+    lost = log("nccl.remote_error", FALL, 37, 10.0)
+    crash = log("os.segfault", UC, 37, 10.001, action=Action.FAIL_JOB)
+    other = syserr(0, 11.0)
+    an = analyse([crash, lost, other])
+    assert an.root_cause == other and crash not in an.real
+
+
+def test_an_exit_by_sigsegv_after_fallout_is_fallout_too():
+    lost = log("nccl.remote_error", FALL, 3, 10.0)
+    an = analyse([died(3, 12.0, signal=11), lost])
+    assert an.fallout_only and an.root_cause == lost
+
+
+def test_a_segfault_before_any_fallout_stays_the_programs():
+    crash = log("os.segfault", UC, 2, 10.0, action=Action.FAIL_JOB)
+    lost = log("nccl.remote_error", FALL, 2, 11.0)
+    peer = log("nccl.remote_error", FALL, 0, 11.0)
+    an = analyse([peer, lost, crash])
+    assert an.root_cause == crash and an.real == (crash,)
+
+
+def test_a_segfault_after_another_ranks_fallout_stays_the_programs():
+    peer = log("nccl.remote_error", FALL, 0, 9.0)
+    crash = log("os.segfault", UC, 2, 10.0, action=Action.FAIL_JOB)
+    assert analyse([peer, crash]).root_cause == crash
