@@ -42,6 +42,22 @@ def starts_block(data: bytes, start: int) -> bool:
     return multiline.is_block_start(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1])
 
 
+def _traceback_lead(text: str) -> str:
+    """What a Python traceback's first line carries before ``Traceback (most recent call last):``
+    ('' for any other block): a prefix its writer repeats, the same, on every line of the record,
+    so the block's other lines are read without it (their frames are indented only after it).
+
+    Writers that do so: a logging formatter that aligns a multi-line message, as vLLM's
+    ``NewLineFormatter`` (vllm-project/vllm vllm/logging_utils/formatter.py: ``msg.replace("\\n",
+    "\\r\\n" + parts[0])``, every line behind ``ERROR 06-03 09:46:31 worker_base.py:464] ``); pdsh,
+    which labels each line of a host's output with ``host: `` (pdsh(1): "output ... is prefixed
+    by the hostname"). A line without that exact prefix keeps its text (another writer's line).
+    A C++ stack dump's prefix is its message (``RuntimeError: ... Exception raised from``): none.
+    """
+    at = text.find(multiline.PY_START)
+    return text[:at] if at > 0 and multiline.is_python_start(text) else ""
+
+
 def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list[str], int | None] | None:
     """The lines of the block starting at ``start``, same rank only: ``(line offsets, texts,
     rank)``; None if still open (``final``, a block of ``MAX_BLOCK_LINES`` lines or one past
@@ -51,6 +67,7 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
     # every line behind a `kubectl/docker logs --timestamps` stamp: the frames' indentation
     # comes after it, so the block's other lines are read without it (the first keeps its time)
     stamped = fields.strip_stamp_prefix(first_text) != first_text
+    lead = _traceback_lead(fields.strip_stamp_prefix(first_text) if stamped else first_text)
     pos = data.find(b"\n", start)
     truncated = False
     while pos >= 0 and pos + 1 < len(data):
@@ -62,6 +79,8 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
             continue
         if stamped:
             text = fields.strip_stamp_prefix(text)
+        if lead and text.startswith(lead):
+            text = text[len(lead):]
         line_starts.append(s)
         texts.append(text)
         end = multiline.block_end(texts, 0)
