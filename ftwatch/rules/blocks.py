@@ -58,6 +58,21 @@ def _traceback_lead(text: str) -> str:
     return text[:at] if at > 0 and multiline.is_python_start(text) else ""
 
 
+def _glued_rank(lead: str) -> int | None:
+    """The rank of a bracketed rank prefix (``[rank3]: ``, ``[default3]:``) that ends a traceback's
+    ``lead``, or None: another writer's unfinished line in front of it. A progress bar (tqdm) redraws
+    its line with ``\\r`` and writes no newline until it closes, so the first line a crashing rank
+    prints lands on the bar's line (``Epoch 0:  16%|...| 7212/44871 [...][rank3]: Traceback ...``)
+    while the traceback's other lines start with the rank's own prefix."""
+    at = lead.rfind("[")
+    while at >= 0:
+        rank, rest = fields.split_rank_prefix(lead[at:])
+        if rank is not None and not rest.strip():
+            return rank
+        at = lead.rfind("[", 0, at)
+    return None
+
+
 def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list[str], int | None] | None:
     """The lines of the block starting at ``start``, same rank only: ``(line offsets, texts,
     rank)``; None if still open (``final``, a block of ``MAX_BLOCK_LINES`` lines or one past
@@ -68,6 +83,9 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
     # comes after it, so the block's other lines are read without it (the first keeps its time)
     stamped = fields.strip_stamp_prefix(first_text) != first_text
     lead = _traceback_lead(fields.strip_stamp_prefix(first_text) if stamped else first_text)
+    # a rank prefix glued to the end of the lead: that rank's lines go on with the traceback
+    glued = _glued_rank(lead) if first_rank is None and lead else None
+    block_rank = first_rank
     pos = data.find(b"\n", start)
     truncated = False
     while pos >= 0 and pos + 1 < len(data):
@@ -76,7 +94,9 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
         raw = data[s:] if pos < 0 else data[s:pos]
         rank, text = fields.split_rank_prefix(fields.clean(raw))
         if rank != first_rank:
-            continue
+            if glued is None or rank != glued:
+                continue
+            block_rank = glued
         if stamped:
             text = fields.strip_stamp_prefix(text)
         if lead and text.startswith(lead):
@@ -85,15 +105,15 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
         texts.append(text)
         end = multiline.block_end(texts, 0)
         if end is not None:
-            return line_starts[: end + 1], texts[: end + 1], first_rank
+            return line_starts[: end + 1], texts[: end + 1], block_rank
         if len(texts) >= MAX_BLOCK_LINES:
             truncated = True
             break
     end = multiline.block_end(texts, 0)
     if end is not None:
-        return line_starts[: end + 1], texts[: end + 1], first_rank
+        return line_starts[: end + 1], texts[: end + 1], block_rank
     if final or truncated or len(data) - start > MAX_CARRY_BYTES:
-        return line_starts, texts, first_rank
+        return line_starts, texts, block_rank
     return None
 
 

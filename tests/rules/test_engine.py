@@ -119,6 +119,20 @@ def test_a_traceback_prefix_is_stripped_only_where_repeated_exactly(rules):
     assert found[0].line == head + ECC_TB[0]
 
 
+def test_a_traceback_glued_to_a_progress_bar_is_its_ranks(rules):
+    # tqdm redraws its bar with \r and writes no newline until it closes: the crashing rank's first
+    # traceback line lands on the bar's line, its other lines start with the rank's own prefix
+    bar = "Epoch 0:  16%|#5        | 7212/44871 [13:02:19<68:05:41,  6.51s/it, train_loss: 0.087]"
+    tb = [f"[rank3]: {line}" for line in KEYERROR_TB]
+    [finding] = Engine(rules).feed(COMBINED, lines(bar + tb[0], tb[1:]), T0)
+
+    assert finding.rule_id == "python.key_error"
+    assert finding.rank == 3
+    # a bracket that is no rank prefix changes nothing: the lone line is the catch-all, as before
+    found = Engine(rules).feed(COMBINED, lines(bar + "[note]: " + KEYERROR_TB[0], tb[1:]), T0, final=True)
+    assert [(f.rule_id, f.rank) for f in found][0] == ("python.uncaught_exception", None)
+
+
 def test_a_python_logging_stamp_is_not_stripped():
     from ftwatch.parsers.fields import strip_stamp_prefix
     assert strip_stamp_prefix("2026-08-07 22:58:24,992 - root - INFO - Opening data") == \
