@@ -38,8 +38,7 @@ nor ``oom``), the fault of the device that explains it:
    the one that raised) whose meaning in the fault table is an uncorrectable (multi-bit) memory error, within
    ``CHIP_WINDOW`` seconds of the device error, whatever its MindCluster level: graded up to
    ``hardware_node`` / ``isolate_node`` (the memory the failed task used is bad: an uncorrectable
-   ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate).
-
+   ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate); or
 3. an application fault that stays with one GPU: Xids of the catalog's ``app_or_gpu`` group
    (13 graphics exception, 31 MMU fault: ``RESTART_APP`` first, then NVIDIA's investigatory
    workflow ``WORKFLOW_XID_13`` / ``_31``, which checks the application and then the GPU; the Xid
@@ -50,8 +49,8 @@ nor ``oom``), the fault of the device that explains it:
    latest of them is returned graded ``hardware_node`` / ``isolate_node``. One process's Xids,
    however many, say nothing of the GPU (a kernel bug gives 13, 31 and 43 together).
 
-Counterexamples (nothing is paired): an application Xid (13/31/43) beside a CUDA error (both the
-program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
+Counterexamples (nothing is paired): an application Xid (13/31/43) of one process beside a CUDA
+error (both the program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
 that GPU: the program's fault, not the GPU's, as threads where the same fault followed the code
 across GPUs found); a hardware fault on another node; a network, storage or exit finding graded
