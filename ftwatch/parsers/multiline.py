@@ -32,8 +32,7 @@ from collections.abc import Sequence
 
 __all__ = ["BLOCK_START_REGEXES", "PY_START", "block_end", "is_block_start", "is_python_start"]
 
-_PY_START = "Traceback (most recent call last):"
-PY_START = _PY_START  # public: where a Python traceback starts (rules/blocks.py finds it inside a line)
+PY_START = "Traceback (most recent call last):"
 _CPP_RAISED = "Exception raised from "
 _CPP_FIRST = "(most recent call first):"
 _CHAIN_MESSAGES = frozenset(
@@ -57,12 +56,12 @@ hit is a candidate only: confirm it with ``is_block_start`` on the cleaned line.
 
 def is_block_start(line: str) -> bool:
     """Says whether a cleaned line starts a Python traceback or a C++ stack dump."""
-    return _PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
+    return PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
 
 
 def is_python_start(line: str) -> bool:
     """Says whether a cleaned line starts a Python traceback (not a C++ stack dump)."""
-    return _PY_START in line
+    return PY_START in line
 
 
 def _indented(line: str) -> bool:
@@ -110,7 +109,7 @@ def _python_end(lines: Sequence[str], start: int) -> int | None:
             return exc
         if exc + 4 >= n:
             return None
-        if lines[exc + 3].strip() or _PY_START not in lines[exc + 4]:
+        if lines[exc + 3].strip() or PY_START not in lines[exc + 4]:
             return exc
         i = exc + 5
 
@@ -142,7 +141,7 @@ def block_end(lines: Sequence[str], start: int) -> int | None:
     if not 0 <= start < len(lines):
         raise IndexError(f"start {start} outside lines[0:{len(lines)}]")
     line = lines[start]
-    if _PY_START in line:
+    if PY_START in line:
         return _python_end(lines, start)
     if is_block_start(line):
         return _cpp_end(lines, start)

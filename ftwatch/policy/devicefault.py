@@ -38,10 +38,19 @@ nor ``oom``), the fault of the device that explains it:
    the one that raised) whose meaning in the fault table is an uncorrectable (multi-bit) memory error, within
    ``CHIP_WINDOW`` seconds of the device error, whatever its MindCluster level: graded up to
    ``hardware_node`` / ``isolate_node`` (the memory the failed task used is bad: an uncorrectable
-   ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate).
+   ECC is ``cudaErrorECCUncorrectable``'s and Xid 48's grade, device / isolate); or
+3. an application fault that stays with one GPU: Xids of the catalog's ``app_or_gpu`` group
+   (13 graphics exception, 31 MMU fault: ``RESTART_APP`` first, then NVIDIA's investigatory
+   workflow ``WORKFLOW_XID_13`` / ``_31``, which checks the application and then the GPU; the Xid
+   table's note: "repeated on one GPU with known-good code -> hardware") logged on the node's same
+   GPU (``pci``) for ``REPEAT_PROCESSES`` or more different processes (the line's ``pid``): the
+   fault followed the GPU from one run to the next, where a program's fault follows the program
+   to whatever GPU it gets (escalation.py's device repeat reads two attempts the same way). The
+   latest of them is returned graded ``hardware_node`` / ``isolate_node``. One process's Xids,
+   however many, say nothing of the GPU (a kernel bug gives 13, 31 and 43 together).
 
-Counterexamples (nothing is paired): an application Xid (13/31/43) beside a CUDA error (both the
-program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
+Counterexamples (nothing is paired): an application Xid (13/31/43) of one process beside a CUDA
+error (both the program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
 that GPU: the program's fault, not the GPU's, as threads where the same fault followed the code
 across GPUs found); a hardware fault on another node; a network, storage or exit finding graded
@@ -75,8 +84,12 @@ DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "np
 _NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
+#: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)
+REPEAT_PROCESSES = 2
 #: a fault table meaning that names an uncorrectable memory error (``multi-bit ECC``, ``UCE``)
 _UNCORRECTABLE = re.compile(r"(?i)multi-bit|uncorrectable|\bUCE\b|double[- ]bit")
+_REPEAT_SOURCE = ("docs.nvidia.com/deploy/xid-errors (Xid 13/31: RESTART_APP, then WORKFLOW_XID_13/31: the "
+                  "application, then the GPU; a fault that stays with one GPU across runs is the GPU's)")
 _SOURCE = ("docs.nvidia.com/deploy/xid-errors (Xid catalog: hardware Xids isolate, application Xids follow "
            "the app error); hiascend.com CANN 8.0 troubleshooting_0008 (AI Core error caused by HBM multi-bit "
            "ECC 0x80E01809)")
@@ -92,6 +105,13 @@ def _tables() -> FaultTables:
 def _app_cause_xids() -> frozenset[int]:
     """The Xids NVIDIA's table says the user application can cause (``xid_groups()["app_cause"]``)."""
     return xid_groups()["app_cause"]
+
+
+@functools.lru_cache(maxsize=1)
+def _app_or_gpu_xids() -> frozenset[int]:
+    """The Xids NVIDIA answers by restarting the application, then checking it and the GPU
+    (``xid_groups()["app_or_gpu"]``: 13, 31)."""
+    return xid_groups()["app_or_gpu"]
 
 
 def device_error(f: Finding) -> bool:
@@ -131,7 +151,9 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         the first uncorrectable NPU memory event on ``head``'s chip within ``CHIP_WINDOW`` seconds,
         graded ``hardware_node`` / ``isolate_node`` / critical, with the pairing in
         ``fields["explains"]`` and ``head``'s origin (the process that drives the chip: the target
-        to isolate) (rule 2); None when ``head`` is no device error or nothing explains it.
+        to isolate) (rule 2), else the latest application Xid of a GPU that several processes
+        faulted on (rule 3, :func:`repeated_on_gpu`); None when ``head`` is no device error or
+        nothing explains it.
     """
     if not device_error(head):
         return None
@@ -144,6 +166,9 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     if fault is not None:
         return fault
     ordered = sorted(findings, key=lambda x: (x.time, x.seq))
+    repeat = repeated_on_gpu(head, ordered)
+    if repeat is not None:
+        return repeat
     # the chips the failing process named: torch_npu's "(PID:..., Device:2, RankID:2)", CANN's
     # "error from device(chipId:2, ...)" print it on lines after the one that raised
     chips = {chip_of(f) for f in ordered if f.origin.instance == head.origin.instance and device_error(f)}
@@ -156,3 +181,34 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     return dataclasses.replace(event, origin=head.origin, failure_class=FailureClass.HARDWARE_NODE,
                                action=Action.ISOLATE_NODE, severity=Severity.CRITICAL, fields=fields,
                                source=f"{event.source}; paired: {_SOURCE}".lstrip("; "))
+
+
+def repeated_on_gpu(head: Finding, ordered: Sequence[Finding]) -> Finding | None:
+    """Pairing rule 3: an application Xid that stays with one GPU of ``head``'s node (that GPU
+    when ``head`` names one) across ``REPEAT_PROCESSES`` or more processes.
+
+    Args:
+        head: the incident's earliest real error, a device error.
+        ordered: every finding of the incident, by (time, seq).
+
+    Returns:
+        A copy of the latest such Xid, graded ``hardware_node`` / ``isolate_node`` / critical, with
+        ``fields["pids"]`` (the processes, in order) and ``fields["explains"]``; None when no GPU
+        has them.
+    """
+    pci = head.fields.get("pci")
+    seen: dict[str, dict[str, Finding]] = {}        # GPU -> pid -> its latest app-or-GPU Xid
+    for f in ordered:
+        xid, gpu, pid = f.fields.get("xid"), f.fields.get("pci"), f.fields.get("pid")
+        if (xid is None or not gpu or not pid or f.origin.node != head.origin.node
+                or int(xid) not in _app_or_gpu_xids() or (pci and gpu != pci)):
+            continue
+        seen.setdefault(str(gpu), {})[str(pid)] = f
+    for procs in seen.values():
+        if len(procs) >= REPEAT_PROCESSES:
+            last = max(procs.values(), key=lambda x: (x.time, x.seq))
+            fields = dict(last.fields) | {"pids": ",".join(procs), "explains": head.rule_id}
+            return dataclasses.replace(last, failure_class=FailureClass.HARDWARE_NODE, action=Action.ISOLATE_NODE,
+                                       severity=Severity.CRITICAL, fields=fields,
+                                       source=f"{last.source}; paired: {_REPEAT_SOURCE}".lstrip("; "))
+    return None

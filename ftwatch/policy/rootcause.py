@@ -62,7 +62,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ...)``), and the enforcer's own line often comes after the kill report (slurmstepd reads the
    cgroup's oom-kill events when the step has ended; a kernel log is collected apart).
 10. A fault of the device (``ftwatch.policy.devicefault``: a ``hardware_node`` finding of the
-   root cause's node, or an uncorrectable NPU memory event on its chip) becomes the root cause when
+   root cause's node, an uncorrectable NPU memory event on its chip, or an application Xid that
+   stays with one GPU across processes) becomes the root cause when
    the earliest real error is an error a GPU/NPU runtime returned to the program (a CUDA error
    graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
    torch_npu / ACL / CANN error): the program's error is how the device's fault reached it.

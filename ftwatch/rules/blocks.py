@@ -10,7 +10,6 @@ and dates the lines and uses both.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ftwatch.events import Origin
@@ -43,53 +42,55 @@ def starts_block(data: bytes, start: int) -> bool:
     return multiline.is_block_start(fields.split_rank_prefix(fields.clean(line_at(data, start)))[1])
 
 
-def glued_start(text: str) -> tuple[int | None, str]:
-    """A Python traceback whose first line was glued behind another writer's unterminated line:
-    ``(rank, text from the traceback on)`` when a rank prefix stands right before ``Traceback
-    (most recent call last):`` inside ``text``, else ``(None, text)``.
+def _traceback_lead(text: str) -> str:
+    """What a Python traceback's first line carries before ``Traceback (most recent call last):``
+    ('' for any other block): a prefix its writer repeats, the same, on every line of the record,
+    so the block's other lines are read without it (their frames are indented only after it).
 
-    A progress bar redraws its line with carriage returns and writes no newline until it closes
-    (tqdm's docs: it "uses carriage return"), so when a rank's traceback starts while the bar is
-    open, the traceback's first line lands on the bar's line (``Epoch 0: 16%|... [rank3]:
-    Traceback ...``) and its other lines, each under ``[rank3]:``, would read as another rank's.
+    Writers that do so: a logging formatter that aligns a multi-line message, as vLLM's
+    ``NewLineFormatter`` (vllm-project/vllm vllm/logging_utils/formatter.py: ``msg.replace("\\n",
+    "\\r\\n" + parts[0])``, every line behind ``ERROR 06-03 09:46:31 worker_base.py:464] ``); pdsh,
+    which labels each line of a host's output with ``host: `` (pdsh(1): "output ... is prefixed
+    by the hostname"). A line without that exact prefix keeps its text (another writer's line).
+    A C++ stack dump's prefix is its message (``RuntimeError: ... Exception raised from``): none.
     """
-    at = text.find(multiline.PY_START, 1)
-    if at < 0:
-        return None, text
-    m = _GLUED_PREFIX.search(text, 0, at)
-    if m is None:
-        return None, text
-    return int(m.group(1)), text[at:]
+    at = text.find(multiline.PY_START)
+    return text[:at] if at > 0 and multiline.is_python_start(text) else ""
 
 
-# a rank prefix that ends right where the traceback starts (fields._RANK_PREFIX's bracketed form),
-# glued to the text before it: a bar's last character, not a launcher's label ("host: ", pdsh)
-_GLUED_PREFIX = re.compile(r"(?<=\S)\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?$")
-
-
-# vLLM's log header, which its formatter writes before every line of a multi-line message (a
-# traceback logged with logger.exception): vllm/logging_utils/formatter.py NewLineFormatter ("Adds
-# logging prefix to newlines to align multi-line messages"), vllm/logger.py _FORMAT
-# "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s" with _DATE_FORMAT
-# "%m-%d %H:%M:%S" (releases before 0.6: "%(filename)s:%(lineno)d] " without the bracket); the
-# format and formatter come from SkyPilot's sky/sky_logging.py and OpenRLHF and LightLLM copy them.
-# A block that starts under it reads its other lines without it, or the frames' indentation is lost.
-_LOGGER_HEADER = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[?[\w.-]+:\d+\] ")
+def _glued_rank(lead: str) -> int | None:
+    """The rank of a bracketed rank prefix (``[rank3]: ``, ``[default3]:``) that ends a traceback's
+    ``lead``, or None: another writer's unfinished line in front of it. A progress bar (tqdm) redraws
+    its line with ``\\r`` and writes no newline until it closes, so the first line a crashing rank
+    prints lands on the bar's line (``Epoch 0:  16%|...| 7212/44871 [...][rank3]: Traceback ...``)
+    while the traceback's other lines start with the rank's own prefix."""
+    at = lead.rfind("[")
+    while at >= 0:
+        rank, rest = fields.split_rank_prefix(lead[at:])
+        if rank is not None and not rest.strip():
+            # glued: right behind the other writer's last character, not a launcher's label
+            # ("ws-gpu-2: [rank13]: ", pdsh), whose lines all carry it (a repeated lead)
+            return rank if at > 0 and not lead[at - 1].isspace() else None
+        at = lead.rfind("[", 0, at)
+    return None
 
 
 def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list[str], int | None] | None:
     """The lines of the block starting at ``start``, same rank only: ``(line offsets, texts,
     rank)``; None if still open (``final``, a block of ``MAX_BLOCK_LINES`` lines or one past
-    ``MAX_CARRY_BYTES`` closes it where it is). A traceback glued behind a progress bar's line
-    takes the rank that stands before it (:func:`glued_start`)."""
+    ``MAX_CARRY_BYTES`` closes it where it is)."""
     first_rank, first_text = fields.split_rank_prefix(fields.clean(line_at(data, start)))
-    if first_rank is None:
-        first_rank, first_text = glued_start(first_text)
     line_starts, texts = [start], [first_text]
     # every line behind a `kubectl/docker logs --timestamps` stamp: the frames' indentation
     # comes after it, so the block's other lines are read without it (the first keeps its time)
     stamped = fields.strip_stamp_prefix(first_text) != first_text
-    headed = _LOGGER_HEADER.match(fields.strip_stamp_prefix(first_text)) is not None
+    lead = _traceback_lead(fields.strip_stamp_prefix(first_text) if stamped else first_text)
+    # a rank prefix glued to the end of the lead: the traceback is that rank's, from its first
+    # line on (the bar before it is another writer's), and only that rank's lines go on with it
+    glued = _glued_rank(lead) if first_rank is None and lead else None
+    if glued is not None:
+        first_rank, lead = glued, ""
+        texts[0] = first_text[first_text.find(multiline.PY_START):]
     pos = data.find(b"\n", start)
     truncated = False
     while pos >= 0 and pos + 1 < len(data):
@@ -101,8 +102,8 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
             continue
         if stamped:
             text = fields.strip_stamp_prefix(text)
-        if headed:
-            text = _LOGGER_HEADER.sub("", text, count=1) if _LOGGER_HEADER.match(text) else text
+        if lead and text.startswith(lead):
+            text = text[len(lead):]
         line_starts.append(s)
         texts.append(text)
         end = multiline.block_end(texts, 0)

@@ -416,12 +416,14 @@ def xid_groups() -> dict[str, frozenset[int]]:
     (NVIDIA/NVSentinel ``xiderrorsmapping.csv``), ``app_error`` by ``k8s_device_plugin_app_error``
     (NVIDIA k8s-device-plugin's application-error Xids), ``app_cause`` those whose
     ``legacy_possible_causes`` (NVIDIA's Xid table, "User App Error" column) name the user
-    application, ``known`` every row.
+    application, ``app_or_gpu`` those NVIDIA's catalog answers with ``RESTART_APP`` first and an
+    investigatory workflow of their own (``WORKFLOW_XID_13`` / ``_31``: check the application, then
+    the GPU if the fault stays with it), ``known`` every row.
     """
     header, rows = _read_tsv(XID_FILE)
     col = {name: i for i, name in enumerate(header)}
     groups: dict[str, set[int]] = {"fatal": set(), "nonfatal": set(), "app_error": set(), "app_cause": set(),
-                                   "known": set()}
+                                   "app_or_gpu": set(), "known": set()}
     for row in rows:
         n = int(row[col["xid"]])
         groups["known"].add(n)
@@ -434,4 +436,7 @@ def xid_groups() -> dict[str, frozenset[int]]:
             groups["app_error"].add(n)
         if "user_app" in row[col["legacy_possible_causes"]].split(","):
             groups["app_cause"].add(n)
+        if (row[col["nvidia_immediate_action"]].strip() == "RESTART_APP"
+                and row[col["nvidia_investigatory_action"]].strip() == f"WORKFLOW_XID_{n}"):
+            groups["app_or_gpu"].add(n)
     return {name: frozenset(values) for name, values in groups.items()}

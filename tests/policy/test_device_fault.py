@@ -176,3 +176,34 @@ def test_a_network_or_storage_fault_of_the_node_explains_no_cuda_error():
     found = [*cuda(3, 1.0, "an illegal memory access was encountered"), *host(2.0, port)]
     assert any(f.failure_class is FailureClass.HARDWARE_NODE for f in found[1:]), [f.rule_id for f in found]
     assert analyse(found).root_cause.rule_id == "cuda.illegal_memory_access"
+
+
+XID13_PID = ("NVRM: Xid (PCI:0000:3b:00): 13, pid={pid}, name=python3, Graphics SM Warp Exception on "
+             "(GPC 2, TPC 5, SM 0): Out Of Range Address")
+XID31_PID = ("NVRM: Xid (PCI:0000:{bus}:00): 31, pid={pid}, name=python3, Ch 00000008, intr 00000000. MMU Fault: "
+             "ENGINE GRAPHICS GPCCLIENT_T1_10 faulted @ 0x7fd7_90743000. Fault is of type FAULT_PDE ACCESS_TYPE_READ")
+
+
+def test_an_application_fault_that_stays_with_one_gpu_across_processes_is_the_gpus(tmp_path: Path):
+    """Xid 13/31: NVIDIA restarts the application, then its workflow checks the application and the
+    GPU; the fault on the same GPU for another process (another run) is the GPU's."""
+    found = [*host(0.0, XID13_PID.format(pid=3643), XID43), *cuda(3, 1.0, "an illegal memory access was encountered"),
+             *host(1500.0, XID31_PID.format(bus="3b", pid=4120))]
+    rc = analyse(found).root_cause
+    assert rc.rule_id == "xid.31" and rc.failure_class is FailureClass.HARDWARE_NODE
+    assert rc.fields["pids"] == "3643,4120"
+    assert decide(found, tmp_path).action is Action.ISOLATE_NODE
+
+
+def test_one_process_or_other_gpus_or_other_xids_are_no_repeat(tmp_path: Path):
+    """One process's Xids (a kernel bug gives 13, 31 and 43 at once), two processes on two GPUs (the
+    program's fault follows it), Xid 43 (follow the application's error) stay the program's."""
+    one = [*host(0.0, XID13_PID.format(pid=3643), XID31_PID.format(bus="3b", pid=3643), XID43),
+           *cuda(3, 1.0, "an illegal memory access was encountered")]
+    two_gpus = [*host(0.0, XID13_PID.format(pid=3643)), *cuda(3, 1.0, "an illegal memory access was encountered"),
+                *host(900.0, XID31_PID.format(bus="5e", pid=4120))]
+    xid43 = [*host(0.0, XID43, XID43.replace("pid=3004", "pid=4120")),
+             *cuda(3, 1.0, "an illegal memory access was encountered")]
+    for found in (one, two_gpus, xid43):
+        assert analyse(found).root_cause.failure_class is FailureClass.USER_CODE
+        assert decide(found, tmp_path).action is Action.FAIL_JOB

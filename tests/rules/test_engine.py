@@ -82,6 +82,57 @@ def test_traceback_behind_kubectl_timestamps_is_one_record(rules):
     assert finding.time == pytest.approx(1786143504.001, abs=1e-3)     # the first line's own stamp
 
 
+ECC_TB = ["Traceback (most recent call last):",
+          '  File "/srv/ft/train.py", line 188, in <module>',
+          "    main()",
+          "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+          "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+          "below might be incorrect."]
+
+
+@pytest.mark.parametrize("prefix", ["ERROR 06-03 09:46:31 multiproc_worker_utils.py:226] ",
+                                    "(VllmWorkerProcess pid=58213) ERROR 06-03 09:46:31 worker_base.py:464] ",
+                                    "ws-gpu-2: [rank13]: ", "ws-gpu-2: "],
+                         ids=["vllm-logger", "vllm-worker-logger", "pdsh-rank", "pdsh"])
+def test_traceback_behind_a_prefix_repeated_on_every_line_is_decided_by_its_message(rules, prefix):
+    # vLLM's NewLineFormatter repeats the record's "LEVEL date file:line] " head on every line of a
+    # logged traceback, pdsh its "host: " label: the frames are indented only after it, and the
+    # message's vocabulary (an uncorrectable ECC: the device) must decide, not the catch-all
+    [bare] = [f for f in Engine(rules).feed(COMBINED, lines(ECC_TB), T0) if f.failure_class is not FailureClass.INFO]
+    found = [f for f in Engine(rules).feed(COMBINED, lines(ECC_TB, prefix=prefix), T0)
+             if f.failure_class is not FailureClass.INFO]
+
+    assert bare.rule_id == "cuda.uncorrectable_ecc"
+    assert [f.rule_id for f in found] == [bare.rule_id]
+    assert found[0].failure_class is FailureClass.HARDWARE_NODE
+
+
+def test_a_traceback_prefix_is_stripped_only_where_repeated_exactly(rules):
+    # the next line of another record (another time) is not the traceback's: the block ends at the
+    # last frame, as before (a cut traceback), and that line is judged on its own
+    head = "ERROR 06-03 09:46:31 worker_base.py:464] "
+    data = lines(head + ECC_TB[0], head + ECC_TB[1], head + ECC_TB[2],
+                 "ERROR 06-03 09:46:32 worker_base.py:464] KeyError: 'warmup_steps'")
+    found = Engine(rules).feed(COMBINED, data, T0)
+
+    assert [f.rule_id for f in found] == ["python.uncaught_exception"]
+    assert found[0].line == head + ECC_TB[0]
+
+
+def test_a_traceback_glued_to_a_progress_bar_is_its_ranks(rules):
+    # tqdm redraws its bar with \r and writes no newline until it closes: the crashing rank's first
+    # traceback line lands on the bar's line, its other lines start with the rank's own prefix
+    bar = "Epoch 0:  16%|#5        | 7212/44871 [13:02:19<68:05:41,  6.51s/it, train_loss: 0.087]"
+    tb = [f"[rank3]: {line}" for line in KEYERROR_TB]
+    [finding] = Engine(rules).feed(COMBINED, lines(bar + tb[0], tb[1:]), T0)
+
+    assert finding.rule_id == "python.key_error"
+    assert finding.rank == 3
+    # a bracket that is no rank prefix changes nothing: the lone line is the catch-all, as before
+    found = Engine(rules).feed(COMBINED, lines(bar + "[note]: " + KEYERROR_TB[0], tb[1:]), T0, final=True)
+    assert [(f.rule_id, f.rank) for f in found][0] == ("python.uncaught_exception", None)
+
+
 def test_a_python_logging_stamp_is_not_stripped():
     from ftwatch.parsers.fields import strip_stamp_prefix
     assert strip_stamp_prefix("2026-08-07 22:58:24,992 - root - INFO - Opening data") == \
