@@ -129,3 +129,29 @@ def test_near_misses_make_no_gpu_library_finding(line):
     findings = Engine(BUILTIN).feed(W1, f"{line}\n".encode(), 1_795_253_763.0, final=True)
     assert not any(f.rule_id.split(".")[0] in ("cudnn", "cufft", "cusolver", "cusparse", "curand", "nccl", "nvml", "cuda")
                    for f in findings)
+
+
+def _final(final: str):
+    text = f'Traceback (most recent call last):\n  File "train.py", line 10, in <module>\n    model(x)\n{final}\n'
+    [finding] = Engine(BUILTIN).feed(W1, text.encode(), 1_795_253_763.0, final=True)
+    return finding
+
+
+@pytest.mark.parametrize("final, rule_id, failure_class, action", [
+    # Triton and torch.compile name their own failures: the program's kernel or graph
+    ("triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 232448, Hardware limit: "
+     "232448. Reducing block sizes or `num_stages` may help.",
+     "python.exception.triton.runtime.errors.OutOfResources", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("triton.compiler.errors.CompilationError: at 10:4:", "python.exception.triton.compiler.errors.CompilationError",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised:",
+     "python.exception.torch._dynamo.exc.BackendCompilerFailed", FailureClass.USER_CODE, Action.FAIL_JOB),
+    # ... but a wrapper's message decides: what the backend raised is graded by its own catalog
+    ("torch._dynamo.exc.BackendCompilerFailed: backend='inductor' raised: RuntimeError: CUDA error: unknown error",
+     "cuda.rt.unknown", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    ("torch._inductor.exc.InductorError: OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+     "cuda.out_of_memory", FailureClass.OOM, Action.FAIL_JOB),
+])
+def test_compile_errors_are_the_programs_unless_their_message_says_otherwise(final, rule_id, failure_class, action):
+    finding = _final(final)
+    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
