@@ -155,3 +155,33 @@ def _final(final: str):
 def test_compile_errors_are_the_programs_unless_their_message_says_otherwise(final, rule_id, failure_class, action):
     finding = _final(final)
     assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+
+
+@pytest.mark.parametrize("line, rule_id, failure_class, action", [
+    # NCCL 2.19+ (net_ib/common.cc): one rule reads every version's wording of an IB async event
+    ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:123 NCCL WARN NET/IB : mlx5_2:1 async fatal event: "
+     "local catastrophic error", "rdma.ib_async_fatal_event", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:140 NCCL WARN NET/IB : mlx5_2:1 async fatal event on QP "
+     "(0x55d0c2a0) qpn=1234 handle=3 send_cq=1 recv_cq=2 state=6 sq_psn=11 rq_psn=12: local work queue catastrophic error",
+     "nccl.ib_async_queue_error", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:127 NCCL WARN NET/IB : mlx5_2:1 async fatal event on CQ "
+     "(0x55d0c2a0) handle=3 cqe=4095: CQ error", "nccl.ib_async_queue_error", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:179 NCCL WARN NET/IB : mlx5_2:1 Got non-fatal async event: "
+     "port error(10)", "nccl.ib_async_port_error", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    ("gpu-node-3:2111:2203 [1] transport/net_ib.cc:132 NCCL WARN NET/IB : Got async event : port error",
+     "nccl.ib_async_port_error", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    ("gpu-node-3:2111:2190 [1] transport/nvls.cc:376 NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory "
+     "of size 1073741824 : CUDA error 999 'unknown error'.", "nccl.nvls_bind_failed", FailureClass.HARDWARE_NODE,
+     Action.ISOLATE_NODE),
+])
+def test_nccl_ib_and_nvls_warnings_are_graded_in_every_wording(line, rule_id, failure_class, action):
+    finding = _finding(line)
+    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+
+
+def test_a_non_fatal_ib_status_event_is_info():
+    line = ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:179 NCCL WARN NET/IB : mlx5_2:1 Got non-fatal async "
+            "event: port active(9)")
+    findings = Engine(BUILTIN).feed(W1, f"{line}\n".encode(), 1_795_253_763.0, final=True)
+    assert all(f.failure_class is FailureClass.INFO for f in findings)
