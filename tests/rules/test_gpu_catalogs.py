@@ -185,3 +185,20 @@ def test_a_non_fatal_ib_status_event_is_info():
             "event: port active(9)")
     findings = Engine(BUILTIN).feed(W1, f"{line}\n".encode(), 1_795_253_763.0, final=True)
     assert all(f.failure_class is FailureClass.INFO for f in findings)
+
+
+@pytest.mark.parametrize("line, rule_id, failure_class, action", [
+    # NCCL's maintainers: a CUDA failure in the NVLS transport is the node's Fabric Manager / GPU reset state
+    ("node2:242431:242479 [5] transport/nvls.cc:158 NCCL WARN Cuda failure 1 'invalid argument'",
+     "nccl.nvls_cuda_failure", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    ("node2:242431:242479 [5] transport/nvls.cc:165 NCCL WARN Cuda failure 'invalid argument'",
+     "nccl.nvls_cuda_failure", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    # ... an out-of-memory there stays the CUDA enum's, and the same failure elsewhere stays usage
+    ("node2:242431:242479 [5] transport/nvls.cc:165 NCCL WARN Cuda failure 2 'out of memory'",
+     "cuda.rt.memory_allocation", FailureClass.OOM, Action.FAIL_JOB),
+    ("node2:242431:242479 [5] enqueue.cc:1556 NCCL WARN Cuda failure 1 'invalid argument'",
+     "cuda.rt.invalid_value", FailureClass.USER_CODE, Action.FAIL_JOB),
+])
+def test_a_cuda_failure_in_nccls_nvls_transport_is_the_nodes(line, rule_id, failure_class, action):
+    finding = _finding(line)
+    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
