@@ -98,7 +98,10 @@ def test_the_new_runtime_rows_follow_the_documentation(enum, grade):
     ("RuntimeError: cuDNN error: CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH", "cudnn.not_supported_detail",
      FailureClass.USER_CODE, Action.FAIL_JOB),
     ("RuntimeError: cuDNN error: CUDNN_STATUS_BAD_PARAM", "cudnn.bad_param", FailureClass.USER_CODE, Action.FAIL_JOB),
-    ("RuntimeError: cuFFT error: CUFFT_INTERNAL_ERROR", "cufft.exec_failed", FailureClass.USER_CODE,
+    # pytorch#88038: a cuFFT build older than the GPU (no forward compatibility): setup, a retry repeats it
+    ("RuntimeError: cuFFT error: CUFFT_INTERNAL_ERROR", "cufft.internal_error", FailureClass.USER_CODE,
+     Action.FAIL_JOB),
+    ("RuntimeError: cuFFT error: CUFFT_EXEC_FAILED", "cufft.exec_failed", FailureClass.USER_CODE,
      Action.RESTART_IN_PLACE),
     ("RuntimeError: cusolver error: CUSOLVER_STATUS_ALLOC_FAILED, when calling `cusolverDnCreate(handle)`",
      "cusolver.alloc_failed", FailureClass.OOM, Action.FAIL_JOB),
