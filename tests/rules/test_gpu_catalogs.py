@@ -130,8 +130,8 @@ def test_gpu_library_lines_are_graded(line, rule_id, failure_class, action):
 ])
 def test_near_misses_make_no_gpu_library_finding(line):
     findings = Engine(BUILTIN).feed(W1, f"{line}\n".encode(), 1_795_253_763.0, final=True)
-    assert not any(f.rule_id.split(".")[0] in ("cudnn", "cufft", "cusolver", "cusparse", "curand", "nccl", "nvml", "cuda")
-                   for f in findings)
+    families = ("cudnn", "cufft", "cusolver", "cusparse", "curand", "nccl", "nvml", "cuda")
+    assert not any(f.rule_id.split(".")[0] in families for f in findings)
 
 
 def _final(final: str):
@@ -165,7 +165,8 @@ def test_compile_errors_are_the_programs_unless_their_message_says_otherwise(fin
     ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:123 NCCL WARN NET/IB : mlx5_2:1 async fatal event: "
      "local catastrophic error", "rdma.ib_async_fatal_event", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
     ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:140 NCCL WARN NET/IB : mlx5_2:1 async fatal event on QP "
-     "(0x55d0c2a0) qpn=1234 handle=3 send_cq=1 recv_cq=2 state=6 sq_psn=11 rq_psn=12: local work queue catastrophic error",
+     "(0x55d0c2a0) qpn=1234 handle=3 send_cq=1 recv_cq=2 state=6 sq_psn=11 rq_psn=12: "
+     "local work queue catastrophic error",
      "nccl.ib_async_queue_error", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("gpu-node-3:2111:2203 [1] transport/net_ib/common.cc:127 NCCL WARN NET/IB : mlx5_2:1 async fatal event on CQ "
      "(0x55d0c2a0) handle=3 cqe=4095: CQ error", "nccl.ib_async_queue_error", FailureClass.RETRYABLE_INFRA,
@@ -175,7 +176,8 @@ def test_compile_errors_are_the_programs_unless_their_message_says_otherwise(fin
     ("gpu-node-3:2111:2203 [1] transport/net_ib.cc:132 NCCL WARN NET/IB : Got async event : port error",
      "nccl.ib_async_port_error", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
     ("gpu-node-3:2111:2190 [1] transport/nvls.cc:376 NCCL WARN Failed to bind NVLink SHARP (NVLS) Multicast memory "
-     "of size 1073741824 : CUDA error 999 'unknown error'.", "nccl.nvls_bind_failed", FailureClass.HARDWARE_NODE,
+     "of size 1073741824 : CUDA error 999 'unknown error'.", "gpu.nvls_multicast_bind_failed",
+     FailureClass.HARDWARE_NODE,
      Action.ISOLATE_NODE),
 ])
 def test_nccl_ib_and_nvls_warnings_are_graded_in_every_wording(line, rule_id, failure_class, action):
@@ -193,9 +195,9 @@ def test_a_non_fatal_ib_status_event_is_info():
 @pytest.mark.parametrize("line, rule_id, failure_class, action", [
     # NCCL's maintainers: a CUDA failure in the NVLS transport is the node's Fabric Manager / GPU reset state
     ("node2:242431:242479 [5] transport/nvls.cc:158 NCCL WARN Cuda failure 1 'invalid argument'",
-     "nccl.nvls_cuda_failure", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+     "gpu.nvls_cuda_failure", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
     ("node2:242431:242479 [5] transport/nvls.cc:165 NCCL WARN Cuda failure 'invalid argument'",
-     "nccl.nvls_cuda_failure", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+     "gpu.nvls_cuda_failure", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
     # ... an out-of-memory there stays the CUDA enum's, and the same failure elsewhere stays usage
     ("node2:242431:242479 [5] transport/nvls.cc:165 NCCL WARN Cuda failure 2 'out of memory'",
      "cuda.rt.memory_allocation", FailureClass.OOM, Action.FAIL_JOB),
