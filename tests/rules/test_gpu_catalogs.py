@@ -207,3 +207,20 @@ def test_a_non_fatal_ib_status_event_is_info():
 def test_a_cuda_failure_in_nccls_nvls_transport_is_the_nodes(line, rule_id, failure_class, action):
     finding = _finding(line)
     assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+
+
+@pytest.mark.parametrize("line, rule_id", [
+    ("slurmstepd: error: NVML: Failed to get usage(15): GPU is lost", "nvml.tool_gpu_lost"),
+    ("[Tue Nov 24 08:12:33 2026] NVRM: API mismatch: the client has the version 535.104.05, but this kernel module "
+     "has the version 535.54.03.  Please make sure that this kernel module and all NVIDIA driver components have "
+     "the same version.", "nvrm.api_mismatch"),
+])
+def test_node_driver_states_isolate_the_node(line, rule_id):
+    finding = _finding(line)
+    assert (finding.rule_id, finding.failure_class, finding.action) == (
+        rule_id, FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE)
+
+
+def test_an_nvml_status_that_names_no_device_state_is_no_finding():
+    line = "slurmstepd: error: NVML: Failed to get usage(3): Not Supported"
+    assert Engine(BUILTIN).feed(W1, f"{line}\n".encode(), 1_795_253_763.0, final=True) == []
