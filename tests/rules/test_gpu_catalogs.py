@@ -39,6 +39,10 @@ READ_BY_ANOTHER_ROW = {300: "cudaErrorInvalidKernelImage",   # cudaErrorInvalidS
                        10000: None}                           # cudaErrorApiFailureBase: a base, no error
 
 
+def _assert_graded(finding, rule_id: str, failure_class: FailureClass, action: Action) -> None:
+    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+
+
 def _finding(line: str):
     [finding] = Engine(BUILTIN).feed(W1, f"{line}\n".encode(), 1_795_253_763.0, final=True)
     return finding
@@ -117,8 +121,7 @@ def test_the_new_runtime_rows_follow_the_documentation(enum, grade):
      Action.ISOLATE_NODE),
 ])
 def test_gpu_library_lines_are_graded(line, rule_id, failure_class, action):
-    finding = _finding(line)
-    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+    _assert_graded(_finding(line), rule_id, failure_class, action)
 
 
 @pytest.mark.parametrize("line", [
@@ -156,8 +159,7 @@ def _final(final: str):
      "cuda.out_of_memory", FailureClass.OOM, Action.FAIL_JOB),
 ])
 def test_compile_errors_are_the_programs_unless_their_message_says_otherwise(final, rule_id, failure_class, action):
-    finding = _final(final)
-    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+    _assert_graded(_final(final), rule_id, failure_class, action)
 
 
 @pytest.mark.parametrize("line, rule_id, failure_class, action", [
@@ -181,8 +183,7 @@ def test_compile_errors_are_the_programs_unless_their_message_says_otherwise(fin
      Action.ISOLATE_NODE),
 ])
 def test_nccl_ib_and_nvls_warnings_are_graded_in_every_wording(line, rule_id, failure_class, action):
-    finding = _finding(line)
-    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+    _assert_graded(_finding(line), rule_id, failure_class, action)
 
 
 def test_a_non_fatal_ib_status_event_is_info():
@@ -205,8 +206,7 @@ def test_a_non_fatal_ib_status_event_is_info():
      "cuda.rt.invalid_value", FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
 def test_a_cuda_failure_in_nccls_nvls_transport_is_the_nodes(line, rule_id, failure_class, action):
-    finding = _finding(line)
-    assert (finding.rule_id, finding.failure_class, finding.action) == (rule_id, failure_class, action)
+    _assert_graded(_finding(line), rule_id, failure_class, action)
 
 
 @pytest.mark.parametrize("line, rule_id", [
@@ -216,9 +216,7 @@ def test_a_cuda_failure_in_nccls_nvls_transport_is_the_nodes(line, rule_id, fail
      "the same version.", "nvrm.api_mismatch"),
 ])
 def test_node_driver_states_isolate_the_node(line, rule_id):
-    finding = _finding(line)
-    assert (finding.rule_id, finding.failure_class, finding.action) == (
-        rule_id, FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE)
+    _assert_graded(_finding(line), rule_id, FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE)
 
 
 def test_an_nvml_status_that_names_no_device_state_is_no_finding():
