@@ -243,3 +243,15 @@ def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch):
     for _ in range(progresslines.COMPILE_AFTER + 1):
         assert [s for s, _, _ in progresslines.lines(data, many)] == [s for s, _, _ in progresslines.lines(data, None)]
     assert [ranks for ranks in compiled if ranks is not None] == [frozenset({1, 2})]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_veto_by_substrings_equals_the_veto_regex(seed):
+    """``_vetoed_lower`` (its words as substrings, then ``timed? ?out``) answers what the
+    lower-case veto regex answers, on text made of its words' pieces."""
+    rng = random.Random(seed)
+    pieces = ["error", "err", "or", "exception", "traceback", "fail", "time", "timed", "out", " ", "d", "abort",
+              "killed", "kill", "fatal", "fat", "step 3", "x", "t", "ime o", "ut"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 6)))
+        assert progress._vetoed_lower(text) == (progress._VETO_LOWER.search(text) is not None), text
