@@ -148,8 +148,25 @@ def _db_key(exprs: Sequence[_Expr]) -> str:
     return digest.hexdigest()
 
 
-def _cache_load(key: str):
-    """The cached database for ``key``, or None (missing, unreadable, or not loadable)."""
+def database_key(tag: str, parts: Sequence[bytes]) -> str:
+    """The cache key of another Hyperscan database than the matcher's (``tag`` names whose, e.g.
+    ``ftwatch.policy.progresslines``'): its parts (expressions, ids, flags, as bytes), the
+    Hyperscan version and the machine."""
+    digest = hashlib.sha256(f"{tag} {getattr(_hs, '__version__', '?')} {platform.machine()} {len(parts)}\n".encode())
+    for part in parts:
+        digest.update(b"%d\n" % len(part))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def store_database(key: str, db) -> None:
+    """Keep compiled ``db`` on disk under ``key`` (``ftwatch.rules.diskcache``; never raises)."""
+    diskcache.store("hyperscan", key, "hsdb", _hs.dumpb(db))
+
+
+def load_database(key: str):
+    """The cached database for ``key`` (the matcher's, or one ``store_database`` kept), or None
+    (missing, unreadable, or not loadable)."""
     data = diskcache.read("hyperscan", key, "hsdb")
     if data is None:
         return None
@@ -217,7 +234,7 @@ class Matcher:
             pass                        # reported in order with RE2's problems below
         if _hs is not None and exprs:   # a cached database: every pattern passed both engines
             key = _db_key(exprs)
-            db = _cache_load(key)
+            db = load_database(key)
         if db is None:
             exprs, db = self._compile(opts)
             if db is not None and key is not None:
