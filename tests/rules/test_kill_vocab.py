@@ -142,3 +142,19 @@ def test_the_deepspeed_launchers_return_code_is_read(code, signal, exitcode):
                    f"'-u', 'train.py', '--local_rank=1'] exits with return code = {code}")
     assert f.rule_id == "deepspeed_launcher.worker_exit" and (f.fields["signal"], f.fields["exitcode"]) == (signal,
                                                                                                           exitcode)
+
+
+@pytest.mark.parametrize("code, generic, failure_class", [
+    ("1", True, FailureClass.USER_CODE), ("137", False, FailureClass.RETRYABLE_INFRA)])
+def test_pdshs_remote_exit_is_an_exit_report_graded_per_code(code, generic, failure_class):
+    # DeepSpeed's multi-node runner (pdsh): ssh passes on the remote command's status (ssh(1))
+    [f] = findings(f"pdsh@worker-0: worker-1: ssh exited with exit code {code}")
+    assert f.rule_id == "pdsh.remote_exit" and f.kind == "exit_code"
+    assert (f.fields["exitcode"], bool(f.fields.get("generic")), f.failure_class) == (int(code), generic,
+                                                                                       failure_class)
+
+
+def test_pdshs_remote_exit_1_after_a_workers_error_is_not_the_root_cause():
+    error = findings("RuntimeError: CUDA error: an illegal memory access was encountered", 1.0)
+    pdsh = findings("pdsh@worker-0: worker-1: ssh exited with exit code 1", 2.0)
+    assert analyse(error + pdsh).root_cause is error[0]
