@@ -257,6 +257,15 @@ def test_scheduler_lines_graded_by_the_docs(line, rule_id, failure_class, action
      FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("    reason: EvictionByEvictionAPI", "k8s.disruption_target", FailureClass.RETRYABLE_INFRA,
      Action.RESTART_JOB),
+    # node disk pressure: the pod over its own storage request is evicted again (as for memory); within
+    # its request, the node's pressure is the node's
+    ("Message:        The node was low on resource: ephemeral-storage. Container trainer was using 10Gi, which "
+     "exceeds its request of 0. ", "k8s.evicted_storage_over_request", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("The node was low on resource: ephemeral-storage. Threshold quantity: 10120387530, available: 9702960Ki. "
+     "Container main was using 26498512Ki, request is 0, has larger consumption of ephemeral-storage. ",
+     "k8s.evicted_storage_over_request", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("Message:        The node was low on resource: ephemeral-storage. ", "k8s.evicted_other_pressure",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("PRTE has lost communication with a remote daemon.", "mpi.daemon_lost", FailureClass.RETRYABLE_INFRA,
      Action.RESTART_JOB),
     ("An ORTE daemon has unexpectedly failed after launch and before communicating back to mpirun. This could "
@@ -269,7 +278,7 @@ def test_scheduler_families_graded_by_their_docs(line, rule_id, failure_class, a
 @pytest.mark.parametrize("line", [
     # a call's deadline (gRPC, google-api-core) is no orchestrator time limit
     "google.api_core.exceptions.DeadlineExceeded: 504 Deadline Exceeded",
-    # node disk pressure is the node's (retryable elsewhere), not the pod's own storage limit
+    # node disk pressure is no breach of the pod's own ephemeral-storage limit
     "Message:        The node was low on resource: ephemeral-storage. Container x was using 10Gi, which exceeds "
     "its request of 0.",
     # the kubelet's TerminationByKubelet also covers a pod evicted for its own memory use
