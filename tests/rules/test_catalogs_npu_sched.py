@@ -268,6 +268,8 @@ def test_scheduler_lines_graded_by_the_docs(line, rule_id, failure_class, action
      FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("PRTE has lost communication with a remote daemon.", "mpi.daemon_lost", FailureClass.RETRYABLE_INFRA,
      Action.RESTART_JOB),
+    ("ORTE has lost communication with its daemon located on node:", "mpi.daemon_lost",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("An ORTE daemon has unexpectedly failed after launch and before communicating back to mpirun. This could "
      "be caused by a number", "mpi.daemon_failed_at_launch", FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
