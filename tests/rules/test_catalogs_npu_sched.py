@@ -395,3 +395,30 @@ def test_ggml_cann_abort_is_graded_as_the_abort_it_announces():
     row = ExitCodeTable.load().get(134)
     rule = next(r for r in ENGINE_RULES if r.id == "ggml.cann_abort")
     assert (rule.failure_class, rule.action) == (row.failure_class, row.action)
+
+
+# --- torchelastic: a closed rendezvous restates another agent's end ---------------------------
+
+_RDZV_CLOSED = "\n".join([
+    "Traceback (most recent call last):",
+    '  File "/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 863, '
+    "in _restart_workers",
+    "    self._initialize_workers(self._worker_group)",
+    "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"])
+
+
+def test_rendezvous_closed_is_fallout_of_the_agent_that_closed_it():
+    # dynamic_rendezvous.py: an agent's shutdown() closes the rendezvous; another agent's join then raises
+    f = _one(_RDZV_CLOSED)
+    assert (f.rule_id, f.failure_class, f.action) == ("torch_elastic.rendezvous_closed", FailureClass.FALLOUT,
+                                                      Action.RESTART_JOB)
+
+
+def test_the_closing_nodes_own_error_is_the_root_cause_not_the_closed_rendezvous():
+    from ftwatch.policy.rootcause import analyse
+    engine = Engine(ENGINE_RULES)
+    error = engine.feed(Origin("node-0"), b"Traceback (most recent call last):\n  File \"train.py\", line 9, in "
+                        b"<module>\nKeyError: 'labels'\n", 1.0, final=True)
+    closed = engine.feed(Origin("node-1"), (_RDZV_CLOSED + "\n").encode(), 2.0, final=True)
+    an = analyse(error + closed)
+    assert an.root_cause is error[0] and an.root_cause.failure_class is FailureClass.USER_CODE
