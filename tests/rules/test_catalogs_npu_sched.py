@@ -272,6 +272,8 @@ def test_scheduler_lines_graded_by_the_docs(line, rule_id, failure_class, action
      FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("An ORTE daemon has unexpectedly failed after launch and before communicating back to mpirun. This could "
      "be caused by a number", "mpi.daemon_failed_at_launch", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("ORTE was unable to reliably start one or more daemons.", "mpi.daemon_failed_at_launch",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
 ])
 def test_scheduler_families_graded_by_their_docs(line, rule_id, failure_class, action):
     _assert_decides(line, rule_id, failure_class, action)
