@@ -127,17 +127,23 @@ def workdir() -> Path:
 
 # -- the corpus --------------------------------------------------------------------------------
 
-STEP_LINE = ("[rank{r}]: [2026-11-21 09:{m:02d}:{s:02d}] iteration {it:>8}/ 1000000 | consumed samples: {cs:>10} | "
+STEP_LINE = ("[rank{r}]: [{when}] iteration {it:>8}/ 1000000 | consumed samples: {cs:>10} | "
              "elapsed time per iteration (ms): {ms:.1f} | learning rate: 2.999E-04 | global batch size:  1024 | "
              "lm loss: 2.{loss:04d}E+00 | loss scale: 65536.0 | grad norm: 1.{g:03d} |")
 
 
 def step_lines(count: int, ranks: int = 8, first: int = 1) -> list[bytes]:
-    """``count`` Megatron step lines of ``ranks`` ranks (every rank prints each iteration)."""
+    """``count`` Megatron step lines of ``ranks`` ranks (every rank prints each iteration), one
+    iteration a second from 2026-11-21 09:00:00 on: a training log's clock moves forward (one that
+    wrapped every hour, as this one once did, kept every error waiting for progress for ever: the
+    pathology of a log whose clock runs back, which ``policy/waiting.py`` bounds, not a training run)."""
+    import datetime
+    base = datetime.datetime(2026, 11, 21, 9, 0, 0)
     out = []
     for k in range(count):
         it, r = first + k // ranks, k % ranks
-        out.append(STEP_LINE.format(r=r, m=(it // 60) % 60, s=it % 60, it=it, cs=it * 1024,
+        when = (base + datetime.timedelta(seconds=it)).strftime("%Y-%m-%d %H:%M:%S")
+        out.append(STEP_LINE.format(r=r, when=when, it=it, cs=it * 1024,
                                     ms=1200.0 + (it * 7 + r * 13) % 50, loss=(it * 31) % 9999,
                                     g=(it + r) % 999).encode())
     return out

@@ -27,6 +27,7 @@ import threading
 from typing import Container
 
 from ftwatch.parsers import fields
+from ftwatch.rules.matcher import database_key, load_database, store_database
 
 try:  # as in ftwatch.rules.matcher: hyperscan wheels exist for x86_64 only
     import hyperscan as _hs
@@ -115,7 +116,9 @@ def _use_database(ranks: frozenset[int | None] | None) -> bool:
 
 @functools.lru_cache(maxsize=16)
 def _database(ranks: frozenset[int | None] | None):
-    """The hyperscan database of :func:`lines` for ``ranks`` (None: every line): id 0, a line that
+    """The hyperscan database of :func:`lines` for ``ranks`` (None: every line), compiled once per
+    machine and rank set (kept on disk: ``ftwatch.rules.matcher.store_database``, so a replay that
+    reads progress does not pay the 20-150 ms compile again): id 0, a line that
     holds a literal; id 1, a line that may hold one, not looked for: a literal in the name of one
     of its first rank prefixes (the waiting rank's, or one before it), or :data:`UNSURE`."""
     if ranks is None:
@@ -128,10 +131,14 @@ def _database(ranks: frozenset[int | None] | None):
             sure.append(rb"^" + PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*0*(?:%s)\]:|0*(?:%s): )[^\n]*%s"
                         % (numbers, numbers, LITERALS))
             maybe.append(rb"^" + PREFIX + rb"{0,3}\[[A-Za-z_-]*" + LITERALS)
-    exprs = sure + maybe
-    db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-    db.compile(expressions=[e + _LINE_END for e in exprs], ids=[0] * len(sure) + [1] * len(maybe),
-               flags=[_hs.HS_FLAG_MULTILINE] * len(exprs))
+    exprs = [e + _LINE_END for e in sure + maybe]
+    ids = [0] * len(sure) + [1] * len(maybe)
+    key = database_key("ftwatch-progresslines-1", exprs + [bytes(ids), b"%d" % _hs.HS_FLAG_MULTILINE])
+    db = load_database(key)
+    if db is None:
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        db.compile(expressions=exprs, ids=ids, flags=[_hs.HS_FLAG_MULTILINE] * len(exprs))
+        store_database(key, db)
     return db
 
 

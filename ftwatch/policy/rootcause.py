@@ -43,7 +43,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
-   CANN error code is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
+   CANN error code (0000-8999: an internal 9999 code such as ``EE9999: Inner Error!`` says no more) is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
 8. When every rank that reports an error only waited for its peers until a timeout (a barrier, a
    collective, the store read of a barrier) while another rank, with no error of its own, was
@@ -136,7 +136,11 @@ SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "pyt
 NATIVE_CRASHES = frozenset({"os.segfault"})
 #: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
 #: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
-_CANN_CODE = re.compile(r"\bE[0-9A-Z][0-9]{4}\b")
+#: Only the codes CANN files as specific errors (0000-8999): 9000-9999 are its internal errors
+#: (``EE9999: Inner Error!``, ``EH9999``, ``EZ9999``), which the same reference says to read with
+#: the messages around them, so they are no more specific than the return code (the aclError enum
+#: in ``npu_codes.yaml`` grades each code by its own source).
+_CANN_CODE = re.compile(r"\bE[0-9A-Z][0-8][0-9]{3}\b")
 #: Finding kinds that are not log lines: they never explain an exit. ``exit_ok``: an instance that
 #: exited 0 (info; ``ftwatch.pipeline.incidents`` notes it under ``ftwatch run``).
 _NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})

@@ -101,6 +101,7 @@ class ExceptionCatalog:
         self._short: dict[str, ExceptionGrade] = {}
         self._errno: dict[int, ExceptionGrade] = {}
         self._oserrors: set[str] = set()
+        self._by_strerror: dict[str, tuple[int, ExceptionGrade]] | None = None   # ``_strerror_grade``'s index
         parents: dict[str, str] = {}
         for row in rows:
             grade = ExceptionGrade(row["name"], FailureClass(row["class"]), Action[row["action"].upper()],
@@ -173,7 +174,10 @@ class ExceptionCatalog:
             return None
         tail = max(text.rfind(": "), text.rfind("] "))
         last = text[tail + 2:] if tail >= 0 else None
-        for number, grade in self._errno.items():
-            if os.strerror(number) in (text, last):
-                return grade
-        return None
+        by_text = self._by_strerror
+        if by_text is None:                      # the first errno (in table order) per text
+            by_text = self._by_strerror = {}
+            for rank, (number, grade) in enumerate(self._errno.items()):
+                by_text.setdefault(os.strerror(number), (rank, grade))
+        found = [hit for hit in (by_text.get(text), by_text.get(last) if last is not None else None) if hit]
+        return min(found, key=lambda hit: hit[0])[1] if found else None

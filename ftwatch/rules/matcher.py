@@ -82,6 +82,8 @@ def _hs_first_error(exprs: Sequence[_Expr]) -> tuple[int, str] | None:
     return None
 
 
+MATCH_TEXT_CACHE = 4096  # texts whose match_text answers a Matcher keeps
+MATCH_TEXT_CHARS = 2048  # longer texts are scanned each time (a cache of them could hold megabytes)
 _SURE_LITERAL = 4096    # bytes of a literal's escaped form that RE2 surely compiles
 
 
@@ -146,8 +148,25 @@ def _db_key(exprs: Sequence[_Expr]) -> str:
     return digest.hexdigest()
 
 
-def _cache_load(key: str):
-    """The cached database for ``key``, or None (missing, unreadable, or not loadable)."""
+def database_key(tag: str, parts: Sequence[bytes]) -> str:
+    """The cache key of another Hyperscan database than the matcher's (``tag`` names whose, e.g.
+    ``ftwatch.policy.progresslines``'): its parts (expressions, ids, flags, as bytes), the
+    Hyperscan version and the machine."""
+    digest = hashlib.sha256(f"{tag} {getattr(_hs, '__version__', '?')} {platform.machine()} {len(parts)}\n".encode())
+    for part in parts:
+        digest.update(b"%d\n" % len(part))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def store_database(key: str, db) -> None:
+    """Keep compiled ``db`` on disk under ``key`` (``ftwatch.rules.diskcache``; never raises)."""
+    diskcache.store("hyperscan", key, "hsdb", _hs.dumpb(db))
+
+
+def load_database(key: str):
+    """The cached database for ``key`` (the matcher's, or one ``store_database`` kept), or None
+    (missing, unreadable, or not loadable)."""
     data = diskcache.read("hyperscan", key, "hsdb")
     if data is None:
         return None
@@ -215,12 +234,13 @@ class Matcher:
             pass                        # reported in order with RE2's problems below
         if _hs is not None and exprs:   # a cached database: every pattern passed both engines
             key = _db_key(exprs)
-            db = _cache_load(key)
+            db = load_database(key)
         if db is None:
             exprs, db = self._compile(opts)
             if db is not None and key is not None:
                 diskcache.store("hyperscan", key, "hsdb", _hs.dumpb(db))
 
+        self._texts: dict[str, frozenset[int]] = {}   # match_text's answers
         self._db = self._scratch = self._set = None
         self._recheck: dict[int, object] = {}
         if not exprs:
@@ -325,13 +345,28 @@ class Matcher:
             return self._scan_re2(data)
         return []
 
-    def match_text(self, text: str) -> set[int]:
-        """Returns the ids of the patterns that match any line of ``text`` (lines joined by ``\\n``)."""
+    def match_text(self, text: str) -> frozenset[int]:
+        """Returns the ids of the patterns that match any line of ``text`` (lines joined by ``\\n``).
+
+        Answers are kept (up to ``MATCH_TEXT_CACHE`` texts of at most ``MATCH_TEXT_CHARS``
+        characters, then forgotten all at once): the judge
+        asks about a traceback's lines again for each rule it weighs, and the ranks of a job print
+        the same lines."""
+        if len(text) > MATCH_TEXT_CHARS:
+            return self._match_text(text)
+        found = self._texts.get(text)
+        if found is None:
+            if len(self._texts) >= MATCH_TEXT_CACHE:
+                self._texts.clear()
+            found = self._texts[text] = self._match_text(text)
+        return found
+
+    def _match_text(self, text: str) -> frozenset[int]:
         try:
             data = text.encode("utf-8", "surrogateescape")
         except UnicodeEncodeError:
             data = text.encode("utf-8", "replace")
-        return {pattern_id for _, pattern_id in self.scan(data)}
+        return frozenset(pattern_id for _, pattern_id in self.scan(data))
 
     def _scan_hs(self, data: bytes) -> list[tuple[int, int]]:
         """Scans the whole chunk with Hyperscan; Python runs once per match, never per line."""

@@ -233,6 +233,9 @@ def test_reap_stops_a_leaderless_group_only_when_its_members_carry_the_monitor_i
     token = f"{monitor['pid']}.{monitor['start']}" if carries else "1.2"
     leader = spawned(LEADER, env={MONITOR_ENV: token})
     child = int(leader.stdout.readline())
+    # the child's environ is read from /proc: wait until `sleep` has been exec'd (mid-exec, a
+    # loaded machine can show it empty for a moment, and the group would look like no monitor's)
+    assert wait_until(lambda: Path(f"/proc/{child}/cmdline").read_bytes().startswith(b"sleep"))
     started = process_start(leader.pid)
     leader.wait(DEADLINE)                       # reaped: the group id is now held by the child alone
     try:

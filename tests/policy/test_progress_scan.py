@@ -12,6 +12,7 @@ import pytest
 from ftwatch.events import Origin
 from ftwatch.parsers import fields
 from ftwatch.policy import progress, progresslines
+from ftwatch.rules import diskcache
 from ftwatch.testing import T0, finding
 
 
@@ -243,3 +244,34 @@ def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch):
     for _ in range(progresslines.COMPILE_AFTER + 1):
         assert [s for s, _, _ in progresslines.lines(data, many)] == [s for s, _, _ in progresslines.lines(data, None)]
     assert [ranks for ranks in compiled if ranks is not None] == [frozenset({1, 2})]
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+def test_a_rank_sets_database_is_compiled_once_per_machine(monkeypatch, tmp_path):
+    """The database of a rank set is kept on disk: a new process (here: its in-memory cache
+    cleared) loads it instead of compiling it again, and reads the same lines with it."""
+    monkeypatch.setenv(diskcache.CACHE_ENV, str(tmp_path / "cache"))
+    ranks = frozenset({5, None})
+    data = chunk(3)
+    progresslines._database.cache_clear()
+    want = progresslines._ends(data, ranks)
+    progresslines._database.cache_clear()
+
+    class NoCompile:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("compiled again")
+    monkeypatch.setattr(progresslines._hs, "Database", NoCompile)
+    assert progresslines._ends(data, ranks) == want
+    progresslines._database.cache_clear()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_veto_by_substrings_equals_the_veto_regex(seed):
+    """``_vetoed_lower`` (its words as substrings, then ``timed? ?out``) answers what the
+    lower-case veto regex answers, on text made of its words' pieces."""
+    rng = random.Random(seed)
+    pieces = ["error", "err", "or", "exception", "traceback", "fail", "time", "timed", "out", " ", "d", "abort",
+              "killed", "kill", "fatal", "fat", "step 3", "x", "t", "ime o", "ut"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 6)))
+        assert progress._vetoed_lower(text) == (progress._VETO_LOWER.search(text) is not None), text

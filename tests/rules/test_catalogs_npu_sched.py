@@ -211,6 +211,90 @@ def test_scheduler_lines_graded_by_the_docs(line, rule_id, failure_class, action
     _assert_decides(line, rule_id, failure_class, action)
 
 
+# Issue 12 item 2, one family per meaning across schedulers: a time limit the job asked for fails it
+# (the limit named), a memory limit of its own is OOM, the cluster's doing (preemption, a lost
+# node, a drain) restarts, a person's kill fails, a SIGTERM of the step's tasks is fallout.
+@pytest.mark.parametrize("line, rule_id, failure_class, action", [
+    ("slurmstepd: error: *** JOB 31580279 ON anode150 CANCELLED AT 2026-07-29T18:45:16 DUE TO NODE FAILURE, "
+     "SEE SLURMCTLD LOG FOR DETAILS ***", "slurm.cancelled_preemption_or_node_failure",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: *** STEP 8812.0 CANCELLED AT 2026-07-29T18:45:16 DUE TO NODE FAILURE ***",
+     "slurm.cancelled_preemption_or_node_failure", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: *** JOB 70121 CANCELLED AT 2026-11-26T03:42:59 ***", "slurm.cancelled",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("   JobState=TIMEOUT Reason=TimeLimit Dependency=(null)", "slurm.job_state_timeout",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("4471023      train.sh        gpu     proj      64   DEADLINE      0:0", "slurm.job_state_timeout",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("4471023.ba+      batch                proj      64 OUT_OF_ME+    0:125", "slurm.job_state_out_of_memory",
+     FailureClass.OOM, Action.FAIL_JOB),
+    ("4471023      train.sh        gpu     proj      64  BOOT_FAIL      0:0", "slurm.job_state_boot_fail",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("slurmstepd: error: *** JOB 6847502 STEPD TERMINATED ON udc-aw29-24b AT 2026-11-07T02:10:11 DUE TO JOB NOT "
+     "ENDING WITH SIGNALS ***", "slurm.stepd_unkillable", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
+    ("srun: error: sdn4413: tasks 16-31: Terminated", "slurm.srun_task_terminated", FailureClass.FALLOUT,
+     Action.RESTART_JOB),
+    ("TERM_RUNLIMIT: job killed after reaching LSF run time limit.", "lsf.term_time_limit",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("TERM_MEMLIMIT: job killed after reaching LSF memory usage limit.", "lsf.term_memory_limit",
+     FailureClass.OOM, Action.FAIL_JOB),
+    ("TERM_PREEMPT: job killed after preemption.", "lsf.term_preempted_or_reclaimed",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("TERM_REQUEUE_OWNER: job killed and requeued by owner.", "lsf.term_preempted_or_reclaimed",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("TERM_OWNER: job killed by owner.", "lsf.term_killed_by_person", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("=>> PBS: job killed: walltime 3611 exceeded limit 3600", "pbs.walltime_exceeded",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("=>> PBS: job killed: vmem 17179869184b exceeded limit 16106127360b", "pbs.memory_exceeded",
+     FailureClass.OOM, Action.FAIL_JOB),
+    ("Warning  DeadlineExceeded  job/train-llm  Job was active longer than specified deadline",
+     "k8s.deadline_exceeded", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("  Message:      Pod was active on the node longer than the specified deadline", "k8s.deadline_exceeded",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ('Warning  Evicted  pod/trainer-0  Container trainer exceeded its local ephemeral storage limit "20Gi". ',
+     "k8s.ephemeral_storage_limit", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("  Message:      Node gpu-17 which was running pod trainer-worker-3 is unresponsive", "k8s.node_lost",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("    reason: EvictionByEvictionAPI", "k8s.disruption_target", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    # node disk pressure: the pod over its own storage request is evicted again (as for memory); within
+    # its request, the node's pressure is the node's
+    ("Message:        The node was low on resource: ephemeral-storage. Container trainer was using 10Gi, which "
+     "exceeds its request of 0. ", "k8s.evicted_storage_over_request", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("The node was low on resource: ephemeral-storage. Threshold quantity: 10120387530, available: 9702960Ki. "
+     "Container main was using 26498512Ki, request is 0, has larger consumption of ephemeral-storage. ",
+     "k8s.evicted_storage_over_request", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("Message:        The node was low on resource: ephemeral-storage. ", "k8s.evicted_other_pressure",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("PRTE has lost communication with a remote daemon.", "mpi.daemon_lost", FailureClass.RETRYABLE_INFRA,
+     Action.RESTART_JOB),
+    ("ORTE has lost communication with its daemon located on node:", "mpi.daemon_lost",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("An ORTE daemon has unexpectedly failed after launch and before communicating back to mpirun. This could "
+     "be caused by a number", "mpi.daemon_failed_at_launch", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("ORTE was unable to reliably start one or more daemons.", "mpi.daemon_failed_at_launch",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+])
+def test_scheduler_families_graded_by_their_docs(line, rule_id, failure_class, action):
+    _assert_decides(line, rule_id, failure_class, action)
+
+
+@pytest.mark.parametrize("line", [
+    # a call's deadline (gRPC, google-api-core) is no orchestrator time limit
+    "google.api_core.exceptions.DeadlineExceeded: 504 Deadline Exceeded",
+    # node disk pressure is no breach of the pod's own ephemeral-storage limit
+    "Message:        The node was low on resource: ephemeral-storage. Container x was using 10Gi, which exceeds "
+    "its request of 0.",
+    # the kubelet's TerminationByKubelet also covers a pod evicted for its own memory use
+    "    reason: TerminationByKubelet",
+    "export NCCL_TIMEOUT=1800",
+])
+def test_scheduler_near_misses_are_not_scheduler_ends(line):
+    findings = _decide(line)
+    assert all(f.rule_id not in {"k8s.deadline_exceeded", "k8s.ephemeral_storage_limit", "k8s.disruption_target",
+                                 "slurm.job_state_timeout"} for f in findings), [f.rule_id for f in findings]
+
+
 def test_plain_cancel_line_is_not_a_preemption():
     findings = _decide("slurmstepd: error: *** STEP 20417731.0 ON sdn4412 CANCELLED AT 2026-03-09T10:58:40 ***")
     assert all(not f.rule_id.startswith("slurm.cancelled") for f in findings)
@@ -313,3 +397,30 @@ def test_ggml_cann_abort_is_graded_as_the_abort_it_announces():
     row = ExitCodeTable.load().get(134)
     rule = next(r for r in ENGINE_RULES if r.id == "ggml.cann_abort")
     assert (rule.failure_class, rule.action) == (row.failure_class, row.action)
+
+
+# --- torchelastic: a closed rendezvous restates another agent's end ---------------------------
+
+_RDZV_CLOSED = "\n".join([
+    "Traceback (most recent call last):",
+    '  File "/opt/conda/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 863, '
+    "in _restart_workers",
+    "    self._initialize_workers(self._worker_group)",
+    "torch.distributed.elastic.rendezvous.api.RendezvousClosedError"])
+
+
+def test_rendezvous_closed_is_fallout_of_the_agent_that_closed_it():
+    # dynamic_rendezvous.py: an agent's shutdown() closes the rendezvous; another agent's join then raises
+    f = _one(_RDZV_CLOSED)
+    assert (f.rule_id, f.failure_class, f.action) == ("torch_elastic.rendezvous_closed", FailureClass.FALLOUT,
+                                                      Action.RESTART_JOB)
+
+
+def test_the_closing_nodes_own_error_is_the_root_cause_not_the_closed_rendezvous():
+    from ftwatch.policy.rootcause import analyse
+    engine = Engine(ENGINE_RULES)
+    error = engine.feed(Origin("node-0"), b"Traceback (most recent call last):\n  File \"train.py\", line 9, in "
+                        b"<module>\nKeyError: 'labels'\n", 1.0, final=True)
+    closed = engine.feed(Origin("node-1"), (_RDZV_CLOSED + "\n").encode(), 2.0, final=True)
+    an = analyse(error + closed)
+    assert an.root_cause is error[0] and an.root_cause.failure_class is FailureClass.USER_CODE

@@ -142,3 +142,41 @@ def test_the_deepspeed_launchers_return_code_is_read(code, signal, exitcode):
                    f"'-u', 'train.py', '--local_rank=1'] exits with return code = {code}")
     assert f.rule_id == "deepspeed_launcher.worker_exit" and (f.fields["signal"], f.fields["exitcode"]) == (signal,
                                                                                                           exitcode)
+
+
+@pytest.mark.parametrize("code, generic, failure_class", [
+    ("1", True, FailureClass.USER_CODE), ("137", False, FailureClass.RETRYABLE_INFRA)])
+def test_pdshs_remote_exit_is_an_exit_report_graded_per_code(code, generic, failure_class):
+    # DeepSpeed's multi-node runner (pdsh): ssh passes on the remote command's status (ssh(1))
+    [f] = findings(f"pdsh@worker-0: worker-1: ssh exited with exit code {code}")
+    assert f.rule_id == "pdsh.remote_exit" and f.kind == "exit_code"
+    assert (f.fields["exitcode"], bool(f.fields.get("generic")), f.failure_class) == (int(code), generic,
+                                                                                       failure_class)
+
+
+def test_pdshs_remote_exit_1_after_a_workers_error_is_not_the_root_cause():
+    error = findings("RuntimeError: CUDA error: an illegal memory access was encountered", 1.0)
+    pdsh = findings("pdsh@worker-0: worker-1: ssh exited with exit code 1", 2.0)
+    assert analyse(error + pdsh).root_cause is error[0]
+
+
+@pytest.mark.parametrize("line, signal, exitcode, failure_class", [
+    ("srun: error: gpu-n03: task 24: Aborted (core dumped)", 6, 134, FailureClass.USER_CODE),
+    ("srun: error: gpu-n03: tasks 0-3: Hangup", 1, 129, FailureClass.RETRYABLE_INFRA),
+    ("srun: error: gpu-n03: task 5: Bus error (core dumped)", 7, 135, FailureClass.USER_CODE),
+])
+def test_srun_reports_a_tasks_death_by_any_signal_as_that_exit(line, signal, exitcode, failure_class):
+    # srun prints strsignal(sig) for every signal, not only SIGKILL (Killed) and SIGSEGV
+    [f] = findings(line)
+    assert f.rule_id == "slurm.srun_task_signal" and f.kind == "exit_code"
+    assert (f.fields["signal"], f.fields["exitcode"], f.failure_class) == (signal, exitcode, failure_class)
+
+
+def test_srun_aborted_after_only_a_watchdog_timeout_is_not_a_program_bug():
+    timeout = findings("[rank1]:[E1121 10:50:03.384 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+                       "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                       "Timeout(ms)=600000) ran for 600042 milliseconds before timing out.", 1.0)
+    aborted = findings("srun: error: gpu-n03: task 1: Aborted (core dumped)", 2.0)
+    # the watchdog ends the process with SIGABRT: nothing real was logged, so the abort is fallout (SPEC R7)
+    an = analyse(timeout + aborted)
+    assert an.fallout_only and not an.real

@@ -255,3 +255,21 @@ def test_a_negated_class_listing_the_newline_never_spans_lines(text, may_span):
     """Only patterns that may match a newline get their hits re-checked with RE2 (one call per
     hit): a negated class that lists ``\\n`` cannot, so step lines and tqdm bars skip it."""
     assert matcher_mod._translate(Pattern(text, regex=True)).may_span is may_span
+
+
+def test_match_text_answers_are_kept_and_equal_a_fresh_scan(monkeypatch):
+    """``match_text`` keeps its answers (the judge asks about one traceback's lines again per rule):
+    a second ask scans nothing; a text past ``MATCH_TEXT_CHARS`` is scanned each time, and the
+    answers kept are forgotten past ``MATCH_TEXT_CACHE`` texts."""
+    m = Matcher([Pattern("KeyError"), Pattern(r"NCCL error \d+", regex=True)])
+    scans = []
+    real = m.scan
+    monkeypatch.setattr(m, "scan", lambda data: scans.append(data) or real(data))
+    assert m.match_text("x KeyError: 'a'") == {0}
+    assert m.match_text("x KeyError: 'a'") == {0} and len(scans) == 1
+    assert m.match_text("ok\nNCCL error 3") == {1} and len(scans) == 2
+    long = "KeyError " + "y" * matcher_mod.MATCH_TEXT_CHARS
+    assert m.match_text(long) == m.match_text(long) == {0} and len(scans) == 4
+    monkeypatch.setattr(matcher_mod, "MATCH_TEXT_CACHE", 2)
+    m.match_text("a")
+    assert len(m._texts) == 1 and m.match_text("x KeyError: 'a'") == {0}

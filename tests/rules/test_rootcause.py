@@ -189,6 +189,22 @@ def test_a_return_code_line_stays_the_root_cause_when_nothing_spells_it_out():
         assert analyse([code, *rest]).root_cause == code
 
 
+def test_a_cann_internal_error_code_does_not_spell_a_return_code_out():
+    """CANN's 9000-9999 codes are its internal errors ("EE9999: Inner Error!", EH9999, EZ9999), to be
+    read with the messages around them: no more specific than the aclError code before them."""
+    code = replace(log("acl.rt_timeout", RI, 2, 10.0),
+                   line="RuntimeError: synchronize:NPUEvent.cpp:212 NPU function error: aclrtSynchronizeEvent(event_), "
+                        "error code is 107020")
+    for inner in ("EE9999: Inner Error!", "EH9999[PID: 285] 2025-12-12-12:10:10.639.672 (EH9999):  query failed",
+                  "EZ9999: Inner Error!"):
+        generic = replace(log("cann.ee9999_runtime_internal_error", RI, 2, 10.3, action=Action.RESTART_IN_PLACE),
+                          line=inner)
+        assert analyse([generic, code]).root_cause == code, inner
+    specific = replace(log("cann.ee1002_stream_sync_timeout", FailureClass.HANG, 2, 10.3),
+                       line="EE1002: Stream synchronize timeout.")
+    assert analyse([specific, code]).root_cause == specific
+
+
 def test_only_return_code_rules_yield_to_what_follows():
     keyerror = log("python.key_error", UC, 1, 10.0, action=Action.FAIL_JOB)
     later = replace(log("hccp.ej0001_init_failed", RI, 1, 10.5), line="EJ0001: Failed to initialize the HCCP process.")

@@ -6,6 +6,8 @@ rule (user code: fail_job)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ftwatch.events import Action, FailureClass, Origin
@@ -146,3 +148,21 @@ def test_a_broken_process_pool_is_the_symptom_of_a_dead_worker():
     [finding] = _traceback("concurrent.futures.process.BrokenProcessPool: A process in the process pool was "
                            "terminated abruptly while the future was running or pending.")
     assert finding.failure_class is FailureClass.FALLOUT and finding.action is Action.RESTART_JOB
+
+
+def test_strerror_grade_by_index_equals_the_table_walk():
+    """``_strerror_grade`` looks the message (and its last clause) up by text: the same grade as
+    walking the errno table in order and taking the first whose strerror is either."""
+    catalog = ExceptionCatalog.load()
+
+    def walk(message):
+        text = message.strip().rstrip(".")
+        if not text:
+            return None
+        tail = max(text.rfind(": "), text.rfind("] "))
+        last = text[tail + 2:] if tail >= 0 else None
+        return next((g for n, g in catalog._errno.items() if os.strerror(n) in (text, last)), None)
+    texts = [os.strerror(n) for n in catalog._errno] + ["", "x", "No such file or directory, retrying"]
+    messages = texts + [f"{a}: {b}" for a in texts[:12] for b in texts[:12]] + [f"[x] {t}." for t in texts]
+    for message in messages:
+        assert catalog._strerror_grade(message) == walk(message), message
