@@ -148,3 +148,24 @@ def test_an_actor_lost_with_its_node_is_retryable_and_a_memory_kill_is_oom():
                                  "(0.951040), which exceeds the memory usage threshold of 0.950000; Object store")
              if f.failure_class is FailureClass.OOM]
     assert oom.action is Action.FAIL_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "2022-02-15 16:53:52,096\tWARNING worker.py:1462 -- The node with node id: 8f205b12 and ip: 10.128.0.103 has been "
+    "marked dead because the detector has missed too many heartbeats from it. This can happen when a raylet crashes "
+    "unexpectedly or has lagging heartbeats.",
+    "ray.exceptions.NodeDiedError: Task failed because the node it was running on is dead or unavailable. Node IP: "
+    "127.0.0.1, node ID: e55b8ca0.",
+])
+def test_a_node_the_ray_cluster_lost_is_retryable(line):
+    assert {(f.failure_class, f.action) for f in findings(line)} == {(FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)}
+
+
+@pytest.mark.parametrize("line", [
+    "(BackendExecutor pid=5126, ip=10.128.0.32) 2022-02-15 16:53:52,097\tERROR utils.py:42 -- The actor died "
+    "unexpectedly before finishing this task.",
+    "(raylet) A worker died or was killed while executing a task by an unexpected system error. To troubleshoot the "
+    "problem, check the logs for the dead worker.",
+])
+def test_a_logged_ray_actor_or_worker_death_is_fallout(line):
+    assert {f.failure_class for f in findings(line)} == {FailureClass.FALLOUT}
