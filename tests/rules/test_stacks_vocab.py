@@ -169,3 +169,41 @@ def test_a_node_the_ray_cluster_lost_is_retryable(line):
 ])
 def test_a_logged_ray_actor_or_worker_death_is_fallout(line):
     assert {f.failure_class for f in findings(line)} == {FailureClass.FALLOUT}
+
+
+OLD_PHRASE = {"CANCELLED": "Cancelled", "UNKNOWN": "Unknown", "INVALID_ARGUMENT": "Invalid argument",
+              "DEADLINE_EXCEEDED": "Deadline exceeded", "NOT_FOUND": "Not found", "ALREADY_EXISTS": "Already exists",
+              "PERMISSION_DENIED": "Permission denied", "RESOURCE_EXHAUSTED": "Resource exhausted",
+              "FAILED_PRECONDITION": "Failed precondition", "ABORTED": "Aborted", "OUT_OF_RANGE": "Out of range",
+              "UNIMPLEMENTED": "Unimplemented", "INTERNAL": "Internal", "UNAVAILABLE": "Unavailable",
+              "DATA_LOSS": "Data loss", "UNAUTHENTICATED": "Unauthenticated"}
+
+
+@pytest.mark.parametrize("printed", [
+    "jaxlib.xla_extension.XlaRuntimeError: {name}: details",
+    "RuntimeError: {name}: details",
+    "E0612 21:44:07.301772 local_client.cc:672] Execution of replica 0 failed: {name}: details",
+])
+@pytest.mark.parametrize("code", GRPC_CODES)
+def test_the_pre_absl_phrase_of_a_code_hits_the_same_rule(printed, code):
+    """Before absl::Status, XLA (and TensorFlow) printed a code as a phrase ('Resource exhausted: ');
+    old jaxlib raised it as a plain RuntimeError. Same code, same rule."""
+    assert f"xla.status.{code.lower()}" in {f.rule_id for f in findings(printed.format(name=OLD_PHRASE[code]))}
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: Internal error: the phrase is not followed by a colon",
+    "RuntimeError: not found in the registry: Unavailable: lower-case lead",
+])
+def test_a_runtime_error_that_only_resembles_a_phrase_is_no_status(line):
+    assert not [f for f in findings(line) if f.rule_id.startswith("xla.status.")]
+
+
+@pytest.mark.parametrize("line", [
+    "CRITICAL 02-25 11:11:34 launcher.py:101] MQLLMEngine is already dead, terminating server process",
+    "ERROR 01-22 00:13:32 client.py:282] RuntimeError('Engine process (pid 77) died.')",
+    "RuntimeError: Engine process failed to start. See stack trace for the root cause.",
+    "vllm.engine.async_llm_engine.AsyncEngineDeadError: Background loop has errored already.",
+])
+def test_the_v0_engines_death_reports_are_fallout(line):
+    assert {f.failure_class for f in findings(line)} == {FailureClass.FALLOUT}
