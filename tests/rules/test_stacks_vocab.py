@@ -207,3 +207,11 @@ def test_a_runtime_error_that_only_resembles_a_phrase_is_no_status(line):
 ])
 def test_the_v0_engines_death_reports_are_fallout(line):
     assert {f.failure_class for f in findings(line)} == {FailureClass.FALLOUT}
+
+
+def test_a_cause_quoted_in_a_fallout_report_outranks_the_report():
+    """The fallout reports are wrappers (priority 0): vLLM quotes the worker's own error in
+    'Worker failed with error ...', and that error decides."""
+    [f] = findings("RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was encountered', "
+                   "please check the stack trace above for the root cause")
+    assert f.failure_class is not FailureClass.FALLOUT and f.rule_id != "vllm.engine_core_failed"
