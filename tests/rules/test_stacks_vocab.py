@@ -215,3 +215,10 @@ def test_a_cause_quoted_in_a_fallout_report_outranks_the_report():
     [f] = findings("RuntimeError: Worker failed with error 'CUDA error: an illegal memory access was encountered', "
                    "please check the stack trace above for the root cause")
     assert f.failure_class is not FailureClass.FALLOUT and f.rule_id != "vllm.engine_core_failed"
+
+
+def test_a_lost_ray_gcs_is_fallout_of_its_death():
+    [f] = findings("[2025-12-19 15:55:39,521 E 3044 30260] rpc_client.h:203: Failed to connect to GCS within 60 "
+                   "seconds. GCS may have been killed. It's either GCS is terminated by `ray stop` or is killed "
+                   "unexpectedly.")
+    assert (f.rule_id, f.failure_class) == ("ray.gcs_unreachable", FailureClass.FALLOUT)
