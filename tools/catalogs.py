@@ -75,8 +75,9 @@ CATALOGS: dict[str, tuple[str, str]] = {
                        "(TensorFlow's OOM, std::bad_alloc), and the allocator's 1 EB size guard (no shortage), graded"),
     "stacks_vocab.tsv": ("stacks_vocab.yaml", "the stacks beyond torch+NCCL: XLA/JAX status codes (the gRPC "
                          "code set, each graded by gRPC's definition), the JAX coordination service's fatal-error "
-                         "and heartbeat lines (fallout), Ray's lost-node actor deaths and memory-monitor kills, "
-                         "vLLM's engine-dead and worker-died reports (fallout), graded"),
+                         "and heartbeat lines (fallout), Ray's lost nodes (retryable), memory-monitor kills (oom), "
+                         "actor/worker deaths and a lost GCS (fallout), vLLM's engine-dead and worker-died "
+                         "reports (fallout), graded"),
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "cuBLAS and cuDNN status codes (cublasStatus_t, cudnnStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
                           "user_code, launch/internal failures ambiguous)"),
