@@ -133,6 +133,8 @@ def test_an_exception_that_reports_a_death_elsewhere_is_fallout(last):
      "vllm.engine_core_failed"),
     ("(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
      "vllm.engine_core_failed"),
+    ("[2026-02-27 15:27:13] Received sigquit from a child process. It usually means the child failed.",
+     "sglang.child_failed"),
 ])
 def test_a_report_that_another_process_failed_is_fallout(line, rule):
     hits = [f for f in findings(line) if f.rule_id == rule]
