@@ -16,7 +16,8 @@ Two shapes:
   ``driver_enum`` (may be empty) is the Driver API's ``CUresult`` name of the same error
   (``CUDA_ERROR_CONTAINED``), which JAX/XLA and the driver API print instead of the runtime's.
 * the vocabularies (``nccl_vocab.tsv``, ``dist_vocab.tsv``, ``kernel_vocab.tsv``,
-  ``net_vocab.tsv``, ``env_vocab.tsv``, ``kill_vocab.tsv``, ``cudalib_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
+  ``net_vocab.tsv``, ``env_vocab.tsv``, ``kill_vocab.tsv``, ``cudalib_vocab.tsv``,
+  ``stacks_vocab.tsv``): ``id, regex, class, action, priority, source, meaning, example,
   counterexample``. A row whose regex is ``-``
   records the grade of a rule that already lives in another pack (its id stays there); the
   tests check that rule carries that grade.
@@ -72,6 +73,11 @@ CATALOGS: dict[str, tuple[str, str]] = {
                        "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
                        "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "
                        "(TensorFlow's OOM, std::bad_alloc), and the allocator's 1 EB size guard (no shortage), graded"),
+    "stacks_vocab.tsv": ("stacks_vocab.yaml", "the stacks beyond torch+NCCL: XLA/JAX status codes (the gRPC "
+                         "code set, each graded by gRPC's definition), the JAX coordination service's fatal-error "
+                         "and heartbeat lines (fallout), Ray's lost nodes (retryable), memory-monitor kills (oom), "
+                         "actor/worker deaths and a lost GCS (fallout), vLLM's engine-dead and worker-died "
+                         "reports (fallout), graded"),
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "CUDA math-library status codes (cublasStatus_t, cudnnStatus_t "
                           "with cuDNN 9's sub-codes, cufftResult, cusolverStatus_t, cusparseStatus_t, curandStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "

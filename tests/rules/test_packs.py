@@ -106,7 +106,8 @@ def test_pack_sizes():
                              "net_vocab.yaml",   # libcurl and AWS SDK network errors (issue 12)
                              "env_vocab.yaml",   # configuration/environment vs transient (issue 12)
                              "kill_vocab.yaml",  # SIGKILL reports and memory enforcers (issue 12)
-                             "cudalib_vocab.yaml"}  # cuBLAS / cuDNN status codes (issue 12)
+                             "cudalib_vocab.yaml",  # cuBLAS / cuDNN status codes (issue 12)
+                             "stacks_vocab.yaml"}  # XLA/JAX status codes, Ray, vLLM (issue 12)
     assert len(BUILTIN) >= 330
 
 
@@ -159,7 +160,8 @@ def test_build_packs_regenerates_committed_files_byte_identically():
     assert set(files) == {"nccl.yaml", "torch.yaml", "cuda.yaml", "ascend.yaml", "infra.yaml",
                           "exit_codes.tsv",
                           "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml",
-                          "net_vocab.yaml", "env_vocab.yaml", "kill_vocab.yaml", "cudalib_vocab.yaml"}
+                          "net_vocab.yaml", "env_vocab.yaml", "kill_vocab.yaml", "cudalib_vocab.yaml",
+                          "stacks_vocab.yaml"}
     for name, text in files.items():
         assert (PACKS / name).read_bytes() == text.encode("utf-8"), f"{name} is stale: run tools/build_packs.py"
 
