@@ -68,7 +68,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "
                       "errors, container start-up errors, ld.so's missing shared library, graded"),
-    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM, mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
+    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM (and pynvml's GPU-state exceptions), mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
     "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
                        "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
                        "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "
@@ -78,7 +78,8 @@ CATALOGS: dict[str, tuple[str, str]] = {
                          "and heartbeat lines (fallout), Ray's lost nodes (retryable), memory-monitor kills (oom), "
                          "actor/worker deaths and a lost GCS (fallout), vLLM's engine-dead and worker-died "
                          "reports (fallout), graded"),
-    "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "cuBLAS and cuDNN status codes (cublasStatus_t, cudnnStatus_t), "
+    "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "CUDA math-library status codes (cublasStatus_t, cudnnStatus_t "
+                          "with cuDNN 9's sub-codes, cufftResult, cusolverStatus_t, cusparseStatus_t, curandStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
                           "user_code, launch/internal failures ambiguous)"),
 }

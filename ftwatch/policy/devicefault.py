@@ -70,15 +70,16 @@ from ftwatch.policy.escalation import chip_of, is_npu, is_recovery, npu_code
 from ftwatch.rules.faultcodes import FaultTables, xid_groups
 
 #: Rule families of errors a device returns to the program that calls it (CUDA runtime / driver as
-#: PyTorch, THC, JAX and NCCL print them, cuDNN / cuBLAS status codes, NVRM Xid lines, torch_npu,
-#: ACL runtime codes, CANN error codes, HCCL return codes).
-DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "xid.", "torch_npu.", "acl.", "aclnn.", "cann.",
-                         "hccl.result_")
+#: PyTorch, THC, JAX and NCCL print them, cuDNN / cuBLAS / cuFFT / cuSOLVER / cuSPARSE / cuRAND status codes,
+#: NVRM Xid lines, torch_npu, ACL runtime codes, CANN error codes, HCCL return codes).
+DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "cufft.", "cusolver.", "cusparse.", "curand.", "xid.",
+                         "torch_npu.", "acl.", "aclnn.", "cann.", "hccl.result_")
 #: NCCL's wrappers of a CUDA error (ncclUnhandledCudaError, CUDACHECK's ``Cuda failure``).
 DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error", "nccl.cuda_failure"})
 #: Rule families of a GPU's or NPU's own fault reports (driver Xid / NVRM / NVML lines, DCGM, the
-#: CUDA enum's device grades, NPU chip codes, ACL / torch_npu / CANN device errors): a node's
-#: network, storage or corrected-error lines are hardware_node too but explain no device error.
+#: CUDA enum's device grades, NCCL's NVLS transport failing on the node's NVSwitch fabric
+#: (``gpu.nvls_*``), NPU chip codes, ACL / torch_npu / CANN device errors): a node's network, storage
+#: or corrected-error lines are hardware_node too but explain no device error.
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.")
 #: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
 _NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
