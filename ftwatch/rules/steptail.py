@@ -29,7 +29,8 @@ chunks; its window just moves more slowly. Chunks of one or a few lines (``run``
 ``observe``) lose nothing: their tail is the whole chunk. Verdicts are those of the same
 statistics over the step times taken (``ftwatch.rules.stragglers``).
 
-Cost: the full pass's cost once every ``FULL_EVERY`` chunks; otherwise a few regex passes over
+Cost: the full pass's cost once every ``FULL_EVERY`` chunks, and wherever the stretch the known
+ranks need is the whole chunk (thousands of ranks: one step line each per chunk); otherwise a few regex passes over
 the tail stretch (a few times ``TAIL_PER_RANK`` x ranks lines) and one literal pass for the
 straggler reports, whatever the chunk's number of step lines.
 """
@@ -97,6 +98,9 @@ class Tails:
         known, need = state.known, TAIL_PER_RANK
         bound = TAIL_SPAN * need * len(known)
         width = max(FIRST_STRETCH, int(state.density * need * len(known) * 1.5))
+        if width >= end:                              # the tail is the whole chunk (thousands of ranks)
+            state.chunks -= 1
+            return self._full(stream, data, end, skip)
         groups: Groups = {}
         cut, count = end, 0
         while cut > 0:
