@@ -217,7 +217,8 @@ class StepLines:
                 continue
             veto, exact = self._vetoes[index], self.exact[index]
             if veto is None:                    # in C, no Python step per line, no match kept
-                found_at, groups = tee(rx.finditer(data, begin, end)) if exact else (rx.finditer(data, begin, end), None)
+                found_at, groups = (tee(rx.finditer(data, begin, end)) if exact
+                                    else (rx.finditer(data, begin, end), None))
                 starts = map(operator.add, map(rfind, repeat(b"\n"), repeat(0), map(_MATCH_START, found_at)),
                              repeat(1))
                 hits = list(zip(starts, repeat(index), map(_GROUPS, groups) if exact else repeat(None)))

@@ -32,6 +32,11 @@ the job's slowdown) is reported again only after its slowdown fell below half wa
 (``1 + (factor - 1) / 2``) and rose past the factor again. The state of a job that printed no step
 line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
+Which step lines: once a stream's ranks are known, only a chunk's tail (each rank's last few
+step lines, ``ftwatch.rules.steptail``, with a full pass for a stream's first chunk, a new rank
+and every few chunks): the verdicts read each rank's latest step times, not every line; its
+docstring says what that means for ranks that print less often than others.
+
 Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
 (``take_chunk``); ``ftwatch.rules.steplines`` finds their step lines in one compiled pass per
 pattern (its hits built in C, each with its match's groups, not the ``re.Match``: thousands of
