@@ -183,13 +183,17 @@ class StepLines:
             self._vetoes.append(None)
         self._ungated = frozenset(range(len(names))) - gated if self._gate is not None else frozenset()
 
-    def find(self, data: bytes, end: int, skip: Container[int] = ()) -> list[StepHit]:
-        """The step lines among the lines of ``data`` that start before ``end``, in line order.
+    def find(self, data: bytes, end: int, skip: Container[int] = (), begin: int = 0,
+             only: Container[int] | None = None) -> list[StepHit]:
+        """The step lines among the lines of ``data`` that start in ``[begin, end)``, in line order.
 
         Args:
             data: complete lines, ANSI escapes removed.
             end: where the lines to look at end (a line start, or ``len(data)``).
             skip: line starts not to look at (lines a block already took).
+            begin: where the lines to look at start (a line start; ``ftwatch.rules.steptail``
+                reads a chunk's tail).
+            only: the pattern indexes to look for (None: all of them).
 
         Returns:
             ``(line start, pattern index, the match's groups)`` in line order; of hits with the
@@ -203,17 +207,18 @@ class StepLines:
         present: Container[int] | None = None
         if self._gate is not None:
             seen: set[int] = set()
-            self._gate[0].scan(data[:end] if end < len(data) else data, scratch=self._gate[1],
+            self._gate[0].scan(data[begin:end] if begin or end < len(data) else data, scratch=self._gate[1],
                                match_event_handler=lambda pid, _f, _t, _fl, _c: seen.add(pid))
             present = seen | self._ungated
             if not present:
                 return []
         for index, rx in enumerate(self.regexes):
-            if present is not None and index not in present:
+            if present is not None and index not in present or only is not None and index not in only:
                 continue
             veto, exact = self._vetoes[index], self.exact[index]
             if veto is None:                    # in C, no Python step per line, no match kept
-                found_at, groups = tee(rx.finditer(data, 0, end)) if exact else (rx.finditer(data, 0, end), None)
+                found_at, groups = (tee(rx.finditer(data, begin, end)) if exact
+                                    else (rx.finditer(data, begin, end), None))
                 starts = map(operator.add, map(rfind, repeat(b"\n"), repeat(0), map(_MATCH_START, found_at)),
                              repeat(1))
                 hits = list(zip(starts, repeat(index), map(_GROUPS, groups) if exact else repeat(None)))
@@ -222,7 +227,7 @@ class StepLines:
                 if hits:
                     found.append(hits)
                 continue
-            hits = [(rfind(b"\n", 0, m.start()) + 1, index, m) for m in rx.finditer(data, 0, end)]
+            hits = [(rfind(b"\n", 0, m.start()) + 1, index, m) for m in rx.finditer(data, begin, end)]
             if not hits:
                 continue
             if veto is _plain_ok:                # its first search inline: no call for a line without a veto word

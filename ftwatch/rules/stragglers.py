@@ -32,6 +32,11 @@ the job's slowdown) is reported again only after its slowdown fell below half wa
 (``1 + (factor - 1) / 2``) and rose past the factor again. The state of a job that printed no step
 line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
+Which step lines: once a stream's ranks are known, only a chunk's tail (each rank's last few
+step lines, ``ftwatch.rules.steptail``, with a full pass for a stream's first chunk, a new rank
+and every few chunks): the verdicts read each rank's latest step times, not every line; its
+docstring says what that means for ranks that print less often than others.
+
 Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
 (``take_chunk``); ``ftwatch.rules.steplines`` finds their step lines in one compiled pass per
 pattern (its hits built in C, each with its match's groups, not the ``re.Match``: thousands of
@@ -78,6 +83,7 @@ from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.rules.stepranks import Job, Rank, Reader, by_rank, reader, take, take_lines
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
+from ftwatch.rules.steptail import Tails
 from ftwatch.rules.stepstats import is_straggler, median_without, sorted_median, without  # noqa: F401  (re-exported)
 from ftwatch.rules.stepverdicts import LineOf, detector, judge
 
@@ -99,13 +105,16 @@ class StepTracker:
             detector_reports, forget_after).
         clock: when jobs were last seen (``forget_after``); the system clock by default.
         max_ranks: ranks kept per job (``limits.max_instances_per_job``): one more forgets the stalest.
+        tails: read only a chunk's tail where the stream's ranks are known (``ftwatch.rules.steptail``;
+            False: every step line, the intake as it was). Off where a pattern is a custom regex.
 
     Attributes:
         patterns: the scan forms of the step patterns (what ``ftwatch check`` validates).
         lines: the chunk pass that finds step lines (``ftwatch.rules.steplines``).
     """
 
-    def __init__(self, config: StragglerConfig, clock: Clock | None = None, max_ranks: int = MAX_INSTANCES_PER_JOB):
+    def __init__(self, config: StragglerConfig, clock: Clock | None = None, max_ranks: int = MAX_INSTANCES_PER_JOB,
+                 tails: bool = True):
         self.config = config
         self.max_ranks = max_ranks
         self.clock = clock or SystemClock()
@@ -114,6 +123,8 @@ class StepTracker:
         self.patterns: tuple[str, ...] = tuple(scan_form(rx.pattern, builtin=name in STEP_PATTERNS)
                                                for name, rx in zip(self.names, self.regexes))
         self.lines = StepLines(self.names)
+        #: the step lines of a chunk the tap reads: its tail (``ftwatch.rules.steptail``)
+        self.tails = Tails(self.lines, enabled=tails and all(name in STEP_PATTERNS for name in self.names))
         self._readers = [reader(rx) for rx in self.regexes]            # for the text of a line
         self._byte_readers = [reader(rx) for rx in self.lines.regexes]  # for a match in a chunk
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]
@@ -123,6 +134,7 @@ class StepTracker:
     def reset(self) -> None:
         """Forget every job's steps (a new attempt: the ranks restart)."""
         self.jobs: dict[str, Job] = {}
+        self.tails.reset()
         self._swept = self.clock.time()
         #: the ranks whose last step line's time (``time_at.later``) the last chunk left unread: those
         #: the next chunk does not replace are read then, so no rank keeps an older chunk's clock
@@ -184,7 +196,10 @@ class StepTracker:
             The findings: Megatron straggler reports where their lines are, then, once for the
             chunk, the straggler / slowdown verdicts of the ranks that took step times in it.
         """
-        if hits is None:
+        groups = None
+        if hits is None and isinstance(origin, Origin):
+            hits, groups = self.tails.find(origin, data, end, skip)
+        elif hits is None:
             hits = self.lines.find(data, end, skip)
         elif skip or end < len(data):
             hits = [h for h in hits if h[0] < end and h[0] not in skip]
@@ -201,7 +216,9 @@ class StepTracker:
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
         all_exact = None not in map(_GROUPS, hits)    # (in C) no line to read again: no grouping per line
         ranks_of, job_name, job = self._who, None, None
-        for key, mine in by_rank(data, hits, stream_at).items():   # ranks are independent: each in its lines' order
+        if groups is None:
+            groups = by_rank(data, hits, stream_at)
+        for key, mine in groups.items():   # ranks are independent: each in its lines' order
             base, digits = (origin, key) if stream_at is None else key
             cached = ranks_of.get((id(base), digits))
             if cached is not None and cached[0] is base:

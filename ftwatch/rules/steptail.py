@@ -1,0 +1,144 @@
+"""Which step lines of a chunk the straggler tap reads: a bounded tail of it, per stream (issue 16).
+
+A straggler verdict reads each rank's last ``window`` step times; it does not need every step
+line. So for a stream whose ranks are known, :meth:`Tails.find` reads only the chunk's *tail*:
+the step lines of a last stretch of the chunk (found by ``StepLines.find`` on that stretch, in
+C as before), grown backwards (doubling) until every rank known on this stream has
+``TAIL_PER_RANK`` step lines in it, or the stretch holds ``TAIL_SPAN`` x ``TAIL_PER_RANK`` x
+(known ranks) step lines, or it reaches the chunk's start. Of each rank's lines in the stretch its
+last ``TAIL_PER_RANK`` are taken (in line order: a duration-less pattern's step time is then the
+time since the rank's previous taken line over the steps between, an average over the lines
+passed over). Megatron's straggler reports (the one built-in pattern whose lines are not
+``exact``) are rare and each one counts (``detector_reports`` in a row): those are looked for in
+the whole chunk, always.
+
+A full pass (every step line of the chunk, the intake as it was) is taken for a stream's first
+chunk with step lines, for a chunk whose tail shows a rank not known on the stream (it joins the
+known ranks), every ``FULL_EVERY``-th chunk of a stream (the known ranks are then those of that
+pass: a rank that stopped printing leaves them), and always where a pattern is a custom regex
+(those only propose lines) or the tails are switched off.
+
+What this means for the statistics: a rank gets at most ``TAIL_PER_RANK`` step times per chunk
+(1 MiB in ``replay``), so its window of ``window`` step times spans the last ``window /
+TAIL_PER_RANK`` chunks, not the last ``window`` steps, and ``min_steps`` step times need a few
+chunks after the first (whose full pass usually gives them at once). A rank that prints less
+often than the others (say one line for every ``TAIL_SPAN`` of theirs, or fewer) may fall outside
+the stretch: it gets no step time from that chunk, but still one wherever its line is in the
+tail, and all of its lines on each full pass, so it is sampled at least every ``FULL_EVERY``
+chunks; its window just moves more slowly. Chunks of one or a few lines (``run``, ``watch``,
+``observe``) lose nothing: their tail is the whole chunk. Verdicts are those of the same
+statistics over the step times taken (``ftwatch.rules.stragglers``).
+
+Cost: the full pass's cost once every ``FULL_EVERY`` chunks, and wherever the stretch the known
+ranks need is the whole chunk (thousands of ranks: one step line each per chunk); otherwise a few regex passes over
+the tail stretch (a few times ``TAIL_PER_RANK`` x ranks lines) and one literal pass for the
+straggler reports, whatever the chunk's number of step lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Container
+
+from ftwatch.bounded import BoundedDict
+from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
+from ftwatch.rules.stepranks import Hit, by_rank
+from ftwatch.rules.steplines import StepLines
+
+TAIL_PER_RANK = 4        # step lines per rank taken from a chunk's tail
+TAIL_SPAN = 4            # the stretch stops growing at this x TAIL_PER_RANK x known ranks step lines
+FULL_EVERY = 16          # every this many chunks of a stream, a full pass
+FIRST_STRETCH = 4096     # bytes: the least stretch read first
+
+#: A chunk's step lines by rank (``stepranks.by_rank``'s keys), each rank's in line order.
+Groups = dict[Any, list[Hit]]
+
+
+@dataclass
+class Stream:
+    """What the tails of one stream go by."""
+
+    known: set = field(default_factory=set)   # rank keys seen since (and at) the last full pass
+    chunks: int = 0                           # tails since the last full pass
+    density: float = 256.0                    # bytes of chunk per step line, last seen
+
+
+class Tails:
+    """A chunk's step lines for the tap: the tail of a stream with known ranks, else all of them.
+
+    Args:
+        lines: the tap's chunk pass (``StepLines``).
+        enabled: False for a full pass on every chunk (the intake as it was; custom patterns).
+    """
+
+    def __init__(self, lines: StepLines, enabled: bool = True):
+        self.lines = lines
+        self.enabled = enabled
+        self.inexact = frozenset(i for i, exact in enumerate(lines.exact) if not exact)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every stream (a new attempt)."""
+        self.streams: BoundedDict[Any, Stream] = BoundedDict(MAX_INSTANCES_PER_JOB, "step_tail_stream")
+
+    def find(self, stream: Any, data: bytes, end: int, skip: Container[int]) -> tuple[list[Hit], Groups]:
+        """The step lines of ``data``'s lines before ``end`` (not in ``skip``) that the tap takes.
+
+        Args:
+            stream: the chunk's stream (a hashable ``Origin``): whose known ranks.
+            data, end, skip: as ``StepLines.find``.
+
+        Returns:
+            (the hits taken, in line order; the same by rank, keys in order of first line).
+        """
+        state = self.streams.get(stream) if self.enabled else None
+        if state is None or state.chunks + 1 >= FULL_EVERY or not state.known:
+            return self._full(stream, data, end, skip)
+        state.chunks += 1
+        known, need = state.known, TAIL_PER_RANK
+        bound = TAIL_SPAN * need * len(known)
+        width = max(FIRST_STRETCH, int(state.density * need * len(known) * 1.5))
+        if width >= end:                              # the tail is the whole chunk (thousands of ranks)
+            state.chunks -= 1
+            return self._full(stream, data, end, skip)
+        groups: Groups = {}
+        cut, count = end, 0
+        while cut > 0:
+            lo = max(0, end - width)
+            lo = data.rfind(b"\n", 0, lo) + 1 if lo > 0 else 0
+            if lo >= cut:
+                width *= 2
+                continue
+            part = self.lines.find(data, cut, skip, begin=lo)
+            cut, count = lo, count + len(part)
+            for key, mine in by_rank(data, part).items():
+                if key not in known:                 # a rank new to the stream: read everything
+                    return self._full(stream, data, end, skip)
+                before = groups.get(key)
+                groups[key] = mine if before is None else mine + before
+            if count >= bound or all(len(groups.get(key, ())) >= need for key in known):
+                break
+            width *= 2
+        if count:
+            state.density = max(1.0, (end - cut) / count)
+        if cut > 0 and self.inexact:                  # straggler reports: every one counts
+            for key, mine in by_rank(data, self.lines.find(data, cut, skip, only=self.inexact)).items():
+                before = groups.get(key)
+                groups[key] = mine if before is None else mine + before
+        taken: Groups = {}
+        for key, mine in sorted(groups.items(), key=lambda item: item[1][0][0]):
+            exact = [hit for hit in mine if hit[2] is not None]
+            if len(exact) > need:
+                first = exact[-need][0]
+                mine = [hit for hit in mine if hit[2] is None or hit[0] >= first]
+            taken[key] = mine
+        hits = sorted((hit for mine in taken.values() for hit in mine), key=lambda hit: hit[0])
+        return hits, taken
+
+    def _full(self, stream: Any, data: bytes, end: int, skip: Container[int]) -> tuple[list[Hit], Groups]:
+        """Every step line of the chunk; the stream's known ranks start again from them."""
+        hits = self.lines.find(data, end, skip)
+        groups = by_rank(data, hits)
+        if self.enabled and groups:
+            self.streams[stream] = Stream(set(groups), 0, max(1.0, end / len(hits)))
+        return hits, groups

@@ -1,0 +1,77 @@
+"""The step tap reads a chunk's tail once a stream's ranks are known (``ftwatch.rules.steptail``,
+issue 16): a bounded number of step lines per rank and chunk, a full pass for the first chunk, a
+new rank and every ``FULL_EVERY``-th chunk, Megatron's straggler reports wherever they are, and the
+straggler verdicts still found."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftwatch.clock import FakeClock
+from ftwatch.config.health import StragglerConfig
+from ftwatch.events import Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+from ftwatch.rules.steptail import FULL_EVERY, TAIL_PER_RANK
+from ftwatch.rules.stragglers import StepTracker
+
+MEGATRON = ("[rank{r}]: [2026-11-21 09:00:00] iteration {n:8d}/ 1000000 | consumed samples: 64 | "
+            "elapsed time per iteration (ms): {ms:.1f} | lm loss: 7.1E+00 |\n")
+DETECTOR = ("[rank0]: [2024-03-14 23:07:00] | MnRtt/Rnk: 3453.08ms/8 | MxRtt/Rnk: 9000.00ms/5 | "
+            "MnPwr/Rnk: 601796W/8 | MxPwr/Rnk: 683801W/18 | MnTmp/Rnk: 52C/0 | MxTmp/Rnk: 65C/21\n")
+
+
+@pytest.fixture(scope="module")
+def rules():
+    return load_rules([], builtin=True)
+
+
+def chunk(first: int, steps: int, ranks: range, ms=lambda r: 1000.0) -> bytes:
+    """``steps`` iterations from ``first``, every rank of ``ranks`` printing each one."""
+    return "".join(MEGATRON.format(r=r, n=n, ms=ms(r)) for n in range(first, first + steps) for r in ranks).encode()
+
+
+def feed(tails: bool, rules, chunks: list[bytes]) -> tuple[StepTracker, list]:
+    tracker = StepTracker(StragglerConfig(min_steps=5), clock=FakeClock(0.0), tails=tails)
+    engine = Engine(rules, steps=tracker)
+    origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+    found = []
+    for data in chunks:
+        found += engine.feed(origin, data, 100.0, sim_step=0.001)
+    return tracker, found
+
+
+def test_after_the_first_chunk_each_rank_takes_only_its_last_lines(rules):
+    tracker, _ = feed(True, rules, [chunk(1, 40, range(4)), chunk(41, 40, range(4))])
+    seen = {name: rank.seen for name, rank in tracker.jobs["job1"].ranks.items()}
+    assert seen == {f"rank{r}": 40 + TAIL_PER_RANK for r in range(4)}
+    untailed, _ = feed(False, rules, [chunk(1, 40, range(4)), chunk(41, 40, range(4))])
+    assert {r.seen for r in untailed.jobs["job1"].ranks.values()} == {80}   # without tails: every line
+
+
+def test_a_rank_new_to_the_stream_takes_a_full_pass(rules):
+    tracker, _ = feed(True, rules, [chunk(1, 40, range(2)), chunk(41, 40, range(3))])
+    seen = {name: rank.seen for name, rank in tracker.jobs["job1"].ranks.items()}
+    assert seen == {"rank0": 80, "rank1": 80, "rank2": 40}
+
+
+def test_every_full_every_th_chunk_is_read_whole(rules):
+    chunks = [chunk(1 + 20 * k, 20, range(2)) for k in range(FULL_EVERY + 1)]
+    tracker, _ = feed(True, rules, chunks)
+    # the first chunk whole, then FULL_EVERY - 1 tails, then a whole one, then a tail
+    want = 20 + (FULL_EVERY - 1) * TAIL_PER_RANK + 20
+    assert {rank.seen for rank in tracker.jobs["job1"].ranks.values()} == {want}
+
+
+def test_a_slow_rank_is_still_found_from_the_tails(rules):
+    chunks = [chunk(1, 40, range(8))] + [chunk(41 + 40 * k, 40, range(8), ms=lambda r: 3000.0 if r == 5 else 1000.0)
+                                         for k in range(20)]
+    for tails in (True, False):
+        _, found = feed(tails, rules, chunks)
+        assert [(f.rule_id, f.rank) for f in found] == [("straggler.step_time", 5)], tails
+
+
+def test_straggler_reports_outside_the_tail_still_count(rules):
+    chunks = [chunk(1, 40, range(2))] + [DETECTOR.encode() + chunk(41 + 40 * k, 40, range(2)) for k in range(3)]
+    _, found = feed(True, rules, chunks)
+    assert [(f.rule_id, f.rank) for f in found] == [("straggler.megatron_detector", 5)]
