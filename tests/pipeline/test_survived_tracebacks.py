@@ -122,3 +122,23 @@ def test_nccls_cuda_failure_with_an_error_text_still_acts(rules, tmp_path):
     lines = ["[rank0]: step 900 loss 0.41",
              "[rank0]: gpu-node-3:2111:2111 [0] init.cc:1830 NCCL WARN Cuda failure 'unspecified launch failure'"]
     assert _decide(tmp_path, rules, lines).decision.action is not Action.NONE
+
+
+def test_the_heartbeat_monitors_store_warnings_when_the_store_host_finished_first_are_no_failure(rules, tmp_path):
+    """c10d's WARNING-level store lines at the end of a run (pytorch/pytorch#123969: the store's host
+    exited first, the heartbeat monitor's poll fails); before: c10d.store_peer_closed, restart."""
+    lines = ["[rank1]: step 900 loss 0.41", "[rank1]: step 910 loss 0.40",
+             "[rank1]:[W625 23:35:35.303797152 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=6, "
+             "addr=[::ffff:127.0.0.1]:37468, remote=[::ffff:127.0.0.1]:6006): failed to recv, got 0 bytes",
+             "[rank1]:[W625 23:35:35.311127584 ProcessGroupNCCL.cpp:1662] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+             'Failed to check the "should dump" flag on TCPStore, (maybe TCPStore server has shut down too early), '
+             "with error: failed to recv, got 0 bytes"]
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_the_raised_store_error_still_acts(rules, tmp_path):
+    lines = ["[rank1]: step 900 loss 0.41",
+             "[rank1]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
+             "closed. Did the remote server shutdown or crash?"]
+    assert _decide(tmp_path, rules, lines).decision.action is not Action.NONE
