@@ -98,9 +98,11 @@ _ON_LINE = re.compile(rb"[^\n]*?(" + _PROGRESS.pattern + rb")")
 
 IGNORED = "python.exception_ignored"
 #: Words that the traceback after them ended no program: Python's for an exception it could not
-#: raise (``sys.unraisablehook``) and one that ended a thread, not the process
-#: (``threading.excepthook``); torch.compile's for a frame it could not compile and ran eagerly
-NOT_ENDING = frozenset({IGNORED, "python.thread_exception", "torch.dynamo_wont_convert"})
+#: raise (``sys.unraisablehook``), one that ended a thread, not the process
+#: (``threading.excepthook``), and an exit handler's before Python 3.10 (``Error in
+#: atexit._run_exitfuncs:``, cleared at finalisation: the exit status stands); torch.compile's for a
+#: frame it could not compile and ran eagerly
+NOT_ENDING = frozenset({IGNORED, "python.thread_exception", "python.atexit_error", "torch.dynamo_wont_convert"})
 _RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
 _NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts

@@ -81,3 +81,64 @@ def test_a_frame_torch_compile_ran_eagerly_ended_no_program(rules, tmp_path):
                    "ConstantVariable(str)] {}"))
     result = _decide(tmp_path, rules, lines)
     assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_an_exit_handler_that_raised_before_python_3_10_ended_no_program(rules, tmp_path):
+    """CPython < 3.10 prints "Error in atexit._run_exitfuncs:" and the handler's traceback, then
+    clears it at finalisation (pylifecycle.c call_py_exitfuncs): the exit status stands. Before:
+    the traceback's TimeoutError restarted a job whose work had ended."""
+    lines = (["[rank0]: step 900 loss 0.41", "[rank0]: step 910 loss 0.40", "[rank0]: Error in atexit._run_exitfuncs:"]
+             + _tb("TimeoutError: Timed out waiting for handles"))
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_the_resource_trackers_cleanup_warning_at_exit_is_no_missing_file(rules, tmp_path):
+    """multiprocessing's resource tracker unlinks what the program left and warns for each unlink
+    that failed (Lib/multiprocessing/resource_tracker.py); before: storage.no_such_file, fail_job."""
+    lines = ["[rank0]: step 900 loss 0.41", "[rank0]: step 910 loss 0.40",
+             "[rank0]: /usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: resource_tracker: "
+             "There appear to be 1 leaked shared_memory objects to clean up at shutdown",
+             "[rank0]:   warnings.warn('resource_tracker: There appear to be %d '",
+             "[rank0]: /usr/lib/python3.11/multiprocessing/resource_tracker.py:267: UserWarning: resource_tracker: "
+             "'/psm_1a2b3c': [Errno 2] No such file or directory: '/psm_1a2b3c'",
+             "[rank0]:   warnings.warn('resource_tracker: %r: %s' % (name, e))"]
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_nccls_cuda_failure_driver_shutting_down_at_exit_is_no_failure(rules, tmp_path):
+    """cudaErrorCudartUnloading: a call made after the driver was unloaded at process exit (CUDA
+    Runtime API docs); before: nccl.cuda_failure restarted the job (gpu.nvls_cuda_failure isolated
+    the node for the NVLS transport's)."""
+    for where in ("init.cc:1830", "transport/nvls.cc:223"):
+        lines = ["[rank0]: step 900 loss 0.41", "[rank0]: step 910 loss 0.40",
+                 f"[rank0]: gpu-node-3:2111:2111 [0] {where} NCCL WARN Cuda failure 4 'driver shutting down'"]
+        result = _decide(tmp_path, rules, lines)
+        assert result.decision is None or result.decision.action is Action.NONE, (where, result.decision)
+
+
+def test_nccls_cuda_failure_with_an_error_text_still_acts(rules, tmp_path):
+    lines = ["[rank0]: step 900 loss 0.41",
+             "[rank0]: gpu-node-3:2111:2111 [0] init.cc:1830 NCCL WARN Cuda failure 'unspecified launch failure'"]
+    assert _decide(tmp_path, rules, lines).decision.action is not Action.NONE
+
+
+def test_the_heartbeat_monitors_store_warnings_when_the_store_host_finished_first_are_no_failure(rules, tmp_path):
+    """c10d's WARNING-level store lines at the end of a run (pytorch/pytorch#123969: the store's host
+    exited first, the heartbeat monitor's poll fails); before: c10d.store_peer_closed, restart."""
+    lines = ["[rank1]: step 900 loss 0.41", "[rank1]: step 910 loss 0.40",
+             "[rank1]:[W625 23:35:35.303797152 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=6, "
+             "addr=[::ffff:127.0.0.1]:37468, remote=[::ffff:127.0.0.1]:6006): failed to recv, got 0 bytes",
+             "[rank1]:[W625 23:35:35.311127584 ProcessGroupNCCL.cpp:1662] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+             'Failed to check the "should dump" flag on TCPStore, (maybe TCPStore server has shut down too early), '
+             "with error: failed to recv, got 0 bytes"]
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_the_raised_store_error_still_acts(rules, tmp_path):
+    lines = ["[rank1]: step 900 loss 0.41",
+             "[rank1]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
+             "closed. Did the remote server shutdown or crash?"]
+    assert _decide(tmp_path, rules, lines).decision.action is not Action.NONE
