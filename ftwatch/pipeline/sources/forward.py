@@ -47,6 +47,7 @@ request's path, read top to bottom.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import operator
@@ -379,7 +380,7 @@ def _shipped(tag: str, entries: list[tuple[float, dict, Mapping[str, Any]]]) -> 
     if not entries:
         return []
     times, records, metas = zip(*entries)
-    logs = list(map(_get_log, records))
+    logs = list(map(_get, records, _LOG))
     if set(map(type, logs)) != _STR:
         return [to_shipped(tag, t, record, metadata) for t, record, metadata in entries]
     try:
@@ -388,17 +389,29 @@ def _shipped(tag: str, entries: list[tuple[float, dict, Mapping[str, Any]]]) -> 
         return [to_shipped(tag, t, record, metadata) for t, record, metadata in entries]
     _drain(map(operator.delitem, records, _LOG))
     _drain(map(operator.setitem, records, _TAG, repeat(tag)))
-    for record, metadata in zip(records, metas):
-        if metadata:
-            record["fluentbit_metadata"] = dict(metadata)
-    return list(map(Shipped, times, lines, records))
+    if any(metas):                      # fluent-bit >= 2.1 metadata: rare
+        for record, metadata in zip(records, metas):
+            if metadata:
+                record["fluentbit_metadata"] = dict(metadata)
+    # Shipped(t, line, record) each, without its Python __init__: the objects made in C and
+    # their three slots filled through the slot descriptors, a column at a time
+    batch = list(map(_new, repeat(Shipped, len(lines))))
+    _drain(map(_SET_TIME, batch, times))
+    _drain(map(_SET_LINE, batch, lines))
+    _drain(map(_SET_META, batch, records))
+    return batch
 
 
-_get_log = operator.methodcaller("get", "log")
+_get, _new = dict.get, object.__new__
 _drain = deque(maxlen=0).extend
 _STR = {str}
 _UTF8, _ESCAPE, _NEWLINE = repeat("utf-8"), repeat("surrogateescape"), repeat(b"\n")
 _LOG, _TAG = repeat("log"), repeat("tag")
+# Shipped's slots, set as its generated __init__ sets them (a frozen slots dataclass of exactly
+# these three fields, no __post_init__: checked here, so a change to it cannot go unseen)
+if [f.name for f in dataclasses.fields(Shipped)] != ["time", "line", "meta"] or hasattr(Shipped, "__post_init__"):
+    raise TypeError("forward._shipped fills Shipped's three slots itself: update it with Shipped")
+_SET_TIME, _SET_LINE, _SET_META = Shipped.time.__set__, Shipped.line.__set__, Shipped.meta.__set__
 
 
 def _shutdown(sock: socket.socket) -> None:
