@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -127,6 +128,7 @@ def workdir() -> Path:
 
 # -- the corpus --------------------------------------------------------------------------------
 
+STEP_BASE = (2026, 11, 21, 9, 0, 0)      # the step clock's start: one iteration a second from here
 STEP_LINE = ("[rank{r}]: [{when}] iteration {it:>8}/ 1000000 | consumed samples: {cs:>10} | "
              "elapsed time per iteration (ms): {ms:.1f} | learning rate: 2.999E-04 | global batch size:  1024 | "
              "lm loss: 2.{loss:04d}E+00 | loss scale: 65536.0 | grad norm: 1.{g:03d} |")
@@ -138,7 +140,7 @@ def step_lines(count: int, ranks: int = 8, first: int = 1) -> list[bytes]:
     wrapped every hour, as this one once did, kept every error waiting for progress for ever: the
     pathology of a log whose clock runs back, which ``policy/waiting.py`` bounds, not a training run)."""
     import datetime
-    base = datetime.datetime(2026, 11, 21, 9, 0, 0)
+    base = datetime.datetime(*STEP_BASE)
     out = []
     for k in range(count):
         it, r = first + k // ranks, k % ranks
@@ -147,6 +149,41 @@ def step_lines(count: int, ranks: int = 8, first: int = 1) -> list[bytes]:
                                     ms=1200.0 + (it * 7 + r * 13) % 50, loss=(it * 31) % 9999,
                                     g=(it + r) % 999).encode())
     return out
+
+
+# the stamps the recorded failure runs carry: glog's (``E1121 11:02:23.661000``, torchelastic's
+# log lines) and torchelastic's failure summary (``time      : 2026-11-21_11:02:23``)
+_STAMPS = (re.compile(rb"^(?P<head>[IWEF])(?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)", re.M),
+           re.compile(rb"(?P<head>time\s+: )(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)_(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"))
+
+
+def step_time(first: int, before: int, ranks: int = 8) -> float:
+    """The step clock (epoch seconds) at the ``before``-th step line of a unit whose first
+    iteration is ``first``."""
+    import datetime
+    return (datetime.datetime(*STEP_BASE) + datetime.timedelta(seconds=first + before // ranks)).timestamp()
+
+
+def dated(failures: bytes, at: float) -> bytes:
+    """The recorded failure runs with their stamps (``_STAMPS``) moved to ``at`` (epoch seconds)
+    and on, their spacing kept: in a real log a failure happens at the time of the training around
+    it, not hours ahead of it (which kept every error waiting for progress through the whole unit)."""
+    import datetime
+
+    def secs(m: re.Match) -> int:
+        return int(m["h"]) * 3600 + int(m["mi"]) * 60 + int(m["s"])
+    found = [secs(m) for rx in _STAMPS for m in rx.finditer(failures)]
+    if not found:
+        return failures
+    zero = min(found)
+
+    def shift(m: re.Match) -> bytes:
+        t = datetime.datetime.fromtimestamp(at + secs(m) - zero)
+        text = t.strftime("%Y-%m-%d_%H:%M:%S") if "y" in m.groupdict() else t.strftime("%m%d %H:%M:%S")
+        return m["head"] + text.encode()
+    for rx in _STAMPS:
+        failures = rx.sub(shift, failures)
+    return failures
 
 
 def build_corpus(path: Path, lines: int, hit_share: float = 0.01, step_share: float = 0.28) -> dict:
@@ -194,7 +231,9 @@ def build_corpus(path: Path, lines: int, hit_share: float = 0.01, step_share: fl
                     si += 1
             body.extend(steps[si:])
             cut = len(body) // 2
-            fh.write(b"\n".join(body[:cut]) + b"\n" + failures + b"\n".join(body[cut:]) + b"\n")
+            before = sum(1 for line in body[:cut] if line.startswith(b"[rank") and b" iteration " in line)
+            at = step_time(first=1 + u * (steps_n // 8 + 1), before=before)
+            fh.write(b"\n".join(body[:cut]) + b"\n" + dated(failures, at) + b"\n".join(body[cut:]) + b"\n")
     data = path.read_bytes()
     n = data.count(b"\n")
     return {"lines": n, "bytes": len(data), "hit_lines": len(hit_starts) * units, "step_lines": steps_n * units}
