@@ -2,7 +2,8 @@
 
 Only with ``--enable-job-hang-detection=True`` (Sync): then replay also reads the timestamp of
 each line that may carry one (a per-line pass, but only over lines that start with a digit,
-``[`` or ``(``, a glog letter and a digit, a month name or a level word; a rank prefix starts
+``[`` or ``(``, a glog letter and a digit, a month name, a weekday and a month (C's
+``ctime``, as nvidia-smi heads its table) or a level word; a rank prefix starts
 with ``[`` or a digit). Each instance's output becomes a few *active segments*: runs of
 output with no silence of ``job_hang_interval`` or more inside. The instances are those of
 ``ftwatch replay``: a per-rank file is one; in a combined log each rank prefix is one, and
@@ -38,11 +39,16 @@ from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 
 _MONTHS = b"Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+# C's ctime()/asctime() form opens the line bare ("Thu Dec 31 02:15:38 2020"): nvidia-smi's header,
+# Python's time.ctime(), a job script's `date`-style marks; fields.parse_timestamp reads it
+_WEEKDAYS = b"Mon|Tue|Wed|Thu|Fri|Sat|Sun"
 # fields.split_rank_prefix's prefixes ([rank3]:, [default3]:, "3: "), the rank in group 1 or 2
 _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
-# letter and a digit, a month (syslog), a level word before an ISO date ("INFO 2026-...")
-_MAY_STAMP = rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |[A-Z]{3,8}:? +\d)"
+# letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
+# "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-...")
+_MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDAYS + rb") (?:" + _MONTHS
+              + rb") |[A-Z]{3,8}:? +\d)")
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
@@ -182,7 +188,7 @@ class HangScan:
         """Parse the line at ``start`` as ``key``'s output; returns where the line ends."""
         end = chunk.find(b"\n", start)
         end = len(chunk) if end < 0 else end
-        stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year)
+        stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year, vllm=True)
         if stamp is None:
             f.pending.add(key)
         else:
