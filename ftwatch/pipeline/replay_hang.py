@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -87,10 +88,21 @@ class _Activity:
     start: float | None = None
     end: float = 0.0
 
-    def add(self, t: float, interval: float, bridge: bool) -> None:
-        """Output at ``t``; ``bridge``: the instance wrote (untimed lines) all the way up to ``t``."""
+    def add(self, t: float, interval: float, bridge: bool, untimed: int = 0) -> None:
+        """Output at ``t``; ``bridge``: the instance wrote ``untimed`` lines (of unknown times) up to ``t``.
+
+        ``untimed`` lines in a span of ``t - end`` seconds leave a silence of at least
+        ``(t - end) / (untimed + 1)`` somewhere in it (they cut it into ``untimed + 1`` gaps). When
+        the span is ``(untimed + 1) * interval`` or longer, a silence of the interval happened in
+        it wherever the lines lie, so the span is not bridged: the lines are read as written with
+        the stamped line before them (the continuation lines of a multi-line message, a
+        traceback, a burst of prints: the common case), the silence from ``end``. A shorter span
+        is bridged (the lines may fill it). ``t`` is no output of this instance.
+        """
         if self.start is None:
             self.start = self.end = t
+        elif bridge and untimed and t - self.end >= (untimed + 1) * interval:
+            pass                    # a silence of the interval is certain: not bridged
         elif t - self.end >= interval and not bridge:
             self.segments.append((self.start, self.end))
             self.start = self.end = t
@@ -108,7 +120,7 @@ class _File:
         self.origin = origin
         self.year = year
         self.combined = origin.rank is None
-        self.pending: set[str] = set()
+        self.pending: Counter[str] = Counter()   # instance -> its untimed lines since the last stamp
         self.ranked = False         # a combined log with rank prefixes: its unprefixed lines are no instance
         self.stamps = 0
         self.lines = False
@@ -165,10 +177,10 @@ class HangScan:
         for m in _STAMPED.finditer(chunk):
             start = m.start()
             if start > pos:
-                f.pending.add(own)          # lines between that carry no stamp
+                f.pending[own] += chunk.count(b"\n", pos, start)    # lines between that carry no stamp
             pos = self._parse(f, chunk, start, own) + 1
         if pos < len(chunk):
-            f.pending.add(own)
+            f.pending[own] += chunk.count(b"\n", pos) or 1
 
     def _take_combined(self, f: _File, chunk: bytes) -> None:
         own, size = f.origin.instance, len(chunk)
@@ -180,7 +192,7 @@ class HangScan:
             if m.end(1) >= 0 or m.end(2) >= 0:
                 key = self._rank_key(f, m.group(1) if m.end(1) > m.end(2) else m.group(2))
             if m.start(3) < 0:
-                f.pending.add(key)          # no stamp can follow
+                f.pending[key] += 1         # no stamp can follow
             else:
                 self._parse(f, chunk, start, key)
 
@@ -190,7 +202,7 @@ class HangScan:
         end = len(chunk) if end < 0 else end
         stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year, vllm=True)
         if stamp is None:
-            f.pending.add(key)
+            f.pending[key] += 1
         else:
             self._stamp(f, key, stamp)
         return end
@@ -274,13 +286,13 @@ class HangScan:
     def _stamp(self, f: _File, key: str, t: float) -> None:
         f.stamps += 1
         self.last = t if self.last is None else max(self.last, t)
-        for other in f.pending:                 # untimed lines since the last stamp: up to now
-            self._activity(other, t, bridge=True)
+        for other, lines in f.pending.items():  # untimed lines since the last stamp: up to now
+            self._activity(other, t, bridge=True, untimed=lines)
         f.pending.clear()
         self._activity(key, t, bridge=False)
 
-    def _activity(self, key: str, t: float, bridge: bool) -> None:
+    def _activity(self, key: str, t: float, bridge: bool, untimed: int = 0) -> None:
         act = self._acts.get(key)
         if act is None:
             act = self._acts[key] = _Activity(self._origins[key])
-        act.add(t, self.interval, bridge)
+        act.add(t, self.interval, bridge, untimed)

@@ -293,3 +293,28 @@ def test_a_ctime_snapshot_during_training_is_no_hang(run, tmp_path):
 
     assert result.findings == []
     assert result.decision.action is Action.NONE
+
+
+def test_a_few_untimed_lines_cannot_fill_hours_of_silence(run, tmp_path):
+    """The last stats line at 09:05 is followed by one untimed access line, then the SIGTERM line two
+    hours later: one line cuts 2 h into two gaps, one of them at least an hour, so a 30-minute
+    silence happened wherever the line lies (it was bridged to the SIGTERM before)."""
+    stop = T0 + timedelta(minutes=5)
+    lines = serving(stop) + [vllm_line(T0 + timedelta(hours=2, minutes=5), "Received SIGTERM, shutting down")]
+
+    rc = run([write(tmp_path / "decode.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(stop) + 1800)
+
+
+def test_untimed_lines_enough_to_fill_the_span_are_still_bridged(run, tmp_path):
+    """Counterexample: four untimed lines in 2 h leave gaps that may all be under 30 minutes."""
+    stop = T0 + timedelta(minutes=5)
+    lines = (serving(stop) + ['INFO:     10.40.2.17:40552 - "GET /health HTTP/1.1" 200 OK'] * 3
+             + [vllm_line(T0 + timedelta(hours=2), "Shutting down FastAPI HTTP server.")])
+
+    result = run([write(tmp_path / "decode.log", lines)], **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE
