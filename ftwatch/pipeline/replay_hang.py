@@ -12,10 +12,13 @@ prefixed line at all.
 
 A line without a timestamp has no known time: it lies between the stamped lines around it,
 so its instance counts as writing throughout that span (from the stamp before it to the next
-stamp of its file), and as writing to the end of the input when no stamp follows. Only a
-silence bounded by stamped lines with nothing of that instance between them counts. This is
-conservative on purpose: a log whose stamps are rare (a launcher line at the start, a
-watchdog at the end, untimed ``print`` output between) must not look like a hang.
+stamp of its file), and as writing to the end of the input when no stamp follows. A silence
+counts when it is bounded by stamped lines with nothing of that instance between them, or when
+the untimed lines between are too few to fill it: *k* lines cut a span into *k + 1* gaps, so a
+span of *(k + 1)* intervals or more held a silence of the interval wherever they lie (they are
+then read as written with the stamp before them). This is conservative on purpose: a log whose
+stamps are rare (a launcher line at the start, a watchdog at the end, untimed ``print`` output
+between) must not look like a hang.
 
 The hang is the first moment *T* at which every instance seen so far has been silent for the
 interval, also when the silence runs up to a later stamped line that is no instance's output (a
