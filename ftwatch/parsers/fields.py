@@ -70,6 +70,10 @@ _SYSLOG = re.compile(_MONTH + r" {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9
 # dmesg -T and C's ctime(): "[Sat Nov 21 09:36:03 2026]" (weekday, month, day, time, year).
 _CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MONTH
                     + r" {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})(?![\d:])")
+# vLLM's own logger (vllm/logger.py: _FORMAT "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d]
+# %(message)s", _DATE_FORMAT "%m-%d %H:%M:%S"): "INFO 11-13 09:15:02 [loggers.py:118] ..."; no year,
+# no zone. vLLM v1 puts its "(APIServer pid=611) " process prefix before it (a rank prefix here).
+_LEVEL_MD = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?![\d:.-])")
 _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
 _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 
@@ -197,7 +201,7 @@ def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) ->
     return seconds
 
 
-def parse_timestamp(text: str, year: int | None) -> float | None:
+def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | None:
     """Finds a timestamp at or near the start of a line and converts it to epoch seconds.
 
     Formats (rank prefixes are skipped first):
@@ -207,6 +211,12 @@ def parse_timestamp(text: str, year: int | None) -> float | None:
     * syslog / journald (RFC 3164), as kernel lines reach ``/var/log/kern.log`` or
       ``journalctl -k``: ``Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid ...`` (``Nov  1`` too,
       microseconds as ``journalctl -o short-precise`` prints them); no year.
+    * with ``vllm``: vLLM's logger (``vllm/logger.py``: level, then ``%m-%d %H:%M:%S``),
+      ``INFO 11-13 09:15:02 [loggers.py:118] Engine 000: ...``; no year, whole seconds. Only
+      the replay's hang scan asks for it (a silence of minutes is what it measures); the
+      engine's line clock does not, because a whole-second stamp placed before a glog stamp
+      of the same second (``W1212 12:10:10.102944``) would reorder the findings that root
+      cause ranks by time.
     * ``dmesg -T`` (util-linux, C's ``ctime`` form): ``[Sat Nov 21 09:36:03 2026] NVRM: ...``.
     * ISO-8601 ``2026-11-21T09:36:03.123Z``, with ``+08:00``/``+0800`` or no zone; Python
       logging ``2026-11-21 09:36:03,123``; ``2026-11-21 09:36:03.123456``;
@@ -215,15 +225,16 @@ def parse_timestamp(text: str, year: int | None) -> float | None:
       and that ``2026-11-21-09:36:03.735.123`` form (date and time joined by ``-``,
       milliseconds and microseconds as ``.mmm.uuu``) wherever an ISO date may stand.
 
-    glog, syslog and dmesg stamps must open the line (after spaces and brackets); an ISO or
+    glog, syslog, vLLM and dmesg stamps must open the line (after spaces and brackets); an ISO or
     plog date may start within the first 40 characters (``INFO 2026-11-21 ...``), or right after
     a plog head however long its process name. Raw ``dmesg`` (``[12345.678901]``, seconds
     since boot) is no timestamp.
 
     Args:
         text: a cleaned line.
-        year: the year for glog and syslog timestamps, which have none (the year the line was
+        year: the year for glog, syslog and vLLM timestamps, which have none (the year the line was
             received); None: such timestamps give None (only stamps with a year count).
+        vllm: also read vLLM's ``LEVEL MM-DD HH:MM:SS`` form.
 
     Returns:
         Epoch seconds (float, fractions to the digit given; UTC unless the text gives an offset),
@@ -241,6 +252,9 @@ def parse_timestamp(text: str, year: int | None) -> float | None:
         if year is None:
             return None
         return _epoch((str(_MONTHS[m.group(1)]),) + m.groups()[1:], year, None)
+    m = _LEVEL_MD.match(rest, start) if vllm else None
+    if m is not None:
+        return None if year is None else _epoch(m.groups(), year, None)
     m = _CTIME.match(rest, start)
     if m is not None:
         month, day, hour, minute, second, year_s = m.groups()

@@ -2,7 +2,8 @@
 
 Only with ``--enable-job-hang-detection=True`` (Sync): then replay also reads the timestamp of
 each line that may carry one (a per-line pass, but only over lines that start with a digit,
-``[`` or ``(``, a glog letter and a digit, a month name or a level word; a rank prefix starts
+``[`` or ``(``, a glog letter and a digit, a month name, a weekday and a month (C's
+``ctime``, as nvidia-smi heads its table) or a level word; a rank prefix starts
 with ``[`` or a digit). Each instance's output becomes a few *active segments*: runs of
 output with no silence of ``job_hang_interval`` or more inside. The instances are those of
 ``ftwatch replay``: a per-rank file is one; in a combined log each rank prefix is one, and
@@ -11,10 +12,13 @@ prefixed line at all.
 
 A line without a timestamp has no known time: it lies between the stamped lines around it,
 so its instance counts as writing throughout that span (from the stamp before it to the next
-stamp of its file), and as writing to the end of the input when no stamp follows. Only a
-silence bounded by stamped lines with nothing of that instance between them counts. This is
-conservative on purpose: a log whose stamps are rare (a launcher line at the start, a
-watchdog at the end, untimed ``print`` output between) must not look like a hang.
+stamp of its file), and as writing to the end of the input when no stamp follows. A silence
+counts when it is bounded by stamped lines with nothing of that instance between them, or when
+the untimed lines between are too few to fill it: *k* lines cut a span into *k + 1* gaps, so a
+span of *(k + 1)* intervals or more held a silence of the interval wherever they lie (they are
+then read as written with the stamp before them). This is conservative on purpose: a log whose
+stamps are rare (a launcher line at the start, a watchdog at the end, untimed ``print`` output
+between) must not look like a hang.
 
 The hang is the first moment *T* at which every instance seen so far has been silent for the
 interval, also when the silence runs up to a later stamped line that is no instance's output (a
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,11 +43,16 @@ from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 
 _MONTHS = b"Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
+# C's ctime()/asctime() form opens the line bare ("Thu Dec 31 02:15:38 2020"): nvidia-smi's header,
+# Python's time.ctime(), a job script's `date`-style marks; fields.parse_timestamp reads it
+_WEEKDAYS = b"Mon|Tue|Wed|Thu|Fri|Sat|Sun"
 # fields.split_rank_prefix's prefixes ([rank3]:, [default3]:, "3: "), the rank in group 1 or 2
 _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
-# letter and a digit, a month (syslog), a level word before an ISO date ("INFO 2026-...")
-_MAY_STAMP = rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |[A-Z]{3,8}:? +\d)"
+# letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
+# "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-...")
+_MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDAYS + rb") (?:" + _MONTHS
+              + rb") |[A-Z]{3,8}:? +\d)")
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
@@ -81,10 +91,21 @@ class _Activity:
     start: float | None = None
     end: float = 0.0
 
-    def add(self, t: float, interval: float, bridge: bool) -> None:
-        """Output at ``t``; ``bridge``: the instance wrote (untimed lines) all the way up to ``t``."""
+    def add(self, t: float, interval: float, bridge: bool, untimed: int = 0) -> None:
+        """Output at ``t``; ``bridge``: the instance wrote ``untimed`` lines (of unknown times) up to ``t``.
+
+        ``untimed`` lines in a span of ``t - end`` seconds leave a silence of at least
+        ``(t - end) / (untimed + 1)`` somewhere in it (they cut it into ``untimed + 1`` gaps). When
+        the span is ``(untimed + 1) * interval`` or longer, a silence of the interval happened in
+        it wherever the lines lie, so the span is not bridged: the lines are read as written with
+        the stamped line before them (the continuation lines of a multi-line message, a
+        traceback, a burst of prints: the common case), the silence from ``end``. A shorter span
+        is bridged (the lines may fill it). ``t`` is no output of this instance.
+        """
         if self.start is None:
             self.start = self.end = t
+        elif bridge and untimed and t - self.end >= (untimed + 1) * interval:
+            pass                    # a silence of the interval is certain: not bridged
         elif t - self.end >= interval and not bridge:
             self.segments.append((self.start, self.end))
             self.start = self.end = t
@@ -102,7 +123,7 @@ class _File:
         self.origin = origin
         self.year = year
         self.combined = origin.rank is None
-        self.pending: set[str] = set()
+        self.pending: Counter[str] = Counter()   # instance -> its untimed lines since the last stamp
         self.ranked = False         # a combined log with rank prefixes: its unprefixed lines are no instance
         self.stamps = 0
         self.lines = False
@@ -159,10 +180,10 @@ class HangScan:
         for m in _STAMPED.finditer(chunk):
             start = m.start()
             if start > pos:
-                f.pending.add(own)          # lines between that carry no stamp
+                f.pending[own] += chunk.count(b"\n", pos, start)    # lines between that carry no stamp
             pos = self._parse(f, chunk, start, own) + 1
         if pos < len(chunk):
-            f.pending.add(own)
+            f.pending[own] += chunk.count(b"\n", pos) or 1
 
     def _take_combined(self, f: _File, chunk: bytes) -> None:
         own, size = f.origin.instance, len(chunk)
@@ -174,7 +195,7 @@ class HangScan:
             if m.end(1) >= 0 or m.end(2) >= 0:
                 key = self._rank_key(f, m.group(1) if m.end(1) > m.end(2) else m.group(2))
             if m.start(3) < 0:
-                f.pending.add(key)          # no stamp can follow
+                f.pending[key] += 1         # no stamp can follow
             else:
                 self._parse(f, chunk, start, key)
 
@@ -182,9 +203,9 @@ class HangScan:
         """Parse the line at ``start`` as ``key``'s output; returns where the line ends."""
         end = chunk.find(b"\n", start)
         end = len(chunk) if end < 0 else end
-        stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year)
+        stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year, vllm=True)
         if stamp is None:
-            f.pending.add(key)
+            f.pending[key] += 1
         else:
             self._stamp(f, key, stamp)
         return end
@@ -268,13 +289,13 @@ class HangScan:
     def _stamp(self, f: _File, key: str, t: float) -> None:
         f.stamps += 1
         self.last = t if self.last is None else max(self.last, t)
-        for other in f.pending:                 # untimed lines since the last stamp: up to now
-            self._activity(other, t, bridge=True)
+        for other, lines in f.pending.items():  # untimed lines since the last stamp: up to now
+            self._activity(other, t, bridge=True, untimed=lines)
         f.pending.clear()
         self._activity(key, t, bridge=False)
 
-    def _activity(self, key: str, t: float, bridge: bool) -> None:
+    def _activity(self, key: str, t: float, bridge: bool, untimed: int = 0) -> None:
         act = self._acts.get(key)
         if act is None:
             act = self._acts[key] = _Activity(self._origins[key])
-        act.add(t, self.interval, bridge)
+        act.add(t, self.interval, bridge, untimed)

@@ -52,7 +52,12 @@ stop or the uneven data leaving the other ranks in a collective ("a break can ha
 but not on process 1. This will cause the code to hang"; "if a rank has fewer inputs, then the
 other ranks will hang"): :func:`left_before_hang`, ``collective.left_path`` as well. An epoch's
 end or main-process work is no such sign at a job hang (every rank ends its epochs; a hang in the
-main process's own work is no peer's leaving).
+main process's own work is no peer's leaving). Horovod's coordinator says it outright when its ranks
+diverge ("One or more tensors were submitted ... by subset of ranks and are waiting for remainder
+of ranks ... This may indicate that different ranks are trying to submit different tensors or
+that only subset of ranks is submitting tensors, which will cause deadlock", stall_inspector.cc):
+a job hang right after that warning is that deadlock (``lifecycle.stall.horovod``; while steps go
+on, the same warning is only a slow rank, horovod/horovod#403).
 """
 
 from __future__ import annotations
@@ -151,7 +156,8 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
 
 
 #: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
-HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted"})
+HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted",
+                             "lifecycle.stall.horovod"})
 
 
 def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:

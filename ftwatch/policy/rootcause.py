@@ -76,6 +76,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    aborting the faulty communicators "seems to be unreliable"; NVIDIA/JAX-Toolbox#194: "Only 2-3
    out of all the processes segfault with the above error, and the others abort"). A crash with
    no fallout before it on its instance stays the program's (user_code).
+12. An exit with status 124 is a timeout's stop (coreutils timeout(1), and the progress watchdogs
+   that copy it; ``ftwatch.policy.timedout``): read as a hang (restart_job) before the readings
+   above, no weak exit; an error logged before it still comes first.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -105,6 +108,7 @@ from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
@@ -292,7 +296,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         filed as fallout, and errors after training finished (``notices``).
     """
     done = finish(findings)
-    order = sorted(findings, key=lambda f: (f.time, f.seq))
+    order = sorted((timed_out(f) for f in findings), key=lambda f: (f.time, f.seq))   # 12: exit 124
     notices: list[Finding] = []
     if done is not None:
         notices = [f for f in order if _error(f) and _before(done, f)]

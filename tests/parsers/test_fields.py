@@ -277,3 +277,26 @@ def test_parse_timestamp_never_raises(text, year):
 )
 def test_level_of(line, level):
     assert level_of(line) == level
+
+
+# vLLM's logger (vllm/logger.py: "%(levelname)s %(asctime)s [...]", datefmt "%m-%d %H:%M:%S"),
+# behind vLLM v1's "(APIServer pid=611) " process prefix or bare
+@pytest.mark.parametrize("line, expected", [
+    ("INFO 11-13 09:15:02 [loggers.py:118] Engine 000: Avg prompt throughput: 51.2 tokens/s",
+     datetime(2026, 11, 13, 9, 15, 2, tzinfo=timezone.utc).timestamp()),
+    ("(APIServer pid=611) WARNING 05-14 13:47:02 [api_server.py:1940] Received SIGTERM",
+     datetime(2026, 5, 14, 13, 47, 2, tzinfo=timezone.utc).timestamp()),
+])
+def test_vllm_stamps_read_only_when_asked(line, expected):
+    assert parse_timestamp(line, 2026, vllm=True) == expected
+    assert parse_timestamp(line, 2026) is None       # the engine's line clock keeps them untimed
+    assert parse_timestamp(line, None, vllm=True) is None     # no year, like glog
+
+
+@pytest.mark.parametrize("line", [
+    "INFO 13-45 09:15:02 [x.py:1] no such date",
+    "INFO 11-13 09:15:02-07 not this form",
+    "INFO:     10.8.1.5:51022 - \"POST /v1/completions HTTP/1.1\" 200 OK",
+])
+def test_vllm_stamp_counterexamples(line):
+    assert parse_timestamp(line, 2026, vllm=True) is None

@@ -223,3 +223,98 @@ def test_a_signal_during_active_progress_stays_the_root_cause(run, tmp_path):
 
 
 RANKS3 = (0, 1, 2)
+
+
+def vllm_line(at: datetime, msg: str) -> str:
+    """vLLM's own logger form (vllm/logger.py: level, then %m-%d %H:%M:%S), behind v1's process prefix."""
+    return f"(APIServer pid=611) INFO {at:%m-%d %H:%M:%S} [loggers.py:118] {msg}"
+
+
+def serving(until: datetime) -> list[str]:
+    """A vLLM server's stats line every 10 s from T0 to ``until``; the access lines are untimed."""
+    out, at = ["INFO:     Application startup complete."], T0
+    while at <= until:
+        out += [vllm_line(at, "Engine 000: Avg generation throughput: 1305.4 tokens/s, Running: 45 reqs"),
+                'INFO:     10.40.2.17:40551 - "POST /v1/chat/completions HTTP/1.1" 200 OK']
+        at += timedelta(seconds=10)
+    return out
+
+
+def test_a_vllm_server_silent_for_hours_before_its_shutdown_is_a_hang(run, tmp_path):
+    """The stats lines stop at 09:05 (the last one followed by nothing) and the shutdown comes the next
+    day: vLLM's own stamps date that silence (they were untimed before, so no hang was looked for)."""
+    stop = T0 + timedelta(minutes=5)
+    lines = serving(stop)[:-1] + [vllm_line(T0 + timedelta(hours=23), "Shutting down FastAPI HTTP server.")]
+
+    result = run([write(tmp_path / "server.log", lines)], **HANG_ON)
+
+    rc = result.decision.root_cause
+    assert (rc.rule_id, rc.failure_class, result.decision.action) == ("hang.job", FailureClass.HANG, Action.RESTART_JOB)
+    assert rc.time == pytest.approx(utc(stop) + 1800)
+    assert result.notes == []
+
+
+def test_a_vllm_server_idle_under_the_interval_is_no_hang(run, tmp_path):
+    """Counterexample: 20 minutes without a stats line (no requests) under the 30-minute interval."""
+    lines = serving(T0 + timedelta(minutes=5))[:-1] + [vllm_line(T0 + timedelta(minutes=25), "Shutting down FastAPI HTTP server.")]
+
+    result = run([write(tmp_path / "server.log", lines)], **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE
+
+
+def nvidia_smi(at: datetime) -> list[str]:
+    """nvidia-smi's table, headed by C's ctime() date as the tool prints it."""
+    return [f"{at:%a %b %d %H:%M:%S %Y}       ",
+            "+-----------------------------------------------------------------------------+",
+            "|   0  Tesla V100-SXM2...  On   | 00000000:1A:00.0 Off |                    0 |",
+            "| N/A   44C    P0    72W / 300W |  21840MiB / 32510MiB |    100%      Default |"]
+
+
+def test_a_ctime_dated_snapshot_hours_after_the_last_step_dates_the_silence(run, tmp_path):
+    """Training lines stop at 09:05; an nvidia-smi snapshot five hours later opens with its ctime date
+    (a bare weekday, once not read as a stamp, so the untimed table bridged the silence to the end)."""
+    stop = T0 + timedelta(minutes=5)
+    lines = [l.removeprefix("[default0]:") for l in training(iso_line, {0: stop})] + nvidia_smi(T0 + timedelta(hours=5))
+
+    rc = run([write(tmp_path / "train.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(stop) + 1800)
+
+
+def test_a_ctime_snapshot_during_training_is_no_hang(run, tmp_path):
+    """Counterexample: the same snapshot taken while the steps still come, at the end of the input."""
+    stop = T0 + timedelta(minutes=5)
+    lines = [l.removeprefix("[default0]:") for l in training(iso_line, {0: stop})] + nvidia_smi(stop)
+
+    result = run([write(tmp_path / "train.log", lines)], **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE
+
+
+def test_a_few_untimed_lines_cannot_fill_hours_of_silence(run, tmp_path):
+    """The last stats line at 09:05 is followed by one untimed access line, then the SIGTERM line two
+    hours later: one line cuts 2 h into two gaps, one of them at least an hour, so a 30-minute
+    silence happened wherever the line lies (it was bridged to the SIGTERM before)."""
+    stop = T0 + timedelta(minutes=5)
+    lines = serving(stop) + [vllm_line(T0 + timedelta(hours=2, minutes=5), "Received SIGTERM, shutting down")]
+
+    rc = run([write(tmp_path / "decode.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(stop) + 1800)
+
+
+def test_untimed_lines_enough_to_fill_the_span_are_still_bridged(run, tmp_path):
+    """Counterexample: four untimed lines in 2 h leave gaps that may all be under 30 minutes."""
+    stop = T0 + timedelta(minutes=5)
+    lines = (serving(stop) + ['INFO:     10.40.2.17:40552 - "GET /health HTTP/1.1" 200 OK'] * 3
+             + [vllm_line(T0 + timedelta(hours=2), "Shutting down FastAPI HTTP server.")])
+
+    result = run([write(tmp_path / "decode.log", lines)], **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE

@@ -146,3 +146,24 @@ def test_a_job_hang_after_an_epoch_end_keeps_the_hang_reading():
     """Every rank ends its epochs: an epoch's end is no sign that some ranks left."""
     rc = analyse(logged(None, 0.0, "epoch 3 done") + [job_hang(1800.0)], world=1).root_cause
     assert rc is not None and rc.rule_id == "hang.job"
+
+
+HOROVOD_STALL = ("[1,0]<stderr>:W horovod/common/stall_inspector.cc:107] One or more "
+                 "tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting "
+                 "for remainder of ranks for more than 60 seconds. This may indicate that different ranks are trying "
+                 "to submit different tensors or that only subset of ranks is submitting tensors, which will cause deadlock.")
+
+
+def test_a_job_hang_right_after_horovods_stall_warning_is_the_ranks_diverging():
+    """stall_inspector.cc: different ranks submit different tensors, "which will cause deadlock"."""
+    found = logged(None, 0.0, HOROVOD_STALL, "Missing ranks:", "2: [HorovodAllreduce_grad_0]")
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["phase"] == "lifecycle.stall.horovod"
+
+
+def test_horovods_stall_warning_long_before_a_job_hang_keeps_the_hang_reading():
+    """Counterexample: training went on after the warning (a slow rank, horovod#403); the hang came later."""
+    found = logged(None, 0.0, HOROVOD_STALL)
+    rc = analyse(found + [job_hang(7200.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
