@@ -1,10 +1,12 @@
-"""A GPU missing from its node is a node fault in every tool's words (issue 12, round 6).
+"""A GPU missing from its node, or a node cut off from its network, is a node fault in every tool's words
+(issue 12, round 6).
 
 The driver that cannot initialise a GPU (``RmInitAdapter failed``, with or without the bus id
 older drivers leave out, and the OS layer's ``rm_init_adapter failed for device bearing minor
 number N``), Slurm's registration check (``gres/gpu count reported lower than configured (k < n)``
 with k > 0: some GPUs seen, some gone; 0 is how a slurmd without NVML or gres.conf registers) and
-lspci's ``(rev ff)`` (config space reads all ones: the card is off the bus) all isolate the node.
+lspci's ``(rev ff)`` (config space reads all ones: the card is off the bus) all isolate the node;
+so does a bond with no active member left (one member down is a degraded bond: notify).
 Sources in ``ftwatch/rules/packs/kernel_vocab.tsv``.
 """
 
@@ -55,3 +57,11 @@ def test_a_missing_gpu_isolates_the_node(line, rule_id):
 ])
 def test_lines_that_name_no_lost_gpu_are_no_node_fault(line):
     assert [f for f in _findings(line) if f.action == Action.ISOLATE_NODE] == []
+
+
+def test_a_bond_with_no_active_member_isolates_the_node_and_one_member_down_does_not():
+    [finding] = _findings("[Thu Jun 13 10:41:28 2026] bond1: now running without any active interface!")
+    assert (finding.rule_id, finding.action) == ("bonding.no_active_interface", Action.ISOLATE_NODE)
+    for line in ("[Thu Jun 13 10:41:27 2026] bond1: (slave ens2f1np1): link status definitely down, disabling slave",
+                 "[Thu Jun 13 10:41:27 2026] mlx5_core 0000:3b:00.1 ens2f1np1: Link down"):
+        assert [f for f in _findings(line) if f.action == Action.ISOLATE_NODE] == []
