@@ -68,7 +68,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
                       "interface, c10d lookup/connect notices, DNS, HDF5/netCDF files, Kubernetes images, "
                       "ConfigMaps/Secrets and mounts, the NVIDIA container toolkit, Slurm request and controller "
                       "errors, container start-up errors, ld.so's missing shared library, graded"),
-    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM (and pynvml's GPU-state exceptions), mlx5 port and health, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
+    "kernel_vocab.tsv": ("kernel_vocab.yaml", "kernel and driver lines: NVSwitch SXid, Xid 154, NVML/NVRM (and pynvml's GPU-state exceptions), GPUs missing from their node (Slurm's GRES count below the configured one, lspci's rev ff), mlx5 port and health, a bond with no active member, EDAC, MCE, PCIe AER, GHES, NFS/Lustre, OOM killer and reaper, graded"),
     "kill_vocab.tsv": ("kill_vocab.yaml", "who killed a process: shells' and Python's reports of a SIGKILL, "
                        "the memory enforcers that kill (Slurm's jobacct_gather, systemd-oomd, the kubelet's "
                        "SystemOOM event, Ray's memory monitor), and allocation failures that end a process "

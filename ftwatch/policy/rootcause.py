@@ -43,7 +43,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
    followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
-   CANN error code (0000-8999: an internal 9999 code such as ``EE9999: Inner Error!`` says no more) is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
+   CANN error code (0000-8999: an internal 9999 code such as ``EE9999: Inner Error!`` says no more),
+   or by the AI Core's ``errorStr`` that spells out an ``EZ9999`` record (``SPELLED_OUT_RULES``), is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
 8. When every rank that reports an error only waited for its peers until a timeout (a barrier, a
    collective, the store read of a barrier) while another rank, with no error of its own, was
@@ -131,6 +132,12 @@ CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_erro
 WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
 WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
 WRAPPED_WINDOW = 2.0
+#: Rules on lines that carry no CANN code of their own but spell out the internal error record
+#: (``EZ9999``) printed after a return code: the AI Core's ``errorStr`` (the "extend info" line of
+#: device_error_core_proc.cc) names what the faulting kernel did, so it is the specific reading too.
+SPELLED_OUT_RULES = frozenset({"cann.aicore_errorstr_out_of_bounds"})
+#: CANN's internal error records (code 9999) that lie between a return code and its ``errorStr``.
+INTERNAL_RECORD_RULES = frozenset({"cann.ez9999_kernel_error", "cann.ee9999_runtime_internal_error"})
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
@@ -260,11 +267,24 @@ def wrapped_code(f: Finding) -> bool:
 def _spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
     """Says whether the return-code line ``f`` is followed, on its instance and within
     ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
-    message."""
-    return wrapped_code(f) and any(
+    message; or whether ``f`` (a return-code line or an internal ``EZ9999`` / ``EE9999`` record) is
+    followed by an AI Core ``errorStr`` with only internal records between them."""
+    internal = f.rule_id in INTERNAL_RECORD_RULES
+    return (wrapped_code(f) or internal) and any(
         not wrapped_code(e) and e.kind not in _NOT_LOGGED and e.origin.instance == f.origin.instance
-        and _before(f, e) and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line)
+        and _before(f, e)
+        and ((not internal and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line))
+             or (e.rule_id in SPELLED_OUT_RULES and _same_record(f, e, errors)))
         for e in errors)
+
+
+def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
+    """Says whether only CANN's internal error records (``INTERNAL_RECORD_RULES``: ``EZ9999`` /
+    ``EE9999``) of the instance lie between the return-code line ``f`` and ``e``: ``e`` ends the
+    message ``f`` began, whatever the clock says (the return-code line often has no timestamp of
+    its own and carries an earlier line's)."""
+    return all(g.rule_id in INTERNAL_RECORD_RULES for g in errors
+               if g.origin.instance == f.origin.instance and _before(f, g) and _before(g, e))
 
 
 def sigkill_report(f: Finding) -> bool:

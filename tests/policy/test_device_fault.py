@@ -207,3 +207,24 @@ def test_one_process_or_other_gpus_or_other_xids_are_no_repeat(tmp_path: Path):
     for found in (one, two_gpus, xid43):
         assert analyse(found).root_cause.failure_class is FailureClass.USER_CODE
         assert decide(found, tmp_path).action is Action.FAIL_JOB
+
+
+# --- a node's own reports that an accelerator is missing or faulty (issue 12, round 6) ---------------
+
+NPU_507015 = ("[rank5]:RuntimeError: npuSynchronizeDevice:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:467 "
+              "NPU function error: AclrtSynchronizeDeviceWithTimeout, error code is 507015")
+
+
+def test_a_node_diagnosis_or_a_missing_gpu_explains_the_device_error_on_that_node():
+    """Ascend DMI's EMERGENCY_WARN (the processor is faulty: replace it), lspci's rev ff and Slurm's
+    GPU count below the configured one are the node's word on its accelerator: the runtime error
+    of a rank on that node is how the fault reached it."""
+    for report in ("        EMERGENCY_WARN",
+                   "1c:00.0 VGA compatible controller: NVIDIA Corporation TU102GL [Quadro RTX 6000/8000] (rev ff)",
+                   "gres/gpu count reported lower than configured (7 < 8)  slurm  2023-05-04T09:12:32 node-0"):
+        an = analyse(logged(5, 10.0, NPU_507015) + host(600.0, report))
+        assert an.root_cause.failure_class is FailureClass.HARDWARE_NODE, report
+        assert an.root_cause.action is Action.ISOLATE_NODE, report
+        # on another node it explains nothing
+        other = analyse(logged(5, 10.0, NPU_507015) + host(600.0, report, node="node-9"))
+        assert other.root_cause.rule_id == "torch_npu.synchronize_failed", report

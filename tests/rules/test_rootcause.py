@@ -205,6 +205,27 @@ def test_a_cann_internal_error_code_does_not_spell_a_return_code_out():
     assert analyse([specific, code]).root_cause == specific
 
 
+def test_the_ai_core_errorstr_after_the_internal_record_spells_a_return_code_out():
+    """The AI Core's errorStr ("The DDR address of the MTE instruction is out of range") ends the
+    EZ9999 record torch_npu prints after the return code: the specific reading, however late the
+    clock puts it (the return-code line carries an earlier line's timestamp)."""
+    code = log("torch_npu.synchronize_failed", RI, 0, 10.0)
+    wrapper = log("torch_npu.err_api_call_failed", FALL, 0, 17.0)
+    inner = [replace(log("cann.ez9999_kernel_error", UC, 0, t, action=Action.RESTART_IN_PLACE), line=text)
+             for t, text in ((17.1, "EZ9999: Inner Error!"),
+                             (17.3, "EZ9999: [PID: 6] ... there is an exception of fftsplus aivector error"))]
+    why = replace(log("cann.aicore_errorstr_out_of_bounds", UC, 0, 17.4, action=Action.FAIL_JOB),
+                  line="The extend info: errcode:(0x800000, 0, 0) errorStr: The DDR address of the MTE "
+                       "instruction is out of range.")
+    assert analyse([code, wrapper, *inner, why]).root_cause == why
+    # another real error of the instance between them: the errorStr is no longer the same message
+    between = log("python.key_error", UC, 0, 17.2, action=Action.FAIL_JOB)
+    assert analyse([code, wrapper, inner[0], between, why]).root_cause == code
+    # another instance's errorStr spells nothing out for this one
+    elsewhere = replace(why, origin=origin(1))
+    assert analyse([code, wrapper, *inner, elsewhere]).root_cause == code
+
+
 def test_only_return_code_rules_yield_to_what_follows():
     keyerror = log("python.key_error", UC, 1, 10.0, action=Action.FAIL_JOB)
     later = replace(log("hccp.ej0001_init_failed", RI, 1, 10.5), line="EJ0001: Failed to initialize the HCCP process.")
