@@ -1,0 +1,68 @@
+"""Transient infrastructure that a job's log reports in other software's words (issue 12, round 6):
+the exception catalog's name lookup across packages, InfiniBand transport-retry errors in each
+library's framing, a cloud's spot-reclaim notice and a failed Slurm prolog."""
+
+from __future__ import annotations
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.exceptions import ExceptionCatalog
+from ftwatch.rules.loader import load_rules
+
+ENGINE = Engine(load_rules())
+CATALOG = ExceptionCatalog.load()
+
+
+def feed(lines: list[str]):
+    return ENGINE.feed(Origin("launcher"), "".join(f"{x}\n" for x in lines).encode(), 1000.0, final=True)
+
+
+def test_a_qualified_class_never_takes_another_packages_row_of_the_same_name():
+    tf = CATALOG.lookup("tensorflow.python.framework.errors_impl.CancelledError")
+    assert tf is not None and tf.name.startswith("tensorflow.")
+    assert CATALOG.lookup("asyncio.exceptions.CancelledError").name == "asyncio.exceptions.CancelledError"
+    assert CATALOG.lookup("concurrent.futures._base.CancelledError").name == "concurrent.futures._base.CancelledError"
+    assert CATALOG.lookup("mylib.jobs.CancelledError") is None      # a third package's class: unknown
+
+
+def test_a_qualified_class_still_finds_its_own_packages_row_and_the_builtins():
+    assert CATALOG.lookup("torch.cuda.memory.OutOfMemoryError").name.startswith("torch.")
+    assert CATALOG.lookup("ray.exceptions.OutOfMemoryError").name == "ray.exceptions.OutOfMemoryError"
+    assert CATALOG.lookup("mylib.errors.TimeoutError").name == "TimeoutError"     # a builtin row, as before
+    assert CATALOG.lookup("OutOfMemoryError") is not None                          # a bare name: the first row
+
+
+def test_an_asyncio_cancellation_is_fallout_not_a_tensorflow_op_error():
+    found = feed(["Traceback (most recent call last):", '  File "/srv/app.py", line 3, in gen',
+                  "    out = await q.get()", "asyncio.exceptions.CancelledError"])
+    assert [(f.rule_id, f.failure_class) for f in found] == [
+        ("python.exception.asyncio.exceptions.CancelledError", FailureClass.FALLOUT)]
+
+
+def grades(line: str):
+    return {(f.rule_id, f.failure_class, f.action) for f in feed([line])}
+
+
+def test_transport_retry_exceeded_is_transient_in_every_librarys_framing():
+    lines = {
+        "rdma.ucx_transport_retry_exceeded":
+            "[1687791212.418834] [n17:38821:0]  ib_mlx5_log.c:174  Transport retry count exceeded on mlx5_0:1/IB "
+            "(synd 0x15 vend 0x81 hw_synd 0/0)",
+        "rdma.verbs_transport_retry_counter_exceeded":
+            'poll_cq: completion error: status "transport retry counter exceeded" (12) for wr_id 7',
+        "rdma.openmpi_openib_retry_exceeded":
+            "[[1,1],7][btl_openib_component.c:3496:handle_wc] from a to: b error polling LP CQ with status "
+            "RETRY EXCEEDED ERROR status number 12 for wr_id 29 opcode 1  vendor error 129 qp_idx 1",
+    }
+    for rule, line in lines.items():
+        assert (rule, FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(line), rule
+    assert not any(f.rule_id.startswith("rdma.") for f in feed(
+        ['poll_cq: completion error: status "RNR retry counter exceeded" (13) for wr_id 7']))
+
+
+def test_a_spot_reclaim_notice_and_a_failed_prolog_are_the_sites_not_the_jobs():
+    assert ("cloud.spot_termination_notice", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(
+        "2026/12/17 15:09:41 GCP Metadata Service says termination is imminent")
+    assert ("slurm.prolog_failure", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(
+        "salloc: Prolog failure on node t004-002")
+    assert not grades("salloc: Granted job allocation 235871")
