@@ -66,3 +66,29 @@ def test_a_spot_reclaim_notice_and_a_failed_prolog_are_the_sites_not_the_jobs():
     assert ("slurm.prolog_failure", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(
         "salloc: Prolog failure on node t004-002")
     assert not grades("salloc: Granted job allocation 235871")
+
+
+RAY = ["Traceback (most recent call last):",
+       "ray.exceptions.RayTaskError(OSError): ray::ReadImage->Map(f)() (pid=257344, ip=10.0.34.58)",
+       "    for b_out in map_transformer.apply_transform(iter(blocks), ctx):",
+       '  File "/srv/ray/data/datasource/file_based_datasource.py", line 223, in read_files',
+       "    with _open_file_with_retry(",
+       '  File "pyarrow/error.pxi", line 115, in pyarrow.lib.check_status',
+       "OSError: AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 28, Timeout was reached",
+       "(RayTrainWorker pid=257190, ip=10.0.34.58) Exception in the training loop, the workers will be shut down."]
+
+
+def test_a_ray_task_errors_remote_traceback_belongs_to_its_traceback():
+    from ftwatch.parsers.multiline import block_end
+    assert block_end(RAY, 0) == 6
+    assert block_end(RAY[:2], 0) is None          # the header is never the last line: wait for its frames
+    assert block_end(RAY[:3], 0) is None
+    plain = ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', "ValueError: x",
+             "    indented text of the next log record"]
+    assert block_end(plain, 0) == 2               # an ordinary exception line still ends its traceback
+
+
+def test_the_wrapped_s3_error_decides_not_the_catch_all():
+    found = feed(RAY)
+    assert [(f.rule_id, f.failure_class) for f in found if f.failure_class is not FailureClass.INFO][:1] == [
+        ("s3.arrow_retryable_error", FailureClass.RETRYABLE_INFRA)]
