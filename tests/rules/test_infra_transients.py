@@ -92,3 +92,11 @@ def test_the_wrapped_s3_error_decides_not_the_catch_all():
     found = feed(RAY)
     assert [(f.rule_id, f.failure_class) for f in found if f.failure_class is not FailureClass.INFO][:1] == [
         ("s3.arrow_retryable_error", FailureClass.RETRYABLE_INFRA)]
+
+
+def test_python_etcd_errors_the_rendezvous_store_of_that_moment_and_its_expired_keys():
+    refused = CATALOG.grade("etcd.EtcdConnectionFailed: Connection to etcd failed due to "
+                            "ReadTimeoutError(\"HTTPConnectionPool(host='etcd', port=2379): Read timed out.\")")
+    assert (refused.failure_class, refused.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+    expired = CATALOG.grade("etcd.EtcdKeyNotFound: Key not found : /torch/elastic/rendezvous/job/rdzv/active_version")
+    assert expired.failure_class is FailureClass.FALLOUT
