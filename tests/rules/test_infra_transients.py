@@ -100,3 +100,24 @@ def test_python_etcd_errors_the_rendezvous_store_of_that_moment_and_its_expired_
     assert (refused.failure_class, refused.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
     expired = CATALOG.grade("etcd.EtcdKeyNotFound: Key not found : /torch/elastic/rendezvous/job/rdzv/active_version")
     assert expired.failure_class is FailureClass.FALLOUT
+
+
+def test_a_pod_exit_reported_by_an_event_stream_is_explained_by_the_pods_own_log():
+    from ftwatch.policy.rootcause import analyse
+    job = "k8s"
+    events = Origin("events", None, job, "replay", "events.txt", "replay")
+    pod = Origin("rank1", 1, job, "replay", "worker-1.log", "replay")
+    report = ENGINE.feed(events, b"33s  Warning  ExitedWithCode  pytorchjob/r50  "
+                                 b"Pod: train.r50-worker-0 exited with code 1\n", 1000.0, final=True)
+    cause = ENGINE.feed(pod, b"ValueError: host not found: Name or service not known\n", 1001.0, final=True)
+    assert [f.rule_id for f in report] == ["container.exit_code"]
+    assert analyse(report + cause).root_cause.rule_id == "c10d.host_lookup_failed"
+    # with nothing logged anywhere else the reported exit stays the root cause
+    assert analyse(report).root_cause.rule_id == "container.exit_code"
+    assert analyse(report + ENGINE.feed(pod, b"ValueError: bad shape\n", 1001.0, final=True)).root_cause.rule_id \
+        == "python.value_error"
+
+
+def test_an_older_torchs_failed_store_host_lookup_is_transient():
+    assert ("c10d.host_lookup_failed", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(
+        "ValueError: host not found: Name or service not known")
