@@ -121,3 +121,10 @@ def test_a_pod_exit_reported_by_an_event_stream_is_explained_by_the_pods_own_log
 def test_an_older_torchs_failed_store_host_lookup_is_transient():
     assert ("c10d.host_lookup_failed", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(
         "ValueError: host not found: Name or service not known")
+
+
+def test_slurmds_own_spooled_script_missing_is_the_nodes_but_a_users_program_missing_is_not():
+    assert ("slurm.spooled_batch_script_missing", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB) in grades(
+        "slurmstepd: error: execve(): /var/spool/slurmd/job10231/slurm_script: No such file or directory")
+    user = grades("slurmstepd: error: execve(): ./train.sh: No such file or directory")
+    assert user and all(rule != "slurm.spooled_batch_script_missing" for rule, _, _ in user)
