@@ -128,3 +128,11 @@ def test_slurmds_own_spooled_script_missing_is_the_nodes_but_a_users_program_mis
         "slurmstepd: error: execve(): /var/spool/slurmd/job10231/slurm_script: No such file or directory")
     user = grades("slurmstepd: error: execve(): ./train.sh: No such file or directory")
     assert user and all(rule != "slurm.spooled_batch_script_missing" for rule, _, _ in user)
+
+
+def test_vllms_startup_memory_guard_is_the_device_out_of_memory():
+    for line in ["ValueError: Free memory on device (17.12/60.96 GiB) on startup is less than desired GPU memory "
+                 "utilization (0.9, 54.86 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+                 "ValueError: Free memory on device cuda:0 (12.18/23.56 GiB) on startup is less than desired GPU memory "
+                 "utilization (0.92, 21.67 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."]:
+        assert ("vllm.free_memory_below_utilization", FailureClass.OOM, Action.FAIL_JOB) in grades(line)
