@@ -136,3 +136,26 @@ def test_vllms_startup_memory_guard_is_the_device_out_of_memory():
                  "ValueError: Free memory on device cuda:0 (12.18/23.56 GiB) on startup is less than desired GPU memory "
                  "utilization (0.92, 21.67 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."]:
         assert ("vllm.free_memory_below_utilization", FailureClass.OOM, Action.FAIL_JOB) in grades(line)
+
+
+NCCL_ERR = ["Traceback (most recent call last):", '  File "/srv/app/train.py", line 140, in <module>',
+            "    dist.barrier()",
+            "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"
+            ":3356, internal error - please report this issue to the NCCL developers, NCCL version 2.21.5",
+            "ncclInternalError: Internal check failed.", "Last error:",
+            "ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor AF_INET6(10)",
+            "W0412 06:41:09.332000 3017 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 3102"]
+
+
+def test_torchs_nccl_error_detail_and_last_error_belong_to_its_traceback():
+    from ftwatch.parsers.multiline import block_end
+    assert block_end(NCCL_ERR, 0) == 6
+    for cut in (4, 5, 6):                        # the lines run out inside the detail: not complete yet
+        assert block_end(NCCL_ERR[:cut], 0) is None
+    plain = NCCL_ERR[:3] + ["RuntimeError: boom", "ncclInternalError: not torch's detail"]
+    assert block_end(plain, 0) == 3
+
+
+def test_nccls_last_error_names_the_configuration_behind_an_internal_error():
+    found = [f for f in feed(NCCL_ERR) if f.failure_class is not FailureClass.INFO]
+    assert [(f.rule_id, f.failure_class) for f in found][:1] == [("nccl.socket_address_not_ip", FailureClass.USER_CODE)]
