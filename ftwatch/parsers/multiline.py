@@ -72,12 +72,6 @@ def is_python_start(line: str) -> bool:
 _REMOTE_TRACEBACK_HEADER = re.compile(r"RayTaskError(\(\w+\))?: ray::\S+ \(pid=\d+")
 
 
-# the line torch's NCCL error message continues with (torch/csrc/distributed/c10d/NCCLUtils.cpp,
-# getNcclErrorDetailStr: the ncclResult_t's name and meaning, then "\nLast error:\n" and
-# ncclGetLastError(), the text of NCCL's last WARN)
-_NCCL_DETAIL = re.compile(r"nccl[A-Z]\w*(Error|Usage|Progress|Timeout)?: ")
-
-
 def _indented(line: str) -> bool:
     """Says whether a line belongs to a traceback's frames (starts with a space or a tab)."""
     return line[:1] in (" ", "\t")
@@ -120,20 +114,7 @@ def _python_end(lines: Sequence[str], start: int) -> int | None:
             i = exc + 1
             continue
         if exc + 1 >= n:
-            # torch's NCCL error goes on with its detail lines: wait for them
-            return None if "NCCL error in: " in lines[exc] else exc
-        if "NCCL error in: " in lines[exc] and _NCCL_DETAIL.match(lines[exc + 1]):
-            # torch's NCCL error message goes on unindented: "<ncclResult>: <meaning>", then
-            # "Last error:" and NCCL's last WARN text, the cause (NCCLUtils.cpp getNcclErrorDetailStr)
-            exc += 1
-            if exc + 1 >= n:
-                return None
-            if lines[exc + 1].strip() == "Last error:":
-                if exc + 2 >= n:
-                    return None
-                exc += 2
-            if exc + 1 >= n:
-                return exc
+            return exc
         if lines[exc + 1].strip():
             return exc
         if exc + 2 >= n:

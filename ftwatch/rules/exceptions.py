@@ -141,27 +141,8 @@ class ExceptionCatalog:
         return cls(rows)
 
     def lookup(self, name: str) -> ExceptionGrade | None:
-        """The row of a class by its printed name (qualified or not), or None.
-
-        A name printed without its module (``OutOfMemoryError``) takes the first row of that class
-        name. A qualified name that is not a row takes a row of the same class name only from its
-        own top-level package (``torch.cuda.memory.OutOfMemoryError`` -> a ``torch`` row) or a
-        builtin row (a package's ``TimeoutError`` read as the builtin's, as before): Python's
-        traceback prints every non-builtin class as ``module.qualname``, so
-        ``asyncio.exceptions.CancelledError`` is asyncio's class and never TensorFlow's
-        ``tensorflow.python.framework.errors_impl.CancelledError`` (a different error with another
-        meaning; https://docs.python.org/3/library/traceback.html, TracebackException.exc_type_str).
-        """
-        row = self._classes.get(name)
-        if row is not None:
-            return row
-        short = self._short.get(name.rsplit(".", 1)[-1])
-        if short is None or "." not in name:
-            return short
-        package, leaf = name.split(".", 1)[0], name.rsplit(".", 1)[-1]
-        same = [(full, grade) for full, grade in self._classes.items() if full.rsplit(".", 1)[-1] == leaf]
-        return next((grade for full, grade in same if full.split(".", 1)[0] == package),
-                    self._classes.get(leaf))
+        """The row of a class by its printed name (qualified or not), or None."""
+        return self._classes.get(name) or self._short.get(name.rsplit(".", 1)[-1])
 
     def grade(self, line: str) -> ExceptionGrade | None:
         """Grades one exception line (``ConnectionResetError: [Errno 104] ...``); None if unknown."""
