@@ -28,6 +28,7 @@ What is a block:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 __all__ = ["BLOCK_START_REGEXES", "PY_START", "block_end", "is_block_start", "is_python_start"]
@@ -62,6 +63,13 @@ def is_block_start(line: str) -> bool:
 def is_python_start(line: str) -> bool:
     """Says whether a cleaned line starts a Python traceback (not a C++ stack dump)."""
     return PY_START in line
+
+
+# Ray's RayTaskError prints the remote task's traceback in its message, its header in place of the
+# remote "Traceback (most recent call last):" (ray-project/ray python/ray/exceptions.py,
+# RayTaskError.__str__: "<proctitle>() (pid=N, ip=A)" after the class, then the frames and the
+# remote exception line)
+_REMOTE_TRACEBACK_HEADER = re.compile(r"RayTaskError(\(\w+\))?: ray::\S+ \(pid=\d+")
 
 
 def _indented(line: str) -> bool:
@@ -99,6 +107,12 @@ def _python_end(lines: Sequence[str], start: int) -> int | None:
                 exc += 1
             if exc + 1 >= n:
                 return None
+        if _REMOTE_TRACEBACK_HEADER.search(lines[exc]):
+            # a wrapper whose message carries the remote traceback: its frames and the remote
+            # exception line follow (CPython itself never prints frames right after an exception
+            # line), so the traceback goes on, and the exception line after them is its final one
+            i = exc + 1
+            continue
         if exc + 1 >= n:
             return exc
         if lines[exc + 1].strip():

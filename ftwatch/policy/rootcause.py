@@ -13,7 +13,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    stream (a replayed log without rank prefixes beside a torchelastic summary), all of them. A
    weak exit reported without a rank (a launcher's ``returned non-zero exit status 1``, srun's
    ``Exited with exit code 1`` over several tasks) is explained by the errors its stream's ranks
-   logged: they are the processes it ran. So a generic exit never outranks the error its rank
+   logged: they are the processes it ran; one from a stream that logged none (a Kubernetes event
+   ``Pod: ... exited with code 1``, ``kubectl describe``'s ``Exit Code: 1``: a report of pods whose
+   own logs are other streams) by the errors the job's other streams logged. So a generic exit never outranks the error its rank
    logged before it. A SIGABRT that nothing logged explains is fallout as well: abort(3) is how a
    process ends itself on a reason it prints first (PyTorch's NCCL watchdog after a collective
    timed out or a peer failed, TORCH_NCCL_ASYNC_ERROR_HANDLING's default tear-down; glibc's heap
@@ -338,7 +340,10 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             return own
         if f.origin.rank is None:           # a report with no rank (a launcher's "exit status 1"):
             where = (f.origin.job, f.origin.node, f.origin.stream)      # its stream's ranks are its workers
-            return [e for es in logged.values() for e in es if (e.origin.job, e.origin.node, e.origin.stream) == where]
+            same = [e for es in logged.values() for e in es if (e.origin.job, e.origin.node, e.origin.stream) == where]
+            # a report stream that logged nothing of its own (Kubernetes events, kubectl describe):
+            # the workers whose generic exit it reports logged elsewhere, and their errors say why
+            return same or [e for es in logged.values() for e in es if e.origin.job == f.origin.job]
         stream = f.origin.instance.rpartition("/")[0]       # "pod/rank3": a rank of stream "pod"
         if stream:
             return [e for e in logged.get(stream, ()) if e.origin.rank is None]
