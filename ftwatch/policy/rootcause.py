@@ -79,6 +79,14 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    aborting the faulty communicators "seems to be unreliable"; NVIDIA/JAX-Toolbox#194: "Only 2-3
    out of all the processes segfault with the above error, and the others abort"). A crash with
    no fallout before it on its instance stays the program's (user_code).
+13. An NCCL result code that PyTorch raised (``NCCL_RESULT_RULES``: ``internal error``, ``unhandled
+   system error`` ..., and its ``ncclInternalError: ...`` detail line) followed on its instance,
+   with nothing else of that instance between and within ``WRAPPED_WINDOW`` seconds, by a real
+   error that is no result code is explained by it: PyTorch's message goes on with
+   ``"\nLast error:\n" + ncclGetLastError()`` (pytorch torch/csrc/distributed/c10d/NCCLUtils.cpp
+   ``getNcclErrorDetailStr``), and NCCL keeps there the text of its last WARN (NVIDIA/nccl
+   src/debug.cc ``ncclDebugLogV``: ``vsnprintf(ncclLastError, ..., fmt, vargs)``), the cause it
+   named for the generic code, so that text is the specific reading (``last_error_named``).
 12. An exit with status 124 is a timeout's stop (coreutils timeout(1), and the progress watchdogs
    that copy it; ``ftwatch.policy.timedout``): read as a hang (restart_job) before the readings
    above, no weak exit; an error logged before it still comes first.
@@ -140,6 +148,13 @@ WRAPPED_WINDOW = 2.0
 SPELLED_OUT_RULES = frozenset({"cann.aicore_errorstr_out_of_bounds"})
 #: CANN's internal error records (code 9999) that lie between a return code and its ``errorStr``.
 INTERNAL_RECORD_RULES = frozenset({"cann.ez9999_kernel_error", "cann.ee9999_runtime_internal_error"})
+#: NCCL result codes as PyTorch raises them (rule 13): the generic grade of an NCCL failure whose
+#: ``Last error:`` text, printed next, names the specific cause; and the detail lines
+#: (``NCCL_RESULT_PREFIX``: ``ncclInternalError: Internal check failed.``) of the same message.
+NCCL_RESULT_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.unhandled_system_error", "nccl.internal_error",
+                               "nccl.invalid_argument", "nccl.invalid_usage", "nccl.remote_error",
+                               "nccl.internal_error_legacy"})
+NCCL_RESULT_PREFIX = "nccl.code."
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
@@ -289,6 +304,29 @@ def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
                if g.origin.instance == f.origin.instance and _before(f, g) and _before(g, e))
 
 
+def nccl_result(f: Finding) -> bool:
+    """Says whether ``f`` is an NCCL result code as PyTorch raises it, or its detail line (rule 13)."""
+    return f.kind == "keyword" and (f.rule_id in NCCL_RESULT_RULES or f.rule_id.startswith(NCCL_RESULT_PREFIX))
+
+
+def last_error_named(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
+    """Says whether the NCCL result code ``f`` is spelled out by NCCL's last-error text (rule 13):
+    the first finding of its instance after it that is no result code is one of ``errors`` (a real
+    error), printed within ``WRAPPED_WINDOW`` seconds.
+
+    Args:
+        f: a candidate root cause.
+        order: every finding of the incident, by (time, seq).
+        errors: the real errors (the candidates).
+    """
+    if not nccl_result(f):
+        return False
+    nxt = next((g for g in order if g.origin.instance == f.origin.instance and _before(f, g)
+                and not nccl_result(g)), None)
+    return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time <= WRAPPED_WINDOW
+            and any(nxt is e for e in errors))
+
+
 def sigkill_report(f: Finding) -> bool:
     """Says whether ``f`` reports a death by SIGKILL and nothing of why (rule 9)."""
     return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
@@ -364,7 +402,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         elif _error(f) and not why:
             candidates.append(f)
 
-    candidates = [c for c in candidates if not _spelled_out(c, candidates)]
+    candidates = [c for c in candidates if not _spelled_out(c, candidates)
+                  and not last_error_named(c, order, candidates)]     # 7, 13: the specific reading
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
         candidates = [c for c in candidates if not sigkill_report(c)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
