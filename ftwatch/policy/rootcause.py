@@ -79,17 +79,17 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    aborting the faulty communicators "seems to be unreliable"; NVIDIA/JAX-Toolbox#194: "Only 2-3
    out of all the processes segfault with the above error, and the others abort"). A crash with
    no fallout before it on its instance stays the program's (user_code).
-13. An NCCL result code that PyTorch raised (``NCCL_RESULT_RULES``: ``internal error``, ``unhandled
-   system error`` ..., and its ``ncclInternalError: ...`` detail line) followed on its instance,
-   with nothing else of that instance between and within ``WRAPPED_WINDOW`` seconds, by a real
-   error that is no result code is explained by it: PyTorch's message goes on with
-   ``"\nLast error:\n" + ncclGetLastError()`` (pytorch torch/csrc/distributed/c10d/NCCLUtils.cpp
-   ``getNcclErrorDetailStr``), and NCCL keeps there the text of its last WARN (NVIDIA/nccl
-   src/debug.cc ``ncclDebugLogV``: ``vsnprintf(ncclLastError, ..., fmt, vargs)``), the cause it
-   named for the generic code, so that text is the specific reading (``last_error_named``).
 12. An exit with status 124 is a timeout's stop (coreutils timeout(1), and the progress watchdogs
    that copy it; ``ftwatch.policy.timedout``): read as a hang (restart_job) before the readings
    above, no weak exit; an error logged before it still comes first.
+13. An NCCL result code that PyTorch raised (``NCCL_RESULT_RULES``: ``internal error``, ``unhandled
+   system error`` ..., and its ``ncclInternalError: ...`` detail line) followed on its instance,
+   with nothing else of that instance between and within ``WRAPPED_WINDOW`` seconds, by a real
+   error that is no result code, is explained by that error: PyTorch's message goes on with
+   ``"\\nLast error:\\n" + ncclGetLastError()`` (pytorch torch/csrc/distributed/c10d/NCCLUtils.cpp
+   ``getNcclErrorDetailStr``), and NCCL keeps there the text of its last WARN (NVIDIA/nccl
+   src/debug.cc ``ncclDebugLogV``: ``vsnprintf(ncclLastError, ..., fmt, vargs)``), the cause it
+   named for the generic code, so that text is the specific reading (``last_error_named``).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
