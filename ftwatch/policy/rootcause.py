@@ -84,7 +84,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    above, no weak exit; an error logged before it still comes first.
 13. An NCCL result code that PyTorch raised (``NCCL_RESULT_RULES``: ``internal error``, ``unhandled
    system error`` ..., and its ``ncclInternalError: ...`` detail line) followed on its instance,
-   with nothing else of that instance between and within ``WRAPPED_WINDOW`` seconds, by a real
+   with nothing else of that instance between and within ``LAST_ERROR_WINDOW`` seconds, by a real
    error that is no result code, is explained by that error: PyTorch's message goes on with
    ``"\\nLast error:\\n" + ncclGetLastError()`` (pytorch torch/csrc/distributed/c10d/NCCLUtils.cpp
    ``getNcclErrorDetailStr``), and NCCL keeps there the text of its last WARN (NVIDIA/nccl
@@ -155,6 +155,10 @@ NCCL_RESULT_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.unhandled_syst
                                "nccl.invalid_argument", "nccl.invalid_usage", "nccl.remote_error",
                                "nccl.internal_error_legacy"})
 NCCL_RESULT_PREFIX = "nccl.code."
+#: One exception message, written at once (the ``what()`` of PyTorch's DistBackendError holds the code,
+#: its detail and the last error), so its lines carry one time: a second covers a line read with the
+#: next chunk; a later error of the rank is its own.
+LAST_ERROR_WINDOW = 1.0
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
@@ -312,7 +316,7 @@ def nccl_result(f: Finding) -> bool:
 def last_error_named(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
     """Says whether the NCCL result code ``f`` is spelled out by NCCL's last-error text (rule 13):
     the first finding of its instance after it that is no result code is one of ``errors`` (a real
-    error), printed within ``WRAPPED_WINDOW`` seconds.
+    error), printed within ``LAST_ERROR_WINDOW`` seconds.
 
     Args:
         f: a candidate root cause.
@@ -323,7 +327,7 @@ def last_error_named(f: Finding, order: Sequence[Finding], errors: Sequence[Find
         return False
     nxt = next((g for g in order if g.origin.instance == f.origin.instance and _before(f, g)
                 and not nccl_result(g)), None)
-    return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time <= WRAPPED_WINDOW
+    return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time < LAST_ERROR_WINDOW
             and any(nxt is e for e in errors))
 
 
