@@ -82,14 +82,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 12. An exit with status 124 is a timeout's stop (coreutils timeout(1), and the progress watchdogs
    that copy it; ``ftwatch.policy.timedout``): read as a hang (restart_job) before the readings
    above, no weak exit; an error logged before it still comes first.
-13. An NCCL result code that PyTorch raised (``NCCL_RESULT_RULES``: ``internal error``, ``unhandled
-   system error`` ..., and its ``ncclInternalError: ...`` detail line) followed on its instance,
-   with nothing else of that instance between and within ``LAST_ERROR_WINDOW`` seconds, by a real
-   error that is no result code, is explained by that error: PyTorch's message goes on with
-   ``"\\nLast error:\\n" + ncclGetLastError()`` (pytorch torch/csrc/distributed/c10d/NCCLUtils.cpp
-   ``getNcclErrorDetailStr``), and NCCL keeps there the text of its last WARN (NVIDIA/nccl
-   src/debug.cc ``ncclDebugLogV``: ``vsnprintf(ncclLastError, ..., fmt, vargs)``), the cause it
-   named for the generic code, so that text is the specific reading (``last_error_named``).
+13. An NCCL result code PyTorch raised (``internal error``, ``unhandled system error`` ... and its
+   ``ncclInternalError: ...`` detail line) yields to the real error printed right after it on its
+   instance: NCCL's ``Last error:`` text, the cause NCCL named for the generic code
+   (``ftwatch.policy.lasterror``: torch's NCCLUtils ``getNcclErrorDetailStr``, NCCL's
+   ``ncclGetLastError``).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -117,6 +114,7 @@ from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
+from ftwatch.policy.lasterror import named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.timedout import timed_out
@@ -148,17 +146,6 @@ WRAPPED_WINDOW = 2.0
 SPELLED_OUT_RULES = frozenset({"cann.aicore_errorstr_out_of_bounds"})
 #: CANN's internal error records (code 9999) that lie between a return code and its ``errorStr``.
 INTERNAL_RECORD_RULES = frozenset({"cann.ez9999_kernel_error", "cann.ee9999_runtime_internal_error"})
-#: NCCL result codes as PyTorch raises them (rule 13): the generic grade of an NCCL failure whose
-#: ``Last error:`` text, printed next, names the specific cause; and the detail lines
-#: (``NCCL_RESULT_PREFIX``: ``ncclInternalError: Internal check failed.``) of the same message.
-NCCL_RESULT_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.unhandled_system_error", "nccl.internal_error",
-                               "nccl.invalid_argument", "nccl.invalid_usage", "nccl.remote_error",
-                               "nccl.internal_error_legacy"})
-NCCL_RESULT_PREFIX = "nccl.code."
-#: One exception message, written at once (the ``what()`` of PyTorch's DistBackendError holds the code,
-#: its detail and the last error), so its lines carry one time: a second covers a line read with the
-#: next chunk; a later error of the rank is its own.
-LAST_ERROR_WINDOW = 1.0
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
@@ -308,29 +295,6 @@ def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
                if g.origin.instance == f.origin.instance and _before(f, g) and _before(g, e))
 
 
-def nccl_result(f: Finding) -> bool:
-    """Says whether ``f`` is an NCCL result code as PyTorch raises it, or its detail line (rule 13)."""
-    return f.kind == "keyword" and (f.rule_id in NCCL_RESULT_RULES or f.rule_id.startswith(NCCL_RESULT_PREFIX))
-
-
-def last_error_named(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
-    """Says whether the NCCL result code ``f`` is spelled out by NCCL's last-error text (rule 13):
-    the first finding of its instance after it that is no result code is one of ``errors`` (a real
-    error), printed within ``LAST_ERROR_WINDOW`` seconds.
-
-    Args:
-        f: a candidate root cause.
-        order: every finding of the incident, by (time, seq).
-        errors: the real errors (the candidates).
-    """
-    if not nccl_result(f):
-        return False
-    nxt = next((g for g in order if g.origin.instance == f.origin.instance and _before(f, g)
-                and not nccl_result(g)), None)
-    return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time < LAST_ERROR_WINDOW
-            and any(nxt is e for e in errors))
-
-
 def sigkill_report(f: Finding) -> bool:
     """Says whether ``f`` reports a death by SIGKILL and nothing of why (rule 9)."""
     return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
@@ -407,7 +371,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             candidates.append(f)
 
     candidates = [c for c in candidates if not _spelled_out(c, candidates)
-                  and not last_error_named(c, order, candidates)]     # 7, 13: the specific reading
+                  and not named_by_last_error(c, order, candidates)]     # 7, 13: the specific reading
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
         candidates = [c for c in candidates if not sigkill_report(c)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]

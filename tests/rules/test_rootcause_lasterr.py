@@ -1,5 +1,5 @@
 """Root cause rule 13: NCCL's ``Last error:`` text, printed by PyTorch after the generic NCCL result
-code it raised, is the specific reading of that failure (``ftwatch.policy.rootcause.last_error_named``).
+code it raised, is the specific reading of that failure (``ftwatch.policy.lasterror``).
 
 The log lines here are built the way PyTorch prints them (torch/csrc/distributed/c10d/NCCLUtils.cpp
 ``getNcclErrorDetailStr``: the result code's interpretation, then ``"\\nLast error:\\n"`` and
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from ftwatch.events import Action, FailureClass, Origin
-from ftwatch.policy.rootcause import analyse, last_error_named, nccl_result
+from ftwatch.policy.lasterror import named_by_last_error, nccl_result
+from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 
@@ -97,7 +98,7 @@ def test_the_last_error_must_follow_on_the_same_instance():
     # rank 0 raised the code; the text NCCL names comes from rank 1, which raised nothing
     fs = findings(*raised(0, INTERNAL, None), "[rank1]: Bootstrap : no socket interface found")
     code = next(f for f in fs if f.rule_id == "nccl.internal_error")
-    assert not last_error_named(code, fs, fs)
+    assert not named_by_last_error(code, fs, fs)
     assert analyse(fs).root_cause is code
 
 
@@ -107,7 +108,7 @@ def test_another_finding_in_between_breaks_the_reading():
     fs = findings(*raised(0, INTERNAL, "Bootstrap : no socket interface found", between=between))
     code = next(f for f in fs if f.rule_id == "nccl.internal_error")
     assert [f.rule_id for f in fs][-2:] == ["torch_elastic.survivor_sigterm", "nccl.bootstrap_no_interface"]
-    assert not last_error_named(code, fs, [f for f in fs if f.failure_class is not FailureClass.FALLOUT])
+    assert not named_by_last_error(code, fs, [f for f in fs if f.failure_class is not FailureClass.FALLOUT])
     assert analyse(fs).root_cause is code
 
 
@@ -122,4 +123,4 @@ def test_only_result_codes_and_their_detail_lines_yield():
     boot = findings("Bootstrap : no socket interface found")[0]
     assert not nccl_result(boot)
     later = findings("Bootstrap : no socket interface found", "Invalid NCCL_COMM_ID [x:1]")
-    assert not last_error_named(later[0], later, later)
+    assert not named_by_last_error(later[0], later, later)
