@@ -82,6 +82,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 12. An exit with status 124 is a timeout's stop (coreutils timeout(1), and the progress watchdogs
    that copy it; ``ftwatch.policy.timedout``): read as a hang (restart_job) before the readings
    above, no weak exit; an error logged before it still comes first.
+13. An NCCL result code PyTorch raised (``internal error``, ``unhandled system error`` ... and its
+   ``ncclInternalError: ...`` detail line) yields to the real error printed right after it on its
+   instance: NCCL's ``Last error:`` text, the cause NCCL named for the generic code
+   (``ftwatch.policy.lasterror``: torch's NCCLUtils ``getNcclErrorDetailStr``, NCCL's
+   ``ncclGetLastError``).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -109,6 +114,7 @@ from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
+from ftwatch.policy.lasterror import named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.timedout import timed_out
@@ -364,7 +370,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         elif _error(f) and not why:
             candidates.append(f)
 
-    candidates = [c for c in candidates if not _spelled_out(c, candidates)]
+    candidates = [c for c in candidates if not _spelled_out(c, candidates)
+                  and not named_by_last_error(c, order, candidates)]     # 7, 13: the specific reading
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
         candidates = [c for c in candidates if not sigkill_report(c)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]

@@ -1,0 +1,67 @@
+"""NCCL's last error spells out the result code PyTorch raised (SPEC R7 rule 13, issue 12).
+
+PyTorch raises a failed NCCL call as a ``DistBackendError`` that names only NCCL's generic result
+code: ``NCCL error in: .../ProcessGroupNCCL.cpp:N, internal error - please report this issue to the
+NCCL developers`` (``unhandled system error``, ``remote process exited or there was a network
+error`` ...), then the code's interpretation (``ncclInternalError: Internal check failed.``) and,
+where NCCL has one, ``"\\nLast error:\\n" + ncclGetLastError()`` (pytorch
+torch/csrc/distributed/c10d/NCCLUtils.cpp ``getNcclErrorDetailStr``). NCCL keeps as its last error
+the message of its last WARN, formatted alone (NVIDIA/nccl@0456df2 src/debug.cc ``ncclDebugLogV``:
+``vsnprintf(ncclLastError, sizeof(ncclLastError), fmt, vargs)``, without the ``host:pid:tid [dev]
+file:line NCCL WARN`` prefix of the printed line): the cause NCCL itself named for the generic
+code (``Bootstrap : no socket interface found``, ``Call to ibv_modify_qp failed``, ``Cuda failure
+'out of memory'``, ``connecting to address ... is neither AF_INET nor AF_INET6``).
+
+A traceback record ends at the first line of its exception's message
+(tests/parsers/test_multiline.py keeps continuation lines apart), so those lines are findings of
+their own: the code (``NCCL_RESULT_RULES``), its detail line (``NCCL_RESULT_PREFIX``) and the
+last error, graded by the WARN vocabulary (``nccl_vocab.tsv``). :func:`named_by_last_error` reads
+the first finding of the instance after the code that is no result code as that failure's
+specific reading when it is a real error printed with it (``LAST_ERROR_WINDOW``); a text no rule
+knows makes no finding, and the generic code stays.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ftwatch.events import Finding
+
+#: NCCL result codes as PyTorch raises them (nccl.yaml, nccl_vocab.tsv: the ncclResult_t enum).
+NCCL_RESULT_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.unhandled_system_error", "nccl.internal_error",
+                               "nccl.invalid_argument", "nccl.invalid_usage", "nccl.remote_error",
+                               "nccl.internal_error_legacy"})
+#: The detail lines of the same message (``ncclInternalError: Internal check failed.``).
+NCCL_RESULT_PREFIX = "nccl.code."
+#: One exception message is written at once (the ``what()`` of the DistBackendError holds the
+#: code, its detail and the last error), so its lines carry one time: a second covers a line read
+#: with the next chunk; a later error of the rank is its own.
+LAST_ERROR_WINDOW = 1.0
+#: Finding kinds that are not log lines (exits, hangs): never a message's text.
+_NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
+
+
+def nccl_result(f: Finding) -> bool:
+    """Says whether ``f`` is an NCCL result code as PyTorch raises it, or its detail line."""
+    return f.kind == "keyword" and (f.rule_id in NCCL_RESULT_RULES or f.rule_id.startswith(NCCL_RESULT_PREFIX))
+
+
+def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
+    """Says whether the NCCL result code ``f`` is spelled out by NCCL's last-error text: the first
+    finding of its instance after it that is no result code is one of ``errors`` (a real error),
+    printed less than ``LAST_ERROR_WINDOW`` seconds after it.
+
+    Args:
+        f: a candidate root cause.
+        order: every finding of the incident, by (time, seq).
+        errors: the real errors (the root-cause candidates).
+
+    Returns:
+        True when ``f`` yields to that error; False for any other finding.
+    """
+    if not nccl_result(f):
+        return False
+    nxt = next((g for g in order if g.origin.instance == f.origin.instance
+                and (f.time, f.seq) < (g.time, g.seq) and not nccl_result(g)), None)
+    return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time < LAST_ERROR_WINDOW
+            and any(nxt is e for e in errors))
