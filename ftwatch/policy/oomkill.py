@@ -4,14 +4,17 @@ A SIGKILL report says how a process died, not who killed it; the exit-code table
 SIGKILL (137) retryable (kubedl, kubeflow training-operator, DLRover). But the killers differ in
 *what* they kill:
 
-- the kernel's OOM killer selects ONE victim (Linux mm/oom_kill.c ``select_bad_process`` /
-  ``oom_badness``: the task with the highest badness, in practice the largest RSS, i.e. a worker,
-  never its small parent) and sends it SIGKILL (``__oom_kill_process``: ``do_send_sig_info(SIGKILL,
-  ...)``); a whole cgroup is killed only with cgroup v2 ``memory.oom.group`` set, which is off by
-  default (Documentation/admin-guide/cgroup-v2.rst, "memory.oom.group ... Default value is 0");
-- Slurm signals the whole step or job on scancel, a time limit or preemption (scancel(1):
-  "signal all job steps"; slurm.conf KillWait: SIGTERM, then SIGKILL after KillWait) and says so
-  (``*** STEP ... CANCELLED AT ...``, scheduler.yaml);
+- the kernel's OOM killer selects ONE victim (Linux mm/oom_kill.c ``select_bad_process``: "We
+  choose the process with the highest number of 'points'" (``oom_badness``, in practice the largest
+  memory user: a worker rather than its small parent) and sends it SIGKILL (``__oom_kill_process``);
+  a whole cgroup dies only with cgroup v2 ``memory.oom.group`` set (torvalds/linux 3d8b38eb81ca
+  "mm, oom: introduce memory.oom.group": its tasks "are killed together or not at all"; default
+  0). The kubelet sets it on container cgroups since 1.28 (kubernetes/kubernetes#117793;
+  ``singleProcessOOMKill`` opts out, #126096): there a container's OOM takes the launcher with its
+  workers, which the container's own exit 137 / OOMKilled shows, and a launcher that survived
+  still saw a single victim;
+- Slurm signals every task of the step or job on scancel, a time limit or preemption (SIGTERM, then
+  SIGKILL after slurm.conf KillWait) and says so (``*** STEP ... CANCELLED AT ...``, scheduler.yaml);
 - the kubelet stops the whole container (eviction, preemption, deletion: SIGTERM to PID 1, then
   SIGKILL to every process after the grace period; kubernetes.io "Pod Lifecycle", "Termination of
   Pods") and records an event (Evicted, Preempted, OOMKilled);
@@ -23,8 +26,8 @@ by SIGKILL (DeepSpeed's ``launch.py`` ``exits with return code = -9``, torchelas
 <Signals.SIGKILL: 9>``, ``torch.multiprocessing.spawn``'s ``terminated with signal SIGKILL``)
 saw a kill that targeted that one process, which is what the OOM killer does. The packs already
 read a DataLoader worker's SIGKILL, which its parent reports (torch/csrc/DataLoader.cpp), the same
-way (python.yaml ``torch.dataloader_worker_killed``: oom). Every tuning
-thread where such a report is the only evidence concluded host memory (issue 12, round 7).
+way (python.yaml ``torch.dataloader_worker_killed``: oom). Every tuning thread where such a report
+is the only evidence concluded host memory (issue 12, round 7).
 
 The reading holds only when nothing else in the incident says who killed it: the report is the
 earliest real error, the only SIGKILL report of the incident (several processes killed at once is a
@@ -34,11 +37,11 @@ a scheduler's or the kubelet's line (preemption, eviction, cancel, node failure,
 often printed after the kill report, says who killed it; an agent's received SIGTERM says the
 stop came from outside; a peer's error first is the root cause and the kill its tear-down (an
 sglang server kills its own process tree after a child failed); an OOM line explains it (rule
-9). A later real error of a peer also keeps it, which errs towards a restart, not a failed job. Reports by a launcher
-on another node (srun's ``tasks 4-7: Killed``, mpirun's ``exited on signal 9``) and a container's
-own exit 137 (``Exit Code: 137``, a task runner's ``exit code: 137``: the whole container died,
-which the kubelet, a cgroup OOM or the node may do) are not such reports and keep exit_codes.tsv's
-reading.
+9). A later real error of a peer also keeps it, which errs towards a restart, not a failed job.
+Reports by a launcher on another node (srun's ``tasks 4-7: Killed``, mpirun's ``exited on signal
+9``: a node's loss or a node-wide kill leaves them alive) and a container's own exit 137 (``Exit
+Code: 137``, a task runner's ``exit code: 137``: the whole container died, which the kubelet, a
+cgroup OOM or the node may do) are not such reports and keep exit_codes.tsv's reading.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ LOCAL_KILL_REPORTS = frozenset({"exit.sigkill", "deepspeed_launcher.worker_sigki
 #: The rule id of the reading's root cause.
 OOM_KILL = "exit.sigkill_lone_oom"
 _SOURCE = ("Linux mm/oom_kill.c (select_bad_process/oom_badness pick one victim; __oom_kill_process sends it "
-           "SIGKILL); cgroup-v2.rst memory.oom.group (default 0: one task, not the group); scancel(1), "
+           "SIGKILL); torvalds/linux 3d8b38eb81ca memory.oom.group (default 0: one task, not the group; the "
+           "kubelet sets it since kubernetes/kubernetes#117793, killing the launcher too); scancel(1), "
            "slurm.conf KillWait (Slurm signals the whole step); kubernetes.io Pod Lifecycle, termination "
            "(the kubelet kills every process of the container); ftwatch.policy.oomkill")
 
