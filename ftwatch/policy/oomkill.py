@@ -21,10 +21,9 @@ SIGKILL (137) retryable (kubedl, kubeflow training-operator, DLRover). But the k
 - a spot or node reclaim takes the whole node.
 
 So a launcher on the worker's node, in its container, that survives to report that ONE child died
-by SIGKILL (DeepSpeed's ``launch.py`` ``exits with return code = -9``, torchelastic's or
-``ftwatch run``'s supervisor ``exitcode -9``, a shell's ``Killed``, Python's ``died with
-<Signals.SIGKILL: 9>``, ``torch.multiprocessing.spawn``'s ``terminated with signal SIGKILL``)
-saw a kill that targeted that one process, which is what the OOM killer does. The packs already
+by SIGKILL (DeepSpeed's ``launch.py`` ``exits with return code = -9``, a shell's ``Killed``,
+Python's ``died with <Signals.SIGKILL: 9>``, ``torch.multiprocessing.spawn``'s ``terminated with
+signal SIGKILL``) saw a kill that targeted that one process, which is what the OOM killer does. The packs already
 read a DataLoader worker's SIGKILL, which its parent reports (torch/csrc/DataLoader.cpp), the same
 way (python.yaml ``torch.dataloader_worker_killed``: oom). Every tuning thread where such a report
 is the only evidence concluded host memory (issue 12, round 7).
@@ -51,10 +50,13 @@ from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding
 
-#: Reports by a parent on the worker's node, in its container, that ONE child died by SIGKILL.
-#: ``exit.sigkill``: the supervisor's (``ftwatch run``) or a replayed torchelastic summary's exit by
-#: signal 9 of one rank (tests/rules/test_rootcause.py keeps these within ``SIGKILL_REPORTS``).
-LOCAL_KILL_REPORTS = frozenset({"exit.sigkill", "deepspeed_launcher.worker_sigkilled", "shell.job_killed",
+#: Log lines by a parent on the worker's node, in its container, that ONE child died by SIGKILL
+#: (all within ``rootcause.SIGKILL_REPORTS``; tests/policy/test_oomkill.py keeps them so). Not the
+#: exit findings by signal 9 (``exit.sigkill``: ``ftwatch run``'s supervisor, a replayed torchelastic
+#: summary): SPEC R4 and the policy's tests fix a rank's death by SIGKILL among its survivors'
+#: fallout as a retryable root cause (tests/rules/test_policy.py, test_rootcause_table.py), a
+#: decision of the spec this reading leaves to it.
+LOCAL_KILL_REPORTS = frozenset({"deepspeed_launcher.worker_sigkilled", "shell.job_killed",
                                 "shell.killed_foreground", "python.subprocess_died_sigkill",
                                 "torch.mp_spawn_sigkill"})
 #: The rule id of the reading's root cause.

@@ -48,9 +48,16 @@ def test_a_launchers_lone_minus_9_is_the_oom_killers():
     assert rc.fields["reported_by"] == "deepspeed_launcher.worker_sigkilled" and "OOM killer" in rc.line
 
 
-def test_a_supervisors_lone_exit_by_sigkill_is_the_oom_killers():
+def test_a_shells_lone_killed_line_is_the_oom_killers():
+    rc = analyse([log("shell.job_killed", RI, 5.0, kind="exit_code")]).root_cause
+    assert rc.rule_id == OOM_KILL and rc.failure_class is OOM
+
+
+def test_an_exit_by_sigkill_keeps_the_exit_code_tables_reading():
+    # SPEC R4: a rank's death by signal 9 (ftwatch run's supervisor, a replayed torchelastic summary)
+    # is graded by exit_codes.tsv (137 retryable); the policy's tests fix it so
     rc = analyse([died(0, 5.0, 9)]).root_cause
-    assert rc.rule_id == OOM_KILL and rc.rank == 0
+    assert rc.rule_id == "exit.sigkill" and rc.failure_class is RI
 
 
 def test_the_other_nodes_exit_reports_after_it_keep_the_reading():
@@ -94,8 +101,10 @@ def test_a_peers_error_first_makes_the_kill_its_fallout():
 
 def test_several_sigkill_deaths_are_no_lone_kill():
     # a node-wide or step-wide kill takes several processes; the OOM killer picks one victim
-    rc = analyse([died(0, 5.0, 9), died(1, 5.1, 9)]).root_cause
-    assert rc.rule_id == "exit.sigkill" and rc.failure_class is RI
+    first = log("deepspeed_launcher.worker_sigkilled", RI, 5.0, instance="node-a")
+    second = log("deepspeed_launcher.worker_sigkilled", RI, 5.1, instance="node-b")
+    assert analyse([first, second]).root_cause is first
+    assert analyse([first, died(1, 6.0, 9)]).root_cause is first
 
 
 def test_a_remote_launchers_report_and_a_containers_exit_137_keep_their_reading():
@@ -105,13 +114,13 @@ def test_a_remote_launchers_report_and_a_containers_exit_137_keep_their_reading(
 
 
 def test_an_agents_received_sigterm_keeps_the_kill_external():
-    killed = died(0, 5.0, 9)
+    killed = log("python.subprocess_died_sigkill", RI, 5.0)
     agent = log("torch_elastic.agent_death_signal", RI, 4.0, instance="agent")
     assert analyse([agent, killed]).root_cause is agent
 
 
 def test_local_kill_reports_are_sigkill_reports():
-    assert LOCAL_KILL_REPORTS - {"exit.sigkill"} <= SIGKILL_REPORTS
+    assert LOCAL_KILL_REPORTS <= SIGKILL_REPORTS
 
 
 # --- end to end: the packs' lines through replay and the policy -----------------------------------
