@@ -87,6 +87,12 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    instance: NCCL's ``Last error:`` text, the cause NCCL named for the generic code
    (``ftwatch.policy.lasterror``: torch's NCCLUtils ``getNcclErrorDetailStr``, NCCL's
    ``ncclGetLastError``).
+14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
+   ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
+   as the earliest real error, the incident's only SIGKILL report, with no other real error but
+   exit reports (a scheduler's, the kubelet's, a peer's line keep it), is the kernel OOM killer's
+   (``exit.sigkill_lone_oom``, oom: it kills one victim, Slurm, the kubelet and a node reclaim kill
+   the launcher too; ``ftwatch.policy.oomkill``).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -117,6 +123,7 @@ from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.oomkill import lone_oom_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
 
@@ -407,6 +414,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if fault is not None:
             return Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices), done,
                             tuple(f for f in peer if f is not fault))
+        oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)])   # 14: the OOM killer's lone kill
+        if oom is not None:
+            return Analysis(oom, False, (oom, *real[1:]), tuple(notices), done, peer)
         return Analysis(head, False, real, tuple(notices), done, peer)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world)) if fallout else None

@@ -1,0 +1,92 @@
+"""A lone SIGKILL that its own parent lived to report is the kernel OOM killer's (rule 14 of rootcause).
+
+A SIGKILL report says how a process died, not who killed it; the exit-code table grades a bare
+SIGKILL (137) retryable (kubedl, kubeflow training-operator, DLRover). But the killers differ in
+*what* they kill:
+
+- the kernel's OOM killer selects ONE victim (Linux mm/oom_kill.c ``select_bad_process``: "We
+  choose the process with the highest number of 'points'" (``oom_badness``, in practice the largest
+  memory user: a worker rather than its small parent) and sends it SIGKILL (``__oom_kill_process``);
+  a whole cgroup dies only with cgroup v2 ``memory.oom.group`` set (torvalds/linux 3d8b38eb81ca
+  "mm, oom: introduce memory.oom.group": its tasks "are killed together or not at all"; default
+  0). The kubelet sets it on container cgroups since 1.28 (kubernetes/kubernetes#117793;
+  ``singleProcessOOMKill`` opts out, #126096): there a container's OOM takes the launcher with its
+  workers, which the container's own exit 137 / OOMKilled shows, and a launcher that survived
+  still saw a single victim;
+- Slurm signals every task of the step or job on scancel, a time limit or preemption (SIGTERM, then
+  SIGKILL after slurm.conf KillWait) and says so (``*** STEP ... CANCELLED AT ...``, scheduler.yaml);
+- the kubelet stops the whole container (eviction, preemption, deletion: SIGTERM to PID 1, then
+  SIGKILL to every process after the grace period; kubernetes.io "Pod Lifecycle", "Termination of
+  Pods") and records an event (Evicted, Preempted, OOMKilled);
+- a spot or node reclaim takes the whole node.
+
+So a launcher on the worker's node, in its container, that survives to report that ONE child died
+by SIGKILL (DeepSpeed's ``launch.py`` ``exits with return code = -9``, a shell's ``Killed``,
+Python's ``died with <Signals.SIGKILL: 9>``, ``torch.multiprocessing.spawn``'s ``terminated with
+signal SIGKILL``) saw a kill that targeted that one process, which is what the OOM killer does. The packs already
+read a DataLoader worker's SIGKILL, which its parent reports (torch/csrc/DataLoader.cpp), the same
+way (python.yaml ``torch.dataloader_worker_killed``: oom). Every tuning thread where such a report
+is the only evidence concluded host memory (issue 12, round 7).
+
+The reading holds only when nothing else in the incident says who killed it: the report is the
+earliest real error, the only SIGKILL report of the incident (several processes killed at once is a
+node-wide or step-wide kill), and every other real error is an exit report (the launchers' and
+pdsh's exits after it). Any other real error, whatever its time, keeps the report's own reading:
+a scheduler's or the kubelet's line (preemption, eviction, cancel, node failure, a time limit),
+often printed after the kill report, says who killed it; an agent's received SIGTERM says the
+stop came from outside; a peer's error first is the root cause and the kill its tear-down (an
+sglang server kills its own process tree after a child failed); an OOM line explains it (rule
+9). A later real error of a peer also keeps it, which errs towards a restart, not a failed job.
+Reports by a launcher on another node (srun's ``tasks 4-7: Killed``, mpirun's ``exited on signal
+9``: a node's loss or a node-wide kill leaves them alive) and a container's own exit 137 (``Exit
+Code: 137``, a task runner's ``exit code: 137``: the whole container died, which the kubelet, a
+cgroup OOM or the node may do) are not such reports and keep exit_codes.tsv's reading.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding
+
+#: Log lines by a parent on the worker's node, in its container, that ONE child died by SIGKILL
+#: (all within ``rootcause.SIGKILL_REPORTS``; tests/policy/test_oomkill.py keeps them so). Not the
+#: exit findings by signal 9 (``exit.sigkill``: ``ftwatch run``'s supervisor, a replayed torchelastic
+#: summary): SPEC R4 and the policy's tests fix a rank's death by SIGKILL among its survivors'
+#: fallout as a retryable root cause (tests/rules/test_policy.py, test_rootcause_table.py), a
+#: decision of the spec this reading leaves to it.
+LOCAL_KILL_REPORTS = frozenset({"deepspeed_launcher.worker_sigkilled", "shell.job_killed",
+                                "shell.killed_foreground", "python.subprocess_died_sigkill",
+                                "torch.mp_spawn_sigkill"})
+#: The rule id of the reading's root cause.
+OOM_KILL = "exit.sigkill_lone_oom"
+_SOURCE = ("Linux mm/oom_kill.c (select_bad_process/oom_badness pick one victim; __oom_kill_process sends it "
+           "SIGKILL); torvalds/linux 3d8b38eb81ca memory.oom.group (default 0: one task, not the group; the "
+           "kubelet sets it since kubernetes/kubernetes#117793, killing the launcher too); scancel(1), "
+           "slurm.conf KillWait (Slurm signals the whole step); kubernetes.io Pod Lifecycle, termination "
+           "(the kubelet kills every process of the container); ftwatch.policy.oomkill")
+
+
+def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Finding]) -> Finding | None:
+    """The OOM killer's reading of a lone SIGKILL its parent reported, when nothing else explains it.
+
+    Args:
+        head: the incident's earliest real error (R7).
+        real: all its real errors, earliest first (``head`` first).
+        kills: every SIGKILL report of the incident (``rootcause.sigkill_report``), fallout included.
+
+    Returns:
+        ``head`` re-read as ``exit.sigkill_lone_oom`` (class oom, fail_job: the same program on the
+        same memory is killed again), its line saying why; or None when ``head`` is not a local
+        parent's report of one SIGKILL death, when the incident holds several SIGKILL reports, or
+        when it holds another real error that is no exit report, whatever its time.
+    """
+    if head.rule_id not in LOCAL_KILL_REPORTS or len(kills) != 1 or kills[0] is not head:
+        return None
+    if any(f is not head and f.kind != "exit_code" for f in real):
+        return None
+    line = (f"{head.line} -- one process killed by SIGKILL while its parent lived to report it, and nothing "
+            "else says who killed it: the kernel OOM killer's kill (host memory)")
+    return replace(head, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
+                   fields={**head.fields, "reported_by": head.rule_id}, source=_SOURCE)
