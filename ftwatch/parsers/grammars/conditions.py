@@ -26,6 +26,8 @@ reserved (lower case).
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Union
 
@@ -156,9 +158,13 @@ def _quote(value: str) -> str:
     return '"' + value.replace('"', '""') + '"'
 
 
+_WORD = re.compile(r"-?[A-Za-z0-9_][A-Za-z0-9_.:/+-]*")
+
+
 def _value(value: str) -> str:
-    word = pp.Regex(r"-?[A-Za-z0-9_][A-Za-z0-9_.:/+-]*")
-    if value and value not in RESERVED and word.matches(value, parse_all=True):
+    # re.fullmatch, not pyparsing's matches(parse_all=True): that skips trailing whitespace, so
+    # "0 " would render bare and parse back as "0" (a hypothesis case)
+    if value and value not in RESERVED and _WORD.fullmatch(value):
         return value
     return _quote(value)
 
