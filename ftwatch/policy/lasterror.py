@@ -31,7 +31,7 @@ it on the same terms (the instance's next finding, a real error, within ``LAST_E
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ftwatch.events import Finding
 
@@ -77,23 +77,18 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
 def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
     """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``) is spelled out by the rest
     of its exception's message: the first finding of its instance after it is one of ``errors``,
-    printed less than ``LAST_ERROR_WINDOW`` seconds after it.
-
-    Args:
-        f: a candidate root cause.
-        order: every finding of the incident, by (time, seq).
-        errors: the real errors (the root-cause candidates).
-
-    Returns:
-        True when ``f`` yields to that error; False for any other finding.
+    printed less than ``LAST_ERROR_WINDOW`` seconds after it. Arguments and result as
+    :func:`named_by_last_error`'s (``f`` a candidate, ``order`` the incident's findings by
+    (time, seq), ``errors`` the real errors; True when ``f`` yields).
     """
     if f.kind != "keyword" or f.rule_id != CATCH_ALL_RULE:
         return False
     return _next_is_error(f, order, errors, skip=lambda g: False)
 
 
-def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding], skip) -> bool:
-    """The first finding of ``f``'s instance after ``f`` that ``skip`` passes over is a logged
+def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding],
+                   skip: Callable[[Finding], bool]) -> bool:
+    """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over is a logged
     real error (one of ``errors``) printed within ``LAST_ERROR_WINDOW`` seconds of ``f``."""
     nxt = next((g for g in order if g.origin.instance == f.origin.instance
                 and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)

@@ -42,6 +42,9 @@ def findings(*lines: str, t: float = 1.0):
      Action.RESTART_JOB),
     ("(WorkerDict pid=1751030) CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",
      "vllm.cumem_cuda_oom", FailureClass.OOM, Action.FAIL_JOB),
+    ("2018-12-01 11:47:30,512\tERROR worker.py:1616 -- The node with client ID 9e31f0a6 has been marked dead "
+     "because the monitor has missed too many heartbeats from it.", "ray.node_marked_dead",
+     FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
 ])
 def test_the_line_is_graded_as_its_source_says(line, rule, failure_class, action):
     [f] = [f for f in findings(line) if f.rule_id == rule]
