@@ -57,11 +57,15 @@ def test_the_line_is_graded_as_its_source_says(line, rule, failure_class, action
     "Overriding 'trainer.val_before_train' from the command line",
     "UnexpectedStatusException: Error for Training job ft-1: Failed. Reason: ClientError: Data download failed",
     "(WorkerDict pid=1751030) CUDA Error: invalid argument at /workspace/csrc/cumem_allocator.cpp:62",
+    '2020-04-03 09:00:41.2: W tensorflow/core/distributed_runtime/rpc/grpc_remote_master.cc:157] RPC failed with '
+    'status = "Invalid argument: bad graph" and grpc_error_string = "{}"',
+    "RuntimeError: TPU pod-v3-32b is HEALTHY",
 ])
 def test_near_misses_are_not_those_rules(line):
     ids = {f.rule_id for f in findings(line)}
     assert not ids & {"xla.tpu_hbm_oom", "absl.check_failed", "hydra.override_error",
-                      "sagemaker.internal_server_error", "vllm.cumem_cuda_oom"}
+                      "sagemaker.internal_server_error", "vllm.cumem_cuda_oom", "tf.grpc_master_unavailable",
+                      "torch_xla.tpu_not_healthy"}
 
 
 @pytest.mark.parametrize("line", [
