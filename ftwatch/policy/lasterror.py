@@ -19,11 +19,19 @@ last error, graded by the WARN vocabulary (``nccl_vocab.tsv``). :func:`named_by_
 the first finding of the instance after the code that is no result code as that failure's
 specific reading when it is a real error printed with it (``LAST_ERROR_WINDOW``); a text no rule
 knows makes no finding, and the generic code stays.
+
+The same holds for any traceback whose exception no rule or catalog row grades (the catch-all,
+``python.uncaught_exception``): CPython prints the exception's whole ``str()`` after its class
+(Lib/traceback.py ``TracebackException.format_exception_only``), so a wrapper's multi-line message
+(a cloud SDK's ``ActivityFailedException`` quoting the service's JSON error, a remote task's
+error text) continues past the record's end, and the real error the next lines carry is the
+message the catch-all could not read. :func:`message_named_by_next` makes the catch-all yield to
+it on the same terms (the instance's next finding, a real error, within ``LAST_ERROR_WINDOW``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ftwatch.events import Finding
 
@@ -37,6 +45,8 @@ NCCL_RESULT_PREFIX = "nccl.code."
 #: code, its detail and the last error), so its lines carry one time: a second covers a line read
 #: with the next chunk; a later error of the rank is its own.
 LAST_ERROR_WINDOW = 1.0
+#: The rule of a traceback whose exception nothing grades (python.yaml, priority -10).
+CATCH_ALL_RULE = "python.uncaught_exception"
 #: Finding kinds that are not log lines (exits, hangs): never a message's text.
 _NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 
@@ -61,7 +71,26 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
     """
     if not nccl_result(f):
         return False
+    return _next_is_error(f, order, errors, skip=nccl_result)
+
+
+def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
+    """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``) is spelled out by the rest
+    of its exception's message: the first finding of its instance after it is one of ``errors``,
+    printed less than ``LAST_ERROR_WINDOW`` seconds after it. Arguments and result as
+    :func:`named_by_last_error`'s (``f`` a candidate, ``order`` the incident's findings by
+    (time, seq), ``errors`` the real errors; True when ``f`` yields).
+    """
+    if f.kind != "keyword" or f.rule_id != CATCH_ALL_RULE:
+        return False
+    return _next_is_error(f, order, errors, skip=lambda g: False)
+
+
+def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding],
+                   skip: Callable[[Finding], bool]) -> bool:
+    """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over is a logged
+    real error (one of ``errors``) printed within ``LAST_ERROR_WINDOW`` seconds of ``f``."""
     nxt = next((g for g in order if g.origin.instance == f.origin.instance
-                and (f.time, f.seq) < (g.time, g.seq) and not nccl_result(g)), None)
+                and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)
     return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time < LAST_ERROR_WINDOW
             and any(nxt is e for e in errors))

@@ -86,7 +86,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ncclInternalError: ...`` detail line) yields to the real error printed right after it on its
    instance: NCCL's ``Last error:`` text, the cause NCCL named for the generic code
    (``ftwatch.policy.lasterror``: torch's NCCLUtils ``getNcclErrorDetailStr``, NCCL's
-   ``ncclGetLastError``).
+   ``ncclGetLastError``). So does a traceback no rule grades (the catch-all) to the real error
+   its exception's message carries on the lines after the record (same module).
 14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
    ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
    as the earliest real error, the incident's only SIGKILL report, with no other real error but
@@ -120,7 +121,7 @@ from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault
 from ftwatch.policy.gpureset import required_reset
-from ftwatch.policy.lasterror import named_by_last_error
+from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.oomkill import lone_oom_kill
@@ -378,7 +379,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             candidates.append(f)
 
     candidates = [c for c in candidates if not _spelled_out(c, candidates)
-                  and not named_by_last_error(c, order, candidates)]     # 7, 13: the specific reading
+                  and not named_by_last_error(c, order, candidates)      # 7, 13: the specific reading
+                  and not message_named_by_next(c, order, candidates)]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
         candidates = [c for c in candidates if not sigkill_report(c)]
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]

@@ -1,0 +1,71 @@
+"""Root cause rule 13, second half: a traceback whose exception nothing grades (the catch-all,
+``python.uncaught_exception``) yields to the real error its exception's message carries on the
+lines after the record (``ftwatch.policy.lasterror.message_named_by_next``).
+
+CPython prints an exception's whole ``str()`` after its class (Lib/traceback.py
+``TracebackException.format_exception_only``); a wrapper's message of several lines (here the
+Azure ML SDK's ``ActivityFailedException`` quoting the service's JSON error) goes on past the
+record's end, which the multiline parser puts at the message's first line.
+"""
+
+from __future__ import annotations
+
+from ftwatch.events import Action, FailureClass, Origin
+from ftwatch.policy.lasterror import message_named_by_next
+from ftwatch.policy.rootcause import analyse
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+
+BUILTIN = load_rules()
+T0 = 1_795_253_763.0
+TRACEBACK = ["Traceback (most recent call last):",
+             '  File "pipelines/run_batchscore.py", line 141, in <module>',
+             "    run.wait_for_completion(show_output=True)",
+             "azureml.exceptions._azureml_exception.ActivityFailedException: ActivityFailedException:",
+             "\tMessage: Activity Failed:"]
+JSON_ERROR = ["{", '    "error": {', '        "code": "UserError",',
+              '        "message": "AzureMLCompute job failed.\\nPreemptionError: Nodes of this job got pre-empted.'
+              ' Check if the run has failed or restarted.\\n\\tReason: Received pre-emption warning signal"',
+              "    }", "}"]
+
+
+def feed(chunks: list[tuple[float, list[str]]]) -> list:
+    engine = Engine(BUILTIN)
+    origin = Origin("combined", None, "job-m", "node-a", "stderr", "process")
+    out = []
+    for i, (dt, lines) in enumerate(chunks):
+        out += engine.feed(origin, "".join(f"{x}\n" for x in lines).encode(), T0 + dt,
+                           final=i == len(chunks) - 1)
+    return out
+
+
+def test_the_catch_all_yields_to_the_error_its_message_goes_on_to_name():
+    fs = feed([(0.0, TRACEBACK + JSON_ERROR)])
+    assert [f.rule_id for f in fs] == ["python.uncaught_exception", "azureml.preemption_error"]
+    rc = analyse(fs).root_cause
+    assert (rc.rule_id, rc.failure_class, rc.action) == ("azureml.preemption_error", FailureClass.RETRYABLE_INFRA,
+                                                         Action.RESTART_JOB)
+    assert message_named_by_next(fs[0], fs, fs)
+
+
+def test_a_message_no_rule_knows_leaves_the_catch_all():
+    quiet = [x.replace("PreemptionError: Nodes of this job got pre-empted.", "JobFailed: see the portal.")
+             .replace("Reason: Received pre-emption warning signal", "Reason: none") for x in JSON_ERROR]
+    fs = feed([(0.0, TRACEBACK + quiet)])
+    assert [f.rule_id for f in fs] == ["python.uncaught_exception"]
+    assert analyse(fs).root_cause.rule_id == "python.uncaught_exception"
+
+
+def test_an_error_printed_later_is_its_own_and_the_traceback_stays_first():
+    fs = feed([(0.0, TRACEBACK), (5.0, JSON_ERROR)])
+    assert [f.rule_id for f in fs] == ["python.uncaught_exception", "azureml.preemption_error"]
+    assert not message_named_by_next(fs[0], fs, fs)
+    assert analyse(fs).root_cause.rule_id == "python.uncaught_exception"
+
+
+def test_a_graded_exception_keeps_its_own_reading():
+    graded = TRACEBACK[:3] + ["ValueError: bad shape"]
+    fs = feed([(0.0, graded + JSON_ERROR)])
+    assert fs[0].rule_id != "python.uncaught_exception"
+    assert not message_named_by_next(fs[0], fs, fs)
+    assert analyse(fs).root_cause is fs[0]
