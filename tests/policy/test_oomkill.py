@@ -146,3 +146,15 @@ def test_a_replayed_minus_9_beside_a_preemption_restarts(tmp_path: Path):
                  "8d1f2c44-71e0-4a0b-9c55-2f3a1b2c3d4e on node gpu-node-3\n")
     d = _decide(tmp_path, preempted + DS_KILLED + "\n")
     assert d.root_cause.rule_id != OOM_KILL and d.action is Action.RESTART_JOB
+
+
+def test_a_kill_after_sglangs_scheduler_watchdog_is_its_tear_down_of_a_hang(tmp_path: Path):
+    """SGLang's watchdog SIGQUITs its parent, which SIGKILLs the process tree (sglang utils/watchdog.py,
+    kill_process_tree): the shell's ``Killed`` after it names its killer, a stuck engine, not the OOM killer."""
+    text = ("[2025-12-16 06:24:30 DP1 TP0] Decode batch. #running-req: 32, #token: 23279, token usage: 0.40\n"
+            "[2025-12-16 06:29:30 DP3 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)\n"
+            "[2025-12-16 06:29:30] Received sigquit from a child process. It usually means the child failed.\n"
+            "Killed\n")
+    d = _decide(tmp_path, text)
+    assert d.root_cause.rule_id == "sglang.scheduler_watchdog_timeout"
+    assert (d.root_cause.failure_class, d.action) == (FailureClass.HANG, Action.RESTART_JOB)
