@@ -18,7 +18,11 @@ the untimed lines between are too few to fill it: *k* lines cut a span into *k +
 span of *(k + 1)* intervals or more held a silence of the interval wherever they lie (they are
 then read as written with the stamp before them). This is conservative on purpose: a log whose
 stamps are rare (a launcher line at the start, a watchdog at the end, untimed ``print`` output
-between) must not look like a hang.
+between) must not look like a hang. Two lines tell more (``ftwatch.parsers.silence``): a watcher's
+stamped report of a silence (``no output ... for 2h11m``) places the untimed lines before it ahead
+of the silence it states, and Slurm's ``*** JOB|STEP ... CANCELLED AT <time> ***`` line is dated by
+its mid-line stamp (it is no rank's output: it dates the end of the ranks' silence, as a launcher's
+shutdown line does).
 
 The hang is the first moment *T* at which every instance seen so far has been silent for the
 interval, also when the silence runs up to a later stamped line that is no instance's output (a
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ftwatch.events import Finding, Origin
-from ftwatch.parsers import fields
+from ftwatch.parsers import fields, silence
 
 _MONTHS = b"Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 # C's ctime()/asctime() form opens the line bare ("Thu Dec 31 02:15:38 2020"): nvidia-smi's header,
@@ -50,9 +54,10 @@ _WEEKDAYS = b"Mon|Tue|Wed|Thu|Fri|Sat|Sun"
 _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
 # letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
-# "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-...")
+# "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-..."), or Slurm's slurmstepd/srun head (its
+# "*** JOB ... CANCELLED AT <time> ***" line, parsers.silence.cancel_stamp)
 _MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDAYS + rb") (?:" + _MONTHS
-              + rb") |[A-Z]{3,8}:? +\d)")
+              + rb") |[A-Z]{3,8}:? +\d|(?:slurmstepd|srun)\S*: )")
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
@@ -203,11 +208,14 @@ class HangScan:
         """Parse the line at ``start`` as ``key``'s output; returns where the line ends."""
         end = chunk.find(b"\n", start)
         end = len(chunk) if end < 0 else end
-        stamp = fields.parse_timestamp(fields.clean(chunk[start:min(end, start + _HEAD)]), f.year, vllm=True)
+        text = fields.clean(chunk[start:min(end, start + _HEAD)])
+        stamp = fields.parse_timestamp(text, f.year, vllm=True)
+        if stamp is None:
+            stamp = silence.cancel_stamp(text)
         if stamp is None:
             f.pending[key] += 1
         else:
-            self._stamp(f, key, stamp)
+            self._stamp(f, key, stamp, silence.reported_silence(text) or 0.0)
         return end
 
     def _rank_key(self, f: _File, digits: bytes) -> str:
@@ -286,11 +294,13 @@ class HangScan:
             tracker.set_job_hang_interval(limit, covered, phase)
         return tracker.check(covered + limit)[0]
 
-    def _stamp(self, f: _File, key: str, t: float) -> None:
+    def _stamp(self, f: _File, key: str, t: float, silent: float = 0.0) -> None:
+        """``key`` wrote at ``t``; ``silent``: seconds before ``t`` in which, as the line itself
+        reports (a watcher's ``no output ... for 2h11m``, ``parsers.silence``), nothing was written."""
         f.stamps += 1
         self.last = t if self.last is None else max(self.last, t)
-        for other, lines in f.pending.items():  # untimed lines since the last stamp: up to now
-            self._activity(other, t, bridge=True, untimed=lines)
+        for other, lines in f.pending.items():  # untimed lines since the last stamp: up to now,
+            self._activity(other, t - silent, bridge=True, untimed=lines)   # or to the reported silence
         f.pending.clear()
         self._activity(key, t, bridge=False)
 

@@ -41,9 +41,21 @@ Reports by a launcher on another node (srun's ``tasks 4-7: Killed``, mpirun's ``
 9``: a node's loss or a node-wide kill leaves them alive) and a container's own exit 137 (``Exit
 Code: 137``, a task runner's ``exit code: 137``: the whole container died, which the kubelet, a
 cgroup OOM or the node may do) are not such reports and keep exit_codes.tsv's reading.
+
+Inside a Slurm batch job (the kill report names Slurm's spooled batch script,
+``<SlurmdSpoolDir>/job<id>/slurm_script``, Slurm src/slurmd/slurmd/req.c) an OOM kill does not go
+unannounced: with task/cgroup, slurmstepd reads the step cgroup's oom_kill counter at the step's end
+and prints ``Detected N oom_kill event(s) in StepId=... Some of the step tasks have been OOM
+Killed`` (task_cgroup_memory_check_oom; scheduler.yaml reads it as oom), and that counter counts a
+task killed "by any kind of OOM killer" (Linux cgroup-v2.rst memory.events; v1 memory.oom_control
+since torvalds/linux 8e675f7af507 "count global and memory cgroup oom kills"). A lone kill in a
+Slurm batch job without that line therefore names no OOM kill, and keeps the exit-code reading (a
+site's cleanup or a person's ``kill -9`` do this: retryable).
 """
 
 from __future__ import annotations
+
+import re
 
 from dataclasses import replace
 from typing import Sequence
@@ -59,6 +71,8 @@ from ftwatch.events import Action, FailureClass, Finding
 LOCAL_KILL_REPORTS = frozenset({"deepspeed_launcher.worker_sigkilled", "shell.job_killed",
                                 "shell.killed_foreground", "python.subprocess_died_sigkill",
                                 "torch.mp_spawn_sigkill"})
+#: Slurm's spooled batch script in a shell's kill report: the job runs under slurmstepd's task/cgroup.
+_SLURM_BATCH = re.compile(r"/job\d+/slurm_script\b")
 #: The rule id of the reading's root cause.
 OOM_KILL = "exit.sigkill_lone_oom"
 _SOURCE = ("Linux mm/oom_kill.c (select_bad_process/oom_badness pick one victim; __oom_kill_process sends it "
@@ -80,12 +94,15 @@ def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Findin
         ``head`` re-read as ``exit.sigkill_lone_oom`` (class oom, fail_job: the same program on the
         same memory is killed again), its line saying why; or None when ``head`` is not a local
         parent's report of one SIGKILL death, when the incident holds several SIGKILL reports, or
-        when it holds another real error that is no exit report, whatever its time.
+        when it holds another real error that is no exit report, whatever its time, or when the
+        report is a Slurm batch script's (Slurm announces an OOM kill itself).
     """
     if head.rule_id not in LOCAL_KILL_REPORTS or len(kills) != 1 or kills[0] is not head:
         return None
     if any(f is not head and f.kind != "exit_code" for f in real):
         return None
+    if _SLURM_BATCH.search(head.line or ""):
+        return None                 # Slurm would have announced an OOM kill (module docstring)
     line = (f"{head.line} -- one process killed by SIGKILL while its parent lived to report it, and nothing "
             "else says who killed it: the kernel OOM killer's kill (host memory)")
     return replace(head, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,

@@ -318,3 +318,62 @@ def test_untimed_lines_enough_to_fill_the_span_are_still_bridged(run, tmp_path):
 
     assert result.findings == []
     assert result.decision.action is Action.NONE
+
+
+def untimed_progress(ranks=RANKS3) -> list[str]:
+    """Eight bare print() lines per rank, no stamps (Keras, tqdm): enough to bridge a 2-hour span."""
+    return [f"[default{r}]:Epoch 2/3 step {s}/500" for s in range(1, 9) for r in ranks]
+
+
+def test_a_watchers_silence_report_places_the_untimed_lines_before_the_silence(run, tmp_path):
+    """Stamped start-up, a few untimed progress lines, then a job watcher's stamped line saying the job
+    wrote nothing for 2 h: the untimed lines lie before that silence, so it is a hang from the
+    moment the watcher says the silence began (parsers.silence)."""
+    report_at = T0 + timedelta(hours=2, minutes=10)
+    lines = ([iso_line(r, T0, "initialized process group, world size 3") for r in RANKS3] + untimed_progress()
+             + [f"{report_at:%Y-%m-%d %H:%M:%S} job-watch: demo produced no output on any worker for 2h05m; "
+                "terminating"])
+
+    rc = run([write(tmp_path / "combined.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(report_at - timedelta(hours=2, minutes=5)) + 1800)
+
+
+def test_a_watchers_report_of_a_silence_under_the_interval_is_no_hang(run, tmp_path):
+    """Counterexample: the same log with a 10-minute silence reported: the untimed lines may still
+    fill the rest of the span, so no silence of the 30-minute interval is known."""
+    report_at = T0 + timedelta(hours=2, minutes=10)
+    lines = ([iso_line(r, T0, "initialized process group, world size 3") for r in RANKS3] + untimed_progress()
+             + [f"{report_at:%Y-%m-%d %H:%M:%S} job-watch: demo produced no output for 10m0s"])
+
+    result = run([write(tmp_path / "combined.log", lines)], **HANG_ON)
+
+    assert result.findings == []
+    assert result.decision.action is Action.NONE
+
+
+def slurm_cancel(at: datetime, why: str = "") -> list[str]:
+    """srun's and slurmstepd's lines when a step is cancelled (Slurm slurmstepd/req.c)."""
+    return ["srun: Job step aborted: Waiting up to 32 seconds for job step to finish.",
+            f"slurmstepd: error: *** STEP 4242.0 ON node07 CANCELLED AT {at:%Y-%m-%dT%H:%M:%S}{why} ***"]
+
+
+def test_a_slurm_cancel_hours_after_every_rank_went_silent_dates_the_silence(run, tmp_path):
+    """The ranks stop at 09:05; slurmstepd's cancel line, stamped mid-line, comes 40 minutes later:
+    a live monitor reported the hang at 09:35, before the scancel."""
+    lines = training(iso_line, {r: T0 + timedelta(minutes=5) for r in RANKS3}) + slurm_cancel(T0 + timedelta(minutes=45))
+
+    rc = run([write(tmp_path / "combined.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(T0 + timedelta(minutes=5, milliseconds=74)) + 1800)
+
+
+def test_a_slurm_cancel_soon_after_the_last_step_is_no_hang(run, tmp_path):
+    """Counterexample: cancelled 10 minutes after the last step (under the interval): no hang."""
+    lines = training(iso_line, {r: T0 + timedelta(minutes=5) for r in RANKS3}) + slurm_cancel(T0 + timedelta(minutes=15))
+
+    result = run([write(tmp_path / "combined.log", lines)], **HANG_ON)
+
+    assert all(f.rule_id != "hang.job" for f in result.findings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ftwatch.cli.evaluate import DEFAULT_FLAGS
@@ -146,3 +147,31 @@ def test_a_replayed_minus_9_beside_a_preemption_restarts(tmp_path: Path):
                  "8d1f2c44-71e0-4a0b-9c55-2f3a1b2c3d4e on node gpu-node-3\n")
     d = _decide(tmp_path, preempted + DS_KILLED + "\n")
     assert d.root_cause.rule_id != OOM_KILL and d.action is Action.RESTART_JOB
+
+
+def test_a_kill_after_sglangs_scheduler_watchdog_is_its_tear_down_of_a_hang(tmp_path: Path):
+    """SGLang's watchdog SIGQUITs its parent, which SIGKILLs the process tree (sglang utils/watchdog.py,
+    kill_process_tree): the shell's ``Killed`` after it names its killer, a stuck engine, not the OOM killer."""
+    text = ("[2025-12-16 06:24:30 DP1 TP0] Decode batch. #running-req: 32, #token: 23279, token usage: 0.40\n"
+            "[2025-12-16 06:29:30 DP3 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)\n"
+            "[2025-12-16 06:29:30] Received sigquit from a child process. It usually means the child failed.\n"
+            "Killed\n")
+    d = _decide(tmp_path, text)
+    assert d.root_cause.rule_id == "sglang.scheduler_watchdog_timeout"
+    assert (d.root_cause.failure_class, d.action) == (FailureClass.HANG, Action.RESTART_JOB)
+
+
+def test_a_slurm_batch_scripts_unannounced_kill_keeps_the_exit_code_reading():
+    """Slurm's task/cgroup announces every OOM kill of the step (``Detected N oom_kill event(s)``):
+    a batch script's lone ``Killed`` without it names no OOM kill (a site's cleanup, a ``kill -9``)."""
+    slurm = replace(log("shell.job_killed", RI, 5.0, kind="exit_code"),
+                    line="/var/spool/slurmd/job127431/slurm_script: line 17: 40712 Killed    python train.py")
+    rc = analyse([slurm]).root_cause
+    assert rc.rule_id == "shell.job_killed" and rc.failure_class is RI
+
+
+def test_a_plain_shell_scripts_lone_kill_still_reads_as_the_oom_killers():
+    """Counterexample: the same report from a script outside Slurm keeps the OOM reading."""
+    plain = replace(log("shell.job_killed", RI, 5.0, kind="exit_code"),
+                    line="./train.sh: line 17: 40712 Killed    python train.py")
+    assert analyse([plain]).root_cause.rule_id == OOM_KILL
