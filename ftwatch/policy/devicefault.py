@@ -56,6 +56,18 @@ that GPU: the program's fault, not the GPU's, as threads where the same fault fo
 across GPUs found); a hardware fault on another node; a network, storage or exit finding graded
 hardware; a program error that no device returns (a Python exception, an out-of-memory); an NPU
 memory event on another chip, long before the failure, or reporting its recovery.
+
+:func:`reporting_rank` names the rank a node's fault hit. A host's report of a device (the kernel's
+``NVRM: Xid`` line, an ``mlx5_core`` health event, ``RmInitAdapter failed``) names a PCI address or
+a pid, never a rank, while the process on that device reports the same fault through its runtime
+(Xid 79's ``CUDA error: unknown error``, Xid 48's ``uncorrectable ECC error encountered``, NCCL's
+``IBV_EVENT_DEVICE_FATAL``): NVIDIA's Xid catalog reads the application's error as following the
+Xid on that GPU, and NCCL's IB transport reports the HCA's asynchronous events on the ranks that use
+it. So when the root cause is such a host line with no rank, and exactly one rank of its node logged a
+real error of a device (one graded ``hardware_node``, or a runtime device error), that rank is the
+one the fault hit, and the root cause carries it. Counterexamples: two ranks of the node report
+device errors (which GPU is which rank is not in the logs: no rank is named); the only ranked
+errors are fallout (a peer's collective timeout) or exits; the rank's node is another.
 """
 
 from __future__ import annotations
@@ -185,6 +197,27 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     return dataclasses.replace(event, origin=head.origin, failure_class=FailureClass.HARDWARE_NODE,
                                action=Action.ISOLATE_NODE, severity=Severity.CRITICAL, fields=fields,
                                source=f"{event.source}; paired: {_SOURCE}".lstrip("; "))
+
+
+def reporting_rank(cause: Finding, real: Sequence[Finding]) -> Finding:
+    """The root cause with the rank its fault hit (module docstring, last paragraph).
+
+    Args:
+        cause: the root cause an analysis chose.
+        real: the incident's real errors (the ranks' own reports of the fault among them).
+
+    Returns:
+        ``cause`` itself, or a copy whose origin names the one rank of its node that reported a
+        device's error, when ``cause`` is an unranked ``hardware_node`` line.
+    """
+    if cause.rank is not None or cause.failure_class is not FailureClass.HARDWARE_NODE or cause.kind in _NOT_LINES:
+        return cause
+    ranks = {f.rank for f in real if f is not cause and f.rank is not None and f.kind not in _NOT_LINES
+             and f.origin.node == cause.origin.node
+             and (f.failure_class is FailureClass.HARDWARE_NODE or device_error(f))}
+    if len(ranks) != 1:
+        return cause
+    return dataclasses.replace(cause, origin=dataclasses.replace(cause.origin, rank=ranks.pop()))
 
 
 def repeated_on_gpu(head: Finding, ordered: Sequence[Finding]) -> Finding | None:

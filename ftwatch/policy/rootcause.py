@@ -93,6 +93,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    exit reports (a scheduler's, the kubelet's, a peer's line keep it), is the kernel OOM killer's
    (``exit.sigkill_lone_oom``, oom: it kills one victim, Slurm, the kubelet and a node reclaim kill
    the launcher too; ``ftwatch.policy.oomkill``).
+15. A root cause that is a node's unranked device line (a kernel Xid, an ``mlx5_core`` health
+   event) carries the rank of the one rank of that node that reported a device's error, the
+   fault as its runtime returned it (``ftwatch.policy.devicefault.reporting_rank``).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -111,6 +114,7 @@ fallout as retryable infrastructure (``Analysis.fallout_class``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -118,7 +122,7 @@ from typing import Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
-from ftwatch.policy.devicefault import device_fault
+from ftwatch.policy.devicefault import device_fault, reporting_rank
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
@@ -408,16 +412,16 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
                      and f.kind not in _NOT_LOGGED and _before(head, f))
         reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
         if reset is not None:
-            return Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices), done,
-                            tuple(f for f in peer if f is not reset))
+            return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
+                                       done, tuple(f for f in peer if f is not reset)))
         fault = device_fault(head, real, order)   # 10: the device's fault explains the program's device error
         if fault is not None:
-            return Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices), done,
-                            tuple(f for f in peer if f is not fault))
+            return _with_rank(Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices),
+                                       done, tuple(f for f in peer if f is not fault)))
         oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)])   # 14: the OOM killer's lone kill
         if oom is not None:
             return Analysis(oom, False, (oom, *real[1:]), tuple(notices), done, peer)
-        return Analysis(head, False, real, tuple(notices), done, peer)
+        return _with_rank(Analysis(head, False, real, tuple(notices), done, peer))   # 15: the rank a node's fault hit
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world)) if fallout else None
     if suspect is not None:
@@ -429,3 +433,13 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         return Analysis(notices[0], False, (), tuple(notices), done)
     return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done,
                     timeouts_only=timeouts_only(fallout))
+
+
+def _with_rank(an: Analysis) -> Analysis:
+    """Rule 15: ``an`` with its root cause, an unranked line of a node's device, carrying the one
+    rank of that node that reported a device's error (``devicefault.reporting_rank``)."""
+    rc = an.root_cause
+    ranked = reporting_rank(rc, an.real) if rc is not None else rc
+    if ranked is rc:
+        return an
+    return dataclasses.replace(an, root_cause=ranked, real=tuple(ranked if f is rc else f for f in an.real))

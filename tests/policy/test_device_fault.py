@@ -228,3 +228,31 @@ def test_a_node_diagnosis_or_a_missing_gpu_explains_the_device_error_on_that_nod
         # on another node it explains nothing
         other = analyse(logged(5, 10.0, NPU_507015) + host(600.0, report, node="node-9"))
         assert other.root_cause.rule_id == "torch_npu.synchronize_failed", report
+
+
+NCCL_TIMEOUT = ("[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, "
+                "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600073 milliseconds before timing out.")
+
+
+def test_the_kernel_xid_root_cause_carries_the_rank_whose_device_reported_it(tmp_path: Path):
+    """Rule 15: the host's Xid line names a PCI address, the rank's CUDA error names the rank."""
+    for found in ([*host(0.0, XID79), *cuda(5, 3.0, "unknown error")],               # Xid first (rule 4 head)
+                  [*cuda(5, 1.0, "unspecified launch failure"), *host(4.0, XID79)],  # CUDA error first (rule 10)
+                  [*host(0.0, XID48), *cuda(5, 3.0, "uncorrectable ECC error encountered"),
+                   *logged(0, 9.0, NCCL_TIMEOUT.format(r=0))]):                      # a peer's fallout names none
+        rc = analyse(found).root_cause
+        assert rc is not None and rc.rule_id in ("xid.79", "xid.48") and rc.rank == 5
+        assert rc in analyse(found).real
+        d = decide(found, tmp_path)
+        assert d.action is Action.ISOLATE_NODE and d.root_cause.rank == 5 and d.target.node == "node-0"
+
+
+def test_no_rank_is_guessed_for_two_ranks_another_node_or_fallout_only():
+    """Counterexamples: which GPU is which rank is not in the logs when two ranks report device
+    errors; a rank on another node is not the one hit; a peer's timeout is no device report."""
+    two = [*host(0.0, XID79), *cuda(5, 3.0, "unknown error"), *cuda(6, 3.5, "unknown error")]
+    other = [*host(0.0, XID79), *cuda(5, 3.0, "unknown error", node="node-1")]
+    fallout = [*host(0.0, XID79), *logged(0, 9.0, NCCL_TIMEOUT.format(r=0))]
+    for found in (two, other, fallout):
+        rc = analyse(found).root_cause
+        assert rc is not None and rc.rule_id == "xid.79" and rc.rank is None
