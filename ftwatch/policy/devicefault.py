@@ -68,6 +68,16 @@ real error of a device (one graded ``hardware_node``, or a runtime device error)
 one the fault hit, and the root cause carries it. Counterexamples: two ranks of the node report
 device errors (which GPU is which rank is not in the logs: no rank is named); the only ranked
 errors are fallout (a peer's collective timeout) or exits; the rank's node is another.
+
+:func:`worst_of_gpu` reads one GPU's several Xids by the worst of them. NVIDIA's catalog grades a
+contained error (Xid 94, ``ROBUST_CHANNEL_CONTAINED_ERROR``) ``RESTART_APP`` with the investigatory
+bucket ``IGNORE (sympathetic)``: it reports what the application hit, not the memory's state; Xid
+48's workflow says to pair such an ECC Xid "with Xid 63/64/94/95 and row-remap status", and Xid 64
+(``INFOROM_DRAM_RETIREMENT_FAILURE``: the row remapper failed) is ``RESET_GPU`` then
+``CONTACT_SUPPORT``. So when the root cause is a hardware Xid graded ``restart_in_place`` and the
+same GPU (the line's ``pci``) logged, in the incident, a hardware Xid graded ``isolate_node``, that one
+decides: a restart in place would run on memory that can no longer be remapped. Counterexamples:
+the isolating Xid names another GPU; it is an application Xid; the contained Xid is alone.
 """
 
 from __future__ import annotations
@@ -218,6 +228,26 @@ def reporting_rank(cause: Finding, real: Sequence[Finding]) -> Finding:
     if len(ranks) != 1:
         return cause
     return dataclasses.replace(cause, origin=dataclasses.replace(cause.origin, rank=ranks.pop()))
+
+
+def worst_of_gpu(cause: Finding, real: Sequence[Finding]) -> Finding:
+    """The root cause, or the same GPU's isolating Xid that outranks it (module docstring).
+
+    Args:
+        cause: the root cause an analysis chose.
+        real: the incident's real errors.
+
+    Returns:
+        ``cause``, or the earliest hardware Xid of ``real`` on ``cause``'s GPU graded ``isolate_node``
+        when ``cause`` is a hardware Xid graded ``restart_in_place``.
+    """
+    pci = cause.fields.get("pci")
+    if (not pci or "xid" not in cause.fields or cause.failure_class is not FailureClass.HARDWARE_NODE
+            or cause.action is not Action.RESTART_IN_PLACE):
+        return cause
+    return next((f for f in real if "xid" in f.fields and f.fields.get("pci") == pci
+                 and f.origin.node == cause.origin.node and f.failure_class is FailureClass.HARDWARE_NODE
+                 and f.action is Action.ISOLATE_NODE), cause)
 
 
 def repeated_on_gpu(head: Finding, ordered: Sequence[Finding]) -> Finding | None:

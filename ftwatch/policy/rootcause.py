@@ -96,6 +96,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 15. A root cause that is a node's unranked device line (a kernel Xid, an ``mlx5_core`` health
    event) carries the rank of the one rank of that node that reported a device's error, the
    fault as its runtime returned it (``ftwatch.policy.devicefault.reporting_rank``).
+16. Before that, a hardware Xid graded restart_in_place (Xid 94, contained ECC) yields to an Xid
+   of the same GPU graded isolate_node (Xid 64, the row remapper failed): NVIDIA's catalog files
+   the contained error as sympathetic, the memory's state is in the remap Xids
+   (``ftwatch.policy.devicefault.worst_of_gpu``).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -122,7 +126,7 @@ from typing import Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
-from ftwatch.policy.devicefault import device_fault, reporting_rank
+from ftwatch.policy.devicefault import device_fault, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
@@ -436,10 +440,16 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
 
 def _with_rank(an: Analysis) -> Analysis:
-    """Rule 15: ``an`` with its root cause, an unranked line of a node's device, carrying the one
+    """Rules 15-16: ``an`` with its root cause read on its device: a contained Xid yields to its GPU's
+    isolating one (``devicefault.worst_of_gpu``); an unranked line of a node's device carries the one
     rank of that node that reported a device's error (``devicefault.reporting_rank``)."""
     rc = an.root_cause
-    ranked = reporting_rank(rc, an.real) if rc is not None else rc
+    if rc is None:
+        return an
+    worst = worst_of_gpu(rc, an.real)
+    ranked = reporting_rank(worst, an.real)
     if ranked is rc:
         return an
-    return dataclasses.replace(an, root_cause=ranked, real=tuple(ranked if f is rc else f for f in an.real))
+    rest = tuple(f for f in an.real if f is not rc and f is not worst)
+    return dataclasses.replace(an, root_cause=ranked, real=(ranked, *rest) if worst is not rc
+                               else tuple(ranked if f is rc else f for f in an.real))

@@ -256,3 +256,23 @@ def test_no_rank_is_guessed_for_two_ranks_another_node_or_fallout_only():
     for found in (two, other, fallout):
         rc = analyse(found).root_cause
         assert rc is not None and rc.rule_id == "xid.79" and rc.rank is None
+
+
+XID94 = "NVRM: Xid (PCI:0000:3b:00): 94, pid=3004, name=python3, Contained ECC error"
+XID64 = "NVRM: Xid (PCI:0000:{pci}:00): 64, pid='<unknown>', name=<unknown>, Row Remapper: Failed to remap row"
+
+
+def test_a_contained_ecc_yields_to_its_gpus_failed_row_remap(tmp_path: Path):
+    """Rule 16: Xid 94 is sympathetic (NVIDIA: RESTART_APP / IGNORE), Xid 64 on that GPU is RESET_GPU
+    + CONTACT_SUPPORT: the GPU's worst Xid decides, and the rank its device error names stays."""
+    found = [*host(0.0, XID94, XID64.format(pci="3b")), *cuda(2, 3.0, "uncorrectable ECC error encountered")]
+    an = analyse(found)
+    assert an.root_cause.rule_id == "xid.64" and an.root_cause.rank == 2 and an.real[0] is an.root_cause
+    assert decide(found, tmp_path).action is Action.ISOLATE_NODE
+
+
+def test_a_contained_ecc_alone_or_beside_another_gpus_remap_failure_stays_in_place():
+    """Counterexamples: Xid 94 alone restarts in place; Xid 64 of another GPU says nothing of this one."""
+    for kernel in ((XID94,), (XID94, XID64.format(pci="5e"))):
+        rc = analyse([*host(0.0, *kernel), *cuda(2, 3.0, "uncorrectable ECC error encountered")]).root_cause
+        assert rc.rule_id == "xid.94" and rc.action is Action.RESTART_IN_PLACE
