@@ -49,6 +49,15 @@ nor ``oom``), the fault of the device that explains it:
    latest of them is returned graded ``hardware_node`` / ``isolate_node``. One process's Xids,
    however many, say nothing of the GPU (a kernel bug gives 13, 31 and 43 together).
 
+4. for a native crash (a segmentation fault, an exit by SIGSEGV) as the earliest real error, a
+   hardware Xid of the same node (graded ``hardware_node``, not one the application can cause):
+   OpenPAI's maintainers found jobs failing with a segmentation fault on a GPU with an ECC error
+   and ruled that reading the segfault as the user's permanent failure was wrong, the device being
+   at fault (microsoft/pai#4314); NVIDIA's catalog has the application that touched a DBE's memory
+   fail (Xid 48), and a program dies of it however its code handles the error. Not an NVRM line
+   without an Xid, a network or storage fault, or an application Xid (13/31/43, 109: a crashing
+   program causes those itself).
+
 Counterexamples (nothing is paired): an application Xid (13/31/43) of one process beside a CUDA
 error (both the program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
@@ -164,13 +173,16 @@ def uncorrectable_chip_fault(f: Finding) -> bool:
     return entry is not None and bool(_UNCORRECTABLE.search(entry.meaning))
 
 
-def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Finding]) -> Finding | None:
+def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Finding],
+                 crashed: bool = False) -> Finding | None:
     """The fault of the device that explains the device error ``head`` (see the module docstring).
 
     Args:
         head: the incident's earliest real error (R7).
         real: its real errors, earliest first.
         findings: every finding of the incident (NPU events graded below an error are not in ``real``).
+        crashed: ``head`` is a native crash (a segmentation fault, an exit by SIGSEGV): explained
+            only by a hardware Xid of its node (rule 4 of the module docstring).
 
     Returns:
         The first ``hardware_node`` finding of ``real`` on ``head``'s node (rule 1), else a copy of
@@ -181,6 +193,10 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         faulted on (rule 3, :func:`repeated_on_gpu`); None when ``head`` is no device error or
         nothing explains it.
     """
+    if crashed:         # a native crash: only a hardware Xid of its node explains it (module docstring)
+        return next((f for f in real if f is not head and "xid" in f.fields and f.kind not in _NOT_LINES
+                     and f.failure_class is FailureClass.HARDWARE_NODE and f.origin.node == head.origin.node
+                     and not app_caused(f)), None)
     if not device_error(head):
         return None
     pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's

@@ -69,7 +69,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    stays with one GPU across processes) becomes the root cause when
    the earliest real error is an error a GPU/NPU runtime returned to the program (a CUDA error
    graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
-   torch_npu / ACL / CANN error): the program's error is how the device's fault reached it.
+   torch_npu / ACL / CANN error), or a native crash beside a hardware Xid of its node: the
+   program's error is how the device's fault reached it.
 11. A native crash (``NATIVE_CRASHES``: a segmentation fault, or an exit by SIGSEGV / 139) of an
    instance that had already logged fallout (its communicator failed because a peer or the
    network went away, a collective of it timed out) is the tear-down of that failure, fallout
@@ -418,7 +419,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
                                        done, tuple(f for f in peer if f is not reset)))
-        fault = device_fault(head, real, order)   # 10: the device's fault explains the program's device error
+        fault = device_fault(head, real, order, native_crash(head))   # 10: the device's fault explains the program's device error
         if fault is not None:
             return _with_rank(Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices),
                                        done, tuple(f for f in peer if f is not fault)))

@@ -276,3 +276,23 @@ def test_a_contained_ecc_alone_or_beside_another_gpus_remap_failure_stays_in_pla
     for kernel in ((XID94,), (XID94, XID64.format(pci="5e"))):
         rc = analyse([*host(0.0, *kernel), *cuda(2, 3.0, "uncorrectable ECC error encountered")]).root_cause
         assert rc.rule_id == "xid.94" and rc.action is Action.RESTART_IN_PLACE
+
+
+SEGV = "/pai/run.sh: line 23:   318 Segmentation fault      (core dumped) python train.py"
+
+
+def test_a_segfault_beside_a_hardware_xid_of_its_node_is_the_devices(tmp_path: Path):
+    """Pairing rule 4 (microsoft/pai#4314): a job's segfault on a GPU with a DBE is the device's fault."""
+    found = [*logged(3, 1.0, SEGV), *host(2.0, XID48)]
+    assert analyse(found).root_cause.rule_id == "xid.48"
+    assert decide(found, tmp_path).action is Action.ISOLATE_NODE
+
+
+def test_a_segfault_beside_an_application_xid_or_another_nodes_fault_stays_the_programs():
+    """Counterexamples: Xid 13/43 are what a crashing program causes itself; another node's Xid 48
+    and a segfault alone say nothing of this node's device."""
+    for found in ([*logged(3, 1.0, SEGV), *host(2.0, XID13, XID43)],
+                  [*logged(3, 1.0, SEGV), *host(2.0, XID48, node="node-1")],
+                  logged(3, 1.0, SEGV)):
+        rc = analyse(found).root_cause
+        assert rc.rule_id == "os.segfault" and rc.failure_class is FailureClass.USER_CODE
