@@ -101,6 +101,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    of the same GPU graded isolate_node (Xid 64, the row remapper failed): NVIDIA's catalog files
    the contained error as sympathetic, the memory's state is in the remap Xids
    (``ftwatch.policy.devicefault.worst_of_gpu``).
+17. An IB/RoCE port error of a port that reported ``port active`` after it (the link came back),
+   down fewer than 5 times, is a flap: a notice, not the node's fault (``ftwatch.policy.linkflap``);
+   the job's own errors decide.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -132,6 +135,7 @@ from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import lone_oom_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
@@ -341,6 +345,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     """
     done = finish(findings)
     order = sorted((timed_out(f) for f in findings), key=lambda f: (f.time, f.seq))   # 12: exit 124
+    order = recovered_flaps(order)      # 17: a port that came back flapped: a notice
     notices: list[Finding] = []
     if done is not None:
         notices = [f for f in order if _error(f) and _before(done, f)]
