@@ -111,10 +111,11 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 #: CUDA enum's device grades, NCCL's NVLS transport failing on the node's NVSwitch fabric
 #: (``gpu.nvls_*``), NPU chip codes, ACL / torch_npu / CANN device errors): a node's network, storage
 #: or corrected-error lines are hardware_node too but explain no device error. Also the node's
-#: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), Slurm's GPU
+#: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), the amdgpu driver's RAS
+#: uncorrectable error and failed reset (``amdgpu.*``), Slurm's GPU
 #: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``).
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
-                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_")
+                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.")
 #: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
 _NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
