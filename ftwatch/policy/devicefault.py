@@ -49,6 +49,15 @@ nor ``oom``), the fault of the device that explains it:
    latest of them is returned graded ``hardware_node`` / ``isolate_node``. One process's Xids,
    however many, say nothing of the GPU (a kernel bug gives 13, 31 and 43 together).
 
+4. for a native crash (a segmentation fault, an exit by SIGSEGV) as the earliest real error, a
+   hardware Xid of the same node (graded ``hardware_node``, not one the application can cause):
+   OpenPAI's maintainers found jobs failing with a segmentation fault on a GPU with an ECC error
+   and ruled that reading the segfault as the user's permanent failure was wrong, the device being
+   at fault (microsoft/pai#4314); NVIDIA's catalog has the application that touched a DBE's memory
+   fail (Xid 48), and a program dies of it however its code handles the error. Not an NVRM line
+   without an Xid, a network or storage fault, or an application Xid (13/31/43, 109: a crashing
+   program causes those itself).
+
 Counterexamples (nothing is paired): an application Xid (13/31/43) of one process beside a CUDA
 error (both the program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
@@ -56,6 +65,28 @@ that GPU: the program's fault, not the GPU's, as threads where the same fault fo
 across GPUs found); a hardware fault on another node; a network, storage or exit finding graded
 hardware; a program error that no device returns (a Python exception, an out-of-memory); an NPU
 memory event on another chip, long before the failure, or reporting its recovery.
+
+:func:`reporting_rank` names the rank a node's fault hit. A host's report of a device (the kernel's
+``NVRM: Xid`` line, an ``mlx5_core`` health event, ``RmInitAdapter failed``) names a PCI address or
+a pid, never a rank, while the process on that device reports the same fault through its runtime
+(Xid 79's ``CUDA error: unknown error``, Xid 48's ``uncorrectable ECC error encountered``, NCCL's
+``IBV_EVENT_DEVICE_FATAL``): NVIDIA's Xid catalog reads the application's error as following the
+Xid on that GPU, and NCCL's IB transport reports the HCA's asynchronous events on the ranks that use
+it. So when the root cause is such a host line with no rank, and exactly one rank of its node logged a
+real error of a device (one graded ``hardware_node``, or a runtime device error), that rank is the
+one the fault hit, and the root cause carries it. Counterexamples: two ranks of the node report
+device errors (which GPU is which rank is not in the logs: no rank is named); the only ranked
+errors are fallout (a peer's collective timeout) or exits; the rank's node is another.
+
+:func:`worst_of_gpu` reads one GPU's several Xids by the worst of them. NVIDIA's catalog grades a
+contained error (Xid 94, ``ROBUST_CHANNEL_CONTAINED_ERROR``) ``RESTART_APP`` with the investigatory
+bucket ``IGNORE (sympathetic)``: it reports what the application hit, not the memory's state; Xid
+48's workflow says to pair such an ECC Xid "with Xid 63/64/94/95 and row-remap status", and Xid 64
+(``INFOROM_DRAM_RETIREMENT_FAILURE``: the row remapper failed) is ``RESET_GPU`` then
+``CONTACT_SUPPORT``. So when the root cause is a hardware Xid graded ``restart_in_place`` and the
+same GPU (the line's ``pci``) logged, in the incident, a hardware Xid graded ``isolate_node``, that one
+decides: a restart in place would run on memory that can no longer be remapped. Counterexamples:
+the isolating Xid names another GPU; it is an application Xid; the contained Xid is alone.
 """
 
 from __future__ import annotations
@@ -80,10 +111,11 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 #: CUDA enum's device grades, NCCL's NVLS transport failing on the node's NVSwitch fabric
 #: (``gpu.nvls_*``), NPU chip codes, ACL / torch_npu / CANN device errors): a node's network, storage
 #: or corrected-error lines are hardware_node too but explain no device error. Also the node's
-#: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), Slurm's GPU
+#: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), the amdgpu driver's RAS
+#: uncorrectable error and failed reset (``amdgpu.*``), Slurm's GPU
 #: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``).
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
-                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_")
+                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.")
 #: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
 _NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
@@ -142,13 +174,16 @@ def uncorrectable_chip_fault(f: Finding) -> bool:
     return entry is not None and bool(_UNCORRECTABLE.search(entry.meaning))
 
 
-def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Finding]) -> Finding | None:
+def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Finding],
+                 crashed: bool = False) -> Finding | None:
     """The fault of the device that explains the device error ``head`` (see the module docstring).
 
     Args:
         head: the incident's earliest real error (R7).
         real: its real errors, earliest first.
         findings: every finding of the incident (NPU events graded below an error are not in ``real``).
+        crashed: ``head`` is a native crash (a segmentation fault, an exit by SIGSEGV): explained
+            only by a hardware Xid of its node (rule 4 of the module docstring).
 
     Returns:
         The first ``hardware_node`` finding of ``real`` on ``head``'s node (rule 1), else a copy of
@@ -159,6 +194,10 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         faulted on (rule 3, :func:`repeated_on_gpu`); None when ``head`` is no device error or
         nothing explains it.
     """
+    if crashed:         # a native crash: only a hardware Xid of its node explains it (module docstring)
+        return next((f for f in real if f is not head and "xid" in f.fields and f.kind not in _NOT_LINES
+                     and f.failure_class is FailureClass.HARDWARE_NODE and f.origin.node == head.origin.node
+                     and not app_caused(f)), None)
     if not device_error(head):
         return None
     pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's
@@ -185,6 +224,47 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     return dataclasses.replace(event, origin=head.origin, failure_class=FailureClass.HARDWARE_NODE,
                                action=Action.ISOLATE_NODE, severity=Severity.CRITICAL, fields=fields,
                                source=f"{event.source}; paired: {_SOURCE}".lstrip("; "))
+
+
+def reporting_rank(cause: Finding, real: Sequence[Finding]) -> Finding:
+    """The root cause with the rank its fault hit (module docstring, last paragraph).
+
+    Args:
+        cause: the root cause an analysis chose.
+        real: the incident's real errors (the ranks' own reports of the fault among them).
+
+    Returns:
+        ``cause`` itself, or a copy whose origin names the one rank of its node that reported a
+        device's error, when ``cause`` is an unranked ``hardware_node`` line.
+    """
+    if cause.rank is not None or cause.failure_class is not FailureClass.HARDWARE_NODE or cause.kind in _NOT_LINES:
+        return cause
+    ranks = {f.rank for f in real if f is not cause and f.rank is not None and f.kind not in _NOT_LINES
+             and f.origin.node == cause.origin.node
+             and (f.failure_class is FailureClass.HARDWARE_NODE or device_error(f))}
+    if len(ranks) != 1:
+        return cause
+    return dataclasses.replace(cause, origin=dataclasses.replace(cause.origin, rank=ranks.pop()))
+
+
+def worst_of_gpu(cause: Finding, real: Sequence[Finding]) -> Finding:
+    """The root cause, or the same GPU's isolating Xid that outranks it (module docstring).
+
+    Args:
+        cause: the root cause an analysis chose.
+        real: the incident's real errors.
+
+    Returns:
+        ``cause``, or the earliest hardware Xid of ``real`` on ``cause``'s GPU graded ``isolate_node``
+        when ``cause`` is a hardware Xid graded ``restart_in_place``.
+    """
+    pci = cause.fields.get("pci")
+    if (not pci or "xid" not in cause.fields or cause.failure_class is not FailureClass.HARDWARE_NODE
+            or cause.action is not Action.RESTART_IN_PLACE):
+        return cause
+    return next((f for f in real if "xid" in f.fields and f.fields.get("pci") == pci
+                 and f.origin.node == cause.origin.node and f.failure_class is FailureClass.HARDWARE_NODE
+                 and f.action is Action.ISOLATE_NODE), cause)
 
 
 def repeated_on_gpu(head: Finding, ordered: Sequence[Finding]) -> Finding | None:

@@ -38,6 +38,7 @@ from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.policy.initphase import UNKNOWN, at_init
+from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
@@ -159,7 +160,7 @@ class Policy:
         sync = p.job_execution_mode == "Sync" or self.modelarts is not None
         raw = incident.findings if incident.trigger in incident.findings else incident.findings + (incident.trigger,)
         at = raw.index(incident.trigger)
-        findings = refine(raw, self.c4d)
+        findings = recovered_flaps(refine(raw, self.c4d))     # a flapped port's errors are notices
         trig = findings[at]
         scope = findings if sync else tuple(f for f in findings if f.origin.instance == trig.origin.instance)
         occurrence = str(incident.attempt) if sync else (
@@ -209,7 +210,8 @@ class Policy:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
                                          f"c4d_log_level={self.c4d.log_level} → ignored")
             return done(Action.NOTIFY, notify_clause(trig, self.c4d))
-        if trig.kind not in (*_HANG_KINDS, "exit_code") and trig.action < Action.RESTART_INSTANCE and not an.real:
+        if (trig.kind not in (*_HANG_KINDS, "exit_code") and trig.action < Action.RESTART_INSTANCE and not an.real
+                and not an.fallout_only):     # a notice beside the workers' fallout: they failed, D2 decides
             # a log finding that opened the incident while the workers run (PreSeparateNPU ...)
             level = trig.fields.get("level") or trig.failure_class.value
             return done(Action.NOTIFY, f"{trig.rule_id} on {_who(trig)} ({level}) recommends "

@@ -69,7 +69,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    stays with one GPU across processes) becomes the root cause when
    the earliest real error is an error a GPU/NPU runtime returned to the program (a CUDA error
    graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
-   torch_npu / ACL / CANN error): the program's error is how the device's fault reached it.
+   torch_npu / ACL / CANN error), or a native crash beside a hardware Xid of its node: the
+   program's error is how the device's fault reached it.
 11. A native crash (``NATIVE_CRASHES``: a segmentation fault, or an exit by SIGSEGV / 139) of an
    instance that had already logged fallout (its communicator failed because a peer or the
    network went away, a collective of it timed out) is the tear-down of that failure, fallout
@@ -94,6 +95,16 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    exit reports (a scheduler's, the kubelet's, a peer's line keep it), is the kernel OOM killer's
    (``exit.sigkill_lone_oom``, oom: it kills one victim, Slurm, the kubelet and a node reclaim kill
    the launcher too; ``ftwatch.policy.oomkill``).
+15. A root cause that is a node's unranked device line (a kernel Xid, an ``mlx5_core`` health
+   event) carries the rank of the one rank of that node that reported a device's error, the
+   fault as its runtime returned it (``ftwatch.policy.devicefault.reporting_rank``).
+16. Before that, a hardware Xid graded restart_in_place (Xid 94, contained ECC) yields to an Xid
+   of the same GPU graded isolate_node (Xid 64, the row remapper failed): NVIDIA's catalog files
+   the contained error as sympathetic, the memory's state is in the remap Xids
+   (``ftwatch.policy.devicefault.worst_of_gpu``).
+17. An IB/RoCE port error of a port that reported ``port active`` after it (the link came back),
+   down fewer than 5 times, is a flap: a notice, not the node's fault (``ftwatch.policy.linkflap``);
+   the job's own errors decide.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -112,6 +123,7 @@ fallout as retryable infrastructure (``Analysis.fallout_class``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -119,11 +131,12 @@ from typing import Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
-from ftwatch.policy.devicefault import device_fault
+from ftwatch.policy.devicefault import device_fault, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import lone_oom_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
@@ -333,6 +346,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     """
     done = finish(findings)
     order = sorted((timed_out(f) for f in findings), key=lambda f: (f.time, f.seq))   # 12: exit 124
+    order = recovered_flaps(order)      # 17: a port that came back flapped: a notice
     notices: list[Finding] = []
     if done is not None:
         notices = [f for f in order if _error(f) and _before(done, f)]
@@ -410,16 +424,16 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
                      and f.kind not in _NOT_LOGGED and _before(head, f))
         reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
         if reset is not None:
-            return Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices), done,
-                            tuple(f for f in peer if f is not reset))
-        fault = device_fault(head, real, order)   # 10: the device's fault explains the program's device error
+            return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
+                                       done, tuple(f for f in peer if f is not reset)))
+        fault = device_fault(head, real, order, native_crash(head))   # 10: the device's fault explains the program's device error
         if fault is not None:
-            return Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices), done,
-                            tuple(f for f in peer if f is not fault))
+            return _with_rank(Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices),
+                                       done, tuple(f for f in peer if f is not fault)))
         oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)])   # 14: the OOM killer's lone kill
         if oom is not None:
             return Analysis(oom, False, (oom, *real[1:]), tuple(notices), done, peer)
-        return Analysis(head, False, real, tuple(notices), done, peer)
+        return _with_rank(Analysis(head, False, real, tuple(notices), done, peer))   # 15: the rank a node's fault hit
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world)) if fallout else None
     if suspect is not None:
@@ -431,3 +445,19 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         return Analysis(notices[0], False, (), tuple(notices), done)
     return Analysis(fallout[0] if fallout else None, bool(fallout), (), (), done,
                     timeouts_only=timeouts_only(fallout))
+
+
+def _with_rank(an: Analysis) -> Analysis:
+    """Rules 15-16: ``an`` with its root cause read on its device: a contained Xid yields to its GPU's
+    isolating one (``devicefault.worst_of_gpu``); an unranked line of a node's device carries the one
+    rank of that node that reported a device's error (``devicefault.reporting_rank``)."""
+    rc = an.root_cause
+    if rc is None:
+        return an
+    worst = worst_of_gpu(rc, an.real)
+    ranked = reporting_rank(worst, an.real)
+    if ranked is rc:
+        return an
+    rest = tuple(f for f in an.real if f is not rc and f is not worst)
+    return dataclasses.replace(an, root_cause=ranked, real=(ranked, *rest) if worst is not rc
+                               else tuple(ranked if f is rc else f for f in an.real))

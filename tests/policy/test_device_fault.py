@@ -228,3 +228,71 @@ def test_a_node_diagnosis_or_a_missing_gpu_explains_the_device_error_on_that_nod
         # on another node it explains nothing
         other = analyse(logged(5, 10.0, NPU_507015) + host(600.0, report, node="node-9"))
         assert other.root_cause.rule_id == "torch_npu.synchronize_failed", report
+
+
+NCCL_TIMEOUT = ("[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, "
+                "NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600073 milliseconds before timing out.")
+
+
+def test_the_kernel_xid_root_cause_carries_the_rank_whose_device_reported_it(tmp_path: Path):
+    """Rule 15: the host's Xid line names a PCI address, the rank's CUDA error names the rank."""
+    for found in ([*host(0.0, XID79), *cuda(5, 3.0, "unknown error")],               # Xid first (rule 4 head)
+                  [*cuda(5, 1.0, "unspecified launch failure"), *host(4.0, XID79)],  # CUDA error first (rule 10)
+                  [*host(0.0, XID48), *cuda(5, 3.0, "uncorrectable ECC error encountered"),
+                   *logged(0, 9.0, NCCL_TIMEOUT.format(r=0))]):                      # a peer's fallout names none
+        rc = analyse(found).root_cause
+        assert rc is not None and rc.rule_id in ("xid.79", "xid.48") and rc.rank == 5
+        assert rc in analyse(found).real
+        d = decide(found, tmp_path)
+        assert d.action is Action.ISOLATE_NODE and d.root_cause.rank == 5 and d.target.node == "node-0"
+
+
+def test_no_rank_is_guessed_for_two_ranks_another_node_or_fallout_only():
+    """Counterexamples: which GPU is which rank is not in the logs when two ranks report device
+    errors; a rank on another node is not the one hit; a peer's timeout is no device report."""
+    two = [*host(0.0, XID79), *cuda(5, 3.0, "unknown error"), *cuda(6, 3.5, "unknown error")]
+    other = [*host(0.0, XID79), *cuda(5, 3.0, "unknown error", node="node-1")]
+    fallout = [*host(0.0, XID79), *logged(0, 9.0, NCCL_TIMEOUT.format(r=0))]
+    for found in (two, other, fallout):
+        rc = analyse(found).root_cause
+        assert rc is not None and rc.rule_id == "xid.79" and rc.rank is None
+
+
+XID94 = "NVRM: Xid (PCI:0000:3b:00): 94, pid=3004, name=python3, Contained ECC error"
+XID64 = "NVRM: Xid (PCI:0000:{pci}:00): 64, pid='<unknown>', name=<unknown>, Row Remapper: Failed to remap row"
+
+
+def test_a_contained_ecc_yields_to_its_gpus_failed_row_remap(tmp_path: Path):
+    """Rule 16: Xid 94 is sympathetic (NVIDIA: RESTART_APP / IGNORE), Xid 64 on that GPU is RESET_GPU
+    + CONTACT_SUPPORT: the GPU's worst Xid decides, and the rank its device error names stays."""
+    found = [*host(0.0, XID94, XID64.format(pci="3b")), *cuda(2, 3.0, "uncorrectable ECC error encountered")]
+    an = analyse(found)
+    assert an.root_cause.rule_id == "xid.64" and an.root_cause.rank == 2 and an.real[0] is an.root_cause
+    assert decide(found, tmp_path).action is Action.ISOLATE_NODE
+
+
+def test_a_contained_ecc_alone_or_beside_another_gpus_remap_failure_stays_in_place():
+    """Counterexamples: Xid 94 alone restarts in place; Xid 64 of another GPU says nothing of this one."""
+    for kernel in ((XID94,), (XID94, XID64.format(pci="5e"))):
+        rc = analyse([*host(0.0, *kernel), *cuda(2, 3.0, "uncorrectable ECC error encountered")]).root_cause
+        assert rc.rule_id == "xid.94" and rc.action is Action.RESTART_IN_PLACE
+
+
+SEGV = "/pai/run.sh: line 23:   318 Segmentation fault      (core dumped) python train.py"
+
+
+def test_a_segfault_beside_a_hardware_xid_of_its_node_is_the_devices(tmp_path: Path):
+    """Pairing rule 4 (microsoft/pai#4314): a job's segfault on a GPU with a DBE is the device's fault."""
+    found = [*logged(3, 1.0, SEGV), *host(2.0, XID48)]
+    assert analyse(found).root_cause.rule_id == "xid.48"
+    assert decide(found, tmp_path).action is Action.ISOLATE_NODE
+
+
+def test_a_segfault_beside_an_application_xid_or_another_nodes_fault_stays_the_programs():
+    """Counterexamples: Xid 13/43 are what a crashing program causes itself; another node's Xid 48
+    and a segfault alone say nothing of this node's device."""
+    for found in ([*logged(3, 1.0, SEGV), *host(2.0, XID13, XID43)],
+                  [*logged(3, 1.0, SEGV), *host(2.0, XID48, node="node-1")],
+                  logged(3, 1.0, SEGV)):
+        rc = analyse(found).root_cause
+        assert rc.rule_id == "os.segfault" and rc.failure_class is FailureClass.USER_CODE
