@@ -204,6 +204,11 @@ class Tick:
     mono: float
 
 
+#: Finding kinds that are not log lines (an exit, a hang, an instance that exited 0 under ``ftwatch
+#: run``): they never explain an exit nor spell out another finding.
+NOT_LOG_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """What a rule saw: the rule engine's output.

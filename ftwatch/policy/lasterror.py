@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ftwatch.events import Finding
+from ftwatch.events import NOT_LOG_LINES, Finding
 
 #: NCCL result codes as PyTorch raises them (nccl.yaml, nccl_vocab.tsv: the ncclResult_t enum).
 NCCL_RESULT_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.unhandled_system_error", "nccl.internal_error",
@@ -47,8 +47,6 @@ NCCL_RESULT_PREFIX = "nccl.code."
 LAST_ERROR_WINDOW = 1.0
 #: The rule of a traceback whose exception nothing grades (python.yaml, priority -10).
 CATCH_ALL_RULE = "python.uncaught_exception"
-#: Finding kinds that are not log lines (exits, hangs): never a message's text.
-_NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 
 
 def nccl_result(f: Finding) -> bool:
@@ -92,5 +90,5 @@ def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Findin
     real error (one of ``errors``) printed within ``LAST_ERROR_WINDOW`` seconds of ``f``."""
     nxt = next((g for g in order if g.origin.instance == f.origin.instance
                 and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)
-    return (nxt is not None and nxt.kind not in _NOT_LOGGED and nxt.time - f.time < LAST_ERROR_WINDOW
+    return (nxt is not None and nxt.kind not in NOT_LOG_LINES and nxt.time - f.time < LAST_ERROR_WINDOW
             and any(nxt is e for e in errors))

@@ -43,10 +43,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    came before the finish. When what follows the finish is only waiting (a job hang, collective
    timeouts and their fallout), the ranks' ends after the loop differ: ``collective.wait_after_finish``
    (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
-7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``WRAPPED_CODE_PREFIXES``)
-   followed on its instance, within ``WRAPPED_WINDOW`` seconds, by a real error on a line with a
+7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``ftwatch.policy.cannrecord``)
+   followed on its instance, within ``cannrecord.WRAPPED_WINDOW`` seconds, by a real error on a line with a
    CANN error code (0000-8999: an internal 9999 code such as ``EE9999: Inner Error!`` says no more),
-   or by the AI Core's ``errorStr`` that spells out an ``EZ9999`` record (``SPELLED_OUT_RULES``), is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
+   or by the AI Core's ``errorStr`` that spells out an ``EZ9999`` record (``cannrecord.SPELLED_OUT_RULES``), is explained by it: torch_npu prints the error CANN recorded (``EJ0001``, ``EI0004`` ...) as the
    rest of the same message, and that is the specific reading.
 8. When every rank that reports an error only waited for its peers until a timeout (a barrier, a
    collective, the store read of a barrier) while another rank, with no error of its own, was
@@ -124,12 +124,12 @@ fallout as retryable infrastructure (``Analysis.fallout_class``).
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity
 from ftwatch.policy.busy import busy_rank
+from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
@@ -149,24 +149,6 @@ from ftwatch.policy.verbs import flushed_alone
 #: dead peer causes as well as a broken network; nccl.code.system_error: the ``ncclSystemError``
 #: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv).
 CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed"})
-#: Ascend return-code lines (issue 12 item 2): torch_npu raises a failed ACL or HCCL call as one
-#: message, ``<func>:<file>:<line> NPU function error: <call>, error code is N``, then its
-#: ``[ERROR] ... ERRxxxxx`` line and ``[Error]: <meaning>``, then the error CANN recorded for it
-#: (``EJ0001: ...``, ``EI0006: ...``, ``EL0004: ...``) on the lines after (Ascend/pytorch
-#: torch_npu/csrc/core/npu/NPUException.h NPU_CHECK_ERROR / OPS_CHECK_ERROR:
-#: ``"\n", c10_npu_get_error_message()``). A traceback record ends at the first line of that
-#: message, so the rest arrive as findings of their own; the code's rule (priority 5 in
-#: ``npu_codes.yaml``) then yields to the real error the same instance prints within
-#: ``WRAPPED_WINDOW`` seconds after it, the more specific reading of the same failure.
-WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
-WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
-WRAPPED_WINDOW = 2.0
-#: Rules on lines that carry no CANN code of their own but spell out the internal error record
-#: (``EZ9999``) printed after a return code: the AI Core's ``errorStr`` (the "extend info" line of
-#: device_error_core_proc.cc) names what the faulting kernel did, so it is the specific reading too.
-SPELLED_OUT_RULES = frozenset({"cann.aicore_errorstr_out_of_bounds"})
-#: CANN's internal error records (code 9999) that lie between a return code and its ``errorStr``.
-INTERNAL_RECORD_RULES = frozenset({"cann.ez9999_kernel_error", "cann.ee9999_runtime_internal_error"})
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
@@ -174,16 +156,6 @@ SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "pyt
                              "torch.mp_spawn_sigkill"})
 #: Native crashes that rule 11 reads as the tear-down of fallout the same instance logged first.
 NATIVE_CRASHES = frozenset({"os.segfault"})
-#: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
-#: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
-#: Only the codes CANN files as specific errors (0000-8999): 9000-9999 are its internal errors
-#: (``EE9999: Inner Error!``, ``EH9999``, ``EZ9999``), which the same reference says to read with
-#: the messages around them, so they are no more specific than the return code (the aclError enum
-#: in ``npu_codes.yaml`` grades each code by its own source).
-_CANN_CODE = re.compile(r"\bE[0-9A-Z][0-8][0-9]{3}\b")
-#: Finding kinds that are not log lines: they never explain an exit. ``exit_ok``: an instance that
-#: exited 0 (info; ``ftwatch.pipeline.incidents`` notes it under ``ftwatch run``).
-_NOT_LOGGED = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: The rule id of the root cause :func:`left_first` names.
 LEFT_FIRST = "exit.left_first"
 _LEFT_SOURCE = ("SPEC R5 (AIMaster exit hang, seeds/000: an instance that exited 0 while the job has not "
@@ -287,35 +259,6 @@ def _error(f: Finding) -> bool:
     return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
 
 
-def wrapped_code(f: Finding) -> bool:
-    """Says whether ``f`` is a torch_npu return-code line whose message goes on with what CANN
-    recorded (``WRAPPED_CODE_PREFIXES``)."""
-    return f.kind == "keyword" and (f.rule_id.startswith(WRAPPED_CODE_PREFIXES) or f.rule_id in WRAPPED_CODE_RULES)
-
-
-def _spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
-    """Says whether the return-code line ``f`` is followed, on its instance and within
-    ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
-    message; or whether ``f`` (a return-code line or an internal ``EZ9999`` / ``EE9999`` record) is
-    followed by an AI Core ``errorStr`` with only internal records between them."""
-    internal = f.rule_id in INTERNAL_RECORD_RULES
-    return (wrapped_code(f) or internal) and any(
-        not wrapped_code(e) and e.kind not in _NOT_LOGGED and e.origin.instance == f.origin.instance
-        and _before(f, e)
-        and ((not internal and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line))
-             or (e.rule_id in SPELLED_OUT_RULES and _same_record(f, e, errors)))
-        for e in errors)
-
-
-def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
-    """Says whether only CANN's internal error records (``INTERNAL_RECORD_RULES``: ``EZ9999`` /
-    ``EE9999``) of the instance lie between the return-code line ``f`` and ``e``: ``e`` ends the
-    message ``f`` began, whatever the clock says (the return-code line often has no timestamp of
-    its own and carries an earlier line's)."""
-    return all(g.rule_id in INTERNAL_RECORD_RULES for g in errors
-               if g.origin.instance == f.origin.instance and _before(f, g) and _before(g, e))
-
-
 def sigkill_report(f: Finding) -> bool:
     """Says whether ``f`` reports a death by SIGKILL and nothing of why (rule 9)."""
     return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
@@ -354,7 +297,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     logged: dict[str, list[Finding]] = {}
     unranked: list[Finding] = []
     for f in order:
-        if f.kind not in _NOT_LOGGED and (_error(f) or _interrupted(f)):
+        if f.kind not in NOT_LOG_LINES and (_error(f) or _interrupted(f)):
             logged.setdefault(f.origin.instance, []).append(f)
             if f.origin.rank is None:
                 unranked.append(f)
@@ -392,7 +335,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         elif _error(f) and not why:
             candidates.append(f)
 
-    candidates = [c for c in candidates if not _spelled_out(c, candidates)
+    candidates = [c for c in candidates if not spelled_out(c, candidates)
                   and not named_by_last_error(c, order, candidates)      # 7, 13: the specific reading
                   and not message_named_by_next(c, order, candidates)]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
@@ -421,7 +364,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     if real:                            # 4: a peer's later prints are fallout of the first failure
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
-                     and f.kind not in _NOT_LOGGED and _before(head, f))
+                     and f.kind not in NOT_LOG_LINES and _before(head, f))
         reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),

@@ -1,0 +1,72 @@
+"""A torch_npu return-code line spelled out by what CANN recorded for it (SPEC R7, root-cause rule
+7 of ``ftwatch.policy.rootcause``): the code yields to the specific reading of the same failure.
+
+torch_npu raises a failed ACL or HCCL call as one message whose first line carries only the
+return code; the error CANN recorded for it follows on lines of their own (below), which a
+traceback record does not take in. :func:`spelled_out` says when such a code is followed by that
+specific reading, so that the root cause is the recorded error, not the code.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from ftwatch.events import NOT_LOG_LINES, Finding
+
+#: Ascend return-code lines (issue 12 item 2): torch_npu raises a failed ACL or HCCL call as one
+#: message, ``<func>:<file>:<line> NPU function error: <call>, error code is N``, then its
+#: ``[ERROR] ... ERRxxxxx`` line and ``[Error]: <meaning>``, then the error CANN recorded for it
+#: (``EJ0001: ...``, ``EI0006: ...``, ``EL0004: ...``) on the lines after (Ascend/pytorch
+#: torch_npu/csrc/core/npu/NPUException.h NPU_CHECK_ERROR / OPS_CHECK_ERROR:
+#: ``"\n", c10_npu_get_error_message()``). A traceback record ends at the first line of that
+#: message, so the rest arrive as findings of their own; the code's rule (priority 5 in
+#: ``npu_codes.yaml``) then yields to the real error the same instance prints within
+#: ``WRAPPED_WINDOW`` seconds after it, the more specific reading of the same failure.
+WRAPPED_CODE_PREFIXES = ("hccl.result_", "acl.rt_", "aclnn.")
+WRAPPED_CODE_RULES = frozenset({"torch_npu.synchronize_failed"})
+WRAPPED_WINDOW = 2.0
+#: Rules on lines that carry no CANN code of their own but spell out the internal error record
+#: (``EZ9999``) printed after a return code: the AI Core's ``errorStr`` (the "extend info" line of
+#: device_error_core_proc.cc) names what the faulting kernel did, so it is the specific reading too.
+SPELLED_OUT_RULES = frozenset({"cann.aicore_errorstr_out_of_bounds"})
+#: CANN's internal error records (code 9999) that lie between a return code and its ``errorStr``.
+INTERNAL_RECORD_RULES = frozenset({"cann.ez9999_kernel_error", "cann.ee9999_runtime_internal_error"})
+#: A CANN error code (level E, a module character, four digits: ``EJ0001``, ``EE1002``, ``EL0004``;
+#: hiascend.com CANN troubleshooting "error code" reference) on the line that spells a code out.
+#: Only the codes CANN files as specific errors (0000-8999): 9000-9999 are its internal errors
+#: (``EE9999: Inner Error!``, ``EH9999``, ``EZ9999``), which the same reference says to read with
+#: the messages around them, so they are no more specific than the return code (the aclError enum
+#: in ``npu_codes.yaml`` grades each code by its own source).
+_CANN_CODE = re.compile(r"\bE[0-9A-Z][0-8][0-9]{3}\b")
+def _before(a: Finding, b: Finding) -> bool:
+    return (a.time, a.seq) < (b.time, b.seq)
+
+
+def wrapped_code(f: Finding) -> bool:
+    """Says whether ``f`` is a torch_npu return-code line whose message goes on with what CANN
+    recorded (``WRAPPED_CODE_PREFIXES``)."""
+    return f.kind == "keyword" and (f.rule_id.startswith(WRAPPED_CODE_PREFIXES) or f.rule_id in WRAPPED_CODE_RULES)
+
+
+def spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
+    """Says whether the return-code line ``f`` is followed, on its instance and within
+    ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
+    message; or whether ``f`` (a return-code line or an internal ``EZ9999`` / ``EE9999`` record) is
+    followed by an AI Core ``errorStr`` with only internal records between them."""
+    internal = f.rule_id in INTERNAL_RECORD_RULES
+    return (wrapped_code(f) or internal) and any(
+        not wrapped_code(e) and e.kind not in NOT_LOG_LINES and e.origin.instance == f.origin.instance
+        and _before(f, e)
+        and ((not internal and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line))
+             or (e.rule_id in SPELLED_OUT_RULES and _same_record(f, e, errors)))
+        for e in errors)
+
+
+def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
+    """Says whether only CANN's internal error records (``INTERNAL_RECORD_RULES``: ``EZ9999`` /
+    ``EE9999``) of the instance lie between the return-code line ``f`` and ``e``: ``e`` ends the
+    message ``f`` began, whatever the clock says (the return-code line often has no timestamp of
+    its own and carries an earlier line's)."""
+    return all(g.rule_id in INTERNAL_RECORD_RULES for g in errors
+               if g.origin.instance == f.origin.instance and _before(f, g) and _before(g, e))
