@@ -352,3 +352,13 @@ class DeliveryResult:
 def iso(t: float) -> str:
     """Epoch seconds -> ISO-8601 in UTC with milliseconds (``2026-11-21T09:36:03.735+00:00``)."""
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def is_error(f: Finding) -> bool:
+    """A real error: severity error or worse and a class other than ``info`` (fallout included)."""
+    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
+
+
+def precedes(a: Finding, b: Finding) -> bool:
+    """``a`` comes before ``b`` in an incident's (time, seq) order."""
+    return (a.time, a.seq) < (b.time, b.seq)

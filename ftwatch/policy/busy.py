@@ -58,7 +58,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.collectives import TIMEOUT_RULES
 
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
@@ -100,7 +100,7 @@ _LOGGED = ("keyword", "fault_code")
 
 def _waiting(mine: Sequence[Finding]) -> bool:
     """Says whether one rank's logged findings show it waiting for peers until a timeout."""
-    errors = [f for f in mine if f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO]
+    errors = [f for f in mine if is_error(f)]
     if not errors or any(f.failure_class in _OWN_FAULTS for f in errors):
         return False
     timed_out = any(f.rule_id in TIMEOUT_RULES or _TIMEOUT.search(f.line) for f in errors)
@@ -241,7 +241,7 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
                                          for f in w.timeouts if _own_bar(f)]
     for who, mine in w.others():
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
-        if not any(f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO for f in before):
+        if not any(is_error(f) for f in before):
             phases += [(who, f) for f in sorted(before, key=lambda f: (f.time, f.seq))[::-1]
                        if f.rule_id in PHASE_RULES][:1]
     for who, phase in phases:

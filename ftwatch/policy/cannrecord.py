@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from ftwatch.events import NOT_LOG_LINES, Finding
+from ftwatch.events import NOT_LOG_LINES, Finding, precedes
 
 #: Ascend return-code lines (issue 12 item 2): torch_npu raises a failed ACL or HCCL call as one
 #: message, ``<func>:<file>:<line> NPU function error: <call>, error code is N``, then its
@@ -39,10 +39,6 @@ INTERNAL_RECORD_RULES = frozenset({"cann.ez9999_kernel_error", "cann.ee9999_runt
 #: the messages around them, so they are no more specific than the return code (the aclError enum
 #: in ``npu_codes.yaml`` grades each code by its own source).
 _CANN_CODE = re.compile(r"\bE[0-9A-Z][0-8][0-9]{3}\b")
-def _before(a: Finding, b: Finding) -> bool:
-    return (a.time, a.seq) < (b.time, b.seq)
-
-
 def wrapped_code(f: Finding) -> bool:
     """Says whether ``f`` is a torch_npu return-code line whose message goes on with what CANN
     recorded (``WRAPPED_CODE_PREFIXES``)."""
@@ -57,7 +53,7 @@ def spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
     internal = f.rule_id in INTERNAL_RECORD_RULES
     return (wrapped_code(f) or internal) and any(
         not wrapped_code(e) and e.kind not in NOT_LOG_LINES and e.origin.instance == f.origin.instance
-        and _before(f, e)
+        and precedes(f, e)
         and ((not internal and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line))
              or (e.rule_id in SPELLED_OUT_RULES and _same_record(f, e, errors)))
         for e in errors)
@@ -69,4 +65,4 @@ def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
     message ``f`` began, whatever the clock says (the return-code line often has no timestamp of
     its own and carries an earlier line's)."""
     return all(g.rule_id in INTERNAL_RECORD_RULES for g in errors
-               if g.origin.instance == f.origin.instance and _before(f, g) and _before(g, e))
+               if g.origin.instance == f.origin.instance and precedes(f, g) and precedes(g, e))

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.busy import died_on_its_own, waits
 from ftwatch.policy.collectives import TIMEOUT_RULES
 
@@ -78,10 +78,6 @@ SLACK_SECONDS = 300.0
 SOURCE = ("pytorch.org/tutorials/advanced/generic_join.html (uneven inputs: the other ranks hang or error); "
           "huggingface.co/docs/accelerate/basic_tutorials/troubleshooting (hanging code: early stopping, "
           "code run on some processes only); ProcessGroupNCCL.cpp watchdog timeout message")
-
-
-def _error(f: Finding) -> bool:
-    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
 
 
 def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
@@ -102,7 +98,7 @@ def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
     start = first.time - w.window - SLACK_SECONDS
     for who, mine in w.others():
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
-        if not before or any(_error(f) for f in before):
+        if not before or any(is_error(f) for f in before):
             continue
         last = max(before, key=lambda f: (f.time, f.seq))
         if last.rule_id not in LEFT_PATH_RULES or last.time < start:
@@ -182,7 +178,7 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     stop = max((f for f in before if f.rule_id in HANG_LEFT_RULES), key=lambda f: (f.time, f.seq), default=None)
     if stop is None or stop.time < last_output - SLACK_SECONDS:
         return None
-    if any(_error(f) for f in before if (f.time, f.seq) > (stop.time, stop.seq)):
+    if any(is_error(f) for f in before if (f.time, f.seq) > (stop.time, stop.seq)):
         return None
     what = stop.rule_id.rpartition(".")[2].replace("_", " ")
     line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "

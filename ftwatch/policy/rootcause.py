@@ -127,7 +127,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity
+from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity, is_error, precedes
 from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
@@ -236,8 +236,8 @@ def left_first(order: Sequence[Finding]) -> Finding | None:
         others reported; or None.
     """
     for ok in (f for f in order if f.kind == "exit_ok"):
-        others = [f for f in order if f.origin.instance != ok.origin.instance and _error(f)]
-        if not others or any(f.kind == "exit_code" and _before(f, ok) for f in others):
+        others = [f for f in order if f.origin.instance != ok.origin.instance and is_error(f)]
+        if not others or any(f.kind == "exit_code" and precedes(f, ok) for f in others):
             continue
         lost = next((f for f in others if f.kind != "exit_code"), others[0])
         who = f"rank {lost.rank}" if lost.rank is not None else lost.origin.instance
@@ -255,10 +255,6 @@ def _interrupted(f: Finding) -> bool:
     return f.failure_class is FailureClass.FALLOUT and "exception" in f.fields
 
 
-def _error(f: Finding) -> bool:
-    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
-
-
 def sigkill_report(f: Finding) -> bool:
     """Says whether ``f`` reports a death by SIGKILL and nothing of why (rule 9)."""
     return f.rule_id in SIGKILL_REPORTS or (f.kind == "exit_code" and f.fields.get("signal") == 9)
@@ -270,10 +266,6 @@ def native_crash(f: Finding) -> bool:
     if f.kind == "exit_code":
         return f.fields.get("signal") == 11 or f.fields.get("exitcode") == 139
     return f.rule_id in NATIVE_CRASHES
-
-
-def _before(a: Finding, b: Finding) -> bool:
-    return (a.time, a.seq) < (b.time, b.seq)
 
 
 def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
@@ -292,12 +284,12 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     order = recovered_flaps(order)      # 17: a port that came back flapped: a notice
     notices: list[Finding] = []
     if done is not None:
-        notices = [f for f in order if _error(f) and _before(done, f)]
-        order = [f for f in order if not _before(done, f)]
+        notices = [f for f in order if is_error(f) and precedes(done, f)]
+        order = [f for f in order if not precedes(done, f)]
     logged: dict[str, list[Finding]] = {}
     unranked: list[Finding] = []
     for f in order:
-        if f.kind not in NOT_LOG_LINES and (_error(f) or _interrupted(f)):
+        if f.kind not in NOT_LOG_LINES and (is_error(f) or _interrupted(f)):
             logged.setdefault(f.origin.instance, []).append(f)
             if f.origin.rank is None:
                 unranked.append(f)
@@ -322,7 +314,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
     def torn_down(f: Finding) -> bool:
         """Rule 11: a native crash after fallout its own instance logged."""
-        return native_crash(f) and any(e.failure_class is FailureClass.FALLOUT and _before(e, f)
+        return native_crash(f) and any(e.failure_class is FailureClass.FALLOUT and precedes(e, f)
                                        for e in logged.get(f.origin.instance, ()))
 
     fallout: list[Finding] = []
@@ -332,7 +324,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if f.failure_class is FailureClass.FALLOUT or torn_down(f) or (why and all(
                 e.failure_class is FailureClass.FALLOUT for e in why)) or (abort_exit(f) and not why):
             fallout.append(f)
-        elif _error(f) and not why:
+        elif is_error(f) and not why:
             candidates.append(f)
 
     candidates = [c for c in candidates if not spelled_out(c, candidates)
@@ -353,7 +345,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if deaths - {c.origin.instance}:
             return True
         other = next((r for r in firsts if r.origin.instance != c.origin.instance), None)
-        return other is not None and _before(other, c)
+        return other is not None and precedes(other, c)
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
@@ -364,7 +356,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     if real:                            # 4: a peer's later prints are fallout of the first failure
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
-                     and f.kind not in NOT_LOG_LINES and _before(head, f))
+                     and f.kind not in NOT_LOG_LINES and precedes(head, f))
         reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),

@@ -37,7 +37,7 @@ import io
 from functools import lru_cache
 from typing import Collection, Iterable, Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.c4d import LEVELS, C4DSettings, grade, is_c4d, parse_line
 from ftwatch.policy.rootcause import analyse
 
@@ -53,11 +53,6 @@ DEATH_REPORTS = frozenset({
 #: the CUDA catalog's grades whose rows are sticky errors (tools/catalogs.py GRADES)
 STICKY_GRADES = frozenset({"sticky_program", "sticky_ambiguous"})
 _LOGGED = ("keyword", "fault_code")
-
-
-def is_error(f: Finding) -> bool:
-    """Severity error or worse and a class other than ``info`` (fallout included)."""
-    return f.severity >= Severity.ERROR and f.failure_class is not FailureClass.INFO
 
 
 def opens_incident(f: Finding, c4d: C4DSettings, errors: bool = False) -> bool:

@@ -34,7 +34,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ftwatch.parsers import fields
 from ftwatch.rules.stepstats import replace_sorted, sorted_median
 
 #: Which groups of a step pattern hold what: (step group, total group, ((duration kind, group), ...)
