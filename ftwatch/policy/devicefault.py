@@ -96,7 +96,7 @@ import functools
 import re
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity
 from ftwatch.policy.escalation import chip_of, is_npu, is_recovery, npu_code
 from ftwatch.rules.faultcodes import FaultTables, xid_groups
 
@@ -116,8 +116,6 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 #: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``).
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
                          "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.")
-#: finding kinds that are no printed line (an exit code, a hang): consequences, never a device's report
-_NOT_LINES = frozenset({"exit_code", "hang", "exit_hang", "exit_ok"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)
@@ -195,14 +193,14 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         nothing explains it.
     """
     if crashed:         # a native crash: only a hardware Xid of its node explains it (module docstring)
-        return next((f for f in real if f is not head and "xid" in f.fields and f.kind not in _NOT_LINES
+        return next((f for f in real if f is not head and "xid" in f.fields and f.kind not in NOT_LOG_LINES
                      and f.failure_class is FailureClass.HARDWARE_NODE and f.origin.node == head.origin.node
                      and not app_caused(f)), None)
     if not device_error(head):
         return None
     pci = head.fields.get("pci")        # an application Xid names its GPU: the fault must be that GPU's
     fault = next((f for f in real if f is not head and f.failure_class is FailureClass.HARDWARE_NODE
-                  and f.kind not in _NOT_LINES and f.rule_id.startswith(DEVICE_FAULT_PREFIXES)
+                  and f.kind not in NOT_LOG_LINES and f.rule_id.startswith(DEVICE_FAULT_PREFIXES)
                   and f.origin.node == head.origin.node
                   and not device_error(f) and not app_caused(f)
                   and (not pci or f.fields.get("pci") == pci or pci in f.line)), None)
@@ -237,9 +235,9 @@ def reporting_rank(cause: Finding, real: Sequence[Finding]) -> Finding:
         ``cause`` itself, or a copy whose origin names the one rank of its node that reported a
         device's error, when ``cause`` is an unranked ``hardware_node`` line.
     """
-    if cause.rank is not None or cause.failure_class is not FailureClass.HARDWARE_NODE or cause.kind in _NOT_LINES:
+    if cause.rank is not None or cause.failure_class is not FailureClass.HARDWARE_NODE or cause.kind in NOT_LOG_LINES:
         return cause
-    ranks = {f.rank for f in real if f is not cause and f.rank is not None and f.kind not in _NOT_LINES
+    ranks = {f.rank for f in real if f is not cause and f.rank is not None and f.kind not in NOT_LOG_LINES
              and f.origin.node == cause.origin.node
              and (f.failure_class is FailureClass.HARDWARE_NODE or device_error(f))}
     if len(ranks) != 1:
