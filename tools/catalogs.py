@@ -78,6 +78,10 @@ CATALOGS: dict[str, tuple[str, str]] = {
                          "and heartbeat lines (fallout), Ray's lost nodes (retryable), memory-monitor kills (oom), "
                          "actor/worker deaths and a lost GCS (fallout), vLLM's engine-dead and worker-died "
                          "reports (fallout), graded"),
+    "rocm_vocab.tsv": ("rocm_vocab.yaml", "the AMD GPU runtimes: HIP's hipError_t texts as PyTorch on ROCm prints "
+                       "them ('HIP error: ...', each graded as the CUDA error of the same name), the HSA runtime's "
+                       "(ROCr) GPU memory-access faults by reason, its HW exceptions (ECC, GPU hang) and the "
+                       "hsa_status_t strings a queue aborts with, graded"),
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "CUDA math-library status codes (cublasStatus_t, cudnnStatus_t "
                           "with cuDNN 9's sub-codes, cufftResult, cusolverStatus_t, cusparseStatus_t, curandStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
