@@ -9,7 +9,8 @@ present is the program's address. A HW exception by ECC isolates; by a GPU hang 
 GPU (hang, restart). A TPU whose vfio group is busy at start is held outside the job (isolate, as
 ``cudaErrorDevicesUnavailable``); libtpu's lockfile message names a holder the job shares ``/tmp``
 with, most often its own process, and is not graded so. enroot's helpers without their capabilities
-and pyxis failing to create the container file system are the node's, before the job ran.
+and pyxis failing to create the container file system are the node's, before the job ran; so is an
+NVIDIA kernel module that is not loaded (NVML_ERROR_DRIVER_NOT_LOADED).
 Sources: ``ftwatch/rules/packs/{rocm_vocab,kernel_vocab,stacks_vocab,env_vocab}.tsv``.
 """
 
@@ -67,6 +68,12 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
      "or resource busy: Device or resource busy; Couldn't open iommu group /dev/vfio/0", "tpu.device_busy", ISOLATE),
     ("enroot-aufs2ovlfs: failed to set capabilities: Operation not permitted", "enroot.helper_capabilities_failed", ISOLATE),
     ("pyxis: failed to create container filesystem", "pyxis.container_filesystem_failed", ISOLATE),
+    # the node's NVIDIA kernel module is not loaded, as nvidia-smi, pynvml and the container toolkit say it
+    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "
+     "driver is installed and running.", "nvml.driver_not_loaded", ISOLATE),
+    ("pynvml.nvml.NVMLError_DriverNotLoaded: Driver Not Loaded", "nvml.driver_not_loaded", ISOLATE),
+    ("nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown", "nvml.driver_not_loaded",
+     ISOLATE),
 ])
 def test_each_line_carries_its_sources_grade(line, rule_id, grade):
     graded = _graded(line)
