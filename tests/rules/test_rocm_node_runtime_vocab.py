@@ -68,6 +68,10 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
      "or resource busy: Device or resource busy; Couldn't open iommu group /dev/vfio/0", "tpu.device_busy", ISOLATE),
     ("enroot-aufs2ovlfs: failed to set capabilities: Operation not permitted", "enroot.helper_capabilities_failed", ISOLATE),
     ("pyxis: failed to create container filesystem", "pyxis.container_filesystem_failed", ISOLATE),
+    ("[ 9121.004411] amdgpu 0000:03:00.0: amdgpu: device lost from bus!", "amdgpu.device_lost_from_bus", ISOLATE),
+    ("[ 9121.120301] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19", "amdgpu.gpu_recovery_failed", ISOLATE),
+    ("I0612 03:14:07.118203       1 server.go:245] 'nvidia.com/gpu' device marked unhealthy: "
+     "GPU-c24840ec-8de1-43d5-b126-08000173ae32", "gpu.device_plugin_unhealthy", ISOLATE),
     # the node's NVIDIA kernel module is not loaded, as nvidia-smi, pynvml and the container toolkit say it
     ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "
      "driver is installed and running.", "nvml.driver_not_loaded", ISOLATE),
@@ -91,11 +95,14 @@ def test_each_line_carries_its_sources_grade(line, rule_id, grade):
     # libtpu's lockfile: the holder shares the job's /tmp (its own other process, most often)
     "RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 27846. "
     "Not attempting to load libtpu.so in this process.",
+    # a GPU the device plugin gives back, a reset that worked
+    "I0612 03:20:07.118203       1 server.go:245] 'nvidia.com/gpu' device marked healthy: GPU-c24840ec",
+    "amdgpu 0000:03:00.0: amdgpu: GPU reset(2) succeeded!",
     # pyxis naming the user's own arguments or a missing image file
     "slurmstepd: error: pyxis: --container-mounts: source path does not exist: /data/run7",
     "slurmstepd: error: pyxis:     [ERROR] No such file or directory: /scratch/ci/vllm-openai-rocm_v0.21.0.sqsh",
 ])
 def test_lines_that_name_no_node_fault_isolate_nothing(line):
     assert not [g for g in _graded(line) if g[2] is Action.ISOLATE_NODE and g[0].startswith(
-        ("hip.", "hsa.", "amdgpu.", "tpu.", "enroot.", "pyxis."))], _graded(line)
+        ("hip.", "hsa.", "amdgpu.", "tpu.", "enroot.", "pyxis.", "gpu."))], _graded(line)
     assert not [g for g in _graded(line) if g[0].startswith(("hip.rt.", "tpu.", "enroot.", "pyxis."))]
