@@ -145,13 +145,16 @@ def cuda_regex(row: dict[str, str]) -> str:
     (``CUDA Error: %s``, ``CUDA Error Prev: %s``, AlexeyAB/darknet and pjreddie/darknet
     ``src/dark_cuda.c`` / ``src/cuda.c``) and the error-check macro most CUDA code copies
     (``GPUassert: %s %s %d``, the canonical answer to "What is the canonical way to check for errors
-    using the CUDA runtime API?", Stack Overflow 14038589).
+    using the CUDA runtime API?", Stack Overflow 14038589). darknet's form is read only at the start of
+    a line (darknet is one process that prints it bare): behind another program's prefix the same
+    words are that program's, read by its own rule (vLLM's ``CUDA Error: out of memory at ...
+    cumem_allocator.cpp``, ``vllm.cumem_cuda_oom``).
 
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
     prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
-              r"|might have already set an error\? Error \d+: |CUDA Error( Prev)?: |GPUassert: )")
+              r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: )")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
 
