@@ -44,6 +44,9 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
      (FailureClass.USER_CODE, Action.RESTART_IN_PLACE)),
     ("RuntimeError: HIP error: unknown error", "hip.rt.unknown", (FailureClass.USER_CODE, Action.RESTART_IN_PLACE)),
     ("RuntimeError: HIP error: out of memory", "hip.rt.out_of_memory", (FailureClass.OOM, Action.FAIL_JOB)),
+    # RCCL prints the same texts as NCCL's hipified 'Cuda failure'
+    ("node-3:2111:2190 [1] NCCL WARN HIP failure 'unknown error' at /src/rccl/src/transport/p2p.cc:221",
+     "hip.rt.unknown", (FailureClass.USER_CODE, Action.RESTART_IN_PLACE)),
     ("Memory access fault by GPU node-9 (Agent handle: 0x55e1a4f2b9c0) on address 0x7f2a00000000. Reason: DRAM ECC failure.",
      "hsa.memory_fault_ecc", ISOLATE),
     ("Memory access fault by GPU node-9 (Agent handle: 0x55e1a4f2b9c0) on address 0x7f2a00000000(may not be exact "
