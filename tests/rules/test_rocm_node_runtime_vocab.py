@@ -75,6 +75,7 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
     ("[ 9121.120301] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19", "amdgpu.gpu_recovery_failed", ISOLATE),
     ("I0612 03:14:07.118203       1 server.go:245] 'nvidia.com/gpu' device marked unhealthy: "
      "GPU-c24840ec-8de1-43d5-b126-08000173ae32", "gpu.device_plugin_unhealthy", ISOLATE),
+    ("        Remapping Failure Occurred        : Yes", "gpu.row_remapping_failure", ISOLATE),
     # the node's NVIDIA kernel module is not loaded, as nvidia-smi, pynvml and the container toolkit say it
     ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "
      "driver is installed and running.", "nvml.driver_not_loaded", ISOLATE),
@@ -98,6 +99,8 @@ def test_each_line_carries_its_sources_grade(line, rule_id, grade):
     # libtpu's lockfile: the holder shares the job's /tmp (its own other process, most often)
     "RuntimeError: Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 27846. "
     "Not attempting to load libtpu.so in this process.",
+    # a remapped row with no failure is healthy (leptonai/gpud#108)
+    "        Remapping Failure Occurred        : No",
     # a GPU the device plugin gives back, a reset that worked
     "I0612 03:20:07.118203       1 server.go:245] 'nvidia.com/gpu' device marked healthy: GPU-c24840ec",
     "amdgpu 0000:03:00.0: amdgpu: GPU reset(2) succeeded!",
