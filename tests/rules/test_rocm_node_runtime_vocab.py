@@ -40,6 +40,8 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
     ("[rank1]: RuntimeError: HIP error: an illegal memory access was encountered", "hip.rt.sticky_program",
      (FailureClass.USER_CODE, Action.FAIL_JOB)),
     ("RuntimeError: HIP error: invalid device function", "hip.rt.usage", (FailureClass.USER_CODE, Action.FAIL_JOB)),
+    (":1:hip_code_object.cpp       :616 : 4145912745 us: 3012 : [tid:0x7f0c3] hipErrorNoBinaryForGpu: Unable to find code "
+     "object for all current devices!", "hip.rt.usage", (FailureClass.USER_CODE, Action.FAIL_JOB)),
     ("RuntimeError: HIP error: unspecified launch failure", "hip.rt.launch_failure",
      (FailureClass.USER_CODE, Action.RESTART_IN_PLACE)),
     ("RuntimeError: HIP error: unknown error", "hip.rt.unknown", (FailureClass.USER_CODE, Action.RESTART_IN_PLACE)),
