@@ -74,6 +74,8 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
     ("RuntimeError: Failed to initialize TPU system with error: FAILED_PRECONDITION: open(/dev/vfio/0): Device or "
      "resource busy: Device or resource busy; Couldn't open iommu group /dev/vfio/0", "tpu.device_busy", ISOLATE),
     ("enroot-aufs2ovlfs: failed to set capabilities: Operation not permitted", "enroot.helper_capabilities_failed", ISOLATE),
+    ("enroot-nsenter: failed to create user namespace: Operation not permitted", "enroot.helper_capabilities_failed",
+     ISOLATE),
     ("pyxis: failed to create container filesystem", "pyxis.container_filesystem_failed", ISOLATE),
     ("[ 9121.004411] amdgpu 0000:03:00.0: amdgpu: device lost from bus!", "amdgpu.device_lost_from_bus", ISOLATE),
     ("[ 9121.120301] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19", "amdgpu.gpu_recovery_failed", ISOLATE),
