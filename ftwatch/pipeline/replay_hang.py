@@ -63,9 +63,9 @@ _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # A logger's name may stand before its level word: Paddle's launcher (python/paddle/distributed/
 # launch/context/__init__.py get_logger, "%(name)s %(levelname)s %(asctime)s %(message)s") writes
 # "LAUNCH INFO 2023-06-05 10:02:14,221 ...".
-_HOST = rb"(?:[A-Za-z][\w.-]{0,63}: )?"
-_MAY_STAMP = (rb"[ \t]*" + _HOST + rb"(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDAYS + rb") (?:"
-              + _MONTHS + rb") |(?:[A-Z]{3,8}:? +){1,2}\d|(?:slurmstepd|srun)\S*: )")
+_HOST = rb"[A-Za-z][\w.-]{0,63}: (?:[\[(]|\d{4}[-/])"     # a label, then a bracket or a dated stamp
+_MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDAYS + rb") (?:" + _MONTHS
+              + rb") |(?:[A-Z]{3,8}:? +){1,2}\d|(?:slurmstepd|srun)\S*: |" + _HOST + rb")")
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
