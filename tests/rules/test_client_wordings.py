@@ -83,9 +83,27 @@ def replayed(text: str):
      "<HTTPStatus.OK: 200>)", "http.server_error_status", RETRY),
     ("google.resumable_media.common.InvalidResponse: ('Request failed with status code', 404, 'Expected one of', "
      "<HTTPStatus.OK: 200>)", "http.client_error_status", OWN),
+    # requests' Response repr, as wandb's API client quotes it
+    ("wandb.errors.CommError: Error while calling W&B API: An internal error occurred. Please contact support. "
+     "(<Response [500]>)", "http.server_error_status", RETRY),
+    ("wandb.errors.CommError: Error while calling W&B API: Duplicate entry for key 'PRIMARY' (<Response [404]>)",
+     "http.client_error_status", OWN),
 ])
 def test_an_http_status_is_graded_alike_in_every_clients_wording(final, rule, grade):
     f = decided(HEAD + [final])
+    assert (f.rule_id, f.failure_class, f.action) == (rule, *grade)
+
+
+@pytest.mark.parametrize("line, rule, grade", [
+    # libcurl's CURLE_HTTP_RETURNED_ERROR text, as curl -f and git print it
+    ("curl: (22) The requested URL returned error: 503", "http.server_error_status", RETRY),
+    ("fatal: unable to access 'https://github.com/org/repo.git/': The requested URL returned error: 502",
+     "http.server_error_status", RETRY),
+    ("fatal: unable to access 'https://github.com/org/repo.git/': The requested URL returned error: 403",
+     "http.client_error_status", OWN),
+])
+def test_a_status_outside_a_traceback_is_graded_alike(line, rule, grade):
+    f = decided([line])
     assert (f.rule_id, f.failure_class, f.action) == (rule, *grade)
 
 
@@ -140,6 +158,16 @@ def test_a_cause_of_the_requests_own_stays_the_programs(final):
     ("azure.core.exceptions.ServiceResponseError: ('Connection aborted.', RemoteDisconnected('Remote end closed "
      "connection without response'))", RETRY),
     ("socket.timeout: The read operation timed out", RETRY),
+    ("botocore.exceptions.ResponseStreamingError: An error occurred while reading from response stream: ('Connection "
+     "broken: IncompleteRead(1048576 bytes read, 2097152 more expected)', IncompleteRead(1048576 bytes read))", RETRY),
+    ("google.auth.exceptions.TransportError: Failed to retrieve http://metadata.google.internal/computeMetadata/v1/"
+     "instance/service-accounts/default/token from the Google Compute Engine metadata service. Status: 503", RETRY),
+    # huggingface_hub _raise_on_head_call_error: 'most likely a connection issue or Hub downtime'
+    ("huggingface_hub.errors.LocalEntryNotFoundError: An error happened while trying to locate the file on the Hub "
+     "and we cannot find the requested files in the local cache. Please check your connection and try again or make "
+     "sure your Internet connection is on.", RETRY),
+    ("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing "
+     "traffic has been disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to False.", OWN),
     ("socket.timeout: timed out", RETRY),
     ("requests.exceptions.SSLError: HTTPSConnectionPool(host='huggingface.co', port=443): Max retries exceeded with "
      "url: /x (Caused by SSLError(SSLEOFError(8, 'EOF occurred in violation of protocol (_ssl.c:2426)')))", RETRY),
@@ -209,3 +237,13 @@ def test_determined_ends_a_trial_whose_agent_went_away(line, restart):
     if restart:
         assert (found[0].failure_class, found[0].action) == RETRY
         assert replayed(line + "\n").action is Action.RESTART_JOB
+
+
+def test_a_status_error_the_run_outlives_takes_no_action():
+    """W&B logs its API's 5xx and retries; training goes on and finishes: a notice, no restart."""
+    steps = [f"2024-05-01 10:{i:02d}:00,000 - INFO - step {i * 100} | loss {2.0 - i * 0.01:.3f}" for i in range(40)]
+    error = "wandb: ERROR Error while calling W&B API: An internal error occurred. Please contact support. " \
+            "(<Response [500]>)"
+    d = replayed("\n".join(steps[:20] + [error, error] + steps[20:] + ["2024-05-01 10:41:00,000 - INFO - Training "
+                                                                        "completed."]) + "\n")
+    assert d.action is Action.NONE, d.policy_clause
