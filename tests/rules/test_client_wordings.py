@@ -247,3 +247,12 @@ def test_a_status_error_the_run_outlives_takes_no_action():
     d = replayed("\n".join(steps[:20] + [error, error] + steps[20:] + ["2024-05-01 10:41:00,000 - INFO - Training "
                                                                         "completed."]) + "\n")
     assert d.action is Action.NONE, d.policy_clause
+
+
+@pytest.mark.parametrize("line, restart", [
+    ("I 06-11 05:13:00 controller.py:412] Cluster is preempted or failed (status: STOPPED). Recovering...", True),
+    ("I 06-11 05:13:00 controller.py:431] The user job failed (FAILED). Please check the logs below.", False),
+])
+def test_skypilots_controller_tells_a_lost_cluster_from_the_programs_failure(line, restart):
+    found = [f for f in fed([line]) if f.rule_id == "skypilot.cluster_preempted_recovering"]
+    assert [(f.failure_class, f.action) for f in found] == ([RETRY] if restart else [])
