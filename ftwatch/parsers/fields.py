@@ -53,8 +53,10 @@ _GLOG = re.compile(r"\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))
 # "2026-11-21 09:36:03.123456+08:00", "[2026-11-21 09:36:03]"; and Ascend's plog (CANN's
 # slog, "2026-11-21-09:36:03.735.123": date and time joined by "-", milliseconds and
 # microseconds as ".mmm.uuu").
+# The same year-first date with "/" is a common logging datefmt, "%Y/%m/%d %H:%M:%S" (PaddleOCR's
+# ppocr/utils/logging.py get_logger: "[2023/06/05 10:02:41] ppocr INFO: ...").
 _ISO = re.compile(
-    r"(\d{4})-(\d\d)-(\d\d)[T -](\d\d):(\d\d):(\d\d)"
+    r"(\d{4})[-/](\d\d)[-/](\d\d)[T -](\d\d):(\d\d):(\d\d)"
     r"(?:\.(\d{3})\.(\d{3})(?![\d.])|[.,](\d{1,9}))?"
     r"(?: ?(Z|[+-]\d\d:?\d\d)(?![\d:]))?"
 )
@@ -220,7 +222,7 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
     * ``dmesg -T`` (util-linux, C's ``ctime`` form): ``[Sat Nov 21 09:36:03 2026] NVRM: ...``.
     * ISO-8601 ``2026-11-21T09:36:03.123Z``, with ``+08:00``/``+0800`` or no zone; Python
       logging ``2026-11-21 09:36:03,123``; ``2026-11-21 09:36:03.123456``;
-      ``[2026-11-21 09:36:03]``.
+      ``[2026-11-21 09:36:03]``; the date also with ``/`` (``[2023/06/05 10:02:41]``, PaddleOCR's datefmt).
     * Ascend plog (CANN slog): ``[ERROR] HCCL(12345,python):2026-11-21-09:36:03.735.123 [...]``,
       and that ``2026-11-21-09:36:03.735.123`` form (date and time joined by ``-``,
       milliseconds and microseconds as ``.mmm.uuu``) wherever an ISO date may stand.

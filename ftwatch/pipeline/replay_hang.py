@@ -8,7 +8,8 @@ with ``[`` or a digit). Each instance's output becomes a few *active segments*: 
 output with no silence of ``job_hang_interval`` or more inside. The instances are those of
 ``ftwatch replay``: a per-rank file is one; in a combined log each rank prefix is one, and
 the lines without a prefix (torchrun's agent, banners) count only when the file has no
-prefixed line at all.
+prefixed line at all. A parallel shell's host label (pdsh's ``worker-0: ``) or a logger's name before its
+level word (Paddle's ``LAUNCH INFO <date>``) may stand before the stamp; the line is the file's own.
 
 A line without a timestamp has no known time: it lies between the stamped lines around it,
 so its instance counts as writing throughout that span (from the stamp before it to the next
@@ -56,8 +57,15 @@ _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
 # "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-..."), or Slurm's slurmstepd/srun head (its
 # "*** JOB ... CANCELLED AT <time> ***" line, parsers.silence.cancel_stamp)
+# A parallel shell's host label may lead all of it: pdsh labels each line of a host's output with
+# "host: " (pdsh(1): "output ... is prefixed by the hostname"; DeepSpeed's multi-node runner,
+# deepspeed/launcher/multinode_runner.py PDSHRunner: "worker-0: [2022-05-17 03:52:02,512] [INFO] ...").
+# A logger's name may stand before its level word: Paddle's launcher (python/paddle/distributed/
+# launch/context/__init__.py get_logger, "%(name)s %(levelname)s %(asctime)s %(message)s") writes
+# "LAUNCH INFO 2023-06-05 10:02:14,221 ...".
+_HOST = rb"[A-Za-z][\w.-]{0,63}: (?:[\[(]|\d{4}[-/])"     # a label, then a bracket or a dated stamp
 _MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDAYS + rb") (?:" + _MONTHS
-              + rb") |[A-Z]{3,8}:? +\d|(?:slurmstepd|srun)\S*: )")
+              + rb") |(?:[A-Z]{3,8}:? +){1,2}\d|(?:slurmstepd|srun)\S*: |" + _HOST + rb")")
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it

@@ -50,9 +50,18 @@ instance went silent (``hang.job``, SPEC R5) within :data:`SLACK_SECONDS` of a l
 rank stops early or its data ran out (:data:`HANG_LEFT_RULES`), with no error between, is the
 stop or the uneven data leaving the other ranks in a collective ("a break can happen on process 0
 but not on process 1. This will cause the code to hang"; "if a rank has fewer inputs, then the
-other ranks will hang"): :func:`left_before_hang`, ``collective.left_path`` as well. An epoch's
-end or main-process work is no such sign at a job hang (every rank ends its epochs; a hang in the
-main process's own work is no peer's leaving). Horovod's coordinator says it outright when its ranks
+other ranks will hang"): :func:`left_before_hang`, ``collective.left_path`` as well. Main-process
+work is no such sign at a job hang (a hang in the main process's own work is no peer's leaving),
+and an epoch's end alone is none either (every rank ends its epochs, and a program that logs on
+one rank prints it once for all). An epoch's end is one when the ranks' own lines show that only
+one of them ended it (:func:`_ended_alone`): the instance that went silent first (the hang's
+culprit) is another one, it was still writing when the epoch-end line came (its last output no
+earlier than :data:`SLACK_SECONDS` before it: it logs, so it would have printed its own end), and
+no instance but the one that printed it printed an epoch end since. In a synchronous group a
+rank ends its epoch only after every per-step collective of it completed, so its peers took part
+in all of them: the rank that stayed in the epoch was not stuck before, it went on into
+collectives the other never issues, which is the uneven-inputs hang of the Join tutorial ("the
+ranks that exhaust their inputs early"), the program's data split. Horovod's coordinator says it outright when its ranks
 diverge ("One or more tensors were submitted ... by subset of ranks and are waiting for remainder
 of ranks ... This may indicate that different ranks are trying to submit different tensors or
 that only subset of ranks is submitting tensors, which will cause deadlock", stall_inspector.cc):
@@ -175,8 +184,11 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
         return None
     last_output = hang.time - silent
     before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
-    stop = max((f for f in before if f.rule_id in HANG_LEFT_RULES), key=lambda f: (f.time, f.seq), default=None)
+    stop = max((f for f in before if f.rule_id in HANG_LEFT_RULES or f.rule_id == EPOCH_END),
+               key=lambda f: (f.time, f.seq), default=None)
     if stop is None or stop.time < last_output - SLACK_SECONDS:
+        return None
+    if stop.rule_id == EPOCH_END and not _ended_alone(stop, hang, before):
         return None
     if any(is_error(f) for f in before if (f.time, f.seq) > (stop.time, stop.seq)):
         return None
@@ -187,3 +199,20 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                    stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
                    {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)
+
+
+#: An epoch's end, a left-path line a job hang is read by only when one rank alone ended it (:func:`_ended_alone`).
+EPOCH_END = "lifecycle.left_path.epoch_end"
+
+
+def _ended_alone(stop: Finding, hang: Finding, before: Sequence[Finding]) -> bool:
+    """Whether ``stop`` (an epoch end) shows its rank ended the epoch while the hang's culprit did not
+    (the module docstring): the culprit is another instance that was writing until no earlier than
+    ``stop`` less :data:`SLACK_SECONDS`, and no other instance printed an epoch end since then."""
+    if hang.origin.instance == stop.origin.instance or hang.fields.get("last_output") is None:
+        return False
+    quiet = hang.fields.get("culprit_silent_for")
+    if not isinstance(quiet, (int, float)) or hang.time - quiet < stop.time - SLACK_SECONDS:
+        return False
+    return not any(f.rule_id == EPOCH_END and f.origin.instance != stop.origin.instance
+                   and f.time >= stop.time - SLACK_SECONDS for f in before)

@@ -57,7 +57,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
    early, it works on the main process alone; ``collective.left_path``, user_code:
    ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
-   of data (``leftpath.left_before_hang``).
+   of data, or ended its epoch alone (``leftpath.left_before_hang``).
 9. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
    <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
    is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer

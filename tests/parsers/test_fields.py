@@ -159,6 +159,9 @@ def test_split_rank_prefix_removes_a_ray_prefix_without_a_rank(prefix, rest):
          utc(2026, 11, 21, 9, 36, 3, 456000)),
         ("[default0]:[2026-11-21 09:36:03] iteration 1", utc(2026, 11, 21, 9, 36, 3)),
         ("INFO 2026-11-21 09:36:03 worker ready", utc(2026, 11, 21, 9, 36, 3)),
+        # the year-first date with "/" (PaddleOCR's datefmt "%Y/%m/%d %H:%M:%S")
+        ("[2026/11/21 09:36:03] ppocr INFO: train dataloader has 125 iters", utc(2026, 11, 21, 9, 36, 3)),
+        ("LAUNCH INFO 2026-11-21 09:36:03,221 Terminating with signal 15", utc(2026, 11, 21, 9, 36, 3, 221000)),
         # syslog / journald kernel lines (no year: the given one)
         ("Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=48213, name=python3, "
          "GPU has fallen off the bus.", utc(2026, 11, 21, 9, 36, 3)),
@@ -223,6 +226,7 @@ def test_offset_matches_datetime():
         "Traceback (most recent call last):",
         "node3:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>",
         "2026-13-01 09:36:03 month 13",
+        "2026/13/01 09:36:03 month 13, slash form",
         "2026-11-21 25:00:00 hour 25",
         "E1341 09:36:03.735000 140 x.cc:1] month 13",
         "a long message that mentions a date much later: 2026-11-21 09:36:03",

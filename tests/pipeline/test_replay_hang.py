@@ -377,3 +377,50 @@ def test_a_slurm_cancel_soon_after_the_last_step_is_no_hang(run, tmp_path):
     result = run([write(tmp_path / "combined.log", lines)], **HANG_ON)
 
     assert all(f.rule_id != "hang.job" for f in result.findings)
+
+
+def pdsh_line(host: str, at: datetime, msg: str) -> str:
+    """DeepSpeed's multi-node runner under pdsh: pdsh labels each line of a host's output ``host: ``."""
+    return f"{host}: [{at:%Y-%m-%d %H:%M:%S},{at.microsecond // 1000:03d}] [INFO] [logging.py:69:log_dist] {msg}"
+
+
+def pdsh_run(stop: datetime, killed: datetime) -> list[str]:
+    lines = [pdsh_line(f"worker-{h}", T0 + timedelta(minutes=m), f"[Rank 0] step={m * 10}")
+             for m in range(int((stop - T0).total_seconds() // 60) + 1) for h in range(2)]
+    return lines + [pdsh_line(f"worker-{h}", killed, "Killing subprocess 30110") for h in range(2)]
+
+
+def test_pdsh_labelled_lines_are_stamped_so_hours_of_silence_are_a_hang(run, tmp_path):
+    """Every line carries pdsh's ``worker-N: `` label before its stamp: read, the 3-hour silence
+    before the launcher's kill is a hang (untimed before, so the kill's lines bridged it)."""
+    stop = T0 + timedelta(minutes=5)
+    lines = pdsh_run(stop, T0 + timedelta(hours=3))
+
+    rc = run([write(tmp_path / "train.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(stop) + 1800)
+
+
+def test_pdsh_labelled_lines_killed_under_the_interval_are_no_hang(run, tmp_path):
+    """Counterexample: the kill 10 minutes after the last step."""
+    lines = pdsh_run(T0 + timedelta(minutes=5), T0 + timedelta(minutes=15))
+
+    result = run([write(tmp_path / "train.log", lines)], **HANG_ON)
+
+    assert all(f.rule_id != "hang.job" for f in result.findings)
+
+
+def test_paddle_launcher_and_slash_dated_lines_date_the_silence(run, tmp_path):
+    """Paddle's launcher writes ``LAUNCH INFO <iso>`` (name before level), PaddleOCR ``[Y/m/d H:M:S]``:
+    both are stamps, so the two hours between the last worker line and the launcher's SIGTERM are a hang."""
+    stop = T0 + timedelta(minutes=5)
+    lines = ([f"LAUNCH INFO {T0:%Y-%m-%d %H:%M:%S},221 Job: default, mode collective"]
+             + [f"[{T0 + timedelta(minutes=m):%Y/%m/%d %H:%M:%S}] ppocr INFO: epoch: [1/1200], iter: {m}"
+                for m in range(6)]
+             + [f"LAUNCH INFO {T0 + timedelta(hours=2):%Y-%m-%d %H:%M:%S},778 Terminating with signal 15"])
+
+    rc = run([write(tmp_path / "worker-0.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(stop) + 1800)

@@ -167,3 +167,46 @@ def test_horovods_stall_warning_long_before_a_job_hang_keeps_the_hang_reading():
     found = logged(None, 0.0, HOROVOD_STALL)
     rc = analyse(found + [job_hang(7200.0)], world=1).root_cause
     assert rc is not None and rc.rule_id == "hang.job"
+
+
+def ranked_hang(t: float, culprit: int, culprit_last: float, silent: float = 1800.0) -> Finding:
+    """A job hang at ``t`` of two per-rank instances; ``culprit`` went silent first, at ``culprit_last``."""
+    o = Origin(f"worker-{culprit}", culprit, "left", "node-0", "stderr", "process")
+    return Finding("hang.job", "hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR, o,
+                   f"no output from any of 2 instances for {silent:.0f} s", T0 + t, 10_000,
+                   fields={"silent_for": silent, "instances": 2, "culprit_silent_for": t - culprit_last,
+                           "last_output": "2026-11-21T09:00:00+00:00"})
+
+
+EPOCH_DONE = "INFO [train.py:350] epoch 0 done on rank {}, saving epoch-0.pt"
+
+
+def test_a_job_hang_after_one_rank_alone_ended_its_epoch_is_its_peers_uneven_inputs():
+    """Rank 1 ends its epoch; rank 0 wrote its own lines until 40 s before and never ends it: rank 1's
+    collectives all completed with rank 0, so rank 0 went on into collectives rank 1 never issues."""
+    found = logged(1, 40.0, EPOCH_DONE.format(1))
+    rc = analyse(found + [ranked_hang(40.0 + 1800.0, culprit=0, culprit_last=0.0)], world=2).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["phase"] == "lifecycle.left_path.epoch_end"
+
+
+def test_a_job_hang_after_every_rank_ended_its_epoch_keeps_the_hang_reading():
+    """Counterexample: rank 0 printed its epoch end too: they parted nowhere."""
+    found = logged(1, 40.0, EPOCH_DONE.format(1)) + logged(0, 41.0, EPOCH_DONE.format(0))
+    rc = analyse(found + [ranked_hang(41.0 + 1800.0, culprit=1, culprit_last=40.0)], world=2).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+def test_a_job_hang_after_an_epoch_end_beside_a_rank_silent_long_before_keeps_the_hang_reading():
+    """Counterexample: the culprit wrote nothing for an hour before the epoch end (a rank that logs
+    nothing of its own, or one silent long before): its missing epoch-end line says nothing."""
+    found = logged(1, 3600.0, EPOCH_DONE.format(1))
+    rc = analyse(found + [ranked_hang(3600.0 + 1800.0, culprit=0, culprit_last=0.0)], world=2).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+def test_a_job_hang_whose_culprit_printed_the_epoch_end_keeps_the_hang_reading():
+    """Counterexample: the rank that ended its epoch is the one that went silent first."""
+    found = logged(1, 40.0, EPOCH_DONE.format(1))
+    rc = analyse(found + [ranked_hang(40.0 + 1800.0, culprit=1, culprit_last=40.0)], world=2).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
