@@ -78,6 +78,10 @@ CATALOGS: dict[str, tuple[str, str]] = {
                          "and heartbeat lines (fallout), Ray's lost nodes (retryable), memory-monitor kills (oom), "
                          "actor/worker deaths and a lost GCS (fallout), vLLM's engine-dead and worker-died "
                          "reports (fallout), graded"),
+    "rocm_vocab.tsv": ("rocm_vocab.yaml", "the AMD GPU runtimes: HIP's hipError_t texts as PyTorch on ROCm prints "
+                       "them ('HIP error: ...', each graded as the CUDA error of the same name), the HSA runtime's "
+                       "(ROCr) GPU memory-access faults by reason, its HW exceptions (ECC, GPU hang) and the "
+                       "hsa_status_t strings a queue aborts with, graded"),
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "CUDA math-library status codes (cublasStatus_t, cudnnStatus_t "
                           "with cuDNN 9's sub-codes, cufftResult, cusolverStatus_t, cusparseStatus_t, curandStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
@@ -137,12 +141,20 @@ def cuda_regex(row: dict[str, str]) -> str:
     count's ``Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before
     calling NumCudaDevices() that might have already set an error? Error <N>: <message>``
     (c10/cuda/CUDAFunctions.cpp ``device_count_impl``; also the ``CUDA initialization:`` UserWarning).
+    CUDA programs of their own print ``cudaGetErrorString`` the same way: darknet's ``check_error``
+    (``CUDA Error: %s``, ``CUDA Error Prev: %s``, AlexeyAB/darknet and pjreddie/darknet
+    ``src/dark_cuda.c`` / ``src/cuda.c``) and the error-check macro most CUDA code copies
+    (``GPUassert: %s %s %d``, the canonical answer to "What is the canonical way to check for errors
+    using the CUDA runtime API?", Stack Overflow 14038589). darknet's form is read only at the start of
+    a line (darknet is one process that prints it bare): behind another program's prefix the same
+    words are that program's, read by its own rule (vLLM's ``CUDA Error: out of memory at ...
+    cumem_allocator.cpp``, ``vllm.cumem_cuda_oom``).
 
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
     prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
-              r"|might have already set an error\? Error \d+: )")
+              r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: )")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
 
@@ -162,6 +174,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     examples = [first,
                 f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
                 f"RuntimeError: cuda failure: {enum}: {msg}",
+                f" CUDA Error: {msg}", f"GPUassert: {msg} kernels.cu 118",
                 "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
                 f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:

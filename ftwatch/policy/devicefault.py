@@ -58,6 +58,19 @@ nor ``oom``), the fault of the device that explains it:
    without an Xid, a network or storage fault, or an application Xid (13/31/43, 109: a crashing
    program causes those itself).
 
+5. for a job hang as the earliest real error (``hang.job``: no output from any instance for the hang
+   interval; its origin is the instance that went silent first), a fault of that instance's node that
+   takes a device away (graded ``hardware_node`` / ``isolate_node``, of ``DEVICE_FAULT_PREFIXES``: NVML's
+   ``Unable to determine the device handle ... Unknown Error`` / ``GPU is lost``, an Xid 79 off the bus,
+   ``RmInitAdapter failed``, an amdgpu reset that failed), whatever its time within the incident: a
+   process whose GPU stopped answering blocks in its next call to the driver and prints nothing, so the
+   silence is how the device's fault reached it. NVML's reference reads NVML_ERROR_GPU_IS_LOST as "the
+   target GPU has fallen off the bus or is otherwise inaccessible"; the maintainers' diagnoses of hung
+   trainings whose GPU nvidia-smi could no longer reach (rwth-i6/returnn#1486, limbo0000/InstanceLoc#20:
+   not the code, the GPU/node) read the hang as that fault's. A device fault that only restarts (a
+   contained ECC, restart in place) or is no device's (the node's network, storage, a corrected error)
+   explains no hang, nor does one of another node.
+
 Counterexamples (nothing is paired): an application Xid (13/31/43) of one process beside a CUDA
 error (both the program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
@@ -102,9 +115,10 @@ from ftwatch.rules.faultcodes import FaultTables, xid_groups
 
 #: Rule families of errors a device returns to the program that calls it (CUDA runtime / driver as
 #: PyTorch, THC, JAX and NCCL print them, cuDNN / cuBLAS / cuFFT / cuSOLVER / cuSPARSE / cuRAND status codes,
-#: NVRM Xid lines, torch_npu, ACL runtime codes, CANN error codes, HCCL return codes).
+#: NVRM Xid lines, torch_npu, ACL runtime codes, CANN error codes, HCCL return codes, and AMD's: HIP's
+#: hipError_t texts and the HSA runtime's memory faults, HW exceptions and queue statuses, rocm_vocab.tsv).
 DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "cufft.", "cusolver.", "cusparse.", "curand.", "xid.",
-                         "torch_npu.", "acl.", "aclnn.", "cann.", "hccl.result_")
+                         "torch_npu.", "acl.", "aclnn.", "cann.", "hccl.result_", "hip.", "hsa.")
 #: NCCL's wrappers of a CUDA error (ncclUnhandledCudaError, CUDACHECK's ``Cuda failure``).
 DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error", "nccl.cuda_failure"})
 #: Rule families of a GPU's or NPU's own fault reports (driver Xid / NVRM / NVML lines, DCGM, the
@@ -112,10 +126,10 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 #: (``gpu.nvls_*``), NPU chip codes, ACL / torch_npu / CANN device errors): a node's network, storage
 #: or corrected-error lines are hardware_node too but explain no device error. Also the node's
 #: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), the amdgpu driver's RAS
-#: uncorrectable error and failed reset (``amdgpu.*``), Slurm's GPU
+#: uncorrectable error and failed reset (``amdgpu.*``), the HIP / HSA runtime's ECC reports (``hip.*``, ``hsa.*``), Slurm's GPU
 #: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``).
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
-                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.")
+                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.", "hip.", "hsa.")
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)
@@ -181,7 +195,8 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         real: its real errors, earliest first.
         findings: every finding of the incident (NPU events graded below an error are not in ``real``).
         crashed: ``head`` is a native crash (a segmentation fault, an exit by SIGSEGV): explained
-            only by a hardware Xid of its node (rule 4 of the module docstring).
+            only by a hardware Xid of its node (rule 4 of the module docstring). A ``head`` of kind
+            ``hang`` (a job hang) is explained only by an isolating device fault of its node (rule 5).
 
     Returns:
         The first ``hardware_node`` finding of ``real`` on ``head``'s node (rule 1), else a copy of
@@ -192,6 +207,10 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         faulted on (rule 3, :func:`repeated_on_gpu`); None when ``head`` is no device error or
         nothing explains it.
     """
+    if head.kind == "hang":     # a job hang: a lost device of the node that went silent (rule 5)
+        return next((f for f in real if f is not head and f.kind not in NOT_LOG_LINES
+                     and f.failure_class is FailureClass.HARDWARE_NODE and f.action is Action.ISOLATE_NODE
+                     and f.rule_id.startswith(DEVICE_FAULT_PREFIXES) and f.origin.node == head.origin.node), None)
     if crashed:         # a native crash: only a hardware Xid of its node explains it (module docstring)
         return next((f for f in real if f is not head and "xid" in f.fields and f.kind not in NOT_LOG_LINES
                      and f.failure_class is FailureClass.HARDWARE_NODE and f.origin.node == head.origin.node

@@ -69,8 +69,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    stays with one GPU across processes) becomes the root cause when
    the earliest real error is an error a GPU/NPU runtime returned to the program (a CUDA error
    graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
-   torch_npu / ACL / CANN error), or a native crash beside a hardware Xid of its node: the
-   program's error is how the device's fault reached it.
+   torch_npu / ACL / CANN error), or a native crash beside a hardware Xid of its node, or a job hang
+   beside a fault that took a device of its silent instance's node away: the program's error (or
+   silence) is how the device's fault reached it.
 11. A native crash (``NATIVE_CRASHES``: a segmentation fault, or an exit by SIGSEGV / 139) of an
    instance that had already logged fallout (its communicator failed because a peer or the
    network went away, a collective of it timed out) is the tear-down of that failure, fallout
