@@ -161,20 +161,26 @@ def _ends(data: bytes, ranks: frozenset[int | None] | None) -> tuple[set[int], s
     return sure, maybe
 
 
-def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool]]:
+def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool, int | None, int]]:
     """The lines of ``data`` a progress match may start on that matter, in order, as (start, end,
-    wanted): wanted, those of ``ranks`` (None: all); not wanted, those a match may run on from into
-    a wanted line (through lines ending in :data:`TAIL`), which must be followed for it."""
-    out: dict[int, tuple[int, int, bool]] = {}
+    wanted, rank, text): wanted, those of ``ranks`` (None: all); not wanted, those a match may run
+    on from into a wanted line (through lines ending in :data:`TAIL`), which must be followed for
+    it. Where ``text`` >= 0, ``fields.split_rank_prefix(fields.clean(data[start:end]))`` is
+    ``(rank, fields.clean(data[text:end]))`` (read here already: the caller need not split the
+    line again); where -1 (``ranks`` None, a line not wanted, one :func:`_rank` reads whole), the
+    caller reads both itself."""
+    out: dict[int, tuple[int, int, bool, int | None, int]] = {}
     known: dict[bytes, int | None] = {}             # a rank prefix's bytes -> its rank
     for start, end, sure in _candidates(data, None if ranks is None else frozenset(ranks)):
         if not sure and HAS_LITERAL.search(data, start, end) is None:
             continue                                # (one C search: cheaper than the rank's read)
+        rank, text = None, -1
         if ranks is not None:
             first = data[start] if start < end else 32
-            if (None if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)) not in ranks:
+            rank, text = (None, start) if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)
+            if rank not in ranks:
                 continue
-        out[start] = (start, end, True)
+        out[start] = (start, end, True, rank, text)
     if ranks is not None:
         for start in list(out):
             end = start - 1                         # walk back while a match could run on from there
@@ -186,24 +192,26 @@ def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, i
                     if not TAIL.search(data, prev, end):
                         break
                     if prev not in out and HAS_LITERAL.search(data, prev, end):
-                        out[prev] = (prev, end, False)
+                        out[prev] = (prev, end, False, None, -1)
                 end = prev - 1
     return [out[start] for start in sorted(out)]
 
 
-def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> int | None:
-    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed),
-    read from its prefix bytes alone (cached in ``known``) where that reads the same: an ASCII line
-    (``\\d`` and the decoding agree) whose prefixes no Ray prefix or escape follows."""
+def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> tuple[int | None, int]:
+    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed) and
+    where its text after the prefixes starts (-1: not read from the bytes), read from its prefix
+    bytes alone (the rank cached in ``known``) where that reads the same: an ASCII line (``\\d``
+    and the decoding agree) without escapes (whose removal could join a prefix) whose prefixes no
+    Ray prefix follows."""
     off = fields.rank_prefix_at(data, start)[1]
-    if (off >= end or data[off] not in b"(\x1b") and data.find(b"\x1b", start, off) < 0 and data[start:end].isascii():
+    if (off >= end or data[off] != 40) and data.find(b"\x1b", start, end) < 0 and data[start:end].isascii():   # 40: "("
         if off == start:
-            return None
+            return None, start
         key = data[start:off]
         if key not in known:
             known[key] = fields.split_rank_prefix(fields.clean(key))[0]
-        return known[key]
-    return fields.split_rank_prefix(fields.clean(data[start:end]))[0]
+        return known[key], off
+    return fields.split_rank_prefix(fields.clean(data[start:end]))[0], -1
 
 
 def _candidates(data: bytes, ranks: frozenset[int | None] | None) -> list[tuple[int, int, bool]]:
