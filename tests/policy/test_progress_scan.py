@@ -187,7 +187,7 @@ def reference_finder(ranks):
 PIECES = [b"[rank1]: ", b"[rank01]:", b"[default3]:", b"2: ", b"0003: ", b"(pid=4) ", b"\x1b[31m", b"\xd9\xa1",
           b"[rank\xd9\xa3]: ", b"[a1]:", b"[2026-11-21 09:00:01] ", b"epoch", b"poch", b"ter", b"te", b"oss", b"os",
           b"tep", b"%|", b"%", b"MnRtt/Rnk: ", b"MnRtt", b"o", b"p", b"t", b"M", b" ", b"\t", b"x", b"1", b"\r", b"[",
-          b"]: ", b"\xff"]
+          b"]: ", b"\xff", b"I", b"i", b"L", b"l", b"S", b"s", b"E", b"e", b"Iter", b"Loss", b"Step"]
 
 
 @pytest.mark.parametrize("seed", range(20))
