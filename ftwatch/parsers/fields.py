@@ -1,7 +1,11 @@
 """Extracts the fields of one log line: clean text, rank prefix, timestamp, level (SPEC P2).
 
-Run only on lines that a rule matched (and on block lines), so these favour clarity over speed.
-None of them raises on odd input: bad bytes are replaced, unknown formats give None.
+Run on lines that a rule matched (and on block lines), so these favour clarity over speed; the
+exception is the one stamp shape that the progress reader (``ftwatch.policy.progress.marks``) dates on
+thousands of step lines a replay, Megatron's ``[YYYY-MM-DD HH:MM:SS]``, read by a cached shortcut
+that gives the same answer (:func:`_bracketed`). None of them raises on odd input: bad bytes are
+replaced, unknown formats give None. Over 400 lines because each stamp format needs its regex and its
+reading, and they belong together: one line's fields.
 """
 
 from __future__ import annotations

@@ -130,13 +130,10 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
 
     Cost: one pass per chunk, in C (``ftwatch.policy.progresslines.lines``: the lines that hold a
     progress literal and may be of ``ranks``, one hyperscan scan); Python work (decode, veto,
-    timestamp, counters) only for those lines of ``ranks``, the rank and prefix as ``lines`` read
-    them (not split again). Measured on the bench corpus (35 MB, ranks {1, None} waiting, ~14k lines
-    read; CPU s of ``marks`` per replay): 0.27 s at a33fc32, 0.21 s with the handed-over rank and the cached
-    ``[YYYY-MM-DD HH:MM:SS]`` stamp (``fields._bracketed``); of that, the scan ~0.09 s, the counters
-    (:func:`_counters`) ~4 us a line, the most of what is left per line.
-    They are the lines ``_PROGRESS.finditer`` over the whole chunk starts a match on:
-    a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
+    timestamp, counters) only for those lines of ``ranks``, with the rank ``lines`` read (not split
+    again). Bench corpus (35 MB, ranks {1, None} waiting, ~14k lines): 0.27 s at a33fc32, 0.20 s now
+    (the scan ~0.07 s; per line ~7 us, half of it :func:`_counters`). They are the lines
+    ``_PROGRESS.finditer`` over the whole chunk starts a match on: a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
     carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
     progress line: an untimed line's stamp is looked for back to the last line read, not the last
     progress line of any rank (``fields.last_timestamp`` tries at most 16 clock-bearing lines a
