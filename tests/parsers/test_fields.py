@@ -256,8 +256,9 @@ def test_parse_timestamp_never_raises(text, year):
 
 _DIGIT = st.sampled_from("0123456789") | st.sampled_from("\u0663\uff15")     # ASCII, Arabic-Indic, full-width
 _BRACKETED = st.builds(
-    lambda lead, y, mo, d, sep, h, mi, s, tail: f"{lead}[{y}-{mo}-{d}{sep}{h}:{mi}:{s}]{tail}",
+    lambda lead, dash, y, mo, d, sep, h, mi, s, tail: f"{lead}[{y}{dash}{mo}{dash}{d}{sep}{h}:{mi}:{s}]{tail}",
     st.sampled_from(["", "[rank1]: ", "[default0]:[rank3]: ", "7: ", "(Worker pid=12) "]),
+    st.sampled_from(["-", "/"]),
     st.text(_DIGIT, min_size=4, max_size=4) | st.sampled_from(["2026", "0000", "9999"]),
     st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["01", "02", "12", "13", "00"]),
     st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["01", "28", "29", "30", "31", "32"]),
