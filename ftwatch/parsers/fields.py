@@ -1,7 +1,11 @@
 """Extracts the fields of one log line: clean text, rank prefix, timestamp, level (SPEC P2).
 
-Run only on lines that a rule matched (and on block lines), so these favour clarity over speed.
-None of them raises on odd input: bad bytes are replaced, unknown formats give None.
+Run on lines that a rule matched (and on block lines), so these favour clarity over speed; the
+exception is the one stamp shape that the progress reader (``ftwatch.policy.progress.marks``) dates on
+thousands of step lines a replay, Megatron's ``[YYYY-MM-DD HH:MM:SS]``, read by a cached shortcut
+that gives the same answer (:func:`_bracketed`). None of them raises on odd input: bad bytes are
+replaced, unknown formats give None. Over 400 lines because each stamp format needs its regex and its
+reading, and they belong together: one line's fields.
 """
 
 from __future__ import annotations
@@ -203,6 +207,39 @@ def _epoch(parts: tuple[str | None, ...], year: int | None, zone: str | None) ->
     return seconds
 
 
+#: ``[YYYY-MM-DD HH:MM`` (the head of Megatron's ``[2026-11-21 09:00:01] iteration ...`` stamp): the
+#: minute's epoch seconds, None for an impossible one, :data:`_NOT_BRACKETED` for another shape (cleared
+#: past 4,096 minutes)
+_BRACKET_MINUTE = re.compile(r"\[(\d{4})-(\d\d)-(\d\d)[T -](\d\d):(\d\d)")
+_NOT_BRACKETED = object()
+_minutes: dict[str, object] = {}
+
+
+def _bracketed(text: str) -> object:
+    """:func:`parse_timestamp` of a line that opens with ``[YYYY-MM-DD HH:MM:SS]`` (no fraction, no
+    zone), or :data:`_NOT_BRACKETED` for any other line. The same answer: no rank prefix, glog,
+    syslog, vLLM, ctime or plog head can open such a line, so the general path ends in ``_ISO`` at
+    its second character, with no fraction or zone before the ``]``. Its minute is read once
+    (:data:`_minutes`), the second added (``calendar.timegm`` is linear in it; a second past 59 is
+    impossible, as ``datetime`` says). ~0.5 us a line against ~5 us on the general path."""
+    if text[:1] != "[" or text[17:18] != ":" or text[20:21] != "]":
+        return _NOT_BRACKETED
+    second = text[18:20]
+    if not (second.isascii() and second.isdigit()):
+        return _NOT_BRACKETED
+    key = text[:17]
+    minute = _minutes.get(key)
+    if minute is None and key not in _minutes:
+        m = _BRACKET_MINUTE.fullmatch(key)
+        if len(_minutes) >= 4096:
+            _minutes.clear()
+        minute = _minutes[key] = _NOT_BRACKETED if m is None else _whole_seconds(*m.groups(), "00")
+    if minute is None or minute is _NOT_BRACKETED:
+        return minute
+    seconds = int(second)
+    return minute + seconds if seconds < 60 else None
+
+
 def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | None:
     """Finds a timestamp at or near the start of a line and converts it to epoch seconds.
 
@@ -242,9 +279,16 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
         Epoch seconds (float, fractions to the digit given; UTC unless the text gives an offset),
         or None when there is no valid timestamp.
     """
+    stamp = _bracketed(text)
+    if stamp is not _NOT_BRACKETED:
+        return stamp
     if _ANY_CLOCK.search(text) is None:
         return None                     # every format has a time of day: none here, no stamp
     _, rest = split_rank_prefix(text)
+    if rest is not text:
+        stamp = _bracketed(rest)
+        if stamp is not _NOT_BRACKETED:
+            return stamp
     start = _LEAD.match(rest).end()
     m = _GLOG.match(rest, start)
     if m is not None:

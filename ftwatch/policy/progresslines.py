@@ -14,7 +14,7 @@ line (:func:`lines`). The rank-prefix lines of other ranks (a 256-rank job's out
 combined log) and the quiet lines cost nothing per line. Measured on the bench corpus (35 MB,
 ranks {1, None} waiting, CPU s per replay): the ``re`` pass 0.27 s as first written, 0.19 s now;
 the hyperscan scan ~0.09 s (the lines of no prefix: ~0.06 s of it) and ~0.12 s with its per-line
-reads. Why not the engine's own scan: the progress patterns hit every step line (28 % of the
+reads; ~0.067 s and ~0.09 s with the literals' first letters (:data:`LITERALS`). Why not the engine's own scan: the progress patterns hit every step line (28 % of the
 corpus) several times; in the engine's database their callbacks cost ~0.22 s per replay on every
 chunk, errors waiting or not (measured), for ~0.27 s saved only while errors wait.
 """
@@ -35,9 +35,15 @@ except ImportError:  # pragma: no cover - depends on the platform
     _hs = None
 
 #: Where a progress match can start: each alternative of :data:`PATTERNS` holds one of these on the
-#: line its match starts on (``poch``: epoch and Lightning's ``Epoch``; ``ter``: iteration and Megatron;
-#: ``oss``: loss; ``tep``: the plain step and DeepSpeed's ``step=``; ``%|``: tqdm; ``MnRtt/Rnk: ``).
-LITERALS = rb"(?:poch|ter|oss|tep|%\||MnRtt/Rnk: )"
+#: line its match starts on, at the match's start (``[Ee]poch``: epoch and Lightning's ``Epoch``;
+#: ``[Ii]ter``: iteration and Megatron; ``[Ll]oss``: loss; ``[Ss]tep``: the plain step and DeepSpeed's
+#: ``step=``; ``%|``: tqdm; ``MnRtt/Rnk: ``). With their first letters (not ``ter``, ``oss``...):
+#: ``after``, ``parameter``, ``across`` hold none, and the scan of :func:`_database` verifies fewer
+#: hits (bench corpus, ranks {1, None}: 0.067 s a replay against 0.091 s).
+LITERALS = rb"(?:[Ee]poch|[Ii]ter|[Ll]oss|[Ss]tep|%\||MnRtt/Rnk: )"
+#: :data:`LITERALS` with their first letters looked behind for, so that each starts with one of
+#: ``%Mopt`` (:data:`_HOLDS_LITERAL`; ``re`` only: hyperscan has no lookbehind).
+_LITERALS_BEHIND = rb"(?:(?<=[Ee])poch|(?<=[Ii])ter|(?<=[Ll])oss|(?<=[Ss])tep|%\||MnRtt/Rnk: )"
 #: One rank prefix as ``fields.rank_prefix_at`` reads it; a line starting with :data:`UNSURE` may
 #: carry a rank that only ``fields.split_rank_prefix`` reads (Ray's prefix, an escape, non-ASCII).
 PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: )"
@@ -51,8 +57,8 @@ _PREFIXED = frozenset(b"[(0123456789\x1b")
 #: "The rest of the line holds one of :data:`LITERALS`", as a run of bytes that start none
 #: (possessive: never tried again) and single bytes that start one where none begins: the same
 #: lines as ``[^\n]*?`` + the literals, without trying the six literals at every byte (~30 % of
-#: :func:`finder`'s pass). Each literal starts with one of ``%Mopt``.
-_HOLDS_LITERAL = rb"(?:[^\n%Mopt]++|(?!" + LITERALS + rb")[%Mopt])*+" + LITERALS
+#: :func:`finder`'s pass). Each literal of :data:`_LITERALS_BEHIND` starts with one of ``%Mopt``.
+_HOLDS_LITERAL = rb"(?:[^\n%Mopt]++|(?!" + _LITERALS_BEHIND + rb")[%Mopt])*+" + _LITERALS_BEHIND
 #: The first byte of a line that a rank prefix (``PREFIX``) or :data:`UNSURE` can start with: a
 #: line starting with another is read no further for a prefix.
 _PREFIX_FIRST = rb"(?=[\[(0-9\x1b\x80-\xff])"
@@ -161,20 +167,26 @@ def _ends(data: bytes, ranks: frozenset[int | None] | None) -> tuple[set[int], s
     return sure, maybe
 
 
-def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool]]:
+def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, int, bool, int | None, int]]:
     """The lines of ``data`` a progress match may start on that matter, in order, as (start, end,
-    wanted): wanted, those of ``ranks`` (None: all); not wanted, those a match may run on from into
-    a wanted line (through lines ending in :data:`TAIL`), which must be followed for it."""
-    out: dict[int, tuple[int, int, bool]] = {}
+    wanted, rank, text): wanted, those of ``ranks`` (None: all); not wanted, those a match may run
+    on from into a wanted line (through lines ending in :data:`TAIL`), which must be followed for
+    it. Where ``text`` >= 0, ``fields.split_rank_prefix(fields.clean(data[start:end]))`` is
+    ``(rank, fields.clean(data[text:end]))`` (read here already: the caller need not split the
+    line again); where -1 (``ranks`` None, a line not wanted, one :func:`_rank` reads whole), the
+    caller reads both itself."""
+    out: dict[int, tuple[int, int, bool, int | None, int]] = {}
     known: dict[bytes, int | None] = {}             # a rank prefix's bytes -> its rank
     for start, end, sure in _candidates(data, None if ranks is None else frozenset(ranks)):
         if not sure and HAS_LITERAL.search(data, start, end) is None:
             continue                                # (one C search: cheaper than the rank's read)
+        rank, text = None, -1
         if ranks is not None:
             first = data[start] if start < end else 32
-            if (None if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)) not in ranks:
+            rank, text = (None, start) if first < 128 and first not in _PREFIXED else _rank(data, start, end, known)
+            if rank not in ranks:
                 continue
-        out[start] = (start, end, True)
+        out[start] = (start, end, True, rank, text)
     if ranks is not None:
         for start in list(out):
             end = start - 1                         # walk back while a match could run on from there
@@ -186,24 +198,26 @@ def lines(data: bytes, ranks: Container[int | None] | None) -> list[tuple[int, i
                     if not TAIL.search(data, prev, end):
                         break
                     if prev not in out and HAS_LITERAL.search(data, prev, end):
-                        out[prev] = (prev, end, False)
+                        out[prev] = (prev, end, False, None, -1)
                 end = prev - 1
     return [out[start] for start in sorted(out)]
 
 
-def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> int | None:
-    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed),
-    read from its prefix bytes alone (cached in ``known``) where that reads the same: an ASCII line
-    (``\\d`` and the decoding agree) whose prefixes no Ray prefix or escape follows."""
+def _rank(data: bytes, start: int, end: int, known: dict[bytes, int | None]) -> tuple[int | None, int]:
+    """``fields.split_rank_prefix``'s rank of the line ``data[start:end]`` (``fields.clean``ed) and
+    where its text after the prefixes starts (-1: not read from the bytes), read from its prefix
+    bytes alone (the rank cached in ``known``) where that reads the same: an ASCII line (``\\d``
+    and the decoding agree) without escapes (whose removal could join a prefix) whose prefixes no
+    Ray prefix follows."""
     off = fields.rank_prefix_at(data, start)[1]
-    if (off >= end or data[off] not in b"(\x1b") and data.find(b"\x1b", start, off) < 0 and data[start:end].isascii():
+    if (off >= end or data[off] != 40) and data.find(b"\x1b", start, end) < 0 and data[start:end].isascii():   # 40: "("
         if off == start:
-            return None
+            return None, start
         key = data[start:off]
         if key not in known:
             known[key] = fields.split_rank_prefix(fields.clean(key))[0]
-        return known[key]
-    return fields.split_rank_prefix(fields.clean(data[start:end]))[0]
+        return known[key], off
+    return fields.split_rank_prefix(fields.clean(data[start:end]))[0], -1
 
 
 def _candidates(data: bytes, ranks: frozenset[int | None] | None) -> list[tuple[int, int, bool]]:

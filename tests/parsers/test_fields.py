@@ -258,6 +258,48 @@ def test_parse_timestamp_never_raises(text, year):
     assert value is None or isinstance(value, float)
 
 
+_DIGIT = st.sampled_from("0123456789") | st.sampled_from("\u0663\uff15")     # ASCII, Arabic-Indic, full-width
+_BRACKETED = st.builds(
+    lambda lead, dash, y, mo, d, sep, h, mi, s, tail: f"{lead}[{y}{dash}{mo}{dash}{d}{sep}{h}:{mi}:{s}]{tail}",
+    st.sampled_from(["", "[rank1]: ", "[default0]:[rank3]: ", "7: ", "(Worker pid=12) "]),
+    st.sampled_from(["-", "/"]),
+    st.text(_DIGIT, min_size=4, max_size=4) | st.sampled_from(["2026", "0000", "9999"]),
+    st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["01", "02", "12", "13", "00"]),
+    st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["01", "28", "29", "30", "31", "32"]),
+    st.sampled_from([" ", "T", "-", "_"]),
+    st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["00", "23", "24"]),
+    st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["00", "59", "60"]),
+    st.text(_DIGIT, min_size=2, max_size=2) | st.sampled_from(["00", "59", "60", "61", "99"]),
+    st.sampled_from(["", " iteration 10/ 100 |", ".123", " +08:00", "Z", "]"]) | st.text(max_size=12),
+)
+
+
+@given(_BRACKETED, st.one_of(st.none(), st.integers(1970, 2100)))
+def test_bracketed_stamp_fast_path_reads_as_the_general_path(text, year):
+    """``[YYYY-MM-DD HH:MM:SS]`` lines take a cached shortcut (``fields._bracketed``): it gives the
+    general path's answer for every such line, impossible dates and seconds, other digits and
+    neighbouring fractions, zones and prefixes included."""
+    from ftwatch.parsers import fields
+
+    fast = parse_timestamp(text, year)
+    general = fields._bracketed
+    fields._bracketed = lambda _text: fields._NOT_BRACKETED
+    try:
+        slow = parse_timestamp(text, year)
+    finally:
+        fields._bracketed = general
+    assert fast == slow
+
+
+def test_bracketed_stamp_fast_path_is_taken():
+    from ftwatch.parsers import fields
+
+    assert fields._bracketed("[2026-11-21 09:16:40] iteration 1000/ 1000000 |") == 1795252600.0
+    assert fields._bracketed("[2026-02-30 09:16:40] x") is None
+    assert fields._bracketed("[2026-11-21 09:16:60] x") is None
+    assert fields._bracketed("[2026-11-21 09:16:40.5] x") is fields._NOT_BRACKETED
+
+
 # -- level_of ------------------------------------------------------------------------------
 
 

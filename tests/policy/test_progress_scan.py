@@ -187,7 +187,7 @@ def reference_finder(ranks):
 PIECES = [b"[rank1]: ", b"[rank01]:", b"[default3]:", b"2: ", b"0003: ", b"(pid=4) ", b"\x1b[31m", b"\xd9\xa1",
           b"[rank\xd9\xa3]: ", b"[a1]:", b"[2026-11-21 09:00:01] ", b"epoch", b"poch", b"ter", b"te", b"oss", b"os",
           b"tep", b"%|", b"%", b"MnRtt/Rnk: ", b"MnRtt", b"o", b"p", b"t", b"M", b" ", b"\t", b"x", b"1", b"\r", b"[",
-          b"]: ", b"\xff"]
+          b"]: ", b"\xff", b"I", b"i", b"L", b"l", b"S", b"s", b"E", b"e", b"Iter", b"Loss", b"Step"]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -216,6 +216,26 @@ def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch)
     assert fast[0] and fast[3]                          # (some lines found)
 
 
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("compile_after", [0, 10**9])      # the hyperscan pass, the re pass
+def test_the_rank_and_text_handed_over_are_the_split_lines(seed, compile_after, monkeypatch):
+    # ``lines`` hands each wanted line's rank and text start to ``marks`` (no second split): they are
+    # ``split_rank_prefix(clean(line))``'s, escapes that cleaning removes inside a prefix included
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", compile_after)
+    rng = random.Random(seed)
+    pieces = PIECES + [b"[ra\x1b[0mnk2]: ", b"[rank1]: [ra", b"\x1b[0mnk2]: ", b"(Actor pid=3) [rank1]: "]
+    data = b"\n".join(b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 9))) for _ in range(3000))
+    handed = 0
+    for ranks in ({1}, {None}, {None, 1}, {2}, {0, 3}):
+        for start, end, want, rank, text in progresslines.lines(data, ranks):
+            if want and text >= 0:
+                handed += 1
+                assert fields.split_rank_prefix(fields.clean(data[start:end])) == (rank, fields.clean(data[text:end]))
+            if want:
+                assert fields.split_rank_prefix(fields.clean(data[start:end]))[0] == rank
+    assert handed
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("compile_after", [0, 10**9])      # the hyperscan pass, the re pass
 def test_marks_on_random_prefixes_equal_the_per_line_reading(seed, compile_after, monkeypatch):
@@ -242,7 +262,7 @@ def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch):
     assert progresslines.lines(data, {1, 2}) == want and compiled == [frozenset({1, 2})]
     many = set(range(4096))                             # past MAX_COMPILED_RANKS: never compiled
     for _ in range(progresslines.COMPILE_AFTER + 1):
-        assert [s for s, _, _ in progresslines.lines(data, many)] == [s for s, _, _ in progresslines.lines(data, None)]
+        assert [s for s, *_ in progresslines.lines(data, many)] == [s for s, *_ in progresslines.lines(data, None)]
     assert [ranks for ranks in compiled if ranks is not None] == [frozenset({1, 2})]
 
 
