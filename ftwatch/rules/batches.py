@@ -71,6 +71,8 @@ class BatchClock:
     def __call__(self, start: int) -> float:
         return own_time(*self._at(start))
 
+    keeps_chunk = False   # ``later`` holds the line only (``LineClock.keeps_chunk``)
+
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (``LineClock.later``, live)."""
         line, year, time = self._at(start)
@@ -130,16 +132,29 @@ def scan_many(engine: Engine, parts: Sequence[bytes]) -> list[list[tuple[int, in
     return out
 
 
+def step_part(hits: ScanHits, end: int, skip: set[int]) -> ScanHits:
+    """The step lines of a chunk that ``Engine.feed`` judged (its ``defer``): those before ``end``
+    (chunk offsets; the rest is carried) that no block took (``skip``: chunk offsets), as a
+    ``ScanHits`` for :func:`feed_steps` (offsets into ``whole``, as ``found`` holds them)."""
+    part = ScanHits()
+    part.whole, part.base = hits.whole, hits.base
+    base, stop = hits.base, hits.base + end
+    part.found = [hit for hit in hits.found if hit[0] < stop and hit[0] - base not in skip]
+    return part
+
+
 def feed_steps(engine: Engine, parts: Sequence[tuple[Origin, bytes, float, ScanHits]]) -> list[Finding]:
     """The step lines of many origins' chunks in one step-tap call (``watch``: a batch's
-    chunks that :meth:`steps_only` passed): the same step times as :meth:`feed` of each
+    chunks that :meth:`steps_only` passed, and the step lines that ``Engine.feed`` of the
+    chunks a rule hit deferred, :func:`step_part`): the same step times as :meth:`feed` of each
     chunk, its findings (stragglers) after them all, the ranks' verdicts once for the
     batch, not once per chunk. The tap reads the batch's joined buffer as ``scan_many``
     scanned it, at the offsets found there: nothing is copied or joined again.
 
     Args:
-        parts: ``(origin, data, time, hits)`` per chunk, in batch order, ``hits`` from one
-            :meth:`scan_many` call; ``time`` the chunk's time (epoch s, live).
+        parts: ``(origin, data, time, hits)`` per chunk, in any order, ``hits`` from one
+            :meth:`scan_many` call (or :func:`step_part` of it); ``time`` the chunk's time
+            (epoch s, live); ``data`` is counted here (``b""``: counted by ``feed`` already).
 
     Returns:
         The step tap's findings.

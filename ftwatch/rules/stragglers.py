@@ -55,7 +55,8 @@ rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank
 slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
 others' median) is passed over without a verdict; a rank's Origin is made once; its last step
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
-next chunk does not replace it, then (no rank keeps an older chunk). A finding comes at the end of the chunk that made the statistics
+next chunk does not replace it, then (no rank keeps an older chunk; live, a ``later`` keeps only
+its line, ``keeps_chunk`` false, and is read only if a duration-less line ever needs it). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
 verdicts on one rank (or node, or the job) in ``ftwatch.rules.stepverdicts``.
@@ -278,7 +279,9 @@ class StepTracker:
             last = rank.last
             if id(rank) not in unread and last is not None and callable(last[1]):
                 rank.last = (last[0], last[1](), -1)
-        self._unsettled = list(unread.values())
+        # only a ``later`` that keeps its chunk (a replay's) is read at the next chunk; a live one
+        # holds its line only, and is read if ever a duration-less line needs it (the same answer)
+        self._unsettled = list(unread.values()) if getattr(time_at, "keeps_chunk", True) else []
 
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
         starts: dict[str, int] = {}                    # instance -> the line a finding about it names

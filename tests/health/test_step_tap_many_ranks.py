@@ -132,3 +132,26 @@ def test_medians_made_again_for_most_ranks_equal_the_ones_kept_rank_by_rank(rule
     one_by_one = run()
     assert bulk == one_by_one
     assert bulk[0] and len(bulk[1]) == 600 and len(bulk[3]) == 2
+
+
+def test_live_a_rank_missing_from_the_next_chunk_keeps_its_time_unread(rules, monkeypatch):
+    """Live (``watch``), a rank's last line's time holds only its line (``keeps_chunk`` false):
+    a chunk that does not print the rank leaves it unread (no stamp parsed for a rank whose
+    pattern states a duration), and a duration-less line that needs it reads it then, with the
+    same step time as reading it at once."""
+    origin = Origin("combined", None, "job1", "n", "stdout", "watch")
+
+    def run(lazy: bool) -> list[list[float]]:
+        tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+        engine = Engine(rules, steps=tracker)
+        if not lazy:
+            monkeypatch.setattr(LineClock, "keeps_chunk", property(lambda self: True))
+        engine.feed(origin, "".join(DEEPSPEED.format(r=r, m=0, s=1, n=10) for r in (0, 1)).encode(), 100.0)
+        engine.feed(origin, DEEPSPEED.format(r=0, m=0, s=2, n=20).encode(), 100.0)
+        ranks = tracker.jobs["job1"].ranks
+        assert callable(ranks["combined/rank1"].last[1]) is lazy      # read at the next chunk only where it keeps it
+        engine.feed(origin, DEEPSPEED.format(r=1, m=0, s=4, n=20).encode(), 100.0)
+        monkeypatch.undo()
+        return [list(r.samples) for r in ranks.values()]
+
+    assert run(lazy=True) == run(lazy=False) == [[0.1], [0.3]]

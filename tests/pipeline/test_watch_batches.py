@@ -133,3 +133,37 @@ def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
     ranks = w.engine.steps.jobs["llm"].ranks
     assert sorted(ranks) == ["llm-a/rank0", "llm-a/rank1", "llm-b/rank0", "llm-b/rank1"]
     assert {name: len(rank.samples) for name, rank in ranks.items()} == dict.fromkeys(ranks, 5)  # steps 2-6
+
+
+def test_step_lines_of_chunks_a_rule_hit_join_the_batchs_one_step_tap_call(tmp_path, monkeypatch):
+    """A chunk that a rule hit is fed to the engine alone, but its step lines go to the step tap
+    with the batch's others (``Engine.feed``'s ``defer``): one tap call per batch, each pod's
+    step times those of feeding it alone, the slow rank still found; a step line inside a
+    traceback block is no step line, and the lines after a block carried over wait for it."""
+    clock = FakeClock()
+    w, _ = make(tmp_path, clock)
+    tap = w.engine.steps
+    calls = []
+    real = tap.take_chunk
+    monkeypatch.setattr(tap, "take_chunk", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    for n in range(1, 10):
+        batch = []
+        for r in range(12):
+            t = clock.time() + n * (0.3 if r == 5 else 0.1)
+            meta = {"job": "llm", "node": f"node-{r // 4}", "pod": f"llm-worker-{r}", "rank": r}
+            if r % 3 == 0:                  # a rule hit in the same chunk as the step line
+                batch.append(Shipped(t, b"RuntimeError: NCCL communicator was aborted on rank 0.", meta))
+            batch.append(Shipped(t, f"step {n}/100 loss 0.5".encode(), meta))
+        w.ingest(batch)
+    found = [f for f in w.jobs["llm"].findings if f.kind == "straggler"]
+    assert [f.rank for f in found] == [5]
+    assert len(calls) == 9 and all(callable(c) for c in calls)      # one per batch, hit chunks included
+    ranks = w.engine.steps.jobs["llm"].ranks
+    assert {name: len(rank.samples) for name, rank in ranks.items()} == {f"llm-worker-{r}": 8 for r in range(12)}  # steps 2-9
+
+    tb = [Shipped(clock.time(), b"Traceback (most recent call last):", {"job": "llm", "node": "node-0",
+                                                                      "pod": "llm-worker-0", "rank": 0}),
+          Shipped(clock.time(), b"step 10/100 loss 0.5", {"job": "llm", "node": "node-0", "pod": "llm-worker-0",
+                                                            "rank": 0})]
+    w.ingest(tb)                            # an open block: its lines wait for it, none is a step line yet
+    assert len(ranks["llm-worker-0"].samples) == 8
