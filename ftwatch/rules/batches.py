@@ -172,6 +172,8 @@ def feed_steps(engine: Engine, parts: Sequence[tuple[Origin, bytes, float, ScanH
 
     def origin_at(start: int, bases=bases, origins=origins) -> Origin:
         return origins[bisect.bisect_right(bases, start) - 1]
-    return engine.steps.take_chunk(origin_at, whole, len(whole), (),
-                                 BatchClock(whole, bases, [p[2] for p in parts], engine.year or 0),
-                                 engine.next_seq, found)
+    findings = engine.steps.take_chunk(origin_at, whole, len(whole), (),
+                                       BatchClock(whole, bases, [p[2] for p in parts], engine.year or 0),
+                                       engine.next_seq, found)
+    engine.stats.findings += len(findings)          # counted as ``feed`` counts its step findings
+    return findings

@@ -222,7 +222,9 @@ class Engine:
             if defer is not None and steps is not None:
                 defer.append((origin, b"", time, batches.step_part(hits, len(data), consumed)))
                 return []
-            return self._steps(origin, data, len(data), consumed, time, sim_step, steps)
+            findings = self._steps(origin, data, len(data), consumed, time, sim_step, steps)
+            self.stats.findings += len(findings)
+            return findings
         by_line: dict[int, set[int]] = {}
         for start, pid in hits:
             by_line.setdefault(start, set()).add(pid)

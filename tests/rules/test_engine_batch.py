@@ -148,6 +148,7 @@ def test_step_only_chunks_of_many_origins_in_one_call_take_what_feed_takes(rules
     for instance, rank in alone.steps.jobs["job1"].ranks.items():
         assert list(together.steps.jobs["job1"].ranks[instance].samples) == pytest.approx(list(rank.samples))
     assert together.stats.lines == alone.stats.lines and together.stats.bytes == alone.stats.bytes
+    assert together.stats.findings == alone.stats.findings == 1          # the straggler, counted either way
     origin = Origin("w0", 0, "job1", "node-a", "stderr", "forward")
     data = b"step 10/100 loss 0.5\nRuntimeError: NCCL error: unhandled system error\n"
     assert not together.steps_only(origin, together.scan_many([data])[0])      # a rule hit: feed it
