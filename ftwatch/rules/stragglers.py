@@ -86,7 +86,7 @@ from ftwatch.rules.stepranks import Job, Rank, Reader, by_rank, reader, take, ta
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
 from ftwatch.rules.steptail import Tails
 from ftwatch.rules.stepstats import is_straggler, median_without, sorted_median, without  # noqa: F401  (re-exported)
-from ftwatch.rules.stepverdicts import LineOf, detector, judge
+from ftwatch.rules.stepverdicts import LineOf, detector, judge, node_verdict
 
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
 _GROUPS = operator.itemgetter(2)
@@ -368,7 +368,10 @@ class StepTracker:
         so a rank that cannot be found slow is passed over in this loop, not judged: one not
         reported, without a node to compare (fewer than 2 nodes), whose median is under
         ``factor`` x a lower bound of the other ranks' median (the median of the lowest n - 1 of
-        the n medians); ``_judge`` would change nothing and find nothing for it."""
+        the n medians); ``_judge`` would change nothing and find nothing for it. Of such ranks
+        with a node to compare, only the first of each node gets its node's verdict (all that
+        ``judge`` does for them): in one pass the node medians stay as they are, so a node's
+        second verdict finds nothing and changes nothing (its hysteresis moved on the first)."""
         cfg = self.config
         min_steps, ranks = cfg.min_steps, job.ranks
         members = [pair for pair in members                                 # not forgotten, enough steps
@@ -382,9 +385,18 @@ class StepTracker:
         # below this no rank's slowdown reaches ``factor`` (a margin for the rounding of m / ref)
         bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")
         nodes = len(node_median) >= 2
-        found = [judge(cfg, self.names, job, who, rank, line_of(who)) for who, rank in members
-                 if rank.reported or rank.median >= bound or nodes and rank.node in node_median]
-        return [f for f in found if f is not None]
+        names, found, judged = self.names, [], set()   # judged: nodes with this pass's node verdict
+        for who, rank in members:
+            if rank.reported or rank.median >= bound:
+                f = judge(cfg, names, job, who, rank, line_of(who))
+            elif nodes and rank.node in node_median and rank.node not in judged:
+                judged.add(rank.node)
+                f = node_verdict(cfg, names, job, who, rank, line_of(who))
+            else:
+                continue
+            if f is not None:
+                found.append(f)
+        return found
 
     def _sweep(self, now: float) -> None:
         self._swept = now
