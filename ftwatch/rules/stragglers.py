@@ -55,8 +55,8 @@ rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank
 slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
 others' median) is passed over without a verdict; a rank's Origin is made once; its last step
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
-next chunk does not replace it, then (no rank keeps an older chunk; live, a ``later`` keeps only
-its line, ``keeps_chunk`` false, and is read only if a duration-less line ever needs it). A finding comes at the end of the chunk that made the statistics
+next chunk does not replace it, then (no rank keeps an older chunk; live, where it holds only
+its line, ``keeps_chunk``, only if ever needed). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
 verdicts on one rank (or node, or the job) in ``ftwatch.rules.stepverdicts``.
@@ -279,8 +279,7 @@ class StepTracker:
             last = rank.last
             if id(rank) not in unread and last is not None and callable(last[1]):
                 rank.last = (last[0], last[1](), -1)
-        # only a ``later`` that keeps its chunk (a replay's) is read at the next chunk; a live one
-        # holds its line only, and is read if ever a duration-less line needs it (the same answer)
+        # only a ``later`` holding its chunk (a replay's) is read at the next chunk (module doc)
         self._unsettled = list(unread.values()) if getattr(time_at, "keeps_chunk", True) else []
 
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
@@ -368,10 +367,9 @@ class StepTracker:
         so a rank that cannot be found slow is passed over in this loop, not judged: one not
         reported, without a node to compare (fewer than 2 nodes), whose median is under
         ``factor`` x a lower bound of the other ranks' median (the median of the lowest n - 1 of
-        the n medians); ``_judge`` would change nothing and find nothing for it. Of such ranks
-        with a node to compare, only the first of each node gets its node's verdict (all that
-        ``judge`` does for them): in one pass the node medians stay as they are, so a node's
-        second verdict finds nothing and changes nothing (its hysteresis moved on the first)."""
+        the n medians); ``_judge`` would change nothing and find nothing for it. Of such ranks with
+        a node to compare, only each node's first gets its node's verdict (all ``judge`` does for
+        them): in one pass a node's second verdict finds and changes nothing."""
         cfg = self.config
         min_steps, ranks = cfg.min_steps, job.ranks
         members = [pair for pair in members                                 # not forgotten, enough steps
