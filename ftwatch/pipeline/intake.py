@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 
 def output(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: float = 0.0, *,
-           final: bool = False, sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> Finding | None:
+           final: bool = False, sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None,
+           defer: list | None = None) -> Finding | None:
     """A chunk of complete lines from ``origin``.
 
     Args:
@@ -50,6 +51,7 @@ def output(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: f
         final: the stream ended (a replayed file): its open blocks close.
         sim_step: replay's seconds per untimed line (``Engine.feed``).
         hits: ``data``'s hits when the caller scanned many chunks at once (``Engine.scan_many``).
+        defer: the batch's step-line parts (``Engine.feed``'s ``defer``; :func:`output_many`).
 
     Returns:
         The finding that opened an incident, or a failing exit a summary reported; else None.
@@ -72,7 +74,7 @@ def output(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: f
         desk._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
     if desk.progress.wants(origin) and not is_host(origin):
         desk.progress.read(origin, data, time, sim_step, desk.engine.year or line_fields.year_of(time))
-    found = desk.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits)
+    found = desk.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits, defer=defer)
     if desk.summaries is not None and (may_hold_summary(data) or origin in desk._exits.summary_lines):
         found += desk._exits.summary(origin, data, time)
     return take(desk, origin, data, time, mono, found, sim_step)
@@ -101,8 +103,10 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
     summary words or summary under way only meets its instance, keeps its last line, is
     counted (the metrics once per batch, ``Recorder.output_many``) and goes to the engine
     only when a rule or the step tap hit it or its origin carries an open block
-    (``Engine.count_if_quiet``); the chunks only the step tap hit go to it together after the
-    others (``Engine.feed_steps``: one call, the ranks' verdicts once for the batch); only
+    (``Engine.count_if_quiet``); the step lines of every such chunk (those only the step tap
+    hit, and those ``Engine.feed`` of a chunk a rule hit defers) go to the tap together after
+    the others (``Engine.feed_steps``: one call per job and batch, the ranks' verdicts once for
+    the batch, whether or not a rule hit the chunk); only
     findings, and chunks of an instance whose error waits for its progress, go further
     (:func:`take`).
 
@@ -116,10 +120,10 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
     """
     trigger = None
     counts: list[tuple[Origin, int, int, float]] = []
-    stepping: list[tuple[Origin, bytes, float, list]] = []     # only the step tap hit them
+    stepping: list[tuple[Origin, bytes, float, list]] = []     # step lines, for one tap call
     engine, survival, summary_lines = desk.engine, desk.survival, desk._exits.summary_lines
     summaries = desk.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
-    instances, tails, output = desk.instances, desk._tails, desk.tracker.output
+    instances, tails, heard = desk.instances, desk._tails, desk.tracker.output
     touch, exits = instances.move_to_end, desk.exits
     quiet, steps_only = engine.count_if_quiet, engine.steps_only
     for origin, data, time, hits in parts:
@@ -128,7 +132,7 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
             if counts:                          # counted in input order (the store's buckets)
                 desk.recorder.output_many(counts)
                 counts = []
-            found = desk.output(origin, data, time, mono, hits=hits)
+            found = output(desk, origin, data, time, mono, hits=hits, defer=stepping)
             trigger = trigger or found
             continue
         instance = origin.instance
@@ -136,7 +140,7 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
             touch(instance)
         elif not exits:
             desk.started(origin, time)
-        output(instance, time)
+        heard(instance, time)
         if desk._hang_notified:
             desk._hang_notified = False
             desk.tracker.rearm()
@@ -152,8 +156,8 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
         if not quiet(origin, data, hits):
             if steps_only(origin, hits):
                 stepping.append((origin, data, time, hits))
-            else:
-                found = engine.feed(origin, data, time, hits=hits)
+            else:                               # its step lines join ``stepping`` (Engine.feed's defer)
+                found = engine.feed(origin, data, time, hits=hits, defer=stepping)
         if found or (survival and survival.watches(origin)):   # read for a waiting error's progress
             found = take(desk, origin, data, time, mono, found or [])   # taken even when a trigger is
             trigger = trigger or found

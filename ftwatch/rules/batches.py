@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
+import operator
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ftwatch.events import Finding, Origin
@@ -46,6 +48,28 @@ class ScanHits(list):
         return [(start - base, pid, match) for start, pid, match in found]
 
 
+class StreamAt:
+    """The stream of a line of a batch's joined buffer, by the line's offset (``feed_steps``: the
+    step tap's ``origin`` for a chunk of many streams).
+
+    Args:
+        bases: where each stream's chunk starts in the buffer (sorted).
+        origins: the stream of each chunk.
+    """
+
+    def __init__(self, bases: list[int], origins: list[Origin]):
+        self.bases, self.origins = bases, origins
+
+    def __call__(self, start: int) -> Origin:
+        return self.origins[bisect.bisect_right(self.bases, start) - 1]
+
+    def each(self, starts: Sequence[int]) -> list[Origin]:
+        """The streams of the lines at ``starts``, in C (no Python call per line)."""
+        return list(map(self.origins.__getitem__,
+                        map(operator.sub, map(bisect.bisect_right, itertools.repeat(self.bases), starts),
+                            itertools.repeat(1))))
+
+
 class BatchClock:
     """``LineClock`` for a chunk made of many streams' chunks (``Engine.feed_steps``; live, no
     block carried): a line's own timestamp, else the time of the chunk it came in.
@@ -58,6 +82,12 @@ class BatchClock:
     """
 
     def __init__(self, data: bytes, bounds: list[int], times: list[float], year: int):
+        if not year and times and all(map(math.isfinite, times)):
+            try:                                     # every chunk's time in one (UTC) year: read it once,
+                low, high = fields.year_of(min(times)), fields.year_of(max(times))   # not once per chunk
+            except (OverflowError, OSError, ValueError):
+                low = high = 0
+            year = low if low == high else 0
         self.data, self.bounds, self.times, self.year = data, bounds, times, year
         self.years: dict[int, int] = {}              # chunk index -> its time's year, once asked
 
@@ -70,6 +100,8 @@ class BatchClock:
 
     def __call__(self, start: int) -> float:
         return own_time(*self._at(start))
+
+    keeps_chunk = False   # ``later`` holds the line only (``LineClock.keeps_chunk``)
 
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (``LineClock.later``, live)."""
@@ -130,16 +162,29 @@ def scan_many(engine: Engine, parts: Sequence[bytes]) -> list[list[tuple[int, in
     return out
 
 
+def step_part(hits: ScanHits, end: int, skip: set[int]) -> ScanHits:
+    """The step lines of a chunk that ``Engine.feed`` judged (its ``defer``): those before ``end``
+    (chunk offsets; the rest is carried) that no block took (``skip``: chunk offsets), as a
+    ``ScanHits`` for :func:`feed_steps` (offsets into ``whole``, as ``found`` holds them)."""
+    part = ScanHits()
+    part.whole, part.base = hits.whole, hits.base
+    base, stop = hits.base, hits.base + end
+    part.found = [hit for hit in hits.found if hit[0] < stop and hit[0] - base not in skip]
+    return part
+
+
 def feed_steps(engine: Engine, parts: Sequence[tuple[Origin, bytes, float, ScanHits]]) -> list[Finding]:
     """The step lines of many origins' chunks in one step-tap call (``watch``: a batch's
-    chunks that :meth:`steps_only` passed): the same step times as :meth:`feed` of each
+    chunks that :meth:`steps_only` passed, and the step lines that ``Engine.feed`` of the
+    chunks a rule hit deferred, :func:`step_part`): the same step times as :meth:`feed` of each
     chunk, its findings (stragglers) after them all, the ranks' verdicts once for the
     batch, not once per chunk. The tap reads the batch's joined buffer as ``scan_many``
     scanned it, at the offsets found there: nothing is copied or joined again.
 
     Args:
-        parts: ``(origin, data, time, hits)`` per chunk, in batch order, ``hits`` from one
-            :meth:`scan_many` call; ``time`` the chunk's time (epoch s, live).
+        parts: ``(origin, data, time, hits)`` per chunk, in any order, ``hits`` from one
+            :meth:`scan_many` call (or :func:`step_part` of it); ``time`` the chunk's time
+            (epoch s, live); ``data`` is counted here (``b""``: counted by ``feed`` already).
 
     Returns:
         The step tap's findings.
@@ -155,8 +200,8 @@ def feed_steps(engine: Engine, parts: Sequence[tuple[Origin, bytes, float, ScanH
         engine.stats.bytes += len(data)
         engine.stats.lines += data.count(b"\n")
 
-    def origin_at(start: int, bases=bases, origins=origins) -> Origin:
-        return origins[bisect.bisect_right(bases, start) - 1]
-    return engine.steps.take_chunk(origin_at, whole, len(whole), (),
-                                 BatchClock(whole, bases, [p[2] for p in parts], engine.year or 0),
-                                 engine.next_seq, found)
+    findings = engine.steps.take_chunk(StreamAt(bases, origins), whole, len(whole), (),
+                                       BatchClock(whole, bases, [p[2] for p in parts], engine.year or 0),
+                                       engine.next_seq, found)
+    engine.stats.findings += len(findings)          # counted as ``feed`` counts its step findings
+    return findings

@@ -165,7 +165,8 @@ class Engine:
         return batches.scan_many(self, parts)
 
     def feed(self, origin: Origin, data: bytes, time: float, final: bool = False,
-             sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None) -> list[Finding]:
+             sim_step: float = 0.0, hits: list[tuple[int, int]] | None = None,
+             defer: list | None = None) -> list[Finding]:
         """Scan a chunk of complete lines from one origin.
 
         Args:
@@ -180,6 +181,12 @@ class Engine:
             hits: ``data``'s hits from ``scan_many`` (one scan for many origins, its step lines
                 with them); None: scan here. Ignored (scanned again) when a block of ``origin``
                 was carried over.
+            defer: a list (``watch``: one batch's): where ``hits`` came from ``scan_many`` with
+                its step lines and no block was carried over, the chunk's step lines that
+                would go to the step tap here (before ``end``, none a block took) are appended
+                to it instead, as one ``(origin, b"", time, ScanHits)`` part for
+                :meth:`feed_steps` (``b""``: the chunk is counted here), so a batch's step lines
+                go to the tap in one call whether or not a rule hit their chunk. None: taken here.
 
         Returns:
             The findings, in input order.
@@ -203,14 +210,21 @@ class Engine:
         steps = None
         if hits is None or pending is not None:
             hits = self.matcher.scan(data)
-        else:
+        elif defer is None:
             steps = getattr(hits, "steps", None)
+        else:                                       # deferred: kept at the batch's offsets
+            steps = getattr(hits, "found", None)
         self._year = self.year or fields.year_of(time)
         if not hits:
             self._count(data, len(data))
             if self.steps is None or steps == []:
                 return []
-            return self._steps(origin, data, len(data), consumed, time, sim_step, steps)
+            if defer is not None and steps is not None:
+                defer.append((origin, b"", time, batches.step_part(hits, len(data), consumed)))
+                return []
+            findings = self._steps(origin, data, len(data), consumed, time, sim_step, steps)
+            self.stats.findings += len(findings)
+            return findings
         by_line: dict[int, set[int]] = {}
         for start, pid in hits:
             by_line.setdefault(start, set()).add(pid)
@@ -255,7 +269,10 @@ class Engine:
                 findings.append(finding)
         self._count(data, end_of_work)
         if self.steps is not None and steps != []:
-            findings += self._steps(origin, data, end_of_work, consumed, time, sim_step, steps)
+            if defer is not None and steps is not None:     # batch hits, nothing carried: see ``defer``
+                defer.append((origin, b"", time, batches.step_part(hits, end_of_work, consumed)))
+            else:
+                findings += self._steps(origin, data, end_of_work, consumed, time, sim_step, steps)
         self.stats.findings += len(findings)
         return findings
 

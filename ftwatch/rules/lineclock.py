@@ -38,6 +38,12 @@ class LineClock:
         self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
         self.plain = data.isascii() and b"\x1b" not in data
 
+    @property
+    def keeps_chunk(self) -> bool:
+        """Whether what :meth:`later` returns holds the chunk until called (a replay's ``Later``;
+        live it holds the line only): the step tap reads those at its next chunk."""
+        return bool(self.sim_step)
+
     def later(self, start: int) -> Callable[[], float]:
         """The time of the line at ``start``, read only if called (a rank's last step line, whose
         time a later duration-less line may need). Live, the line and the chunk's time are kept,

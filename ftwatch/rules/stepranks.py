@@ -158,21 +158,31 @@ class Job:
 def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None = None) -> dict[Any, list[Hit]]:
     """A chunk's step lines by the rank of their prefix (None: none), each rank's in line order;
     of hits with the same start (sorted), the last counts (a line's last match). With
-    ``stream_at`` (a line's offset -> its stream: ``watch`` feeds one buffer of many streams) the
-    key is ``(stream, rank)``, so two streams' rank 0 stay apart. Keys in order of first line.
+    ``stream_at`` (a line's offset -> its stream: ``watch`` feeds one buffer of many streams;
+    its ``each(starts)``, where it has one, gives the streams of many offsets in C) the key is
+    ``(stream, rank)``, so two streams' rank 0 stay apart. Keys in order of first line.
 
     Per line only the prefix's match and an append: the lines are grouped by the prefix's digits
-    as they are (bytes), made ranks once per group; a line with several hits is found in C."""
+    as they are (bytes), and by their stream object's ``id`` (an Origin's own hash runs Python
+    code), made keys once per group; a line with several hits is found in C."""
     starts = list(map(_START, hits))
     if len(set(starts)) != len(starts):              # a line with several hits: its last counts
         keep = list(map(operator.ne, starts, starts[1:] + [-1]))
         hits, starts = list(itertools.compress(hits, keep)), list(itertools.compress(starts, keep))
     groups: dict[Any, list[Hit]] = {}
     match = PREFIX_CHAIN.match
-    for hit, start in zip(hits, starts):
+    streams: dict[int, Any] = {}                     # id -> the stream, for the keys
+    if stream_at is None:
+        ids: Iterable[int | None] = itertools.repeat(None)
+    else:
+        each = getattr(stream_at, "each", None)
+        of_hits = each(starts) if each is not None else list(map(stream_at, starts))
+        ids = list(map(id, of_hits))
+        streams = dict(zip(ids, of_hits))
+    for hit, start, sid in zip(hits, starts, ids):
         m = match(data, start)
         digits = None if m is None else m[m.lastindex]
-        key = digits if stream_at is None else (stream_at(start), digits)
+        key = digits if sid is None else (sid, digits)
         mine = groups.get(key)
         if mine is None:
             groups[key] = [hit]
@@ -183,7 +193,7 @@ def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None
         if stream_at is None:
             key = None if key is None else int(key)
         else:
-            key = (key[0], None if key[1] is None else int(key[1]))
+            key = (streams[key[0]], None if key[1] is None else int(key[1]))
         before = out.get(key)
         out[key] = mine if before is None else sorted(before + mine, key=_START)
     return out

@@ -55,7 +55,8 @@ rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank
 slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
 others' median) is passed over without a verdict; a rank's Origin is made once; its last step
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
-next chunk does not replace it, then (no rank keeps an older chunk). A finding comes at the end of the chunk that made the statistics
+next chunk does not replace it, then (no rank keeps an older chunk; live, where it holds only
+its line, ``keeps_chunk``, only if ever needed). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
 verdicts on one rank (or node, or the job) in ``ftwatch.rules.stepverdicts``.
@@ -85,7 +86,7 @@ from ftwatch.rules.stepranks import Job, Rank, Reader, by_rank, reader, take, ta
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
 from ftwatch.rules.steptail import Tails
 from ftwatch.rules.stepstats import is_straggler, median_without, sorted_median, without  # noqa: F401  (re-exported)
-from ftwatch.rules.stepverdicts import LineOf, detector, judge
+from ftwatch.rules.stepverdicts import LineOf, detector, judge, node_verdict
 
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
 _GROUPS = operator.itemgetter(2)
@@ -278,7 +279,8 @@ class StepTracker:
             last = rank.last
             if id(rank) not in unread and last is not None and callable(last[1]):
                 rank.last = (last[0], last[1](), -1)
-        self._unsettled = list(unread.values())
+        # only a ``later`` holding its chunk (a replay's) is read at the next chunk (module doc)
+        self._unsettled = list(unread.values()) if getattr(time_at, "keeps_chunk", True) else []
 
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
         starts: dict[str, int] = {}                    # instance -> the line a finding about it names
@@ -365,7 +367,9 @@ class StepTracker:
         so a rank that cannot be found slow is passed over in this loop, not judged: one not
         reported, without a node to compare (fewer than 2 nodes), whose median is under
         ``factor`` x a lower bound of the other ranks' median (the median of the lowest n - 1 of
-        the n medians); ``_judge`` would change nothing and find nothing for it."""
+        the n medians); ``_judge`` would change nothing and find nothing for it. Of such ranks with
+        a node to compare, only each node's first gets its node's verdict (all ``judge`` does for
+        them): in one pass a node's second verdict finds and changes nothing."""
         cfg = self.config
         min_steps, ranks = cfg.min_steps, job.ranks
         members = [pair for pair in members                                 # not forgotten, enough steps
@@ -379,9 +383,18 @@ class StepTracker:
         # below this no rank's slowdown reaches ``factor`` (a margin for the rounding of m / ref)
         bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")
         nodes = len(node_median) >= 2
-        found = [judge(cfg, self.names, job, who, rank, line_of(who)) for who, rank in members
-                 if rank.reported or rank.median >= bound or nodes and rank.node in node_median]
-        return [f for f in found if f is not None]
+        names, found, judged = self.names, [], set()   # judged: nodes with this pass's node verdict
+        for who, rank in members:
+            if rank.reported or rank.median >= bound:
+                f = judge(cfg, names, job, who, rank, line_of(who))
+            elif nodes and rank.node in node_median and rank.node not in judged:
+                judged.add(rank.node)
+                f = node_verdict(cfg, names, job, who, rank, line_of(who))
+            else:
+                continue
+            if f is not None:
+                found.append(f)
+        return found
 
     def _sweep(self, now: float) -> None:
         self._swept = now

@@ -132,3 +132,81 @@ def test_medians_made_again_for_most_ranks_equal_the_ones_kept_rank_by_rank(rule
     one_by_one = run()
     assert bulk == one_by_one
     assert bulk[0] and len(bulk[1]) == 600 and len(bulk[3]) == 2
+
+
+def test_live_a_rank_missing_from_the_next_chunk_keeps_its_time_unread(rules, monkeypatch):
+    """Live (``watch``), a rank's last line's time holds only its line (``keeps_chunk`` false):
+    a chunk that does not print the rank leaves it unread (no stamp parsed for a rank whose
+    pattern states a duration), and a duration-less line that needs it reads it then, with the
+    same step time as reading it at once."""
+    origin = Origin("combined", None, "job1", "n", "stdout", "watch")
+
+    def run(lazy: bool) -> list[list[float]]:
+        tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
+        engine = Engine(rules, steps=tracker)
+        if not lazy:
+            monkeypatch.setattr(LineClock, "keeps_chunk", property(lambda self: True))
+        engine.feed(origin, "".join(DEEPSPEED.format(r=r, m=0, s=1, n=10) for r in (0, 1)).encode(), 100.0)
+        engine.feed(origin, DEEPSPEED.format(r=0, m=0, s=2, n=20).encode(), 100.0)
+        ranks = tracker.jobs["job1"].ranks
+        assert callable(ranks["combined/rank1"].last[1]) is lazy      # read at the next chunk only where it keeps it
+        engine.feed(origin, DEEPSPEED.format(r=1, m=0, s=4, n=20).encode(), 100.0)
+        monkeypatch.undo()
+        return [list(r.samples) for r in ranks.values()]
+
+    assert run(lazy=True) == run(lazy=False) == [[0.1], [0.3]]
+
+
+def test_a_nodes_verdict_is_made_once_per_chunk_with_the_findings_of_judging_every_rank(rules, monkeypatch):
+    """64 ranks on 4 nodes (40 on node-2), one step line each per chunk: a rank that cannot be slow gets only its
+    node's verdict, and only the first such rank of each node (a second verdict of the node in
+    one chunk finds and changes nothing); the findings (a slow node, found, recovered, found
+    again; a slow rank) are those of judging every rank as before."""
+    from ftwatch.rules.stepranks import sorted_median
+    from ftwatch.rules.stepverdicts import judge
+
+    def every_rank(self, job, members, line_of):         # the verdicts as they were: each rank judged
+        cfg, ranks = self.config, job.ranks
+        members = [p for p in members if len(p[1].samples) >= cfg.min_steps and ranks.get(p[0].instance) is p[1]]
+        for rank in [p[1] for p in members]:
+            if rank.ordered is None:
+                rank.ordered = sorted(rank.samples)
+        job.set_medians([p[1] for p in members], [sorted_median(p[1].ordered) for p in members])
+        medians, node_median = job.medians, job.node_median
+        bound = cfg.factor * sorted_median(medians[:-1]) * (1.0 - 1e-9) if len(medians) >= 2 else float("-inf")
+        nodes = len(node_median) >= 2
+        found = [judge(cfg, self.names, job, who, rank, line_of(who)) for who, rank in members
+                 if rank.reported or rank.median >= bound or nodes and rank.node in node_median]
+        return [f for f in found if f is not None]
+
+    FIRST = [0, 8, 16, 56, 64]                              # node k's ranks: FIRST[k] .. FIRST[k + 1] - 1
+
+    def ms(node: int, r: int, n: int) -> float:
+        slow_node = node == 2 and (4 <= n <= 9 or n >= 14)       # slow, recovered, slow again
+        return (1000.0 + (r * 37 + n * 11) % 90) * (3.0 if slow_node or r == 5 else 1.0)
+
+    def run(old: bool) -> tuple[list, list]:
+        tracker = StepTracker(StragglerConfig(min_steps=3, window=4), clock=FakeClock(0.0))
+        if old:
+            monkeypatch.setattr(StepTracker, "_verdicts", every_rank)
+        calls = []                                          # verdicts made, of ranks and of nodes
+        real, real_judge = stragglers.node_verdict, stragglers.judge
+        monkeypatch.setattr(stragglers, "node_verdict", lambda *a: calls.append(a[4].node) or real(*a))
+        monkeypatch.setattr(stragglers, "judge", lambda *a: calls.append(a[4].node) or real_judge(*a))
+        engine = Engine(rules, steps=tracker)
+        found = []
+        for n in range(1, 20):
+            for node in range(4):
+                origin = Origin(f"pod-{node}", None, "job1", f"node-{node}", "stdout", "forward")
+                chunk = "".join(MEGATRON.format(r=r, m=n // 60, s=n % 60, n=n, ms=ms(node, r, n))
+                                for r in range(FIRST[node], FIRST[node + 1])).encode()
+                found += engine.feed(origin, chunk, 100.0)
+        monkeypatch.undo()
+        return [(f.kind, f.origin.instance, f.rank, f.time, f.fields) for f in found], calls
+
+    expected, _ = run(old=True)
+    got, calls = run(old=False)
+    assert got == expected
+    assert [f[1] for f in got if f[1].startswith("node")] == ["node node-2", "node node-2"]
+    assert any(f[1] == "pod-0/rank5" for f in got)
+    assert len(calls) < 19 * 64 // 4                       # not every rank of every chunk (19 x 64)

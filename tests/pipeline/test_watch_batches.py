@@ -71,9 +71,13 @@ def test_interleaved_tracebacks_of_two_pods_stay_apart(tmp_path, cut):
         "python.key_error", "gloo.connection_closed_by_peer")
 
 
-def test_a_batch_of_many_pods_step_lines_is_one_step_tap_call(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hits", [False, True])
+def test_a_batch_of_many_pods_step_lines_is_one_step_tap_call(tmp_path, monkeypatch, hits):
     """Step lines of 12 pods per batch go to the step tap in one call per job (``Engine.feed_steps``),
-    and the tap still names the slow rank a straggler."""
+    and the tap still names the slow rank a straggler. With ``hits``, a rule also hits a third of
+    the pods' chunks: such a chunk is fed to the engine alone, but its step lines join the batch's
+    one tap call (``Engine.feed``'s ``defer``), each pod with the step times of feeding it alone;
+    a step line after a traceback's start waits, with the block carried over, as a step line."""
     clock = FakeClock()
     w, _ = make(tmp_path, clock)
     tap = w.engine.steps
@@ -85,12 +89,21 @@ def test_a_batch_of_many_pods_step_lines_is_one_step_tap_call(tmp_path, monkeypa
         batch = []
         for r in range(12):
             t = clock.time() + n * (0.3 if r == 5 else 0.1)
-            batch.append(Shipped(t, f"step {n}/100 loss 0.5".encode(),
-                                 {"job": "llm", "node": f"node-{r // 4}", "pod": f"llm-worker-{r}", "rank": r}))
+            meta = {"job": "llm", "node": f"node-{r // 4}", "pod": f"llm-worker-{r}", "rank": r}
+            if hits and r % 3 == 0:         # a rule hit in the same chunk as the step line
+                batch.append(Shipped(t, b"RuntimeError: NCCL communicator was aborted on rank 0.", meta))
+            batch.append(Shipped(t, f"step {n}/100 loss 0.5".encode(), meta))
         w.ingest(batch)
     found = [f for f in w.jobs["llm"].findings if f.kind == "straggler"]
     assert [f.rank for f in found] == [5]
     assert len(calls) == 9 and all(callable(c) for c in calls)      # one per batch, many origins in each
+    ranks = w.engine.steps.jobs["llm"].ranks
+    assert {name: len(rank.samples) for name, rank in ranks.items()} == {f"llm-worker-{r}": 8 for r in range(12)}
+    if hits:                                # steps 2-9 above; an open block's lines wait for it
+        meta = {"job": "llm", "node": "node-0", "pod": "llm-worker-0", "rank": 0}
+        w.ingest([Shipped(clock.time(), b"Traceback (most recent call last):", meta),
+                  Shipped(clock.time(), b"step 10/100 loss 0.5", meta)])
+        assert len(ranks["llm-worker-0"].samples) == 8
 
 
 def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch):
@@ -133,3 +146,4 @@ def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
     ranks = w.engine.steps.jobs["llm"].ranks
     assert sorted(ranks) == ["llm-a/rank0", "llm-a/rank1", "llm-b/rank0", "llm-b/rank1"]
     assert {name: len(rank.samples) for name, rank in ranks.items()} == dict.fromkeys(ranks, 5)  # steps 2-6
+

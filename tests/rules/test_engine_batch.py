@@ -148,6 +148,37 @@ def test_step_only_chunks_of_many_origins_in_one_call_take_what_feed_takes(rules
     for instance, rank in alone.steps.jobs["job1"].ranks.items():
         assert list(together.steps.jobs["job1"].ranks[instance].samples) == pytest.approx(list(rank.samples))
     assert together.stats.lines == alone.stats.lines and together.stats.bytes == alone.stats.bytes
+    assert together.stats.findings == alone.stats.findings == 1          # the straggler, counted either way
     origin = Origin("w0", 0, "job1", "node-a", "stderr", "forward")
     data = b"step 10/100 loss 0.5\nRuntimeError: NCCL error: unhandled system error\n"
     assert not together.steps_only(origin, together.scan_many([data])[0])      # a rule hit: feed it
+
+
+def test_a_batch_clock_reads_the_year_once_where_every_chunk_is_in_one_and_per_chunk_across_new_year(monkeypatch):
+    """``BatchClock`` dates a stamp without a year in its chunk's year: one ``year_of`` pair for a
+    batch within one year, each chunk's own across a new year; and ``StreamAt.each`` names the
+    streams of many offsets as calling it for each does."""
+    from datetime import datetime, timezone
+
+    from ftwatch.parsers import fields
+    from ftwatch.rules.batches import BatchClock, StreamAt
+
+    line = b"I0101 00:00:05.000000 140 file.cc:12] step 1\n"
+    data = line * 3
+    bounds = [0, len(line), 2 * len(line)]
+    dec31, jan1 = (datetime(y, m, d, 23, 59, tzinfo=timezone.utc).timestamp()
+                   for y, m, d in ((2026, 12, 31), (2027, 1, 1)))
+    calls = []
+    real = fields.year_of
+    monkeypatch.setattr(fields, "year_of", lambda t: calls.append(t) or real(t))
+    across = BatchClock(data, bounds, [dec31, jan1, jan1], 0)
+    got = [across(b) for b in bounds]
+    want = [datetime(y, 1, 1, 0, 0, 5, tzinfo=timezone.utc).timestamp() for y in (2026, 2027, 2027)]
+    assert got == want
+    calls.clear()
+    within = BatchClock(data, bounds, [jan1, jan1 + 1, jan1 + 2], 0)
+    assert [within(b) for b in bounds] == [want[1]] * 3 and len(calls) == 2
+    origins = [Origin(f"w{k}", k, "job1") for k in range(3)]
+    streams = StreamAt(bounds, origins)
+    starts = [0, 5, len(line), 2 * len(line) + 1]
+    assert streams.each(starts) == [streams(s) for s in starts] == [origins[0], origins[0], origins[1], origins[2]]
