@@ -24,7 +24,7 @@ docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thr
 that traceback is a notice at once (:func:`ignored`).
 
 The program's own "training finished" line (``lifecycle.finished_by_program``: HF Trainer,
-Lightning, Megatron) after an error outlives it at once (:meth:`Survival.finished`): the training
+Lightning, Megatron and the other trainers of ``rules/packs/lifecycle.yaml``) after an error outlives it at once (:meth:`Survival.finished`): the training
 loop returned after the error, which an exception that ended the program cannot allow. In a
 synchronous job (SPEC D1 Sync: data-parallel ranks all-reduce every step) the line outlives every
 rank's errors, not only its printer's: most trainers log on rank 0 alone, and rank 0 could not
