@@ -256,6 +256,9 @@ class IncidentDesk:
                 first, last = self._errors.get(f.origin.instance, (mono, float("-inf")))
                 self._errors[f.origin.instance] = (first if mono - last <= self.settle else mono, mono)
             survivable = notices.survivable(self, f)
+            if survivable and self.survival.repeat(f):      # caught where it was caught before
+                notices.notice(self, f, f.time, "the same traceback, caught at the same frame, was outlived before")
+                continue
             if survivable:
                 self.survival.wait(f)
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):

@@ -4,7 +4,9 @@ module only knows its id prefixes:
 
 * ``lifecycle.finished.<who>``: the launcher or framework said training finished
   (torchelastic ``worker group successfully finished``, HF Trainer ``Training completed``,
-  Lightning ``Trainer.fit stopped: max_... reached``, Megatron ``[after training is done]``). An
+  Lightning ``Trainer.fit stopped: max_... reached``, Megatron ``[after training is done]``, and
+  the pack's other trainers: OpenNMT-tf / Keras early stopping, fairseq, TF Estimator, nnU-Net,
+  YOLO). An
   error printed after it is a notice, not a restart (``ftwatch.policy.rootcause``).
 * ``lifecycle.exited_ok.<who>`` (and torchelastic's finished line, which says every local worker
   exited 0): a launcher saw a worker exit 0. The launcher is the worker's parent and reads its

@@ -24,12 +24,15 @@ docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thr
 that traceback is a notice at once (:func:`ignored`).
 
 The program's own "training finished" line (``lifecycle.finished_by_program``: HF Trainer,
-Lightning, Megatron) after an error outlives it at once (:meth:`Survival.finished`): the training
+Lightning, Megatron and the other trainers of ``rules/packs/lifecycle.yaml``) after an error outlives it at once (:meth:`Survival.finished`): the training
 loop returned after the error, which an exception that ended the program cannot allow. In a
 synchronous job (SPEC D1 Sync: data-parallel ranks all-reduce every step) the line outlives every
 rank's errors, not only its printer's: most trainers log on rank 0 alone, and rank 0 could not
 finish the steps after another rank's error without that rank taking part (Megatron's line even
 follows a barrier, ``print_datetime``).
+
+The same traceback again (:meth:`Survival.repeat`): one its instance already outlived, caught at
+the same frame (``ftwatch.policy.catchsite``), is a notice at once, not a new wait.
 
 The reading (:class:`Survival`): an error of one instance (rank) is outlived when that same
 instance prints :data:`MARKS` progress lines after it within :data:`SURVIVE_SECONDS`, its counters
@@ -51,6 +54,7 @@ from ftwatch.config.health import STEP_PATTERNS
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
+from ftwatch.policy.catchsite import catch_site
 from ftwatch.policy.progresslines import lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
@@ -58,6 +62,7 @@ from ftwatch.rules.stragglers import scan_form
 SURVIVE_SECONDS = 300.0   # how long after an error its instance's progress still counts
 MARKS = 2                 # progress lines after the error that show a whole step began and ended
 MAX_WAITING = 256         # errors waiting at once (the oldest stop waiting first)
+MAX_SITES = 64            # catch sites of outlived tracebacks kept per instance (:meth:`Survival.repeat`)
 
 #: progress counters beside the step patterns (see the module docstring for where each is printed)
 EXTRA_PATTERNS: dict[str, str] = {
@@ -253,6 +258,8 @@ class Survival:
         self._waiting = Waiting()                # the errors waiting, by instance
         self._last: dict[str, Finding] = BoundedDict(max_instances)   # each instance's latest finding
         self._ranked: dict[str | None, frozenset[int]] = {}   # base (None: "rank<k>") -> k of "<base>/rank<k>" waiting
+        #: instance -> the catch sites (:func:`catch_site`) of its notices
+        self._sites: dict[str, set] = BoundedDict(max_instances)
 
     def is_notice(self, f: Finding) -> bool:
         """``f`` was outlived (or ignored by Python)."""
@@ -265,6 +272,13 @@ class Survival:
     def _note(self, f: Finding) -> None:
         self.notices.append(f)
         self._ids.add(id(f))
+        site = catch_site(f)
+        if site is not None:
+            sites = self._sites.get(f.origin.instance)
+            if sites is None:
+                sites = self._sites[f.origin.instance] = set()
+            if len(sites) < MAX_SITES:
+                sites.add(site)
         if len(self.notices) > self.max_notices:
             self._forget_oldest()
 
@@ -279,6 +293,32 @@ class Survival:
         EVICTIONS.count("notice", n)
         if self.on_drop is not None:
             self.on_drop(gone)
+
+    def repeat(self, f: Finding) -> bool:
+        """``f``'s traceback is one its instance already outlived, caught at the same place
+        (:func:`catch_site`: same exception rule, same frames, the first not the program's entry):
+        now a notice (the caller reports it). O(frames): the outlived sites are kept per instance."""
+        site = catch_site(f)
+        if site is None or site not in self._sites.get(f.origin.instance, ()):
+            return False
+        self._note(f)
+        return True
+
+    def _same_site(self, f: Finding) -> list[Finding]:
+        """The errors of ``f``'s instance waiting with ``f``'s catch site (:func:`catch_site`), ``f``
+        just outlived: they stop waiting, now notices (:meth:`repeat`, for those read before
+        the progress that outlived ``f``: a replay's chunk, a burst)."""
+        site = catch_site(f)
+        if site is None:
+            return []
+        out = []
+        for key in list(self._waiting.keys(f.origin.instance)):
+            g = self._waiting.finding(key)
+            if catch_site(g) == site:
+                self._drop(key)
+                self._note(g)
+                out.append(g)
+        return out
 
     def ignored(self, findings: list[Finding]) -> list[Finding]:
         """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`): now
@@ -307,6 +347,7 @@ class Survival:
             for f in self.progress(instance, at, counters):
                 self._note(f)
                 out.append((f, at))
+                out.extend((g, at) for g in self._same_site(f))
             if not self._waiting:
                 break
         return out
@@ -417,3 +458,4 @@ class Survival:
         self.notices.clear()
         self._ids.clear()
         self._last.clear()
+        self._sites.clear()

@@ -13,6 +13,7 @@ from ftwatch.pipeline.build import build_engine, build_policy, build_rules
 from ftwatch.pipeline.incidents import IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.policy import progress
+from ftwatch.policy.catchsite import catch_site
 from ftwatch.policy.triggers import fatal, may_survive, sticky_rules
 from ftwatch.testing import T0, CaptureSink, FakeClock, finding
 
@@ -258,3 +259,42 @@ def test_a_per_epoch_count_restarting_with_the_next_epoch_is_no_restart():
     assert progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 1, "iteration": 1300})
     assert progress.went_back({"epoch": 2, "iteration": 1200}, {"epoch": 2, "iteration": 400})
     assert progress.went_back({"step_plain": 40}, {"step_plain": 1, "epoch": 3})
+
+
+# -- the same traceback, caught at the same frame, again (Survival.repeat) -------------------------
+
+def test_a_tracebacks_catch_site_is_its_frames_unless_it_starts_at_the_programs_entry():
+    refused = finding("python.exception.ECONNREFUSED", evidence=tuple(REFUSED.decode().splitlines()))
+    assert catch_site(refused) == ("python.exception.ECONNREFUSED", (
+        ("/opt/conda/lib/python3.10/site-packages/urllib3/connection.py", "174", "_new_conn"),))
+    for entry in ("<module>", "_run_module_as_main", "_bootstrap_inner"):     # it may have ended the program
+        lines = ("Traceback (most recent call last):", f'  File "train.py", line 3, in {entry}', "KeyError: 'lr'")
+        assert catch_site(finding("python.key_error", evidence=lines)) is None
+    assert catch_site(finding("python.exception.ECONNREFUSED", evidence=("ConnectionRefusedError",))) is None
+
+
+def test_live_the_same_traceback_again_after_its_instance_outlived_it_is_a_notice_at_once(tmp_path):
+    clock = FakeClock()
+    d, sink = desk(tmp_path, exits=False)
+    first = d.output(worker(1), REFUSED, clock.time(), clock.mono())
+    clock.advance(1)
+    d.output(worker(1), step(11) + step(12), clock.time(), clock.mono())
+    assert d.open is None and d.notices == [first]
+    clock.advance(60)
+    assert d.output(worker(1), REFUSED, clock.time(), clock.mono()) is None     # no new wait, no incident
+    assert d.open is None and len(d.notices) == 2
+    assert d.output(worker(0), REFUSED, clock.time(), clock.mono()) is not None   # another rank never outlived it
+
+
+def test_replay_the_same_traceback_after_one_it_outlived_is_a_notice_even_as_the_last_words(tmp_path):
+    """A plotting client's traceback each epoch, the last one followed by a single line: before,
+    the last waited for two progress lines and decided a restart; the handler that printed it had
+    caught the same exception at the same frame before, and the program went on then."""
+    epoch = [b"(epoch: {e}, iters: 400, time: 0.25) loss: 0.3\n", b"(epoch: {e}, iters: 800, time: 0.25) loss: 0.3\n",
+             REFUSED]
+    lines = [line.replace(b"{e}", str(e).encode()) for e in (1, 2) for line in epoch]
+    result = _replay(tmp_path, lines + [b"saving the model, epoch 2 done\n"])
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    other = REFUSED.replace(b"line 174, in _new_conn", b"line 98, in create_connection")    # another handler
+    result = _replay(tmp_path, lines + [other, b"saving the model, epoch 2 done\n"])
+    assert result.decision.action is Action.RESTART_JOB

@@ -116,6 +116,21 @@ def test_an_error_after_training_finished_is_a_notice_not_a_restart(rules, tmp_p
     assert "lifecycle.finished.hf_trainer" in d.policy_clause and "notice" in d.policy_clause
 
 
+def test_an_error_after_the_trainers_early_stop_ended_training_is_a_notice_not_a_failure(rules, tmp_path):
+    """OpenNMT-tf leaves its step loop on early stopping ("Early stopping conditions are met.
+    Exiting.", then the final save): a peer's later failed collective is the finished job's
+    teardown (lifecycle.finished.early_stopping; before, the peer's error failed the job)."""
+    lines = [step(0, 999, 0),
+             "[rank0]:2026-11-21 09:30:00.000000: W training.py:190] Early stopping conditions are met. Exiting.",
+             "[rank1]:Traceback (most recent call last):",
+             '[rank1]:  File "/usr/local/bin/onmt-main", line 8, in <module>',
+             "[rank1]:    sys.exit(main())",
+             "[rank1]:tensorflow.python.framework.errors_impl.UnknownError: Graph execution error:"]
+    d = replayed(tmp_path, rules, [write(tmp_path / "rank0.log", lines)]).decision
+    assert d.action is Action.NOTIFY, d.policy_clause
+    assert "lifecycle.finished.early_stopping" in d.policy_clause
+
+
 def test_the_same_error_before_training_finished_restarts(rules, tmp_path):
     lines = [step(0, 999, 0),
              "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
