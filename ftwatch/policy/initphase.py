@@ -16,7 +16,9 @@ lists, with no progress of the job before it, takes that table's class and actio
 where its sources put the failure at initialisation as configuration: NCCL's troubleshooting guide
 ("interfaces ... not able to communicate between nodes ... fail during the init functions") for a
 connect to a network this host has no route to (ENETUNREACH, which NCCL does not retry) or to a
-peer's link-local address (RFC 4291: not forwarded between links), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
+peer's link-local address (RFC 4291: not forwarded between links) or to an address the connecting
+host lists among its own ``NET/Socket : Using`` interfaces (the peer advertised an interface each
+host has with the same address, a bridge: not between the hosts; :func:`_own_address`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
 ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a
@@ -99,16 +101,49 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
     if progress_at < f.time:
         return None
     rows = table()
-    found = _row(rows, f)
+    found = _row(rows, f) or _own_address(f, evidence)
     if found is not None:
         return found
     before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
                      and (g.time, g.seq) < (f.time, f.seq)), key=lambda g: (g.time, g.seq), reverse=True)
     for g in before:
-        found = _row(rows, g)
+        found = _row(rows, g) or _own_address(g, evidence)
         if found is not None and f.rule_id in found.explains:
             return found
     return None
+
+
+#: NCCL's socket connect WARN (``nccl.socket_connect_failed``): the address it connected to
+_CONNECT_TO = re.compile(r"[Cc]onnect to \[?([0-9A-Fa-f.:%\w-]+?)\]?<\d+>")
+#: an interface of NCCL's ``NET/Socket : Using [0]bond0:10.0.0.2<0> [1]...`` line: its address
+_LISTED = re.compile(r"\[\d+\][^\s:]+:(\S+?)<\d+>")
+_OWN = InitGrade(
+    "nccl.socket_connect_failed", None, frozenset({"nccl.unhandled_system_error", "nccl.code.system_error"}),
+    FailureClass.USER_CODE, Action.FAIL_JOB,
+    "NVIDIA/nccl src/transport/net_socket.cc (the 'NET/Socket : Using' line lists the interfaces this host "
+    "uses); NCCL user guide, Troubleshooting > Networking issues > IP network interfaces ('If some interfaces "
+    "are in the UP state but are not able to communicate between nodes, NCCL may try to use them and therefore "
+    "fail during the init functions'; set NCCL_SOCKET_IFNAME)",
+    "a connect to an address this host itself holds: the peer advertised an interface that is not between the "
+    "hosts (a bridge or virtual interface each host has with the same address), so NCCL's interface choice "
+    "(NCCL_SOCKET_IFNAME) is the job's configuration")
+
+
+def _own_address(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """:data:`_OWN` when ``f`` is NCCL's failed socket connect to an address that ``f``'s own
+    instance listed, before ``f``, among its ``NET/Socket : Using`` interfaces: a peer that
+    advertises an address the connecting host also holds advertised a host-local interface, which
+    cannot carry traffic between the hosts. None otherwise (a connect to another host's address
+    keeps its rule's grade: a refused or timed-out connect may pass)."""
+    if f.rule_id != _OWN.rule:
+        return None
+    target = _CONNECT_TO.search(f.line)
+    if target is None:
+        return None
+    own = {a for g in evidence if g.rule_id == "nccl.socket_interfaces_in_use"
+           and g.origin.instance == f.origin.instance and (g.time, g.seq) < (f.time, f.seq)
+           for a in _LISTED.findall(g.line)}
+    return _OWN if target.group(1) in own else None
 
 
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:

@@ -84,6 +84,30 @@ def test_an_unreachable_network_explains_the_system_error_after_it():
     assert grade.failure_class is FailureClass.USER_CODE
 
 
+OWN_IFACES = ("node-1:4410:4490 [0] NCCL INFO NET/Socket : Using [0]bond0:192.168.10.22<0> "
+              "[1]br-5f0a3c7e1d28:172.19.0.1<0>")
+TO_OWN = ("node-1:4410:4493 [0] misc/socket.cc:523 NCCL WARN Net : Connect to 172.19.0.1<46127> failed : "
+          "Connection refused")
+
+
+def test_a_connect_to_an_address_this_host_itself_uses_before_any_progress_is_configuration(tmp_path):
+    """The peer advertised an address that this host's own NET/Socket interfaces hold (a bridge each
+    host has alike): not an interface between the hosts, NCCL_SOCKET_IFNAME is the job's to set."""
+    found = logged(OWN_IFACES, TO_OWN, RAISED)
+    assert [f.rule_id for f in found][:2] == ["nccl.socket_interfaces_in_use", "nccl.socket_connect_failed"]
+    d = decided(found, NONE_YET, tmp_path)
+    assert d.action is Action.FAIL_JOB and d.root_cause.failure_class is FailureClass.USER_CODE, d.policy_clause
+    grade = at_init(found[-1], NONE_YET, found)             # the system error it explains, too
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE
+
+
+def test_a_refused_connect_to_another_hosts_address_keeps_its_grade():
+    other = TO_OWN.replace("172.19.0.1", "192.168.10.21")
+    found = logged(OWN_IFACES, other, RAISED)
+    assert at_init(found[1], NONE_YET, found) is None
+    assert at_init(logged(TO_OWN)[0], NONE_YET) is None     # without the interface line nothing is known
+
+
 def test_first_progress_is_the_jobs_earliest_step_line_not_a_header_or_a_zero_count():
     p = FirstProgress()
     header = b"# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20\n"

@@ -107,6 +107,24 @@ def test_a_status_outside_a_traceback_is_graded_alike(line, rule, grade):
     assert (f.rule_id, f.failure_class, f.action) == (rule, *grade)
 
 
+@pytest.mark.parametrize("line, grade", [
+    # containerd ErrUnexpectedStatus ('unexpected status from %s request to %s: %s'), as the kubelet's
+    # image pull event quotes it; the registry's token service answering 5xx is the service of that moment
+    ('Warning  Failed  pod/w-0  Failed to pull image "ubuntu:24.04": failed to pull and unpack image '
+     '"docker.io/library/ubuntu:24.04": failed to resolve reference "docker.io/library/ubuntu:24.04": failed to '
+     'authorize: failed to fetch anonymous token: unexpected status from GET request to https://auth.docker.io/'
+     'token?scope=repository%3Alibrary%2Fubuntu%3Apull&service=registry.docker.io: 503 Service Unavailable', RETRY),
+    ('Failed to pull image "reg.example/team/train:v3": failed to resolve reference "reg.example/team/train:v3": '
+     'unexpected status from HEAD request to https://reg.example/v2/team/train/manifests/v3: 401 Unauthorized', OWN),
+    # distribution's UnexpectedHTTPStatusError ('received unexpected HTTP status: %s'), Docker's pulls
+    ("Error response from daemon: received unexpected HTTP status: 502 Bad Gateway", RETRY),
+])
+def test_an_image_pull_status_is_graded_by_the_status(line, grade):
+    """An image pull's registry status is graded as any HTTP status (RFC 9110): 5xx retry, 401/404 the job's."""
+    found = [f for f in fed([line]) if f.rule_id.startswith("http.")]
+    assert [(f.failure_class, f.action) for f in found] == [grade]
+
+
 def test_a_status_no_rule_lists_keeps_the_class_fallback():
     """409 Conflict: neither transient by RFC 9110 nor in the listed 4xx; the class decides (user code)."""
     f = decided(HEAD + ["httpx.HTTPStatusError: Client error '409 Conflict' for url 'https://hf.co/api/repos/create'"])
