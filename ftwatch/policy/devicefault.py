@@ -129,9 +129,11 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 #: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), the amdgpu driver's RAS
 #: uncorrectable error and failed reset (``amdgpu.*``), the HIP / HSA runtime's ECC reports (``hip.*``, ``hsa.*``), Slurm's GPU
 #: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``), the
-#: habanalabs driver's disabled Gaudi devices (``habanalabs.*``), Tenstorrent's board and chip faults (``tt.*``).
+#: habanalabs driver's disabled Gaudi devices (``habanalabs.*``), Tenstorrent's board and chip faults (``tt.*``),
+#: AWS Neuron's hardware errors (``neuron.*``).
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
-                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.", "hip.", "hsa.", "habanalabs.", "tt.")
+                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.", "hip.", "hsa.", "habanalabs.", "tt.",
+                         "neuron.")
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)
