@@ -116,9 +116,10 @@ from ftwatch.rules.faultcodes import FaultTables, xid_groups
 #: Rule families of errors a device returns to the program that calls it (CUDA runtime / driver as
 #: PyTorch, THC, JAX and NCCL print them, cuDNN / cuBLAS / cuFFT / cuSOLVER / cuSPARSE / cuRAND status codes,
 #: NVRM Xid lines, torch_npu, ACL runtime codes, CANN error codes, HCCL return codes, and AMD's: HIP's
-#: hipError_t texts and the HSA runtime's memory faults, HW exceptions and queue statuses, rocm_vocab.tsv).
+#: hipError_t texts and the HSA runtime's memory faults, HW exceptions and queue statuses, rocm_vocab.tsv;
+#: Intel Gaudi's synStatus codes as its PyTorch bridge raises them, stacks_vocab.tsv).
 DEVICE_ERROR_PREFIXES = ("cuda.", "cudnn.", "cublas.", "cufft.", "cusolver.", "cusparse.", "curand.", "xid.",
-                         "torch_npu.", "acl.", "aclnn.", "cann.", "hccl.result_", "hip.", "hsa.")
+                         "torch_npu.", "acl.", "aclnn.", "cann.", "hccl.result_", "hip.", "hsa.", "synapse.")
 #: NCCL's wrappers of a CUDA error (ncclUnhandledCudaError, CUDACHECK's ``Cuda failure``).
 DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error", "nccl.cuda_failure"})
 #: Rule families of a GPU's or NPU's own fault reports (driver Xid / NVRM / NVML lines, DCGM, the
@@ -127,9 +128,12 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 #: or corrected-error lines are hardware_node too but explain no device error. Also the node's
 #: reports that an accelerator is missing or faulty: lspci's ``rev ff`` (``pci.gpu_*``), the amdgpu driver's RAS
 #: uncorrectable error and failed reset (``amdgpu.*``), the HIP / HSA runtime's ECC reports (``hip.*``, ``hsa.*``), Slurm's GPU
-#: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``).
+#: count below the configured one (``slurm.gres_gpu_*``), Ascend DMI's diagnosis (``ascend_dmi.*``), the
+#: habanalabs driver's disabled Gaudi devices (``habanalabs.*``), Tenstorrent's board and chip faults (``tt.*``),
+#: AWS Neuron's hardware errors (``neuron.*``).
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
-                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.", "hip.", "hsa.")
+                         "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.", "hip.", "hsa.", "habanalabs.", "tt.",
+                         "neuron.")
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)

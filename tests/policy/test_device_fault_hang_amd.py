@@ -97,3 +97,20 @@ def test_a_hip_error_on_a_node_without_a_device_fault_stays_the_programs():
     rc = analyse(logged(worker(5), 1.0, "[rank5]: RuntimeError: HIP error: an illegal memory access was encountered")
                  + host(3.0, RAS, node="node-9")).root_cause
     assert rc is not None and rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB
+
+
+NOT_USABLE = "habanalabs 0000:1a:00.0: Failed to initialize hl2. Device is NOT usable !"
+SYN_FAIL = "[1,2]<stderr>:RuntimeError: synStatus=26 [Generic failure] Device acquire failed."
+
+
+def test_a_gaudi_runtime_error_is_explained_by_the_device_its_driver_disabled(tmp_path: Path):
+    """Intel Gaudi's synStatus errors are device errors as CUDA's are: a generic synFail (26,
+    relaunch once) beside the habanalabs driver's 'Device is NOT usable' on its node is that device."""
+    own = logged(worker(2), 5.0, SYN_FAIL)
+    assert own and all(device_error(f) for f in own)
+    found = [*own, *host(1.0, NOT_USABLE)]
+    rc = analyse(found).root_cause
+    assert rc is not None and rc.rule_id == "habanalabs.device_not_usable", rc
+    assert decide(found, tmp_path).action is Action.ISOLATE_NODE
+    alone = analyse(own).root_cause     # no fault of its device logged: relaunch once
+    assert alone is not None and alone.rule_id == "synapse.status.generic" and alone.action is Action.RESTART_IN_PLACE

@@ -101,3 +101,20 @@ def test_a_program_error_repeating_is_never_a_device_repeat(tmp_path):
     attempt(policy(tmp_path, **flags), clock, ima)
     clock.advance(600)
     assert attempt(policy(tmp_path, **flags), clock, ima).action is not Action.ISOLATE_NODE
+
+
+POST_RESET = " Error: POST_RESET failed for device 21."
+
+
+def test_a_tenstorrent_post_reset_failure_back_on_the_same_device_isolates(tmp_path):
+    """tt-smi's POST_RESET failure is often transient (tt-metal issue 54391: retry), so one is a
+    relaunch; the same device failing it again in the next attempt is a wedged chip."""
+    clock = FakeClock()
+    first = attempt(policy(tmp_path), clock, POST_RESET)
+    assert first.action is Action.RESTART_JOB, first.policy_clause
+    clock.advance(600)
+    again = attempt(policy(tmp_path), clock, POST_RESET.replace("21", "5"))
+    assert again.action is Action.RESTART_JOB, again.policy_clause      # another device: no repeat
+    clock.advance(600)
+    third = attempt(policy(tmp_path), clock, POST_RESET)
+    assert third.action is Action.ISOLATE_NODE, third.policy_clause
