@@ -109,6 +109,10 @@ _XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
     r"(?:, pid=(?P<pid>'[^']*'|[^,\s]*))?(?:, name=(?P<name>[^,]*))?"
     r"(?:, (?P<message>.*))?")
+#: NVIDIA k8s-device-plugin's health check (internal/rm/health.go) naming the Xid it marks a GPU
+#: unhealthy for: ``XidCriticalError: Xid=63 on Device=GPU-<uuid>, the device will go unhealthy.``,
+#: or ``XidCriticalError: Xid=79, All devices will go unhealthy.`` when the event names no GPU
+_XID_PLUGIN = re.compile(r"\bXidCriticalError: Xid=(?P<xid>\d+)(?: on Device=(?P<uuid>[^,\s]+))?")
 _DCGM = re.compile(r"\bDCGM_FR_[A-Z0-9_]+\b")
 # A context word right before the code: "fault code", "error_code=", "errorcode:", "Event ID:",
 # "alarm id", "fault [" ...; only separators may stand between it and the code (or the list).
@@ -228,6 +232,7 @@ class FaultTables:
 
     PATTERNS: ClassVar[tuple[Pattern, ...]] = (
         Pattern(r"NVRM: Xid \(", regex=True),
+        Pattern(r"XidCriticalError: Xid=[0-9]", regex=True),
         Pattern(r"DCGM_FR_[A-Z0-9_]", regex=True),
         Pattern(r"(fault|error|err|event|alarm)([ _-]?(code|id)s?)?( is)?[ :=#\t]{0,4}[\[(]? ?"
                 r"(0x)?[0-9a-f]{8}", regex=True, caseless=True),
@@ -290,7 +295,8 @@ class FaultTables:
         """Finds every fault code in ``text`` (one line or several joined by ``\\n``).
 
         Xid kernel lines give ``fields`` ``xid``, ``pci`` and, when printed, ``pid``, ``name``,
-        ``message``; NPU codes give ``fault_code``; DCGM names give ``dcgm``. An NPU code is taken
+        ``message``; NVIDIA k8s-device-plugin's ``XidCriticalError: Xid=N on Device=<uuid>`` gives ``xid``
+        and ``uuid``; NPU codes give ``fault_code``; DCGM names give ``dcgm``. An NPU code is taken
         only after a context word (``fault``, ``error``, ``err``, ``event``, ``alarm``, optionally
         followed by ``code``/``id``), directly or inside a list that follows one, so hashes and
         addresses elsewhere on the line are left alone. Codes the tables lack come back with
@@ -322,6 +328,11 @@ class FaultTables:
             if m.group("message"):
                 fields["message"] = m.group("message").strip()
             yield FaultHit("xid", str(n), self.xid(n), fields)
+        p = _XID_PLUGIN.search(line) if m is None else None
+        if p is not None:       # the device plugin's report of an Xid: the table grades it as the kernel line
+            xid_span = p.span()
+            n = int(p.group("xid"))
+            yield FaultHit("xid", str(n), self.xid(n), {"xid": n, **({"uuid": p.group("uuid")} if p.group("uuid") else {})})
         for d in _DCGM.finditer(line):
             name = d.group(0)
             yield FaultHit("dcgm", name, self.dcgm(name), {"dcgm": name})
