@@ -205,6 +205,27 @@ def _read_tsv(name: str) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+#: NVIDIA's immediate bucket of the NVLink5 Xids (144-150) that are decoded by sub-code
+_NVLINK_WORKFLOW = "WORKFLOW_NVLINK"
+#: the severity word the driver prints after an NVLink5 Xid's sub-code (``145, RLW_SRC_TRACK Nonfatal XC1 ...``)
+_NONFATAL = re.compile(r"^\S+ Non-?fatal\b", re.IGNORECASE)
+_NVLINK_NONFATAL_SOURCE = (
+    "; NVLink5 Xid marked Nonfatal by the driver: the fault-tables README (Xid 144-150 'must be decoded by "
+    "sub-code; many sub-cases are IGNORE'), graded as a non-fatal NVSwitch SXid is (kernel_vocab.tsv "
+    "gpu.sxid_nonfatal: worth watching, decides nothing); NVIDIA/NVSentinel#1357 (the maintainers treat a "
+    "fatal verdict on an RLW Xid 145 the driver marks Nonfatal as a bug)")
+
+
+def _nvlink_severity(entry: FaultEntry | None, message: str) -> FaultEntry | None:
+    """An NVLink5 Xid (NVIDIA's bucket ``WORKFLOW_NVLINK5_ERR``) whose driver line says ``Nonfatal``
+    after its sub-code: the hardware contained it and the link stays up, so it is a notice (action
+    none, as a non-fatal SXid), not the table's isolation; ``Fatal`` or no word keeps the table's grade."""
+    if entry is None or not entry.level.startswith(_NVLINK_WORKFLOW) or not _NONFATAL.match(message):
+        return entry
+    return FaultEntry(entry.kind, entry.code, f"{entry.level} (Nonfatal)", entry.meaning, Action.NONE,
+                      FailureClass.INFO, entry.source + _NVLINK_NONFATAL_SOURCE)
+
+
 def _class_for(action: Action, user: bool) -> FailureClass:
     if user:
         return FailureClass.USER_CODE
@@ -327,7 +348,7 @@ class FaultTables:
                 fields["name"] = m.group("name").strip()
             if m.group("message"):
                 fields["message"] = m.group("message").strip()
-            yield FaultHit("xid", str(n), self.xid(n), fields)
+            yield FaultHit("xid", str(n), _nvlink_severity(self.xid(n), fields.get("message", "")), fields)
         p = _XID_PLUGIN.search(line) if m is None else None
         if p is not None:       # the device plugin's report of an Xid: the table grades it as the kernel line
             xid_span = p.span()
