@@ -71,6 +71,16 @@ nor ``oom``), the fault of the device that explains it:
    contained ECC, restart in place) or is no device's (the node's network, storage, a corrected error)
    explains no hang, nor does one of another node.
 
+6. for a collective stall (``interconnect_stall``: the incident's errors are only collective timeouts,
+   every rank waited and none failed on its own, ``collectives.timeouts_only``), an NVLink Xid of a node
+   of the waiting ranks (an Xid whose catalog meaning is an NVLink error: 74, 137, the NVLink5 Xids
+   144-150, whatever its grade: a ``Nonfatal`` NVLink5 Xid is a notice alone, ``faultcodes``): the
+   collective's traffic crosses that link, and NCCL's maintainers read such a stall beside NVLink Xids
+   on one link as the node's fabric, not NCCL (NVIDIA/nccl#2241, an all-gather stuck on every rank of a
+   B200 node with Xid 145 RLW_RXPIPE Nonfatal and Xid 137 on one link: "a hardware/fabric bug"). The Xid
+   is returned graded ``hardware_node`` / ``isolate_node``. Not an NVLink Xid of another node, not one
+   beside a rank's own error (that error decides), not a run that went on (no incident).
+
 Counterexamples (nothing is paired): an application Xid (13/31/43) of one process beside a CUDA
 error (both the program's: the catalog's ``RESTART_APP``); an Xid graded for isolation that NVIDIA's table says the
 application can cause (109, context switch timeout, logged after a program's Xid 31 MMU fault on
@@ -142,6 +152,8 @@ REPEAT_PROCESSES = 2
 _UNCORRECTABLE = re.compile(r"(?i)multi-bit|uncorrectable|\bUCE\b|double[- ]bit")
 _REPEAT_SOURCE = ("docs.nvidia.com/deploy/xid-errors (Xid 13/31: RESTART_APP, then WORKFLOW_XID_13/31: the "
                   "application, then the GPU; a fault that stays with one GPU across runs is the GPU's)")
+_STALL_SOURCE = ("NVIDIA/nccl#2241 (a collective stuck on every rank beside NVLink Xids 145/137 on one link: the "
+                 "node's NVLink fabric, not NCCL); NVIDIA Xid catalog (NVLink Xids: WORKFLOW_NVLINK_ERR / _NVLINK5_ERR)")
 _SOURCE = ("docs.nvidia.com/deploy/xid-errors (Xid catalog: hardware Xids isolate, application Xids follow "
            "the app error); hiascend.com CANN 8.0 troubleshooting_0008 (AI Core error caused by HBM multi-bit "
            "ECC 0x80E01809)")
@@ -245,6 +257,38 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     return dataclasses.replace(event, origin=head.origin, failure_class=FailureClass.HARDWARE_NODE,
                                action=Action.ISOLATE_NODE, severity=Severity.CRITICAL, fields=fields,
                                source=f"{event.source}; paired: {_SOURCE}".lstrip("; "))
+
+
+def _nvlink_xid(f: Finding) -> bool:
+    """Says whether ``f`` is an Xid whose catalog meaning is an NVLink error (74, 137, 144-150 ...)."""
+    xid = f.fields.get("xid")
+    if xid is None or not f.rule_id.startswith("xid."):
+        return False
+    entry = _tables().xid(int(xid))
+    return entry is not None and "nvlink" in entry.meaning.lower()
+
+
+def interconnect_stall(fallout: Sequence[Finding], findings: Sequence[Finding]) -> Finding | None:
+    """Pairing rule 6 (module docstring): the NVLink Xid that explains a collective stall.
+
+    Args:
+        fallout: the incident's errors, all fallout, that ``collectives.timeouts_only`` read as
+            every rank waiting in a collective (the caller checks).
+        findings: every finding of the incident, by (time, seq).
+
+    Returns:
+        A copy of the first NVLink Xid logged on a node of the waiting ranks, graded
+        ``hardware_node`` / ``isolate_node`` / critical with ``fields["explains"]``; None when none.
+    """
+    nodes = {f.origin.node for f in fallout if f.kind not in NOT_LOG_LINES}
+    xid = next((f for f in findings if f.kind not in NOT_LOG_LINES and _nvlink_xid(f) and f.origin.node in nodes),
+               None)
+    if xid is None:
+        return None
+    fields = dict(xid.fields) | {"explains": fallout[0].rule_id}
+    return dataclasses.replace(xid, failure_class=FailureClass.HARDWARE_NODE, action=Action.ISOLATE_NODE,
+                               severity=Severity.CRITICAL, fields=fields,
+                               source=f"{xid.source}; paired: {_STALL_SOURCE}")
 
 
 def reporting_rank(cause: Finding, real: Sequence[Finding]) -> Finding:

@@ -71,7 +71,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    graded the program's or ambiguous, NCCL's ``unhandled cuda error``, an application Xid, a
    torch_npu / ACL / CANN error), or a native crash beside a hardware Xid of its node, or a job hang
    beside a fault that took a device of its silent instance's node away: the program's error (or
-   silence) is how the device's fault reached it.
+   silence) is how the device's fault reached it. So does an NVLink Xid of the waiting ranks' node
+   when every rank only timed out in a collective (``devicefault.interconnect_stall``).
 11. A native crash (``NATIVE_CRASHES``: a segmentation fault, or an exit by SIGSEGV / 139) of an
    instance that had already logged fallout (its communicator failed because a peer or the
    network went away, a collective of it timed out) is the tear-down of that failure, fallout
@@ -132,7 +133,7 @@ from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severit
 from ftwatch.policy.busy import busy_rank
 from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
-from ftwatch.policy.devicefault import device_fault, reporting_rank, worst_of_gpu
+from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
@@ -370,6 +371,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if oom is not None:
             return Analysis(oom, False, (oom, *real[1:]), tuple(notices), done, peer)
         return _with_rank(Analysis(head, False, real, tuple(notices), done, peer))   # 15: the rank a node's fault hit
+    stall = interconnect_stall(fallout, order) if fallout and timeouts_only(fallout) else None
+    if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
+        return Analysis(stall, False, (stall,), tuple(notices), done)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world)) if fallout else None
     if suspect is not None:

@@ -31,10 +31,17 @@ reset by peer``: C++ code threw ``std::system_error(errno, std::system_category(
 ``what()`` is ``strerror(errno)``, and pybind11 turns it into a ``RuntimeError``, as c10d's
 TCPStore did) is graded by that errno's row too (``_strerror_grade``). A class that decides by
 itself (``ValueError``, ``KeyError``) keeps its grade whatever its message says.
+
+A ``site`` row (``name`` = ``<file path suffix>:<function>``, ``parent`` = the class raised there)
+grades a generic class by where it was raised (``grade_block``): older libraries raised a plain
+``Exception`` where later versions raise a class of their own (torch.multiprocessing.spawn's join
+before PyTorch 1.8: the parent's report of a failed child, today's ``ProcessRaisedException``), so
+the last frame of the traceback says which exception it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import os
@@ -53,6 +60,7 @@ _COLUMNS = ["kind", "name", "parent", "class", "action", "decides", "source", "m
 # (built-ins and torch's all do), which keeps log lines such as ``note: ...`` out.
 _EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: (.*))?)?\s*$")
 _ERRNO = re.compile(r"\[Errno (\d+)\]")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,7 @@ class ExceptionCatalog:
         self._classes: dict[str, ExceptionGrade] = {}
         self._short: dict[str, ExceptionGrade] = {}
         self._errno: dict[int, ExceptionGrade] = {}
+        self._sites: dict[tuple[str, str], tuple[str, ExceptionGrade]] = {}   # (file, function) -> (class, grade)
         self._oserrors: set[str] = set()
         self._by_strerror: dict[str, tuple[int, ExceptionGrade]] | None = None   # ``_strerror_grade``'s index
         parents: dict[str, str] = {}
@@ -108,6 +117,11 @@ class ExceptionCatalog:
                                    row["decides"] == "class", row["source"])
             if row["kind"] == "errno":
                 self._errno[int(row["parent"])] = grade
+                continue
+            if row["kind"] == "site":
+                path, _, function = row["name"].rpartition(":")      # named as a dotted id: the
+                name = f"{path.removesuffix('.py').replace('/', '.')}.{function}.{row['parent']}"  # module, function, class
+                self._sites[(path, function)] = (row["parent"], dataclasses.replace(grade, name=name))
                 continue
             self._classes[row["name"]] = grade
             self._short.setdefault(row["name"].rsplit(".", 1)[-1], grade)
@@ -157,6 +171,26 @@ class ExceptionCatalog:
         if errno and name.rsplit(".", 1)[-1] in self._oserrors:
             return self._errno.get(int(errno.group(1)), grade)
         return grade
+
+    def grade_block(self, lines: Sequence[str], final: int) -> ExceptionGrade | None:
+        """Grades a traceback's final exception line ``lines[final]``, by its raise site first.
+
+        Args:
+            lines: the traceback block's lines; final: the index of its exception line.
+
+        Returns:
+            The ``site`` row's grade when the last frame before ``final`` is a listed raise site and
+            the line's class is the one raised there; else :meth:`grade` of the line.
+        """
+        if self._sites:
+            frame = next((_FRAME.match(ln) for ln in reversed(lines[:final]) if _FRAME.match(ln)), None)
+            m = _EXC_LINE.match(lines[final].strip())
+            if frame is not None and m is not None:
+                path = frame.group(1).replace("\\", "/")
+                for (suffix, function), (raised, grade) in self._sites.items():
+                    if frame.group(2) == function and path.endswith(suffix) and m.group(1) == raised:
+                        return grade
+        return self.grade(lines[final])
 
     def _strerror_grade(self, message: str) -> ExceptionGrade | None:
         """The errno row whose ``strerror`` text is the whole message, or its last clause, or None.

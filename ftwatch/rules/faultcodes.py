@@ -109,6 +109,10 @@ _XID_LINE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
     r"(?:, pid=(?P<pid>'[^']*'|[^,\s]*))?(?:, name=(?P<name>[^,]*))?"
     r"(?:, (?P<message>.*))?")
+#: NVIDIA k8s-device-plugin's health check (internal/rm/health.go) naming the Xid it marks a GPU
+#: unhealthy for: ``XidCriticalError: Xid=63 on Device=GPU-<uuid>, the device will go unhealthy.``,
+#: or ``XidCriticalError: Xid=79, All devices will go unhealthy.`` when the event names no GPU
+_XID_PLUGIN = re.compile(r"\bXidCriticalError: Xid=(?P<xid>\d+)(?: on Device=(?P<uuid>[^,\s]+))?")
 _DCGM = re.compile(r"\bDCGM_FR_[A-Z0-9_]+\b")
 # A context word right before the code: "fault code", "error_code=", "errorcode:", "Event ID:",
 # "alarm id", "fault [" ...; only separators may stand between it and the code (or the list).
@@ -201,6 +205,27 @@ def _read_tsv(name: str) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+#: NVIDIA's immediate bucket of the NVLink5 Xids (144-150) that are decoded by sub-code
+_NVLINK_WORKFLOW = "WORKFLOW_NVLINK"
+#: the severity word the driver prints after an NVLink5 Xid's sub-code (``145, RLW_SRC_TRACK Nonfatal XC1 ...``)
+_NONFATAL = re.compile(r"^\S+ Non-?fatal\b", re.IGNORECASE)
+_NVLINK_NONFATAL_SOURCE = (
+    "; NVLink5 Xid marked Nonfatal by the driver: the fault-tables README (Xid 144-150 'must be decoded by "
+    "sub-code; many sub-cases are IGNORE'), graded as a non-fatal NVSwitch SXid is (kernel_vocab.tsv "
+    "gpu.sxid_nonfatal: worth watching, decides nothing); NVIDIA/NVSentinel#1357 (the maintainers treat a "
+    "fatal verdict on an RLW Xid 145 the driver marks Nonfatal as a bug)")
+
+
+def _nvlink_severity(entry: FaultEntry | None, message: str) -> FaultEntry | None:
+    """An NVLink5 Xid (NVIDIA's bucket ``WORKFLOW_NVLINK5_ERR``) whose driver line says ``Nonfatal``
+    after its sub-code: the hardware contained it and the link stays up, so it is a notice (action
+    none, as a non-fatal SXid), not the table's isolation; ``Fatal`` or no word keeps the table's grade."""
+    if entry is None or not entry.level.startswith(_NVLINK_WORKFLOW) or not _NONFATAL.match(message):
+        return entry
+    return FaultEntry(entry.kind, entry.code, f"{entry.level} (Nonfatal)", entry.meaning, Action.NONE,
+                      FailureClass.INFO, entry.source + _NVLINK_NONFATAL_SOURCE)
+
+
 def _class_for(action: Action, user: bool) -> FailureClass:
     if user:
         return FailureClass.USER_CODE
@@ -228,6 +253,7 @@ class FaultTables:
 
     PATTERNS: ClassVar[tuple[Pattern, ...]] = (
         Pattern(r"NVRM: Xid \(", regex=True),
+        Pattern(r"XidCriticalError: Xid=[0-9]", regex=True),
         Pattern(r"DCGM_FR_[A-Z0-9_]", regex=True),
         Pattern(r"(fault|error|err|event|alarm)([ _-]?(code|id)s?)?( is)?[ :=#\t]{0,4}[\[(]? ?"
                 r"(0x)?[0-9a-f]{8}", regex=True, caseless=True),
@@ -290,7 +316,8 @@ class FaultTables:
         """Finds every fault code in ``text`` (one line or several joined by ``\\n``).
 
         Xid kernel lines give ``fields`` ``xid``, ``pci`` and, when printed, ``pid``, ``name``,
-        ``message``; NPU codes give ``fault_code``; DCGM names give ``dcgm``. An NPU code is taken
+        ``message``; NVIDIA k8s-device-plugin's ``XidCriticalError: Xid=N on Device=<uuid>`` gives ``xid``
+        and ``uuid``; NPU codes give ``fault_code``; DCGM names give ``dcgm``. An NPU code is taken
         only after a context word (``fault``, ``error``, ``err``, ``event``, ``alarm``, optionally
         followed by ``code``/``id``), directly or inside a list that follows one, so hashes and
         addresses elsewhere on the line are left alone. Codes the tables lack come back with
@@ -321,7 +348,12 @@ class FaultTables:
                 fields["name"] = m.group("name").strip()
             if m.group("message"):
                 fields["message"] = m.group("message").strip()
-            yield FaultHit("xid", str(n), self.xid(n), fields)
+            yield FaultHit("xid", str(n), _nvlink_severity(self.xid(n), fields.get("message", "")), fields)
+        p = _XID_PLUGIN.search(line) if m is None else None
+        if p is not None:       # the device plugin's report of an Xid: the table grades it as the kernel line
+            xid_span = p.span()
+            n = int(p.group("xid"))
+            yield FaultHit("xid", str(n), self.xid(n), {"xid": n, **({"uuid": p.group("uuid")} if p.group("uuid") else {})})
         for d in _DCGM.finditer(line):
             name = d.group(0)
             yield FaultHit("dcgm", name, self.dcgm(name), {"dcgm": name})

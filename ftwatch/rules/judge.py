@@ -162,7 +162,7 @@ class Judge:
         if final is None:
             return -1, None, set()
         hits = self.matcher.match_text("\n".join(lines[final:]))
-        return final, self.exceptions.grade(lines[final]), {self._owner[i] for i in hits if self._owner[i] >= 0}
+        return final, self.exceptions.grade_block(lines, final), {self._owner[i] for i in hits if self._owner[i] >= 0}
 
     def _exception_finding(self, record: Record, lines: list[str], final: int,
                            grade: ExceptionGrade) -> Finding:

@@ -52,6 +52,28 @@ def test_xid_line_with_quoted_pid_and_name():
     assert hit.entry.failure_class is FailureClass.USER_CODE
 
 
+def test_device_plugin_xid_critical_error_is_graded_by_the_xid_table():
+    # NVIDIA k8s-device-plugin marks a GPU unhealthy on every Xid outside its skip list; the Xid it
+    # names decides (63, row remap recorded: NVIDIA's catalog says IGNORE; 79: off the bus, isolate).
+    [hit] = tables().extract("I1025 02:19:08.048201       1 health.go:186] XidCriticalError: Xid=63 on "
+                             "Device=GPU-7c0a91d2-5e3b-4f61-8a27-d90b1e4f6c35, the device will go unhealthy.")
+    assert (hit.kind, hit.code, hit.fields["uuid"]) == ("xid", "63", "GPU-7c0a91d2-5e3b-4f61-8a27-d90b1e4f6c35")
+    assert hit.entry.action is Action.NONE
+    [hit] = tables().extract("2021/03/12 17:40:22 XidCriticalError: Xid=79, All devices will go unhealthy.")
+    assert hit.code == "79" and hit.entry.action is Action.ISOLATE_NODE and "uuid" not in hit.fields
+    assert tables().extract("Skipping non-nvmlEventTypeXidCriticalError event: {EventType:2 EventData:0}") == []
+
+
+def test_device_plugin_verdict_alone_notifies():
+    # the plugin's "marked unhealthy" grades no fault (its skip list, not NVIDIA's catalog): notify
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.loader import load_rules
+    from ftwatch.events import Origin
+    found = Engine(load_rules()).feed(Origin("plugin"), b"I0612 03:14:07.118203       1 server.go:245] "
+                                      b"'nvidia.com/gpu' device marked unhealthy: GPU-c24840ec\n", 1000.0, final=True)
+    assert [(f.rule_id, f.action) for f in found] == [("gpu.device_plugin_unhealthy", Action.NOTIFY)]
+
+
 @pytest.mark.parametrize("xid", [13, 31, 43, 45, 68])
 def test_application_error_xids_are_user_code(xid):
     entry = tables().xid(xid)

@@ -80,7 +80,10 @@ def _graded(line: str) -> set[tuple[str, FailureClass, Action]]:
     ("[ 9121.004411] amdgpu 0000:03:00.0: amdgpu: device lost from bus!", "amdgpu.device_lost_from_bus", ISOLATE),
     ("[ 9121.120301] amdgpu 0000:03:00.0: amdgpu: GPU Recovery Failed: -19", "amdgpu.gpu_recovery_failed", ISOLATE),
     ("I0612 03:14:07.118203       1 server.go:245] 'nvidia.com/gpu' device marked unhealthy: "
-     "GPU-c24840ec-8de1-43d5-b126-08000173ae32", "gpu.device_plugin_unhealthy", ISOLATE),
+     "GPU-c24840ec-8de1-43d5-b126-08000173ae32", "gpu.device_plugin_unhealthy",
+     # notify since round 10: the plugin marks a GPU on any Xid outside its skip list (k8s-device-plugin#234);
+     # the Xid it names (its XidCriticalError line, the kernel's NVRM line) decides through gpu_xid.tsv
+     (FailureClass.HARDWARE_NODE, Action.NOTIFY)),
     ("        Remapping Failure Occurred        : Yes", "gpu.row_remapping_failure", ISOLATE),
     # the node's NVIDIA kernel module is not loaded, as nvidia-smi, pynvml and the container toolkit say it
     ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure that the latest NVIDIA "

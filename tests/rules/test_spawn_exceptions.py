@@ -30,3 +30,20 @@ def test_the_childs_own_traceback_decides_after_a_raised_exception():
                            "KeyError: 'warmup_steps'"])
     assert [f.failure_class for f in found] == [FailureClass.FALLOUT, FailureClass.USER_CODE]
     assert analyse(found).root_cause.rule_id == "python.key_error"
+
+
+def test_a_plain_exception_raised_by_join_before_torch_1_8_is_the_same_report():
+    # PyTorch <= 1.7's ProcessContext.join raised Exception(msg) where 1.8 raises ProcessRaisedException
+    # (python_exceptions.tsv, row kind ``site``): fallout, the child's CUDA error decides.
+    join = ['  File "/env/lib/python3.8/site-packages/torch/multiprocessing/spawn.py", line 118, in join',
+            "    raise Exception(msg)"]
+    found = feed(PARENT + join + ["Exception: ", "", "-- Process 0 terminated with the following error:",
+                                  "Traceback (most recent call last):", '  File "/srv/train.py", line 97, in run',
+                                  "RuntimeError: CUDA error: unspecified launch failure"])
+    assert [f.failure_class for f in found][0] is FailureClass.FALLOUT
+    assert analyse(found).root_cause.rule_id == "cuda.unspecified_launch_failure"
+
+
+def test_a_plain_exception_raised_elsewhere_keeps_its_grade():
+    found = feed(PARENT + ['  File "/srv/train.py", line 118, in join', "    raise Exception(msg)", "Exception: bad config"])
+    assert [f.failure_class for f in found] == [FailureClass.USER_CODE]
