@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
-from ftwatch.policy.collectives import TIMEOUT_RULES
+from ftwatch.policy.collectives import TIMEOUT_RULES, rank_of
 
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
@@ -89,9 +89,6 @@ _BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *([0-9.]+[kMGTP]?i?B?)/([0-9.]
 #: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
 #: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
 _DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
-#: The rank a c10d line names, with its process group when the line gives one
-#: (``[Rank 2]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 2]``).
-_NAMED = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<rank>\d+)\]")
 #: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``).
 _AFTER_MS = re.compile(r"timed out after (\d+) ?ms")
 _OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
@@ -144,15 +141,6 @@ def died_on_its_own(f: Finding) -> bool:
     if f.kind != "exit_code" or f.fields.get("generic"):
         return False
     return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
-
-
-def rank_of(f: Finding) -> int | None:
-    """The finding's rank: its origin's, else the one a c10d line names in the default group
-    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
-    if f.rank is not None:
-        return f.rank
-    m = _NAMED.search(f.line)
-    return int(m.group("rank")) if m and m.group("pg") in (None, "0") else None
 
 
 def _own_bar(f: Finding) -> bool:
