@@ -57,7 +57,7 @@ block until every rank has called them), so a rank whose main thread is inside t
 peers wait in prints nothing of its own work until that collective ends. After step 1, another
 rank with no error of its own up to the first timeout that printed a line of its own work
 (:data:`WORK_RULES`, ``lifecycle.own_work.*``: it writes a file to a path, it runs an evaluation;
-or a phase or left-path line) stamped at least :data:`INSIDE_SECONDS` after the waits began (the
+a progress bar is read by its own account above, never by its time) stamped at least :data:`INSIDE_SECONDS` after the waits began (the
 latest waiting rank's first timeout less the wait's timeout) was running its own code while they
 waited, not stuck in their collective: ``collective.busy_rank`` as well (rank-only work between
 the loop and the next collective, outlasting the timeout: transformers' ``ddp_timeout``, "used to
@@ -302,7 +302,7 @@ def working_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding
     firsts = [min((f.time for f in w.timeouts if rank_of(f) == r), default=w.first.time) for r in w.waiting]
     began = max(firsts) - window
     mark = (w.first.time, w.first.seq)
-    own = WORK_RULES | PHASE_RULES
+    own = WORK_RULES                    # (a bar is read by its own account, in busy_rank)
     if any(f.rule_id in own and f.time >= began for r in w.waiting for f in w.by_rank.get(r, ())):
         return None                     # a waiting rank did that work too: nothing of one rank's own
     for who, mine in w.others():
