@@ -51,8 +51,10 @@ _RANK_PREFIXES_BYTES = re.compile(
     % (_MAX_PREFIXES - 1))
 RANK_PREFIXES_BYTES = _RANK_PREFIXES_BYTES  # public: the step tap matches it line by line (its groups: the rank)
 
-# glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone)
-_GLOG = re.compile(r"\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\b")
+# glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone); c10's own
+# logger (c10/util/Logging.cpp MessageLogger, PyTorch built without glog, 2.x) writes the month
+# unpadded and nanoseconds: "[rank1]:[E825 03:22:41.883011142 ProcessGroupNCCL.cpp:632]" (Aug 25)
+_GLOG = re.compile(r"\[?([IWEF])(\d\d|[1-9])(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?\b")
 # ISO-8601 and the Python logging forms: "2026-11-21T09:36:03.123Z", "2026-11-21 09:36:03,123",
 # "2026-11-21 09:36:03.123456+08:00", "[2026-11-21 09:36:03]"; and Ascend's plog (CANN's
 # slog, "2026-11-21-09:36:03.735.123": date and time joined by "-", milliseconds and

@@ -50,6 +50,22 @@ Where the ranks' lines carry no prefix of their own:
 Then that rank is the root cause, ``collective.busy_rank`` (user_code, fail_job). A rank that
 shows no phase line is not read as busy: a silent rank stays the hang reading of
 ``ftwatch.policy.collectives.silent_rank``.
+
+A rank's own lines tell the same without a bar, by their time (:func:`working_rank`): every rank
+of a process group takes part in each of its collectives (PyTorch DDP notes; NCCL's collectives
+block until every rank has called them), so a rank whose main thread is inside the collective its
+peers wait in prints nothing of its own work until that collective ends. After step 1, another
+rank with no error of its own up to the first timeout that printed a line of its own work
+(:data:`WORK_RULES`, ``lifecycle.own_work.*``: it writes a file to a path, it runs an evaluation;
+a progress bar is read by its own account above, never by its time) stamped at least :data:`INSIDE_SECONDS` after the waits began (the
+latest waiting rank's first timeout less the wait's timeout) was running its own code while they
+waited, not stuck in their collective: ``collective.busy_rank`` as well (rank-only work between
+the loop and the next collective, outlasting the timeout: transformers' ``ddp_timeout``, "used to
+avoid GPU socket timeouts when performing slow operations in distributed runnings"). Only a wait
+whose timeout a line gives (``Timeout(ms)=``) is dated; else :data:`SHORTEST_WAIT_SECONDS`, the
+shortest default (NCCL's 10 minutes), so the wait is never dated earlier than it began. A line at
+the moment the wait began says nothing of the kind: a rank stuck in a save on dead storage, or on a
+device, printed its last line then and nothing after (the time, not the word, carries the reading).
 """
 
 from __future__ import annotations
@@ -59,7 +75,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
-from ftwatch.policy.collectives import TIMEOUT_RULES
+from ftwatch.policy.collectives import TIMEOUT_RULES, rank_of
 
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
@@ -72,6 +88,17 @@ DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
 #: timeout for the store and gloo (``default_pg_timeout``, 30 min) and transformers' ``ddp_timeout``.
 DEFAULT_WAIT_SECONDS = 1800.0
+#: Rules that say a rank does work of its own (lifecycle.yaml's ``lifecycle.own_work.*``), read by
+#: their time in :func:`working_rank`; tests/policy/test_busy_rank.py keeps the two in step.
+WORK_RULES = frozenset({"lifecycle.own_work.writing", "lifecycle.own_work.evaluation"})
+#: How far inside its peers' wait a rank's own line must be to say it was not in their collective
+#: (seconds): CUDA runs a collective asynchronously, so a rank may print a little past the point
+#: where it issued it, and an undated line carries an earlier line's time.
+INSIDE_SECONDS = 300.0
+#: The wait :func:`working_rank` assumes where no line gives its timeout: the shortest default a
+#: process group has (torch.distributed.constants ``default_pg_nccl_timeout``, 10 minutes), so the
+#: wait is dated no earlier than it could have begun (seconds).
+SHORTEST_WAIT_SECONDS = 600.0
 SOURCE = ("transformers src/transformers/training_args.py TrainingArguments.main_process_first and "
           "ddp_timeout; huggingface/datasets src/datasets/arrow_dataset.py Dataset.map progress bar")
 #: A line that says a wait timed out (c10d "Socket Timeout", gloo "Timed out waiting", CANN
@@ -89,9 +116,6 @@ _BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *([0-9.]+[kMGTP]?i?B?)/([0-9.]
 #: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
 #: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
 _DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
-#: The rank a c10d line names, with its process group when the line gives one
-#: (``[Rank 2]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 2]``).
-_NAMED = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<rank>\d+)\]")
 #: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``).
 _AFTER_MS = re.compile(r"timed out after (\d+) ?ms")
 _OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
@@ -144,15 +168,6 @@ def died_on_its_own(f: Finding) -> bool:
     if f.kind != "exit_code" or f.fields.get("generic"):
         return False
     return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
-
-
-def rank_of(f: Finding) -> int | None:
-    """The finding's rank: its origin's, else the one a c10d line names in the default group
-    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
-    if f.rank is not None:
-        return f.rank
-    m = _NAMED.search(f.line)
-    return int(m.group("rank")) if m and m.group("pg") in (None, "0") else None
 
 
 def _own_bar(f: Finding) -> bool:
@@ -263,4 +278,48 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
                        phase.origin, line, first.time, first.seq, (phase.line, first.line),
                        {"busy": busy, "waiting": waiting, "phase": kind, "percent": pct,
                         "work_s": work, "timeout_s": window}, SOURCE)
+    return None
+
+
+def working_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``collective.busy_rank`` on a rank that wrote lines of its own work while its peers waited (the
+    module docstring's last paragraph), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (:func:`waits`).
+
+    Returns:
+        A Finding on the working rank's latest such line's origin, at the first timeout's (time,
+        seq), or None when the errors are not all waits or no other rank wrote such a line inside
+        the wait.
+    """
+    w = waits(order, errors)
+    if w is None:
+        return None
+    given = [t for f in w.timeouts if (t := _timeout_s(f)) is not None]
+    window = max(given) if given else SHORTEST_WAIT_SECONDS
+    firsts = [min((f.time for f in w.timeouts if rank_of(f) == r), default=w.first.time) for r in w.waiting]
+    began = max(firsts) - window
+    mark = (w.first.time, w.first.seq)
+    own = WORK_RULES                    # (a bar is read by its own account, in busy_rank)
+    if any(f.rule_id in own and f.time >= began for r in w.waiting for f in w.by_rank.get(r, ())):
+        return None                     # a waiting rank did that work too: nothing of one rank's own
+    for who, mine in w.others():
+        before = [f for f in mine if (f.time, f.seq) <= mark]
+        if any(is_error(f) for f in before):
+            continue
+        inside = [f for f in before if f.rule_id in own and f.time >= began + INSIDE_SECONDS]
+        if not inside:
+            continue
+        last = max(inside, key=lambda f: (f.time, f.seq))
+        line = (f"{who} was still writing lines of its own work {last.time - began:.0f} s into its peers' wait "
+                f"({last.line.strip()[:160]}) while rank(s) {w.waiting} timed out waiting in a collective "
+                f"({w.first.rule_id}, timeout {window:.0f} s): it was running its own code, not in their "
+                "collective; the program held them longer than its timeout (rank-only work between "
+                "collectives; raise the timeout or move the work)")
+        return Finding("collective.busy_rank", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                       last.origin, line, w.first.time, w.first.seq, (last.line, w.first.line),
+                       {"busy": rank_of(last), "waiting": w.waiting, "phase": last.rule_id,
+                        "inside_s": last.time - began, "timeout_s": window}, SOURCE)
     return None

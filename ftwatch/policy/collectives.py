@@ -28,7 +28,9 @@ One more reading of timeout-only incidents (issue 12 item 3):
   watchdog: "the order of collectives is not same for all ranks"; torch.distributed's
   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` check reports the same thing as "Detected mismatch between
   collectives on ranks", an application error). Finding ``collective.mismatch``: user_code /
-  fail_job: a restart replays the same control flow.
+  fail_job: a restart replays the same control flow. A rank is the line's origin's, else the one
+  the c10d line names in the default group (:func:`rank_of`: ``[Rank 1] Watchdog caught ...`` on a
+  stream a launcher did not prefix, torch 1.x under ``torch.distributed.launch``, one log file).
 * the same reading when they timed out at one SeqNum in the same operation on tensors of
   *different sizes* (``NumelIn``), for the operations whose size every rank must agree on
   (:data:`SIZED_OPS`: NCCL's AllReduce, Broadcast, Reduce, AllGather and ReduceScatter take one
@@ -168,6 +170,20 @@ def timeouts_only(fallout: Sequence[Finding]) -> bool:
             and all(f.rule_id in TIMEOUT_RULES or f.rule_id in FOLLOW_ON_RULES for f in logged))
 
 
+#: The rank a c10d line names, with its process group when the line gives one
+#: (``[Rank 2]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 2]``).
+_NAMED = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<rank>\d+)\]")
+
+
+def rank_of(f: Finding) -> int | None:
+    """The finding's rank: its origin's, else the one a c10d line names in the default group
+    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
+    if f.rank is not None:
+        return f.rank
+    m = _NAMED.search(f.line)
+    return int(m.group("rank")) if m and m.group("pg") in (None, "0") else None
+
+
 def _pg(f: Finding) -> str | None:
     m = _PG.search(f.line)
     return m.group("pg") if m else None
@@ -194,9 +210,9 @@ def mismatch(findings: Sequence[Finding]) -> Finding | None:
     another, rank 3 left the common path); on a tie, the earliest rank."""
     seen: dict[tuple[str | None, int], dict[int, Finding]] = {}
     for f in sorted(findings, key=lambda f: (f.time, f.seq)):
-        seq, op = f.fields.get("seq"), f.fields.get("op")
-        if f.rank is not None and isinstance(seq, int) and op:
-            seen.setdefault((_pg(f), seq), {}).setdefault(f.rank, f)
+        seq, op, rank = f.fields.get("seq"), f.fields.get("op"), rank_of(f)
+        if rank is not None and isinstance(seq, int) and op:
+            seen.setdefault((_pg(f), seq), {}).setdefault(rank, f)
     for (pg, seq), ranks in seen.items():
         ops = {r: g.fields["op"] for r, g in sorted(ranks.items())}
         sizes = _sizes(ranks)
@@ -207,11 +223,12 @@ def mismatch(findings: Sequence[Finding]) -> Finding | None:
             groups.setdefault((ops[r], (sizes or {}).get(r)), []).append(g)
         odd = min(groups.values(), key=lambda gs: (len(gs), min((g.time, g.seq) for g in gs)))
         first = min(odd, key=lambda g: (g.time, g.seq))
+        odd_rank = rank_of(first)
         said = ", ".join(f"rank {r} {o}" + (f" NumelIn={sizes[r]}" if sizes and r in sizes else "")
                          for r, o in ops.items())
         what = "different operations" if len(set(ops.values())) > 1 else "different tensor sizes"
         line = (f"ranks timed out in collective SeqNum={seq} on {what} ({said}): they issued different "
-                f"collectives, which the program's control flow does; rank {first.rank} is the odd one out")
+                f"collectives, which the program's control flow does; rank {odd_rank} is the odd one out")
         return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
                        Severity.ERROR, first.origin, line, first.time, first.seq,
                        fields={"seq": seq, "ops": ops, "sizes": sizes or {}, "pg": pg},

@@ -57,7 +57,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
    early, it works on the main process alone; ``collective.left_path``, user_code:
    ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
-   of data, or ended its epoch alone (``leftpath.left_before_hang``).
+   of data, or ended its epoch alone (``leftpath.left_before_hang``); and a rank that wrote lines of
+   its own work (a file write, an evaluation) well inside their wait (``busy.working_rank``).
 9. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
    <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
    is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
@@ -130,7 +131,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity, is_error, precedes
-from ftwatch.policy.busy import busy_rank
+from ftwatch.policy.busy import busy_rank, working_rank
 from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
@@ -352,6 +353,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
     busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
+            or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
             or left_before_hang(order, real))   # for a rank busy with its own work or one that left their path
     if busy is not None:
         return Analysis(busy, False, (busy,), tuple(notices), done)

@@ -196,6 +196,16 @@ def test_glog_uses_the_given_year():
     assert parse_timestamp(line, 2026) is None  # no Feb 29 in 2026
 
 
+def test_c10_logger_stamp_with_an_unpadded_month():
+    """PyTorch's own logger (c10 MessageLogger, no glog) writes months 1-9 with one digit and the
+    fraction in nanoseconds: ``[E825 03:22:41.883011142`` is Aug 25, not unparsed."""
+    line = "[rank1]:[E825 03:22:41.883011142 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught"
+    assert parse_timestamp(line, 2026) == pytest.approx(utc(2026, 8, 25, 3, 22, 41, 883011), abs=1e-3)
+    assert parse_timestamp("[W101 00:00:01.5 x.cpp:1] w", 2026) == pytest.approx(utc(2026, 1, 1, 0, 0, 1, 500000))
+    assert parse_timestamp("[E1030 15:51:02.412 x.cpp:1] e", 2024) == pytest.approx(utc(2024, 10, 30, 15, 51, 2, 412000))
+    assert parse_timestamp("[E925 13:32:36 x.cpp:1] e", None) is None      # no year, like glog
+
+
 @pytest.mark.parametrize("line", [
     "E1121 09:36:03.735000 140 ProcessGroupNCCL.cpp:616] Watchdog",
     "Nov 21 09:36:03 gpu-node-7 kernel: NVRM: Xid (PCI:0000:3b:00): 79",

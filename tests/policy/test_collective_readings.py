@@ -35,6 +35,22 @@ def test_ranks_in_different_collectives_at_one_seqnum_are_a_program_bug():
     assert rc.fields["ops"] == {0: "ALLREDUCE", 1: "ALLGATHER"}
 
 
+def test_different_collectives_named_only_by_the_watchdog_lines_are_a_program_bug():
+    """A launcher that prefixes nothing (torch 1.x's ``[E ProcessGroupNCCL.cpp:740] [Rank 1] ...``,
+    one shared stream): the rank the c10d line names in the default group is the line's rank."""
+    o = Origin("job-log", None, "coll", "node-0", "stderr", "file")
+    text = "".join(f"[E ProcessGroupNCCL.cpp:740] [Rank {r}] Watchdog caught collective operation timeout: "
+                   f"WorkNCCL(SeqNum=118402, OpType={op}, Timeout(ms)=1800000) ran for 1801942 milliseconds "
+                   "before timing out.\n" for r, op in ((0, "_ALLGATHER_BASE"), (1, "REDUCE"), (2, "REDUCE")))
+    found = ENGINE.feed(o, text.encode(), T0 + 1.0, final=True)
+    rc = mismatch(found)
+    assert rc is not None and rc.failure_class is FailureClass.USER_CODE, rc
+    assert rc.fields["ops"] == {0: "_ALLGATHER_BASE", 1: "REDUCE", 2: "REDUCE"}
+    assert "rank 0 is the odd one out" in rc.line
+    same = text.replace("_ALLGATHER_BASE", "REDUCE")
+    assert mismatch(ENGINE.feed(o, same.encode(), T0 + 1.0, final=True)) is None
+
+
 def test_the_same_collective_everywhere_is_no_mismatch():
     found = [f for r in range(2) for f in logged(r, 1.0 + r / 10, watchdog(r, 2437, "ALLREDUCE"))]
     assert mismatch(found) is None

@@ -33,7 +33,8 @@ def completion(status: int, local: str, remote: str, vendor: int = 249) -> str:
 
 
 def watchdog(rank: int) -> str:
-    return (f"[rank{rank}]:[E711 09:30:08.864589111 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) "
+    # stamped on T0's day, after the (unstamped) completions fed at T0 + 1 s: c10's stamp is read
+    return (f"[rank{rank}]:[E1121 00:00:01.864589111 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID 0(default_pg) "
             f"Rank {rank}] Process group watchdog thread terminated with exception: NCCL error: remote process "
             "exited or there was a network error, NCCL version 2.21.5")
 
