@@ -132,3 +132,43 @@ def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Findin
     return replace(head, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
                    fields={**head.fields, "reported_by": AGENT_KILL_REPORT if agent_exit else head.rule_id},
                    source=_SOURCE)
+
+
+#: Ray's death reports (stacks_vocab.tsv): the raylet's and the driver's restatements of one
+#: worker's death, and the exit detail of a worker that died without a word to its raylet.
+RAY_DEATH_REPORTS = frozenset({"ray.actor_died_unexpectedly", "python.exception.ray.exceptions.RayActorError",
+                               "python.exception.ray.exceptions.ActorDiedError"})
+RAY_EOF = "ray.worker_exit_eof"
+_RAY_SOURCE = ("ray-project/ray src/ray/raylet/node_manager.cc (a worker's connection closed without an exit message: "
+               "'(1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) ray stop --force is "
+               "called. (3) The worker is crashed unexpectedly due to SIGSEGV ...'); Linux mm/oom_kill.c (one "
+               "victim); ftwatch.policy.oomkill")
+
+
+def lone_ray_kill(fallout: Sequence[Finding]) -> Finding | None:
+    """The OOM killer's reading of a Ray worker that died without a word, when nothing else explains it.
+
+    Ray's raylet, the worker's parent on its node, lived to report that the worker's connection
+    closed with no exit message (``Worker unexpectedly exits with a connection error code 2. End of
+    file``). Of the causes Ray's own text lists, ``ray stop --force`` takes the raylet too (it
+    could not report), a crash prints its signal's stack first (a finding of its own), and Ray's
+    memory monitor names its kills: a lone kill the raylet reported, with nothing else in the
+    incident, is the kernel OOM killer's, as for the launchers' reports above (the module
+    docstring).
+
+    Args:
+        fallout: the incident's findings, all fallout (``rootcause.analyse``'s only-fallout case).
+
+    Returns:
+        The first Ray exit-detail finding re-read as ``exit.sigkill_lone_oom`` (oom, fail_job); None
+        when there is none or any finding of ``fallout`` is not one of Ray's death reports (a
+        watchdog's, a peer's, NCCL's: they explain the death otherwise).
+    """
+    eof = next((f for f in fallout if f.rule_id == RAY_EOF), None)
+    if eof is None or any(f.rule_id != RAY_EOF and f.rule_id not in RAY_DEATH_REPORTS for f in fallout):
+        return None
+    line = (f"{eof.line} -- one Ray worker died without a word while its raylet lived to report it, and nothing "
+            "else says who killed it: the kernel OOM killer's kill (host memory)")
+    return replace(eof, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
+                   fields={**eof.fields, "reported_by": RAY_EOF}, source=_RAY_SOURCE)
+

@@ -11,7 +11,7 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, S
 from ftwatch.pipeline.build import build_engine, build_policy, build_rules
 from ftwatch.pipeline.replay import replay
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.policy.oomkill import AGENT_KILL_REPORT, LOCAL_KILL_REPORTS, OOM_KILL
+from ftwatch.policy.oomkill import AGENT_KILL_REPORT, LOCAL_KILL_REPORTS, OOM_KILL, RAY_EOF
 from ftwatch.policy.rootcause import SIGKILL_REPORTS, analyse
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 
@@ -85,6 +85,27 @@ def test_torchelastics_report_beside_a_preemption_stays_a_restart():
     preempted = log("k8s.preempted", RI, 6.0, instance="events")
     rc = analyse([agent, died(0, 5.0, 9), preempted]).root_cause
     assert rc.rule_id != OOM_KILL and rc.failure_class is RI
+
+
+FALL = FailureClass.FALLOUT
+
+
+def test_a_ray_workers_death_without_a_word_and_nothing_else_is_the_oom_killers():
+    # the raylet's line and the driver's RayActorError: only Ray's death reports in the incident
+    raylet = log(RAY_EOF, FALL, 5.0, instance="driver")
+    actor = log("python.exception.ray.exceptions.RayActorError", FALL, 6.0, instance="driver")
+    rc = analyse([raylet, actor]).root_cause
+    assert rc.rule_id == OOM_KILL and rc.failure_class is OOM and rc.fields["reported_by"] == RAY_EOF
+
+
+def test_a_ray_death_beside_other_fallout_or_a_lost_node_keeps_its_reading():
+    raylet = log(RAY_EOF, FALL, 5.0, instance="driver")
+    watchdog = log("torch.nccl_watchdog_timeout", FALL, 4.0, instance="worker")     # the abort explains the death
+    assert analyse([watchdog, raylet]).root_cause.rule_id != OOM_KILL
+    node = log("ray.actor_node_died", RI, 6.0, instance="driver")                   # its node died: retryable
+    assert analyse([raylet, node]).root_cause is node
+    actor = log("ray.actor_died_unexpectedly", FALL, 5.0, instance="driver")       # no exit detail: no reading
+    assert analyse([actor]).root_cause.rule_id != OOM_KILL
 
 
 def test_the_other_nodes_exit_reports_after_it_keep_the_reading():
