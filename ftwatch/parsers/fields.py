@@ -325,7 +325,8 @@ def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int
 
     The candidates (lines with a time of day near their start) are found from the end by one
     regex search, in C; only they are decoded and parsed (:func:`parse_timestamp`), at most
-    16 of them. So a chunk's lines that carry no timestamp cost no Python work.
+    16 of them (a clock that ends a longer count, tqdm's ETA ``<104:10:00``, is none and costs
+    no try: more than 16 such bars once hid the stamp before them). So a chunk's lines that carry no timestamp cost no Python work.
 
     Args:
         data: complete lines (``b"\\n"``-separated), ANSI escapes removed or not.
@@ -338,13 +339,18 @@ def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int
         (the line's start offset, epoch seconds), or None when no line there has a timestamp.
     """
     end = hi
-    for _ in range(_MAX_TRIES):
+    tries = 0
+    while tries < _MAX_TRIES:
         if end <= lo:
             return None
         m = _LAST_CLOCK.match(data, lo, end)
         if m is None:
             return None
         clock = m.start(1)
+        if clock > lo and data[clock - 1] in _DIGIT_BYTES:
+            end = clock             # the tail of a longer count (tqdm's ETA ``<104:10:00``): no time of
+            continue                # day and no try; the line before it may still hold its stamp
+        tries += 1
         line = data.rfind(b"\n", lo, clock)
         line = lo if line < 0 else line + 1
         head = line + _HEAD_BYTES

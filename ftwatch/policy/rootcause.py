@@ -93,11 +93,14 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ncclGetLastError``). So does a traceback no rule grades (the catch-all) to the real error
    its exception's message carries on the lines after the record (same module).
 14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
-   ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
+   ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``,
+   torchelastic's ``exitcode: -9``),
    as the earliest real error, the incident's only SIGKILL report, with no other real error but
    exit reports (a scheduler's, the kubelet's, a peer's line keep it), is the kernel OOM killer's
    (``exit.sigkill_lone_oom``, oom: it kills one victim, Slurm, the kubelet and a node reclaim kill
-   the launcher too; ``ftwatch.policy.oomkill``).
+   the launcher too; ``ftwatch.policy.oomkill``). So is a Ray worker's death without a word
+   (``connection error code 2. End of file``) that its raylet reported when the incident holds
+   nothing but Ray's death reports (``oomkill.lone_ray_kill``).
 15. A root cause that is a node's unranked device line (a kernel Xid, an ``mlx5_core`` health
    event) carries the rank of the one rank of that node that reported a device's error, the
    fault as its runtime returned it (``ftwatch.policy.devicefault.reporting_rank``).
@@ -140,7 +143,7 @@ from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.linkflap import recovered_flaps
-from ftwatch.policy.oomkill import lone_oom_kill
+from ftwatch.policy.oomkill import AGENT_KILL_REPORT, lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
 
@@ -369,7 +372,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if fault is not None:
             return _with_rank(Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices),
                                        done, tuple(f for f in peer if f is not fault)))
-        oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)])   # 14: the OOM killer's lone kill
+        oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)],   # 14: the OOM killer's lone kill
+                            [f for f in order if f.rule_id == AGENT_KILL_REPORT])
         if oom is not None:
             return Analysis(oom, False, (oom, *real[1:]), tuple(notices), done, peer)
         return _with_rank(Analysis(head, False, real, tuple(notices), done, peer))   # 15: the rank a node's fault hit
@@ -377,7 +381,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
         return Analysis(stall, False, (stall,), tuple(notices), done)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
-               or silent_rank(order, world)) if fallout else None
+               or silent_rank(order, world) or lone_ray_kill(fallout)) if fallout else None   # 14: Ray's lone kill
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:

@@ -100,3 +100,15 @@ def test_a_stamped_line_with_a_later_time_of_day_far_into_it_keeps_its_stamp():
     its start, where its own stamp is."""
     data = (START + " " + "x" * 400 + " eta 01:02:03\nterminate\n").encode()
     assert last_timestamp(data, 0, len(data), 2026) == (0, pytest.approx(XID_AT - 36 * 60 - 3))
+
+
+def test_tqdm_bars_with_a_long_eta_between_a_stamp_and_an_error_are_no_candidates():
+    """A tqdm bar's ``[39:00<104:10:00, ...]`` holds ``04:10:00`` inside a longer count: no time of
+    day, so it costs no try (of the 16). Before, more than 16 such bars between a stamped line and
+    an untimed traceback made the search give up, and the traceback took the file's first time,
+    minutes before the bars (read by the progress reader at the stamp's time), so the bars
+    printed BEFORE it looked like progress after it and the error became a notice."""
+    bars = [f"  1%|          | {300 + i}/46384 [39:{i:02d}<104:10:{i:02d},  8.10s/it]" for i in range(40)]
+    data = ("\n".join([START, "[2026-11-21 09:20:00,000] [INFO] stage3 ready", *bars, "terminate", ""])).encode()
+    stamped = data.index(b"[2026-11-21 09:20")
+    assert last_timestamp(data, 0, data.index(b"terminate"), 2026) == (stamped, pytest.approx(XID_AT - 16 * 60 - 3))
