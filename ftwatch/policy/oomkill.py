@@ -23,8 +23,7 @@ SIGKILL (137) retryable (kubedl, kubeflow training-operator, DLRover). But the k
 So a launcher on the worker's node, in its container, that survives to report that ONE child died
 by SIGKILL (DeepSpeed's ``launch.py`` ``exits with return code = -9``, a shell's ``Killed``,
 Python's ``died with <Signals.SIGKILL: 9>``, ``torch.multiprocessing.spawn``'s ``terminated with
-signal SIGKILL``, torchelastic's ``failed (exitcode: -9)`` and its failure summary's ``exitcode : -9``)
-saw a kill that targeted that one process, which is what the OOM killer does. The packs already
+signal SIGKILL``) saw a kill that targeted that one process, which is what the OOM killer does. The packs already
 read a DataLoader worker's SIGKILL, which its parent reports (torch/csrc/DataLoader.cpp), the same
 way (python.yaml ``torch.dataloader_worker_killed``: oom). Every tuning thread where such a report
 is the only evidence concluded host memory (issue 12, round 7).
@@ -42,17 +41,6 @@ Reports by a launcher on another node (srun's ``tasks 4-7: Killed``, mpirun's ``
 9``: a node's loss or a node-wide kill leaves them alive) and a container's own exit 137 (``Exit
 Code: 137``, a task runner's ``exit code: 137``: the whole container died, which the kubelet, a
 cgroup OOM or the node may do) are not such reports and keep exit_codes.tsv's reading.
-
-torchelastic's report (issue 12, round 10) is the same situation and is read the same way: its
-agent is the workers' parent on their node, and its ``failed (exitcode: -9)`` line and summary say
-that it survived the one death; the ``exitcode : -15`` of the others are its own stop of the
-survivors (torch/distributed/elastic/multiprocessing/api.py ``close``: SIGTERM to the remaining
-workers). Before, the summary's exit kept exit_codes.tsv's retryable reading; but every tuning
-thread where such a lone -9 is the only evidence concluded host memory (a container's OOMKilled,
-a checkpoint save exhausting host RAM, a kernel OOM-killer line collected apart), none a
-preemption (a scheduler's or the kubelet's stop takes the agent too and says so). What the reading
-cannot tell apart is a deliberate ``kill -9`` of one worker (a fault injector's, a person's); a job
-that does that expects the kill and is read here as memory, erring towards a failed job.
 
 Inside a Slurm batch job (the kill report names Slurm's spooled batch script,
 ``<SlurmdSpoolDir>/job<id>/slurm_script``, Slurm src/slurmd/slurmd/req.c) an OOM kill does not go
@@ -75,22 +63,17 @@ from typing import Sequence
 from ftwatch.events import Action, FailureClass, Finding
 
 #: Log lines by a parent on the worker's node, in its container, that ONE child died by SIGKILL
-#: (all within ``rootcause.SIGKILL_REPORTS``; tests/policy/test_oomkill.py keeps them so). Not an
-#: exit finding by signal 9 (``exit.sigkill``) by itself: ``ftwatch run``'s supervisor reports its
-#: workers' deaths so, and SPEC R4 and the policy's tests fix a rank's death by SIGKILL among its
-#: survivors' fallout as a retryable root cause there (tests/rules/test_policy.py,
-#: test_rootcause_table.py), a decision of the spec this reading leaves to it. The exit a
-#: torchelastic agent reported in the log is one (:data:`AGENT_KILL_REPORT`, below).
+#: (all within ``rootcause.SIGKILL_REPORTS``; tests/policy/test_oomkill.py keeps them so). Not the
+#: exit findings by signal 9 (``exit.sigkill``: ``ftwatch run``'s supervisor, a replayed torchelastic
+#: summary): SPEC R4 and the policy's tests fix a rank's death by SIGKILL among its survivors'
+#: fallout as a retryable root cause (tests/rules/test_policy.py, test_rootcause_table.py), a
+#: decision of the spec this reading leaves to it. The two must move together: torchelastic's
+#: summary restates the exit that ``run``'s supervisor sees, and every driver decides a recorded
+#: run alike (tests/test_golden.py; its torchrun_sigkill run is a deliberate self-SIGKILL, which a
+#: torchelastic-only reading would have failed as OOM while ``run`` restarts it).
 LOCAL_KILL_REPORTS = frozenset({"deepspeed_launcher.worker_sigkilled", "shell.job_killed",
                                 "shell.killed_foreground", "python.subprocess_died_sigkill",
                                 "torch.mp_spawn_sigkill"})
-#: torchelastic's own report that a worker died by SIGKILL (torch.yaml: the agent's ``failed
-#: (exitcode: -9) local_rank: N (pid: P)`` line, the failure summary's ``exitcode  : -9``), which the
-#: summary's exit finding (``exit.sigkill``, ``ftwatch.pipeline.exits``) restates: the agent
-#: (torch/distributed/elastic/agent/server/local_elastic_agent.py) runs on the workers' node, in
-#: their container, and lived to report the one death, then stopped the other workers itself
-#: (``Sending process N closing signal SIGTERM``; their ``exitcode : -15`` is its own fallout).
-AGENT_KILL_REPORT = "torch_elastic.exitcode_sigkill"
 #: Slurm's spooled batch script in a shell's kill report: the job runs under slurmstepd's task/cgroup.
 _SLURM_BATCH = re.compile(r"/job\d+/slurm_script\b")
 #: The rule id of the reading's root cause.
@@ -102,16 +85,13 @@ _SOURCE = ("Linux mm/oom_kill.c (select_bad_process/oom_badness pick one victim;
            "(the kubelet kills every process of the container); ftwatch.policy.oomkill")
 
 
-def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Finding],
-                  agent_reports: Sequence[Finding] = ()) -> Finding | None:
+def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Finding]) -> Finding | None:
     """The OOM killer's reading of a lone SIGKILL its parent reported, when nothing else explains it.
 
     Args:
         head: the incident's earliest real error (R7).
         real: all its real errors, earliest first (``head`` first).
         kills: every SIGKILL report of the incident (``rootcause.sigkill_report``), fallout included.
-        agent_reports: the incident's :data:`AGENT_KILL_REPORT` findings (a torchelastic agent's
-            lines that a worker died by SIGKILL); with one, an exit by signal 9 is such a report.
 
     Returns:
         ``head`` re-read as ``exit.sigkill_lone_oom`` (class oom, fail_job: the same program on the
@@ -120,8 +100,7 @@ def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Findin
         when it holds another real error that is no exit report, whatever its time, or when the
         report is a Slurm batch script's (Slurm announces an OOM kill itself).
     """
-    agent_exit = bool(agent_reports) and head.kind == "exit_code" and head.fields.get("signal") == 9
-    if (head.rule_id not in LOCAL_KILL_REPORTS and not agent_exit) or len(kills) != 1 or kills[0] is not head:
+    if head.rule_id not in LOCAL_KILL_REPORTS or len(kills) != 1 or kills[0] is not head:
         return None
     if any(f is not head and f.kind != "exit_code" for f in real):
         return None
@@ -130,8 +109,7 @@ def lone_oom_kill(head: Finding, real: Sequence[Finding], kills: Sequence[Findin
     line = (f"{head.line} -- one process killed by SIGKILL while its parent lived to report it, and nothing "
             "else says who killed it: the kernel OOM killer's kill (host memory)")
     return replace(head, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
-                   fields={**head.fields, "reported_by": AGENT_KILL_REPORT if agent_exit else head.rule_id},
-                   source=_SOURCE)
+                   fields={**head.fields, "reported_by": head.rule_id}, source=_SOURCE)
 
 
 #: Ray's death reports (stacks_vocab.tsv): the raylet's and the driver's restatements of one

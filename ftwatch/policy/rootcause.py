@@ -93,8 +93,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ncclGetLastError``). So does a traceback no rule grades (the catch-all) to the real error
    its exception's message carries on the lines after the record (same module).
 14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
-   ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``,
-   torchelastic's ``exitcode: -9``),
+   ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
    as the earliest real error, the incident's only SIGKILL report, with no other real error but
    exit reports (a scheduler's, the kubelet's, a peer's line keep it), is the kernel OOM killer's
    (``exit.sigkill_lone_oom``, oom: it kills one victim, Slurm, the kubelet and a node reclaim kill
@@ -143,7 +142,7 @@ from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.linkflap import recovered_flaps
-from ftwatch.policy.oomkill import AGENT_KILL_REPORT, lone_oom_kill, lone_ray_kill
+from ftwatch.policy.oomkill import lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
 
@@ -372,8 +371,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         if fault is not None:
             return _with_rank(Analysis(fault, False, (fault, *(f for f in real if f is not fault)), tuple(notices),
                                        done, tuple(f for f in peer if f is not fault)))
-        oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)],   # 14: the OOM killer's lone kill
-                            [f for f in order if f.rule_id == AGENT_KILL_REPORT])
+        oom = lone_oom_kill(head, real, [f for f in order if sigkill_report(f)])   # 14: the OOM killer's lone kill
         if oom is not None:
             return Analysis(oom, False, (oom, *real[1:]), tuple(notices), done, peer)
         return _with_rank(Analysis(head, False, real, tuple(notices), done, peer))   # 15: the rank a node's fault hit

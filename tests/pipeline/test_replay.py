@@ -67,9 +67,8 @@ def tee(rank: int, lines: list[str], torch_rank: bool = False) -> list[str]:
     return [f"[default{rank}]:{inner}{line}" for line in lines]
 
 
-def agent_summary(root_rank: int, code: int, survivors: list[int], killed_too: tuple[int, ...] = ()) -> list[str]:
-    """The torchrun agent's last words: SIGTERM to the survivors, ChildFailedError and the summary
-    (``killed_too``: ranks that died by SIGKILL as well, listed under Failures after the survivors)."""
+def agent_summary(root_rank: int, code: int, survivors: list[int]) -> list[str]:
+    """The torchrun agent's last words: SIGTERM to the survivors, ChildFailedError and the summary."""
     out = [f"W1121 11:02:19.507000 18964 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
            f"{18988 + r} closing signal SIGTERM" for r in survivors]
     pid = 18988 + root_rank
@@ -97,10 +96,6 @@ def agent_summary(root_rank: int, code: int, survivors: list[int], killed_too: t
         out += [f"[{i}]:", "  time      : 2026-11-21_11:02:19", "  host      : node-a",
                 f"  rank      : {r} (local_rank: {r})", f"  exitcode  : -15 (pid: {18988 + r})  (SIGTERM)",
                 "  error_file: <N/A>", f"  traceback : Signal 15 (SIGTERM) received by PID {18988 + r}"]
-    for i, r in enumerate(killed_too, start=len(survivors) + 1):
-        out += [f"[{i}]:", "  time      : 2026-11-21_11:02:19", "  host      : node-a",
-                f"  rank      : {r} (local_rank: {r})", f"  exitcode  : -9 (pid: {18988 + r})  (SIGKILL)",
-                "  error_file: <N/A>", f"  traceback : Signal 9 (SIGKILL) received by PID {18988 + r}"]
     out += ["-------------------------------------------------------", "Root Cause (first observed failure):",
             "[0]:", "  time      : 2026-11-21_11:02:19", "  host      : node-a",
             f"  rank      : {root_rank} (local_rank: {root_rank})",
@@ -114,13 +109,6 @@ SIGKILL_COMBINED = (BANNER + tee(0, steps(0)) + tee(1, steps(1, 5)) + tee(2, ste
                     + tee(2, gloo_tb(55958, "Read error [127.0.0.1]:{port}: Connection reset by peer."), True)
                     + tee(0, gloo_tb(7317, "Read error [127.0.0.1]:{port}: Connection reset by peer."), True)
                     + agent_summary(1, -9, [0, 2]))
-# Two workers killed at once (ranks 1 and 3): several SIGKILL deaths are no lone OOM kill (a
-# node-wide or step-wide kill, ftwatch.policy.oomkill), so the exit keeps its retryable reading.
-PAIR_KILLED_COMBINED = (BANNER + tee(0, steps(0)) + tee(1, steps(1, 5)) + tee(2, steps(2, 5)) + tee(3, steps(3, 5))
-                        + tee(1, ["injecting fault sigkill at step 8"]) + tee(3, ["injecting fault sigkill at step 8"])
-                        + tee(2, gloo_tb(55958, "Read error [127.0.0.1]:{port}: Connection reset by peer."), True)
-                        + tee(0, gloo_tb(7317, "Read error [127.0.0.1]:{port}: Connection reset by peer."), True)
-                        + agent_summary(1, -9, [0, 2], killed_too=(3,)))
 KEYERROR_COMBINED = (BANNER + tee(0, steps(0)) + tee(1, steps(1, 5)) + tee(2, steps(2, 5))
                      + tee(1, KEYERROR_TB, True) + tee(2, gloo_tb(20909), True) + tee(0, gloo_tb(20909), True)
                      + agent_summary(1, 1, [0, 2]))
@@ -170,7 +158,7 @@ def test_combined_keyerror_log_fails_the_job_naming_rank_1_not_its_exit(run, tmp
 
 
 def test_sigkill_restarts_the_job_naming_rank_1_not_a_survivor(run, tmp_path):
-    result = run([write(tmp_path / "combined.log", PAIR_KILLED_COMBINED)], enable_job_restart=True)
+    result = run([write(tmp_path / "combined.log", SIGKILL_COMBINED)], enable_job_restart=True)
 
     d = result.decision
     assert d.action is Action.RESTART_JOB
@@ -182,26 +170,8 @@ def test_sigkill_restarts_the_job_naming_rank_1_not_a_survivor(run, tmp_path):
     assert fallout == {0, 2}
 
 
-def test_a_lone_sigkill_the_agent_reported_fails_the_job_as_host_memory_naming_rank_1_not_a_survivor(run, tmp_path):
-    """torchelastic's agent lived to report one worker's SIGKILL and stopped the others itself: the
-    kernel OOM killer's lone kill (rootcause rule 14, ftwatch.policy.oomkill; before issue 12 round
-    10 the summary's exit kept the retryable reading). The fixture's kill is a fault injector's,
-    which the log cannot tell from the OOM killer's: the reading errs towards a failed job there."""
-    result = run([write(tmp_path / "combined.log", SIGKILL_COMBINED)], enable_job_restart=True)
-
-    d = result.decision
-    assert d.action is Action.FAIL_JOB
-    assert (d.root_cause.rule_id, d.root_cause.rank) == ("exit.sigkill_lone_oom", 1)
-    assert d.root_cause.failure_class is FailureClass.OOM
-    assert d.root_cause.fields["reported_by"] == "torch_elastic.exitcode_sigkill"
-    assert (d.restarts_used, d.restarts_left) == (0, 3)
-    assert not [f for f in result.findings if f.rule_id == "exit.sigterm"]   # the agent stopped them
-    fallout = {f.rank for f in result.findings if f.rule_id == "gloo.pair_io_error"}
-    assert fallout == {0, 2}
-
-
 def test_sigkill_without_restarts_enabled_fails_the_job(run, tmp_path):
-    d = run([write(tmp_path / "combined.log", PAIR_KILLED_COMBINED)]).decision
+    d = run([write(tmp_path / "combined.log", SIGKILL_COMBINED)]).decision
     assert d.action is Action.FAIL_JOB
     assert (d.root_cause.rule_id, d.root_cause.rank) == ("exit.sigkill", 1)
     assert "enable_job_restart=False" in d.policy_clause
@@ -216,7 +186,7 @@ def test_sigkill_without_restarts_enabled_fails_the_job(run, tmp_path):
 ])
 def test_summary_cut_by_a_chunk_boundary_is_read_whole(run, tmp_path, cut_before):
     """A long log puts its summary anywhere relative to the 1 MiB chunks."""
-    log = "".join(f"{l}\n" for l in PAIR_KILLED_COMBINED).encode()
+    log = "".join(f"{l}\n" for l in SIGKILL_COMBINED).encode()
     data = pad(CHUNK_BYTES - log.index(cut_before.encode())) + log
     assert data[CHUNK_BYTES:].startswith(cut_before.encode())   # the second chunk starts with it
 
@@ -359,7 +329,7 @@ def ftwatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     ([], "fail_job", 3),
 ])
 def test_replay_command_prints_one_decision_in_the_contract_shape(tmp_path, flags, action, left):
-    path = write(tmp_path / "combined.log", PAIR_KILLED_COMBINED)
+    path = write(tmp_path / "combined.log", SIGKILL_COMBINED)
 
     proc = ftwatch("replay", "--json", *flags, str(path), cwd=tmp_path)
 
