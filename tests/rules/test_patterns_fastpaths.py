@@ -29,6 +29,8 @@ def _fast_or_error(text: str):
 HAND = [
     "plain words (no specials)", r"a\sb", r"[^x]", r"x(?s).y", "a\tb", "a\nb", r"[[:space:]]",
     "(?i)caseless", "(group)+ and .* and $", "[]]", r"\Qa.b\E", r"\v", "a|b{2,3}?", "",
+    r"\bEI0001\b", r"a\.b\(c\)", r"\\b", r"\d+\s", r"\d+\S", "x\\", r"\(?x", "a\\\nb", r"\Aa", r"\wé\é",
+    r"\p{L}", r"\x41", r"\1",
 ]
 
 
@@ -47,6 +49,7 @@ def test_rewrite_shortcut_matches_the_walk_on_every_builtin_regex():
 def test_rewrite_shortcut_taken_only_without_specials():
     assert _rewrite_regex("NCCL error.*unhandled") == ("NCCL error.*unhandled", False)
     assert _rewrite_regex(r"a\sb") == ("a[[:space:]]b", True)
+    assert _rewrite_regex(r"\bEI0001\b") == (r"\bEI0001\b", False)
 
 
 def test_escape_literal_table_keeps_the_byte_rule():
