@@ -134,11 +134,19 @@ class SummaryLines:
 
     def take(self, chunk: bytes) -> bool:
         """Read one chunk of complete lines; True when a summary closed in it (its failures are
-        then ready: :meth:`failures`)."""
+        then ready: :meth:`failures`).
+
+        Each start is searched for again only after ``pos`` passed its last offset: searching
+        every start from each summary's end rescanned the chunk to its end for a start it
+        lacked (issue 16: ~0.04 s of bytes.find in a 1.2 s profiled replay at 10,000 rules)."""
         took, pos, size = False, 0, len(chunk)
+        nxt = [-2] * len(_STARTS)                   # each start's first offset >= pos; -1: none left
         while pos < size:
             if not self._open:                      # the next start, from its line on
-                found = [i for i in (chunk.find(s, pos) for s in _STARTS) if i >= 0]
+                for k, s in enumerate(_STARTS):     # searched again only once pos passed it
+                    if -1 < nxt[k] < pos or nxt[k] == -2:
+                        nxt[k] = chunk.find(s, pos)
+                found = [i for i in nxt if i >= 0]
                 if not found:
                     break
                 pos = max(pos, chunk.rfind(b"\n", pos, min(found)) + 1)

@@ -74,7 +74,8 @@ def output(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: f
         desk._tails[origin] = data[data.rfind(b"\n", 0, end) + 1:end]
     if desk.progress.wants(origin) and not is_host(origin):
         desk.progress.read(origin, data, time, sim_step, desk.engine.year or line_fields.year_of(time))
-    found = desk.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits, defer=defer)
+    found = desk.engine.feed(origin, data, time, final=final, sim_step=sim_step, hits=hits, defer=defer,
+                             counted=lines)
     if desk.summaries is not None and (may_hold_summary(data) or origin in desk._exits.summary_lines):
         found += desk._exits.summary(origin, data, time)
     return take(desk, origin, data, time, mono, found, sim_step)

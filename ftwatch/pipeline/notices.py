@@ -14,6 +14,8 @@ job: notices); :func:`notice` edits the desk's open incident (its openers, opene
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import is_
 from typing import TYPE_CHECKING
 
 from ftwatch.events import Finding
@@ -37,8 +39,13 @@ def survived(desk: IncidentDesk, found: list[Finding], at: float, why: str) -> N
 
 
 def notice(desk: IncidentDesk, f: Finding, at: float, why: str) -> None:
-    """``f`` became a notice: out of the incident, and a ``notice`` event."""
-    if any(x is f for x in desk._openers):
+    """``f`` became a notice: out of the incident, and a ``notice`` event.
+
+    The identity test over the openers runs in C (``map(operator.is_, ...)``): a replay with
+    many survivable errors calls this per notice over a long openers list (issue 16: 250k
+    generator steps, ~0.03 s of a 0.8 s profiled replay at 1,000 rules, before).
+    """
+    if any(map(is_, desk._openers, repeat(f))):
         desk._openers[:] = [x for x in desk._openers if x is not f]
         if desk.open is f:
             desk.open = min(desk._openers, key=lambda x: (x.time, x.seq), default=None)

@@ -105,9 +105,11 @@ class Judge:
         texts = record.text.split("\n")
         final, grade, final_rules = self._final_exception(texts)
         rule_ids = sorted({self._owner[i] for i in ids if self._owner[i] >= 0})
+        has_info = INFO_LINE.search(record.text) is not None   # once per record, not per rule
         for index in rule_ids:
             rule = self.rules[index]
-            if rule.failure_class is not FailureClass.INFO and self._only_info_lines(texts, index):
+            if (has_info and rule.failure_class is not FailureClass.INFO
+                    and self._only_info_lines(texts, index)):
                 continue
             key = (rule.priority, _where(rule, index, final, final_rules), int(rule.action), 0)
             if best is None or key > best:
@@ -146,9 +148,12 @@ class Judge:
         return None
 
     def _only_info_lines(self, lines: list[str], index: int) -> bool:
-        """True when every line of the record that hits rule ``index`` is an NCCL INFO line."""
-        if not any(INFO_LINE.search(line) for line in lines):
-            return False
+        """True when every line of the record that hits rule ``index`` is an NCCL INFO line.
+
+        The caller checks first that some line is one (``INFO_LINE`` over the whole record once:
+        it cannot span a newline, and ``\\b`` reads a newline as a line's edge): per rule, that
+        test cost ~0.02 s in 24k searches of a 0.8 s profiled replay at 1,000 rules (issue 16).
+        """
         owner = self._owner
         return not any(not INFO_LINE.search(line) and any(owner[i] == index for i in self.matcher.match_text(line))
                        for line in lines)

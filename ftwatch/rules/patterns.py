@@ -9,6 +9,7 @@ Hyperscan stays in the matcher, which owns the optional ``hyperscan`` import.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import re2
@@ -26,6 +27,11 @@ _FORBIDDEN_ESCAPES = {
     "v": "\\v means a vertical tab in RE2 but any vertical space in Hyperscan; write \\x0b",
 }
 _NEWLINE_POSIX = frozenset(("space", "cntrl", "ascii"))
+# Each byte as _escape_literal writes it: itself when a word byte, else "\\xHH".
+_ESCAPED = tuple(bytes((b,)) if b in _WORD else b"\\x%02x" % b for b in range(256))
+# A regex _rewrite_regex's walk would give back as it is, never spanning: no class, ``(?`` group or
+# control character, and only escapes of ASCII punctuation or of the _SAFE_ESCAPES it keeps as they are.
+_PLAIN_REGEX = re.compile(r"(?:[^\\\[\x00-\x1f(]|\((?!\?)|\\[dwbBtrfae]|\\[!-/:-@\[-`{-~])*")
 
 
 class _BadPattern(Exception):
@@ -60,8 +66,13 @@ def _re2_options(max_mem: int | None = None) -> re2.Options:
 
 
 def _escape_literal(text: str) -> bytes:
-    """Returns a regex (bytes) matching exactly the UTF-8 bytes of ``text`` on both engines."""
-    return b"".join(bytes((b,)) if b in _WORD else b"\\x%02x" % b for b in text.encode("utf-8"))
+    """Returns a regex (bytes) matching exactly the UTF-8 bytes of ``text`` on both engines.
+
+    A table lookup per byte in C (``_ESCAPED``): every replay translates every pattern to find
+    its cached database, and the generator this replaced cost ~0.06 s of a 0.93 s profiled
+    replay at 10,000 rules (issue 16).
+    """
+    return b"".join(map(_ESCAPED.__getitem__, text.encode("utf-8")))
 
 
 def _rewrite_regex(text: str) -> tuple[str, bool]:
@@ -76,6 +87,20 @@ def _rewrite_regex(text: str) -> tuple[str, bool]:
 
     Raises:
         _BadPattern: a forbidden escape or a raw newline.
+    """
+    if _PLAIN_REGEX.fullmatch(text) is not None:
+        return text, False
+    return _rewrite_walk(text)
+
+
+def _rewrite_walk(text: str) -> tuple[str, bool]:
+    """:func:`_rewrite_regex`, character by character. A regex of ``_PLAIN_REGEX`` comes out as
+    it went in, never spanning, so :func:`_rewrite_regex` skips this walk for it (issue 16: the
+    walk over every regex of 10,000 rules cost ~0.05 s of a 0.93 s profiled replay; each replay
+    translates every pattern to find its cached database).
+
+    Raises:
+        _BadPattern: as :func:`_rewrite_regex`.
     """
     out: list[str] = []
     may_span = False

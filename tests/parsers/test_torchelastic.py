@@ -204,3 +204,27 @@ def test_a_summary_that_never_closes_is_cut_after_its_line_limit():
     assert len(reader.lines) == MAX_SUMMARY_LINES + 1
     assert not reader.take(("\n".join(_NOISE) + "\n").encode())
     assert len(reader.lines) == MAX_SUMMARY_LINES + 1    # nothing more after the cut
+
+
+class _CountingBytes(bytes):
+    """A chunk that counts its ``find`` calls per needle."""
+
+    def find(self, sub, *args):                          # noqa: D401 - bytes.find with a tally
+        self.calls[sub] = self.calls.get(sub, 0) + 1
+        return super().find(sub, *args)
+
+
+def test_a_start_missing_from_the_chunk_is_searched_for_once():
+    """Issue 16: each summary's end searched every start to the chunk's end again; a start the
+    chunk lacks (here the root-cause heading) is now looked for once per chunk."""
+    summary = [line for line in SIGKILL_SUMMARY if "Root Cause" not in line]
+    text = "\n".join((_NOISE[:20] + summary) * 5) + "\n"
+    chunk = _CountingBytes(text.encode())
+    chunk.calls = {}
+    reader = SummaryLines()
+    assert reader.take(chunk)
+    assert chunk.calls[b"Failures:"] == 5                # once per summary
+    assert chunk.calls[b"Root Cause (first observed failure)"] == 1
+    plain = SummaryLines()
+    plain.take(text.encode())
+    assert plain.lines == reader.lines

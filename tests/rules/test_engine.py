@@ -408,6 +408,30 @@ def test_binary_garbage_is_counted_and_the_lines_after_it_still_hit(engine):
     assert engine.stats.bytes == len(data)
 
 
+def test_a_callers_line_count_is_taken_only_for_the_chunk_as_given(rules):
+    """Issue 16: ``feed(counted=...)`` takes the caller's count instead of counting again (a count
+    that is not the chunk's own shows it was taken), but not where the chunk changed: escapes
+    removed, or a block carried in or left open."""
+    plain = lines(STEP, "[rank1]: KeyError: 'lr'")
+    counted = Engine(rules)
+    counted.feed(COMBINED, plain, T0, counted=99)
+    assert counted.stats.lines == 99
+    mine = Engine(rules)
+    mine.feed(COMBINED, plain, T0, counted=plain.count(b"\n"))
+    assert mine.stats.lines == 2
+
+    escaped = Engine(rules)
+    escaped.feed(COMBINED, b"\x1b[31m" + plain, T0, counted=99)
+    assert escaped.stats.lines == 2
+
+    carried = Engine(rules)
+    opened = lines(STEP, "Traceback (most recent call last):", '  File "t.py", line 1, in <module>')
+    carried.feed(WORKER1, opened, T0, counted=99)         # the traceback stays open: its lines not yet
+    assert carried.stats.lines == 1
+    carried.feed(WORKER1, lines("KeyError: 'lr'", STEP), T0, counted=99)
+    assert carried.stats.lines == 5
+
+
 def test_ten_megabyte_lines_are_counted_never_fatal_and_never_carried_unbounded(engine):
     huge = b"x" * (10 << 20)
     data = huge + b"\n" + b"[rank1]: " + huge + b" " + lines(WATCHDOG, STEP)
