@@ -43,6 +43,12 @@ Reader = tuple[int, int, tuple[tuple[str, int], ...]]
 #: ``Job.set_medians``: from this many ranks at once (and half the job's), the sorted lists are made again.
 BULK_RANKS = 256
 
+#: :func:`take_lines`: a run of one pattern's lines goes to :func:`take_all` from this many lines;
+#: a shorter one (``watch`` with 1,000 pods: a rank's 1 to 3 step lines a batch) costs less
+#: through :func:`_take_each`'s loop than through ``take_all``'s dozen column passes. The same
+#: state either way.
+TAKE_ALL_LINES = 8
+
 #: A chunk's step line: (line start, pattern index, the match's groups, group ``g`` at ``g - 1``
 #: (``steplines.StepHit``); None: read the line again).
 Hit = tuple[int, int, "tuple[bytes | str | None, ...] | None"]
@@ -248,7 +254,7 @@ def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
     None): each run of consecutive lines of one pattern by :func:`take_all` where it can, else
     :func:`take` of each line, inlined (:func:`_take_each`). Returns the start of the last line
     that took a step time, or -1."""
-    if len(hits) <= 1:                                   # watch: a stream's one step line of a batch
+    if len(hits) < TAKE_ALL_LINES:                       # watch: a stream's few step lines of a batch
         return _take_each(rank, min_steps, hits, readers, time_at)
     if hits[0][1] == hits[-1][1] and len(set(map(_PATTERN, hits))) == 1:
         runs: Iterable[list[Hit]] = (hits,)               # one pattern (the usual case): one run
@@ -256,7 +262,7 @@ def take_lines(rank: Rank, min_steps: int, hits: list[Hit], readers: list[Reader
         runs = (list(run) for _, run in itertools.groupby(hits, key=_PATTERN))
     took = -1
     for run in runs:
-        if len(run) > 1 and take_all(rank, min_steps, run, readers[run[0][1]]):
+        if len(run) >= TAKE_ALL_LINES and take_all(rank, min_steps, run, readers[run[0][1]]):
             took = run[-1][0]
         else:
             took = max(took, _take_each(rank, min_steps, run, readers, time_at))

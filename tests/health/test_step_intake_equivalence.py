@@ -242,3 +242,24 @@ def test_the_prefix_chain_matches_the_stacked_prefixes_regex(seed):
         assert (want is None) == (got is None), text
         if want is not None:
             assert (int(want.group(1) or want.group(2)), want.end()) == (int(got.group(got.lastindex)), got.end()), text
+
+
+@pytest.mark.parametrize("lines", [2, 3, 7, 8, 20])
+def test_short_and_long_runs_leave_the_state_of_one_line_at_a_time(lines):
+    """``take_lines`` sends a run of fewer than ``TAKE_ALL_LINES`` lines through the per-line loop
+    (``watch`` with 1,000 pods: a rank's few step lines a batch) and a longer one to ``take_all``:
+    either way the rank holds what taking each line alone leaves (``ordered``: sorted samples)."""
+    from collections import deque
+
+    from ftwatch.rules import stepranks
+    rx = re.compile(rb"iteration\s+(?P<step>\d+)/\s*\d+ \| elapsed time per iteration \(ms\): (?P<ms>[\d.]+)")
+    readers = [stepranks.reader(rx)]
+    hits = [(100 * i, 0, (str(i + 1).encode(), f"{100 + 7 * (i % 5)}.5".encode())) for i in range(lines)]
+    bulk, each = (stepranks.Rank(deque(maxlen=10), deque(maxlen=4)) for _ in range(2))
+    assert stepranks.take_lines(bulk, 4, hits, readers, lambda start: 0.0) == hits[-1][0]
+    for hit in hits:
+        stepranks._take_each(each, 4, [hit], readers, lambda start: 0.0)
+    for name in ("samples", "recent", "baseline", "base_median", "seen", "last", "index"):
+        assert getattr(bulk, name) == getattr(each, name), name
+    assert sorted(bulk.samples) == (bulk.ordered if bulk.ordered is not None else sorted(each.samples))
+    assert (bulk.ordered is None) == (lines >= stepranks.TAKE_ALL_LINES)
