@@ -5,6 +5,7 @@ ranks never mix), finds block starts with ``BLOCK_START_REGEXES`` in its Matcher
 wraps each into a regex ``Pattern``: parsers import nothing above them), confirms them
 with ``is_block_start``, and asks ``block_end`` where the block stops; ``None`` means "not yet
 known": wait for more lines, or flush what there is on a timeout or when the instance exits.
+``BlockEnd`` gives the same answers for a block read one line at a time, reading each line once.
 
 What is a block:
     Python traceback: ``Traceback (most recent call last):``, then the frames (every line
@@ -29,9 +30,9 @@ What is a block:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
-__all__ = ["BLOCK_START_REGEXES", "PY_START", "block_end", "is_block_start", "is_python_start"]
+__all__ = ["BLOCK_START_REGEXES", "PY_START", "BlockEnd", "block_end", "is_block_start", "is_python_start"]
 
 PY_START = "Traceback (most recent call last):"
 _CPP_RAISED = "Exception raised from "
@@ -82,20 +83,27 @@ def _is_frame(line: str) -> bool:
     return line.lstrip().startswith("frame #")
 
 
-def _python_end(lines: Sequence[str], start: int) -> int | None:
-    """Returns the index of a Python traceback's last line, or None if it is not complete yet.
+def _python_scan(lines: Sequence[str], start: int) -> Generator[None, None, int]:
+    """Scans a Python traceback from ``lines[start]``; returns the index of its last line.
+
+    Yields (None) where the lines run out before the block is known to be complete, and goes on
+    from there, with what it has read, when resumed after ``lines`` grew: each line is read once
+    however often it is resumed, and resumed with more lines it answers as a scan from ``start``
+    over all of them would (every test it passed compared an index with the old length and is
+    true with the new one). Returns on the same choices as :func:`block_end`.
 
     Choices where the lines run out: right after an exception line, the block is complete
     (a chain printed later becomes a block of its own); after an exception line and an empty
-    line, or in the middle of a chain's separator, it is not (None).
+    line, or in the middle of a chain's separator, it is not (yield).
     """
-    n = len(lines)
     i = start + 1
     while True:
-        while i < n and _indented(lines[i]):
-            i += 1
-        if i >= n:
-            return None  # still in the frames
+        while True:
+            while i < len(lines) and _indented(lines[i]):
+                i += 1
+            if i < len(lines):
+                break
+            yield  # still in the frames
         if not lines[i]:
             return i - 1  # a traceback cut off before its exception line
         exc = i
@@ -103,39 +111,88 @@ def _python_end(lines: Sequence[str], start: int) -> int | None:
             # a message that announces more goes on, indented (grpcio: "... terminated with:" then
             # tab-indented "status = StatusCode.X" lines); where the lines run out inside it, the
             # block is not complete yet, so where a chunk ends changes nothing
-            while exc + 1 < n and lines[exc + 1] and _indented(lines[exc + 1]) and not is_block_start(lines[exc + 1]):
-                exc += 1
-            if exc + 1 >= n:
-                return None
+            while True:
+                while (exc + 1 < len(lines) and lines[exc + 1] and _indented(lines[exc + 1])
+                       and not is_block_start(lines[exc + 1])):
+                    exc += 1
+                if exc + 1 < len(lines):
+                    break
+                yield
         if _REMOTE_TRACEBACK_HEADER.search(lines[exc]):
             # a wrapper whose message carries the remote traceback: its frames and the remote
             # exception line follow (CPython itself never prints frames right after an exception
             # line), so the traceback goes on, and the exception line after them is its final one
             i = exc + 1
             continue
-        if exc + 1 >= n:
+        if exc + 1 >= len(lines):
             return exc
         if lines[exc + 1].strip():
             return exc
-        if exc + 2 >= n:
-            return None  # exception line, empty line: a chain may follow
+        while exc + 2 >= len(lines):
+            yield  # exception line, empty line: a chain may follow
         if lines[exc + 2].strip() not in _CHAIN_MESSAGES:
             return exc
-        if exc + 4 >= n:
-            return None
+        while exc + 4 >= len(lines):
+            yield
         if lines[exc + 3].strip() or PY_START not in lines[exc + 4]:
             return exc
         i = exc + 5
 
 
-def _cpp_end(lines: Sequence[str], start: int) -> int | None:
-    """Returns the index of a c10 stack dump's last frame (``start`` if none), or None if unknown."""
+def _cpp_scan(lines: Sequence[str], start: int) -> Generator[None, None, int]:
+    """Scans a c10 stack dump from ``lines[start]``; returns the index of its last frame (``start``
+    if none). Yields where the lines run out (the next line decides whether more frames follow),
+    and goes on from there when resumed, as :func:`_python_scan`."""
     i = start + 1
-    while i < len(lines) and _is_frame(lines[i]):
-        i += 1
-    if i >= len(lines):
-        return None  # the next line decides whether more frames follow
-    return i - 1
+    while True:
+        while i < len(lines) and _is_frame(lines[i]):
+            i += 1
+        if i < len(lines):
+            return i - 1
+        yield
+
+
+def _scan(lines: Sequence[str], start: int) -> Generator[None, None, int]:
+    """The scan of the block that starts at ``lines[start]`` (a line of its own if none starts there)."""
+    line = lines[start]
+    if PY_START in line:
+        return (yield from _python_scan(lines, start))
+    if is_block_start(line):
+        return (yield from _cpp_scan(lines, start))
+    return start
+
+
+class BlockEnd:
+    """:func:`block_end` for a block whose lines come one at a time, each line read once.
+
+    ``BlockEnd(lines, start)`` keeps ``lines`` (the caller's list); after the caller appends to
+    it, :meth:`end` answers ``block_end(lines, start)`` for the lines as they stand, going on from
+    where the last call stopped, so a block of n lines costs O(n), not O(n^2) as asking
+    ``block_end`` after every line does. Once it has answered an index, the block is closed: it
+    keeps that answer, whatever is appended after (a caller stops there, as ``block_end``'s
+    answer may change for more lines: a chain printed after an exception line).
+
+    Raises:
+        IndexError: ``start`` is not an index into ``lines``.
+    """
+
+    __slots__ = ("_end", "_scan")
+
+    def __init__(self, lines: Sequence[str], start: int = 0) -> None:
+        if not 0 <= start < len(lines):
+            raise IndexError(f"start {start} outside lines[0:{len(lines)}]")
+        self._scan = _scan(lines, start)
+        self._end: int | None = None
+
+    def end(self) -> int | None:
+        """The index of the block's last line, or None while ``lines`` ends before it is known
+        (as :func:`block_end`); lines may only be appended between calls."""
+        if self._end is None:
+            try:
+                next(self._scan)
+            except StopIteration as stop:
+                self._end = stop.value
+        return self._end
 
 
 def block_end(lines: Sequence[str], start: int) -> int | None:
@@ -152,11 +209,4 @@ def block_end(lines: Sequence[str], start: int) -> int | None:
     Raises:
         IndexError: ``start`` is not an index into ``lines``.
     """
-    if not 0 <= start < len(lines):
-        raise IndexError(f"start {start} outside lines[0:{len(lines)}]")
-    line = lines[start]
-    if PY_START in line:
-        return _python_end(lines, start)
-    if is_block_start(line):
-        return _cpp_end(lines, start)
-    return start
+    return BlockEnd(lines, start).end()

@@ -91,6 +91,7 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
     if glued is not None:
         first_rank, lead = glued, ""
         texts[0] = first_text[first_text.find(multiline.PY_START):]
+    ends = multiline.BlockEnd(texts)   # reads each line once as texts grows: O(n) in the block's lines
     pos = data.find(b"\n", start)
     truncated = False
     while pos >= 0 and pos + 1 < len(data):
@@ -106,13 +107,13 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
             text = text[len(lead):]
         line_starts.append(s)
         texts.append(text)
-        end = multiline.block_end(texts, 0)
+        end = ends.end()
         if end is not None:
             return line_starts[: end + 1], texts[: end + 1], first_rank
         if len(texts) >= MAX_BLOCK_LINES:
             truncated = True
             break
-    end = multiline.block_end(texts, 0)
+    end = ends.end()
     if end is not None:
         return line_starts[: end + 1], texts[: end + 1], first_rank
     if final or truncated or len(data) - start > MAX_CARRY_BYTES:

@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftwatch.parsers.fields import clean, split_rank_prefix
-from ftwatch.parsers.multiline import BLOCK_START_REGEXES, block_end, is_block_start
+from ftwatch.parsers import multiline
+from ftwatch.parsers.multiline import BLOCK_START_REGEXES, BlockEnd, block_end, is_block_start
 from ftwatch.rules.engine import BLOCK_START_PATTERNS
 from ftwatch.rules.matcher import Matcher
 
@@ -196,3 +197,80 @@ def test_block_end_never_raises_and_stays_in_range(lines, data):
         if early is not None and early + 1 < k:
             # decided with a line after the block in view: more lines do not change it
             assert end == early
+
+
+# pieces of blocks, in any order: what a traceback, a chain and a c10 dump are made of, and lines
+# around them
+BLOCK_PIECES = [
+    ["Traceback (most recent call last):"], ['  File "x.py", line 1, in f', "    f()"], ["    ^^^"],
+    ["  [Previous line repeated 996 more times]"], ["KeyError: 'lr'"], ["\t"], [" "], [""], ["step 1"],
+    ["", "During handling of the above exception, another exception occurred:", ""],
+    ["", "The above exception was the direct cause of the following exception:", ""],
+    ["grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:",
+     "\tstatus = StatusCode.UNAVAILABLE", '\tdetails = "failed to connect"'],     # indented continuation
+    ["RayTaskError(ValueError): ray::f() (pid=1, ip=10.0.0.1)"],                  # a remote traceback goes on
+    ["x:"], ["  Traceback (most recent call last):"], [WATCHDOG[2]], ["frame #0: f + 0x1 (0x1 in libc10.so)"],
+    ["Exception raised from c10_cuda_check_implementation at ../c10/cuda/CUDAException.cpp:43"],
+]
+BLOCKS = st.lists(st.one_of(st.sampled_from(BLOCK_PIECES), st.lists(st.text(alphabet=" \t:ab\r", max_size=5),
+                                                                     max_size=1)),
+                  min_size=1, max_size=20).map(lambda pieces: [line for piece in pieces for line in piece])
+
+
+@given(st.sampled_from(["Traceback (most recent call last):", WATCHDOG[2], "x"]), BLOCKS, st.data())
+def test_block_end_line_by_line_answers_as_block_end_over_the_lines_so_far(first, rest, data):
+    lines = [first, *rest]
+    start = data.draw(st.sampled_from([0] * 3 + list(range(len(lines)))))
+    seen = lines[: start + 1]
+    ends = BlockEnd(seen, start)
+    while True:
+        end = ends.end()
+        assert end == ends.end()                       # asked again with no new line: the same
+        assert end == block_end(seen, start)           # as a scan of the lines so far from the start
+        if end is not None or len(seen) == len(lines):
+            break                                      # closed: the caller takes the block there
+        seen.append(lines[len(seen)])
+
+
+def _counting(monkeypatch, name):
+    calls = [0]
+    real = getattr(multiline, name)
+
+    def counted(line):
+        calls[0] += 1
+        return real(line)
+
+    monkeypatch.setattr(multiline, name, counted)
+    return calls
+
+
+def test_block_end_line_by_line_reads_each_line_once(monkeypatch):
+    indented = _counting(monkeypatch, "_indented")
+    frames = _counting(monkeypatch, "_is_frame")
+    for n in (1_000, 10_000):
+        indented[0] = frames[0] = 0
+        lines = ["Traceback (most recent call last):"]
+        ends = BlockEnd(lines)
+        for i in range(n):
+            lines.append(f'  File "x.py", line {i}, in f' if i % 2 else "    f()")
+            assert ends.end() is None
+        lines.append("RecursionError: maximum recursion depth exceeded")
+        assert ends.end() == n + 1
+        assert indented[0] <= n + 2                    # not n^2/2: the frames are not read again
+        indented[0] = 0
+        lines[-1] = "grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with:"
+        ends = BlockEnd(lines)
+        for i in range(n):
+            lines.append(f"\tdetail {i}")               # the message's indented continuation
+            assert ends.end() is None
+        lines.append("next line")
+        assert ends.end() == 2 * n + 1
+        assert indented[0] <= 2 * n + 4
+        dump = ["Exception raised from f at a.cpp:1 (most recent call first):"]
+        ends = BlockEnd(dump)
+        for i in range(n):
+            dump.append(f"frame #{i}: f + 0x1 (0x1 in libc10.so)")
+            assert ends.end() is None
+        dump.append("plain")
+        assert ends.end() == n
+        assert frames[0] <= n + 2

@@ -1,0 +1,64 @@
+"""Where ``collect_block`` closes a block read line by line, and what it costs (issue 16)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ftwatch.parsers import multiline
+from ftwatch.rules.blocks import MAX_BLOCK_LINES, collect_block
+from tests.parsers.test_multiline import BLOCKS, WATCHDOG
+
+# the prefixes the engine reads a block's lines behind: ranks (interleaved ranks never mix), a
+# launcher's label, a logger's repeated lead, a `--timestamps` stamp, a bar a rank's line is glued to
+PREFIXES = ["", "[rank0]:", "[rank1]: ", "[default0]:[rank0]: ", "ws-gpu-2: [rank0]: ",
+            "ERROR 06-03 09:46:31 worker_base.py:464] ", "2026-11-21T09:36:03.123456789Z ",
+            "Epoch 0:  16%|##| 7212/44871 [rank0]: "]
+
+
+class _FromTheStart:
+    """``BlockEnd`` as collect_block asked before issue 16: ``block_end`` over all lines, every time
+    (a fresh scan from the block's first line)."""
+
+    scan = multiline.BlockEnd
+
+    def __init__(self, lines, start=0):
+        self._lines, self._start = lines, start
+
+    def end(self):
+        return self.scan(self._lines, self._start).end()
+
+
+@given(st.sampled_from(["Traceback (most recent call last):", WATCHDOG[2]]), BLOCKS,
+       st.lists(st.sampled_from(PREFIXES), min_size=1, max_size=3), st.data(), st.booleans())
+def test_collect_block_closes_where_block_end_over_all_lines_would(first, rest, prefixes, data, final):
+    lines = [first, *rest]
+    chunk = b"".join((data.draw(st.sampled_from(prefixes)) + line).encode() + b"\n" for line in lines)
+    starts = [0] + [i + 1 for i, byte in enumerate(chunk[:-1]) if byte == ord("\n")]
+    got = [collect_block(chunk, start, final) for start in starts]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(multiline, "BlockEnd", _FromTheStart)
+        assert got == [collect_block(chunk, start, final) for start in starts]
+
+
+def test_a_long_tracebacks_cost_grows_linearly(monkeypatch):
+    calls = [0]
+    indented = multiline._indented
+
+    def counted(line):
+        calls[0] += 1
+        return indented(line)
+
+    monkeypatch.setattr(multiline, "_indented", counted)
+    cost = {}
+    for n in (50, MAX_BLOCK_LINES - 2):                # frames, under the cap where a block closes anyway
+        frames = [f'  File "x.py", line {i}, in f' if i % 2 else "    f()" for i in range(n)]
+        chunk = "\n".join(f"[rank3]: {line}" for line in
+                          ["Traceback (most recent call last):", *frames, "RecursionError: too deep"]).encode()
+        calls[0] = 0
+        lines, texts, rank = collect_block(chunk + b"\n[rank3]: next\n", 0, final=False)
+        assert (len(lines), texts[-1], rank) == (n + 2, "RecursionError: too deep", 3)
+        cost[n] = calls[0]
+    assert cost[50] <= 50 + 2
+    assert cost[MAX_BLOCK_LINES - 2] <= MAX_BLOCK_LINES     # was ~n^2/2: 79,000 for 398 frames
