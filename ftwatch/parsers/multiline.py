@@ -32,9 +32,11 @@ from __future__ import annotations
 import re
 from collections.abc import Generator, Sequence
 
-__all__ = ["BLOCK_START_REGEXES", "PY_START", "BlockEnd", "block_end", "is_block_start", "is_python_start"]
+__all__ = ["BLOCK_START_REGEXES", "FRAME", "PY_START", "BlockEnd", "block_end", "is_block_start", "is_python_start"]
 
 PY_START = "Traceback (most recent call last):"
+#: One frame line of a Python traceback: (file, line number, function)
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _CPP_RAISED = "Exception raised from "
 _CPP_FIRST = "(most recent call first):"
 _CHAIN_MESSAGES = frozenset(

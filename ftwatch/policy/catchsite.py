@@ -16,17 +16,14 @@ read so: a handler at the top level may log and then re-raise there.
 
 from __future__ import annotations
 
-import re
-
 from ftwatch.events import Finding
+from ftwatch.parsers.multiline import FRAME as _FRAME, PY_START as _TRACEBACK
 
-_TRACEBACK = "Traceback (most recent call last):"
 #: The first frame of a traceback whose exception unwound a whole program, process or thread: the
 #: main module's code (``<module>``: a script, a console-script wrapper), ``runpy``'s (``python
 #: -m``), ``multiprocessing.process.BaseProcess._bootstrap`` (a child process's) and
 #: ``threading.Thread._bootstrap_inner`` (a thread's)
 _ENTRY_FRAMES = frozenset({"<module>", "_run_module_as_main", "_run_code", "_bootstrap", "_bootstrap_inner"})
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 
 
 def catch_site(f: Finding) -> tuple[str, tuple[tuple[str, str, str], ...]] | None:

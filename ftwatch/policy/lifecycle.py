@@ -28,6 +28,7 @@ import re
 from typing import Iterable, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 
 FINISHED = "lifecycle.finished."
 EXITED_OK = "lifecycle.exited_ok."
@@ -42,7 +43,6 @@ LAUNCHER_COMMANDS = {"dlrover-run": "dlrover", "dlrover.trainer.torch.elastic_ru
 OWN_STATUS_COMMANDS = frozenset({"python", "torchrun", "deepspeed", "accelerate", "dlrover-run", "mpirun",
                                  "mpiexec", "srun"})
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
-_TRACEBACK = "Traceback (most recent call last):"
 
 
 def is_finished(f: Finding) -> bool:

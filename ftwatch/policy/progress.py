@@ -54,6 +54,7 @@ from ftwatch.config.health import STEP_PATTERNS
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
+from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 from ftwatch.policy.catchsite import catch_site
 from ftwatch.policy.progresslines import lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
@@ -111,7 +112,6 @@ NOT_ENDING = frozenset({IGNORED, "python.thread_exception", "python.atexit_error
 _RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
 _NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
-_TRACEBACK = "Traceback (most recent call last):"
 
 
 def ignored(previous: Finding | None, f: Finding) -> bool:

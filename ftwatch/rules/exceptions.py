@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass
+from ftwatch.parsers.multiline import FRAME
 
 __all__ = ["ExceptionGrade", "ExceptionCatalog", "exception_line"]
 
@@ -60,7 +61,6 @@ _COLUMNS = ["kind", "name", "parent", "class", "action", "decides", "source", "m
 # (built-ins and torch's all do), which keeps log lines such as ``note: ...`` out.
 _EXC_LINE = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)(?::(?: (.*))?)?\s*$")
 _ERRNO = re.compile(r"\[Errno (\d+)\]")
-_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 
 
 @dataclass(frozen=True)
@@ -183,12 +183,12 @@ class ExceptionCatalog:
             the line's class is the one raised there; else :meth:`grade` of the line.
         """
         if self._sites:
-            frame = next((_FRAME.match(ln) for ln in reversed(lines[:final]) if _FRAME.match(ln)), None)
+            frame = next(filter(None, map(FRAME.match, reversed(lines[:final]))), None)
             m = _EXC_LINE.match(lines[final].strip())
             if frame is not None and m is not None:
                 path = frame.group(1).replace("\\", "/")
                 for (suffix, function), (raised, grade) in self._sites.items():
-                    if frame.group(2) == function and path.endswith(suffix) and m.group(1) == raised:
+                    if frame.group(3) == function and path.endswith(suffix) and m.group(1) == raised:
                         return grade
         return self.grade(lines[final])
 
