@@ -30,17 +30,14 @@ master that starts late or died as well as a wrong ``MASTER_ADDR``). The restart
 D4: "3 reschedules in a row with no node or chip fault → the 4th fails as user code") ends a
 configuration among them that loops.
 
-One reading across ranks (:func:`_shared`): NCCL's generic codes for a failed call of the rank
-itself (``unhandled system error``, ``unhandled cuda error``) before any progress, reported by three
-or more ranks each with no rank reporting a lost peer, are the job's set-up (user_code, fail_job):
-a link, NIC or GPU that fails takes the ranks that use it, and their peers get ncclRemoteError or
-time out; every rank failing the same call itself at once shares the cause (the container, the
-NCCL build against the driver, the transport settings, the layout), which a restart repeats.
+One reading across ranks (:func:`_shared`, ``ftwatch.policy.sharedfailure``): a failure of the
+rank's own call that many ranks report at once before any progress (NCCL's ``unhandled system
+error`` / ``unhandled cuda error``; a connect to the rendezvous store or coordination service that
+failed on its own host as well) is the set-up they share (user_code, fail_job), not one component.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib.resources
 import re
@@ -51,6 +48,7 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress
+from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
 #: A progress line holds one of these (``progress._LITERALS``, where a progress match can start)
@@ -154,44 +152,14 @@ def _own_address(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
     return _OWN if target.group(1) in own else None
 
 
-#: NCCL's generic codes for a failed call of the rank itself (ncclSystemError: a system call or external
-#: library; ncclUnhandledCudaError: a CUDA call), as torch raises them and as its detail line names
-#: them: the families :func:`_shared` counts, each apart
-SHARED_FAMILIES = (frozenset({"nccl.unhandled_system_error", "nccl.code.system_error"}),
-                   frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error"}))
-#: The ranks that must report the same code themselves: more than the two ends of one connection
-SHARED_MIN_INSTANCES = 3
-#: Findings that say a peer went away (ncclRemoteError, a socket the peer closed): then the ranks did
-#: not all fail on their own
-PEER_LOSS = frozenset({"nccl.remote_error", "nccl.code.remote_error", "nccl.socket_call_failed",
-                       "nccl.connection_closed_by_remote_peer"})
-_SHARED = InitGrade(
-    "nccl.unhandled_system_error", None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB,
-    "NCCL docs, API types, ncclResult_t (ncclSystemError 'a call to the system failed', ncclUnhandledCudaError "
-    "'a call to a CUDA function failed': the failed call is the reporting rank's own; ncclRemoteError is what "
-    "a rank gets when a peer or the network between them failed) and NCCL user guide, Troubleshooting > "
-    "Errors ('ncclUnhandledCudaError and ncclSystemError indicate that a call to an external library failed ... "
-    "refer to the NCCL warning message to understand how to resolve the problem'); a fault of one link, NIC or "
-    "GPU fails the ranks that use it and leaves their peers with remote errors or timeouts",
-    "before any progress, three or more ranks each failed the same NCCL call themselves (the same ncclSystemError "
-    "or ncclUnhandledCudaError), none of them reporting a lost peer: what they share failed, the job's set-up "
-    "(its container, NCCL build against the driver, network or transport settings, its layout), not one "
-    "component, and a restart of the same set-up repeats it")
-
-
 def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
-    """:data:`_SHARED` when ``f`` is one of NCCL's generic own-call failures (:data:`SHARED_FAMILIES`)
-    and at least :data:`SHARED_MIN_INSTANCES` instances report the same family in ``evidence`` while
-    none reports a lost peer (:data:`PEER_LOSS`); None otherwise (one or two ranks failing so is
-    how a link, a NIC or a GPU fails, and keeps its rule's grade)."""
-    family = next((fam for fam in SHARED_FAMILIES if f.rule_id in fam), None)
-    if family is None:
+    """The grade of :func:`ftwatch.policy.sharedfailure.shared_failure` (user_code, fail_job) when
+    ``f`` is a failure that many ranks made themselves at once; None otherwise."""
+    found = shared_failure(f, evidence)
+    if found is None:
         return None
-    seen = list(evidence)
-    if any(g.rule_id in PEER_LOSS for g in seen):
-        return None
-    instances = {g.origin.instance for g in seen if g.rule_id in family}
-    return dataclasses.replace(_SHARED, rule=f.rule_id) if len(instances) >= SHARED_MIN_INSTANCES else None
+    return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, found.source,
+                     found.meaning)
 
 
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:

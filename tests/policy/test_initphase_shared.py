@@ -1,11 +1,14 @@
-"""Many ranks failing the same NCCL call themselves before any progress is the job's set-up
-(``ftwatch.policy.initphase._shared``); one or two ranks failing so, a lost peer beside them, or the
-same errors after progress keep the rule's retryable grade."""
+"""Many ranks failing the same call of their own before any progress is the job's set-up
+(``ftwatch.policy.sharedfailure`` through ``initphase.at_init``): NCCL's system / CUDA error codes
+from three ranks or more, a rendezvous connect that timed out on rank 0 (its host) and others; one
+or two ranks failing so, a lost peer beside them, workers without rank 0, or the same errors after
+progress keep the rule's retryable grade."""
 
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin
-from ftwatch.policy.initphase import NONE_YET, SHARED_MIN_INSTANCES, at_init
+from ftwatch.policy.initphase import NONE_YET, at_init
+from ftwatch.policy.sharedfailure import MIN_INSTANCES as SHARED_MIN_INSTANCES
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 
@@ -54,4 +57,32 @@ def test_the_same_errors_after_progress_keep_the_retryable_grade():
 
 def test_the_two_codes_are_counted_apart():
     found = [*ranks(SYSTEM, 0, 1), *ranks(CUDA, 2)]
+    assert at_init(found[0], NONE_YET, found) is None
+
+
+STORE = ("torch.distributed.DistNetworkError: The client socket has timed out after 900s while trying to connect to "
+         "(node-0, 29400).")
+COORD = "jaxlib._jax.XlaRuntimeError: DEADLINE_EXCEEDED: Deadline Exceeded"
+EXEC = ("E0101 10:00:00.000000 1 pjrt_stream_executor_client.cc:2809] Execution of replica 0 failed: "
+        "DEADLINE_EXCEEDED: stream did not block host until done")
+
+
+def test_the_rendezvous_hosts_own_connect_failing_with_others_is_the_launchs_address():
+    for line in (STORE, COORD):
+        found = ranks(line, 0, 1, 2, 3)
+        grade = at_init(found[-1], NONE_YET, found)
+        assert grade is not None and grade.action is Action.FAIL_JOB, line
+
+
+def test_workers_that_cannot_reach_rank_0_keep_the_retryable_grade():
+    """rank 0 hosts the store and said nothing: it may have started late (a transient)."""
+    found = ranks(STORE, 1, 2, 3, 4)
+    assert at_init(found[0], NONE_YET, found) is None
+    alone = ranks(STORE, 0)
+    assert at_init(alone[0], NONE_YET, alone) is None
+
+
+def test_a_program_execution_past_its_deadline_is_no_rendezvous():
+    found = ranks(EXEC, 0, 1, 2, 3)
+    assert found and all(f.rule_id == "xla.status.deadline_exceeded" for f in found[:1])
     assert at_init(found[0], NONE_YET, found) is None
