@@ -15,7 +15,8 @@ fail_job), not a hang to restart.
 
 :func:`too_short`: when an incident holds only collective timeouts and their fallout (no rank's
 own error; the caller checks) and the watchdog lines give the configured timeout
-(``Timeout(ms)=N``, ``ftwatch.parsers.collective``), every one of them under
+(the watchdog's ``Timeout(ms)=N``, ``ftwatch.parsers.collective``; gloo's ``Timed out waiting
+<N>ms``), every one of them under
 :data:`SHORTEST_PLAUSIBLE_MS`, the root cause is a finding ``collective.timeout_too_short`` on the
 first reporter. A timeout of a minute or more keeps the hang reading (and the readings of
 ``ftwatch.policy.collectives``): it is a choice a job can make for a fast hang detection.
@@ -23,6 +24,7 @@ first reporter. A timeout of a minute or more keeps the hang reading (and the re
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
@@ -32,9 +34,20 @@ RULE = "collective.timeout_too_short"
 #: Below a minute: an order of magnitude under PyTorch's NCCL default (10 min) and the timeouts
 #: frameworks set (torchtitan's training default 100 s after 5 s proved too tight).
 SHORTEST_PLAUSIBLE_MS = 60_000
+#: gloo's wait (pytorch/gloo gloo/transport/tcp/unbound_buffer.cc): the same process-group timeout
+_GLOO_WAIT = re.compile(r"Timed out waiting (\d+) ?ms for (?:recv|send) operation")
 SOURCE = ("pytorch/pytorch torch/distributed/distributed_c10d.py init_process_group (timeout default: 10 minutes "
           "for NCCL, 30 minutes otherwise) and PR #110947; pytorch/torchtitan PR #189 (a 5 s training timeout "
           "fired on a profiling step: raised to 100 s); ProcessGroupNCCL.cpp WorkNCCL(... Timeout(ms)=N)")
+
+
+def configured_ms(f: Finding) -> int | None:
+    """The collective timeout a timeout line gives, in ms: the watchdog's ``Timeout(ms)=N``
+    (``fields["timeout_ms"]``), gloo's ``Timed out waiting <N>ms for recv|send operation``; else None."""
+    if isinstance(f.fields.get("timeout_ms"), int):
+        return f.fields["timeout_ms"]
+    m = _GLOO_WAIT.search(f.line)
+    return int(m.group(1)) if m else None
 
 
 def too_short(fallout: Sequence[Finding]) -> Finding | None:
@@ -49,11 +62,11 @@ def too_short(fallout: Sequence[Finding]) -> Finding | None:
         ``fields`` holding ``timeout_ms`` (the largest configured timeout read) and ``reporters``;
         None when no timeout line gives its configured timeout or one of them is a minute or more.
     """
-    timed = sorted((f for f in fallout if f.rule_id in TIMEOUT_RULES and isinstance(f.fields.get("timeout_ms"), int)),
+    timed = sorted((f for f in fallout if f.rule_id in TIMEOUT_RULES and configured_ms(f) is not None),
                    key=lambda f: (f.time, f.seq))
     if not timed:
         return None
-    longest = max(f.fields["timeout_ms"] for f in timed)
+    longest = max(configured_ms(f) or 0 for f in timed)
     if longest >= SHORTEST_PLAUSIBLE_MS:
         return None
     first = timed[0]

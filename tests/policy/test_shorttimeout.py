@@ -61,3 +61,16 @@ def test_lines_without_the_configured_timeout_say_nothing():
     line = b"[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 0] Timeout at NCCL work: 12, last enqueued NCCL work: 12, " \
            b"last completed NCCL work: 11.\n"
     assert too_short(ENGINE.feed(o, line, T0, final=True)) is None
+
+
+def test_gloos_wait_gives_its_timeout_too():
+    def gloo(rank: int, ms: int) -> list[Finding]:
+        o = Origin(f"worker-{rank}", rank, "short", "node-0", "stderr", "process")
+        line = (f"[rank{rank}]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+                f"unbound_buffer.cc:78] Timed out waiting {ms}ms for recv operation to complete\n")
+        return ENGINE.feed(o, line.encode(), T0 + rank / 10, final=True)
+    short = [f for r in range(3) for f in gloo(r, 5000)]
+    assert short and short[0].rule_id == "gloo.wait_timeout"
+    rc = too_short(short)
+    assert rc is not None and rc.fields["timeout_ms"] == 5000
+    assert too_short([f for r in range(3) for f in gloo(r, 1800000)]) is None
