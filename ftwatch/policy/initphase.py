@@ -29,6 +29,11 @@ same socket: NVIDIA/nccl #1515), the c10d store client's "timed out ... trying t
 master that starts late or died as well as a wrong ``MASTER_ADDR``). The restart budget (SPEC D3;
 D4: "3 reschedules in a row with no node or chip fault → the 4th fails as user code") ends a
 configuration among them that loops.
+
+One reading across ranks (:func:`_shared`, ``ftwatch.policy.sharedfailure``): a failure of the
+rank's own call that many ranks report at once before any progress (NCCL's ``unhandled system
+error`` / ``unhandled cuda error``; a connect to the rendezvous store or coordination service that
+failed on its own host as well) is the set-up they share (user_code, fail_job), not one component.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress
+from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
 #: A progress line holds one of these (``progress._LITERALS``, where a progress match can start)
@@ -101,7 +107,7 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
     if progress_at < f.time:
         return None
     rows = table()
-    found = _row(rows, f) or _own_address(f, evidence)
+    found = _row(rows, f) or _own_address(f, evidence) or _shared(f, evidence)
     if found is not None:
         return found
     before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
@@ -144,6 +150,16 @@ def _own_address(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
            and g.origin.instance == f.origin.instance and (g.time, g.seq) < (f.time, f.seq)
            for a in _LISTED.findall(g.line)}
     return _OWN if target.group(1) in own else None
+
+
+def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """The grade of :func:`ftwatch.policy.sharedfailure.shared_failure` (user_code, fail_job) when
+    ``f`` is a failure that many ranks made themselves at once; None otherwise."""
+    found = shared_failure(f, evidence)
+    if found is None:
+        return None
+    return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, found.source,
+                     found.meaning)
 
 
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:

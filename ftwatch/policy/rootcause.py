@@ -110,6 +110,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 17. An IB/RoCE port error of a port that reported ``port active`` after it (the link came back),
    down fewer than 5 times, is a flap: a notice, not the node's fault (``ftwatch.policy.linkflap``);
    the job's own errors decide.
+18. When every rank only timed out in a collective and the watchdog lines give a configured timeout
+   under a minute (``Timeout(ms)=1``, ``=5000``), that setting is the root cause,
+   ``collective.timeout_too_short`` (user_code: ordinary work between collectives outlasts it and a
+   restart fires it again; ``ftwatch.policy.shorttimeout``), before the suspect readings below.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -143,6 +147,7 @@ from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_fi
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import lone_oom_kill, lone_ray_kill
+from ftwatch.policy.shorttimeout import too_short
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.verbs import flushed_alone
 
@@ -378,6 +383,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     stall = interconnect_stall(fallout, order) if fallout and timeouts_only(fallout) else None
     if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
         return Analysis(stall, False, (stall,), tuple(notices), done)
+    short = too_short(fallout) if fallout and timeouts_only(fallout) else None
+    if short is not None:               # 18: a timeout of seconds is the job's setting, not a hang
+        return Analysis(short, False, (short,), tuple(notices), done)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
                or silent_rank(order, world) or lone_ray_kill(fallout)) if fallout else None   # 14: Ray's lone kill
     if suspect is not None:
