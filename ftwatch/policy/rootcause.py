@@ -57,7 +57,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
    early, it works on the main process alone; ``collective.left_path``, user_code:
    ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
-   of data, or ended its epoch alone (``leftpath.left_before_hang``); and a rank that wrote lines of
+   of data, or ended its epoch alone (``leftpath.left_before_hang``), or right after its framework
+   named a wait only the program or its launch can end (``hang.named_wait``,
+   ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"); and a rank that wrote lines of
    its own work (a file write, an evaluation) well inside their wait (``busy.working_rank``). When
    the waits' own bound (the watchdog's ``Timeout(ms)``) is below the tightest collective timeout a
    framework ships, the program's setting is the cause (``collective.timeout_below_default``,
@@ -145,6 +147,7 @@ from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.namedwait import named_wait_before_hang
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
@@ -362,6 +365,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
             or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
             or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
+            or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait
             or (tight_bound(order, real) if real else None))    # or a job hang under a timeout set too tight
     if busy is not None:
         return Analysis(busy, False, (busy,), tuple(notices), done)
