@@ -172,6 +172,12 @@ class FirstProgress:
         self._times: list[float] = []           # the earliest ``needed`` progress times read, sorted
         self._seen: dict[object, int] = BoundedDict(max_streams)   # stream key -> its progress lines so far
 
+    @property
+    def progressed(self) -> frozenset[str]:
+        """The instances that printed a progress line this attempt (each stream's own; read for
+        ``ftwatch.policy.rankonly``: which instances log their training)."""
+        return frozenset(getattr(k, "instance", str(k)) for k, n in self._seen.items() if n > 0)
+
     def reset(self, known: bool = True) -> None:
         """A new attempt: no progress yet (``known``), or not known (its start was not seen)."""
         self.at = NONE_YET if known else UNKNOWN

@@ -1,0 +1,86 @@
+"""A job hang that began in work the program runs on one rank alone (SPEC R5 / R7, issue 12 item 3).
+
+Every rank of a process group must issue the same collectives in the same order (PyTorch DDP
+notes; JAX's multi-process guide: "all processes must run the same computations in the same
+order"). Work a program gates to one rank breaks that as soon as it touches the group: an
+evaluation through the DDP-wrapped model on rank 0 alone runs DDP's own collectives on that rank
+only (pytorch/pytorch#54059: evaluate with ``ddp_model.module``), a metrics gather under
+``if accelerator.is_main_process`` is a collective only the main process enters (accelerate's
+troubleshooting guide, "Hanging code and timeout errors": code that only some processes run
+hangs), Lightning's ``rank_zero_only`` is for side-effect-free work such as logging alone. The
+ranks then wait in different places until a timeout, or forever when there is none: a job hang.
+
+What tells that apart from a node that wedged during the same evaluation is whether the work was
+one rank's *alone*, and a log shows that only where several instances write their own lines:
+
+1. every real error of the incident is a job hang (``hang.job``), and the latest finding before
+   it is a line of :data:`RANK_WORK_RULES` (a rank says it evaluates, or works on the main process
+   alone: ``lifecycle.own_work.evaluation``, ``lifecycle.left_path.main_process_only``), printed no
+   earlier than :data:`SLACK_SECONDS` before the job's last output, with no error after it;
+2. its instance printed progress lines of its own this attempt, and so did at least one other
+   instance (``Incident.progressed``: the program logs its training on several ranks, each its own);
+3. no other instance printed a line of that rule in the whole attempt.
+
+Then the program logs on every rank but only that one says it evaluates: it evaluates alone, and
+the silence began there. The root cause is ``hang.rank_only_work`` (user_code, fail_job): a
+restart replays the same control flow to the same place. A program that logs on one rank only
+(Megatron's last rank, the HF Trainer's main process) says nothing of who does the work, and a
+file write is left out (a checkpoint saved by rank 0 alone is the common, legitimate case, and
+its hang is most often the storage's): those keep the hang reading.
+"""
+
+from __future__ import annotations
+
+from typing import AbstractSet, Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
+
+#: Lines in which a rank says it runs work that, gated to one rank, leaves its peers' path.
+RANK_WORK_RULES = frozenset({"lifecycle.own_work.evaluation", "lifecycle.left_path.main_process_only"})
+#: How long before the job's last output the work line may be (seconds).
+SLACK_SECONDS = 300.0
+SOURCE = ("pytorch/pytorch#54059 (evaluation through the DDP model on a subset of ranks hangs); "
+          "huggingface.co/docs/accelerate/basic_tutorials/troubleshooting (code run on some processes only "
+          "hangs); Lightning rank_zero_only (side-effect-free work only); docs.jax.dev multi_process "
+          "(all processes run the same computations in the same order)")
+
+
+def rank_only_before_hang(findings: Sequence[Finding], real: Sequence[Finding],
+                          progressed: AbstractSet[str]) -> Finding | None:
+    """``hang.rank_only_work`` (the module docstring), or None.
+
+    Args:
+        findings: the incident's findings, any order.
+        real: its real errors: only job hangs (kind ``hang``) qualify.
+        progressed: the instances that printed progress lines this attempt.
+
+    Returns:
+        A Finding on the work line's origin, at the first hang's (time, seq), or None.
+    """
+    if not real or any(f.kind != "hang" for f in real):
+        return None
+    hang = real[0]
+    silent = hang.fields.get("silent_for")
+    if not isinstance(silent, (int, float)):
+        return None
+    order = sorted(findings, key=lambda f: (f.time, f.seq))
+    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
+    work = max((f for f in before if f.rule_id in RANK_WORK_RULES), key=lambda f: (f.time, f.seq), default=None)
+    if work is None or work.time < hang.time - silent - SLACK_SECONDS:
+        return None
+    if any(is_error(f) for f in before if (f.time, f.seq) > (work.time, work.seq)):
+        return None
+    alone = work.origin.instance
+    if alone not in progressed or not (set(progressed) - {alone}):
+        return None
+    if any(f.rule_id == work.rule_id and f.origin.instance != alone for f in order):
+        return None
+    others = sorted(set(progressed) - {alone})
+    line = (f"the job went silent ({hang.rule_id}) right after {alone} said it runs work of its own "
+            f"({work.rule_id}: {work.line.strip()[:160]}), work no other instance ever reported although "
+            f"{', '.join(others[:4])}{' ...' if len(others) > 4 else ''} log their training too: the program "
+            "ran it on one rank alone, and a collective inside it (a DDP forward, a gather) waits for peers "
+            "that never enter it; a restart replays the same control flow")
+    return Finding("hang.rank_only_work", "hang", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   work.origin, line, hang.time, hang.seq, (work.line, hang.line),
+                   {"rank_only": alone, "work": work.rule_id, "hang": hang.rule_id}, SOURCE)
