@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.leftpath import line_before_hang
 
 #: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
 #: tests/policy/test_namedwait.py keeps the two in step).
@@ -43,18 +44,10 @@ def named_wait_before_hang(order: Sequence[Finding], real: Sequence[Finding]) ->
         and source; None when an error is no job hang, the hang states no silence, or no such
         line comes right before it.
     """
-    if not real or any(f.kind != "hang" for f in real):
+    found = line_before_hang(order, real, NAMED_WAIT_RULES, SLACK_SECONDS)
+    if found is None:
         return None
-    hang = real[0]
-    silent = hang.fields.get("silent_for")
-    if not isinstance(silent, (int, float)):
-        return None
-    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
-    named = max((f for f in before if f.rule_id in NAMED_WAIT_RULES), key=lambda f: (f.time, f.seq), default=None)
-    if named is None or named.time < hang.time - silent - SLACK_SECONDS:
-        return None
-    if any(is_error(f) for f in before if (f.time, f.seq) > (named.time, named.seq)):
-        return None
+    hang, named, _ = found
     line = (f"the job went silent ({hang.rule_id}) right after its framework named why it waits "
             f"({named.rule_id}: {named.line.strip()[:200]}): a cause only the program or its launch removes, "
             "which a restart launched the same way meets again")

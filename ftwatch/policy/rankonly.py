@@ -33,7 +33,8 @@ from __future__ import annotations
 
 from typing import AbstractSet, Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.leftpath import line_before_hang
 
 #: Lines in which a rank says it runs work that, gated to one rank, leaves its peers' path.
 RANK_WORK_RULES = frozenset({"lifecycle.own_work.evaluation", "lifecycle.left_path.main_process_only"})
@@ -57,19 +58,11 @@ def rank_only_before_hang(findings: Sequence[Finding], real: Sequence[Finding],
     Returns:
         A Finding on the work line's origin, at the first hang's (time, seq), or None.
     """
-    if not real or any(f.kind != "hang" for f in real):
-        return None
-    hang = real[0]
-    silent = hang.fields.get("silent_for")
-    if not isinstance(silent, (int, float)):
-        return None
     order = sorted(findings, key=lambda f: (f.time, f.seq))
-    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
-    work = max((f for f in before if f.rule_id in RANK_WORK_RULES), key=lambda f: (f.time, f.seq), default=None)
-    if work is None or work.time < hang.time - silent - SLACK_SECONDS:
+    found = line_before_hang(order, real, RANK_WORK_RULES, SLACK_SECONDS)
+    if found is None:
         return None
-    if any(is_error(f) for f in before if (f.time, f.seq) > (work.time, work.seq)):
-        return None
+    hang, work, _ = found
     alone = work.origin.instance
     if alone not in progressed or not (set(progressed) - {alone}):
         return None
