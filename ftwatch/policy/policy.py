@@ -19,7 +19,10 @@ The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
 
 Root cause (R7): ``ftwatch.policy.rootcause.analyse`` (the earliest real error; explained exits and
 cascades are fallout). In Sync that is across every instance; in Async instances are independent,
-so only the failed instance's findings are considered.
+so only the failed instance's findings are considered. Two readings need facts of the attempt that
+the findings do not carry (``Incident``): an error before any progress (R6,
+``ftwatch.policy.initphase.at_init``) and a job hang that began in work one rank ran alone while
+its peers log their own training (``ftwatch.policy.rankonly``, ``Incident.progressed``).
 """
 
 from __future__ import annotations
