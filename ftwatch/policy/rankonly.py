@@ -14,9 +14,8 @@ What tells that apart from a node that wedged during the same evaluation is whet
 one rank's *alone*, and a log shows that only where several instances write their own lines:
 
 1. every real error of the incident is a job hang (``hang.job``), and the latest finding before
-   it is a line of :data:`RANK_WORK_RULES` (a rank says it evaluates, or works on the main process
-   alone: ``lifecycle.own_work.evaluation``, ``lifecycle.left_path.main_process_only``), printed no
-   earlier than :data:`SLACK_SECONDS` before the job's last output, with no error after it;
+   it is a line of :data:`RANK_WORK_RULES` (a rank says it evaluates: ``lifecycle.own_work.evaluation``),
+   printed no earlier than :data:`SLACK_SECONDS` before the job's last output, with no error after it;
 2. its instance printed progress lines of its own this attempt, and so did at least one other
    instance (``Incident.progressed``: the program logs its training on several ranks, each its own);
 3. no other instance printed a line of that rule in the whole attempt.
@@ -24,9 +23,12 @@ one rank's *alone*, and a log shows that only where several instances write thei
 Then the program logs on every rank but only that one says it evaluates: it evaluates alone, and
 the silence began there. The root cause is ``hang.rank_only_work`` (user_code, fail_job): a
 restart replays the same control flow to the same place. A program that logs on one rank only
-(Megatron's last rank, the HF Trainer's main process) says nothing of who does the work, and a
-file write is left out (a checkpoint saved by rank 0 alone is the common, legitimate case, and
-its hang is most often the storage's): those keep the hang reading.
+(Megatron's last rank, the HF Trainer's main process) says nothing of who does the work. A file
+write and the main process's own preparation (``lifecycle.left_path.main_process_only``) are left
+out: a checkpoint saved, a dataset downloaded or pre-processed on rank 0 alone while the others
+wait is the documented, legitimate pattern (transformers ``main_process_first``), and a hang inside
+it is most often its own I/O's, no peer's leaving (``ftwatch.policy.leftpath``). Those keep the
+hang reading.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.leftpath import line_before_hang
 
 #: Lines in which a rank says it runs work that, gated to one rank, leaves its peers' path.
-RANK_WORK_RULES = frozenset({"lifecycle.own_work.evaluation", "lifecycle.left_path.main_process_only"})
+RANK_WORK_RULES = frozenset({"lifecycle.own_work.evaluation"})
 #: How long before the job's last output the work line may be (seconds).
 SLACK_SECONDS = 300.0
 SOURCE = ("pytorch/pytorch#54059 (evaluation through the DDP model on a subset of ranks hangs); "

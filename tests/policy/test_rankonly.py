@@ -99,3 +99,10 @@ def test_replay_of_per_rank_logs_decides_it(tmp_path: Path):
     d = replay(paths, Engine(RULES), policy, JOB).decision
     assert d.action is Action.FAIL_JOB and d.root_cause is not None, d.policy_clause
     assert d.root_cause.rule_id == "hang.rank_only_work"
+
+
+def test_the_main_processs_own_preparation_is_left_out():
+    work = logged(0, 600.0, "running tokenization on the main process (48213 examples)")
+    assert [f.rule_id for f in work] == ["lifecycle.left_path.main_process_only"]
+    h = hang(600.0)
+    assert rank_only_before_hang([*work, h], [h], ALL) is None
