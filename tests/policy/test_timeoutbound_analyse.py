@@ -1,11 +1,11 @@
-"""A collective timeout of seconds is the job's setting, not a hang (ftwatch.policy.shorttimeout,
-rootcause rule 18): the same timeout-only incident reads as a hang with a default timeout."""
+"""A collective timeout of seconds is the job's setting, not a hang, through rootcause.analyse
+(ftwatch.policy.timeoutbound): the same timeout-only incident reads as a hang with a default timeout."""
 
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin
 from ftwatch.policy.rootcause import analyse
-from ftwatch.policy.shorttimeout import SHORTEST_PLAUSIBLE_MS, too_short
+from ftwatch.policy.timeoutbound import TIGHTEST_DEFAULT_MS, tight_bound
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 
@@ -28,9 +28,9 @@ def every_rank(timeout_ms: int, ran_ms: int, world: int = 4) -> list[Finding]:
 def test_a_timeout_of_milliseconds_is_the_jobs_configuration():
     an = analyse(every_rank(1, 90), world=4)
     rc = an.root_cause
-    assert rc is not None and rc.rule_id == "collective.timeout_too_short", rc
+    assert rc is not None and rc.rule_id == "collective.timeout_below_default", rc
     assert rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB
-    assert rc.fields["timeout_ms"] == 1 and rc.fields["reporters"] == [0, 1, 2, 3]
+    assert rc.fields["timeout_ms"] == 1
     assert not an.fallout_only
 
 
@@ -38,14 +38,15 @@ def test_a_timeout_of_seconds_with_a_silent_rank_is_the_setting_not_the_silent_r
     """torchtitan PR #189: rank 0 exports a trace past a 5 s timeout; the others time out."""
     found = [f for r in (1, 2, 3) for f in watchdog(r, 5000, 5048)]
     rc = analyse(found, world=4).root_cause
-    assert rc is not None and rc.rule_id == "collective.timeout_too_short", rc
+    assert rc is not None and rc.rule_id == "collective.timeout_below_default", rc
 
 
 def test_a_default_timeout_keeps_the_hang_reading():
     an = analyse(every_rank(600000, 600064), world=4)
-    assert an.root_cause is not None and an.root_cause.rule_id != "collective.timeout_too_short"
+    assert an.root_cause is not None and an.root_cause.rule_id != "collective.timeout_below_default"
     assert an.fallout_only and an.fallout_class is FailureClass.HANG
-    assert too_short(every_rank(SHORTEST_PLAUSIBLE_MS, SHORTEST_PLAUSIBLE_MS + 60)) is None
+    high = every_rank(TIGHTEST_DEFAULT_MS, TIGHTEST_DEFAULT_MS + 60)
+    assert tight_bound(high, high) is None
 
 
 def test_a_real_error_beside_short_timeouts_decides():
@@ -60,7 +61,8 @@ def test_lines_without_the_configured_timeout_say_nothing():
     o = Origin("worker-0", 0, "short", "node-0", "stderr", "process")
     line = b"[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 0] Timeout at NCCL work: 12, last enqueued NCCL work: 12, " \
            b"last completed NCCL work: 11.\n"
-    assert too_short(ENGINE.feed(o, line, T0, final=True)) is None
+    found = ENGINE.feed(o, line, T0, final=True)
+    assert tight_bound(found, found) is None
 
 
 def test_gloos_wait_gives_its_timeout_too():
@@ -71,6 +73,7 @@ def test_gloos_wait_gives_its_timeout_too():
         return ENGINE.feed(o, line.encode(), T0 + rank / 10, final=True)
     short = [f for r in range(3) for f in gloo(r, 5000)]
     assert short and short[0].rule_id == "gloo.wait_timeout"
-    rc = too_short(short)
+    rc = tight_bound(short, short)
     assert rc is not None and rc.fields["timeout_ms"] == 5000
-    assert too_short([f for r in range(3) for f in gloo(r, 1800000)]) is None
+    long = [f for r in range(3) for f in gloo(r, 1800000)]
+    assert tight_bound(long, long) is None
