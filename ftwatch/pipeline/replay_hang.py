@@ -56,7 +56,7 @@ _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
 # letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
 # "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-..."), or Slurm's slurmstepd/srun head (its
-# "*** JOB ... CANCELLED AT <time> ***" line, parsers.silence.cancel_stamp)
+# "*** JOB ... CANCELLED AT <time> ***" line, fields.cancel_stamp)
 # A parallel shell's host label may lead all of it: pdsh labels each line of a host's output with
 # "host: " (pdsh(1): "output ... is prefixed by the hostname"; DeepSpeed's multi-node runner,
 # deepspeed/launcher/multinode_runner.py PDSHRunner: "worker-0: [2022-05-17 03:52:02,512] [INFO] ...").
@@ -217,9 +217,7 @@ class HangScan:
         end = chunk.find(b"\n", start)
         end = len(chunk) if end < 0 else end
         text = fields.clean(chunk[start:min(end, start + _HEAD)])
-        stamp = fields.parse_timestamp(text, f.year, vllm=True)
-        if stamp is None:
-            stamp = silence.cancel_stamp(text)
+        stamp = fields.parse_timestamp(text, f.year, vllm=True)     # Slurm's cancel line's too
         if stamp is None:
             f.pending[key] += 1
         else:
