@@ -20,6 +20,13 @@ lines. Two kinds of line tell it more than their own stamp:
   (``fields.cancel_stamp``, re-exported here), so the engine's line clock and the hang scan both
   date the line by it.
 
+* A **request line**: a web server's access log writes one line per request it answered, with the
+  request line quoted and the status after it (the Common Log Format's ``"%r" %>s``, as Apache and
+  nginx write it; uvicorn's access formatter, under vLLM, SGLang and FastAPI servers:
+  ``INFO:     10.0.0.7:40552 - "GET /health HTTP/1.1" 200 OK``). Such a line carries no stamp of
+  its own, and it is no continuation of the stamped line before it: each answer is an event at its
+  own time, so the hang scan reads it as it reads a progress line (:data:`REQUEST_LINE`).
+
 Neither function raises; unknown text gives None.
 """
 
@@ -29,7 +36,7 @@ import re
 
 from ftwatch.parsers.fields import cancel_stamp
 
-__all__ = ["reported_silence", "cancel_stamp", "duration_seconds"]
+__all__ = ["REQUEST_LINE", "reported_silence", "cancel_stamp", "duration_seconds"]
 
 _UNITS = {"h": 3600.0, "hour": 3600.0, "hours": 3600.0, "hr": 3600.0, "hrs": 3600.0,
           "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
@@ -44,6 +51,10 @@ _REPORT = re.compile(
     r"\bno (?:log |new )?output\b[^\n]{0,80}?\b(?:for|in the last|since) " + _DURATION
     + r"|\bwith no output \(exceeded " + _DURATION + r"\)",
     re.IGNORECASE)
+
+#: A request an access log line records (see the module docstring), on bytes: the quoted request line
+#: (method, target, protocol) and the three-digit status after it.
+REQUEST_LINE = rb'"(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) \S+ HTTP/\d(?:\.\d)?" \d{3}\b'
 
 
 def duration_seconds(text: str) -> float | None:
