@@ -38,11 +38,12 @@ from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.policy.initphase import UNKNOWN, at_init
+from ftwatch.policy.lifecycle import after_finish
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
-from ftwatch.policy.rootcause import Analysis, analyse
+from ftwatch.policy.rootcause import CASCADE_RULES, Analysis, analyse
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
 #: ``job-ps-1`` ... (the role as the name or a dash/underscore/dot-separated part of it).
@@ -202,9 +203,14 @@ class Policy:
                             attempt=incident.attempt)
 
         if an.after_finish and an.finished is not None:
-            return done(Action.NOTIFY, f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished "
-                                       f"before {rc.rule_id} on {_who(rc)}; an error after the end of "
-                                       "training is a notice → notify")
+            tail, why = after_finish(rc, rc.rule_id in CASCADE_RULES)
+            clause = (f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished before "
+                      f"{rc.rule_id} on {_who(rc)} ({rc.failure_class.value}); {why}")
+            if tail is Action.NONE:      # the job had no failure: the notice stays in the clause and findings
+                return dataclasses.replace(done(tail, clause), root_cause=None)
+            if tail is not None:
+                return done(tail, clause)
+            notes.append(clause)
         if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
             if trig.action is Action.NONE:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
