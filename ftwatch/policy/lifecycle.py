@@ -28,7 +28,7 @@ import os
 import re
 from typing import Iterable, Sequence
 
-from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Origin, Severity
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 
 FINISHED = "lifecycle.finished."
@@ -72,12 +72,13 @@ def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
     restart), graded by its class: ``(action, why)``, or ``(None, why)`` when the ordinary decision
     stands.
 
-    * A transient infrastructure fault the program's own tail met (saving or uploading its results,
-      a logged line that names the fault, not an exit or a cascade symptom of a peer's exit): the
-      results may not have reached their store and a rerun from the last checkpoint redoes that
-      tail; the ordinary decision (D2: restart) stands. ClearML's maintainers asked for the
-      upload after training to be retried (allegroai/clearml, an S3 connection reset after the
-      final save).
+    * A transient infrastructure fault the program's own tail raised and died of (an uncaught
+      exception of a Python traceback, as saving or uploading its results raises it; not a line
+      of the ranks' collective library while the finished job tears its process group down, not
+      an exit, not a cascade symptom of a peer's exit): the results may not have reached their
+      store and a rerun from the last checkpoint redoes that tail; the ordinary decision (D2:
+      restart) stands. ClearML's maintainers asked for the upload after training to be retried
+      (allegroai/clearml, an S3 connection reset after the final save).
     * A hardware fault of the node: the run's work is done, the node's fault is a person's to look
       at before the next job lands there: notify.
     * Anything else (the program's own error in its tail, a nonzero exit after the last step,
@@ -93,7 +94,7 @@ def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
     Returns:
         ``(Action.NOTIFY | Action.NONE | None, clause)``.
     """
-    if notice.failure_class is FailureClass.RETRYABLE_INFRA and notice.kind not in NOT_LOG_LINES and not cascade:
+    if notice.failure_class is FailureClass.RETRYABLE_INFRA and uncaught_traceback(notice) and not cascade:
         return None, "a transient fault in the run's tail (its results may not be stored): a rerun redoes it"
     if notice.failure_class is FailureClass.HARDWARE_NODE:
         return Action.NOTIFY, "the work is done and the node's fault is a person's to look at → notify"

@@ -205,7 +205,8 @@ class Policy:
         if an.after_finish and an.finished is not None:
             tail, why = after_finish(rc, rc.rule_id in CASCADE_RULES)
             clause = (f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished before "
-                      f"{rc.rule_id} on {_who(rc)} ({rc.failure_class.value}); {why}")
+                      f"{rc.rule_id} on {_who(rc)} ({rc.failure_class.value}); an error after the end of training is "
+                      f"a notice: {why}")
             if tail is Action.NONE:      # the job had no failure: the notice stays in the clause and findings
                 return dataclasses.replace(done(tail, clause), root_cause=None)
             if tail is not None:

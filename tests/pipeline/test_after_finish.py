@@ -58,15 +58,17 @@ def test_a_transient_fault_uploading_the_results_after_the_end_still_restarts(ru
     assert d.root_cause is not None and d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
 
 
-def finding(cls: FailureClass, kind: str = "keyword", rule: str = "x.y") -> Finding:
+def finding(cls: FailureClass, kind: str = "keyword", raised: bool = True) -> Finding:
     o = Origin("worker-0", 0, JOB, "node-0", "stderr", "process")
-    return Finding(rule, kind, cls, Action.RESTART_JOB, Severity.ERROR, o, "line", 0.0)
+    evidence = ("Traceback (most recent call last):", "ConnectionResetError: [Errno 104]") if raised else ()
+    return Finding("x.y", kind, cls, Action.RESTART_JOB, Severity.ERROR, o, "line", 0.0, evidence=evidence)
 
 
 @pytest.mark.parametrize("notice, cascade, action", [
     (finding(FailureClass.RETRYABLE_INFRA), False, None),                  # the ordinary decision stands
     (finding(FailureClass.RETRYABLE_INFRA), True, Action.NONE),            # a peer's exit, seen by NCCL
     (finding(FailureClass.RETRYABLE_INFRA, kind="exit_code"), False, Action.NONE),   # an exit names no fault
+    (finding(FailureClass.RETRYABLE_INFRA, raised=False), False, Action.NONE),  # the library's teardown line
     (finding(FailureClass.HARDWARE_NODE), False, Action.NOTIFY),
     (finding(FailureClass.USER_CODE), False, Action.NONE),
     (finding(FailureClass.OOM), False, Action.NONE),
