@@ -13,25 +13,25 @@ JOB = "vendor-reports-test"
 STEPS = [f"step {i} loss {2.0 - i / 10:.2f}" for i in range(4)]
 
 
-def write(path: Path, lines: list[str]) -> Path:
+def decided(run, path: Path, lines: list[str]):
+    """The decision of a replay of ``lines`` written to ``path`` (restarts enabled, 3 allowed)."""
     path.write_text("".join(f"{line}\n" for line in lines))
-    return path
+    return run([path], enable_job_restart=True, max_num_of_job_restart=3).decision
 
 
 def test_a_scripts_bus_error_report_fails_the_job(run, tmp_path):
-    log = write(tmp_path / "rank0.log", STEPS + [
+    d = decided(run, tmp_path / "rank0.log", STEPS + [
         "Fatal Python error: Bus error",
         "",
         "Current thread 0x00007fd40d7fa740 (most recent call first):",
         '  File "/opt/t5x/t5x/train.py", line 511 in train',
         "/opt/t5x/run_pretrain.sh: line 41:    88 Bus error               (core dumped) python3 -u train.py"])
-    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
     assert d.action is Action.FAIL_JOB, d
     assert d.root_cause is not None and d.root_cause.failure_class is FailureClass.USER_CODE
 
 
 def test_paddles_oom_inside_a_systemerror_is_oom(run, tmp_path):
-    log = write(tmp_path / "workerlog.2", STEPS + [
+    d = decided(run, tmp_path / "workerlog.2", STEPS + [
         "Traceback (most recent call last):",
         '  File "train.py", line 94, in evaluate',
         "    logits = model(images)",
@@ -41,17 +41,16 @@ def test_paddles_oom_inside_a_systemerror_is_oom(run, tmp_path):
         "",
         "Out of memory error on GPU 2. Cannot allocate 392.000244MB memory on GPU 2, 15.586487GB memory has been "
         "allocated and available memory is only 187.437500MB."])
-    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
     assert d.action is Action.FAIL_JOB, d
     assert d.root_cause is not None and d.root_cause.failure_class is FailureClass.OOM
 
 
 def test_megascale_naming_bad_tpu_chips_isolates(run, tmp_path):
-    log = write(tmp_path / "worker-0.log", [f"completed step: {4410 + i}, seconds: 3.118, loss: 2.41" for i in range(4)] + [
+    steps = [f"completed step: {4410 + i}, seconds: 3.118, loss: 2.41" for i in range(4)]
+    d = decided(run, tmp_path / "worker-0.log", steps + [
         "E1126 03:19:22.837410    1871 megascale_hang_detector.cc:412] Megascale detects a hang that is likely "
         "caused by bad TPU chips on the following hosts. Please remove the hosts from the fleet and restart the "
         "workload. If problem persists please contact Megascale XLA team.",
         "The host that have bad TPUs are: gke-tpu-5c1e9a04-w3kq"])
-    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
     assert d.action is Action.ISOLATE_NODE, d
     assert d.root_cause is not None and d.root_cause.rule_id == "megascale.hang_bad_tpu_chips"
