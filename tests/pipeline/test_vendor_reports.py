@@ -54,3 +54,15 @@ def test_megascale_naming_bad_tpu_chips_isolates(run, tmp_path):
         "The host that have bad TPUs are: gke-tpu-5c1e9a04-w3kq"])
     assert d.action is Action.ISOLATE_NODE, d
     assert d.root_cause is not None and d.root_cause.rule_id == "megascale.hang_bad_tpu_chips"
+
+
+def test_a_gpu_that_nvidia_smi_shows_with_uncorrectable_ecc_errors_isolates_its_oom(run, tmp_path):
+    d = decided(run, tmp_path / "rank0.log", [
+        "|   0  Tesla V100-SXM2...  On   | 00000000:1B:00.0 Off |                    1 |",
+        "| N/A   36C    P0    42W / 300W |      0MiB / 32510MiB |      0%      Default |",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 102, in main',
+        "    model = build_model(cfg).cuda()",
+        "RuntimeError: CUDA error: out of memory"])
+    assert d.action is Action.ISOLATE_NODE, d
+    assert d.root_cause is not None and d.root_cause.rule_id == "gpu.smi_volatile_uncorrectable_ecc"
