@@ -66,3 +66,12 @@ def test_a_gpu_that_nvidia_smi_shows_with_uncorrectable_ecc_errors_isolates_its_
         "RuntimeError: CUDA error: out of memory"])
     assert d.action is Action.ISOLATE_NODE, d
     assert d.root_cause is not None and d.root_cause.rule_id == "gpu.smi_volatile_uncorrectable_ecc"
+
+
+def test_a_scripts_report_that_its_command_was_terminated_restarts(run, tmp_path):
+    d = decided(run, tmp_path / "algo-1.log", [
+        "Epoch 17:  42%|████▏     | 331/788 [03:58<05:29,  1.39it/s, loss=0.214, v_num=0]",
+        "Epoch 17:  58%|█████▊    | 457/788 [05:29<03:58,  1.39it/s, loss=0.209, v_num=0]",
+        "./entrypoint.sh: line 6:    57 Terminated              python train.py --config configs/unet.yaml"])
+    assert d.action is Action.RESTART_JOB, d
+    assert d.root_cause is not None and d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
