@@ -221,8 +221,10 @@ class Policy:
                 and not an.fallout_only):     # a notice beside the workers' fallout: they failed, D2 decides
             # a log finding that opened the incident while the workers run (PreSeparateNPU ...)
             level = trig.fields.get("level") or trig.failure_class.value
-            return done(Action.NOTIFY, f"{trig.rule_id} on {_who(trig)} ({level}) recommends "
-                                       f"{trig.action.label}: the workers run on → notify")
+            clause = f"{trig.rule_id} on {_who(trig)} ({level}) recommends {trig.action.label}: the workers run on"
+            if trig.action is Action.NONE:   # graded as nothing to do (a recovered link flap), as a C4D record above
+                return dataclasses.replace(done(Action.NONE, clause + " → none"), root_cause=None)
+            return done(Action.NOTIFY, clause + " → notify")
         if self.modelarts is not None:
             return self._modelarts(incident, trig, an, rc, now, done)
         if not sync and trig.kind in _HANG_KINDS:
