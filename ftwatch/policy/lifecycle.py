@@ -17,6 +17,9 @@ module only knows its id prefixes:
   command that may run a pipe or a wrapper (:func:`reports_own_status` false under ``ftwatch
   run``) can hide a failure's status behind an exit 0 (seed 001: ``| tee`` without ``set -o
   pipefail``).
+* ``lifecycle.elastic_reset.<who>``: an elastic launcher re-formed the job's world (Elastic
+  Horovod's ``reset workers: N``); after an incident's errors it recovered from them by itself
+  (:func:`elastic_recovery`).
 * ``launcher.<name>``: the job runs under that launcher (its private exit codes apply,
   ``ftwatch.rules.exitcodes``). Under ``ftwatch run`` the command says it too
   (:func:`launcher_of_command`).
@@ -99,6 +102,34 @@ def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
     if notice.failure_class is FailureClass.HARDWARE_NODE:
         return Action.NOTIFY, "the work is done and the node's fault is a person's to look at → notify"
     return Action.NONE, "the training result is written and a restart would train it again → none"
+
+
+#: an elastic launcher's line that it re-formed the job's world (``rules/packs/lifecycle.yaml``)
+ELASTIC_RESET = "lifecycle.elastic_reset."
+
+
+def elastic_recovery(findings: Iterable[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """The elastic launcher's reset of its workers after every one of ``errors``, or None.
+
+    Elastic Horovod handles a failed worker itself: its driver blacklists the failing host, resets
+    the remaining workers (``reset workers: N``) and the training function resumes from the last
+    committed state (horovod docs/elastic.rst); when it cannot (every host failed or blacklisted,
+    the reset limit spent) it stops with an error instead of resetting. A reset after the
+    incident's errors is therefore the launcher's own recovery from them: nothing to restart from
+    outside (the reset the driver logs at the start comes before any error and counts for none).
+
+    Args:
+        findings: the attempt's findings.
+        errors: the incident's errors (real ones and fallout), any order.
+
+    Returns:
+        The earliest reset finding later (time, seq) than every error, or None.
+    """
+    if not errors:
+        return None
+    last = max((f.time, f.seq) for f in errors)
+    resets = [f for f in findings if f.rule_id.startswith(ELASTIC_RESET) and (f.time, f.seq) > last]
+    return min(resets, key=lambda f: (f.time, f.seq), default=None)
 
 
 def launchers(findings: Iterable[Finding]) -> set[str]:

@@ -32,13 +32,13 @@ from typing import Callable, Sequence
 
 from ftwatch.config.model import Config, PolicyConfig
 from ftwatch.config.recovery import ModelArtsConfig, RecoveryConfig, c4d_settings
-from ftwatch.events import Action, Decision, FailureClass, Finding, Target
+from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
 from ftwatch.policy.blame import BlameStore, blameable
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.policy.initphase import UNKNOWN, at_init
-from ftwatch.policy.lifecycle import after_finish
+from ftwatch.policy.lifecycle import after_finish, elastic_recovery
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
@@ -212,6 +212,12 @@ class Policy:
             if tail is not None:
                 return done(tail, clause)
             notes.append(clause)
+        reset = elastic_recovery(findings, [f for f in findings if f.severity >= Severity.ERROR])
+        if reset is not None:        # the launcher recovered by itself (ftwatch.policy.lifecycle.elastic_recovery)
+            return dataclasses.replace(done(Action.NONE, (
+                f"{reset.rule_id} on {_who(reset)}: the elastic launcher re-formed its world after {rc.rule_id} "
+                f"on {_who(rc)} (failed hosts blacklisted, training resumes from its last commit) → none")),
+                root_cause=None)
         if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
             if trig.action is Action.NONE:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
