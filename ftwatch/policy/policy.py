@@ -19,7 +19,10 @@ The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
 
 Root cause (R7): ``ftwatch.policy.rootcause.analyse`` (the earliest real error; explained exits and
 cascades are fallout). In Sync that is across every instance; in Async instances are independent,
-so only the failed instance's findings are considered.
+so only the failed instance's findings are considered. Two readings need facts of the attempt that
+the findings do not carry (``Incident``): an error before any progress (R6,
+``ftwatch.policy.initphase.at_init``) and a job hang that began in work one rank ran alone while
+its peers log their own training (``ftwatch.policy.rankonly``, ``Incident.progressed``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
+from ftwatch.policy.rankonly import rank_only_before_hang
 from ftwatch.policy.rootcause import CASCADE_RULES, Analysis, analyse
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
@@ -67,6 +71,8 @@ class Incident:
         progress_at: epoch seconds by which the job had shown progress this attempt
             (``ftwatch.policy.initphase.FirstProgress``): ``inf`` none, ``-inf`` not known (the
             default: nothing is graded as an initialisation failure).
+        progressed: the instances that printed a progress line this attempt
+            (``FirstProgress.progressed``; empty when not known).
     """
 
     trigger: Finding
@@ -76,6 +82,7 @@ class Incident:
     attempt: int
     facts: RunFacts | None = None
     progress_at: float = UNKNOWN
+    progressed: frozenset[str] = frozenset()
 
 
 def is_ps_or_chief(instance: str) -> bool:
@@ -174,6 +181,9 @@ class Policy:
             scope, found = self.escalator.apply(scope, now)
             notes += found
         an = analyse(scope, incident.world_size if sync else None)
+        alone = rank_only_before_hang(scope, an.real, incident.progressed) if an.real else None
+        if alone is not None:               # R7: the silence began in work the program ran on one rank
+            an = Analysis(alone, False, (alone,), an.notices, an.finished)
         rc = an.root_cause or trig
         init = at_init(rc, incident.progress_at, scope) if an.real and an.root_cause is not None else None
         if init is not None:                # R6: before any progress this message is configuration
