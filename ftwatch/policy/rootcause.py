@@ -40,7 +40,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
 6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
-   came before the finish. When what follows the finish is only waiting (a job hang, collective
+   came before the finish; the policy grades it by its class (``ftwatch.policy.lifecycle.after_finish``). When what follows the finish is only waiting (a job hang, collective
    timeouts and their fallout), the ranks' ends after the loop differ: ``collective.wait_after_finish``
    (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``ftwatch.policy.cannrecord``)
