@@ -35,18 +35,19 @@ from typing import Callable, Sequence
 
 from ftwatch.config.model import Config, PolicyConfig
 from ftwatch.config.recovery import ModelArtsConfig, RecoveryConfig, c4d_settings
-from ftwatch.events import Action, Decision, FailureClass, Finding, Target
+from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
 from ftwatch.policy.blame import BlameStore, blameable
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.policy.initphase import UNKNOWN, at_init
+from ftwatch.policy.lifecycle import after_finish, elastic_recovery
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
 from ftwatch.policy.rankonly import rank_only_before_hang
-from ftwatch.policy.rootcause import Analysis, analyse
+from ftwatch.policy.rootcause import CASCADE_RULES, Analysis, analyse
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
 #: ``job-ps-1`` ... (the role as the name or a dash/underscore/dot-separated part of it).
@@ -212,9 +213,21 @@ class Policy:
                             attempt=incident.attempt)
 
         if an.after_finish and an.finished is not None:
-            return done(Action.NOTIFY, f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished "
-                                       f"before {rc.rule_id} on {_who(rc)}; an error after the end of "
-                                       "training is a notice → notify")
+            tail, why = after_finish(rc, rc.rule_id in CASCADE_RULES)
+            clause = (f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished before "
+                      f"{rc.rule_id} on {_who(rc)} ({rc.failure_class.value}); an error after the end of training is "
+                      f"a notice: {why}")
+            if tail is Action.NONE:      # the job had no failure: the notice stays in the clause and findings
+                return dataclasses.replace(done(tail, clause), root_cause=None)
+            if tail is not None:
+                return done(tail, clause)
+            notes.append(clause)
+        reset = elastic_recovery(findings, [f for f in findings if f.severity >= Severity.ERROR])
+        if reset is not None:        # the launcher recovered by itself (ftwatch.policy.lifecycle.elastic_recovery)
+            return dataclasses.replace(done(Action.NONE, (
+                f"{reset.rule_id} on {_who(reset)}: the elastic launcher re-formed its world after {rc.rule_id} "
+                f"on {_who(rc)} (failed hosts blacklisted, training resumes from its last commit) → none")),
+                root_cause=None)
         if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
             if trig.action is Action.NONE:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
@@ -224,8 +237,10 @@ class Policy:
                 and not an.fallout_only):     # a notice beside the workers' fallout: they failed, D2 decides
             # a log finding that opened the incident while the workers run (PreSeparateNPU ...)
             level = trig.fields.get("level") or trig.failure_class.value
-            return done(Action.NOTIFY, f"{trig.rule_id} on {_who(trig)} ({level}) recommends "
-                                       f"{trig.action.label}: the workers run on → notify")
+            clause = f"{trig.rule_id} on {_who(trig)} ({level}) recommends {trig.action.label}: the workers run on"
+            if trig.action is Action.NONE:   # graded as nothing to do (a recovered link flap), as a C4D record above
+                return dataclasses.replace(done(Action.NONE, clause + " → none"), root_cause=None)
+            return done(Action.NOTIFY, clause + " → notify")
         if self.modelarts is not None:
             return self._modelarts(incident, trig, an, rc, now, done)
         if not sync and trig.kind in _HANG_KINDS:

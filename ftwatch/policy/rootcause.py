@@ -40,7 +40,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
 6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
-   came before the finish. When what follows the finish is only waiting (a job hang, collective
+   came before the finish; the policy grades it by its class (``ftwatch.policy.lifecycle.after_finish``). When what follows the finish is only waiting (a job hang, collective
    timeouts and their fallout), the ranks' ends after the loop differ: ``collective.wait_after_finish``
    (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``ftwatch.policy.cannrecord``)
@@ -96,8 +96,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ncclInternalError: ...`` detail line) yields to the real error printed right after it on its
    instance: NCCL's ``Last error:`` text, the cause NCCL named for the generic code
    (``ftwatch.policy.lasterror``: torch's NCCLUtils ``getNcclErrorDetailStr``, NCCL's
-   ``ncclGetLastError``). So does a traceback no rule grades (the catch-all) to the real error
-   its exception's message carries on the lines after the record (same module).
+   ``ncclGetLastError``). So does a traceback no rule grades (the catch-all), or one graded only
+   by the fallback of a generic class whose message decides (torch_npu's ``RuntimeError: ACL
+   stream synchronize failed.`` before the ``EL0004`` it carries), to the real error its
+   exception's message carries on the lines after the record (same module).
 14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
    ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
    as the earliest real error, the incident's only SIGKILL report, with no other real error but
