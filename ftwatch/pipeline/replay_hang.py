@@ -79,7 +79,8 @@ _MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDA
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
-_UNREAD_BYTES = 8 << 20     # a per-rank file's untimed bytes kept unsearched at most (``HangScan._untimed``)
+_UNREAD_BYTES = 8 << 20     # untimed text kept unsearched at most (``HangScan._untimed``), a combined
+_UNREAD_LINE = 32           # log's line counted as this many bytes (~ what its entry costs in memory)
 
 
 class Tracker(Protocol):
@@ -229,7 +230,7 @@ class HangScan:
         if self.progress is None:
             return
         f.unread.append((key, chunk, lo, hi))
-        f.unread_bytes += hi - lo if hi >= 0 else _HEAD
+        f.unread_bytes += hi - lo if hi >= 0 else _UNREAD_LINE
         if f.unread_bytes > _UNREAD_BYTES:
             self._spread(f)
 
@@ -257,6 +258,7 @@ class HangScan:
 
     def _take_combined(self, f: _File, chunk: bytes) -> None:
         own, size = f.origin.instance, len(chunk)
+        pending, unread = f.pending, (f.unread if self.progress is not None else None)
         for m in _ANY_LINE.finditer(chunk):
             start = m.start()
             if start == size:
@@ -264,10 +266,15 @@ class HangScan:
             key = own
             if m.end(1) >= 0 or m.end(2) >= 0:
                 key = self._rank_key(f, m.group(1) if m.end(1) > m.end(2) else m.group(2))
-            if m.start(3) < 0:              # no stamp can follow: the line, to its end (-1)
-                self._untimed(f, key, chunk, start, -1, 1)
+            if m.start(3) < 0:              # no stamp can follow: ``_untimed`` of the line, inline
+                pending[key] += 1
+                if unread is not None:
+                    unread.append((key, chunk, start, -1))      # -1: to the line's end
+                    f.unread_bytes += _UNREAD_LINE
             else:
                 self._parse(f, chunk, start, key)
+        if f.unread_bytes > _UNREAD_BYTES:
+            self._spread(f)
 
     @staticmethod
     def _line_end(chunk: bytes, start: int) -> int:
