@@ -222,10 +222,11 @@ class HangScan:
             self._untimed(f, own, chunk, pos, len(chunk), chunk.count(b"\n", pos) or 1)
 
     def _untimed(self, f: _File, key: str, chunk: bytes, lo: int, hi: int, lines: int) -> None:
-        """``lines`` lines of ``key``, ``chunk[lo:hi]`` (``hi`` -1: the line at ``lo``), carry no stamp: counted, and those of them that
-        are progress lines (``progress``) counted apart. They are searched only when the span to the
-        next stamp could hold a silence (:meth:`_stamp`): in a stamped log most cannot, and the
-        search (~0.1 s per MiB) would be most of the scan's cost (up to ``_UNREAD_BYTES`` kept)."""
+        """``lines`` lines of ``key``, ``chunk[lo:hi]`` (``hi`` -1: the line at ``lo``), carry no stamp:
+        counted, and those of them that are progress lines (``progress``) counted apart. They are
+        searched only when the span to the next stamp could hold a silence (:meth:`_stamp`): in a
+        stamped log most cannot, and the search (~0.1 s per MiB) would be most of the scan's cost
+        (up to ``_UNREAD_BYTES`` kept)."""
         f.pending[key] += lines
         if self.progress is None:
             return
