@@ -89,7 +89,8 @@ _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the star
 # "*** STEP %u.%u CANCELLED AT %s DUE TO TIME LIMIT ***" (src/slurmd/slurmstepd/req.c
 # _handle_signal_container, src/srun/.../srun_job.c|launch.c _timeout_handler). The time is
 # slurm_make_time_str's: ISO "%Y-%m-%dT%H:%M:%S" by default, the node's local time, no zone.
-_CANCEL_AT = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+(?: ON \S+)? CANCELLED AT (\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\b")
+_CANCEL_AT = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+(?: ON \S+)? CANCELLED AT "
+                        r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\b")
 _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 
 # The last time of day (from ``pos`` on); the line holding it is parsed from its start: every
