@@ -136,6 +136,12 @@ class Waiting:
         self._logs.pop(instance, None)
         return instance
 
+    def before_all(self, instance: str, time: float) -> bool:
+        """Whether a line of ``instance`` at ``time`` is after none of its waiting errors (one it
+        would only log, :meth:`progress`); True where none waits."""
+        order = self._by.get(instance)
+        return not order or not bisect.bisect_left(order, (time,))
+
     def progress(self, instance: str, time: float, counters: dict[str, int], window: float,
                  needed: int) -> tuple[list[Finding], list[str]]:
         """``instance`` printed a progress line at ``time`` with ``counters`` (module docstring).
