@@ -18,7 +18,10 @@ where its sources put the failure at initialisation as configuration: NCCL's tro
 connect to a network this host has no route to (ENETUNREACH, which NCCL does not retry) or to a
 peer's link-local address (RFC 4291: not forwarded between links) or to an address the connecting
 host lists among its own ``NET/Socket : Using`` interfaces (the peer advertised an interface each
-host has with the same address, a bridge: not between the hosts; :func:`_own_address`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
+host has with the same address, a bridge: not between the hosts; :func:`_own_address`), or a job hang
+while NCCL on two different hosts uses the same address first (a bridge or ``lo`` each host holds alike;
+the same guide: such interfaces make NCCL "fail during the init functions or even hang";
+:func:`_shared_interface`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
 ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a
@@ -29,6 +32,11 @@ same socket: NVIDIA/nccl #1515), the c10d store client's "timed out ... trying t
 master that starts late or died as well as a wrong ``MASTER_ADDR``). The restart budget (SPEC D3;
 D4: "3 reschedules in a row with no node or chip fault → the 4th fails as user code") ends a
 configuration among them that loops.
+
+One reading across ranks (:func:`_shared`, ``ftwatch.policy.sharedfailure``): a failure of the
+rank's own call that many ranks report at once before any progress (NCCL's ``unhandled system
+error`` / ``unhandled cuda error``; a connect to the rendezvous store or coordination service that
+failed on its own host as well) is the set-up they share (user_code, fail_job), not one component.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress
+from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
 #: A progress line holds one of these (``progress._LITERALS``, where a progress match can start)
@@ -101,7 +110,7 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
     if progress_at < f.time:
         return None
     rows = table()
-    found = _row(rows, f) or _own_address(f, evidence)
+    found = _row(rows, f) or _own_address(f, evidence) or _shared(f, evidence) or _shared_interface(f, evidence)
     if found is not None:
         return found
     before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
@@ -146,6 +155,50 @@ def _own_address(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
     return _OWN if target.group(1) in own else None
 
 
+def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """The grade of :func:`ftwatch.policy.sharedfailure.shared_failure` (user_code, fail_job) when
+    ``f`` is a failure that many ranks made themselves at once; None otherwise."""
+    found = shared_failure(f, evidence)
+    if found is None:
+        return None
+    return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, found.source,
+                     found.meaning)
+
+
+#: the host an NCCL debug line comes from: NCCL prefixes it ``<host>:<pid>:<tid> [<dev>] NCCL INFO``
+#: (src/debug.cc ncclDebugLog), whatever a launcher put before it (mpirun's ``[1,0]<stdout>:``)
+_NCCL_HOST = re.compile(r"(?:^|[\s:>])([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO")
+#: the first interface of a ``NET/Socket : Using`` line, the one NCCL's sockets (and its bootstrap) use first
+_FIRST = re.compile(r"Using \[0\][^\s:]+:(\S+?)<\d+>")
+_SHARED = InitGrade(
+    "hang.job", None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB,
+    "NVIDIA/nccl src/transport/net_socket.cc ('NET/Socket : Using' lists the interfaces this host uses, the "
+    "first one first) and src/debug.cc (the '<host>:<pid>:<tid>' prefix); NCCL user guide, Troubleshooting > "
+    "Networking issues > IP network interfaces ('If some interfaces are in the UP state but are not able to "
+    "communicate between nodes, NCCL may try to use them anyway and therefore fail during the init functions or "
+    "even hang'; NCCL_SOCKET_IFNAME; docker* and lo are not chosen by default)",
+    "a job hang before any progress while NCCL on two different hosts uses the same address as its first "
+    "interface (a bridge such as docker0, or lo, that each host holds alike): the ranks reach only themselves "
+    "through it, so the interface choice (NCCL_SOCKET_IFNAME) is the job's configuration")
+
+
+def _shared_interface(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """:data:`_SHARED` when ``f`` is a job hang and the ``NET/Socket : Using`` lines in ``evidence``
+    show two different hosts (NCCL's ``<host>:`` prefix, else the finding's node) with the same first
+    address: no address is held by two hosts of one network unless it is host-local. None otherwise."""
+    if f.kind != "hang":
+        return None
+    hosts: dict[str, set[str]] = {}
+    for g in evidence:
+        if g.rule_id != "nccl.socket_interfaces_in_use" or (first := _FIRST.search(g.line)) is None:
+            continue
+        named = _NCCL_HOST.search(g.line)
+        host = named.group(1) if named else g.origin.node
+        if host and host != "unknown":
+            hosts.setdefault(first.group(1), set()).add(host)
+    return _SHARED if any(len(h) > 1 for h in hosts.values()) else None
+
+
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:
     for grade in rows.get(f.rule_id, ()):
         if grade.message is None or grade.message.search(f.line):
@@ -171,6 +224,12 @@ class FirstProgress:
         self.at = NONE_YET
         self._times: list[float] = []           # the earliest ``needed`` progress times read, sorted
         self._seen: dict[object, int] = BoundedDict(max_streams)   # stream key -> its progress lines so far
+
+    @property
+    def progressed(self) -> frozenset[str]:
+        """The instances that printed a progress line this attempt (each stream's own; read for
+        ``ftwatch.policy.rankonly``: which instances log their training)."""
+        return frozenset(getattr(k, "instance", str(k)) for k, n in self._seen.items() if n > 0)
 
     def reset(self, known: bool = True) -> None:
         """A new attempt: no progress yet (``known``), or not known (its start was not seen)."""

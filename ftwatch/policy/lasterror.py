@@ -27,6 +27,15 @@ The same holds for any traceback whose exception no rule or catalog row grades (
 error text) continues past the record's end, and the real error the next lines carry is the
 message the catch-all could not read. :func:`message_named_by_next` makes the catch-all yield to
 it on the same terms (the instance's next finding, a real error, within ``LAST_ERROR_WINDOW``).
+So does a traceback graded only by the fallback of a generic class whose message decides
+(``python_exceptions.tsv`` ``decides: message``: ``RuntimeError``, ``Exception``; the finding
+``python.exception.<class>`` means no rule and no errno read its message): torch_npu raises a
+failed ACL/CANN call as ``RuntimeError: ACL stream synchronize failed.`` and writes the error CANN
+recorded (``EL0004: ... Failed to allocate memory.``, ``EI0006``, ``EJ0001``) as the following
+lines of the same message (Ascend/pytorch ``torch_npu/csrc/core/npu/NPUException.h``: the
+``ASCEND_LOGE``/``c10_npu_get_error_message()`` text appended to the exception's ``what()``;
+MindSpore's ``- Ascend Error Message:`` block, ``mindspore/ccsrc/.../ascend_kernel_runtime.cc``),
+and the catalog row says the message decides, the class's own grade only when nothing reads it.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Finding
+from ftwatch.rules.exceptions import ExceptionCatalog
 
 #: NCCL result codes as PyTorch raises them (nccl.yaml, nccl_vocab.tsv: the ncclResult_t enum).
 NCCL_RESULT_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.unhandled_system_error", "nccl.internal_error",
@@ -73,15 +83,27 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
 
 
 def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
-    """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``) is spelled out by the rest
+    """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``), or one graded only by its
+    generic class's fallback (:func:`generic_fallback`), is spelled out by the rest
     of its exception's message: the first finding of its instance after it is one of ``errors``,
     printed less than ``LAST_ERROR_WINDOW`` seconds after it. Arguments and result as
     :func:`named_by_last_error`'s (``f`` a candidate, ``order`` the incident's findings by
     (time, seq), ``errors`` the real errors; True when ``f`` yields).
     """
-    if f.kind != "keyword" or f.rule_id != CATCH_ALL_RULE:
+    if f.kind != "keyword" or not (f.rule_id == CATCH_ALL_RULE or generic_fallback(f)):
         return False
     return _next_is_error(f, order, errors, skip=lambda g: False)
+
+
+def generic_fallback(f: Finding) -> bool:
+    """Says whether ``f`` is a traceback graded only by its generic class's fallback: the
+    finding ``python.exception.<class>`` of a class whose catalog row says ``decides: message``
+    (no message rule nor errno read its message; an errno's finding names the errno instead)."""
+    name = f.fields.get("exception") if f.fields else None
+    if not name or f.rule_id != f"python.exception.{name}":
+        return False
+    grade = ExceptionCatalog.load().lookup(str(name))
+    return grade is not None and not grade.decides_by_class
 
 
 def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding],

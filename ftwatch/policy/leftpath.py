@@ -71,7 +71,7 @@ on, the same warning is only a slow rank, horovod/horovod#403).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.busy import died_on_its_own, waits
@@ -176,21 +176,11 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     Returns:
         A Finding on the stop line's origin, at the hang's (time, seq), or None.
     """
-    if not real or any(f.kind != "hang" for f in real):
+    found = line_before_hang(order, real, HANG_LEFT_RULES | {EPOCH_END})
+    if found is None:
         return None
-    hang = real[0]
-    silent = hang.fields.get("silent_for")
-    if not isinstance(silent, (int, float)):
-        return None
-    last_output = hang.time - silent
-    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
-    stop = max((f for f in before if f.rule_id in HANG_LEFT_RULES or f.rule_id == EPOCH_END),
-               key=lambda f: (f.time, f.seq), default=None)
-    if stop is None or stop.time < last_output - SLACK_SECONDS:
-        return None
+    hang, stop, before = found
     if stop.rule_id == EPOCH_END and not _ended_alone(stop, hang, before):
-        return None
-    if any(is_error(f) for f in before if (f.time, f.seq) > (stop.time, stop.seq)):
         return None
     what = stop.rule_id.rpartition(".")[2].replace("_", " ")
     line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "
@@ -199,6 +189,38 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                    stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
                    {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)
+
+
+def line_before_hang(order: Sequence[Finding], real: Sequence[Finding], rules: AbstractSet[str],
+                     slack: float = SLACK_SECONDS) -> tuple[Finding, Finding, list[Finding]] | None:
+    """The line a job hang began right after: shared by the readings of a job hang by its last words
+    (:func:`left_before_hang`, ``namedwait``, ``rankonly``).
+
+    Args:
+        order: the incident's findings by (time, seq).
+        real: its real errors: only job hangs (kind ``hang``) qualify.
+        rules: the rules whose line is looked for.
+        slack: how long before the job's last output (the hang's time less its ``silent_for``)
+            the line may be, in seconds.
+
+    Returns:
+        (the first hang, the latest finding of ``rules`` up to it, every non-hang finding up to
+        it) when every real error is a job hang that states its silence, such a line is no older
+        than ``slack`` before the last output, and no error follows it; else None.
+    """
+    if not real or any(f.kind != "hang" for f in real):
+        return None
+    hang = real[0]
+    silent = hang.fields.get("silent_for")
+    if not isinstance(silent, (int, float)):
+        return None
+    before = [f for f in order if f.kind not in ("hang", "exit_hang") and (f.time, f.seq) <= (hang.time, hang.seq)]
+    line = max((f for f in before if f.rule_id in rules), key=lambda f: (f.time, f.seq), default=None)
+    if line is None or line.time < hang.time - silent - slack:
+        return None
+    if any(is_error(f) for f in before if (f.time, f.seq) > (line.time, line.seq)):
+        return None
+    return hang, line, before
 
 
 #: An epoch's end, a left-path line a job hang is read by only when one rank alone ended it (:func:`_ended_alone`).

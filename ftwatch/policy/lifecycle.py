@@ -6,8 +6,9 @@ module only knows its id prefixes:
   (torchelastic ``worker group successfully finished``, HF Trainer ``Training completed``,
   Lightning ``Trainer.fit stopped: max_... reached``, Megatron ``[after training is done]``, and
   the pack's other trainers: OpenNMT-tf / Keras early stopping, fairseq, TF Estimator, nnU-Net,
-  YOLO). An
-  error printed after it is a notice, not a restart (``ftwatch.policy.rootcause``).
+  YOLO; the HF Trainer's end-of-training metrics, printed at any verbosity). An error printed
+  after it is a notice, not a restart (``ftwatch.policy.rootcause``), graded by its class
+  (:func:`after_finish`).
 * ``lifecycle.exited_ok.<who>`` (and torchelastic's finished line, which says every local worker
   exited 0): a launcher saw a worker exit 0. The launcher is the worker's parent and reads its
   exit status itself (torchelastic's ``PContext``, DeepSpeed's ``launch.py``), and Python exits 1
@@ -16,6 +17,9 @@ module only knows its id prefixes:
   command that may run a pipe or a wrapper (:func:`reports_own_status` false under ``ftwatch
   run``) can hide a failure's status behind an exit 0 (seed 001: ``| tee`` without ``set -o
   pipefail``).
+* ``lifecycle.elastic_reset.<who>``: an elastic launcher re-formed the job's world (Elastic
+  Horovod's ``reset workers: N``); after an incident's errors it recovered from them by itself
+  (:func:`elastic_recovery`).
 * ``launcher.<name>``: the job runs under that launcher (its private exit codes apply,
   ``ftwatch.rules.exitcodes``). Under ``ftwatch run`` the command says it too
   (:func:`launcher_of_command`).
@@ -64,6 +68,68 @@ def is_exited_ok(f: Finding) -> bool:
 def finish(findings: Iterable[Finding]) -> Finding | None:
     """The earliest (time, seq) "training finished" finding, or None."""
     return min((f for f in findings if is_finished(f)), key=lambda f: (f.time, f.seq), default=None)
+
+
+def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
+    """What an error printed after training finished asks for (issue 12 item 3: a notice, not a
+    restart), graded by its class: ``(action, why)``, or ``(None, why)`` when the ordinary decision
+    stands.
+
+    * A transient infrastructure fault the program's own tail raised and died of (an uncaught
+      exception of a Python traceback, as saving or uploading its results raises it; not a line
+      of the ranks' collective library while the finished job tears its process group down, not
+      an exit, not a cascade symptom of a peer's exit): the results may not have reached their
+      store and a rerun from the last checkpoint redoes that tail; the ordinary decision (D2:
+      restart) stands. ClearML's maintainers asked for the upload after training to be retried
+      (allegroai/clearml, an S3 connection reset after the final save).
+    * A hardware fault of the node: the run's work is done, the node's fault is a person's to look
+      at before the next job lands there: notify.
+    * Anything else (the program's own error in its tail, a nonzero exit after the last step,
+      fallout of a peer's exit, an out-of-memory error while tearing down): the training result is
+      written and a restart would train again what was finished: none. The frameworks that met
+      this turned such a job into a success (NVIDIA-NeMo/Megatron-Bridge and NVIDIA/NeMo's job
+      templates read the log and pass a job whose training completed though it exited nonzero).
+
+    Args:
+        notice: the earliest error after the finish (``Analysis.notices[0]``).
+        cascade: its rule is a cascade symptom (``ftwatch.policy.rootcause.CASCADE_RULES``).
+
+    Returns:
+        ``(Action.NOTIFY | Action.NONE | None, clause)``.
+    """
+    if notice.failure_class is FailureClass.RETRYABLE_INFRA and uncaught_traceback(notice) and not cascade:
+        return None, "a transient fault in the run's tail (its results may not be stored): a rerun redoes it"
+    if notice.failure_class is FailureClass.HARDWARE_NODE:
+        return Action.NOTIFY, "the work is done and the node's fault is a person's to look at → notify"
+    return Action.NONE, "the training result is written and a restart would train it again → none"
+
+
+#: an elastic launcher's line that it re-formed the job's world (``rules/packs/lifecycle.yaml``)
+ELASTIC_RESET = "lifecycle.elastic_reset."
+
+
+def elastic_recovery(findings: Iterable[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """The elastic launcher's reset of its workers after every one of ``errors``, or None.
+
+    Elastic Horovod handles a failed worker itself: its driver blacklists the failing host, resets
+    the remaining workers (``reset workers: N``) and the training function resumes from the last
+    committed state (horovod docs/elastic.rst); when it cannot (every host failed or blacklisted,
+    the reset limit spent) it stops with an error instead of resetting. A reset after the
+    incident's errors is therefore the launcher's own recovery from them: nothing to restart from
+    outside (the reset the driver logs at the start comes before any error and counts for none).
+
+    Args:
+        findings: the attempt's findings.
+        errors: the incident's errors (real ones and fallout), any order.
+
+    Returns:
+        The earliest reset finding later (time, seq) than every error, or None.
+    """
+    if not errors:
+        return None
+    last = max((f.time, f.seq) for f in errors)
+    resets = [f for f in findings if f.rule_id.startswith(ELASTIC_RESET) and (f.time, f.seq) > last]
+    return min(resets, key=lambda f: (f.time, f.seq), default=None)
 
 
 def launchers(findings: Iterable[Finding]) -> set[str]:

@@ -18,7 +18,8 @@ nothing (NCCL's NIC failover kept its traffic on another port). So :func:`recove
 port errors of a port that later reported ``port active``, while that port went down fewer than
 ``FLAP_LIMIT`` times, to a notice (warning, retryable_infra, action none: MindCluster's
 NotHandleFault): no root cause of its own; the job's own errors decide, and a job that has none runs on
-(``ftwatch.policy.policy`` reads the incident's trigger the same way: notify, the workers run on).
+(``ftwatch.policy.policy`` reads the incident's trigger by its own grade: none, the workers run on, as a
+C4D record below the log level).
 
 Counterexamples: a port error with no ``port active`` after it (the link stayed down, or the log ends);
 ``port active`` of another port or another process; a port that went down ``FLAP_LIMIT`` times or more

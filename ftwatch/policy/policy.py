@@ -19,7 +19,10 @@ The semantics are those of PAI-DLC AIMaster (seeds/000, 全量参数说明):
 
 Root cause (R7): ``ftwatch.policy.rootcause.analyse`` (the earliest real error; explained exits and
 cascades are fallout). In Sync that is across every instance; in Async instances are independent,
-so only the failed instance's findings are considered.
+so only the failed instance's findings are considered. Two readings need facts of the attempt that
+the findings do not carry (``Incident``): an error before any progress (R6,
+``ftwatch.policy.initphase.at_init``) and a job hang that began in work one rank ran alone while
+its peers log their own training (``ftwatch.policy.rankonly``, ``Incident.progressed``).
 """
 
 from __future__ import annotations
@@ -32,17 +35,19 @@ from typing import Callable, Sequence
 
 from ftwatch.config.model import Config, PolicyConfig
 from ftwatch.config.recovery import ModelArtsConfig, RecoveryConfig, c4d_settings
-from ftwatch.events import Action, Decision, FailureClass, Finding, Target
+from ftwatch.events import Action, Decision, FailureClass, Finding, Severity, Target
 from ftwatch.policy.blame import BlameStore, blameable
 from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.policy.initphase import UNKNOWN, at_init
+from ftwatch.policy.lifecycle import after_finish, elastic_recovery
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
-from ftwatch.policy.rootcause import Analysis, analyse
+from ftwatch.policy.rankonly import rank_only_before_hang
+from ftwatch.policy.rootcause import CASCADE_RULES, Analysis, analyse
 
 #: AIMaster's PS / Chief roles (seed 000, "异步训练任务"): an instance named ``ps-0``, ``chief``,
 #: ``job-ps-1`` ... (the role as the name or a dash/underscore/dot-separated part of it).
@@ -66,6 +71,8 @@ class Incident:
         progress_at: epoch seconds by which the job had shown progress this attempt
             (``ftwatch.policy.initphase.FirstProgress``): ``inf`` none, ``-inf`` not known (the
             default: nothing is graded as an initialisation failure).
+        progressed: the instances that printed a progress line this attempt
+            (``FirstProgress.progressed``; empty when not known).
     """
 
     trigger: Finding
@@ -75,6 +82,7 @@ class Incident:
     attempt: int
     facts: RunFacts | None = None
     progress_at: float = UNKNOWN
+    progressed: frozenset[str] = frozenset()
 
 
 def is_ps_or_chief(instance: str) -> bool:
@@ -173,6 +181,9 @@ class Policy:
             scope, found = self.escalator.apply(scope, now)
             notes += found
         an = analyse(scope, incident.world_size if sync else None)
+        alone = rank_only_before_hang(scope, an.real, incident.progressed) if an.real else None
+        if alone is not None:               # R7: the silence began in work the program ran on one rank
+            an = Analysis(alone, False, (alone,), an.notices, an.finished)
         rc = an.root_cause or trig
         init = at_init(rc, incident.progress_at, scope) if an.real and an.root_cause is not None else None
         if init is not None:                # R6: before any progress this message is configuration
@@ -202,9 +213,21 @@ class Policy:
                             attempt=incident.attempt)
 
         if an.after_finish and an.finished is not None:
-            return done(Action.NOTIFY, f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished "
-                                       f"before {rc.rule_id} on {_who(rc)}; an error after the end of "
-                                       "training is a notice → notify")
+            tail, why = after_finish(rc, rc.rule_id in CASCADE_RULES)
+            clause = (f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished before "
+                      f"{rc.rule_id} on {_who(rc)} ({rc.failure_class.value}); an error after the end of training is "
+                      f"a notice: {why}")
+            if tail is Action.NONE:      # the job had no failure: the notice stays in the clause and findings
+                return dataclasses.replace(done(tail, clause), root_cause=None)
+            if tail is not None:
+                return done(tail, clause)
+            notes.append(clause)
+        reset = elastic_recovery(findings, [f for f in findings if f.severity >= Severity.ERROR])
+        if reset is not None:        # the launcher recovered by itself (ftwatch.policy.lifecycle.elastic_recovery)
+            return dataclasses.replace(done(Action.NONE, (
+                f"{reset.rule_id} on {_who(reset)}: the elastic launcher re-formed its world after {rc.rule_id} "
+                f"on {_who(rc)} (failed hosts blacklisted, training resumes from its last commit) → none")),
+                root_cause=None)
         if is_c4d(trig) and trig.action < Action.RESTART_INSTANCE and not an.real:
             if trig.action is Action.NONE:
                 return done(Action.NONE, f"R8 C4D {trig.fields.get('c4d_level')} record is below "
@@ -214,8 +237,10 @@ class Policy:
                 and not an.fallout_only):     # a notice beside the workers' fallout: they failed, D2 decides
             # a log finding that opened the incident while the workers run (PreSeparateNPU ...)
             level = trig.fields.get("level") or trig.failure_class.value
-            return done(Action.NOTIFY, f"{trig.rule_id} on {_who(trig)} ({level}) recommends "
-                                       f"{trig.action.label}: the workers run on → notify")
+            clause = f"{trig.rule_id} on {_who(trig)} ({level}) recommends {trig.action.label}: the workers run on"
+            if trig.action is Action.NONE:   # graded as nothing to do (a recovered link flap), as a C4D record above
+                return dataclasses.replace(done(Action.NONE, clause + " → none"), root_cause=None)
+            return done(Action.NOTIFY, clause + " → notify")
         if self.modelarts is not None:
             return self._modelarts(incident, trig, an, rc, now, done)
         if not sync and trig.kind in _HANG_KINDS:

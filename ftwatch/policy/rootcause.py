@@ -40,7 +40,7 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    node and GPU becomes the root cause: a restart on that GPU fails until it is reset.
 6. An error printed after the job said training finished (``ftwatch.policy.lifecycle.finish``)
    is a notice (``Analysis.notices``), not a failure: it is no root cause while a real error
-   came before the finish. When what follows the finish is only waiting (a job hang, collective
+   came before the finish; the policy grades it by its class (``ftwatch.policy.lifecycle.after_finish``). When what follows the finish is only waiting (a job hang, collective
    timeouts and their fallout), the ranks' ends after the loop differ: ``collective.wait_after_finish``
    (user_code; ``ftwatch.policy.leftpath.waited_after_finish``).
 7. A torch_npu return-code line (``HCCL function error: ..., error code is 7``; ``ftwatch.policy.cannrecord``)
@@ -57,8 +57,14 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
    early, it works on the main process alone; ``collective.left_path``, user_code:
    ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
-   of data, or ended its epoch alone (``leftpath.left_before_hang``); and a rank that wrote lines of
-   its own work (a file write, an evaluation) well inside their wait (``busy.working_rank``).
+   of data, or ended its epoch alone (``leftpath.left_before_hang``), or right after its framework
+   named a wait only the program or its launch can end (``hang.named_wait``,
+   ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"); and a rank that wrote lines of
+   its own work (a file write, an evaluation) well inside their wait (``busy.working_rank``). When
+   the waits' own bound (the watchdog's ``Timeout(ms)``) is below the tightest collective timeout a
+   framework ships, the program's setting is the cause (``collective.timeout_below_default``,
+   user_code; ``ftwatch.policy.timeoutbound``): after the readings that name a rank, before the
+   silent-rank reading.
 9. A report of a SIGKILL death (``SIGKILL_REPORTS``: a shell's ``Killed``, Python's ``died with
    <Signals.SIGKILL: 9>``, a launcher's ``return code = -9``; or an exit by signal 9 / code 137)
    is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
@@ -90,8 +96,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ncclInternalError: ...`` detail line) yields to the real error printed right after it on its
    instance: NCCL's ``Last error:`` text, the cause NCCL named for the generic code
    (``ftwatch.policy.lasterror``: torch's NCCLUtils ``getNcclErrorDetailStr``, NCCL's
-   ``ncclGetLastError``). So does a traceback no rule grades (the catch-all) to the real error
-   its exception's message carries on the lines after the record (same module).
+   ``ncclGetLastError``). So does a traceback no rule grades (the catch-all), or one graded only
+   by the fallback of a generic class whose message decides (torch_npu's ``RuntimeError: ACL
+   stream synchronize failed.`` before the ``EL0004`` it carries), to the real error its
+   exception's message carries on the lines after the record (same module).
 14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
    ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
    as the earliest real error, the incident's only SIGKILL report, with no other real error but
@@ -141,9 +149,11 @@ from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.namedwait import named_wait_before_hang
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
+from ftwatch.policy.timeoutbound import tight_bound
 from ftwatch.policy.verbs import flushed_alone
 
 #: Rules whose error is real on the rank that reports it but fallout beside another rank's failure
@@ -356,7 +366,9 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     real = tuple(f for f in candidates if id(f) not in cascades)
     busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
             or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
-            or left_before_hang(order, real))   # for a rank busy with its own work or one that left their path
+            or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
+            or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait
+            or (tight_bound(order, real) if real else None))    # or a job hang under a timeout set too tight
     if busy is not None:
         return Analysis(busy, False, (busy,), tuple(notices), done)
     if real:                            # 4: a peer's later prints are fallout of the first failure
@@ -378,7 +390,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     stall = interconnect_stall(fallout, order) if fallout and timeouts_only(fallout) else None
     if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
         return Analysis(stall, False, (stall,), tuple(notices), done)
-    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout)
+    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout) or tight_bound(order, fallout)
                or silent_rank(order, world) or lone_ray_kill(fallout)) if fallout else None   # 14: Ray's lone kill
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)

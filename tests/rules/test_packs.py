@@ -108,7 +108,8 @@ def test_pack_sizes():
                              "kill_vocab.yaml",  # SIGKILL reports and memory enforcers (issue 12)
                              "cudalib_vocab.yaml",  # cuBLAS / cuDNN status codes (issue 12)
                              "stacks_vocab.yaml",  # XLA/JAX status codes, Ray, vLLM (issue 12)
-                             "rocm_vocab.yaml"}  # HIP errors, the HSA runtime's faults and statuses (issue 12)
+                             "rocm_vocab.yaml",  # HIP errors, the HSA runtime's faults and statuses (issue 12)
+                             "waits.yaml"}  # a framework naming the program's wait (issue 12, policy/namedwait.py)
     assert len(BUILTIN) >= 330
 
 

@@ -69,3 +69,29 @@ def test_a_graded_exception_keeps_its_own_reading():
     assert fs[0].rule_id != "python.uncaught_exception"
     assert not message_named_by_next(fs[0], fs, fs)
     assert analyse(fs).root_cause is fs[0]
+
+
+# torch_npu raises a failed ACL call as a RuntimeError and writes the error CANN recorded as the
+# rest of the same message (``RuntimeError`` decides by its message, python_exceptions.tsv).
+NPU_TRACEBACK = ["Traceback (most recent call last):",
+                 '  File "deepspeed/runtime/zero/stage3.py", line 1296, in __partition_grads',
+                 "    cuda_grad_buffer = grad_buffer.to(grad_partition.device, non_blocking=True)",
+                 "RuntimeError: ACL stream synchronize failed.",
+                 "EL0004: Failed to allocate memory.",
+                 "        Possible Cause: Available memory is insufficient."]
+
+
+def test_a_generic_class_fallback_yields_to_the_cann_error_its_message_carries():
+    fs = feed([(0.0, NPU_TRACEBACK)])
+    assert [f.rule_id for f in fs][:2] == ["python.exception.RuntimeError", "cann.el0004_driver_memory_alloc_failed"]
+    assert message_named_by_next(fs[0], fs, fs)
+    rc = analyse(fs).root_cause
+    assert (rc.rule_id, rc.failure_class, rc.action) == ("cann.el0004_driver_memory_alloc_failed", FailureClass.OOM,
+                                                         Action.FAIL_JOB)
+
+
+def test_a_class_that_decides_by_itself_keeps_its_grade_before_a_cann_line():
+    fs = feed([(0.0, NPU_TRACEBACK[:3] + ["ValueError: ACL stream synchronize failed."] + NPU_TRACEBACK[4:])])
+    assert fs[0].failure_class is FailureClass.USER_CODE and "RuntimeError" not in fs[0].rule_id
+    assert not message_named_by_next(fs[0], fs, fs)
+    assert analyse(fs).root_cause is fs[0]

@@ -1,0 +1,56 @@
+"""A job hang whose framework named the program's cause just before it (SPEC R5 / R7, issue 12 item 3).
+
+A job hang (``hang.job``: no output from any instance for the hang interval) says only that the
+job stopped writing; a node that wedged and a program that waits for something it never gets
+look alike in it. Sometimes the framework has already said which: it warns while it waits and
+names, as its own diagnosis, a cause that only the program or its launch can remove. The lines
+that do (``rules/packs/waits.yaml``, tag ``names_wait``, each with the code that prints it):
+JAX's TPU backend that has not initialised after its timer, "Did you run your code on all TPU
+hosts?" (a multi-host slice's runtime waits for every host of the slice; JAX's multi-process
+docs: the same program must run on all hosts).
+
+:func:`named_wait_before_hang` reads it: every real error of the incident is a job hang, and the
+latest finding before it is such a line, printed no earlier than :data:`SLACK_SECONDS` before
+the job's last output (the silence began with that wait), with no error between. The root cause
+is then ``hang.named_wait`` (user_code, fail_job) on the line's origin, at the hang's (time,
+seq): a restart launched the same way waits in the same place. A line of this pack long before
+the silence (the backend initialised after all, and training went on) says nothing of the hang.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ftwatch.events import Action, FailureClass, Finding, Severity
+from ftwatch.policy.leftpath import line_before_hang
+
+#: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
+#: tests/policy/test_namedwait.py keeps the two in step).
+NAMED_WAIT_RULES = frozenset({"wait.jax_tpu_backend_not_on_all_hosts"})
+#: How long before the job's last output the line may be (seconds): the wait it names began then.
+SLACK_SECONDS = 300.0
+
+
+def named_wait_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
+    """``hang.named_wait`` for a job hang right after a line naming the program's wait (the module
+    docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        real: its real errors: only job hangs (kind ``hang``) qualify.
+
+    Returns:
+        A Finding on the line's origin, at the first hang's (time, seq), carrying the line's rule
+        and source; None when an error is no job hang, the hang states no silence, or no such
+        line comes right before it.
+    """
+    found = line_before_hang(order, real, NAMED_WAIT_RULES, SLACK_SECONDS)
+    if found is None:
+        return None
+    hang, named, _ = found
+    line = (f"the job went silent ({hang.rule_id}) right after its framework named why it waits "
+            f"({named.rule_id}: {named.line.strip()[:200]}): a cause only the program or its launch removes, "
+            "which a restart launched the same way meets again")
+    return Finding("hang.named_wait", "hang", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   named.origin, line, hang.time, hang.seq, (named.line, hang.line),
+                   {"wait": named.rule_id, "hang": hang.rule_id}, named.source)

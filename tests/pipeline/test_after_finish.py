@@ -1,0 +1,78 @@
+"""An error printed after training finished (issue 12 item 3), graded by its class
+(``ftwatch.policy.lifecycle.after_finish``): a transient fault of the run's tail keeps the ordinary
+decision (a rerun redoes the upload), a node's hardware fault notifies, anything else (the
+program's own error in its tail, a nonzero exit after the last step) needs no action and files no
+failure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.policy.lifecycle import after_finish
+
+JOB = "after-finish-test"
+HF_END = ("{'train_runtime': 2651.4031, 'train_samples_per_second': 5.794, 'train_steps_per_second': 0.091, "
+          "'train_loss': 1.2567, 'epoch': 3.0}")
+STEPS = [f"{{'loss': {1.4 - i / 10:.3f}, 'grad_norm': 0.36, 'learning_rate': 1.5e-04, 'epoch': {i}.0}}"
+         for i in range(3)]
+
+
+def tb(final: str) -> list[str]:
+    return ["Traceback (most recent call last):",
+            '  File "/workspace/train.py", line 271, in train',
+            "    publish(cfg.base_model)",
+            final]
+
+
+def write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def test_the_programs_own_error_after_the_trainers_end_metrics_needs_no_action(run, tmp_path):
+    log = write(tmp_path / "rank0.log", STEPS + [HF_END] + tb(
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
+        "'namespace/repo_name': '/data/models/base'. Use `repo_type` argument if needed."))
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.NONE and d.root_cause is None, d
+    assert "lifecycle.finished.hf_trainer_metrics" in d.policy_clause
+
+
+def test_a_nonzero_exit_after_megatrons_last_step_needs_no_action(run, tmp_path):
+    log = write(tmp_path / "slurm.out", [
+        "0: [2025-10-21 03:38:45] iteration     1000/    1000 | consumed samples:       512000",
+        "0: [2025-10-21 03:39:41] [after training is done] datetime: 2025-10-21 03:39:41 ",
+        "srun: error: h100-c07: task 3: Exited with exit code 1"])
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.NONE and d.root_cause is None, d
+
+
+def test_a_transient_fault_uploading_the_results_after_the_end_still_restarts(run, tmp_path):
+    log = write(tmp_path / "rank0.log", STEPS + [HF_END] + tb(
+        "ConnectionResetError: [Errno 104] Connection reset by peer"))
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.RESTART_JOB, d
+    assert d.root_cause is not None and d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA
+
+
+def finding(cls: FailureClass, kind: str = "keyword", raised: bool = True) -> Finding:
+    o = Origin("worker-0", 0, JOB, "node-0", "stderr", "process")
+    evidence = ("Traceback (most recent call last):", "ConnectionResetError: [Errno 104]") if raised else ()
+    return Finding("x.y", kind, cls, Action.RESTART_JOB, Severity.ERROR, o, "line", 0.0, evidence=evidence)
+
+
+@pytest.mark.parametrize("notice, cascade, action", [
+    (finding(FailureClass.RETRYABLE_INFRA), False, None),                  # the ordinary decision stands
+    (finding(FailureClass.RETRYABLE_INFRA), True, Action.NONE),            # a peer's exit, seen by NCCL
+    (finding(FailureClass.RETRYABLE_INFRA, kind="exit_code"), False, Action.NONE),   # an exit names no fault
+    (finding(FailureClass.RETRYABLE_INFRA, raised=False), False, Action.NONE),  # the library's teardown line
+    (finding(FailureClass.HARDWARE_NODE), False, Action.NOTIFY),
+    (finding(FailureClass.USER_CODE), False, Action.NONE),
+    (finding(FailureClass.OOM), False, Action.NONE),
+    (finding(FailureClass.FALLOUT), False, Action.NONE),
+])
+def test_after_finish_grades_the_notice_by_its_class(notice, cascade, action):
+    assert after_finish(notice, cascade)[0] is action

@@ -1,0 +1,63 @@
+"""A job hang right after the framework named the program's wait (ftwatch.policy.namedwait, issue 12
+item 3): JAX's "Did you run your code on all TPU hosts?" before the silence is the launch's
+configuration (user_code); the same line long before the silence, or a hang with no such line,
+keeps the hang reading."""
+
+from __future__ import annotations
+
+from ftwatch.events import Action, FailureClass, Finding, Origin
+from ftwatch.policy.namedwait import NAMED_WAIT_RULES, SLACK_SECONDS, named_wait_before_hang
+from ftwatch.policy.rootcause import analyse
+from ftwatch.rules.engine import Engine
+from ftwatch.rules.loader import load_rules
+from ftwatch.testing import finding
+
+T0 = 1_795_219_200.0
+RULES = load_rules()
+ENGINE = Engine(RULES)
+JAX = ("/home/user/.local/lib/python3.8/site-packages/jax/_src/lib/xla_bridge.py:184: UserWarning: TPU backend "
+       "initialization is taking more than 60.0 seconds. Did you run your code on all TPU hosts? See "
+       "https://jax.readthedocs.io/en/latest/multi_process.html for more information.")
+
+
+def logged(t: float, *lines: str) -> list[Finding]:
+    o = Origin("train", None, "tpu", "host-0", "stderr", "process")
+    return ENGINE.feed(o, "".join(f"{x}\n" for x in lines).encode(), T0 + t, final=True)
+
+
+def hang(last_output: float, interval: float = 1800.0) -> Finding:
+    return finding("hang.job", kind="hang", failure_class=FailureClass.HANG, action=Action.RESTART_JOB,
+                   time=T0 + last_output + interval, seq=10**9, fields={"silent_for": interval})
+
+
+def test_the_pack_and_the_policy_name_the_same_rules():
+    assert {r.id for r in RULES if "names_wait" in r.tags} == NAMED_WAIT_RULES
+
+
+def test_a_job_hang_right_after_jax_asks_for_all_tpu_hosts_is_the_launchs():
+    found = logged(0.0, "I1231 09:02:11.230475 140208722954048 train.py:130] Using partitioner: PjitPartitioner", JAX)
+    assert any(f.rule_id in NAMED_WAIT_RULES for f in found)
+    rc = analyse([*found, hang(60.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.named_wait", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB
+    assert rc.fields["wait"] == "wait.jax_tpu_backend_not_on_all_hosts"
+
+
+def test_the_warning_long_before_the_silence_says_nothing_of_the_hang():
+    found = logged(0.0, JAX)          # the backend came up after all; the job trained for hours
+    late = hang(last_output=4 * 3600.0)
+    assert named_wait_before_hang([*found, late], [late]) is None
+    rc = analyse([*found, late], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+def test_an_error_after_the_warning_keeps_its_own_reading():
+    found = logged(0.0, JAX) + logged(1.0, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    h = hang(60.0)
+    assert named_wait_before_hang(sorted([*found, h], key=lambda f: (f.time, f.seq)), [h]) is None
+
+
+def test_a_hang_without_such_a_line_stays_a_hang():
+    found = logged(0.0, "I1231 09:02:11.230475 140208722954048 train.py:130] Using partitioner: PjitPartitioner")
+    rc = analyse([*found, hang(SLACK_SECONDS)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
