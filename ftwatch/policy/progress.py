@@ -64,6 +64,9 @@ SURVIVE_SECONDS = 300.0   # how long after an error its instance's progress stil
 MARKS = 2                 # progress lines after the error that show a whole step began and ended
 MAX_WAITING = 256         # errors waiting at once (the oldest stop waiting first)
 MAX_SITES = 64            # catch sites of outlived tracebacks kept per instance (:meth:`Survival.repeat`)
+#: :meth:`Survival.outlived` reads only the last of a run of progress lines before an instance's errors that
+#: holds each counter (False: every line, as :func:`marks` yields it; the tests compare both)
+DEFER_BEFORE = True
 
 #: progress counters beside the step patterns (see the module docstring for where each is printed)
 EXTRA_PATTERNS: dict[str, str] = {
@@ -99,6 +102,11 @@ def _vetoed_lower(low: str) -> bool:
             or "killed" in low or "fatal" in low or "out" in low and _TIMEOUT_LOWER.search(low) is not None)
 
 
+def _vetoed(text: str) -> bool:
+    """A line's text speaks of an error (:data:`_VETO`): it is no progress."""
+    return _vetoed_lower(text.lower()) if text.isascii() else _VETO.search(text) is not None
+
+
 _TAIL_ENDS = frozenset(bytes([c]) for c in b"hrnsp)'\":=([/")     # the last bytes :data:`_TAIL` allows
 #: The progress pattern, anchored at a position and matching only from its line (the same match
 #: ``_PROGRESS.search`` finds first from there, when it starts on that line).
@@ -126,7 +134,9 @@ def ignored(previous: Finding | None, f: Finding) -> bool:
 
 
 def marks(data: bytes, time: float, sim_step: float, year: int | None,
-          ranks: Container[int | None] | None = None) -> Iterator[tuple[int | None, float, dict[str, int]]]:
+          ranks: Container[int | None] | None = None,
+          defer: Callable[[int | None, float, bytes, str], bool] | None = None,
+          ) -> Iterator[tuple[int | None, float, dict[str, int]]]:
     """The progress lines of a chunk, in order, as (rank from the line's prefix, time, counters):
     the counters are the line's step, iteration and epoch numbers by the name of the pattern that
     found each (:data:`EXTRA_PATTERNS`, ``step_<name>`` for ``STEP_PATTERNS``), each the first
@@ -154,6 +164,12 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
         year: the year for stamps that carry none.
         ranks: only the lines whose rank (``fields.split_rank_prefix``; None: no prefix) is in it
             (None: every line).
+        defer: asked ``(rank, time, line, text)`` about each wanted line that carries its own
+            timestamp and that no match can run on past, before its counters are read: True
+            takes the line off the progress lines yielded here (the caller reads it, if it needs
+            to, with :func:`_vetoed` and :func:`_counters`: :meth:`Survival.outlived`'s lines
+            before every error of their instance). Such a line changes nothing here for the
+            lines after it (no match of it can reach them).
     """
     clock = Clock(data, time, sim_step, year)
     pos = 0                             # where the last progress match ended (``finditer``'s next start)
@@ -161,8 +177,16 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
         if end < pos:                   # all taken by a match from an earlier line
             continue
         line = data[start:end]
-        counters = None
+        counters = text = own = None
         if want and pos <= start and line.rstrip()[-1:] not in _TAIL_ENDS:
+            if defer is not None:       # its text and own time first (pure), for ``defer``
+                if off >= 0:
+                    text = fields.clean(data[off:end])
+                else:
+                    rank, text = fields.split_rank_prefix(fields.clean(line))
+                own = fields.parse_timestamp(text, year)
+                if own is not None and defer(rank, own, line, text):
+                    continue
             # No match can run on past this line, so a progress match starts on it exactly where
             # one of the counter patterns matches in it: those found, ``_ON_LINE`` need not run.
             counters = _counters(line)
@@ -182,13 +206,14 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
                 pos = more.end(1)
             if not want:
                 continue
-        if off >= 0:                    # the rank and the text's start read by ``_lines`` already
-            text = fields.clean(data[off:end])
-        else:
-            rank, text = fields.split_rank_prefix(fields.clean(line))
-        if _vetoed_lower(text.lower()) if text.isascii() else _VETO.search(text) is not None:
+        if text is None:
+            if off >= 0:                # the rank and the text's start read by ``_lines`` already
+                text = fields.clean(data[off:end])
+            else:
+                rank, text = fields.split_rank_prefix(fields.clean(line))
+            own = fields.parse_timestamp(text, year)
+        if _vetoed(text):
             continue
-        own = fields.parse_timestamp(text, year)
         if own is None and sim_step:
             own = clock.at(start)
         yield rank, time if own is None else own, _counters(line) if counters is None else counters
@@ -337,23 +362,81 @@ class Survival:
     def outlived(self, origin: Origin, data: bytes, time: float, sim_step: float,
                  year: int | None) -> list[tuple[Finding, float]]:
         """Read a chunk of ``origin``'s output (see :func:`marks`) for the waiting errors: those
-        it outlives, each with the time of the progress line that did, now notices."""
+        it outlives, each with the time of the progress line that did, now notices.
+
+        A line at or before every waiting error of its instance (most of them in a replay, where
+        a chunk is read after the errors it holds) only adds its counters to what those errors
+        saw before them (``ftwatch.policy.waiting``: the last such line holding each counter is
+        what an error reads). So such lines, those ``marks`` may leave to the caller
+        (``defer``), are kept per instance as they come, and only the last holding each counter
+        is read and logged, in line order, before the next line that may change the instance's
+        errors and at the end (:meth:`_log_before`): the same log for every error that reads
+        it, without each line's counters and veto (issue 16).
+        """
         ranks = self._ranks(origin)
         if not ranks:
             return []
         out = []
         instances: dict[int | None, str] = {}          # rank -> its instance, made once a chunk
-        for rank, at, counters in marks(data, time, sim_step, year, None if ranks is _ALL_RANKS else ranks):
+        before: dict[str, list[tuple[float, bytes, str]]] = {}   # instance -> its lines taken by ``defer``
+        waiting = self._waiting
+
+        def instance_of(rank: int | None) -> str:
             instance = instances.get(rank)
             if instance is None:
                 instance = instances[rank] = origin.with_rank(rank).instance
+            return instance
+
+        def defer(rank: int | None, at: float, line: bytes, text: str) -> bool:
+            instance = instance_of(rank)
+            if instance not in waiting:
+                return True                             # nothing of it waits: the line changes nothing
+            if not waiting.before_all(instance, at):
+                return False
+            run = before.get(instance)
+            if run is None:
+                run = before[instance] = []
+            run.append((at, line, text))
+            return True
+
+        for rank, at, counters in marks(data, time, sim_step, year, None if ranks is _ALL_RANKS else ranks,
+                                        defer if DEFER_BEFORE else None):
+            instance = instance_of(rank)
+            run = before.pop(instance, None)
+            if run:
+                self._log_before(instance, run)
             for f in self.progress(instance, at, counters):
                 self._note(f)
                 out.append((f, at))
                 out.extend((g, at) for g in self._same_site(f))
             if not self._waiting:
-                break
+                return out
+        for instance, run in before.items():
+            self._log_before(instance, run)
         return out
+
+    def _log_before(self, instance: str, run: list[tuple[float, bytes, str]]) -> None:
+        """Log ``run``, progress lines of ``instance`` (time, raw line, text) at or before every one of
+        its waiting errors, in line order, as :meth:`progress` of each would: of the lines that are
+        progress (not vetoed, with counters), only the last holding each counter changes what an
+        error reads (``waiting._fold``: per counter the last line at or before it), so the lines
+        are read from the last back until every counter whose literal the run holds was found."""
+        if instance not in self._waiting:
+            return
+        joined = b"\n".join([line for _, line, _ in run])
+        left = {kind for kind, gate, _ in _GATED_COUNTERS if gate in joined}   # counters a line may hold
+        kept = []
+        for at, line, text in reversed(run):
+            if not left:
+                break
+            if _vetoed(text):
+                continue
+            counters = _counters(line)
+            if not left.isdisjoint(counters):
+                left.difference_update(counters)
+                kept.append((at, counters))
+        for at, counters in reversed(kept):
+            self.progress(instance, at, counters)
 
     def _ranks(self, origin: Origin) -> Container[int | None]:
         """The ranks (None: no prefix) of ``origin``'s lines whose instance has an error waiting

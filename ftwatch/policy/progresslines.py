@@ -27,6 +27,7 @@ import threading
 from typing import Container
 
 from ftwatch.parsers import fields
+from ftwatch.rules import diskcache
 from ftwatch.rules.matcher import database_key, load_database, store_database
 
 try:  # as in ftwatch.rules.matcher: hyperscan wheels exist for x86_64 only
@@ -107,7 +108,9 @@ _asked: dict[frozenset[int | None], int] = {}      # rank set -> times asked (cl
 
 
 def _use_database(ranks: frozenset[int | None] | None) -> bool:
-    """Whether :func:`lines` scans ``ranks``' hyperscan database (else the ``re`` pass)."""
+    """Whether :func:`lines` scans ``ranks``' hyperscan database (else the ``re`` pass): at once
+    where it is kept on disk already (no compile to wait for: a replay of the same rank set in a
+    new process read its first chunks with the ``re`` pass, 3-4x the scan's cost, issue 16)."""
     if _hs is None:
         return False
     if ranks is None or ranks == {None}:
@@ -117,6 +120,8 @@ def _use_database(ranks: frozenset[int | None] | None) -> bool:
     if len(_asked) > 256:
         _asked.clear()
     asked = _asked[ranks] = _asked.get(ranks, 0) + 1
+    if asked == 1 and diskcache.has("hyperscan", _expressions(ranks)[2], "hsdb"):
+        asked = _asked[ranks] = COMPILE_AFTER + 1   # (counted as a set that lasts)
     return asked > COMPILE_AFTER
 
 
@@ -127,6 +132,18 @@ def _database(ranks: frozenset[int | None] | None):
     reads progress does not pay the 20-150 ms compile again): id 0, a line that
     holds a literal; id 1, a line that may hold one, not looked for: a literal in the name of one
     of its first rank prefixes (the waiting rank's, or one before it), or :data:`UNSURE`."""
+    exprs, ids, key = _expressions(ranks)
+    db = load_database(key)
+    if db is None:
+        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
+        db.compile(expressions=exprs, ids=ids, flags=[_hs.HS_FLAG_MULTILINE] * len(exprs))
+        store_database(key, db)
+    return db
+
+
+@functools.lru_cache(maxsize=64)
+def _expressions(ranks: frozenset[int | None] | None) -> tuple[list[bytes], list[int], str]:
+    """:func:`_database`'s expressions, their ids and its cache key."""
     if ranks is None:
         sure, maybe = [LITERALS], []
     else:
@@ -139,13 +156,7 @@ def _database(ranks: frozenset[int | None] | None):
             maybe.append(rb"^" + PREFIX + rb"{0,3}\[[A-Za-z_-]*" + LITERALS)
     exprs = [e + _LINE_END for e in sure + maybe]
     ids = [0] * len(sure) + [1] * len(maybe)
-    key = database_key("ftwatch-progresslines-1", exprs + [bytes(ids), b"%d" % _hs.HS_FLAG_MULTILINE])
-    db = load_database(key)
-    if db is None:
-        db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
-        db.compile(expressions=exprs, ids=ids, flags=[_hs.HS_FLAG_MULTILINE] * len(exprs))
-        store_database(key, db)
-    return db
+    return exprs, ids, database_key("ftwatch-progresslines-1", exprs + [bytes(ids), b"%d" % _hs.HS_FLAG_MULTILINE])
 
 
 _SCRATCH = threading.local()       # per thread: database -> its scratch

@@ -136,6 +136,12 @@ class Waiting:
         self._logs.pop(instance, None)
         return instance
 
+    def before_all(self, instance: str, time: float) -> bool:
+        """Whether a line of ``instance`` at ``time`` is after none of its waiting errors (one it
+        would only log, :meth:`progress`); True where none waits."""
+        order = self._by.get(instance)
+        return not order or not bisect.bisect_left(order, (time,))
+
     def progress(self, instance: str, time: float, counters: dict[str, int], window: float,
                  needed: int) -> tuple[list[Finding], list[str]]:
         """``instance`` printed a progress line at ``time`` with ``counters`` (module docstring).
@@ -147,38 +153,46 @@ class Waiting:
         order = self._by.get(instance)
         if not order:
             return [], []
+        after = bisect.bisect_left(order, (time,))      # order[:after]: the errors this line is after
+        if not after:                                   # none (most lines of a replayed chunk): logged
+            if counters and order[-1][0] >= time:
+                self._log(instance, time, counters, order)
+            return [], []
         out: list[tuple[int, Finding]] = []
         gone: list[str] = []
-        after = bisect.bisect_left(order, (time,))      # order[:after]: the errors this line is after
-        if after:
-            log = self._logs.get(instance)
-            for at, seq, key in order[:after]:
-                entry = self._entries[key]
-                if log is not None:
-                    _fold(entry, log)
-                if time > at + window or went_back(entry[2], counters):
-                    emptied = self.drop(key)
-                    gone += [emptied] if emptied is not None else []
-                    continue
-                entry[1] += 1
-                if entry[1] >= needed:
-                    emptied = self.drop(key)
-                    gone += [emptied] if emptied is not None else []
-                    out.append((seq, entry[0]))
-            order = self._by.get(instance)
+        log = self._logs.get(instance)
+        for at, seq, key in order[:after]:
+            entry = self._entries[key]
+            if log is not None:
+                _fold(entry, log)
+            if time > at + window or went_back(entry[2], counters):
+                emptied = self.drop(key)
+                gone += [emptied] if emptied is not None else []
+                continue
+            entry[1] += 1
+            if entry[1] >= needed:
+                emptied = self.drop(key)
+                gone += [emptied] if emptied is not None else []
+                out.append((seq, entry[0]))
+        order = self._by.get(instance)
         if counters and order and order[-1][0] >= time:   # errors it is at or before: logged
-            log = self._logs.get(instance)
-            if log is None:
-                log = self._logs[instance] = _Log()
-            log.lines.append((time, dict(counters)))
-            log.kinds.update(counters)
-            if len(log.lines) >= LOG_LINES:
-                for _, _, key in order:
-                    _fold(self._entries[key], log)
-                log.base += len(log.lines)
-                log.lines.clear()
+            self._log(instance, time, counters, order)
         out.sort(key=lambda item: item[0])
         return [f for _, f in out], gone
+
+    def _log(self, instance: str, time: float, counters: dict[str, int], order: list) -> None:
+        """Log a line of ``instance`` at ``time`` with ``counters`` for its errors ``order`` it is at
+        or before (read by :func:`_fold`); past ``LOG_LINES`` lines the log is folded into them."""
+        log = self._logs.get(instance)
+        if log is None:
+            log = self._logs[instance] = _Log()
+        log.lines.append((time, dict(counters)))
+        log.kinds.update(counters)
+        if len(log.lines) >= LOG_LINES:
+            for _, _, key in order:
+                _fold(self._entries[key], log)
+            log.base += len(log.lines)
+            log.lines.clear()
 
     def expire(self, now: float, window: float) -> list[str]:
         """Errors whose window ended by ``now`` stop waiting; returns the instances left with none."""

@@ -249,7 +249,8 @@ def test_marks_on_random_prefixes_equal_the_per_line_reading(seed, compile_after
 
 
 @pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
-def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch):
+def test_a_rank_set_gets_its_database_only_once_it_lasts(monkeypatch, tmp_path):
+    monkeypatch.setenv(diskcache.CACHE_ENV, str(tmp_path / "cache"))   # none kept on disk yet
     compiled = []
     real = progresslines._database.__wrapped__
     monkeypatch.setattr(progresslines, "_database", lambda ranks: compiled.append(ranks) or real(ranks))
@@ -282,6 +283,24 @@ def test_a_rank_sets_database_is_compiled_once_per_machine(monkeypatch, tmp_path
             raise AssertionError("compiled again")
     monkeypatch.setattr(progresslines._hs, "Database", NoCompile)
     assert progresslines._ends(data, ranks) == want
+    progresslines._database.cache_clear()
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+def test_a_rank_set_kept_on_disk_is_scanned_with_its_database_at_once(monkeypatch, tmp_path):
+    """A database on disk costs no compile: a new process (its counts and in-memory cache
+    cleared) scans with it from the rank set's first chunk, not with the re pass."""
+    monkeypatch.setenv(diskcache.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(progresslines, "_asked", {})
+    ranks = frozenset({6, None})
+    data = chunk(4)
+    progresslines._database.cache_clear()
+    progresslines._database(ranks)                       # compiled and kept on disk
+    progresslines._database.cache_clear()
+    want = progresslines.lines(data, ranks)
+    monkeypatch.setattr(progresslines, "_asked", {})
+    monkeypatch.setattr(progresslines, "finder", lambda _ranks: pytest.fail("re pass"))
+    assert progresslines.lines(data, ranks) == want
     progresslines._database.cache_clear()
 
 
