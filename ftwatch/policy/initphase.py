@@ -167,8 +167,8 @@ def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
 
 
 #: the host an NCCL debug line comes from: NCCL prefixes it ``<host>:<pid>:<tid> [<dev>] NCCL INFO``
-#: (src/debug.cc ncclDebugLog), whatever a launcher put before it (mpirun's ``[1,0]<stdout>:``)
-_NCCL_HOST = re.compile(r"(?:^|[\s:>])([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO")
+#: (src/debug.cc ncclDebugLog), whatever a launcher put before it (mpirun's ``[1,0]<stdout>:``); group 2 the pid
+_NCCL_HOST = re.compile(r"(?:^|[\s:>])([A-Za-z0-9][\w.-]*):(\d+):\d+ \[\d+\] NCCL INFO")
 #: the first interface of a ``NET/Socket : Using`` line, the one NCCL's sockets (and its bootstrap) use first
 _FIRST = re.compile(r"Using (?:\[0\]|interface )[^\s:]+:(\S+?)<\d+>")
 _SHARED = InitGrade(
@@ -211,18 +211,19 @@ def _shared_interface(f: Finding, evidence: Iterable[Finding]) -> InitGrade | No
     own, which carries no traffic to another host (Docker's bridge driver docs). None otherwise."""
     if f.kind != "hang" and f.rule_id not in NCCL_NETWORK_FAILURES:
         return None
-    firsts: dict[str, str] = {}         # host -> the first address its NCCL lists (the earliest line)
+    firsts: dict[tuple, tuple[str, str]] = {}   # process -> (host, the first address it lists: its earliest line)
     for g in sorted(evidence, key=lambda g: (g.time, g.seq)):
         if g.rule_id != "nccl.socket_interfaces_in_use" or (first := _FIRST.search(g.line)) is None:
             continue
         named = _NCCL_HOST.search(g.line)
         host = named.group(1) if named else g.origin.node
         if host and host != "unknown":
-            firsts.setdefault(host, first.group(1))
+            process = (host, named.group(2)) if named else (host, g.origin.instance)
+            firsts.setdefault(process, (host, first.group(1)))
     hosts: dict[str, set[str]] = {}
-    for host, address in firsts.items():
+    for host, address in firsts.values():
         hosts.setdefault(address, set()).add(host)
-    bridged = {host for host, address in firsts.items() if _in_default_bridge(address)}
+    bridged = {host for host, address in firsts.values() if _in_default_bridge(address)}
     if any(len(h) > 1 for h in hosts.values()) or len(bridged) > 1:
         return replace(_SHARED, rule=f.rule_id)
     return None

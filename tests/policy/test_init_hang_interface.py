@@ -97,3 +97,6 @@ def test_addresses_of_each_hosts_default_docker_bridge_are_host_local():
     second = [*socket_line("srv1", "eth0:10.0.0.1<0>", "docker0:172.17.0.1<0>"),
               *socket_line("srv2", "eth0:10.0.0.2<0>", "docker0:172.17.0.1<0>")]
     assert at_init(nccl_failure(), NONE_YET, second) is None                 # a routable first interface
+    listed_second = [f for h, a in (("trainer-a", "1"), ("trainer-b", "2")) for f in (
+        *old_interface_line(h, f"eth0:10.0.0.{a}<0>"), *old_interface_line(h, "docker0:172.17.0.1<0>"))]
+    assert at_init(nccl_failure(), NONE_YET, listed_second) is None          # 2.4: the first line is the first
