@@ -19,8 +19,10 @@ connect to a network this host has no route to (ENETUNREACH, which NCCL does not
 peer's link-local address (RFC 4291: not forwarded between links) or to an address the connecting
 host lists among its own ``NET/Socket : Using`` interfaces (the peer advertised an interface each
 host has with the same address, a bridge: not between the hosts; :func:`_own_address`), or a job hang
-while NCCL on two different hosts uses the same address first (a bridge or ``lo`` each host holds alike;
-the same guide: such interfaces make NCCL "fail during the init functions or even hang";
+or one of NCCL's network failures while NCCL on two different hosts uses a host-local address first: the
+same address on both (a bridge or ``lo`` each host holds alike), or each an address of Docker's default
+bridge, 172.17.0.0/16, which each host's daemon holds for its own containers alone (Docker docs, bridge
+driver); the same guide: such interfaces make NCCL "fail during the init functions or even hang";
 :func:`_shared_interface`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
