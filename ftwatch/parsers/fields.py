@@ -86,6 +86,14 @@ _CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MONTH
 # no zone. vLLM v1 puts its "(APIServer pid=611) " process prefix before it (a rank prefix here).
 _LEVEL_MD = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?![\d:.-])")
 _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
+# Slurm's cancel line, its stamp mid-line: slurmstepd's "*** JOB 123 ON nid001 CANCELLED AT
+# 2026-03-23T18:40:07 DUE TO TIME LIMIT ***" ("STEP 123.0" for a step; "DUE TO PREEMPTION", "NODE
+# FAILURE, ...", "JOB REQUEUE", or nothing for an scancel; older Slurm without "ON <node>") and srun's
+# "*** STEP %u.%u CANCELLED AT %s DUE TO TIME LIMIT ***" (src/slurmd/slurmstepd/req.c
+# _handle_signal_container, src/srun/.../srun_job.c|launch.c _timeout_handler). The time is
+# slurm_make_time_str's: ISO "%Y-%m-%dT%H:%M:%S" by default, the node's local time, no zone.
+_CANCEL_AT = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+(?: ON \S+)? CANCELLED AT "
+                        r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\b")
 _NEAR = 40  # characters: how far into the line an ISO timestamp may start
 
 # The last time of day (from ``pos`` on); the line holding it is parsed from its start: every
@@ -269,6 +277,13 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
       and that ``2026-11-21-09:36:03.735.123`` form (date and time joined by ``-``,
       milliseconds and microseconds as ``.mmm.uuu``) wherever an ISO date may stand.
 
+    * Slurm's cancel line, whose stamp stands mid-line after the ``slurmstepd: error:`` head:
+      ``*** JOB 123 ON nid001 CANCELLED AT 2026-03-23T18:40:07 DUE TO TIME LIMIT ***`` (and
+      ``*** STEP 123.0 ...``, srun's too). The line is written when the scheduler signals the
+      job, so that is its time (an scancel or time limit after hours of silence comes after
+      that silence, as live). The stamp is the node's local time without a zone, read as every
+      zoneless stamp is (the glog, syslog and Python ``asctime`` stamps beside it are local too).
+
     glog, syslog, vLLM and dmesg stamps must open the line (after spaces and brackets); an ISO or
     plog date may start within the first 40 characters (``INFO 2026-11-21 ...``), or right after
     a plog head however long its process name. Raw ``dmesg`` (``[12345.678901]``, seconds
@@ -320,7 +335,17 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
     if m is not None:
         millis, micros, frac = m.group(7, 8, 9)
         return _epoch(m.groups()[:6] + (millis + micros if millis else frac,), None, m.group(10))
-    return None
+    return cancel_stamp(rest) if "CANCELLED AT" in rest else None
+
+
+def cancel_stamp(text: str) -> float | None:
+    """The epoch seconds of a Slurm ``*** JOB|STEP ... CANCELLED AT <time> ***`` line; None otherwise.
+
+    The time has no zone (the node's local time, as the log's other zoneless stamps): read as
+    :func:`parse_timestamp` reads a zoneless ISO stamp, so the two compare.
+    """
+    m = _CANCEL_AT.search(text)
+    return None if m is None else _epoch(m.groups() + (None,), None, None)
 
 
 def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int, float] | None:

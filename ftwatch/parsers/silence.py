@@ -16,7 +16,16 @@ lines. Two kinds of line tell it more than their own stamp:
   %u.%u CANCELLED AT %s DUE TO TIME LIMIT ***`` (Slurm ``src/slurmd/slurmstepd/req.c``
   ``_handle_signal_container``, ``src/srun`` ``_timeout_handler``; the time is
   ``slurm_make_time_str``'s, ISO ``%Y-%m-%dT%H:%M:%S`` by default). Its stamp stands mid-line,
-  after the ``slurmstepd: error:`` head, where ``fields.parse_timestamp`` does not look.
+  after the ``slurmstepd: error:`` head; ``fields.parse_timestamp`` reads it there
+  (``fields.cancel_stamp``, re-exported here), so the engine's line clock and the hang scan both
+  date the line by it.
+
+* A **request line**: a web server's access log writes one line per request it answered, with the
+  request line quoted and the status after it (the Common Log Format's ``"%r" %>s``, as Apache and
+  nginx write it; uvicorn's access formatter, under vLLM, SGLang and FastAPI servers:
+  ``INFO:     10.0.0.7:40552 - "GET /health HTTP/1.1" 200 OK``). Such a line carries no stamp of
+  its own, and it is no continuation of the stamped line before it: each answer is an event at its
+  own time, so the hang scan reads it as it reads a progress line (:data:`REQUEST_LINE`).
 
 Neither function raises; unknown text gives None.
 """
@@ -25,9 +34,9 @@ from __future__ import annotations
 
 import re
 
-from ftwatch.parsers import fields
+from ftwatch.parsers.fields import cancel_stamp
 
-__all__ = ["reported_silence", "cancel_stamp", "duration_seconds"]
+__all__ = ["REQUEST_LINE", "reported_silence", "cancel_stamp", "duration_seconds"]
 
 _UNITS = {"h": 3600.0, "hour": 3600.0, "hours": 3600.0, "hr": 3600.0, "hrs": 3600.0,
           "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
@@ -42,7 +51,10 @@ _REPORT = re.compile(
     r"\bno (?:log |new )?output\b[^\n]{0,80}?\b(?:for|in the last|since) " + _DURATION
     + r"|\bwith no output \(exceeded " + _DURATION + r"\)",
     re.IGNORECASE)
-_CANCEL = re.compile(r"\*\*\* (?:JOB|STEP) [\w.+]+(?: ON \S+)? CANCELLED AT (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)")
+
+#: A request an access log line records (see the module docstring), on bytes: the quoted request line
+#: (method, target, protocol) and the three-digit status after it.
+REQUEST_LINE = rb'"(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) \S+ HTTP/\d(?:\.\d)?" \d{3}\b'
 
 
 def duration_seconds(text: str) -> float | None:
@@ -71,13 +83,3 @@ def reported_silence(text: str) -> float | None:
         return None
     seconds = duration_seconds(m.group(1) or m.group(2))
     return seconds if seconds else None
-
-
-def cancel_stamp(text: str) -> float | None:
-    """The epoch seconds of a Slurm ``*** JOB|STEP ... CANCELLED AT <time> ***`` line; None otherwise.
-
-    The time has no zone (the cluster's local time, as the log's other stamps): read as
-    ``fields.parse_timestamp`` reads a zoneless ISO stamp, so the two compare.
-    """
-    m = _CANCEL.search(text)
-    return None if m is None else fields.parse_timestamp(m.group(1), None)

@@ -48,6 +48,7 @@ from ftwatch.pipeline.replay_phases import PhaseScan
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host_file
 from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.policy.policy import Policy
+from ftwatch.policy.progress import PROGRESS
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
 
@@ -148,7 +149,8 @@ def _replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str,
     scan = None
     if interval:                                                # phase hook (issue 13 item 4)
         tracker = PhaseTracker(phases, interval) if phases is not None and phases.enabled else None
-        scan = HangScan(interval, job, PhaseScan(tracker, SIM_STEP) if tracker is not None else None)
+        scan = HangScan(interval, job, PhaseScan(tracker, SIM_STEP) if tracker is not None else None,
+                        progress=PROGRESS)
     try:
         for path, found in zip(paths, anchors):
             origin = origin_for(Path(path), job)

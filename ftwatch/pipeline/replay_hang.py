@@ -11,15 +11,25 @@ the lines without a prefix (torchrun's agent, banners) count only when the file 
 prefixed line at all. A parallel shell's host label (pdsh's ``worker-0: ``) or a logger's name before its
 level word (Paddle's ``LAUNCH INFO <date>``) may stand before the stamp; the line is the file's own.
 
-A line without a timestamp has no known time: it lies between the stamped lines around it,
-so its instance counts as writing throughout that span (from the stamp before it to the next
-stamp of its file), and as writing to the end of the input when no stamp follows. A silence
-counts when it is bounded by stamped lines with nothing of that instance between them, or when
-the untimed lines between are too few to fill it: *k* lines cut a span into *k + 1* gaps, so a
-span of *(k + 1)* intervals or more held a silence of the interval wherever they lie (they are
-then read as written with the stamp before them). This is conservative on purpose: a log whose
-stamps are rare (a launcher line at the start, a watchdog at the end, untimed ``print`` output
-between) must not look like a hang. Two lines tell more (``ftwatch.parsers.silence``): a watcher's
+A line without a timestamp was written when it happened: between the stamped lines around it. Which
+part of that span it fills depends on what it is (issue 12, replay's clock as live ``watch`` sees it):
+
+* a line that reports the work going on (a *progress* line, ``ftwatch.policy.progress.PROGRESS``: a
+  step or iteration counter, a tqdm or Lightning bar, an epoch or loss figure; or a server's line
+  for a request it answered, ``ftwatch.parsers.silence.REQUEST_LINE``) was written while
+  the work went on, anywhere up to the next stamp: its instance counts as writing throughout that
+  span (from the stamp before it to the next stamp of its file, or to the end of the input when no
+  stamp follows). *k* such lines cut a span into *k + 1* gaps, so a span of *(k + 1)* intervals or
+  more held a silence of the interval wherever they lie (they are then read as written with the
+  stamp before them). A log whose stamps are rare (a launcher line at the start, a watchdog at the
+  end, untimed step prints between) must not look like a hang;
+* any other untimed line (NCCL's ``NCCL INFO`` init lines, a banner, a traceback, the rest of a
+  multi-line message) was printed with the stamped line before it in its file: an init burst right
+  after ``Initializing TorchBackend`` is output at that time, not hours later, so a silence that
+  follows it is one, as live watch sees it (lines before a file's first stamp are read with the
+  first stamp, as the replay's clock anchors them).
+
+Two lines tell more (``ftwatch.parsers.silence``): a watcher's
 stamped report of a silence (``no output ... for 2h11m``) places the untimed lines before it ahead
 of the silence it states, and Slurm's ``*** JOB|STEP ... CANCELLED AT <time> ***`` line is dated by
 its mid-line stamp (it is no rank's output: it dates the end of the ranks' silence, as a launcher's
@@ -56,7 +66,7 @@ _PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
 # how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
 # letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
 # "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-..."), or Slurm's slurmstepd/srun head (its
-# "*** JOB ... CANCELLED AT <time> ***" line, parsers.silence.cancel_stamp)
+# "*** JOB ... CANCELLED AT <time> ***" line, fields.cancel_stamp)
 # A parallel shell's host label may lead all of it: pdsh labels each line of a host's output with
 # "host: " (pdsh(1): "output ... is prefixed by the hostname"; DeepSpeed's multi-node runner,
 # deepspeed/launcher/multinode_runner.py PDSHRunner: "worker-0: [2022-05-17 03:52:02,512] [INFO] ...").
@@ -69,6 +79,8 @@ _MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDA
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
+_UNREAD_BYTES = 8 << 20     # untimed text kept unsearched at most (``HangScan._untimed``), a combined
+_UNREAD_LINE = 32           # log's line counted as this many bytes (~ what its entry costs in memory)
 
 
 class Tracker(Protocol):
@@ -137,6 +149,10 @@ class _File:
         self.year = year
         self.combined = origin.rank is None
         self.pending: Counter[str] = Counter()   # instance -> its untimed lines since the last stamp
+        self.spread: Counter[str] = Counter()    # instance -> how many of them are progress lines
+        self.unread: list[tuple[str, bytes, int, int]] = []  # untimed lines not yet searched: (instance, chunk, span)
+        self.unread_bytes = 0
+        self.last: float | None = None           # the file's latest stamp
         self.ranked = False         # a combined log with rank prefixes: its unprefixed lines are no instance
         self.stamps = 0
         self.lines = False
@@ -150,10 +166,17 @@ class HangScan:
         job: the job id, for the origins of a combined log's ranks.
         phases: the job's phases (``replay_phases.PhaseScan``), fed the same chunks; their
             intervals judge each silence; None: ``interval`` judges every one.
+        progress: what a progress line holds (``ftwatch.policy.progress.PROGRESS``: a step
+            counter, a tqdm bar, an epoch or loss figure): an untimed line it matches, or a
+            server's request line (``silence.REQUEST_LINE``), was written while the work went
+            on, anywhere up to the next stamp; None: no line is one (each untimed line is read
+            with the stamp before it).
     """
 
-    def __init__(self, interval: float, job: str, phases: "Phases | None" = None) -> None:
+    def __init__(self, interval: float, job: str, phases: "Phases | None" = None,
+                 progress: "re.Pattern[bytes] | None" = None) -> None:
         self.phases = phases
+        self.progress = None if progress is None else re.compile(progress.pattern + b"|" + silence.REQUEST_LINE)
         # activity splits at the shortest interval in use: every silence that may be a hang stays visible
         self.interval = min(float(interval), phases.shortest) if phases is not None else float(interval)
         self.job = job
@@ -192,14 +215,51 @@ class HangScan:
         pos, own = 0, f.origin.instance
         for m in _STAMPED.finditer(chunk):
             start = m.start()
-            if start > pos:
-                f.pending[own] += chunk.count(b"\n", pos, start)    # lines between that carry no stamp
+            if start > pos:                                         # lines between that carry no stamp
+                self._untimed(f, own, chunk, pos, start, chunk.count(b"\n", pos, start))
             pos = self._parse(f, chunk, start, own) + 1
         if pos < len(chunk):
-            f.pending[own] += chunk.count(b"\n", pos) or 1
+            self._untimed(f, own, chunk, pos, len(chunk), chunk.count(b"\n", pos) or 1)
+
+    def _untimed(self, f: _File, key: str, chunk: bytes, lo: int, hi: int, lines: int) -> None:
+        """``lines`` lines of ``key``, ``chunk[lo:hi]`` (``hi`` -1: the line at ``lo``), carry no stamp:
+        counted, and those of them that are progress lines (``progress``) counted apart. They are
+        searched only when the span to the next stamp could hold a silence (:meth:`_stamp`): in a
+        stamped log most cannot, and the search (~0.1 s per MiB) would be most of the scan's cost
+        (up to ``_UNREAD_BYTES`` kept)."""
+        f.pending[key] += lines
+        if self.progress is None:
+            return
+        f.unread.append((key, chunk, lo, hi))
+        f.unread_bytes += hi - lo if hi >= 0 else _UNREAD_LINE
+        if f.unread_bytes > _UNREAD_BYTES:
+            self._spread(f)
+
+    def _spread(self, f: _File) -> None:
+        """Search the kept untimed lines (:meth:`_untimed`) for progress lines."""
+        for key, chunk, lo, hi in f.unread:
+            self._search(f, key, chunk, lo, hi)
+        self._unread(f)
+
+    @staticmethod
+    def _unread(f: _File) -> None:
+        f.unread.clear()
+        f.unread_bytes = 0
+
+    def _search(self, f: _File, key: str, chunk: bytes, lo: int, hi: int) -> None:
+        assert self.progress is not None
+        if hi < 0:
+            hi = self._line_end(chunk, lo)
+        last = -2
+        for m in self.progress.finditer(chunk, lo, hi):
+            line = chunk.rfind(b"\n", lo, m.start())
+            if line != last:
+                f.spread[key] += 1
+                last = line
 
     def _take_combined(self, f: _File, chunk: bytes) -> None:
         own, size = f.origin.instance, len(chunk)
+        pending, unread = f.pending, (f.unread if self.progress is not None else None)
         for m in _ANY_LINE.finditer(chunk):
             start = m.start()
             if start == size:
@@ -207,21 +267,28 @@ class HangScan:
             key = own
             if m.end(1) >= 0 or m.end(2) >= 0:
                 key = self._rank_key(f, m.group(1) if m.end(1) > m.end(2) else m.group(2))
-            if m.start(3) < 0:
-                f.pending[key] += 1         # no stamp can follow
+            if m.start(3) < 0:              # no stamp can follow: ``_untimed`` of the line, inline
+                pending[key] += 1
+                if unread is not None:
+                    unread.append((key, chunk, start, -1))      # -1: to the line's end
+                    f.unread_bytes += _UNREAD_LINE
             else:
                 self._parse(f, chunk, start, key)
+        if f.unread_bytes > _UNREAD_BYTES:
+            self._spread(f)
+
+    @staticmethod
+    def _line_end(chunk: bytes, start: int) -> int:
+        end = chunk.find(b"\n", start)
+        return len(chunk) if end < 0 else end
 
     def _parse(self, f: _File, chunk: bytes, start: int, key: str) -> int:
         """Parse the line at ``start`` as ``key``'s output; returns where the line ends."""
-        end = chunk.find(b"\n", start)
-        end = len(chunk) if end < 0 else end
+        end = self._line_end(chunk, start)
         text = fields.clean(chunk[start:min(end, start + _HEAD)])
-        stamp = fields.parse_timestamp(text, f.year, vllm=True)
+        stamp = fields.parse_timestamp(text, f.year, vllm=True)     # Slurm's cancel line's too
         if stamp is None:
-            stamp = silence.cancel_stamp(text)
-        if stamp is None:
-            f.pending[key] += 1
+            self._untimed(f, key, chunk, start, end, 1)
         else:
             self._stamp(f, key, stamp, silence.reported_silence(text) or 0.0)
         return end
@@ -242,8 +309,11 @@ class HangScan:
         if f.lines and not f.stamps:
             self.untimed.append(f.origin.stream)
         elif f.stamps:
-            for key in f.pending:
-                if key in self._acts:
+            self._spread(f)
+            for key, lines in f.pending.items():
+                if lines > f.spread[key]:                   # printed with the last stamp
+                    self._activity(key, f.last, bridge=False)
+                if f.spread[key] and key in self._acts:     # progress went on: to the end
                     self._acts[key].add(math.inf, self.interval, bridge=True)
         if f.ranked:
             self._acts.pop(f.origin.instance, None)
@@ -307,9 +377,25 @@ class HangScan:
         reports (a watcher's ``no output ... for 2h11m``, ``parsers.silence``), nothing was written."""
         f.stamps += 1
         self.last = t if self.last is None else max(self.last, t)
-        for other, lines in f.pending.items():  # untimed lines since the last stamp: up to now,
-            self._activity(other, t - silent, bridge=True, untimed=lines)   # or to the reported silence
+        # before the file's first stamp, or in a span shorter than the interval (no silence lies in
+        # it), the lines are bridged up to now (or to the reported silence), unread
+        bridged = f.last is None or t - silent - f.last < self.interval
+        if bridged:
+            self._unread(f)
+        else:
+            self._spread(f)
+        for other, lines in f.pending.items():  # untimed lines since the last stamp
+            spread = f.spread[other]
+            if bridged:
+                self._activity(other, t - silent, bridge=True, untimed=lines)
+                continue
+            if lines > spread:
+                self._activity(other, f.last, bridge=False)     # printed with the stamp before them
+            if spread:                                          # written while the work went on
+                self._activity(other, t - silent, bridge=True, untimed=spread)
         f.pending.clear()
+        f.spread.clear()
+        f.last = t if f.last is None else max(f.last, t)
         self._activity(key, t, bridge=False)
 
     def _activity(self, key: str, t: float, bridge: bool, untimed: int = 0) -> None:

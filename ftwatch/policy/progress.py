@@ -74,6 +74,9 @@ EXTRA_PATTERNS: dict[str, str] = {
 _ALL = {**{f"step_{k}": scan_form(p) for k, p in STEP_PATTERNS.items()}, **EXTRA_PATTERNS}
 PATTERNS: tuple[str, ...] = tuple(_ALL.values())
 _PROGRESS = re.compile("|".join(f"(?:{p})" for p in PATTERNS).encode())
+PROGRESS = _PROGRESS
+"""What a progress line holds (any of :data:`PATTERNS`), on bytes: replay's hang scan reads an untimed
+line it matches as written while the work went on (``ftwatch.pipeline.replay_hang``)."""
 _COUNTERS = tuple((k, re.compile(p.encode())) for k, p in _ALL.items()
                   if k not in ("loss", "step_megatron_straggler"))     # a loss or a round-trip time counts nothing
 #: A literal each counter pattern's matches hold: a line without it is not searched with the pattern.

@@ -187,6 +187,15 @@ def test_split_rank_prefix_removes_a_ray_prefix_without_a_rank(prefix, rest):
         ("2026-11-21-09:36:03.735.123 plain", utc(2026, 11, 21, 9, 36, 3, 735123)),
         ("2026-11-21-09:36:03.735 millis only", utc(2026, 11, 21, 9, 36, 3, 735000)),
         ("2026-11-21-09:36:03 none", utc(2026, 11, 21, 9, 36, 3)),
+        # Slurm's cancel line: the stamp mid-line (slurmstepd req.c, srun's time-limit handler)
+        ("slurmstepd: error: *** JOB 3318842 ON x3005c0s13b0n0 CANCELLED AT 2026-11-21T09:36:03 DUE TO TIME LIMIT ***",
+         utc(2026, 11, 21, 9, 36, 3)),
+        ("slurmstepd-gpu31-07: error: *** STEP 6620417.0 ON gpu31-07 CANCELLED AT 2026-11-21T09:36:03 ***",
+         utc(2026, 11, 21, 9, 36, 3)),
+        ("srun: error: *** STEP 771203.0 CANCELLED AT 2026-11-21T09:36:03 DUE TO TIME LIMIT ***",
+         utc(2026, 11, 21, 9, 36, 3)),
+        ("[rank3]:slurmstepd: error: *** JOB 37361369 ON lf5146 CANCELLED AT 2026-11-21T09:36:03 DUE TO PREEMPTION ***",
+         utc(2026, 11, 21, 9, 36, 3)),
     ],
 )
 def test_parse_timestamp(line, expected):
@@ -258,6 +267,10 @@ def test_offset_matches_datetime():
         "20261121-09:36:03.735.123 no dashes in the date",
         "2026-11-21--09:36:03 two dashes",
         "  time      : 2026-11-21_11:02:19",
+        # a cancel line's near misses: no "***" head, a date with no time, a stamp in words
+        "a message quoting a cancel far into it: JOB 12 ON n1 CANCELLED AT 2026-11-21T09:36:03 (no *** head)",
+        "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-11-21 09:36 ***",
+        "slurmstepd: error: *** JOB 12 ON n1 CANCELLED AT 2026-02-30T09:36:03 *** Feb 30",
         "",
     ],
 )

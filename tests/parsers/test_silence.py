@@ -45,3 +45,14 @@ def test_slurmstepd_cancel_line_is_dated_by_its_mid_line_stamp():
 def test_other_lines_carry_no_cancel_stamp():
     assert cancel_stamp("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.") is None
     assert cancel_stamp("job cancelled at 2026-03-23T18:40:07 by the user") is None
+
+
+def test_a_servers_access_line_is_a_request_line():
+    from ftwatch.parsers.silence import REQUEST_LINE
+    import re
+    rx = re.compile(REQUEST_LINE)
+    assert rx.search(b'INFO:     10.12.0.44:50312 - "POST /v1/chat/completions HTTP/1.1" 200 OK')
+    assert rx.search(b'10.0.0.7 - - [10/Oct/2026:13:55:36 -0700] "GET /health HTTP/1.0" 503 2326')
+    # counterexamples: a quoted request without its status, a URL in a message
+    assert not rx.search(b'client sent "GET /v1/models HTTP/1.1" and went away')
+    assert not rx.search(b"Downloading https://huggingface.co/x/resolve/main/config.json HTTP 200")

@@ -424,3 +424,55 @@ def test_paddle_launcher_and_slash_dated_lines_date_the_silence(run, tmp_path):
 
     assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
     assert rc.time == pytest.approx(utc(stop) + 1800)
+
+
+def nccl_init(host: str = "p4d-c41a8") -> list[str]:
+    """NCCL's init lines (untimed: NCCL_DEBUG=INFO writes ``host:pid:tid [dev] NCCL INFO ...``)."""
+    return ([f"{host}:6883:8229 [0] NCCL INFO Channel {c:02d}/24 :    0   1   2   3" for c in range(6)]
+            + [f"{host}:6883:8229 [0] NCCL INFO Connected all rings",
+               f"{host}:6883:8229 [0] NCCL INFO comm 0x5581c9e0 rank 0 nranks 4 cudaDev 0 busId 101c0 - Init COMPLETE"])
+
+
+def ds_line(at: datetime, msg: str) -> str:
+    return f"[{at:%Y-%m-%d %H:%M:%S},000] [INFO] [launch.py:318:main] {msg}"
+
+
+def test_untimed_init_lines_after_a_stamp_were_printed_with_it(run, tmp_path):
+    """NCCL's eight untimed init lines right after the stamped ``Initializing TorchBackend`` line, then
+    nothing until the launcher kills the job 90 minutes later: live watch saw the lines at init and
+    the silence after them (they were once read as possibly spread over the 90 minutes, which eight
+    lines can fill, so no hang was found)."""
+    lines = ([ds_line(T0, "Initializing TorchBackend in DeepSpeed with backend nccl")] + nccl_init()
+             + [ds_line(T0 + timedelta(minutes=90), "Killing subprocess 6883")])
+
+    rc = run([write(tmp_path / "rank0.log", lines)], **HANG_ON).decision.root_cause
+
+    assert (rc.rule_id, rc.failure_class) == ("hang.job", FailureClass.HANG)
+    assert rc.time == pytest.approx(utc(T0) + 1800)
+
+
+def test_untimed_step_prints_between_two_stamps_still_bridge_the_span(run, tmp_path):
+    """Counterexample: eight untimed step prints (progress lines) in the same 90 minutes were written
+    as the work went on: they may fill the span, so no hang."""
+    lines = ([ds_line(T0, "Initializing TorchBackend in DeepSpeed with backend nccl")]
+             + [f"rank=0: step {s} loss {4.6 / s:.4f}" for s in range(1, 9)]
+             + [ds_line(T0 + timedelta(minutes=90), "Killing subprocess 6883")])
+
+    result = run([write(tmp_path / "rank0.log", lines)], **HANG_ON)
+
+    assert [f for f in result.findings if f.rule_id == "hang.job"] == []
+
+
+def test_a_traceback_after_a_files_last_stamp_was_printed_with_it(run, tmp_path):
+    """Rank 1's untimed traceback follows its last stamp at 09:05; rank 0 goes on stamping until 09:40
+    and then goes quiet until its shutdown line at 11:00. Rank 1's lines are its output at 09:05, not
+    output to the end of the input, so the job fell silent at 09:40."""
+    rank1 = training(iso_line, {1: T0 + timedelta(minutes=5)}) + [
+        "[default1]:Traceback (most recent call last):", '[default1]:  File "train.py", line 9, in <module>',
+        "[default1]:KeyboardInterrupt"]
+    rank0 = training(iso_line, {0: T0 + timedelta(minutes=40)}) + [iso_line(0, T0 + timedelta(hours=2), "exiting")]
+
+    scan = run([write(tmp_path / "rank1.log", rank1), write(tmp_path / "rank0.log", rank0)], **HANG_ON)
+
+    hang = [f for f in scan.findings if f.rule_id == "hang.job"]
+    assert [f.time for f in hang] == [pytest.approx(utc(T0 + timedelta(minutes=40)) + 1800)]

@@ -112,3 +112,18 @@ def test_tqdm_bars_with_a_long_eta_between_a_stamp_and_an_error_are_no_candidate
     data = ("\n".join([START, "[2026-11-21 09:20:00,000] [INFO] stage3 ready", *bars, "terminate", ""])).encode()
     stamped = data.index(b"[2026-11-21 09:20")
     assert last_timestamp(data, 0, data.index(b"terminate"), 2026) == (stamped, pytest.approx(XID_AT - 16 * 60 - 3))
+
+
+def test_a_slurm_cancel_line_is_at_the_time_it_states_mid_line(tmp_path):
+    """slurmstepd's ``*** JOB ... CANCELLED AT <time> ***`` carries its stamp mid-line: the line is at
+    that time (as live, where it arrives when the scheduler signals the job), not at the last stamped
+    line's, two hours earlier; the untimed lines after it follow it."""
+    cancel = "slurmstepd: error: *** JOB 3318842 ON node07 CANCELLED AT 2026-11-21T11:00:00 DUE TO TIME LIMIT ***"
+    log = [START] + steps(3) + [cancel, "mpirun noticed that process rank 0 with PID 0 on node node07 exited "
+                                        "on signal 15 (Terminated)."]
+    result = run(tmp_path, [write(tmp_path / "rank0.log", log)])
+
+    by_rule = {f.rule_id: f for f in result.findings}
+    at = datetime(2026, 11, 21, 11, tzinfo=timezone.utc).timestamp()
+    assert by_rule["scheduler.time_limit"].time == pytest.approx(at)
+    assert by_rule["mpi.process_exited_on_signal"].time == pytest.approx(at + SIM_STEP)
