@@ -67,8 +67,11 @@ _ISO = re.compile(
     r"(?: ?(Z|[+-]\d\d:?\d\d)(?![\d:]))?"
 )
 # The head of an Ascend plog line, "[ERROR] HCCL(12345,python):" (level, module, pid and
-# process name); the timestamp follows at once. Process names can push it past _NEAR.
-_PLOG_HEAD = re.compile(r"\s*\[[A-Z]+\] [A-Za-z][\w-]*\(-?\d+,[^()\s]{0,64}\):")
+# process name); the timestamp follows at once. Process names can push it past _NEAR. MindSpore's
+# Python logger writes the same head with the thread after the pid, "[INFO] ME(2207731:2814734,
+# MainProcess):" (mindspore/log.py format '[%(levelname)s] %(sub_module)s(%(process)d:%(thread)d,
+# %(processName)s):%(asctime)s ...', as MindInsight's LOG_FORMAT).
+_PLOG_HEAD = re.compile(r"\s*\[[A-Z]+\] [A-Za-z][\w-]*\(-?\d+(?::\d+)?,[^()\s]{0,64}\):")
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
 _MONTH = "(" + "|".join(_MONTHS) + ")"

@@ -19,8 +19,10 @@ connect to a network this host has no route to (ENETUNREACH, which NCCL does not
 peer's link-local address (RFC 4291: not forwarded between links) or to an address the connecting
 host lists among its own ``NET/Socket : Using`` interfaces (the peer advertised an interface each
 host has with the same address, a bridge: not between the hosts; :func:`_own_address`), or a job hang
-while NCCL on two different hosts uses the same address first (a bridge or ``lo`` each host holds alike;
-the same guide: such interfaces make NCCL "fail during the init functions or even hang";
+or one of NCCL's network failures while NCCL on two different hosts uses a host-local address first: the
+same address on both (a bridge or ``lo`` each host holds alike), or each an address of Docker's default
+bridge, 172.17.0.0/16, which each host's daemon holds for its own containers alone (Docker docs, bridge
+driver); the same guide: such interfaces make NCCL "fail during the init functions or even hang";
 :func:`_shared_interface`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
@@ -43,8 +45,9 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ftwatch.bounded import BoundedDict
@@ -166,37 +169,74 @@ def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
 
 
 #: the host an NCCL debug line comes from: NCCL prefixes it ``<host>:<pid>:<tid> [<dev>] NCCL INFO``
-#: (src/debug.cc ncclDebugLog), whatever a launcher put before it (mpirun's ``[1,0]<stdout>:``)
-_NCCL_HOST = re.compile(r"(?:^|[\s:>])([A-Za-z0-9][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO")
+#: (src/debug.cc ncclDebugLog), whatever a launcher put before it (mpirun's ``[1,0]<stdout>:``); group 2 the pid
+_NCCL_HOST = re.compile(r"(?:^|[\s:>])([A-Za-z0-9][\w.-]*):(\d+):\d+ \[\d+\] NCCL INFO")
 #: the first interface of a ``NET/Socket : Using`` line, the one NCCL's sockets (and its bootstrap) use first
-_FIRST = re.compile(r"Using \[0\][^\s:]+:(\S+?)<\d+>")
+_FIRST = re.compile(r"Using (?:\[0\]|interface )[^\s:]+:(\S+?)<\d+>")
 _SHARED = InitGrade(
     "hang.job", None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB,
     "NVIDIA/nccl src/transport/net_socket.cc ('NET/Socket : Using' lists the interfaces this host uses, the "
     "first one first) and src/debug.cc (the '<host>:<pid>:<tid>' prefix); NCCL user guide, Troubleshooting > "
     "Networking issues > IP network interfaces ('If some interfaces are in the UP state but are not able to "
     "communicate between nodes, NCCL may try to use them anyway and therefore fail during the init functions or "
-    "even hang'; NCCL_SOCKET_IFNAME; docker* and lo are not chosen by default)",
-    "a job hang before any progress while NCCL on two different hosts uses the same address as its first "
-    "interface (a bridge such as docker0, or lo, that each host holds alike): the ranks reach only themselves "
+    "even hang'; NCCL_SOCKET_IFNAME; docker* and lo are not chosen by default); Docker docs, Network drivers > "
+    "Bridge ('Bridge networks apply to containers running on the same Docker daemon host'; docker0's default "
+    "subnet 172.17.0.0/16)",
+    "a job hang or NCCL network failure before any progress while NCCL on two different hosts uses the same "
+    "address as its first interface, or each an address of Docker's default bridge (a bridge such as docker0, or lo, "
+    "that each host holds alike): the ranks reach only themselves "
     "through it, so the interface choice (NCCL_SOCKET_IFNAME) is the job's configuration")
 
 
+#: NCCL's failures of its network transport: the socket calls behind ``unhandled system error``
+#: (ncclSystemError), a peer or the network gone (ncclRemoteError, a closed connection) and its
+#: socket connect/call WARNs, as PyTorch raises them and NCCL writes them
+NCCL_NETWORK_FAILURES = frozenset({
+    "nccl.unhandled_system_error", "nccl.code.system_error", "nccl.remote_error", "nccl.code.remote_error",
+    "nccl.connection_closed_by_remote_peer", "nccl.socket_connect_failed", "nccl.socket_call_failed"})
+
+
+#: Docker's default bridge network (``docker0``): the daemon's default ``bip`` / first
+#: ``default-address-pools`` entry. Each host's daemon holds its own: "Bridge networks apply to
+#: containers running on the same Docker daemon host" (Docker docs, Network drivers > Bridge)
+DOCKER_DEFAULT_BRIDGE = ipaddress.ip_network("172.17.0.0/16")
+
+
 def _shared_interface(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
-    """:data:`_SHARED` when ``f`` is a job hang and the ``NET/Socket : Using`` lines in ``evidence``
-    show two different hosts (NCCL's ``<host>:`` prefix, else the finding's node) with the same first
-    address: no address is held by two hosts of one network unless it is host-local. None otherwise."""
-    if f.kind != "hang":
+    """:data:`_SHARED` when ``f`` is a job hang or one of NCCL's network failures
+    (:data:`NCCL_NETWORK_FAILURES`: the guide's "fail during the init functions", the other half of
+    "or even hang") and the interface lines in ``evidence`` (``NET/Socket : Using [0]...``; NCCL 2.4's
+    ``NET : Using interface ...``, one line per interface) show two different hosts (NCCL's
+    ``<host>:`` prefix, else the finding's node) whose first address is host-local: the same address
+    on both (no address is held by two hosts of one network unless it is host-local), or an address
+    of Docker's default bridge (:data:`DOCKER_DEFAULT_BRIDGE`) on each: every host's daemon has its
+    own, which carries no traffic to another host (Docker's bridge driver docs). None otherwise."""
+    if f.kind != "hang" and f.rule_id not in NCCL_NETWORK_FAILURES:
         return None
-    hosts: dict[str, set[str]] = {}
-    for g in evidence:
+    firsts: dict[tuple, tuple[str, str]] = {}   # process -> (host, the first address it lists: its earliest line)
+    for g in sorted(evidence, key=lambda g: (g.time, g.seq)):
         if g.rule_id != "nccl.socket_interfaces_in_use" or (first := _FIRST.search(g.line)) is None:
             continue
         named = _NCCL_HOST.search(g.line)
         host = named.group(1) if named else g.origin.node
         if host and host != "unknown":
-            hosts.setdefault(first.group(1), set()).add(host)
-    return _SHARED if any(len(h) > 1 for h in hosts.values()) else None
+            process = (host, named.group(2)) if named else (host, g.origin.instance)
+            firsts.setdefault(process, (host, first.group(1)))
+    hosts: dict[str, set[str]] = {}
+    for host, address in firsts.values():
+        hosts.setdefault(address, set()).add(host)
+    bridged = {host for host, address in firsts.values() if _in_default_bridge(address)}
+    if any(len(h) > 1 for h in hosts.values()) or len(bridged) > 1:
+        return replace(_SHARED, rule=f.rule_id)
+    return None
+
+
+def _in_default_bridge(address: str) -> bool:
+    """Says whether ``address`` (as NCCL prints it, maybe with ``%scope``) is in Docker's default bridge."""
+    try:
+        return ipaddress.ip_address(address.split("%")[0]) in DOCKER_DEFAULT_BRIDGE
+    except ValueError:
+        return False
 
 
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:

@@ -181,6 +181,9 @@ def test_split_rank_prefix_removes_a_ray_prefix_without_a_rank(prefix, rest):
          utc(2026, 11, 21, 9, 36, 3, 735123)),
         ("[default3]:[WARNING] RUNTIME(-1,null):2026-11-21-09:36:03.000.001 [rt.cc:9] y",
          utc(2026, 11, 21, 9, 36, 3, 1)),
+        # MindSpore's Python logger: pid:thread in the head (mindspore/log.py), past the first 40 characters
+        ("[INFO] ME(2207731:281473428730880,MainProcess):2026-11-21-09:36:03.512.118 [mindspore/parallel/cluster/"
+         "process_entity/_api.py:276] Start worker process with rank id:0", utc(2026, 11, 21, 9, 36, 3, 512118)),
         ("2026-11-21-09:36:03.735.123 plain", utc(2026, 11, 21, 9, 36, 3, 735123)),
         ("2026-11-21-09:36:03.735 millis only", utc(2026, 11, 21, 9, 36, 3, 735000)),
         ("2026-11-21-09:36:03 none", utc(2026, 11, 21, 9, 36, 3)),

@@ -58,3 +58,45 @@ def test_the_policy_fails_the_job(tmp_path: Path):
     d = policy.decide(Incident(evidence[-1], evidence, 3, frozenset(), 0, progress_at=NONE_YET), T0 + 1801.0)
     assert d.action is Action.FAIL_JOB, d.policy_clause
     assert "R6" in d.policy_clause
+
+
+def nccl_failure(rule: str = "nccl.unhandled_system_error") -> Finding:
+    return finding(rule, failure_class=FailureClass.RETRYABLE_INFRA, action=Action.RESTART_JOB,
+                   time=T0 + 30.0, seq=10**9)
+
+
+def old_interface_line(host: str, interface: str) -> list[Finding]:
+    """NCCL 2.4's form: one ``NET : Using interface`` line per interface (include/socket.h)."""
+    line = f"{host}:61:61 [0] NCCL INFO NET : Using interface {interface}"
+    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
+    assert [f.rule_id for f in found] == ["nccl.socket_interfaces_in_use"]
+    return found
+
+
+def test_an_nccl_network_failure_at_init_over_a_shared_address_is_configuration():
+    """The guide's 'fail during the init functions', not only its 'or even hang'."""
+    for rule in ("nccl.unhandled_system_error", "nccl.remote_error", "nccl.socket_connect_failed"):
+        grade = at_init(nccl_failure(rule), NONE_YET, docker0_on("srv1", "srv2"))
+        assert grade is not None and grade.failure_class is FailureClass.USER_CODE, rule
+        assert grade.rule == rule
+    oom = finding("cuda.out_of_memory", failure_class=FailureClass.OOM, action=Action.FAIL_JOB, time=T0 + 30.0)
+    assert at_init(oom, NONE_YET, docker0_on("srv1", "srv2")) is None      # not the network's failure
+    assert at_init(nccl_failure(), T0, docker0_on("srv1", "srv2")) is None   # it trained before: the network's
+
+
+def test_addresses_of_each_hosts_default_docker_bridge_are_host_local():
+    """Two containers on two hosts' default bridges (172.17.0.0/16): distinct addresses, neither
+    reaches the other host (Docker: bridge networks apply to one daemon's host)."""
+    bridged = [*old_interface_line("trainer-a", "eth0:172.17.0.2<0>"), *old_interface_line("trainer-b", "eth0:172.17.0.3<0>")]
+    grade = at_init(nccl_failure(), NONE_YET, bridged)
+    assert grade is not None and grade.action is Action.FAIL_JOB
+    one_host = old_interface_line("trainer-a", "eth0:172.17.0.2<0>")
+    assert at_init(nccl_failure(), NONE_YET, one_host) is None               # one host: its containers share it
+    routable = [*old_interface_line("trainer-a", "eth0:172.18.0.2<0>"), *old_interface_line("trainer-b", "eth0:172.18.0.3<0>")]
+    assert at_init(nccl_failure(), NONE_YET, routable) is None               # not the default bridge: a network
+    second = [*socket_line("srv1", "eth0:10.0.0.1<0>", "docker0:172.17.0.1<0>"),
+              *socket_line("srv2", "eth0:10.0.0.2<0>", "docker0:172.17.0.1<0>")]
+    assert at_init(nccl_failure(), NONE_YET, second) is None                 # a routable first interface
+    listed_second = [f for h, a in (("trainer-a", "1"), ("trainer-b", "2")) for f in (
+        *old_interface_line(h, f"eth0:10.0.0.{a}<0>"), *old_interface_line(h, "docker0:172.17.0.1<0>"))]
+    assert at_init(nccl_failure(), NONE_YET, listed_second) is None          # 2.4: the first line is the first
