@@ -467,8 +467,29 @@ class Stamps:
 
 
 def year_of(t: float) -> int:
-    """The UTC year of epoch seconds ``t``: the year for stamps that carry none (glog, syslog)."""
-    return datetime.fromtimestamp(t, tz=timezone.utc).year
+    """The UTC year of epoch seconds ``t``: the year for stamps that carry none (glog, syslog).
+
+    Asked for every chunk fed and read (``watch`` with 1,000 pods: thousands of times a second,
+    ~2 us each through ``datetime``), so the last year's span is kept and a time inside it is
+    answered by two comparisons; its last second is left to ``datetime`` (which rounds to the
+    microsecond, so ``end - 1e-7`` is already next year there). Raises as ``datetime`` does.
+    """
+    start, end, year = _YEAR_SPAN
+    if start <= t < end:
+        return year
+    year = datetime.fromtimestamp(t, tz=timezone.utc).year
+    if 1 < year < 9999:
+        _remember_year(year)
+    return year
+
+
+def _remember_year(year: int) -> None:
+    global _YEAR_SPAN
+    start = datetime(year, 1, 1, tzinfo=timezone.utc).timestamp()
+    _YEAR_SPAN = (start, datetime(year + 1, 1, 1, tzinfo=timezone.utc).timestamp() - 1.0, year)
+
+
+_YEAR_SPAN = (0.0, 0.0, 0)   # [start, end) epoch seconds of the year last asked for, and the year
 
 
 def level_of(text: str) -> str | None:

@@ -372,3 +372,22 @@ def test_vllm_stamps_read_only_when_asked(line, expected):
 ])
 def test_vllm_stamp_counterexamples(line):
     assert parse_timestamp(line, 2026, vllm=True) is None
+
+
+def test_year_of_answers_as_datetime_around_every_new_year():
+    """``year_of`` keeps the last year's span (issue 16): times just before, at and after each new
+    year, asked in an order that moves the kept span back and forth, get ``datetime``'s year
+    (which rounds to the microsecond: 0.4 us before midnight is already the new year there,
+    0.6 us before still the old one), and what ``datetime`` refuses is refused alike."""
+    from datetime import datetime, timezone
+
+    from ftwatch.parsers.fields import year_of
+    times = []
+    for year in (1970, 1999, 2000, 2024, 2025, 2026, 2027, 2100):
+        start = datetime(year, 1, 1, tzinfo=timezone.utc).timestamp()
+        times += [start + d for d in (-1.0, -0.5, -6e-7, -5e-7, -4e-7, -1e-7, 0.0, 1e-7, 1e-6, 1.0, 86400.0)]
+    for t in times + times[::-1] + [t for pair in zip(times, times[::-1]) for t in pair]:
+        assert year_of(t) == datetime.fromtimestamp(t, tz=timezone.utc).year, t
+    for bad, error in ((float("nan"), ValueError), (float("inf"), OverflowError), (1e20, OverflowError)):
+        with pytest.raises(error):
+            year_of(bad)
