@@ -48,25 +48,26 @@ _ANSI = re.compile(
 #                 or stddiag); with --timestamp-output too, C's ctime() opens it, no space between:
 #                 "Tue Jul  9 01:10:02 2019[1,0]<stderr>:" (the same file, "%s[%s,%s]<%s>:").
 #                 The rank shares the bracket's group: every reader of group 1 reads it as is.
-MPI_CTIME = (r"(?:(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
-             r" [ \d]\d \d\d:\d\d:\d\d \d{4})?")
+#: mpirun --timestamp-output's ctime, a prefix of its own (no rank) right before the tag: the last
+#: alternative, so other lines fail it at their first byte only after the others failed
+MPI_CTIME = r"[MTWFS][a-u]{2} [ADFJMNOS][a-u]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}(?=\[\d{1,9},\d{1,7}\]<std)"
 #: the bracketed prefix with ``%s`` for its rank digits (a group, or a rank list): ``[rank3]:``,
 #: ``[default3]:``, mpirun's ``[1,3]<stdout>:`` (its jobid a number, the stream named), each
 #: with one optional space; ``re`` only (a lookahead keeps the rank in one group). Without
-#: :data:`MPI_CTIME` before it: ``ftwatch.pipeline.replay_hang`` reads that stamp as a stamp.
-RANK_BRACKET = (r"\[(?:[A-Za-z_][A-Za-z_-]*?|\d{1,9},(?=\d{1,7}\]<std))%s\]"
+#: :data:`MPI_CTIME`, a prefix of its own: ``ftwatch.pipeline.replay_hang`` reads that stamp as a stamp.
+RANK_BRACKET = (r"\[(?:[A-Za-z_][A-Za-z_-]*|\d{1,9},(?=\d{1,7}\]<std))%s\]"
                 r"(?:<std(?:out|err|diag)>)?: ?")
 #: :data:`RANK_BRACKET` without the lookahead (hyperscan has none) and without a group: the
 #: bracket of ``ftwatch.policy.progresslines``' prefix, ``%s`` the rank digits
 RANK_BRACKET_HS = r"\[(?:[A-Za-z_][A-Za-z_-]*?%s\]|\d{1,9},%s\]<std(?:out|err|diag)>): ?"
-_RANK_PREFIX = re.compile(MPI_CTIME + RANK_BRACKET % r"(\d{1,7})" + r"|(\d{1,6}): "
-                          r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) ")
+_RANK_PREFIX = re.compile(RANK_BRACKET % r"(\d{1,7})" + r"|(\d{1,6}): "
+                          r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) |" + MPI_CTIME)
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
 # the stacked prefixes at once (bytes, for the step tap): up to 3, then the innermost, whose rank counts
 _RANK_PREFIXES_BYTES = re.compile(
-    rb"(?:%s|\d{1,6}: ){0,%d}(?:%s|(\d{1,6}): )"
-    % ((MPI_CTIME + RANK_BRACKET % r"\d{1,7}").encode(), _MAX_PREFIXES - 1,
-       (MPI_CTIME + RANK_BRACKET % r"(\d{1,7})").encode()))
+    rb"(?:%s|\d{1,6}: |%s){0,%d}(?:%s|(\d{1,6}): )"
+    % ((RANK_BRACKET % r"\d{1,7}").encode(), MPI_CTIME.encode(), _MAX_PREFIXES - 1,
+       (RANK_BRACKET % r"(\d{1,7})").encode()))
 RANK_PREFIXES_BYTES = _RANK_PREFIXES_BYTES  # public: the step tap matches it line by line (its groups: the rank)
 
 # glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone); c10's own
