@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftwatch.parsers import fields
 from ftwatch.parsers.fields import clean, level_of, parse_timestamp, split_rank_prefix
 
 
@@ -391,3 +392,23 @@ def test_year_of_answers_as_datetime_around_every_new_year():
     for bad, error in ((float("nan"), ValueError), (float("inf"), OverflowError), (1e20, OverflowError)):
         with pytest.raises(error):
             year_of(bad)
+
+
+@pytest.mark.parametrize("line, rank, rest", [
+    ("[1,3]<stderr>: Traceback (most recent call last):", 3, "Traceback (most recent call last):"),
+    ("[1,12]<stdout>:step 0, loss = 5.9", 12, "step 0, loss = 5.9"),
+    ("[1,0]<stddiag>:warn", 0, "warn"),
+    ("Tue Jul  9 01:10:02 2019[1,4]<stderr>:NCCL INFO x", 4, "NCCL INFO x"),
+    ("[1,3]: a list, no tag", None, "[1,3]: a list, no tag"),
+])
+def test_split_rank_prefix_reads_mpirun_tag_output(line, rank, rest):
+    # mpirun(1) --tag-output "[jobid,MCW_rank]<stdio stream>", --timestamp-output's ctime before it
+    assert fields.split_rank_prefix(line) == (rank, rest)
+    assert fields.rank_prefix_at(line.encode(), 0)[0] == rank
+
+
+def test_mpirun_timestamp_output_ctime_is_the_line_time():
+    t = fields.parse_timestamp("Tue Jul  9 01:10:02 2019[1,0]<stderr>:node-a:21544 NCCL INFO", 2026)
+    assert t == fields.parse_timestamp("[Tue Jul  9 01:10:02 2019] x", None)
+    assert t is not None
+
