@@ -217,6 +217,20 @@ def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch)
 
 
 @pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+def test_the_hyperscan_pass_reads_a_line_whose_literal_is_in_a_prefix_name(monkeypatch):
+    # ``[Step1]: x``: rank 1's line, and its only literal is in its prefix's name (as in one before
+    # the rank's prefix): the database reports it as the re pass does
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", 0)
+    data = (b"[Step1]: x 12\n[rank0]: [Loss1]: y 3\n[Epoch2]: z\n[iters1]:\n[rank1]: plain\n"
+            b"[Step1] no colon\n2: [Step1]: w\n")
+    rank_sets = ({1}, {None, 1}, {1, 2}, {0})
+    fast = [progresslines.lines(data, ranks) for ranks in rank_sets]
+    monkeypatch.setattr(progresslines, "_hs", None)
+    assert fast == [progresslines.lines(data, ranks) for ranks in rank_sets]
+    assert [start for start, *_ in fast[0]] == [0, 14, 48, 90]
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
 @pytest.mark.parametrize("seed", range(8))
 def test_the_one_unprefixed_expression_reports_the_lines_of_its_ten_forms(seed):
     # ``_unprefixed`` (one expression: hyperscan checks each dense literal once, not ten times,
