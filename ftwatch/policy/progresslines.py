@@ -14,9 +14,12 @@ line (:func:`lines`). The rank-prefix lines of other ranks (a 256-rank job's out
 combined log) and the quiet lines cost nothing per line. Measured on the bench corpus (35 MB,
 ranks {1, None} waiting, CPU s per replay): the ``re`` pass 0.27 s as first written, 0.19 s now;
 the hyperscan scan ~0.09 s (the lines of no prefix: ~0.06 s of it) and ~0.12 s with its per-line
-reads; ~0.067 s and ~0.09 s with the literals' first letters (:data:`LITERALS`). Why not the engine's own scan: the progress patterns hit every step line (28 % of the
-corpus) several times; in the engine's database their callbacks cost ~0.22 s per replay on every
-chunk, errors waiting or not (measured), for ~0.27 s saved only while errors wait.
+reads; ~0.067 s and ~0.09 s with the literals' first letters (:data:`LITERALS`); ~0.034 s and
+~0.058 s with one expression where there were ten for the lines of no prefix (:func:`_unprefixed`:
+hyperscan checks every literal it finds once per expression, and every step line holds several).
+Why not the engine's own scan: the progress patterns hit every step line (28 % of the corpus)
+several times; in the engine's database their callbacks cost ~0.22 s per replay on every chunk,
+errors waiting or not (measured), for ~0.27 s saved only while errors wait.
 """
 
 from __future__ import annotations
