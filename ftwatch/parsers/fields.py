@@ -42,13 +42,32 @@ _ANSI = re.compile(
 #                 python/ray/_private/worker.py print_worker_logs); vLLM's worker processes print
 #                 the same "(VllmWorkerProcess pid=N) " / "(Worker_TP1 pid=N) " (vllm-project/vllm
 #                 multiproc_worker_utils.py _add_prefix), as vLLM-Ascend does
-_RANK_PREFIX = re.compile(r"\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): "
-                          r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) ")
+#   [1,3]<stderr>:  Open MPI's mpirun --tag-output (mpirun(1): "Tag each line of output to stdout,
+#                 stderr, and stddiag with [jobid, MCW_rank]<stdio stream>"; orte/prrte
+#                 iof_base_output.c write the tag as "[%s,%s]<%s>:", jobid, rank, and stdout, stderr
+#                 or stddiag); with --timestamp-output too, C's ctime() opens it, no space between:
+#                 "Tue Jul  9 01:10:02 2019[1,0]<stderr>:" (the same file, "%s[%s,%s]<%s>:").
+#                 The rank shares the bracket's group: every reader of group 1 reads it as is.
+#: mpirun --timestamp-output's ctime, a prefix of its own (no rank) right before the tag: the last
+#: alternative, so other lines fail it at their first byte only after the others failed
+MPI_CTIME = r"[MTWFS][a-u]{2} [ADFJMNOS][a-u]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}(?=\[\d{1,9},\d{1,7}\]<std)"
+#: the bracketed prefix with ``%s`` for its rank digits (a group, or a rank list): ``[rank3]:``,
+#: ``[default3]:``, mpirun's ``[1,3]<stdout>:`` (its jobid a number, the stream named), each
+#: with one optional space; ``re`` only (a lookahead keeps the rank in one group). Without
+#: :data:`MPI_CTIME`, a prefix of its own: ``ftwatch.pipeline.replay_hang`` reads that stamp as a stamp.
+RANK_BRACKET = (r"\[(?:[A-Za-z_][A-Za-z_-]*|\d{1,9},(?=\d{1,7}\]<std))%s\]"
+                r"(?:<std(?:out|err|diag)>)?: ?")
+#: :data:`RANK_BRACKET` without the lookahead (hyperscan has none) and without a group: the
+#: bracket of ``ftwatch.policy.progresslines``' prefix, ``%s`` the rank digits
+RANK_BRACKET_HS = r"\[(?:[A-Za-z_][A-Za-z_-]*?%s\]|\d{1,9},%s\]<std(?:out|err|diag)>): ?"
+_RANK_PREFIX = re.compile(RANK_BRACKET % r"(\d{1,7})" + r"|(\d{1,6}): "
+                          r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) |" + MPI_CTIME)
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
 # the stacked prefixes at once (bytes, for the step tap): up to 3, then the innermost, whose rank counts
 _RANK_PREFIXES_BYTES = re.compile(
-    rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: ){0,%d}(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
-    % (_MAX_PREFIXES - 1))
+    rb"(?:%s|\d{1,6}: |%s){0,%d}(?:%s|(\d{1,6}): )"
+    % ((RANK_BRACKET % r"\d{1,7}").encode(), MPI_CTIME.encode(), _MAX_PREFIXES - 1,
+       (RANK_BRACKET % r"(\d{1,7})").encode()))
 RANK_PREFIXES_BYTES = _RANK_PREFIXES_BYTES  # public: the step tap matches it line by line (its groups: the rank)
 
 # glog: "E1121 09:36:03.735000 140 file.cc:12]" (level, MMDD, time; no year, no zone); c10's own
@@ -61,6 +80,9 @@ _GLOG = re.compile(r"\[?([IWEF])(\d\d|[1-9])(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{
 # microseconds as ".mmm.uuu").
 # The same year-first date with "/" is a common logging datefmt, "%Y/%m/%d %H:%M:%S" (PaddleOCR's
 # ppocr/utils/logging.py get_logger: "[2023/06/05 10:02:41] ppocr INFO: ...").
+# Not read: torchelastic's failure summary's "  time      : 2026-05-03_22:41:52" (ProcessFailure.
+# timestamp_isoformat, "%Y-%m-%d_%H:%M:%S" in local time) dates the failure, not the summary's lines:
+# as their line time it put the summary before the watchdog lines it reports on.
 _ISO = re.compile(
     r"(\d{4})[-/](\d\d)[-/](\d\d)[T -](\d\d):(\d\d):(\d\d)"
     r"(?:\.(\d{3})\.(\d{3})(?![\d.])|[.,](\d{1,9}))?"
@@ -306,6 +328,10 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
         return None                     # every format has a time of day: none here, no stamp
     _, rest = split_rank_prefix(text)
     if rest is not text:
+        m = _CTIME.match(text)          # mpirun --timestamp-output: ctime in the rank prefix
+        if m is not None:
+            month, day, hour, minute, second, year_s = m.groups()
+            return _epoch((year_s, str(_MONTHS[month]), day, hour, minute, second, None), None, None)
         stamp = _bracketed(rest)
         if stamp is not _NOT_BRACKETED:
             return stamp
@@ -467,8 +493,29 @@ class Stamps:
 
 
 def year_of(t: float) -> int:
-    """The UTC year of epoch seconds ``t``: the year for stamps that carry none (glog, syslog)."""
-    return datetime.fromtimestamp(t, tz=timezone.utc).year
+    """The UTC year of epoch seconds ``t``: the year for stamps that carry none (glog, syslog).
+
+    Asked for every chunk fed and read (``watch`` with 1,000 pods: thousands of times a second,
+    ~2 us each through ``datetime``), so the last year's span is kept and a time inside it is
+    answered by two comparisons; its last second is left to ``datetime`` (which rounds to the
+    microsecond, so ``end - 1e-7`` is already next year there). Raises as ``datetime`` does.
+    """
+    start, end, year = _YEAR_SPAN
+    if start <= t < end:
+        return year
+    year = datetime.fromtimestamp(t, tz=timezone.utc).year
+    if 1 < year < 9999:
+        _remember_year(year)
+    return year
+
+
+def _remember_year(year: int) -> None:
+    global _YEAR_SPAN
+    start = datetime(year, 1, 1, tzinfo=timezone.utc).timestamp()
+    _YEAR_SPAN = (start, datetime(year + 1, 1, 1, tzinfo=timezone.utc).timestamp() - 1.0, year)
+
+
+_YEAR_SPAN = (0.0, 0.0, 0)   # [start, end) epoch seconds of the year last asked for, and the year
 
 
 def level_of(text: str) -> str | None:

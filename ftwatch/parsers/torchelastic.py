@@ -26,11 +26,13 @@ stream, :func:`summary_exits` turns its failures into exits.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 import signal as _signal
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 from ftwatch.events import Origin, ProcessExit
 from ftwatch.parsers.fields import clean, split_rank_prefix
@@ -219,6 +221,24 @@ def may_hold_summary(data: bytes) -> bool:
     """True when ``data`` may start a failure summary (it holds a start line's words): a stream
     with no summary under way needs no :class:`SummaryLines` for a chunk without them."""
     return any(s in data for s in _STARTS)
+
+
+def holding_summary(chunks: Sequence[bytes]) -> set[int]:
+    """The indexes of the chunks for which :func:`may_hold_summary` is true, found by searching
+    them joined (``watch``: a job's chunks of one batch, one per pod, hundreds of them) and
+    confirming each chunk a start's words fell in, instead of searching every chunk."""
+    joined = b"".join(chunks)
+    found = []
+    for start in _STARTS:
+        at = joined.find(start)
+        while at >= 0:
+            found.append(at)
+            at = joined.find(start, at + 1)
+    if not found:
+        return set()
+    ends = list(itertools.accumulate(map(len, chunks)))
+    candidates = {bisect.bisect_right(ends, at) for at in found}
+    return {k for k in candidates if may_hold_summary(chunks[k])}
 
 
 def finished_cleanly(data: bytes) -> bool:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields as line_fields
-from ftwatch.parsers.torchelastic import may_hold_summary
+from ftwatch.parsers.torchelastic import holding_summary, may_hold_summary
 from ftwatch.pipeline.notices import notice
 from ftwatch.pipeline.sources.hostlog import is_host
 
@@ -123,12 +123,12 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
     counts: list[tuple[Origin, int, int, float]] = []
     stepping: list[tuple[Origin, bytes, float, list]] = []     # step lines, for one tap call
     engine, survival, summary_lines = desk.engine, desk.survival, desk._exits.summary_lines
-    summaries = desk.summaries is not None and may_hold_summary(b"".join([p[1] for p in parts]))
+    summaries = holding_summary([p[1] for p in parts]) if desk.summaries is not None else ()
     instances, tails, heard = desk.instances, desk._tails, desk.tracker.output
     touch, exits = instances.move_to_end, desk.exits
     quiet, steps_only = engine.count_if_quiet, engine.steps_only
-    for origin, data, time, hits in parts:
-        if ((summaries and may_hold_summary(data)) or is_host(origin)
+    for k, (origin, data, time, hits) in enumerate(parts):
+        if ((summaries and k in summaries) or is_host(origin)
                 or (summary_lines and origin in summary_lines)):
             if counts:                          # counted in input order (the store's buckets)
                 desk.recorder.output_many(counts)

@@ -61,8 +61,9 @@ _MONTHS = b"Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 # C's ctime()/asctime() form opens the line bare ("Thu Dec 31 02:15:38 2020"): nvidia-smi's header,
 # Python's time.ctime(), a job script's `date`-style marks; fields.parse_timestamp reads it
 _WEEKDAYS = b"Mon|Tue|Wed|Thu|Fri|Sat|Sun"
-# fields.split_rank_prefix's prefixes ([rank3]:, [default3]:, "3: "), the rank in group 1 or 2
-_PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?(\d{1,7})\]: ?|(\d{1,6}): )"
+# fields.split_rank_prefix's prefixes ([rank3]:, [default3]:, mpirun's [1,3]<stdout>:, "3: "), the rank in
+# group 1 or 2; mpirun --timestamp-output's ctime before its tag is read as a stamp (its rank: ``_own_or_rank``)
+_PREFIX = rb"(?:%s|(\d{1,6}): )" % (fields.RANK_BRACKET % r"(\d{1,7})").encode()
 # how a line that may carry a timestamp goes on after its prefixes: a digit, "[" or "(", a glog
 # letter and a digit, a month (syslog), a weekday and a month (ctime), a level word (vLLM's
 # "INFO 11-13 09:15:02") before an ISO date ("INFO 2026-..."), or Slurm's slurmstepd/srun head (its
@@ -78,6 +79,7 @@ _MAY_STAMP = (rb"[ \t]*(?:[\[(\d]|[IWEF]\d|(?:" + _MONTHS + rb") |(?:" + _WEEKDA
               + rb") |(?:[A-Z]{3,8}:? +){1,2}\d|(?:slurmstepd|srun)\S*: |" + _HOST + rb")")
 _STAMPED = re.compile(rb"^" + _PREFIX + rb"*" + _MAY_STAMP, re.MULTILINE)        # per-rank files
 _ANY_LINE = re.compile(rb"^" + _PREFIX + rb"*(" + _MAY_STAMP + rb")?", re.MULTILINE)  # combined logs
+_WEEKDAY_FIRST = (b"M", b"T", b"W", b"F", b"S")   # first letters of a ctime stamp's weekday
 _HEAD = 256                 # bytes of a line read: every timestamp format starts well within it
 _UNREAD_BYTES = 8 << 20     # untimed text kept unsearched at most (``HangScan._untimed``), a combined
 _UNREAD_LINE = 32           # log's line counted as this many bytes (~ what its entry costs in memory)
@@ -267,6 +269,8 @@ class HangScan:
             key = own
             if m.end(1) >= 0 or m.end(2) >= 0:
                 key = self._rank_key(f, m.group(1) if m.end(1) > m.end(2) else m.group(2))
+            elif chunk[start:start + 1] in _WEEKDAY_FIRST and m.start(3) >= 0:
+                key = self._own_or_rank(f, chunk, start, own)
             if m.start(3) < 0:              # no stamp can follow: ``_untimed`` of the line, inline
                 pending[key] += 1
                 if unread is not None:
@@ -292,6 +296,13 @@ class HangScan:
         else:
             self._stamp(f, key, stamp, silence.reported_silence(text) or 0.0)
         return end
+
+    def _own_or_rank(self, f: _File, chunk: bytes, start: int, own: str) -> str:
+        """The key of a line that opens with a weekday: its rank's where mpirun's
+        ``--timestamp-output`` ctime leads its ``[1,3]<stdout>:`` tag (``fields.rank_prefix_at``),
+        else ``own``."""
+        rank = fields.rank_prefix_at(chunk, start)[0]
+        return own if rank is None else self._rank_key(f, b"%d" % rank)
 
     def _rank_key(self, f: _File, digits: bytes) -> str:
         key = self._keys.get(digits)

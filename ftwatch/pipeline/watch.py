@@ -80,10 +80,18 @@ def tune_gc_for_ingest() -> None:
     Records in flight (their metadata maps and Shipped objects) are many young objects that
     live until the engine takes them; with CPython's default threshold (700) a full queue
     triggered dozens of full collections per second, measured at half of ``bench_ingest``'s
-    time. Only ``ftwatch watch`` (which owns its process) calls this.
+    time. The young count is of tracked objects still alive (a freed one is taken off again),
+    so the threshold stands above what a backlog in flight holds (``MERGE_LINES`` records of
+    ~5 maps and lists each, and the batches queued behind them): at 50,000, ``bench_ingest``
+    (1,000 pods, 8 batches queued) still ran 4 young collections of ~20 ms per 200,000 records,
+    each finding nothing (~4 % of its CPU); at 200,000, none (issue 16). Only ``ftwatch watch``
+    (which owns its process) calls this.
     """
     import gc
-    gc.set_threshold(50_000, 20, 20)
+    gc.set_threshold(INGEST_GC_THRESHOLD, 20, 20)
+
+
+INGEST_GC_THRESHOLD = 200_000   # young tracked objects alive before a collection (tune_gc_for_ingest)
 
 
 class Watcher:

@@ -8,10 +8,15 @@ that do (``rules/packs/waits.yaml``, tag ``names_wait``, each with the code that
 JAX's TPU backend that has not initialised after its timer, "Did you run your code on all TPU
 hosts?" (a multi-host slice's runtime waits for every host of the slice; JAX's multi-process
 docs: the same program must run on all hosts).
+PyTorch's JIT extension build reaching its build lock ("Using <dir> as PyTorch extensions root...")
+with no process saying after it that it builds or loaded the extension (tag ``ends_wait``): every
+process polls a lock file that a killed build left (``torch/utils/file_baton.py``), and it stays on
+disk for the next start.
 
 :func:`named_wait_before_hang` reads it: every real error of the incident is a job hang, and the
 latest finding before it is such a line, printed no earlier than :data:`SLACK_SECONDS` before
-the job's last output (the silence began with that wait), with no error between. The root cause
+the job's last output (the silence began with that wait), with no error between (errors after the
+hang, such as the launcher's death signal when the silent job is stopped by hand, are not read). The root cause
 is then ``hang.named_wait`` (user_code, fail_job) on the line's origin, at the hang's (time,
 seq): a restart launched the same way waits in the same place. A line of this pack long before
 the silence (the backend initialised after all, and training went on) says nothing of the hang.
@@ -26,7 +31,9 @@ from ftwatch.policy.leftpath import line_before_hang
 
 #: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
 #: tests/policy/test_namedwait.py keeps the two in step).
-NAMED_WAIT_RULES = frozenset({"wait.jax_tpu_backend_not_on_all_hosts"})
+NAMED_WAIT_RULES = frozenset({"wait.jax_tpu_backend_not_on_all_hosts", "wait.torch_extensions_build_lock"})
+#: The rules whose line ends such a wait (tag ``ends_wait``): the latest of both before the hang must be a wait.
+WAIT_END_RULES = frozenset({"wait.torch_extensions_lock_passed"})
 #: How long before the job's last output the line may be (seconds): the wait it names began then.
 SLACK_SECONDS = 300.0
 
@@ -37,15 +44,21 @@ def named_wait_before_hang(order: Sequence[Finding], real: Sequence[Finding]) ->
 
     Args:
         order: the incident's findings by (time, seq).
-        real: its real errors: only job hangs (kind ``hang``) qualify.
+        real: its real errors: only job hangs (kind ``hang``) qualify; one after the first hang (a
+            launcher's death signal when someone stopped the silent job) came after the silence and
+            is not read.
 
     Returns:
         A Finding on the line's origin, at the first hang's (time, seq), carrying the line's rule
         and source; None when an error is no job hang, the hang states no silence, or no such
         line comes right before it.
     """
-    found = line_before_hang(order, real, NAMED_WAIT_RULES, SLACK_SECONDS)
-    if found is None:
+    hangs = [f for f in real if f.kind == "hang"]
+    if hangs:       # an error printed after the job was silent for the whole interval did not make the silence
+        first = min(hangs, key=lambda f: (f.time, f.seq))
+        real = [f for f in real if (f.time, f.seq) <= (first.time, first.seq)]
+    found = line_before_hang(order, real, NAMED_WAIT_RULES | WAIT_END_RULES, SLACK_SECONDS)
+    if found is None or found[1].rule_id not in NAMED_WAIT_RULES:
         return None
     hang, named, _ = found
     line = (f"the job went silent ({hang.rule_id}) right after its framework named why it waits "

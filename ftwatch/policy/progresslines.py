@@ -50,7 +50,7 @@ LITERALS = rb"(?:[Ee]poch|[Ii]ter|[Ll]oss|[Ss]tep|%\||MnRtt/Rnk: )"
 _LITERALS_BEHIND = rb"(?:(?<=[Ee])poch|(?<=[Ii])ter|(?<=[Ll])oss|(?<=[Ss])tep|%\||MnRtt/Rnk: )"
 #: One rank prefix as ``fields.rank_prefix_at`` reads it; a line starting with :data:`UNSURE` may
 #: carry a rank that only ``fields.split_rank_prefix`` reads (Ray's prefix, an escape, non-ASCII).
-PREFIX = rb"(?:\[[A-Za-z_][A-Za-z_-]*?\d{1,7}\]: ?|\d{1,6}: )"
+PREFIX = rb"(?:%s|\d{1,6}: )" % (fields.RANK_BRACKET_HS % (r"\d{1,7}", r"\d{1,7}")).encode()
 UNSURE = PREFIX + rb"{0,4}(?:[(\x1b\x80-\xff]|\[[A-Za-z_][A-Za-z_-]*[0-9]*[\x80-\xff]|[0-9]+[\x80-\xff])"
 #: The end of a line a progress match may run on past (its ``\s`` reaching the next line).
 TAIL = re.compile(rb"(?:poch|ter|tion|ters|tions|oss|tep|\(train\)|\d/|['\":=(\[])[ \t\r\f\v]*\Z")
@@ -68,6 +68,13 @@ _HOLDS_LITERAL = rb"(?:[^\n%Mopt]++|(?!" + _LITERALS_BEHIND + rb")[%Mopt])*+" + 
 _PREFIX_FIRST = rb"(?=[\[(0-9\x1b\x80-\xff])"
 
 
+def _bracket_of(numbers: bytes) -> bytes:
+    """The bracketed rank prefix (``[rank3]:``, mpirun's ``[1,3]<stdout>:``) of one of ``numbers``
+    (``b"1|3"``), leading zeros allowed."""
+    digits = b"0*(?:%s)" % numbers
+    return fields.RANK_BRACKET_HS.encode() % (digits, digits)
+
+
 @functools.lru_cache(maxsize=64)
 def finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
     """The newline before each line that holds one of :data:`LITERALS` and may be of ``ranks``
@@ -75,8 +82,8 @@ def finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
     if ranks is None:
         return re.compile(rb"\n(?=" + _HOLDS_LITERAL + rb")")
     numbers = b"|".join(b"%d" % k for k in sorted(k for k in ranks if k is not None))
-    starts = [_PREFIX_FIRST + PREFIX + rb"{0,3}(?:\[[A-Za-z_][A-Za-z_-]*?0*(?:%s)\]: ?|0*(?:%s): )"
-              % (numbers, numbers)] * bool(numbers)
+    starts = [_PREFIX_FIRST + PREFIX + rb"{0,3}(?:%s|0*(?:%s): )"
+              % (_bracket_of(numbers), numbers)] * bool(numbers)
     starts += [b"(?!" + PREFIX + b")"] * (None in ranks) + [_PREFIX_FIRST + UNSURE]   # the rarest last
     return re.compile(rb"\n(?=" + b"|".join(starts) + rb")(?=" + _HOLDS_LITERAL + rb")")
 
@@ -174,8 +181,8 @@ def _expressions(ranks: frozenset[int | None] | None) -> tuple[list[bytes], list
             # the waiting rank's prefix and a literal, or a literal in the name of one of the first
             # prefixes (the waiting rank's or one before it: its rank is read), as one expression
             # (each expression checks every literal again; two cost ~0.005 s more a bench replay)
-            sure.append(rb"^" + PREFIX + rb"{0,3}(?:(?:\[[A-Za-z_][A-Za-z_-]*0*(?:%s)\]:|0*(?:%s): )[^\n]*"
-                        rb"|\[[A-Za-z_-]*)%s" % (numbers, numbers, LITERALS))
+            sure.append(rb"^" + PREFIX + rb"{0,3}(?:(?:%s|0*(?:%s): )[^\n]*|\[[A-Za-z_-]*)%s"
+                        % (_bracket_of(numbers), numbers, LITERALS))
     exprs = [e + _LINE_END for e in sure + maybe]
     ids = [0] * len(sure) + [1] * len(maybe)
     return exprs, ids, database_key("ftwatch-progresslines-1", exprs + [bytes(ids), b"%d" % _hs.HS_FLAG_MULTILINE])

@@ -61,6 +61,30 @@ ENV_VAR = "FTWATCH_MATCHER"
 """Environment variable that picks the backend when none is passed (``re2`` or ``hyperscan``)."""
 
 _RE2_SET_MAX_MEM = 256 << 20  # bytes; RE2::Set silently fails a match when its DFA runs out
+_TRIM_PATTERNS = 1000   # a set this large: its compile (or load) and the rules' loading leave tens of MiB free
+
+
+def _trim_heap() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A large set's Hyperscan compile, its deserialization and the loading of its rules before it
+    free tens of MiB that glibc keeps mapped: 10,000 rules, 100 -> 64 MiB RSS after the engine is
+    built (``watch``'s goal is 150 MB with 1,000 instances, issue 16). Takes microseconds.
+    """
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):    # not glibc (musl, macOS): nothing to trim with
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
 def _hs_compile(exprs: Sequence[_Expr]):
     """Compiles a Hyperscan block-mode database (raises ``hyperscan.error``)."""
     db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
@@ -254,6 +278,8 @@ class Matcher:
             for e in exprs:
                 self._set.Add(e.re2)
             self._set.Compile()
+        if len(exprs) >= _TRIM_PATTERNS:
+            _trim_heap()
 
     def _compile(self, opts) -> tuple[list[_Expr], object]:
         """Validates every pattern on both engines and compiles the Hyperscan database (None

@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from ftwatch.parsers import fields
 from ftwatch.rules.stepstats import replace_sorted, sorted_median
 
 #: Which groups of a step pattern hold what: (step group, total group, ((duration kind, group), ...)
@@ -61,7 +62,8 @@ _START, _PATTERN, _GROUPS = operator.itemgetter(0), operator.itemgetter(1), oper
 #: chain twice (``P{0,3}Q`` takes three prefixes, fails its last one and backs up: a third of
 #: the step tap's per-line cost). Each prefix reads one way only (its name holds no digit), so
 #: greedy and lazy, one repeat or two, match the same text.
-PREFIX_CHAIN = re.compile(rb"(?:\[[A-Za-z_][A-Za-z_-]*(\d{1,7})\]: ?|(\d{1,6}): ){1,4}")
+PREFIX_CHAIN = re.compile(rb"(?:%s|(\d{1,6}): |%s){1,4}"
+                          % ((fields.RANK_BRACKET % r"(\d{1,7})").encode(), fields.MPI_CTIME.encode()))
 
 
 def reader(rx: re.Pattern) -> Reader:

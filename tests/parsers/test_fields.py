@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftwatch.parsers import fields
 from ftwatch.parsers.fields import clean, level_of, parse_timestamp, split_rank_prefix
 
 
@@ -372,3 +373,42 @@ def test_vllm_stamps_read_only_when_asked(line, expected):
 ])
 def test_vllm_stamp_counterexamples(line):
     assert parse_timestamp(line, 2026, vllm=True) is None
+
+
+def test_year_of_answers_as_datetime_around_every_new_year():
+    """``year_of`` keeps the last year's span (issue 16): times just before, at and after each new
+    year, asked in an order that moves the kept span back and forth, get ``datetime``'s year
+    (which rounds to the microsecond: 0.4 us before midnight is already the new year there,
+    0.6 us before still the old one), and what ``datetime`` refuses is refused alike."""
+    from datetime import datetime, timezone
+
+    from ftwatch.parsers.fields import year_of
+    times = []
+    for year in (1970, 1999, 2000, 2024, 2025, 2026, 2027, 2100):
+        start = datetime(year, 1, 1, tzinfo=timezone.utc).timestamp()
+        times += [start + d for d in (-1.0, -0.5, -6e-7, -5e-7, -4e-7, -1e-7, 0.0, 1e-7, 1e-6, 1.0, 86400.0)]
+    for t in times + times[::-1] + [t for pair in zip(times, times[::-1]) for t in pair]:
+        assert year_of(t) == datetime.fromtimestamp(t, tz=timezone.utc).year, t
+    for bad, error in ((float("nan"), ValueError), (float("inf"), OverflowError), (1e20, OverflowError)):
+        with pytest.raises(error):
+            year_of(bad)
+
+
+@pytest.mark.parametrize("line, rank, rest", [
+    ("[1,3]<stderr>: Traceback (most recent call last):", 3, "Traceback (most recent call last):"),
+    ("[1,12]<stdout>:step 0, loss = 5.9", 12, "step 0, loss = 5.9"),
+    ("[1,0]<stddiag>:warn", 0, "warn"),
+    ("Tue Jul  9 01:10:02 2019[1,4]<stderr>:NCCL INFO x", 4, "NCCL INFO x"),
+    ("[1,3]: a list, no tag", None, "[1,3]: a list, no tag"),
+])
+def test_split_rank_prefix_reads_mpirun_tag_output(line, rank, rest):
+    # mpirun(1) --tag-output "[jobid,MCW_rank]<stdio stream>", --timestamp-output's ctime before it
+    assert fields.split_rank_prefix(line) == (rank, rest)
+    assert fields.rank_prefix_at(line.encode(), 0)[0] == rank
+
+
+def test_mpirun_timestamp_output_ctime_is_the_line_time():
+    t = fields.parse_timestamp("Tue Jul  9 01:10:02 2019[1,0]<stderr>:node-a:21544 NCCL INFO", 2026)
+    assert t == fields.parse_timestamp("[Tue Jul  9 01:10:02 2019] x", None)
+    assert t is not None
+

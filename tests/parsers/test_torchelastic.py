@@ -228,3 +228,13 @@ def test_a_start_missing_from_the_chunk_is_searched_for_once():
     plain = SummaryLines()
     plain.take(text.encode())
     assert plain.lines == reader.lines
+
+
+@given(st.lists(st.lists(st.sampled_from([b"Failures:", b"Root Cause", b"Root Cause (first observed failure):",
+                                          b"Fail", b"ures:", b"x", b"\n", b" "]), max_size=6).map(b"".join),
+                max_size=12))
+def test_holding_summary_finds_the_chunks_may_hold_summary_would(chunks):
+    """One search over a batch's chunks joined (issue 16) names the chunks a search of each names,
+    also where a start's words run across two chunks (``Fail`` + ``ures:``: neither holds them)."""
+    from ftwatch.parsers.torchelastic import holding_summary, may_hold_summary
+    assert holding_summary(chunks) == {k for k, chunk in enumerate(chunks) if may_hold_summary(chunk)}

@@ -147,3 +147,33 @@ def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
     assert sorted(ranks) == ["llm-a/rank0", "llm-a/rank1", "llm-b/rank0", "llm-b/rank1"]
     assert {name: len(rank.samples) for name, rank in ranks.items()} == dict.fromkeys(ranks, 5)  # steps 2-6
 
+
+
+def test_a_backlog_in_flight_stays_under_the_ingest_collector_threshold():
+    """``tune_gc_for_ingest`` (issue 16): the young collection counts tracked objects alive, and a
+    merged backlog's Forward records (``MERGE_LINES`` of them: a record map with Kubernetes
+    metadata and labels, its Shipped) with as many again queued behind it stay under the
+    threshold, so ingesting them runs no collection that could only find them alive."""
+    import gc
+
+    from ftwatch.pipeline.sources.forward import _shipped
+    from ftwatch.pipeline.watch import INGEST_GC_THRESHOLD, tune_gc_for_ingest
+
+    def entry(i: int) -> tuple:
+        return (1.7e9 + i, {"log": f"line {i}\n", "stream": "stderr",
+                            "kubernetes": {"pod_name": f"llm{i % 10}-worker-{i // 10 % 100}", "namespace_name": "train",
+                                           "host": f"node-{i % 125}",
+                                           "labels": {"training.kubeflow.org/job-name": f"llm{i % 10}"}}}, {})
+
+    before = gc.get_threshold()
+    gc.disable()
+    try:
+        young = gc.get_count()[0]
+        held = [_shipped("kube.var.log", [entry(i) for i in range(batches_mod.MERGE_LINES)]) for _ in range(2)]
+        alive = gc.get_count()[0] - young
+        tune_gc_for_ingest()
+        assert gc.get_threshold()[0] == INGEST_GC_THRESHOLD
+        assert sum(map(len, held)) == 2 * batches_mod.MERGE_LINES and 0 < alive < INGEST_GC_THRESHOLD
+    finally:
+        gc.set_threshold(*before)
+        gc.enable()

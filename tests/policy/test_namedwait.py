@@ -6,7 +6,7 @@ keeps the hang reading."""
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin
-from ftwatch.policy.namedwait import NAMED_WAIT_RULES, SLACK_SECONDS, named_wait_before_hang
+from ftwatch.policy.namedwait import NAMED_WAIT_RULES, SLACK_SECONDS, WAIT_END_RULES, named_wait_before_hang
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -60,4 +60,39 @@ def test_an_error_after_the_warning_keeps_its_own_reading():
 def test_a_hang_without_such_a_line_stays_a_hang():
     found = logged(0.0, "I1231 09:02:11.230475 140208722954048 train.py:130] Using partitioner: PjitPartitioner")
     rc = analyse([*found, hang(SLACK_SECONDS)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+USING = "Using ~/.cache/torch_extensions/py38_cpu as PyTorch extensions root..."
+
+
+def ranked(t: float, rank: int, line: str) -> list[Finding]:
+    o = Origin(f"rank{rank}", rank, "tpu", "host-0", "stderr", "process")
+    return ENGINE.feed(o, f"{line}\n".encode(), T0 + t, final=True)
+
+
+def test_the_pack_and_the_policy_name_the_same_wait_ends():
+    assert {r.id for r in RULES if "ends_wait" in r.tags} == WAIT_END_RULES
+
+
+def test_every_rank_silent_at_the_extensions_build_lock_is_a_stale_lock():
+    # torch/utils/cpp_extension.py: every process but the builder waits in FileBaton.wait(), silent
+    found = [f for r in range(4) for f in ranked(r * 0.001, r, USING)]
+    rc = analyse([*found, hang(1.0)], world=4).root_cause
+    assert rc is not None and rc.rule_id == "hang.named_wait", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB
+    assert rc.fields["wait"] == "wait.torch_extensions_build_lock"
+
+
+def test_a_launcher_death_signal_after_the_silence_does_not_hide_the_wait():
+    found = [f for r in range(2) for f in ranked(r * 0.001, r, USING)]
+    h = hang(1.0)
+    stop = finding("torch_elastic.agent_death_signal", time=h.time + 3600.0, seq=10**9 + 1)
+    order = [*found, h, stop]
+    assert named_wait_before_hang(order, [h, stop]) is not None
+
+
+def test_a_hang_after_the_extension_loaded_is_no_lock_wait():
+    found = ranked(0.0, 0, USING) + ranked(0.5, 0, "Loading extension module fused_adam...")
+    rc = analyse([*found, hang(1.0)], world=1).root_cause
     assert rc is not None and rc.rule_id == "hang.job"

@@ -273,3 +273,16 @@ def test_match_text_answers_are_kept_and_equal_a_fresh_scan(monkeypatch):
     monkeypatch.setattr(matcher_mod, "MATCH_TEXT_CACHE", 2)
     m.match_text("a")
     assert len(m._texts) == 1 and m.match_text("x KeyError: 'a'") == {0}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_large_set_hands_the_freed_heap_back(backend, monkeypatch):
+    """A set of 1,000 patterns or more trims the C heap once it is compiled (issue 16: the compile
+    and the rules' loading leave tens of MiB that watch's RSS goal counts); a small one does not."""
+    calls = []
+    monkeypatch.setattr(matcher_mod, "_malloc_trim", lambda pad: calls.append(pad))
+    Matcher([Pattern(f"E{i:05d} failed") for i in range(10)], backend=backend)
+    assert calls == []
+    m = Matcher([Pattern(f"E{i:05d} failed") for i in range(matcher_mod._TRIM_PATTERNS)], backend=backend)
+    assert calls == [0]
+    assert m.scan(b"ok\nE00007 failed\n") == [(3, 7)]
