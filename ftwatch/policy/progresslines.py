@@ -14,9 +14,12 @@ line (:func:`lines`). The rank-prefix lines of other ranks (a 256-rank job's out
 combined log) and the quiet lines cost nothing per line. Measured on the bench corpus (35 MB,
 ranks {1, None} waiting, CPU s per replay): the ``re`` pass 0.27 s as first written, 0.19 s now;
 the hyperscan scan ~0.09 s (the lines of no prefix: ~0.06 s of it) and ~0.12 s with its per-line
-reads; ~0.067 s and ~0.09 s with the literals' first letters (:data:`LITERALS`). Why not the engine's own scan: the progress patterns hit every step line (28 % of the
-corpus) several times; in the engine's database their callbacks cost ~0.22 s per replay on every
-chunk, errors waiting or not (measured), for ~0.27 s saved only while errors wait.
+reads; ~0.067 s and ~0.09 s with the literals' first letters (:data:`LITERALS`); ~0.034 s and
+~0.058 s with one expression where there were ten for the lines of no prefix (:func:`_unprefixed`:
+hyperscan checks every literal it finds once per expression, and every step line holds several).
+Why not the engine's own scan: the progress patterns hit every step line (28 % of the corpus)
+several times; in the engine's database their callbacks cost ~0.22 s per replay on every chunk,
+errors waiting or not (measured), for ~0.27 s saved only while errors wait.
 """
 
 from __future__ import annotations
@@ -88,10 +91,11 @@ def finder(ranks: frozenset[int | None] | None) -> re.Pattern[bytes]:
 _LINE_END = rb"[^\n]*$"      # every pattern ends at its line's end: hyperscan reports one end per line
 
 
-def _unprefixed() -> list[bytes]:
+def _unprefixed_forms() -> list[bytes]:
     """Lines that do not start with :data:`PREFIX` (rank None unless :data:`UNSURE`) and hold a
     literal anywhere (where a form takes a byte the literal may start with, the literal there is
-    an alternative): by their first byte, then for ``[`` and digits each way the prefix fails."""
+    an alternative): by their first byte, then for ``[`` and digits each way the prefix fails.
+    The reference that :func:`_unprefixed` must equal (``tests/policy/test_progress_scan.py``)."""
     lit = LITERALS
     return [rb"^(?:" + lit + rb"|[^\[0-9\n][^\n]*" + lit + rb")",               # another first byte
             rb"^\[[A-Za-z_-]*" + lit,                                               # a literal in a bracket's name
@@ -103,6 +107,21 @@ def _unprefixed() -> list[bytes]:
             rb"^[0-9]{7}[^\n]*" + lit,                                              # 7+ digits
             rb"^[0-9]{1,6}(?:" + lit + rb"|[^0-9:\n][^\n]*" + lit + rb")",          # digits and no ":"
             rb"^[0-9]{1,6}:(?:" + lit + rb"|[^ \n][^\n]*" + lit + rb")"]            # digits, ":" and no " "
+
+
+def _unprefixed() -> list[bytes]:
+    """:func:`_unprefixed_forms` as one expression for :func:`_database` (the same lines): each form
+    is a head and then the literal either right after it or after ``[^\\n]*`` past one more byte,
+    so the heads are grouped by which of the two follows, and the literal is written once.
+    Hyperscan starts a check at every literal it finds (they are dense: every step line holds
+    several), once per expression: ten expressions cost ~0.050 s a bench replay (ranks {None}),
+    this one ~0.019 s (issue 16)."""
+    name = rb"\[[A-Za-z_][A-Za-z_-]*"
+    more = [rb"[^\[0-9\n]", rb"\[[^A-Za-z_\n]", name + rb"[^A-Za-z_\-0-9\n]", name + rb"[0-9]{8}",
+            name + rb"[0-9]{1,7}[^\]0-9\n]", name + rb"[0-9]{1,7}\][^:\n]", rb"[0-9]{7}", rb"[0-9]{1,6}[^0-9:\n]",
+            rb"[0-9]{1,6}:[^ \n]"]
+    right_after = [rb"", rb"\[[A-Za-z_-]*", name + rb"[0-9]{1,7}\]?", rb"[0-9]{1,6}:?"]
+    return [rb"^(?:(?:" + b"|".join(more) + rb")[^\n]*|" + b"|".join(right_after) + rb")" + LITERALS]
 
 
 #: A rank set's own database is compiled (20-150 ms) once it was asked for this many times (a set
@@ -137,8 +156,9 @@ def _database(ranks: frozenset[int | None] | None):
     """The hyperscan database of :func:`lines` for ``ranks`` (None: every line), compiled once per
     machine and rank set (kept on disk: ``ftwatch.rules.matcher.store_database``, so a replay that
     reads progress does not pay the 20-150 ms compile again): id 0, a line that
-    holds a literal; id 1, a line that may hold one, not looked for: a literal in the name of one
-    of its first rank prefixes (the waiting rank's, or one before it), or :data:`UNSURE`."""
+    holds a literal (a waiting rank's, one without a rank prefix, or one with a literal in the name
+    of one of its first rank prefixes: :func:`lines` reads the rank); id 1, a line that may hold
+    one, not looked for: :data:`UNSURE`."""
     exprs, ids, key = _expressions(ranks)
     db = load_database(key)
     if db is None:
@@ -158,9 +178,11 @@ def _expressions(ranks: frozenset[int | None] | None) -> tuple[list[bytes], list
         sure = _unprefixed() if None in ranks else []
         maybe = [rb"^" + UNSURE]
         if numbers:
-            sure.append(rb"^" + PREFIX + rb"{0,3}(?:%s|0*(?:%s): )[^\n]*%s"
+            # the waiting rank's prefix and a literal, or a literal in the name of one of the first
+            # prefixes (the waiting rank's or one before it: its rank is read), as one expression
+            # (each expression checks every literal again; two cost ~0.005 s more a bench replay)
+            sure.append(rb"^" + PREFIX + rb"{0,3}(?:(?:%s|0*(?:%s): )[^\n]*|\[[A-Za-z_-]*)%s"
                         % (_bracket_of(numbers), numbers, LITERALS))
-            maybe.append(rb"^" + PREFIX + rb"{0,3}\[[A-Za-z_-]*" + LITERALS)
     exprs = [e + _LINE_END for e in sure + maybe]
     ids = [0] * len(sure) + [1] * len(maybe)
     return exprs, ids, database_key("ftwatch-progresslines-1", exprs + [bytes(ids), b"%d" % _hs.HS_FLAG_MULTILINE])

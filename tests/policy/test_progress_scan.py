@@ -216,6 +216,42 @@ def test_the_hyperscan_pass_reads_the_lines_the_re_pass_reads(seed, monkeypatch)
     assert fast[0] and fast[3]                          # (some lines found)
 
 
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+def test_the_hyperscan_pass_reads_a_line_whose_literal_is_in_a_prefix_name(monkeypatch):
+    # ``[Step1]: x``: rank 1's line, and its only literal is in its prefix's name (as in one before
+    # the rank's prefix): the database reports it as the re pass does
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", 0)
+    data = (b"[Step1]: x 12\n[rank0]: [Loss1]: y 3\n[Epoch2]: z\n[iters1]:\n[rank1]: plain\n"
+            b"[Step1] no colon\n2: [Step1]: w\n")
+    rank_sets = ({1}, {None, 1}, {1, 2}, {0})
+    fast = [progresslines.lines(data, ranks) for ranks in rank_sets]
+    monkeypatch.setattr(progresslines, "_hs", None)
+    assert fast == [progresslines.lines(data, ranks) for ranks in rank_sets]
+    assert [start for start, *_ in fast[0]] == [0, 14, 48, 90]
+
+
+@pytest.mark.skipif(progresslines._hs is None, reason="hyperscan not installed")
+@pytest.mark.parametrize("seed", range(8))
+def test_the_one_unprefixed_expression_reports_the_lines_of_its_ten_forms(seed):
+    # ``_unprefixed`` (one expression: hyperscan checks each dense literal once, not ten times,
+    # issue 16) reports exactly the line ends of ``_unprefixed_forms``, the forms spelt out one by one
+    hs = progresslines._hs
+    rng = random.Random(seed)
+    pieces = PIECES + [b"[ab", b"[m-", b"[-", b"[_", b"12", b"123456", b"1234567", b"12345678", b"]", b":", b"-",
+                       b"_", b"M", b"a", b"9", b"]:", b": ", b"1:"]
+    data = b"\n".join(b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 8))) for _ in range(5000))
+
+    def ends(exprs):
+        db = hs.Database(mode=hs.HS_MODE_BLOCK)
+        exprs = [e + progresslines._LINE_END for e in exprs]
+        db.compile(expressions=exprs, ids=[0] * len(exprs), flags=[hs.HS_FLAG_MULTILINE] * len(exprs))
+        found = set()
+        db.scan(data, match_event_handler=lambda _id, _from, end, _flags, _ctx: found.add(end))
+        return found
+    one, ten = ends(progresslines._unprefixed()), ends(progresslines._unprefixed_forms())
+    assert len(progresslines._unprefixed()) == 1 and one == ten and len(ten) > 100
+
+
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("compile_after", [0, 10**9])      # the hyperscan pass, the re pass
 def test_the_rank_and_text_handed_over_are_the_split_lines(seed, compile_after, monkeypatch):
