@@ -242,12 +242,14 @@ def _shared_interface(f: Finding, evidence: Iterable[Finding]) -> InitGrade | No
     return None
 
 
-def _in_default_bridge(address: str) -> bool:
-    """Says whether ``address`` (as NCCL prints it, maybe with ``%scope``) is in Docker's default bridge."""
+def _in_default_bridge(address: str, networks: tuple = (DOCKER_DEFAULT_BRIDGE,)) -> bool:
+    """Says whether ``address`` (as NCCL or c10d print it, maybe with ``%scope``) is in Docker's
+    default bridge (or in one of ``networks``); False for what is no address."""
     try:
-        return ipaddress.ip_address(address.split("%")[0]) in DOCKER_DEFAULT_BRIDGE
+        ip = ipaddress.ip_address(address.split("%")[0])
     except ValueError:
         return False
+    return any(ip.version == net.version and ip in net for net in networks)
 
 
 #: the c10d store client's connects that ran out of time (torch's socket.cpp ``The client socket has
@@ -281,11 +283,7 @@ def _host_local_store(f: Finding) -> InitGrade | None:
     grade (a master that starts late). None otherwise."""
     if f.rule_id not in STORE_CONNECT_TIMEOUTS or (target := _STORE_TARGET.search(f.line)) is None:
         return None
-    try:
-        address = ipaddress.ip_address(target.group(1).split("%")[0])
-    except ValueError:
-        return None
-    if address in DOCKER_DEFAULT_BRIDGE or any(address in net for net in _LINK_LOCAL if net.version == address.version):
+    if _in_default_bridge(target.group(1)) or _in_default_bridge(target.group(1), _LINK_LOCAL):
         return replace(_HOST_LOCAL_STORE, rule=f.rule_id)
     return None
 
