@@ -149,7 +149,7 @@ from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
-from ftwatch.policy.namedwait import named_wait_before_hang
+from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
@@ -365,6 +365,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
     busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
+            or named_wait_rank(order, real or fallout)   # for a rank in a wait its framework named,
             or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
             or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
             or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait
