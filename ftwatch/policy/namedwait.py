@@ -32,7 +32,7 @@ interrupted during a build. In that case, delete the megatron build directory an
 every error is a wait, no instance died on its own): a rank that reported no wait (or a line with
 no rank prefix when the waiting ranks are named) whose latest finding up to the first timeout is
 a names_wait line, printed no earlier than the wait began (the first timeout less the wait's
-timeout, less :data:`SLACK_SECONDS`), with no ends_wait line from anyone after it and no error of
+timeout, less ``leftpath.SLACK_SECONDS``), with no ends_wait line from anyone after it and no error of
 its own: ``hang.named_wait`` on that line. A slow build that finishes prints its end line and keeps
 the hang readings.
 """
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
+from ftwatch.events import Action, FailureClass, Finding, Severity
 from ftwatch.policy.busy import waits
-from ftwatch.policy.leftpath import line_before_hang
+from ftwatch.policy.leftpath import last_words, line_before_hang
 
 #: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
 #: tests/policy/test_namedwait.py keeps the two in step).
@@ -99,24 +99,16 @@ def named_wait_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Find
         A Finding on the named-wait line's origin, at the first timeout's (time, seq), or None.
     """
     w = waits(order, errors)
-    if w is None:
+    named = None if w is None else next(
+        ((who, last) for who, last in last_words(w) if last.rule_id in NAMED_WAIT_RULES and not any(
+            f.rule_id in WAIT_END_RULES and (f.time, f.seq) > (last.time, last.seq) for f in order)), None)
+    if w is None or named is None:      # (a wait line followed by its end line: the wait it named ended)
         return None
-    first = w.first
-    start = first.time - w.window - SLACK_SECONDS
-    for who, mine in w.others():
-        before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
-        if not before or any(is_error(f) for f in before):
-            continue
-        last = max(before, key=lambda f: (f.time, f.seq))
-        if last.rule_id not in NAMED_WAIT_RULES or last.time < start:
-            continue
-        if any(f.rule_id in WAIT_END_RULES and (f.time, f.seq) > (last.time, last.seq) for f in order):
-            continue                    # the wait it named ended
-        line = (f"{who} last said its framework waits on a cause only the program or its launch removes "
-                f"({last.rule_id}: {last.line.strip()[:160]}) and reported no wait, while rank(s) {w.waiting} "
-                f"timed out waiting for it in a collective ({first.rule_id}, timeout {w.window:.0f} s): a restart "
-                "launched the same way meets the same wait")
-        return Finding("hang.named_wait", "hang", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
-                       last.origin, line, first.time, first.seq, (last.line, first.line),
-                       {"wait": last.rule_id, "waiting": w.waiting, "timeout_s": w.window}, last.source)
-    return None
+    who, wait = named
+    line = (f"{who} last said its framework waits on a cause only the program or its launch removes "
+            f"({wait.rule_id}: {wait.line.strip()[:160]}) and reported no wait, while rank(s) {w.waiting} "
+            f"timed out waiting for it in a collective ({w.first.rule_id}, timeout {w.window:.0f} s): a restart "
+            "launched the same way meets the same wait")
+    return Finding("hang.named_wait", "hang", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR, wait.origin,
+                   line, w.first.time, w.first.seq, (wait.line, w.first.line),
+                   {"wait": wait.rule_id, "waiting": w.waiting, "timeout_s": w.window}, wait.source)
