@@ -71,10 +71,10 @@ on, the same warning is only a slow rank, horovod/horovod#403).
 
 from __future__ import annotations
 
-from typing import AbstractSet, Sequence
+from typing import AbstractSet, Iterator, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
-from ftwatch.policy.busy import died_on_its_own, waits
+from ftwatch.policy.busy import Waits, died_on_its_own, waits
 from ftwatch.policy.collectives import TIMEOUT_RULES
 
 #: Rules that say a rank left the path its peers are on (lifecycle.yaml's ``lifecycle.left_path.*``,
@@ -105,12 +105,8 @@ def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         return None
     first = w.first
     start = first.time - w.window - SLACK_SECONDS
-    for who, mine in w.others():
-        before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
-        if not before or any(is_error(f) for f in before):
-            continue
-        last = max(before, key=lambda f: (f.time, f.seq))
-        if last.rule_id not in LEFT_PATH_RULES or last.time < start:
+    for who, last in last_words(w):
+        if last.rule_id not in LEFT_PATH_RULES:
             continue
         if any(f.rule_id == last.rule_id and f.time >= start for r in w.waiting for f in w.by_rank.get(r, ())):
             continue                    # a waiting rank said the same: they did not part there
@@ -124,6 +120,27 @@ def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
                        {"left": last.rank, "waiting": w.waiting, "phase": last.rule_id, "timeout_s": w.window},
                        SOURCE)
     return None
+
+
+def last_words(w: Waits) -> Iterator[tuple[str, Finding]]:
+    """The last word of each instance that did not wait (``Waits.others``), shared by the readings
+    of what a non-waiting rank was doing when its peers timed out (:func:`left_rank`,
+    ``ftwatch.policy.namedwait.named_wait_rank``).
+
+    Yields:
+        ``(who, finding)``: its latest finding up to the first timeout, for each one with no error of
+        its own by then whose latest finding is no older than the wait's start (the first timeout
+        less the wait's timeout, less :data:`SLACK_SECONDS`).
+    """
+    first = w.first
+    start = first.time - w.window - SLACK_SECONDS
+    for who, mine in w.others():
+        before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
+        if not before or any(is_error(f) for f in before):
+            continue
+        last = max(before, key=lambda f: (f.time, f.seq))
+        if last.time >= start:
+            yield who, last
 
 
 FINISH_SOURCE = ("Lightning src/lightning/pytorch/trainer/trainer.py Trainer.save_checkpoint (\"This method needs to be "

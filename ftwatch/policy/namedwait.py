@@ -20,6 +20,21 @@ hang, such as the launcher's death signal when the silent job is stopped by hand
 is then ``hang.named_wait`` (user_code, fail_job) on the line's origin, at the hang's (time,
 seq): a restart launched the same way waits in the same place. A line of this pack long before
 the silence (the backend initialised after all, and training went on) says nothing of the hang.
+
+The same wait on one rank while its peers wait for it in a collective ends in their watchdogs, not
+in a job hang: Megatron builds its fused kernels on rank 0 first ("> compiling and loading fused
+kernels ...", ``torch.utils.cpp_extension.load`` under a lock in its build directory) while every
+other rank is already in ``torch.distributed.barrier()`` (megatron/training/initialize.py
+``_compile_dependencies``), and fairseq, which runs the same pattern, logs with the line "If this
+hangs here, your megatron fused kernels may be corrupted. This can happen if a previous job is
+interrupted during a build. In that case, delete the megatron build directory and relaunch". So
+:func:`named_wait_rank` reads, with the busy-rank reading's start (``ftwatch.policy.busy.waits``:
+every error is a wait, no instance died on its own): a rank that reported no wait (or a line with
+no rank prefix when the waiting ranks are named) whose latest finding up to the first timeout is
+a names_wait line, printed no earlier than the wait began (the first timeout less the wait's
+timeout, less ``leftpath.SLACK_SECONDS``), with no ends_wait line from anyone after it and no error of
+its own: ``hang.named_wait`` on that line. A slow build that finishes prints its end line and keeps
+the hang readings.
 """
 
 from __future__ import annotations
@@ -27,13 +42,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
-from ftwatch.policy.leftpath import line_before_hang
+from ftwatch.policy.busy import waits
+from ftwatch.policy.leftpath import last_words, line_before_hang
 
 #: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
 #: tests/policy/test_namedwait.py keeps the two in step).
-NAMED_WAIT_RULES = frozenset({"wait.jax_tpu_backend_not_on_all_hosts", "wait.torch_extensions_build_lock"})
+NAMED_WAIT_RULES = frozenset({"wait.jax_tpu_backend_not_on_all_hosts", "wait.torch_extensions_build_lock",
+                              "wait.megatron_fused_kernels_build"})
 #: The rules whose line ends such a wait (tag ``ends_wait``): the latest of both before the hang must be a wait.
-WAIT_END_RULES = frozenset({"wait.torch_extensions_lock_passed"})
+WAIT_END_RULES = frozenset({"wait.torch_extensions_lock_passed", "wait.megatron_fused_kernels_done"})
 #: How long before the job's last output the line may be (seconds): the wait it names began then.
 SLACK_SECONDS = 300.0
 
@@ -67,3 +84,31 @@ def named_wait_before_hang(order: Sequence[Finding], real: Sequence[Finding]) ->
     return Finding("hang.named_wait", "hang", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                    named.origin, line, hang.time, hang.seq, (named.line, hang.line),
                    {"wait": named.rule_id, "hang": hang.rule_id}, named.source)
+
+
+def named_wait_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+    """``hang.named_wait`` on the rank whose named wait its peers' collective timed out on (the
+    module docstring), or None.
+
+    Args:
+        order: the incident's findings by (time, seq).
+        errors: the errors to explain (the real ones, or the fallout when there is none;
+            ``ftwatch.policy.busy.waits``).
+
+    Returns:
+        A Finding on the named-wait line's origin, at the first timeout's (time, seq), or None.
+    """
+    w = waits(order, errors)
+    named = None if w is None else next(
+        ((who, last) for who, last in last_words(w) if last.rule_id in NAMED_WAIT_RULES and not any(
+            f.rule_id in WAIT_END_RULES and (f.time, f.seq) > (last.time, last.seq) for f in order)), None)
+    if w is None or named is None:      # (a wait line followed by its end line: the wait it named ended)
+        return None
+    who, wait = named
+    line = (f"{who} last said its framework waits on a cause only the program or its launch removes "
+            f"({wait.rule_id}: {wait.line.strip()[:160]}) and reported no wait, while rank(s) {w.waiting} "
+            f"timed out waiting for it in a collective ({w.first.rule_id}, timeout {w.window:.0f} s): a restart "
+            "launched the same way meets the same wait")
+    return Finding("hang.named_wait", "hang", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR, wait.origin,
+                   line, w.first.time, w.first.seq, (wait.line, w.first.line),
+                   {"wait": wait.rule_id, "waiting": w.waiting, "timeout_s": w.window}, wait.source)

@@ -92,7 +92,13 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    handling"), and the abort of a communicator still in use is what crashes or hangs (openxla/xla#13109:
    aborting the faulty communicators "seems to be unreliable"; NVIDIA/JAX-Toolbox#194: "Only 2-3
    out of all the processes segfault with the above error, and the others abort"). A crash with
-   no fallout before it on its instance stays the program's (user_code).
+   no fallout before it on its instance stays the program's (user_code). So is the allocator's
+   guard against a corrupt size (``CORRUPT_SIZE_RULES``: "Tried to allocate more than 1EB") after
+   such fallout: the watchdog says then that "subsequent GPU operations might run on
+   corrupted/incomplete data" (ProcessGroupNCCL.cpp), and a size received in the failed collective
+   is such data (``broadcast_object_list`` broadcasts the objects' sizes, then allocates the
+   largest; NVIDIA/nccl#1284: the maintainer read the 1 EB request after a broadcast timeout as a
+   cascading error of the timeout).
 12. An exit with status 124 is a timeout's stop (coreutils timeout(1), and the progress watchdogs
    that copy it; ``ftwatch.policy.timedout``): read as a hang (restart_job) before the readings
    above, no weak exit; an error logged before it still comes first.
@@ -153,7 +159,7 @@ from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
-from ftwatch.policy.namedwait import named_wait_before_hang
+from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.oomkill import killed_when_reported, lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
@@ -175,6 +181,8 @@ SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "pyt
                              "torch.mp_spawn_sigkill"})
 #: Native crashes that rule 11 reads as the tear-down of fallout the same instance logged first.
 NATIVE_CRASHES = frozenset({"os.segfault"})
+#: Errors of a corrupt size that rule 11 reads, like a native crash, as fallout of the same instance's earlier fallout.
+CORRUPT_SIZE_RULES = frozenset({"alloc.size_past_1eb"})
 #: The rule id of the root cause :func:`left_first` names.
 LEFT_FIRST = "exit.left_first"
 _LEFT_SOURCE = ("SPEC R5 (AIMaster exit hang, seeds/000: an instance that exited 0 while the job has not "
@@ -332,8 +340,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         return unranked
 
     def torn_down(f: Finding) -> bool:
-        """Rule 11: a native crash after fallout its own instance logged."""
-        return native_crash(f) and any(e.failure_class is FailureClass.FALLOUT and precedes(e, f)
+        """Rule 11: a native crash (or a corrupt size) after fallout its own instance logged."""
+        return (native_crash(f) or f.rule_id in CORRUPT_SIZE_RULES) and any(e.failure_class is FailureClass.FALLOUT and precedes(e, f)
                                        for e in logged.get(f.origin.instance, ()))
 
     fallout: list[Finding] = []
@@ -369,6 +377,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
     busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
+            or named_wait_rank(order, real or fallout)   # for a rank in a wait its framework named,
             or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
             or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
             or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait

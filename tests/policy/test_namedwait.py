@@ -6,7 +6,8 @@ keeps the hang reading."""
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin
-from ftwatch.policy.namedwait import NAMED_WAIT_RULES, SLACK_SECONDS, WAIT_END_RULES, named_wait_before_hang
+from ftwatch.policy.namedwait import (NAMED_WAIT_RULES, SLACK_SECONDS, WAIT_END_RULES, named_wait_before_hang,
+                                      named_wait_rank)
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -96,3 +97,44 @@ def test_a_hang_after_the_extension_loaded_is_no_lock_wait():
     found = ranked(0.0, 0, USING) + ranked(0.5, 0, "Loading extension module fused_adam...")
     rc = analyse([*found, hang(1.0)], world=1).root_cause
     assert rc is not None and rc.rule_id == "hang.job"
+
+
+FUSED = "> compiling and loading fused kernels ..."
+FUSED_DONE = ">>> done with compiling and loading fused kernels. Compilation time: 3.712 seconds"
+
+
+def megatron_start(rank0_lines: list[tuple[float, str]]) -> list[Finding]:
+    """Megatron's _compile_dependencies: rank 0 prints its lines, ranks 1-3 wait in the barrier (a
+    one-element ALLREDUCE, SeqNum=1) until their watchdogs fire at 600 s."""
+    found = [f for t, line in rank0_lines for f in ranked(t, 0, line)]
+    for r in (1, 2, 3):
+        found += ranked(600.0 + r / 10, r, f"[E ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective "
+                        "operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                        "Timeout(ms)=600000) ran for 600049 milliseconds before timing out.")
+    return sorted(found, key=lambda f: (f.time, f.seq))
+
+
+def test_peers_timing_out_on_a_rank_left_in_megatrons_kernel_build_is_the_named_wait():
+    # megatron/training/initialize.py: rank 0 builds under a lock while the others sit in the barrier
+    found = megatron_start([(0.0, FUSED)])
+    assert named_wait_rank(found, [f for f in found if f.rule_id != "wait.megatron_fused_kernels_build"]) is not None
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "hang.named_wait", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB
+    assert rc.rank == 0 and rc.fields["waiting"] == [1, 2, 3]
+
+
+def test_a_build_that_said_it_was_done_keeps_the_silent_rank_reading():
+    rc = analyse(megatron_start([(0.0, FUSED), (5.0, FUSED_DONE)]), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.silent_rank", rc
+
+
+def test_a_build_line_older_than_the_wait_keeps_the_silent_rank_reading():
+    rc = analyse(megatron_start([(-3600.0, FUSED)]), world=4).root_cause    # the barrier began at 0 s
+    assert rc is not None and rc.rule_id == "collective.silent_rank", rc
+
+
+def test_a_rank_with_an_error_after_the_build_line_failed_on_its_own():
+    found = megatron_start([(0.0, FUSED), (30.0, "RuntimeError: CUDA error: an illegal memory access was encountered")])
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id != "hang.named_wait", rc

@@ -188,3 +188,26 @@ def test_srun_aborted_after_only_a_watchdog_timeout_is_not_a_program_bug():
     # the watchdog ends the process with SIGABRT: nothing real was logged, so the abort is fallout (SPEC R7)
     an = analyse(timeout + aborted)
     assert an.fallout_only and not an.real
+
+
+def test_lightnings_sigterm_handler_line_is_a_stop_from_outside():
+    """signal_connector.py logs rank_prefixed_message(f"Received SIGTERM: {signum}", local_rank)."""
+    [f] = findings("[rank: 0] Received SIGTERM: 15")
+    assert f.rule_id == "lightning.received_sigterm"
+    assert f.failure_class is FailureClass.RETRYABLE_INFRA and f.action is Action.RESTART_JOB
+
+
+def test_the_sigterm_exception_lightnings_loops_raise_is_the_signals_fallout():
+    """utilities/exceptions.py: SIGTERMException(SystemExit) is raised by the loops after a SIGTERM; with the
+    handler's line before it the signal is the root cause: restart, not the catch-all's fail_job."""
+    text = "\n".join(["[rank: 0] Received SIGTERM: 15", "Traceback (most recent call last):",
+                      '  File "/app/train.py", line 140, in <module>', "    trainer.fit(model)",
+                      '  File "/usr/lib/python3.11/site-packages/lightning/pytorch/loops/fit_loop.py", line 476, '
+                      "in on_advance_end", "    raise SIGTERMException",
+                      "lightning.pytorch.utilities.exceptions.SIGTERMException"])
+    found = findings(text)
+    exc = [f for f in found if "SIGTERMException" in f.line and f.rule_id != "lightning.received_sigterm"]
+    assert exc and all(f.failure_class is FailureClass.FALLOUT for f in exc), [(f.rule_id, f.failure_class) for f in found]
+    rc = analyse(found, world=1).root_cause
+    assert rc is not None and rc.rule_id == "lightning.received_sigterm", rc
+    assert rc.action is Action.RESTART_JOB

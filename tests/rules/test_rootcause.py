@@ -297,3 +297,18 @@ def test_a_segfault_after_another_ranks_fallout_stays_the_programs():
     peer = log("nccl.remote_error", FALL, 0, 9.0)
     crash = log("os.segfault", UC, 2, 10.0, action=Action.FAIL_JOB)
     assert analyse([peer, crash]).root_cause == crash
+
+
+def test_a_corrupt_size_after_its_ranks_collective_timeout_is_fallout():
+    # ProcessGroupNCCL: after a timeout "subsequent GPU operations might run on corrupted/incomplete data";
+    # broadcast_object_list then allocates the size it received: more than 1 EB
+    timeout = log("torch.nccl_watchdog_timeout", FALL, 3, 10.0)
+    guard = log("alloc.size_past_1eb", UC, 3, 11.0, action=Action.FAIL_JOB)
+    an = analyse([timeout, guard])
+    assert an.fallout_only and guard not in an.real
+
+
+def test_a_corrupt_size_with_no_fallout_before_it_stays_the_programs():
+    guard = log("alloc.size_past_1eb", UC, 3, 10.0, action=Action.FAIL_JOB)
+    timeout = log("torch.nccl_watchdog_timeout", FALL, 0, 11.0)
+    assert analyse([guard, timeout]).root_cause == guard
