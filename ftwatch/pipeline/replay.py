@@ -141,8 +141,10 @@ def _replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str,
     desk = IncidentDesk(job, engine, policy, recorder, exits=False, summaries="close", exit_origin=exit_origin)
     total = 0
     own_year = engine.year
-    default_year = own_year or fields.year_of(SIM_START)
-    anchors = [anchor(Path(path), default_year) for path in paths]
+    heads = [_head_texts(Path(path)) for path in paths]
+    carried = [year for year in map(_carried_year, heads) if year is not None]
+    default_year = own_year or min(carried, default=fields.year_of(SIM_START))
+    anchors = [_anchor(texts, default_year) for texts in heads]
     fallback = min((a for a in anchors if a is not None), default=(SIM_START, own_year))
     ends = [fallback[0]]                    # each file's clock at its end
     interval = HangTracker.from_policy(policy.policy, exits=False).job_hang_interval
@@ -250,17 +252,37 @@ def anchor(path: Path, year: int) -> tuple[float, int] | None:
     Raises:
         OSError: the file cannot be read.
     """
+    return _anchor(_head_texts(path), year)
+
+
+def _head_texts(path: Path) -> list[str]:
+    """The first ``ANCHOR_LINES`` lines of a file's first ``ANCHOR_BYTES`` (their first 256
+    characters), cleaned: where :func:`anchor` looks. Raises OSError."""
     with open(path, "rb") as fh:
         head = fh.read(ANCHOR_BYTES)
     if len(head) == ANCHOR_BYTES:
         head = head[: head.rfind(b"\n") + 1] or head      # not a line cut off by the read
     raws = head.split(b"\n", ANCHOR_LINES)[:ANCHOR_LINES]
-    texts = [fields.clean(raw[:_ANCHOR_CHARS]) for raw in raws]
+    return [fields.clean(raw[:_ANCHOR_CHARS]) for raw in raws]
+
+
+def _carried_year(texts: list[str]) -> int | None:
+    """The year of the first stamp among ``texts`` that carries one (ISO, dmesg -T, plog), else None.
+
+    A replay's files were written in one job's time: a file whose stamps carry no year (RFC 3164
+    syslog's ``Mmm dd hh:mm:ss``, as a node's ``kern.log`` and journalctl's short format write it;
+    glog's ``MMDD``) is read in the year its sibling files carry, as ``watch`` reads those lines
+    live, in the year they are written, not in the simulated clock's."""
     for text in texts:
         stamp = fields.parse_timestamp(text, None)
         if stamp is not None:
-            year = fields.year_of(stamp)
-            break
+            return fields.year_of(stamp)
+    return None
+
+
+def _anchor(texts: list[str], year: int) -> tuple[float, int] | None:
+    """:func:`anchor` over a file's head lines (:func:`_head_texts`)."""
+    year = _carried_year(texts) or year
     for index, text in enumerate(texts):
         stamp = fields.parse_timestamp(text, year)
         if stamp is not None:

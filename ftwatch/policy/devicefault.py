@@ -144,6 +144,11 @@ DEVICE_ERROR_RULES = frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandle
 DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "npu.", "acl.", "torch_npu.", "cann.",
                          "ascend_dmi.", "pci.gpu_", "slurm.gres_gpu_", "amdgpu.", "hip.", "hsa.", "habanalabs.", "tt.",
                          "neuron.")
+#: Runtime errors graded ``hardware_node`` whose text names no fault: CUDA's ``cudaErrorUnknown`` (999,
+#: "an unknown internal error has occurred", CUDA Runtime API enum cudaError) is what a process's
+#: next call returns after a fault (this module's docstring lists ``unknown error`` among the
+#: consequences), not the device's report of one: it explains no other device error (rule 1).
+NAMES_NO_FAULT = frozenset({"cuda.rt.unknown"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)
@@ -237,7 +242,7 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
     fault = next((f for f in real if f is not head and f.failure_class is FailureClass.HARDWARE_NODE
                   and f.kind not in NOT_LOG_LINES and f.rule_id.startswith(DEVICE_FAULT_PREFIXES)
                   and f.origin.node == head.origin.node
-                  and not device_error(f) and not app_caused(f)
+                  and not device_error(f) and not app_caused(f) and f.rule_id not in NAMES_NO_FAULT
                   and (not pci or f.fields.get("pci") == pci or pci in f.line)), None)
     if fault is not None:
         return fault

@@ -7,7 +7,7 @@ the incident core (``ftwatch.pipeline.incidents.IncidentDesk``) for ``run``, ``w
 first progress line (``progress.marks``: step, iteration, epoch and loss lines as trainers print
 them; a line that speaks of an error is none), earliest across its streams; a header or comment
 line (``#``: nccl-tests' ``# nThread 1 ... step: 2(factor) warmup iters: 5``) and a line whose
-counters are all 0 (a bar at ``0/2300``: no step done yet) are none. ``inf``: no progress this attempt; ``-inf``: not known (the
+counters are all 0 (a bar at ``0/2300``: no step done yet) are none. a bar of loading or preparing (``Loading checkpoint shards: 100%|``, a datasets ``Map`` bar) is none either. ``inf``: no progress this attempt; ``-inf``: not known (the
 driver did not see the attempt begin: ``watch`` attached to a running job), read as "progressed
 long ago", so nothing is graded as an initialisation failure.
 
@@ -23,7 +23,8 @@ or one of NCCL's network failures while NCCL on two different hosts uses a host-
 same address on both (a bridge or ``lo`` each host holds alike), or each an address of Docker's default
 bridge, 172.17.0.0/16, which each host's daemon holds for its own containers alone (Docker docs, bridge
 driver); the same guide: such interfaces make NCCL "fail during the init functions or even hang";
-:func:`_shared_interface`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
+:func:`_shared_interface`), or a rendezvous store connect that ran out of time on such an address (a
+container's address on Docker's default bridge, a link-local one: :func:`_host_local_store`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
 ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a
@@ -60,6 +61,15 @@ _FILE = "init_phase.tsv"
 #: A progress line holds one of these (``progress._LITERALS``, where a progress match can start)
 _LITERALS = (b"poch", b"ter", b"oss", b"tep", b"%|", b"MnRtt/Rnk: ")
 _COMMENT = re.compile(rb"(?m)^[ \t]*#[^\n]*")
+#: a tqdm bar of the work before training, by the description its library gives it (``desc: pct|``):
+#: transformers' ``Loading checkpoint shards`` (modeling_utils, the shards of a sharded checkpoint),
+#: huggingface_hub's ``Fetching N files`` (snapshot_download), datasets' ``Map`` / ``Filter`` (with
+#: `` (num_proc=N)``), ``Generating <split> split``, ``Resolving data files``, ``Downloading data``,
+#: ``Loading dataset shards`` (arrow_dataset.py, builder.py, data_files.py): loading and preparing,
+#: no training step done
+_PREPARING = re.compile(rb"(?m)^[^\n]*?(?:Loading checkpoint shards|Fetching \d+ files|(?:Map|Filter)(?: \(num_proc=\d+\))?"
+                        rb"|Generating \w+ split|Resolving data files|Downloading data(?: files)?|Loading dataset shards)"
+                        rb":\s*\d+%\|[^\n]*")
 UNKNOWN = float("-inf")     # ``progress_at`` when the start of the attempt was not seen
 NONE_YET = float("inf")     # ``progress_at`` when the job has shown no progress this attempt
 
@@ -113,7 +123,8 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
     if progress_at < f.time:
         return None
     rows = table()
-    found = _row(rows, f) or _own_address(f, evidence) or _shared(f, evidence) or _shared_interface(f, evidence)
+    found = (_row(rows, f) or _own_address(f, evidence) or _shared(f, evidence) or _shared_interface(f, evidence)
+             or _host_local_store(f))
     if found is not None:
         return found
     before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
@@ -231,12 +242,50 @@ def _shared_interface(f: Finding, evidence: Iterable[Finding]) -> InitGrade | No
     return None
 
 
-def _in_default_bridge(address: str) -> bool:
-    """Says whether ``address`` (as NCCL prints it, maybe with ``%scope``) is in Docker's default bridge."""
+def _in_default_bridge(address: str, networks: tuple = (DOCKER_DEFAULT_BRIDGE,)) -> bool:
+    """Says whether ``address`` (as NCCL or c10d print it, maybe with ``%scope``) is in Docker's
+    default bridge (or in one of ``networks``); False for what is no address."""
     try:
-        return ipaddress.ip_address(address.split("%")[0]) in DOCKER_DEFAULT_BRIDGE
+        ip = ipaddress.ip_address(address.split("%")[0])
     except ValueError:
         return False
+    return any(ip.version == net.version and ip in net for net in networks)
+
+
+#: the c10d store client's connects that ran out of time (torch's socket.cpp ``The client socket has
+#: timed out after Ns while trying to connect to (<host>, <port>)``, as ``DistNetworkError`` too, and
+#: TCPStore's ``TCP client failed to connect/validate to host <host>:<port> - timed out``)
+STORE_CONNECT_TIMEOUTS = frozenset({"torch.store_client_timeout", "torch.dist_network_error",
+                                    "c10d.store_connect_timed_out"})
+#: the address such a connect went to, an IPv4 one or one in the parenthesised form
+_STORE_TARGET = re.compile(r"timed out.*?(?:connect to \(|to host )\[?([0-9A-Fa-f.:%]+?)\]?(?:, ?|:)\d+")
+#: link-local networks: not forwarded off their link (RFC 3927 for 169.254/16, RFC 4291 2.5.6 for fe80::/10)
+_LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+_HOST_LOCAL_STORE = InitGrade(
+    "torch.store_client_timeout", None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB,
+    "PyTorch torch.distributed docs, init_process_group env:// (MASTER_ADDR: the address of rank 0, which every "
+    "rank connects to); Docker docs, Network drivers > Bridge ('Bridge networks apply to containers running on "
+    "the same Docker daemon host. For communication among containers running on different Docker daemon hosts, "
+    "... use an overlay network'; the default bridge docker0 is 172.17.0.0/16 on every host); RFC 3927 and RFC "
+    "4291 section 2.5.6 (link-local addresses are not forwarded off their link)",
+    "before any progress, the rendezvous store's connect ran out of time on an address that leads nowhere from "
+    "another host (a container's address on its own host's default Docker bridge, or a link-local one): the "
+    "address the ranks were given (MASTER_ADDR, the network mode of the containers) is the launch's configuration, "
+    "which a restart repeats")
+
+
+def _host_local_store(f: Finding) -> InitGrade | None:
+    """:data:`_HOST_LOCAL_STORE` when ``f`` is a store connect that timed out
+    (:data:`STORE_CONNECT_TIMEOUTS`) to an address of Docker's default bridge
+    (:data:`DOCKER_DEFAULT_BRIDGE`) or a link-local one: each host's daemon holds its own default
+    bridge for its own containers, and a link-local address is not routed, so a rank that waited out
+    its timeout for it was on another host; the connect to a routable address keeps its retryable
+    grade (a master that starts late). None otherwise."""
+    if f.rule_id not in STORE_CONNECT_TIMEOUTS or (target := _STORE_TARGET.search(f.line)) is None:
+        return None
+    if _in_default_bridge(target.group(1)) or _in_default_bridge(target.group(1), _LINK_LOCAL):
+        return replace(_HOST_LOCAL_STORE, rule=f.rule_id)
+    return None
 
 
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:
@@ -284,12 +333,16 @@ class FirstProgress:
 
     def read(self, key: object, data: bytes, time: float, sim_step: float, year: int | None) -> None:
         """Read a chunk of the stream ``key`` (``progress.marks``'s arguments). A line that starts
-        with ``#`` is a header or comment (a benchmark's parameter line, ``iters: 20``), and one
-        whose counters are all 0 (``Epoch 0:   0%| 0/2300``, ``step 0``) shows no step done yet."""
+        with ``#`` is a header or comment (a benchmark's parameter line, ``iters: 20``), one whose
+        counters are all 0 (``Epoch 0:   0%| 0/2300``, ``step 0``) shows no step done yet, and a
+        bar of loading or preparing (:data:`_PREPARING`: ``Loading checkpoint shards: 100%|``)
+        counts what was loaded, not a step."""
         if not self.wants(key) or not any(literal in data for literal in _LITERALS):
             return                              # (``bytes.find`` per literal: memchr-fast, no regex pass)
         if b"#" in data:
             data = _COMMENT.sub(b"", data)      # emptied, not removed: untimed lines keep their times
+        if b"%|" in data:
+            data = _PREPARING.sub(b"", data)    # the bars of loading and preparing, emptied alike
         seen = self._seen.get(key, 0)
         for _, at, counters in progress.marks(data, time, sim_step, year):
             if counters and not any(counters.values()):

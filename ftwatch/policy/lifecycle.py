@@ -31,7 +31,7 @@ import os
 import re
 from typing import Iterable, Sequence
 
-from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.events import Action, FailureClass, Finding, Origin, Severity, precedes
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 
 FINISHED = "lifecycle.finished."
@@ -70,7 +70,7 @@ def finish(findings: Iterable[Finding]) -> Finding | None:
     return min((f for f in findings if is_finished(f)), key=lambda f: (f.time, f.seq), default=None)
 
 
-def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
+def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[Action | None, str]:
     """What an error printed after training finished asks for (issue 12 item 3: a notice, not a
     restart), graded by its class: ``(action, why)``, or ``(None, why)`` when the ordinary decision
     stands.
@@ -82,6 +82,12 @@ def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
       store and a rerun from the last checkpoint redoes that tail; the ordinary decision (D2:
       restart) stands. ClearML's maintainers asked for the upload after training to be retried
       (allegroai/clearml, an S3 connection reset after the final save).
+    * An uncaught exception that ended the program while it was saving its result: its own line
+      after the finish said it writes the model or results (``lifecycle.own_work.writing``:
+      ``Saving model checkpoint to <dir>``, axolotl's ``Training Completed!!! Saving pre-trained model
+      to <dir>``) and the traceback came after it: the result is not written, so the job has failed
+      and the ordinary decision by the error's class stands (a program error on the save path fails
+      the same way after any rerun's training; a transient one, as above, is rerun).
     * A hardware fault of the node: the run's work is done, the node's fault is a person's to look
       at before the next job lands there: notify.
     * Anything else (the program's own error in its tail, a nonzero exit after the last step,
@@ -93,15 +99,30 @@ def after_finish(notice: Finding, cascade: bool) -> tuple[Action | None, str]:
     Args:
         notice: the earliest error after the finish (``Analysis.notices[0]``).
         cascade: its rule is a cascade symptom (``ftwatch.policy.rootcause.CASCADE_RULES``).
+        saving: the program said, after the finish and before ``notice``, that it writes its result.
 
     Returns:
         ``(Action.NOTIFY | Action.NONE | None, clause)``.
     """
     if notice.failure_class is FailureClass.RETRYABLE_INFRA and uncaught_traceback(notice) and not cascade:
         return None, "a transient fault in the run's tail (its results may not be stored): a rerun redoes it"
+    if saving and uncaught_traceback(notice) and not cascade:
+        return None, "the program died while saving its result after training (the result is not written)"
     if notice.failure_class is FailureClass.HARDWARE_NODE:
         return Action.NOTIFY, "the work is done and the node's fault is a person's to look at → notify"
     return Action.NONE, "the training result is written and a restart would train it again → none"
+
+
+#: the program's own line that it writes a file to a path (``rules/packs/lifecycle.yaml``)
+WRITING = "lifecycle.own_work.writing"
+
+
+def saving_before(findings: Iterable[Finding], finished: Finding, notice: Finding) -> bool:
+    """Whether the program said it writes its result (:data:`WRITING`) after ``finished`` and
+    before ``notice``, on ``notice``'s stream (its instance, or the combined log it came in)."""
+    return any(f.rule_id == WRITING and precedes(finished, f) and precedes(f, notice)
+               and f.origin.instance in (notice.origin.instance, notice.origin.instance.rpartition("/")[0])
+               for f in findings)
 
 
 #: an elastic launcher's line that it re-formed the job's world (``rules/packs/lifecycle.yaml``)

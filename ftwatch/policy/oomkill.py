@@ -60,7 +60,7 @@ import re
 from dataclasses import replace
 from typing import Sequence
 
-from ftwatch.events import Action, FailureClass, Finding
+from ftwatch.events import Action, FailureClass, Finding, precedes
 
 #: Log lines by a parent on the worker's node, in its container, that ONE child died by SIGKILL
 #: (all within ``rootcause.SIGKILL_REPORTS``; tests/policy/test_oomkill.py keeps them so). Not the
@@ -150,3 +150,26 @@ def lone_ray_kill(fallout: Sequence[Finding]) -> Finding | None:
     return replace(eof, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
                    fields={**eof.fields, "reported_by": RAY_EOF}, source=_RAY_SOURCE)
 
+
+def killed_when_reported(candidates: Sequence[Finding], reports: Sequence[Finding]) -> list[Finding]:
+    """Rule 9 of rootcause: an OOM finding explains the SIGKILL reports, and the kill happened no
+    later than its earliest report (the kernel's line is collected apart, slurmstepd reads the
+    cgroup's oom-kill events after the step ended): the reports leave the candidates, and the first
+    OOM finding, when stamped later than the earliest report, takes that report's place, before the
+    errors the victim's peers printed once it was gone.
+
+    Args:
+        candidates: real errors in (time, seq) order, an OOM finding among them.
+        reports: those of them that report a death by SIGKILL and nothing of why.
+
+    Returns:
+        The candidates in their new order; the OOM finding keeps its own line and time.
+    """
+    gone = {id(r) for r in reports}
+    rest = [c for c in candidates if id(c) not in gone]
+    oom = next(c for c in rest if c.failure_class is FailureClass.OOM)
+    if not reports or not precedes(reports[0], oom):
+        return rest
+    rest.remove(oom)
+    at = next((i for i, c in enumerate(rest) if precedes(reports[0], c)), len(rest))
+    return [*rest[:at], oom, *rest[at:]]

@@ -41,7 +41,7 @@ from ftwatch.policy.budgets import BudgetStore
 from ftwatch.policy.c4d import C4DSettings, error_clause, is_c4d, notify_clause, refine
 from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHistory, is_npu, npu_code
 from ftwatch.policy.initphase import UNKNOWN, at_init
-from ftwatch.policy.lifecycle import after_finish, elastic_recovery
+from ftwatch.policy.lifecycle import after_finish, elastic_recovery, saving_before
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
@@ -213,7 +213,7 @@ class Policy:
                             attempt=incident.attempt)
 
         if an.after_finish and an.finished is not None:
-            tail, why = after_finish(rc, rc.rule_id in CASCADE_RULES)
+            tail, why = after_finish(rc, rc.rule_id in CASCADE_RULES, saving_before(findings, an.finished, rc))
             clause = (f"R7 {an.finished.rule_id} on {_who(an.finished)}: training had finished before "
                       f"{rc.rule_id} on {_who(rc)} ({rc.failure_class.value}); an error after the end of training is "
                       f"a notice: {why}")

@@ -70,7 +70,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    is explained by an out-of-memory finding of the incident, whatever their order: the OOM killer
    ends its victim with SIGKILL (Linux mm/oom_kill.c ``__oom_kill_process``: ``do_send_sig_info(SIGKILL,
    ...)``), and the enforcer's own line often comes after the kill report (slurmstepd reads the
-   cgroup's oom-kill events when the step has ended; a kernel log is collected apart).
+   cgroup's oom-kill events when the step has ended; a kernel log is collected apart). So the kill
+   happened no later than its report: an OOM finding stamped after the earliest SIGKILL report it
+   explains stands in that report's place (``killed_when_reported``), before the errors the
+   victim's peers printed after it was gone (a parameter server killed for memory, its workers'
+   ``UnavailableError: Socket closed``).
 10. A fault of the device (``ftwatch.policy.devicefault``: a ``hardware_node`` finding of the
    root cause's node, an uncorrectable NPU memory event on its chip, or an application Xid that
    stays with one GPU across processes) becomes the root cause when
@@ -157,7 +161,7 @@ from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_fi
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.linkflap import recovered_flaps
-from ftwatch.policy.oomkill import lone_oom_kill, lone_ray_kill
+from ftwatch.policy.oomkill import killed_when_reported, lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.timeoutbound import tight_bound
 from ftwatch.policy.verbs import flushed_alone
@@ -353,8 +357,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     candidates = [c for c in candidates if not spelled_out(c, candidates)
                   and not named_by_last_error(c, order, candidates)      # 7, 13: the specific reading
                   and not message_named_by_next(c, order, candidates)]
-    if any(c.failure_class is FailureClass.OOM for c in candidates):     # 8: the OOM killer's SIGKILL
-        candidates = [c for c in candidates if not sigkill_report(c)]
+    if any(c.failure_class is FailureClass.OOM for c in candidates):     # 9: the OOM killer's SIGKILL
+        candidates = killed_when_reported(candidates, [c for c in candidates if sigkill_report(c)])
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]
     deaths = {r.origin.instance for r in strong
               if r.kind == "exit_hang" or (r.kind == "exit_code" and not generic_exit(r))}

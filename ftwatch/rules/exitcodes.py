@@ -168,7 +168,8 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task) (\d+)\b")
-_RETURN_CODE = re.compile(r"\breturn code = (-?\d{1,3})\b")
+#: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
+_RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
 
 
 def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
@@ -187,7 +188,7 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
         sig = None                      # "signal 0" kills nothing (kill(2)): not a death
     code = linefacts.exit_code_of(text) if sig is None else None
     if sig is None and code is None and (m := _RETURN_CODE.search(text)):
-        code = int(m.group(1))          # deepspeed's launcher: "exits with return code = 1"
+        code = int(m.group(1))          # deepspeed's "return code = 1", SkyPilot's "return code list: [139]"
         if code < 0:
             sig, code = -code, None
     m = _REPORTED_RANK.search(text)

@@ -50,6 +50,17 @@ def test_a_nonzero_exit_after_megatrons_last_step_needs_no_action(run, tmp_path)
     assert d.action is Action.NONE and d.root_cause is None, d
 
 
+def test_the_programs_own_error_while_saving_its_result_after_the_end_fails_the_job(run, tmp_path):
+    """It said it saves the model after the trainer's end, then died of its own error: nothing is
+    written, and a rerun trains again only to fail at the same save."""
+    saving = "[2024-01-13 05:44:29,006] [INFO] [axolotl.train.train:155] Training Completed!!! Saving pre-trained model to ./lora-out"
+    log = write(tmp_path / "rank0.log", STEPS + [HF_END, saving] + tb(
+        "AttributeError: 'Accelerator' object has no attribute 'deepspeed_config'"))
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.FAIL_JOB and d.root_cause.failure_class is FailureClass.USER_CODE, d
+    assert "while saving its result" in d.policy_clause
+
+
 def test_a_transient_fault_uploading_the_results_after_the_end_still_restarts(run, tmp_path):
     log = write(tmp_path / "rank0.log", STEPS + [HF_END] + tb(
         "ConnectionResetError: [Errno 104] Connection reset by peer"))

@@ -317,6 +317,18 @@ def test_anchor_puts_the_first_timestamped_line_at_its_own_time_in_the_logs_year
     assert anchor(write(tmp_path / "empty.log", b""), 2026) is None
 
 
+
+def test_a_kernel_logs_yearless_stamps_are_read_in_the_year_the_other_files_carry(run, tmp_path):
+    """syslog's "Mmm dd hh:mm:ss" has no year (RFC 3164): beside dated logs of 2024 a kern.log's OOM
+    kill is read in 2024, minutes after rank0's last line, not in the simulated clock's 2026."""
+    rank0 = [LAUNCH_2024] + steps(0, 5)
+    kern = ["Mar  5 10:03:00 node-0 kernel: [2271904.551204] Out of memory: Killed process 41877 (python) "
+            "total-vm:131742080kB, anon-rss:127018832kB, file-rss:40712kB, shmem-rss:0kB"]
+    result = run([write(tmp_path / "rank0.log", rank0), write(tmp_path / "kern.log", kern)])
+
+    oom = next(f for f in result.findings if f.rule_id == "os.oom_killer")
+    assert oom.time == pytest.approx(utc(2024, 3, 5, 10, 3, 0))
+
 # --- the command ---------------------------------------------------------------------------------
 
 def ftwatch(*args: str, cwd: Path) -> subprocess.CompletedProcess:

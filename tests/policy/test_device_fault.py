@@ -178,6 +178,17 @@ def test_a_network_or_storage_fault_of_the_node_explains_no_cuda_error():
     assert analyse(found).root_cause.rule_id == "cuda.illegal_memory_access"
 
 
+def test_a_later_unknown_cuda_error_names_no_fault_and_explains_no_device_error():
+    """cudaErrorUnknown (999) is what a call returns after a fault, not the device's report of one:
+    an NCCL build's 'named symbol not found' (500) stays the root cause beside it."""
+    found = [*logged(0, 1.0, "node-0:48:48 [0] include/alloc.h:125 NCCL WARN Cuda failure 500 'named symbol not found'"),
+             *cuda(0, 2.0, "unknown error")]
+    assert [f.rule_id for f in found] == ["cuda.rt.symbol_not_found", "cuda.rt.unknown"]
+    assert analyse(found).root_cause.rule_id == "cuda.rt.symbol_not_found"
+    found = [*cuda(3, 1.0, "an illegal memory access was encountered"), *host(5.0, XID79)]
+    assert analyse(found).root_cause.rule_id == "xid.79"        # a fault the driver reports still explains it
+
+
 XID13_PID = ("NVRM: Xid (PCI:0000:3b:00): 13, pid={pid}, name=python3, Graphics SM Warp Exception on "
              "(GPC 2, TPC 5, SM 0): Out Of Range Address")
 XID31_PID = ("NVRM: Xid (PCI:0000:{bus}:00): 31, pid={pid}, name=python3, Ch 00000008, intr 00000000. MMU Fault: "

@@ -123,6 +123,33 @@ def test_first_progress_is_the_jobs_earliest_step_line_not_a_header_or_a_zero_co
     assert p.at == UNKNOWN and not p.wants("a")
 
 
+def test_a_bar_of_loading_or_preparing_is_no_progress():
+    p = FirstProgress()
+    for bar in (b"(CriticModelRayActor pid=489290) Loading checkpoint shards: 100%|##########| 38/38 [00:33<00:00,  1.15it/s]\n",
+                b"Fetching 4 files: 100%|##########| 4/4 [00:00<00:00, 12.1it/s]\n",
+                b"Map (num_proc=16): 100%|##########| 2000/2000 [00:01<00:00, 1533.20 examples/s]\n",
+                b"Generating train split: 100%|##########| 9846/9846 [00:00<00:00, 61234.50 examples/s]\n"):
+        p.read("a", bar, T0, 1.0, 2026)
+    assert p.at == NONE_YET
+    p.read("a", b"Training:  10%|#         | 30/300 [00:33<05:00,  1.15it/s]\n", T0, 1.0, 2026)
+    assert p.at == T0                            # a training bar is a step done
+
+
+STORE_TIMEOUT = ("[E socket.cpp:922] [c10d] The client socket has timed out after 1800s while trying to connect to "
+                 "({addr}, 44737).")
+
+
+def test_a_store_connect_timed_out_to_a_docker_bridge_or_link_local_address_before_progress_is_configuration(tmp_path):
+    for addr in ("172.17.0.2", "169.254.3.1"):
+        found = logged(STORE_TIMEOUT.format(addr=addr))
+        assert [f.rule_id for f in found] == ["torch.store_client_timeout"]
+        grade = at_init(found[0], NONE_YET, found)
+        assert grade is not None and grade.action is Action.FAIL_JOB, addr
+        assert at_init(found[0], T0 - 10, found) is None        # after progress: the network's, as before
+    routable = logged(STORE_TIMEOUT.format(addr="10.42.0.7"))
+    assert at_init(routable[0], NONE_YET, routable) is None     # a master that starts late: retryable
+
+
 def test_replay_reads_the_fact_for_the_policy(tmp_path):
     def run(lines: list[str], name: str):
         path = tmp_path / f"{name}.log"

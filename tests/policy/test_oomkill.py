@@ -11,7 +11,7 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, S
 from ftwatch.pipeline.build import build_engine, build_policy, build_rules
 from ftwatch.pipeline.replay import replay
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.policy.oomkill import LOCAL_KILL_REPORTS, OOM_KILL, RAY_EOF
+from ftwatch.policy.oomkill import LOCAL_KILL_REPORTS, OOM_KILL, RAY_EOF, killed_when_reported
 from ftwatch.policy.rootcause import SIGKILL_REPORTS, analyse
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 
@@ -122,6 +122,25 @@ def test_an_oom_killer_line_still_explains_the_kill():
     killed = log("deepspeed_launcher.worker_sigkilled", RI, 5.0)
     oom = log("os.oom_killer", OOM, 6.0, instance="host", action=Action.FAIL_JOB)
     assert analyse([killed, oom]).root_cause is oom
+
+
+def test_an_oom_line_stamped_after_the_peers_errors_takes_the_place_of_the_kill_it_explains():
+    """Rule 9: the kill happened no later than its report; a kernel log collected apart stamps the
+    OOM kill after the errors the victim's peers printed once it was gone: the OOM decides."""
+    killed = log("shell.job_killed", RI, 1.0, instance="ps", kind="exit_code")
+    peer = log("python.exception.tensorflow.python.framework.errors_impl.UnavailableError", RI, 5.0,
+               instance="rank0", rank=0)
+    oom = log("os.oom_killer", OOM, 9.0, instance="host", action=Action.FAIL_JOB)
+    assert analyse([killed, peer, oom]).root_cause is oom
+    assert killed_when_reported([killed, peer, oom], [killed]) == [oom, peer]
+
+
+def test_a_peers_error_before_the_kill_report_stays_first_beside_an_oom_line():
+    peer = log("python.key_error", UC, 0.5, instance="rank0", rank=0)
+    killed = log("shell.job_killed", RI, 1.0, instance="ps", kind="exit_code")
+    oom = log("os.oom_killer", OOM, 9.0, instance="host", action=Action.FAIL_JOB)
+    assert killed_when_reported([peer, killed, oom], [killed]) == [peer, oom]
+    assert analyse([peer, killed, oom]).root_cause is peer
 
 
 def test_a_peers_error_first_makes_the_kill_its_fallout():

@@ -144,6 +144,14 @@ def test_the_deepspeed_launchers_return_code_is_read(code, signal, exitcode):
                                                                                                           exitcode)
 
 
+@pytest.mark.parametrize("codes, exitcode, generic", [("[139] (likely due to Segmentation Fault)", 139, False),
+                                                     ("[0, 1]", 1, True)])
+def test_skypilots_return_code_list_is_an_exit_report_of_its_first_nonzero_code(codes, exitcode, generic):
+    [f] = findings(f"ERROR: Job 1 failed with return code list: {codes}")
+    assert f.rule_id == "skypilot.job_return_codes" and f.kind == "exit_code"
+    assert (f.fields["exitcode"], bool(f.fields.get("generic"))) == (exitcode, generic)
+
+
 @pytest.mark.parametrize("code, generic, failure_class", [
     ("1", True, FailureClass.USER_CODE), ("137", False, FailureClass.RETRYABLE_INFRA)])
 def test_pdshs_remote_exit_is_an_exit_report_graded_per_code(code, generic, failure_class):
