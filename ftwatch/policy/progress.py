@@ -42,6 +42,12 @@ iteration count that restarts with a new epoch is no restart: :func:`went_back`)
 not one: in synchronous training a rank whose peer died may still finish the step it was in, but
 it cannot start and finish another (the next collective waits for the dead peer). The window
 bounds how long an error waits: past it, the error stands as it did before.
+
+Why one module of ~550 lines: reading a chunk's marks (:func:`marks`, :class:`Clock`) and judging
+them (:class:`Survival`) share one contract, the per-rank counters held back before every waiting
+error and read only at their last line (p16r; ``DEFER_BEFORE``), which is what keeps replay's cost
+per line low; split apart, that contract would have to cross a module boundary on every chunk.
+Finding the lines themselves is ``ftwatch.policy.progresslines``.
 """
 
 from __future__ import annotations
