@@ -79,10 +79,12 @@ from ftwatch.policy.collectives import TIMEOUT_RULES, rank_of
 
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
-PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map", "lifecycle.rank_phase.bytes_transfer"})
+PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map", "lifecycle.rank_phase.bytes_transfer",
+                         "lifecycle.rank_phase.label_scan"})
 #: What each phase's bar is, in the finding's line.
 PHASE_WORDS = {"lifecycle.rank_phase.datasets_map": "a datasets map bar",
-               "lifecycle.rank_phase.bytes_transfer": "a bar of bytes read or transferred"}
+               "lifecycle.rank_phase.bytes_transfer": "a bar of bytes read or transferred",
+               "lifecycle.rank_phase.label_scan": "a dataset label scan, the local master's alone"}
 #: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
 DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
@@ -142,15 +144,18 @@ def _clock(text: str) -> float:
 
 
 def _unfinished(f: Finding) -> tuple[int, float, float] | None:
-    """A phase line's bar below 100 %: its percentage, elapsed and remaining seconds; None when it
-    is done, has no bar, or does not know what remains."""
+    """A phase line's bar below 100 %: its percentage, elapsed and remaining seconds (0 where the
+    bar does not know what remains); None when it is done or has no bar."""
     m = _BAR.search(f.line)
-    if m is None or m.group(5) == "?":
+    if m is None:
         return None
     pct, done, total = int(m.group(1)), m.group(2), m.group(3)
     if done.isdigit() and total.isdigit() and int(done) >= int(total):
         return None                     # (scaled counts, ``2.00G/5.00G``: the percentage says it)
-    return (pct, _clock(m.group(4)), _clock(m.group(5))) if pct < 100 else None
+    # tqdm prints "?" for what remains while it cannot tell: none is assumed, so the elapsed time
+    # alone must then cover the wait (a lower bound of the work, never more than the bar says).
+    remaining = 0.0 if m.group(5) == "?" else _clock(m.group(5))
+    return (pct, _clock(m.group(4)), remaining) if pct < 100 else None
 
 
 def _timeout_s(f: Finding) -> float | None:

@@ -154,3 +154,24 @@ def test_a_file_transfer_its_bar_says_ends_within_the_timeout_does_not_explain_t
     found = unranked(1750.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
     rc = analyse(found, world=4).root_cause
     assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_ranks_timing_out_while_the_local_master_scans_yolo_labels_is_a_program_schedule():
+    """YOLOv5 builds its dataset inside torch_distributed_zero_first: the local master scans the
+    labels while the others wait in a barrier; a scan past the 30-minute timeout is the job's."""
+    scan = ("train: Scanning /data/Objects365/labels/train... 1130415 found, 0 missing, 195 empty, 0 corrupt:"
+            "  65%|######4   | 1132365/1742289 [31:10<16:47, 605.4it/s]")
+    found = unranked(1790.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["phase"] == "lifecycle.rank_phase.label_scan"
+
+
+def test_a_bar_that_cannot_tell_what_remains_is_busy_only_when_its_elapsed_covers_the_wait():
+    """tqdm prints ``?`` for the remaining time it cannot tell: the elapsed time alone is the work."""
+    long = " 34%|###       | 70956855155/208140108456 [31:00<?, 39115047.81B/s]"
+    short = " 34%|###       | 70956855155/208140108456 [12:00<?, 39115047.81B/s]"
+    for scan, busy in ((long, True), (short, False)):
+        found = unranked(1790.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+        rc = analyse(found, world=4).root_cause
+        assert rc is not None and (rc.rule_id == "collective.busy_rank") is busy, (scan, rc)
