@@ -4,6 +4,8 @@
 - A DataLoader worker killed by SIGBUS when /dev/shm is too small: PyTorch's and Paddle's wordings
   (Paddle ``paddle/fluid/imperative/data_loader.cc``: the worker's SIGBUS handler and the parent's
   ``killed by signal: Bus error`` report) name the shm size or the queue capacity as the fix.
+- Shared memory that is full (PyTorch ``MapAllocator``: ``unable to write to file </torch_...>: No space
+  left on device``; a file under ``/dev/shm``): the tmpfs size the container sets, not a disk to wait for.
 - A process group with no mapping for a tensor's dtype (PyTorch's ProcessGroupNCCL, torch_npu's and
   OneFlow's HCCL, Intel Gaudi's ProcessGroupHCCL): the program's tensors, every relaunch the same.
 """
@@ -55,3 +57,20 @@ def test_a_paddle_worker_killed_by_another_signal_is_not_read_as_shm():
 def test_a_process_group_refusing_a_tensors_dtype_is_the_program(line):
     [finding] = [f for f in _decisive(line) if f.rule_id == "c10d.process_group_dtype_unsupported"]
     assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: unable to write to file </torch_18342_2906381424_0>: No space left on device (28)",
+    "RuntimeError: unable to resize file </torch_18342_2906381424_3> to the right size: No space left on device (28)",
+    "OSError: [Errno 28] No space left on device: '/dev/shm/streaming_shm_7f3a_index'",
+])
+def test_shared_memory_full_is_the_jobs_shm_size_not_a_disk_to_wait_for(line):
+    [finding] = _decisive(line)
+    assert finding.rule_id == "torch.shm_no_space"
+    assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_a_full_disk_elsewhere_keeps_its_retryable_grade():
+    [finding] = _decisive("OSError: [Errno 28] No space left on device: '/mnt/ckpt/step_1200/optim.pt'")
+    assert finding.rule_id == "storage.no_space_left"
+    assert finding.action is Action.RESTART_JOB
