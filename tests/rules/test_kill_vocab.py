@@ -33,6 +33,29 @@ def test_a_sigkill_report_is_graded_as_exit_137(line: str, rule: str):
     assert f.failure_class is FailureClass.RETRYABLE_INFRA and f.action is Action.RESTART_JOB
 
 
+@pytest.mark.parametrize("line, rule", [
+    ("./run.sh: line 142: 41872 Killed: 9               python -m train --config a.yaml", "shell.job_killed"),
+    ("Killed: 9", "shell.killed_foreground"),
+    ("[1]+  Killed: 9               python train.py --cfg a.yaml", "shell.killed_foreground"),
+    (" 75%|#######5  | 15/20 [2:04:12<45:51, 550.22s/it]Killed: 9", "shell.killed_foreground"),
+    ("./entrypoint.sh: line 6:    57 Terminated: 15          python train.py", "shell.job_terminated"),
+])
+def test_darwins_strsignal_wording_with_the_signal_number_is_the_same_report(line: str, rule: str):
+    """macOS's strsignal(3) appends the number ('Killed: 9', 'Terminated: 15'); bash there prints it."""
+    [f] = findings(line)
+    assert f.rule_id == rule
+    assert f.failure_class is FailureClass.RETRYABLE_INFRA and f.action is Action.RESTART_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "Killed: 15",
+    "./run.sh: line 142: 41872 Killed: 90   python train.py",
+    "Process gdb-inferior killed: 9",
+])
+def test_another_number_after_killed_is_no_darwin_sigkill_report(line: str):
+    assert not [f for f in findings(line) if f.rule_id.startswith("shell.")]
+
+
 @pytest.mark.parametrize("line", [
     "the object was [Killed]",
     "Killed 3 stale workers",
