@@ -1,4 +1,4 @@
-"""Who killed a process (``kill_vocab.tsv``): SIGKILL reports are graded as exit code 137 (retryable,
+"""Who killed a process (``kill_vocab.tsv``), and how a spawned child ended: SIGKILL reports are graded as exit code 137 (retryable,
 tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line explains a SIGKILL report
 (``policy/rootcause.py`` rule 8)."""
 
@@ -234,3 +234,21 @@ def test_the_sigterm_exception_lightnings_loops_raise_is_the_signals_fallout():
     rc = analyse(found, world=1).root_cause
     assert rc is not None and rc.rule_id == "lightning.received_sigterm", rc
     assert rc.action is Action.RESTART_JOB
+
+
+def test_a_spawned_childs_own_nonzero_exit_is_the_programs_decision():
+    """torch.multiprocessing.spawn's _wrap turns an uncaught exception into ProcessRaisedException: an
+    'exit code N' report is the child's own sys.exit(N), which a restart repeats."""
+    [f] = findings("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1")
+    assert f.rule_id == "torch.mp_spawn_child_exit"
+    assert f.failure_class is FailureClass.USER_CODE and f.action is Action.FAIL_JOB
+    rc = analyse([f]).root_cause
+    assert rc is not None and rc.action is Action.FAIL_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
+    "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 0",
+])
+def test_a_spawned_childs_signal_or_clean_exit_is_no_own_nonzero_exit(line: str):
+    assert not [f for f in findings(line) if f.rule_id == "torch.mp_spawn_child_exit"]
