@@ -1,7 +1,6 @@
 """Who killed a process (``kill_vocab.tsv``), and how a spawned child ended: SIGKILL reports are graded
-as exit code 137 (retryable,
-tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line explains a SIGKILL report
-(``policy/rootcause.py`` rule 8)."""
+as exit code 137 (retryable, tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line
+explains a SIGKILL report (``policy/rootcause.py`` rule 8)."""
 
 from __future__ import annotations
 
