@@ -94,7 +94,11 @@ _COUNTER_GATES = {"step_megatron": b"iteration", "step_deepspeed": b"step=", "st
                   "iteration": b"ter"}
 _GATED_COUNTERS = tuple((k, _COUNTER_GATES[k], rx) for k, rx in _COUNTERS)
 _DIGITS = re.compile(rb"\d+")
-_VETO = re.compile(r"(?i)error|exception|traceback|fail|timed? ?out|abort|killed|fatal")
+#: ``terminat`` and ``cancel``: a tear-down's lines, which name a step that ends rather than one run (Slurm's srun:
+#: ``srun: Terminating job step 448213.0``, ``srun: Force Terminated job step 448213.0``, slurmstepd's ``*** STEP
+#: 448213.0 ON n1 CANCELLED AT ... ***``, SchedMD/slurm src/srun and src/slurmd/slurmstepd: a Slurm job step id,
+#: ``<jobid>.<stepid>``, not a training step)
+_VETO = re.compile(r"(?i)error|exception|traceback|fail|timed? ?out|abort|killed|fatal|terminat|cancel")
 #: :data:`_VETO` for ASCII text made lower case (the same answer there, 6x faster than ``(?i)``;
 #: elsewhere case folding also matches non-ASCII letters, e.g. the Kelvin sign for ``k``).
 _VETO_LOWER = re.compile(_VETO.pattern.removeprefix("(?i)"))
@@ -105,7 +109,8 @@ def _vetoed_lower(low: str) -> bool:
     """``_VETO_LOWER.search(low) is not None`` for ASCII lower-case text, its words looked for as
     substrings first (seven ``in`` tests cost a third of the alternation's try at every position)."""
     return ("error" in low or "exception" in low or "traceback" in low or "fail" in low or "abort" in low
-            or "killed" in low or "fatal" in low or "out" in low and _TIMEOUT_LOWER.search(low) is not None)
+            or "killed" in low or "fatal" in low or "terminat" in low or "cancel" in low
+            or "out" in low and _TIMEOUT_LOWER.search(low) is not None)
 
 
 def _vetoed(text: str) -> bool:

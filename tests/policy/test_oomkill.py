@@ -226,3 +226,10 @@ def test_a_plain_shell_scripts_lone_kill_still_reads_as_the_oom_killers():
     plain = replace(log("shell.job_killed", RI, 5.0, kind="exit_code"),
                     line="./train.sh: line 17: 40712 Killed    python train.py")
     assert analyse([plain]).root_cause.rule_id == OOM_KILL
+
+
+def test_a_macos_shells_lone_killed_9_reads_as_the_oom_killers(tmp_path: Path):
+    """Darwin's strsignal wording ('Killed: 9') is the same lone report, decided alike by replay."""
+    d = _decide(tmp_path, " 75%|#######5  | 15/20 [2:04:12<45:51, 550.22s/it]./run.sh: line 142: 41872 Killed: 9"
+                          "               python -m train --config a.yaml\n")
+    assert d.root_cause.rule_id == OOM_KILL and d.action is Action.FAIL_JOB

@@ -350,3 +350,18 @@ def test_the_veto_by_substrings_equals_the_veto_regex(seed):
     for _ in range(2000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 6)))
         assert progress._vetoed_lower(text) == (progress._VETO_LOWER.search(text) is not None), text
+
+
+@pytest.mark.parametrize("line", [
+    b"srun: Terminating job step 448213.0",
+    b"srun: Force Terminated job step 448213.0",
+    b"slurmstepd: error: *** STEP 448213.0 ON gpu-n07 CANCELLED AT 2020-11-12T21:40:03 ***",
+])
+def test_slurms_tear_down_of_a_job_step_is_no_training_progress(line: bytes):
+    """Slurm's step id (``<jobid>.<stepid>``) in srun's and slurmstepd's tear-down lines names a step
+    that ends: after a task's traceback, these lines must not read as the job going on past it."""
+    assert not list(progress.marks(line + b"\n", T0, 0.0, 2026))
+
+
+def test_a_plain_step_line_is_still_progress():
+    assert list(progress.marks(b"step 120 loss 2.31\n", T0, 0.0, 2026))

@@ -1,6 +1,6 @@
-"""Who killed a process (``kill_vocab.tsv``): SIGKILL reports are graded as exit code 137 (retryable,
-tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line explains a SIGKILL report
-(``policy/rootcause.py`` rule 8)."""
+"""Who killed a process (``kill_vocab.tsv``), and how a spawned child ended: SIGKILL reports are graded
+as exit code 137 (retryable, tag ``sigkill``), the memory enforcers that kill are ``oom``; an OOM line
+explains a SIGKILL report (``policy/rootcause.py`` rule 8)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ def findings(text: str, t: float = 1.0, instance: str = "job"):
     ("Loading checkpoint shards:  38%|###   | 3/8 [00:02<00:03,  1.28it/s]Killed", "shell.killed_foreground"),
     ("subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>.",
      "python.subprocess_died_sigkill"),
+    # Darwin (macOS) strsignal(3) appends the signal number, and the bash macOS ships prints it
+    ("./run.sh: line 142: 41872 Killed: 9               python -m train --config a.yaml", "shell.job_killed"),
+    ("Killed: 9", "shell.killed_foreground"),
+    ("[1]+  Killed: 9               python train.py --cfg a.yaml", "shell.killed_foreground"),
+    (" 75%|#######5  | 15/20 [2:04:12<45:51, 550.22s/it]Killed: 9", "shell.killed_foreground"),
 ])
 def test_a_sigkill_report_is_graded_as_exit_137(line: str, rule: str):
     [f] = findings(line)
@@ -33,10 +38,20 @@ def test_a_sigkill_report_is_graded_as_exit_137(line: str, rule: str):
     assert f.failure_class is FailureClass.RETRYABLE_INFRA and f.action is Action.RESTART_JOB
 
 
+def test_darwins_strsignal_wording_of_a_sigterm_is_the_same_report():
+    """macOS's strsignal(3) appends the number ('Terminated: 15'), as bash there prints it."""
+    [f] = findings("./entrypoint.sh: line 6:    57 Terminated: 15          python train.py")
+    assert (f.rule_id, f.action) == ("shell.job_terminated", Action.RESTART_JOB)
+
+
 @pytest.mark.parametrize("line", [
     "the object was [Killed]",
     "Killed 3 stale workers",
     "2026-05-14 10:12:55 INFO scheduler: Killed task 12 after timeout",
+    # another number after Darwin's 'Killed:' is no SIGKILL's report
+    "Killed: 15",
+    "./run.sh: line 142: 41872 Killed: 90   python train.py",
+    "Process gdb-inferior killed: 9",
 ])
 def test_killed_as_a_word_is_not_a_sigkill_report(line: str):
     assert not [f for f in findings(line) if f.rule_id.startswith("shell.")]
@@ -211,3 +226,21 @@ def test_the_sigterm_exception_lightnings_loops_raise_is_the_signals_fallout():
     rc = analyse(found, world=1).root_cause
     assert rc is not None and rc.rule_id == "lightning.received_sigterm", rc
     assert rc.action is Action.RESTART_JOB
+
+
+def test_a_spawned_childs_own_nonzero_exit_is_the_programs_decision():
+    """torch.multiprocessing.spawn's _wrap turns an uncaught exception into ProcessRaisedException: an
+    'exit code N' report is the child's own sys.exit(N), which a restart repeats."""
+    [f] = findings("torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 1")
+    assert f.rule_id == "torch.mp_spawn_child_exit"
+    assert f.failure_class is FailureClass.USER_CODE and f.action is Action.FAIL_JOB
+    rc = analyse([f]).root_cause
+    assert rc is not None and rc.action is Action.FAIL_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
+    "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with exit code 0",
+])
+def test_a_spawned_childs_signal_or_clean_exit_is_no_own_nonzero_exit(line: str):
+    assert not [f for f in findings(line) if f.rule_id == "torch.mp_spawn_child_exit"]
