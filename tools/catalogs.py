@@ -85,7 +85,8 @@ CATALOGS: dict[str, tuple[str, str]] = {
     "cudalib_vocab.tsv": ("cudalib_vocab.yaml", "CUDA math-library status codes (cublasStatus_t, cudnnStatus_t "
                           "with cuDNN 9's sub-codes, cufftResult, cusolverStatus_t, cusparseStatus_t, curandStatus_t), "
                           "graded as the CUDA runtime enum is (allocation failures oom, usage and setup "
-                          "user_code, launch/internal failures ambiguous)"),
+                          "user_code, launch/internal failures ambiguous), and a kernel's failed device-side "
+                          "assert() as the CUDA runtime prints it (user_code, as cudaErrorAssert)"),
 }
 """catalog file -> (generated pack, title)."""
 

@@ -43,6 +43,13 @@ One more reading of timeout-only incidents (issue 12 item 3):
   forms (``ALLGATHER``, ``REDUCE_SCATTER``) and all-to-all / gather / scatter / point-to-point
   are left out: PyTorch accepts uneven sizes there (uneven all_gather falls back to broadcasts,
   all-to-all takes split sizes, a root's buffers differ from the others').
+* the same reading when NCCL's own device check said so before a collective timed out
+  (:data:`SUSPECTED_MISMATCH_RULES`: "Your program may be hanging, this may be caused by a
+  collective mismatch around rank N", NVIDIA/nccl src/init.cc ncclCommGetAsyncError, raised when
+  "the peer advanced opcount so many times yet we are still waiting for credit of current op, so
+  it is _most likely_ a mismatch", src/collectives/device/primitives.h checkMismatch): a peer went
+  on to later collectives while this rank waited in its current one, which is the evidence the
+  SeqNum comparison reads, taken by NCCL on the device.
 """
 
 from __future__ import annotations
@@ -233,4 +240,29 @@ def mismatch(findings: Sequence[Finding]) -> Finding | None:
                        Severity.ERROR, first.origin, line, first.time, first.seq,
                        fields={"seq": seq, "ops": ops, "sizes": sizes or {}, "pg": pg},
                        source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
-    return None
+    return _suspected(findings)
+
+
+#: NCCL's device-side "most likely a mismatch" warning (nccl_vocab.tsv; the module docstring).
+SUSPECTED_MISMATCH_RULES = frozenset({"nccl.collective_mismatch_suspected"})
+
+
+def _suspected(findings: Sequence[Finding]) -> Finding | None:
+    """``collective.mismatch`` on NCCL's suspected-mismatch warning when a collective timeout
+    (:data:`TIMEOUT_RULES`) came at or after it (the module docstring); else None."""
+    order = sorted(findings, key=lambda f: (f.time, f.seq))
+    warned = next((f for f in order if f.rule_id in SUSPECTED_MISMATCH_RULES), None)
+    if warned is None:
+        return None
+    timeout = next((f for f in order if f.rule_id in TIMEOUT_RULES and (f.time, f.seq) >= (warned.time, warned.seq)),
+                   None)
+    if timeout is None:
+        return None
+    line = (f"NCCL's device check said a peer moved on to later collectives while this rank waited "
+            f"({warned.line.strip()[:160]}), then {timeout.rule_id}: the ranks issued different collectives, "
+            "which the program's control flow does")
+    return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   warned.origin, line, timeout.time, timeout.seq, (warned.line, timeout.line),
+                   fields={"warning": warned.rule_id, "timeout": timeout.rule_id},
+                   source="NVIDIA/nccl src/init.cc ncclCommGetAsyncError (ncclDevSuspectedMismatch); "
+                          "src/collectives/device/primitives.h checkMismatch")

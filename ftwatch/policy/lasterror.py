@@ -36,6 +36,14 @@ lines of the same message (Ascend/pytorch ``torch_npu/csrc/core/npu/NPUException
 ``ASCEND_LOGE``/``c10_npu_get_error_message()`` text appended to the exception's ``what()``;
 MindSpore's ``- Ascend Error Message:`` block, ``mindspore/ccsrc/.../ascend_kernel_runtime.cc``),
 and the catalog row says the message decides, the class's own grade only when nothing reads it.
+
+One more pair of lines tells one event: a kernel's failed ``assert()`` prints its expression from
+the device (``<file>:<line>: <function>: block: [..], thread: [..] Assertion `...` failed.``), and
+"any subsequent host-side synchronization calls made for the same device will return
+cudaErrorAssert" (CUDA C++ Programming Guide, "Assertion"), which the process raises as ``CUDA
+error: device-side assert triggered``. Both carry one grade (user_code); :func:`assert_reported`
+makes the device's print yield to the error its process raised, the one the rank died of. A
+rank that raised none (it went on into a collective its peers time out in) keeps the print.
 """
 
 from __future__ import annotations
@@ -114,3 +122,19 @@ def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Findin
                 and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)
     return (nxt is not None and nxt.kind not in NOT_LOG_LINES and nxt.time - f.time < LAST_ERROR_WINDOW
             and any(nxt is e for e in errors))
+
+
+#: A kernel's failed device-side assert() as the CUDA runtime prints it (cudalib_vocab.tsv).
+KERNEL_ASSERT_RULE = "cuda.kernel_assert_failed"
+#: cudaErrorAssert (710) as the process raises it: PyTorch's ``CUDA error: device-side assert
+#: triggered`` (cuda.yaml) and the enum's other forms (cuda_runtime.yaml, cuda_errors.tsv).
+ASSERT_REPORT_RULES = frozenset({"cuda.device_side_assert", "cuda.rt.assert"})
+
+
+def assert_reported(f: Finding, errors: Sequence[Finding]) -> bool:
+    """Says whether the kernel-assert print ``f`` is reported later by its own process as
+    cudaErrorAssert (one of ``errors``, the real errors, on ``f``'s instance after it): then that
+    report is the root cause and the print its detail (the module docstring)."""
+    return f.rule_id == KERNEL_ASSERT_RULE and any(
+        e.rule_id in ASSERT_REPORT_RULES and e.origin.instance == f.origin.instance
+        and (f.time, f.seq) < (e.time, e.seq) for e in errors)

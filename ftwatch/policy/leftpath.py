@@ -66,7 +66,12 @@ diverge ("One or more tensors were submitted ... by subset of ranks and are wait
 of ranks ... This may indicate that different ranks are trying to submit different tensors or
 that only subset of ranks is submitting tensors, which will cause deadlock", stall_inspector.cc):
 a job hang right after that warning is that deadlock (``lifecycle.stall.horovod``; while steps go
-on, the same warning is only a slow rank, horovod/horovod#403).
+on, the same warning is only a slow rank, horovod/horovod#403). NCCL's device code says the same of
+its own communicator ("Your program may be hanging, this may be caused by a collective mismatch
+around rank N", src/init.cc ncclCommGetAsyncError, raised when "the peer advanced opcount so many
+times yet we are still waiting for credit of current op, so it is _most likely_ a mismatch",
+src/collectives/device/primitives.h checkMismatch): a job hang right after it is the ranks waiting
+in collectives they did not all issue (``nccl.collective_mismatch_suspected``).
 """
 
 from __future__ import annotations
@@ -179,7 +184,7 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
 
 #: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
 HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted",
-                             "lifecycle.stall.horovod"})
+                             "lifecycle.stall.horovod", "nccl.collective_mismatch_suspected"})
 
 
 def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:

@@ -8,6 +8,12 @@ that do (``rules/packs/waits.yaml``, tag ``names_wait``, each with the code that
 JAX's TPU backend that has not initialised after its timer, "Did you run your code on all TPU
 hosts?" (a multi-host slice's runtime waits for every host of the slice; JAX's multi-process
 docs: the same program must run on all hosts).
+Lightning's "Initializing distributed: GLOBAL_RANK: r, MEMBER: k/n" with no "All distributed processes
+registered" after it: every process waits in ``init_process_group`` for the whole world to join, and
+Lightning's troubleshooting guides name what keeps it there as the launch's configuration (no
+``srun``, node or task counts that do not match the declared ones, a network interface or port range
+the nodes cannot reach each other on: Fabric's SLURM and bare-bones multi-node guides, the Trainer's
+cluster guide, "My program is stuck initializing at startup").
 PyTorch's JIT extension build reaching its build lock ("Using <dir> as PyTorch extensions root...")
 with no process saying after it that it builds or loaded the extension (tag ``ends_wait``): every
 process polls a lock file that a killed build left (``torch/utils/file_baton.py``), and it stays on
@@ -48,9 +54,10 @@ from ftwatch.policy.leftpath import last_words, line_before_hang
 #: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
 #: tests/policy/test_namedwait.py keeps the two in step).
 NAMED_WAIT_RULES = frozenset({"wait.jax_tpu_backend_not_on_all_hosts", "wait.torch_extensions_build_lock",
-                              "wait.megatron_fused_kernels_build"})
+                              "wait.megatron_fused_kernels_build", "wait.lightning_init_process_group"})
 #: The rules whose line ends such a wait (tag ``ends_wait``): the latest of both before the hang must be a wait.
-WAIT_END_RULES = frozenset({"wait.torch_extensions_lock_passed", "wait.megatron_fused_kernels_done"})
+WAIT_END_RULES = frozenset({"wait.torch_extensions_lock_passed", "wait.megatron_fused_kernels_done",
+                            "wait.lightning_processes_registered"})
 #: How long before the job's last output the line may be (seconds): the wait it names began then.
 SLACK_SECONDS = 300.0
 

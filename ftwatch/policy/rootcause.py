@@ -109,7 +109,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ncclGetLastError``). So does a traceback no rule grades (the catch-all), or one graded only
    by the fallback of a generic class whose message decides (torch_npu's ``RuntimeError: ACL
    stream synchronize failed.`` before the ``EL0004`` it carries), to the real error its
-   exception's message carries on the lines after the record (same module).
+   exception's message carries on the lines after the record (same module). A kernel's failed
+   device-side ``assert()`` print yields to the ``cudaErrorAssert`` its process then raised (same
+   module, ``assert_reported``).
 14. A lone SIGKILL death that its parent on the same node lived to report in the log (DeepSpeed's
    ``return code = -9``, a shell's ``Killed``, Python's ``died with <Signals.SIGKILL: 9>``),
    as the earliest real error, the incident's only SIGKILL report, with no other real error but
@@ -156,7 +158,7 @@ from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
-from ftwatch.policy.lasterror import message_named_by_next, named_by_last_error
+from ftwatch.policy.lasterror import assert_reported, message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
@@ -356,6 +358,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
     candidates = [c for c in candidates if not spelled_out(c, candidates)
                   and not named_by_last_error(c, order, candidates)      # 7, 13: the specific reading
+                  and not assert_reported(c, candidates)      # 13: the kernel assert its process raised
                   and not message_named_by_next(c, order, candidates)]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 9: the OOM killer's SIGKILL
         candidates = killed_when_reported(candidates, [c for c in candidates if sigkill_report(c)])

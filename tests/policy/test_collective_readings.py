@@ -108,3 +108,46 @@ def test_torch_collective_fingerprint_mismatch_is_a_program_bug():
                            "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=9, OpType=BROADCAST).")
     assert [f.rule_id for f in found] == ["c10d.collective_mismatch_detected"]
     assert found[0].failure_class is FailureClass.USER_CODE
+
+
+NCCL_SUSPECTED = ("gpu-a:31502:31620 [0] init.cc:1256 NCCL WARN Your program may be hanging, this may be caused by a "
+                  "collective mismatch around rank 0. Please check your collective calls at and around this rank. "
+                  "You can use NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=COLL to see the collective logs")
+NCCL_ASSERTED = ("gpu-a:21403:21403 [3] init.cc:1247 NCCL WARN Mismatched collective detected, please check your "
+                 "collective calls at and around rank 3. You can use NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=COLL to see "
+                 "the collective logs")
+
+
+def bare_watchdog(rank: int, seq: int = 2437) -> str:
+    """The torch 1.x form, no time stamp of its own: the test's time is the line's."""
+    return (f"[E ProcessGroupNCCL.cpp:821] [Rank {rank}] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1801398 milliseconds "
+            "before timing out.")
+
+
+def test_nccls_suspected_mismatch_before_the_timeouts_is_a_program_bug():
+    """NCCL's device check (primitives.h checkMismatch: a peer advanced its op count while this rank
+    waits in its current op) names what the same SeqNum everywhere cannot show."""
+    found = [*logged(0, 0.5, NCCL_SUSPECTED),
+             *(f for r in range(2) for f in logged(r, 1.0 + r / 10, bare_watchdog(r)))]
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "collective.mismatch", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 0
+    assert rc.fields["warning"] == "nccl.collective_mismatch_suspected"
+
+
+def test_nccls_suspected_mismatch_alone_is_evidence_not_a_failure():
+    """Without a timeout after it (training went on, or nothing waited) the warning decides nothing."""
+    found = logged(0, 0.5, NCCL_SUSPECTED)
+    assert [f.severity.name for f in found] == ["INFO"]
+    assert mismatch(found) is None
+    late = [*logged(0, 9.0, NCCL_SUSPECTED), *logged(1, 1.0, bare_watchdog(1))]
+    assert mismatch(late) is None
+
+
+def test_nccls_asserted_mismatch_is_a_program_bug_of_its_own():
+    """init.cc: ncclDevAssertedMismatch sets the communicator's fatal error to ncclInvalidUsage."""
+    found = [*logged(3, 0.5, NCCL_ASSERTED), *logged(1, 1.0, bare_watchdog(1))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "nccl.collective_mismatch_asserted", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 3

@@ -169,6 +169,22 @@ def test_horovods_stall_warning_long_before_a_job_hang_keeps_the_hang_reading():
     assert rc is not None and rc.rule_id == "hang.job"
 
 
+NCCL_SUSPECTED = ("gpu-ws-03:31502:31620 [0] init.cc:1256 NCCL WARN Your program may be hanging, this may be caused "
+                  "by a collective mismatch around rank 1. Please check your collective calls at and around this rank.")
+
+
+def test_a_job_hang_right_after_nccls_suspected_mismatch_is_the_ranks_diverging():
+    """NCCL src/init.cc ncclDevSuspectedMismatch: a peer went on to later collectives while this rank waited."""
+    rc = analyse(logged(None, 0.0, NCCL_SUSPECTED) + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["phase"] == "nccl.collective_mismatch_suspected"
+
+
+def test_nccls_suspected_mismatch_long_before_a_job_hang_keeps_the_hang_reading():
+    rc = analyse(logged(None, 0.0, NCCL_SUSPECTED) + [job_hang(7200.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
 def ranked_hang(t: float, culprit: int, culprit_last: float, silent: float = 1800.0) -> Finding:
     """A job hang at ``t`` of two per-rank instances; ``culprit`` went silent first, at ``culprit_last``."""
     o = Origin(f"worker-{culprit}", culprit, "left", "node-0", "stderr", "process")

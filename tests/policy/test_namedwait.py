@@ -138,3 +138,22 @@ def test_a_rank_with_an_error_after_the_build_line_failed_on_its_own():
     found = megatron_start([(0.0, FUSED), (30.0, "RuntimeError: CUDA error: an illegal memory access was encountered")])
     rc = analyse(found, world=4).root_cause
     assert rc is not None and rc.rule_id != "hang.named_wait", rc
+
+
+LIGHTNING_INIT = "Initializing distributed: GLOBAL_RANK: {}, MEMBER: {}/8"
+
+
+def test_a_job_hang_right_after_lightning_enters_init_process_group_is_the_launchs():
+    """Lightning's troubleshooting guides: stuck after "Initializing distributed" = no srun, counts
+    that do not match, an interface or port range the nodes cannot reach each other on."""
+    found = [f for r in range(4) for f in ranked(r / 10, r, LIGHTNING_INIT.format(r, r + 1))]
+    rc = analyse([*found, hang(1.0)], world=4).root_cause
+    assert rc is not None and rc.rule_id == "hang.named_wait", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["wait"] == "wait.lightning_init_process_group"
+
+
+def test_a_job_hang_after_every_lightning_process_registered_keeps_the_hang_reading():
+    found = [*(f for r in range(2) for f in ranked(r / 10, r, LIGHTNING_INIT.format(r, r + 1))),
+             *ranked(1.0, 0, "All distributed processes registered. Starting with 2 processes")]
+    rc = analyse([*found, hang(2.0)], world=2).root_cause
+    assert rc is not None and rc.rule_id == "hang.job", rc
