@@ -74,3 +74,27 @@ def test_a_peers_abort_or_failure_is_fallout(cls):
 ])
 def test_a_class_name_in_code_or_prose_is_no_finding(line):
     assert not [f for f in findings(line) if f.rule_id.startswith("mpi.err.")]
+
+
+@pytest.mark.parametrize("line, rule, failure_class", [
+    ("Fatal error in PMPI_Recv: Message truncated, error stack:", "mpi.mpich.usage", FailureClass.USER_CODE),
+    ("Fatal error in MPI_Comm_rank: Invalid communicator, error stack:", "mpi.mpich.usage", FailureClass.USER_CODE),
+    ("Fatal error in PMPI_Alloc_mem: Unable to allocate memory for MPI_Alloc_mem, error stack:", "mpi.mpich.no_mem",
+     FailureClass.OOM),
+    ("Fatal error in PMPI_File_open: File does not exist, error stack:", "mpi.mpich.file", FailureClass.USER_CODE),
+    ("Fatal error in PMPI_File_write_all: Other I/O error , error stack:", "mpi.mpich.storage",
+     FailureClass.RETRYABLE_INFRA),
+    ("Abort(806995855) on node 3 (rank 3 in comm 0): Fatal error in internal_Allreduce: Other MPI error, error stack:",
+     "mpi.mpich.internal", FailureClass.USER_CODE),
+    ("Fatal error in PMPI_Bcast: Internal MPI error!, error stack:", "mpi.mpich.internal", FailureClass.USER_CODE),
+    ("Fatal error in PMPI_Allreduce: Process failed, error stack:", "mpi.mpich.peer_failed", FailureClass.FALLOUT),
+])
+def test_mpichs_fatal_report_is_graded_as_the_same_class_in_open_mpis_words(line, rule, failure_class):
+    """MPICH prints the class's generic message after ``Fatal error in <call>: `` (errutil.c); one class,
+    one grade, whichever MPI prints it."""
+    (hit,) = [f for f in findings(line) if f.rule_id.startswith("mpi.")]
+    assert (hit.rule_id, hit.failure_class) == (rule, failure_class)
+
+
+def test_a_fatal_error_of_a_function_that_is_no_mpi_call_is_no_mpi_finding():
+    assert not [f for f in findings("Fatal error in load_config: Invalid argument") if f.rule_id.startswith("mpi.")]
