@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftwatch.events import Action, FailureClass, Origin
-from ftwatch.rules.engine import Engine
-from ftwatch.rules.loader import load_rules
-
-ENGINE = Engine(load_rules())
+from ftwatch.events import Action, FailureClass
+from tests.rules.test_stacks_vocab import findings      # the built-in rules over lines of one stream
 
 #: Open MPI errcode.c's predefined classes and their strings (those the catalog grades)
 USAGE = ["BUFFER: invalid buffer pointer", "COUNT: invalid count argument", "TYPE: invalid datatype",
@@ -29,11 +26,6 @@ STORAGE = ["NO_SPACE: no space left on device", "QUOTA: out of quota", "IO: inpu
 INTERNAL = ["INTERN: internal error", "UNKNOWN: unknown error", "OTHER: known error not in list"]
 PEER = ["PROC_ABORTED: operation failed because a remote peer has aborted", "PROC_FAILED: Process Failure",
         "REVOKED: Communication Object Revoked"]
-
-
-def findings(*lines: str):
-    text = "".join(f"{line}\n" for line in lines)
-    return ENGINE.feed(Origin("job", None, "j", "node-1", "stdout", "file"), text.encode(), 1.0, final=True)
 
 
 def fatal_block(cls: str) -> list[str]:

@@ -7,16 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftwatch.events import Action, FailureClass, Origin
-from ftwatch.rules.engine import Engine
-from ftwatch.rules.loader import load_rules
-
-ENGINE = Engine(load_rules())
-
-
-def findings(*lines: str):
-    text = "".join(f"{line}\n" for line in lines)
-    return ENGINE.feed(Origin("job", None, "j", "node-1", "stdout", "file"), text.encode(), 1.0, final=True)
+from ftwatch.events import Action, FailureClass
+from tests.rules.test_stacks_vocab import findings      # the built-in rules over lines of one stream
 
 
 @pytest.mark.parametrize("line, rule, failure_class, action", [
