@@ -18,7 +18,8 @@ module only knows its id prefixes:
   run``) can hide a failure's status behind an exit 0 (seed 001: ``| tee`` without ``set -o
   pipefail``).
 * ``lifecycle.elastic_reset.<who>``: an elastic launcher re-formed the job's world (Elastic
-  Horovod's ``reset workers: N``); after an incident's errors it recovered from them by itself
+  Horovod's ``reset workers: N``, or its ``blacklist failing host: H``, after which the driver
+  either stops with an error or resumes); after an incident's errors it recovered from them by itself
   (:func:`elastic_recovery`).
 * ``launcher.<name>``: the job runs under that launcher (its private exit codes apply,
   ``ftwatch.rules.exitcodes``). Under ``ftwatch run`` the command says it too
