@@ -7,7 +7,8 @@ Sources of the forms recognised:
     * exit codes: torchelastic's failure summary and agent log (``exitcode  : -9 (pid: 41)``,
       ``failed (exitcode: 1)``; pytorch/pytorch ``torch/distributed/elastic/multiprocessing/errors``),
       Slurm's ``srun: error: node1: task 0: Exited with exit code 1``, Kubernetes'
-      ``Exit Code: 137`` / ``exitCode: 137``, Python's ``returned non-zero exit status 1``.
+      ``Exit Code: 137`` / ``exitCode: 137``, Python's ``returned non-zero exit status 1``, Horovod's
+      runner ``Process 2 exit with status code 143.`` (horovod/runner/gloo_run.py ``_exec_command``).
     * signals: a name (``SIGKILL``, ``Signals.SIGTERM``), ``signal 9`` / ``killed by signal 9``,
       and torchelastic's negative exit code (``exitcode: -9``: "killed by signal 9", as its
       ``ProcessFailure`` documents).
@@ -25,7 +26,7 @@ import signal as _signal
 
 __all__ = ["exit_code_of", "signal_of", "nccl_op_of", "signal_number", "normalise_op"]
 
-_EXIT = re.compile(r"(?i)\b(?:exit[ _]?(?:code|status)|exitcode|exited with (?:code|status))"
+_EXIT = re.compile(r"(?i)\b(?:exit[ _]?(?:code|status)|exitcode|exited with (?:code|status)|exit with status code)"
                    r"\s*[:=]?\s*(-?\d{1,3})(?!\d)")
 _SIG_NAME = re.compile(r"\bSIG([A-Z]{2,6}[12]?)\b")
 _SIG_NUMBER = re.compile(r"(?i)\bsignal\s*[:=]?\s*(\d{1,2})\b")

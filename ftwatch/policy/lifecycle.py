@@ -18,7 +18,8 @@ module only knows its id prefixes:
   run``) can hide a failure's status behind an exit 0 (seed 001: ``| tee`` without ``set -o
   pipefail``).
 * ``lifecycle.elastic_reset.<who>``: an elastic launcher re-formed the job's world (Elastic
-  Horovod's ``reset workers: N``); after an incident's errors it recovered from them by itself
+  Horovod's ``reset workers: N``, or its ``blacklist failing host: H``, after which the driver
+  either stops with an error or resumes); after an incident's errors it recovered from them by itself
   (:func:`elastic_recovery`).
 * ``launcher.<name>``: the job runs under that launcher (its private exit codes apply,
   ``ftwatch.rules.exitcodes``). Under ``ftwatch run`` the command says it too
@@ -70,6 +71,11 @@ def finish(findings: Iterable[Finding]) -> Finding | None:
     return min((f for f in findings if is_finished(f)), key=lambda f: (f.time, f.seq), default=None)
 
 
+#: a training loss or gradient that is NaN or infinite (``rules/packs/torch.yaml``): printed after the
+#: finish it says the result the run wrote is not finite either (:func:`after_finish`)
+NON_FINITE = frozenset({"python.loss_not_finite"})
+
+
 def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[Action | None, str]:
     """What an error printed after training finished asks for (issue 12 item 3: a notice, not a
     restart), graded by its class: ``(action, why)``, or ``(None, why)`` when the ordinary decision
@@ -88,6 +94,10 @@ def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[
       to <dir>``) and the traceback came after it: the result is not written, so the job has failed
       and the ordinary decision by the error's class stands (a program error on the save path fails
       the same way after any rerun's training; a transient one, as above, is rerun).
+    * A loss or gradient that was not finite when training ended (:data:`NON_FINITE`): NaN and
+      infinity propagate through every update that reads them (IEEE 754 arithmetic), so the
+      weights the run wrote are not a trained model; nvidia-resiliency-ext's restart agent grades
+      ``nan_or_inf`` a root candidate. The ordinary decision by its class stands.
     * A hardware fault of the node: the run's work is done, the node's fault is a person's to look
       at before the next job lands there: notify.
     * Anything else (the program's own error in its tail, a nonzero exit after the last step,
@@ -108,6 +118,8 @@ def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[
         return None, "a transient fault in the run's tail (its results may not be stored): a rerun redoes it"
     if saving and uncaught_traceback(notice) and not cascade:
         return None, "the program died while saving its result after training (the result is not written)"
+    if notice.rule_id in NON_FINITE:
+        return None, "the loss was not finite when training ended: the written result is no result"
     if notice.failure_class is FailureClass.HARDWARE_NODE:
         return Action.NOTIFY, "the work is done and the node's fault is a person's to look at → notify"
     return Action.NONE, "the training result is written and a restart would train it again → none"

@@ -43,6 +43,7 @@ from ftwatch.policy.escalation import DAY, FREQUENCY_RULES, Escalator, FaultHist
 from ftwatch.policy.initphase import UNKNOWN, at_init
 from ftwatch.policy.lifecycle import after_finish, elastic_recovery, saving_before
 from ftwatch.policy.linkflap import recovered_flaps
+from ftwatch.policy.pluginmark import explained_marks
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
@@ -168,7 +169,7 @@ class Policy:
         sync = p.job_execution_mode == "Sync" or self.modelarts is not None
         raw = incident.findings if incident.trigger in incident.findings else incident.findings + (incident.trigger,)
         at = raw.index(incident.trigger)
-        findings = recovered_flaps(refine(raw, self.c4d))     # a flapped port's errors are notices
+        findings = explained_marks(recovered_flaps(refine(raw, self.c4d)))   # a flapped port's errors, a plugin's mark
         trig = findings[at]
         scope = findings if sync else tuple(f for f in findings if f.origin.instance == trig.origin.instance)
         occurrence = str(incident.attempt) if sync else (

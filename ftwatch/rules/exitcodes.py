@@ -167,7 +167,7 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "User defined signal 1": 10, "Segmentation fault": 11, "User defined signal 2": 12,
              "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
-_REPORTED_RANK = re.compile(r"\b(?:process rank|task) (\d+)\b")
+_REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with status code)) (\d+)\b")
 #: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
 _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
 
@@ -178,7 +178,7 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     The signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
-    ``process rank 3``, srun's ``task 3``; a range of tasks names none). Any part may be None.
+    ``process rank 3``, srun's ``task 3``, Horovod's runner ``Process 3 exit with status code``; a range of tasks names none). Any part may be None.
     """
     sig = linefacts.signal_of(text)
     if sig is None:

@@ -87,3 +87,39 @@ def finding(cls: FailureClass, kind: str = "keyword", raised: bool = True) -> Fi
 ])
 def test_after_finish_grades_the_notice_by_its_class(notice, cascade, action):
     assert after_finish(notice, cascade)[0] is action
+
+
+def test_a_shells_segfault_report_after_the_programs_own_training_finished_line_needs_no_action(run, tmp_path):
+    """The program's whole message that training finished (``lifecycle.finished.program_says``)
+    ends training as a framework's own line does: a crash at exit after it is a notice."""
+    log = write(tmp_path / "train.log", [
+        "| Epoch:   2 | Iter:   1200 | loss: 2.0893 | lr: 1.0000e-04 |",
+        "saving checkpoint to ./results/run/epoch2.pt",
+        "2026-11-26 10:00:00 | INFO | Training completed.",
+        "Segmentation fault (core dumped)"])
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.NONE and d.root_cause is None, d
+    assert "lifecycle.finished.program_says" in d.policy_clause
+
+
+def test_a_workers_abort_after_maskrcnn_benchmarks_total_training_time_needs_no_action(run, tmp_path):
+    """maskrcnn-benchmark's do_train prints its total training time after the loop (and saved
+    model_final in the loop's last iteration): an abort of a worker after it ended no training."""
+    log = write(tmp_path / "train.log", [
+        "2024-03-07 09:43:34,918 maskrcnn_benchmark.trainer INFO: eta: 0:00:00  iter: 30000  loss: 0.1298 (0.1401)",
+        "2024-03-07 09:43:35,002 maskrcnn_benchmark.utils.checkpoint INFO: Saving checkpoint to ./ckpt/model_final.pth",
+        "2024-03-07 09:43:39,611 maskrcnn_benchmark.trainer INFO: Total training time: 7:32:41.208911 (0.9051 s / it)",
+        "WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 2960900 closing signal SIGTERM",
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 1 (pid: 2960901) of "
+        "binary: /usr/bin/python"])
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.NONE and d.root_cause is None, d
+
+
+def test_a_loss_that_is_not_finite_when_training_ends_keeps_the_ordinary_decision():
+    """NaN propagates into every weight an update reads: the result written at the end is no result."""
+    o = Origin("worker-0", 0, JOB, "node-0", "stderr", "process")
+    nan = Finding("python.loss_not_finite", "keyword", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR, o,
+                  "step: 100  loss:    nan", 0.0)
+    assert after_finish(nan, False)[0] is None
+    assert after_finish(finding(FailureClass.USER_CODE), False)[0] is Action.NONE

@@ -39,3 +39,12 @@ def test_without_a_reset_after_them_the_errors_decide(run, tmp_path):
     d = decided(run, tmp_path / "horovodrun.log", START + LOST + [
         "[2026-11-26 02:41:52.400] ERROR: blacklisted slots count == 12 -> stop running"])
     assert d.action is Action.RESTART_JOB, d
+
+
+def test_the_blacklist_with_no_stop_after_it_is_the_launchers_recovery_too(run, tmp_path):
+    """registration.py blacklists the failing hosts, then either logs '-> stop running' at ERROR and
+    stops, or resumes: a blacklist line that no error follows is the start of its recovery."""
+    d = decided(run, tmp_path / "horovodrun.log", START + LOST + [
+        "[0]<stdout>:epoch 17 batch 800/1251 loss 1.5930 (8 workers)"])
+    assert d.action is Action.NONE and d.root_cause is None, d
+    assert "lifecycle.elastic_reset.horovod_blacklist" in d.policy_clause

@@ -145,3 +145,13 @@ def test_an_address_that_never_was_one_is_the_jobs_network_configuration():
                  "with family 0 is neither AF_INET(2) nor AF_INET6(10)",
                  "node7:1958:1958 [0] NCCL WARN Net : connecting to address  with family 0 is neither AF_INET(2) nor AF_INET6(10)"]:
         assert ("nccl.socket_address_not_ip", FailureClass.USER_CODE, Action.FAIL_JOB) in grades(line)
+
+
+def test_a_c10d_socket_not_connected_is_fallout_and_a_mount_not_connected_is_the_nodes():
+    """strerror(ENOTCONN) alone as a std::system_error's what() is a socket call of c10d
+    (Utils.hpp SYSCHECK) that lost its peer; with a path it is a FUSE mount whose daemon died."""
+    socket = feed(["terminate called after throwing an instance of 'std::system_error'",
+                   "  what():  Transport endpoint is not connected"])
+    assert [(f.rule_id, f.failure_class) for f in socket] == [("c10d.socket_not_connected", FailureClass.FALLOUT)]
+    assert {f.rule_id for f in feed(["ls: cannot access '/mnt/s3fs/ckpt': Transport endpoint is not connected"])} == {
+        "storage.transport_endpoint_not_connected"}

@@ -132,6 +132,7 @@ def test_a_report_of_exit_0_makes_nothing():
     ("srun: error: n3: task 2: Segmentation fault (core dumped)", (None, 11, 2)),
     ("      Exit Code:    137", (137, None, None)),
     ("died with <Signals.SIGKILL: 9>.", (None, 9, None)),
+    ("Process 2 exit with status code 143.", (143, None, 2)),      # Horovod's gloo runner: rank 2
 ])
 def test_reported_exit_reads_signal_names_strsignal_texts_and_codes(text, expected):
     from ftwatch.rules.exitcodes import reported_exit
@@ -244,3 +245,11 @@ def test_a_spawned_childs_own_nonzero_exit_is_the_programs_decision():
 ])
 def test_a_spawned_childs_signal_or_clean_exit_is_no_own_nonzero_exit(line: str):
     assert not [f for f in findings(line) if f.rule_id == "torch.mp_spawn_child_exit"]
+
+
+def test_horovods_runner_report_of_a_sigterm_exit_is_a_retryable_exit_of_that_rank():
+    """horovod/runner/gloo_run.py prints ``Process {rank} exit with status code {ec}.`` per worker
+    that exited nonzero: 143 is SIGTERM (exit_codes.tsv), the stop came from outside."""
+    [f] = findings("Process 2 exit with status code 143.")
+    assert f.kind == "exit_code" and f.rank == 2
+    assert (f.failure_class, f.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
