@@ -95,8 +95,11 @@ def test_per_rank_files_a_megatron_checkpoint_save_is_no_hang(rules, tmp_path):
 # -- startup: the first output is initialization until the first step line ----------------------
 
 def startup_of(minutes: float) -> list[str]:
-    """torchrun's banner, then silence (imports, rendezvous) for ``minutes``, then training."""
+    """Lightning's start-up banner with every process registered (a launch that did not stall in
+    the process group: that is a named wait, ``policy/namedwait.py``), then silence (imports,
+    dataset set-up) for ``minutes``, then training."""
     banner = [iso_line(r, T0, "Initializing distributed: GLOBAL_RANK: %d, MEMBER: %d/3" % (r, r + 1)) for r in RANKS]
+    banner.append(iso_line(0, T0, "All distributed processes registered. Starting with 3 processes"))
     return banner + steps(T0 + timedelta(minutes=minutes), 5)
 
 
