@@ -161,6 +161,35 @@ def test_a_consumer_behind_a_full_queue_gathers_the_batches_its_sources_send_nex
     assert merged.batches == [first, second] and time.monotonic() - started < 5.0   # no 30 s wait
 
 
+def test_a_trickle_behind_a_full_queue_holds_the_consumer_gather_seconds_at_most(monkeypatch):
+    """However steadily its sources keep sending, a consumer that found its queue full hands its
+    backlog over ``GATHER_SECONDS`` after taking the first batch (not once ``MERGE_LINES`` lines
+    came): a trickle of small batches cannot hold the lines it took."""
+    monkeypatch.setattr(batches_mod, "MERGE_LINES", 10**9)
+    monkeypatch.setattr(batches_mod, "GATHER_SECONDS", 0.2)
+    full: queue.Queue = queue.Queue(maxsize=2)
+    done = threading.Event()
+
+    def source() -> None:                       # one line a batch, as fast as it is taken
+        for n in range(1_000_000):
+            if done.is_set():
+                return
+            try:
+                full.put([Shipped(0.0, b"x", {})], timeout=0.01)
+            except queue.Full:
+                continue
+
+    sender = threading.Thread(target=source, daemon=True)
+    full.put([Shipped(0.0, b"x", {})])
+    full.put([Shipped(0.0, b"x", {})])
+    sender.start()
+    started = time.monotonic()
+    merged = batches_mod.take_backlog(full, 0.0)
+    done.set()
+    sender.join(5.0)
+    assert len(merged) >= 2 and time.monotonic() - started < 5.0
+
+
 def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
     """Two pods running torchrun (no rank from the pod) both print ``[rank0]:`` and ``[rank1]:``
     step lines, interleaved in one batch: the step tap, handed the batch's step lines in one
