@@ -117,6 +117,9 @@ class Origin:
         labels: the pod's Kubernetes labels as sorted ``(name, value)`` pairs (shipped lines of
             a pod; ``ftwatch.pipeline.sources.identity``), else empty. Not part of equality or hash:
             the same instance is the same origin whatever its labels.
+
+    Its hash (of the fields equality compares) is made once, at construction, and again when
+    unpickled (issue 16: an Origin keys the hot path's per-stream maps many times per chunk).
     """
 
     instance: str
@@ -126,6 +129,22 @@ class Origin:
     stream: str = "stdout"
     source: str = "process"
     labels: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # An Origin keys the per-stream dicts of the hot path many times per chunk (issue 16):
+        # its hash, of the fields equality compares, is computed once, here.
+        object.__setattr__(self, "_hash", hash((self.instance, self.rank, self.job, self.node, self.stream,
+                                                self.source)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __setstate__(self, state: list) -> None:
+        # pickled in another process: str hashes differ there, so the hash is made again
+        for name, value in zip(("instance", "rank", "job", "node", "stream", "source", "labels"), state):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     @property
     def key(self) -> tuple[str, str]:

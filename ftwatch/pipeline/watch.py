@@ -157,7 +157,9 @@ class Watcher:
         ``MergedBatch`` (``sources.batches.take_backlog``): a monitor that fell behind takes its
         backlog in one go, so each origin's state, the scan and the step tap's verdicts cost once
         per backlog, not once per batch (1,000 pods: a batch holds about one line per pod).
-        Taking what is queued already adds no wait."""
+        Taking what is queued already adds no wait, unless the queue was full (this loop fell
+        behind): then it also waits briefly for the batches its sources send next, up to
+        ``MERGE_LINES`` (``take_backlog``)."""
         return take_backlog(self.queue, timeout)
 
     def ingest(self, batch: list[Shipped]) -> None:
@@ -188,7 +190,7 @@ class Watcher:
         lines, and a job's first chunk (its new desk may forget another job: ``max_jobs``), are
         handed over after every chunk before them; with ``phases`` on, each chunk is handed over
         alone and its phase read after it."""
-        clean = finished_cleanly(b"".join(chunks))   # one search for the batch, not one per chunk
+        clean = any(map(finished_cleanly, chunks))   # no copy of the whole batch (its peak memory)
         phased = self.config.phases.enabled
         by_job: dict[str, list] = {}
         active = self._active

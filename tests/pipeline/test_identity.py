@@ -129,6 +129,35 @@ def test_cache_returns_the_same_origin_and_tracks_stream():
     assert ident.origin(kube("mnist-worker-0", stream="stderr")).stream == "stderr"
 
 
+def test_resolve_names_each_record_as_origin_does_whichever_path_it_takes():
+    """``resolve`` names a fluent-bit record whose key the cache holds inline (issue 16): for
+    records of every shape (rank fields at the top or in ``env``, labels that are no dict, odd
+    values, host evidence, seen before or not) it yields the very objects ``origin`` gives, and
+    the same origins (labels included) as a fresh Identity naming them one by one."""
+    metas = [kube("mnist-worker-0", labels=pytorchjob_labels("mnist", "Worker", 0)),
+             kube("mnist-worker-1", labels=pytorchjob_labels("mnist", "Worker", 1)),
+             kube("mnist-worker-1", labels=pytorchjob_labels("mnist", "Worker", 1), RANK="7"),
+             kube("mnist-worker-1", labels=pytorchjob_labels("mnist", "Worker", 1), env={"RANK": "5"}),
+             kube("mnist-worker-1", labels=pytorchjob_labels("mnist", "Worker", 1), env="odd"),
+             kube("mnist-worker-2", labels=None), kube("mnist-worker-3", stream="stdout", tag="kube.x"),
+             {"kubernetes": {"pod_name": "p-worker-1", "labels": ["not", "a", "map"]}, "stream": "stderr"},
+             {"kubernetes": {"pod_name": ["odd"], "labels": {}}, "stream": "stderr"},
+             kube("node-agent", host_log=True), {"instance": "w-3", "job": "j", "host": "h"},
+             {"kubernetes": "nope"}]
+    batch = [Shipped(float(k), f"line {k}".encode(), m) for k, m in enumerate(metas * 2)]
+    ident = Identity()
+    first = list(ident.resolve(batch))
+    again = list(ident.resolve(batch))
+    assert [o for o, _, _ in again] == [o for o, _, _ in first]
+    cached = [m for m in metas if ident.origin(m) is ident.origin(m)]    # all but the unhashable key
+    assert len(cached) == len(metas) - 1
+    assert all(a is ident.origin(m) for (a, _, _), m in zip(again, metas * 2) if m in cached)
+    fresh = Identity()
+    expected = [fresh.origin(m) for m in metas * 2]
+    assert [(o, o.labels) for o, _, _ in first] == [(o, o.labels) for o in expected]
+    assert [(line, t) for _, line, t in first] == [(s.line, s.time) for s in batch]
+
+
 def test_resolve_unwraps_and_names():
     ident = Identity()
     path = "/var/log/pods/team-a_mnist-worker-0_uid/pytorch/0.log"

@@ -7,6 +7,8 @@ import io
 import itertools
 import queue
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,66 @@ def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch
     assert rec.metrics is not None
     with pytest.raises(queue.Empty):
         w.queue.get_nowait()
+
+
+def test_a_consumer_behind_a_full_queue_gathers_the_batches_its_sources_send_next(monkeypatch):
+    """``take_backlog`` (issue 16): a bounded queue found full means its sources wait on the
+    consumer, so it takes what is queued and then waits (up to ``GATHER_SECONDS`` each) for the
+    batches the unblocked source sends next, up to ``MERGE_LINES`` lines; a queue not full is
+    taken as it stands, with no wait."""
+    monkeypatch.setattr(batches_mod, "MERGE_LINES", 6)
+    monkeypatch.setattr(batches_mod, "GATHER_SECONDS", 30.0)   # a put ends the wait at once
+    full: queue.Queue = queue.Queue(maxsize=2)
+    first, second, third = ([Shipped(0.0, f"{n}-{k}".encode(), {}) for k in range(2)] for n in range(3))
+    full.put(first)
+    full.put(second)
+
+    def source() -> None:                       # sends its next batch once the consumer took both
+        with full.not_full:                     # (woken at each get)
+            full.not_full.wait_for(lambda: not full.queue, timeout=5.0)
+        full.put(third)
+
+    sender = threading.Thread(target=source)
+    sender.start()
+    merged = batches_mod.take_backlog(full, 0.0)
+    sender.join(5.0)
+    assert isinstance(merged, MergedBatch) and merged.batches == [first, second, third]
+
+    roomy: queue.Queue = queue.Queue(maxsize=4)
+    roomy.put(first)
+    roomy.put(second)
+    started = time.monotonic()
+    merged = batches_mod.take_backlog(roomy, 0.0)
+    assert merged.batches == [first, second] and time.monotonic() - started < 5.0   # no 30 s wait
+
+
+def test_a_trickle_behind_a_full_queue_holds_the_consumer_gather_seconds_at_most(monkeypatch):
+    """However steadily its sources keep sending, a consumer that found its queue full hands its
+    backlog over ``GATHER_SECONDS`` after taking the first batch (not once ``MERGE_LINES`` lines
+    came): a trickle of small batches cannot hold the lines it took."""
+    monkeypatch.setattr(batches_mod, "MERGE_LINES", 10**9)
+    monkeypatch.setattr(batches_mod, "GATHER_SECONDS", 0.2)
+    full: queue.Queue = queue.Queue(maxsize=2)
+    done = threading.Event()
+
+    def source() -> None:                       # one line a batch, as fast as it is taken
+        for n in range(1_000_000):
+            if done.is_set():
+                return
+            try:
+                full.put([Shipped(0.0, b"x", {})], timeout=0.01)
+            except queue.Full:
+                continue
+
+    sender = threading.Thread(target=source, daemon=True)
+    full.put([Shipped(0.0, b"x", {})])
+    full.put([Shipped(0.0, b"x", {})])
+    sender.start()
+    started = time.monotonic()
+    merged = batches_mod.take_backlog(full, 0.0)
+    done.set()
+    sender.join(5.0)
+    assert len(merged) >= 2 and time.monotonic() - started < 5.0
 
 
 def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):

@@ -203,6 +203,7 @@ class Identity:
         self.device_field = device_field
         self.devices: dict[tuple[str, str], frozenset[str]] = BoundedDict(max_devices, "device")
         self._cache: dict[tuple, Origin] = {}
+        self._not_inline = frozenset((*self.rank_env, "env", "envelope"))   # fields resolve() leaves to origin()
 
     def origin(self, meta: Mapping[str, Any]) -> Origin:
         """The Origin of one shipped line.
@@ -245,15 +246,35 @@ class Identity:
     def resolve(self, batch: Iterable[Any]) -> Iterator[tuple[Origin, bytes, float]]:
         """Unwraps envelopes and names each line: the ``resolve`` callable ``Watcher`` takes.
 
+        A fluent-bit record (``meta``, its ``kubernetes`` and their ``labels`` dicts, no rank
+        field, no envelope) whose key the cache holds is named here, its key made inline as
+        :meth:`origin` makes it (issue 16: ~30 % of this path's time for 1,000 pods); every
+        other line goes through :meth:`origin`. Both give the same origin object.
+
         Args:
             batch: Shipped lines (``ftwatch.pipeline.sources.base.Shipped``).
 
         Yields:
             ``(origin, line, time)`` per unwrapped line (split lines once complete).
         """
-        origin, joiners = self.origin, self.joiners
+        origin, joiners, cached, job_label = self.origin, self.joiners, self._cache.get, self.job_label
+        inline = self._not_inline.isdisjoint
         for shipped in batch:
             meta = shipped.meta
+            if type(meta) is dict:
+                kube = meta.get("kubernetes")
+                if type(kube) is dict and inline(meta):              # no rank field, no envelope
+                    labels = kube.get("labels")
+                    if type(labels) is dict:
+                        try:                        # origin()'s key (the rank field None)
+                            found = cached((kube.get("pod_name"), kube.get("namespace_name"), kube.get("host"),
+                                            labels.get(job_label), None, meta.get("stream"), meta.get("tag"),
+                                            meta.get(HOST_KEY)))
+                        except TypeError:           # a list or map where a name belongs: origin() says
+                            found = None
+                        if found is not None:
+                            yield found, shipped.line, shipped.time
+                            continue
             if "envelope" not in meta:          # no envelope: unwrap would hand it back as is
                 yield origin(meta), shipped.line, shipped.time
                 continue
