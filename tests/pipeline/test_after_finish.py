@@ -32,6 +32,13 @@ def write(path: Path, lines: list[str]) -> Path:
     return path
 
 
+def assert_finished_then_notice(run, log: Path, finished_rule: str) -> None:
+    """Replaying ``log`` decides no action, no failure, and names ``finished_rule`` as the finish."""
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.NONE and d.root_cause is None, d
+    assert finished_rule in d.policy_clause, d
+
+
 def test_the_programs_own_error_after_the_trainers_end_metrics_needs_no_action(run, tmp_path):
     log = write(tmp_path / "rank0.log", STEPS + [HF_END] + tb(
         "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or "
@@ -97,9 +104,7 @@ def test_a_shells_segfault_report_after_the_programs_own_training_finished_line_
         "saving checkpoint to ./results/run/epoch2.pt",
         "2026-11-26 10:00:00 | INFO | Training completed.",
         "Segmentation fault (core dumped)"])
-    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
-    assert d.action is Action.NONE and d.root_cause is None, d
-    assert "lifecycle.finished.program_says" in d.policy_clause
+    assert_finished_then_notice(run, log, "lifecycle.finished.program_says")
 
 
 def test_a_workers_abort_after_maskrcnn_benchmarks_total_training_time_needs_no_action(run, tmp_path):
@@ -123,3 +128,39 @@ def test_a_loss_that_is_not_finite_when_training_ends_keeps_the_ordinary_decisio
                   "step: 100  loss:    nan", 0.0)
     assert after_finish(nan, False)[0] is None
     assert after_finish(finding(FailureClass.USER_CODE), False)[0] is Action.NONE
+
+
+#: a runtime's abort while the interpreter exits (cudaErrorCudartUnloading: a call made during
+#: process shutdown) and the launcher's report of it
+EXIT_ABORT = ["terminate called after throwing an instance of 'c10::CUDAError'",
+              "  what():  CUDA error: driver shutting down",
+              "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: -6) local_rank: 2 (pid: 20973) "
+              "of binary: /usr/bin/python"]
+
+
+def test_an_abort_after_wandb_reports_the_runs_exit_code_0_needs_no_action(run, tmp_path):
+    """W&B prints "(success)" only for exit code 0 (no uncaught exception ended the main thread):
+    the run finished, and a runtime's abort while the process exits is a notice."""
+    log = write(tmp_path / "train.log", STEPS + ["wandb: Waiting for W&B process to finish... (success)."] + EXIT_ABORT)
+    assert_finished_then_notice(run, log, "lifecycle.finished.wandb_exit_ok")
+
+
+def test_wandbs_failed_exit_status_is_no_finish(run, tmp_path):
+    """"(failed 1)": an exception ended the program: no finish, the ordinary decision stands."""
+    log = write(tmp_path / "train.log", STEPS + [
+        "wandb: Waiting for W&B process to finish... (failed 1). Press Control-C to abort syncing."] + EXIT_ABORT)
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.RESTART_JOB and "lifecycle.finished" not in d.policy_clause, d
+
+
+def test_a_segfault_in_mpi_finalize_after_training_finished_and_was_saved_needs_no_action(run, tmp_path):
+    """The program said training finished and its checkpoint was written (past tense): the crash
+    while the processes leave is a notice."""
+    log = write(tmp_path / "mpirun.log", [
+        "[1,0]<stdout>:235/235 - 31s - loss: 0.1367 - accuracy: 0.9700",
+        "[1,0]<stdout>:training finished, checkpoint written to ./checkpoints/checkpoint-3.h5",
+        "[1,0]<stderr>:[c8-node:04187] *** Process received signal ***",
+        "[1,0]<stderr>:[c8-node:04187] Signal: Segmentation fault (11)",
+        "[1,0]<stderr>:[c8-node:04187] *** End of error message ***",
+        "mpirun noticed that process rank 0 with PID 4187 on node c8-node exited on signal 11 (Segmentation fault)."])
+    assert_finished_then_notice(run, log, "lifecycle.finished.program_says_saved")
