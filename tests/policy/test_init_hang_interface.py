@@ -100,3 +100,22 @@ def test_addresses_of_each_hosts_default_docker_bridge_are_host_local():
     listed_second = [f for h, a in (("trainer-a", "1"), ("trainer-b", "2")) for f in (
         *old_interface_line(h, f"eth0:10.0.0.{a}<0>"), *old_interface_line(h, "docker0:172.17.0.1<0>"))]
     assert at_init(nccl_failure(), NONE_YET, listed_second) is None          # 2.4: the first line is the first
+
+
+def bootstrap_line(host: str, address: str) -> list[Finding]:
+    line = f"{host}:31200:31200 [0] NCCL INFO Bootstrap : Using {address}"
+    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
+    assert [f.rule_id for f in found] == ["nccl.bootstrap_interface_in_use"]
+    return found
+
+
+def test_the_bootstrap_interface_line_is_read_as_the_socket_one():
+    """NCCL's bootstrap searches its interface as its socket transport does (src/bootstrap.cc), and logs
+    only ``Bootstrap : Using if:addr<0>`` when the job runs over NET/IB: two hosts on docker0's
+    address, or on one address alike, cannot reach each other through it."""
+    both = [*bootstrap_line("srv1", "docker0:172.17.0.1<0>"), *bootstrap_line("srv2", "docker0:172.17.0.1<0>")]
+    grade = at_init(hang(), NONE_YET, both)
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE
+    routable = [*bootstrap_line("srv1", "eth0:10.0.0.1<0>"), *bootstrap_line("srv2", "eth0:10.0.0.2<0>")]
+    assert at_init(hang(), NONE_YET, routable) is None
+    assert at_init(hang(), NONE_YET, bootstrap_line("srv1", "docker0:172.17.0.1<0>")) is None   # one host
