@@ -65,12 +65,17 @@ def nccl_failure(rule: str = "nccl.unhandled_system_error") -> Finding:
                    time=T0 + 30.0, seq=10**9)
 
 
+def host_line(host: str, text: str, rule: str) -> list[Finding]:
+    """``text`` as NCCL logs it on ``host`` (its ``<host>:<pid>:<tid> [dev]`` prefix), read as ``rule``."""
+    line = f"{host}:61:61 [0] NCCL INFO {text}"
+    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
+    assert [f.rule_id for f in found] == [rule]
+    return found
+
+
 def old_interface_line(host: str, interface: str) -> list[Finding]:
     """NCCL 2.4's form: one ``NET : Using interface`` line per interface (include/socket.h)."""
-    line = f"{host}:61:61 [0] NCCL INFO NET : Using interface {interface}"
-    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
-    assert [f.rule_id for f in found] == ["nccl.socket_interfaces_in_use"]
-    return found
+    return host_line(host, f"NET : Using interface {interface}", "nccl.socket_interfaces_in_use")
 
 
 def test_an_nccl_network_failure_at_init_over_a_shared_address_is_configuration():
@@ -103,10 +108,7 @@ def test_addresses_of_each_hosts_default_docker_bridge_are_host_local():
 
 
 def bootstrap_line(host: str, address: str) -> list[Finding]:
-    line = f"{host}:31200:31200 [0] NCCL INFO Bootstrap : Using {address}"
-    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
-    assert [f.rule_id for f in found] == ["nccl.bootstrap_interface_in_use"]
-    return found
+    return host_line(host, f"Bootstrap : Using {address}", "nccl.bootstrap_interface_in_use")
 
 
 def test_the_bootstrap_interface_line_is_read_as_the_socket_one():
