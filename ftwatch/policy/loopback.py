@@ -17,8 +17,8 @@ creates), and so does a launcher that derives its master endpoint from the host 
 The reading (:func:`loopback_across_hosts`): before any progress (the caller,
 ``ftwatch.policy.initphase.at_init``, checks that), a connect failure graded retryable (refused,
 timed out: the rule's own grade says "may pass") whose line names a loopback target, in a job whose
-findings come from two hosts or more (:func:`job_hosts`: the instances' nodes, NCCL's
-``<host>:<pid>:<tid>`` prefixes), is the launch's configuration (user_code, fail_job). On one host
+findings come from two hosts or more (:func:`job_hosts`: the instances' nodes, or NCCL's
+``<host>:<pid>:<tid>`` prefixes, each naming counted apart), is the launch's configuration (user_code, fail_job). On one host
 the same connect keeps its grade: there the loopback address does lead to the peer, and a refused or
 timed-out connect is a peer not listening yet or gone (a c10d store on ``127.0.0.1`` that starts
 late). Where the hosts are not known (a replayed log with one file per rank and no host names) it
@@ -55,16 +55,19 @@ _LOOPBACK_MEANING = (
 
 
 def job_hosts(evidence: Iterable[Finding]) -> frozenset[str]:
-    """The hosts the findings name: their instances' nodes (not the implicit ones a replay or a
-    local run gives, ``IMPLICIT_NODES``) and the ``<host>`` of NCCL's line prefix."""
-    hosts: set[str] = set()
+    """The hosts the findings name, by one naming at a time so that one host is never counted twice
+    under two names: their instances' nodes (not the implicit ones a replay or a local run gives,
+    ``IMPLICIT_NODES``), or else the ``<host>`` of NCCL's line prefix (NCCL's own host name, cut at
+    the first dot: src/debug.cc getHostName(hostname, 1024, '.')), whichever names more."""
+    nodes: set[str] = set()
+    prefixed: set[str] = set()
     for g in evidence:
         if g.origin.node and g.origin.node not in IMPLICIT_NODES and g.origin.node != "unknown":
-            hosts.add(g.origin.node)
+            nodes.add(g.origin.node)
         named = NCCL_HOST.search(g.line)
         if named:
-            hosts.add(named.group(1))
-    return frozenset(hosts)
+            prefixed.add(named.group(1))
+    return frozenset(max(nodes, prefixed, key=len))
 
 
 def loopback_target(line: str) -> str | None:

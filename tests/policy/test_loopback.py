@@ -46,6 +46,10 @@ def test_the_hosts_come_from_the_nodes_and_nccls_prefix_not_the_implicit_ones():
     found = [*logged(GLOO, "replay", 0), *logged(GLOO, "localhost", 1)]
     assert job_hosts(found) == frozenset()
     assert job_hosts([*logged(GLOO, "box-a", 0), *logged(GLOO, "box-b", 2)]) == {"box-a", "box-b"}
+    nccl = "box-a:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 127.0.0.1<43261> failed : Connection refused"
+    one_host_two_names = [*logged(GLOO, "box-a.cluster.local", 0), *ENGINE.feed(
+        Origin("rank1", 1, JOB, "box-a.cluster.local", "stderr", "process"), f"{nccl}\n".encode(), T0, final=True)]
+    assert len(job_hosts(one_host_two_names)) == 1      # the node's FQDN and NCCL's short name: one host
 
 
 def test_a_loopback_connect_across_two_hosts_before_progress_fails_the_job(tmp_path: Path):
