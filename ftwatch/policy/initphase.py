@@ -40,6 +40,8 @@ One reading across ranks (:func:`_shared`, ``ftwatch.policy.sharedfailure``): a 
 rank's own call that many ranks report at once before any progress (NCCL's ``unhandled system
 error`` / ``unhandled cuda error``; a connect to the rendezvous store or coordination service that
 failed on its own host as well) is the set-up they share (user_code, fail_job), not one component.
+So is a failed connect to a loopback address in a job whose findings name two hosts or more
+(:func:`_loopback`, ``ftwatch.policy.loopback``: RFC 1122 and RFC 4291, loopback never leaves its host).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress
+from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
 from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
@@ -124,7 +127,7 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
         return None
     rows = table()
     found = (_row(rows, f) or _own_address(f, evidence) or _shared(f, evidence) or _shared_interface(f, evidence)
-             or _host_local_store(f))
+             or _host_local_store(f) or _loopback(f, evidence))
     if found is not None:
         return found
     before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
@@ -169,6 +172,15 @@ def _own_address(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
     return _OWN if target.group(1) in own else None
 
 
+def _loopback(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """user_code, fail_job when ``f`` is a failed connect to a loopback address in a job that spans
+    hosts (:func:`ftwatch.policy.loopback.loopback_across_hosts`); None otherwise."""
+    found = loopback_across_hosts(f, evidence)
+    if found is None:
+        return None
+    return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, *found)
+
+
 def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
     """The grade of :func:`ftwatch.policy.sharedfailure.shared_failure` (user_code, fail_job) when
     ``f`` is a failure that many ranks made themselves at once; None otherwise."""
@@ -179,15 +191,16 @@ def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
                      found.meaning)
 
 
-#: the host an NCCL debug line comes from: NCCL prefixes it ``<host>:<pid>:<tid> [<dev>] NCCL INFO``
-#: (src/debug.cc ncclDebugLog), whatever a launcher put before it (mpirun's ``[1,0]<stdout>:``); group 2 the pid
-_NCCL_HOST = re.compile(r"(?:^|[\s:>])([A-Za-z0-9][\w.-]*):(\d+):\d+ \[\d+\] NCCL INFO")
-#: the first interface of a ``NET/Socket : Using`` line, the one NCCL's sockets (and its bootstrap) use first
-_FIRST = re.compile(r"Using (?:\[0\]|interface )[^\s:]+:(\S+?)<\d+>")
+#: the first interface of a ``NET/Socket : Using`` line, the one NCCL's sockets use first, or the one of
+#: a ``Bootstrap : Using`` line (the same search, NCCL_SOCKET_IFNAME included: src/bootstrap.cc)
+_FIRST = re.compile(r"Using (?:\[0\]|interface )?[^\s:\[]+:(\S+?)<\d+>")
+#: the rules whose lines list the interfaces NCCL uses on a host (rules/packs/lifecycle.yaml)
+_INTERFACE_LINES = frozenset({"nccl.socket_interfaces_in_use", "nccl.bootstrap_interface_in_use"})
 _SHARED = InitGrade(
     "hang.job", None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB,
     "NVIDIA/nccl src/transport/net_socket.cc ('NET/Socket : Using' lists the interfaces this host uses, the "
-    "first one first) and src/debug.cc (the '<host>:<pid>:<tid>' prefix); NCCL user guide, Troubleshooting > "
+    "first one first), src/bootstrap.cc ('Bootstrap : Using', the interface of the same search its bootstrap uses) "
+    "and src/debug.cc (the '<host>:<pid>:<tid>' prefix); NCCL user guide, Troubleshooting > "
     "Networking issues > IP network interfaces ('If some interfaces are in the UP state but are not able to "
     "communicate between nodes, NCCL may try to use them anyway and therefore fail during the init functions or "
     "even hang'; NCCL_SOCKET_IFNAME; docker* and lo are not chosen by default); Docker docs, Network drivers > "
@@ -217,21 +230,22 @@ def _shared_interface(f: Finding, evidence: Iterable[Finding]) -> InitGrade | No
     """:data:`_SHARED` when ``f`` is a job hang or one of NCCL's network failures
     (:data:`NCCL_NETWORK_FAILURES`: the guide's "fail during the init functions", the other half of
     "or even hang") and the interface lines in ``evidence`` (``NET/Socket : Using [0]...``; NCCL 2.4's
-    ``NET : Using interface ...``, one line per interface) show two different hosts (NCCL's
+    ``NET : Using interface ...``, one line per interface; the bootstrap's ``Bootstrap : Using ...``,
+    each kind of line read apart) show two different hosts (NCCL's
     ``<host>:`` prefix, else the finding's node) whose first address is host-local: the same address
     on both (no address is held by two hosts of one network unless it is host-local), or an address
     of Docker's default bridge (:data:`DOCKER_DEFAULT_BRIDGE`) on each: every host's daemon has its
     own, which carries no traffic to another host (Docker's bridge driver docs). None otherwise."""
     if f.kind != "hang" and f.rule_id not in NCCL_NETWORK_FAILURES:
         return None
-    firsts: dict[tuple, tuple[str, str]] = {}   # process -> (host, the first address it lists: its earliest line)
+    firsts: dict[tuple, tuple[str, str]] = {}   # (host, process, rule) -> (host, the first address: its earliest line)
     for g in sorted(evidence, key=lambda g: (g.time, g.seq)):
-        if g.rule_id != "nccl.socket_interfaces_in_use" or (first := _FIRST.search(g.line)) is None:
+        if g.rule_id not in _INTERFACE_LINES or (first := _FIRST.search(g.line)) is None:
             continue
-        named = _NCCL_HOST.search(g.line)
+        named = NCCL_HOST.search(g.line)
         host = named.group(1) if named else g.origin.node
         if host and host != "unknown":
-            process = (host, named.group(2)) if named else (host, g.origin.instance)
+            process = (host, named.group(2) if named else g.origin.instance, g.rule_id)
             firsts.setdefault(process, (host, first.group(1)))
     hosts: dict[str, set[str]] = {}
     for host, address in firsts.values():

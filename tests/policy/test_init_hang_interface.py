@@ -65,12 +65,17 @@ def nccl_failure(rule: str = "nccl.unhandled_system_error") -> Finding:
                    time=T0 + 30.0, seq=10**9)
 
 
+def host_line(host: str, text: str, rule: str) -> list[Finding]:
+    """``text`` as NCCL logs it on ``host`` (its ``<host>:<pid>:<tid> [dev]`` prefix), read as ``rule``."""
+    line = f"{host}:61:61 [0] NCCL INFO {text}"
+    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
+    assert [f.rule_id for f in found] == [rule]
+    return found
+
+
 def old_interface_line(host: str, interface: str) -> list[Finding]:
     """NCCL 2.4's form: one ``NET : Using interface`` line per interface (include/socket.h)."""
-    line = f"{host}:61:61 [0] NCCL INFO NET : Using interface {interface}"
-    found = ENGINE.feed(Origin(host, None, JOB, host, "stdout", "process"), f"{line}\n".encode(), T0, final=True)
-    assert [f.rule_id for f in found] == ["nccl.socket_interfaces_in_use"]
-    return found
+    return host_line(host, f"NET : Using interface {interface}", "nccl.socket_interfaces_in_use")
 
 
 def test_an_nccl_network_failure_at_init_over_a_shared_address_is_configuration():
@@ -100,3 +105,19 @@ def test_addresses_of_each_hosts_default_docker_bridge_are_host_local():
     listed_second = [f for h, a in (("trainer-a", "1"), ("trainer-b", "2")) for f in (
         *old_interface_line(h, f"eth0:10.0.0.{a}<0>"), *old_interface_line(h, "docker0:172.17.0.1<0>"))]
     assert at_init(nccl_failure(), NONE_YET, listed_second) is None          # 2.4: the first line is the first
+
+
+def bootstrap_line(host: str, address: str) -> list[Finding]:
+    return host_line(host, f"Bootstrap : Using {address}", "nccl.bootstrap_interface_in_use")
+
+
+def test_the_bootstrap_interface_line_is_read_as_the_socket_one():
+    """NCCL's bootstrap searches its interface as its socket transport does (src/bootstrap.cc), and logs
+    only ``Bootstrap : Using if:addr<0>`` when the job runs over NET/IB: two hosts on docker0's
+    address, or on one address alike, cannot reach each other through it."""
+    both = [*bootstrap_line("srv1", "docker0:172.17.0.1<0>"), *bootstrap_line("srv2", "docker0:172.17.0.1<0>")]
+    grade = at_init(hang(), NONE_YET, both)
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE
+    routable = [*bootstrap_line("srv1", "eth0:10.0.0.1<0>"), *bootstrap_line("srv2", "eth0:10.0.0.2<0>")]
+    assert at_init(hang(), NONE_YET, routable) is None
+    assert at_init(hang(), NONE_YET, bootstrap_line("srv1", "docker0:172.17.0.1<0>")) is None   # one host

@@ -203,3 +203,21 @@ def test_a_local_file_not_found_mid_run_stays_the_programs(tmp_path):
     d = decided(logged("FileNotFoundError: [Errno 2] No such file or directory: '/data/train/shard-00017.bin'"),
                 T0 - 3600, tmp_path)
     assert d.action is Action.FAIL_JOB
+
+
+GID_ENODEV = "node-1:4410:4493 [0] misc/ibvwrap.cc:284 NCCL WARN Call to ibv_modify_qp failed with error No such device"
+
+
+def test_a_queue_pair_that_finds_no_gid_before_any_progress_is_the_gid_index_setting(tmp_path):
+    """ENODEV from ibv_modify_qp: the RoCE GID index names no GID on this port (NVIDIA/nccl#718);
+    before any progress the setting, after it the call keeps its retryable grade, and another errno
+    (a timed-out QP transition) grades nothing."""
+    found = logged(GID_ENODEV, RAISED)
+    assert [f.rule_id for f in found] == ["nccl.ibv_call_failed", "nccl.unhandled_system_error"]
+    grade = at_init(found[-1], NONE_YET, found)
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE and "#718" in grade.source
+    assert decided(found, NONE_YET, tmp_path).action is Action.FAIL_JOB
+    later = logged(GID_ENODEV, RAISED, t=T0 + 50)
+    assert at_init(later[-1], T0, later) is None
+    timed_out = logged(GID_ENODEV.replace("No such device", "Connection timed out"), RAISED)
+    assert at_init(timed_out[-1], NONE_YET, timed_out) is None
