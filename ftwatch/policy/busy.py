@@ -197,7 +197,7 @@ def _advanced_bar(f: Finding, order: Sequence[Finding]) -> bool:
     bar in place, so its next update again runs into whatever a peer writes next). A process that
     advanced its own loop after its peers' collective timed out was not inside that collective:
     NCCL's collectives block until every rank of the communicator has called them (NCCL user
-    guide, "Collective Operations": "Collective operations have to be called for each rank ...
+    guide, usage/operations.html: "NCCL collective operations have to be called for each rank ...
     to form a complete collective operation. Failure to do so will result in other ranks waiting
     indefinitely"), so a training step of a rank that hung in it could not complete either. A bar
     that stopped, as a hung rank's does, shows no later update and says nothing (the module
