@@ -57,8 +57,8 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress, rdzvconfig
-from ftwatch.policy.rdzvconfig import loopback_rendezvous
 from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
+from ftwatch.policy.rdzvconfig import loopback_rendezvous, split_rendezvous
 from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
@@ -306,10 +306,10 @@ def _host_local_store(f: Finding) -> InitGrade | None:
 def _loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
     """user_code, fail_job when ``f`` is a job hang or a store connect that timed out
     (:data:`STORE_CONNECT_TIMEOUTS`) and a node of rank 1 or more was told to rendezvous at a loopback
-    address (``ftwatch.policy.rdzvconfig``); None otherwise."""
+    address, or the ranks at different ports (``ftwatch.policy.rdzvconfig``); None otherwise."""
     if f.kind != "hang" and f.rule_id not in STORE_CONNECT_TIMEOUTS:
         return None
-    why = loopback_rendezvous(f, evidence)
+    why = loopback_rendezvous(f, evidence) or split_rendezvous(f, evidence)
     if why is None:
         return None
     return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvconfig.SOURCE, why)

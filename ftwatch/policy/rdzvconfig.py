@@ -18,6 +18,16 @@ failure is a job hang or a rendezvous store connect that timed out, with no prog
 (``ftwatch.policy.initphase.at_init`` calls it only then), the failure is the launch's
 configuration (user_code, fail_job). Node rank 0 with a loopback address is right (Kubeflow's
 training-operator gives the master pod ``localhost``); so is any address on a single node.
+
+The same holds when the ranks were given different meeting points: "MASTER_PORT - required; has to
+be a free port on machine with rank 0" (the same docs) is one port for all. :func:`split_rendezvous`
+reads launch lines that state an address and a port together (``MASTER_ADDR=127.0.0.1
+MASTER_PORT=41733``, ``master_addr=..., master_port=...``, ``rdzv_endpoint : host:port``) printed
+within :data:`TOGETHER_SECONDS` of each other before the failure: two that name the same address
+with different ports, or different loopback addresses' ports, are ranks that wait at different
+stores (a port each process picked for itself). A launcher that re-forms its group prints a new
+port for the new round (torchelastic's ``master_port=`` after each rendezvous), minutes apart, after
+a failure it reports: such lines are not together.
 """
 
 from __future__ import annotations
@@ -34,6 +44,12 @@ CONFIG_RULE = "rendezvous.config_line"
 #: ``master_addr=127.0.0.1``, ``--master-addr 10.0.0.5``, ``rdzv_endpoint : localhost:29500``).
 _ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|\brdzv_endpoint|--master[_-]addr|--rdzv[_-]endpoint)"
                       r"(?:\s*[=:]\s*|\s+)['\"]?\[?([\w.:-]+?)\]?(?::\d+)?['\",]?(?=\s|$)")
+#: A port stated beside the address (``MASTER_PORT=41733``, ``master_port=29500``, ``--master-port 29500``).
+_PORT = re.compile(r"(?:\bMASTER_PORT|\bmaster_port|--master[_-]port)(?:\s*[=:]\s*|\s+)(\d+)\b")
+#: An endpoint's own port (``rdzv_endpoint : localhost:29500``).
+_ENDPOINT_PORT = re.compile(r"\brdzv[_-]endpoint(?:\s*[=:]\s*|\s+)\S+?:(\d+)\b")
+#: How close in time the launch lines of one start are (seconds): the ranks start together.
+TOGETHER_SECONDS = 60.0
 #: A node rank as the launch states it (``NODE_RANK=1``, ``node_rank=1``, ``--node-rank 1``).
 _NODE_RANK = re.compile(r"(?:\bNODE_RANK|\bnode_rank|--node[_-]rank)(?:\s*[=:]\s*|\s+)(\d+)\b")
 SOURCE = ("PyTorch docs, torch.distributed 'Environment variable initialization' (MASTER_ADDR: address of rank 0 "
@@ -80,4 +96,36 @@ def loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> str | None:
     for who in sorted(set(ranks) & set(loops)):
         if ranks[who] >= 1:
             return f"{who} is node rank {ranks[who]} yet rendezvouses at {loops[who]}: {MEANING}"
+    return None
+
+
+def split_rendezvous(f: Finding, evidence: Iterable[Finding]) -> str | None:
+    """Why ``f`` is the launch's configuration when its ranks were given different rendezvous ports
+    for one address (the module docstring), or None.
+
+    Args:
+        f: a job hang or a store connect that timed out, with no progress before it (the caller's).
+        evidence: the incident's findings; ``rendezvous.config_line`` findings before ``f`` are read.
+
+    Returns:
+        A sentence naming the address and its ports; None when no two launch lines printed within
+        :data:`TOGETHER_SECONDS` of each other name one address with different ports.
+    """
+    seen: list[tuple[float, str, str]] = []     # (time, address, port)
+    for g in sorted(evidence, key=lambda g: (g.time, g.seq)):
+        if g.rule_id != CONFIG_RULE or (g.time, g.seq) >= (f.time, f.seq):
+            continue
+        address = _ADDRESS.search(g.line)
+        port = _PORT.search(g.line) or _ENDPOINT_PORT.search(g.line)
+        if address is None or port is None:
+            continue
+        host = "loopback" if is_loopback(address.group(1)) else address.group(1)
+        seen.append((g.time, host, port.group(1)))
+    for i, (t, host, port) in enumerate(seen):
+        others = sorted({p for u, h, p in seen[i + 1:] if h == host and p != port and u - t <= TOGETHER_SECONDS})
+        if others:
+            return (f"the ranks were told to meet at {host} on different ports ({port}, {', '.join(others[:4])}) "
+                    "within one start: each waits at its own store for peers that never come; the port the launch "
+                    "gives each rank (MASTER_PORT, one port on rank 0's machine for all) is its configuration, which "
+                    "a restart repeats")
     return None

@@ -67,3 +67,24 @@ def test_after_progress_the_hang_keeps_its_reading():
 def test_loopback_names():
     assert all(map(is_loopback, ["localhost", "127.0.0.1", "127.0.1.1", "::1"]))
     assert not any(map(is_loopback, ["10.0.0.5", "gpu-node-a12", "0.0.0.0", "fe80::1"]))
+
+
+def rank_env(rank: int, port: int, addr: str = "127.0.0.1") -> str:
+    return f"rank {rank} | MASTER_ADDR={addr} MASTER_PORT={port}, calling init_process_group(backend='nccl')"
+
+
+def test_ranks_given_different_ports_for_one_address_never_meet():
+    evidence = node_lines("train", rank_env(0, 41733), rank_env(1, 38855))
+    grade = at_init(hang(), NONE_YET, evidence)
+    assert grade is not None and grade.action is Action.FAIL_JOB and "different ports" in grade.meaning
+
+
+def test_ranks_given_one_port_keep_the_hang_reading():
+    assert at_init(hang(), NONE_YET, node_lines("train", rank_env(0, 29500), rank_env(1, 29500))) is None
+
+
+def test_a_new_round_minutes_later_on_a_new_port_is_no_split():
+    o = Origin("agent", None, "rdzv", "node0", "stdout", "process")
+    first = ENGINE.feed(o, b"[default] Rendezvous complete: master_addr=worker-0 master_port=41207\n", T0 - 900, final=True)
+    later = ENGINE.feed(o, b"[default] Rendezvous complete: master_addr=worker-0 master_port=52914\n", T0 - 300, final=True)
+    assert at_init(hang(), NONE_YET, first + later) is None
