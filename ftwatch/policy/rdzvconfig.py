@@ -32,11 +32,11 @@ a failure it reports: such lines are not together.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Iterable
 
-from ftwatch.events import Action, FailureClass, Finding
+from ftwatch.events import Finding
+from ftwatch.policy.loopback import is_loopback
 
 #: The evidence rule (lifecycle.yaml) whose lines state a launch's rendezvous address or node rank.
 CONFIG_RULE = "rendezvous.config_line"
@@ -58,16 +58,6 @@ SOURCE = ("PyTorch docs, torch.distributed 'Environment variable initialization'
 MEANING = ("before any progress, a node of rank 1 or more was told to rendezvous at a loopback address: it reaches "
            "only itself, never rank 0's node, so the nodes never meet; the launch's address (MASTER_ADDR, "
            "--rdzv-endpoint) is its configuration, which a restart repeats")
-
-
-def is_loopback(host: str) -> bool:
-    """Says whether ``host`` as a launch prints it names the host itself (``localhost``, 127/8, ``::1``)."""
-    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> str | None:

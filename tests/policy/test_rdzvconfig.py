@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.policy.initphase import NONE_YET, at_init
-from ftwatch.policy.rdzvconfig import is_loopback, loopback_rendezvous
+from ftwatch.policy.loopback import is_loopback
+from ftwatch.policy.rdzvconfig import loopback_rendezvous
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 
