@@ -44,6 +44,10 @@ Where the ranks' lines carry no prefix of their own:
   next process's message runs on from the bar's line, and the waiting rank, blocked in the
   wait, is not the one updating a bar (only a datasets bar: a training bar on that line is the
   main process's own training, which a rank that hung in training leaves there as well);
+* a bar of any unit on that line counts when the same bar opens a later line with more done
+  (:func:`_advanced_bar`): it went on advancing after its peer's collective timed out, which a
+  rank inside that collective cannot do (NCCL user guide: a collective not called on every rank
+  leaves the others "waiting indefinitely"); a hung rank's bar shows no later update;
 * the rank a c10d line names in the default process group (``[Rank 2] Watchdog caught ...``)
   is that line's rank.
 
@@ -87,6 +91,9 @@ PHASE_WORDS = {"lifecycle.rank_phase.datasets_map": "a datasets map bar",
                "lifecycle.rank_phase.label_scan": "a dataset label scan, the local master's alone"}
 #: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
 DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
+#: The phase of a bar of any unit that went on advancing after a peer's timeout (:func:`_advanced_bar`).
+ADVANCED_PHASE = "progress_bar.advanced_past_timeout"
+PHASE_WORDS[ADVANCED_PHASE] = "a progress bar that went on advancing after its peers timed out"
 #: The wait assumed where no line gives its timeout: torch.distributed's default process-group
 #: timeout for the store and gloo (``default_pg_timeout``, 30 min) and transformers' ``ddp_timeout``.
 DEFAULT_WAIT_SECONDS = 1800.0
@@ -183,6 +190,42 @@ def _own_bar(f: Finding) -> bool:
     return m is not None and _DATASETS_UNIT.match(f.line, m.end()) is not None
 
 
+def _advanced_bar(f: Finding, order: Sequence[Finding]) -> bool:
+    """A bar of any unit that opens a waiting rank's timeout line and went on advancing after it.
+
+    The same bar (its total) opens a later line with more done and more elapsed (tqdm redraws one
+    bar in place, so its next update again runs into whatever a peer writes next). A process that
+    advanced its own loop after its peers' collective timed out was not inside that collective:
+    NCCL's collectives block until every rank of the communicator has called them (NCCL user
+    guide, usage/operations.html: "NCCL collective operations have to be called for each rank ...
+    to form a complete collective operation. Failure to do so will result in other ranks waiting
+    indefinitely"), so a training step of a rank that hung in it could not complete either. A bar
+    that stopped, as a hung rank's does, shows no later update and says nothing (the module
+    docstring's step 2).
+
+    Args:
+        f: a waiting rank's timeout finding.
+        order: the incident's findings by (time, seq).
+
+    Returns:
+        True when ``f``'s line opens with an unfinished bar whose later update, on a later
+        finding's line, has the same total and more done and elapsed.
+    """
+    m = _BAR.match(f.line)
+    if m is None or _unfinished(f) is None:
+        return False
+    done, total, elapsed = m.group(2), m.group(3), _clock(m.group(4))
+    for g in order:
+        if (g.time, g.seq) <= (f.time, f.seq):
+            continue
+        n = _BAR.match(g.line)
+        if n is None or n.group(3) != total or _clock(n.group(4)) <= elapsed:
+            continue
+        if not (done.isdigit() and n.group(2).isdigit()) or int(n.group(2)) > int(done):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class Waits:
     """The ranks that only waited for their peers until a timeout (step 1 of the module docstring).
@@ -258,7 +301,7 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         return None
     waiting, first, window = w.waiting, w.first, w.window
     phases: list[tuple[str, Finding]] = [(f"the process whose bar rank {rank_of(f)}'s message interrupted", f)
-                                         for f in w.timeouts if _own_bar(f)]
+                                         for f in w.timeouts if _own_bar(f) or _advanced_bar(f, order)]
     for who, mine in w.others():
         before = [f for f in mine if (f.time, f.seq) <= (first.time, first.seq)]
         if not any(is_error(f) for f in before):
@@ -272,7 +315,8 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
         work = elapsed + remaining
         if work < window or phase.time - elapsed > first.time or phase.time + remaining < first.time - window:
             continue
-        kind = phase.rule_id if phase.rule_id in PHASE_RULES else DATASETS_PHASE
+        kind = (phase.rule_id if phase.rule_id in PHASE_RULES
+                else DATASETS_PHASE if _own_bar(phase) else ADVANCED_PHASE)
         line = (f"{who} was still in work of its own ({PHASE_WORDS[kind]}, {pct}% done, {work:.0f} s of work by "
                 f"its bar) when rank(s) {waiting} timed out waiting ({first.rule_id}, timeout {window:.0f} s): the "
                 "program held them in a barrier longer than its timeout (rank-0-only work outlasting the "

@@ -56,8 +56,9 @@ from typing import Iterable
 from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
-from ftwatch.policy import progress
+from ftwatch.policy import progress, rdzvconfig
 from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
+from ftwatch.policy.rdzvconfig import loopback_rendezvous, split_rendezvous
 from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
@@ -127,7 +128,7 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
         return None
     rows = table()
     found = (_row(rows, f) or _own_address(f, evidence) or _shared(f, evidence) or _shared_interface(f, evidence)
-             or _host_local_store(f) or _loopback(f, evidence))
+             or _host_local_store(f) or _loopback(f, evidence) or _loopback_rendezvous(f, evidence))
     if found is not None:
         return found
     before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
@@ -300,6 +301,18 @@ def _host_local_store(f: Finding) -> InitGrade | None:
     if _in_default_bridge(target.group(1)) or _in_default_bridge(target.group(1), _LINK_LOCAL):
         return replace(_HOST_LOCAL_STORE, rule=f.rule_id)
     return None
+
+
+def _loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """user_code, fail_job when ``f`` is a job hang or a store connect that timed out
+    (:data:`STORE_CONNECT_TIMEOUTS`) and a node of rank 1 or more was told to rendezvous at a loopback
+    address, or the ranks at different ports (``ftwatch.policy.rdzvconfig``); None otherwise."""
+    if f.kind != "hang" and f.rule_id not in STORE_CONNECT_TIMEOUTS:
+        return None
+    why = loopback_rendezvous(f, evidence) or split_rendezvous(f, evidence)
+    if why is None:
+        return None
+    return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvconfig.SOURCE, why)
 
 
 def _row(rows: dict[str, tuple[InitGrade, ...]], f: Finding) -> InitGrade | None:

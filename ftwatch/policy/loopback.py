@@ -75,16 +75,24 @@ def loopback_target(line: str) -> str | None:
     ``line`` went to; None when the line names no connect or its target is no loopback address."""
     for match in _TARGET.finditer(line):
         name = next(g for g in match.groups() if g)
-        if name.lower() == "localhost":     # RFC 6761 section 6.3: resolves to a loopback address
-            return name
-        try:
-            ip = ipaddress.ip_address(name)
-        except ValueError:
-            continue
-        mapped = getattr(ip, "ipv4_mapped", None)
-        if ip.is_loopback or (mapped is not None and mapped.is_loopback):
+        if is_loopback(name):
             return name
     return None
+
+
+def is_loopback(name: str) -> bool:
+    """Says whether a host as a program prints it names the host itself: ``localhost`` (RFC 6761
+    section 6.3: resolves to a loopback address; also the ``localhost.localdomain`` and
+    ``ip6-localhost`` names of distributions' /etc/hosts), 127.0.0.0/8, ``::1``, an IPv4-mapped
+    ``::ffff:127.x``."""
+    if name.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def loopback_across_hosts(f: Finding, evidence: Iterable[Finding]) -> tuple[str, str] | None:

@@ -140,7 +140,9 @@ sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else a flu
 completion that nothing explains (the node's PCIe path, ``ftwatch.policy.verbs.flushed_alone``),
 else the suspect rank of a
 collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
-behind, while the others report timeouts), else the earliest notice (``after_finish``), else the
+behind, while the others report timeouts), else Horovod's shut-down on several ranks with no exception
+before it and no rank killed by a signal (a collective after one rank finished, by Horovod's own text:
+``ftwatch.policy.hvdshutdown``, user_code), else the earliest notice (``after_finish``), else the
 earliest fallout (``fallout_only``). Fallout that is only collective timeouts and their follow-on lines
 (``collectives.timeouts_only``: every rank waited, none failed on its own) reads as a hang, other
 fallout as retryable infrastructure (``Analysis.fallout_class``).
@@ -163,6 +165,7 @@ from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_fi
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.linkflap import recovered_flaps
+from ftwatch.policy.hvdshutdown import finished_rank
 from ftwatch.policy.oomkill import killed_when_reported, lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.timeoutbound import tight_bound
@@ -407,7 +410,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
         return Analysis(stall, False, (stall,), tuple(notices), done)
     suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout) or tight_bound(order, fallout)
-               or silent_rank(order, world) or lone_ray_kill(fallout)) if fallout else None   # 14: Ray's lone kill
+               or silent_rank(order, world) or lone_ray_kill(fallout)   # 14: Ray's lone kill
+               or finished_rank(order, fallout)) if fallout else None   # Horovod's shut-down, no exception, no kill
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)
     if notices:

@@ -175,3 +175,35 @@ def test_a_bar_that_cannot_tell_what_remains_is_busy_only_when_its_elapsed_cover
         found = unranked(1790.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
         rc = analyse(found, world=4).root_cause
         assert rc is not None and (rc.rule_id == "collective.busy_rank") is busy, (scan, rc)
+
+
+WATCHDOG = ("[E ProcessGroupNCCL.cpp:828] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, "
+            "OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800946 milliseconds before timing out.")
+
+
+def caching_bar(done: int, clock: str) -> str:
+    """A plain tqdm bar (s/it: no datasets or bytes unit) on a terminal the ranks share."""
+    return f" {done * 100 // 1818}%|████████▍ | {done}/1818 [{clock},  1.14s/it]"
+
+
+def shared_terminal(*later: str) -> list[Finding]:
+    """Rank 1's watchdog line running on from the main process's bar, then what the terminal shows next."""
+    found = unranked(1800.0, caching_bar(1581, "30:01<04:30") + WATCHDOG)
+    for i, line in enumerate(later):
+        found += unranked(1801.0 + i, line)
+    return sorted(found, key=lambda f: (f.time, f.seq))
+
+
+def test_a_bar_of_any_unit_that_advanced_after_the_peers_timeout_was_a_busy_process():
+    found = shared_terminal(caching_bar(1582, "30:02<04:29") + "[2023-11-26 14:52:18,904] torch.distributed.elastic."
+                            "multiprocessing.api: [WARNING] Sending process 612 closing signal SIGTERM")
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["phase"] == "progress_bar.advanced_past_timeout" and rc.fields["waiting"] == [1]
+
+
+def test_a_bar_that_stopped_with_the_timeout_keeps_the_hang_reading():
+    found = shared_terminal("[2023-11-26 14:52:18,904] torch.distributed.elastic.multiprocessing.api: [WARNING] "
+                            "Sending process 612 closing signal SIGTERM")
+    rc = analyse(found, world=2).root_cause
+    assert rc is None or rc.rule_id != "collective.busy_rank", rc
