@@ -54,7 +54,9 @@ from ftwatch.rules.steplines import StepLines
 
 TAIL_PER_RANK = 4        # step lines per rank taken from a chunk's tail
 TAIL_SPAN = 4            # the stretch stops growing at this x TAIL_PER_RANK x known ranks step lines
-FULL_EVERY = 16          # every this many chunks of a stream, a full pass
+#: every this many chunks of a stream, a full pass. A full pass of a MiB of Megatron lines costs
+#: ~4 ms, ~20 tails; at 16 the refreshes were a third of the tap's CPU in a bench replay (issue 16)
+FULL_EVERY = 32
 FIRST_STRETCH = 4096     # bytes: the least stretch read first
 
 #: A chunk's step lines by rank (``stepranks.by_rank``'s keys), each rank's in line order.
