@@ -18,6 +18,13 @@ known ranks), every ``FULL_EVERY``-th chunk of a stream (the known ranks are the
 pass: a rank that stopped printing leaves them), and always where a pattern is a custom regex
 (those only propose lines) or the tails are switched off.
 
+A rank that printed fewer than one step line for every ``TAIL_SPAN`` of the busiest rank's in the
+last full pass is *sparse* (``Stream.sparse``; a stream's unprefixed lines, an occasional trainer's
+line): it stays known (its lines start no full pass), but the stretch does not grow to find
+``TAIL_PER_RANK`` of its lines; it stops once the other known ranks have theirs (a sparse rank
+would otherwise make every tail read up to its ``TAIL_SPAN`` bound, ~4x the stretch, issue 16).
+It takes the lines it has in that stretch, and all of them on each full pass.
+
 What this means for the statistics: a rank gets at most ``TAIL_PER_RANK`` step times per chunk
 (1 MiB in ``replay``), so its window of ``window`` step times spans the last ``window /
 TAIL_PER_RANK`` chunks, not the last ``window`` steps, and ``min_steps`` step times need a few
@@ -47,7 +54,9 @@ from ftwatch.rules.steplines import StepLines
 
 TAIL_PER_RANK = 4        # step lines per rank taken from a chunk's tail
 TAIL_SPAN = 4            # the stretch stops growing at this x TAIL_PER_RANK x known ranks step lines
-FULL_EVERY = 16          # every this many chunks of a stream, a full pass
+#: every this many chunks of a stream, a full pass. A full pass of a MiB of Megatron lines costs
+#: ~4 ms, ~20 tails; at 16 the refreshes were a third of the tap's CPU in a bench replay (issue 16)
+FULL_EVERY = 32
 FIRST_STRETCH = 4096     # bytes: the least stretch read first
 
 #: A chunk's step lines by rank (``stepranks.by_rank``'s keys), each rank's in line order.
@@ -59,6 +68,7 @@ class Stream:
     """What the tails of one stream go by."""
 
     known: set = field(default_factory=set)   # rank keys seen since (and at) the last full pass
+    sparse: frozenset = frozenset()           # of those, the ones the stretch does not wait for
     chunks: int = 0                           # tails since the last full pass
     density: float = 256.0                    # bytes of chunk per step line, last seen
 
@@ -96,6 +106,7 @@ class Tails:
             return self._full(stream, data, end, skip)
         state.chunks += 1
         known, need = state.known, TAIL_PER_RANK
+        wanted = [key for key in known if key not in state.sparse] if state.sparse else known
         bound = TAIL_SPAN * need * len(known)
         width = max(FIRST_STRETCH, int(state.density * need * len(known) * 1.5))
         if width >= end:                              # the tail is the whole chunk (thousands of ranks)
@@ -116,7 +127,7 @@ class Tails:
                     return self._full(stream, data, end, skip)
                 before = groups.get(key)
                 groups[key] = mine if before is None else mine + before
-            if count >= bound or all(len(groups.get(key, ())) >= need for key in known):
+            if count >= bound or all(len(groups.get(key, ())) >= need for key in wanted):
                 break
             width *= 2
         if count:
@@ -140,5 +151,7 @@ class Tails:
         hits = self.lines.find(data, end, skip)
         groups = by_rank(data, hits)
         if self.enabled and groups:
-            self.streams[stream] = Stream(set(groups), 0, max(1.0, end / len(hits)))
+            busiest = max(map(len, groups.values()))
+            sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest)
+            self.streams[stream] = Stream(set(groups), sparse, 0, max(1.0, end / len(hits)))
         return hits, groups

@@ -75,3 +75,28 @@ def test_straggler_reports_outside_the_tail_still_count(rules):
     chunks = [chunk(1, 40, range(2))] + [DETECTOR.encode() + chunk(41 + 40 * k, 40, range(2)) for k in range(3)]
     _, found = feed(True, rules, chunks)
     assert [(f.rule_id, f.rank) for f in found] == [("straggler.megatron_detector", 5)]
+
+
+def test_a_sparse_rank_does_not_make_the_tail_grow(rules):
+    """A key with few step lines in the last full pass (here unprefixed ``step N`` lines) stays
+    known but is not waited for: the tail stops once the busy ranks have their lines (before,
+    it read on to the chunk's start to find the sparse key's lines)."""
+    sparse = b"step 7 loss 1.0\nstep 8 loss 1.0\n"
+    tracker = StepTracker(StragglerConfig(min_steps=5), clock=FakeClock(0.0))
+    stream = Origin("combined", None, "job1", "n", "stdout", "replay")
+    first = sparse + chunk(1, 40, range(4))
+    tracker.tails.find(stream, first, len(first), ())                      # the full pass
+    assert tracker.tails.streams[stream].sparse == {None}
+    second = sparse + chunk(41, 20, range(4))
+    hits, groups = tracker.tails.find(stream, second, len(second), ())
+    assert None not in groups                                              # the chunk's start not read
+    assert {key: len(mine) for key, mine in groups.items()} == {r: TAIL_PER_RANK for r in range(4)}
+
+
+def test_the_straggler_report_pass_finds_what_the_full_gate_finds(rules):
+    data = chunk(1, 10, range(2)) + DETECTOR.encode() + chunk(11, 10, range(2))
+    lines = StepTracker(StragglerConfig()).lines
+    inexact = frozenset(i for i, exact in enumerate(lines.exact) if not exact)
+    every = [hit for hit in lines.find(data, len(data)) if hit[1] in inexact]
+    assert every and lines.find(data, len(data), only=inexact) == every
+    assert lines.find(chunk(1, 10, range(2)), 10 ** 6, only=inexact) == []
