@@ -131,6 +131,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    down fewer than 5 times, is a flap: a notice, not the node's fault (``ftwatch.policy.linkflap``);
    the job's own errors decide.
 
+18. An out-of-memory error whose allocator figures show a full device that the one failing
+   process held (almost) none of is the node's state, a GPU held outside the job
+   (``ftwatch.policy.heldmemory``: hardware_node, isolate_node), read where rule 5 is.
+
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
@@ -160,6 +164,7 @@ from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
+from ftwatch.policy.heldmemory import held_elsewhere
 from ftwatch.policy.lasterror import assert_reported, message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
 from ftwatch.policy.lifecycle import finish
@@ -394,7 +399,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in NOT_LOG_LINES and precedes(head, f))
-        reset = required_reset(head, real)      # 5: the GPU driver's own verdict on that device
+        reset = required_reset(head, real) or held_elsewhere(head, order)   # 5: the driver's verdict; 18: a GPU held outside
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
                                        done, tuple(f for f in peer if f is not reset)))
