@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from ftwatch.events import Origin, ProcessExit
 from ftwatch.pipeline.sources.outqueue import OutputQueue, coalesce
 from ftwatch.pipeline.sources.process import LINGER, Output, Started, read_lines, start_readers
+from ftwatch.pipeline.sources.process import _hangup as process_hangup
 from ftwatch.pipeline.sources.supervisor import Supervisor
 from ftwatch.telemetry import Metrics
 
@@ -126,6 +127,40 @@ def test_a_busy_stream_is_handed_over_in_chunks_not_a_line_per_read():
     got = q.take(0)
     assert b"".join(o.data for o in got) == LINE * n
     assert len(got) <= 30 < n
+
+
+def test_a_busy_streams_last_words_are_not_held_for_the_linger_when_the_pipe_closes(monkeypatch):
+    """The linger waits on the pipe's hang-up: with a 60 s linger, a line written right after a
+    hand-over and the writer's close still reach the queue (and EOF) at once, not 60 s later."""
+    from ftwatch.pipeline.sources import process
+    monkeypatch.setattr(process, "LINGER", 60.0)
+    q = OutputQueue()
+    r, w = os.pipe()
+    eof = threading.Event()
+    reader = threading.Thread(target=read_lines, args=(os.fdopen(r, "rb"), W0, q, eof), daemon=True)
+    reader.start()
+    os.write(w, LINE)
+    assert [o.data for o in q.take(30.0)] == [LINE]      # the first line: at once
+    os.write(w, b"FATAL\n")                 # within the linger: waits for it ...
+    os.close(w)                              # ... until the worker's exit closes its pipe
+    assert eof.wait(30), "the linger held the last words back"
+    reader.join(30)
+    assert [o.data for o in q.take(0)] == [b"FATAL\n"]
+
+
+def test_the_linger_ends_on_a_hang_up_not_on_waiting_data():
+    r, w = os.pipe()
+    try:
+        os.write(w, LINE)
+        wait = process_hangup(r)
+        assert not wait(0.01)                # data waiting: the full linger (nothing reported)
+        os.close(w)
+        w = -1
+        assert wait(60.0)                    # every writer closed: at once
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
 
 
 def test_a_worker_whose_output_waits_for_room_is_delivered_whole_before_its_exit(monkeypatch):
