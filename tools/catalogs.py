@@ -151,11 +151,22 @@ def cuda_regex(row: dict[str, str]) -> str:
     words are that program's, read by its own rule (vLLM's ``CUDA Error: out of memory at ...
     cumem_allocator.cpp``, ``vllm.cumem_cuda_oom``).
 
+    The older stacks' check macros print the same text after a location or a check: NCCL's own
+    examples and the programs that copy them (NCCL User Guide "Examples", ``CUDACHECK``:
+    ``Failed: Cuda error %s:%d '%s'``; Bluefog ``common.h``), nccl-tests ``common.h`` (``%s: Test CUDA
+    failure %s:%d '%s'``), the ``cudaCheckError`` idiom (``Cuda failure %s:%d: '%s'``); MXNet's and
+    mshadow's ``CUDA_CALL`` (``CHECK(e == cudaSuccess ...) << "CUDA: " << cudaGetErrorString(e)``,
+    also awslabs/raf ``src/common/cuda.h``); Caffe's ``CUDA_CHECK`` (``CHECK_EQ(error, cudaSuccess)
+    << " " << cudaGetErrorString(error)``: glog prints ``Check failed: error == cudaSuccess (77 vs. 0)
+    `` before it). The text is the runtime's, so the error's grade is the one the enum gives,
+    whatever program checked it.
+
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
     prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
-              r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: )")
+              r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: "
+              r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +)")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
 
@@ -166,7 +177,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     msg, enum, number = row["message"], row["enum"], row["number"]
     notes = f"grade {row['grade']}: {why}. sticky: {row['sticky']}."
     first = f"[rank0]: RuntimeError: CUDA error: {msg}"
-    counter = [f"[rank0]: RuntimeError: {msg}"]
+    counter = [f"[rank0]: RuntimeError: {msg}", f"TF_CUDA: {msg}"]
     if row["covered_by"]:
         notes += f" PyTorch's 'CUDA error: {msg}' is {row['covered_by']}'s (same grade, its id stays)."
         first = f"[rank0]: RuntimeError: CUDA driver error: {msg}"
@@ -176,6 +187,10 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
                 f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
                 f"RuntimeError: cuda failure: {enum}: {msg}",
                 f" CUDA Error: {msg}", f"GPUassert: {msg} kernels.cu 118",
+                f"[1,2]<stdout>:Failed: Cuda error /tmp/build/bluefog/common/nccl_controller.cc:247 '{msg}'",
+                f"h100-r07-n3: Test CUDA failure common.cu:1007 '{msg}'",
+                f"[18:02:11] src/storage/storage.cc:78: Check failed: e == cudaSuccess: CUDA: {msg}",
+                f"F0312 10:01:55.123 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  {msg}",
                 "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
                 f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:

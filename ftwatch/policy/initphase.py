@@ -58,7 +58,7 @@ from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress, rdzvconfig
 from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
-from ftwatch.policy.rdzvconfig import loopback_rendezvous, split_rendezvous
+from ftwatch.policy.rdzvconfig import loopback_rendezvous, own_store_unreachable, split_rendezvous
 from ftwatch.policy.sharedfailure import shared_failure
 
 _FILE = "init_phase.tsv"
@@ -306,10 +306,13 @@ def _host_local_store(f: Finding) -> InitGrade | None:
 def _loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
     """user_code, fail_job when ``f`` is a job hang or a store connect that timed out
     (:data:`STORE_CONNECT_TIMEOUTS`) and a node of rank 1 or more was told to rendezvous at a loopback
-    address, or the ranks at different ports (``ftwatch.policy.rdzvconfig``); None otherwise."""
+    address, or the ranks at different ports, or node rank 0 timed out on its own static store's address
+    (``ftwatch.policy.rdzvconfig``); None otherwise."""
     if f.kind != "hang" and f.rule_id not in STORE_CONNECT_TIMEOUTS:
         return None
     why = loopback_rendezvous(f, evidence) or split_rendezvous(f, evidence)
+    if why is None and (target := _STORE_TARGET.search(f.line)) is not None:
+        why = own_store_unreachable(f, target.group(1), evidence)
     if why is None:
         return None
     return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvconfig.SOURCE, why)

@@ -28,6 +28,15 @@ with different ports, or different loopback addresses' ports, are ranks that wai
 stores (a port each process picked for itself). A launcher that re-forms its group prints a new
 port for the new round (torchelastic's ``master_port=`` after each rendezvous), minutes apart, after
 a failure it reports: such lines are not together.
+
+The node of rank 0 is the store's own host under torchrun's static rendezvous (the default when the
+launch gives ``--master-addr`` and no ``--rdzv-endpoint``): torch/distributed/elastic/rendezvous/
+static_tcp_rendezvous.py ``StaticTCPRendezvous`` "Creates TCPStore ... with the listener on the agent
+with group_rank=0" (``is_master = self.rank == 0``), and that agent's own store client connects to
+``master_addr:master_port`` like every other. :func:`own_store_unreachable` reads a node of rank 0
+whose store connect to its own stated master address timed out: the address does not lead to the
+host that listens (not one of its addresses, or one its own firewall drops), which no peer, late or
+lost, explains; the launch's address is its configuration, which a restart repeats.
 """
 
 from __future__ import annotations
@@ -50,6 +59,10 @@ _PORT = re.compile(r"(?:\bMASTER_PORT|\bmaster_port|--master[_-]port)(?:\s*[=:]\
 _ENDPOINT_PORT = re.compile(r"\brdzv[_-]endpoint(?:\s*[=:]\s*|\s+)\S+?:(\d+)\b")
 #: How close in time the launch lines of one start are (seconds): the ranks start together.
 TOGETHER_SECONDS = 60.0
+#: A static rendezvous address (``MASTER_ADDR=10.0.0.5``, ``--master_addr 10.0.0.5``), not an endpoint.
+_MASTER_ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr)(?:\s*[=:]\s*|\s+)['\"]?\[?([\w.:-]+?)\]?['\",]?(?=\s|$)")
+#: A launch that names a dynamic rendezvous (its store is hosted by the endpoint's agent, not node rank 0).
+_DYNAMIC = re.compile(r"\brdzv[_-](?:endpoint|backend)\b")
 #: A node rank as the launch states it (``NODE_RANK=1``, ``node_rank=1``, ``--node-rank 1``).
 _NODE_RANK = re.compile(r"(?:\bNODE_RANK|\bnode_rank|--node[_-]rank)(?:\s*[=:]\s*|\s+)(\d+)\b")
 SOURCE = ("PyTorch docs, torch.distributed 'Environment variable initialization' (MASTER_ADDR: address of rank 0 "
@@ -119,3 +132,37 @@ def split_rendezvous(f: Finding, evidence: Iterable[Finding]) -> str | None:
                     "gives each rank (MASTER_PORT, one port on rank 0's machine for all) is its configuration, which "
                     "a restart repeats")
     return None
+
+
+def own_store_unreachable(f: Finding, target: str, evidence: Iterable[Finding]) -> str | None:
+    """Why ``f`` is the launch's configuration when the node of rank 0, the static store's host, timed
+    out connecting to its own master address (the module docstring), or None.
+
+    Args:
+        f: a rendezvous store connect that timed out, with no progress before it (the caller's).
+        target: the host ``f`` connected to, as its line names it.
+        evidence: the incident's findings; ``rendezvous.config_line`` findings of ``f``'s instance
+            before ``f`` are read.
+
+    Returns:
+        A sentence naming the address; None unless ``f``'s instance stated node rank 0 (and no
+        other), a static master address equal to ``target`` that is no loopback one, and no dynamic
+        rendezvous (``--rdzv-endpoint``, ``--rdzv-backend``).
+    """
+    ranks: set[int] = set()
+    masters: set[str] = set()
+    for g in evidence:
+        if (g.rule_id != CONFIG_RULE or g.origin.instance != f.origin.instance
+                or (g.time, g.seq) >= (f.time, f.seq)):
+            continue
+        if _DYNAMIC.search(g.line):
+            return None
+        ranks.update(int(m.group(1)) for m in _NODE_RANK.finditer(g.line))
+        masters.update(m.group(1).removeprefix("::ffff:") for m in _MASTER_ADDRESS.finditer(g.line))
+    host = target.removeprefix("::ffff:")
+    if ranks != {0} or host not in masters or is_loopback(host):
+        return None
+    return (f"{f.origin.instance} is node rank 0, the host of the static rendezvous store, yet its own connect to "
+            f"the master address {host} it was given timed out: the address does not lead to the host that "
+            "listens, which no late or lost peer explains; the launch's address (MASTER_ADDR, --master-addr) is its "
+            "configuration, which a restart repeats")

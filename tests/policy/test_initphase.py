@@ -221,3 +221,16 @@ def test_a_queue_pair_that_finds_no_gid_before_any_progress_is_the_gid_index_set
     assert at_init(later[-1], T0, later) is None
     timed_out = logged(GID_ENODEV.replace("No such device", "Connection timed out"), RAISED)
     assert at_init(timed_out[-1], NONE_YET, timed_out) is None
+
+
+def test_a_build_without_the_gpus_architecture_explains_nccls_unhandled_cuda_error_at_start():
+    warned = ("UserWarning: NVIDIA A100-SXM4-40GB with CUDA capability sm_80 is not compatible with the current "
+              "PyTorch installation.")
+    raised = ("RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:38, unhandled cuda error, "
+              "NCCL version 2.7.8")
+    found = logged(warned, raised)
+    f = next(g for g in found if g.rule_id == "nccl.unhandled_cuda_error")
+    grade = at_init(f, NONE_YET, found)
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE and grade.action is Action.FAIL_JOB
+    assert at_init(f, NONE_YET, logged(raised)) is None          # the code alone keeps its reading
+    assert at_init(f, T0 - 1.0, found) is None                   # after progress: not the start-up's build

@@ -5,7 +5,7 @@ or a hang after progress keep the hang reading."""
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
-from ftwatch.policy.initphase import NONE_YET, at_init
+from ftwatch.policy.initphase import NONE_YET, STORE_CONNECT_TIMEOUTS, at_init
 from ftwatch.policy.loopback import is_loopback
 from ftwatch.policy.rdzvconfig import loopback_rendezvous
 from ftwatch.rules.engine import Engine
@@ -89,3 +89,36 @@ def test_a_new_round_minutes_later_on_a_new_port_is_no_split():
     first = ENGINE.feed(o, b"[default] Rendezvous complete: master_addr=worker-0 master_port=41207\n", T0 - 900, final=True)
     later = ENGINE.feed(o, b"[default] Rendezvous complete: master_addr=worker-0 master_port=52914\n", T0 - 300, final=True)
     assert at_init(hang(), NONE_YET, first + later) is None
+
+
+
+def store_timeout(instance: str, host: str, launch_line: str) -> tuple[Finding, list[Finding]]:
+    """The launch line, then the store connect that timed out, on one instance: (the timeout, all findings)."""
+    line = ("torch.distributed.DistNetworkError: The client socket has timed out after 900s while trying to "
+            f"connect to ({host}, 29500).")
+    found = node_lines(instance, launch_line, line)
+    timeouts = [f for f in found if f.rule_id in STORE_CONNECT_TIMEOUTS]
+    assert len(timeouts) == 1
+    return timeouts[0], found
+
+
+def torchrun(node_rank: int, addr: str, extra: str = "") -> str:
+    return (f"+ python -m torch.distributed.run --nproc_per_node 4 --nnodes 1 --node_rank {node_rank} "
+            f"--master_addr {addr} --master_port 29500 {extra}train.py")
+
+
+def test_node_rank_zero_timing_out_on_its_own_static_store_is_the_launch():
+    f, found = store_timeout("n0", "192.168.0.1", torchrun(0, "192.168.0.1"))
+    grade = at_init(f, NONE_YET, found)
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE and grade.action is Action.FAIL_JOB
+    assert "node rank 0" in grade.meaning and "192.168.0.1" in grade.meaning
+
+
+def test_another_node_or_address_or_a_dynamic_rendezvous_keeps_the_retryable_reading():
+    f, found = store_timeout("n1", "192.168.0.1", torchrun(1, "192.168.0.1"))
+    assert at_init(f, NONE_YET, found) is None                                  # a master that starts late
+    f, found = store_timeout("n0", "10.0.0.7", torchrun(0, "192.168.0.1"))
+    assert at_init(f, NONE_YET, found) is None                                  # not its own address
+    dynamic = torchrun(0, "192.168.0.1", "--rdzv_backend c10d --rdzv_endpoint 192.168.0.1:29500 ")
+    f, found = store_timeout("n0", "192.168.0.1", dynamic)
+    assert at_init(f, NONE_YET, found) is None                                  # the endpoint's agent hosts it
