@@ -159,8 +159,10 @@ class Watcher:
         per backlog, not once per batch (1,000 pods: a batch holds about one line per pod).
         Taking what is queued already adds no wait, unless the queue was full (this loop fell
         behind): then it also waits briefly for the batches its sources send next, up to
-        ``MERGE_LINES`` (``take_backlog``)."""
-        return take_backlog(self.queue, timeout)
+        ``MERGE_LINES`` (``take_backlog``). A backlog's batches are resolved (``resolve``) as
+        they are taken, so their records' metadata maps are freed while the rest is gathered;
+        ``ingest`` takes its lines as they are."""
+        return take_backlog(self.queue, timeout, self.resolve)
 
     def ingest(self, batch: list[Shipped]) -> None:
         """Feed one batch: group lines per origin, scan every origin's chunk in one matcher call
@@ -170,7 +172,8 @@ class Watcher:
         not once per origin."""
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
-        groups = list(group_lines(self.resolve(batch)).items())
+        resolved = batch if getattr(batch, "resolved", False) else self.resolve(batch)   # a backlog: as taken
+        groups = list(group_lines(resolved).items())
         chunks = [b"" if is_host(origin) else b"\n".join(lines) + b"\n" for origin, (lines, _) in groups]
         self._drop_rules()
         scans = self.engine.scan_many(chunks)

@@ -130,6 +130,44 @@ def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch
         w.queue.get_nowait()
 
 
+def test_a_backlog_is_resolved_as_it_is_taken_and_ingested_as_its_batches_would_be(tmp_path, monkeypatch):
+    """``next_batch`` resolves a backlog's batches as it takes them (issue 16: a record's metadata
+    map is not held while the rest of the backlog is gathered): the merged batch holds the
+    lines ``resolve`` gives for the batches in queue order, keeps only the batches it must
+    acknowledge (a plain list's Shipped are dropped), is true while it took any Shipped, and
+    ingesting it finds what ingesting the same batches unresolved finds. A batch alone is
+    handed over as it is."""
+    monkeypatch.setattr(batches_mod, "MERGE_LINES", 10)
+    clock = FakeClock()
+    lines = list(KEYERROR_TB)
+    pods = [[shipped(clock, f"llm-worker-{k}", k, line) for line in lines] for k in range(2)]
+    plain = [s for pod in pods for s in pod][:6]
+    tail = [s for pod in pods for s in pod][6:]
+    acked = []
+    carried = ShippedBatch(tail, commit=lambda: acked.append(1) or True)
+    w, rec = make(tmp_path, clock)
+    calls = []
+    w.resolve = lambda batch: calls.append(len(batch)) or resolve(batch)
+    w.queue.put(list(plain))
+    w.queue.put(carried)
+    merged = w.next_batch(0.0)
+    assert isinstance(merged, MergedBatch) and merged.resolved and merged.batches == [carried]
+    assert list(merged) == list(resolve(plain + tail)) and calls == [len(plain), len(tail)]
+    assert bool(MergedBatch([], [], taken=2)) and not MergedBatch([], [], taken=0)
+    w.ingest(merged)
+    assert acked == [1] and carried.acked and calls == [len(plain), len(tail)]   # not resolved again
+
+    w2, rec2 = make(tmp_path / "unresolved", clock)
+    w2.ingest(plain + tail)
+    for watcher in (w, w2):
+        watcher.close()
+    assert rec.finding_count == rec2.finding_count > 0
+
+    alone = list(plain)
+    w.queue.put(alone)
+    assert w.next_batch(0.0) is alone and calls == [len(plain), len(tail)]
+
+
 def test_a_consumer_behind_a_full_queue_gathers_the_batches_its_sources_send_next(monkeypatch):
     """``take_backlog`` (issue 16): a bounded queue found full means its sources wait on the
     consumer, so it takes what is queued and then waits (up to ``GATHER_SECONDS`` each) for the

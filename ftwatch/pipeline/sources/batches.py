@@ -14,12 +14,12 @@ from __future__ import annotations
 import itertools
 import queue
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ftwatch.events import Origin
 from ftwatch.pipeline.sources.base import Shipped
 
-MERGE_LINES = 12288     # a backlog's batches are taken together up to about this many lines (issue 16)
+MERGE_LINES = 24576     # a backlog's batches are taken together up to about this many lines (issue 16)
 GATHER_SECONDS = 0.05   # a consumer that found its queue full waits at most this long in all for more
 
 
@@ -27,13 +27,29 @@ class MergedBatch(list):
     """Batches that were queued together, as one ``list[Shipped]`` for ``Watcher.ingest``
     (their lines in queue order); :meth:`ack` acknowledges each of them (``ShippedBatch.ack``).
 
+    Taken with a ``resolve`` (:func:`take_backlog`), it holds the batches' resolved lines
+    instead, ``(origin, line, time)`` each (:attr:`resolved` is True), and of the batches only
+    those carrying an ack, a position or a chunk id: a plain list's Shipped and their metadata
+    maps are freed as soon as it is taken.
+
     Args:
-        batches: the batches, in queue order.
+        batches: the batches, in queue order (with ``resolved``: those to acknowledge).
+        resolved: their resolved lines, in queue order; None: hold the batches' Shipped.
+        taken: how many Shipped the batches held (``resolved`` given; its lines may be fewer:
+            split lines joined, partial ones held back).
     """
 
-    def __init__(self, batches: list[list[Shipped]]):
-        super().__init__(itertools.chain.from_iterable(batches))
+    def __init__(self, batches: list[list[Shipped]], resolved: list[tuple[Origin, bytes, float]] | None = None,
+                 taken: int = 0):
+        super().__init__(itertools.chain.from_iterable(batches) if resolved is None else resolved)
         self.batches = batches
+        self.resolved = resolved is not None
+        self.taken = taken if resolved is not None else len(self)
+
+    def __bool__(self) -> bool:
+        """True when a Shipped was taken (to be ingested and acknowledged), even if none of them
+        resolved to a complete line yet."""
+        return self.taken > 0
 
     def ack(self) -> None:
         """Acknowledge every batch that carries an ``ack`` (a file tail's), in queue order."""
@@ -43,7 +59,9 @@ class MergedBatch(list):
                 ack()
 
 
-def take_backlog(q: queue.Queue, timeout: float) -> list[Shipped] | None:
+def take_backlog(q: queue.Queue, timeout: float,
+                 resolve: Callable[[list[Shipped]], Iterable[tuple[Origin, bytes, float]]] | None = None,
+                 ) -> list[Shipped] | None:
     """The next queued batch, waiting up to ``timeout`` seconds (None: none came), and with it the
     batches queued behind it, up to :data:`MERGE_LINES` lines in all, as one :class:`MergedBatch`
     (a batch alone is returned as it is).
@@ -55,10 +73,15 @@ def take_backlog(q: queue.Queue, timeout: float) -> list[Shipped] | None:
     monitor so ingests backlogs about ``MERGE_LINES`` long even where the queue's bound holds
     fewer lines (``bench_ingest``: 8 batches of 1,000 records from 1,000 pods), and every cost
     paid once per origin and batch (its chunk's handling, the step tap's per-rank work, the
-    progress reads) is paid once per ~12 lines of a pod, not once per ~8 (issue 16: 10-20 %
-    less CPU there, its RSS within noise; 16,384 lines saved no more and cost ~20 MiB). The
-    wait costs a behind monitor no throughput: its sources fill the queue meanwhile. Memory in
-    flight: up to ``MERGE_LINES`` records taken, plus the queue's bound.
+    progress reads) is paid once per ~24 lines of a pod, not once per ~8. The wait costs a
+    behind monitor no throughput: its sources fill the queue meanwhile.
+
+    With ``resolve`` (``Watcher.next_batch``: the identity's), a backlog's batches are resolved
+    as they are taken, each in turn (the same calls, in the same order, as resolving the merged
+    batch), and only their lines kept (:class:`MergedBatch`): in flight, a Forward record costs
+    its line, not also its record map with Kubernetes metadata (~0.8 KB), so twice the lines
+    are taken together in less memory than before (issue 16). Memory in flight: up to
+    ``MERGE_LINES`` lines taken, plus the queue's bound of batches.
     """
     try:
         batch = q.get(timeout=timeout)
@@ -70,15 +93,34 @@ def take_backlog(q: queue.Queue, timeout: float) -> list[Shipped] | None:
     behind = 1 < q.maxsize <= q.qsize() + 1     # it was full: its sources wait on this consumer
     deadline = time.monotonic() + GATHER_SECONDS if behind else None
     batches = [batch]
+    resolved: list[tuple[Origin, bytes, float]] | None = None
     while lines < MERGE_LINES:
         try:
             left = 0.0 if deadline is None else deadline - time.monotonic()
             more = q.get(timeout=left) if left > 0 else q.get_nowait()
         except queue.Empty:
             break
-        batches.append(more)
         lines += len(more)
+        if resolve is None:
+            batches.append(more)
+            continue
+        if resolved is None:                    # a backlog after all: the first batch's lines first
+            resolved = list(resolve(batch))
+            batches = [batch] if _carries(batch) else []
+            batch = None
+        resolved += resolve(more)
+        if _carries(more):
+            batches.append(more)
+        more = None                             # its Shipped go now, its lines stay
+    if resolved is not None:
+        return MergedBatch(batches, resolved, lines)
     return batch if len(batches) == 1 else MergedBatch(batches)
+
+
+def _carries(batch: list[Shipped]) -> bool:
+    """Whether ``batch`` carries what its consumer acknowledges or stores (an ``ack``, a
+    ``position``, a Forward ``chunk``): else only its lines matter."""
+    return any(getattr(batch, name, None) is not None for name in ("ack", "position", "chunk"))
 
 
 def group_lines(resolved: Iterable[tuple[Origin, bytes, float]]) -> dict[Origin, tuple[list[bytes], float]]:
