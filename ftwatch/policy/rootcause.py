@@ -140,7 +140,8 @@ instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any oth
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
 else ranks that timed out in different collectives (operation, or size of a sized one) at one
-sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
+sequence number, or a rank of a group that completed collectives another rank of it never entered
+(user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
 completion that nothing explains (the node's PCIe path, ``ftwatch.policy.verbs.flushed_alone``),
 else the suspect rank of a
 collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
