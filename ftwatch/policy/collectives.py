@@ -67,8 +67,10 @@ One more reading of timeout-only incidents (issue 12 item 3):
   (:data:`P2P_OPS`: a pipeline stage sends and receives a count of its own, so its numbers differ
   by design), and so is a coalesced work unless its output outgrows its input (a gather's shape; a
   batched send/receive is ``COALESCED`` too). Lines that name no process group (torch < 2.3) are
-  compared only where every reporting rank timed out at one SeqNum (with several groups, one
-  rank's line may be another group's numbering).
+  compared only in a world of two ranks where each reported one SeqNum: with more ranks a job may
+  have subgroups (tensor- and data-parallel groups), and a rank of one data-parallel group waits,
+  by another group's numbering, for a peer stuck in its tensor-parallel collective, which a
+  stalled link does; two ranks share every group that communicates at all.
 """
 
 from __future__ import annotations
@@ -228,12 +230,13 @@ def _sizes(ranks: dict[int, Finding]) -> dict[int, int] | None:
     return sizes if len(ops) == 1 and ops <= SIZED_OPS and len(sizes) > 1 else None
 
 
-def mismatch(findings: Sequence[Finding]) -> Finding | None:
+def mismatch(findings: Sequence[Finding], world: int | None = None) -> Finding | None:
     """``collective.mismatch`` (see the module docstring): ranks that timed out at one SeqNum of one
     process group on different operations, or in one :data:`SIZED_OPS` operation on different
     sizes; None when there are none. The finding is on the odd one out: the earliest rank of the
     smallest group that ran one (operation, size) (with 7 ranks in one all-gather and rank 3 in
-    another, rank 3 left the common path); on a tie, the earliest rank."""
+    another, rank 3 left the common path); on a tie, the earliest rank. ``world`` (the number of
+    ranks, None when unknown) lets :func:`_ahead` compare lines that name no process group."""
     seen: dict[tuple[str | None, int], dict[int, Finding]] = {}
     for f in sorted(findings, key=lambda f: (f.time, f.seq)):
         seq, op, rank = f.fields.get("seq"), f.fields.get("op"), rank_of(f)
@@ -259,7 +262,7 @@ def mismatch(findings: Sequence[Finding]) -> Finding | None:
                        Severity.ERROR, first.origin, line, first.time, first.seq,
                        fields={"seq": seq, "ops": ops, "sizes": sizes or {}, "pg": pg},
                        source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
-    return _ahead(findings) or _suspected(findings)
+    return _ahead(findings, world) or _suspected(findings)
 
 
 #: Point-to-point operations as ProcessGroupNCCL names them (``OpType``): only two ranks take part,
@@ -278,7 +281,7 @@ def _collective(f: Finding) -> bool:
     return True
 
 
-def _ahead(findings: Sequence[Finding]) -> Finding | None:
+def _ahead(findings: Sequence[Finding], world: int | None) -> Finding | None:
     """``collective.mismatch`` when a rank of a process group completed collectives after the one
     another rank of it timed out in (the module docstring), else None. The finding is on the rank
     furthest behind (the earliest on a tie)."""
@@ -299,7 +302,7 @@ def _ahead(findings: Sequence[Finding]) -> Finding | None:
     for pg, ranks in stuck.items():
         if pg in p2p or len(ranks) < 2:
             continue
-        if pg is None and any(len({g.fields["seq"] for g in gs}) > 1 for gs in ranks.values()):
+        if pg is None and (world != 2 or any(len({g.fields["seq"] for g in gs}) > 1 for gs in ranks.values())):
             continue
         waits = {r: min(gs, key=lambda g: g.fields["seq"]) for r, gs in ranks.items()}
         progress = {r: max(done.get((pg, r), -1), w.fields["seq"] - 1) for r, w in waits.items()}

@@ -415,7 +415,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     stall = interconnect_stall(fallout, order) if fallout and timeouts_only(fallout) else None
     if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
         return Analysis(stall, False, (stall,), tuple(notices), done)
-    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout) or tight_bound(order, fallout)
+    suspect = (left_first(order) or mismatch(order, world) or flushed_alone(fallout) or tight_bound(order, fallout)
                or silent_rank(order, world) or lone_ray_kill(fallout)   # 14: Ray's lone kill
                or finished_rank(order, fallout)) if fallout else None   # Horovod's shut-down, no exception, no kill
     if suspect is not None:

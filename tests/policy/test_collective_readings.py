@@ -171,14 +171,17 @@ def test_a_rank_that_completed_collectives_its_peer_never_entered_is_a_program_b
     assert rc.fields["behind"] == 0 and rc.fields["ahead"] == [1]
 
 
-def test_unnamed_groups_compare_seqnums_only_when_each_rank_reports_one():
-    """torch < 2.3 names no group: two SeqNums two apart on ranks that each report one are the
-    ranks' counts disagreeing; a rank that reports several SeqNums may be in several groups."""
+def test_unnamed_groups_compare_seqnums_only_between_two_ranks_that_each_report_one():
+    """torch < 2.3 names no group: in a world of two, SeqNums two apart on ranks that each report
+    one are the ranks' counts disagreeing; a rank that reports several SeqNums may be in several
+    groups, and with more ranks a data-parallel peer waits for a rank stuck in its tensor-parallel
+    group by another numbering."""
     found = [*logged(0, 1.0, watchdog(0, 233, "BROADCAST")), *logged(1, 1.1, watchdog(1, 231, "ALLREDUCE"))]
-    rc = mismatch(found)
+    rc = mismatch(found, world=2)
     assert rc is not None and rc.rank == 1 and rc.fields["pg"] is None, rc
+    assert mismatch(found) is None and mismatch(found, world=8) is None
     several = [*found, *logged(0, 1.2, watchdog(0, 64211, "ALLREDUCE"))]
-    assert mismatch(several) is None
+    assert mismatch(several, world=2) is None
 
 
 def test_one_collective_apart_or_point_to_point_is_no_count_mismatch():
@@ -186,7 +189,7 @@ def test_one_collective_apart_or_point_to_point_is_no_count_mismatch():
     group's sends and receives are numbered per rank by design; so may be a batched send/receive
     (``COALESCED`` without a gather's larger output)."""
     one = [*logged(0, 1.0, watchdog(0, 207114, "ALLREDUCE")), *logged(1, 1.1, watchdog(1, 207113, "ALLREDUCE"))]
-    assert mismatch(one) is None
+    assert mismatch(one, world=2) is None
     p2p = [*logged(2, 1.0, watchdog(2, 2121, "SEND", pg="3")), *logged(3, 1.1, watchdog(3, 2118, "RECV", pg="3"))]
     assert mismatch(p2p) is None
     batched = [*logged(0, 1.0, watchdog(0, 500, "COALESCED", pg="2").replace("NumelOut=2", "NumelOut=1")),
