@@ -63,6 +63,16 @@ def test_a_label_of_what_rank_0_did_is_no_rank_only_work(line):
     assert rc is not None and rc.rule_id == "collective.silent_rank", rc
 
 
+def test_a_program_that_labels_every_ranks_work_with_its_number_names_no_one():
+    """Every rank says it runs validation on itself: the waiting ranks said the same, no one left."""
+    found = [f for f in incident("INFO trainer: running validation (12 datasets) on rank 0")
+             if f.rank == 0 or "running validation" not in f.line]
+    for r in (1, 2, 3):
+        found += logged(r, 0.5, f"INFO trainer: running validation (12 datasets) on rank {r}")
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.silent_rank", rc
+
+
 def test_without_such_a_line_the_silent_rank_stays_a_hang():
     rc = analyse(incident(None), world=4).root_cause
     assert rc is not None and rc.rule_id == "collective.silent_rank"
