@@ -286,7 +286,7 @@ def _ahead(findings: Sequence[Finding], world: int | None) -> Finding | None:
     another rank of it timed out in (the module docstring), else None. The finding is on the rank
     furthest behind (the earliest on a tie)."""
     stuck: dict[str | None, dict[int, list[Finding]]] = {}
-    done: dict[tuple[str | None, int], int] = {}
+    done: dict[tuple[str | None, int, int], int] = {}    # (group, rank, the work it timed out in)
     p2p: set[str | None] = set()
     for f in sorted(findings, key=lambda f: (f.time, f.seq)):
         seq, rank, pg = f.fields.get("seq"), rank_of(f), _pg(f)
@@ -298,14 +298,16 @@ def _ahead(findings: Sequence[Finding], world: int | None) -> Finding | None:
             stuck.setdefault(pg, {}).setdefault(rank, []).append(f)
         last = f.fields.get("last_completed")
         if isinstance(last, int) and pg is not None:
-            done[(pg, rank)] = max(last, done.get((pg, rank), last))
+            done[(pg, rank, seq)] = max(last, done.get((pg, rank, seq), last))
     for pg, ranks in stuck.items():
         if pg in p2p or len(ranks) < 2:
             continue
         if pg is None and (world != 2 or any(len({g.fields["seq"] for g in gs}) > 1 for gs in ranks.values())):
             continue
         waits = {r: min(gs, key=lambda g: g.fields["seq"]) for r, gs in ranks.items()}
-        progress = {r: max(done.get((pg, r), -1), w.fields["seq"] - 1) for r, w in waits.items()}
+        # a rank's progress as its line about the work it waits in states it (never another
+        # attempt's or another work's line), else that work's SeqNum less one
+        progress = {r: max(done.get((pg, r, w.fields["seq"]), -1), w.fields["seq"] - 1) for r, w in waits.items()}
         behind = min(waits, key=lambda r: (waits[r].fields["seq"], waits[r].time, waits[r].seq))
         low = waits[behind].fields["seq"]
         ahead = sorted(r for r, p in progress.items() if p >= low + 1)

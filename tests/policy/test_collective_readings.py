@@ -169,6 +169,10 @@ def test_a_rank_that_completed_collectives_its_peer_never_entered_is_a_program_b
     assert rc is not None and rc.rule_id == "collective.mismatch", rc
     assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 0
     assert rc.fields["behind"] == 0 and rc.fields["ahead"] == [1]
+    # progress stated about another work (an earlier attempt's line) is not where the rank is
+    other = [*logged(0, 1.0, watchdog(0, 41212, "ALLREDUCE", pg="0")),
+             *logged(1, 1.1, watchdog(1, 41213, "ALLREDUCE", pg="0"), progress_line(1, "0", 41877, 41876))]
+    assert mismatch(other) is None
 
 
 def test_unnamed_groups_compare_seqnums_only_between_two_ranks_that_each_report_one():
