@@ -50,6 +50,27 @@ One more reading of timeout-only incidents (issue 12 item 3):
   it is _most likely_ a mismatch", src/collectives/device/primitives.h checkMismatch): a peer went
   on to later collectives while this rank waited in its current one, which is the evidence the
   SeqNum comparison reads, taken by NCCL on the device.
+* the same reading when the ranks of one process group disagree on *how many* collectives they
+  issued (:func:`_ahead`): rank A timed out in collective N while rank B of the same group had
+  already completed work N+1 or later (its ``last completed work``, else the SeqNum it timed out
+  in, less one). ProcessGroupNCCL numbers every operation a rank issues in a group (``seq_``) and
+  runs them in order on the group's stream, and a collective completes only when every rank of the
+  group took part; so B completed collectives A never entered, which no stalled link or wedged
+  node can do (they stop every rank at the same collective) and which only the ranks' control
+  flow does: "A distributed training job hangs when the ranks of a NCCL communicator disagree
+  about which collective comes next. For example, if one rank takes a code path that skips an
+  all_reduce, calls an extra one, or launches a collective with a different shape" (Ray Train,
+  "Detect NCCL hangs": its detector compares the ranks' collective counts); PyTorch's flight
+  recorder analyser (tools/flight_recorder) likewise groups the ranks' entries by process group
+  and sequence id to find where they diverge. A gap of one is left out: B may have completed
+  work N an instant before a fault stopped A in its tail. Point-to-point operations are left out
+  (:data:`P2P_OPS`: a pipeline stage sends and receives a count of its own, so its numbers differ
+  by design), and so is a coalesced work unless its output outgrows its input (a gather's shape; a
+  batched send/receive is ``COALESCED`` too). Lines that name no process group (torch < 2.3) are
+  compared only in a world of two ranks where each reported one SeqNum: with more ranks a job may
+  have subgroups (tensor- and data-parallel groups), and a rank of one data-parallel group waits,
+  by another group's numbering, for a peer stuck in its tensor-parallel collective, which a
+  stalled link does; two ranks share every group that communicates at all.
 """
 
 from __future__ import annotations
@@ -209,12 +230,13 @@ def _sizes(ranks: dict[int, Finding]) -> dict[int, int] | None:
     return sizes if len(ops) == 1 and ops <= SIZED_OPS and len(sizes) > 1 else None
 
 
-def mismatch(findings: Sequence[Finding]) -> Finding | None:
+def mismatch(findings: Sequence[Finding], world: int | None = None) -> Finding | None:
     """``collective.mismatch`` (see the module docstring): ranks that timed out at one SeqNum of one
     process group on different operations, or in one :data:`SIZED_OPS` operation on different
     sizes; None when there are none. The finding is on the odd one out: the earliest rank of the
     smallest group that ran one (operation, size) (with 7 ranks in one all-gather and rank 3 in
-    another, rank 3 left the common path); on a tie, the earliest rank."""
+    another, rank 3 left the common path); on a tie, the earliest rank. ``world`` (the number of
+    ranks, None when unknown) lets :func:`_ahead` compare lines that name no process group."""
     seen: dict[tuple[str | None, int], dict[int, Finding]] = {}
     for f in sorted(findings, key=lambda f: (f.time, f.seq)):
         seq, op, rank = f.fields.get("seq"), f.fields.get("op"), rank_of(f)
@@ -240,7 +262,69 @@ def mismatch(findings: Sequence[Finding]) -> Finding | None:
                        Severity.ERROR, first.origin, line, first.time, first.seq,
                        fields={"seq": seq, "ops": ops, "sizes": sizes or {}, "pg": pg},
                        source=SOURCE + "; TORCH_DISTRIBUTED_DEBUG=DETAIL collective mismatch check")
-    return _suspected(findings)
+    return _ahead(findings, world) or _suspected(findings)
+
+
+#: Point-to-point operations as ProcessGroupNCCL names them (``OpType``): only two ranks take part,
+#: so the ranks of a group number them differently by design (the module docstring).
+P2P_OPS = frozenset({"SEND", "RECV", "RECVANYSOURCE"})
+
+
+def _collective(f: Finding) -> bool:
+    """Whether the timed-out work of ``f`` is one every rank of its group takes part in."""
+    op = f.fields.get("op")
+    if op in P2P_OPS:
+        return False
+    if op == "COALESCED":
+        n_in, n_out = f.fields.get("numel_in"), f.fields.get("numel_out")
+        return isinstance(n_in, int) and isinstance(n_out, int) and n_out > n_in > 0
+    return True
+
+
+def _ahead(findings: Sequence[Finding], world: int | None) -> Finding | None:
+    """``collective.mismatch`` when a rank of a process group completed collectives after the one
+    another rank of it timed out in (the module docstring), else None. The finding is on the rank
+    furthest behind (the earliest on a tie)."""
+    stuck: dict[str | None, dict[int, list[Finding]]] = {}
+    done: dict[tuple[str | None, int, int], int] = {}    # (group, rank, the work it timed out in)
+    p2p: set[str | None] = set()
+    for f in sorted(findings, key=lambda f: (f.time, f.seq)):
+        seq, rank, pg = f.fields.get("seq"), rank_of(f), _pg(f)
+        if rank is None or not isinstance(seq, int):
+            continue
+        if f.fields.get("op"):
+            if not _collective(f):
+                p2p.add(pg)
+            stuck.setdefault(pg, {}).setdefault(rank, []).append(f)
+        last = f.fields.get("last_completed")
+        if isinstance(last, int) and pg is not None:
+            done[(pg, rank, seq)] = max(last, done.get((pg, rank, seq), last))
+    for pg, ranks in stuck.items():
+        if pg in p2p or len(ranks) < 2:
+            continue
+        if pg is None and (world != 2 or any(len({g.fields["seq"] for g in gs}) > 1 for gs in ranks.values())):
+            continue
+        waits = {r: min(gs, key=lambda g: g.fields["seq"]) for r, gs in ranks.items()}
+        # a rank's progress as its line about the work it waits in states it (never another
+        # attempt's or another work's line), else that work's SeqNum less one
+        progress = {r: max(done.get((pg, r, w.fields["seq"]), -1), w.fields["seq"] - 1) for r, w in waits.items()}
+        behind = min(waits, key=lambda r: (waits[r].fields["seq"], waits[r].time, waits[r].seq))
+        low = waits[behind].fields["seq"]
+        ahead = sorted(r for r, p in progress.items() if p >= low + 1)
+        if not ahead:
+            continue
+        w = waits[behind]
+        line = (f"rank {behind} timed out in collective SeqNum={low} ({w.fields['op']}) of process group "
+                f"{pg if pg is not None else '(unnamed)'} while rank(s) {ahead[:4]} had completed work up to "
+                f"{max(progress[r] for r in ahead)}: they completed collectives rank {behind} never entered, "
+                "so the ranks issued different numbers of collectives, which the program's control flow does")
+        return Finding("collective.mismatch", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
+                       Severity.ERROR, w.origin, line, w.time, w.seq,
+                       fields={"seq": low, "pg": pg, "behind": behind, "ahead": ahead,
+                               "progress": {r: progress[r] for r in sorted(progress)}},
+                       source=SOURCE + "; docs.ray.io train/user-guides/nccl-hang-detection (ranks of a "
+                              "communicator disagree about which collective comes next); pytorch "
+                              "tools/flight_recorder (entries matched by process group and sequence id)")
 
 
 #: NCCL's device-side "most likely a mismatch" warning (nccl_vocab.tsv; the module docstring).

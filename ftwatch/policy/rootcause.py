@@ -140,7 +140,8 @@ instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any oth
 failing exit, while the others then report only fallout: they lost their peer; SPEC R5 reads an
 instance that exited 0 while the job goes on as an exit hang, that instance the culprit, restart),
 else ranks that timed out in different collectives (operation, or size of a sized one) at one
-sequence number (user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
+sequence number, or a rank of a group that completed collectives another rank of it never entered
+(user code, ``ftwatch.policy.collectives.mismatch``), else a flushed RDMA work
 completion that nothing explains (the node's PCIe path, ``ftwatch.policy.verbs.flushed_alone``),
 else the suspect rank of a
 collective that timed out (``collectives.silent_rank``: the rank that never reported, or is
@@ -414,7 +415,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     stall = interconnect_stall(fallout, order) if fallout and timeouts_only(fallout) else None
     if stall is not None:               # 10: an NVLink Xid of the waiting ranks' node explains their stall
         return Analysis(stall, False, (stall,), tuple(notices), done)
-    suspect = (left_first(order) or mismatch(order) or flushed_alone(fallout) or tight_bound(order, fallout)
+    suspect = (left_first(order) or mismatch(order, world) or flushed_alone(fallout) or tight_bound(order, fallout)
                or silent_rank(order, world) or lone_ray_kill(fallout)   # 14: Ray's lone kill
                or finished_rank(order, fallout)) if fallout else None   # Horovod's shut-down, no exception, no kill
     if suspect is not None:

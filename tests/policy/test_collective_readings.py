@@ -151,3 +151,53 @@ def test_nccls_asserted_mismatch_is_a_program_bug_of_its_own():
     rc = analyse(found, world=4).root_cause
     assert rc is not None and rc.rule_id == "nccl.collective_mismatch_asserted", rc
     assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 3
+
+
+def progress_line(rank: int, pg: str, seq: int, done: int) -> str:
+    return (f"[rank{rank}]:[E0110 16:40:30.000000 ProcessGroupNCCL.cpp:2279] [PG ID {pg} PG GUID {pg}(default_pg) "
+            f"Rank {rank}]  failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: "
+            f"{seq}, last completed work: {done}")
+
+
+def test_a_rank_that_completed_collectives_its_peer_never_entered_is_a_program_bug():
+    """One group's ranks disagree on how many collectives they issued (Ray Train's NCCL hang
+    detector, the flight recorder's matching by sequence id): rank 1 completed work 41876 while
+    rank 0 still waits in 41212, which only different control flow does."""
+    found = [*logged(0, 1.0, watchdog(0, 41212, "ALLREDUCE", pg="0"), progress_line(0, "0", 41212, 41211)),
+             *logged(1, 1.1, watchdog(1, 41877, "ALLREDUCE", pg="0"), progress_line(1, "0", 41877, 41876))]
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "collective.mismatch", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 0
+    assert rc.fields["behind"] == 0 and rc.fields["ahead"] == [1]
+    # progress stated about another work (an earlier attempt's line) is not where the rank is
+    other = [*logged(0, 1.0, watchdog(0, 41212, "ALLREDUCE", pg="0")),
+             *logged(1, 1.1, watchdog(1, 41213, "ALLREDUCE", pg="0"), progress_line(1, "0", 41877, 41876))]
+    assert mismatch(other) is None
+
+
+def test_unnamed_groups_compare_seqnums_only_between_two_ranks_that_each_report_one():
+    """torch < 2.3 names no group: in a world of two, SeqNums two apart on ranks that each report
+    one are the ranks' counts disagreeing; a rank that reports several SeqNums may be in several
+    groups, and with more ranks a data-parallel peer waits for a rank stuck in its tensor-parallel
+    group by another numbering."""
+    found = [*logged(0, 1.0, watchdog(0, 233, "BROADCAST")), *logged(1, 1.1, watchdog(1, 231, "ALLREDUCE"))]
+    rc = mismatch(found, world=2)
+    assert rc is not None and rc.rank == 1 and rc.fields["pg"] is None, rc
+    assert mismatch(found) is None and mismatch(found, world=8) is None
+    several = [*found, *logged(0, 1.2, watchdog(0, 64211, "ALLREDUCE"))]
+    assert mismatch(several, world=2) is None
+
+
+def test_one_collective_apart_or_point_to_point_is_no_count_mismatch():
+    """A gap of one: a fault may stop a rank in the tail of work its peer just completed. A pipeline
+    group's sends and receives are numbered per rank by design; so may be a batched send/receive
+    (``COALESCED`` without a gather's larger output)."""
+    one = [*logged(0, 1.0, watchdog(0, 207114, "ALLREDUCE")), *logged(1, 1.1, watchdog(1, 207113, "ALLREDUCE"))]
+    assert mismatch(one, world=2) is None
+    p2p = [*logged(2, 1.0, watchdog(2, 2121, "SEND", pg="3")), *logged(3, 1.1, watchdog(3, 2118, "RECV", pg="3"))]
+    assert mismatch(p2p) is None
+    batched = [*logged(0, 1.0, watchdog(0, 500, "COALESCED", pg="2").replace("NumelOut=2", "NumelOut=1")),
+               *logged(1, 1.1, watchdog(1, 510, "COALESCED", pg="2").replace("NumelOut=2", "NumelOut=1"))]
+    assert mismatch(batched) is None
+    gathers = [*logged(0, 1.0, watchdog(0, 500, "COALESCED", pg="2")), *logged(1, 1.1, watchdog(1, 510, "COALESCED", pg="2"))]
+    assert mismatch(gathers) is not None

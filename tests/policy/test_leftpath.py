@@ -45,12 +45,32 @@ def incident(rank0_last: str | None, t: float = 0.0, waiting_too: str | None = N
     "rank 0: dataloader exhausted after 812 batches",
     "Early stopping: no improvement in 5 validations; stopping at step 14000",
     "running evaluation on the main process (12000 samples)",
+    "INFO trainer: running validation (12 datasets) on rank 0",     # rank 0 is the main process
+    "computing BLEU on the validation set (rank 0 only)",
 ])
 def test_a_rank_that_last_said_it_left_the_path_made_the_hang(line):
     rc = analyse(incident(line), world=4).root_cause
     assert rc is not None and rc.rule_id == "collective.left_path", rc
     assert rc.failure_class is FailureClass.USER_CODE and rc.rank == 0
     assert rc.fields["waiting"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("line", ["loaded 12000 validation samples on rank 0",
+                                  "initialized seed on rank 0, numpy: 42"])
+def test_a_label_of_what_rank_0_did_is_no_rank_only_work(line):
+    """Every rank may print what it did with its own number: no word of who else does it."""
+    rc = analyse(incident(line), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.silent_rank", rc
+
+
+def test_a_program_that_labels_every_ranks_work_with_its_number_names_no_one():
+    """Every rank says it runs validation on itself: the waiting ranks said the same, no one left."""
+    found = [f for f in incident("INFO trainer: running validation (12 datasets) on rank 0")
+             if f.rank == 0 or "running validation" not in f.line]
+    for r in (1, 2, 3):
+        found += logged(r, 0.5, f"INFO trainer: running validation (12 datasets) on rank {r}")
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.silent_rank", rc
 
 
 def test_without_such_a_line_the_silent_rank_stays_a_hang():
