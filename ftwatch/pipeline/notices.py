@@ -62,11 +62,19 @@ def ignored(desk: IncidentDesk, findings: list[Finding]) -> None:
 
 def ended(desk: IncidentDesk, f: Finding) -> None:
     """``f`` says the program finished, or a launcher saw its worker exit 0: the errors it ended
-    (a Sync job's: every rank's) are notices."""
+    (a Sync job's: every rank's) are notices. A scheduler's verdict before a finish line
+    (``triggers.outside_rules``: fatal, never held) is one too: the job the scheduler stopped ran
+    again and finished (a requeued Slurm job, ``scontrol requeue``: "Requeue a running, suspended
+    or finished Slurm batch job into pending state", whose next run appends to the same output
+    with ``--open-mode=append``; Lightning's auto-requeue)."""
     if lifecycle.finished_by_program(f):       # Sync (D1): every rank took part in each step
         who = None if desk.policy.policy.job_execution_mode == "Sync" else f.origin.instance
         for g in desk.survival.finished(who, f.time, f.seq):
             notice(desk, g, f.time, f"training finished after it ({f.rule_id} on {f.origin.instance})")
+        for g in [g for g in desk._openers if g.rule_id in desk._outside and (g.time, g.seq) < (f.time, f.seq)
+                  and who in (None, g.origin.instance)]:
+            notice(desk, g, f.time, f"the scheduler stopped the job, which ran again and finished after it "
+                                    f"(requeued; {f.rule_id} on {f.origin.instance})")
     elif lifecycle.is_exited_ok(f):             # the launcher read its workers' exit status 0
         survived(desk, desk._exits.launcher_ok(f), f.time, f"{f.rule_id} on {f.origin.instance}: the "
                  "launcher saw its worker exit 0 after it, so the traceback ended no program")
