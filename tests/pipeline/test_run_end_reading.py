@@ -91,6 +91,10 @@ def test_a_boot_banner_in_the_nodes_kernel_log_is_the_node_resetting_under_the_j
     proc_version = "Linux version 5.15.0-91-generic (buildd@lcy02-amd64-045) (gcc 11.4.0) #101-Ubuntu SMP"
     quiet = _replay(tmp_path / "q", {"train.log": [proc_version] + TRAIN})
     assert quiet.action is Action.NONE          # /proc/version printed by the job: no boot
+    (tmp_path / "d").mkdir()
+    dump = ["[    0.000000] Linux version 5.15.0-91-generic (buildd@lcy02-amd64-045) (gcc 11.4.0) #101-Ubuntu SMP",
+            "[    0.000000] Command line: BOOT_IMAGE=/boot/vmlinuz-5.15.0-91-generic ro"]
+    assert _replay(tmp_path / "d", {"train.log": TRAIN, "dmesg.txt": dump}).action is Action.NONE   # a dmesg dump
 
 
 def test_nvidia_smi_hung_in_the_driver_makes_the_trainings_hung_task_the_nodes_fault(tmp_path):
