@@ -372,6 +372,7 @@ class IncidentDesk:
         if self.summaries == "close":
             self.add(self._exits.closed_summaries(now, step))
         self.add(self._exits.unseen(now))
+        notices.booted_before(self, now)
         return self.decide(None, now) if self.open is not None else None
 
     def new_attempt(self, now: float, world_size: int | None = None) -> None:

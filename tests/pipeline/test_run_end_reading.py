@@ -125,3 +125,18 @@ def test_a_log_that_ends_in_glogs_stack_dump_is_a_process_that_died(tmp_path):
     assert d.action is Action.FAIL_JOB and d.root_cause.rule_id == "exit.ended_in_traceback", d.policy_clause
     (tmp_path / "2").mkdir()
     assert _replay(tmp_path / "2", {"worker-0.log": lines[:1]}).action is Action.NONE
+
+
+def test_a_boot_the_jobs_own_output_went_on_after_is_no_reset_under_it(tmp_path):
+    """A kern.log shipped whole holds the boot before the job: the job's stamped lines an hour
+    later say it ran after that boot, so the banner is no reset under it (a notice)."""
+    kern = ["Oct  9 08:00:00 dl-box kernel: [    0.000000] Linux version 4.10.0-35-generic (buildd@lcy01-33) "
+            "(gcc version 5.4.0) #39~16.04.1-Ubuntu SMP Wed Sep 13 09:02:42 UTC 2017"]
+    train = [f"2017-10-09 09:{m:02d}:00 | INFO | Epoch: [0][{m}/5005]\tLoss 6.96 (6.99)" for m in range(0, 50, 10)]
+    d = _replay(tmp_path, {"train.log": train, "kern.log": kern})
+    assert d.action is Action.NONE and d.root_cause is None, d.policy_clause
+    (tmp_path / "2").mkdir()
+    late = ["Oct  9 09:41:00 dl-box kernel: [    0.000000] Linux version 4.10.0-35-generic (buildd@lcy01-33) "
+            "(gcc version 5.4.0) #39~16.04.1-Ubuntu SMP Wed Sep 13 09:02:42 UTC 2017"]
+    d = _replay(tmp_path / "2", {"train.log": train, "kern.log": late})
+    assert (d.action, d.root_cause.rule_id) == (Action.ISOLATE_NODE, "os.kernel_boot"), d.policy_clause
