@@ -10,8 +10,8 @@ ended no program (:func:`survived`), or Python ignored the exception, the error 
 (:func:`notice`: ``IncidentDesk.notices``, a ``notice`` event): it leaves the evidence, and an
 incident it alone held is dropped. Two readings make fatal findings notices: a scheduler's verdict
 followed by the program's finish line (the job was requeued and finished, :func:`ended`), and a
-boot of the node that the job's own output went on after (:func:`booted_before`, at close). Split from ``ftwatch.pipeline.incidents`` (this module's one
-job: notices); :func:`notice` edits the desk's open incident (its openers, opener and held flag).
+boot of the node that the job's own output went on after (:func:`booted_before`, at close).
+Split from ``ftwatch.pipeline.incidents`` (this module's one job: notices); :func:`notice` edits the desk's open incident (its openers, opener and held flag).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def booted_before(desk: IncidentDesk, at: float) -> None:
     last = desk.tracker.last_output()
     if last is None:
         return
-    for g in [g for g in desk._openers if g.rule_id in BOOT_RULES and is_host(g.origin) and last > g.time + BOOT_MARGIN]:
+    for g in [g for g in desk._openers
+              if g.rule_id in BOOT_RULES and is_host(g.origin) and last > g.time + BOOT_MARGIN]:
         desk.survival.note(g)
         notice(desk, g, at, "the job's own output went on after this boot: the node booted before the job ran")
 

@@ -106,7 +106,8 @@ def test_nvidia_smi_hung_in_the_driver_makes_the_trainings_hung_task_the_nodes_f
     d = _replay(tmp_path, {"train.log": train, "kern.log": only_python})
     assert (d.action, d.root_cause.rule_id) == (Action.RESTART_JOB, "os.hung_task"), d.policy_clause
     (tmp_path / "2").mkdir()
-    d = _replay(tmp_path / "2", {"train.log": train, "kern.log": only_python + [stamp.format(m=31, t="nvidia-smi:31822")]})
+    kern = only_python + [stamp.format(m=31, t="nvidia-smi:31822")]
+    d = _replay(tmp_path / "2", {"train.log": train, "kern.log": kern})
     assert (d.action, d.root_cause.rule_id) == (Action.ISOLATE_NODE, "gpu.driver_hung_task"), d.policy_clause
     assert d.root_cause.failure_class is FailureClass.HARDWARE_NODE
 
