@@ -11,7 +11,8 @@ ended no program (:func:`survived`), or Python ignored the exception, the error 
 incident it alone held is dropped. Two readings make fatal findings notices: a scheduler's verdict
 followed by the program's finish line (the job was requeued and finished, :func:`ended`), and a
 boot of the node that the job's own output went on after (:func:`booted_before`, at close).
-Split from ``ftwatch.pipeline.incidents`` (this module's one job: notices); :func:`notice` edits the desk's open incident (its openers, opener and held flag).
+Split from ``ftwatch.pipeline.incidents`` (this module's one job: notices); :func:`notice` edits
+the desk's open incident (its openers, opener and held flag).
 """
 
 from __future__ import annotations
