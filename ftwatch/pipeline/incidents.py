@@ -64,7 +64,7 @@ from ftwatch.policy.plan import RunFacts, Verdict
 from ftwatch.policy import initphase, lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, opens_incident,
-                                    pick_trigger, sticky_rules)
+                                    pick_trigger, fatal_rules, outside_rules)
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
 
@@ -147,7 +147,8 @@ class IncidentDesk:
                                  started_at=self._started_at, tails=self._tails, survived=partial(notices.survived, self))
         self.survival = progress.Survival(         # errors waiting for their instance's progress; notices
             survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices)
-        self._sticky = sticky_rules(engine.rules)
+        self._sticky = fatal_rules(engine.rules)   # sticky CUDA errors, the scheduler's verdicts
+        self._outside = outside_rules(engine.rules)   # the scheduler's verdicts (notices.ended)
         self.progress = initphase.FirstProgress(max_streams=cap)   # when the job first showed progress (R6)
         self._held = False                     # the open incident waits to be outlived ...
         self._alive = False                    # ... and its instance printed since it opened ...
@@ -371,6 +372,7 @@ class IncidentDesk:
         if self.summaries == "close":
             self.add(self._exits.closed_summaries(now, step))
         self.add(self._exits.unseen(now))
+        notices.booted_before(self, now)
         return self.decide(None, now) if self.open is not None else None
 
     def new_attempt(self, now: float, world_size: int | None = None) -> None:

@@ -69,7 +69,10 @@ nor ``oom``), the fault of the device that explains it:
    trainings whose GPU nvidia-smi could no longer reach (rwth-i6/returnn#1486, limbo0000/InstanceLoc#20:
    not the code, the GPU/node) read the hang as that fault's. A device fault that only restarts (a
    contained ECC, restart in place) or is no device's (the node's network, storage, a corrected error)
-   explains no hang, nor does one of another node.
+   explains no hang, nor does one of another node. The kernel's hung-task report of a process of the
+   node (``os.hung_task``: a task in D state past ``hung_task_timeout_secs``) is such a hang too, and
+   the GPU driver found hung on that node (``gpu.driver_hung_task``: nvidia-smi itself stuck in D
+   state, "this means the driver is hung", NVIDIA/gpu-monitoring-tools#46) explains it.
 
 6. for a collective stall (``interconnect_stall``: the incident's errors are only collective timeouts,
    every rank waited and none failed on its own, ``collectives.timeouts_only``), an NVLink Xid of a node
@@ -149,6 +152,10 @@ DEVICE_FAULT_PREFIXES = ("xid.", "gpu.", "nvml.", "nvrm.", "dcgm.", "cuda.", "np
 #: next call returns after a fault (this module's docstring lists ``unknown error`` among the
 #: consequences), not the device's report of one: it explains no other device error (rule 1).
 NAMES_NO_FAULT = frozenset({"cuda.rt.unknown"})
+#: a task of the node asleep uninterruptibly in the kernel past the hung-task threshold (Linux
+#: kernel/hung_task.c): read as a job hang by rule 5 (a process blocked in a driver whose device
+#: is gone is how that device's fault reached it)
+HUNG_TASKS = frozenset({"os.hung_task"})
 #: seconds between an NPU memory event and the device error on that chip (pairing rule 2)
 CHIP_WINDOW = 120.0
 #: processes (distinct pids) whose application Xids on one GPU make it the GPU's fault (pairing rule 3)
@@ -228,7 +235,7 @@ def device_fault(head: Finding, real: Sequence[Finding], findings: Sequence[Find
         faulted on (rule 3, :func:`repeated_on_gpu`); None when ``head`` is no device error or
         nothing explains it.
     """
-    if head.kind == "hang":     # a job hang: a lost device of the node that went silent (rule 5)
+    if head.kind == "hang" or head.rule_id in HUNG_TASKS:   # a job hang: a lost device of its node (rule 5)
         return next((f for f in real if f is not head and f.kind not in NOT_LOG_LINES
                      and f.failure_class is FailureClass.HARDWARE_NODE and f.action is Action.ISOLATE_NODE
                      and f.rule_id.startswith(DEVICE_FAULT_PREFIXES) and f.origin.node == head.origin.node), None)

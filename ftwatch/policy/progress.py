@@ -308,6 +308,12 @@ class Survival:
         """``findings`` less the notices."""
         return [f for f in findings if id(f) not in self._ids] if self._ids else findings
 
+    def note(self, f: Finding) -> None:
+        """``f`` became a notice by another reading than progress (a boot the job outlived, a
+        scheduler's verdict on a job that ran again and finished): out of the evidence."""
+        if id(f) not in self._ids:
+            self._note(f)
+
     def _note(self, f: Finding) -> None:
         self.notices.append(f)
         self._ids.add(id(f))

@@ -24,9 +24,15 @@ reports no exits may be one the process catches, logs and outlives (:func:`may_s
 desk then holds the incident until that instance's progress outlives it
 (``ftwatch.policy.progress``) or its window ends. A :func:`fatal` finding is never held: a death
 (exit, hang, exit hang, a torchelastic report of a dead worker), a critical line, a rule that asks
-to isolate the node (the fault catalogs grade the chip or node out of service: Xid 79, ...), and a
+to isolate the node (the fault catalogs grade the chip or node out of service: Xid 79, ...), a
 CUDA error the catalog marks sticky (``cuda_errors.tsv`` ``sticky = yes``: "the process must be
-terminated and relaunched", CUDA Runtime API, cudaError).
+terminated and relaunched", CUDA Runtime API, cudaError), and a scheduler's or orchestrator's
+verdict on the job (a rule tagged :data:`ENDED_FROM_OUTSIDE`: Slurm's ``CANCELLED ... DUE TO TIME
+LIMIT``, a preemption, an eviction, ``OOMKilled``): the scheduler ends the job's processes whatever
+they print after it (slurm.conf KillWait: "the interval, in seconds, given to a job's processes
+between the SIGTERM and SIGKILL signals upon reaching its time limit"; Kubernetes' pod termination:
+SIGTERM, then SIGKILL after terminationGracePeriodSeconds), so a program that ignores or bypasses
+the SIGTERM and prints more progress has not outlived it (:func:`fatal_rules`).
 """
 
 from __future__ import annotations
@@ -86,6 +92,24 @@ def _catalog_sticky() -> frozenset[str]:
                      if row.get("sticky") == "yes" and row.get("covered_by"))
 
 
+#: rule tags whose lines are a scheduler's or orchestrator's verdict that ends the job's processes
+#: (``rules/packs/scheduler.yaml``, ``infra.yaml``'s Slurm lines, the Kubernetes pod reasons)
+ENDED_FROM_OUTSIDE = frozenset({"scheduler", "k8s"})
+
+
+def outside_rules(rules: Iterable) -> frozenset[str]:
+    """The rule ids among ``rules`` (``ftwatch.rules.model.Rule``) of the scheduler's verdicts
+    (tagged :data:`ENDED_FROM_OUTSIDE`)."""
+    return frozenset(r.id for r in rules if ENDED_FROM_OUTSIDE.intersection(r.tags))
+
+
+def fatal_rules(rules: Iterable) -> frozenset[str]:
+    """The rule ids among ``rules`` whose findings no process outlives beyond :func:`fatal`'s
+    kinds: sticky CUDA errors (:func:`sticky_rules`) and the scheduler's verdicts
+    (:func:`outside_rules`)."""
+    return sticky_rules(rules) | outside_rules(rules)
+
+
 def sticky_rules(rules: Iterable) -> frozenset[str]:
     """The rule ids of sticky CUDA errors among ``rules`` (``ftwatch.rules.model.Rule``): those
     tagged with a sticky grade (the catalog's generated rules) and the older rules the catalog's
@@ -94,7 +118,8 @@ def sticky_rules(rules: Iterable) -> frozenset[str]:
 
 
 def fatal(f: Finding, sticky: Collection[str] = frozenset()) -> bool:
-    """A finding no process outlives (see the module docstring); ``sticky``: :func:`sticky_rules`."""
+    """A finding no process outlives (see the module docstring); ``sticky``: :func:`fatal_rules`
+    (or :func:`sticky_rules`)."""
     return (f.kind in _DEATHS or f.severity >= Severity.CRITICAL or f.action is Action.ISOLATE_NODE
             or f.rule_id in DEATH_REPORTS or f.rule_id in sticky)
 

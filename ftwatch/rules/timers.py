@@ -147,6 +147,10 @@ class HangTracker:
         """The instances tracked as running."""
         return tuple(i.origin for i in self._running.values())
 
+    def last_output(self) -> float | None:
+        """The latest time any running instance wrote output (epoch s), None before any did."""
+        return max((i.last for i in self._running.values() if i.spoke), default=None)
+
     def check(self, now: float) -> list[Finding]:
         """Findings for the timers that are due at ``now`` (each fires at most once per attempt).
 
