@@ -69,6 +69,8 @@ def findings(*lines: str) -> list:
      FailureClass.USER_CODE, Action.FAIL_JOB),
     ("Could not find real path of mlx5_0 (/sys/class/infiniband/mlx5_0/device)", "nccl.topo_sysfs_path_missing",
      FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("NET/OFI Unable to register memory (type = 2) for device 4. RC: -22, Error: Invalid argument",
+     "nccl.ofi_register_mr_invalid_argument", FailureClass.USER_CODE, Action.FAIL_JOB),
     ("Cuda failure 2 'out of memory'", None, FailureClass.OOM, None),
     ("Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 1 'invalid argument'",
      "gpu.nvls_multicast_bind_failed", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
