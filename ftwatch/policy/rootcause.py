@@ -184,11 +184,8 @@ from ftwatch.policy.verbs import flushed_alone
 #: (NVIDIA/nvidia-resiliency-ext@d8686d9c attribution/restart_agent/l0/registry.py files it as
 #: ``nccl_cascade``); nccl.socket_connect_failed: a refused / timed-out connect to a peer, which a
 #: dead peer causes as well as a broken network; nccl.code.system_error: the ``ncclSystemError``
-#: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv);
-#: nccl.socket_connect_aborted: the same connect failed with ECONNABORTED (a refused or timed-out
-#: connect retried on the same socket, NVIDIA/nccl #1515).
-CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed",
-                           "nccl.socket_connect_aborted"})
+#: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv).
+CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed"})
 #: NCCL's word that the peer closed the connection (nccl.yaml; src/misc/socket.cc socketProgress: recv
 #: returned 0, the remote end closed): the peer went first, whatever the lines' times across hosts say.
 PEER_CLOSED = frozenset({"nccl.connection_closed_by_remote_peer"})

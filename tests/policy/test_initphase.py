@@ -71,6 +71,17 @@ def test_an_aborted_connect_to_a_link_local_address_before_any_progress_is_confi
     assert after.action is Action.RESTART_JOB
 
 
+def test_nccls_last_error_text_after_the_code_explains_it_at_init(tmp_path):
+    """PyTorch prints NCCL's last WARN after the result code ('Last error:'); it explains the code too."""
+    found = logged(RAISED, "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+                   "device error.", "Last error:", LINK_LOCAL_ABORTED)
+    assert [f.rule_id for f in found][-1] == "nccl.socket_connect_aborted"
+    d = decided(found, NONE_YET, tmp_path / "init")
+    assert d.action is Action.FAIL_JOB and "R6" in d.policy_clause, d.policy_clause
+    routable = logged(RAISED, "Last error:", ABORTED.split("NCCL WARN ")[1])
+    assert decided(routable, NONE_YET, tmp_path / "routable").action is Action.RESTART_JOB
+
+
 def test_the_same_connect_after_progress_stays_retryable(tmp_path):
     d = decided(logged(UNREACHABLE, RAISED, t=T0 + 50), T0, tmp_path)
     assert d.action is Action.RESTART_JOB and d.root_cause.failure_class is FailureClass.RETRYABLE_INFRA

@@ -63,8 +63,6 @@ def findings(*lines: str) -> list:
      "nccl.socket_connect_net_unreachable", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("Call to ibv_modify_qp failed with error Connection timed out errno 110", "nccl.ibv_call_failed",
      FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
-    ("socketStartConnect: Connect to 169.254.0.1<38217> failed : Software caused connection abort",
-     "nccl.socket_connect_aborted", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("Could not find real path of /sys/class/net/usb0/device", "nccl.topo_sysfs_path_missing",
      FailureClass.USER_CODE, Action.FAIL_JOB),
     ("Could not find real path of mlx5_0 (/sys/class/infiniband/mlx5_0/device)", "nccl.topo_sysfs_path_missing",
