@@ -62,7 +62,7 @@ RANK_BRACKET = (r"\[(?:[A-Za-z_][A-Za-z_-]*|\d{1,9},(?=\d{1,7}\]<std)|(?=\d{1,7}
                 r"(?:<std(?:out|err|diag)>)?: ?")
 #: :data:`RANK_BRACKET` without the lookahead (hyperscan has none) and without a group: the
 #: bracket of ``ftwatch.policy.progresslines``' prefix, ``%s`` the rank digits
-RANK_BRACKET_HS = r"\[(?:[A-Za-z_][A-Za-z_-]*?%s\]|\d{1,9},%s\]<std(?:out|err|diag)>): ?"
+RANK_BRACKET_HS = r"\[(?:[A-Za-z_][A-Za-z_-]*?%s\]|(?:\d{1,9},)?%s\]<std(?:out|err|diag)>): ?"
 _RANK_PREFIX = re.compile(RANK_BRACKET % r"(\d{1,7})" + r"|(\d{1,6}): "
                           r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) |" + MPI_CTIME)
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"
