@@ -48,6 +48,9 @@ _ANSI = re.compile(
 #                 or stddiag); with --timestamp-output too, C's ctime() opens it, no space between:
 #                 "Tue Jul  9 01:10:02 2019[1,0]<stderr>:" (the same file, "%s[%s,%s]<%s>:").
 #                 The rank shares the bracket's group: every reader of group 1 reads it as is.
+#   [3]<stderr>:  horovodrun's own launcher (gloo, and the output it relays): horovod/runner/common/util/
+#                 safe_shell_exec.py prefix_connection, "{time}[{index}]<{prefix}>:{line}" with the rank
+#                 as index and stdout or stderr as prefix; no jobid, so the stream must follow the bracket.
 #: mpirun --timestamp-output's ctime, a prefix of its own (no rank) right before the tag: the last
 #: alternative, so other lines fail it at their first byte only after the others failed
 MPI_CTIME = r"[MTWFS][a-u]{2} [ADFJMNOS][a-u]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}(?=\[\d{1,9},\d{1,7}\]<std)"
@@ -55,11 +58,11 @@ MPI_CTIME = r"[MTWFS][a-u]{2} [ADFJMNOS][a-u]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}(?=
 #: ``[default3]:``, mpirun's ``[1,3]<stdout>:`` (its jobid a number, the stream named), each
 #: with one optional space; ``re`` only (a lookahead keeps the rank in one group). Without
 #: :data:`MPI_CTIME`, a prefix of its own: ``ftwatch.pipeline.replay_hang`` reads that stamp as a stamp.
-RANK_BRACKET = (r"\[(?:[A-Za-z_][A-Za-z_-]*|\d{1,9},(?=\d{1,7}\]<std))%s\]"
+RANK_BRACKET = (r"\[(?:[A-Za-z_][A-Za-z_-]*|\d{1,9},(?=\d{1,7}\]<std)|(?=\d{1,7}\]<std))%s\]"
                 r"(?:<std(?:out|err|diag)>)?: ?")
 #: :data:`RANK_BRACKET` without the lookahead (hyperscan has none) and without a group: the
 #: bracket of ``ftwatch.policy.progresslines``' prefix, ``%s`` the rank digits
-RANK_BRACKET_HS = r"\[(?:[A-Za-z_][A-Za-z_-]*?%s\]|\d{1,9},%s\]<std(?:out|err|diag)>): ?"
+RANK_BRACKET_HS = r"\[(?:[A-Za-z_][A-Za-z_-]*?%s\]|(?:\d{1,9},)?%s\]<std(?:out|err|diag)>): ?"
 _RANK_PREFIX = re.compile(RANK_BRACKET % r"(\d{1,7})" + r"|(\d{1,6}): "
                           r"|\((?:[A-Za-z_][\w.-]{0,80} )?pid=\d{1,9}(?:, ip=[0-9A-Fa-f.:]{2,45})?\) |" + MPI_CTIME)
 _MAX_PREFIXES = 4  # stacked prefixes, e.g. "[default1]:[rank1]: msg"

@@ -21,7 +21,13 @@ horovod/horovod#3980). A restart runs the same split: user_code, fail_job.
 The log must hold more than one rank's output (shut-down messages of two ranks or more, as mpirun's
 merged ``[1,N]<stderr>:`` output or several streams give): a maintainer's first reading of a lone
 shut-down message is that "one of the ranks crashed", to be found in "the logs of all Horovod
-processes" (horovod/horovod#2975), and a log of one rank cannot show the other's exception.
+processes" (horovod/horovod#2975), and a log of one rank cannot show the other's exception. mpirun's
+own output is the logs of all of them: Open MPI "directs UNIX standard output and error from remote
+nodes to the node that invoked mpirun and prints it on the standard output/error of mpirun"
+(mpirun(1), Standard I/O), so a log that holds mpirun's report of the job's end (``mpi.first_nonzero_exit``:
+"one or more processes exited with non-zero status ... The first process to do so was", orterun's
+help-orterun.txt) would show a peer's exception or its death by a signal too, and one shut-down
+message in it suffices.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ RULE = "horovod.collective_after_rank_finished"
 SIGNAL_REPORTS = frozenset({"mpi.process_exited_on_signal", "shell.job_killed", "shell.killed_foreground",
                             "python.subprocess_died_sigkill", "torch.mp_spawn_sigkill",
                             "deepspeed_launcher.worker_sigkilled"})
+#: mpirun's own report of the job's end (kill_vocab.yaml): the log is mpirun's output, which holds every rank's.
+MPIRUN_REPORTS = frozenset({"mpi.first_nonzero_exit"})
 SOURCE = ("horovod/horovod horovod/common/operations.cc SHUT_DOWN_ERROR ('caused by an exception on one of the ranks "
           "or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished execution. If "
           "the shutdown was caused by an exception, you should see the exception in the log before the first shutdown "
@@ -83,7 +91,7 @@ def finished_rank(order: Sequence[Finding], fallout: Sequence[Finding]) -> Findi
         return None
     if any(_signalled(f) for f in order):
         return None
-    if len({_speaker(f) for f in shut}) < 2:
+    if len({_speaker(f) for f in shut}) < 2 and not any(f.rule_id in MPIRUN_REPORTS for f in order):
         return None                     # one rank's output: another's exception may be elsewhere
     head = shut[0]
     line = (f"{head.line.strip()[:200]} -- Horovod shut down with no exception before its first shut-down message and "

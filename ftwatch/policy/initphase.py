@@ -57,6 +57,7 @@ from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
 from ftwatch.policy import progress, rdzvconfig
+from ftwatch.policy.lasterror import last_error_text
 from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
 from ftwatch.policy.rdzvconfig import loopback_rendezvous, own_store_unreachable, split_rendezvous
 from ftwatch.policy.sharedfailure import shared_failure
@@ -122,7 +123,8 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
     """The ``init_phase.tsv`` row that grades ``f`` when the job made no progress before it
     (``progress_at`` not before ``f.time``): a row of ``f``'s rule whose message ``f``'s line
     matches, else one of a finding in ``evidence`` of ``f``'s instance, before ``f``, whose row
-    ``explains`` ``f``'s rule (the latest first). None when the job made progress before ``f``,
+    ``explains`` ``f``'s rule (the latest first; first of all NCCL's last-error text that PyTorch
+    prints right after the result code, ``lasterror.last_error_text``: NCCL's last WARN). None when the job made progress before ``f``,
     its start was not seen (``progress_at`` = :data:`UNKNOWN`) or no row applies."""
     if progress_at < f.time:
         return None
@@ -131,8 +133,11 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
              or _host_local_store(f) or _loopback(f, evidence) or _loopback_rendezvous(f, evidence))
     if found is not None:
         return found
-    before = sorted((g for g in evidence if g.rule_id in rows and g.origin.instance == f.origin.instance
-                     and (g.time, g.seq) < (f.time, f.seq)), key=lambda g: (g.time, g.seq), reverse=True)
+    seen = sorted(evidence, key=lambda g: (g.time, g.seq))
+    named = last_error_text(f, seen)        # NCCL's last WARN, printed by torch after the code it names
+    before = ([named] if named is not None and named.rule_id in rows else []) + sorted(
+        (g for g in seen if g.rule_id in rows and g.origin.instance == f.origin.instance
+         and (g.time, g.seq) < (f.time, f.seq)), key=lambda g: (g.time, g.seq), reverse=True)
     for g in before:
         found = _row(rows, g) or _own_address(g, evidence)
         if found is not None and f.rule_id in found.explains:

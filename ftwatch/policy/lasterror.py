@@ -114,14 +114,30 @@ def generic_fallback(f: Finding) -> bool:
     return grade is not None and not grade.decides_by_class
 
 
+def last_error_text(f: Finding, order: Sequence[Finding]) -> Finding | None:
+    """The finding of NCCL's last-error text after the result code ``f`` (the first logged finding
+    of its instance after it that is no result code, within ``LAST_ERROR_WINDOW`` seconds), whatever
+    its class; None when ``f`` is no NCCL result code or nothing follows so. ``order``: the
+    incident's findings by (time, seq)."""
+    return _next(f, order, nccl_result) if nccl_result(f) else None
+
+
+def _next(f: Finding, order: Sequence[Finding], skip: Callable[[Finding], bool]) -> Finding | None:
+    """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over, when it is
+    a logged line printed within ``LAST_ERROR_WINDOW`` seconds of ``f``; else None."""
+    nxt = next((g for g in order if g.origin.instance == f.origin.instance
+                and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)
+    if nxt is None or nxt.kind in NOT_LOG_LINES or nxt.time - f.time >= LAST_ERROR_WINDOW:
+        return None
+    return nxt
+
+
 def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding],
                    skip: Callable[[Finding], bool]) -> bool:
     """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over is a logged
     real error (one of ``errors``) printed within ``LAST_ERROR_WINDOW`` seconds of ``f``."""
-    nxt = next((g for g in order if g.origin.instance == f.origin.instance
-                and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)
-    return (nxt is not None and nxt.kind not in NOT_LOG_LINES and nxt.time - f.time < LAST_ERROR_WINDOW
-            and any(nxt is e for e in errors))
+    nxt = _next(f, order, skip)
+    return nxt is not None and any(nxt is e for e in errors)
 
 
 #: A kernel's failed device-side assert() as the CUDA runtime prints it (cudalib_vocab.tsv).

@@ -25,8 +25,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    max_num_of_same_error bound a repeating abort); a real error of another instance decides.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
    "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
-   instance has a real error before it, or died by a signal or a listed exit code, or exited early
-   (an exit hang): then it is that failure's fallout. Deaths are compared whatever their time,
+   instance has a real error before it (at any time when the rank's own instance said first that its
+   peer closed the connection, NCCL's ``Connection closed by remote peer``: the peer went first,
+   whatever the times of lines of different hosts say), or died by a signal or a listed exit code, or
+   exited early (an exit hang): then it is that failure's fallout. Deaths are compared whatever their time,
    because an exit is timestamped when ftwatch saw it (``ftwatch run``: after the dead worker's
    pipes closed; ``ftwatch replay``: at the end of the log), often after the survivors printed
    their errors.
@@ -185,6 +187,9 @@ from ftwatch.policy.verbs import flushed_alone
 #: dead peer causes as well as a broken network; nccl.code.system_error: the ``ncclSystemError``
 #: detail line PyTorch prints under the same error (the NCCL catalog, nccl_vocab.tsv).
 CASCADE_RULES = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error", "nccl.socket_connect_failed"})
+#: NCCL's word that the peer closed the connection (nccl.yaml; src/misc/socket.cc socketProgress: recv
+#: returned 0, the remote end closed): the peer went first, whatever the lines' times across hosts say.
+PEER_CLOSED = frozenset({"nccl.connection_closed_by_remote_peer"})
 #: Rules that report a process killed by SIGKILL and nothing of why (tag ``sigkill`` in the packs;
 #: tests/rules/test_rootcause.py keeps the two in step): rule 9 lets an OOM finding explain them.
 SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "python.subprocess_died_sigkill",
@@ -380,11 +385,13 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             firsts.append(r)
 
     def outranked(c: Finding) -> bool:
-        """Another instance died, or had a (non-cascade) real error before ``c``."""
+        """Another instance died, or had a (non-cascade) real error before ``c``, or any time when
+        ``c``'s own instance said first that its peer closed the connection (rule 2)."""
         if deaths - {c.origin.instance}:
             return True
         other = next((r for r in firsts if r.origin.instance != c.origin.instance), None)
-        return other is not None and precedes(other, c)
+        return other is not None and (precedes(other, c) or any(
+            e.rule_id in PEER_CLOSED and precedes(e, c) for e in logged.get(c.origin.instance, ())))
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)

@@ -16,7 +16,11 @@ Two families (:data:`FAMILIES`), each read apart:
   than the two ends of one connection): the container, the NCCL build against the driver, the
   transport settings, the layout (NCCL user guide, Troubleshooting > Errors: "ncclUnhandledCudaError
   and ncclSystemError indicate that a call to an external library failed ... refer to the NCCL
-  warning message to understand how to resolve the problem").
+  warning message to understand how to resolve the problem"). ``ncclUnhandledCudaError`` counts
+  from :data:`MIN_LOCAL_INSTANCES` (two): NCCL returns it only from a failed CUDA call on the
+  rank's own device (``CUDACHECK`` in ``src/include/checks.h``), a lost peer or connection from
+  ``ncclSystemError`` / ``ncclRemoteError``, so no one link explains two ranks failing with it;
+  one GPU of one rank that fails alone keeps the retryable grade.
 * A connect to the job's rendezvous service that ran out of time (the c10d TCPStore client's
   ``timed out ... trying to connect``, a ``DistNetworkError``; the JAX coordination service's gRPC
   ``DEADLINE_EXCEEDED`` on ``RegisterTask`` / ``PjRT_Client_Connect``) from :data:`MIN_INSTANCES`
@@ -39,6 +43,9 @@ from ftwatch.events import Finding
 
 #: Ranks that must report the family themselves: more than the two ends of one connection.
 MIN_INSTANCES = 3
+#: Ranks that must report a failed CUDA call of their own: two. A CUDA call runs on the rank's own
+#: device, so no single link between two ranks fails both ends with it (the module docstring).
+MIN_LOCAL_INSTANCES = 2
 #: Findings that say a peer went away: then the ranks did not all fail on their own.
 PEER_LOSS = frozenset({"nccl.remote_error", "nccl.code.remote_error", "nccl.socket_call_failed",
                        "nccl.connection_closed_by_remote_peer", "c10d.store_peer_closed"})
@@ -49,6 +56,9 @@ _NCCL_SOURCE = ("NCCL docs, API types, ncclResult_t (ncclSystemError 'a call to 
                 "ncclUnhandledCudaError 'a call to a CUDA function failed': the reporting rank's own call; "
                 "ncclRemoteError: a peer or the network between them failed); NCCL user guide, Troubleshooting > "
                 "Errors")
+_CUDA_LOCAL_SOURCE = ("; NVIDIA/nccl src/include/checks.h (CUDACHECK: a failed CUDA runtime call on the rank's own "
+                      "device, WARN 'Cuda failure', returns ncclUnhandledCudaError; a lost peer or connection "
+                      "returns ncclSystemError or ncclRemoteError instead)")
 _NCCL_MEANING = ("before any progress, {n} ranks each failed the same NCCL call themselves and none reported a lost "
                  "peer: what they share failed (the container, the NCCL build against the driver, the transport "
                  "settings, the layout), not one link, NIC or GPU, and a restart of the same set-up repeats it")
@@ -70,12 +80,13 @@ class Family:
     needs_rank0: bool
     source: str
     meaning: str
+    min_instances: int = 3
 
 
 FAMILIES = (
     Family(frozenset({"nccl.unhandled_system_error", "nccl.code.system_error"}), False, _NCCL_SOURCE, _NCCL_MEANING),
-    Family(frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error"}), False, _NCCL_SOURCE,
-           _NCCL_MEANING),
+    Family(frozenset({"nccl.unhandled_cuda_error", "nccl.code.unhandled_cuda_error"}), False,
+           _NCCL_SOURCE + _CUDA_LOCAL_SOURCE, _NCCL_MEANING, MIN_LOCAL_INSTANCES),
     Family(frozenset({"torch.store_client_timeout", "c10d.store_connect_timed_out", "torch.dist_network_error",
                       "xla.status.deadline_exceeded"}), True, _RDZV_SOURCE, _RDZV_MEANING),
 )
@@ -113,6 +124,6 @@ def shared_failure(f: Finding, evidence: Iterable[Finding]) -> Shared | None:
         return None
     mine = [g for g in seen if g.rule_id in family.rules and not _EXECUTION.search(g.line)]
     instances = frozenset(g.origin.instance for g in mine)
-    if len(instances) < MIN_INSTANCES or (family.needs_rank0 and not any(g.rank == 0 for g in mine)):
+    if len(instances) < family.min_instances or (family.needs_rank0 and not any(g.rank == 0 for g in mine)):
         return None
     return Shared(family.source, family.meaning.format(n=len(instances)), instances)

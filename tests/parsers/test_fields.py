@@ -407,6 +407,19 @@ def test_split_rank_prefix_reads_mpirun_tag_output(line, rank, rest):
     assert fields.rank_prefix_at(line.encode(), 0)[0] == rank
 
 
+@pytest.mark.parametrize("line, rank, rest", [
+    ("[1]<stderr>:RuntimeError: ncclCommInitRank failed: unhandled cuda error", 1,
+     "RuntimeError: ncclCommInitRank failed: unhandled cuda error"),
+    ("[12]<stdout>:step 0, loss = 5.9", 12, "step 0, loss = 5.9"),
+    ("[3]: a list, no stream", None, "[3]: a list, no stream"),
+    ("[3] <stderr>: a space between", None, "[3] <stderr>: a space between"),
+])
+def test_split_rank_prefix_reads_horovodruns_rank_and_stream(line, rank, rest):
+    # horovod/runner/common/util/safe_shell_exec.py prefix_connection: "{time}[{index}]<{prefix}>:{line}"
+    assert fields.split_rank_prefix(line) == (rank, rest)
+    assert fields.rank_prefix_at(line.encode(), 0)[0] == rank
+
+
 def test_mpirun_timestamp_output_ctime_is_the_line_time():
     t = fields.parse_timestamp("Tue Jul  9 01:10:02 2019[1,0]<stderr>:node-a:21544 NCCL INFO", 2026)
     assert t == fields.parse_timestamp("[Tue Jul  9 01:10:02 2019] x", None)

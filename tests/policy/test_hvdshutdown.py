@@ -1,6 +1,7 @@
 """Horovod's shut-down with no exception before it and no rank killed by a signal (ftwatch.policy.hvdshutdown,
 issue 12 item 3): by Horovod's own text a collective after one rank finished (the program's uneven work);
-with an exception, a killed rank or only one rank's output, the other readings stand."""
+with an exception, a killed rank or only one rank's output (not mpirun's own, which holds every rank's), the
+other readings stand."""
 
 from __future__ import annotations
 
@@ -41,6 +42,25 @@ def test_a_rank_killed_by_a_signal_keeps_the_fallout_reading():
 def test_one_ranks_output_alone_cannot_show_anothers_exception():
     rc = analyse(shut_downs(0), world=4).root_cause
     assert rc is None or rc.rule_id != "horovod.collective_after_rank_finished", rc
+
+
+MPIRUN_END = ("--------------------------------------------------------------------------",
+              "mpirun detected that one or more processes exited with non-zero status, thus causing",
+              "the job to be terminated. The first process to do so was:", "",
+              "  Process name: [[40211,1],1]", "  Exit code:    1",
+              "--------------------------------------------------------------------------")
+
+
+def test_one_shut_down_in_mpiruns_own_output_suffices():
+    """mpirun's report of the job's end: the log is mpirun's, which forwards every rank's output (mpirun(1))."""
+    found = shut_downs(1) + mpirun(110.0, *MPIRUN_END)
+    assert any(f.rule_id == "mpi.first_nonzero_exit" for f in found)
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "horovod.collective_after_rank_finished", rc
+    killed = found + mpirun(111.0, "mpirun noticed that process rank 0 with PID 4242 on node node-0 "
+                                   "exited on signal 9 (Killed).")
+    rc = analyse(killed, world=2).root_cause
+    assert rc is not None and rc.rule_id != "horovod.collective_after_rank_finished", rc
 
 
 def test_the_exception_before_the_first_shut_down_is_the_root_cause():

@@ -31,6 +31,7 @@ UNREACHABLE = ("node-1:4410:4493 [0] include/socket.h:403 NCCL WARN Connect to f
                "failed : Network is unreachable")
 LINK_LOCAL = ("node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to fe80::4811:8aff:fe89:315f"
               "%vethe2e6725<41327> failed : Connection timed out")
+LINK_LOCAL_ABORTED = ("socketStartConnect: Connect to 169.254.0.1<38217> failed : Software caused connection abort")
 TIMED_OUT = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : Connection timed out"
 REFUSED = "node-1:4410:4493 [0] misc/socket.cc:484 NCCL WARN socketPollConnect: connect to 10.42.0.7<43261> failed : Connection refused"
 RAISED = "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error"
@@ -57,6 +58,28 @@ def test_a_connect_that_never_reached_its_peer_before_any_progress_is_configurat
         d = decided(logged(line, RAISED), NONE_YET, tmp_path / line[-9:].replace(" ", "_"))
         assert d.action is Action.FAIL_JOB, d.policy_clause
         assert d.root_cause.failure_class is FailureClass.USER_CODE and "R6" in d.policy_clause
+
+
+def test_an_aborted_connect_to_a_link_local_address_before_any_progress_is_configuration(tmp_path):
+    """NCCL reports ECONNABORTED apart (nccl.socket_connect_aborted); the address decides, whatever errno:
+    a link-local one reaches no other node (RFC 3927, RFC 4291). Also as torch's 'Last error:' text."""
+    found = logged(LINK_LOCAL_ABORTED, RAISED)
+    assert found[0].rule_id == "nccl.socket_connect_aborted"
+    d = decided(found, NONE_YET, tmp_path / "init")
+    assert d.action is Action.FAIL_JOB and "R6" in d.policy_clause, d.policy_clause
+    after = decided(logged(LINK_LOCAL_ABORTED, RAISED, t=T0 + 50), T0, tmp_path / "after")
+    assert after.action is Action.RESTART_JOB
+
+
+def test_nccls_last_error_text_after_the_code_explains_it_at_init(tmp_path):
+    """PyTorch prints NCCL's last WARN after the result code ('Last error:'); it explains the code too."""
+    found = logged(RAISED, "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+                   "device error.", "Last error:", LINK_LOCAL_ABORTED)
+    assert [f.rule_id for f in found][-1] == "nccl.socket_connect_aborted"
+    d = decided(found, NONE_YET, tmp_path / "init")
+    assert d.action is Action.FAIL_JOB and "R6" in d.policy_clause, d.policy_clause
+    routable = logged(RAISED, "Last error:", ABORTED.split("NCCL WARN ")[1])
+    assert decided(routable, NONE_YET, tmp_path / "routable").action is Action.RESTART_JOB
 
 
 def test_the_same_connect_after_progress_stays_retryable(tmp_path):

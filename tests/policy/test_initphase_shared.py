@@ -1,6 +1,6 @@
 """Many ranks failing the same call of their own before any progress is the job's set-up
 (``ftwatch.policy.sharedfailure`` through ``initphase.at_init``): NCCL's system / CUDA error codes
-from three ranks or more, a rendezvous connect that timed out on rank 0 (its host) and others; one
+from three ranks or more (the CUDA code from two: a CUDA call is the rank's own), a rendezvous connect that timed out on rank 0 (its host) and others; one
 or two ranks failing so, a lost peer beside them, workers without rank 0, or the same errors after
 progress keep the rule's retryable grade."""
 
@@ -52,6 +52,16 @@ def test_a_lost_peer_beside_them_keeps_the_retryable_grade():
 
 def test_the_same_errors_after_progress_keep_the_retryable_grade():
     found = ranks(SYSTEM, 0, 1, 2, 3)
+    assert at_init(found[0], T0 - 60, found) is None
+
+
+def test_two_ranks_failing_their_own_cuda_call_at_init_are_the_set_up():
+    """ncclUnhandledCudaError is the rank's own CUDA call (NCCL's CUDACHECK): no link fails both ends with it."""
+    found = ranks(CUDA, 0, 1)
+    grade = at_init(found[0], NONE_YET, found)
+    assert grade is not None and grade.action is Action.FAIL_JOB
+    alone = ranks(CUDA, 1)
+    assert at_init(alone[0], NONE_YET, alone) is None
     assert at_init(found[0], T0 - 60, found) is None
 
 

@@ -49,6 +49,7 @@ LINES = [
     "(pid=4{r}) [rank{r}]: step {n}", "[rank\u0663]: step {n}", "[a{r}]:[rank{r}]:[b1]:[c{r}]:[d2]: step {n}",
     " 45%|####5     | {n}/100 [00:10<00:12,  4.50it/s]", "{{'loss': 0.12, 'epoch': {r}.5}}",
     "Epoch(train) [1][{n}/500]", "[2026-11-21 09:00:{s:02d}] global_step={n}", "[W1121 09:36:03] step {n} x",
+    "[{r}]<stdout>:Epoch {n} step {n} loss 0.5", "[1,{r}]<stderr>:iteration {n}",    # horovodrun's, mpirun's
 ]
 
 

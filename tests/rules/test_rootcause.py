@@ -72,6 +72,17 @@ def test_a_peer_error_before_the_system_error_makes_it_fallout():
     assert an.root_cause == key and an.real == (key,)
 
 
+def test_a_system_error_after_its_own_peer_closed_line_is_a_later_peer_errors_fallout():
+    """NCCL's 'Connection closed by remote peer' says the peer went first, whatever the lines' times."""
+    closed = log("nccl.connection_closed_by_remote_peer", FailureClass.FALLOUT, 0, 10.0)
+    err = syserr(0, 10.1)
+    qp = log("nccl.ibv_call_failed", RI, 4, 12.0)
+    an = analyse([closed, err, qp, syserr(4, 12.1)])
+    assert an.root_cause == qp, an.root_cause
+    alone = analyse([err, qp, syserr(4, 12.1)])        # without the line, the earlier one still leads
+    assert alone.root_cause == err
+
+
 def test_a_signal_death_outranks_the_survivors_system_errors_whatever_the_times():
     """A death is timestamped when it was seen (after the dead worker's pipes closed; in replay at the
     end of the log): the survivors' errors are often stamped before it."""

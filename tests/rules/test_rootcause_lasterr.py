@@ -63,6 +63,12 @@ def findings(*lines: str) -> list:
      "nccl.socket_connect_net_unreachable", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
     ("Call to ibv_modify_qp failed with error Connection timed out errno 110", "nccl.ibv_call_failed",
      FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("Could not find real path of /sys/class/net/usb0/device", "nccl.topo_sysfs_path_missing",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("Could not find real path of mlx5_0 (/sys/class/infiniband/mlx5_0/device)", "nccl.topo_sysfs_path_missing",
+     FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("NET/OFI Unable to register memory (type = 2) for device 4. RC: -22, Error: Invalid argument",
+     "nccl.ofi_register_mr_invalid_argument", FailureClass.USER_CODE, Action.FAIL_JOB),
     ("Cuda failure 2 'out of memory'", None, FailureClass.OOM, None),
     ("Failed to bind NVLink SHARP (NVLS) Multicast memory of size 2097152 : CUDA error 1 'invalid argument'",
      "gpu.nvls_multicast_bind_failed", FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE),
@@ -124,3 +130,11 @@ def test_only_result_codes_and_their_detail_lines_yield():
     assert not nccl_result(boot)
     later = findings("Bootstrap : no socket interface found", "Invalid NCCL_COMM_ID [x:1]")
     assert not named_by_last_error(later[0], later, later)
+
+
+def test_nccls_info_line_about_a_sysfs_path_it_skips_is_no_finding():
+    """NVIDIA/nccl#367: NCCL prints the same text at INFO for a net device it skips; INFO makes no finding."""
+    info = "c6ad99331184:117298:117385 [0] NCCL INFO Could not find real path of /sys/class/net/eth0/device"
+    warn = "lambda-ws:20417:20533 [0] misc/socket.cc:441 NCCL WARN Could not find real path of /sys/class/net/usb0/device"
+    assert findings(info) == []
+    assert [f.rule_id for f in findings(warn)] == ["nccl.topo_sysfs_path_missing"]
