@@ -25,6 +25,14 @@ What is a block:
         torchelastic's ChildFailedError summary are not handled here.
     C++ stack dump (c10): a line holding ``Exception raised from `` or ending with ``(most recent
         call first):``, then ``frame #N: ...`` lines; the block ends at the last ``frame #`` line.
+    IPython traceback (Jupyter, a notebook cell that launched or ran the job): IPython's own format
+        (ipython/ipython IPython/core/ultratb.py, VerboseTB/ListTB: a header of the exception's
+        class, padded, then ``Traceback (most recent call last)`` without CPython's colon; frames
+        as ``Cell In[27], line 1`` / ``File /path.py:866, in f(...)`` / ``----> 866 raise ...``
+        context lines, not indented; the same class name starts the final ``Class: message``
+        line). The block ends at the first line that starts with the header's class;
+        :func:`as_cpython` rewrites it into CPython's shape (header, indented frames, exception
+        line), so everything that reads tracebacks reads it as one.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from __future__ import annotations
 import re
 from collections.abc import Generator, Sequence
 
-__all__ = ["BLOCK_START_REGEXES", "FRAME", "PY_START", "BlockEnd", "block_end", "is_block_start", "is_python_start"]
+__all__ = ["BLOCK_START_REGEXES", "FRAME", "PY_START", "BlockEnd", "as_cpython", "block_end", "ipython_class",
+           "is_block_start", "is_python_start"]
 
 PY_START = "Traceback (most recent call last):"
 #: One frame line of a Python traceback: (file, line number, function)
@@ -46,8 +55,13 @@ _CHAIN_MESSAGES = frozenset(
     }
 )
 
+#: IPython's traceback header: the exception's class, padding, ``Traceback (most recent call last)``
+#: (no colon; ultratb.py), alone on its line
+_IPY_START = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Z]\w*)\s+Traceback \(most recent call last\)\s*$")
+
 BLOCK_START_REGEXES: tuple[str, ...] = (
     r"Traceback \(most recent call last\):",
+    r"\w\s+Traceback \(most recent call last\)[ \t\r]*$",
     r"Exception raised from ",
     r"\(most recent call first\):[ \t\r]*$",
 )
@@ -59,8 +73,36 @@ hit is a candidate only: confirm it with ``is_block_start`` on the cleaned line.
 
 
 def is_block_start(line: str) -> bool:
-    """Says whether a cleaned line starts a Python traceback or a C++ stack dump."""
-    return PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
+    """Says whether a cleaned line starts a Python traceback (CPython's or IPython's) or a C++ stack dump."""
+    return (PY_START in line or _CPP_RAISED in line or line.rstrip().endswith(_CPP_FIRST)
+            or ipython_class(line) is not None)
+
+
+def ipython_class(line: str) -> str | None:
+    """The exception class an IPython traceback header names (``RuntimeError      Traceback (most
+    recent call last)``), or None for any other line."""
+    found = _IPY_START.match(line.strip())
+    return found.group(1) if found else None
+
+
+def _ipython_final(line: str, cls: str) -> bool:
+    """Says whether ``line`` is the final ``Class: message`` (or bare ``Class``) line of an IPython
+    traceback whose header named ``cls``."""
+    return line.rstrip() == cls or line.startswith(cls + ":")
+
+
+def as_cpython(texts: list[str]) -> list[str]:
+    """An IPython traceback block in CPython's shape: ``Traceback (most recent call last):``, its
+    frame lines indented by two spaces, its final exception line as it is. Any other block is
+    returned unchanged (the same list).
+
+    Args:
+        texts: a block's cleaned lines, as :func:`block_end` delimits them.
+    """
+    cls = ipython_class(texts[0]) if texts else None
+    if cls is None or not _ipython_final(texts[-1], cls):
+        return texts
+    return [PY_START] + ["  " + t for t in texts[1:-1]] + [texts[-1]]
 
 
 def is_python_start(line: str) -> bool:
@@ -154,11 +196,28 @@ def _cpp_scan(lines: Sequence[str], start: int) -> Generator[None, None, int]:
         yield
 
 
+def _ipython_scan(lines: Sequence[str], start: int, cls: str) -> Generator[None, None, int]:
+    """Scans an IPython traceback from ``lines[start]`` (its header naming ``cls``); returns the
+    index of its final exception line. Yields where the lines run out before it."""
+    i = start + 1
+    while True:
+        while i < len(lines) and not _ipython_final(lines[i], cls):
+            if is_block_start(lines[i]):
+                return i - 1            # another traceback starts: this one was cut off
+            i += 1
+        if i < len(lines):
+            return i
+        yield
+
+
 def _scan(lines: Sequence[str], start: int) -> Generator[None, None, int]:
     """The scan of the block that starts at ``lines[start]`` (a line of its own if none starts there)."""
     line = lines[start]
     if PY_START in line:
         return (yield from _python_scan(lines, start))
+    cls = ipython_class(line)
+    if cls is not None:
+        return (yield from _ipython_scan(lines, start, cls))
     if is_block_start(line):
         return (yield from _cpp_scan(lines, start))
     return start

@@ -109,13 +109,13 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
         texts.append(text)
         end = ends.end()
         if end is not None:
-            return line_starts[: end + 1], texts[: end + 1], first_rank
+            return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), first_rank
         if len(texts) >= MAX_BLOCK_LINES:
             truncated = True
             break
     end = ends.end()
     if end is not None:
-        return line_starts[: end + 1], texts[: end + 1], first_rank
+        return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), first_rank
     if final or truncated or len(data) - start > MAX_CARRY_BYTES:
         return line_starts, texts, first_rank
     return None

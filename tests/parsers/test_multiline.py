@@ -274,3 +274,39 @@ def test_block_end_line_by_line_reads_each_line_once(monkeypatch):
         dump.append("plain")
         assert ends.end() == n
         assert frames[0] <= n + 2
+
+
+# IPython's own traceback (ipython/ipython IPython/core/ultratb.py), as a notebook cell prints it
+IPYTHON = """\
+RuntimeError                              Traceback (most recent call last)
+Cell In[27], line 1
+----> 1 model = job.run(
+      2     replica_count=1,
+      3 )
+
+File /opt/conda/lib/python3.9/site-packages/google/cloud/aiplatform/training_jobs.py:866, in _TrainingJob._raise_failure(self)
+    865 if self._gca_resource.error.code != code_pb2.OK:
+--> 866     raise RuntimeError("Training failed with:\\n%s" % self._gca_resource.error)
+
+RuntimeError: Training failed with:
+code: 8""".splitlines()
+
+
+def test_an_ipython_traceback_ends_at_the_line_of_the_class_its_header_names():
+    assert multiline.ipython_class(IPYTHON[0]) == "RuntimeError"
+    assert is_block_start(IPYTHON[0])
+    assert block_end(IPYTHON, 0) == len(IPYTHON) - 2     # the message's further lines are not joined
+    assert block_end(IPYTHON[:5], 0) is None              # the frames so far: wait for more
+
+
+def test_an_ipython_traceback_is_read_in_cpythons_shape():
+    block = IPYTHON[: block_end(IPYTHON, 0) + 1]
+    shaped = multiline.as_cpython(block)
+    assert shaped[0] == multiline.PY_START
+    assert all(line[:1] == " " for line in shaped[1:-1])
+    assert shaped[-1] == "RuntimeError: Training failed with:"
+    assert multiline.as_cpython(KEYERROR) is KEYERROR
+
+
+def test_a_sentence_that_quotes_the_header_starts_no_block():
+    assert multiline.ipython_class("the header reads Traceback (most recent call last) and then frames") is None

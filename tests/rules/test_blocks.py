@@ -62,3 +62,10 @@ def test_a_long_tracebacks_cost_grows_linearly(monkeypatch):
         cost[n] = calls[0]
     assert cost[50] <= 50 + 2
     assert cost[MAX_BLOCK_LINES - 2] <= MAX_BLOCK_LINES     # was ~n^2/2: 79,000 for 398 frames
+
+
+def test_an_ipython_traceback_is_collected_and_handed_on_in_cpythons_shape():
+    from tests.parsers.test_multiline import IPYTHON
+    data = ("\n".join(IPYTHON) + "\n").encode()
+    _, texts, _ = collect_block(data, 0, final=True)
+    assert texts[0] == multiline.PY_START and texts[-1] == "RuntimeError: Training failed with:"
