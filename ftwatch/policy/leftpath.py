@@ -163,9 +163,14 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
     Returns:
         A Finding on the first wait's origin and (time, seq) when every notice is a wait (a job hang
         or a collective timeout), its fallout, or an exit that says nothing of its own
-        (``ftwatch.policy.busy.died_on_its_own`` false), and one of them is a wait; else None.
+        (``ftwatch.policy.busy.died_on_its_own`` false), and one of them is a wait; else None. Only the
+        notices up to the first job hang are read (:func:`until_job_hang`: what came after the silence
+        is how the silent job was ended).
     """
-    if finished is None or not notices or any(died_on_its_own(f) for f in notices):
+    if finished is None or not notices:
+        return None
+    notices = until_job_hang(notices)
+    if any(died_on_its_own(f) for f in notices):
         return None
     waited = [f for f in notices if f.kind == "hang" or f.rule_id in TIMEOUT_RULES]
     if not waited or any(f.kind not in ("hang", "exit_code") and f.rule_id not in TIMEOUT_RULES
@@ -180,6 +185,20 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
     return Finding("collective.wait_after_finish", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
                    Severity.ERROR, first.origin, line, first.time, first.seq, (finished.line, first.line),
                    {"finished": finished.rule_id, "wait": first.rule_id}, FINISH_SOURCE)
+
+
+def until_job_hang(errors: Sequence[Finding]) -> list[Finding]:
+    """``errors`` up to and including the first job hang (kind ``hang``), by (time, seq); all of them
+    when there is none.
+
+    What a job prints after it went silent for the hang interval is how the silent job was ended
+    (a person's Ctrl-C, the scheduler's ``CANCELLED`` at its time limit, a launcher's SIGTERM): it
+    came after the silence and says nothing of it, as :func:`line_before_hang` reads no error after
+    the hang either.
+    """
+    order = sorted(errors, key=lambda f: (f.time, f.seq))
+    first = next((i for i, f in enumerate(order) if f.kind == "hang"), None)
+    return order if first is None else order[:first + 1]
 
 
 #: The left-path lines a job hang right after is read by (:func:`left_before_hang`).

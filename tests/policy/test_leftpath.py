@@ -149,6 +149,32 @@ def job_hang(t: float, silent: float = 1800.0) -> Finding:
                    fields={"silent_for": silent, "instances": 1})
 
 
+SWIFT_DONE = "[INFO:swift] End time of running main: 2026-11-21 00:00:00.000000"
+CANCELLED = "slurmstepd: error: *** JOB 5512093 ON gpu-c07 CANCELLED AT 2026-11-21T02:23:00 ***"
+
+
+def test_a_job_hang_after_swifts_main_returned_is_the_programs_end():
+    """ms-swift logs "End time of running main" only when its pipeline's run() returned (a finish)."""
+    found = logged(None, 0.0, SWIFT_DONE)
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.wait_after_finish", rc
+    assert rc.fields["finished"] == "lifecycle.finished.swift_main"
+
+
+def test_the_cancel_that_ended_a_job_silent_after_its_finish_is_not_read():
+    """The scheduler's cancel hours after the job went silent is how it was ended, not why it hung."""
+    found = logged(None, 0.0, SWIFT_DONE) + logged(None, 8580.0, CANCELLED)
+    assert [f.rule_id for f in found if f.severity >= Severity.ERROR], "the cancel must be an error for this test"
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.wait_after_finish", rc
+
+
+def test_a_cancel_after_the_finish_with_no_job_hang_stays_a_notice():
+    found = logged(None, 0.0, SWIFT_DONE) + logged(None, 600.0, CANCELLED.replace("02:23:00", "00:10:00"))
+    an = analyse(found, world=1)
+    assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
+
+
 def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
     found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
     rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
