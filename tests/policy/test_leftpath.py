@@ -175,6 +175,21 @@ def test_a_cancel_after_the_finish_with_no_job_hang_stays_a_notice():
     assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
 
 
+def test_a_ctrl_c_beside_the_hang_after_the_finish_is_no_death_of_its_own():
+    """mpirun's report of a rank ended by SIGINT (a person's Ctrl-C, forwarded) says nothing of its own."""
+    found = logged(None, 0.0, FIT_DONE)
+    found += logged(None, 60.0, "mpirun noticed that process rank 0 with PID 0 on node hls2 exited on signal 2 (Interrupt).")
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.wait_after_finish", rc
+
+
+def test_a_rank_killed_beside_the_hang_after_the_finish_stays_a_notice():
+    found = logged(None, 0.0, FIT_DONE)
+    found += logged(None, 60.0, "mpirun noticed that process rank 0 with PID 0 on node hls2 exited on signal 9 (Killed).")
+    an = analyse(found + [job_hang(1800.0)], world=1)
+    assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
+
+
 def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
     found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
     rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
