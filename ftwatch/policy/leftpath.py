@@ -71,7 +71,10 @@ its own communicator ("Your program may be hanging, this may be caused by a coll
 around rank N", src/init.cc ncclCommGetAsyncError, raised when "the peer advanced opcount so many
 times yet we are still waiting for credit of current op, so it is _most likely_ a mismatch",
 src/collectives/device/primitives.h checkMismatch): a job hang right after it is the ranks waiting
-in collectives they did not all issue (``nccl.collective_mismatch_suspected``).
+in collectives they did not all issue (``nccl.collective_mismatch_suspected``). A job that a person
+or its launcher stopped (SIGTERM, SIGINT) before the hang interval ran out, right after Horovod's
+warning came twice or more in a row (the stall outlived a whole check period and held up to the
+stop), is the same deadlock: :func:`stalled_until_stopped`.
 """
 
 from __future__ import annotations
@@ -230,6 +233,54 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                    stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
                    {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)
+
+
+#: Horovod's coordinator's stall warning (``rules/packs/lifecycle.yaml``).
+HOROVOD_STALL = "lifecycle.stall.horovod"
+#: How many stall warnings in a row must come last before the stop: Horovod's stall inspector warns
+#: at every check (HOROVOD_STALL_CHECK_TIME_SECONDS, 60 s by default) while a tensor still waits, so
+#: two in a row are one stall that outlived a whole check period.
+STALL_REPEATS = 2
+STALL_SOURCE = ("horovod/horovod horovod/common/stall_inspector.cc CheckForStalledTensors (the warning is re-issued "
+                "at every check while the same tensors wait for the missing ranks: \"This may indicate that different "
+                "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
+                "which will cause deadlock\"; with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS Horovod itself shuts such a "
+                "job down)")
+
+
+def stalled_until_stopped(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
+    """``collective.left_path`` for a job stopped from outside while Horovod reported its ranks stalled.
+
+    The same deadlock :func:`left_before_hang` reads at a job hang right after Horovod's stall
+    warning, when a person or the launcher stopped the job before the hang interval ran out: every
+    real error is an exit that says nothing of its own (a SIGTERM or SIGINT stop:
+    ``busy.died_on_its_own`` false), and the last :data:`STALL_REPEATS` findings before the first
+    of them are Horovod's stall warning, with nothing between (the stall held through a whole
+    check period and up to the stop; a slow rank that catches up stops the warnings).
+
+    Args:
+        order: the incident's findings by (time, seq).
+        real: its real errors.
+
+    Returns:
+        A Finding on the last warning's origin, at the first stop's (time, seq), or None.
+    """
+    if not real or any(f.kind != "exit_code" or died_on_its_own(f) or f.fields.get("signal") not in (2, 15)
+                       for f in real):
+        return None
+    stop = min(real, key=lambda f: (f.time, f.seq))
+    before = [f for f in order if (f.time, f.seq) < (stop.time, stop.seq) and f.kind not in ("hang", "exit_hang")]
+    last = before[-STALL_REPEATS:]
+    if len(last) < STALL_REPEATS or any(f.rule_id != HOROVOD_STALL for f in last):
+        return None
+    warn = last[-1]
+    line = (f"the job was stopped ({stop.rule_id}: {stop.line.strip()[:120]}) while Horovod's coordinator kept "
+            f"reporting tensors that some ranks submitted and the others did not ({len(last)} or more warnings in a "
+            "row, the last right before the stop): the ranks were on different paths of the program, a deadlock "
+            "that a restart repeats")
+    return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   warn.origin, line, stop.time, stop.seq, (warn.line, stop.line),
+                   {"left": None, "phase": HOROVOD_STALL, "stop": stop.rule_id}, STALL_SOURCE)
 
 
 def line_before_hang(order: Sequence[Finding], real: Sequence[Finding], rules: AbstractSet[str],

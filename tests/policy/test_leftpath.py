@@ -190,6 +190,35 @@ def test_a_rank_killed_beside_the_hang_after_the_finish_stays_a_notice():
     assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
 
 
+STALL = ("[1,0]<stderr>:WARNING: One or more tensors were submitted to be reduced, gathered or broadcasted by subset "
+         "of ranks and are waiting for remainder of ranks for more than 60 seconds. This may indicate that different "
+         "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, which will "
+         "cause deadlock.")
+
+
+def mpirun_stop(t: float, signal: str = "15 (Terminated)") -> list[Finding]:
+    return logged(None, t, f"mpirun noticed that process rank 0 with PID 48812 on node gpu-3 exited on signal {signal}.")
+
+
+def test_a_job_stopped_while_horovod_kept_reporting_a_stall_is_the_ranks_diverging():
+    found = logged(0, 60.0, STALL) + logged(0, 120.0, STALL) + logged(0, 180.0, STALL) + mpirun_stop(200.0)
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["phase"] == "lifecycle.stall.horovod"
+
+
+def test_one_stall_warning_before_a_stop_keeps_the_stops_reading():
+    """A single warning is a rank that was slow for one check (horovod#403: it can be ignored)."""
+    rc = analyse(logged(0, 60.0, STALL) + mpirun_stop(200.0), world=4).root_cause
+    assert rc is not None and rc.rule_id == "mpi.process_exited_on_signal", rc
+
+
+def test_a_rank_killed_while_horovod_reported_a_stall_died_of_its_own():
+    found = logged(0, 60.0, STALL) + logged(0, 120.0, STALL) + mpirun_stop(200.0, "9 (Killed)")
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "mpi.process_exited_on_signal", rc
+
+
 def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
     found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
     rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
