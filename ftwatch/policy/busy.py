@@ -175,11 +175,13 @@ def _timeout_s(f: Finding) -> float | None:
 
 def died_on_its_own(f: Finding) -> bool:
     """An exit that says something of its own: not a generic code, not the SIGABRT the watchdog ends
-    a timed-out rank with, not the SIGTERM a launcher stops the others with (a SIGKILL, a SIGSEGV,
-    a listed code: that rank died, which no waiting explains)."""
+    a timed-out rank with, not the SIGTERM a launcher stops the others with, not the SIGINT of a
+    person's Ctrl-C (POSIX termios: the INTR character sends SIGINT to the terminal's foreground
+    process group; mpirun and torchrun forward it to their ranks) (a SIGKILL, a SIGSEGV, a listed
+    code: that rank died, which no waiting explains)."""
     if f.kind != "exit_code" or f.fields.get("generic"):
         return False
-    return f.fields.get("signal") not in (6, 15) and f.fields.get("exitcode") not in (134, 143)
+    return f.fields.get("signal") not in (2, 6, 15) and f.fields.get("exitcode") not in (130, 134, 143)
 
 
 def _own_bar(f: Finding) -> bool:

@@ -71,7 +71,10 @@ its own communicator ("Your program may be hanging, this may be caused by a coll
 around rank N", src/init.cc ncclCommGetAsyncError, raised when "the peer advanced opcount so many
 times yet we are still waiting for credit of current op, so it is _most likely_ a mismatch",
 src/collectives/device/primitives.h checkMismatch): a job hang right after it is the ranks waiting
-in collectives they did not all issue (``nccl.collective_mismatch_suspected``).
+in collectives they did not all issue (``nccl.collective_mismatch_suspected``). A job that a person
+or its launcher stopped (SIGTERM, SIGINT) before the hang interval ran out, right after Horovod's
+warning came twice or more in a row (the stall outlived a whole check period and held up to the
+stop), is the same deadlock: :func:`stalled_until_stopped`.
 """
 
 from __future__ import annotations
@@ -163,9 +166,14 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
     Returns:
         A Finding on the first wait's origin and (time, seq) when every notice is a wait (a job hang
         or a collective timeout), its fallout, or an exit that says nothing of its own
-        (``ftwatch.policy.busy.died_on_its_own`` false), and one of them is a wait; else None.
+        (``ftwatch.policy.busy.died_on_its_own`` false), and one of them is a wait; else None. Only the
+        notices up to the first job hang are read (:func:`until_job_hang`: what came after the silence
+        is how the silent job was ended).
     """
-    if finished is None or not notices or any(died_on_its_own(f) for f in notices):
+    if finished is None or not notices:
+        return None
+    notices = until_job_hang(notices)
+    if any(died_on_its_own(f) for f in notices):
         return None
     waited = [f for f in notices if f.kind == "hang" or f.rule_id in TIMEOUT_RULES]
     if not waited or any(f.kind not in ("hang", "exit_code") and f.rule_id not in TIMEOUT_RULES
@@ -180,6 +188,20 @@ def waited_after_finish(notices: Sequence[Finding], finished: Finding | None) ->
     return Finding("collective.wait_after_finish", "collective", FailureClass.USER_CODE, Action.FAIL_JOB,
                    Severity.ERROR, first.origin, line, first.time, first.seq, (finished.line, first.line),
                    {"finished": finished.rule_id, "wait": first.rule_id}, FINISH_SOURCE)
+
+
+def until_job_hang(errors: Sequence[Finding]) -> list[Finding]:
+    """``errors`` up to and including the first job hang (kind ``hang``), by (time, seq); all of them
+    when there is none.
+
+    What a job prints after it went silent for the hang interval is how the silent job was ended
+    (a person's Ctrl-C, the scheduler's ``CANCELLED`` at its time limit, a launcher's SIGTERM): it
+    came after the silence and says nothing of it, as :func:`line_before_hang` reads no error after
+    the hang either.
+    """
+    order = sorted(errors, key=lambda f: (f.time, f.seq))
+    first = next((i for i, f in enumerate(order) if f.kind == "hang"), None)
+    return order if first is None else order[:first + 1]
 
 
 #: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
@@ -211,6 +233,54 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
                    stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
                    {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)
+
+
+#: Horovod's coordinator's stall warning (``rules/packs/lifecycle.yaml``).
+HOROVOD_STALL = "lifecycle.stall.horovod"
+#: How many stall warnings in a row must come last before the stop: Horovod's stall inspector warns
+#: at every check (HOROVOD_STALL_CHECK_TIME_SECONDS, 60 s by default) while a tensor still waits, so
+#: two in a row are one stall that outlived a whole check period.
+STALL_REPEATS = 2
+STALL_SOURCE = ("horovod/horovod horovod/common/stall_inspector.cc CheckForStalledTensors (the warning is re-issued "
+                "at every check while the same tensors wait for the missing ranks: \"This may indicate that different "
+                "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
+                "which will cause deadlock\"; with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS Horovod itself shuts such a "
+                "job down)")
+
+
+def stalled_until_stopped(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
+    """``collective.left_path`` for a job stopped from outside while Horovod reported its ranks stalled.
+
+    The same deadlock :func:`left_before_hang` reads at a job hang right after Horovod's stall
+    warning, when a person or the launcher stopped the job before the hang interval ran out: every
+    real error is an exit that says nothing of its own (a SIGTERM or SIGINT stop:
+    ``busy.died_on_its_own`` false), and the last :data:`STALL_REPEATS` findings before the first
+    of them are Horovod's stall warning, with nothing between (the stall held through a whole
+    check period and up to the stop; a slow rank that catches up stops the warnings).
+
+    Args:
+        order: the incident's findings by (time, seq).
+        real: its real errors.
+
+    Returns:
+        A Finding on the last warning's origin, at the first stop's (time, seq), or None.
+    """
+    if not real or any(f.kind != "exit_code" or died_on_its_own(f) or f.fields.get("signal") not in (2, 15)
+                       for f in real):
+        return None
+    stop = min(real, key=lambda f: (f.time, f.seq))
+    before = [f for f in order if (f.time, f.seq) < (stop.time, stop.seq) and f.kind not in ("hang", "exit_hang")]
+    last = before[-STALL_REPEATS:]
+    if len(last) < STALL_REPEATS or any(f.rule_id != HOROVOD_STALL for f in last):
+        return None
+    warn = last[-1]
+    line = (f"the job was stopped ({stop.rule_id}: {stop.line.strip()[:120]}) while Horovod's coordinator kept "
+            f"reporting tensors that some ranks submitted and the others did not ({len(last)} or more warnings in a "
+            "row, the last right before the stop): the ranks were on different paths of the program, a deadlock "
+            "that a restart repeats")
+    return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                   warn.origin, line, stop.time, stop.seq, (warn.line, stop.line),
+                   {"left": None, "phase": HOROVOD_STALL, "stop": stop.rule_id}, STALL_SOURCE)
 
 
 def line_before_hang(order: Sequence[Finding], real: Sequence[Finding], rules: AbstractSet[str],

@@ -61,7 +61,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
    of data, or ended its epoch alone (``leftpath.left_before_hang``), or right after its framework
    named a wait only the program or its launch can end (``hang.named_wait``,
-   ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"); and a rank that wrote lines of
+   ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"), or a stop from outside
+   (SIGTERM, SIGINT) right after Horovod's stall warning repeated (``leftpath.stalled_until_stopped``); and a rank that wrote lines of
    its own work (a file write, an evaluation) well inside their wait (``busy.working_rank``). When
    the waits' own bound (the watchdog's ``Timeout(ms)``) is below the tightest collective timeout a
    framework ships, the program's setting is the cause (``collective.timeout_below_default``,
@@ -169,7 +170,7 @@ from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporti
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.heldmemory import held_elsewhere
 from ftwatch.policy.lasterror import assert_reported, message_named_by_next, named_by_last_error
-from ftwatch.policy.leftpath import left_before_hang, left_rank, waited_after_finish
+from ftwatch.policy.leftpath import left_before_hang, left_rank, stalled_until_stopped, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.linkflap import recovered_flaps
@@ -399,6 +400,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             or named_wait_rank(order, real or fallout)   # for a rank in a wait its framework named,
             or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
             or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
+            or stalled_until_stopped(order, real)   # or a stop while Horovod reported the ranks stalled
             or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait
             or (tight_bound(order, real) if real else None))    # or a job hang under a timeout set too tight
     if busy is not None:

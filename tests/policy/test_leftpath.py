@@ -149,6 +149,76 @@ def job_hang(t: float, silent: float = 1800.0) -> Finding:
                    fields={"silent_for": silent, "instances": 1})
 
 
+SWIFT_DONE = "[INFO:swift] End time of running main: 2026-11-21 00:00:00.000000"
+CANCELLED = "slurmstepd: error: *** JOB 5512093 ON gpu-c07 CANCELLED AT 2026-11-21T02:23:00 ***"
+
+
+def test_a_job_hang_after_swifts_main_returned_is_the_programs_end():
+    """ms-swift logs "End time of running main" only when its pipeline's run() returned (a finish)."""
+    found = logged(None, 0.0, SWIFT_DONE)
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.wait_after_finish", rc
+    assert rc.fields["finished"] == "lifecycle.finished.swift_main"
+
+
+def test_the_cancel_that_ended_a_job_silent_after_its_finish_is_not_read():
+    """The scheduler's cancel hours after the job went silent is how it was ended, not why it hung."""
+    found = logged(None, 0.0, SWIFT_DONE) + logged(None, 8580.0, CANCELLED)
+    assert [f.rule_id for f in found if f.severity >= Severity.ERROR], "the cancel must be an error for this test"
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.wait_after_finish", rc
+
+
+def test_a_cancel_after_the_finish_with_no_job_hang_stays_a_notice():
+    found = logged(None, 0.0, SWIFT_DONE) + logged(None, 600.0, CANCELLED.replace("02:23:00", "00:10:00"))
+    an = analyse(found, world=1)
+    assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
+
+
+def test_a_ctrl_c_beside_the_hang_after_the_finish_is_no_death_of_its_own():
+    """mpirun's report of a rank ended by SIGINT (a person's Ctrl-C, forwarded) says nothing of its own."""
+    found = logged(None, 0.0, FIT_DONE)
+    found += logged(None, 60.0, "mpirun noticed that process rank 0 with PID 0 on node hls2 exited on signal 2 (Interrupt).")
+    rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.wait_after_finish", rc
+
+
+def test_a_rank_killed_beside_the_hang_after_the_finish_stays_a_notice():
+    found = logged(None, 0.0, FIT_DONE)
+    found += logged(None, 60.0, "mpirun noticed that process rank 0 with PID 0 on node hls2 exited on signal 9 (Killed).")
+    an = analyse(found + [job_hang(1800.0)], world=1)
+    assert an.after_finish and an.root_cause is not None and an.root_cause.rule_id != "collective.wait_after_finish"
+
+
+STALL = ("[1,0]<stderr>:WARNING: One or more tensors were submitted to be reduced, gathered or broadcasted by subset "
+         "of ranks and are waiting for remainder of ranks for more than 60 seconds. This may indicate that different "
+         "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, which will "
+         "cause deadlock.")
+
+
+def mpirun_stop(t: float, signal: str = "15 (Terminated)") -> list[Finding]:
+    return logged(None, t, f"mpirun noticed that process rank 0 with PID 48812 on node gpu-3 exited on signal {signal}.")
+
+
+def test_a_job_stopped_while_horovod_kept_reporting_a_stall_is_the_ranks_diverging():
+    found = logged(0, 60.0, STALL) + logged(0, 120.0, STALL) + logged(0, 180.0, STALL) + mpirun_stop(200.0)
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.fields["phase"] == "lifecycle.stall.horovod"
+
+
+def test_one_stall_warning_before_a_stop_keeps_the_stops_reading():
+    """A single warning is a rank that was slow for one check (horovod#403: it can be ignored)."""
+    rc = analyse(logged(0, 60.0, STALL) + mpirun_stop(200.0), world=4).root_cause
+    assert rc is not None and rc.rule_id == "mpi.process_exited_on_signal", rc
+
+
+def test_a_rank_killed_while_horovod_reported_a_stall_died_of_its_own():
+    found = logged(0, 60.0, STALL) + logged(0, 120.0, STALL) + mpirun_stop(200.0, "9 (Killed)")
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "mpi.process_exited_on_signal", rc
+
+
 def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
     found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
     rc = analyse(found + [job_hang(1800.0)], world=1).root_cause
