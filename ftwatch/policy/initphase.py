@@ -58,7 +58,7 @@ from typing import Iterable
 from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
-from ftwatch.policy import onehost, progress, rdzvconfig
+from ftwatch.policy import onehost, progress, rdzvconfig, rdzvendpoint
 from ftwatch.policy.lasterror import last_error_text
 from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
 from ftwatch.policy.rdzvconfig import loopback_rendezvous, own_store_unreachable, split_rendezvous
@@ -324,12 +324,16 @@ def _loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> InitGrade |
     """user_code, fail_job when ``f`` is a job hang or a store connect that timed out
     (:data:`STORE_CONNECT_TIMEOUTS`) and a node of rank 1 or more was told to rendezvous at a loopback
     address, or the ranks at different ports, or node rank 0 timed out on its own static store's address
-    (``ftwatch.policy.rdzvconfig``); None otherwise."""
+    (``ftwatch.policy.rdzvconfig``), or every node timed out on the c10d endpoint one of them should serve
+    (``ftwatch.policy.rdzvendpoint``); None otherwise."""
     if f.kind != "hang" and f.rule_id not in STORE_CONNECT_TIMEOUTS:
         return None
     why = loopback_rendezvous(f, evidence) or split_rendezvous(f, evidence)
     if why is None and (target := _STORE_TARGET.search(f.line)) is not None:
         why = own_store_unreachable(f, target.group(1), evidence)
+    if why is None and (why := rdzvendpoint.every_node_unreachable(f, evidence)) is not None:
+        return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvendpoint.SOURCE,
+                         why)
     if why is None:
         return None
     return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvconfig.SOURCE, why)
