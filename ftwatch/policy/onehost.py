@@ -21,7 +21,7 @@ The reading (:func:`one_host`), a job is on one host when, before the failure:
   or ``replicate.py``, which broadcast the module to the GPUs through NCCL inside one process): one
   process drives every GPU of its machine (PyTorch docs, torch.nn.DataParallel); or
 * the job's rendezvous address, as a launch line states it (``rendezvous.config_line``:
-  ``MASTER_ADDR``, ``--master_addr``; ``launch.init_method_tcp``: ``init_method`` / ``dist_url``
+  ``MASTER_ADDR``, ``--master_addr``; ``rendezvous.init_method_tcp``: ``init_method`` / ``dist_url``
   ``tcp://host:port``), is a loopback address (RFC 1122 3.2.1.3: 127/8 "MUST NOT appear outside a
   host"; torchrun: "For single node multi-proc training the --master-addr can simply be 127.0.0.1"),
   and nothing says there is more than one node: no node rank of 1 or more, no node count above 1
@@ -42,8 +42,8 @@ from ftwatch.policy.loopback import is_loopback, job_hosts
 
 #: NCCL's generic code for a failed call of its own, as torch raises it and as its detail names it
 SYSTEM_ERRORS = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error"})
-#: the launch lines read (rules/packs/lifecycle.yaml, rules/packs/launch_scope.yaml)
-CONFIG_RULES = frozenset({"rendezvous.config_line", "launch.init_method_tcp"})
+#: the launch lines read (both in rules/packs/lifecycle.yaml)
+CONFIG_RULES = frozenset({"rendezvous.config_line", "rendezvous.init_method_tcp"})
 #: a frame of nn.DataParallel: torch/nn/parallel/data_parallel.py or replicate.py (not distributed.py: DDP)
 _DATA_PARALLEL = re.compile(r"torch[/\\]nn[/\\]parallel[/\\](?:data_parallel|replicate)\.py$")
 #: a rendezvous address as a launch line states it: group 1 the host
