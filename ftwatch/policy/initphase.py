@@ -42,6 +42,8 @@ error`` / ``unhandled cuda error``; a connect to the rendezvous store or coordin
 failed on its own host as well) is the set-up they share (user_code, fail_job), not one component.
 So is a failed connect to a loopback address in a job whose findings name two hosts or more
 (:func:`_loopback`, ``ftwatch.policy.loopback``: RFC 1122 and RFC 4291, loopback never leaves its host).
+So is NCCL's ``unhandled system error`` in a job whose processes all run on one host (:func:`_one_host`,
+``ftwatch.policy.onehost``: no network between hosts is on its path, only the host's shared memory).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from typing import Iterable
 from ftwatch.bounded import BoundedDict
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding
-from ftwatch.policy import progress, rdzvconfig
+from ftwatch.policy import onehost, progress, rdzvconfig, rdzvendpoint
 from ftwatch.policy.lasterror import last_error_text
 from ftwatch.policy.loopback import NCCL_HOST, loopback_across_hosts
 from ftwatch.policy.rdzvconfig import loopback_rendezvous, own_store_unreachable, split_rendezvous
@@ -130,7 +132,8 @@ def at_init(f: Finding, progress_at: float, evidence: Iterable[Finding] = ()) ->
         return None
     rows = table()
     found = (_row(rows, f) or _own_address(f, evidence) or _shared(f, evidence) or _shared_interface(f, evidence)
-             or _host_local_store(f) or _loopback(f, evidence) or _loopback_rendezvous(f, evidence))
+             or _host_local_store(f) or _loopback(f, evidence) or _loopback_rendezvous(f, evidence)
+             or _one_host(f, evidence))
     if found is not None:
         return found
     seen = sorted(evidence, key=lambda g: (g.time, g.seq))
@@ -195,6 +198,15 @@ def _shared(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
         return None
     return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, found.source,
                      found.meaning)
+
+
+def _one_host(f: Finding, evidence: Iterable[Finding]) -> InitGrade | None:
+    """user_code, fail_job when ``f`` is NCCL's failed system call in a job whose processes all run on
+    one host (:func:`ftwatch.policy.onehost.one_host`); None otherwise."""
+    why = onehost.one_host(f, evidence)
+    if why is None:
+        return None
+    return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, onehost.SOURCE, why)
 
 
 #: the first interface of a ``NET/Socket : Using`` line, the one NCCL's sockets use first, or the one of
@@ -312,12 +324,16 @@ def _loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> InitGrade |
     """user_code, fail_job when ``f`` is a job hang or a store connect that timed out
     (:data:`STORE_CONNECT_TIMEOUTS`) and a node of rank 1 or more was told to rendezvous at a loopback
     address, or the ranks at different ports, or node rank 0 timed out on its own static store's address
-    (``ftwatch.policy.rdzvconfig``); None otherwise."""
+    (``ftwatch.policy.rdzvconfig``), or every node timed out on the c10d endpoint one of them should serve
+    (``ftwatch.policy.rdzvendpoint``); None otherwise."""
     if f.kind != "hang" and f.rule_id not in STORE_CONNECT_TIMEOUTS:
         return None
     why = loopback_rendezvous(f, evidence) or split_rendezvous(f, evidence)
     if why is None and (target := _STORE_TARGET.search(f.line)) is not None:
         why = own_store_unreachable(f, target.group(1), evidence)
+    if why is None and (why := rdzvendpoint.every_node_unreachable(f, evidence)) is not None:
+        return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvendpoint.SOURCE,
+                         why)
     if why is None:
         return None
     return InitGrade(f.rule_id, None, frozenset(), FailureClass.USER_CODE, Action.FAIL_JOB, rdzvconfig.SOURCE, why)

@@ -77,7 +77,8 @@ DEFER_BEFORE = True
 #: progress counters beside the step patterns (see the module docstring for where each is printed)
 EXTRA_PATTERNS: dict[str, str] = {
     "epoch": r"\b[Ee]poch(?:\(train\))?['\"]?\s*[:=]?\s*[(\[]?\s*\d+",
-    "iteration": r"\b(?:[Ii]ter(?:ation)?s?)(?:\(train\))?\s*[:=]?\s*\[?\s*\d+",
+    # (?<!-): a command-line flag (``--train-iters 100000`` in a launcher's echoed command) is a setting, no progress
+    "iteration": r"(?<!-)\b(?:[Ii]ter(?:ation)?s?)(?:\(train\))?\s*[:=]?\s*\[?\s*\d+",
     "loss": r"\b[Ll]oss['\"]?\s*[:=]?\s*[-+]?\d*\.\d",
 }
 _ALL = {**{f"step_{k}": scan_form(p) for k, p in STEP_PATTERNS.items()}, **EXTRA_PATTERNS}

@@ -246,6 +246,18 @@ def test_a_queue_pair_that_finds_no_gid_before_any_progress_is_the_gid_index_set
     assert at_init(timed_out[-1], NONE_YET, timed_out) is None
 
 
+def test_a_queue_pair_whose_attributes_the_verbs_layer_refuses_before_progress_is_the_setting(tmp_path):
+    """EINVAL from ibv_modify_qp: the attributes NCCL built are invalid for the port (kernel verbs.c
+    ib_modify_qp_is_ok; NVIDIA/nccl#302, IB and RoCE ports mixed); after progress it keeps its grade."""
+    einval = GID_ENODEV.replace("No such device", "Invalid argument")
+    found = logged(einval, RAISED)
+    grade = at_init(found[-1], NONE_YET, found)
+    assert grade is not None and grade.failure_class is FailureClass.USER_CODE and "#302" in grade.source
+    assert decided(found, NONE_YET, tmp_path).action is Action.FAIL_JOB
+    later = logged(einval, RAISED, t=T0 + 50)
+    assert at_init(later[-1], T0, later) is None
+
+
 def test_a_build_without_the_gpus_architecture_explains_nccls_unhandled_cuda_error_at_start():
     warned = ("UserWarning: NVIDIA A100-SXM4-40GB with CUDA capability sm_80 is not compatible with the current "
               "PyTorch installation.")
