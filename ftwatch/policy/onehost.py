@@ -39,6 +39,7 @@ from typing import Iterable
 from ftwatch.events import Finding
 from ftwatch.parsers.multiline import FRAME
 from ftwatch.policy.loopback import is_loopback, job_hosts
+from ftwatch.policy.rdzvconfig import NODE_RANK
 
 #: NCCL's generic code for a failed call of its own, as torch raises it and as its detail names it
 SYSTEM_ERRORS = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error"})
@@ -49,8 +50,7 @@ _DATA_PARALLEL = re.compile(r"torch[/\\]nn[/\\]parallel[/\\](?:data_parallel|rep
 #: a rendezvous address as a launch line states it: group 1 the host
 _ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr|\binit_method|\bdist_url)['\"]?"
                       r"(?:\s*[=:]\s*|\s+)['\"]?(?:tcp://)?\[?([\w.:-]+?)\]?(?::\d+)?['\",]?(?=[\s,]|$)")
-#: a node rank or a node count that says the job spans nodes
-_NODE_RANK = re.compile(r"(?:\bNODE_RANK|\bnode_rank|--node[_-]rank)(?:\s*[=:]\s*|\s+)(\d+)\b")
+#: a node count that says the job spans nodes (a node rank >= 1 says it too: rdzvconfig.NODE_RANK)
 _NODE_COUNT = re.compile(r"(?:\bNNODES|\bnnodes|--nnodes|\bnum_nodes|--num[_-]nodes)(?:\s*[=:]\s*|\s+)(\d+)")
 
 SOURCE = ("NCCL user guide, Troubleshooting > Runtime and MPI issues (Errors: ncclSystemError, 'a call to an "
@@ -87,7 +87,7 @@ def one_host(f: Finding, evidence: Iterable[Finding]) -> str | None:
     for g in seen:
         if g.rule_id not in CONFIG_RULES:
             continue
-        if any(int(m.group(1)) >= 1 for m in _NODE_RANK.finditer(g.line)) or any(
+        if any(int(m.group(1)) >= 1 for m in NODE_RANK.finditer(g.line)) or any(
                 int(m.group(1)) >= 2 for m in _NODE_COUNT.finditer(g.line)):
             return None
         for m in _ADDRESS.finditer(g.line):

@@ -64,7 +64,7 @@ _MASTER_ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr)(
 #: A launch that names a dynamic rendezvous (its store is hosted by the endpoint's agent, not node rank 0).
 _DYNAMIC = re.compile(r"\brdzv[_-](?:endpoint|backend)\b")
 #: A node rank as the launch states it (``NODE_RANK=1``, ``node_rank=1``, ``--node-rank 1``).
-_NODE_RANK = re.compile(r"(?:\bNODE_RANK|\bnode_rank|--node[_-]rank)(?:\s*[=:]\s*|\s+)(\d+)\b")
+NODE_RANK = re.compile(r"(?:\bNODE_RANK|\bnode_rank|--node[_-]rank)(?:\s*[=:]\s*|\s+)(\d+)\b")
 SOURCE = ("PyTorch docs, torch.distributed 'Environment variable initialization' (MASTER_ADDR: address of rank 0 "
           "node); torch/distributed/run.py (--master-addr: 'Address of the master node (rank 0)', 127.0.0.1 for a "
           "single node; --rdzv-endpoint); RFC 1122 3.2.1.3 and RFC 4291 2.5.3 (loopback names the host itself)")
@@ -91,7 +91,7 @@ def loopback_rendezvous(f: Finding, evidence: Iterable[Finding]) -> str | None:
         if g.rule_id != CONFIG_RULE or (g.time, g.seq) >= (f.time, f.seq):
             continue
         who = g.origin.instance
-        for m in _NODE_RANK.finditer(g.line):
+        for m in NODE_RANK.finditer(g.line):
             ranks[who] = max(ranks.get(who, 0), int(m.group(1)))
         for m in _ADDRESS.finditer(g.line):
             if is_loopback(m.group(1)):
@@ -157,7 +157,7 @@ def own_store_unreachable(f: Finding, target: str, evidence: Iterable[Finding]) 
             continue
         if _DYNAMIC.search(g.line):
             return None
-        ranks.update(int(m.group(1)) for m in _NODE_RANK.finditer(g.line))
+        ranks.update(int(m.group(1)) for m in NODE_RANK.finditer(g.line))
         masters.update(m.group(1).removeprefix("::ffff:") for m in _MASTER_ADDRESS.finditer(g.line))
     host = target.removeprefix("::ffff:")
     if ranks != {0} or host not in masters or is_loopback(host):
