@@ -24,7 +24,7 @@ same address on both (a bridge or ``lo`` each host holds alike), or each an addr
 bridge, 172.17.0.0/16, which each host's daemon holds for its own containers alone (Docker docs, bridge
 driver); the same guide: such interfaces make NCCL "fail during the init functions or even hang";
 :func:`_shared_interface`), or a rendezvous store connect that ran out of time on such an address (a
-container's address on Docker's default bridge, a link-local one: :func:`_host_local_store`), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
+container's address on Docker's default bridge, a link-local one: :func:`_host_local_store`), or an NVLS set-up failure after NCCL said the job forced NVLS on (``NCCL_NVLS_ENABLE set by environment to 1``: NCCL's ``ncclNvlsInit`` then skips its check that the device supports multicast, which its default makes, so the failure is the setting's, not a broken device's), or a Hugging Face Hub path it cannot open (``hf://``: before any progress the path the job names, after progress the Hub failing, huggingface/datasets#7440). After progress the same line keeps its rule's grade: the path carried traffic
 before, so its loss is the network's. What the table leaves out keeps its rule's grade at init too,
 because its sources name transients as well; NCCL's own retry set (``socketConnectCheck``:
 ECONNREFUSED, ETIMEDOUT and, from 2.24, EHOSTUNREACH) is the vendor's word that they may pass: a

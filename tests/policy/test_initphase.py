@@ -269,3 +269,24 @@ def test_a_build_without_the_gpus_architecture_explains_nccls_unhandled_cuda_err
     assert grade is not None and grade.failure_class is FailureClass.USER_CODE and grade.action is Action.FAIL_JOB
     assert at_init(f, NONE_YET, logged(raised)) is None          # the code alone keeps its reading
     assert at_init(f, T0 - 1.0, found) is None                   # after progress: not the start-up's build
+
+
+NVLS_FORCED = "node-2:4410:4410 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 1."
+NVLS_AUTO = "node-2:4410:4410 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 2."
+NVLS_FAILED = ("node-2:4410:4490 [0] transport/nvls.cc:155 NCCL WARN Cuda failure 401 'the operation cannot be "
+               "performed in the present state'")
+
+
+def test_an_nvls_failure_after_the_job_forced_nvls_on_is_the_setting_before_progress(tmp_path):
+    """NCCL_NVLS_ENABLE=1 makes NCCL skip its check that the device supports multicast (nvls.cc
+    ncclNvlsInit; the default 2 asks the device and leaves NVLS off where it says no): an NVLS
+    set-up failure after it is the configuration's. Left to its default, or after progress, the
+    failure keeps its hardware reading (NCCL's maintainers: the Fabric Manager / NVSwitch state)."""
+    found = logged(NVLS_FORCED, NVLS_FAILED)
+    assert [f.rule_id for f in found] == ["nccl.nvls_forced_on", "gpu.nvls_cuda_failure"]
+    d = decided(found, NONE_YET, tmp_path / "forced")
+    assert d.action is Action.FAIL_JOB and "R6" in d.policy_clause, d.policy_clause
+    auto = logged(NVLS_AUTO, NVLS_FAILED)
+    assert [f.rule_id for f in auto] == ["gpu.nvls_cuda_failure"]
+    assert decided(auto, NONE_YET, tmp_path / "auto").action is Action.ISOLATE_NODE
+    assert at_init(found[-1], T0 - 1.0, found) is None              # after progress: not the start-up's setting
