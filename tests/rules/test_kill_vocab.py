@@ -253,3 +253,21 @@ def test_horovods_runner_report_of_a_sigterm_exit_is_a_retryable_exit_of_that_ra
     [f] = findings("Process 2 exit with status code 143.")
     assert f.kind == "exit_code" and f.rank == 2
     assert (f.failure_class, f.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "  traceback : Signal 7 (SIGBUS) received by PID 4121",
+    "[2024-03-26 02:13:01,120] [ERROR] [training.py:1013:_invoke_run] The worker fails with {0: ProcessFailure("
+    "local_rank=0, pid=54, exitcode=-7, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+    "message='Signal 7 (SIGBUS) received by PID 54', timestamp=1711419181)}",
+])
+def test_torchelastics_own_message_for_a_worker_a_bus_error_ended_is_that_death(line: str):
+    """torchelastic's ProcessFailure says ``Signal {-exitcode} ({name}) received by PID {pid}`` for a
+    worker a signal ended: its summary's traceback field and DLRover's repr of the failure print it."""
+    found = [f for f in findings(line) if f.rule_id == "process.fatal_signal_report"]
+    assert found and found[0].failure_class is FailureClass.USER_CODE
+
+
+def test_torchelastics_message_for_a_sigterm_is_no_fatal_signal_report():
+    assert not [f for f in findings("  traceback : Signal 15 (SIGTERM) received by PID 4121")
+                if f.rule_id == "process.fatal_signal_report"]
