@@ -168,6 +168,27 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with status code)) (\d+)\b")
+#: a runtime's own report that it ends the process, and the exit it ends it with ``(code, signal)``:
+#: libstdc++'s ``__verbose_terminate_handler`` (``libsupc++/vterminate.cc``) prints ``terminate called
+#: after throwing an instance of '<type>'`` (or ``without an active exception`` / ``recursively``) and
+#: calls abort(); glog's and abseil's ``LOG(FATAL)`` / failed ``CHECK`` line (``F<mmdd> hh:mm:ss.uuuuuu
+#: <tid> <file>:<line>] ...``, TensorFlow's ``<date> <time>: F <file>:<line>] ...``) and glog's ``***
+#: Check failure stack trace: ***`` end in abort() (google/glog ``src/logging.cc`` ``LogMessage::Fail``;
+#: abseil ``absl/log/internal/log_message.cc``): SIGABRT. Go's runtime prints ``panic: <value>`` for an
+#: unrecovered panic (``runtime/panic.go`` ``printpanics``) and ``fatal error: <text>`` for a runtime
+#: throw (``runtime/panic.go`` ``fatalthrow``: ``all goroutines are asleep - deadlock!``, ``concurrent
+#: map writes``, ...), then exits 2. Rust's std ends the process with exit code 101 when the main thread
+#: panics (``thread 'main' panicked at <file>:<line>:<col>:``; ``std::process::exit`` docs, the test
+#: harness's and ``std::rt``'s ``101``); another thread's panic ends only that thread.
+CRASH_REPORTS = (
+    (re.compile(r"terminate called (?:after throwing an instance of|without an active exception|recursively)"
+                r"|(?:^|[\]>] ?|: ?)F(?:\d{4}|\d{8}) \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
+                r"|\d\d:\d\d:\d\d\.\d+: F [^\s\]]+:\d+\] |\*\*\* Check failure stack trace: \*\*\*"), None, 6),
+    (re.compile(r"(?:^|[\]>] ?|: ?)(?:panic: |fatal error: (?:all goroutines are asleep - deadlock!|concurrent map "
+                r"(?:writes|read and map write|iteration and map write)|unexpected signal during runtime execution))"),
+     2, None),
+    (re.compile(r"\bthread 'main' panicked at "), 101, None),
+)
 #: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
 _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
 
@@ -175,11 +196,15 @@ _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\
 def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
 
-    The signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
+    A runtime's own crash report (:data:`CRASH_REPORTS`: a C++ terminate, glog's fatal line, a Go
+    panic, a Rust main-thread panic) is the exit that runtime ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
     ``process rank 3``, srun's ``task 3``, Horovod's runner ``Process 3 exit with status code``; a range of tasks names none). Any part may be None.
     """
+    for crash, crash_code, crash_sig in CRASH_REPORTS:     # the runtime's own crash report
+        if crash.search(text):
+            return crash_code, crash_sig, None
     sig = linefacts.signal_of(text)
     if sig is None:
         m = _STRSIGNAL.search(text)

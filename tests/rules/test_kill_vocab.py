@@ -271,3 +271,48 @@ def test_torchelastics_own_message_for_a_worker_a_bus_error_ended_is_that_death(
 def test_torchelastics_message_for_a_sigterm_is_no_fatal_signal_report():
     assert not [f for f in findings("  traceback : Signal 15 (SIGTERM) received by PID 4121")
                 if f.rule_id == "process.fatal_signal_report"]
+
+
+@pytest.mark.parametrize("line, rule, exitcode", [
+    ("terminate called after throwing an instance of 'std::runtime_error'", "process.cpp_terminate_report", 134),
+    ("[default1]:terminate called without an active exception", "process.cpp_terminate_report", 134),
+    ("F1224 22:32:45.210337   31904 real_program_continuator.cc:1331] Halt is unexpected",
+     "process.glog_fatal_report", 134),
+    ("2024-01-01 10:00:00.123456: F tensorflow/core/kernels/x.cc:12] Unexpected state", "process.glog_fatal_report",
+     134),
+    ("*** Check failure stack trace: ***", "process.glog_fatal_report", 134),
+    ("panic: runtime error: invalid memory address or nil pointer dereference", "process.go_panic_report", 2),
+    ("fatal error: all goroutines are asleep - deadlock!", "process.go_panic_report", 2),
+    ("thread 'main' panicked at src/bin/worker.rs:88:14:", "process.rust_main_panic_report", 101),
+])
+def test_a_runtimes_own_crash_report_is_the_exit_it_ends_the_process_with(line, rule, exitcode):
+    """libstdc++'s terminate handler and glog's LOG(FATAL) abort (134), Go's runtime exits 2 after a
+    panic or a fatal error, Rust's std exits 101 when the main thread panics."""
+    [f] = findings(line)
+    assert f.rule_id == rule and f.kind == "exit_code" and f.fields["exitcode"] == exitcode
+    assert f.failure_class is FailureClass.USER_CODE
+
+
+@pytest.mark.parametrize("line", [
+    "thread '<unnamed>' panicked at src/lib.rs:3:9:",       # another thread's panic ends only that thread
+    "E1224 22:32:45.210337   31904 real_program_continuator.cc:1331] Halt is unexpected",
+    "INFO don't panic: the job resumes from its last checkpoint",
+    "fatal error: cuda_runtime.h: No such file or directory",   # a compiler's, not Go's runtime
+])
+def test_lines_that_only_look_like_a_crash_report_are_none(line):
+    assert not [f for f in findings(line) if f.rule_id.startswith("process.") and f.rule_id.endswith("_report")]
+
+
+def test_a_crash_reports_message_decides_over_the_report_itself():
+    """The crash-report rules carry priority -1: a rule on the same line's message wins (a CUDA error
+    on a glog fatal line is that CUDA error)."""
+    [f] = findings("F0312 10:01:55.123456 12345 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  "
+                   "out of memory")
+    assert f.failure_class is FailureClass.OOM
+
+
+def test_a_log_that_ends_in_an_uncaught_cpp_exception_is_a_failed_process():
+    fs = findings("step 10 loss 2.31\nterminate called after throwing an instance of 'std::runtime_error'\n"
+                  "  what():  shard index 17 out of range\n")
+    rc = analyse(fs).root_cause
+    assert rc is not None and rc.action is Action.FAIL_JOB
