@@ -179,7 +179,10 @@ _REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with st
 #: throw (``runtime/panic.go`` ``fatalthrow``: ``all goroutines are asleep - deadlock!``, ``concurrent
 #: map writes``, ...), then exits 2. Rust's std ends the process with exit code 101 when the main thread
 #: panics (``thread 'main' panicked at <file>:<line>:<col>:``; ``std::process::exit`` docs, the test
-#: harness's and ``std::rt``'s ``101``); another thread's panic ends only that thread.
+#: harness's and ``std::rt``'s ``101``); another thread's panic ends only that thread. Kaldi's job
+#: launchers (``utils/parallel/run.pl``, ``queue.pl``, ``slurm.pl``, ``ssh.pl``) print ``<launcher>: job
+#: failed, log is in <log>`` (or ``N / M failed, log is in <log>``) when a child exits nonzero, and
+#: exit 1 themselves (``$ret = 1``, ``exit($ret)``).
 CRASH_REPORTS = (
     (re.compile(r"terminate called (?:after throwing an instance of|without an active exception|recursively)"
                 r"|(?:^|[\]>] ?|: ?)F(?:\d{4}|\d{8}) \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
@@ -188,6 +191,7 @@ CRASH_REPORTS = (
                 r"(?:writes|read and map write|iteration and map write)|unexpected signal during runtime execution))"),
      2, None),
     (re.compile(r"\bthread 'main' panicked at "), 101, None),
+    (re.compile(r"\b\w+\.pl: (?:job failed|\d+ / \d+ failed), log is in \S"), 1, None),
 )
 #: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
 _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
@@ -197,7 +201,8 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
 
     A runtime's own crash report (:data:`CRASH_REPORTS`: a C++ terminate, glog's fatal line, a Go
-    panic, a Rust main-thread panic) is the exit that runtime ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
+    panic, a Rust main-thread panic; a Kaldi launcher's ``job failed``) is the exit that runtime or
+    launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
     ``process rank 3``, srun's ``task 3``, Horovod's runner ``Process 3 exit with status code``; a range of tasks names none). Any part may be None.

@@ -316,3 +316,17 @@ def test_a_log_that_ends_in_an_uncaught_cpp_exception_is_a_failed_process():
                   "  what():  shard index 17 out of range\n")
     rc = analyse(fs).root_cause
     assert rc is not None and rc.action is Action.FAIL_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "run.pl: job failed, log is in exp/nnet3/lstm_sp/log/train.216.2.log",
+    "queue.pl: 3 / 16 failed, log is in exp/make_mfcc/train/make_mfcc_train.*.log",
+])
+def test_a_kaldi_launchers_failure_report_is_its_exit_1(line):
+    """Kaldi's run.pl / queue.pl / slurm.pl print '<launcher>: job failed, log is in <log>' and exit 1."""
+    [f] = findings(line)
+    assert f.rule_id == "kaldi.launcher_job_failed" and f.kind == "exit_code" and f.fields["exitcode"] == 1
+
+
+def test_kaldis_retry_of_a_failed_job_is_no_failure_report():
+    assert not findings("retry.pl: job failed; renaming log file to exp/log/train.0.1.log.bak and rerunning")
