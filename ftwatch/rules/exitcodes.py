@@ -168,6 +168,14 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with status code)) (\d+)\b")
+#: glibc's own fatal reports, each followed by abort(): the heap checks of malloc/malloc.c
+#: (``malloc_printerr``: ``free(): invalid pointer``, ``double free or corruption (!prev)``, ``malloc():
+#: corrupted top size``, ``corrupted size vs. prev_size``, ``munmap_chunk(): invalid pointer``; before
+#: glibc 2.26 inside ``*** Error in `<prog>': <text>: 0x<addr> ***``) and the stack protector's
+#: ``*** stack smashing detected ***: terminated`` (debug/stack_chk_fail.c, ``__fortify_fail``)
+_GLIBC_ABORT = (r"(?:^|[\]>] ?|: ?|\*\*\* Error in `[^`']*': )(?:(?:free|malloc|realloc|calloc|munmap_chunk|malloc_consolidate"
+                r"|_int_free|_int_malloc|_int_realloc|tcache_thread_shutdown)\(\): [a-z]|double free or corruption \("
+                r"|corrupted (?:size vs\. prev_size|double-linked list))|\*\*\* stack smashing detected \*\*\*")
 #: a runtime's own report that it ends the process, and the exit it ends it with ``(code, signal)``:
 #: libstdc++'s ``__verbose_terminate_handler`` (``libsupc++/vterminate.cc``) prints ``terminate called
 #: after throwing an instance of '<type>'`` (or ``without an active exception`` / ``recursively``) and
@@ -192,6 +200,7 @@ CRASH_REPORTS = (
      2, None),
     (re.compile(r"\bthread 'main' panicked at "), 101, None),
     (re.compile(r"\b\w+\.pl: (?:job failed|\d+ / \d+ failed), log is in \S"), 1, None),
+    (re.compile(_GLIBC_ABORT), None, 6),
 )
 #: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
 _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
@@ -201,7 +210,8 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
 
     A runtime's own crash report (:data:`CRASH_REPORTS`: a C++ terminate, glog's fatal line, a Go
-    panic, a Rust main-thread panic; a Kaldi launcher's ``job failed``) is the exit that runtime or
+    panic, a Rust main-thread panic, glibc's heap-corruption and stack-smashing aborts; a Kaldi
+    launcher's ``job failed``) is the exit that runtime or
     launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's

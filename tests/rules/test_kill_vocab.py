@@ -330,3 +330,25 @@ def test_a_kaldi_launchers_failure_report_is_its_exit_1(line):
 
 def test_kaldis_retry_of_a_failed_job_is_no_failure_report():
     assert not findings("retry.pl: job failed; renaming log file to exp/log/train.0.1.log.bak and rerunning")
+
+
+@pytest.mark.parametrize("line", [
+    "free(): invalid pointer",
+    "double free or corruption (!prev)",
+    "*** Error in `python3': double free or corruption (out): 0x00007f2c9c0a1e40 ***",
+    "malloc(): corrupted top size",
+    "[rank3]:corrupted size vs. prev_size",
+    "*** stack smashing detected ***: terminated",
+])
+def test_glibcs_heap_and_stack_checks_abort_the_process(line):
+    """glibc's malloc_printerr and __fortify_fail print their check's text, then abort(): exit 134."""
+    [f] = findings(line)
+    assert f.rule_id == "process.glibc_abort_report" and f.kind == "exit_code" and f.fields["signal"] == 6
+
+
+@pytest.mark.parametrize("line", [
+    "# run under MALLOC_CHECK_=3 to catch a double free or corruption early",
+    "warning: the free(): call site was inlined",
+])
+def test_words_about_heap_checks_are_no_abort(line):
+    assert not [f for f in findings(line) if f.rule_id == "process.glibc_abort_report"]
