@@ -201,6 +201,11 @@ CRASH_REPORTS = (
     (re.compile(r"\bthread 'main' panicked at "), 101, None),
     (re.compile(r"\b\w+\.pl: (?:job failed|\d+ / \d+ failed), log is in \S"), 1, None),
     (re.compile(_GLIBC_ABORT), None, 6),
+    # CPython's Py_FatalError (C API docs, "Process Control": "Print a fatal error message and kill the
+    # process. No cleanup is performed. ... the standard C library function abort() is called"); the
+    # names faulthandler prints for a fatal signal are that signal's, read by the signal rules
+    (re.compile(r"\bFatal Python error: (?!(?:Segmentation fault|Bus error|Illegal instruction|Floating point "
+                r"exception|Aborted)\b)\S"), None, 6),
 )
 #: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
 _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
@@ -210,7 +215,8 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
 
     A runtime's own crash report (:data:`CRASH_REPORTS`: a C++ terminate, glog's fatal line, a Go
-    panic, a Rust main-thread panic, glibc's heap-corruption and stack-smashing aborts; a Kaldi
+    panic, a Rust main-thread panic, glibc's heap-corruption and stack-smashing aborts, CPython's
+    ``Py_FatalError``; a Kaldi
     launcher's ``job failed``) is the exit that runtime or
     launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit

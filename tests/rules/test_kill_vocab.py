@@ -352,3 +352,31 @@ def test_glibcs_heap_and_stack_checks_abort_the_process(line):
 ])
 def test_words_about_heap_checks_are_no_abort(line):
     assert not [f for f in findings(line) if f.rule_id == "process.glibc_abort_report"]
+
+
+def test_cpythons_own_fatal_error_is_an_abort():
+    """Py_FatalError prints 'Fatal Python error: ...' and calls abort() (C API docs, Process Control)."""
+    [f] = findings("Fatal Python error: PyThreadState_Get: the function must be called with the GIL held")
+    assert f.rule_id == "process.python_fatal_error_report" and f.kind == "exit_code" and f.fields["signal"] == 6
+
+
+@pytest.mark.parametrize("line, rule, signal", [
+    ("Fatal Python error: Bus error", "process.fatal_signal_report", 7),
+    ("Fatal Python error: Aborted", "process.abort_report", 6),
+])
+def test_faulthandlers_signal_reports_keep_their_signal(line, rule, signal):
+    [f] = findings(line)
+    assert f.rule_id == rule and f.fields["signal"] == signal
+
+
+@pytest.mark.parametrize("line, rule, failure_class", [
+    ("21/06/14 10:22:41 ERROR ApplicationMaster: User class threw exception: java.lang.IllegalArgumentException: "
+     "requirement failed", "spark.user_class_exception", FailureClass.USER_CODE),
+    ("ERROR ApplicationMaster: User class threw exception: java.lang.OutOfMemoryError: Java heap space",
+     "jvm.out_of_memory", FailureClass.OOM),
+])
+def test_sparks_application_master_reports_the_user_mains_exception(line, rule, failure_class):
+    """In YARN cluster mode Spark's ApplicationMaster logs 'User class threw exception: <cause>' when the
+    program's main throws; a rule on the exception itself decides."""
+    [f] = findings(line)
+    assert f.rule_id == rule and f.failure_class is failure_class
