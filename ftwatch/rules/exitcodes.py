@@ -201,6 +201,12 @@ CRASH_REPORTS = (
     (re.compile(r"\bthread 'main' panicked at "), 101, None),
     (re.compile(r"\b\w+\.pl: (?:job failed|\d+ / \d+ failed), log is in \S"), 1, None),
     (re.compile(_GLIBC_ABORT), None, 6),
+    # the program called MPI_Abort: Open MPI's report (ompi/runtime help-mpi-runtime.txt / help-mpi-api.txt
+    # "mpi-abort": "MPI_ABORT was invoked on rank N in communicator C with errorcode E", the errorcode
+    # often wrapped onto the next line) and MPICH's (src/mpi/init/abort.c: "application called
+    # MPI_Abort(comm, E) - process N"); the launcher exits with the errorcode, the program's own choice,
+    # read here as the generic failure 1
+    (re.compile(r"\bMPI_ABORT was invoked on rank \d+ in communicator\b|\bapplication called MPI_Abort\("), 1, None),
     # CPython's Py_FatalError (C API docs, "Process Control": "Print a fatal error message and kill the
     # process. No cleanup is performed. ... the standard C library function abort() is called"); the
     # names faulthandler prints for a fatal signal are that signal's, read by the signal rules
@@ -216,7 +222,7 @@ def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
 
     A runtime's own crash report (:data:`CRASH_REPORTS`: a C++ terminate, glog's fatal line, a Go
     panic, a Rust main-thread panic, glibc's heap-corruption and stack-smashing aborts, CPython's
-    ``Py_FatalError``; a Kaldi
+    ``Py_FatalError``; a program's call of ``MPI_Abort``; a Kaldi
     launcher's ``job failed``) is the exit that runtime or
     launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit

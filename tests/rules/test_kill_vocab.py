@@ -380,3 +380,21 @@ def test_sparks_application_master_reports_the_user_mains_exception(line, rule, 
     program's main throws; a rule on the exception itself decides."""
     [f] = findings(line)
     assert f.rule_id == rule and f.failure_class is failure_class
+
+
+@pytest.mark.parametrize("line", [
+    "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD",
+    "[1,3]<stderr>:MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD with errorcode 1.",
+    "Abort(1) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1) - process 0",
+])
+def test_a_programs_mpi_abort_is_a_failed_job(line):
+    """Open MPI's and MPICH's reports that the program called MPI_Abort: the launcher kills every rank
+    and exits with the errorcode; read as the generic exit 1, a weak exit."""
+    [f] = findings(line)
+    assert f.rule_id == "mpi.abort_invoked" and f.kind == "exit_code" and f.fields["exitcode"] == 1
+
+
+def test_a_real_error_before_mpi_abort_explains_it():
+    fs = findings("[1,0]<stderr>:RuntimeError: CUDA error: out of memory\n"
+                  "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD")
+    assert analyse(fs).root_cause.failure_class is FailureClass.OOM
