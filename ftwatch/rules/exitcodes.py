@@ -165,7 +165,8 @@ def parse_private(text: str, location: str) -> dict[int, str]:
 STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "Trace/breakpoint trap": 5,
              "Aborted": 6, "Bus error": 7, "Floating point exception": 8, "Killed": 9,
              "User defined signal 1": 10, "Segmentation fault": 11, "User defined signal 2": 12,
-             "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15}
+             "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15, "File size limit exceeded": 25,
+             "Bad system call": 31}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with status code)) (\d+)\b")
 #: glibc's own fatal reports, each followed by abort(): the heap checks of malloc/malloc.c
@@ -177,9 +178,7 @@ _GLIBC_ABORT = (r"(?:^|[\]>] ?|: ?|\*\*\* Error in `[^`']*': )(?:(?:free|malloc|
                 r"|_int_free|_int_malloc|_int_realloc|tcache_thread_shutdown)\(\): [a-z]|double free or corruption \("
                 r"|corrupted (?:size vs\. prev_size|double-linked list))|\*\*\* stack smashing detected \*\*\*")
 #: a runtime's own report that it ends the process, and the exit it ends it with ``(code, signal)``:
-#: libstdc++'s ``__verbose_terminate_handler`` (``libsupc++/vterminate.cc``) prints ``terminate called
-#: after throwing an instance of '<type>'`` (or ``without an active exception`` / ``recursively``) and
-#: calls abort(); glog's and abseil's ``LOG(FATAL)`` / failed ``CHECK`` line (``F<mmdd> hh:mm:ss.uuuuuu
+#: glog's and abseil's ``LOG(FATAL)`` / failed ``CHECK`` line (``F<mmdd> hh:mm:ss.uuuuuu
 #: <tid> <file>:<line>] ...``, TensorFlow's ``<date> <time>: F <file>:<line>] ...``) and glog's ``***
 #: Check failure stack trace: ***`` end in abort() (google/glog ``src/logging.cc`` ``LogMessage::Fail``;
 #: abseil ``absl/log/internal/log_message.cc``): SIGABRT. Go's runtime prints ``panic: <value>`` for an
@@ -192,8 +191,7 @@ _GLIBC_ABORT = (r"(?:^|[\]>] ?|: ?|\*\*\* Error in `[^`']*': )(?:(?:free|malloc|
 #: failed, log is in <log>`` (or ``N / M failed, log is in <log>``) when a child exits nonzero, and
 #: exit 1 themselves (``$ret = 1``, ``exit($ret)``).
 CRASH_REPORTS = (
-    (re.compile(r"terminate called (?:after throwing an instance of|without an active exception|recursively)"
-                r"|(?:^|[\]>] ?|: ?)F(?:\d{4}|\d{8}) \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
+    (re.compile(r"(?:^|[\]>] ?|: ?)F(?:\d{4}|\d{8}) \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
                 r"|\d\d:\d\d:\d\d\.\d+: F [^\s\]]+:\d+\] |\*\*\* Check failure stack trace: \*\*\*"), None, 6),
     (re.compile(r"(?:^|[\]>] ?|: ?)(?:panic: |fatal error: (?:all goroutines are asleep - deadlock!|concurrent map "
                 r"(?:writes|read and map write|iteration and map write)|unexpected signal during runtime execution))"),
@@ -220,7 +218,7 @@ _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\
 def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
     """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
 
-    A runtime's own crash report (:data:`CRASH_REPORTS`: a C++ terminate, glog's fatal line, a Go
+    A runtime's own crash report (:data:`CRASH_REPORTS`: glog's fatal line, a Go
     panic, a Rust main-thread panic, glibc's heap-corruption and stack-smashing aborts, CPython's
     ``Py_FatalError``; a program's call of ``MPI_Abort``; a Kaldi
     launcher's ``job failed``) is the exit that runtime or

@@ -274,8 +274,6 @@ def test_torchelastics_message_for_a_sigterm_is_no_fatal_signal_report():
 
 
 @pytest.mark.parametrize("line, rule, exitcode", [
-    ("terminate called after throwing an instance of 'std::runtime_error'", "process.cpp_terminate_report", 134),
-    ("[default1]:terminate called without an active exception", "process.cpp_terminate_report", 134),
     ("F1224 22:32:45.210337   31904 real_program_continuator.cc:1331] Halt is unexpected",
      "process.glog_fatal_report", 134),
     ("2024-01-01 10:00:00.123456: F tensorflow/core/kernels/x.cc:12] Unexpected state", "process.glog_fatal_report",
@@ -286,7 +284,7 @@ def test_torchelastics_message_for_a_sigterm_is_no_fatal_signal_report():
     ("thread 'main' panicked at src/bin/worker.rs:88:14:", "process.rust_main_panic_report", 101),
 ])
 def test_a_runtimes_own_crash_report_is_the_exit_it_ends_the_process_with(line, rule, exitcode):
-    """libstdc++'s terminate handler and glog's LOG(FATAL) abort (134), Go's runtime exits 2 after a
+    """glog's LOG(FATAL) aborts (134), Go's runtime exits 2 after a
     panic or a fatal error, Rust's std exits 101 when the main thread panics."""
     [f] = findings(line)
     assert f.rule_id == rule and f.kind == "exit_code" and f.fields["exitcode"] == exitcode
@@ -311,9 +309,9 @@ def test_a_crash_reports_message_decides_over_the_report_itself():
     assert f.failure_class is FailureClass.OOM
 
 
-def test_a_log_that_ends_in_an_uncaught_cpp_exception_is_a_failed_process():
-    fs = findings("step 10 loss 2.31\nterminate called after throwing an instance of 'std::runtime_error'\n"
-                  "  what():  shard index 17 out of range\n")
+def test_a_log_that_ends_in_a_go_panic_is_a_failed_process():
+    fs = findings("step 10 loss 2.31\npanic: runtime error: index out of range [17] with length 16\n\n"
+                  "goroutine 1 [running]:\nmain.main()\n")
     rc = analyse(fs).root_cause
     assert rc is not None and rc.action is Action.FAIL_JOB
 
@@ -398,3 +396,16 @@ def test_a_real_error_before_mpi_abort_explains_it():
     fs = findings("[1,0]<stderr>:RuntimeError: CUDA error: out of memory\n"
                   "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD")
     assert analyse(fs).root_cause.failure_class is FailureClass.OOM
+
+
+@pytest.mark.parametrize("line, signal", [
+    ("Trace/breakpoint trap (core dumped)", 5),
+    ("./run.sh: line 5:  1234 Bad system call         (core dumped) python train.py", 31),
+    ("File size limit exceeded (core dumped)", 25),
+])
+def test_a_shells_report_of_sigtrap_sigsys_or_sigxfsz_is_that_death(line, signal):
+    """bash prints strsignal(3)'s text for any fatal signal: SIGTRAP, SIGSYS (a seccomp refusal) and
+    SIGXFSZ (the file-size ulimit) end the process as the other fatal signals do."""
+    [f] = findings(line)
+    assert f.rule_id == "process.fatal_signal_report" and f.fields["signal"] == signal
+    assert f.failure_class is FailureClass.USER_CODE
