@@ -71,6 +71,7 @@ def test_the_programs_own_error_while_saving_its_result_after_the_end_fails_the_
 @pytest.mark.parametrize("work", [
     "[INFO|trainer.py:4226] 2025-04-19 11:29:20,031 >> ***** Running Prediction *****",
     "Predicting DataLoader 0: 100%|##########| 1/1 [00:00<00:00,  3.01it/s]",
+    "[INFO|trainer.py:2743] 2024-10-19 19:48:40,914 >> Loading best model from out/checkpoint-700 (score: 1.2861).",
 ])
 def test_the_programs_own_error_while_predicting_after_the_end_fails_the_job(run, tmp_path, work):
     """It said it evaluates or predicts with the trained model after the trainer's end (the HF Trainer's
