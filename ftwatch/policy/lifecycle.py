@@ -134,8 +134,8 @@ WRITING = "lifecycle.own_work.writing"
 #: the program's own lines that it goes on with work of its own after training: writing its result, or
 #: evaluating / predicting with it (``lifecycle.own_work.evaluation``: the HF Trainer's ``***** Running
 #: Evaluation *****`` / ``Prediction``, Lightning's ``Predicting DataLoader 0:``), or loading its best
-#: checkpoint as the result (``lifecycle.own_work.loading_best``): the job's remaining work
-TAIL_WORK = frozenset({WRITING, "lifecycle.own_work.evaluation", "lifecycle.own_work.loading_best"})
+#: checkpoint as the result (``lifecycle.tail.loading_best``): the job's remaining work
+TAIL_WORK = frozenset({WRITING, "lifecycle.own_work.evaluation", "lifecycle.tail.loading_best"})
 
 
 def saving_before(findings: Iterable[Finding], finished: Finding, notice: Finding) -> bool:
