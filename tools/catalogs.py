@@ -159,7 +159,11 @@ def cuda_regex(row: dict[str, str]) -> str:
     also awslabs/raf ``src/common/cuda.h``); Caffe's ``CUDA_CHECK`` (``CHECK_EQ(error, cudaSuccess)
     << " " << cudaGetErrorString(error)``: glog prints ``Check failed: error == cudaSuccess (77 vs. 0)
     `` before it). The text is the runtime's, so the error's grade is the one the enum gives,
-    whatever program checked it.
+    whatever program checked it. HugeCTR's ``CK_CUDA_THROW_`` (NVIDIA-Merlin/HugeCTR
+    ``HugeCTR/include/common.hpp``; also its Triton backend) throws ``"Runtime error: " +
+    cudaGetErrorString(retval) + " " + __FILE__ + ":" + __LINE__``, which its logger prints after
+    ``[HUGECTR][ERROR]: ``: read only with that location after the text, so another program's
+    ``Runtime error: <words>`` is not taken for a CUDA error.
 
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
@@ -168,7 +172,8 @@ def cuda_regex(row: dict[str, str]) -> str:
               r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: "
               r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +)")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
-    return f"{prefix}{escape(row['message'])}|\\b{row['enum']}\\b{driver}"
+    hugectr = rf"|\bRuntime error: {escape(row['message'])} [^\s:]+:\d+"
+    return f"{prefix}{escape(row['message'])}{hugectr}|\\b{row['enum']}\\b{driver}"
 
 
 def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> dict:
@@ -177,7 +182,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     msg, enum, number = row["message"], row["enum"], row["number"]
     notes = f"grade {row['grade']}: {why}. sticky: {row['sticky']}."
     first = f"[rank0]: RuntimeError: CUDA error: {msg}"
-    counter = [f"[rank0]: RuntimeError: {msg}", f"TF_CUDA: {msg}"]
+    counter = [f"[rank0]: RuntimeError: {msg}", f"TF_CUDA: {msg}", f"Runtime error: {msg} (no location)"]
     if row["covered_by"]:
         notes += f" PyTorch's 'CUDA error: {msg}' is {row['covered_by']}'s (same grade, its id stays)."
         first = f"[rank0]: RuntimeError: CUDA driver error: {msg}"
@@ -191,6 +196,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
                 f"h100-r07-n3: Test CUDA failure common.cu:1007 '{msg}'",
                 f"[18:02:11] src/storage/storage.cc:78: Check failed: e == cudaSuccess: CUDA: {msg}",
                 f"F0312 10:01:55.123 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  {msg}",
+                f"[13d08h12m43s][HUGECTR][ERROR]: Runtime error: {msg} /hugectr/HugeCTR/src/data_readers/reader.cu:212 ",
                 "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
                 f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:

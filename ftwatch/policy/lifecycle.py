@@ -88,7 +88,10 @@ def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[
       store and a rerun from the last checkpoint redoes that tail; the ordinary decision (D2:
       restart) stands. ClearML's maintainers asked for the upload after training to be retried
       (allegroai/clearml, an S3 connection reset after the final save).
-    * An uncaught exception that ended the program while it was saving its result: its own line
+    * An uncaught exception that ended the program while it was saving its result or going on with
+      the work it trains for (:data:`TAIL_WORK`: evaluating or predicting with the trained model, the HF
+      Trainer's ``***** Running Prediction *****``, Lightning's ``Predicting DataLoader 0:``, whose
+      output the job exists to produce): its own line
       after the finish said it writes the model or results (``lifecycle.own_work.writing``:
       ``Saving model checkpoint to <dir>``, axolotl's ``Training Completed!!! Saving pre-trained model
       to <dir>``) and the traceback came after it: the result is not written, so the job has failed
@@ -117,7 +120,8 @@ def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[
     if notice.failure_class is FailureClass.RETRYABLE_INFRA and uncaught_traceback(notice) and not cascade:
         return None, "a transient fault in the run's tail (its results may not be stored): a rerun redoes it"
     if saving and uncaught_traceback(notice) and not cascade:
-        return None, "the program died while saving its result after training (the result is not written)"
+        return None, ("the program died while saving its result, or evaluating or predicting with it, after "
+                      "training (the job's work is not done)")
     if notice.rule_id in NON_FINITE:
         return None, "the loss was not finite when training ended: the written result is no result"
     if notice.failure_class is FailureClass.HARDWARE_NODE:
@@ -127,12 +131,18 @@ def after_finish(notice: Finding, cascade: bool, saving: bool = False) -> tuple[
 
 #: the program's own line that it writes a file to a path (``rules/packs/lifecycle.yaml``)
 WRITING = "lifecycle.own_work.writing"
+#: the program's own lines that it goes on with work of its own after training: writing its result, or
+#: evaluating / predicting with it (``lifecycle.own_work.evaluation``: the HF Trainer's ``***** Running
+#: Evaluation *****`` / ``Prediction``, Lightning's ``Predicting DataLoader 0:``), or loading its best
+#: checkpoint as the result (``lifecycle.tail.loading_best``): the job's remaining work
+TAIL_WORK = frozenset({WRITING, "lifecycle.own_work.evaluation", "lifecycle.tail.loading_best"})
 
 
 def saving_before(findings: Iterable[Finding], finished: Finding, notice: Finding) -> bool:
-    """Whether the program said it writes its result (:data:`WRITING`) after ``finished`` and
-    before ``notice``, on ``notice``'s stream (its instance, or the combined log it came in)."""
-    return any(f.rule_id == WRITING and precedes(finished, f) and precedes(f, notice)
+    """Whether the program said it writes its result or evaluates / predicts with it (:data:`TAIL_WORK`)
+    after ``finished`` and before ``notice``, on ``notice``'s stream (its instance, or the combined log
+    it came in)."""
+    return any(f.rule_id in TAIL_WORK and precedes(finished, f) and precedes(f, notice)
                and f.origin.instance in (notice.origin.instance, notice.origin.instance.rpartition("/")[0])
                for f in findings)
 

@@ -68,6 +68,21 @@ def test_the_programs_own_error_while_saving_its_result_after_the_end_fails_the_
     assert "while saving its result" in d.policy_clause
 
 
+@pytest.mark.parametrize("work", [
+    "[INFO|trainer.py:4226] 2025-04-19 11:29:20,031 >> ***** Running Prediction *****",
+    "Predicting DataLoader 0: 100%|##########| 1/1 [00:00<00:00,  3.01it/s]",
+    "[INFO|trainer.py:2743] 2024-10-19 19:48:40,914 >> Loading best model from out/checkpoint-700 (score: 1.2861).",
+])
+def test_the_programs_own_error_while_predicting_after_the_end_fails_the_job(run, tmp_path, work):
+    """It said it evaluates or predicts with the trained model after the trainer's end (the HF Trainer's
+    evaluation loop, Lightning's predict bar), then died of its own error: the job's work is not done."""
+    log = write(tmp_path / "rank0.log", STEPS + [HF_END, work] + tb(
+        "TypeError: vstack(): argument 'tensors' (position 1) must be tuple of Tensors, not NoneType"))
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.FAIL_JOB and d.root_cause.failure_class is FailureClass.USER_CODE, d
+    assert "predicting" in d.policy_clause
+
+
 def test_a_transient_fault_uploading_the_results_after_the_end_still_restarts(run, tmp_path):
     log = write(tmp_path / "rank0.log", STEPS + [HF_END] + tb(
         "ConnectionResetError: [Errno 104] Connection reset by peer"))

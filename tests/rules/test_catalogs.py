@@ -287,3 +287,21 @@ def test_an_allocation_past_1eb_is_the_programs(line):
 def test_a_real_allocation_failure_stays_oom():
     [finding] = _feed("RuntimeError: NPU out of memory. Tried to allocate 30.00 MiB (NPU 3; 60.96 GiB total capacity)")
     assert finding.failure_class is FailureClass.OOM
+
+
+@pytest.mark.parametrize("line, rule, failure_class", [
+    ("[13d08h12m43s][HUGECTR][ERROR]: Runtime error: an illegal memory access was encountered "
+     "/hugectr/HugeCTR/src/data_readers/parquet_data_reader_worker.cu:212 ", "cuda.rt.illegal_address",
+     FailureClass.USER_CODE),
+    ("[24d09h41m31s][HUGECTR][ERROR]: Runtime error: out of memory /mnt/HugeCTR/HugeCTR/include/general_buffer.hpp:64 ",
+     "cuda.rt.memory_allocation", FailureClass.OOM),
+])
+def test_hugectrs_check_macro_prints_the_cuda_runtimes_text_with_its_location(line, rule, failure_class):
+    """HugeCTR's CK_CUDA_THROW_ throws ``Runtime error: <cudaGetErrorString> <file>:<line>``."""
+    found = [f for f in _feed(line) if f.rule_id == rule]
+    assert found and found[0].failure_class is failure_class
+
+
+def test_runtime_error_words_without_a_source_location_are_no_cuda_error():
+    assert not [f for f in _feed("Runtime error: out of memory while parsing the config")
+                if f.rule_id.startswith("cuda.rt.")]

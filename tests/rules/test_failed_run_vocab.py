@@ -28,6 +28,9 @@ def findings(*lines: str, t: float = 1.0):
      "by 848.88M.", "xla.tpu_hbm_oom", FailureClass.OOM, Action.FAIL_JOB),
     ("F0315 06:43:57.288104   21577 async_dynamic_index_emitter.cc:584] Check failed: a % b == 0 (1 vs. 0)",
      "absl.check_failed", FailureClass.USER_CODE, Action.FAIL_JOB),
+    # TensorFlow's own logging (tsl/platform/default/logging.cc) prints a failed CHECK as "<date> <time>: F ..."
+    ("[2019-07-03 06:41:12.730615: F byteps/common/core_loops.cc:309] Check failed: r == ncclSuccess NCCL error: "
+     "invalid usage", "absl.check_failed", FailureClass.USER_CODE, Action.FAIL_JOB),
     ("Could not override 'trainer.max_epoch'.", "hydra.override_error", FailureClass.USER_CODE, Action.FAIL_JOB),
     ("Could not append to config. An item is already at 'trainer.val_before_train'.", "hydra.override_error",
      FailureClass.USER_CODE, Action.FAIL_JOB),
@@ -54,6 +57,7 @@ def test_the_line_is_graded_as_its_source_says(line, rule, failure_class, action
 @pytest.mark.parametrize("line", [
     "Ran out of memory in memory space vmem while allocating scratch; falling back",
     "E0315 06:43:57.288104   21577 emitter.cc:584] Check failed: retrying the lookup",
+    "2019-07-03 06:41:12.730615: E byteps/common/core_loops.cc:309] Check failed: retrying the lookup",
     "Overriding 'trainer.val_before_train' from the command line",
     "UnexpectedStatusException: Error for Training job ft-1: Failed. Reason: ClientError: Data download failed",
     "(WorkerDict pid=1751030) CUDA Error: invalid argument at /workspace/csrc/cumem_allocator.cpp:62",

@@ -253,3 +253,159 @@ def test_horovods_runner_report_of_a_sigterm_exit_is_a_retryable_exit_of_that_ra
     [f] = findings("Process 2 exit with status code 143.")
     assert f.kind == "exit_code" and f.rank == 2
     assert (f.failure_class, f.action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "  traceback : Signal 7 (SIGBUS) received by PID 4121",
+    "[2024-03-26 02:13:01,120] [ERROR] [training.py:1013:_invoke_run] The worker fails with {0: ProcessFailure("
+    "local_rank=0, pid=54, exitcode=-7, error_file='<N/A>', error_file_data={'message': '<NONE>'}, "
+    "message='Signal 7 (SIGBUS) received by PID 54', timestamp=1711419181)}",
+])
+def test_torchelastics_own_message_for_a_worker_a_bus_error_ended_is_that_death(line: str):
+    """torchelastic's ProcessFailure says ``Signal {-exitcode} ({name}) received by PID {pid}`` for a
+    worker a signal ended: its summary's traceback field and DLRover's repr of the failure print it."""
+    found = [f for f in findings(line) if f.rule_id == "process.fatal_signal_report"]
+    assert found and found[0].failure_class is FailureClass.USER_CODE
+
+
+def test_torchelastics_message_for_a_sigterm_is_no_fatal_signal_report():
+    assert not [f for f in findings("  traceback : Signal 15 (SIGTERM) received by PID 4121")
+                if f.rule_id == "process.fatal_signal_report"]
+
+
+@pytest.mark.parametrize("line, rule, exitcode", [
+    ("F1224 22:32:45.210337   31904 real_program_continuator.cc:1331] Halt is unexpected",
+     "process.glog_fatal_report", 134),
+    ("2024-01-01 10:00:00.123456: F tensorflow/core/kernels/x.cc:12] Unexpected state", "process.glog_fatal_report",
+     134),
+    ("*** Check failure stack trace: ***", "process.glog_fatal_report", 134),
+    ("panic: runtime error: invalid memory address or nil pointer dereference", "process.go_panic_report", 2),
+    ("fatal error: all goroutines are asleep - deadlock!", "process.go_panic_report", 2),
+    ("thread 'main' panicked at src/bin/worker.rs:88:14:", "process.rust_main_panic_report", 101),
+])
+def test_a_runtimes_own_crash_report_is_the_exit_it_ends_the_process_with(line, rule, exitcode):
+    """glog's LOG(FATAL) aborts (134), Go's runtime exits 2 after a
+    panic or a fatal error, Rust's std exits 101 when the main thread panics."""
+    [f] = findings(line)
+    assert f.rule_id == rule and f.kind == "exit_code" and f.fields["exitcode"] == exitcode
+    assert f.failure_class is FailureClass.USER_CODE
+
+
+@pytest.mark.parametrize("line", [
+    "thread '<unnamed>' panicked at src/lib.rs:3:9:",       # another thread's panic ends only that thread
+    "E1224 22:32:45.210337   31904 real_program_continuator.cc:1331] Halt is unexpected",
+    "INFO don't panic: the job resumes from its last checkpoint",
+    "fatal error: cuda_runtime.h: No such file or directory",   # a compiler's, not Go's runtime
+])
+def test_lines_that_only_look_like_a_crash_report_are_none(line):
+    assert not [f for f in findings(line) if f.rule_id.startswith("process.") and f.rule_id.endswith("_report")]
+
+
+def test_a_crash_reports_message_decides_over_the_report_itself():
+    """The crash-report rules carry priority -1: a rule on the same line's message wins (a CUDA error
+    on a glog fatal line is that CUDA error)."""
+    [f] = findings("F0312 10:01:55.123456 12345 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  "
+                   "out of memory")
+    assert f.failure_class is FailureClass.OOM
+
+
+def test_a_log_that_ends_in_a_go_panic_is_a_failed_process():
+    fs = findings("step 10 loss 2.31\npanic: runtime error: index out of range [17] with length 16\n\n"
+                  "goroutine 1 [running]:\nmain.main()\n")
+    rc = analyse(fs).root_cause
+    assert rc is not None and rc.action is Action.FAIL_JOB
+
+
+@pytest.mark.parametrize("line", [
+    "run.pl: job failed, log is in exp/nnet3/lstm_sp/log/train.216.2.log",
+    "queue.pl: 3 / 16 failed, log is in exp/make_mfcc/train/make_mfcc_train.*.log",
+])
+def test_a_kaldi_launchers_failure_report_is_its_exit_1(line):
+    """Kaldi's run.pl / queue.pl / slurm.pl print '<launcher>: job failed, log is in <log>' and exit 1."""
+    [f] = findings(line)
+    assert f.rule_id == "kaldi.launcher_job_failed" and f.kind == "exit_code" and f.fields["exitcode"] == 1
+
+
+def test_kaldis_retry_of_a_failed_job_is_no_failure_report():
+    assert not findings("retry.pl: job failed; renaming log file to exp/log/train.0.1.log.bak and rerunning")
+
+
+@pytest.mark.parametrize("line", [
+    "free(): invalid pointer",
+    "double free or corruption (!prev)",
+    "*** Error in `python3': double free or corruption (out): 0x00007f2c9c0a1e40 ***",
+    "malloc(): corrupted top size",
+    "[rank3]:corrupted size vs. prev_size",
+    "*** stack smashing detected ***: terminated",
+])
+def test_glibcs_heap_and_stack_checks_abort_the_process(line):
+    """glibc's malloc_printerr and __fortify_fail print their check's text, then abort(): exit 134."""
+    [f] = findings(line)
+    assert f.rule_id == "process.glibc_abort_report" and f.kind == "exit_code" and f.fields["signal"] == 6
+
+
+@pytest.mark.parametrize("line", [
+    "# run under MALLOC_CHECK_=3 to catch a double free or corruption early",
+    "warning: the free(): call site was inlined",
+])
+def test_words_about_heap_checks_are_no_abort(line):
+    assert not [f for f in findings(line) if f.rule_id == "process.glibc_abort_report"]
+
+
+def test_cpythons_own_fatal_error_is_an_abort():
+    """Py_FatalError prints 'Fatal Python error: ...' and calls abort() (C API docs, Process Control)."""
+    [f] = findings("Fatal Python error: PyThreadState_Get: the function must be called with the GIL held")
+    assert f.rule_id == "process.python_fatal_error_report" and f.kind == "exit_code" and f.fields["signal"] == 6
+
+
+@pytest.mark.parametrize("line, rule, signal", [
+    ("Fatal Python error: Bus error", "process.fatal_signal_report", 7),
+    ("Fatal Python error: Aborted", "process.abort_report", 6),
+])
+def test_faulthandlers_signal_reports_keep_their_signal(line, rule, signal):
+    [f] = findings(line)
+    assert f.rule_id == rule and f.fields["signal"] == signal
+
+
+@pytest.mark.parametrize("line, rule, failure_class", [
+    ("21/06/14 10:22:41 ERROR ApplicationMaster: User class threw exception: java.lang.IllegalArgumentException: "
+     "requirement failed", "spark.user_class_exception", FailureClass.USER_CODE),
+    ("ERROR ApplicationMaster: User class threw exception: java.lang.OutOfMemoryError: Java heap space",
+     "jvm.out_of_memory", FailureClass.OOM),
+])
+def test_sparks_application_master_reports_the_user_mains_exception(line, rule, failure_class):
+    """In YARN cluster mode Spark's ApplicationMaster logs 'User class threw exception: <cause>' when the
+    program's main throws; a rule on the exception itself decides."""
+    [f] = findings(line)
+    assert f.rule_id == rule and f.failure_class is failure_class
+
+
+@pytest.mark.parametrize("line", [
+    "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD",
+    "[1,3]<stderr>:MPI_ABORT was invoked on rank 3 in communicator MPI_COMM_WORLD with errorcode 1.",
+    "Abort(1) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 1) - process 0",
+])
+def test_a_programs_mpi_abort_is_a_failed_job(line):
+    """Open MPI's and MPICH's reports that the program called MPI_Abort: the launcher kills every rank
+    and exits with the errorcode; read as the generic exit 1, a weak exit."""
+    [f] = findings(line)
+    assert f.rule_id == "mpi.abort_invoked" and f.kind == "exit_code" and f.fields["exitcode"] == 1
+
+
+def test_a_real_error_before_mpi_abort_explains_it():
+    fs = findings("[1,0]<stderr>:RuntimeError: CUDA error: out of memory\n"
+                  "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD")
+    assert analyse(fs).root_cause.failure_class is FailureClass.OOM
+
+
+@pytest.mark.parametrize("line, signal", [
+    ("Trace/breakpoint trap (core dumped)", 5),
+    ("./run.sh: line 5:  1234 Bad system call         (core dumped) python train.py", 31),
+    ("File size limit exceeded (core dumped)", 25),
+])
+def test_a_shells_report_of_sigtrap_sigsys_or_sigxfsz_is_that_death(line, signal):
+    """bash prints strsignal(3)'s text for any fatal signal: SIGTRAP, SIGSYS (a seccomp refusal) and
+    SIGXFSZ (the file-size ulimit) end the process as the other fatal signals do."""
+    [f] = findings(line)
+    assert f.rule_id == "process.fatal_signal_report" and f.fields["signal"] == signal
+    assert f.failure_class is FailureClass.USER_CODE
