@@ -55,7 +55,7 @@ _ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr|\binit_m
                       r"(?:\s*[=:]\s*|\s+)['\"]?(?:tcp://)?\[?([\w.:-]+?)\]?(?::\d+)?['\",]?(?=[\s,]|$)")
 #: Paddle's list of the job's nodes (``--cluster_node_ips``, "Paddle cluster nodes ips, such as
 #: 192.168.0.16,192.168.0.17..", printed as ``cluster_node_ips: 127.0.0.1``): group 1 the list
-_NODE_LIST = re.compile(r"\bcluster_node_ips['\"]?(?:\s*[=:]\s*|\s+)['\"]?([\w.:,\[\]-]+)")
+_NODE_LIST = re.compile(r"(?:--cluster_node_ips(?:\s*=\s*|\s+)|\bcluster_node_ips['\"]?\s*[=:]\s*)['\"]?([\w.:,\[\]-]+)")
 #: a node count that says the job spans nodes (a node rank >= 1 says it too: rdzvconfig.NODE_RANK)
 _NODE_COUNT = re.compile(r"(?:\bNNODES|\bnnodes|--nnodes|\bnum_nodes|--num[_-]nodes)(?:\s*[=:]\s*|\s+)(\d+)")
 
