@@ -201,15 +201,30 @@ def timeouts_only(fallout: Sequence[Finding]) -> bool:
 #: The rank a c10d line names, with its process group when the line gives one
 #: (``[Rank 2]``, ``[PG 0 Rank 2]``, ``[PG ID 0 PG GUID 0(default_pg) Rank 2]``).
 _NAMED = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)[^\]]*? )?Rank (?P<rank>\d+)\]")
+#: The rank ProcessGroupNCCL names when its read of the communicator's unique id from the store
+#: fails (``broadcastUniqueNCCLID``: ``"[" << rank_ << "] is setting up NCCL communicator and
+#: retrieving ncclUniqueId from [0] via c10d key-value store by key ..., but store->get(...) got
+#: error: ..."``; ``rank_`` is the rank in the group whose communicator it sets up). The line gives
+#: the group only through the store keys some releases append (``keys: /default_pg/0//cuda//0``:
+#: the group named ``0``, the default one); a line naming another group's keys names no global rank.
+_UNIQUE_ID = re.compile(r"\[(?P<rank>\d+)\] is setting up NCCL communicator and retrieving ncclUniqueId from \[0\]")
+_KEYS_GROUP = re.compile(r"default_pg/(?P<pg>\d+)/")
 
 
 def rank_of(f: Finding) -> int | None:
     """The finding's rank: its origin's, else the one a c10d line names in the default group
-    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``)."""
+    (``[Rank 2]``, ``[PG 0 Rank 2]``: a launcher that prefixes nothing, ``accelerate launch``; the
+    ``[2] is setting up NCCL communicator and retrieving ncclUniqueId from [0]`` of a failed unique-id
+    read, :data:`_UNIQUE_ID`, unless its keys name another group)."""
     if f.rank is not None:
         return f.rank
     m = _NAMED.search(f.line)
-    return int(m.group("rank")) if m and m.group("pg") in (None, "0") else None
+    if m:
+        return int(m.group("rank")) if m.group("pg") in (None, "0") else None
+    u = _UNIQUE_ID.search(f.line)
+    if u is None or any(k.group("pg") != "0" for k in _KEYS_GROUP.finditer(f.line)):
+        return None
+    return int(u.group("rank"))
 
 
 def _pg(f: Finding) -> str | None:

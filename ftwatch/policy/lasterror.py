@@ -37,6 +37,19 @@ lines of the same message (Ascend/pytorch ``torch_npu/csrc/core/npu/NPUException
 MindSpore's ``- Ascend Error Message:`` block, ``mindspore/ccsrc/.../ascend_kernel_runtime.cc``),
 and the catalog row says the message decides, the class's own grade only when nothing reads it.
 
+A failed write of ``torch.save`` is spelled out the same way: PyTorch's ``PytorchStreamWriter failed
+writing file ...: file write failed`` is miniz's generic ``MZ_ZIP_FILE_WRITE_FAILED`` (pytorch/pytorch
+caffe2/serialize/inline_container.cc ``valid()``: the writer function wrote fewer bytes than asked),
+which says only that the operating system's write failed, not why. Finishing the archive after it,
+while that error is handled (``torch/serialization.py`` ``_open_zipfile_writer.__exit__``:
+``write_end_of_file()``), writes to the same file again and fails with the ``OSError`` that names the
+errno (``[Errno 28] No space left on device``; CPython prints it as the chained exception, "During
+handling of the above exception, another exception occurred", the two lines written at once), and the
+errno grades it (``python_exceptions.tsv``: ENOSPC and EDQUOT the job's own volume, EIO and ESTALE the
+storage failing). :func:`message_named_by_next` makes the generic write failure (:data:`GENERIC_WRITE_RULES`)
+yield to that errno when it is the next finding of its instance, printed with it; with no errno
+after it, the write failure keeps its own grade.
+
 One more pair of lines tells one event: a kernel's failed ``assert()`` prints its expression from
 the device (``<file>:<line>: <function>: block: [..], thread: [..] Assertion `...` failed.``), and
 "any subsequent host-side synchronization calls made for the same device will return
@@ -48,6 +61,7 @@ rank that raised none (it went on into a collective its peers time out in) keeps
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Finding
@@ -65,6 +79,12 @@ NCCL_RESULT_PREFIX = "nccl.code."
 LAST_ERROR_WINDOW = 1.0
 #: The rule of a traceback whose exception nothing grades (python.yaml, priority -10).
 CATCH_ALL_RULE = "python.uncaught_exception"
+#: A write failure that names no reason (ascend.yaml ``torch_npu.save_write_failed``: torch.save's
+#: ``PytorchStreamWriter ... file write failed``, miniz's MZ_ZIP_FILE_WRITE_FAILED).
+GENERIC_WRITE_RULES = frozenset({"torch_npu.save_write_failed"})
+#: The operating system's reason for a failed write, as an OSError prints it (``[Errno 28] ...``) or
+#: its strerror(3) text for the storage errnos (ENOSPC, EDQUOT, EIO, ESTALE).
+_ERRNO = re.compile(r"\[Errno \d+\]|No space left on device|Disk quota exceeded|Input/output error|Stale file handle")
 
 
 def nccl_result(f: Finding) -> bool:
@@ -93,11 +113,15 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
 def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
     """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``), or one graded only by its
     generic class's fallback (:func:`generic_fallback`), is spelled out by the rest
-    of its exception's message: the first finding of its instance after it is one of ``errors``,
+    of its exception's message (a generic write failure, :data:`GENERIC_WRITE_RULES`, by the errno
+    the next finding names): the first finding of its instance after it is one of ``errors``,
     printed less than ``LAST_ERROR_WINDOW`` seconds after it. Arguments and result as
     :func:`named_by_last_error`'s (``f`` a candidate, ``order`` the incident's findings by
     (time, seq), ``errors`` the real errors; True when ``f`` yields).
     """
+    if f.kind == "keyword" and f.rule_id in GENERIC_WRITE_RULES:
+        nxt = _next(f, order, lambda g: False)
+        return nxt is not None and bool(_ERRNO.search(nxt.line)) and any(nxt is e for e in errors)
     if f.kind != "keyword" or not (f.rule_id == CATCH_ALL_RULE or generic_fallback(f)):
         return False
     return _next_is_error(f, order, errors, skip=lambda g: False)

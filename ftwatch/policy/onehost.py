@@ -24,6 +24,9 @@ The reading (:func:`one_host`), a job is on one host when, before the failure:
   ``MASTER_ADDR``, ``--master_addr``; ``rendezvous.init_method_tcp``: ``init_method`` / ``dist_url``
   ``tcp://host:port``), is a loopback address (RFC 1122 3.2.1.3: 127/8 "MUST NOT appear outside a
   host"; torchrun: "For single node multi-proc training the --master-addr can simply be 127.0.0.1"),
+  or the job's list of nodes is loopback addresses only (Paddle 1.x's launcher prints its
+  ``--cluster_node_ips``, "Paddle cluster nodes ips", default ``127.0.0.1``:
+  python/paddle/distributed/launch.py),
   and nothing says there is more than one node: no node rank of 1 or more, no node count above 1
   (``NNODES``, ``--nnodes``), no launch line naming a rendezvous address that is not a loopback one, no
   second host among the findings (``loopback.job_hosts``). The master
@@ -50,6 +53,9 @@ _DATA_PARALLEL = re.compile(r"torch[/\\]nn[/\\]parallel[/\\](?:data_parallel|rep
 #: a rendezvous address as a launch line states it: group 1 the host
 _ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr|\binit_method|\bdist_url)['\"]?"
                       r"(?:\s*[=:]\s*|\s+)['\"]?(?:tcp://)?\[?([\w.:-]+?)\]?(?::\d+)?['\",]?(?=[\s,]|$)")
+#: Paddle's list of the job's nodes (``--cluster_node_ips``, "Paddle cluster nodes ips, such as
+#: 192.168.0.16,192.168.0.17..", printed as ``cluster_node_ips: 127.0.0.1``): group 1 the list
+_NODE_LIST = re.compile(r"(?:--cluster_node_ips(?:\s*=\s*|\s+)|\bcluster_node_ips['\"]?\s*[=:]\s*)['\"]?([\w.:,\[\]-]+)")
 #: a node count that says the job spans nodes (a node rank >= 1 says it too: rdzvconfig.NODE_RANK)
 _NODE_COUNT = re.compile(r"(?:\bNNODES|\bnnodes|--nnodes|\bnum_nodes|--num[_-]nodes)(?:\s*[=:]\s*|\s+)(\d+)")
 
@@ -83,7 +89,8 @@ def one_host(f: Finding, evidence: Iterable[Finding]) -> str | None:
     if any((m := FRAME.match(line)) and _DATA_PARALLEL.search(m.group(1)) for line in f.evidence):
         return MEANING.format(why="its traceback is in nn.DataParallel: one process drives every GPU")
     seen = [g for g in evidence if (g.time, g.seq) < (f.time, f.seq)]
-    loops = set()
+    loops: set[str] = set()
+    listed: set[str] = set()        # those from a node list (Paddle's cluster_node_ips)
     for g in seen:
         if g.rule_id not in CONFIG_RULES:
             continue
@@ -94,6 +101,14 @@ def one_host(f: Finding, evidence: Iterable[Finding]) -> str | None:
             if not is_loopback(m.group(1)):
                 return None             # an address other ranks could meet at from another host
             loops.add(m.group(1))
+        for m in _NODE_LIST.finditer(g.line):
+            ips = [ip.strip("[]") for ip in m.group(1).split(",") if ip.strip("[]")]
+            if not all(is_loopback(ip) for ip in ips):
+                return None             # a node list naming a host other than this one
+            loops.update(ips)
+            listed.update(ips)
     if not loops or len(job_hosts(evidence)) > 1:
         return None
+    if loops == listed:
+        return MEANING.format(why=f"its launch lists its nodes as the loopback address {sorted(loops)[0]} only")
     return MEANING.format(why=f"its ranks rendezvous at the loopback address {sorted(loops)[0]}")

@@ -207,3 +207,27 @@ def test_a_bar_that_stopped_with_the_timeout_keeps_the_hang_reading():
                             "Sending process 612 closing signal SIGTERM")
     rc = analyse(found, world=2).root_cause
     assert rc is None or rc.rule_id != "collective.busy_rank", rc
+
+
+def test_a_unique_id_read_on_a_stream_with_no_rank_prefix_is_the_rank_it_names():
+    # ProcessGroupNCCL's broadcastUniqueNCCLID names its group rank: "[1] is setting up NCCL
+    # communicator ...". On one unprefixed stream (torch.distributed.launch, accelerate) the
+    # waiting ranks are those it names, and rank 0's unprefixed map bar is the busy one.
+    found = unranked(1500.0, bar(61, 1_221_000))
+    for r in (1, 2, 3):
+        found += unranked(1800.0 + r / 10, store_wait(r)[-1])
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["waiting"] == [1, 2, 3]
+
+
+def test_the_unique_id_reads_rank_is_read_only_in_the_default_group():
+    from ftwatch.policy.collectives import rank_of
+    line = store_wait(2)[-1]
+    assert rank_of(unranked(0.0, line)[-1]) == 2
+    other = line.replace("Socket Timeout", "wait timeout after 600000ms, keys: /default_pg/3//cuda//0")
+    assert rank_of(unranked(0.0, other)[-1]) is None
+    default = line.replace("Socket Timeout", "wait timeout after 600000ms, keys: /default_pg/0//cuda//0")
+    assert rank_of(unranked(0.0, default)[-1]) == 2
+    without_it = unranked(0.0, "RuntimeError: [2] something else failed")
+    assert all(rank_of(f) is None for f in without_it)

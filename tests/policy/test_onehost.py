@@ -82,3 +82,13 @@ def test_a_launchers_command_line_flag_is_no_progress_line():
     assert list(progress.marks(cmd, T0, 0.0, 2020)) == []
     line = b"[2020-11-19 08:25:40,173] iteration 100/100000 | lm loss: 7.1\n"
     assert list(progress.marks(line, T0, 0.0, 2020))
+
+
+def test_a_paddle_launch_whose_node_list_is_loopback_only_is_one_host():
+    # paddle.distributed.launch (1.x) prints its --cluster_node_ips, "Paddle cluster nodes ips"
+    found = failed("cluster_node_ips: 127.0.0.1")
+    grade = at_init(found[-1], NONE_YET, found)
+    assert grade is not None and grade.action is Action.FAIL_JOB and "lists its nodes" in grade.meaning
+    for launch in ("cluster_node_ips: 127.0.0.1,10.0.0.6", "cluster_node_ips: 10.0.0.5,10.0.0.6"):
+        found = failed(launch)
+        assert one_host(found[-1], found) is None, launch

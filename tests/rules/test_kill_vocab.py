@@ -409,3 +409,20 @@ def test_a_shells_report_of_sigtrap_sigsys_or_sigxfsz_is_that_death(line, signal
     [f] = findings(line)
     assert f.rule_id == "process.fatal_signal_report" and f.fields["signal"] == signal
     assert f.failure_class is FailureClass.USER_CODE
+
+
+@pytest.mark.parametrize("sig", ["SIGBUS", "SIGILL", "SIGFPE"])
+def test_a_spawned_childs_death_by_its_own_fatal_signal_is_graded_as_the_exit_it_makes(sig: str):
+    """spawn.py's ProcessExitedException names the signal: graded as the shell's 128+N exit (the
+    exit-code table), as bash's, srun's and faulthandler's reports of the same death are."""
+    [f] = findings(f"torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal {sig}")
+    assert f.rule_id == "torch.mp_spawn_fatal_signal"
+    assert f.kind == "exit_code" and f.failure_class is FailureClass.USER_CODE and f.action is Action.FAIL_JOB
+
+
+def test_a_spawned_childs_bus_error_alone_fails_the_job_and_a_sigkill_stays_retryable():
+    rc = analyse(findings("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal "
+                          "SIGBUS")).root_cause
+    assert rc is not None and rc.action is Action.FAIL_JOB
+    [k] = findings("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGKILL")
+    assert k.rule_id == "torch.mp_spawn_sigkill" and k.action is Action.RESTART_JOB

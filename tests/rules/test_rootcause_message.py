@@ -95,3 +95,32 @@ def test_a_class_that_decides_by_itself_keeps_its_grade_before_a_cann_line():
     assert fs[0].failure_class is FailureClass.USER_CODE and "RuntimeError" not in fs[0].rule_id
     assert not message_named_by_next(fs[0], fs, fs)
     assert analyse(fs).root_cause is fs[0]
+
+
+SAVE = ["Traceback (most recent call last):",
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/serialization.py", line 668, in _save',
+        "    zip_file.write_record(name, storage.data_ptr(), num_bytes)",
+        "RuntimeError: [enforce fail at inline_container.cc:471] . PytorchStreamWriter failed writing file data/112: "
+        "file write failed",
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "/opt/conda/lib/python3.10/site-packages/torch/serialization.py", line 291, in __exit__',
+        "    self.file_like.write_end_of_file()"]
+
+
+def test_torch_saves_generic_write_failure_yields_to_the_errno_its_chained_oserror_names():
+    fs = feed([(0.0, SAVE + ["OSError: [Errno 28] No space left on device"])])
+    assert [f.rule_id for f in fs] == ["torch_npu.save_write_failed", "storage.no_space_left"]
+    assert message_named_by_next(fs[0], fs, fs)
+    rc = analyse(fs).root_cause
+    assert (rc.rule_id, rc.action) == ("storage.no_space_left", Action.FAIL_JOB)
+
+
+def test_a_write_failure_with_no_errno_after_it_keeps_its_own_grade():
+    fs = feed([(0.0, SAVE + ["RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 1718592000 vs "
+                             "1718591888"])])
+    assert fs[0].rule_id == "torch_npu.save_write_failed"
+    assert not message_named_by_next(fs[0], fs, fs)
+    assert analyse(fs).root_cause.rule_id == "torch_npu.save_write_failed"
