@@ -203,8 +203,10 @@ CRASH_REPORTS = (
     # "mpi-abort": "MPI_ABORT was invoked on rank N in communicator C with errorcode E", the errorcode
     # often wrapped onto the next line) and MPICH's (src/mpi/init/abort.c: "application called
     # MPI_Abort(comm, E) - process N"); the launcher exits with the errorcode, the program's own choice,
-    # read here as the generic failure 1
-    (re.compile(r"\bMPI_ABORT was invoked on rank \d+ in communicator\b|\bapplication called MPI_Abort\("), 1, None),
+    # read here as the generic failure 1. An errorcode 0 the line shows (MPICH's, or Open MPI's joined
+    # onto one line) is the program asking for exit status 0 (MPI 4.1 section 11.2.2): no crash report
+    (re.compile(r"\bMPI_ABORT was invoked on rank \d+ in communicator \S+(?: *$| with errorcode -?[1-9])"
+                r"|\bapplication called MPI_Abort\([^)]*, *-?[1-9]\d*\)"), 1, None),
     # CPython's Py_FatalError (C API docs, "Process Control": "Print a fatal error message and kill the
     # process. No cleanup is performed. ... the standard C library function abort() is called"); the
     # names faulthandler prints for a fatal signal are that signal's, read by the signal rules

@@ -392,6 +392,17 @@ def test_a_programs_mpi_abort_is_a_failed_job(line):
     assert f.rule_id == "mpi.abort_invoked" and f.kind == "exit_code" and f.fields["exitcode"] == 1
 
 
+@pytest.mark.parametrize("line", [
+    "Abort(0) on node 0 (rank 0 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 0) - process 0",
+    "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD with errorcode 0.",
+])
+def test_an_mpi_abort_with_errorcode_zero_is_no_failure(line):
+    """MPI 4.1 section 11.2.2: the errorcode of MPI_Abort becomes the launcher's exit status, so a
+    program that aborts with errorcode 0 asks for a successful exit (a deliberate stop): no crash
+    report. The nonzero forms above stay failures."""
+    assert [f for f in findings(line) if f.rule_id == "mpi.abort_invoked"] == []
+
+
 def test_a_real_error_before_mpi_abort_explains_it():
     fs = findings("[1,0]<stderr>:RuntimeError: CUDA error: out of memory\n"
                   "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD")
