@@ -166,17 +166,20 @@ def cuda_regex(row: dict[str, str]) -> str:
     ``Runtime error: <words>`` is not taken for a CUDA error. Marian's ``CUDA_CHECK``
     (marian-nmt/marian-dev ``src/tensors/gpu/cuda_helpers.h``: ``ABORT_IF(rc != cudaSuccess, "CUDA
     error {} '{}' - {}:{}: {}", rc, cudaGetErrorString(rc), ...)``, which its logger prints after
-    ``Error: ``) puts the number before the quoted text: ``CUDA error 700 '<text>' - file:line``.
+    ``Error: ``) puts the number before the quoted text: ``CUDA error 700 '<text>' - file:line:
+    <expr>``, read only with that location after it (NCCL's own ``CUDA error 999 'unknown error'.``
+    inside its WARN lines is NCCL's, read by its rules).
 
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
     prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
               r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: "
-              r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA error \d+ '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +)")
+              r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +)")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     hugectr = rf"|\bRuntime error: {escape(row['message'])} [^\s:]+:\d+"
-    return f"{prefix}{escape(row['message'])}{hugectr}|\\b{row['enum']}\\b{driver}"
+    marian = rf"|\bCUDA error \d+ '{escape(row['message'])}' - [^\s:]+:\d+: "
+    return f"{prefix}{escape(row['message'])}{hugectr}{marian}|\\b{row['enum']}\\b{driver}"
 
 
 def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> dict:
