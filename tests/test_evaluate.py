@@ -271,6 +271,15 @@ def test_case_without_logs_or_with_a_wrong_id_is_rejected(tmp_path):
     assert "id 'y' is not the directory's name 'x'" in text and "no log file" in text
 
 
+def test_a_launchers_own_log_names_are_logs_of_the_case(tmp_path):
+    """Paddle's launcher writes worker N's output to ``workerlog.N`` (no log suffix): a case holding
+    one reads it, as ``ftwatch replay`` would; another suffix-less file is still no log."""
+    d = write_case(tmp_path, "x", KEYERROR_LOG, "fail_job", "user_code")
+    (d / "combined.log").rename(d / "workerlog.0")
+    (d / "notes.0").write_text("x\n")
+    assert [p.name for p in load_case(d).logs] == ["workerlog.0"]
+
+
 def test_the_corpus_holds_its_baseline(rules):
     """The gate of ``make test`` (issue 12): no set of the real corpus falls below the figures
     recorded in tests/corpus/BASELINE.json, and no more runs that needed no action are restarted or

@@ -163,7 +163,12 @@ def cuda_regex(row: dict[str, str]) -> str:
     ``HugeCTR/include/common.hpp``; also its Triton backend) throws ``"Runtime error: " +
     cudaGetErrorString(retval) + " " + __FILE__ + ":" + __LINE__``, which its logger prints after
     ``[HUGECTR][ERROR]: ``: read only with that location after the text, so another program's
-    ``Runtime error: <words>`` is not taken for a CUDA error.
+    ``Runtime error: <words>`` is not taken for a CUDA error. Marian's ``CUDA_CHECK``
+    (marian-nmt/marian-dev ``src/tensors/gpu/cuda_helpers.h``: ``ABORT_IF(rc != cudaSuccess, "CUDA
+    error {} '{}' - {}:{}: {}", rc, cudaGetErrorString(rc), ...)``, which its logger prints after
+    ``Error: ``) puts the number before the quoted text: ``CUDA error 700 '<text>' - file:line:
+    <expr>``, read only with that location after it (NCCL's own ``CUDA error 999 'unknown error'.``
+    inside its WARN lines is NCCL's, read by its rules).
 
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
@@ -173,7 +178,8 @@ def cuda_regex(row: dict[str, str]) -> str:
               r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +)")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     hugectr = rf"|\bRuntime error: {escape(row['message'])} [^\s:]+:\d+"
-    return f"{prefix}{escape(row['message'])}{hugectr}|\\b{row['enum']}\\b{driver}"
+    marian = rf"|\bCUDA error \d+ '{escape(row['message'])}' - [^\s:]+:\d+: "
+    return f"{prefix}{escape(row['message'])}{hugectr}{marian}|\\b{row['enum']}\\b{driver}"
 
 
 def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> dict:
@@ -197,6 +203,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
                 f"[18:02:11] src/storage/storage.cc:78: Check failed: e == cudaSuccess: CUDA: {msg}",
                 f"F0312 10:01:55.123 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  {msg}",
                 f"[13d08h12m43s][HUGECTR][ERROR]: Runtime error: {msg} /hugectr/HugeCTR/src/data_readers/reader.cu:212 ",
+                f"[2019-02-17 09:52:17] Error: CUDA error {number} '{msg}' - /marian/src/tensors/gpu/device.cu:32: cudaMalloc(&data_, size)",
                 "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
                 f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:

@@ -10,6 +10,7 @@ checks every case and reports every bad one at once, file:line.
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,10 @@ from ftwatch.events import Action, FailureClass
 
 CASE_FILE = "case.yaml"
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+#: log files named by their launcher without a log suffix: Paddle's ``paddle.distributed.launch``
+#: writes local worker N's output to ``<log_dir>/workerlog.N`` (paddle/distributed/utils/launch_utils.py,
+#: ``open("%s/workerlog.%d" % (log_dir, idx), "a")``); ``ftwatch replay`` reads any file it is given
+LAUNCHER_LOG_NAMES = re.compile(r"workerlog\.\d+")
 NONE_CLASS = "none"
 CLASSES = tuple(c.value for c in FailureClass) + (NONE_CLASS,)
 
@@ -73,6 +78,12 @@ class Case:
     logs: tuple[Path, ...]
 
 
+def is_log_name(name: str) -> bool:
+    """True when a file of a case directory is one of its logs: a log suffix (``LOG_SUFFIXES``) or a
+    launcher's own log name (``LAUNCHER_LOG_NAMES``: Paddle's ``workerlog.N``)."""
+    return Path(name).suffix in LOG_SUFFIXES or LAUNCHER_LOG_NAMES.fullmatch(name) is not None
+
+
 def load_case(path: Path) -> Case:
     """Read one case directory.
 
@@ -105,7 +116,7 @@ def load_case(path: Path) -> Case:
                         f"(one of {', '.join(CLASSES)})")
     if spec.id != path.name:
         problems.append(f"id {spec.id!r} is not the directory's name {path.name!r}")
-    logs = tuple(sorted(p for p in path.iterdir() if p.is_file() and p.suffix in LOG_SUFFIXES))
+    logs = tuple(sorted(p for p in path.iterdir() if p.is_file() and is_log_name(p.name)))
     if not logs:
         problems.append(f"no log file ({', '.join(LOG_SUFFIXES)}) beside it")
     if problems:

@@ -58,7 +58,9 @@ SIM_START = 1_795_219_200.0  # 2026-11-21T00:00:00Z: the simulated clock's origi
 ANCHOR_LINES = 200          # lines at the head of a file searched for the clock's anchor
 ANCHOR_BYTES = 64 << 10     # bytes at the head of a file searched for it
 _ANCHOR_CHARS = 256         # of each line: every timestamp format starts well within it
-_RANK_IN_NAME = re.compile(r"(?:rank|worker|default|node)[-_.]?(\d+)", re.IGNORECASE)
+#: a rank in a log file's name; ``workerlog.N`` is the file Paddle's launcher writes for local worker N
+#: (paddle/distributed/utils/launch_utils.py and fleet/launch_utils.py: ``open("%s/workerlog.%d" % (log_dir, idx))``)
+_RANK_IN_NAME = re.compile(r"(?:rank|worker(?:log)?|default|node)[-_.]?(\d+)", re.IGNORECASE)
 
 
 @dataclass

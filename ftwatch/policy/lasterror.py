@@ -77,6 +77,11 @@ NCCL_RESULT_PREFIX = "nccl.code."
 #: code, its detail and the last error), so its lines carry one time: a second covers a line read
 #: with the next chunk; a later error of the rank is its own.
 LAST_ERROR_WINDOW = 1.0
+#: A check macro's location line, printed after the message that names the failure (stacks_vocab.tsv
+#: ``marian.abort_report``: Marian's ABORT, marian-dev src/common/logging.h, writes the message, then
+#: ``Error: Aborted from <function> in <file>:<line>``; its CUDA_CHECK/NCCL_CHECK put the library's
+#: error text in the message): it names no cause, so it never spells out a result code before it.
+LOCATION_ONLY_RULES = frozenset({"marian.abort_report"})
 #: The rule of a traceback whose exception nothing grades (python.yaml, priority -10).
 CATCH_ALL_RULE = "python.uncaught_exception"
 #: A write failure that names no reason (ascend.yaml ``torch_npu.save_write_failed``: torch.save's
@@ -107,7 +112,7 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
     """
     if not nccl_result(f):
         return False
-    return _next_is_error(f, order, errors, skip=nccl_result)
+    return _next_is_error(f, order, errors, skip=lambda g: nccl_result(g) or g.rule_id in LOCATION_ONLY_RULES)
 
 
 def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:

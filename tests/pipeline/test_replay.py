@@ -130,6 +130,8 @@ def test_file_names_give_ranks_and_a_combined_log_has_none(tmp_path):
     assert origin_for(tmp_path / "rank3.log", JOB).rank == 3
     assert origin_for(tmp_path / "worker-12.err", JOB).rank == 12
     assert origin_for(tmp_path / "combined.log", JOB).rank is None
+    assert origin_for(tmp_path / "workerlog.3", JOB).rank == 3          # Paddle's launcher's per-worker file
+    assert origin_for(tmp_path / "workerlog.1.log", JOB).rank == 1
 
 
 def test_per_rank_files_keyerror_fails_the_job_naming_rank_1(run, tmp_path):

@@ -138,3 +138,23 @@ def test_nccls_info_line_about_a_sysfs_path_it_skips_is_no_finding():
     warn = "lambda-ws:20417:20533 [0] misc/socket.cc:441 NCCL WARN Could not find real path of /sys/class/net/usb0/device"
     assert findings(info) == []
     assert [f.rule_id for f in findings(warn)] == ["nccl.topo_sysfs_path_missing"]
+
+
+def test_a_check_macros_location_line_does_not_spell_out_the_code_before_it():
+    # Marian's NCCL_CHECK aborts through ABORT (marian-dev src/common/logging.h): the library's error
+    # as the message, then "Aborted from <function> in <file>:<line>", which names no cause
+    fs = findings("[2019-02-17 09:52:17] Error: NCCL error 2 'unhandled system error' - "
+                  "/opt/marian/src/training/communicator_nccl.h:120: ncclAllReduce(...)",
+                  "[2019-02-17 09:52:17] Error: Aborted from void marian::NCCLCommunicator::allReduce() "
+                  "in /opt/marian/src/training/communicator_nccl.h:120")
+    assert [f.rule_id for f in fs] == ["nccl.unhandled_system_error", "marian.abort_report"]
+    assert not named_by_last_error(fs[0], fs, fs)
+    assert analyse(fs).root_cause is fs[0]
+
+
+def test_marians_own_check_with_no_library_error_is_the_root_cause():
+    fs = findings("[2019-09-17 06:22:34] Error: mal-formed device config array??",
+                  "[2019-09-17 06:22:34] Error: Aborted from void marian::MultiNodeGraphGroupBase::loadDeviceConfig"
+                  "(std::vector<long unsigned int>) in /home/mt/marian-mpi/src/training/graph_group.h:180")
+    rc = analyse(fs).root_cause
+    assert rc.rule_id == "marian.abort_report" and rc.failure_class is FailureClass.USER_CODE
