@@ -169,69 +169,41 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "Bad system call": 31}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with status code)) (\d+)\b")
-#: glibc's own fatal reports, each followed by abort(): the heap checks of malloc/malloc.c
-#: (``malloc_printerr``: ``free(): invalid pointer``, ``double free or corruption (!prev)``, ``malloc():
-#: corrupted top size``, ``corrupted size vs. prev_size``, ``munmap_chunk(): invalid pointer``; before
-#: glibc 2.26 inside ``*** Error in `<prog>': <text>: 0x<addr> ***``) and the stack protector's
-#: ``*** stack smashing detected ***: terminated`` (debug/stack_chk_fail.c, ``__fortify_fail``)
-_GLIBC_ABORT = (r"(?:^|[\]>] ?|: ?|\*\*\* Error in `[^`']*': )(?:(?:free|malloc|realloc|calloc|munmap_chunk|malloc_consolidate"
-                r"|_int_free|_int_malloc|_int_realloc|tcache_thread_shutdown)\(\): [a-z]|double free or corruption \("
-                r"|corrupted (?:size vs\. prev_size|double-linked list))|\*\*\* stack smashing detected \*\*\*")
-#: a runtime's own report that it ends the process, and the exit it ends it with ``(code, signal)``:
-#: glog's and abseil's ``LOG(FATAL)`` / failed ``CHECK`` line (``F<mmdd> hh:mm:ss.uuuuuu
-#: <tid> <file>:<line>] ...``, TensorFlow's ``<date> <time>: F <file>:<line>] ...``) and glog's ``***
-#: Check failure stack trace: ***`` end in abort() (google/glog ``src/logging.cc`` ``LogMessage::Fail``;
-#: abseil ``absl/log/internal/log_message.cc``): SIGABRT. Go's runtime prints ``panic: <value>`` for an
-#: unrecovered panic (``runtime/panic.go`` ``printpanics``) and ``fatal error: <text>`` for a runtime
-#: throw (``runtime/panic.go`` ``fatalthrow``: ``all goroutines are asleep - deadlock!``, ``concurrent
-#: map writes``, ...), then exits 2. Rust's std ends the process with exit code 101 when the main thread
-#: panics (``thread 'main' panicked at <file>:<line>:<col>:``; ``std::process::exit`` docs, the test
-#: harness's and ``std::rt``'s ``101``); another thread's panic ends only that thread. Kaldi's job
-#: launchers (``utils/parallel/run.pl``, ``queue.pl``, ``slurm.pl``, ``ssh.pl``) print ``<launcher>: job
-#: failed, log is in <log>`` (or ``N / M failed, log is in <log>``) when a child exits nonzero, and
-#: exit 1 themselves (``$ret = 1``, ``exit($ret)``).
-CRASH_REPORTS = (
-    (re.compile(r"(?:^|[\]>] ?|: ?)F(?:\d{4}|\d{8}) \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] "
-                r"|\d\d:\d\d:\d\d\.\d+: F [^\s\]]+:\d+\] |\*\*\* Check failure stack trace: \*\*\*"), None, 6),
-    (re.compile(r"(?:^|[\]>] ?|: ?)(?:panic: |fatal error: (?:all goroutines are asleep - deadlock!|concurrent map "
-                r"(?:writes|read and map write|iteration and map write)|unexpected signal during runtime execution))"),
-     2, None),
-    (re.compile(r"\bthread 'main' panicked at "), 101, None),
-    (re.compile(r"\b\w+\.pl: (?:job failed|\d+ / \d+ failed), log is in \S"), 1, None),
-    (re.compile(_GLIBC_ABORT), None, 6),
-    # the program called MPI_Abort: Open MPI's report (ompi/runtime help-mpi-runtime.txt / help-mpi-api.txt
-    # "mpi-abort": "MPI_ABORT was invoked on rank N in communicator C with errorcode E", the errorcode
-    # often wrapped onto the next line) and MPICH's (src/mpi/init/abort.c: "application called
-    # MPI_Abort(comm, E) - process N"); the launcher exits with the errorcode, the program's own choice,
-    # read here as the generic failure 1. An errorcode 0 the line shows (MPICH's, or Open MPI's joined
-    # onto one line) is the program asking for exit status 0 (MPI 4.1 section 11.2.2): no crash report
-    (re.compile(r"\bMPI_ABORT was invoked on rank \d+ in communicator \S+(?: *$| with errorcode -?[1-9])"
-                r"|\bapplication called MPI_Abort\([^)]*, *-?[1-9]\d*\)"), 1, None),
-    # CPython's Py_FatalError (C API docs, "Process Control": "Print a fatal error message and kill the
-    # process. No cleanup is performed. ... the standard C library function abort() is called"); the
-    # names faulthandler prints for a fatal signal are that signal's, read by the signal rules
-    (re.compile(r"\bFatal Python error: (?!(?:Segmentation fault|Bus error|Illegal instruction|Floating point "
-                r"exception|Aborted)\b)\S"), None, 6),
-)
+#: a runtime's own report that it ends the process, by the rule that reads it (``rules/packs/kill_vocab.tsv``,
+#: whose rows give each report's wording and source), and the exit it ends the process with ``(code, signal)``:
+#: glog's and abseil's ``LOG(FATAL)`` / failed ``CHECK`` and glibc's heap and stack checks end in abort()
+#: (SIGABRT); Go's runtime exits 2 after an unrecovered panic or a runtime throw; Rust's std exits 101 when
+#: the main thread panics; Kaldi's job launchers and a program's MPI_Abort (the launcher exits with the
+#: program's errorcode, read as the generic 1) exit 1; CPython's ``Py_FatalError`` calls abort().
+CRASH_REPORTS: dict[str, tuple[int | None, int | None]] = {
+    "process.glog_fatal_report": (None, 6),
+    "process.glibc_abort_report": (None, 6),
+    "process.python_fatal_error_report": (None, 6),
+    "process.go_panic_report": (2, None),
+    "process.rust_main_panic_report": (101, None),
+    "kaldi.launcher_job_failed": (1, None),
+    "mpi.abort_invoked": (1, None),
+}
+#: faulthandler's report of a fatal signal also says ``Fatal Python error: <the signal's name>``: the
+#: signal decides, not Py_FatalError's abort (CPython Modules/faulthandler.c, ``faulthandler_fatal_error``)
+_FAULTHANDLER_SIGNAL = re.compile(r"Fatal Python error: (?:Segmentation fault|Bus error|Illegal instruction"
+                                  r"|Floating point exception|Aborted)\b")
 #: deepspeed's launcher's ``return code = N``; SkyPilot's ``return code list: [0, 139]`` (its first non-zero code)
 _RETURN_CODE = re.compile(r"\breturn code(?: = | list: ?\[(?:0, *)*)(-?\d{1,3})\b")
 
 
-def reported_exit(text: str) -> tuple[int | None, int | None, int | None]:
+def reported_exit(text: str, rule_id: str | None = None) -> tuple[int | None, int | None, int | None]:
     """What a launcher's, shell's or orchestrator's exit report says: ``(returncode, signal, rank)``.
 
-    A runtime's own crash report (:data:`CRASH_REPORTS`: glog's fatal line, a Go
-    panic, a Rust main-thread panic, glibc's heap-corruption and stack-smashing aborts, CPython's
-    ``Py_FatalError``; a program's call of ``MPI_Abort``; a Kaldi
-    launcher's ``job failed``) is the exit that runtime or
-    launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
+    A runtime's own crash report, read by the rule ``rule_id`` (:data:`CRASH_REPORTS`: glog's fatal
+    line, a Go panic, a Rust main-thread panic, glibc's aborts, CPython's ``Py_FatalError``, MPI_Abort, a
+    Kaldi launcher's ``job failed``), is the exit that runtime or launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
     ``process rank 3``, srun's ``task 3``, Horovod's runner ``Process 3 exit with status code``; a range of tasks names none). Any part may be None.
     """
-    for crash, crash_code, crash_sig in CRASH_REPORTS:     # the runtime's own crash report
-        if crash.search(text):
-            return crash_code, crash_sig, None
+    if rule_id in CRASH_REPORTS and not _FAULTHANDLER_SIGNAL.search(text):    # the runtime's own crash report
+        return (*CRASH_REPORTS[rule_id], None)
     sig = linefacts.signal_of(text)
     if sig is None:
         m = _STRSIGNAL.search(text)

@@ -199,7 +199,7 @@ class Judge:
             ``(True, finding)``, or ``(True, None)`` for a report of exit 0; ``(False, None)``
             when the line names no code or signal (the rule's own grade stands).
         """
-        code, sig, rank = reported_exit(line)
+        code, sig, rank = reported_exit(line, rule.id)
         if code is None and sig is None:
             return False, None
         if self._exit_table is None:
