@@ -182,6 +182,7 @@ CRASH_REPORTS: dict[str, tuple[int | None, int | None]] = {
     "process.go_panic_report": (2, None),
     "process.rust_main_panic_report": (101, None),
     "kaldi.launcher_job_failed": (1, None),
+    "r.execution_halted": (1, None),
     "mpi.abort_invoked": (1, None),
 }
 #: faulthandler's report of a fatal signal also says ``Fatal Python error: <the signal's name>``: the
@@ -197,7 +198,7 @@ def reported_exit(text: str, rule_id: str | None = None) -> tuple[int | None, in
 
     A runtime's own crash report, read by the rule ``rule_id`` (:data:`CRASH_REPORTS`: glog's fatal
     line, a Go panic, a Rust main-thread panic, glibc's aborts, CPython's ``Py_FatalError``, MPI_Abort, a
-    Kaldi launcher's ``job failed``), is the exit that runtime or launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
+    Kaldi launcher's ``job failed``, R's ``Execution halted``), is the exit that runtime or launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
     ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
     ``process rank 3``, srun's ``task 3``, Horovod's runner ``Process 3 exit with status code``; a range of tasks names none). Any part may be None.

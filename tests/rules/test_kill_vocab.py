@@ -330,6 +330,39 @@ def test_kaldis_retry_of_a_failed_job_is_no_failure_report():
     assert not findings("retry.pl: job failed; renaming log file to exp/log/train.0.1.log.bak and rerunning")
 
 
+def test_an_r_script_halted_on_an_error_is_its_exit_1_and_fails_the_job():
+    """R run non-interactively prints 'Execution halted' after an uncaught error and quits with
+    status 1 (R src/main/main.c check_session_exit): a generic exit, so the job failed."""
+    [f] = findings("Execution halted")
+    assert f.rule_id == "r.execution_halted" and f.kind == "exit_code" and f.fields["exitcode"] == 1
+    fs = findings("fitting on rows 1..2561\nError in resolve_data(x, y) : \n"
+                  "  Error: found missing values in the predictor data frame\nExecution halted\n")
+    rc = analyse(fs).root_cause
+    assert rc is not None and rc.action is Action.FAIL_JOB
+
+
+def test_a_line_that_only_mentions_a_halt_is_no_exit_report():
+    assert not findings("Execution halted at step 3; resuming from checkpoint")
+
+
+@pytest.mark.parametrize(("line", "code"), [
+    ("Trial 83 (Experiment 89) was terminated: allocation failed: resources failed with non-zero exit code: "
+     "container failed with non-zero exit code: 1 (exit code 1)", 1),
+    ("ERROR: crashed: resources failed with non-zero exit code: container failed with non-zero exit code: 137 "
+     "(exit code 137)", 137),
+])
+def test_determineds_container_failure_is_the_trials_exit(line, code):
+    """Determined's master formats a container failure as '<type>: <message> (exit code N)'
+    (master/pkg/aproto/exit.go ContainerFailureError.Error)."""
+    [f] = findings(line)
+    assert f.rule_id == "determined.container_exit" and f.kind == "exit_code" and f.fields["exitcode"] == code
+
+
+def test_a_retried_container_failure_line_is_no_determined_exit_report():
+    assert not [f for f in findings("container failed with non-zero exit code: 1 (exit code 1) on attempt 1 "
+                                    "of 3, retrying") if f.rule_id == "determined.container_exit"]
+
+
 @pytest.mark.parametrize("line", [
     "free(): invalid pointer",
     "double free or corruption (!prev)",
