@@ -93,3 +93,19 @@ def test_the_graph_file_error_decides_over_the_unhandled_system_error_it_returns
 ])
 def test_nccls_info_lines_about_its_xml_files_are_no_finding(line):
     assert grades([line]) == []
+
+
+@pytest.mark.parametrize("line", [
+    "2022-08-20 21:51:52.172999: F external/org_tensorflow/tensorflow/core/tpu/tpu_library_init_fns.inc:100] "
+    "TpuEmbeddingEngine_CollateMemory not available in this library.",
+    "F0820 21:51:52.172999   48213 tpu_library_init_fns.inc:100] TpuExecutable_Free not available in this library.",
+])
+def test_a_fatal_lookup_of_a_function_libtpu_lacks_is_a_version_mismatch_not_a_bare_abort(line):
+    assert grades([line]) == [("tpu.library_function_missing", FailureClass.USER_CODE, Action.FAIL_JOB)]
+
+
+def test_the_same_lookup_logged_at_error_level_is_not_this_rule():
+    """TensorFlow releases whose TFTPU_SET_FN logged at ERROR went on; only the FATAL form ends the run."""
+    line = ("2021-05-01 10:00:00.000000: E tensorflow/core/tpu/tpu_library_init_fns.inc:100] "
+            "TpuEmbeddingEngine_CollateMemory not available in this library.")
+    assert "tpu.library_function_missing" not in {g[0] for g in grades([line])}
