@@ -109,3 +109,15 @@ def test_the_same_lookup_logged_at_error_level_is_not_this_rule():
     line = ("2021-05-01 10:00:00.000000: E tensorflow/core/tpu/tpu_library_init_fns.inc:100] "
             "TpuEmbeddingEngine_CollateMemory not available in this library.")
     assert "tpu.library_function_missing" not in {g[0] for g in grades([line])}
+
+
+def test_a_hub_download_cut_short_is_the_network_as_huggingface_hub_says_not_an_oserror_of_the_program():
+    found = grades(["Traceback (most recent call last):",
+                    '  File "/opt/env/lib/python3.10/site-packages/huggingface_hub/file_download.py", line 473, '
+                    "in http_get",
+                    "    raise OSError(",
+                    "OSError: Consistency check failed: file should be of size 4972489328 but has size 2143289344 "
+                    "((…)model-00001-of-00002.safetensors).",
+                    "This is usually due to network issues while downloading the file. Please retry with "
+                    "`force_download=True`."])
+    assert found[0] == ("hf.download_size_mismatch", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
