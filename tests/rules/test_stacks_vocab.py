@@ -67,6 +67,9 @@ def test_a_status_code_is_graded_alike_by_xla_and_tensorflow(code):
     "jax.errors.JaxRuntimeError: {code}: details",
     "jaxlib._jax.XlaRuntimeError: {code}: details",
     "E0101 00:00:00.000000 1 pjrt_stream_executor_client.cc:2985] Execution of replica 0 failed: {code}: details",
+    # a StatusOr read without handling its error: absl/status/statusor.cc Helper::Crash, a FATAL log line
+    "2022-09-20 11:05:32.229988: F external/org_tensorflow/tensorflow/core/platform/statusor.cc:33] "
+    "Attempting to fetch value instead of handling error {code}: details",
 ])
 @pytest.mark.parametrize("code", GRPC_CODES)
 def test_each_way_xla_prints_a_status_hits_its_code_rule(printed, code):
@@ -185,6 +188,8 @@ OLD_PHRASE = {"CANCELLED": "Cancelled", "UNKNOWN": "Unknown", "INVALID_ARGUMENT"
     "jaxlib.xla_extension.XlaRuntimeError: {name}: details",
     "RuntimeError: {name}: details",
     "E0612 21:44:07.301772 local_client.cc:672] Execution of replica 0 failed: {name}: details",
+    "2021-03-05 11:02:45.702311: F tensorflow/stream_executor/lib/statusor.cc:34] "
+    "Attempting to fetch value instead of handling error {name}: details",
 ])
 @pytest.mark.parametrize("code", GRPC_CODES)
 def test_the_pre_absl_phrase_of_a_code_hits_the_same_rule(printed, code):
@@ -224,3 +229,16 @@ def test_a_lost_ray_gcs_is_fallout_of_its_death():
                    "seconds. GCS may have been killed. It's either GCS is terminated by `ray stop` or is killed "
                    "unexpectedly.")
     assert (f.rule_id, f.failure_class) == ("ray.gcs_unreachable", FailureClass.FALLOUT)
+
+
+@pytest.mark.parametrize("code, cls, action", [
+    ("UNIMPLEMENTED", FailureClass.USER_CODE, Action.FAIL_JOB),
+    ("UNAVAILABLE", FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB),
+    ("RESOURCE_EXHAUSTED", FailureClass.OOM, Action.FAIL_JOB),
+])
+def test_a_statusor_crash_is_graded_by_its_code_not_as_a_bare_abort(code, cls, action):
+    """The glog FATAL line of a StatusOr crash is also a weak abort report
+    (``process.glog_fatal_report``, priority -1); the status code it names decides."""
+    [f] = findings("2022-09-20 11:05:32.229988: F external/org_tensorflow/tensorflow/core/platform/statusor.cc:33] "
+                   f"Attempting to fetch value instead of handling error {code}: Unimplemented MHLO -> HloOpcode")
+    assert (f.rule_id, f.failure_class, f.action) == (f"xla.status.{code.lower()}", cls, action)
