@@ -74,7 +74,13 @@ src/collectives/device/primitives.h checkMismatch): a job hang right after it is
 in collectives they did not all issue (``nccl.collective_mismatch_suspected``). A job that a person
 or its launcher stopped (SIGTERM, SIGINT) before the hang interval ran out, right after Horovod's
 warning came twice or more in a row (the stall outlived a whole check period and held up to the
-stop), is the same deadlock: :func:`stalled_until_stopped`.
+stop), is the same deadlock: :func:`stalled_until_stopped`. A data loader that says the job's shards do
+not split evenly over its ranks names the uneven inputs before they happen (``lifecycle.uneven_split.*``,
+:data:`UNEVEN_SPLIT_RULES`): WebDataset's ``split_by_node`` warns "world_size N > num_shards M" and
+hands each rank ``urls[rank::world_size]``, so the ranks past the last shard get no data at all; NeMo's
+tarred datasets warn that the shard count does not divide by the world size, and their docstring says
+"your program may hang if the shards are uneven". A job hang right after such a line is that split
+(``collective.left_path``, phase the split rule, no rank named: the loader speaks for all of them).
 """
 
 from __future__ import annotations
@@ -204,9 +210,17 @@ def until_job_hang(errors: Sequence[Finding]) -> list[Finding]:
     return order if first is None else order[:first + 1]
 
 
+#: A data loader's own word that the job's shards do not split evenly over its ranks (lifecycle.yaml's
+#: ``lifecycle.uneven_split.*``, tag ``uneven_split``; tests/policy/test_leftpath.py keeps the two in step).
+UNEVEN_SPLIT_RULES = frozenset({"lifecycle.uneven_split.webdataset_world_over_shards",
+                                "lifecycle.uneven_split.nemo_tarred_shards"})
+UNEVEN_SPLIT_SOURCE = ("webdataset shardlists.py split_by_node (\"world_size N > num_shards M\": ranks past the last "
+                       "shard get none); NeMo audio_to_text.py expand_sharded_filepaths (\"your program may hang if the "
+                       "shards are uneven\"); pytorch.org/tutorials/advanced/generic_join.html (a rank with fewer "
+                       "inputs leaves the others hanging)")
 #: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
 HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted",
-                             "lifecycle.stall.horovod", "nccl.collective_mismatch_suspected"})
+                             "lifecycle.stall.horovod", "nccl.collective_mismatch_suspected"}) | UNEVEN_SPLIT_RULES
 
 
 def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
@@ -226,6 +240,13 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
     hang, stop, before = found
     if stop.rule_id == EPOCH_END and not _ended_alone(stop, hang, before):
         return None
+    if stop.rule_id in UNEVEN_SPLIT_RULES:     # the loader's word for all ranks: it names no rank that left
+        line = (f"the job went silent ({hang.rule_id}) right after its data loader said the shards do not split "
+                f"evenly over the ranks ({stop.rule_id}: {stop.line.strip()[:160]}): ranks with fewer or no shards "
+                "leave the others waiting in a collective, which a restart with the same data and world size repeats")
+        return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                       stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
+                       {"left": None, "phase": stop.rule_id, "hang": hang.rule_id}, UNEVEN_SPLIT_SOURCE)
     what = stop.rule_id.rpartition(".")[2].replace("_", " ")
     line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "
             f"peers are on ({what}: {stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves "
