@@ -232,9 +232,11 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
         real: its real errors: only a job hang (kind ``hang``) qualifies.
 
     Returns:
-        A Finding on the stop line's origin, at the hang's (time, seq), or None.
+        A Finding on the stop line's origin, at the hang's (time, seq), or None. Errors after the
+        first job hang (the scheduler's time limit, a person's Ctrl-C, the launcher's report of the
+        ranks it then stopped) are how the silent job was ended, not read (:func:`until_job_hang`).
     """
-    found = line_before_hang(order, real, HANG_LEFT_RULES | {EPOCH_END})
+    found = line_before_hang(order, until_job_hang(real), HANG_LEFT_RULES | {EPOCH_END})
     if found is None:
         return None
     hang, stop, before = found

@@ -230,6 +230,13 @@ def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
     assert rc.failure_class is FailureClass.USER_CODE and rc.fields["hang"] == "hang.job"
 
 
+def test_the_cancel_that_ended_a_job_silent_right_after_an_early_stop_is_not_read():
+    """What came after the whole hang interval (the scheduler's cancel) is how the silent job ended."""
+    found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
+    rc = analyse(found + [job_hang(1800.0)] + logged(None, 5000.0, CANCELLED), world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+
+
 def test_a_job_hang_long_after_the_stop_line_keeps_the_hang_reading():
     found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
     rc = analyse(found + [job_hang(7200.0)], world=1).root_cause
