@@ -81,6 +81,8 @@ hands each rank ``urls[rank::world_size]``, so the ranks past the last shard get
 tarred datasets warn that the shard count does not divide by the world size, and their docstring says
 "your program may hang if the shards are uneven". A job hang right after such a line is that split
 (``collective.left_path``, phase the split rule, no rank named: the loader speaks for all of them).
+So is a job hang right after the ranks stated their batch counts for the epoch and the counts disagree
+(``lifecycle.rank_batches``, compared by ``ftwatch.policy.rankcounts``): they started it with uneven inputs.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ from typing import AbstractSet, Iterator, Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.busy import Waits, died_on_its_own, waits
 from ftwatch.policy.collectives import TIMEOUT_RULES
+from ftwatch.policy.rankcounts import RANK_BATCHES, unequal_counts
 
 #: Rules that say a rank left the path its peers are on (lifecycle.yaml's ``lifecycle.left_path.*``,
 #: tag ``left_path``; tests/policy/test_leftpath.py keeps the two in step).
@@ -236,12 +239,23 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
         first job hang (the scheduler's time limit, a person's Ctrl-C, the launcher's report of the
         ranks it then stopped) are how the silent job was ended, not read (:func:`until_job_hang`).
     """
-    found = line_before_hang(order, until_job_hang(real), HANG_LEFT_RULES | {EPOCH_END})
+    found = line_before_hang(order, until_job_hang(real), HANG_LEFT_RULES | {EPOCH_END, RANK_BATCHES})
     if found is None:
         return None
     hang, stop, before = found
     if stop.rule_id == EPOCH_END and not _ended_alone(stop, hang, before):
         return None
+    if stop.rule_id == RANK_BATCHES:      # the ranks' own counts: only counts that disagree are uneven inputs
+        counts = unequal_counts(stop, before)
+        if counts is None:
+            return None
+        line = (f"the job went silent ({hang.rule_id}) right after the ranks stated unequal batch counts "
+                f"({', '.join(f'rank {r}: {n}' for r, n in sorted(counts.items()))}): the ranks with fewer inputs "
+                "leave the others waiting in a collective, which a restart with the same data split repeats")
+        return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
+                       stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
+                       {"left": _fewest(counts), "phase": RANK_BATCHES, "hang": hang.rule_id,
+                        "counts": counts}, SOURCE)
     if stop.rule_id in UNEVEN_SPLIT_RULES:     # the loader's word for all ranks: it names no rank that left
         line = (f"the job went silent ({hang.rule_id}) right after its data loader said the shards do not split "
                 f"evenly over the ranks ({stop.rule_id}: {stop.line.strip()[:160]}): ranks with fewer or no shards "
@@ -353,3 +367,10 @@ def _ended_alone(stop: Finding, hang: Finding, before: Sequence[Finding]) -> boo
         return False
     return not any(f.rule_id == EPOCH_END and f.origin.instance != stop.origin.instance
                    and f.time >= stop.time - SLACK_SECONDS for f in before)
+
+
+def _fewest(counts: dict[int, int]) -> int | None:
+    """The one rank with the fewest batches, or None when several share the fewest."""
+    low = min(counts.values())
+    fewest = [r for r, n in counts.items() if n == low]
+    return fewest[0] if len(fewest) == 1 else None
