@@ -249,27 +249,28 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
         counts = unequal_counts(stop, before)
         if counts is None:
             return None
-        line = (f"the job went silent ({hang.rule_id}) right after the ranks stated unequal batch counts "
+        line = (f"right after the ranks stated unequal batch counts "
                 f"({', '.join(f'rank {r}: {n}' for r, n in sorted(counts.items()))}): the ranks with fewer inputs "
                 "leave the others waiting in a collective, which a restart with the same data split repeats")
-        return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
-                       stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
-                       {"left": _fewest(counts), "phase": RANK_BATCHES, "hang": hang.rule_id,
-                        "counts": counts}, SOURCE)
+        return _left_path(stop, hang, line, {"left": _fewest(counts), "counts": counts}, SOURCE)
     if stop.rule_id in UNEVEN_SPLIT_RULES:     # the loader's word for all ranks: it names no rank that left
-        line = (f"the job went silent ({hang.rule_id}) right after its data loader said the shards do not split "
-                f"evenly over the ranks ({stop.rule_id}: {stop.line.strip()[:160]}): ranks with fewer or no shards "
-                "leave the others waiting in a collective, which a restart with the same data and world size repeats")
-        return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
-                       stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
-                       {"left": None, "phase": stop.rule_id, "hang": hang.rule_id}, UNEVEN_SPLIT_SOURCE)
+        line = (f"right after its data loader said the shards do not split evenly over the ranks ({stop.rule_id}: "
+                f"{stop.line.strip()[:160]}): ranks with fewer or no shards leave the others waiting in a "
+                "collective, which a restart with the same data and world size repeats")
+        return _left_path(stop, hang, line, {"left": None}, UNEVEN_SPLIT_SOURCE)
     what = stop.rule_id.rpartition(".")[2].replace("_", " ")
-    line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "
-            f"peers are on ({what}: {stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves "
-            "the others waiting in a collective, which a restart repeats")
+    line = (f"right after {stop.origin.instance} said it left the path its peers are on ({what}: "
+            f"{stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves the others waiting in "
+            "a collective, which a restart repeats")
+    return _left_path(stop, hang, line, {"left": stop.rank}, SOURCE)
+
+
+def _left_path(stop: Finding, hang: Finding, why: str, fields: dict, source: str) -> Finding:
+    """``collective.left_path`` on ``stop``'s origin at the hang's (time, seq); ``why`` follows "the job
+    went silent (...)" in its line, ``fields`` add to its phase and hang."""
     return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
-                   stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
-                   {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)
+                   stop.origin, f"the job went silent ({hang.rule_id}) {why}", hang.time, hang.seq,
+                   (stop.line, hang.line), {**fields, "phase": stop.rule_id, "hang": hang.rule_id}, source)
 
 
 #: Horovod's coordinator's stall warning (``rules/packs/lifecycle.yaml``).
