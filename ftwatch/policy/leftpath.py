@@ -74,7 +74,15 @@ src/collectives/device/primitives.h checkMismatch): a job hang right after it is
 in collectives they did not all issue (``nccl.collective_mismatch_suspected``). A job that a person
 or its launcher stopped (SIGTERM, SIGINT) before the hang interval ran out, right after Horovod's
 warning came twice or more in a row (the stall outlived a whole check period and held up to the
-stop), is the same deadlock: :func:`stalled_until_stopped`.
+stop), is the same deadlock: :func:`stalled_until_stopped`. A data loader that says the job's shards do
+not split evenly over its ranks names the uneven inputs before they happen (``lifecycle.uneven_split.*``,
+:data:`UNEVEN_SPLIT_RULES`): WebDataset's ``split_by_node`` warns "world_size N > num_shards M" and
+hands each rank ``urls[rank::world_size]``, so the ranks past the last shard get no data at all; NeMo's
+tarred datasets warn that the shard count does not divide by the world size, and their docstring says
+"your program may hang if the shards are uneven". A job hang right after such a line is that split
+(``collective.left_path``, phase the split rule, no rank named: the loader speaks for all of them).
+So is a job hang right after the ranks stated their batch counts for the epoch and the counts disagree
+(``lifecycle.rank_batches``, compared by ``ftwatch.policy.rankcounts``): they started it with uneven inputs.
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ from typing import AbstractSet, Iterator, Sequence
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.busy import Waits, died_on_its_own, waits
 from ftwatch.policy.collectives import TIMEOUT_RULES
+from ftwatch.policy.rankcounts import RANK_BATCHES, unequal_counts
 
 #: Rules that say a rank left the path its peers are on (lifecycle.yaml's ``lifecycle.left_path.*``,
 #: tag ``left_path``; tests/policy/test_leftpath.py keeps the two in step).
@@ -204,9 +213,17 @@ def until_job_hang(errors: Sequence[Finding]) -> list[Finding]:
     return order if first is None else order[:first + 1]
 
 
+#: A data loader's own word that the job's shards do not split evenly over its ranks (lifecycle.yaml's
+#: ``lifecycle.uneven_split.*``, tag ``uneven_split``; tests/policy/test_leftpath.py keeps the two in step).
+UNEVEN_SPLIT_RULES = frozenset({"lifecycle.uneven_split.webdataset_world_over_shards",
+                                "lifecycle.uneven_split.nemo_tarred_shards"})
+UNEVEN_SPLIT_SOURCE = ("webdataset shardlists.py split_by_node (\"world_size N > num_shards M\": ranks past the last "
+                       "shard get none); NeMo audio_to_text.py expand_sharded_filepaths (\"your program may hang if the "
+                       "shards are uneven\"); pytorch.org/tutorials/advanced/generic_join.html (a rank with fewer "
+                       "inputs leaves the others hanging)")
 #: The left-path lines a job hang right after is read by (:func:`left_before_hang`).
 HANG_LEFT_RULES = frozenset({"lifecycle.left_path.early_stopping", "lifecycle.left_path.data_exhausted",
-                             "lifecycle.stall.horovod", "nccl.collective_mismatch_suspected"})
+                             "lifecycle.stall.horovod", "nccl.collective_mismatch_suspected"}) | UNEVEN_SPLIT_RULES
 
 
 def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Finding | None:
@@ -218,21 +235,42 @@ def left_before_hang(order: Sequence[Finding], real: Sequence[Finding]) -> Findi
         real: its real errors: only a job hang (kind ``hang``) qualifies.
 
     Returns:
-        A Finding on the stop line's origin, at the hang's (time, seq), or None.
+        A Finding on the stop line's origin, at the hang's (time, seq), or None. Errors after the
+        first job hang (the scheduler's time limit, a person's Ctrl-C, the launcher's report of the
+        ranks it then stopped) are how the silent job was ended, not read (:func:`until_job_hang`).
     """
-    found = line_before_hang(order, real, HANG_LEFT_RULES | {EPOCH_END})
+    found = line_before_hang(order, until_job_hang(real), HANG_LEFT_RULES | {EPOCH_END, RANK_BATCHES})
     if found is None:
         return None
     hang, stop, before = found
     if stop.rule_id == EPOCH_END and not _ended_alone(stop, hang, before):
         return None
+    if stop.rule_id == RANK_BATCHES:      # the ranks' own counts: only counts that disagree are uneven inputs
+        counts = unequal_counts(stop, before)
+        if counts is None:
+            return None
+        line = (f"right after the ranks stated unequal batch counts "
+                f"({', '.join(f'rank {r}: {n}' for r, n in sorted(counts.items()))}): the ranks with fewer inputs "
+                "leave the others waiting in a collective, which a restart with the same data split repeats")
+        return _left_path(stop, hang, line, {"left": _fewest(counts), "counts": counts}, SOURCE)
+    if stop.rule_id in UNEVEN_SPLIT_RULES:     # the loader's word for all ranks: it names no rank that left
+        line = (f"right after its data loader said the shards do not split evenly over the ranks ({stop.rule_id}: "
+                f"{stop.line.strip()[:160]}): ranks with fewer or no shards leave the others waiting in a "
+                "collective, which a restart with the same data and world size repeats")
+        return _left_path(stop, hang, line, {"left": None}, UNEVEN_SPLIT_SOURCE)
     what = stop.rule_id.rpartition(".")[2].replace("_", " ")
-    line = (f"the job went silent ({hang.rule_id}) right after {stop.origin.instance} said it left the path its "
-            f"peers are on ({what}: {stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves "
-            "the others waiting in a collective, which a restart repeats")
+    line = (f"right after {stop.origin.instance} said it left the path its peers are on ({what}: "
+            f"{stop.line.strip()[:160]}): a stop or an end of data on some ranks only leaves the others waiting in "
+            "a collective, which a restart repeats")
+    return _left_path(stop, hang, line, {"left": stop.rank}, SOURCE)
+
+
+def _left_path(stop: Finding, hang: Finding, why: str, fields: dict, source: str) -> Finding:
+    """``collective.left_path`` on ``stop``'s origin at the hang's (time, seq); ``why`` follows "the job
+    went silent (...)" in its line, ``fields`` add to its phase and hang."""
     return Finding("collective.left_path", "collective", FailureClass.USER_CODE, Action.FAIL_JOB, Severity.ERROR,
-                   stop.origin, line, hang.time, hang.seq, (stop.line, hang.line),
-                   {"left": stop.rank, "phase": stop.rule_id, "hang": hang.rule_id}, SOURCE)
+                   stop.origin, f"the job went silent ({hang.rule_id}) {why}", hang.time, hang.seq,
+                   (stop.line, hang.line), {**fields, "phase": stop.rule_id, "hang": hang.rule_id}, source)
 
 
 #: Horovod's coordinator's stall warning (``rules/packs/lifecycle.yaml``).
@@ -330,3 +368,10 @@ def _ended_alone(stop: Finding, hang: Finding, before: Sequence[Finding]) -> boo
         return False
     return not any(f.rule_id == EPOCH_END and f.origin.instance != stop.origin.instance
                    and f.time >= stop.time - SLACK_SECONDS for f in before)
+
+
+def _fewest(counts: dict[int, int]) -> int | None:
+    """The one rank with the fewest batches, or None when several share the fewest."""
+    low = min(counts.values())
+    fewest = [r for r, n in counts.items() if n == low]
+    return fewest[0] if len(fewest) == 1 else None

@@ -59,7 +59,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    word before their timeouts says it left their path (its data ran out, its epoch ended, it stops
    early, it works on the main process alone; ``collective.left_path``, user_code:
    ``ftwatch.policy.leftpath``); and a job hang right after a rank said it stops early or ran out
-   of data, or ended its epoch alone (``leftpath.left_before_hang``), or right after its framework
+   of data, or ended its epoch alone, or its data loader or the ranks themselves said the data splits
+   unevenly over them (``leftpath.left_before_hang``), or right after its framework
    named a wait only the program or its launch can end (``hang.named_wait``,
    ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"), or a stop from outside
    (SIGTERM, SIGINT) right after Horovod's stall warning repeated (``leftpath.stalled_until_stopped``); and a rank that wrote lines of

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
-from ftwatch.policy.leftpath import LEFT_PATH_RULES, left_rank
+from ftwatch.policy.leftpath import LEFT_PATH_RULES, UNEVEN_SPLIT_RULES, left_rank
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -114,6 +114,10 @@ def test_an_unprefixed_line_beside_named_waiting_ranks_is_the_left_one():
 
 def test_left_path_rules_are_the_packs_left_path_rules():
     assert {r.id for r in RULES if "left_path" in r.tags} == LEFT_PATH_RULES
+
+
+def test_uneven_split_rules_are_the_packs_uneven_split_rules():
+    assert {r.id for r in RULES if "uneven_split" in r.tags} == UNEVEN_SPLIT_RULES
 
 
 FIT_DONE = "`Trainer.fit` stopped: `max_epochs=50` reached."
@@ -226,6 +230,13 @@ def test_a_job_hang_right_after_an_early_stop_is_the_stop_on_some_ranks_only():
     assert rc.failure_class is FailureClass.USER_CODE and rc.fields["hang"] == "hang.job"
 
 
+def test_the_cancel_that_ended_a_job_silent_right_after_an_early_stop_is_not_read():
+    """What came after the whole hang interval (the scheduler's cancel) is how the silent job ended."""
+    found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
+    rc = analyse(found + [job_hang(1800.0)] + logged(None, 5000.0, CANCELLED), world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+
+
 def test_a_job_hang_long_after_the_stop_line_keeps_the_hang_reading():
     found = logged(None, 0.0, "Early stopping: no improvement in 5 validations; stopping at step 14000")
     rc = analyse(found + [job_hang(7200.0)], world=1).root_cause
@@ -315,4 +326,32 @@ def test_a_job_hang_whose_culprit_printed_the_epoch_end_keeps_the_hang_reading()
     """Counterexample: the rank that ended its epoch is the one that went silent first."""
     found = logged(1, 40.0, EPOCH_DONE.format(1))
     rc = analyse(found + [ranked_hang(40.0 + 1800.0, culprit=1, culprit_last=40.0)], world=2).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+WDS_SPLIT = ("[rank0]: /opt/venv/lib/python3.8/site-packages/webdataset/shardlists.py:98: "
+             "UserWarning: world_size 4 > num_shards 1")
+NEMO_SPLIT = ("[NeMo W 2026-11-21 00:00:00 audio_to_text:201] Number of shards in tarred dataset (10) is not "
+              "divisible by number of distributed workers (8).")
+
+
+@pytest.mark.parametrize("line", [WDS_SPLIT, NEMO_SPLIT])
+def test_a_job_hang_right_after_the_loader_said_the_shards_split_unevenly_is_the_programs(line):
+    """webdataset split_by_node: ranks past the last shard get none; NeMo: "may hang if the shards are uneven"."""
+    rc = analyse(logged(None, 0.0, line) + [job_hang(1800.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "collective.left_path", rc
+    assert rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB
+    assert rc.fields["phase"] in UNEVEN_SPLIT_RULES and rc.fields["left"] is None
+
+
+def test_training_that_went_on_long_after_the_split_warning_keeps_the_hang_reading():
+    """Counterexample: resampled shards or with_epoch fed every rank, and the job hung much later."""
+    rc = analyse(logged(None, 0.0, WDS_SPLIT) + [job_hang(7200.0)], world=1).root_cause
+    assert rc is not None and rc.rule_id == "hang.job"
+
+
+def test_the_per_worker_shard_warning_is_no_uneven_split_of_ranks():
+    """num_workers > num_shards leaves some loader workers of one rank idle, not a rank without data."""
+    line = "/opt/venv/lib/python3.8/site-packages/webdataset/dataset.py:85: UserWarning: num_workers 4 > num_shards 1"
+    rc = analyse(logged(None, 0.0, line) + [job_hang(1800.0)], world=1).root_cause
     assert rc is not None and rc.rule_id == "hang.job"
