@@ -15,6 +15,12 @@ none:
   scheduler and exports ``CUDA_VISIBLE_DEVICES=-1`` to every trial (microsoft/nni
   ``training_service/local/localTrainingService.ts`` ``getEnvironmentVariables``; older releases
   wrote an empty value into the trial's ``run.sh``).
+* A container: the NVIDIA Container Toolkit exposes the GPUs ``NVIDIA_VISIBLE_DEVICES`` names
+  (the Kubernetes device plugin sets it to the container's allocated GPUs); ``none`` exposes no
+  GPU, ``void`` (or unset) makes the runtime behave as runc (NVIDIA Container Toolkit docs,
+  "Specialized Configurations with Docker", GPU enumeration).
+* Ray Tune also warns at start when the cluster has GPUs and no trial asks for one (``tune.py``:
+  "Tune detects GPUs, but no trials are using GPUs").
 
 So the "no device" a CUDA/HIP runtime then reports (``cudaErrorNoDevice``, PyTorch's ``No CUDA
 GPUs are available``) is the allocation the job asked for; another node gives the same, and
