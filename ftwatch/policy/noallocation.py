@@ -49,7 +49,9 @@ NO_DEVICE_RULES = frozenset({"cuda.no_device", "cuda.rt.no_device", "torch.no_cu
 _SOURCE = ("CUDA C++ Programming Guide, 'CUDA Environment Variables' (CUDA_VISIBLE_DEVICES: only listed devices "
            "are visible); Ray Tune 'A Guide To Parallelism and Resources' (default 1 CPU, 0 GPU per trial) and "
            "ray-project/ray#5940 (maintainer: GPUs detected but not allocated, '0/2 GPUs requested'); "
-           "microsoft/nni localTrainingService.ts (gpuNum 0: CUDA_VISIBLE_DEVICES=-1)")
+           "ray tune.py ('Tune detects GPUs, but no trials are using GPUs'); microsoft/nni localTrainingService.ts "
+           "(gpuNum 0: CUDA_VISIBLE_DEVICES=-1); NVIDIA Container Toolkit GPU enumeration (NVIDIA_VISIBLE_DEVICES "
+           "none / void)")
 
 
 def not_allocated(head: Finding, order: Sequence[Finding]) -> Finding | None:
