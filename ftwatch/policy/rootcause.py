@@ -138,6 +138,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
 18. An out-of-memory error whose allocator figures show a full device that the one failing
    process held (almost) none of is the node's state, a GPU held outside the job
    (``ftwatch.policy.heldmemory``: hardware_node, isolate_node), read where rule 5 is.
+19. A runtime's "no device" error (``cudaErrorNoDevice``, ``No CUDA GPUs are available``) in an
+   incident whose scheduler or launcher said the process was given no GPU (Ray trials holding
+   CPUs and 0 GPUs, NNI's trial GPU number 0, ``CUDA_VISIBLE_DEVICES`` exported empty or -1) is
+   the job's own allocation (``ftwatch.policy.noallocation``: user_code, fail_job), read where
+   rule 5 is; without such a line it stays the node's.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -174,6 +179,7 @@ from ftwatch.policy.lasterror import assert_reported, message_named_by_next, nam
 from ftwatch.policy.leftpath import left_before_hang, left_rank, stalled_until_stopped, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
+from ftwatch.policy.noallocation import not_allocated
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.hvdshutdown import finished_rank
 from ftwatch.policy.oomkill import killed_when_reported, lone_oom_kill, lone_ray_kill
@@ -410,7 +416,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         head = real[0]
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in NOT_LOG_LINES and precedes(head, f))
-        reset = required_reset(head, real) or held_elsewhere(head, order)   # 5: the driver's verdict; 18: a GPU held outside
+        reset = (required_reset(head, real) or held_elsewhere(head, order)   # 5: the driver's verdict; 18: a GPU held outside
+                 or not_allocated(head, order))     # 19: no GPU because the job's allocation gave it none
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
                                        done, tuple(f for f in peer if f is not reset)))
