@@ -42,6 +42,14 @@ class is ``info`` (issue 12: ``NCCL INFO NET/Plugin : dlerror=libnccl-net.so: ..
 directory`` is not a missing file of the user's). A rule-level ``when:`` may replace this later."""
 EXCEPTION_PRIORITY = 10        # a traceback's final class that decides by itself (KeyError, ...)
 EXCEPTION_FALLBACK_PRIORITY = -5   # a generic final class (RuntimeError): rules on its message win
+#: a rule tagged so reads an uncaught C++ exception's ``what()`` (``stacks_vocab.tsv``
+#: ``cpp.uncaught_exception_what``: the program's own error, user_code); a message that is, or ends in,
+#: the C library's text for an errno (a ``std::system_error``, whose ``what()`` is ``strerror(errno)``:
+#: c10d's and gloo's sockets, ``Connection reset by peer``) names a failed system call, not whose
+#: doing it was, so the rule makes no finding on it (:meth:`Judge._what_is_errno`): the bare abort after
+#: it and the incident's other findings decide, as before the rule existed
+CPP_WHAT_TAG = "cpp_what"
+_WHAT = re.compile(r"what\(\): +(.*)|uncaught exception of type .+?: (.*)")
 
 
 class Judge:
@@ -185,6 +193,9 @@ class Judge:
             read, reported = self._reported_exit(record, rule, line, lines)
             if read:
                 return reported
+        if CPP_WHAT_TAG in rule.tags:
+            if self._what_is_errno(line):
+                return None
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, _cap(line), record.time, record.seq, _evidence(lines),
                        collective.fields(record.text), rule.source)
@@ -210,6 +221,16 @@ class Judge:
             return True, None
         return True, replace(found, rule_id=rule.id, line=_cap(line), evidence=_evidence(lines),
                              source=f"{rule.source}; {found.source}")
+
+    def _what_is_errno(self, line: str) -> bool:
+        """Says whether the ``what()`` on ``line`` (:data:`CPP_WHAT_TAG`) is an errno's text by the
+        exception catalog, read as ``RuntimeError: <what()>`` (pybind11 raises a ``std::exception``
+        as ``RuntimeError`` with ``what()`` as its message: pybind11 docs, "Exceptions"), whose
+        generic row leaves the grade to the errno the message names (``ExceptionCatalog.grade``)."""
+        m = _WHAT.search(line)
+        message = ((m.group(1) or m.group(2) or "") if m else "").strip()
+        grade = self.exceptions.grade(f"RuntimeError: {message}") if message else None
+        return grade is not None and grade.decides_by_class
 
     def _fault_finding(self, record: Record, hit) -> Finding:
         entry = hit.entry or self.tables.grade_unknown(hit)
