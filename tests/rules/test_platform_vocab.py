@@ -1,7 +1,7 @@
 """The platforms beyond Linux and CUDA (``platform_vocab.tsv``) and the command-line parsers'
 refusals (``python.yaml``): Apple's MPS backend and Metal, Windows' fatal exceptions and NTSTATUS exit
 statuses, zsh's report of the signal that ended a command, Intel XPU/SYCL out-of-memory, argparse
-subcommands, click/typer, fire.
+subcommands, click/typer, tyro, fire.
 
 Each is graded by its source: an MPS or Metal out-of-memory is oom; a Metal/MPS failed assertion and
 an MPSGraph compile error are the program's or its stack's (fail); an access violation is a native
@@ -47,6 +47,8 @@ def _one(*lines: str):
     ("Error: No such option: --num-gpus Did you mean --num-devices?", "python.click_usage_error",
      FailureClass.USER_CODE),
     ("ERROR: Could not consume arg: --num_gpus", "python.fire_usage_error", FailureClass.USER_CODE),
+    ("│ Unrecognized options: --machine.num-gpus                                      │", "python.tyro_usage_error",
+     FailureClass.USER_CODE),
     ("RuntimeError: XPU out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.11 GiB total capacity; 12.50 GiB already "
      "allocated; 12.60 GiB reserved in total by PyTorch)", "xpu.out_of_memory", FailureClass.OOM),
     ("RuntimeError: Native API failed. Native API returns: 40 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)",
