@@ -30,6 +30,8 @@ def _one(*lines: str):
      "upper limit for memory allocations (may cause system failure).", "mps.backend_out_of_memory", FailureClass.OOM),
     ("\tInsufficient Memory (00000008:kIOGPUCommandBufferCallbackErrorOutOfMemory)",
      "metal.command_buffer_out_of_memory", FailureClass.OOM),
+    ("Insufficient Memory (00000008:kIOAccelCommandBufferCallbackErrorOutOfMemory)",
+     "metal.command_buffer_out_of_memory", FailureClass.OOM),
     ("-[MTLDebugComputeCommandEncoder setBuffer:offset:atIndex:]:383: failed assertion `Set Buffer Validation "
      "index(31) must be < 31'", "metal.failed_assertion", FailureClass.USER_CODE),
     ("(mpsFileLoc): /AppleInternal/Library/BuildRoots/x/Library/Caches/com.apple.xbs/Sources/"
