@@ -83,7 +83,7 @@ CATALOGS: dict[str, tuple[str, str]] = {
                            "failed assertion of Metal/MPS and an MPSGraph compile error: the program's or its "
                            "stack's), Windows' fatal exceptions as Python's faulthandler prints them (a native "
                            "crash, as a segmentation fault) and NTSTATUS exit statuses, zsh's report of the signal that "
-                           "ended a command, Intel XPU / SYCL out-of-memory, graded"),
+                           "ended a command, Intel XPU's allocator out-of-memory, graded"),
     "rocm_vocab.tsv": ("rocm_vocab.yaml", "the AMD GPU runtimes: HIP's hipError_t texts as PyTorch on ROCm prints "
                        "them ('HIP error: ...', each graded as the CUDA error of the same name), the HSA runtime's "
                        "(ROCr) GPU memory-access faults by reason, its HW exceptions (ECC, GPU hang) and the "

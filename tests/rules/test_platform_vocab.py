@@ -1,6 +1,6 @@
 """The platforms beyond Linux and CUDA (``platform_vocab.tsv``) and the command-line parsers'
 refusals (``python.yaml``): Apple's MPS backend and Metal, Windows' fatal exceptions and NTSTATUS exit
-statuses, zsh's report of the signal that ended a command, Intel XPU/SYCL out-of-memory, argparse
+statuses, zsh's report of the signal that ended a command, Intel XPU's allocator out-of-memory, argparse
 subcommands, click/typer, tyro, fire.
 
 Each is graded by its source: an MPS or Metal out-of-memory is oom; a Metal/MPS failed assertion and
@@ -53,8 +53,6 @@ def _one(*lines: str):
      FailureClass.USER_CODE),
     ("RuntimeError: XPU out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.11 GiB total capacity; 12.50 GiB already "
      "allocated; 12.60 GiB reserved in total by PyTorch)", "xpu.out_of_memory", FailureClass.OOM),
-    ("RuntimeError: Native API failed. Native API returns: 40 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)",
-     "sycl.out_of_memory_result", FailureClass.OOM),
 ])
 def test_each_platform_line_is_graded_by_its_source(line, rule, failure_class):
     hit = [f for f in findings(line) if f.rule_id == rule]
