@@ -78,6 +78,12 @@ CATALOGS: dict[str, tuple[str, str]] = {
                          "and heartbeat lines (fallout), Ray's lost nodes (retryable), memory-monitor kills (oom), "
                          "actor/worker deaths and a lost GCS (fallout), vLLM's engine-dead and worker-died "
                          "reports (fallout), graded"),
+    "platform_vocab.tsv": ("platform_vocab.yaml", "the platforms beyond Linux and CUDA: Apple's MPS backend of "
+                           "PyTorch and Metal (the MPS allocator's and a command buffer's out-of-memory: oom; a "
+                           "failed assertion of Metal/MPS and an MPSGraph compile error: the program's or its "
+                           "stack's), Windows' fatal exceptions as Python's faulthandler prints them (a native "
+                           "crash, as a segmentation fault) and NTSTATUS exit statuses, zsh's report of the signal that "
+                           "ended a command, Intel XPU's allocator out-of-memory, graded"),
     "rocm_vocab.tsv": ("rocm_vocab.yaml", "the AMD GPU runtimes: HIP's hipError_t texts as PyTorch on ROCm prints "
                        "them ('HIP error: ...', each graded as the CUDA error of the same name), the HSA runtime's "
                        "(ROCr) GPU memory-access faults by reason, its HW exceptions (ECC, GPU hang) and the "

@@ -204,7 +204,8 @@ SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "pyt
                              "deepspeed_launcher.worker_sigkilled", "slurm.srun_task_killed",
                              "torch.mp_spawn_sigkill"})
 #: Native crashes that rule 11 reads as the tear-down of fallout the same instance logged first.
-NATIVE_CRASHES = frozenset({"os.segfault"})
+NATIVE_CRASHES = frozenset({"os.segfault",
+                            "windows.fatal_exception"})   # Windows' access violation, its SIGSEGV (platform_vocab.tsv)
 #: Errors of a corrupt size that rule 11 reads, like a native crash, as fallout of the same instance's earlier fallout.
 CORRUPT_SIZE_RULES = frozenset({"alloc.size_past_1eb"})
 #: The rule id of the root cause :func:`left_first` names.

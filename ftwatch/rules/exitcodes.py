@@ -168,6 +168,14 @@ STRSIGNAL = {"Hangup": 1, "Interrupt": 2, "Quit": 3, "Illegal instruction": 4, "
              "Broken pipe": 13, "Alarm clock": 14, "Terminated": 15, "File size limit exceeded": 25,
              "Bad system call": 31}
 _STRSIGNAL = re.compile(r"\b(" + "|".join(re.escape(t) for t in sorted(STRSIGNAL, key=len, reverse=True)) + r")\b")
+#: zsh's own messages for the signals that end a job, which it prints instead of strsignal(3)'s
+#: (zsh ``Src/signames2.awk``; ``Src/jobs.c`` printjob: ``zsh: segmentation fault  python x.py``).
+ZSH_SIGNAL_MESSAGES = {"hangup": 1, "interrupt": 2, "quit": 3, "illegal hardware instruction": 4,
+                       "trace trap": 5, "abort": 6, "bus error": 7, "floating point exception": 8,
+                       "killed": 9, "segmentation fault": 11, "broken pipe": 13, "alarm": 14,
+                       "terminated": 15}
+_ZSH_REPORT = re.compile(r"^zsh: (" + "|".join(re.escape(t) for t in sorted(ZSH_SIGNAL_MESSAGES, key=len, reverse=True))
+                         + r")\b")
 _REPORTED_RANK = re.compile(r"\b(?:process rank|task|Process(?= \d+ exit with status code)) (\d+)\b")
 #: a runtime's own report that it ends the process, by the rule that reads it (``rules/packs/kill_vocab.tsv``,
 #: whose rows give each report's wording and source), and the exit it ends the process with ``(code, signal)``:
@@ -199,13 +207,14 @@ def reported_exit(text: str, rule_id: str | None = None) -> tuple[int | None, in
     A runtime's own crash report, read by the rule ``rule_id`` (:data:`CRASH_REPORTS`: glog's fatal
     line, a Go panic, a Rust main-thread panic, glibc's aborts, CPython's ``Py_FatalError``, MPI_Abort, a
     Kaldi launcher's ``job failed``, R's ``Execution halted``), is the exit that runtime or launcher ends the process with. Else the signal by name or number (``SIGKILL``, ``signal 9``, ``exitcode: -9``:
-    ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``); else the exit
+    ``ftwatch.parsers.linefacts.signal_of``) or by its strsignal text (``Killed``; zsh's own words,
+    ``zsh: abort``, :data:`ZSH_SIGNAL_MESSAGES`); else the exit
     code (``Exit Code: 137``, ``exit code 1``, ``return code = 1``; a negative one is a signal); the rank when the report names one (mpirun's
     ``process rank 3``, srun's ``task 3``, Horovod's runner ``Process 3 exit with status code``; a range of tasks names none). Any part may be None.
     """
     if rule_id in CRASH_REPORTS and not _FAULTHANDLER_SIGNAL.search(text):    # the runtime's own crash report
         return (*CRASH_REPORTS[rule_id], None)
-    sig = linefacts.signal_of(text)
+    sig = ZSH_SIGNAL_MESSAGES[m.group(1)] if (m := _ZSH_REPORT.search(text)) else linefacts.signal_of(text)
     if sig is None:
         m = _STRSIGNAL.search(text)
         sig = STRSIGNAL[m.group(1)] if m else None

@@ -109,6 +109,7 @@ def test_pack_sizes():
                              "cudalib_vocab.yaml",  # cuBLAS / cuDNN status codes (issue 12)
                              "stacks_vocab.yaml",  # XLA/JAX status codes, Ray, vLLM (issue 12)
                              "rocm_vocab.yaml",  # HIP errors, the HSA runtime's faults and statuses (issue 12)
+                             "platform_vocab.yaml",  # Apple MPS/Metal, Windows crashes, zsh (issue 12)
                              "waits.yaml"}  # a framework naming the program's wait (issue 12, policy/namedwait.py)
     assert len(BUILTIN) >= 330
 
@@ -163,7 +164,7 @@ def test_build_packs_regenerates_committed_files_byte_identically():
                           "exit_codes.tsv",
                           "cuda_runtime.yaml", "nccl_vocab.yaml", "dist_vocab.yaml", "kernel_vocab.yaml",
                           "net_vocab.yaml", "env_vocab.yaml", "kill_vocab.yaml", "cudalib_vocab.yaml",
-                          "stacks_vocab.yaml", "rocm_vocab.yaml"}
+                          "stacks_vocab.yaml", "rocm_vocab.yaml", "platform_vocab.yaml"}
     for name, text in files.items():
         assert (PACKS / name).read_bytes() == text.encode("utf-8"), f"{name} is stale: run tools/build_packs.py"
 
