@@ -194,7 +194,7 @@ class Judge:
             if read:
                 return reported
         if CPP_WHAT_TAG in rule.tags:
-            if self._what_is_errno(line):
+            if self._what_is_errno(line) or self._what_read_by_another(index, line):
                 return None
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, _cap(line), record.time, record.seq, _evidence(lines),
@@ -221,6 +221,15 @@ class Judge:
             return True, None
         return True, replace(found, rule_id=rule.id, line=_cap(line), evidence=_evidence(lines),
                              source=f"{rule.source}; {found.source}")
+
+    def _what_read_by_another(self, index: int, line: str) -> bool:
+        """Says whether a rule not tagged :data:`CPP_WHAT_TAG` hits the ``what()`` line itself: the
+        message is in a catalog, which grades it, even below this rule's priority (``CUDA error: driver
+        shutting down``, cudaErrorCudartUnloading, is a shutdown status there, no error: CUDA Runtime
+        API docs, enum cudaError). The ``what()`` rule reads only messages no catalog knows."""
+        owner = self._owner
+        return any(owner[i] >= 0 and owner[i] != index and CPP_WHAT_TAG not in self.rules[owner[i]].tags
+                   for i in self.matcher.match_text(line))
 
     def _what_is_errno(self, line: str) -> bool:
         """Says whether the ``what()`` on ``line`` (:data:`CPP_WHAT_TAG`) is an errno's text by the

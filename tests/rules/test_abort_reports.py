@@ -82,3 +82,13 @@ def test_a_message_rule_outranks_the_what_catch_all():
 def test_a_unified_runtime_result_name_is_graded_by_its_meaning(line, rule, grade):
     found = [f for f in fed([line]) if f.failure_class is not FailureClass.INFO]
     assert [(f.rule_id, f.failure_class, f.action) for f in found] == [(rule, *grade)]
+
+
+def test_a_what_that_a_catalog_grades_is_left_to_it():
+    """``CUDA error: driver shutting down`` (cudaErrorCudartUnloading) is a shutdown status in the CUDA
+    catalog, graded below the what() rule's priority: the catalog's grade stands, the abort is no
+    program error (tests/pipeline/test_after_finish.py: W&B's failed exit then such an abort restarts)."""
+    found = fed([TERMINATE.format("c10::CUDAError"), "  what():  CUDA error: driver shutting down"])
+    assert not [f for f in found if f.rule_id == "cpp.uncaught_exception_what"]
+    decision = replayed(abort_after(TERMINATE.format("c10::CUDAError"), "  what():  CUDA error: driver shutting down"))
+    assert decision.action is Action.RESTART_JOB
