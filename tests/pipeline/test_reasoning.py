@@ -141,18 +141,30 @@ def test_the_same_error_before_training_finished_restarts(rules, tmp_path):
     assert d.action is Action.RESTART_JOB, d.policy_clause
 
 
+#: a C++ stack dump (c10::Error's "Exception raised from ...", then its frames)
+STACK_DUMP = ["Exception raised from load_shard at /srv/ext/loader.cpp:88 (most recent call first):",
+              "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3a in libc10.so)",
+              "frame #1: load_shard + 0x1b2 (0x7f3b in libloader.so)"]
+
+
 def test_a_log_that_ends_inside_an_error_block_is_a_failed_process(rules, tmp_path):
-    """A C++ abort's stack dump with no rule of its own ends the log: the process died of it,
-    though no exit line says so (before: "the job ended by itself: job succeeded")."""
-    lines = [step(0, 7, 0), "terminate called after throwing an instance of 'std::runtime_error'",
-             "  what():  shard 17 has a bad header",
-             "Exception raised from load_shard at /srv/ext/loader.cpp:88 (most recent call first):",
-             "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f3a in libc10.so)",
-             "frame #1: load_shard + 0x1b2 (0x7f3b in libloader.so)"]
-    result = replayed(tmp_path, rules, [write(tmp_path / "rank0.log", lines)])
+    """A C++ stack dump with no rule of its own ends the log: the process died of it, though no
+    exit line says so (before: "the job ended by itself: job succeeded")."""
+    result = replayed(tmp_path, rules, [write(tmp_path / "rank0.log", [step(0, 7, 0), *STACK_DUMP])])
     d = result.decision
     assert d.action is Action.FAIL_JOB, d.policy_clause
     assert d.root_cause.rule_id == "exit.ended_in_traceback" and d.root_cause.rank == 0
+
+
+def test_a_log_that_ends_in_an_uncaught_cpp_exception_fails_on_its_what(rules, tmp_path):
+    """The same dump after libstdc++'s terminate report: since round 23 its ``what()`` is read
+    (``cpp.uncaught_exception_what``, the program's own statement of its error) and decides; the
+    process is still a failed one."""
+    lines = [step(0, 7, 0), "terminate called after throwing an instance of 'std::runtime_error'",
+             "  what():  shard 17 has a bad header", *STACK_DUMP]
+    d = replayed(tmp_path, rules, [write(tmp_path / "rank0.log", lines)]).decision
+    assert d.action is Action.FAIL_JOB, d.policy_clause
+    assert d.root_cause.rule_id == "cpp.uncaught_exception_what" and d.root_cause.rank == 0
 
 
 def test_a_launcher_success_after_an_uncaught_traceback_is_a_notice(rules, tmp_path):
