@@ -100,3 +100,20 @@ def test_a_libtpu_lookup_fatal_whose_time_prefix_was_cut_is_still_the_version_mi
                       "TpuNodeContext_StopChipHeartbeats not available in this library.")
     assert finding.rule_id == "tpu.library_function_missing"
     assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "[I 14:10:31.604 NotebookApp] KernelRestarter: restarting kernel (1/5), keep random ports",
+    "WARNING:root:kernel 5c0e7a4b-1f3d-4a9e-8d2b-93f0e61c7a58 restarted",
+    "[W 14:12:02.310 NotebookApp] Kernel 5c0e7a4b-1f3d-4a9e-8d2b-93f0e61c7a58 died, removing from map.",
+])
+def test_the_jupyter_servers_report_of_its_kernels_death_is_fallout_naming_no_cause(line):
+    [finding] = _feed(line)
+    assert (finding.rule_id, finding.failure_class) == ("jupyter.kernel_died", FailureClass.FALLOUT)
+
+
+def test_a_notebook_platform_that_names_its_ram_as_the_crash_is_an_oom():
+    [finding] = _feed("Your session crashed after using all available RAM.")
+    assert (finding.rule_id, finding.failure_class, finding.action) == (
+        "colab.session_crashed_out_of_ram", FailureClass.OOM, Action.FAIL_JOB)
+    assert _feed("Your session crashed for an unknown reason.") == []
