@@ -89,6 +89,12 @@ CATCH_ALL_RULE = "python.uncaught_exception"
 GENERIC_WRITE_RULES = frozenset({"torch_npu.save_write_failed"})
 #: The operating system's reason for a failed write, as an OSError prints it (``[Errno 28] ...``) or
 #: its strerror(3) text for the storage errnos (ENOSPC, EDQUOT, EIO, ESTALE).
+#: The writer's own check on its next write after a short one (pytorch/pytorch
+#: caffe2/serialize/inline_container.cc ``ostream_write_func``: ``CAFFE_THROW("unexpected pos ",
+#: current_pos_, " vs ", file_ofs)`` when the bytes it counted and the offset miniz asks for differ,
+#: which a failed write leaves behind): finishing the archive after the failed write raises it as
+#: a chained exception, fallout of the same write; the errno after it still names the reason.
+_WRITER_POSITION = re.compile(r"unexpected pos \d+ vs \d+")
 _ERRNO = re.compile(r"\[Errno \d+\]|No space left on device|Disk quota exceeded|Input/output error|Stale file handle")
 
 
@@ -125,7 +131,7 @@ def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence
     (time, seq), ``errors`` the real errors; True when ``f`` yields).
     """
     if f.kind == "keyword" and f.rule_id in GENERIC_WRITE_RULES:
-        nxt = _next(f, order, lambda g: False)
+        nxt = _next(f, order, lambda g: bool(_WRITER_POSITION.search(g.line)))
         return nxt is not None and bool(_ERRNO.search(nxt.line)) and any(nxt is e for e in errors)
     if f.kind != "keyword" or not (f.rule_id == CATCH_ALL_RULE or generic_fallback(f)):
         return False

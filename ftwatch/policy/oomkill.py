@@ -142,13 +142,53 @@ def lone_ray_kill(fallout: Sequence[Finding]) -> Finding | None:
         when there is none or any finding of ``fallout`` is not one of Ray's death reports (a
         watchdog's, a peer's, NCCL's: they explain the death otherwise).
     """
-    eof = next((f for f in fallout if f.rule_id == RAY_EOF), None)
-    if eof is None or any(f.rule_id != RAY_EOF and f.rule_id not in RAY_DEATH_REPORTS for f in fallout):
+    return _lone_silent_death(fallout, RAY_EOF, RAY_DEATH_REPORTS, "one Ray worker died without a word while its "
+                              "raylet lived to report it", _RAY_SOURCE)
+
+
+#: The Jupyter server's reports that its kernel process died (platform_vocab.tsv).
+KERNEL_DEATH = "jupyter.kernel_died"
+_KERNEL_SOURCE = ("jupyter/jupyter_client jupyter_client/restarter.py (KernelRestarter.poll: the kernel process is no "
+                  "longer alive); jupyter/notebook notebook/services/kernels (kernel died / restarted); ipython/ipykernel "
+                  "(a cell's exception never ends the kernel; faulthandler is not enabled); Linux mm/oom_kill.c (one "
+                  "victim, by SIGKILL); ftwatch.policy.oomkill")
+
+
+def lone_kernel_death(fallout: Sequence[Finding]) -> Finding | None:
+    """The OOM killer's reading of a notebook kernel that died without a word, when nothing else explains it.
+
+    The Jupyter server is the kernel's parent: jupyter_client's ``KernelRestarter`` polls the kernel
+    process and, once it is gone, logs ``KernelRestarter: restarting kernel (n/5)`` and starts a new
+    one (notebook's ``kernel <id> restarted``, the frontend's "The kernel appears to have died").
+    The program cannot end its kernel with an error: IPython catches a cell's exception, SystemExit
+    included, and shows it in the cell; a native abort prints its message first (a finding of its
+    own). So a kernel death the server reported, with nothing else in the incident, is a signal no
+    one announced: the kernel OOM killer's SIGKILL of the largest process of the runtime's VM, which
+    the notebook platforms say is what ends a session that used all of its RAM (platform_vocab.tsv
+    ``colab.session_crashed_out_of_ram``). A silent SIGSEGV (ipykernel leaves faulthandler off)
+    would read the same; Ray's raylet has the same limit (:func:`lone_ray_kill`).
+
+    Args:
+        fallout: the incident's findings, all fallout (``rootcause.analyse``'s only-fallout case).
+
+    Returns:
+        The first kernel-death report re-read as ``exit.sigkill_lone_oom`` (oom, fail_job); None when
+        there is none or any finding of ``fallout`` is no such report.
+    """
+    return _lone_silent_death(fallout, KERNEL_DEATH, frozenset(), "a notebook's kernel died without a word while the "
+                              "Jupyter server lived to report it", _KERNEL_SOURCE)
+
+
+def _lone_silent_death(fallout: Sequence[Finding], report: str, companions: frozenset[str], what: str,
+                       source: str) -> Finding | None:
+    """The first ``report`` finding of ``fallout`` re-read as the OOM killer's kill, when every finding
+    of ``fallout`` is ``report`` or one of ``companions`` (restatements of the same death); else None."""
+    first = next((f for f in fallout if f.rule_id == report), None)
+    if first is None or any(f.rule_id != report and f.rule_id not in companions for f in fallout):
         return None
-    line = (f"{eof.line} -- one Ray worker died without a word while its raylet lived to report it, and nothing "
-            "else says who killed it: the kernel OOM killer's kill (host memory)")
-    return replace(eof, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
-                   fields={**eof.fields, "reported_by": RAY_EOF}, source=_RAY_SOURCE)
+    line = f"{first.line} -- {what}, and nothing else says who killed it: the kernel OOM killer's kill (host memory)"
+    return replace(first, rule_id=OOM_KILL, failure_class=FailureClass.OOM, action=Action.FAIL_JOB, line=line,
+                   fields={**first.fields, "reported_by": report}, source=source)
 
 
 def killed_when_reported(candidates: Sequence[Finding], reports: Sequence[Finding]) -> list[Finding]:

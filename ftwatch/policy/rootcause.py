@@ -123,7 +123,8 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    (``exit.sigkill_lone_oom``, oom: it kills one victim, Slurm, the kubelet and a node reclaim kill
    the launcher too; ``ftwatch.policy.oomkill``). So is a Ray worker's death without a word
    (``connection error code 2. End of file``) that its raylet reported when the incident holds
-   nothing but Ray's death reports (``oomkill.lone_ray_kill``).
+   nothing but Ray's death reports (``oomkill.lone_ray_kill``), and a notebook kernel's death the
+   Jupyter server reported with nothing else (``oomkill.lone_kernel_death``).
 15. A root cause that is a node's unranked device line (a kernel Xid, an ``mlx5_core`` health
    event) carries the rank of the one rank of that node that reported a device's error, the
    fault as its runtime returned it (``ftwatch.policy.devicefault.reporting_rank``).
@@ -182,7 +183,7 @@ from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.noallocation import not_allocated
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.hvdshutdown import finished_rank
-from ftwatch.policy.oomkill import killed_when_reported, lone_oom_kill, lone_ray_kill
+from ftwatch.policy.oomkill import killed_when_reported, lone_kernel_death, lone_oom_kill, lone_ray_kill
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.timeoutbound import tight_bound
 from ftwatch.policy.verbs import flushed_alone
@@ -435,6 +436,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         return Analysis(stall, False, (stall,), tuple(notices), done)
     suspect = (left_first(order) or mismatch(order, world) or flushed_alone(fallout) or tight_bound(order, fallout)
                or silent_rank(order, world) or lone_ray_kill(fallout)   # 14: Ray's lone kill
+               or lone_kernel_death(fallout)                            # 14: a notebook kernel's
                or finished_rank(order, fallout)) if fallout else None   # Horovod's shut-down, no exception, no kill
     if suspect is not None:
         return Analysis(suspect, False, (suspect,), tuple(notices), done)

@@ -11,7 +11,7 @@ from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, S
 from ftwatch.pipeline.build import build_engine, build_policy, build_rules
 from ftwatch.pipeline.replay import replay
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.policy.oomkill import LOCAL_KILL_REPORTS, OOM_KILL, RAY_EOF, killed_when_reported
+from ftwatch.policy.oomkill import KERNEL_DEATH, LOCAL_KILL_REPORTS, OOM_KILL, RAY_EOF, killed_when_reported
 from ftwatch.policy.rootcause import SIGKILL_REPORTS, analyse
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
 
@@ -81,6 +81,22 @@ def test_a_ray_workers_death_without_a_word_and_nothing_else_is_the_oom_killers(
     actor = log("python.exception.ray.exceptions.RayActorError", FALL, 6.0, instance="driver")
     rc = analyse([raylet, actor]).root_cause
     assert rc.rule_id == OOM_KILL and rc.failure_class is OOM and rc.fields["reported_by"] == RAY_EOF
+
+
+def test_a_notebook_kernel_that_died_without_a_word_is_the_oom_killers():
+    """The Jupyter server lived to report its kernel's death (KernelRestarter); nothing else says why."""
+    restart = log(KERNEL_DEATH, FALL, 5.0, instance="notebook")
+    again = log(KERNEL_DEATH, FALL, 5.1, instance="notebook")      # notebook's "kernel <id> restarted"
+    rc = analyse([restart, again]).root_cause
+    assert rc.rule_id == OOM_KILL and rc.failure_class is OOM and rc.fields["reported_by"] == KERNEL_DEATH
+
+
+def test_a_kernel_death_after_the_error_that_ended_it_keeps_that_error():
+    error = log("cuda.device_side_assert", UC, 4.0, instance="notebook", action=Action.FAIL_JOB)
+    restart = log(KERNEL_DEATH, FALL, 5.0, instance="notebook")
+    assert analyse([error, restart]).root_cause is error
+    watchdog = log("torch.nccl_watchdog_timeout", FALL, 4.0, instance="notebook")   # other fallout: no reading
+    assert analyse([watchdog, restart]).root_cause.rule_id != OOM_KILL
 
 
 def test_a_ray_death_beside_other_fallout_or_a_lost_node_keeps_its_reading():

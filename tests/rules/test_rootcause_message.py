@@ -124,3 +124,16 @@ def test_a_write_failure_with_no_errno_after_it_keeps_its_own_grade():
     assert fs[0].rule_id == "torch_npu.save_write_failed"
     assert not message_named_by_next(fs[0], fs, fs)
     assert analyse(fs).root_cause.rule_id == "torch_npu.save_write_failed"
+
+
+def test_the_writers_unexpected_pos_between_the_write_failure_and_its_errno_is_passed_over():
+    """Finishing the archive after a short write trips PytorchStreamWriter's position check
+    (inline_container.cc ostream_write_func, "unexpected pos"): fallout of the same write, so the
+    errno printed after it still names the reason."""
+    fs = feed([(0.0, SAVE + ["RuntimeError: [enforce fail at inline_container.cc:325] . unexpected pos 7431284928 vs "
+                             "7431284816",
+                             "OSError: [Errno 28] No space left on device"])])
+    assert fs[0].rule_id == "torch_npu.save_write_failed"
+    assert message_named_by_next(fs[0], fs, fs)
+    rc = analyse(fs).root_cause
+    assert (rc.rule_id, rc.action) == ("storage.no_space_left", Action.FAIL_JOB)

@@ -68,3 +68,52 @@ def test_libcurl_network_errors_are_transient_infrastructure(line, rule_id):
 ])
 def test_other_curl_codes_make_no_network_finding(line):
     assert not [f for f in _feed(line) if f.rule_id.startswith("curl.")]
+
+
+def test_a_write_to_a_read_only_mount_is_the_set_up_as_the_errno_catalog_grades_erofs():
+    """EROFS says only that the mount is read-only (mkdir(2), errno(3)); most are so by set-up."""
+    [finding] = _feed("OSError: [Errno 30] Read-only file system: '/fsx'")
+    assert finding.rule_id == "storage.read_only_fs"
+    assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_the_kernels_remount_after_a_disk_error_is_what_isolates_the_node():
+    [finding] = _feed("[Sat Nov 21 09:36:04 2026] EXT4-fs (nvme0n1p1): Remounting filesystem read-only")
+    assert finding.rule_id == "os.fs_remounted_read_only"
+    assert (finding.failure_class, finding.action) == (FailureClass.HARDWARE_NODE, Action.ISOLATE_NODE)
+
+
+@pytest.mark.parametrize("line", [
+    "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error",
+    "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:152] "
+    "read: Connection reset by peer",
+])
+def test_a_failed_connect_handshake_of_glooS_full_mesh_is_a_transient_of_the_network(line):
+    """ProcessGroupGloo wraps pair.cc's connectCallback error (its errno lost to 'no error' before gloo #412)."""
+    findings = _feed(line)
+    assert [f.rule_id for f in findings] == ["gloo.connect_full_mesh_handshake_failed"]
+    assert (findings[0].failure_class, findings[0].action) == (FailureClass.RETRYABLE_INFRA, Action.RESTART_JOB)
+
+
+def test_a_libtpu_lookup_fatal_whose_time_prefix_was_cut_is_still_the_version_mismatch():
+    [finding] = _feed("F ./tensorflow/compiler/xla/stream_executor/tpu/tpu_library_init_fns.inc:73] "
+                      "TpuNodeContext_StopChipHeartbeats not available in this library.")
+    assert finding.rule_id == "tpu.library_function_missing"
+    assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+@pytest.mark.parametrize("line", [
+    "[I 14:10:31.604 NotebookApp] KernelRestarter: restarting kernel (1/5), keep random ports",
+    "WARNING:root:kernel 5c0e7a4b-1f3d-4a9e-8d2b-93f0e61c7a58 restarted",
+    "[W 14:12:02.310 NotebookApp] Kernel 5c0e7a4b-1f3d-4a9e-8d2b-93f0e61c7a58 died, removing from map.",
+])
+def test_the_jupyter_servers_report_of_its_kernels_death_is_fallout_naming_no_cause(line):
+    [finding] = _feed(line)
+    assert (finding.rule_id, finding.failure_class) == ("jupyter.kernel_died", FailureClass.FALLOUT)
+
+
+def test_a_notebook_platform_that_names_its_ram_as_the_crash_is_an_oom():
+    [finding] = _feed("Your session crashed after using all available RAM.")
+    assert (finding.rule_id, finding.failure_class, finding.action) == (
+        "colab.session_crashed_out_of_ram", FailureClass.OOM, Action.FAIL_JOB)
+    assert _feed("Your session crashed for an unknown reason.") == []
