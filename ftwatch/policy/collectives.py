@@ -280,6 +280,22 @@ def mismatch(findings: Sequence[Finding], world: int | None = None) -> Finding |
     return _ahead(findings, world) or _suspected(findings)
 
 
+#: The rule id of a job hang (``ftwatch.rules.timers``: no output from any instance for the hang interval).
+JOB_HANG = "hang.job"
+
+
+def mismatch_under_hang(order: Sequence[Finding], real: Sequence[Finding], world: int | None) -> Finding | None:
+    """``collective.mismatch`` (:func:`mismatch`; ``ftwatch.policy.rootcause`` rule 8) when every real error is a job
+    hang and the ranks' own watchdog reports say they timed out at one sequence number on different
+    operations or sizes: the hang says only that output stopped, the ranks' reports say why (ranks that
+    issued different collectives, which only the program's control flow does; PyTorch's
+    ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` check reports it as "Detected mismatch between collectives on
+    ranks"). The same reading as with no hang detection, where those reports are the only errors."""
+    if not real or any(f.rule_id != JOB_HANG for f in real):
+        return None
+    return mismatch(order, world)
+
+
 #: Point-to-point operations as ProcessGroupNCCL names them (``OpType``): only two ranks take part,
 #: so the ranks of a group number them differently by design (the module docstring).
 P2P_OPS = frozenset({"SEND", "RECV", "RECVANYSOURCE"})

@@ -134,17 +134,30 @@ WRITING = "lifecycle.own_work.writing"
 #: the program's own lines that it goes on with work of its own after training: writing its result, or
 #: evaluating / predicting with it (``lifecycle.own_work.evaluation``: the HF Trainer's ``***** Running
 #: Evaluation *****`` / ``Prediction``, Lightning's ``Predicting DataLoader 0:``), or loading its best
-#: checkpoint as the result (``lifecycle.tail.loading_best``): the job's remaining work
-TAIL_WORK = frozenset({WRITING, "lifecycle.own_work.evaluation", "lifecycle.tail.loading_best"})
+#: checkpoint as the result (``lifecycle.tail.loading_best``; any program's ``Loading checkpoint: <path>``,
+#: ``lifecycle.tail.loading_checkpoint``, as MACE reloads its last checkpoint to evaluate and export it):
+#: the job's remaining work
+TAIL_WORK = frozenset({WRITING, "lifecycle.own_work.evaluation", "lifecycle.tail.loading_best",
+                       "lifecycle.tail.loading_checkpoint"})
 
 
 def saving_before(findings: Iterable[Finding], finished: Finding, notice: Finding) -> bool:
     """Whether the program said it writes its result or evaluates / predicts with it (:data:`TAIL_WORK`)
     after ``finished`` and before ``notice``, on ``notice``'s stream (its instance, or the combined log
     it came in)."""
-    return any(f.rule_id in TAIL_WORK and precedes(finished, f) and precedes(f, notice)
-               and f.origin.instance in (notice.origin.instance, notice.origin.instance.rpartition("/")[0])
+    return any(f.rule_id in TAIL_WORK and precedes(finished, f) and precedes(f, notice) and _one_stream(f, notice)
                for f in findings)
+
+
+def _one_stream(line: Finding, rank_line: Finding) -> bool:
+    """``line`` came in ``rank_line``'s stream: its instance, the stream a rank prefix split it from
+    (``<instance>/rank3`` under ``run`` and ``watch``), or, in a replayed combined log, the same file
+    (there a prefixed rank is instance ``rank3`` of that file's stream: ``Origin.with_rank``), so
+    replay reads a combined log as ``run`` reads the stream it was written from."""
+    a, b = line.origin, rank_line.origin
+    if a.instance in (b.instance, b.instance.rpartition("/")[0]):
+        return True
+    return a.source == b.source == "replay" and a.stream == b.stream and a.node == b.node
 
 
 #: an elastic launcher's line that it re-formed the job's world (``rules/packs/lifecycle.yaml``)

@@ -62,7 +62,9 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    of data, or ended its epoch alone, or its data loader or the ranks themselves said the data splits
    unevenly over them (``leftpath.left_before_hang``), or right after its framework
    named a wait only the program or its launch can end (``hang.named_wait``,
-   ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"), or a stop from outside
+   ``ftwatch.policy.namedwait``: JAX's "Did you run your code on all TPU hosts?"), or a job hang over ranks
+   whose own watchdogs timed out at one SeqNum on different operations or sizes (``collective.mismatch``,
+   :func:`ftwatch.policy.collectives.mismatch_under_hang`), or a stop from outside
    (SIGTERM, SIGINT) right after Horovod's stall warning repeated (``leftpath.stalled_until_stopped``); and a rank that wrote lines of
    its own work (a file write, an evaluation) well inside their wait (``busy.working_rank``). When
    the waits' own bound (the watchdog's ``Timeout(ms)``) is below the tightest collective timeout a
@@ -172,7 +174,7 @@ from typing import Sequence
 from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity, is_error, precedes
 from ftwatch.policy.busy import busy_rank, working_rank
 from ftwatch.policy.cannrecord import spelled_out
-from ftwatch.policy.collectives import mismatch, silent_rank, timeouts_only
+from ftwatch.policy.collectives import mismatch, mismatch_under_hang, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.heldmemory import held_elsewhere
@@ -411,6 +413,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
             or stalled_until_stopped(order, real)   # or a stop while Horovod reported the ranks stalled
             or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait
+            or mismatch_under_hang(order, real, world)     # or a job hang whose ranks' watchdogs named different collectives
             or (tight_bound(order, real) if real else None))    # or a job hang under a timeout set too tight
     if busy is not None:
         return Analysis(busy, False, (busy,), tuple(notices), done)

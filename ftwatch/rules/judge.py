@@ -103,7 +103,10 @@ class Judge:
 
         On a tie a fault code wins over a keyword rule: same verdict, but it carries the
         code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
-        ``GPU has fallen off the bus`` keyword rule that also hits it). A rule with a
+        ``GPU has fallen off the bus`` keyword rule that also hits it) A number the tables lack and
+        :meth:`FaultTables.grade_unknown` does not grade (an error number of something else: macOS
+        IOGPU's ``Timeout Error (00000002:kIOGPUCommandBufferCallbackErrorTimeout)``) says nothing
+        of its own and counts only where no rule reads the record (then an info notice, as before). A rule with a
         condition (``when:``, SPEC P4) counts only when one of the record's lines that hit
         it passes its predicate (``lines``: each line's offset in ``data`` and pattern ids);
         the predicate runs only for a rule that would otherwise win.
@@ -137,6 +140,8 @@ class Judge:
         if ids & self._fault_ids:
             for hit in self.tables.extract(record.text):
                 entry = hit.entry or self.tables.grade_unknown(hit)
+                if entry is None and best is not None:
+                    continue    # an ungraded number (``FaultTables.grade_unknown``) says less than a rule's reading
                 action = entry.action if entry else Action.NOTIFY
                 key = (FAULT_PRIORITY, ON_MESSAGE, int(action), 1)
                 if best is None or key > best:

@@ -83,6 +83,33 @@ def test_the_programs_own_error_while_predicting_after_the_end_fails_the_job(run
     assert "predicting" in d.policy_clause
 
 
+def test_the_programs_own_error_after_reloading_its_checkpoint_after_the_end_fails_the_job(run, tmp_path):
+    """After its own "Training complete" MACE reloads its last checkpoint (``Loading checkpoint: <path>``)
+    to evaluate and export the model; a traceback after that line ended the program before its result
+    was written: the job failed."""
+    log = write(tmp_path / "rank0.log", [
+        "2026-01-02 07:52:09.047 INFO: Epoch 99: head: Default, loss=0.00150877",
+        "2026-01-02 07:52:09.048 INFO: Training complete",
+        "2026-01-02 07:52:09.052 INFO: Loading checkpoint: ./checkpoints/MACE_run-3_epoch-49.pt"] + tb(
+        "RuntimeError: DDP expects same model across all ranks, but Rank 0 has 58 params, while rank 1 has "
+        "inconsistent 61 params."))
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.FAIL_JOB and d.root_cause.failure_class is FailureClass.USER_CODE, d
+    assert "while saving its result" in d.policy_clause
+
+
+def test_a_rank_prefixed_error_after_the_combined_logs_own_tail_work_line_fails_the_job(run, tmp_path):
+    """In a combined log the unprefixed lines are the stream's and a ``[rank0]:`` traceback is rank 0's
+    (instance ``rank0`` under replay, ``<instance>/rank0`` under run): the tail-work line before it is
+    still in the traceback's stream, so replay reads the log as run reads the stream it came from."""
+    saving = "[INFO|trainer.py:3984] 2026-01-02 10:00:00,000 >> Saving model checkpoint to output/final"
+    log = write(tmp_path / "train.log", STEPS + [HF_END, saving] + [f"[rank0]: {line}" for line in tb(
+        "AttributeError: 'Accelerator' object has no attribute 'deepspeed_config'")])
+    d = run([log], enable_job_restart=True, max_num_of_job_restart=3).decision
+    assert d.action is Action.FAIL_JOB and d.root_cause.failure_class is FailureClass.USER_CODE, d
+    assert "while saving its result" in d.policy_clause
+
+
 def test_a_transient_fault_uploading_the_results_after_the_end_still_restarts(run, tmp_path):
     log = write(tmp_path / "rank0.log", STEPS + [HF_END] + tb(
         "ConnectionResetError: [Errno 104] Connection reset by peer"))

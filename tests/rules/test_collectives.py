@@ -82,3 +82,24 @@ def test_the_launcher_of_a_command():
     assert launcher_of_command(["/usr/local/bin/dlrover-run", "--nproc_per_node=8", "train.py"]) == "dlrover"
     assert launcher_of_command(["python", "-m", "dlrover.trainer.torch.elastic_run", "train.py"]) == "dlrover"
     assert launcher_of_command(["torchrun", "train.py"]) is None and launcher_of_command([]) is None
+
+
+def job_hang(t: float) -> Finding:
+    return Finding("hang.job", "hang", FailureClass.HANG, Action.RESTART_JOB, Severity.ERROR,
+                   Origin("train", None, "j", "n1"), "no output for 1800 s", T0 + t, int(t * 10))
+
+
+def test_a_job_hang_after_watchdogs_that_name_different_sizes_is_their_mismatch():
+    """The ranks' own watchdog reports (one SeqNum, one all-gather, different NumelIn) say why the job went
+    quiet: they issued different collectives. A job hang on top of them does not hide that."""
+    found = [timeout(0, 600, seq=1187, op="_ALLGATHER_BASE", numel_in=1),
+             timeout(1, 601, seq=1187, op="_ALLGATHER_BASE", numel_in=5), job_hang(1800)]
+    an = analyse(found, world=2)
+    assert an.root_cause is not None and an.root_cause.rule_id == "collective.mismatch", an
+    assert an.root_cause.failure_class is FailureClass.USER_CODE
+
+
+def test_a_job_hang_after_watchdogs_at_one_collective_alike_stays_a_hang():
+    found = [timeout(0, 600, seq=1187, op="_ALLGATHER_BASE", numel_in=5),
+             timeout(1, 601, seq=1187, op="_ALLGATHER_BASE", numel_in=5), job_hang(1800)]
+    assert analyse(found, world=2).root_cause.rule_id == "hang.job"

@@ -156,6 +156,23 @@ def test_engine_leaves_generic_error_numbers_ungraded(text):
     assert not [f for f in found if f.action >= Action.RESTART_IN_PLACE], found
 
 
+@pytest.mark.parametrize("text, rule", [
+    ("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command buffer execution "
+     "failed: Caused GPU Timeout Error (00000002:kIOGPUCommandBufferCallbackErrorTimeout)", "cpp.uncaught_exception_what"),
+])
+def test_an_ungraded_number_does_not_outrank_a_rule_reading_the_line(text, rule):
+    """A number the fault tables lack and do not grade (not a chip event on a driver line: an error
+    number of something else, here macOS IOGPU's command-buffer status) says nothing of its own: the
+    rule that reads the line's words decides, not an info "unknown code" notice."""
+    from ftwatch.events import Origin
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.loader import load_rules
+    eng = Engine(load_rules())
+    o = Origin("worker-0", 0)
+    found = eng.feed(o, text.encode() + b"\n", 1.0) + eng.flush(o, 1.0)
+    assert [f.rule_id for f in found] == [rule], found
+
+
 @pytest.mark.parametrize("text", [
     "dsmi_get_device_errorcode: device 2 errorcode 0x80FFFF02",
     "[device-plugin] npu 3 fault event: event id 0x80FFFF03 assertion 1",

@@ -80,3 +80,31 @@ def test_a_full_disk_or_quota_elsewhere_is_for_a_person_to_clear(line, rule):
     [finding] = _decisive(line)
     assert finding.rule_id == rule
     assert (finding.failure_class, finding.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def _traceback(final: str) -> list[str]:
+    return ["Traceback (most recent call last):",
+            '  File "/opt/app/train.py", line 219, in main',
+            "    trainer = build()",
+            final]
+
+
+@pytest.mark.parametrize("final, rule", [
+    ("ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 240.0 seconds. Make sure the server "
+     "is running by running `trl vllm-serve`.", "trl.vllm_server_never_reached"),
+    ("ConnectionError: The async vLLM server can't be reached at http://10.0.0.7:8000 after 600 seconds. Make sure "
+     "the server is running by running `trl vllm-serve-async`.", "trl.vllm_server_never_reached"),
+    ("ConnectionError: Could not find any running Ray instance. Please specify the one to connect to by setting "
+     "`--address` flag or `RAY_ADDRESS` environment variable.", "ray.no_running_instance"),
+])
+def test_a_companion_service_the_job_never_started_is_its_launch_not_a_transient_connection(final, rule):
+    """A client that says, after its whole start-up wait, that the service the job starts beside it (TRL's
+    vLLM server, a Ray cluster) is not running: the job's launch, not a ConnectionError to retry."""
+    found = _decisive(*_traceback(final))
+    assert [f.rule_id for f in found] == [rule], found
+    assert (found[0].failure_class, found[0].action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_a_connection_error_of_another_client_keeps_its_transient_grade():
+    found = _decisive(*_traceback("ConnectionError: HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out."))
+    assert found and all(f.failure_class is not FailureClass.USER_CODE for f in found), found
