@@ -103,7 +103,7 @@ class Judge:
 
         On a tie a fault code wins over a keyword rule: same verdict, but it carries the
         code's fields (an Xid 79 line gives ``xid.79`` with ``xid`` and ``pci``, not the
-        ``GPU has fallen off the bus`` keyword rule that also hits it) A number the tables lack and
+        ``GPU has fallen off the bus`` keyword rule that also hits it). A number the tables lack and
         :meth:`FaultTables.grade_unknown` does not grade (an error number of something else: macOS
         IOGPU's ``Timeout Error (00000002:kIOGPUCommandBufferCallbackErrorTimeout)``) says nothing
         of its own and counts only where no rule reads the record (then an info notice, as before). A rule with a
