@@ -26,6 +26,7 @@ import argparse
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -166,6 +167,13 @@ def _rust_regex(text: str) -> str:
     return "".join(out)
 
 
+def _utf8_bytes(body: str) -> str:
+    """``body`` with each non-ASCII character spelled as a group of its UTF-8 bytes (``│`` ->
+    ``(?:\\xE2\\x94\\x82)``): under ``(?-u)`` Rust's regex takes no Unicode literal (rg: "Unicode not
+    allowed here"), and ftwatch matches the same bytes. Assumes no such character inside a class."""
+    return re.sub(r"[^\x00-\x7f]", lambda m: "(?:" + "".join(f"\\x{b:02X}" for b in m.group().encode()) + ")", body)
+
+
 def pattern_file(rules: list[Rule], tmp: Path, kind: str) -> Path | None:
     """The rules' patterns, one a line: ``rg`` (RE2 syntax), ``fixed`` (literals), ``ere`` (grep -E)."""
     import re
@@ -177,7 +185,7 @@ def pattern_file(rules: list[Rule], tmp: Path, kind: str) -> Path | None:
                     lines.append(p.text)
             elif kind == "rg":                        # Rust regex, byte-wise as ftwatch matches
                 body = _rust_regex(p.text) if p.regex else re.sub(r"([.+*?()|\[\]{}^$#&~\\-])", r"\\\1", p.text)
-                lines.append(f"(?-u){'(?i)' if p.caseless else ''}{body}")
+                lines.append(f"(?-u){'(?i)' if p.caseless else ''}{_utf8_bytes(body)}")
             elif not p.regex:                         # ERE: literals escaped
                 lines.append(re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", p.text))
             else:                                     # regexes that ERE can read (GNU: \b \s \w)
