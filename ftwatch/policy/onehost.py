@@ -22,7 +22,9 @@ The reading (:func:`one_host`), a job is on one host when, before the failure:
   process drives every GPU of its machine (PyTorch docs, torch.nn.DataParallel); or
 * the job's rendezvous address, as a launch line states it (``rendezvous.config_line``:
   ``MASTER_ADDR``, ``--master_addr``; ``rendezvous.init_method_tcp``: ``init_method`` / ``dist_url``
-  ``tcp://host:port``), is a loopback address (RFC 1122 3.2.1.3: 127/8 "MUST NOT appear outside a
+  ``tcp://host:port``; the detectron2-style launchers' ``Process group URL: tcp://host:port``, the
+  ``init_method`` that detectron2's ``engine/launch.py`` and YOLOX's ``core/launch.py`` passed, which
+  is ``tcp://127.0.0.1:<free port>`` for ``dist_url="auto"`` on one machine), is a loopback address (RFC 1122 3.2.1.3: 127/8 "MUST NOT appear outside a
   host"; torchrun: "For single node multi-proc training the --master-addr can simply be 127.0.0.1"),
   or the job's list of nodes is loopback addresses only (Paddle 1.x's launcher prints its
   ``--cluster_node_ips``, "Paddle cluster nodes ips", default ``127.0.0.1``:
@@ -51,7 +53,7 @@ CONFIG_RULES = frozenset({"rendezvous.config_line", "rendezvous.init_method_tcp"
 #: a frame of nn.DataParallel: torch/nn/parallel/data_parallel.py or replicate.py (not distributed.py: DDP)
 _DATA_PARALLEL = re.compile(r"torch[/\\]nn[/\\]parallel[/\\](?:data_parallel|replicate)\.py$")
 #: a rendezvous address as a launch line states it: group 1 the host
-_ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr|\binit_method|\bdist_url)['\"]?"
+_ADDRESS = re.compile(r"(?:\bMASTER_ADDR|\bmaster_addr|--master[_-]addr|\binit_method|\bdist_url|\bProcess group URL)['\"]?"
                       r"(?:\s*[=:]\s*|\s+)['\"]?(?:tcp://)?\[?([\w.:-]+?)\]?(?::\d+)?['\",]?(?=[\s,]|$)")
 #: Paddle's list of the job's nodes (``--cluster_node_ips``, "Paddle cluster nodes ips, such as
 #: 192.168.0.16,192.168.0.17..", printed as ``cluster_node_ips: 127.0.0.1``): group 1 the list

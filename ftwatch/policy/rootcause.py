@@ -146,6 +146,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    CPUs and 0 GPUs, NNI's trial GPU number 0, ``CUDA_VISIBLE_DEVICES`` exported empty or -1) is
    the job's own allocation (``ftwatch.policy.noallocation``: user_code, fail_job), read where
    rule 5 is; without such a line it stays the node's.
+20. A completion that ran out of transport retries (``status=12``) after an HCA of the job reported
+   ``GID table change``, in a job whose NCCL said ``NCCL_IB_GID_INDEX`` was set by the environment, is
+   the node whose GID table changed (``ftwatch.policy.gidchange``: hardware_node, isolate_node; NCCL
+   binds a connection to the pinned index at connect time and does not reconnect, NVIDIA/nccl#1333),
+   read where rule 5 is; without the pinned index it keeps its retryable grade.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -176,6 +181,7 @@ from ftwatch.policy.busy import busy_rank, working_rank
 from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, mismatch_under_hang, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
+from ftwatch.policy.gidchange import pinned_gid_moved
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.heldmemory import held_elsewhere
 from ftwatch.policy.lasterror import assert_reported, message_named_by_next, named_by_last_error
@@ -422,7 +428,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         peer = tuple(f for f in real if f.origin.instance != head.origin.instance
                      and f.kind not in NOT_LOG_LINES and precedes(head, f))
         reset = (required_reset(head, real) or held_elsewhere(head, order)   # 5: the driver's verdict; 18: a GPU held outside
-                 or not_allocated(head, order))     # 19: no GPU because the job's allocation gave it none
+                 or not_allocated(head, order)      # 19: no GPU because the job's allocation gave it none
+                 or pinned_gid_moved(head, order))  # 20: a pinned RoCE GID entry moved on a node
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
                                        done, tuple(f for f in peer if f is not reset)))

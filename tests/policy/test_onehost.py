@@ -92,3 +92,14 @@ def test_a_paddle_launch_whose_node_list_is_loopback_only_is_one_host():
     for launch in ("cluster_node_ips: 127.0.0.1,10.0.0.6", "cluster_node_ips: 10.0.0.5,10.0.0.6"):
         found = failed(launch)
         assert one_host(found[-1], found) is None, launch
+
+
+def test_a_detectron2_style_launchers_process_group_url_on_loopback_is_one_host():
+    # detectron2's engine/launch.py and YOLOX's core/launch.py log the init_method they passed as
+    # "Process group URL: ..."; dist_url "auto" on one machine is tcp://127.0.0.1:<port>
+    url = "2022-07-06 11:20:31.612 | ERROR    | yolox.core.launch:_distributed_worker:126 - Process group URL: "
+    found = failed(url + "tcp://127.0.0.1:50617")
+    assert any(g.rule_id == "rendezvous.init_method_tcp" for g in found)
+    grade = at_init(found[-1], NONE_YET, found)
+    assert grade is not None and grade.action is Action.FAIL_JOB and "127.0.0.1" in grade.meaning
+    assert one_host(failed(url + "tcp://10.0.3.7:50617")[-1], failed(url + "tcp://10.0.3.7:50617")) is None

@@ -43,6 +43,9 @@ def findings(*lines: str, t: float = 1.0):
     ("UnexpectedStatusException: Error for Training job ft-1: Failed. Reason: InternalServerError: We encountered "
      "an internal error.  Please try again.", "sagemaker.internal_server_error", FailureClass.RETRYABLE_INFRA,
      Action.RESTART_JOB),
+    # Vertex AI retries the whole job itself (up to 3 times) before this line: the fault outlived them (D4)
+    ("2026-09-21 09:35:22.630 UTC service Job will not be retried, max error retry attempts reached.",
+     "vertex.job_retries_exhausted", FailureClass.USER_CODE, Action.FAIL_JOB),
     ("(WorkerDict pid=1751030) CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",
      "vllm.cumem_cuda_oom", FailureClass.OOM, Action.FAIL_JOB),
     ("2018-12-01 11:47:30,512\tERROR worker.py:1616 -- The node with client ID 9e31f0a6 has been marked dead "
