@@ -25,7 +25,8 @@ it finished, so no cache of it was saved). That is the job's configuration: user
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
    datasets map progress bar; a bar counting bytes, tqdm's ``unit="B"``: a file read, download or
-   upload, I/O that needs no peer), its latest such line before the first timeout not finished
+   upload, I/O that needs no peer; a bar of the dataset's tokenization, which the process that
+   builds the dataset does alone), its latest such line before the first timeout not finished
    (below 100 %), and by the bar's own account (tqdm's ``[elapsed<remaining, ...]``) that work
    both overlaps the replicas' wait (from the first timeout less the wait's timeout, given by
    ``Timeout(ms)`` or ``timed out after <ms>ms`` where a line has it, else
@@ -89,11 +90,12 @@ from ftwatch.policy.collectives import TIMEOUT_RULES, rank_of
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
 PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map", "lifecycle.rank_phase.bytes_transfer",
-                         "lifecycle.rank_phase.label_scan"})
+                         "lifecycle.rank_phase.label_scan", "lifecycle.rank_phase.tokenizing"})
 #: What each phase's bar is, in the finding's line.
 PHASE_WORDS = {"lifecycle.rank_phase.datasets_map": "a datasets map bar",
                "lifecycle.rank_phase.bytes_transfer": "a bar of bytes read or transferred",
-               "lifecycle.rank_phase.label_scan": "a dataset label scan, the local master's alone"}
+               "lifecycle.rank_phase.label_scan": "a dataset label scan, the local master's alone",
+               "lifecycle.rank_phase.tokenizing": "a bar of the dataset's tokenization"}
 #: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
 DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The phase of a bar of any unit that went on advancing after a peer's timeout (:func:`_advanced_bar`).

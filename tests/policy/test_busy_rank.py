@@ -178,6 +178,24 @@ def test_the_ultralytics_scan_wording_is_the_same_local_master_scan():
     assert rc.fields["phase"] == "lifecycle.rank_phase.label_scan"
 
 
+def test_ranks_timing_out_while_one_process_tokenizes_the_dataset_is_a_program_schedule():
+    """The process that builds the dataset tokenizes it whole before training; a tokenization its
+    own bar says outlasts the others' 30-minute wait held them there."""
+    tok = ("Tokenizing inputs... This may take some time...: 58%|█▌        | 296960/512000 "
+           "[29:41<21:40, 197.3it/s]")
+    found = unranked(1790.0, tok) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["phase"] == "lifecycle.rank_phase.tokenizing"
+
+
+def test_a_tokenization_its_bar_says_ends_within_the_timeout_does_not_explain_the_wait():
+    tok = "Tokenizing inputs... This may take some time...: 58%|█▌        | 296960/512000 [06:41<04:40, 197.3it/s]"
+    found = unranked(1790.0, tok) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is None or rc.rule_id != "collective.busy_rank", rc
+
+
 def test_a_bar_that_cannot_tell_what_remains_is_busy_only_when_its_elapsed_covers_the_wait():
     """tqdm prints ``?`` for the remaining time it cannot tell: the elapsed time alone is the work."""
     long = " 34%|###       | 70956855155/208140108456 [31:00<?, 39115047.81B/s]"
