@@ -25,7 +25,8 @@ it finished, so no cache of it was saved). That is the job's configuration: user
 2. another rank, with no error of its own up to then, was in a phase of its own work
    (:data:`PHASE_RULES`, ``lifecycle.rank_phase.*`` in ``rules/packs/lifecycle.yaml``: the
    datasets map progress bar; a bar counting bytes, tqdm's ``unit="B"``: a file read, download or
-   upload, I/O that needs no peer), its latest such line before the first timeout not finished
+   upload, I/O that needs no peer; a bar of the dataset's tokenization, which the process that
+   builds the dataset does alone), its latest such line before the first timeout not finished
    (below 100 %), and by the bar's own account (tqdm's ``[elapsed<remaining, ...]``) that work
    both overlaps the replicas' wait (from the first timeout less the wait's timeout, given by
    ``Timeout(ms)`` or ``timed out after <ms>ms`` where a line has it, else
@@ -67,7 +68,12 @@ waited, not stuck in their collective: ``collective.busy_rank`` as well (rank-on
 the loop and the next collective, outlasting the timeout: transformers' ``ddp_timeout``, "used to
 avoid GPU socket timeouts when performing slow operations in distributed runnings"). Only a wait
 whose timeout a line gives (``Timeout(ms)=``) is dated; else :data:`SHORTEST_WAIT_SECONDS`, the
-shortest default (NCCL's 10 minutes), so the wait is never dated earlier than it began. A line at
+shortest default (NCCL's 10 minutes), so the wait is never dated earlier than it began. A waiting
+rank's own line of such work before its timeout dates its wait as well: it printed it before it called
+the collective it then waited in (the program's start-up, e.g. reading its input, ended there), so the
+wait began no earlier; only that rank's work lines after that count as work the waiting ranks did too
+(an unstamped watchdog line in a replay carries the stamp of an earlier line, which dates the wait
+too early, a live monitor's time of it does not). A line at
 the moment the wait began says nothing of the kind: a rank stuck in a save on dead storage, or on a
 device, printed its last line then and nothing after (the time, not the word, carries the reading).
 """
@@ -84,11 +90,12 @@ from ftwatch.policy.collectives import TIMEOUT_RULES, rank_of
 #: Rules that say a rank is in a phase of its own work outside training (lifecycle.yaml's
 #: ``lifecycle.rank_phase.*``; tests/policy/test_busy_rank.py keeps the two in step).
 PHASE_RULES = frozenset({"lifecycle.rank_phase.datasets_map", "lifecycle.rank_phase.bytes_transfer",
-                         "lifecycle.rank_phase.label_scan"})
+                         "lifecycle.rank_phase.label_scan", "lifecycle.rank_phase.tokenizing"})
 #: What each phase's bar is, in the finding's line.
 PHASE_WORDS = {"lifecycle.rank_phase.datasets_map": "a datasets map bar",
                "lifecycle.rank_phase.bytes_transfer": "a bar of bytes read or transferred",
-               "lifecycle.rank_phase.label_scan": "a dataset label scan, the local master's alone"}
+               "lifecycle.rank_phase.label_scan": "a dataset label scan, the local master's alone",
+               "lifecycle.rank_phase.tokenizing": "a bar of the dataset's tokenization"}
 #: The phase a datasets bar stands for, in the finding's fields (the rule that reads such a bar).
 DATASETS_PHASE = "lifecycle.rank_phase.datasets_map"
 #: The phase of a bar of any unit that went on advancing after a peer's timeout (:func:`_advanced_bar`).
@@ -99,7 +106,8 @@ PHASE_WORDS[ADVANCED_PHASE] = "a progress bar that went on advancing after its p
 DEFAULT_WAIT_SECONDS = 1800.0
 #: Rules that say a rank does work of its own (lifecycle.yaml's ``lifecycle.own_work.*``), read by
 #: their time in :func:`working_rank`; tests/policy/test_busy_rank.py keeps the two in step.
-WORK_RULES = frozenset({"lifecycle.own_work.writing", "lifecycle.own_work.evaluation"})
+WORK_RULES = frozenset({"lifecycle.own_work.writing", "lifecycle.own_work.evaluation",
+                        "lifecycle.own_work.data_loading"})
 #: How far inside its peers' wait a rank's own line must be to say it was not in their collective
 #: (seconds): CUDA runs a collective asynchronously, so a rank may print a little past the point
 #: where it issued it, and an undated line carries an earlier line's time.
@@ -350,11 +358,16 @@ def working_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding
         return None
     given = [t for f in w.timeouts if (t := _timeout_s(f)) is not None]
     window = max(given) if given else SHORTEST_WAIT_SECONDS
-    firsts = [min((f.time for f in w.timeouts if rank_of(f) == r), default=w.first.time) for r in w.waiting]
-    began = max(firsts) - window
+    firsts = {r: min((f.time for f in w.timeouts if rank_of(f) == r), default=w.first.time) for r in w.waiting}
+    began = max(firsts.values()) - window
     mark = (w.first.time, w.first.seq)
     own = WORK_RULES                    # (a bar is read by its own account, in busy_rank)
-    if any(f.rule_id in own and f.time >= began for r in w.waiting for f in w.by_rank.get(r, ())):
+    # A waiting rank's own line of work before its timeout was printed by its main thread before it
+    # called the collective it then waited in: its wait began no earlier (a replayed watchdog line
+    # without a stamp of its own carries an earlier line's, which dates the wait too early).
+    entered = [f.time for r in w.waiting for f in w.by_rank.get(r, ()) if f.rule_id in own and f.time <= firsts[r]]
+    began = max([began, *entered])
+    if any(f.rule_id in own and f.time > began for r in w.waiting for f in w.by_rank.get(r, ())):
         return None                     # a waiting rank did that work too: nothing of one rank's own
     for who, mine in w.others():
         before = [f for f in mine if (f.time, f.seq) <= mark]

@@ -167,6 +167,35 @@ def test_ranks_timing_out_while_the_local_master_scans_yolo_labels_is_a_program_
     assert rc.fields["phase"] == "lifecycle.rank_phase.label_scan"
 
 
+def test_the_ultralytics_scan_wording_is_the_same_local_master_scan():
+    """Later YOLOv5 and YOLOv8 on write the scan bar as "N images, M backgrounds, K corrupt"; the
+    dataset is still built under torch_distributed_zero_first while the other ranks wait."""
+    scan = ("train: Scanning /mnt/bulk/aerial/labels/train... 412093 images, 2210 backgrounds, 0 corrupt:"
+            "  17%|█▋        | 414303/2431877 [29:41<2:24:10, 233.21it/s]")
+    found = unranked(1790.0, scan) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["phase"] == "lifecycle.rank_phase.label_scan"
+
+
+def test_ranks_timing_out_while_one_process_tokenizes_the_dataset_is_a_program_schedule():
+    """The process that builds the dataset tokenizes it whole before training; a tokenization its
+    own bar says outlasts the others' 30-minute wait held them there."""
+    tok = ("Tokenizing inputs... This may take some time...: 58%|█▌        | 296960/512000 "
+           "[29:41<21:40, 197.3it/s]")
+    found = unranked(1790.0, tok) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank", rc
+    assert rc.fields["phase"] == "lifecycle.rank_phase.tokenizing"
+
+
+def test_a_tokenization_its_bar_says_ends_within_the_timeout_does_not_explain_the_wait():
+    tok = "Tokenizing inputs... This may take some time...: 58%|█▌        | 296960/512000 [06:41<04:40, 197.3it/s]"
+    found = unranked(1790.0, tok) + [f for r in (1, 2, 3) for f in unranked(1800.0, watchdog(r))]
+    rc = analyse(found, world=4).root_cause
+    assert rc is None or rc.rule_id != "collective.busy_rank", rc
+
+
 def test_a_bar_that_cannot_tell_what_remains_is_busy_only_when_its_elapsed_covers_the_wait():
     """tqdm prints ``?`` for the remaining time it cannot tell: the elapsed time alone is the work."""
     long = " 34%|###       | 70956855155/208140108456 [31:00<?, 39115047.81B/s]"

@@ -77,3 +77,33 @@ def test_a_working_rank_with_an_error_of_its_own_is_no_busy_rank():
 
 def test_work_rules_are_the_packs_own_work_rules():
     assert {r.id for r in RULES if "own_work" in r.tags} == WORK_RULES
+
+
+LOADED = "INFO rank 0: finished loading training data (812 shards)"
+
+
+def test_a_rank_still_loading_its_input_well_inside_the_wait_held_its_peers():
+    """Every rank reads its whole input at start-up (each process its own copy): the one that said
+    it finished loading well inside its peers' first collective wait was in its own work then."""
+    rc = analyse(incident((100.0, "Start loading data"), (1800.0, LOADED)), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank" and rc.rank == 0, rc
+    assert rc.fields["phase"] == "lifecycle.own_work.data_loading"
+
+
+def test_a_waiting_ranks_own_loading_line_dates_its_wait():
+    """The waiting ranks said they finished loading at 1500, then called the collective: their wait
+    began no earlier than that, although their watchdog lines (as a replay dates an unstamped one)
+    put its start at 1400. Rank 0's line at 1850 is then well inside it, not work they did too."""
+    found = incident((100.0, "Start loading data"), (1850.0, LOADED))
+    for r in (1, 2, 3):
+        found += logged(r, 1500.0 + r, LOADED)
+    rc = analyse(sorted(found, key=lambda f: (f.time, f.seq)), world=4).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank" and rc.rank == 0, rc
+
+
+def test_a_loading_line_just_after_the_waiting_ranks_own_is_no_busy_rank():
+    found = incident((1650.0, LOADED))
+    for r in (1, 2, 3):
+        found += logged(r, 1500.0 + r, LOADED)
+    rc = analyse(sorted(found, key=lambda f: (f.time, f.seq)), world=4).root_cause
+    assert rc is None or rc.rule_id != "collective.busy_rank", rc
