@@ -45,7 +45,7 @@ NO_GPU = "allocation.no_gpu."
 #: The runtime's "no device" errors, graded the node's by their catalogs (cuda_errors.tsv
 #: cudaErrorNoDevice, env_vocab.tsv, rocm_vocab.tsv hipErrorNoDevice).
 NO_DEVICE_RULES = frozenset({"cuda.no_device", "cuda.rt.no_device", "torch.no_cuda_gpus", "torch.no_hip_gpus",
-                             "hip.rt.no_device"})
+                             "hip.rt.no_device", "torch.no_xpu_devices"})
 _SOURCE = ("CUDA C++ Programming Guide, 'CUDA Environment Variables' (CUDA_VISIBLE_DEVICES: only listed devices "
            "are visible); Ray Tune 'A Guide To Parallelism and Resources' (default 1 CPU, 0 GPU per trial) and "
            "ray-project/ray#5940 (maintainer: GPUs detected but not allocated, '0/2 GPUs requested'); "

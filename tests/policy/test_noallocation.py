@@ -55,3 +55,10 @@ def test_analyse_reads_it_as_the_root_cause():
     head = no_device()
     an = analyse([said("allocation.no_gpu.visible_devices"), head])
     assert (an.root_cause.rule_id, an.root_cause.failure_class) == (NOT_ALLOCATED_RULE, FailureClass.USER_CODE)
+
+
+def test_the_xpu_builds_no_device_error_is_read_the_same_way():
+    head = no_device("torch.no_xpu_devices")
+    got = not_allocated(head, [said("allocation.no_gpu.visible_devices"), head])
+    assert got is not None and got.failure_class == FailureClass.USER_CODE
+    assert not_allocated(head, [head]) is None

@@ -147,9 +147,10 @@ def test_an_address_that_never_was_one_is_the_jobs_network_configuration():
         assert ("nccl.socket_address_not_ip", FailureClass.USER_CODE, Action.FAIL_JOB) in grades(line)
 
 
-def test_a_c10d_socket_not_connected_is_fallout_and_a_mount_not_connected_is_the_nodes():
+def test_a_c10d_socket_not_connected_is_fallout_and_a_mount_not_connected_is_the_mounts():
     """strerror(ENOTCONN) alone as a std::system_error's what() is a socket call of c10d
-    (Utils.hpp SYSCHECK) that lost its peer; with a path it is a FUSE mount whose daemon died."""
+    (Utils.hpp SYSCHECK) that lost its peer; with a path it is a FUSE mount whose daemon died
+    (graded in tests/rules/test_service_mount_device_grades.py)."""
     socket = feed(["terminate called after throwing an instance of 'std::system_error'",
                    "  what():  Transport endpoint is not connected"])
     assert [(f.rule_id, f.failure_class) for f in socket] == [("c10d.socket_not_connected", FailureClass.FALLOUT)]
