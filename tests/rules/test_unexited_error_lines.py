@@ -75,3 +75,24 @@ def test_a_log_that_ends_at_the_error_line_is_a_failed_run(tmp_path: Path):
     decision = replay([log], build_engine(config), policy, "j").decision
     assert decision.action == Action.FAIL_JOB
     assert decision.root_cause.rule_id == "hugectr.data_header_error"
+
+
+@pytest.mark.parametrize("line", [
+    "Exception initializing accelerator: Accelerator.__init__() got an unexpected keyword argument 'project_dir'",
+    "ERROR: building the model failed: Net.__init__() got an unexpected keyword argument 'use_dropout'. "
+    "Did you mean 'dropout'?",
+])
+def test_a_caught_typeerrors_bare_message_is_the_programs_call(line):
+    """CPython's message for a keyword the callee does not take, printed without its class by a program
+    that caught it: the code and the installed library disagree, a rerun repeats it."""
+    fs = findings(line)
+    assert [(f.rule_id, f.failure_class, f.action) for f in fs] == [
+        ("python.unexpected_keyword_argument", FailureClass.USER_CODE, Action.FAIL_JOB)]
+
+
+@pytest.mark.parametrize("line", [
+    "TypeError: forward() got an unexpected keyword argument 'labels'",
+    "UserWarning: generate() got an unexpected keyword argument 'foo', it is ignored",
+])
+def test_the_class_line_and_warnings_are_left_to_their_rules(line):
+    assert not [f for f in findings(line) if f.rule_id == "python.unexpected_keyword_argument"]
