@@ -96,3 +96,17 @@ def test_a_caught_typeerrors_bare_message_is_the_programs_call(line):
 ])
 def test_the_class_line_and_warnings_are_left_to_their_rules(line):
     assert not [f for f in findings(line) if f.rule_id == "python.unexpected_keyword_argument"]
+
+
+@pytest.mark.parametrize("line", [
+    "E1224 22:32:45.210337   31904 real_program_continuator.cc:1331] 0x0x0_TC0: *** Halt is unexpected, all pending "
+    "programs will fail. This is likely an XLA compiler bug, please file a bug to xla-tpu@ and CC tfrt-devs@.",
+    "6x2x0_SC1: *** A program or fatal error occurred, all pending programs will fail, and results may be corrupted. "
+    "This is likely an XLA compiler bug or your job hit a bad TPU hardware.",
+])
+def test_a_halted_tpu_program_is_ambiguous_relaunch_once(line):
+    """The TPU runtime names a compiler bug or a bad TPU; Google's MaxText guide says retry to confirm:
+    the ambiguous grade (relaunch once where the policy relaunches user code, a repeat decides)."""
+    fs = findings(line)
+    assert [(f.rule_id, f.failure_class, f.action) for f in fs] == [
+        ("tpu.program_halted_unexpectedly", FailureClass.USER_CODE, Action.RESTART_IN_PLACE)]
