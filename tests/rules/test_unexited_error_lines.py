@@ -110,3 +110,13 @@ def test_a_halted_tpu_program_is_ambiguous_relaunch_once(line):
     fs = findings(line)
     assert [(f.rule_id, f.failure_class, f.action) for f in fs] == [
         ("tpu.program_halted_unexpectedly", FailureClass.USER_CODE, Action.RESTART_IN_PLACE)]
+
+
+def test_mace_distributed_setup_missing_a_launch_variable_is_the_launch():
+    """MACE's Slurm-only distributed set-up logs the KeyError of a missing variable and returns (exit 0):
+    the launch lacks the environment it reads, fail."""
+    [f] = findings("ERROR:root:Failed to initialize distributed environment: 'SLURM_JOB_NODELIST'")
+    assert (f.rule_id, f.failure_class, f.action) == ("mace.distributed_env_missing", FailureClass.USER_CODE,
+                                                      Action.FAIL_JOB)
+    assert not [f for f in findings("ERROR:root:Failed to initialize distributed environment: [Errno 111] "
+                                    "Connection refused") if f.rule_id == "mace.distributed_env_missing"]
