@@ -174,14 +174,23 @@ def cuda_regex(row: dict[str, str]) -> str:
     error {} '{}' - {}:{}: {}", rc, cudaGetErrorString(rc), ...)``, which its logger prints after
     ``Error: ``) puts the number before the quoted text: ``CUDA error 700 '<text>' - file:line:
     <expr>``, read only with that location after it (NCCL's own ``CUDA error 999 'unknown error'.``
-    inside its WARN lines is NCCL's, read by its rules).
+    inside its WARN lines is NCCL's, read by its rules). Isaac Gym's simulation plugin (a binary
+    release, no public source) logs a failed CUDA call as ``[Error] [carb.gym.plugin] Gym cuda
+    error: <cudaGetErrorString text>: <its source file>: <line>``, the runtime's text unchanged
+    (as printed in leggedrobotics/legged_gym#42 ``invalid resource handle``, isaac-sim/IsaacGymEnvs#33
+    ``no kernel image is available for execution on the device``, chengxuxin/extreme-parkour#37 ``an
+    illegal memory access was encountered``): read only after the plugin's tag, and graded by the
+    enum like every other print of it. The plugin logs the error and the simulation may go on
+    (IsaacGymEnvs#33 trained on to its last epoch): a run that outlived it is a notice, as for any
+    error (``ftwatch.pipeline.notices``).
 
     A row ``covered_by`` an older rule leaves PyTorch's ``CUDA error: `` form to that rule, so
     one line never has two equal winners."""
     torch = "" if row["covered_by"] else "CUDA error: |"
     prefix = (rf"({torch}CUDA driver error: |Cuda failure (-?\d+ )?'|cuda runtime error \(\d+\) : "
               r"|might have already set an error\? Error \d+: |^ ?CUDA Error( Prev)?: |GPUassert: "
-              r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +)")
+              r"|(Cuda|CUDA) (error|failure|Failure) [^\s:']+:\d+:? '|\bCUDA: |== cudaSuccess \(\d+ vs\. 0\) +"
+              r"|\[carb\.gym\.plugin\] Gym cuda error: )")
     driver = f"|\\b{row['driver_enum']}\\b" if row.get("driver_enum") else ""
     hugectr = rf"|\bRuntime error: {escape(row['message'])} [^\s:]+:\d+"
     marian = rf"|\bCUDA error \d+ '{escape(row['message'])}' - [^\s:]+:\d+: "
@@ -194,7 +203,8 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
     msg, enum, number = row["message"], row["enum"], row["number"]
     notes = f"grade {row['grade']}: {why}. sticky: {row['sticky']}."
     first = f"[rank0]: RuntimeError: CUDA error: {msg}"
-    counter = [f"[rank0]: RuntimeError: {msg}", f"TF_CUDA: {msg}", f"Runtime error: {msg} (no location)"]
+    counter = [f"[rank0]: RuntimeError: {msg}", f"TF_CUDA: {msg}", f"Runtime error: {msg} (no location)",
+               f"[Error] [carb.gym.plugin] Failed to fill rigid body state tensor ({msg})"]
     if row["covered_by"]:
         notes += f" PyTorch's 'CUDA error: {msg}' is {row['covered_by']}'s (same grade, its id stays)."
         first = f"[rank0]: RuntimeError: CUDA driver error: {msg}"
@@ -210,6 +220,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
                 f"F0312 10:01:55.123 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  {msg}",
                 f"[13d08h12m43s][HUGECTR][ERROR]: Runtime error: {msg} /hugectr/HugeCTR/src/data_readers/reader.cu:212 ",
                 f"[2019-02-17 09:52:17] Error: CUDA error {number} '{msg}' - /marian/src/tensors/gpu/device.cu:32: cudaMalloc(&data_, size)",
+                f"[Error] [carb.gym.plugin] Gym cuda error: {msg}: ../../../source/plugins/carb/gym/impl/Gym/GymPhysX.cpp: 1459",
                 "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before "
                 f"calling NumCudaDevices() that might have already set an error? Error {number}: {msg}"]
     if driver:
