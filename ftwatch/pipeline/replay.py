@@ -21,7 +21,8 @@ Xid 79`` line counts as later than it. Only hit lines look back for their stamp 
 ``sim_step``), and the stamp is carried from chunk to chunk. The anchor's year is the engine's
 year for stamps that carry none (glog, syslog). With job hang detection on (R5, opt-in), the
 lines' timestamps also place each instance's output on a merged timeline, where a silence of
-every instance for the interval is a job hang (see ``replay_hang``); with ``phases`` the
+every instance for the interval is a job hang (see ``replay_hang``; a kernel log or a platform's
+event stream is no instance there, only a witness of how far the input went, ``is_witness``); with ``phases`` the
 interval is that of the phase the lines tell (``replay_phases``), as in ``run`` and ``watch``.
 The end of the input is the end of the job: exit codes come from a torchelastic failure summary when present (placed after
 every line); the desk's open incident, if any, is decided then, else the job succeeded.
@@ -45,7 +46,7 @@ from ftwatch.pipeline.incidents import IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.replay_hang import HangScan
 from ftwatch.pipeline.replay_phases import PhaseScan
-from ftwatch.pipeline.sources.hostlog import host_origin, is_host_file
+from ftwatch.pipeline.sources.hostlog import host_origin, is_host, is_host_file
 from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.policy.policy import Policy
 from ftwatch.policy.progress import PROGRESS
@@ -61,6 +62,11 @@ _ANCHOR_CHARS = 256         # of each line: every timestamp format starts well w
 #: a rank in a log file's name; ``workerlog.N`` is the file Paddle's launcher writes for local worker N
 #: (paddle/distributed/utils/launch_utils.py and fleet/launch_utils.py: ``open("%s/workerlog.%d" % (log_dir, idx))``)
 _RANK_IN_NAME = re.compile(r"(?:rank|worker(?:log)?|default|node)[-_.]?(\d+)", re.IGNORECASE)
+#: a platform's or scheduler's event stream saved beside the job's logs (``events.log``, ``events.txt``,
+#: ``k8s-events.log``, ``modelarts-events.log``, ``slurmctld-events.log``): the control plane's records
+#: about the job (a Kubernetes Event is "a report of an event somewhere in the cluster", written by the
+#: controller that reports it), no instance's output: a witness of the job hang scan (``replay_hang``)
+_EVENT_STREAM = re.compile(r"(?:.*[-_.])?events?\.(?:log|txt)", re.IGNORECASE)
 
 
 @dataclass
@@ -86,6 +92,12 @@ def origin_for(path: Path, job: str) -> Origin:
         rank = int(match.group(1))
         return Origin(f"rank{rank}", rank, job, "replay", str(path), "replay")
     return Origin(path.stem, None, job, "replay", str(path), "replay")
+
+
+def is_witness(path: Path, origin: Origin) -> bool:
+    """True for a file that is no instance's output, for the job hang scan: a node's kernel log
+    (host evidence) or a platform's or scheduler's event stream (``_EVENT_STREAM``)."""
+    return is_host(origin) or _EVENT_STREAM.fullmatch(path.name) is not None
 
 
 def exit_origin(origin: Origin, failure: SummaryFailure) -> Origin:
@@ -160,7 +172,7 @@ def _replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str,
             origin = origin_for(Path(path), job)
             base, engine.year = found or fallback
             if scan is not None:
-                scan.open(origin, engine.year or default_year)
+                scan.open(origin, engine.year or default_year, witness=is_witness(Path(path), origin))
             size, end = _replay_file(Path(path), origin, desk, base, progress, scan)
             total += size
             ends.append(end)

@@ -35,6 +35,16 @@ of the silence it states, and Slurm's ``*** JOB|STEP ... CANCELLED AT <time> ***
 its mid-line stamp (it is no rank's output: it dates the end of the ranks' silence, as a launcher's
 shutdown line does).
 
+Some files are no instance's output at all (knowledge round 26): a node's kernel log (host
+evidence, ``ftwatch.pipeline.sources.hostlog``: the replay driver never makes it an instance)
+and a platform's or scheduler's event stream (``events.log``, ``k8s-events.log``,
+``modelarts-events.log``: Kubernetes describes an Event as "a report of an event somewhere in the
+cluster", written by the controller that reports it, the kubelet, the scheduler; ModelArts'
+and Slurm's event lists are their control planes' likewise). Such a *witness* file's periodic
+lines (a health poll every ten minutes, a corrected PCIe error every minute) say nothing about
+whether the job writes, so they never keep a silent job "active"; their stamps still show that
+the input went on past the ranks' last line, as a launcher's shutdown line does.
+
 The hang is the first moment *T* at which every instance seen so far has been silent for the
 interval, also when the silence runs up to a later stamped line that is no instance's output (a
 launcher's shutdown line); the end of the input is no hang (the job ended there). With phases (``phases.enabled``,
@@ -146,9 +156,10 @@ class _Activity:
 class _File:
     """The reading state of one file: its stamps so far and the instances with untimed lines since."""
 
-    def __init__(self, origin: Origin, year: int | None) -> None:
+    def __init__(self, origin: Origin, year: int | None, witness: bool = False) -> None:
         self.origin = origin
         self.year = year
+        self.witness = witness      # no instance's output: its stamps only date the input's end
         self.combined = origin.rank is None
         self.pending: Counter[str] = Counter()   # instance -> its untimed lines since the last stamp
         self.spread: Counter[str] = Counter()    # instance -> how many of them are progress lines
@@ -189,10 +200,13 @@ class HangScan:
         self.untimed: list[str] = []     # files with lines but no timestamp
         self.last: float | None = None   # the latest timestamp seen
 
-    def open(self, origin: Origin, year: int | None) -> None:
-        """A file starts; ``year`` dates its glog and syslog stamps."""
-        self._file = _File(origin, year)
-        self._origins.setdefault(origin.instance, origin)
+    def open(self, origin: Origin, year: int | None, witness: bool = False) -> None:
+        """A file starts; ``year`` dates its glog and syslog stamps; ``witness``: the file is no
+        instance's output (a kernel log, a platform's event stream): its stamps show only how far
+        the input went on (``last``), never that the job wrote."""
+        self._file = _File(origin, year, witness)
+        if not witness:
+            self._origins.setdefault(origin.instance, origin)
         if self.phases is not None:
             self.phases.open(year)
 
@@ -211,6 +225,9 @@ class HangScan:
         if self.phases is not None:
             self.phases.take(chunk, base)
         f.lines = True
+        if f.witness:
+            self._witness(f, chunk)
+            return
         if f.combined:
             self._take_combined(f, chunk)
             return
@@ -222,6 +239,16 @@ class HangScan:
             pos = self._parse(f, chunk, start, own) + 1
         if pos < len(chunk):
             self._untimed(f, own, chunk, pos, len(chunk), chunk.count(b"\n", pos) or 1)
+
+    def _witness(self, f: _File, chunk: bytes) -> None:
+        """A witness file's chunk: its stamps move ``last`` on, nothing is any instance's output."""
+        for m in _STAMPED.finditer(chunk):
+            end = self._line_end(chunk, m.start())
+            stamp = fields.parse_timestamp(fields.clean(chunk[m.start():min(end, m.start() + _HEAD)]), f.year,
+                                           vllm=True)
+            if stamp is not None:
+                f.stamps += 1
+                self.last = stamp if self.last is None else max(self.last, stamp)
 
     def _untimed(self, f: _File, key: str, chunk: bytes, lo: int, hi: int, lines: int) -> None:
         """``lines`` lines of ``key``, ``chunk[lo:hi]`` (``hi`` -1: the line at ``lo``), carry no stamp:
@@ -317,7 +344,9 @@ class HangScan:
         """The open file ended: untimed lines after its last stamp count as output to the end."""
         f = self._file
         assert f is not None
-        if f.lines and not f.stamps:
+        if f.witness:
+            pass                                            # no instance's output, stamped or not
+        elif f.lines and not f.stamps:
             self.untimed.append(f.origin.stream)
         elif f.stamps:
             self._spread(f)

@@ -476,3 +476,42 @@ def test_a_traceback_after_a_files_last_stamp_was_printed_with_it(run, tmp_path)
 
     hang = [f for f in scan.findings if f.rule_id == "hang.job"]
     assert [f.time for f in hang] == [pytest.approx(utc(T0 + timedelta(minutes=40)) + 1800)]
+
+
+def _one_rank_then_quiet(tmp_path: Path) -> Path:
+    """rank0.log: a step a minute from 09:00 to 09:10, then nothing."""
+    lines = training(iso_line, {0: T0 + timedelta(minutes=10)}, every=timedelta(minutes=1))
+    return write(tmp_path / "rank0.log", [l.removeprefix("[default0]:") for l in lines])
+
+
+@pytest.mark.parametrize("name", ["events.log", "modelarts-events.log", "k8s-events.txt"])
+def test_a_platforms_periodic_event_lines_do_not_keep_a_silent_job_active(run, tmp_path, name):
+    """Round 26: an event stream (the control plane's records about the job) polls every ten minutes
+    while the ranks have been silent since 09:10; its lines are no instance's output, so the job hangs
+    at 09:40, and its last stamp (10:20) shows the input went on past that."""
+    polls = [f"{T0 + timedelta(minutes=m):%Y-%m-%d %H:%M:%S} [platform] job={JOB} util=100% io_changed=false"
+             for m in range(0, 81, 10)]
+    result = run([write(tmp_path / name, polls), _one_rank_then_quiet(tmp_path)], **HANG_ON)
+
+    rc = result.decision.root_cause
+    assert (result.decision.action, rc.rule_id, rc.rank) == (Action.RESTART_JOB, "hang.job", 0)
+    assert rc.time == pytest.approx(utc(T0 + timedelta(minutes=10)) + 1800)
+
+
+def test_a_kernel_logs_periodic_lines_do_not_keep_a_silent_job_active(run, tmp_path):
+    """The node's kernel log is host evidence, never an instance: a corrected PCIe error logged every
+    minute until 10:20 does not hide the ranks' silence since 09:10."""
+    kern = [f"{T0 + timedelta(minutes=m):%b %d %H:%M:%S} n1 kernel: pcieport 0000:00:03.0: AER: Corrected error "
+            "received: 0000:00:03.0" for m in range(0, 81)]
+    result = run([write(tmp_path / "kern.log", kern), _one_rank_then_quiet(tmp_path)], **HANG_ON)
+
+    rc = result.decision.root_cause
+    assert (rc.rule_id, rc.rank) == ("hang.job", 0)
+    assert rc.time == pytest.approx(utc(T0 + timedelta(minutes=10)) + 1800)
+
+
+def test_event_lines_that_end_soon_after_the_last_step_are_no_hang(run, tmp_path):
+    polls = [f"{T0 + timedelta(minutes=m):%Y-%m-%d %H:%M:%S} [platform] job={JOB} util=100%" for m in (0, 10, 20)]
+    result = run([write(tmp_path / "events.log", polls), _one_rank_then_quiet(tmp_path)], **HANG_ON)
+
+    assert result.decision.action is Action.NONE
