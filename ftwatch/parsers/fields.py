@@ -110,6 +110,12 @@ _CTIME = re.compile(r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MONTH
 # %(message)s", _DATE_FORMAT "%m-%d %H:%M:%S"): "INFO 11-13 09:15:02 [loggers.py:118] ..."; no year,
 # no zone. vLLM v1 puts its "(APIServer pid=611) " process prefix before it (a rank prefix here).
 _LEVEL_MD = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?![\d:.-])")
+# Apache Spark's log4j console layout, its default in every release's conf template
+# (conf/log4j.properties.template "%d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n"; log4j2.properties.template
+# from 3.3, the same pattern with "%ex"): "20/01/06 22:12:57 INFO SparkContext: ...", a two-digit year
+# (this century), no fraction, no zone. Read only when the level word follows, so that another
+# program's "01/06/20 ..." (month first) is not taken for it.
+_SPARK = re.compile(r"(\d\d)/(\d\d)/(\d\d) (\d\d):(\d\d):(\d\d) (?=(?:TRACE|DEBUG|INFO|WARN|ERROR|FATAL) )")
 _LEAD = re.compile(r"[\s\[(]*")  # what may come before a timestamp "at the start"
 # Slurm's cancel line, its stamp mid-line: slurmstepd's "*** JOB 123 ON nid001 CANCELLED AT
 # 2026-03-23T18:40:07 DUE TO TIME LIMIT ***" ("STEP 123.0" for a step; "DUE TO PREEMPTION", "NODE
@@ -295,6 +301,8 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
       of the same second (``W1212 12:10:10.102944``) would reorder the findings that root
       cause ranks by time.
     * ``dmesg -T`` (util-linux, C's ``ctime`` form): ``[Sat Nov 21 09:36:03 2026] NVRM: ...``.
+    * Apache Spark's log4j console layout (``yy/MM/dd HH:mm:ss`` then the level), as a Spark
+      driver or executor log prints it: ``20/01/06 22:12:57 INFO SparkContext: ...``.
     * ISO-8601 ``2026-11-21T09:36:03.123Z``, with ``+08:00``/``+0800`` or no zone; Python
       logging ``2026-11-21 09:36:03,123``; ``2026-11-21 09:36:03.123456``;
       ``[2026-11-21 09:36:03]``; the date also with ``/`` (``[2023/06/05 10:02:41]``, PaddleOCR's datefmt).
@@ -354,6 +362,10 @@ def parse_timestamp(text: str, year: int | None, vllm: bool = False) -> float | 
     if m is not None:
         month, day, hour, minute, second, year_s = m.groups()
         return _epoch((year_s, str(_MONTHS[month]), day, hour, minute, second, None), None, None)
+    m = _SPARK.match(rest, start)
+    if m is not None:
+        yy, month, day, hour, minute, second = m.groups()
+        return _epoch((f"20{yy}", month, day, hour, minute, second, None), None, None)
     head = _PLOG_HEAD.match(rest)
     if head is not None:
         m = _ISO.match(rest, head.end())

@@ -425,3 +425,22 @@ def test_mpirun_timestamp_output_ctime_is_the_line_time():
     assert t == fields.parse_timestamp("[Tue Jul  9 01:10:02 2019] x", None)
     assert t is not None
 
+
+
+@pytest.mark.parametrize("line", [
+    "20/01/06 22:12:57 INFO SparkContext: Starting job: foreachPartition at XGBoost.scala:525",
+    "20/01/06 22:12:57 WARN TaskSetManager: Lost task 3.0 in stage 9.0",
+    "[rank2]: 20/01/06 22:12:57 ERROR ApplicationMaster: RECEIVED SIGNAL TERM",
+])
+def test_sparks_log4j_console_stamp_is_the_line_time(line):
+    # Spark's conf/log4j.properties.template: "%d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n"
+    assert parse_timestamp(line, None) == datetime(2020, 1, 6, 22, 12, 57, tzinfo=timezone.utc).timestamp()
+
+
+@pytest.mark.parametrize("line", [
+    "01/06/20 22:12:57 job submitted",          # month first, no level word: another program's date
+    "20/01/06 22:12:57 starting",
+    "20/13/06 22:12:57 INFO impossible month",
+])
+def test_a_two_digit_year_date_without_sparks_shape_is_no_stamp(line):
+    assert parse_timestamp(line, None) is None
