@@ -61,7 +61,7 @@ from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
-from ftwatch.policy.catchsite import catch_site
+from ftwatch.policy.catchsite import catch_site, going_on
 from ftwatch.policy.progresslines import lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
@@ -140,7 +140,11 @@ _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of th
 def ignored(previous: Finding | None, f: Finding) -> bool:
     """``f`` is the traceback of an exception that ended no program: ``previous``, the finding of the
     same instance just before it, is Python's ``Exception ignored in: ...`` or ``Exception in thread
-    <name>:`` line, or torch.compile's ``WON'T CONVERT ...`` (:data:`NOT_ENDING`)."""
+    <name>:`` line, or torch.compile's ``WON'T CONVERT ...`` (:data:`NOT_ENDING`); or the traceback
+    starts at a library handler whose code catches everything, logs it and returns
+    (``ftwatch.policy.catchsite.going_on``)."""
+    if going_on(f) is not None:
+        return True
     return (previous is not None and previous.rule_id in NOT_ENDING and bool(f.evidence)
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
 
