@@ -79,7 +79,9 @@ EXTRA_PATTERNS: dict[str, str] = {
     "epoch": r"\b[Ee]poch(?:\(train\))?['\"]?\s*[:=]?\s*[(\[]?\s*\d+",
     # (?<!-): a command-line flag (``--train-iters 100000`` in a launcher's echoed command) is a setting, no progress
     "iteration": r"(?<!-)\b(?:[Ii]ter(?:ation)?s?)(?:\(train\))?\s*[:=]?\s*\[?\s*\d+",
-    "loss": r"\b[Ll]oss['\"]?\s*[:=]?\s*[-+]?\d*\.\d",
+    # (?:\b|_): a snake_case metric name ends in the word too (``total_loss: 5.81``, ``train_loss=0.43``,
+    # Keras' ``val_loss: 0.52``, Lightning's bar postfix ``train_loss=0.123``), where ``\b`` alone never matches
+    "loss": r"(?:\b|_)[Ll]oss['\"]?\s*[:=]?\s*[-+]?\d*\.\d",
 }
 _ALL = {**{f"step_{k}": scan_form(p) for k, p in STEP_PATTERNS.items()}, **EXTRA_PATTERNS}
 PATTERNS: tuple[str, ...] = tuple(_ALL.values())

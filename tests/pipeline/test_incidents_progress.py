@@ -339,3 +339,22 @@ def test_replay_a_traceback_a_library_handler_caught_and_went_on_from_is_no_fail
     result = _replay(tmp_path, lines[:1] + [entry])
     assert result.decision.action is not Action.NONE
 
+
+def test_snake_case_loss_lines_are_progress():
+    """``total_loss: 5.81`` (a snake_case metric name) is a loss figure as ``loss: 5.81`` is."""
+    for line in (b"training_step: 2, total_loss: 5.7934\n", b"Epoch 1/10 - 3s - val_loss: 0.5210\n",
+                 b"loss: 0.31\n"):
+        assert progress.PROGRESS.search(line), line
+    for line in (b"lossy compression 0.5\n", b"loss_scale: 1024.0\n", b"total_loss: inf\n"):
+        assert not progress.PROGRESS.search(line), line
+
+
+def test_replay_a_traceback_followed_by_snake_case_loss_lines_is_outlived(tmp_path):
+    """A main thread's traceback while the training thread goes on printing ``total_loss`` lines
+    (before: fail_job on python.type_error, the lines were no progress)."""
+    tb = (b"Traceback (most recent call last):\n  File \"learner.py\", line 392, in <module>\n"
+          b"    coord.join(thread_data)\nTypeError: 'Thread' object is not iterable\n")
+    lines = [tb] + [f"training_step: {n}, total_loss: 5.8{n}\n".encode() for n in (1, 2, 3)]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    assert _replay(tmp_path, [tb]).decision.action is not Action.NONE
