@@ -26,6 +26,7 @@ from ftwatch.events import Finding
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy import lifecycle
 from ftwatch.policy.catchsite import going_on
+from ftwatch.policy.progress import ABORT_REPORT
 from ftwatch.policy.triggers import may_survive
 
 if TYPE_CHECKING:
@@ -84,8 +85,9 @@ def ignored(desk: IncidentDesk, findings: list[Finding]) -> None:
     """The errors of ``findings``' "Exception ignored in" reports: notices."""
     for f in desk.survival.ignored(findings):
         handler = going_on(f)
-        notice(desk, f, f.time, "Python ignored the exception (Exception ignored in ...)" if handler is None
-               else f"caught and logged by {handler}, whose code goes on after any exception")
+        notice(desk, f, f.time, "MPI_Abort with errorcode 0: the program stopped the job with a success status"
+               if f.rule_id == ABORT_REPORT else "Python ignored the exception (Exception ignored in ...)"
+               if handler is None else f"caught and logged by {handler}, whose code goes on after any exception")
 
 
 def ended(desk: IncidentDesk, f: Finding) -> None:

@@ -151,6 +151,22 @@ def ignored(previous: Finding | None, f: Finding) -> bool:
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
 
 
+#: Open MPI's report that a rank called MPI_Abort (``rules/packs/kill_vocab.tsv``) and the errorcode line it
+#: wraps onto the next line when that errorcode is 0 (``rules/packs/lifecycle.yaml``)
+ABORT_REPORT = "mpi.abort_invoked"
+ABORT_ZERO = "mpi.abort_errorcode_zero"
+
+
+def abort_zero(previous: Finding | None, f: Finding) -> bool:
+    """``f`` is Open MPI's wrapped ``with errorcode 0.`` line and ``previous``, the finding of the same
+    instance just before it, the ``MPI_ABORT was invoked on rank N in communicator C`` line it ends:
+    the program asked mpirun to stop every rank with exit status 0 (MPI 4.1 section 11.2.2, the
+    errorcode is returned to the invoking environment), its own deliberate stop, so ``previous`` is
+    no failing exit (open-mpi/ompi ompi/mpi/help-mpi-api.txt [mpi-abort])."""
+    return (previous is not None and previous.rule_id == ABORT_REPORT and f.rule_id == ABORT_ZERO
+            and (previous.time, previous.seq) <= (f.time, f.seq))
+
+
 def marks(data: bytes, time: float, sim_step: float, year: int | None,
           ranks: Container[int | None] | None = None,
           defer: Callable[[int | None, float, bytes, str], bool] | None = None,
@@ -373,13 +389,17 @@ class Survival:
         return out
 
     def ignored(self, findings: list[Finding]) -> list[Finding]:
-        """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`): now
-        notices."""
+        """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`), and the
+        MPI_Abort reports whose wrapped errorcode is 0 (:func:`abort_zero`): now notices."""
         out = []
         for f in findings:
-            if ignored(self._last.get(f.origin.instance), f):
+            previous = self._last.get(f.origin.instance)
+            if ignored(previous, f):
                 self._note(f)
                 out.append(f)
+            elif abort_zero(previous, f) and previous is not None and id(previous) not in self._ids:
+                self._note(previous)         # MPI_Abort with errorcode 0: the report is no failing exit
+                out.append(previous)
             self._last[f.origin.instance] = f
         return out
 

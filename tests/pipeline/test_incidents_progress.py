@@ -358,3 +358,33 @@ def test_replay_a_traceback_followed_by_snake_case_loss_lines_is_outlived(tmp_pa
     result = _replay(tmp_path, lines)
     assert result.decision.action is Action.NONE and result.decision.root_cause is None
     assert _replay(tmp_path, [tb]).decision.action is not Action.NONE
+
+
+# -- Open MPI's MPI_ABORT report with its errorcode 0 wrapped onto the next line -------------------
+
+ABORT = (b"--------------------------------------------------------------------------\n"
+         b"MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n"
+         b"with errorcode {code}.\n\n"
+         b"NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\n"
+         b"You may or may not see output from other processes, depending on\n"
+         b"exactly when Open MPI kills them.\n"
+         b"--------------------------------------------------------------------------\n")
+
+
+def test_replay_an_mpi_abort_with_errorcode_zero_is_the_programs_own_stop(tmp_path):
+    """FedML's server ends its MPI job with MPI_Abort(0) after the last round (before: fail_job on
+    mpi.abort_invoked, whose one-line pattern cannot see the wrapped errorcode)."""
+    lines = [b"INFO:root:{'test_acc': 0.8929, 'test_loss': 0.4412}\n", b"INFO:root:__finish server\n"]
+    result = _replay(tmp_path, lines + [ABORT.replace(b"{code}", b"0")])
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    failed = _replay(tmp_path, lines + [ABORT.replace(b"{code}", b"1")])
+    assert failed.decision.action is not Action.NONE
+    assert failed.decision.root_cause.rule_id == "mpi.abort_invoked"
+
+
+def test_only_the_errorcode_line_right_after_the_abort_report_reads_it():
+    report = finding("mpi.abort_invoked")
+    zero = finding("mpi.abort_errorcode_zero")
+    assert progress.abort_zero(report, zero)
+    assert not progress.abort_zero(None, zero) and not progress.abort_zero(finding("python.key_error"), zero)
+    assert not progress.abort_zero(report, finding("python.key_error"))
