@@ -7,7 +7,8 @@ Issue 12 item 3, ``ftwatch.policy.progress``: where the source reports no exits 
 progress lines after it within ``progress.SURVIVE_SECONDS`` (``ftwatch.pipeline.intake.take``), or
 the program finished after it, or an exit 0 or a launcher's "exited 0" line says the traceback
 ended no program (:func:`survived`), or Python ignored the exception, or a library handler
-that logs any exception and goes on caught it (``ftwatch.policy.catchsite.going_on``), the error is a notice
+that logs any exception and goes on caught it (``ftwatch.policy.catchsite.going_on``), or Open MPI's
+MPI_ABORT report ends in errorcode 0 (``progress.abort_zero``), the error is a notice
 (:func:`notice`: ``IncidentDesk.notices``, a ``notice`` event): it leaves the evidence, and an
 incident it alone held is dropped. Two readings make fatal findings notices: a scheduler's verdict
 followed by the program's finish line (the job was requeued and finished, :func:`ended`), and a
