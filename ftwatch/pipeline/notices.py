@@ -6,7 +6,9 @@ Issue 12 item 3, ``ftwatch.policy.progress``: where the source reports no exits 
 ``add``). In every driver, when the instance that printed such an error prints ``progress.MARKS``
 progress lines after it within ``progress.SURVIVE_SECONDS`` (``ftwatch.pipeline.intake.take``), or
 the program finished after it, or an exit 0 or a launcher's "exited 0" line says the traceback
-ended no program (:func:`survived`), or Python ignored the exception, the error is a notice
+ended no program (:func:`survived`), or Python ignored the exception, or a library handler
+that logs any exception and goes on caught it (``ftwatch.policy.catchsite.going_on``), or Open MPI's
+MPI_ABORT report ends in errorcode 0 (``progress.abort_zero``), the error is a notice
 (:func:`notice`: ``IncidentDesk.notices``, a ``notice`` event): it leaves the evidence, and an
 incident it alone held is dropped. Two readings make fatal findings notices: a scheduler's verdict
 followed by the program's finish line (the job was requeued and finished, :func:`ended`), and a
@@ -24,6 +26,8 @@ from typing import TYPE_CHECKING
 from ftwatch.events import Finding
 from ftwatch.pipeline.sources.hostlog import is_host
 from ftwatch.policy import lifecycle
+from ftwatch.policy.catchsite import going_on
+from ftwatch.policy.progress import ABORT_REPORT
 from ftwatch.policy.triggers import may_survive
 
 if TYPE_CHECKING:
@@ -81,7 +85,10 @@ def booted_before(desk: IncidentDesk, at: float) -> None:
 def ignored(desk: IncidentDesk, findings: list[Finding]) -> None:
     """The errors of ``findings``' "Exception ignored in" reports: notices."""
     for f in desk.survival.ignored(findings):
-        notice(desk, f, f.time, "Python ignored the exception (Exception ignored in ...)")
+        handler = going_on(f)
+        notice(desk, f, f.time, "MPI_Abort with errorcode 0: the program stopped the job with a success status"
+               if f.rule_id == ABORT_REPORT else "Python ignored the exception (Exception ignored in ...)"
+               if handler is None else f"caught and logged by {handler}, whose code goes on after any exception")
 
 
 def ended(desk: IncidentDesk, f: Finding) -> None:

@@ -12,6 +12,11 @@ and the program went on; the same exception type with the same frames again is t
 catching the same failure again (a plotting or logging client posting to a server that is down,
 every epoch): a notice at once, not a new wait. One whose first frame is the entry is never
 read so: a handler at the top level may log and then re-raise there.
+
+Some libraries' handlers are known from their code to catch every exception, log its traceback
+and return (:data:`GOING_ON`, :func:`going_on`): a traceback whose first frame, its catching frame,
+is one of them ended nothing, and is a notice at once (``ftwatch.policy.progress.ignored``), as
+Python's own "Exception ignored in" is.
 """
 
 from __future__ import annotations
@@ -26,20 +31,57 @@ from ftwatch.parsers.multiline import FRAME as _FRAME, PY_START as _TRACEBACK
 _ENTRY_FRAMES = frozenset({"<module>", "_run_module_as_main", "_run_code", "_bootstrap", "_bootstrap_inner"})
 
 
-def catch_site(f: Finding) -> tuple[str, tuple[tuple[str, str, str], ...]] | None:
-    """The identity of the handler that printed ``f``'s traceback: (rule id, its frames as (file,
-    line, function), outermost first), or None when ``f`` holds no traceback, one without frames,
-    or one whose first frame is the program's entry (:data:`_ENTRY_FRAMES`: it may have ended the
-    program). Only the first traceback of the evidence is read (a chained one's context)."""
+#: Library functions whose code catches every exception in its body, logs the traceback and returns
+#: (function name -> the file its frame line names must end with, "" for any, and the source):
+#: a logged traceback that starts at one of them was caught there and the program went on.
+GOING_ON: dict[str, tuple[str, str]] = {
+    # AllenNLP's optional GPU-memory probe (and the copies of it in other projects' utils):
+    # ``except FileNotFoundError: return {}`` then a bare ``except`` whose comment says it catches
+    # everything because "this memory check is a nice-to-have" no training run should fail of, and
+    # ``logger.exception("unable to check gpu_memory_mb(), continuing"); return {}``
+    # (allenai/allennlp allennlp/common/util.py gpu_memory_mb, 0.x to 2.x)
+    "gpu_memory_mb": ("", "allenai/allennlp allennlp/common/util.py gpu_memory_mb"),
+    # AutoGluon's trainer fitting one model: ``except Exception as err:`` logs "Warning: Exception
+    # caused <model> to fail during training... Skipping this model." and ``logger.exception(
+    # "Detailed Traceback:")`` (verbosity > 0), and the fit goes on with the next model
+    # (autogluon/autogluon core/src/autogluon/core/trainer/abstract_trainer.py _train_and_save)
+    "_train_and_save": ("trainer/abstract_trainer.py",
+                        "autogluon/autogluon core/src/autogluon/core/trainer/abstract_trainer.py _train_and_save"),
+}
+
+
+def _frames(f: Finding) -> list[tuple[str, str, str]]:
+    """The frames of ``f``'s first traceback, outermost first (empty: none)."""
+    frames: list[tuple[str, str, str]] = []
     if not f.evidence or _TRACEBACK not in f.evidence[0]:
-        return None
-    frames = []
+        return frames
     for line in f.evidence[1:]:
         m = _FRAME.match(line)
         if m is not None:
             frames.append(m.groups())
         elif frames and not line.startswith((" ", "\t")):
             break                                   # the exception's own line: the list ended
+    return frames
+
+
+def going_on(f: Finding) -> str | None:
+    """The handler of :data:`GOING_ON` that caught ``f``'s traceback (its first frame), or None."""
+    frames = _frames(f)
+    if not frames:
+        return None
+    file, _, function = frames[0]
+    known = GOING_ON.get(function)
+    if known is None or not file.replace("\\", "/").endswith(known[0]):
+        return None
+    return function
+
+
+def catch_site(f: Finding) -> tuple[str, tuple[tuple[str, str, str], ...]] | None:
+    """The identity of the handler that printed ``f``'s traceback: (rule id, its frames as (file,
+    line, function), outermost first), or None when ``f`` holds no traceback, one without frames,
+    or one whose first frame is the program's entry (:data:`_ENTRY_FRAMES`: it may have ended the
+    program). Only the first traceback of the evidence is read (a chained one's context)."""
+    frames = _frames(f)
     if not frames or frames[0][2] in _ENTRY_FRAMES:
         return None
     return f.rule_id, tuple(frames)

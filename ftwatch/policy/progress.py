@@ -61,7 +61,7 @@ from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
-from ftwatch.policy.catchsite import catch_site
+from ftwatch.policy.catchsite import catch_site, going_on
 from ftwatch.policy.progresslines import lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
@@ -79,7 +79,9 @@ EXTRA_PATTERNS: dict[str, str] = {
     "epoch": r"\b[Ee]poch(?:\(train\))?['\"]?\s*[:=]?\s*[(\[]?\s*\d+",
     # (?<!-): a command-line flag (``--train-iters 100000`` in a launcher's echoed command) is a setting, no progress
     "iteration": r"(?<!-)\b(?:[Ii]ter(?:ation)?s?)(?:\(train\))?\s*[:=]?\s*\[?\s*\d+",
-    "loss": r"\b[Ll]oss['\"]?\s*[:=]?\s*[-+]?\d*\.\d",
+    # (?:\b|_): a snake_case metric name ends in the word too (``total_loss: 5.81``, ``train_loss=0.43``,
+    # Keras' ``val_loss: 0.52``, Lightning's bar postfix ``train_loss=0.123``), where ``\b`` alone never matches
+    "loss": r"(?:\b|_)[Ll]oss['\"]?\s*[:=]?\s*[-+]?\d*\.\d",
 }
 _ALL = {**{f"step_{k}": scan_form(p) for k, p in STEP_PATTERNS.items()}, **EXTRA_PATTERNS}
 PATTERNS: tuple[str, ...] = tuple(_ALL.values())
@@ -140,9 +142,29 @@ _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of th
 def ignored(previous: Finding | None, f: Finding) -> bool:
     """``f`` is the traceback of an exception that ended no program: ``previous``, the finding of the
     same instance just before it, is Python's ``Exception ignored in: ...`` or ``Exception in thread
-    <name>:`` line, or torch.compile's ``WON'T CONVERT ...`` (:data:`NOT_ENDING`)."""
+    <name>:`` line, or torch.compile's ``WON'T CONVERT ...`` (:data:`NOT_ENDING`); or the traceback
+    starts at a library handler whose code catches everything, logs it and returns
+    (``ftwatch.policy.catchsite.going_on``)."""
+    if going_on(f) is not None:
+        return True
     return (previous is not None and previous.rule_id in NOT_ENDING and bool(f.evidence)
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
+
+
+#: Open MPI's report that a rank called MPI_Abort (``rules/packs/kill_vocab.tsv``) and the errorcode line it
+#: wraps onto the next line when that errorcode is 0 (``rules/packs/lifecycle.yaml``)
+ABORT_REPORT = "mpi.abort_invoked"
+ABORT_ZERO = "mpi.abort_errorcode_zero"
+
+
+def abort_zero(previous: Finding | None, f: Finding) -> bool:
+    """``f`` is Open MPI's wrapped ``with errorcode 0.`` line and ``previous``, the finding of the same
+    instance just before it, the ``MPI_ABORT was invoked on rank N in communicator C`` line it ends:
+    the program asked mpirun to stop every rank with exit status 0 (MPI 4.1 section 11.2.2, the
+    errorcode is returned to the invoking environment), its own deliberate stop, so ``previous`` is
+    no failing exit (open-mpi/ompi ompi/mpi/help-mpi-api.txt [mpi-abort])."""
+    return (previous is not None and previous.rule_id == ABORT_REPORT and f.rule_id == ABORT_ZERO
+            and (previous.time, previous.seq) <= (f.time, f.seq))
 
 
 def marks(data: bytes, time: float, sim_step: float, year: int | None,
@@ -367,13 +389,17 @@ class Survival:
         return out
 
     def ignored(self, findings: list[Finding]) -> list[Finding]:
-        """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`): now
-        notices."""
+        """The tracebacks among ``findings`` that Python said it ignored (:func:`ignored`), and the
+        MPI_Abort reports whose wrapped errorcode is 0 (:func:`abort_zero`): now notices."""
         out = []
         for f in findings:
-            if ignored(self._last.get(f.origin.instance), f):
+            previous = self._last.get(f.origin.instance)
+            if ignored(previous, f):
                 self._note(f)
                 out.append(f)
+            elif abort_zero(previous, f) and previous is not None and id(previous) not in self._ids:
+                self._note(previous)         # MPI_Abort with errorcode 0: the report is no failing exit
+                out.append(previous)
             self._last[f.origin.instance] = f
         return out
 

@@ -298,3 +298,93 @@ def test_replay_the_same_traceback_after_one_it_outlived_is_a_notice_even_as_the
     other = REFUSED.replace(b"line 174, in _new_conn", b"line 98, in create_connection")    # another handler
     result = _replay(tmp_path, lines + [other, b"saving the model, epoch 2 done\n"])
     assert result.decision.action is Action.RESTART_JOB
+
+
+# -- a traceback caught by a library handler that goes on (catchsite.GOING_ON) ---------------------
+
+PROBE = (b"Traceback (most recent call last):\n"
+         b"  File \"/usr/lib/python3/dist-packages/allennlp/common/util.py\", line 378, in gpu_memory_mb\n"
+         b"    encoding='utf-8')\n"
+         b"  File \"/usr/lib/python3.8/subprocess.py\", line 415, in check_output\n"
+         b"    **kwargs).stdout\n"
+         b"subprocess.CalledProcessError: Command '['nvidia-smi', '--query-gpu=memory.used', "
+         b"'--format=csv,nounits,noheader']' returned non-zero exit status 9.\n")
+
+
+def test_a_traceback_caught_at_a_handler_that_goes_on_is_known_by_its_first_frame():
+    from ftwatch.policy.catchsite import going_on
+    probe = finding("python.subprocess_exit_status", evidence=tuple(PROBE.decode().splitlines()))
+    assert going_on(probe) == "gpu_memory_mb"
+    windows = ("Traceback (most recent call last):",
+               r'  File "D:\env\lib\site-packages\autogluon\core\trainer\abstract_trainer.py", line 1422, in _train_and_save',
+               "AttributeError: 'NoneType' object has no attribute '_user_params_aux'")
+    assert going_on(finding("python.attribute_error", evidence=windows)) == "_train_and_save"
+    # the same function name in another file is not the handler the table names; nor a frame below the first
+    other = (windows[0], '  File "mytrainer.py", line 9, in _train_and_save', windows[2])
+    assert going_on(finding("python.attribute_error", evidence=other)) is None
+    deeper = (PROBE.decode().splitlines()[0], '  File "train.py", line 3, in main') + tuple(PROBE.decode().splitlines()[1:])
+    assert going_on(finding("python.subprocess_exit_status", evidence=deeper)) is None
+
+
+def test_replay_a_traceback_a_library_handler_caught_and_went_on_from_is_no_failure(tmp_path):
+    """AllenNLP's GPU-memory probe logs nvidia-smi's failure and returns: the subprocess's exit
+    status in the traceback is no exit of the job (before: fail_job on python.subprocess_exit_status)."""
+    lines = [b"2021-08-18 09:42:40,512 - INFO - allennlp.training.trainer - Epoch 0/39\n", PROBE,
+             b"2021-08-18 09:42:41,987 - INFO - allennlp.training.trainer - Training\n"]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    # the same exception raised through the program's entry still decides
+    entry = PROBE.replace(b"Traceback (most recent call last):\n",
+                          b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n")
+    result = _replay(tmp_path, lines[:1] + [entry])
+    assert result.decision.action is not Action.NONE
+
+
+def test_snake_case_loss_lines_are_progress():
+    """``total_loss: 5.81`` (a snake_case metric name) is a loss figure as ``loss: 5.81`` is."""
+    for line in (b"training_step: 2, total_loss: 5.7934\n", b"Epoch 1/10 - 3s - val_loss: 0.5210\n",
+                 b"loss: 0.31\n"):
+        assert progress.PROGRESS.search(line), line
+    for line in (b"lossy compression 0.5\n", b"loss_scale: 1024.0\n", b"total_loss: inf\n"):
+        assert not progress.PROGRESS.search(line), line
+
+
+def test_replay_a_traceback_followed_by_snake_case_loss_lines_is_outlived(tmp_path):
+    """A main thread's traceback while the training thread goes on printing ``total_loss`` lines
+    (before: fail_job on python.type_error, the lines were no progress)."""
+    tb = (b"Traceback (most recent call last):\n  File \"learner.py\", line 392, in <module>\n"
+          b"    coord.join(thread_data)\nTypeError: 'Thread' object is not iterable\n")
+    lines = [tb] + [f"training_step: {n}, total_loss: 5.8{n}\n".encode() for n in (1, 2, 3)]
+    result = _replay(tmp_path, lines)
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    assert _replay(tmp_path, [tb]).decision.action is not Action.NONE
+
+
+# -- Open MPI's MPI_ABORT report with its errorcode 0 wrapped onto the next line -------------------
+
+ABORT = (b"--------------------------------------------------------------------------\n"
+         b"MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD\n"
+         b"with errorcode {code}.\n\n"
+         b"NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.\n"
+         b"You may or may not see output from other processes, depending on\n"
+         b"exactly when Open MPI kills them.\n"
+         b"--------------------------------------------------------------------------\n")
+
+
+def test_replay_an_mpi_abort_with_errorcode_zero_is_the_programs_own_stop(tmp_path):
+    """FedML's server ends its MPI job with MPI_Abort(0) after the last round (before: fail_job on
+    mpi.abort_invoked, whose one-line pattern cannot see the wrapped errorcode)."""
+    lines = [b"INFO:root:{'test_acc': 0.8929, 'test_loss': 0.4412}\n", b"INFO:root:__finish server\n"]
+    result = _replay(tmp_path, lines + [ABORT.replace(b"{code}", b"0")])
+    assert result.decision.action is Action.NONE and result.decision.root_cause is None
+    failed = _replay(tmp_path, lines + [ABORT.replace(b"{code}", b"1")])
+    assert failed.decision.action is not Action.NONE
+    assert failed.decision.root_cause.rule_id == "mpi.abort_invoked"
+
+
+def test_only_the_errorcode_line_right_after_the_abort_report_reads_it():
+    report = finding("mpi.abort_invoked")
+    zero = finding("mpi.abort_errorcode_zero")
+    assert progress.abort_zero(report, zero)
+    assert not progress.abort_zero(None, zero) and not progress.abort_zero(finding("python.key_error"), zero)
+    assert not progress.abort_zero(report, finding("python.key_error"))
