@@ -20,6 +20,9 @@ The reading (:func:`one_host`), a job is on one host when, before the failure:
 * the failure's own traceback passes through ``nn.DataParallel`` (``torch/nn/parallel/data_parallel.py``
   or ``replicate.py``, which broadcast the module to the GPUs through NCCL inside one process): one
   process drives every GPU of its machine (PyTorch docs, torch.nn.DataParallel); or
+* the program says so itself (``launch.single_process_host``: Marian built without MPI logs
+  "[comm] Compiled without MPI support. Running as a single process on <host>", and that one process
+  drives every GPU of ``--devices``), with no second host among the findings; or
 * the job's rendezvous address, as a launch line states it (``rendezvous.config_line``:
   ``MASTER_ADDR``, ``--master_addr``; ``rendezvous.init_method_tcp``: ``init_method`` / ``dist_url``
   ``tcp://host:port``; the detectron2-style launchers' ``Process group URL: tcp://host:port``, the
@@ -50,6 +53,8 @@ from ftwatch.policy.rdzvconfig import NODE_RANK
 SYSTEM_ERRORS = frozenset({"nccl.unhandled_system_error", "nccl.code.system_error"})
 #: the launch lines read (both in rules/packs/lifecycle.yaml)
 CONFIG_RULES = frozenset({"rendezvous.config_line", "rendezvous.init_method_tcp"})
+#: the program's own word that the job is one process on one host (rules/packs/lifecycle.yaml)
+SINGLE_PROCESS = "launch.single_process_host"
 #: a frame of nn.DataParallel: torch/nn/parallel/data_parallel.py or replicate.py (not distributed.py: DDP)
 _DATA_PARALLEL = re.compile(r"torch[/\\]nn[/\\]parallel[/\\](?:data_parallel|replicate)\.py$")
 #: a rendezvous address as a launch line states it: group 1 the host
@@ -66,7 +71,8 @@ SOURCE = ("NCCL user guide, Troubleshooting > Runtime and MPI issues (Errors: nc
           "between threads of a process, NCCL creates shared memory segments ... If insufficient shared memory is "
           "available, NCCL will fail to initialize'; Docker: containers default to limited shared and pinned "
           "memory, --shm-size=1g --ulimit memlock=-1); pytorch/tutorials PR #2475 (nn.DataParallel in a container "
-          "with default shm crashes at NCCL init in ncclShmOpen); RFC 1122 3.2.1.3 (loopback never leaves its "
+          "with default shm crashes at NCCL init in ncclShmOpen); marian-dev src/training/communicator.cpp ('[comm] "
+          "Compiled without MPI support. Running as a single process on <host>', path from memory); RFC 1122 3.2.1.3 (loopback never leaves its "
           "host); PyTorch docs, torch.nn.DataParallel and torchrun --master-addr (127.0.0.1 for a single node)")
 MEANING = ("before any progress, NCCL's own system call failed in a job whose processes all run on one host ({why}): "
            "no network between hosts is on that path, only the host's shared memory, IPC and memlock limits, so "
@@ -91,6 +97,8 @@ def one_host(f: Finding, evidence: Iterable[Finding]) -> str | None:
     if any((m := FRAME.match(line)) and _DATA_PARALLEL.search(m.group(1)) for line in f.evidence):
         return MEANING.format(why="its traceback is in nn.DataParallel: one process drives every GPU")
     seen = [g for g in evidence if (g.time, g.seq) < (f.time, f.seq)]
+    if any(g.rule_id == SINGLE_PROCESS for g in seen) and len(job_hosts(evidence)) <= 1:
+        return MEANING.format(why="the program said it runs as a single process on one host")
     loops: set[str] = set()
     listed: set[str] = set()        # those from a node list (Paddle's cluster_node_ips)
     for g in seen:

@@ -187,6 +187,7 @@ from ftwatch.policy.heldmemory import held_elsewhere
 from ftwatch.policy.lasterror import assert_reported, message_named_by_next, named_by_last_error
 from ftwatch.policy.leftpath import left_before_hang, left_rank, stalled_until_stopped, waited_after_finish
 from ftwatch.policy.lifecycle import finish
+from ftwatch.policy.trialloop import trial_finish
 from ftwatch.policy.namedwait import named_wait_before_hang, named_wait_rank
 from ftwatch.policy.noallocation import not_allocated
 from ftwatch.policy.linkflap import recovered_flaps
@@ -341,6 +342,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         filed as fallout, and errors after training finished (``notices``).
     """
     done = finish(findings)
+    if done is not None and trial_finish(done, findings) is not None:
+        done = None                     # 6: it ended one trial of a search; the search itself then failed
     order = sorted((timed_out(f) for f in findings), key=lambda f: (f.time, f.seq))   # 12: exit 124
     order = recovered_flaps(order)      # 17: a port that came back flapped: a notice
     notices: list[Finding] = []

@@ -103,3 +103,25 @@ def test_a_detectron2_style_launchers_process_group_url_on_loopback_is_one_host(
     grade = at_init(found[-1], NONE_YET, found)
     assert grade is not None and grade.action is Action.FAIL_JOB and "127.0.0.1" in grade.meaning
     assert one_host(failed(url + "tcp://10.0.3.7:50617")[-1], failed(url + "tcp://10.0.3.7:50617")) is None
+
+
+MARIAN_NCCL = ("[2023-04-21 19:17:31] Error: NCCL error 2 'unhandled system error' - "
+               "/marian/src/training/communicator_nccl.h:43: ncclGroupEnd()")
+
+
+def test_marians_own_word_that_it_runs_as_one_process_on_one_host_is_one_host():
+    found = [*fed("[2023-04-21 19:17:25] [comm] Compiled without MPI support. Running as a single process on "
+                  "training-job-0\n"), *fed(MARIAN_NCCL + "\n", t=T0 + 5)]
+    assert [f.rule_id for f in found][0] == "launch.single_process_host"
+    head = found[-1]
+    assert one_host(head, found) is not None
+    grade = at_init(head, NONE_YET, found)
+    assert grade is not None and (grade.failure_class, grade.action) == (FailureClass.USER_CODE, Action.FAIL_JOB)
+
+
+def test_marians_line_beside_a_second_host_keeps_the_grade():
+    found = [*fed("[comm] Compiled without MPI support. Running as a single process on node-a\n", node="node-a"),
+             *fed(MARIAN_NCCL + "\n", node="node-a", t=T0 + 5), *fed(MARIAN_NCCL + "\n", rank=1, node="node-b",
+                                                                    t=T0 + 6)]
+    assert found[1].rule_id == "nccl.unhandled_system_error"
+    assert one_host(found[1], found) is None
