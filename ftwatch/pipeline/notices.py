@@ -83,12 +83,18 @@ def booted_before(desk: IncidentDesk, at: float) -> None:
 
 
 def ignored(desk: IncidentDesk, findings: list[Finding]) -> None:
-    """The errors of ``findings``' "Exception ignored in" reports: notices."""
+    """The errors of ``findings`` that ended no program: those Python ignored ("Exception ignored
+    in"), those a library's log-and-continue handler caught, and MPI_Abort reports with errorcode 0:
+    notices (``Survival.ignored``)."""
     for f in desk.survival.ignored(findings):
         handler = going_on(f)
-        notice(desk, f, f.time, "MPI_Abort with errorcode 0: the program stopped the job with a success status"
-               if f.rule_id == ABORT_REPORT else "Python ignored the exception (Exception ignored in ...)"
-               if handler is None else f"caught and logged by {handler}, whose code goes on after any exception")
+        if f.rule_id == ABORT_REPORT:
+            why = "MPI_Abort with errorcode 0: the program stopped the job with a success status"
+        elif handler is not None:
+            why = f"caught and logged by {handler}, whose code goes on after any exception"
+        else:
+            why = "Python ignored the exception (Exception ignored in ...)"
+        notice(desk, f, f.time, why)
 
 
 def ended(desk: IncidentDesk, f: Finding) -> None:
