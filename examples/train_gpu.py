@@ -1,0 +1,123 @@
+"""A tiny real CUDA trainer with GPU fault injection, to record real NCCL and CUDA failure output.
+
+Run it under torchrun or ``ftwatch run --nproc-per-node N -- python examples/train_gpu.py`` on a
+machine with an NVIDIA GPU and a CUDA build of PyTorch (``tools/gpu_capture.sh`` records every
+fault below that way; the recordings are replay goldens in ``tests/golden/gpu_*``). It reads
+``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` from the environment, trains a Linear(256 -> 1) on
+synthetic data on ``cuda:<LOCAL_RANK % device count>`` and, when launched by a launcher
+(``MASTER_ADDR`` set), all-reduces its gradients over NCCL each step, also with one rank. Output per step on rank 0: ``step 3/20 loss 0.9321``; at the end
+``training finished at step 20``.
+
+Fault injection (``FTWATCH_INJECT_FAULT``, on rank ``FTWATCH_INJECT_RANK``, default 0, at step
+``FTWATCH_INJECT_STEP``, default 5):
+
+* ``cuda_oom``: asks the caching allocator for twice the device's memory (``torch.OutOfMemoryError``;
+  a plain cudaMalloc that fails, never managed memory);
+* ``device_assert``: an index past the end of a CUDA tensor (the indexing kernel's device-side
+  assert, then ``CUDA error: device-side assert triggered``);
+* ``illegal_address``: a Triton kernel that stores 2^40 bytes past its tensor (``CUDA error: an
+  illegal memory access was encountered``, a sticky error: the process's context is unusable);
+* ``shared_gpu``: no injection at a step; every rank uses device 0 (``FTWATCH_GPU_PER_RANK=0``),
+  so with world size > 1 NCCL reports the ranks' duplicate device at the first collective.
+
+With ``NCCL_DEBUG=INFO`` in the environment NCCL prints its set-up lines (a clean run's output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20, help="total training steps (default 20)")
+    return p.parse_args(argv)
+
+
+def device_for(local_rank: int) -> torch.device:
+    """The rank's GPU: its local rank modulo the devices seen, or device 0 for every rank when
+    ``FTWATCH_GPU_PER_RANK=0`` (ranks sharing a GPU, which NCCL refuses)."""
+    if os.environ.get("FTWATCH_GPU_PER_RANK", "1") == "0":
+        return torch.device("cuda", 0)
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def inject(kind: str, device: torch.device) -> None:
+    """Cause the GPU fault ``kind`` (see the module docstring) on ``device``."""
+    if kind == "cuda_oom":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.empty(2 * total, dtype=torch.uint8, device=device)
+    elif kind == "device_assert":
+        table = torch.zeros(16, device=device)
+        index = torch.tensor([64], device=device)
+        table[index] += 1.0
+        torch.cuda.synchronize(device)
+    elif kind == "illegal_address":
+        _store_far_out_of_bounds(device)
+    elif kind:
+        raise SystemExit(f"FTWATCH_INJECT_FAULT={kind}: not one of cuda_oom, device_assert, illegal_address")
+
+
+def _store_far_out_of_bounds(device: torch.device) -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def far_store(ptr, offset):
+        tl.store(ptr + offset, 1.0)
+
+    buf = torch.zeros(4, device=device)
+    far_store[(1,)](buf, 1 << 40)
+    torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = device_for(local_rank)
+    torch.cuda.set_device(device)
+    print(f"rank {rank}/{world} on {device} ({torch.cuda.get_device_name(device)})", flush=True)
+    distributed = "MASTER_ADDR" in os.environ      # launched by torchrun or ftwatch run
+    if distributed:
+        dist.init_process_group("nccl", device_id=device)
+    kind = os.environ.get("FTWATCH_INJECT_FAULT", "").strip().lower()
+    if kind == "shared_gpu":
+        kind = ""
+    fault_rank = int(os.environ.get("FTWATCH_INJECT_RANK", "0"))
+    fault_step = int(os.environ.get("FTWATCH_INJECT_STEP", "5"))
+    torch.manual_seed(1234 + rank)
+    model = nn.Linear(256, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(1, args.steps + 1):
+        if kind and rank == fault_rank and step == fault_step:
+            inject(kind, device)
+        x = torch.randn(512, 256, device=device)
+        y = x[:, :1] * 0.5
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        if distributed:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        opt.step()
+        if rank == 0:
+            print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        print(f"training finished at step {args.steps}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
