@@ -1,5 +1,6 @@
 """Golden replays: real multi-rank logs recorded here (torchrun + the example trainer, paths
-scrubbed) -> the decision `ftwatch replay --json` must print and the alerts it sends
+scrubbed), and on a GPU machine (``gpu_*``: ``tools/gpu_capture.sh`` with examples/train_gpu.py, real
+NCCL and CUDA output) -> the decision `ftwatch replay --json` must print and the alerts it sends
 (tests/golden/<case>/expected.json).
 
 Every driver decides through the one incident core (``ftwatch.pipeline.incidents``), so each
@@ -66,8 +67,15 @@ def test_golden_replay(case: Path):
         assert rc is None
     else:
         assert rc["rule_id"] == expected["rule_id"], rc
-        assert rc["rank"] == expected["rank"], rc
+        assert rank_ok(expected, rc["rank"]), rc
         assert rc["failure_class"] == expected["failure_class"], rc
+
+
+def rank_ok(expected: dict, rank: int | None) -> bool:
+    """``rank`` is the expected root-cause rank; a list in ``expected.json`` names ranks that failed
+    alike at the same moment (each reports the same error), any of which may be named."""
+    want = expected["rank"]
+    return rank in want if isinstance(want, list) else rank == want
 
 
 # --- through the Recorder: the alerts, and every driver -------------------------------------------
@@ -205,7 +213,8 @@ def test_golden_replay_records_the_decision_and_sends_its_alerts(case: Path, tmp
     expected = expected_of(case)
     recorder, sink, notifier = capture(tmp_path, "replay")
     decision = decide_by_replay(case, tmp_path, recorder)
-    assert verdict(decision)[:3] == (expected["action"], expected["rule_id"], expected["rank"])
+    assert verdict(decision)[:2] == (expected["action"], expected["rule_id"])
+    assert rank_ok(expected, verdict(decision).rank)
     assert sink.decisions == [decision]
     assert [(n.alert.event_type, n.alert.status) for n in notifier.sent] == [tuple(a) for a in expected["alerts"]]
     assert all(n.alert.labels["job"] == JOB for n in notifier.sent)
@@ -222,4 +231,8 @@ def test_every_driver_decides_the_golden_scenario_as_replay_does(case: Path, dri
         assert decide_by_evaluate(case, tmp_path / driver) == want._replace(target=None)
         return
     decide = {"watch": decide_by_watch, "run": decide_by_run}[driver]
-    assert verdict(decide(case, tmp_path / driver)) == want
+    got = verdict(decide(case, tmp_path / driver))
+    if isinstance(expected_of(case)["rank"], list):     # ranks that failed alike at once: any may be named
+        assert rank_ok(expected_of(case), got.rank)
+        got, want = got._replace(rank=None, target=None), want._replace(rank=None, target=None)
+    assert got == want

@@ -29,6 +29,9 @@ from ftwatch.parsers.multiline import FRAME as _FRAME, PY_START as _TRACEBACK
 #: -m``), ``multiprocessing.process.BaseProcess._bootstrap`` (a child process's) and
 #: ``threading.Thread._bootstrap_inner`` (a thread's)
 _ENTRY_FRAMES = frozenset({"<module>", "_run_module_as_main", "_run_code", "_bootstrap", "_bootstrap_inner"})
+#: Those of :data:`_ENTRY_FRAMES` that start the main program (a thread's or a child process's
+#: end leaves the program running): :func:`ended_program`
+_PROGRAM_ENTRY = frozenset({"<module>", "_run_module_as_main", "_run_code"})
 
 
 #: Library functions whose code catches every exception in its body, logs the traceback and returns
@@ -50,18 +53,45 @@ GOING_ON: dict[str, tuple[str, str]] = {
 }
 
 
-def _frames(f: Finding) -> list[tuple[str, str, str]]:
-    """The frames of ``f``'s first traceback, outermost first (empty: none)."""
+def _frames(f: Finding, last: bool = False) -> list[tuple[str, str, str]]:
+    """The frames of ``f``'s first traceback (``last``: of its last one, the exception a chain
+    ended in), outermost first (empty: none)."""
     frames: list[tuple[str, str, str]] = []
     if not f.evidence or _TRACEBACK not in f.evidence[0]:
         return frames
-    for line in f.evidence[1:]:
+    start = 1
+    if last:
+        start = 1 + max(i for i, line in enumerate(f.evidence) if _TRACEBACK in line)
+    for line in f.evidence[start:]:
         m = _FRAME.match(line)
         if m is not None:
             frames.append(m.groups())
         elif frames and not line.startswith((" ", "\t")):
             break                                   # the exception's own line: the list ended
     return frames
+
+
+def ended_program(f: Finding) -> bool:
+    """``f``'s traceback (the last of a chain) unwound the main program: its first frame is the
+    main module's code or ``runpy``'s (:data:`_PROGRAM_ENTRY`). Python prints such a traceback
+    through ``sys.excepthook`` as the program ends ("When an exception is raised and uncaught, the
+    interpreter calls sys.excepthook ... just before control is returned to the prompt",
+    docs.python.org/3/library/sys.html#sys.excepthook), so nothing its process writes later can
+    follow it: lines of the same instance after it in a log were written before it. A process's
+    standard output, block-buffered when it is a pipe or a file ("When interactive, stdout is
+    line-buffered. Otherwise, it is block-buffered like regular text files",
+    docs.python.org/3/library/sys.html#sys.stdout), is flushed at exit, after the traceback went to
+    unbuffered standard error; and where the two streams are read apart (two pipes, or the two
+    files torchrun's ``--tee`` tails), their lines interleave in the order they were read, not
+    written. Recorded on a GPU with torch 2.11 (``tools/gpu_capture.sh``, ``tests/golden/gpu_cuda_oom``):
+    a CUDA OOM's traceback came before the step lines printed ahead of it, under both ``torchrun
+    --tee 3`` and ``ftwatch run``. Such an error is never outlived by progress lines
+    (``ftwatch.policy.triggers.may_survive``); an exit 0 after it still says it ended nothing
+    (``Survival.exited_ok``: a handler at the top level that logged it and went on). The one
+    reading this misses: a main thread's uncaught exception leaves the program's non-daemon threads
+    running (the interpreter joins them before it exits), and their lines do follow it."""
+    frames = _frames(f, last=True)
+    return bool(frames) and frames[0][2] in _PROGRAM_ENTRY
 
 
 def going_on(f: Finding) -> str | None:

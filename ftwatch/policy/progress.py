@@ -6,7 +6,10 @@ a connection error that is retried, a warning-level NCCL / c10d line: the job ke
 progress afterwards, and such a finding is a notice, not an incident. Python prints a traceback
 for an exception that ends the program only as the program ends (``sys.excepthook`` runs at
 exit, docs.python.org/3/library/sys.html#sys.excepthook), so a process that prints its own
-step lines after the traceback was not ended by it.
+step lines after a traceback it caught was not ended by it. A traceback that unwound the main
+program (``ftwatch.policy.catchsite.ended_program``) is the one that cannot be followed: step
+lines after it were written before it (standard output flushed at exit, or read apart from
+standard error), so it never waits here (``triggers.may_survive``).
 
 What counts as progress (:data:`PATTERNS`): the step lines the straggler tap reads
 (``ftwatch.config.health.STEP_PATTERNS``: Megatron's ``iteration N/M``, DeepSpeed's ``step=N``,

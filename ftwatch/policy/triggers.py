@@ -45,6 +45,7 @@ from typing import Collection, Iterable, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.c4d import LEVELS, C4DSettings, grade, is_c4d, parse_line
+from ftwatch.policy.catchsite import ended_program
 from ftwatch.policy.rootcause import analyse
 
 HANG_KINDS = ("hang", "exit_hang")
@@ -127,9 +128,10 @@ def fatal(f: Finding, sticky: Collection[str] = frozenset()) -> bool:
 def may_survive(f: Finding, sticky: Collection[str] = frozenset()) -> bool:
     """An error a process may catch, log and go on from: a logged error of its own (not fallout:
     that says another rank already failed, and R7 reads it beside that failure), not C4D, that is
-    not :func:`fatal`."""
+    not :func:`fatal`, and not a traceback that unwound the main program
+    (``catchsite.ended_program``: Python printed it as the program ended)."""
     return (f.kind in _LOGGED and is_error(f) and f.failure_class is not FailureClass.FALLOUT
-            and not is_c4d(f) and not fatal(f, sticky))
+            and not is_c4d(f) and not fatal(f, sticky) and not ended_program(f))
 
 
 def _order(f: Finding) -> tuple[float, int]:

@@ -142,3 +142,29 @@ def test_the_raised_store_error_still_acts(rules, tmp_path):
              "[rank1]: torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
              "closed. Did the remote server shutdown or crash?"]
     assert _decide(tmp_path, rules, lines).decision.action is not Action.NONE
+
+
+def _uncaught(final: str) -> list[str]:
+    """A traceback that unwound the main program (its first frame the script's ``<module>``)."""
+    return ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "/srv/train.py", line 123, in <module>',
+            "[rank0]:     sys.exit(main())", '[rank0]:   File "/srv/train.py", line 101, in main',
+            "[rank0]:     batch = loader.next()", f"[rank0]: {final}"]
+
+
+def test_step_lines_after_a_traceback_that_ended_the_program_are_no_progress(rules, tmp_path):
+    """Python prints an uncaught exception's traceback as the program ends: step lines after it
+    (standard output flushed at exit, or read apart from standard error) were written before it,
+    as recorded on a GPU (tests/golden/gpu_cuda_oom)."""
+    lines = (["[rank0]: step 1/20 loss 0.60"] + _uncaught("KeyError: 'tokens'")
+             + [f"[rank0]: step {n}/20 loss 0.5{n}" for n in range(2, 5)])
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision.action is Action.FAIL_JOB
+    assert result.decision.root_cause.rule_id == "python.key_error"
+
+
+def test_step_lines_after_a_caught_and_logged_traceback_still_outlive_it(rules, tmp_path):
+    """The same lines after a traceback caught inside the program (its first frame a function)."""
+    lines = (["[rank0]: step 1/20 loss 0.60"] + _tb("KeyError: 'tokens'")
+             + [f"[rank0]: step {n}/20 loss 0.5{n}" for n in range(2, 5)])
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
