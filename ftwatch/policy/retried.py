@@ -15,7 +15,9 @@ names it, which try:
   ``launch failed on <parent>: Couldn't forward RPC launch(<id>) to child <node>`` (ALCF Aurora
   user guide, known issues: these failures come from node or network instability, and the remedy
   is to run the job again). The try is the id; the target is the child node the parent could not
-  reach (the parent only forwarded). The same id repeated is one application's pings, one try.
+  reach (the parent only forwarded). The id is the application's (the one PALS names in ``Application
+  <id> not found``, ``pals.ping_application_not_found``; read from the lines' shape, not from a PALS
+  document): the same id repeated is one application's pings, one try.
 
 When the same fault names the same target in two different tries, the retry its grade asks for
 was made and failed the same way: the fault stays with the target, which is the device's (its
