@@ -151,6 +151,11 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    the node whose GID table changed (``ftwatch.policy.gidchange``: hardware_node, isolate_node; NCCL
    binds a connection to the pinned index at connect time and does not reconnect, NVIDIA/nccl#1333),
    read where rule 5 is; without the pinned index it keeps its retryable grade.
+21. A fault its rule grades a transient to retry (a device's POST_RESET failure, a PALS launch that
+   could not reach a child node) that the log shows failing again on the same target in another
+   try (a tool's own retry loop: another reset run, another launch id) is the target's fault
+   (``ftwatch.policy.retried``: hardware_node, isolate_node; ``escalation.DEVICE_REPEAT``'s reading
+   of a repeat, for tries the log itself holds), read where rule 5 is; one try keeps its grade.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -182,6 +187,7 @@ from ftwatch.policy.cannrecord import spelled_out
 from ftwatch.policy.collectives import mismatch, mismatch_under_hang, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
 from ftwatch.policy.gidchange import pinned_gid_moved
+from ftwatch.policy.retried import retried_on_target
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.heldmemory import held_elsewhere
 from ftwatch.policy.lasterror import assert_reported, message_named_by_next, named_by_last_error
@@ -432,7 +438,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
                      and f.kind not in NOT_LOG_LINES and precedes(head, f))
         reset = (required_reset(head, real) or held_elsewhere(head, order)   # 5: the driver's verdict; 18: a GPU held outside
                  or not_allocated(head, order)      # 19: no GPU because the job's allocation gave it none
-                 or pinned_gid_moved(head, order))  # 20: a pinned RoCE GID entry moved on a node
+                 or pinned_gid_moved(head, order)   # 20: a pinned RoCE GID entry moved on a node
+                 or retried_on_target(head, order))     # 21: a retried fault failed again on its target
         if reset is not None:
             return _with_rank(Analysis(reset, False, (reset, *(f for f in real if f is not reset)), tuple(notices),
                                        done, tuple(f for f in peer if f is not reset)))
