@@ -151,6 +151,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    the node whose GID table changed (``ftwatch.policy.gidchange``: hardware_node, isolate_node; NCCL
    binds a connection to the pinned index at connect time and does not reconnect, NVIDIA/nccl#1333),
    read where rule 5 is; without the pinned index it keeps its retryable grade.
+21. A spawned child's failure to read its own start from its parent (``EOFError: Ran out of input``
+   or ``UnpicklingError: pickle data was truncated`` raised in ``multiprocessing/spawn.py``'s
+   ``_main``, before any program code ran in it) is fallout: the parent closed the pipe first, and
+   its own output or exit decides (``ftwatch.policy.spawnstart``, CPython's spawn.py).
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -193,6 +197,7 @@ from ftwatch.policy.noallocation import not_allocated
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.hvdshutdown import finished_rank
 from ftwatch.policy.oomkill import killed_when_reported, lone_kernel_death, lone_oom_kill, lone_ray_kill
+from ftwatch.policy.spawnstart import parents_fallout
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.timeoutbound import tight_bound
 from ftwatch.policy.verbs import flushed_alone
@@ -346,6 +351,7 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         done = None                     # 6: it ended one trial of a search; the search itself then failed
     order = sorted((timed_out(f) for f in findings), key=lambda f: (f.time, f.seq))   # 12: exit 124
     order = recovered_flaps(order)      # 17: a port that came back flapped: a notice
+    order = parents_fallout(order)      # 21: a spawned child cut off from its parent before it ran
     notices: list[Finding] = []
     if done is not None:
         notices = [f for f in order if is_error(f) and precedes(done, f)]
