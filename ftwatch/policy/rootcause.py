@@ -156,6 +156,15 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    try (a tool's own retry loop: another reset run, another launch id) is the target's fault
    (``ftwatch.policy.retried``: hardware_node, isolate_node; ``escalation.DEVICE_REPEAT``'s reading
    of a repeat, for tries the log itself holds), read where rule 5 is; one try keeps its grade.
+22. A spawned child's failure to read its own start from its parent (``EOFError: Ran out of input``
+   or ``UnpicklingError: pickle data was truncated`` raised in ``multiprocessing/spawn.py``'s
+   ``_main``, before any program code ran in it) is fallout: the parent closed the pipe first, and
+   its own output or exit decides (``ftwatch.policy.spawnstart``, CPython's spawn.py).
+23. A store-based barrier's timeout (``init_process_group``) that counted more arrivals than the
+   world has ranks (``world_size=4, worker_count=5``) is a member restarted alone into a group that
+   had formed: the group cannot re-form and the others wait for it, a job hang that only a restart
+   of every member ends (``ftwatch.policy.rejoined``: hang, restart_job; PyTorch's
+   ``_store_based_barrier``). Fewer arrivals than ranks keep their grade.
 
 When there is no real error, the root cause is the rank that left first (:func:`left_first`: an
 instance that exited 0, a ``exit_ok`` finding of ``ftwatch run``, before any other instance's
@@ -199,6 +208,8 @@ from ftwatch.policy.noallocation import not_allocated
 from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.hvdshutdown import finished_rank
 from ftwatch.policy.oomkill import killed_when_reported, lone_kernel_death, lone_oom_kill, lone_ray_kill
+from ftwatch.policy.rejoined import restarted_alone
+from ftwatch.policy.spawnstart import parents_fallout
 from ftwatch.policy.timedout import timed_out
 from ftwatch.policy.timeoutbound import tight_bound
 from ftwatch.policy.verbs import flushed_alone
@@ -352,6 +363,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         done = None                     # 6: it ended one trial of a search; the search itself then failed
     order = sorted((timed_out(f) for f in findings), key=lambda f: (f.time, f.seq))   # 12: exit 124
     order = recovered_flaps(order)      # 17: a port that came back flapped: a notice
+    order = parents_fallout(order)      # 22: a spawned child cut off from its parent before it ran
+    order = restarted_alone(order)      # 23: a barrier that counted a rank twice: a member restarted alone
     notices: list[Finding] = []
     if done is not None:
         notices = [f for f in order if is_error(f) and precedes(done, f)]
