@@ -162,3 +162,22 @@ def test_failed_instances_are_the_exits_else_the_real_errors_where_no_exits_are_
     assert failed_instances([real], real, {"worker-3"}, exits_only=False) == {"worker-3"}
     hang = finding("hang.job", kind="hang", failure_class=FailureClass.HANG)
     assert failed_instances([real, hang], hang, set(), exits_only=False) == set()
+
+
+def test_desks_share_the_fatal_rule_sets_and_follow_the_engines_rules_when_they_change(tmp_path):
+    """Every desk on one engine reads the scheduler's and the sticky rules of the engine's rules as
+    they are when it is made (made once per rules list, issue 16): a rule added at run time counts
+    for the desks made after it."""
+    from ftwatch.pipeline.incidents import _rule_sets
+    from ftwatch.policy.triggers import fatal_rules, outside_rules
+    from ftwatch.rules.model import Pattern, Rule
+    d, _ = desk(tmp_path, exits=False)
+    engine = d.engine
+    assert (d._sticky, d._outside) == (fatal_rules(engine.rules), outside_rules(engine.rules))
+    assert _rule_sets(engine.rules)[0] is d._sticky         # the next desk's: the same sets
+    cancelled = Rule("site.cancelled", (Pattern("SITE JOB CANCELLED"),), FailureClass.USER_CODE, Action.FAIL_JOB,
+                     tags=("scheduler",))
+    engine.add_rules([cancelled])
+    later = IncidentDesk("other", engine, d.policy, d.recorder, exits=False)
+    assert "site.cancelled" in later._outside and "site.cancelled" in later._sticky
+    assert "site.cancelled" not in d._outside                 # a desk keeps the sets it was made with
