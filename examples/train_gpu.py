@@ -21,6 +21,9 @@ Fault injection (``FTWATCH_INJECT_FAULT``, on rank ``FTWATCH_INJECT_RANK``, defa
   so with world size > 1 NCCL reports the ranks' duplicate device at the first collective.
 
 With ``NCCL_DEBUG=INFO`` in the environment NCCL prints its set-up lines (a clean run's output).
+With ``FTWATCH_NO_FLUSH=1`` the trainer's lines are printed without a flush, so that under a pipe
+or file (and no ``-u`` / ``PYTHONUNBUFFERED``) they wait in standard output's buffer, as most
+training scripts' do.
 """
 
 from __future__ import annotations
@@ -82,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    flush = os.environ.get("FTWATCH_NO_FLUSH") != "1"
     device = device_for(local_rank)
     torch.cuda.set_device(device)
-    print(f"rank {rank}/{world} on {device} ({torch.cuda.get_device_name(device)})", flush=True)
+    print(f"rank {rank}/{world} on {device} ({torch.cuda.get_device_name(device)})", flush=flush)
     distributed = "MASTER_ADDR" in os.environ      # launched by torchrun or ftwatch run
     if distributed:
         dist.init_process_group("nccl", device_id=device)
@@ -110,12 +114,12 @@ def main(argv: list[str] | None = None) -> int:
                 p.grad /= world
         opt.step()
         if rank == 0:
-            print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+            print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=flush)
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
-        print(f"training finished at step {args.steps}", flush=True)
+        print(f"training finished at step {args.steps}", flush=flush)
     return 0
 
 

@@ -2,16 +2,19 @@
 # Record real NCCL and CUDA failure output, and ftwatch's live decisions on it, on a machine with an
 # NVIDIA GPU and a CUDA build of PyTorch (torchrun on PATH or as `python3 -m torch.distributed.run`).
 #
-#   tools/gpu_capture.sh OUTDIR
+#   tools/gpu_capture.sh OUTDIR [SCENARIO ...]     (default: every scenario, then the checks)
 #
 # For each scenario of examples/train_gpu.py (a clean NCCL_DEBUG=INFO run, a CUDA OOM, a
-# device-side assert, an illegal address, two ranks sharing one GPU under NCCL) it writes
+# device-side assert, an illegal address, two ranks sharing one GPU under NCCL; buffered_oom: the
+# OOM with standard output block-buffered, as a job writing to a pipe or file without -u) it writes
 # OUTDIR/<scenario>/: combined.log (torchrun --tee 3, the shape of tests/golden's logs),
 # torchrun.rc, ftwatch-run.out and decisions.jsonl (the same job under `ftwatch run`, one restart
 # allowed), replay.json (`ftwatch replay --json` of combined.log); and OUTDIR/bootcheck{1,2}.out,
 # OUTDIR/nodecheck{1,2}.out (the GPU paths of both checks, with one and two workers or nodes), OUTDIR/nvidia-smi.txt and OUTDIR/dmesg.txt
 # (kernel lines such as NVRM Xids, where the machine lets them be read). Every step has a time
-# limit; a failing step is recorded, never fatal. ftwatch runs from this checkout (PYTHONPATH).
+# limit; a failing step is recorded, never fatal (a step that outlives its limit leaves
+# OUTDIR/<scenario>/ps-at-limit.txt, the process tree just before it was killed). ftwatch runs from
+# this checkout (PYTHONPATH).
 set -u
 out=${1:?usage: tools/gpu_capture.sh OUTDIR}
 mkdir -p "$out"
@@ -29,27 +32,43 @@ scenario() {   # name nproc [VAR=value ...]
     env "$@" timeout "$limit" "$py" -m torch.distributed.run --nproc-per-node "$nproc" --tee 3 \
         --master-port 29511 "$root/examples/train_gpu.py" > "$dir/combined.log" 2>&1
     echo $? > "$dir/torchrun.rc"
-    env "$@" timeout "$limit" "$py" -m ftwatch run "${flags[@]}" --nproc-per-node "$nproc" \
+    (sleep $((limit - 3)); ps -eo pid,ppid,stat,etime,wchan:24,cmd --forest > "$dir/ps-at-limit.txt" 2>&1) &
+    local watcher=$!
+    env "$@" timeout -k 5 "$limit" "$py" -m ftwatch run "${flags[@]}" --nproc-per-node "$nproc" \
         --state-dir "$dir/state" --decisions-file "$dir/decisions.jsonl" -- \
         "$py" "$root/examples/train_gpu.py" > "$dir/ftwatch-run.out" 2>&1
-    echo "ftwatch run rc=$?" >> "$dir/ftwatch-run.out"
+    local rc=$?
+    kill "$watcher" 2>/dev/null
+    echo "ftwatch run rc=$rc, ended $(date +%T.%N)" >> "$dir/ftwatch-run.out"
     timeout 60 "$py" -m ftwatch replay "${flags[@]}" --json "$dir/combined.log" > "$dir/replay.json" 2>&1
     echo "   torchrun rc=$(cat "$dir/torchrun.rc"); $(tail -1 "$dir/ftwatch-run.out")"
 }
 
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
-scenario clean_info 1 NCCL_DEBUG=INFO
-scenario cuda_oom 1 FTWATCH_INJECT_FAULT=cuda_oom
-scenario device_assert 1 FTWATCH_INJECT_FAULT=device_assert
-scenario illegal_address 1 FTWATCH_INJECT_FAULT=illegal_address
-scenario shared_gpu 2 FTWATCH_INJECT_FAULT=shared_gpu FTWATCH_GPU_PER_RANK=0
-for n in 1 2; do   # 1: the NVML and NCCL-version path; 2: the all-reduce path (two workers share GPU 0 here)
-    echo "== bootcheck, $n worker(s)"
-    timeout "$limit" "$py" -m ftwatch bootcheck --nproc-per-node "$n" --state-dir "$out/health" > "$out/bootcheck$n.out" 2>&1
-    echo "bootcheck rc=$?" >> "$out/bootcheck$n.out"
-    echo "== nodecheck, $n node(s)"
-    timeout "$limit" "$py" -m ftwatch nodecheck --nnodes "$n" --nproc-per-node 1 --state-dir "$out/health" > "$out/nodecheck$n.out" 2>&1
-    echo "nodecheck rc=$?" >> "$out/nodecheck$n.out"
+declare -A env_of=(
+    [clean_info]="1 NCCL_DEBUG=INFO"
+    [cuda_oom]="1 FTWATCH_INJECT_FAULT=cuda_oom"
+    [device_assert]="1 FTWATCH_INJECT_FAULT=device_assert"
+    [illegal_address]="1 FTWATCH_INJECT_FAULT=illegal_address"
+    [shared_gpu]="2 FTWATCH_INJECT_FAULT=shared_gpu FTWATCH_GPU_PER_RANK=0"
+    [buffered_oom]="1 FTWATCH_INJECT_FAULT=cuda_oom FTWATCH_NO_FLUSH=1 PYTHONUNBUFFERED="
+)
+chosen=("${@:2}")
+[ ${#chosen[@]} -gt 0 ] || chosen=(clean_info cuda_oom device_assert illegal_address shared_gpu buffered_oom)
+for name in "${chosen[@]}"; do
+    [ -n "${env_of[$name]:-}" ] || { echo "no such scenario: $name" >&2; exit 2; }
+    # shellcheck disable=SC2086  # the table's words: nproc, then VAR=value pairs
+    scenario "$name" ${env_of[$name]}
 done
+if [ $# -le 1 ]; then             # no scenario named: the checks too
+    for n in 1 2; do   # 1: the NVML and NCCL-version path; 2: the all-reduce path (two workers share GPU 0 here)
+        echo "== bootcheck, $n worker(s)"
+        timeout "$limit" "$py" -m ftwatch bootcheck --nproc-per-node "$n" --state-dir "$out/health" > "$out/bootcheck$n.out" 2>&1
+        echo "bootcheck rc=$?" >> "$out/bootcheck$n.out"
+        echo "== nodecheck, $n node(s)"
+        timeout "$limit" "$py" -m ftwatch nodecheck --nnodes "$n" --nproc-per-node 1 --state-dir "$out/health" > "$out/nodecheck$n.out" 2>&1
+        echo "nodecheck rc=$?" >> "$out/nodecheck$n.out"
+    done
+fi
 (dmesg 2>&1 || journalctl -k --no-pager 2>&1) | tail -200 > "$out/dmesg.txt"
 echo "done"
