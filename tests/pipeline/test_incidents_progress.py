@@ -21,7 +21,10 @@ JOB = "progress-test"
 REFUSED = (b"Traceback (most recent call last):\n"
            b"  File \"/opt/conda/lib/python3.10/site-packages/urllib3/connection.py\", line 174, in _new_conn\n"
            b"ConnectionRefusedError: [Errno 111] Connection refused\n")
-KEYERROR = b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\nKeyError: 'lr'\n"
+#: a traceback printed by a handler inside the program (its first frame a function), which may go on
+KEYERROR = b"Traceback (most recent call last):\n  File \"train.py\", line 3, in load_config\nKeyError: 'lr'\n"
+#: the same exception unwinding the main program: printed as the program ends, never outlived
+UNCAUGHT = b"Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\nKeyError: 'lr'\n"
 STICKY = b"RuntimeError: CUDA error: an illegal memory access was encountered\n"
 ALIVE = b"Could not connect to the plotting server, going on without it\n"
 
@@ -154,6 +157,18 @@ def test_a_held_error_nobody_outlives_is_due_when_its_window_ends(tmp_path):
     assert d.tick(clock.time(), clock.mono()) is opener
     decision = d.decide(None, clock.time(), clock.mono())
     assert (decision.action, decision.root_cause.rule_id) == (Action.FAIL_JOB, "python.key_error")
+
+
+def test_a_traceback_that_unwound_the_main_program_is_never_held(tmp_path):
+    """Python prints it as the program ends: the desk does not wait for progress after it, it is
+    due after settle like a fatal line (``catchsite.ended_program``)."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False, survive=60.0)
+    opener = d.output(worker(1), UNCAUGHT, clock.time(), clock.mono())
+    d.output(worker(1), step(41) + step(42), clock.time(), clock.mono())     # flushed at exit: no progress
+    clock.advance(5.1)
+    assert d.tick(clock.time(), clock.mono()) is opener
+    assert d.notices == []
 
 
 def test_a_fatal_line_is_never_held_and_decides_a_held_incident_after_settle(tmp_path):
@@ -350,9 +365,10 @@ def test_snake_case_loss_lines_are_progress():
 
 
 def test_replay_a_traceback_followed_by_snake_case_loss_lines_is_outlived(tmp_path):
-    """A main thread's traceback while the training thread goes on printing ``total_loss`` lines
-    (before: fail_job on python.type_error, the lines were no progress)."""
-    tb = (b"Traceback (most recent call last):\n  File \"learner.py\", line 392, in <module>\n"
+    """A traceback the program caught (its first frame a function) and then ``total_loss`` lines
+    (before: fail_job on python.type_error, the lines were no progress). One that unwound the main
+    program is never outlived (``catchsite.ended_program``), even where its threads train on."""
+    tb = (b"Traceback (most recent call last):\n  File \"learner.py\", line 392, in start_actors\n"
           b"    coord.join(thread_data)\nTypeError: 'Thread' object is not iterable\n")
     lines = [tb] + [f"training_step: {n}, total_loss: 5.8{n}\n".encode() for n in (1, 2, 3)]
     result = _replay(tmp_path, lines)
