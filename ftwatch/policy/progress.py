@@ -62,7 +62,7 @@ from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 from ftwatch.policy.catchsite import catch_site, going_on
-from ftwatch.policy.progresslines import lines as _lines
+from ftwatch.policy.progresslines import iter_lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
 
