@@ -27,6 +27,7 @@ stream, :func:`summary_exits` turns its failures into exits.
 from __future__ import annotations
 
 import bisect
+import calendar
 import itertools
 import re
 import signal as _signal
@@ -112,11 +113,32 @@ def parse_summary(lines: Iterable[str]) -> list[SummaryFailure]:
     return out
 
 
+#: torchelastic's ``time`` field as it writes it (``%Y-%m-%d_%H:%M:%S``, ASCII digits, zero-padded)
+_STAMP = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})_([0-9]{2}):([0-9]{2}):([0-9]{2})")
+
+
 def _time(text: str) -> float | None:
+    """Epoch seconds of a summary's ``time`` field read as UTC, None when it is no valid time. The
+    zero-padded form torchelastic writes is read by one match and ``calendar.timegm`` (the same value,
+    the same None for an impossible date, as ``strptime``: issue 16, ~10 us a failure in replay);
+    any other text (unpadded fields, other digits) as before, by ``strptime``."""
+    text = text.strip()
+    m = _STAMP.fullmatch(text)
+    if m is not None:
+        return _utc(*map(int, m.groups()))
     try:
-        return datetime.strptime(text.strip(), "%Y-%m-%d_%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(text, "%Y-%m-%d_%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:
         return None
+
+
+def _utc(*fields: int) -> float | None:
+    """Epoch seconds of UTC (year, month, day, hour, minute, second), None when impossible."""
+    try:
+        datetime(*fields)                           # validates (Feb 30, second 60: ValueError)
+    except ValueError:
+        return None
+    return float(calendar.timegm(fields + (0, 0, 0)))
 
 
 class SummaryLines:

@@ -238,3 +238,25 @@ def test_holding_summary_finds_the_chunks_may_hold_summary_would(chunks):
     also where a start's words run across two chunks (``Fail`` + ``ures:``: neither holds them)."""
     from ftwatch.parsers.torchelastic import holding_summary, may_hold_summary
     assert holding_summary(chunks) == {k for k, chunk in enumerate(chunks) if may_hold_summary(chunk)}
+
+
+def _strptime_time(text: str) -> float | None:
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%d_%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+@given(st.tuples(*(st.integers(0, hi) for hi in (9999, 13, 32, 25, 61, 62))), st.sampled_from(["", " ", "\t"]))
+def test_a_summary_time_is_read_as_strptime_reads_it(parts, pad):
+    # the padded form torchelastic writes is read by one match (issue 16): the same epoch seconds,
+    # and None for the same impossible times (Feb 30, hour 24, second 60), as strptime
+    from ftwatch.parsers.torchelastic import _time
+    text = pad + "%04d-%02d-%02d_%02d:%02d:%02d" % parts + pad
+    assert _time(text) == _strptime_time(text)
+
+
+def test_an_unpadded_summary_time_is_still_read():
+    from ftwatch.parsers.torchelastic import _time
+    for text in ("2026-1-5_1:2:3", "2026-11-21_11:02:23", "2026-02-30_00:00:00", "soon"):
+        assert _time(text) == _strptime_time(text)
