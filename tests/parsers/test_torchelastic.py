@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftwatch.parsers import torchelastic
 from ftwatch.parsers.torchelastic import MAX_SUMMARY_LINES, SummaryFailure, SummaryLines, parse_summary
 
 AT = datetime(2026, 11, 21, 11, 2, 19, tzinfo=timezone.utc).timestamp()
@@ -214,9 +216,11 @@ class _CountingBytes(bytes):
         return super().find(sub, *args)
 
 
-def test_a_start_missing_from_the_chunk_is_searched_for_once():
+def test_a_start_missing_from_the_chunk_is_searched_for_once(monkeypatch):
     """Issue 16: each summary's end searched every start to the chunk's end again; a start the
-    chunk lacks (here the root-cause heading) is now looked for once per chunk."""
+    chunk lacks (here the root-cause heading) is now looked for once per chunk (without
+    hyperscan: with it, one scan lists the starts)."""
+    monkeypatch.setattr(torchelastic, "_hs", None)
     summary = [line for line in SIGKILL_SUMMARY if "Root Cause" not in line]
     text = "\n".join((_NOISE[:20] + summary) * 5) + "\n"
     chunk = _CountingBytes(text.encode())
@@ -260,3 +264,24 @@ def test_an_unpadded_summary_time_is_still_read():
     from ftwatch.parsers.torchelastic import _time
     for text in ("2026-1-5_1:2:3", "2026-11-21_11:02:23", "2026-02-30_00:00:00", "soon"):
         assert _time(text) == _strptime_time(text)
+
+
+_PARTS = [SIGKILL_SUMMARY, NO_OTHER_FAILURES, [line for line in SIGKILL_SUMMARY if "Root Cause" not in line],
+          [line for line in NO_OTHER_FAILURES if "Failures:" not in line], SIGKILL_SUMMARY[7:-1], _NOISE, _NOISE[:40]]
+
+
+@pytest.mark.skipif(torchelastic._hs is None, reason="hyperscan not installed")
+@given(st.lists(st.sampled_from(range(len(_PARTS))), max_size=10), st.lists(st.integers(0, 2000), max_size=6))
+def test_starts_listed_by_one_scan_read_the_summaries_the_searches_read(parts, cuts):
+    # issue 16: a chunk's starts from one hyperscan scan (start_offsets) and then bisection, as the
+    # bytes.find searches found them: the same lines kept, the same closings, whatever the cuts
+    lines = [line for k in parts for line in _PARTS[k]]
+    bounds = [0, *sorted({c % (len(lines) + 1) for c in cuts}), len(lines)]
+    chunks = [("\n".join(lines[a:b]) + "\n").encode() for a, b in zip(bounds, bounds[1:]) if b > a]
+    fast = _read(chunks)
+    real = torchelastic._hs
+    try:
+        torchelastic._hs = None
+        assert _read(chunks) == fast
+    finally:
+        torchelastic._hs = real
