@@ -263,9 +263,13 @@ def start_offsets(chunk: bytes) -> list[int] | None:
     """The offsets where :data:`_STARTS` occur in ``chunk``, sorted, from one hyperscan scan (a
     summary's start found by bisection: two ``bytes.find`` passes over each gap between summaries
     cost ~0.8 ms a MiB, the scan ~0.13 ms, issue 16); None without hyperscan or for a small chunk
-    (there the searches cost less than the scan's call)."""
+    (there the searches cost less than the scan's call). The last chunk's answer is kept (per
+    thread): :func:`may_hold_summary` and then :meth:`SummaryLines.take` of the same chunk scan once."""
     if _hs is None or len(chunk) < 4096:
         return None
+    last = getattr(_SCRATCH, "last", None)
+    if last is not None and last[0] is chunk:
+        return last[1]
     if not _STARTS_DB:
         db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
         db.compile(expressions=[re.escape(s) for s in _STARTS], ids=list(range(len(_STARTS))),
@@ -277,13 +281,18 @@ def start_offsets(chunk: bytes) -> list[int] | None:
         scratch = _SCRATCH.scratch = _hs.Scratch(db)
     found: list[int] = []
     db.scan(chunk, match_event_handler=lambda _id, start, _end, _flags, _ctx: found.append(start), scratch=scratch)
-    return sorted(set(found))
+    starts = sorted(set(found))
+    _SCRATCH.last = (chunk, starts)
+    return starts
 
 
 def may_hold_summary(data: bytes) -> bool:
     """True when ``data`` may start a failure summary (it holds a start line's words): a stream
-    with no summary under way needs no :class:`SummaryLines` for a chunk without them."""
-    return any(s in data for s in _STARTS)
+    with no summary under way needs no :class:`SummaryLines` for a chunk without them. One scan
+    (:func:`start_offsets`, kept for the chunk's :meth:`SummaryLines.take`) where it lists them,
+    else a search per start."""
+    starts = start_offsets(data)
+    return any(s in data for s in _STARTS) if starts is None else bool(starts)
 
 
 def holding_summary(chunks: Sequence[bytes]) -> set[int]:

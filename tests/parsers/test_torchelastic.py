@@ -285,3 +285,13 @@ def test_starts_listed_by_one_scan_read_the_summaries_the_searches_read(parts, c
         assert _read(chunks) == fast
     finally:
         torchelastic._hs = real
+
+
+@pytest.mark.skipif(torchelastic._hs is None, reason="hyperscan not installed")
+@given(st.lists(st.sampled_from([b"Failures:", b"Root Cause (first observed failure)", b"Root Cause", b"Fail",
+                                 b"x" * 1000, b"\n", b" "]), max_size=12).map(b"".join))
+def test_may_hold_summary_by_one_scan_answers_as_the_searches(data):
+    from ftwatch.parsers.torchelastic import _STARTS, may_hold_summary
+    data = data + b"\n" + b"y" * 4096                   # past the size the scan is used from
+    assert may_hold_summary(data) == any(s in data for s in _STARTS)
+    assert may_hold_summary(data[:100]) == any(s in data[:100] for s in _STARTS)
