@@ -19,7 +19,7 @@ the desk's open incident (its openers, opener and held flag).
 
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import compress, repeat
 from operator import is_
 from typing import TYPE_CHECKING
 
@@ -48,12 +48,16 @@ def survived(desk: IncidentDesk, found: list[Finding], at: float, why: str) -> N
 def notice(desk: IncidentDesk, f: Finding, at: float, why: str) -> None:
     """``f`` became a notice: out of the incident, and a ``notice`` event.
 
-    The identity test over the openers runs in C (``map(operator.is_, ...)``): a replay with
-    many survivable errors calls this per notice over a long openers list (issue 16: 250k
-    generator steps, ~0.03 s of a 0.8 s profiled replay at 1,000 rules, before).
+    The identity test over the openers runs in C (``map(operator.is_, ...)``), and so does finding
+    where ``f`` stands in them for its removal: a replay with many survivable errors calls this per
+    notice over a long openers list (issue 16: 250k generator steps, ~0.03 s of a 0.8 s profiled
+    replay at 1,000 rules, before; then ~0.01 s in the list comprehension that removed it).
     """
-    if any(map(is_, desk._openers, repeat(f))):
-        desk._openers[:] = [x for x in desk._openers if x is not f]
+    openers = desk._openers
+    at_f = list(compress(range(len(openers)), map(is_, openers, repeat(f))))    # where ``f`` is in it
+    if at_f:
+        for i in reversed(at_f):
+            del openers[i]
         if desk.open is f:
             desk.open = min(desk._openers, key=lambda x: (x.time, x.seq), default=None)
             desk._held = desk.open is not None and desk._held

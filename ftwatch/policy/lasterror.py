@@ -110,7 +110,7 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
 
     Args:
         f: a candidate root cause.
-        order: every finding of the incident, by (time, seq).
+        order: every finding of the incident, by (time, seq) (or only those of ``f``'s instance: no other is read).
         errors: the real errors (the root-cause candidates).
 
     Returns:

@@ -56,6 +56,7 @@ Finding the lines themselves is ``ftwatch.policy.progresslines``.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from typing import Callable, Container, Iterable, Iterator
 
 from ftwatch.bounded import EVICTIONS, BoundedDict
@@ -65,7 +66,7 @@ from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 from ftwatch.policy.catchsite import catch_site, going_on
-from ftwatch.policy.progresslines import lines as _lines
+from ftwatch.policy.progresslines import iter_lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
 
@@ -426,6 +427,9 @@ class Survival:
         out = []
         instances: dict[int | None, str] = {}          # rank -> its instance, made once a chunk
         before: dict[str, list[tuple[float, bytes, str]]] = {}   # instance -> its lines taken by ``defer``
+        #: rank -> (its instance's waiting errors, ``Waiting.order``: no error starts waiting during this
+        #: call, so the list stays the one drops update; None: none waits), its lines taken by ``defer``
+        orders: dict[int | None, tuple[list | None, list]] = {}
         waiting = self._waiting
 
         def instance_of(rank: int | None) -> str:
@@ -435,23 +439,25 @@ class Survival:
             return instance
 
         def defer(rank: int | None, at: float, line: bytes, text: str) -> bool:
-            instance = instance_of(rank)
-            if instance not in waiting:
+            known = orders.get(rank)
+            if known is None:
+                instance = instance_of(rank)
+                known = orders[rank] = (waiting.order(instance), before.setdefault(instance, []))
+            order, run = known
+            if not order:
                 return True                             # nothing of it waits: the line changes nothing
-            if not waiting.before_all(instance, at):
+            if bisect_left(order, (at,)):               # after one of its errors (``Waiting.before_all``)
                 return False
-            run = before.get(instance)
-            if run is None:
-                run = before[instance] = []
             run.append((at, line, text))
             return True
 
         for rank, at, counters in marks(data, time, sim_step, year, None if ranks is _ALL_RANKS else ranks,
                                         defer if DEFER_BEFORE else None):
             instance = instance_of(rank)
-            run = before.pop(instance, None)
+            run = before.get(instance)
             if run:
                 self._log_before(instance, run)
+                run.clear()                             # (the list ``defer`` appends to: kept)
             for f in self.progress(instance, at, counters):
                 self._note(f)
                 out.append((f, at))

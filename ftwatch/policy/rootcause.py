@@ -410,10 +410,15 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
         elif is_error(f) and not why:
             candidates.append(f)
 
+    # 7, 13 read only the candidate's own instance's findings after it: each gets its instance's,
+    # in the same order (a whole-incident list per candidate made this rule O(candidates x findings))
+    mine: dict[str, list[Finding]] = {}
+    for f in order:
+        mine.setdefault(f.origin.instance, []).append(f)
     candidates = [c for c in candidates if not spelled_out(c, candidates)
-                  and not named_by_last_error(c, order, candidates)      # 7, 13: the specific reading
+                  and not named_by_last_error(c, mine[c.origin.instance], candidates)   # 7, 13: the specific reading
                   and not assert_reported(c, candidates)      # 13: the kernel assert its process raised
-                  and not message_named_by_next(c, order, candidates)]
+                  and not message_named_by_next(c, mine[c.origin.instance], candidates)]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 9: the OOM killer's SIGKILL
         candidates = killed_when_reported(candidates, [c for c in candidates if sigkill_report(c)])
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]

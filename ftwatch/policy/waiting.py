@@ -136,6 +136,13 @@ class Waiting:
         self._logs.pop(instance, None)
         return instance
 
+    def order(self, instance: str) -> list[tuple[float, int, int]] | None:
+        """``instance``'s waiting errors as (time, seq, key), sorted; None where none waits. The
+        list itself, as drops change it (emptied when its last error stops waiting), so a reader
+        that keeps it while no error is added asks :meth:`before_all`'s question without the look-up:
+        ``not list or not bisect.bisect_left(list, (time,))``."""
+        return self._by.get(instance)
+
     def before_all(self, instance: str, time: float) -> bool:
         """Whether a line of ``instance`` at ``time`` is after none of its waiting errors (one it
         would only log, :meth:`progress`); True where none waits."""

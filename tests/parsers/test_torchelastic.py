@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftwatch.parsers import torchelastic
 from ftwatch.parsers.torchelastic import MAX_SUMMARY_LINES, SummaryFailure, SummaryLines, parse_summary
 
 AT = datetime(2026, 11, 21, 11, 2, 19, tzinfo=timezone.utc).timestamp()
@@ -214,9 +216,11 @@ class _CountingBytes(bytes):
         return super().find(sub, *args)
 
 
-def test_a_start_missing_from_the_chunk_is_searched_for_once():
+def test_a_start_missing_from_the_chunk_is_searched_for_once(monkeypatch):
     """Issue 16: each summary's end searched every start to the chunk's end again; a start the
-    chunk lacks (here the root-cause heading) is now looked for once per chunk."""
+    chunk lacks (here the root-cause heading) is now looked for once per chunk (without
+    hyperscan: with it, one scan lists the starts)."""
+    monkeypatch.setattr(torchelastic, "_hs", None)
     summary = [line for line in SIGKILL_SUMMARY if "Root Cause" not in line]
     text = "\n".join((_NOISE[:20] + summary) * 5) + "\n"
     chunk = _CountingBytes(text.encode())
@@ -238,3 +242,56 @@ def test_holding_summary_finds_the_chunks_may_hold_summary_would(chunks):
     also where a start's words run across two chunks (``Fail`` + ``ures:``: neither holds them)."""
     from ftwatch.parsers.torchelastic import holding_summary, may_hold_summary
     assert holding_summary(chunks) == {k for k, chunk in enumerate(chunks) if may_hold_summary(chunk)}
+
+
+def _strptime_time(text: str) -> float | None:
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%d_%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+@given(st.tuples(*(st.integers(0, hi) for hi in (9999, 13, 32, 25, 61, 62))), st.sampled_from(["", " ", "\t"]))
+def test_a_summary_time_is_read_as_strptime_reads_it(parts, pad):
+    # the padded form torchelastic writes is read by one match (issue 16): the same epoch seconds,
+    # and None for the same impossible times (Feb 30, hour 24, second 60), as strptime
+    from ftwatch.parsers.torchelastic import _time
+    text = pad + "%04d-%02d-%02d_%02d:%02d:%02d" % parts + pad
+    assert _time(text) == _strptime_time(text)
+
+
+def test_an_unpadded_summary_time_is_still_read():
+    from ftwatch.parsers.torchelastic import _time
+    for text in ("2026-1-5_1:2:3", "2026-11-21_11:02:23", "2026-02-30_00:00:00", "soon"):
+        assert _time(text) == _strptime_time(text)
+
+
+_PARTS = [SIGKILL_SUMMARY, NO_OTHER_FAILURES, [line for line in SIGKILL_SUMMARY if "Root Cause" not in line],
+          [line for line in NO_OTHER_FAILURES if "Failures:" not in line], SIGKILL_SUMMARY[7:-1], _NOISE, _NOISE[:40]]
+
+
+@pytest.mark.skipif(torchelastic._hs is None, reason="hyperscan not installed")
+@given(st.lists(st.sampled_from(range(len(_PARTS))), max_size=10), st.lists(st.integers(0, 2000), max_size=6))
+def test_starts_listed_by_one_scan_read_the_summaries_the_searches_read(parts, cuts):
+    # issue 16: a chunk's starts from one hyperscan scan (start_offsets) and then bisection, as the
+    # bytes.find searches found them: the same lines kept, the same closings, whatever the cuts
+    lines = [line for k in parts for line in _PARTS[k]]
+    bounds = [0, *sorted({c % (len(lines) + 1) for c in cuts}), len(lines)]
+    chunks = [("\n".join(lines[a:b]) + "\n").encode() for a, b in zip(bounds, bounds[1:]) if b > a]
+    fast = _read(chunks)
+    real = torchelastic._hs
+    try:
+        torchelastic._hs = None
+        assert _read(chunks) == fast
+    finally:
+        torchelastic._hs = real
+
+
+@pytest.mark.skipif(torchelastic._hs is None, reason="hyperscan not installed")
+@given(st.lists(st.sampled_from([b"Failures:", b"Root Cause (first observed failure)", b"Root Cause", b"Fail",
+                                 b"x" * 1000, b"\n", b" "]), max_size=12).map(b"".join))
+def test_may_hold_summary_by_one_scan_answers_as_the_searches(data):
+    from ftwatch.parsers.torchelastic import _STARTS, may_hold_summary
+    data = data + b"\n" + b"y" * 4096                   # past the size the scan is used from
+    assert may_hold_summary(data) == any(s in data for s in _STARTS)
+    assert may_hold_summary(data[:100]) == any(s in data[:100] for s in _STARTS)

@@ -366,3 +366,53 @@ def test_slurms_tear_down_of_a_job_step_is_no_training_progress(line: bytes):
 
 def test_a_plain_step_line_is_still_progress():
     assert list(progress.marks(b"step 120 loss 2.31\n", T0, 0.0, 2026))
+
+
+def _all_at_once(data: bytes, ranks) -> list:
+    """``progresslines.lines`` as first written: the whole chunk's candidates, then the walk back
+    from every wanted line (the reference for the piecewise reader, ``iter_lines``)."""
+    out = {}
+    known: dict = {}
+    for start, end, sure in progresslines._candidates(data, None if ranks is None else frozenset(ranks), 1 << 62):
+        if not sure and progresslines.HAS_LITERAL.search(data, start, end) is None:
+            continue
+        rank, text = None, -1
+        if ranks is not None:
+            first = data[start] if start < end else 32
+            rank, text = ((None, start) if first < 128 and first not in progresslines._PREFIXED
+                          else progresslines._rank(data, start, end, {}))
+            if rank not in ranks:
+                continue
+        out[start] = (start, end, True, rank, text)
+    if ranks is not None:
+        for start in list(out):
+            end = start - 1
+            while end >= 0:
+                prev = data.rfind(b"\n", 0, end) + 1
+                if end > prev and data[end - 1] not in progresslines._MAY_RUN_ON:
+                    break
+                if data[prev:end].strip():
+                    if not progresslines.TAIL.search(data, prev, end):
+                        break
+                    if prev not in out and progresslines.HAS_LITERAL.search(data, prev, end):
+                        out[prev] = (prev, end, False, None, -1)
+                end = prev - 1
+    return [out[start] for start in sorted(out)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("compile_after", [0, 10**9])      # the hyperscan pass, the re pass
+def test_lines_read_piece_by_piece_are_those_of_the_whole_chunk(seed, compile_after, monkeypatch):
+    # ``iter_lines`` scans a chunk a piece of whole lines at a time and walks back only to the wanted
+    # line before (issue 16: a caller that stops early leaves the rest unread): the same lines as
+    # the whole chunk read at once, whatever the piece size, run-on tails across pieces included
+    monkeypatch.setattr(progresslines, "COMPILE_AFTER", compile_after)
+    rng = random.Random(seed)
+    pieces = PIECES + [b"iteration 3/", b"Epoch ", b"step:", b"loss=", b"(train)", b"\n", b"\n\n", b"'", b"=", b"("]
+    data = b"\n".join(b"".join(rng.choice(pieces) for _ in range(rng.randrange(0, 9))) for _ in range(1500))
+    data += b"\n" if seed % 2 else b""
+    for ranks in (None, {1}, {None}, {None, 1}, {0, 3}, set(), {None, 0, 1, 2, 3, 12}):
+        want = _all_at_once(data, ranks)
+        for piece in (1, 7, 200, 4096, len(data) + 1):
+            assert list(progresslines.iter_lines(data, ranks, piece)) == want, (ranks, piece)
+    assert want
