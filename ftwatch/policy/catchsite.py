@@ -32,6 +32,8 @@ _ENTRY_FRAMES = frozenset({"<module>", "_run_module_as_main", "_run_code", "_boo
 #: Those of :data:`_ENTRY_FRAMES` that start the main program (a thread's or a child process's
 #: end leaves the program running): :func:`ended_program`
 _PROGRAM_ENTRY = frozenset({"<module>", "_run_module_as_main", "_run_code"})
+#: the files of a multiprocessing child's own entry (:func:`ended_program`: no end of the program)
+_CHILD_ENTRY_FILES = ("multiprocessing/spawn.py", "multiprocessing/forkserver.py")
 
 
 #: Library functions whose code catches every exception in its body, logs the traceback and returns
@@ -91,7 +93,12 @@ def ended_program(f: Finding) -> bool:
     reading this misses: a main thread's uncaught exception leaves the program's non-daemon threads
     running (the interpreter joins them before it exits), and their lines do follow it."""
     frames = _frames(f, last=True)
-    return bool(frames) and frames[0][2] in _PROGRAM_ENTRY
+    if not frames or frames[0][2] not in _PROGRAM_ENTRY:
+        return False
+    # a child that multiprocessing started with spawn or forkserver runs ``spawn_main`` from its own
+    # ``<module>`` (``python -c 'from multiprocessing.spawn import spawn_main; spawn_main(...)'``,
+    # Lib/multiprocessing/spawn.py get_command_line): its end leaves the parent, the program, running
+    return not any(file.replace("\\", "/").endswith(_CHILD_ENTRY_FILES) for file, _, _ in frames[:3])
 
 
 def going_on(f: Finding) -> str | None:

@@ -168,3 +168,16 @@ def test_step_lines_after_a_caught_and_logged_traceback_still_outlive_it(rules, 
              + [f"[rank0]: step {n}/20 loss 0.5{n}" for n in range(2, 5)])
     result = _decide(tmp_path, rules, lines)
     assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_a_spawned_childs_traceback_leaves_the_program_running(rules, tmp_path):
+    """A child multiprocessing started with spawn runs from its own ``<module>`` (``python -c ...
+    spawn_main(...)``): its traceback ends the child, and the step lines after it are the parent's
+    progress, which outlives it."""
+    child = ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "<string>", line 1, in <module>',
+             '[rank0]:   File "/usr/lib/python3.11/multiprocessing/spawn.py", line 122, in spawn_main',
+             "[rank0]:     exitcode = _main(fd, parent_sentinel)",
+             '[rank0]:   File "/srv/data.py", line 40, in load_shard', "[rank0]: KeyError: 'tokens'"]
+    lines = ["[rank0]: step 1/20 loss 0.60"] + child + [f"[rank0]: step {n}/20 loss 0.5{n}" for n in range(2, 5)]
+    result = _decide(tmp_path, rules, lines)
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
