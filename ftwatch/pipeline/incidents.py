@@ -359,7 +359,8 @@ class IncidentDesk:
                                   exits_only=self.exits)
         world = self.world_size or len(self.ranks) or len(self.instances) or 1
         verdict = self.policy.verdict(Incident(trigger, tuple(evidence), world, failed, self.attempt, facts,
-                                               self.progress.at, self.progress.progressed), now)
+                                               self.progress.at, self.progress.progressed,
+                                               tuple(self.notices)), now)
         self.forget_incident(mono, verdict.decision.action, trigger)
         return verdict
 

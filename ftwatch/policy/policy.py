@@ -46,6 +46,7 @@ from ftwatch.policy.linkflap import recovered_flaps
 from ftwatch.policy.pluginmark import explained_marks
 from ftwatch.rules.faultcodes import USER_INPUT_CODES
 from ftwatch.policy.modelarts import ModelArtsPolicy
+from ftwatch.policy.porttaken import port_taken
 from ftwatch.policy.plan import RunFacts, SlotFacts, Verdict, below_min, plan_decision, retry_recovered
 from ftwatch.policy.rankonly import rank_only_before_hang
 from ftwatch.policy.rootcause import CASCADE_RULES, Analysis, analyse
@@ -74,6 +75,8 @@ class Incident:
             default: nothing is graded as an initialisation failure).
         progressed: the instances that printed a progress line this attempt
             (``FirstProgress.progressed``; empty when not known).
+        notices: the errors this attempt outlived (``IncidentDesk.notices``), out of ``findings``;
+            read only where a later failure says what they led to (``ftwatch.policy.porttaken``).
     """
 
     trigger: Finding
@@ -84,6 +87,7 @@ class Incident:
     facts: RunFacts | None = None
     progress_at: float = UNKNOWN
     progressed: frozenset[str] = frozenset()
+    notices: tuple[Finding, ...] = ()
 
 
 def is_ps_or_chief(instance: str) -> bool:
@@ -185,6 +189,10 @@ class Policy:
         alone = rank_only_before_hang(scope, an.real, incident.progressed) if an.real else None
         if alone is not None:               # R7: the silence began in work the program ran on one rank
             an = Analysis(alone, False, (alone,), an.notices, an.finished)
+        taken = port_taken(sorted((f for f in scope if f.severity >= Severity.ERROR), key=lambda f: (f.time, f.seq)),
+                           incident.notices) if incident.notices else None
+        if taken is not None:               # R7: a rendezvous that failed after its store's port was found taken
+            an = Analysis(taken, False, (taken,), an.notices, an.finished)
         rc = an.root_cause or trig
         init = at_init(rc, incident.progress_at, scope) if an.real and an.root_cause is not None else None
         if init is not None:                # R6: before any progress this message is configuration

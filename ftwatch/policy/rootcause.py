@@ -23,6 +23,12 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    and the exit-code sources disagree on it (exit_codes.tsv 134: DLRover fatal, training-operator
    retryable). With nothing else, D2 reads only-fallout as retryable (the restart budget and
    max_num_of_same_error bound a repeating abort); a real error of another instance decides.
+   glibc's own abort report (``HEAP_ABORT_REPORTS``: "free(): invalid next size (fast)", "double free
+   or corruption (!prev)", "*** stack smashing detected ***"; glibc malloc/malloc.c ``malloc_printerr``
+   prints the check that failed and then calls abort()) is that reason printed, not a bare abort:
+   when nothing its instance logged explains it, it is the process's own heap or stack corruption,
+   a native crash of the program as a lone segmentation fault is (user_code); after fallout its
+   instance logged it stays that fallout's tear-down, as above.
 2. A *cascade* error (``CASCADE_RULES``, the rules tagged ``cascade`` in the packs: NCCL's
    "unhandled system error", a refused NCCL socket connect) is a real infra fault of the rank that reports it, unless another
    instance has a real error before it (at any time when the rank's own instance said first that its
@@ -233,6 +239,9 @@ SIGKILL_REPORTS = frozenset({"shell.job_killed", "shell.killed_foreground", "pyt
 #: Native crashes that rule 11 reads as the tear-down of fallout the same instance logged first.
 NATIVE_CRASHES = frozenset({"os.segfault",
                             "windows.fatal_exception"})   # Windows' access violation, its SIGSEGV (platform_vocab.tsv)
+#: glibc's own reports that it aborted the process on a corrupt heap or stack (kill_vocab.tsv): the
+#: abort's reason printed with it, so a lone one is no bare SIGABRT (rule 1) but the process's own crash.
+HEAP_ABORT_REPORTS = frozenset({"process.glibc_abort_report"})
 #: Errors of a corrupt size that rule 11 reads, like a native crash, as fallout of the same instance's earlier fallout.
 CORRUPT_SIZE_RULES = frozenset({"alloc.size_past_1eb"})
 #: The rule id of the root cause :func:`left_first` names.
@@ -405,7 +414,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     for f in order:
         why = explainers(f)
         if f.failure_class is FailureClass.FALLOUT or torn_down(f) or (why and all(
-                e.failure_class is FailureClass.FALLOUT for e in why)) or (abort_exit(f) and not why):
+                e.failure_class is FailureClass.FALLOUT for e in why)) or (
+                abort_exit(f) and not why and f.rule_id not in HEAP_ABORT_REPORTS):
             fallout.append(f)
         elif is_error(f) and not why:
             candidates.append(f)
