@@ -55,12 +55,13 @@ GOING_ON: dict[str, tuple[str, str]] = {
 }
 
 
-def _frames(f: Finding, last: bool = False) -> list[tuple[str, str, str]]:
-    """The frames of ``f``'s first traceback (``last``: of its last one, the exception a chain
-    ended in), outermost first (empty: none)."""
+def traceback_of(f: Finding, last: bool = False) -> tuple[list[tuple[str, str, str]], str | None]:
+    """The frames (file, line, function) of ``f``'s first traceback (``last``: of its last one, the
+    exception a chain ended in), outermost first, and the exception line that ends them (None when
+    the evidence stops before it); ([], None) when ``f`` holds no traceback."""
     frames: list[tuple[str, str, str]] = []
     if not f.evidence or _TRACEBACK not in f.evidence[0]:
-        return frames
+        return frames, None
     start = 1
     if last:
         start = 1 + max(i for i, line in enumerate(f.evidence) if _TRACEBACK in line)
@@ -69,8 +70,13 @@ def _frames(f: Finding, last: bool = False) -> list[tuple[str, str, str]]:
         if m is not None:
             frames.append(m.groups())
         elif frames and not line.startswith((" ", "\t")):
-            break                                   # the exception's own line: the list ended
-    return frames
+            return frames, line                     # the exception's own line: the list ended
+    return frames, None
+
+
+def _frames(f: Finding, last: bool = False) -> list[tuple[str, str, str]]:
+    """The frames of :func:`traceback_of`."""
+    return traceback_of(f, last)[0]
 
 
 def ended_program(f: Finding) -> bool:

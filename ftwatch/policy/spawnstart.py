@@ -26,7 +26,7 @@ import re
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding
-from ftwatch.parsers.multiline import FRAME, PY_START
+from ftwatch.policy.catchsite import traceback_of
 
 #: The rule id of the regraded finding.
 CUT_RULE = "python.spawn_start_cut"
@@ -37,27 +37,12 @@ _SOURCE = ("python/cpython Lib/multiprocessing/spawn.py (_main: the child reads 
 _CUT = re.compile(r"(?:^|[\s:\]])(?:_pickle\.|pickle\.)?(?:EOFError: Ran out of input|UnpicklingError: pickle data was truncated)\s*$")
 
 
-def _read(f: Finding) -> tuple[tuple[str, str, str] | None, str]:
-    """The innermost frame (file, line, function) of ``f``'s first traceback and the exception line
-    that ends it (None and "" when ``f`` holds no traceback)."""
-    if not f.evidence or PY_START not in f.evidence[0]:
-        return None, ""
-    last = None
-    for line in f.evidence[1:]:
-        m = FRAME.match(line)
-        if m is not None:
-            last = m.groups()
-        elif last is not None and not line.startswith((" ", "\t")):
-            return last, line               # the exception's own line: the frames ended
-    return last, f.line
-
-
 def start_cut(f: Finding) -> bool:
     """True when ``f`` is a spawned child's failure to read its start from its parent."""
-    frame, exception = _read(f)
-    if frame is None or not (_CUT.search(exception) or _CUT.search(f.line)):
+    frames, exception = traceback_of(f)
+    if not frames or not (_CUT.search(exception or f.line) or _CUT.search(f.line)):
         return False
-    file, _, function = frame
+    file, _, function = frames[-1]                  # the innermost frame
     return function == "_main" and file.replace("\\", "/").endswith("multiprocessing/spawn.py")
 
 
