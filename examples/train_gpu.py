@@ -17,6 +17,11 @@ Fault injection (``FTWATCH_INJECT_FAULT``, on rank ``FTWATCH_INJECT_RANK``, defa
   assert, then ``CUDA error: device-side assert triggered``);
 * ``illegal_address``: a Triton kernel that stores 2^40 bytes past its tensor (``CUDA error: an
   illegal memory access was encountered``, a sticky error: the process's context is unusable);
+* ``slow_collective``: the rank's compute stream spins for ``FTWATCH_SLEEP_SECONDS`` (default 90)
+  before the step's all-reduce (``torch.cuda._sleep``), so the collective cannot finish within the
+  process group's timeout (``FTWATCH_PG_TIMEOUT`` seconds, default torch's): ProcessGroupNCCL's
+  watchdog reports the timed-out collective and takes the process down, as for a rank stuck in
+  a collective;
 * ``shared_gpu``: no injection at a step; every rank uses device 0 (``FTWATCH_GPU_PER_RANK=0``),
   so with world size > 1 NCCL reports the ranks' duplicate device at the first collective.
 
@@ -29,6 +34,7 @@ training scripts' do.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 
@@ -63,8 +69,12 @@ def inject(kind: str, device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif kind == "illegal_address":
         _store_far_out_of_bounds(device)
+    elif kind == "slow_collective":
+        seconds = float(os.environ.get("FTWATCH_SLEEP_SECONDS", "90"))
+        torch.cuda._sleep(int(seconds * 2e9))    # GPU clock cycles: >= ``seconds`` at clocks <= 2 GHz
     elif kind:
-        raise SystemExit(f"FTWATCH_INJECT_FAULT={kind}: not one of cuda_oom, device_assert, illegal_address")
+        raise SystemExit(f"FTWATCH_INJECT_FAULT={kind}: not one of cuda_oom, device_assert, illegal_address, "
+                         "slow_collective, shared_gpu")
 
 
 def _store_far_out_of_bounds(device: torch.device) -> None:
@@ -91,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank}/{world} on {device} ({torch.cuda.get_device_name(device)})", flush=flush)
     distributed = "MASTER_ADDR" in os.environ      # launched by torchrun or ftwatch run
     if distributed:
-        dist.init_process_group("nccl", device_id=device)
+        timeout = os.environ.get("FTWATCH_PG_TIMEOUT")
+        dist.init_process_group("nccl", device_id=device,
+                                **({"timeout": datetime.timedelta(seconds=float(timeout))} if timeout else {}))
     kind = os.environ.get("FTWATCH_INJECT_FAULT", "").strip().lower()
     if kind == "shared_gpu":
         kind = ""

@@ -6,7 +6,9 @@
 #
 # For each scenario of examples/train_gpu.py (a clean NCCL_DEBUG=INFO run, a CUDA OOM, a
 # device-side assert, an illegal address, two ranks sharing one GPU under NCCL; buffered_oom: the
-# OOM with standard output block-buffered, as a job writing to a pipe or file without -u) it writes
+# OOM with standard output block-buffered, as a job writing to a pipe or file without -u; NCCL told
+# to use a socket interface, an algorithm or a network that does not exist; a collective that
+# outlives the process group's 15 s timeout, so ProcessGroupNCCL's watchdog fires) it writes
 # OUTDIR/<scenario>/: combined.log (torchrun --tee 3, the shape of tests/golden's logs),
 # torchrun.rc, ftwatch-run.out and decisions.jsonl (the same job under `ftwatch run`, one restart
 # allowed), replay.json (`ftwatch replay --json` of combined.log); and OUTDIR/bootcheck{1,2}.out,
@@ -52,9 +54,14 @@ declare -A env_of=(
     [illegal_address]="1 FTWATCH_INJECT_FAULT=illegal_address"
     [shared_gpu]="2 FTWATCH_INJECT_FAULT=shared_gpu FTWATCH_GPU_PER_RANK=0"
     [buffered_oom]="1 FTWATCH_INJECT_FAULT=cuda_oom FTWATCH_NO_FLUSH=1 PYTHONUNBUFFERED="
+    [nccl_bad_ifname]="1 NCCL_SOCKET_IFNAME=nosuchif0 NCCL_DEBUG=WARN"
+    [nccl_bad_algo]="1 NCCL_ALGO=nosuchalgo NCCL_DEBUG=WARN"
+    [nccl_net_ib]="1 NCCL_NET=IB NCCL_DEBUG=WARN"
+    [collective_timeout]="1 FTWATCH_INJECT_FAULT=slow_collective FTWATCH_PG_TIMEOUT=15"
 )
 chosen=("${@:2}")
-[ ${#chosen[@]} -gt 0 ] || chosen=(clean_info cuda_oom device_assert illegal_address shared_gpu buffered_oom)
+[ ${#chosen[@]} -gt 0 ] || chosen=(clean_info cuda_oom device_assert illegal_address shared_gpu buffered_oom
+                                    nccl_bad_ifname nccl_bad_algo nccl_net_ib collective_timeout)
 for name in "${chosen[@]}"; do
     [ -n "${env_of[$name]:-}" ] || { echo "no such scenario: $name" >&2; exit 2; }
     # shellcheck disable=SC2086  # the table's words: nproc, then VAR=value pairs
