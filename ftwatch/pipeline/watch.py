@@ -157,7 +157,7 @@ class Watcher:
     def next_batch(self, timeout: float) -> list[Shipped] | None:
         """The next queued batch, waiting up to ``timeout`` seconds (None: none came), and with
         it the batches queued behind it, up to ``MERGE_LINES`` lines in all, as one
-        ``MergedBatch`` (``sources.batches.take_backlog``): a monitor that fell behind takes its
+        ``GroupedBacklog`` (``sources.batches.take_backlog``): a monitor that fell behind takes its
         backlog in one go, so each origin's state, the scan and the step tap's verdicts cost once
         per backlog, not once per batch (1,000 pods: a batch holds about one line per pod).
         Taking what is queued already adds no wait, unless the queue was full (this loop fell
