@@ -81,11 +81,14 @@ def tune_gc_for_ingest() -> None:
     live until the engine takes them; with CPython's default threshold (700) a full queue
     triggered dozens of full collections per second, measured at half of ``bench_ingest``'s
     time. The young count is of tracked objects still alive (a freed one is taken off again),
-    so the threshold stands above what a backlog in flight holds (``MERGE_LINES`` records of
-    ~5 maps and lists each, and the batches queued behind them): at 50,000, ``bench_ingest``
+    so the threshold stands above what is in flight: the records queued (~5 maps and lists
+    each) and a backlog being gathered (its lines grouped per origin as taken: bytes, untracked,
+    in one list per origin; ``sources.batches.GroupedBacklog``). At 50,000, ``bench_ingest``
     (1,000 pods, 8 batches queued) still ran 4 young collections of ~20 ms per 200,000 records,
-    each finding nothing (~4 % of its CPU); at 200,000, none (issue 16). Only ``ftwatch watch``
-    (which owns its process) calls this.
+    each finding nothing (~4 % of its CPU); at 200,000, none (issue 16), also with backlogs of
+    ``MERGE_LINES`` = 49,152 lines (kept as ``(origin, line, time)`` tuples, which are tracked,
+    they set off one collection of ~35 ms per 200,000 records). Only ``ftwatch watch`` (which
+    owns its process) calls this.
     """
     import gc
     gc.set_threshold(INGEST_GC_THRESHOLD, 20, 20)
@@ -154,14 +157,15 @@ class Watcher:
     def next_batch(self, timeout: float) -> list[Shipped] | None:
         """The next queued batch, waiting up to ``timeout`` seconds (None: none came), and with
         it the batches queued behind it, up to ``MERGE_LINES`` lines in all, as one
-        ``MergedBatch`` (``sources.batches.take_backlog``): a monitor that fell behind takes its
+        ``GroupedBacklog`` (``sources.batches.take_backlog``): a monitor that fell behind takes its
         backlog in one go, so each origin's state, the scan and the step tap's verdicts cost once
         per backlog, not once per batch (1,000 pods: a batch holds about one line per pod).
         Taking what is queued already adds no wait, unless the queue was full (this loop fell
         behind): then it also waits briefly for the batches its sources send next, up to
-        ``MERGE_LINES`` (``take_backlog``). A backlog's batches are resolved (``resolve``) as
-        they are taken, so their records' metadata maps are freed while the rest is gathered;
-        ``ingest`` takes its lines as they are."""
+        ``MERGE_LINES`` (``take_backlog``). A backlog's batches are resolved (``resolve``) and
+        their lines grouped per origin as they are taken (a ``GroupedBacklog``), so their
+        records' metadata maps are freed while the rest is gathered; ``ingest`` takes its
+        groups as they are."""
         return take_backlog(self.queue, timeout, self.resolve)
 
     def ingest(self, batch: list[Shipped]) -> None:
@@ -172,8 +176,8 @@ class Watcher:
         not once per origin."""
         now_mono, now = self.clock.mono(), self.clock.time()
         metrics = self.recorder.metrics
-        resolved = batch if getattr(batch, "resolved", False) else self.resolve(batch)   # a backlog: as taken
-        groups = list(group_lines(resolved).items())
+        grouped = getattr(batch, "groups", None)            # a backlog: resolved and grouped as taken
+        groups = list((grouped if grouped is not None else group_lines(self.resolve(batch))).items())
         chunks = [b"" if is_host(origin) else b"\n".join(lines) + b"\n" for origin, (lines, _) in groups]
         self._drop_rules()
         scans = self.engine.scan_many(chunks)

@@ -19,7 +19,7 @@ from ftwatch.pipeline.build import build_engine
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources import batches as batches_mod
 from ftwatch.pipeline.sources.base import Shipped, ShippedBatch
-from ftwatch.pipeline.sources.batches import MergedBatch
+from ftwatch.pipeline.sources.batches import GroupedBacklog, MergedBatch, group_lines
 from ftwatch.pipeline.watch import Watcher
 from ftwatch.testing import FakeClock
 
@@ -120,7 +120,7 @@ def test_a_backlog_is_taken_in_one_go_and_each_batch_acked(tmp_path, monkeypatch
     for batch in batches:
         w.queue.put(batch)
     merged = w.next_batch(0.0)
-    assert isinstance(merged, MergedBatch) and len(merged) == 6       # 2 + 2 + 2 >= 5: three batches
+    assert isinstance(merged, GroupedBacklog) and len(merged) == 6    # 2 + 2 + 2 >= 5: three batches
     w.ingest(merged)
     assert acked == [0, 1, 2] and all(b.acked for b in batches[:3]) and not batches[3].acked
     assert w.next_batch(0.0) is batches[3]                              # alone: handed over as it is
@@ -134,9 +134,9 @@ def test_a_backlog_is_resolved_as_it_is_taken_and_ingested_as_its_batches_would_
     """``next_batch`` resolves a backlog's batches as it takes them (issue 16: a record's metadata
     map is not held while the rest of the backlog is gathered): the merged batch holds the
     lines ``resolve`` gives for the batches in queue order, keeps only the batches it must
-    acknowledge (a plain list's Shipped are dropped), is true while it took any Shipped, and
-    ingesting it finds what ingesting the same batches unresolved finds. A batch alone is
-    handed over as it is."""
+    acknowledge (a plain list's Shipped are dropped), grouped per origin as the batches' lines
+    grouped at once would be, is true while it took any Shipped, and ingesting it finds what
+    ingesting the same batches unresolved finds. A batch alone is handed over as it is."""
     monkeypatch.setattr(batches_mod, "MERGE_LINES", 10)
     clock = FakeClock()
     lines = list(KEYERROR_TB)
@@ -151,9 +151,11 @@ def test_a_backlog_is_resolved_as_it_is_taken_and_ingested_as_its_batches_would_
     w.queue.put(list(plain))
     w.queue.put(carried)
     merged = w.next_batch(0.0)
-    assert isinstance(merged, MergedBatch) and merged.resolved and merged.batches == [carried]
-    assert list(merged) == list(resolve(plain + tail)) and calls == [len(plain), len(tail)]
-    assert bool(MergedBatch([], [], taken=2)) and not MergedBatch([], [], taken=0)
+    assert isinstance(merged, GroupedBacklog) and merged.resolved and merged.batches == [carried]
+    assert merged.groups == group_lines(resolve(plain + tail)) and calls == [len(plain), len(tail)]
+    assert list(merged.groups) == [resolve([pod[0]]).__next__()[0] for pod in pods]      # in order of first line
+    assert len(merged) == len(plain + tail)
+    assert bool(GroupedBacklog([], {}, taken=2, lines=0)) and not GroupedBacklog([], {}, taken=0, lines=0)
     w.ingest(merged)
     assert acked == [1] and carried.acked and calls == [len(plain), len(tail)]   # not resolved again
 
@@ -250,13 +252,16 @@ def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
 
 
 def test_a_backlog_in_flight_stays_under_the_ingest_collector_threshold():
-    """``tune_gc_for_ingest`` (issue 16): the young collection counts tracked objects alive, and a
-    merged backlog's Forward records (``MERGE_LINES`` of them: a record map with Kubernetes
-    metadata and labels, its Shipped) with as many again queued behind it stay under the
-    threshold, so ingesting them runs no collection that could only find them alive."""
+    """``tune_gc_for_ingest`` (issue 16): the young collection counts tracked objects alive. A
+    backlog in flight is its lines grouped per origin as taken (``GroupedBacklog``: bytes, which
+    the collector does not track, in one list per origin), so ``MERGE_LINES`` lines of 1,000
+    pods with 24,576 Forward records queued behind them (a record map with Kubernetes metadata
+    and labels, its Shipped) stay under the threshold, and ingesting them runs no collection
+    that could only find them alive."""
     import gc
 
     from ftwatch.pipeline.sources.forward import _shipped
+    from ftwatch.pipeline.sources.identity import Identity
     from ftwatch.pipeline.watch import INGEST_GC_THRESHOLD, tune_gc_for_ingest
 
     def entry(i: int) -> tuple:
@@ -265,15 +270,25 @@ def test_a_backlog_in_flight_stays_under_the_ingest_collector_threshold():
                                            "host": f"node-{i % 125}",
                                            "labels": {"training.kubeflow.org/job-name": f"llm{i % 10}"}}}, {})
 
+    def requests(n: int) -> list:
+        return [_shipped("kube.var.log", [entry(i) for i in range(k, min(k + 1000, n))]) for k in range(0, n, 1000)]
+
+    full: queue.Queue = queue.Queue(maxsize=1000)
+    for batch in requests(batches_mod.MERGE_LINES):
+        full.put(batch)
+    identity = Identity()
     before = gc.get_threshold()
     gc.disable()
     try:
         young = gc.get_count()[0]
-        held = [_shipped("kube.var.log", [entry(i) for i in range(batches_mod.MERGE_LINES)]) for _ in range(2)]
+        backlog = batches_mod.take_backlog(full, 0.0, identity.resolve)
+        queued = requests(24_576)
         alive = gc.get_count()[0] - young
         tune_gc_for_ingest()
         assert gc.get_threshold()[0] == INGEST_GC_THRESHOLD
-        assert sum(map(len, held)) == 2 * batches_mod.MERGE_LINES and 0 < alive < INGEST_GC_THRESHOLD
+        assert isinstance(backlog, GroupedBacklog) and len(backlog) == batches_mod.MERGE_LINES
+        assert len(backlog.groups) == 1_000 and sum(map(len, queued)) == 24_576
+        assert 0 < alive < INGEST_GC_THRESHOLD
     finally:
         gc.set_threshold(*before)
         gc.enable()
