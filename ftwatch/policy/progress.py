@@ -24,7 +24,10 @@ ignored in: <object>" and then the traceback, docs.python.org/3/library/sys.html
 rule ``python.exception_ignored``) and for one that ended a thread, not the process
 (``threading.excepthook``: "Exception in thread <name>:" and then the traceback,
 docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thread_exception``):
-that traceback is a notice at once (:func:`ignored`).
+that traceback is a notice at once (:func:`ignored`). A thread's report may be a chain (CPython
+prints the header once, then each cause and, last, the exception that left ``run()``); the engine
+reads each link apart, so a link whose first frame is the thread's entry, right after a link of the
+same report, is a notice too (:func:`thread_link`).
 
 The program's own "training finished" line (``lifecycle.finished_by_program``: HF Trainer,
 Lightning, Megatron and the other trainers of ``rules/packs/lifecycle.yaml``) after an error outlives it at once (:meth:`Survival.finished`): the training
