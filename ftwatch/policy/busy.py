@@ -123,9 +123,14 @@ SOURCE = ("transformers src/transformers/training_args.py TrainingArguments.main
 _TIMEOUT = re.compile(r"(?i)\btim(?:e|ed)[ _-]?out\b|timeout\b")
 #: A wait for peers, on the error line or a frame of its traceback: a barrier (torch's, a
 #: framework's ``main_process_first`` / ``wait_for_everyone``), a collective, the store read
-#: that a barrier or a communicator's set-up does.
+#: that a barrier or a communicator's set-up does, and the rendezvous's connect to rank 0's store:
+#: under ``env://`` (``_env_rendezvous_handler``) rank 0 creates the ``TCPStore`` server only once it
+#: reaches ``init_process_group`` itself, and every other rank's ``TCPStore`` client retries its
+#: connect until the process group's timeout (torch/distributed/rendezvous.py ``_create_c10d_store``:
+#: ``TCPStore(hostname, port, world_size, start_daemon=rank == 0, timeout=...)``), so a client's
+#: timeout there is a wait for rank 0 to arrive.
 _WAIT_CALL = re.compile(r"\bbarrier\(|main_process_first|wait_for_everyone|\ball_?reduce\b|\bbroadcast\("
-                        r"|store->get|key-value store")
+                        r"|store->get|key-value store|in _create_c10d_store\b")
 #: A progress bar's percentage, counts, elapsed and remaining time (tqdm:
 #: ``37%|███▋      | 851000/2300000 [21:05<35:52, 673.1 examples/s]``; ``?`` while unknown;
 #: scaled byte counts with ``unit_scale``: ``2.00G/5.00G``).
@@ -133,8 +138,9 @@ _BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *([0-9.]+[kMGTP]?i?B?)/([0-9.]
 #: The rest of a datasets bar after its times (``, 673.1 examples/s]``; ``ex/s`` before datasets
 #: 2.14): the unit ``lifecycle.rank_phase.datasets_map`` reads as well.
 _DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
-#: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``).
-_AFTER_MS = re.compile(r"timed out after (\d+) ?ms")
+#: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``; later
+#: releases in seconds, ``The client socket has timed out after 1800s while trying to connect``).
+_AFTER_MS = re.compile(r"timed out after (\d+) ?(ms|s)\b")
 _OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
 _LOGGED = ("keyword", "fault_code")
 
@@ -178,7 +184,9 @@ def _timeout_s(f: Finding) -> float | None:
     if isinstance(f.fields.get("timeout_ms"), int):
         return f.fields["timeout_ms"] / 1000.0
     m = _AFTER_MS.search(f.line)
-    return int(m.group(1)) / 1000.0 if m else None
+    if m is None:
+        return None
+    return int(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
 
 
 def died_on_its_own(f: Finding) -> bool:

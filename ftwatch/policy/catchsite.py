@@ -107,6 +107,28 @@ def ended_program(f: Finding) -> bool:
     return not any(file.replace("\\", "/").endswith(_CHILD_ENTRY_FILES) for file, _, _ in frames[:3])
 
 
+#: A thread's own entry frame (file, function): ``Thread._bootstrap_inner`` runs ``self.run()`` in a
+#: bare ``try`` whose ``except`` hands the exception to ``threading.excepthook`` (3.8+; before, it
+#: printed "Exception in thread <name>:" and the traceback itself) and then lets the thread end
+#: (CPython Lib/threading.py, read in 3.11; Python 2.7's name-mangled ``__bootstrap_inner`` prints the
+#: same). Its frame is the first of the traceback of the exception that ended the thread.
+_THREAD_ENTRY = ("threading.py", frozenset({"_bootstrap_inner", "__bootstrap_inner"}))
+
+
+def ended_thread(f: Finding) -> bool:
+    """``f``'s (first) traceback starts at a thread's entry frame (:data:`_THREAD_ENTRY`): the
+    exception escaped that thread's ``run()``, and Python's thread machinery printed it as the
+    thread ended. ``progress.Survival.ignored`` reads it as the last link of the chained report
+    that an "Exception in thread <name>:" header began (CPython prints a chain's causes first,
+    each after "During handling of the above exception, another exception occurred:", and the
+    exception that escaped last; the engine reads each link as a record of its own)."""
+    frames = _frames(f)
+    if not frames:
+        return False
+    file, _, function = frames[0]
+    return function in _THREAD_ENTRY[1] and file.replace("\\", "/").endswith(_THREAD_ENTRY[0])
+
+
 def going_on(f: Finding) -> str | None:
     """The handler of :data:`GOING_ON` that caught ``f``'s traceback (its first frame), or None."""
     frames = _frames(f)

@@ -24,7 +24,10 @@ ignored in: <object>" and then the traceback, docs.python.org/3/library/sys.html
 rule ``python.exception_ignored``) and for one that ended a thread, not the process
 (``threading.excepthook``: "Exception in thread <name>:" and then the traceback,
 docs.python.org/3/library/threading.html#threading.excepthook; rule ``python.thread_exception``):
-that traceback is a notice at once (:func:`ignored`).
+that traceback is a notice at once (:func:`ignored`). A thread's report may be a chain (CPython
+prints the header once, then each cause and, last, the exception that left ``run()``); the engine
+reads each link apart, so a link whose first frame is the thread's entry, right after a link of the
+same report, is a notice too (:func:`thread_link`).
 
 The program's own "training finished" line (``lifecycle.finished_by_program``: HF Trainer,
 Lightning, Megatron and the other trainers of ``rules/packs/lifecycle.yaml``) after an error outlives it at once (:meth:`Survival.finished`): the training
@@ -65,7 +68,7 @@ from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
 from ftwatch.parsers import fields
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
-from ftwatch.policy.catchsite import catch_site, going_on
+from ftwatch.policy.catchsite import catch_site, ended_thread, going_on
 from ftwatch.policy.progresslines import iter_lines as _lines
 from ftwatch.policy.waiting import Waiting, went_back  # noqa: F401  (went_back: re-exported)
 from ftwatch.rules.stragglers import scan_form
@@ -132,12 +135,13 @@ _ON_LINE = re.compile(rb"[^\n]*?(" + _PROGRESS.pattern + rb")")
 
 
 IGNORED = "python.exception_ignored"
+THREAD = "python.thread_exception"
 #: Words that the traceback after them ended no program: Python's for an exception it could not
 #: raise (``sys.unraisablehook``), one that ended a thread, not the process
 #: (``threading.excepthook``), and an exit handler's before Python 3.10 (``Error in
 #: atexit._run_exitfuncs:``, cleared at finalisation: the exit status stands); torch.compile's for a
 #: frame it could not compile and ran eagerly
-NOT_ENDING = frozenset({IGNORED, "python.thread_exception", "python.atexit_error", "torch.dynamo_wont_convert"})
+NOT_ENDING = frozenset({IGNORED, THREAD, "python.atexit_error", "torch.dynamo_wont_convert"})
 _RANKED = re.compile(r"(?:(.*)/)?rank([0-9]+)")   # an instance ``Origin.with_rank`` named for a rank
 _NO_RANKS: frozenset[int | None] = frozenset()
 _ALL_RANKS = frozenset({None, -1})       # ``Survival._ranks``: every line of the origin counts
@@ -153,6 +157,22 @@ def ignored(previous: Finding | None, f: Finding) -> bool:
         return True
     return (previous is not None and previous.rule_id in NOT_ENDING and bool(f.evidence)
             and _TRACEBACK in f.evidence[0] and (previous.time, previous.seq) <= (f.time, f.seq))
+
+
+def _is_traceback(f: Finding) -> bool:
+    return bool(f.evidence) and _TRACEBACK in f.evidence[0]
+
+
+def thread_link(previous: Finding | None, f: Finding) -> bool:
+    """``f`` is the last link of a thread's chained report whose earlier link, ``previous`` (the
+    same instance's finding just before it), followed Python's "Exception in thread <name>:"
+    header (:meth:`Survival.ignored` keeps which instances are in such a report): a traceback that
+    starts at the thread's entry frame (``catchsite.ended_thread``). CPython prints the header once
+    and then the whole chain, its causes first and the exception that left ``run()`` last, each
+    link after "During handling of the above exception, another exception occurred:" (Lib/traceback.py
+    TracebackException.format), so that link ended the same thread and no program."""
+    return (previous is not None and _is_traceback(previous) and _is_traceback(f) and ended_thread(f)
+            and (previous.time, previous.seq) <= (f.time, f.seq))
 
 
 #: Open MPI's report that a rank called MPI_Abort (``rules/packs/kill_vocab.tsv``) and the errorcode line it
@@ -326,6 +346,9 @@ class Survival:
         self._ranked: dict[str | None, frozenset[int]] = {}   # base (None: "rank<k>") -> k of "<base>/rank<k>" waiting
         #: instance -> the catch sites (:func:`catch_site`) of its notices
         self._sites: dict[str, set] = BoundedDict(max_instances)
+        #: instances whose latest finding is a traceback of a thread's report ("Exception in
+        #: thread <name>:" and its chain, :meth:`ignored`)
+        self._thread_report: dict[str, bool] = BoundedDict(max_instances)
 
     def is_notice(self, f: Finding) -> bool:
         """``f`` was outlived (or ignored by Python)."""
@@ -397,14 +420,21 @@ class Survival:
         MPI_Abort reports whose wrapped errorcode is 0 (:func:`abort_zero`): now notices."""
         out = []
         for f in findings:
-            previous = self._last.get(f.origin.instance)
-            if ignored(previous, f):
+            instance = f.origin.instance
+            previous = self._last.get(instance)
+            in_report = instance in self._thread_report and thread_link(previous, f)
+            if in_report or ignored(previous, f):
                 self._note(f)
                 out.append(f)
             elif abort_zero(previous, f) and previous is not None and id(previous) not in self._ids:
                 self._note(previous)         # MPI_Abort with errorcode 0: the report is no failing exit
                 out.append(previous)
-            self._last[f.origin.instance] = f
+            if in_report or (previous is not None and previous.rule_id == THREAD and id(f) in self._ids
+                             and _is_traceback(f)):
+                self._thread_report[instance] = True
+            else:
+                self._thread_report.pop(instance, None)
+            self._last[instance] = f
         return out
 
     def outlived(self, origin: Origin, data: bytes, time: float, sim_step: float,
@@ -598,3 +628,4 @@ class Survival:
         self._ids.clear()
         self._last.clear()
         self._sites.clear()
+        self._thread_report.clear()

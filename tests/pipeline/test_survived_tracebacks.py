@@ -181,3 +181,39 @@ def test_a_spawned_childs_traceback_leaves_the_program_running(rules, tmp_path):
     lines = ["[rank0]: step 1/20 loss 0.60"] + child + [f"[rank0]: step {n}/20 loss 0.5{n}" for n in range(2, 5)]
     result = _decide(tmp_path, rules, lines)
     assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def _thread_chain(header: bool) -> list[str]:
+    """A thread's chained report: the cause's traceback, CPython's chain line, then the exception
+    that left the thread's ``run()`` (its first frame ``threading.py`` ``_bootstrap_inner``), the
+    program going on to its own end afterwards."""
+    cause = ["Traceback (most recent call last):",
+             '  File "/env/lib/python3.6/site-packages/tensorflow/python/client/session.py", line 1365, in _do_call',
+             "    return fn(*args)",
+             "tensorflow.python.framework.errors_impl.CancelledError: Enqueue operation was cancelled"]
+    last = ["Traceback (most recent call last):",
+            '  File "/env/lib/python3.6/threading.py", line 916, in _bootstrap_inner', "    self.run()",
+            '  File "/env/lib/python3.6/threading.py", line 864, in run',
+            "    self._target(*self._args, **self._kwargs)",
+            '  File "/env/lib/python3.6/site-packages/trainer/train.py", line 84, in load_and_enqueue',
+            "    sess.run(enqueue_op, feed_dict=food)",
+            "tensorflow.python.framework.errors_impl.CancelledError: Enqueue operation was cancelled"]
+    return (["iteration: 500 loss: 0.0074 lr: 0.005"] + (["Exception in thread Thread-1:"] if header else [])
+            + cause + ["", "During handling of the above exception, another exception occurred:", ""] + last
+            + ["evaluating the snapshot", "results stored"])
+
+
+def test_every_link_of_a_threads_chained_report_ended_no_program(rules, tmp_path):
+    """CPython prints "Exception in thread <name>:" once and then the whole chain; the engine reads
+    each link as a record of its own, and the last one (the exception that left ``run()``, its first
+    frame the thread's entry) is the same thread's end (before: restart_job on it, a run that
+    finished; DeepLabCut's data-feeding thread cancelled at maxiters)."""
+    result = _decide(tmp_path, rules, _thread_chain(header=True))
+    assert result.decision is None or result.decision.action is Action.NONE, result.decision
+
+
+def test_a_thread_entry_traceback_without_the_header_before_its_chain_still_counts(rules, tmp_path):
+    """The thread's entry frame alone is not read as "ended no program": a program may run its
+    training in a thread (a web UI's worker), and only Python's header says the report is a thread's."""
+    result = _decide(tmp_path, rules, _thread_chain(header=False))
+    assert result.decision is not None and result.decision.action is not Action.NONE

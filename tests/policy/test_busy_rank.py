@@ -260,3 +260,34 @@ def test_the_unique_id_reads_rank_is_read_only_in_the_default_group():
     assert rank_of(unranked(0.0, default)[-1]) == 2
     without_it = unranked(0.0, "RuntimeError: [2] something else failed")
     assert all(rank_of(f) is None for f in without_it)
+
+
+def rendezvous_connect(rank: int) -> list[str]:
+    """A rank's env:// rendezvous giving up on rank 0's store, which rank 0 starts only once it
+    reaches init_process_group itself (torch/distributed/rendezvous.py _create_c10d_store)."""
+    return ["[E socket.cpp:860] [c10d] The client socket has timed out after 1800s while trying to connect to "
+            "(10.0.0.1, 29500).",
+            "Traceback (most recent call last):",
+            '  File "/work/train.py", line 307, in <module>',
+            '  File "/env/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 1141, in '
+            "init_process_group",
+            "    store, rank, world_size = next(rendezvous_iterator)",
+            '  File "/env/lib/python3.10/site-packages/torch/distributed/rendezvous.py", line 172, in '
+            "_create_c10d_store",
+            "    return TCPStore(",
+            "torch.distributed.DistNetworkError: The client socket has timed out after 1800s while trying to "
+            "connect to (10.0.0.1, 29500)."]
+
+
+def test_ranks_whose_rendezvous_connect_timed_out_while_rank_0_mapped_the_dataset_waited_for_it():
+    """Rank 0 maps the dataset before it calls init_process_group (XTuner under DeepSpeed): the others'
+    connects to its store time out after the process group's 30 minutes while its bar says hours
+    remain. The program's schedule against its own timeout (before: the store client's timeout, a
+    restart that meets the same 30 minutes)."""
+    found = logged(0, 1790.0, "Map (num_proc=32):  12%|█▏        | 79551/665298 [29:57<3:40:22, 44.29 examples/s]")
+    found += logged(1, 1800.0, *rendezvous_connect(1))
+    rc = analyse(found, world=2).root_cause
+    assert rc is not None and rc.rule_id == "collective.busy_rank" and rc.rank == 0, rc
+    # without rank 0's bar the connect keeps its own reading
+    rc = analyse(logged(1, 1800.0, *rendezvous_connect(1)), world=2).root_cause
+    assert rc is not None and rc.rule_id != "collective.busy_rank"
