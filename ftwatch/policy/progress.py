@@ -190,8 +190,9 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
     Cost: one pass per chunk, in C (``ftwatch.policy.progresslines.lines``: the lines that hold a
     progress literal and may be of ``ranks``, one hyperscan scan); Python work (decode, veto,
     timestamp, counters) only for those lines of ``ranks``, with the rank ``lines`` read (not split
-    again). Bench corpus (35 MB, ranks {1, None} waiting, ~14k lines): 0.27 s at a33fc32, 0.20 s now
-    (the scan ~0.07 s; per line ~7 us, half of it :func:`_counters`). They are the lines
+    again). Bench corpus (35 MB, ranks {1, None} waiting, ~14k lines): 0.27 s at a33fc32, 0.20 s
+    reading each chunk from its start (the scan ~0.07 s; per line ~7 us, half of it :func:`_counters`);
+    :meth:`Survival.outlived` now begins near the chunk's errors (``begin``): ~0.047 s, ~2k lines. They are the lines
     ``_PROGRESS.finditer`` over the whole chunk starts a match on: a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
     carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
     progress line: an untimed line's stamp is looked for back to the last line read, not the last
