@@ -75,8 +75,12 @@ MARKS = 2                 # progress lines after the error that show a whole ste
 MAX_WAITING = 256         # errors waiting at once (the oldest stop waiting first)
 MAX_SITES = 64            # catch sites of outlived tracebacks kept per instance (:meth:`Survival.repeat`)
 #: Bytes of a chunk read before the first line of the errors found in it (:meth:`Survival.outlived`):
-#: ~250 lines, a few step lines of every rank of a 64-rank job
-LOOKBACK = 64 * 1024
+#: ~130 lines of a combined log, a step line of every rank of a 128-rank job. (A chunk read from its
+#: start gave an error near its start fewer; ``watch``'s chunks, a batch's lines of a stream, hold
+#: little before their errors either.) Half a scan piece (``progresslines.PIECE_BYTES``), so that one
+#: scan finds the lines before an error and those after it that outlive it (bench replay: 64 KiB and
+#: 128 KiB pieces cost 0.047 s, 32 KiB and 64 KiB pieces 0.037 s)
+LOOKBACK = 32 * 1024
 #: :meth:`Survival.outlived` reads only the last of a run of progress lines before an instance's errors that
 #: holds each counter (False: every line, as :func:`marks` yields it; the tests compare both)
 DEFER_BEFORE = True
@@ -192,7 +196,7 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
     timestamp, counters) only for those lines of ``ranks``, with the rank ``lines`` read (not split
     again). Bench corpus (35 MB, ranks {1, None} waiting, ~14k lines): 0.27 s at a33fc32, 0.20 s
     reading each chunk from its start (the scan ~0.07 s; per line ~7 us, half of it :func:`_counters`);
-    :meth:`Survival.outlived` now begins near the chunk's errors (``begin``): ~0.047 s, ~2k lines. They are the lines
+    :meth:`Survival.outlived` now begins near the chunk's errors (``begin``): ~0.037 s, ~1.7k lines. They are the lines
     ``_PROGRESS.finditer`` over the whole chunk starts a match on: a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
     carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
     progress line: an untimed line's stamp is looked for back to the last line read, not the last
@@ -445,7 +449,7 @@ class Survival:
         instance's lines hold (every step line holds them all). A chunk read from its start made
         an error's counters before it depend on where the chunk happened to begin (an error at
         its start read none), and cost most of a chunk's lines per error (bench replay: the
-        reading stopped at ~70 % of each 1 MiB chunk; ~0.08 s of its ~0.12 s, issue 16).
+        reading stopped at ~70 % of each 1 MiB chunk: 0.125 s, now 0.037 s, issue 16).
         """
         ranks = self._ranks(origin)
         if not ranks:
