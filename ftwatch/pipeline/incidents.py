@@ -163,7 +163,8 @@ class IncidentDesk:
                                  failed=self.failed, ok=self.ok, findings=self.findings, evidence=self.evidence,
                                  started_at=self._started_at, tails=self._tails, survived=partial(notices.survived, self))
         self.survival = progress.Survival(         # errors waiting for their instance's progress; notices
-            survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices)
+            survive, max_notices=limits.max_notices_per_job, max_instances=cap, on_drop=self._forget_notices,
+            where=getattr(engine, "position", None))   # (an engine stand-in may lack it: chunks read whole)
         # sticky CUDA errors and the scheduler's verdicts; the latter alone (notices.ended)
         self._sticky, self._outside = _rule_sets(engine.rules)
         self.progress = initphase.FirstProgress(max_streams=cap)   # when the job first showed progress (R6)

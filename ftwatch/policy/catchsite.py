@@ -21,6 +21,8 @@ Python's own "Exception ignored in" is.
 
 from __future__ import annotations
 
+import functools
+
 from ftwatch.events import Finding
 from ftwatch.parsers.multiline import FRAME as _FRAME, PY_START as _TRACEBACK
 
@@ -59,19 +61,28 @@ def traceback_of(f: Finding, last: bool = False) -> tuple[list[tuple[str, str, s
     """The frames (file, line, function) of ``f``'s first traceback (``last``: of its last one, the
     exception a chain ended in), outermost first, and the exception line that ends them (None when
     the evidence stops before it); ([], None) when ``f`` holds no traceback."""
-    frames: list[tuple[str, str, str]] = []
     if not f.evidence or _TRACEBACK not in f.evidence[0]:
-        return frames, None
+        return [], None
+    frames, exception = _read_traceback(tuple(f.evidence), last)   # (a tuple already: itself)
+    return list(frames), exception
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_traceback(evidence: tuple[str, ...], last: bool) -> tuple[tuple[tuple[str, str, str], ...], str | None]:
+    """:func:`traceback_of` of a finding with ``evidence``, cached: an incident asks it of each
+    finding several times (whether it was ignored, may be outlived, caught where one was before,
+    cut off at a spawned start: ~4.7k reads of ~2k findings a bench replay, issue 16)."""
+    frames: list[tuple[str, str, str]] = []
     start = 1
     if last:
-        start = 1 + max(i for i, line in enumerate(f.evidence) if _TRACEBACK in line)
-    for line in f.evidence[start:]:
+        start = 1 + max(i for i, line in enumerate(evidence) if _TRACEBACK in line)
+    for line in evidence[start:]:
         m = _FRAME.match(line)
         if m is not None:
             frames.append(m.groups())
         elif frames and not line.startswith((" ", "\t")):
-            return frames, line                     # the exception's own line: the list ended
-    return frames, None
+            return tuple(frames), line              # the exception's own line: the list ended
+    return tuple(frames), None
 
 
 def _frames(f: Finding, last: bool = False) -> list[tuple[str, str, str]]:

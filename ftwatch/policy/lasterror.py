@@ -62,6 +62,8 @@ rank that raised none (it went on into a collective its peers time out in) keeps
 from __future__ import annotations
 
 import re
+from itertools import islice, repeat
+from operator import is_
 from typing import Callable, Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Finding
@@ -103,7 +105,7 @@ def nccl_result(f: Finding) -> bool:
     return f.kind == "keyword" and (f.rule_id in NCCL_RESULT_RULES or f.rule_id.startswith(NCCL_RESULT_PREFIX))
 
 
-def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
+def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding], start: int = 0) -> bool:
     """Says whether the NCCL result code ``f`` is spelled out by NCCL's last-error text: the first
     finding of its instance after it that is no result code is one of ``errors`` (a real error),
     printed less than ``LAST_ERROR_WINDOW`` seconds after it.
@@ -112,30 +114,33 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
         f: a candidate root cause.
         order: every finding of the incident, by (time, seq) (or only those of ``f``'s instance: no other is read).
         errors: the real errors (the root-cause candidates).
+        start: where in ``order`` to look from: an index no finding after ``f`` stands before
+            (``f``'s own place + 1 in a list sorted by (time, seq); 0: from the start).
 
     Returns:
         True when ``f`` yields to that error; False for any other finding.
     """
     if not nccl_result(f):
         return False
-    return _next_is_error(f, order, errors, skip=lambda g: nccl_result(g) or g.rule_id in LOCATION_ONLY_RULES)
+    return _next_is_error(f, order, errors, skip=lambda g: nccl_result(g) or g.rule_id in LOCATION_ONLY_RULES,
+                          start=start)
 
 
-def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding]) -> bool:
+def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding], start: int = 0) -> bool:
     """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``), or one graded only by its
     generic class's fallback (:func:`generic_fallback`), is spelled out by the rest
     of its exception's message (a generic write failure, :data:`GENERIC_WRITE_RULES`, by the errno
     the next finding names): the first finding of its instance after it is one of ``errors``,
     printed less than ``LAST_ERROR_WINDOW`` seconds after it. Arguments and result as
     :func:`named_by_last_error`'s (``f`` a candidate, ``order`` the incident's findings by
-    (time, seq), ``errors`` the real errors; True when ``f`` yields).
+    (time, seq), ``errors`` the real errors, ``start`` where to look from; True when ``f`` yields).
     """
     if f.kind == "keyword" and f.rule_id in GENERIC_WRITE_RULES:
-        nxt = _next(f, order, lambda g: bool(_WRITER_POSITION.search(g.line)))
-        return nxt is not None and bool(_ERRNO.search(nxt.line)) and any(nxt is e for e in errors)
+        nxt = _next(f, order, lambda g: bool(_WRITER_POSITION.search(g.line)), start)
+        return nxt is not None and bool(_ERRNO.search(nxt.line)) and _among(nxt, errors)
     if f.kind != "keyword" or not (f.rule_id == CATCH_ALL_RULE or generic_fallback(f)):
         return False
-    return _next_is_error(f, order, errors, skip=lambda g: False)
+    return _next_is_error(f, order, errors, skip=lambda g: False, start=start)
 
 
 def generic_fallback(f: Finding) -> bool:
@@ -157,10 +162,13 @@ def last_error_text(f: Finding, order: Sequence[Finding]) -> Finding | None:
     return _next(f, order, nccl_result) if nccl_result(f) else None
 
 
-def _next(f: Finding, order: Sequence[Finding], skip: Callable[[Finding], bool]) -> Finding | None:
+def _next(f: Finding, order: Sequence[Finding], skip: Callable[[Finding], bool], start: int = 0) -> Finding | None:
     """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over, when it is
-    a logged line printed within ``LAST_ERROR_WINDOW`` seconds of ``f``; else None."""
-    nxt = next((g for g in order if g.origin.instance == f.origin.instance
+    a logged line printed within ``LAST_ERROR_WINDOW`` seconds of ``f``; else None. ``order[start:]``
+    only is read: root cause hands each candidate its place in its instance's sorted findings, so
+    that a candidate costs the findings after it, not the whole list again (O(candidates x
+    findings) per incident: ~0.02 s of a bench replay's decision, issue 16)."""
+    nxt = next((g for g in (islice(order, start, None) if start else order) if g.origin.instance == f.origin.instance
                 and (f.time, f.seq) < (g.time, g.seq) and not skip(g)), None)
     if nxt is None or nxt.kind in NOT_LOG_LINES or nxt.time - f.time >= LAST_ERROR_WINDOW:
         return None
@@ -168,11 +176,17 @@ def _next(f: Finding, order: Sequence[Finding], skip: Callable[[Finding], bool])
 
 
 def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding],
-                   skip: Callable[[Finding], bool]) -> bool:
+                   skip: Callable[[Finding], bool], start: int = 0) -> bool:
     """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over is a logged
     real error (one of ``errors``) printed within ``LAST_ERROR_WINDOW`` seconds of ``f``."""
-    nxt = _next(f, order, skip)
-    return nxt is not None and any(nxt is e for e in errors)
+    nxt = _next(f, order, skip, start)
+    return nxt is not None and _among(nxt, errors)
+
+
+def _among(f: Finding, errors: Sequence[Finding]) -> bool:
+    """``f`` is one of ``errors`` (the object itself, not an equal one), the list walked in C: root
+    cause asks this once per candidate over every candidate (~150k comparisons a bench replay)."""
+    return any(map(is_, repeat(f), errors))
 
 
 #: A kernel's failed device-side assert() as the CUDA runtime prints it (cudalib_vocab.tsv).

@@ -77,6 +77,13 @@ SURVIVE_SECONDS = 300.0   # how long after an error its instance's progress stil
 MARKS = 2                 # progress lines after the error that show a whole step began and ended
 MAX_WAITING = 256         # errors waiting at once (the oldest stop waiting first)
 MAX_SITES = 64            # catch sites of outlived tracebacks kept per instance (:meth:`Survival.repeat`)
+#: Bytes of a chunk read before the first line of the errors found in it (:meth:`Survival.outlived`):
+#: ~130 lines of a combined log, a step line of every rank of a 128-rank job. (A chunk read from its
+#: start gave an error near its start fewer; ``watch``'s chunks, a batch's lines of a stream, hold
+#: little before their errors either.) Half a scan piece (``progresslines.PIECE_BYTES``), so that one
+#: scan finds the lines before an error and those after it that outlive it (bench replay: 64 KiB and
+#: 128 KiB pieces cost 0.047 s, 32 KiB and 64 KiB pieces 0.037 s)
+LOOKBACK = 32 * 1024
 #: :meth:`Survival.outlived` reads only the last of a run of progress lines before an instance's errors that
 #: holds each counter (False: every line, as :func:`marks` yields it; the tests compare both)
 DEFER_BEFORE = True
@@ -194,7 +201,7 @@ def abort_zero(previous: Finding | None, f: Finding) -> bool:
 def marks(data: bytes, time: float, sim_step: float, year: int | None,
           ranks: Container[int | None] | None = None,
           defer: Callable[[int | None, float, bytes, str], bool] | None = None,
-          ) -> Iterator[tuple[int | None, float, dict[str, int]]]:
+          begin: int = 0) -> Iterator[tuple[int | None, float, dict[str, int]]]:
     """The progress lines of a chunk, in order, as (rank from the line's prefix, time, counters):
     the counters are the line's step, iteration and epoch numbers by the name of the pattern that
     found each (:data:`EXTRA_PATTERNS`, ``step_<name>`` for ``STEP_PATTERNS``), each the first
@@ -207,8 +214,9 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
     Cost: one pass per chunk, in C (``ftwatch.policy.progresslines.lines``: the lines that hold a
     progress literal and may be of ``ranks``, one hyperscan scan); Python work (decode, veto,
     timestamp, counters) only for those lines of ``ranks``, with the rank ``lines`` read (not split
-    again). Bench corpus (35 MB, ranks {1, None} waiting, ~14k lines): 0.27 s at a33fc32, 0.20 s now
-    (the scan ~0.07 s; per line ~7 us, half of it :func:`_counters`). They are the lines
+    again). Bench corpus (35 MB, ranks {1, None} waiting, ~14k lines): 0.27 s at a33fc32, 0.20 s
+    reading each chunk from its start (the scan ~0.07 s; per line ~7 us, half of it :func:`_counters`);
+    :meth:`Survival.outlived` now begins near the chunk's errors (``begin``): ~0.037 s, ~1.7k lines. They are the lines
     ``_PROGRESS.finditer`` over the whole chunk starts a match on: a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
     carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
     progress line: an untimed line's stamp is looked for back to the last line read, not the last
@@ -228,10 +236,20 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
             to, with :func:`_vetoed` and :func:`_counters`: :meth:`Survival.outlived`'s lines
             before every error of their instance). Such a line changes nothing here for the
             lines after it (no match of it can reach them).
+        begin: a line's start: the lines before it are not read (:meth:`Survival.outlived`).
     """
-    clock = Clock(data, time, sim_step, year)
+    for rank, at, counters, _ in _marks(data, Clock(data, time, sim_step, year), ranks, defer, begin):
+        yield rank, at, counters
+
+
+def _marks(data: bytes, clock: Clock, ranks: Container[int | None] | None,
+           defer: Callable[[int | None, float, bytes, str], bool] | None,
+           begin: int) -> Iterator[tuple[int | None, float, dict[str, int], int]]:
+    """:func:`marks`, each with the start of its line; ``clock``: the chunk's (one for every
+    reading of it that goes on further in it: :meth:`Survival.outlived`)."""
+    time, sim_step, year = clock.time, clock.sim_step, clock.year
     pos = 0                             # where the last progress match ended (``finditer``'s next start)
-    for start, end, want, rank, off in _lines(data, ranks):
+    for start, end, want, rank, off in _lines(data, ranks, begin=begin):
         if end < pos:                   # all taken by a match from an earlier line
             continue
         line = data[start:end]
@@ -274,7 +292,7 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
             continue
         if own is None and sim_step:
             own = clock.at(start)
-        yield rank, time if own is None else own, _counters(line) if counters is None else counters
+        yield rank, time if own is None else own, _counters(line) if counters is None else counters, start
 
 
 def _counters(line: bytes) -> dict[str, int]:
@@ -291,28 +309,25 @@ def _counters(line: bytes) -> dict[str, int]:
 class Clock:
     """The time of a chunk's untimed lines, asked for in line order (:func:`marks`): the last
     timestamped line's before it plus ``sim_step`` per line between them, else ``time`` plus
-    ``sim_step`` per line from the chunk's start."""
+    ``sim_step`` per line from the chunk's start. Lines are counted from that stamp's line only
+    (a reading that begins far into the chunk counts no lines before its stamp, issue 16)."""
 
     def __init__(self, data: bytes, time: float, sim_step: float, year: int | None):
         self.data, self.time, self.sim_step, self.year = data, time, sim_step, year
         self.stamps = fields.Stamps(data, year)  # ``fields.last_timestamp``, its times of day found once
-        self.searched, self.stamp = 0, None     # the last stamp search ended here; (its line, time, line no)
-        self.counted, self.lines = 0, 0         # newlines counted up to ``counted``
+        self.searched = 0                       # the last stamp search ended here
+        self.base = time                        # the last stamp's time (else ``time``) ...
+        self.counted, self.lines = 0, 0         # ... and the newlines from its line (else 0) up to ``counted``
 
     def at(self, start: int) -> float:
         """The time of the line starting at ``start`` (not before the last line asked for)."""
-        data = self.data
         found = self.stamps.last(self.searched, start)
         self.searched = start
         if found is not None:
-            self.lines += data.count(b"\n", self.counted, found[0])
-            self.counted = found[0]
-            self.stamp = (found[0], found[1], self.lines)
-        self.lines += data.count(b"\n", self.counted, start)
+            self.base, self.counted, self.lines = found[1], found[0], 0
+        self.lines += self.data.count(b"\n", self.counted, start)
         self.counted = start
-        if self.stamp is not None:
-            return self.stamp[1] + (self.lines - self.stamp[2]) * self.sim_step
-        return self.time + self.lines * self.sim_step
+        return self.base + self.lines * self.sim_step
 
 
 class Survival:
@@ -330,15 +345,20 @@ class Survival:
             shadow the desk's instances, counted there).
         on_drop: called with the notices forgotten (oldest first); the desk drops them from its
             evidence too, so a forgotten notice never counts as an error again.
+        where: ``(finding, chunk) -> offset``: where the finding's line starts in the chunk it was
+            found in, None when it is not that chunk's (``ftwatch.rules.engine.Engine.position``);
+            None: never known (every chunk is read from its start).
     """
 
     def __init__(self, window: float = SURVIVE_SECONDS, needed: int = MARKS, *,
                  max_notices: int = MAX_NOTICES_PER_JOB, max_instances: int = MAX_INSTANCES_PER_JOB,
-                 on_drop: Callable[[list[Finding]], None] | None = None):
+                 on_drop: Callable[[list[Finding]], None] | None = None,
+                 where: Callable[[Finding, bytes], int | None] | None = None):
         self.window = window
         self.needed = needed
         self.max_notices = max_notices
         self.on_drop = on_drop
+        self.where = where
         self.notices: list[Finding] = []         # errors outlived (or ignored by Python), in order
         self._ids: set[int] = set()              # their ids
         self._waiting = Waiting()                # the errors waiting, by instance
@@ -450,6 +470,16 @@ class Survival:
         is read and logged, in line order, before the next line that may change the instance's
         errors and at the end (:meth:`_log_before`): the same log for every error that reads
         it, without each line's counters and veto (issue 16).
+
+        Where every waiting error was found in this very chunk (``where``), the chunk is read only
+        from :data:`LOOKBACK` bytes before the first of their lines (:meth:`_begin`), and again so
+        whenever errors stop waiting and those left begin further on: a stream prints in order,
+        so the lines before an error's own line were printed before it (whatever their stamps
+        say), and of them an error reads only its counters before it, which the last of its
+        instance's lines hold (every step line holds them all). A chunk read from its start made
+        an error's counters before it depend on where the chunk happened to begin (an error at
+        its start read none), and cost most of a chunk's lines per error (bench replay: the
+        reading stopped at ~70 % of each 1 MiB chunk: 0.125 s, now 0.037 s, issue 16).
         """
         ranks = self._ranks(origin)
         if not ranks:
@@ -481,22 +511,49 @@ class Survival:
             run.append((at, line, text))
             return True
 
-        for rank, at, counters in marks(data, time, sim_step, year, None if ranks is _ALL_RANKS else ranks,
-                                        defer if DEFER_BEFORE else None):
-            instance = instance_of(rank)
-            run = before.get(instance)
-            if run:
+        wanted = None if ranks is _ALL_RANKS else ranks
+        clock = Clock(data, time, sim_step, year)
+        begin = self._begin(data, 0)
+        while begin is not None:
+            restart, waiting_n = None, len(self._waiting)
+            for rank, at, counters, start in _marks(data, clock, wanted, defer if DEFER_BEFORE else None, begin):
+                instance = instance_of(rank)
+                run = before.get(instance)
+                if run:
+                    self._log_before(instance, run)
+                    run.clear()                         # (the list ``defer`` appends to: kept)
+                for f in self.progress(instance, at, counters):
+                    self._note(f)
+                    out.append((f, at))
+                    out.extend((g, at) for g in self._same_site(f))
+                if not self._waiting:
+                    return out
+                if len(self._waiting) < waiting_n:      # errors stopped waiting: those left may begin far on
+                    waiting_n = len(self._waiting)
+                    restart = self._begin(data, start)
+                    if restart > start:
+                        break
+                    restart = None
+            for instance, run in before.items():
                 self._log_before(instance, run)
-                run.clear()                             # (the list ``defer`` appends to: kept)
-            for f in self.progress(instance, at, counters):
-                self._note(f)
-                out.append((f, at))
-                out.extend((g, at) for g in self._same_site(f))
-            if not self._waiting:
-                return out
-        for instance, run in before.items():
-            self._log_before(instance, run)
+                run.clear()
+            begin = restart
         return out
+
+    def _begin(self, data: bytes, floor: int) -> int:
+        """Where :meth:`outlived` reads ``data`` from, not before ``floor`` (a line's start): the
+        start of the line :data:`LOOKBACK` bytes before the first line of the waiting errors, when
+        every one of them was found in ``data`` (``where``); else ``floor``."""
+        if self.where is None:
+            return floor
+        first = len(data)
+        for f in self._waiting.findings():
+            at = self.where(f, data)
+            if at is None:
+                return floor
+            first = min(first, at)
+        cut = data.rfind(b"\n", floor, first - LOOKBACK) + 1 if first - LOOKBACK > floor else 0
+        return max(cut, floor)
 
     def _log_before(self, instance: str, run: list[tuple[float, bytes, str]]) -> None:
         """Log ``run``, progress lines of ``instance`` (time, raw line, text) at or before every one of

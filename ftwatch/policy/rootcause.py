@@ -421,14 +421,22 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
             candidates.append(f)
 
     # 7, 13 read only the candidate's own instance's findings after it: each gets its instance's,
-    # in the same order (a whole-incident list per candidate made this rule O(candidates x findings))
+    # in the same order (a whole-incident list per candidate made this rule O(candidates x findings)),
+    # and its place there, so that it reads only the findings after it (a
+    # list that does not sort by (time, seq), a NaN time, is read from its start)
     mine: dict[str, list[Finding]] = {}
+    place: dict[int, int] = {}
     for f in order:
-        mine.setdefault(f.origin.instance, []).append(f)
+        own = mine.setdefault(f.origin.instance, [])
+        place[id(f)] = len(own) + 1
+        own.append(f)
+    unsorted = {instance for instance, own in mine.items()
+                if any(not (a.time, a.seq) <= (b.time, b.seq) for a, b in zip(own, own[1:]))}
+    after = {id(c): 0 if c.origin.instance in unsorted else place[id(c)] for c in candidates}
     candidates = [c for c in candidates if not spelled_out(c, candidates)
-                  and not named_by_last_error(c, mine[c.origin.instance], candidates)   # 7, 13: the specific reading
+                  and not named_by_last_error(c, mine[c.origin.instance], candidates, after[id(c)])   # 7, 13
                   and not assert_reported(c, candidates)      # 13: the kernel assert its process raised
-                  and not message_named_by_next(c, mine[c.origin.instance], candidates)]
+                  and not message_named_by_next(c, mine[c.origin.instance], candidates, after[id(c)])]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 9: the OOM killer's SIGKILL
         candidates = killed_when_reported(candidates, [c for c in candidates if sigkill_report(c)])
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]

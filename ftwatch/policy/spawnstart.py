@@ -37,8 +37,15 @@ _SOURCE = ("python/cpython Lib/multiprocessing/spawn.py (_main: the child reads 
 _CUT = re.compile(r"(?:^|[\s:\]])(?:_pickle\.|pickle\.)?(?:EOFError: Ran out of input|UnpicklingError: pickle data was truncated)\s*$")
 
 
+#: Words every :data:`_CUT` match holds: a finding whose line and evidence lack both is no cut start,
+#: known without reading its traceback (root cause asks this of every finding of an incident)
+_CUT_WORDS = ("Ran out of input", "pickle data was truncated")
+
+
 def start_cut(f: Finding) -> bool:
     """True when ``f`` is a spawned child's failure to read its start from its parent."""
+    if not any(w in text for text in (f.line, *f.evidence) for w in _CUT_WORDS):
+        return False
     frames, exception = traceback_of(f)
     if not frames or not (_CUT.search(exception or f.line) or _CUT.search(f.line)):
         return False

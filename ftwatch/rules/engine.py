@@ -107,6 +107,10 @@ class Engine:
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
         self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
         self._year = year or 0                        # the current feed's year for stamps without one
+        #: the last feed's chunk (the caller's object) and, by id, its findings with where their line
+        #: starts in it (:meth:`position`); None: no offsets (escapes were removed from the chunk)
+        self._fed: bytes | None = None
+        self._found: dict[int, tuple[Finding, int]] = {}
         if like is None:
             self._compile(rules)
         else:                                        # the compiled parts are never mutated, only replaced
@@ -194,14 +198,18 @@ class Engine:
             The findings, in input order.
         """
         self.stats.bytes += len(data)
+        self._fed, self._found = data, {}
         if b"\x1b" in data:
             data, counted = _ANSI_BYTES.sub(b"", data), None
+            self._fed = None                        # offsets into the stripped chunk: not the caller's
         now = time
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
         self._stamped = (0, None)                   # the last stamp search of this feed
         pending = self._pending.take(origin)
+        carried = 0
         if pending is not None:
+            carried = len(pending.data)
             data, counted = pending.data + data, None
             consumed.update(pending.skip)
             self._carry_end, self._carry_time = len(pending.data), pending.base
@@ -254,6 +262,7 @@ class Engine:
                     lines.append((s, by_line.get(s, set())))
                 first = line_starts[0]
                 record = self._record(origin, rank, texts, data, first, time, sim_step)
+                at = first
             else:
                 end = data.find(b"\n", start)
                 raw = data[start:] if end < 0 else data[start:end]
@@ -266,9 +275,11 @@ class Engine:
                     continue
                 block_ids, lines = ids, [(start, ids)]
                 record = self._record(origin, rank, [text], data, start, time, sim_step)
+                at = start
             finding = self.judge.judge(record, block_ids, data, lines)
             if finding is not None:
                 findings.append(finding)
+                self._found[id(finding)] = (finding, max(0, at - carried))
         self._count(data, end_of_work, counted)
         if self.steps is not None and steps != []:
             if defer is not None and steps is not None:     # batch hits, nothing carried: see ``defer``
@@ -277,6 +288,17 @@ class Engine:
                 findings += self._steps(origin, data, end_of_work, consumed, time, sim_step, steps)
         self.stats.findings += len(findings)
         return findings
+
+    def position(self, f: Finding, data: bytes) -> int | None:
+        """Where in ``data`` the line of ``f`` starts (0: in a block carried from the chunk before),
+        when ``f`` is a finding of a rule hit that the last :meth:`feed` of this very ``data`` (the
+        same object) returned; else None (another chunk's, the step tap's, an exit's, or a chunk
+        whose escapes were removed). ``ftwatch.policy.progress.Survival`` reads a chunk for the
+        progress after its errors only from shortly before them (issue 16)."""
+        if data is not self._fed:
+            return None
+        found = self._found.get(id(f))
+        return found[1] if found is not None and found[0] is f else None
 
     def _steps(self, origin: Origin, data: bytes, end: int, consumed: set[int], time: float,
                sim_step: float, found: list | None = None) -> list[Finding]:

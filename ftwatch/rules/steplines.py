@@ -214,7 +214,9 @@ class StepLines:
         gate = self._gate if only is None or self._gate is None else self._gate_of(only)
         if gate is not None:
             seen: set[int] = set()
-            gate[0].scan(data[begin:end] if begin or end < len(data) else data, scratch=gate[1],
+            # a part of the chunk as a view, not a copy (the straggler reports' pass reads all but
+            # the tail: a ~1 MiB copy a chunk, issue 16)
+            gate[0].scan(memoryview(data)[begin:end] if begin or end < len(data) else data, scratch=gate[1],
                          match_event_handler=lambda pid, _f, _t, _fl, _c: seen.add(pid))
             present = seen | self._ungated
             if not present:
