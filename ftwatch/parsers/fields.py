@@ -407,6 +407,11 @@ def last_timestamp(data: bytes, lo: int, hi: int, year: int | None) -> tuple[int
     Returns:
         (the line's start offset, epoch seconds), or None when no line there has a timestamp.
     """
+    if _CLOCK_COLON.search(data, lo + 2, hi) is None:
+        # no time of day wholly in the span (its first colon, two digits on each side after it):
+        # found forward, led by the colon, ~9x faster than ``_LAST_CLOCK`` failing over the span
+        # (issue 16: most lines between two hits of a traceback hold none, ~8 us a record)
+        return None
     end = hi
     tries = 0
     while tries < _MAX_TRIES:

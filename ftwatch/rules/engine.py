@@ -62,6 +62,9 @@ _ANSI_BYTES = re.compile(
 )
 
 
+_NO_IDS: frozenset[int] = frozenset()   # the pattern ids of a block line that hit none
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Counters: bytes fed, lines scanned, records built, findings made."""
@@ -236,8 +239,13 @@ class Engine:
             self.stats.findings += len(findings)
             return findings
         by_line: dict[int, set[int]] = {}
-        for start, pid in hits:
-            by_line.setdefault(start, set()).add(pid)
+        get = by_line.get
+        for start, pid in hits:                 # no new set per hit, only per line (issue 16)
+            ids = get(start)
+            if ids is None:
+                by_line[start] = {pid}
+            else:
+                ids.add(pid)
         starts = sorted(by_line)
         findings: list[Finding] = []
         end_of_work = len(data)
@@ -254,12 +262,11 @@ class Engine:
                     end_of_work = start
                     break
                 line_starts, texts, rank = block
-                block_ids: set[int] = set()
-                lines = []
-                for s in line_starts:
-                    consumed.add(s)
-                    block_ids |= by_line.get(s, set())
-                    lines.append((s, by_line.get(s, set())))
+                consumed.update(line_starts)
+                # each line's pattern ids, the shared empty set for a line that hit none (judging
+                # only reads them): no new set per block line (issue 16)
+                lines = [(s, get(s, _NO_IDS)) for s in line_starts]
+                block_ids: set[int] = set().union(*[ids for _, ids in lines if ids])
                 first = line_starts[0]
                 record = self._record(origin, rank, texts, data, first, time, sim_step)
                 at = first

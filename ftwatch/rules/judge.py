@@ -33,6 +33,8 @@ from ftwatch.rules.model import Rule
 EVIDENCE_HEAD, EVIDENCE_TAIL = 4, 12
 MAX_LINE_CHARS = 4096          # the longest line a Finding keeps (``line``, each evidence entry)
 _MARKER_ROOM = 40              # of those, kept free for the truncation marker (it takes 20 to 30)
+JUDGED_MAX = 4096             # record texts whose judgement ``Judge.judge`` remembers, at most
+JUDGED_CHARS = 1 << 22         # ... and at most this many characters of them (4 Mi)
 FAULT_PRIORITY = 30            # fault codes are as specific as rules get
 INFO_LINE = re.compile(r"NCCL INFO\b(?<=\bNCCL INFO)")
 """A line at NCCL's INFO level (``NCCL_DEBUG=INFO``). NCCL logs failures at WARN; its INFO lines
@@ -77,6 +79,14 @@ class Judge:
         self.exceptions = exceptions
         self._fault_ids = frozenset(i for i, o in enumerate(owner) if o == -2)
         self._exit_table: ExitCodeTable | None = None     # loaded on the first exit report
+        # pattern ids of the rules whose finding depends on more than the record's text: a ``when:``
+        # predicate reads the raw line and the origin, an exit report takes its rank into the origin
+        self._per_record = frozenset(i for i, o in enumerate(owner) if o >= 0 and (
+            rules[o].predicate is not None or "exit_report" in rules[o].tags))
+        #: (record text, pattern ids) -> the finding it made (origin, time, seq: the first record's)
+        #: or None; see :meth:`judge`
+        self._judged: dict[tuple[str, frozenset[int]], Finding | None] = {}
+        self._judged_chars = 0
 
     def _matching_line(self, lines: list[str], index: int) -> str | None:
         """The last line of a block that hits rule ``index`` (the exception line, usually)."""
@@ -114,7 +124,37 @@ class Judge:
         condition (``when:``, SPEC P4) counts only when one of the record's lines that hit
         it passes its predicate (``lines``: each line's offset in ``data`` and pattern ids);
         the predicate runs only for a rule that would otherwise win.
+
+        The same text hit by the same patterns is judged once (issue 16: every rank prints the
+        same error, a job prints it every step; in the bench replay 83 % of the records are
+        repeats): the finding is a function of the two, the record's origin, time and sequence
+        number aside, which the remembered finding takes from each record. Not for a record hit by
+        a rule with a ``when:`` predicate or an ``exit_report`` rule (they read the raw line and
+        the origin). At most ``JUDGED_MAX`` texts of ``JUDGED_CHARS`` characters in all are
+        remembered (then forgotten all at once).
         """
+        if ids & self._per_record:
+            return self._judge(record, ids, data, lines)
+        key = (record.text, frozenset(ids))
+        try:
+            known = self._judged[key]
+        except KeyError:
+            known = self._judge(record, ids, data, lines)
+            self._judged_chars += len(record.text)
+            if len(self._judged) >= JUDGED_MAX or self._judged_chars > JUDGED_CHARS:
+                self._judged.clear()
+                self._judged_chars = len(record.text)
+            self._judged[key] = known
+            return known
+        if known is None:
+            return None
+        return Finding(known.rule_id, known.kind, known.failure_class, known.action, known.severity,
+                       record.origin, known.line, record.time, record.seq, known.evidence,
+                       dict(known.fields), known.source)
+
+    def _judge(self, record: Record, ids: set[int], data: bytes,
+               lines: list[tuple[int, set[int]]]) -> Finding | None:
+        """:meth:`judge` without its memory."""
         best: tuple[int, int, int, int] | None = None
         finding: Finding | None = None
         texts = record.text.split("\n")

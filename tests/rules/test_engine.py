@@ -560,3 +560,32 @@ def test_re2_backend_gives_the_same_findings_as_hyperscan(rules, monkeypatch):
         "gloo.connection_closed_by_peer", "python.key_error", "torch.nccl_watchdog_timeout", "xid.79",
         "npu.80C98002", "torch.nccl_watchdog_timeout", "python.key_error", "python.key_error"]
     assert summary(re2.feed(COMBINED, MIXED, T0, final=True)) == summary(expected)
+
+
+# --- issue 16: a text judged once -----------------------------------------------------------
+
+def test_the_same_traceback_from_two_ranks_makes_two_findings_each_with_its_own_origin_and_time(engine):
+    first = engine.feed(COMBINED, lines(KEYERROR_TB, prefix="[rank0]: "), T0, sim_step=0.001)
+    again = engine.feed(COMBINED, lines(KEYERROR_TB, prefix="[rank3]: "), T0 + 5, sim_step=0.001)
+
+    [a], [b] = first, again
+    assert (a.rank, b.rank) == (0, 3) and a.origin != b.origin
+    assert b.time > a.time and b.seq > a.seq
+    assert (a.rule_id, a.line, a.evidence, a.fields) == (b.rule_id, b.line, b.evidence, b.fields)
+    assert a.fields is not b.fields                 # each finding's own mapping
+
+
+def test_a_rule_whose_condition_reads_the_origin_is_judged_for_each_record(tmp_path):
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n"
+                    "  - id: test.on_rank_two\n"
+                    "    keywords: ['fell over']\n"
+                    "    when: 'rank == 2'\n"
+                    "    class: user_code\n"
+                    "    action: fail_job\n")
+    engine = Engine(load_rules([path], builtin=False))
+
+    made = [engine.feed(Origin(f"w{rank}", rank, "job-7", "node-a", "stderr", "process"), b"it fell over\n", T0)
+            for rank in (1, 2, 1, 2)]
+
+    assert [len(found) for found in made] == [0, 1, 0, 1]
