@@ -49,7 +49,7 @@ not one: in synchronous training a rank whose peer died may still finish the ste
 it cannot start and finish another (the next collective waits for the dead peer). The window
 bounds how long an error waits: past it, the error stands as it did before.
 
-Why one module of ~550 lines: reading a chunk's marks (:func:`marks`, :class:`Clock`) and judging
+Why one module of ~690 lines: reading a chunk's marks (:func:`marks`, :class:`Clock`) and judging
 them (:class:`Survival`) share one contract, the per-rank counters held back before every waiting
 error and read only at their last line (p16r; ``DEFER_BEFORE``), which is what keeps replay's cost
 per line low; split apart, that contract would have to cross a module boundary on every chunk.
