@@ -133,24 +133,18 @@ def collect_block(data: bytes, start: int, final: bool) -> tuple[list[int], list
             texts.extend(text[cut:].rstrip("\r") for text in
                          b"\n".join(lines).decode("utf-8", errors="replace").split("\n"))
             pos = line_starts[-1] + len(lines[-1])
-            end = ends.end()
-            if end is not None:
-                return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), first_rank
-            if len(texts) >= MAX_BLOCK_LINES:
-                truncated = True
-                break
-            continue
-        pos = data.find(b"\n", s)
-        raw = data[s:] if pos < 0 else data[s:pos]
-        rank, text = fields.split_rank_prefix(fields.clean(raw))
-        if rank != first_rank:
-            continue
-        if stamped:
-            text = fields.strip_stamp_prefix(text)
-        if lead and text.startswith(lead):
-            text = text[len(lead):]
-        line_starts.append(s)
-        texts.append(text)
+        else:
+            pos = data.find(b"\n", s)
+            raw = data[s:] if pos < 0 else data[s:pos]
+            rank, text = fields.split_rank_prefix(fields.clean(raw))
+            if rank != first_rank:
+                continue
+            if stamped:
+                text = fields.strip_stamp_prefix(text)
+            if lead and text.startswith(lead):
+                text = text[len(lead):]
+            line_starts.append(s)
+            texts.append(text)
         end = ends.end()
         if end is not None:
             return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), first_rank
