@@ -140,7 +140,7 @@ _BAR = re.compile(r"[^|\n]{0,200}?(\d+)%\|[^|]*\| *([0-9.]+[kMGTP]?i?B?)/([0-9.]
 _DATASETS_UNIT = re.compile(r", *[0-9.?]+ ?(?:examples|ex)/s\]")
 #: A wait's timeout spelled out on its line (c10d's socket: ``timed out after 1800000ms``; later
 #: releases in seconds, ``The client socket has timed out after 1800s while trying to connect``).
-_AFTER_MS = re.compile(r"timed out after (\d+) ?(ms|s)\b")
+_TIMED_OUT_AFTER = re.compile(r"timed out after (\d+) ?(ms|s)\b")
 _OWN_FAULTS = frozenset({FailureClass.HARDWARE_NODE, FailureClass.OOM, FailureClass.USER_CODE})
 _LOGGED = ("keyword", "fault_code")
 
@@ -183,7 +183,7 @@ def _timeout_s(f: Finding) -> float | None:
     """The timeout a wait line gives (the watchdog's ``Timeout(ms)``, c10d's ``after <ms>ms``)."""
     if isinstance(f.fields.get("timeout_ms"), int):
         return f.fields["timeout_ms"] / 1000.0
-    m = _AFTER_MS.search(f.line)
+    m = _TIMED_OUT_AFTER.search(f.line)
     if m is None:
         return None
     return int(m.group(1)) / (1000.0 if m.group(2) == "ms" else 1.0)
