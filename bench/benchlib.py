@@ -151,10 +151,17 @@ def step_lines(count: int, ranks: int = 8, first: int = 1) -> list[bytes]:
     return out
 
 
-# the stamps the recorded failure runs carry: glog's (``E1121 11:02:23.661000``, torchelastic's
-# log lines) and torchelastic's failure summary (``time      : 2026-11-21_11:02:23``)
-_STAMPS = (re.compile(rb"^(?P<head>[IWEF])(?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)", re.M),
-           re.compile(rb"(?P<head>time\s+: )(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)_(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"))
+# the stamps the recorded failure runs carry: glog's (``E1121 11:02:23.661000`` at a line's start,
+# torchelastic's log lines; ``[W1127 07:30:17.368235521 ProcessGroupNCCL.cpp:1575]`` behind a rank
+# prefix, c10d's), torchelastic's failure summary (``time      : 2026-11-21_11:02:23``) and NCCL's
+# WARN lines (``[2026-11-27 07:30:17] host:pid:tid [0] bootstrap.cc:114 NCCL WARN``)
+# (each with the strftime form it is written in again)
+_STAMPS = ((re.compile(rb"(?P<head>(?:^|\]:\[|^\[)[IWEF])\d{4} (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)", re.M),
+            "%m%d %H:%M:%S"),
+           (re.compile(rb"(?P<head>time\s+: )\d{4}-\d\d-\d\d_(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)"),
+            "%Y-%m-%d_%H:%M:%S"),
+           (re.compile(rb"(?P<head>\[)\d{4}-\d\d-\d\d (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?=\])"),
+            "%Y-%m-%d %H:%M:%S"))
 
 
 def step_time(first: int, before: int, ranks: int = 8) -> float:
@@ -164,26 +171,29 @@ def step_time(first: int, before: int, ranks: int = 8) -> float:
     return (datetime.datetime(*STEP_BASE) + datetime.timedelta(seconds=first + before // ranks)).timestamp()
 
 
-def dated(failures: bytes, at: float) -> bytes:
-    """The recorded failure runs with their stamps (``_STAMPS``) moved to ``at`` (epoch seconds)
-    and on, their spacing kept: in a real log a failure happens at the time of the training around
-    it, not hours ahead of it (which kept every error waiting for progress through the whole unit)."""
+def dated(runs: list[bytes], at: float) -> bytes:
+    """The recorded failure runs, each with its stamps (``_STAMPS``) moved to ``at`` (epoch seconds)
+    and on, its own spacing kept, joined: in a real log a failure happens at the time of the
+    training around it, not hours or days ahead of it. (A stamp left where it was recorded, days
+    after the corpus's step clock, keeps its error waiting for progress through the whole corpus:
+    the pathology of a log whose clock runs back, which ``policy/waiting.py`` bounds, not a training
+    run; each run was recorded on its own day, so each is moved from its own first stamp.)"""
     import datetime
 
     def secs(m: re.Match) -> int:
         return int(m["h"]) * 3600 + int(m["mi"]) * 60 + int(m["s"])
-    found = [secs(m) for rx in _STAMPS for m in rx.finditer(failures)]
-    if not found:
-        return failures
-    zero = min(found)
-
-    def shift(m: re.Match) -> bytes:
-        t = datetime.datetime.fromtimestamp(at + secs(m) - zero)
-        text = t.strftime("%Y-%m-%d_%H:%M:%S") if "y" in m.groupdict() else t.strftime("%m%d %H:%M:%S")
-        return m["head"] + text.encode()
-    for rx in _STAMPS:
-        failures = rx.sub(shift, failures)
-    return failures
+    out = []
+    for run in runs:
+        found = [secs(m) for rx, _ in _STAMPS for m in rx.finditer(run)]
+        if not found:
+            out.append(run)
+            continue
+        zero = min(found)
+        for rx, form in _STAMPS:
+            run = rx.sub(lambda m, form=form, zero=zero: m["head"] + datetime.datetime.fromtimestamp(
+                at + secs(m) - zero).strftime(form).encode(), run)
+        out.append(run)
+    return b"".join(out)
 
 
 def build_corpus(path: Path, lines: int, hit_share: float = 0.01, step_share: float = 0.28) -> dict:
@@ -199,7 +209,8 @@ def build_corpus(path: Path, lines: int, hit_share: float = 0.01, step_share: fl
     from ftwatch.rules.stragglers import StepTracker
     golden = ROOT / "tests" / "golden"
     logs = sorted(p for p in golden.rglob("*") if p.suffix in (".log", ".err", ".out"))
-    failures = b"".join(p.read_bytes() for p in logs if "clean" not in p.parent.name)
+    runs = [p.read_bytes() for p in logs if "clean" not in p.parent.name]
+    failures = b"".join(runs)
     quiet_all = b"".join(p.read_bytes() for p in logs if "clean" in p.parent.name).splitlines()
     matcher = Engine(load_rules()).matcher
     hit_starts = {s for s, _ in matcher.scan(failures)}
@@ -233,7 +244,7 @@ def build_corpus(path: Path, lines: int, hit_share: float = 0.01, step_share: fl
             cut = len(body) // 2
             before = sum(1 for line in body[:cut] if line.startswith(b"[rank") and b" iteration " in line)
             at = step_time(first=1 + u * (steps_n // 8 + 1), before=before)
-            fh.write(b"\n".join(body[:cut]) + b"\n" + dated(failures, at) + b"\n".join(body[cut:]) + b"\n")
+            fh.write(b"\n".join(body[:cut]) + b"\n" + dated(runs, at) + b"\n".join(body[cut:]) + b"\n")
     data = path.read_bytes()
     n = data.count(b"\n")
     return {"lines": n, "bytes": len(data), "hit_lines": len(hit_starts) * units, "step_lines": steps_n * units}
