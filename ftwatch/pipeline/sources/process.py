@@ -6,11 +6,15 @@ the next read, and flushed (with a ``b"\\n"`` added) at EOF or when it grows pas
 
 Hand-overs of a busy stream are ``LINGER`` apart (issue 16 item 4): the monitor's cost is mostly
 per hand-over (each wakes ``ftwatch run``'s loop and goes through the engine and the step tap as
-one chunk), so at 10,000 lines/s over 3 workers 10 ms apart cost ~6 % of a core and 30 ms apart
-~3 %. A line of a quiet stream goes out at once (its read is the first since the last hand-over);
-one of a busy stream waits at most ``LINGER``, less when its writers all close the pipe (a worker
+one chunk: ~0.1 ms of Python for 100 lines in a tight loop, several times that between other
+threads' work), so at 10,000 lines/s over 3 workers (``bench/bench_run.py``, 2 cores, 2026-11-27)
+hand-overs 30 ms apart cost 5.5-6.5 % of a core, 60 ms apart 4.5-5 % and 80 ms apart 3.5-3.7 %.
+A line of a quiet stream goes out at once (its read is the first since the last hand-over); one
+of a busy stream waits at most ``LINGER``, less when its writers all close the pipe (a worker
 that printed its last words and exited): the linger waits on the pipe's hang-up, not a plain
-sleep, so those words are not held back.
+sleep, so those words are not held back. The 80 ms a busy rank's error line may wait is inside
+the decision's goal (error line to decision within 100 ms plus the settle bound; the bench's
+"every rank reports" case: p99 67 ms).
 
 :class:`Started` is the matching "a worker process was started" event. The supervisor
 (``ftwatch.pipeline.sources.supervisor``) spawns the processes and calls :func:`start_readers`.
@@ -29,7 +33,7 @@ from typing import IO, Any, Callable
 from ftwatch.events import Origin
 
 READ_SIZE = 65536          # bytes per os.read
-LINGER = 0.03              # seconds: a busy stream's hand-overs are at least this far apart
+LINGER = 0.08              # seconds: a busy stream's hand-overs are at least this far apart (module doc)
 MAX_LINE = 8 * 1024 * 1024  # a "line" longer than this (bytes) is handed over with a b"\n" added
 
 
