@@ -70,9 +70,8 @@ from ftwatch.parsers import linefacts
 from ftwatch.parsers.grammars.conditions import (And, Compare, ConditionSyntaxError, Expr, Not, Or, Text,
                                                  parse_condition)
 from ftwatch.rules import faultcodes
-from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern
-from ftwatch.rules.patterns import _re2_compile, _re2_options, _translate
+from ftwatch.rules.patterns import _BadPattern, _re2_compile, _re2_options, _translate
 
 __all__ = ["Condition", "ConditionError", "compile_condition", "FIELDS"]
 
@@ -131,7 +130,9 @@ def compile_condition(text: str, caseless: bool = False) -> Condition:
 
     Raises:
         ConditionError: a syntax error (with its column), an unknown field, group or value, an
-            operator the field does not support, or a text term the matcher cannot compile.
+            operator the field does not support, or a text term outside the shared subset or
+            that RE2 cannot compile. (Hyperscan's side of a ``prefilter`` term is the rule
+            loader's to check, with the rest of its file's patterns.)
     """
     try:
         expr = parse_condition(text)
@@ -142,10 +143,37 @@ def compile_condition(text: str, caseless: bool = False) -> Condition:
     prefilter = None if required is None else tuple(
         dict.fromkeys(Pattern(t.value, regex=t.kind == "regex", caseless=caseless) for t in required))
 
-    def predicate(raw: bytes, origin: Origin) -> bool:
-        return test(_Facts(raw, origin))
+    return Condition(text, expr, prefilter, LinePredicate(test, _texts_only(expr)))
 
-    return Condition(text, expr, prefilter, predicate)
+
+class LinePredicate:
+    """A compiled condition as ``predicate(raw_line, origin) -> bool``.
+
+    Attributes:
+        texts_only: the condition has only keyword and regex terms, so its answer is a function
+            of the raw line alone (not of the origin, a field or a table): ``ftwatch.rules.judge``
+            may remember a record's finding by its raw lines.
+    """
+
+    __slots__ = ("_test", "texts_only")
+
+    def __init__(self, test: _Test, texts_only: bool):
+        self._test = test
+        self.texts_only = texts_only
+
+    def __call__(self, raw: bytes, origin: Origin) -> bool:
+        return self._test(_Facts(raw, origin))
+
+
+def _texts_only(expr: Expr) -> bool:
+    """Whether ``expr`` holds keyword and regex terms only (no field comparison)."""
+    if isinstance(expr, Text):
+        return True
+    if isinstance(expr, Not):
+        return _texts_only(expr.operand)
+    if isinstance(expr, (And, Or)):
+        return all(_texts_only(e) for e in expr.operands)
+    return False
 
 
 # -- the prefilter ---------------------------------------------------------------------------
@@ -243,11 +271,18 @@ def _groups() -> dict[str, dict[str, frozenset]]:
 
 def _compile(expr: Expr, caseless: bool) -> _Test:
     if isinstance(expr, Text):
+        # The predicate runs on RE2 alone: a term is checked there (the shared subset, RE2's
+        # compile) and not on Hyperscan, which only a prefilter term meets, in the engine's
+        # database; the rule loader checks those with the file's patterns (one compile for the
+        # file, not one per term: 131 conditions' regexes took ~2.6 s, on every start, since a
+        # cached rule file compiles its conditions again, ``ftwatch.rules.rulecache``)
         pattern = Pattern(expr.value, regex=expr.kind == "regex", caseless=caseless)
-        problem = "empty pattern" if not expr.value.strip() else Matcher.check(pattern)
-        if problem:
-            raise ConditionError(f"{expr.kind} {expr.value!r}: {problem}")
-        search = _re2_compile(_translate(pattern), _re2_options()).search
+        if not expr.value.strip():
+            raise ConditionError(f"{expr.kind} {expr.value!r}: empty pattern")
+        try:
+            search = _re2_compile(_translate(pattern), _re2_options()).search
+        except _BadPattern as exc:
+            raise ConditionError(f"{expr.kind} {expr.value!r}: {exc}") from None
         return lambda f: search(f.raw) is not None
     if isinstance(expr, Not):
         inner = _compile(expr.operand, caseless)

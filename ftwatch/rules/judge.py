@@ -21,7 +21,7 @@ from typing import Sequence
 
 from dataclasses import replace
 
-from ftwatch.events import Action, FailureClass, Finding, ProcessExit, Record, Severity
+from ftwatch.events import Action, FailureClass, Finding, Origin, ProcessExit, Record, Severity
 from ftwatch.parsers import collective, multiline
 from ftwatch.rules import exceptions
 from ftwatch.rules.exceptions import ExceptionCatalog, ExceptionGrade
@@ -81,11 +81,15 @@ class Judge:
         self._exit_table: ExitCodeTable | None = None     # loaded on the first exit report
         # pattern ids of the rules whose finding depends on more than the record's text: a ``when:``
         # predicate reads the raw line and the origin, an exit report takes its rank into the origin
-        self._per_record = frozenset(i for i, o in enumerate(owner) if o >= 0 and (
+        # (a predicate of keyword and regex terms alone reads only the raw lines: ``_by_lines``)
+        self._by_lines = frozenset(i for i, o in enumerate(owner) if o >= 0 and rules[o].predicate is not None
+                                   and getattr(rules[o].predicate, "texts_only", False)
+                                   and "exit_report" not in rules[o].tags)
+        self._per_record = frozenset(i for i, o in enumerate(owner) if o >= 0 and i not in self._by_lines and (
             rules[o].predicate is not None or "exit_report" in rules[o].tags))
         #: (record text, pattern ids) -> the finding it made (origin, time, seq: the first record's)
         #: or None; see :meth:`judge`
-        self._judged: dict[tuple[str, frozenset[int]], Finding | None] = {}
+        self._judged: dict[tuple, Finding | None] = {}
         self._judged_chars = 0
 
     def _matching_line(self, lines: list[str], index: int) -> str | None:
@@ -128,22 +132,29 @@ class Judge:
         The same text hit by the same patterns is judged once (issue 16: every rank prints the
         same error, a job prints it every step; in the bench replay 83 % of the records are
         repeats): the finding is a function of the two, the record's origin, time and sequence
-        number aside, which the remembered finding takes from each record. Not for a record hit by
-        a rule with a ``when:`` predicate or an ``exit_report`` rule (they read the raw line and
-        the origin). At most ``JUDGED_MAX`` texts of ``JUDGED_CHARS`` characters in all are
+        number aside, which the remembered finding takes from each record. A record hit by a rule
+        whose ``when:`` has keyword and regex terms only (``LinePredicate.texts_only``: the CUDA
+        catalog's) is remembered with the raw lines that hit such a rule (the predicate reads them,
+        rank prefix and all); not at all one hit by a rule whose predicate reads fields or the
+        origin, or by an ``exit_report`` rule (it takes the line's rank into the origin). At
+        most ``JUDGED_MAX`` texts of ``JUDGED_CHARS`` characters in all (raw lines counted) are
         remembered (then forgotten all at once).
         """
         if ids & self._per_record:
             return self._judge(record, ids, data, lines)
-        key = (record.text, frozenset(ids))
+        key: tuple = (record.text, frozenset(ids))
+        if ids & self._by_lines:                 # the raw lines such a predicate reads join the key
+            by_lines = self._by_lines
+            key += tuple(line_at(data, start) for start, hit in lines if not by_lines.isdisjoint(hit))
         try:
             known = self._judged[key]
         except KeyError:
             known = self._judge(record, ids, data, lines)
-            self._judged_chars += len(record.text)
+            size = len(record.text) + sum(map(len, key[2:]))
+            self._judged_chars += size
             if len(self._judged) >= JUDGED_MAX or self._judged_chars > JUDGED_CHARS:
                 self._judged.clear()
-                self._judged_chars = len(record.text)
+                self._judged_chars = size
             self._judged[key] = known
             return known
         if known is None:
@@ -243,7 +254,7 @@ class Judge:
             if read:
                 return reported
         if CPP_WHAT_TAG in rule.tags:
-            if self._what_is_errno(line) or self._what_read_by_another(index, line):
+            if self._what_is_errno(line) or self._what_read_by_another(index, line, record.origin):
                 return None
         return Finding(rule.id, "keyword", rule.failure_class, rule.action, rule.severity,
                        record.origin, _cap(line), record.time, record.seq, _evidence(lines),
@@ -271,14 +282,28 @@ class Judge:
         return True, replace(found, rule_id=rule.id, line=_cap(line), evidence=_evidence(lines),
                              source=f"{rule.source}; {found.source}")
 
-    def _what_read_by_another(self, index: int, line: str) -> bool:
-        """Says whether a rule not tagged :data:`CPP_WHAT_TAG` hits the ``what()`` line itself: the
-        message is in a catalog, which grades it, even below this rule's priority (``CUDA error: driver
-        shutting down``, cudaErrorCudartUnloading, is a shutdown status there, no error: CUDA Runtime
-        API docs, enum cudaError). The ``what()`` rule reads only messages no catalog knows."""
-        owner = self._owner
-        return any(owner[i] >= 0 and owner[i] != index and CPP_WHAT_TAG not in self.rules[owner[i]].tags
-                   for i in self.matcher.match_text(line))
+    def _what_read_by_another(self, index: int, line: str, origin: Origin) -> bool:
+        """Says whether a rule not tagged :data:`CPP_WHAT_TAG` reads the ``what()`` line itself (one
+        of its patterns hits it and its ``when:`` predicate, if any, passes there): the message is in
+        a catalog, which grades it, even below this rule's priority (``CUDA error: driver shutting
+        down``, cudaErrorCudartUnloading, is a shutdown status there, no error: CUDA Runtime API
+        docs, enum cudaError). The ``what()`` rule reads only messages no catalog knows. (A rule
+        whose keyword hits but whose condition does not hold reads nothing: the CUDA catalog's
+        rules take the message as their keyword and its printed forms as their condition.)"""
+        owner, rules = self._owner, self.rules
+        raw = None
+        for i in self.matcher.match_text(line):
+            other = owner[i]
+            if other < 0 or other == index or CPP_WHAT_TAG in rules[other].tags:
+                continue
+            predicate = rules[other].predicate
+            if predicate is None:
+                return True
+            if raw is None:
+                raw = line.encode("utf-8", "surrogateescape")
+            if predicate(raw, origin):
+                return True
+        return False
 
     def _what_is_errno(self, line: str) -> bool:
         """Says whether the ``what()`` on ``line`` (:data:`CPP_WHAT_TAG`) is an errno's text by the

@@ -217,7 +217,7 @@ def _build_rule(item: LineDict, name: str, issues: list[Issue],
             else:
                 checks.append((pattern, Issue(name, line, f"{label}{key} {text!r}: ")))
                 patterns.append(pattern)
-    when, predicate = _condition(item, caseless, patterns, label, bad)
+    when, predicate = _condition(item, caseless, patterns, label, bad, name, checks)
     if "keywords" not in item and "regex" not in item and "when" not in item:
         bad("id", f"{label}no patterns: give 'keywords', 'regex' and/or 'when'")
     elif not patterns and len(issues) == before:
@@ -255,11 +255,14 @@ def _build_rule(item: LineDict, name: str, issues: list[Issue],
     )
 
 
-def _condition(item: LineDict, caseless: bool, patterns: list[Pattern], label: str, bad):
+def _condition(item: LineDict, caseless: bool, patterns: list[Pattern], label: str, bad, name: str,
+               checks: list[tuple[Pattern, Issue]]):
     """The rule's ``when:`` (SPEC P4) compiled: (text, predicate), both empty when absent.
 
     Without ``keywords``/``regex`` the condition's positive terms become the rule's patterns
-    (appended to ``patterns``); a condition with none is an issue (it would run on every line).
+    (appended to ``patterns``, and to ``checks`` with the issue each makes if the file's pattern
+    check finds it bad: ``compile_condition`` checks a term on RE2 only); a condition with none
+    is an issue (it would run on every line).
     """
     if "when" not in item:
         return "", None
@@ -279,6 +282,9 @@ def _condition(item: LineDict, caseless: bool, patterns: list[Pattern], label: s
                         f"'regex:', or a keyword/regex term outside 'not'")
             return "", None
         patterns.extend(condition.prefilter)
+        line = item.line_of("when")
+        checks.extend((p, Issue(name, line, f"{label}when: {'regex' if p.regex else 'keyword'} {p.text!r}: "))
+                      for p in condition.prefilter)       # on Hyperscan too: they join its database
     return text, condition.predicate
 
 

@@ -92,3 +92,14 @@ def test_a_what_that_a_catalog_grades_is_left_to_it():
     assert not [f for f in found if f.rule_id == "cpp.uncaught_exception_what"]
     decision = replayed(abort_after(TERMINATE.format("c10::CUDAError"), "  what():  CUDA error: driver shutting down"))
     assert decision.action is Action.RESTART_JOB
+
+
+def test_a_what_whose_message_a_catalog_rule_only_keys_on_stays_the_programs():
+    """The CUDA catalog's rules take the runtime's message as their keyword and its printed forms
+    as their condition: a ``what()`` holding the words in no form the catalog reads (KataGo's own
+    ``CUDA Error, for <call>, ..., error unspecified launch failure``) is read by no catalog rule,
+    so the what() rule grades it."""
+    what = ("  what():  CUDA Error, for getOutput file cudabackend.cpp, func cudaMemcpy(a, b, n, "
+            "cudaMemcpyDeviceToHost), line 3016, error unspecified launch failure")
+    found = fed([TERMINATE.format("StringError"), what])
+    assert [f.rule_id for f in found if f.failure_class is not FailureClass.INFO] == ["cpp.uncaught_exception_what"]

@@ -218,6 +218,30 @@ def test_a_condition_beside_keywords_may_be_negative_only_and_a_when_only_rule_t
     assert alone.patterns == (Pattern("alpha", caseless=True), Pattern("beta+", regex=True, caseless=True))
 
 
+@pytest.mark.skipif(matcher_mod._hs is None, reason="needs hyperscan")
+def test_a_prefilter_term_hyperscan_rejects_is_reported_at_its_when_line_and_a_predicate_only_term_is_not(tmp_path):
+    """A condition's terms are checked on RE2 (the predicate runs there); a term that joins the
+    engine's database (a rule with only ``when:``) is checked on Hyperscan with the file's
+    patterns, at the ``when`` line. ``(?U)`` (ungreedy) is RE2's and not Hyperscan's."""
+    beside = """\
+        - id: t.beside
+          keywords: ["alpha"]
+          when: 'regex "(?U)al+pha"'
+          class: user_code
+          action: fail_job
+        """
+    [rule] = load_rules([_write(tmp_path, beside)], builtin=False)
+    assert rule.predicate(b"x allpha y", Origin("w")) and not rule.predicate(b"x apha y", Origin("w"))
+    alone = """\
+        - id: t.alone
+          when: 'regex "(?U)be+ta"'
+          class: user_code
+          action: fail_job
+        """
+    [(line, message)] = _issues(_write(tmp_path, beside.rstrip(" ") + alone))
+    assert line == 8 and "t.alone" in message and "Hyperscan" in message
+
+
 def test_when_must_be_a_string(tmp_path):
     path = _write(tmp_path, """\
         - id: t.list

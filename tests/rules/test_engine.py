@@ -589,3 +589,23 @@ def test_a_rule_whose_condition_reads_the_origin_is_judged_for_each_record(tmp_p
             for rank in (1, 2, 1, 2)]
 
     assert [len(found) for found in made] == [0, 1, 0, 1]
+
+
+def test_a_rule_whose_condition_reads_only_text_is_judged_by_the_raw_lines_it_reads(tmp_path):
+    """A ``when:`` of regex terms alone (the CUDA catalog's) reads the raw line, rank prefix and
+    all: the same record text behind two prefixes is remembered apart (one judged text, one finding
+    per prefix that passes)."""
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n"
+                    "  - id: test.rank_two_prefix\n"
+                    "    keywords: ['fell over']\n"
+                    "    when: 'regex \"^\\[rank2\\]: \"'\n"
+                    "    class: user_code\n"
+                    "    action: fail_job\n")
+    [rule] = load_rules([path], builtin=False)
+    assert rule.predicate.texts_only
+    engine = Engine([rule])
+
+    made = [engine.feed(COMBINED, f"[rank{rank}]: it fell over\n".encode(), T0) for rank in (1, 2, 1, 2)]
+
+    assert [[f.rank for f in found] for found in made] == [[], [2], [], [2]]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ftwatch.events import Action, FailureClass
+from ftwatch.events import Action, FailureClass, Origin
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.loader import builtin_pack_files, load_rules
 from ftwatch.rules.matcher import Matcher
@@ -44,9 +44,12 @@ def _matcher() -> tuple[Matcher, list[int]]:
 
 
 def _winner(record: str) -> Rule:
-    """The rule the engine would pick for a record: highest priority, then most drastic action."""
+    """The rule the engine would pick for a record: highest priority, then most drastic action,
+    of the rules that read one of its lines (a pattern hits it and the rule's ``when:`` holds there)."""
     matcher, owner = _matcher()
-    hit = {owner[i] for i in matcher.match_text(record)}
+    origin = Origin("test")
+    hit = {owner[i] for line in record.split("\n") for i in matcher.match_text(line)
+           if BUILTIN[owner[i]].predicate is None or BUILTIN[owner[i]].predicate(line.encode(), origin)}
     assert hit, f"no rule hits {record!r}"
     return max((BUILTIN[i] for i in hit), key=lambda r: (r.priority, int(r.action)))
 
