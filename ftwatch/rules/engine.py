@@ -35,6 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
 from ftwatch.rules import batches
@@ -75,6 +76,21 @@ class EngineStats:
     findings: int = 0
 
 
+def _rule_error(exc: ValueError, rules: Sequence[Rule], owner: Sequence[int]) -> Exception:
+    """The matcher's refusal of the engine's patterns (``pattern <i>: <text>: <why>``) as a
+    ``RuleError`` at the ``file:line`` of the rule that pattern is one of (a built-in pack's
+    patterns are checked on Hyperscan only here, ``ftwatch.rules.loader.rules_from_text``); the
+    ``ValueError`` itself for a pattern of no rule (a block start, a fault-code candidate) or a
+    refusal of the whole set."""
+    m = re.match(r"pattern (\d+): (.*)", str(exc), re.DOTALL)
+    index = int(m.group(1)) if m else -1
+    if not 0 <= index < len(owner) or owner[index] < 0:
+        return exc
+    rule = rules[owner[index]]
+    name, _, line = rule.location.rpartition(":")
+    return RuleError([Issue(name, int(line) if line.isdigit() else 0, f"rule {rule.id!r}: {m.group(2)}")])
+
+
 class Engine:
     """Turns raw output chunks into Findings.
 
@@ -90,6 +106,11 @@ class Engine:
 
     Not thread-safe: one engine is fed from one thread (the runner's loop); engines sharing a
     database through ``like`` share its Hyperscan scratch, so feed them from one thread too.
+
+    Raises:
+        RuleError: a rule's pattern that the matcher rejects, at the rule's ``file:line`` (the
+            built-in packs are checked on Hyperscan here, in the one compile of the database).
+        ValueError: the matcher rejects the set as a whole (``Matcher``).
     """
 
     def __init__(self, rules: Sequence[Rule], tables: FaultTables | None = None, year: int | None = None,
@@ -143,7 +164,10 @@ class Engine:
         patterns.extend(FaultTables.PATTERNS)
         owner.extend([-2] * len(FaultTables.PATTERNS))
         self._owner = owner
-        self.matcher = Matcher(patterns)
+        try:
+            self.matcher = Matcher(patterns)
+        except ValueError as exc:
+            raise _rule_error(exc, rules, owner) from None
         self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
 
     def add_rules(self, rules: Sequence[Rule]) -> list[str]:

@@ -315,16 +315,21 @@ class Matcher:
         return "re2" if _hs is None else f"re2+hyperscan {getattr(_hs, '__version__', '?')}"
 
     @staticmethod
-    def check_many(patterns: Sequence[Pattern]) -> list[str | None]:
+    def check_many(patterns: Sequence[Pattern], hyperscan: bool = True) -> list[str | None]:
         """``check`` for many patterns at once (the rule loader's): RE2 per pattern, then one
         Hyperscan compile of all that passed (none when the cache has seen this set valid);
         only when that fails is the set halved to find the patterns Hyperscan rejects.
+
+        Args:
+            patterns: the patterns.
+            hyperscan: False: RE2's side only (the built-in packs: their Hyperscan side is the
+                engine's compile, ``ftwatch.rules.loader.load_rules``).
 
         Returns:
             Per pattern, an error message or None.
         """
         out = [_check_re2(p) for p in patterns]
-        if _hs is None:
+        if _hs is None or not hyperscan:
             return out
         index = [i for i, problem in enumerate(out) if problem is None]
         if not index:

@@ -151,7 +151,7 @@ def test_a_backlog_is_resolved_as_it_is_taken_and_ingested_as_its_batches_would_
     w.queue.put(list(plain))
     w.queue.put(carried)
     merged = w.next_batch(0.0)
-    assert isinstance(merged, GroupedBacklog) and merged.resolved and merged.batches == [carried]
+    assert isinstance(merged, GroupedBacklog) and merged.batches == [carried]
     assert merged.groups == group_lines(resolve(plain + tail)) and calls == [len(plain), len(tail)]
     assert list(merged.groups) == [resolve([pod[0]]).__next__()[0] for pod in pods]      # in order of first line
     assert len(merged) == len(plain + tail)

@@ -126,3 +126,35 @@ def test_the_cache_keeps_the_newest_databases_only(cache, monkeypatch):
     monkeypatch.setattr(diskcache, "CACHE_BYTES", 1)
     Matcher([Pattern("the last one")])
     assert len(list(cache.glob("*.hsdb"))) == 1            # over the byte budget: only the newest stays
+
+
+@needs_hs
+def test_the_built_in_packs_are_compiled_once_with_the_engine_and_a_users_file_is_checked_with_its_own(
+        tmp_path, cache, compiles):
+    """Validated and compiled once (issue 16): with an empty cache the built-in packs load with no
+    Hyperscan compile of their own (RE2's side is checked; Hyperscan's is the engine's one database),
+    a user's rule file is still checked at load (its problems name their own lines)."""
+    from ftwatch.rules.engine import Engine
+    user = tmp_path / "mine.yaml"
+    user.write_text("rules:\n  - id: team.thing\n    regex: ['thing [0-9]+ broke']\n"
+                    "    class: user_code\n    action: fail_job\n", encoding="utf-8")
+    rules = load_rules([user])
+    assert compiles == [1]                               # the user's file alone
+    Engine(rules)
+    assert len(compiles) == 2 and compiles[1] > len(rules)   # then the engine's whole database
+
+
+@needs_hs
+def test_a_pattern_the_engines_compile_rejects_names_its_rules_file_and_line():
+    """A built-in pack's pattern is checked on Hyperscan only by the engine's compile: one it
+    rejects is a RuleError at its rule's file:line (``(?U)``: RE2's, not Hyperscan's)."""
+    from ftwatch.events import Action, FailureClass
+    from ftwatch.rules.engine import Engine
+    from ftwatch.rules.model import Rule
+    rules = [Rule("t.fine", (Pattern("fine"),), FailureClass.INFO, Action.NOTIFY, location="packs/a.yaml:3"),
+             Rule("t.bad", (Pattern(r"(?U)ba+d", regex=True),), FailureClass.USER_CODE, Action.FAIL_JOB,
+                  location="packs/a.yaml:9")]
+    with pytest.raises(RuleError) as info:
+        Engine(rules)
+    [issue] = info.value.issues
+    assert (issue.file, issue.line) == ("packs/a.yaml", 9) and "t.bad" in issue.message and "Hyperscan" in issue.message

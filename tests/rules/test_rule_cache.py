@@ -34,7 +34,8 @@ def parses(monkeypatch):
     """Counts full loads of a rule file (``rules_from_text``: YAML parse and every check)."""
     calls: list[str] = []
     real = loader.rules_from_text
-    monkeypatch.setattr(loader, "rules_from_text", lambda text, name, issues: calls.append(name) or real(text, name, issues))
+    monkeypatch.setattr(loader, "rules_from_text",
+                        lambda text, name, issues, **kw: calls.append(name) or real(text, name, issues, **kw))
     return calls
 
 

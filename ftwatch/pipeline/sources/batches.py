@@ -57,10 +57,7 @@ class GroupedBacklog:
             first line (:func:`group_lines` of the batches' resolved lines, in queue order).
         taken: how many Shipped the batches held (their lines may be fewer: split lines
             joined, partial ones held back).
-        resolved: True (``ingest`` resolves nothing again).
     """
-
-    resolved = True
 
     def __init__(self, batches: list[list[Shipped]], groups: dict[Origin, tuple[list[bytes], float]],
                  taken: int, lines: int):
