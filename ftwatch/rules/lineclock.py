@@ -36,7 +36,16 @@ class LineClock:
         self.marks = [0]                                              # offsets asked, sorted
         self.before: dict[int, tuple[int, float] | None] = {0: None}  # -> the last stamp before it
         self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
-        self.plain = data.isascii() and b"\x1b" not in data
+        self._plain: bool | None = None
+
+    @property
+    def plain(self) -> bool:
+        """The chunk is ASCII without an escape; found at the first line asked that holds no time
+        of day (two passes over the chunk, ~0.1 ms a MiB: most chunks are asked nothing, a step
+        line that states its own duration needs no time, issue 16)."""
+        if self._plain is None:
+            self._plain = self.data.isascii() and b"\x1b" not in self.data
+        return self._plain
 
     @property
     def keeps_chunk(self) -> bool:
