@@ -45,7 +45,7 @@ from ftwatch.rules.exceptions import ExceptionCatalog
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.judge import Judge
 from ftwatch.rules.lineclock import LineClock
-from ftwatch.rules.matcher import Matcher
+from ftwatch.rules.matcher import Matcher, PatternError
 from ftwatch.rules.model import Pattern, Rule, StepTap
 
 __all__ = ["BLOCK_START_PATTERNS", "MAX_BLOCK_LINES", "MAX_CARRY_BYTES", "Engine", "EngineStats"]
@@ -76,19 +76,16 @@ class EngineStats:
     findings: int = 0
 
 
-def _rule_error(exc: ValueError, rules: Sequence[Rule], owner: Sequence[int]) -> Exception:
-    """The matcher's refusal of the engine's patterns (``pattern <i>: <text>: <why>``) as a
-    ``RuleError`` at the ``file:line`` of the rule that pattern is one of (a built-in pack's
-    patterns are checked on Hyperscan only here, ``ftwatch.rules.loader.rules_from_text``); the
-    ``ValueError`` itself for a pattern of no rule (a block start, a fault-code candidate) or a
-    refusal of the whole set."""
-    m = re.match(r"pattern (\d+): (.*)", str(exc), re.DOTALL)
-    index = int(m.group(1)) if m else -1
-    if not 0 <= index < len(owner) or owner[index] < 0:
+def _rule_error(exc: PatternError, rules: Sequence[Rule], owner: Sequence[int]) -> Exception:
+    """The matcher's refusal of one of the engine's patterns as a ``RuleError`` at the ``file:line``
+    of the rule that pattern is one of (a built-in pack's patterns are checked on Hyperscan only
+    here, ``ftwatch.rules.loader.rules_from_text``); ``exc`` itself for a pattern of no rule (a
+    block start, a fault-code candidate)."""
+    if not 0 <= exc.index < len(owner) or owner[exc.index] < 0:
         return exc
-    rule = rules[owner[index]]
+    rule = rules[owner[exc.index]]
     name, _, line = rule.location.rpartition(":")
-    return RuleError([Issue(name, int(line) if line.isdigit() else 0, f"rule {rule.id!r}: {m.group(2)}")])
+    return RuleError([Issue(name, int(line) if line.isdigit() else 0, f"rule {rule.id!r}: {exc.reason}")])
 
 
 class Engine:
@@ -166,7 +163,7 @@ class Engine:
         self._owner = owner
         try:
             self.matcher = Matcher(patterns)
-        except ValueError as exc:
+        except PatternError as exc:
             raise _rule_error(exc, rules, owner) from None
         self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
 

@@ -106,6 +106,15 @@ def _hs_first_error(exprs: Sequence[_Expr]) -> tuple[int, str] | None:
     return None
 
 
+class PatternError(ValueError):
+    """A pattern the matcher refuses: ``index`` in the patterns given, ``reason`` its text and why;
+    ``str()`` is ``pattern <index>: <reason>``."""
+
+    def __init__(self, index: int, reason: str):
+        super().__init__(f"pattern {index}: {reason}")
+        self.index, self.reason = index, reason
+
+
 MATCH_TEXT_CACHE = 4096  # texts whose match_text answers a Matcher keeps
 MATCH_TEXT_CHARS = 2048  # longer texts are scanned each time (a cache of them could hold megabytes)
 _SURE_LITERAL = 4096    # bytes of a literal's escaped form that RE2 surely compiles
@@ -242,7 +251,7 @@ class Matcher:
                 available.
 
         Raises:
-            ValueError: ``pattern {i}: {text!r}: {reason}`` for the first pattern that is invalid
+            PatternError (a ValueError): ``pattern {i}: {text!r}: {reason}`` for the first pattern that is invalid
                 on either engine (checked on both whenever hyperscan is installed, whichever
                 backend is used); a set too large for Hyperscan; an unknown backend name.
             ImportError: ``backend="hyperscan"`` where hyperscan is not installed.
@@ -305,7 +314,7 @@ class Matcher:
                     raise ValueError(f"patterns: Hyperscan cannot compile the set: {exc}") from None
         if bad is not None:
             i, reason = bad
-            raise ValueError(f"pattern {i}: {self.patterns[i].text!r}: {reason}")
+            raise PatternError(i, f"{self.patterns[i].text!r}: {reason}")
         return exprs, db
 
     @staticmethod
