@@ -25,6 +25,10 @@ Fault injection (``FTWATCH_INJECT_FAULT``, on rank ``FTWATCH_INJECT_RANK``, defa
 * ``shared_gpu``: no injection at a step; every rank uses device 0 (``FTWATCH_GPU_PER_RANK=0``),
   so with world size > 1 NCCL reports the ranks' duplicate device at the first collective.
 
+``FTWATCH_GPU_PER_RANK=local`` puts each rank on ``cuda:<LOCAL_RANK>`` as most training scripts do,
+with no modulo: more ranks per node than GPUs then fail in ``torch.cuda.set_device`` (``invalid
+device ordinal``), and a node that shows no GPU (``CUDA_VISIBLE_DEVICES=``) fails there too.
+
 With ``NCCL_DEBUG=INFO`` in the environment NCCL prints its set-up lines (a clean run's output).
 With ``FTWATCH_NO_FLUSH=1`` the trainer's lines are printed without a flush, so that under a pipe
 or file (and no ``-u`` / ``PYTHONUNBUFFERED``) they wait in standard output's buffer, as most
@@ -50,10 +54,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def device_for(local_rank: int) -> torch.device:
-    """The rank's GPU: its local rank modulo the devices seen, or device 0 for every rank when
-    ``FTWATCH_GPU_PER_RANK=0`` (ranks sharing a GPU, which NCCL refuses)."""
-    if os.environ.get("FTWATCH_GPU_PER_RANK", "1") == "0":
+    """The rank's GPU: its local rank modulo the devices seen; device 0 for every rank when
+    ``FTWATCH_GPU_PER_RANK=0`` (ranks sharing a GPU, which NCCL refuses); the local rank itself
+    when ``FTWATCH_GPU_PER_RANK=local`` (no check that such a device exists)."""
+    mode = os.environ.get("FTWATCH_GPU_PER_RANK", "1")
+    if mode == "0":
         return torch.device("cuda", 0)
+    if mode == "local":
+        return torch.device("cuda", local_rank)
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
