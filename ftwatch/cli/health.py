@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ftwatch.config.model import Config
-from ftwatch.config.supervisor import default_devices, parse_elastic_range
+from ftwatch.config.supervisor import default_devices, hidden_devices, parse_elastic_range
 from ftwatch.health.ftlog import FaultToleranceLog, ending, format_block, verdict
 from ftwatch.health.nodecheck import parse_range
 from ftwatch.cli.common import ArgumentParser
@@ -75,11 +75,12 @@ def cmd_bootcheck(argv: list[str]) -> int:
     state = Path(config.storage.state_dir)
     state.mkdir(parents=True, exist_ok=True)
     nproc = nproc or config.supervisor.nproc_range.max
-    devices = config.supervisor.devices or default_devices(nproc)
+    devices = config.supervisor.devices or (None if hidden_devices() else default_devices(nproc))
     started = time.time()
     results = run_checks(args.path or health.paths or [state], health.disk_test_bytes, health.disk_min_mb_s,
                          nproc, health.allreduce_check and not args.no_allreduce, health.allreduce_bytes,
-                         health.check_timeout, health.python, health.min_busbw_gbs, devices[:nproc])
+                         health.check_timeout, health.python, health.min_busbw_gbs,
+                         devices[:nproc] if devices else None)
     outcome = verdict(results)
     tail = ending(outcome)
     path = _write_log(config, None, args.job_id, "Bootchecking", started, results, tail)

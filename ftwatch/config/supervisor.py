@@ -64,20 +64,39 @@ def parse_elastic_range(value: int | str) -> ElasticRange:
 def default_devices(count: int, env: Mapping[str, str] | None = None) -> list[str]:
     """The devices a local job's slots map onto when the config names none.
 
-    ``CUDA_VISIBLE_DEVICES`` when set (non-empty), else ``ASCEND_RT_VISIBLE_DEVICES``, else
-    ``0 .. count-1`` (a CPU machine: model slots, so that an isolation is still real and visible
-    in the workers' environment).
+    ``CUDA_VISIBLE_DEVICES`` when it lists devices, else ``ASCEND_RT_VISIBLE_DEVICES``, else
+    ``0 .. count-1`` (a CPU machine, or one whose GPUs the environment hides (:func:`hidden_devices`):
+    model slots, so that an isolation is still real and visible in the workers' count).
 
     Args:
         count: how many devices to model without a visible-devices variable (the MAX workers).
         env: the environment to read (``os.environ`` when None).
     """
     env = os.environ if env is None else env
+    hidden = hidden_devices(env)
     for name in DEVICE_ENV:
         text = env.get(name, "").strip()
-        if text:
+        if text and name not in hidden:
             return [d.strip() for d in text.split(",") if d.strip()]
     return [str(i) for i in range(count)]
+
+
+def hidden_devices(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The visible-devices variables that the environment sets so that no GPU is visible, with
+    their values, which the workers must see unchanged (as torchrun passes them).
+
+    CUDA shows a process only the devices ``CUDA_VISIBLE_DEVICES`` lists, up to the first invalid
+    entry (NVIDIA CUDA C++ Programming Guide, "CUDA Environment Variables"): set but empty, or
+    with ``-1`` first, it hides every GPU, the usual way to make a job run on the CPU.
+
+    Returns:
+        ``{"CUDA_VISIBLE_DEVICES": value}`` for such a value, else ``{}``.
+    """
+    env = os.environ if env is None else env
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is not None and (not value.strip() or value.split(",")[0].strip() == "-1"):
+        return {"CUDA_VISIBLE_DEVICES": value}
+    return {}
 
 
 class SupervisorConfig(BaseModel):

@@ -284,16 +284,19 @@ def device_env(device: str | None, index: int | None = None) -> dict[str, str]:
 
 def torch_checks(world: int, nbytes: int, timeout: float, python: str | None = None,
                  min_busbw_gbs: float = 0.0, allreduce: bool = True,
-                 devices: Sequence[str] | None = None) -> list[CheckResult]:
+                 devices: Sequence[str] | None = None, missing: Sequence[str] = ()) -> list[CheckResult]:
     """Versions from a torch agent, then an all-reduce across ``world`` agents.
 
     Args:
         devices: the job's visible devices in slot order: agent ``i`` sees only ``devices[i]``
             (:func:`device_env`), so each slot tests its own device and never an isolated one.
+        missing: devices the GPU check found absent: an agent put on one sees no GPU and never
+            joins the group (each rank waits out ``timeout``), so the all-reduce is not tried.
 
     Returns:
         ``skipped`` when torch is absent (the agent's ``import torch`` raised ImportError, or the
-        interpreter cannot be started), when ``allreduce`` is False, or for one worker slot.
+        interpreter cannot be started), when ``allreduce`` is False, for one worker slot, or
+        when a slot's device is ``missing``.
         A probe that failed otherwise (a CUDA error, an agent that died: a broken driver) is a
         ``fail`` (``hardware_node`` / ``isolate_node``, seed 001), and no all-reduce is tried.
     """
@@ -320,6 +323,10 @@ def torch_checks(world: int, nbytes: int, timeout: float, python: str | None = N
             return results
         if world < 2:
             results.append(skipped("allreduce", "one worker slot: nothing to all-reduce with"))
+            return results
+        absent = [d for d in devs[:world] if d in missing]
+        if absent:
+            results.append(skipped("allreduce", f"no GPU for the slot(s) of device {','.join(absent)} (GPU Check)"))
             return results
         answers = run_group(agents, {"bytes": nbytes, "iters": 3, "gemm": 0}, timeout)
         results.append(_allreduce_result(answers, info["backend"], nbytes, min_busbw_gbs))
@@ -385,5 +392,6 @@ def run_checks(paths: Sequence[Path], disk_bytes: int, disk_min_mb_s: float, wor
     results += accel
     if all(r.status == "skipped" for r in accel):
         results.append(cpu_check())
-    results += torch_checks(world, allreduce_bytes, timeout, python, min_busbw_gbs, allreduce, devices)
+    results += torch_checks(world, allreduce_bytes, timeout, python, min_busbw_gbs, allreduce, devices,
+                            accel[0].fields.get("missing", ()) if accel[0].fields else ())
     return results

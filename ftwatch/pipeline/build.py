@@ -234,7 +234,7 @@ def build_run(config, command, job: str, recorder, *, engine=None, out=None, clo
                                 grace_period=sup.grace_period, master_addr=sup.master_addr,
                                 master_port=sup.master_port, env=env,
                                 record=WorkerRecord(state_dir, recorder.say))   # the next start reaps orphans
-    health = HealthChecks(config, recorder, job, node, slots.nproc, slots.active, steps=engine.steps)  # H1, H3
+    health = HealthChecks(config, recorder, job, node, slots.nproc, slots.checked, steps=engine.steps)  # H1, H3
     scene = Scene()
     actuator = LocalActuator(supervisor, control, controls, slots, scene, recorder, clock, job=job, mindcluster=mc,
                              restart_delay=sup.restart_delay, keep_scene_seconds=sup.keep_scene_seconds,

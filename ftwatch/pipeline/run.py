@@ -186,7 +186,7 @@ class JobRunner:
                 self.recorder.decision(decision)
                 return self.respond.end(decision, attempt)
             self.nproc = self.health.nproc = slots.nproc
-            self.health.devices = slots.active    # each check agent on its slot's device
+            self.health.devices = self.slots.checked or []   # each check agent on its slot's device
             blocking = self.health.bootcheck(attempt)     # H1: before every start and restart
             self.recorder.say(f"ftwatch: starting {self.nproc} workers (attempt {attempt}): {' '.join(self.command)}")
             if slots.isolated:
@@ -316,7 +316,7 @@ class JobRunner:
         id is that of the job's slot, or the finding is not the job's: stored only); returns the
         finding that opened an incident, if any."""
         found = self.engine.feed(self.host, data, self.clock.time())
-        mine, others = on_devices(found, self.parts.bus_ids, self.slots.active)
+        mine, others = on_devices(found, self.parts.bus_ids, self.slots.checked or [])
         self.recorder.findings(others)
         return self.desk.add(mine, self.clock.mono())
 

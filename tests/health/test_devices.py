@@ -24,6 +24,22 @@ def test_each_all_reduce_agent_sees_only_its_slots_device():
     assert by["allreduce"].fields["visible"] == ["5", "7"]
 
 
+def test_a_slot_whose_device_is_missing_skips_the_all_reduce_instead_of_waiting_it_out(monkeypatch):
+    """Recorded on an H200 (tools/gpu_capture.sh too_many_ranks: two slots on a one-GPU node): the
+    GPU check found device 1 missing, and the all-reduce then waited 60 s for the agent without a
+    GPU, at Bootcheck and again at Troubleshooting. A missing slot device skips the all-reduce."""
+    pytest.importorskip("torch")
+    from tests.health.test_bootcheck_faults import fake_pynvml
+    fake_pynvml(monkeypatch, count=1)
+    monkeypatch.setattr(bootcheck, "run_group", lambda *a, **k: pytest.fail("the all-reduce was tried"))
+    results = bootcheck.run_checks([], 0, 0.0, 2, True, 1 << 16, timeout=60, devices=["0", "1"])
+    by = {r.check: r for r in results}
+    assert by["gpu"].status == "fail" and by["gpu"].fields["missing"] == ["1"]
+    assert by["versions"].status == "ok"
+    assert by["allreduce"].status == "skipped"
+    assert by["allreduce"].lines == ("AllReduce Check: skipped: no GPU for the slot(s) of device 1 (GPU Check)",)
+
+
 def test_network_check_isolates_the_failed_slots_device_in_the_slots_store(tmp_path, monkeypatch):
     """Slot 1 (device d1) goes down in every check: d1 is isolated in the job's slots store, so the
     run's slots are d0, d2 (not the first two devices d0, d1); every agent saw its own device."""

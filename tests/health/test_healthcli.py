@@ -58,7 +58,7 @@ def test_run_with_network_check_and_elasticsearch_configured(tmp_path):
         "supervisor:\n  nproc_per_node: 2\n  restart_delay: 0\n"
         "health:\n  bootcheck: false\n  troubleshooting: false\n"
         "  nodecheck:\n    gemm_size: 64\n    allreduce_bytes: 4096\n")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": ""}
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")}
     proc = subprocess.run([sys.executable, "-m", "ftwatch", "run", "--config", str(config), "--job-id", "esjob",
                            "--network-check", "--", sys.executable, "-c", "print('worker ok')"],
                           capture_output=True, text=True, timeout=300, env=env)

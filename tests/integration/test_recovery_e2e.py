@@ -26,10 +26,22 @@ def events(job: Job, kind: str) -> list[dict]:
 
 
 def run(tmp: Path, flags: list[str], mode: str, nproc: int | str = 2, **env: str) -> Job:
+    """``ftwatch run`` of the recovery worker; no visible-devices variable unless ``env`` sets one
+    (the slots are then modelled devices 0..MAX-1)."""
     out = tmp / "out"
     out.mkdir(exist_ok=True)
-    full = {"RW_MODE": mode, "RW_DIR": str(out), "CUDA_VISIBLE_DEVICES": "", "ASCEND_RT_VISIBLE_DEVICES": "", **env}
+    full = {"RW_MODE": mode, "RW_DIR": str(out), "CUDA_VISIBLE_DEVICES": None, "ASCEND_RT_VISIBLE_DEVICES": None, **env}
     return Job(tmp, flags, WORKER, full, nproc=nproc)
+
+
+def test_gpus_hidden_by_the_environment_stay_hidden_across_an_isolation(tmp_path):
+    """CUDA_VISIBLE_DEVICES= (no GPU, as torchrun passes it): the workers see it empty at every
+    start, also after slot 1's Xid isolates a modelled device and the job goes on with one worker."""
+    job = run(tmp_path, ["--enable-job-restart=True"], "xid", nproc="1:2", CUDA_VISIBLE_DEVICES="", RW_BAD_SLOT="1")
+    assert job.wait() == 0, job.output
+    assert [d["action"] for d in job.decisions()] == ["isolate_node", "none"], job.output
+    starts = re.findall(r"world (\d) devices (\S*) start", job.output)
+    assert starts[:2] == [("2", ""), ("2", "")] and starts[2:] == [("1", "")], job.output
 
 
 def test_isolated_device_leaves_the_slots_and_the_job_finishes_with_fewer_workers(tmp_path):

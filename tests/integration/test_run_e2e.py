@@ -29,13 +29,14 @@ pytestmark = pytest.mark.slow
 class Job:
     """A running `ftwatch run` whose output is read line by line with arrival times."""
 
-    def __init__(self, tmp: Path, flags: list[str], command: list[str], env: dict[str, str], nproc: int = 2):
+    def __init__(self, tmp: Path, flags: list[str], command: list[str], env: dict[str, str | None], nproc: int = 2):
+        """``env`` is laid over this process's environment; a None value removes the variable."""
         self.decisions_file = tmp / "decisions.jsonl"
         self.state = tmp / "state"
         argv = [sys.executable, "-m", "ftwatch", "run", "--nproc-per-node", str(nproc),
                 "--state-dir", str(self.state), "--decisions-file", str(self.decisions_file),
                 "--grace-period", "3", *flags, "--", *command]
-        full_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        full_env = {k: v for k, v in {**os.environ, **env, "PYTHONUNBUFFERED": "1"}.items() if v is not None}
         self.proc = subprocess.Popen(argv, cwd=tmp, env=full_env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace")
         self.lines: list[tuple[float, str]] = []

@@ -131,6 +131,23 @@ def test_default_devices_from_the_environment_else_modelled_slots():
     assert default_devices(3, {"CUDA_VISIBLE_DEVICES": "4,5"}) == ["4", "5"]
     assert default_devices(3, {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}) == ["0", "1", "2", "3"]
     assert default_devices(3, {"CUDA_VISIBLE_DEVICES": ""}) == ["0", "1", "2"]
+    assert default_devices(3, {"CUDA_VISIBLE_DEVICES": "-1", "ASCEND_RT_VISIBLE_DEVICES": "4,5"}) == ["4", "5"]
+
+
+@pytest.mark.parametrize("value", ["", "-1", "-1,0"])
+def test_an_environment_that_hides_every_gpu_keeps_it_for_the_workers_and_the_checks(tmp_path, value):
+    """Recorded on an H200 (tools/gpu_capture.sh no_gpu): torchrun with CUDA_VISIBLE_DEVICES= gave
+    the worker no GPU, but ftwatch run exported its modelled slot 0 and the job trained on GPU 0.
+    Hidden GPUs stay hidden: the slots are modelled (isolation still counts workers), the workers'
+    variable is the one set, and the checks' agents are put on no device."""
+    slots = Slots.for_job(tmp_path, "job", ElasticRange(1, 2), env={"CUDA_VISIBLE_DEVICES": value})
+    assert slots.active == ["0", "1"] and slots.nproc == 2
+    assert slots.env() == {"CUDA_VISIBLE_DEVICES": value, "ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+    assert slots.checked is None
+    slots.isolate("1", rank=1, rule="xid.79")
+    assert slots.nproc == 1 and slots.env()["CUDA_VISIBLE_DEVICES"] == value
+    shown = Slots.for_job(tmp_path, "job2", ElasticRange(1, 2), env={"CUDA_VISIBLE_DEVICES": "2,3"})
+    assert shown.env()["CUDA_VISIBLE_DEVICES"] == "2,3" and shown.checked == ["2", "3"]
 
 
 def test_isolating_shrinks_the_job_then_fails_below_min_and_persists(tmp_path):

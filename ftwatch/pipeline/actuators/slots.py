@@ -5,7 +5,9 @@ Slot ``i`` is ``LOCAL_RANK i``, which uses the ``i``-th entry of the workers' vi
 (torchrun's convention: every worker sees the same ``CUDA_VISIBLE_DEVICES`` and picks
 ``cuda:LOCAL_RANK``). The list is the healthy devices in order, at most MAX of them; isolating a
 device drops it, so the next start has one worker fewer (``WORLD_SIZE`` follows) unless a spare
-device fills the slot. Fewer healthy devices than MIN: the job cannot go on.
+device fills the slot. Fewer healthy devices than MIN: the job cannot go on. Where the environment
+hides every GPU (``CUDA_VISIBLE_DEVICES=`` or ``-1``: ``ftwatch.config.supervisor.hidden_devices``),
+the slots are modelled and the workers see the variable as it was set.
 
 The isolated devices persist for the job in ``<state_dir>/isolation/<job>.json`` (atomic writes,
 the budgets' lifecycle: a file whose job is still ``running`` is continued by a restarted ftwatch,
@@ -25,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from ftwatch.config.supervisor import DEVICE_ENV, ElasticRange, default_devices
+from ftwatch.config.supervisor import DEVICE_ENV, ElasticRange, default_devices, hidden_devices
 from ftwatch.errors import ConfigError, Issue
 from ftwatch.policy.plan import Exclusion, SlotFacts
 
@@ -40,12 +42,15 @@ class Slots:
         nproc: the elastic range of workers.
         path: the persistence file, or None (kept in memory only).
         job: the job id.
+        hidden: visible-devices variables set to hide every GPU (``hidden_devices``): the workers
+            and the health checks' agents keep these values.
 
     Raises:
         ConfigError: fewer devices than MIN, or a device listed twice.
     """
 
-    def __init__(self, devices: list[str], nproc: ElasticRange, path: Path | None = None, job: str = "local"):
+    def __init__(self, devices: list[str], nproc: ElasticRange, path: Path | None = None, job: str = "local",
+                 hidden: Mapping[str, str] | None = None):
         if len(set(devices)) != len(devices):
             raise ConfigError(Issue("<config>", 0, f"supervisor.devices lists a device twice: {devices}"))
         if len(devices) < nproc.min:
@@ -53,6 +58,7 @@ class Slots:
                                                    f"{nproc.min} devices, only {len(devices)} known: {devices} (supervisor.devices, "
                                                    "else CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES)"))
         self.devices, self.range, self.path, self.job = list(devices), nproc, path, job
+        self.hidden = dict(hidden or {})
         self.isolated: dict[str, dict[str, Any]] = {}
         self.status = "running"
         if path is not None:
@@ -61,10 +67,11 @@ class Slots:
     @classmethod
     def for_job(cls, state_dir: Path | str, job: str, nproc: ElasticRange, devices: list[str] | None = None,
                 env: Mapping[str, str] | None = None) -> "Slots":
-        """Slots persisted at ``<state_dir>/isolation/<job>.json``; ``devices`` None: ``default_devices``."""
+        """Slots persisted at ``<state_dir>/isolation/<job>.json``; ``devices`` None: ``default_devices``.
+        ``env`` (``os.environ`` when None) also says which devices it hides (``hidden_devices``)."""
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", job) or "_"
         devs = list(devices) if devices else default_devices(nproc.max, env)
-        return cls(devs, nproc, Path(state_dir) / "isolation" / f"{safe}.json", job)
+        return cls(devs, nproc, Path(state_dir) / "isolation" / f"{safe}.json", job, hidden_devices(env))
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -97,10 +104,17 @@ class Slots:
         """The device slot ``local_rank`` uses now (None for an unknown rank)."""
         return self.facts().device_of(local_rank)
 
+    @property
+    def checked(self) -> list[str] | None:
+        """The devices the health checks put their agents on (``active``), or None where the
+        environment hides every GPU: the agents then see what the workers see."""
+        return None if self.hidden else self.active
+
     def env(self) -> dict[str, str]:
-        """The workers' visible-devices variables (CUDA and Ascend), the healthy active devices."""
+        """The workers' visible-devices variables (CUDA and Ascend): the healthy active devices,
+        except a variable that hides every GPU, kept as it was set."""
         value = ",".join(self.active)
-        return {name: value for name in DEVICE_ENV}
+        return {name: self.hidden.get(name, value) for name in DEVICE_ENV}
 
     def describe(self) -> str:
         """``devices 0,2 (isolated: 1 by xid.79)``, for the terminal and decisions."""
