@@ -80,7 +80,7 @@ def cmd_bootcheck(argv: list[str]) -> int:
     results = run_checks(args.path or health.paths or [state], health.disk_test_bytes, health.disk_min_mb_s,
                          nproc, health.allreduce_check and not args.no_allreduce, health.allreduce_bytes,
                          health.check_timeout, health.python, health.min_busbw_gbs,
-                         devices[:nproc] if devices else None)
+                         devices[:nproc] if devices else None, health.gpu_in_use)
     outcome = verdict(results)
     tail = ending(outcome)
     path = _write_log(config, None, args.job_id, "Bootchecking", started, results, tail)

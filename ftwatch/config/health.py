@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -128,6 +129,10 @@ class HealthConfig(BaseModel):
     disk_min_mb_s: float = Field(50.0, ge=0, description="A write slower than this (MB/s) warns: a slow "
                                  "disk does not block (seed 001). 50: under a tenth of the healthy writes in seed "
                                  "001's log (630-726 MB/s) and below one spinning disk's sequential write.")
+    gpu_in_use: Literal["fail", "warn", "off"] = Field(
+        "fail", description="A live process other than ftwatch's own workers on one of the job's GPUs at a check: fail (the node "
+        "blocks: hardware_node, isolate_node), warn (notify only: GPUs shared on purpose) or off. "
+        "Source: facebookresearch/gcm's running_procs health check (a real process is CRITICAL).")
     allreduce_check: bool = Field(True, description="All-reduce across the job's worker slots, with a bus "
                                   "bandwidth figure (gloo on CPU, NCCL on GPUs); needs torch.")
     allreduce_bytes: int = Field(4 << 20, gt=0, description="Bytes per all-reduce of the bandwidth figure.")

@@ -11,7 +11,8 @@ error of a check (a CUDA error, a driver/library version mismatch) is a failure.
 
 Verdicts (seed 001: hardware errors block, slow nodes do not): a disk that returns other bytes
 than were written, an I/O error, a configured path that does not exist (a missing mount), a GPU
-that NVML cannot reach, fewer GPUs than the job needs, or a broken CUDA / driver is
+that NVML cannot reach, fewer GPUs than the job needs, a GPU of the job that another process holds
+(``health.gpu_in_use``), or a broken CUDA / driver is
 ``hardware_node`` / ``isolate_node``; a failed all-reduce is ``retryable_infra`` / ``restart_job``; a slow disk or
 a low bus bandwidth is a ``straggler`` warning (``notify``).
 """
@@ -137,21 +138,32 @@ def disk_test(path: Path, nbytes: int, min_mb_s: float = 0.0) -> CheckResult:
     return CheckResult("disk", "ok", lines, fields=fields)
 
 
-def nvidia_check(expected: Sequence[str] | None = None) -> CheckResult:
-    """GPU count, type and driver through NVML, compared with the devices the job needs.
+def nvidia_check(expected: Sequence[str] | None = None, in_use: str = "fail") -> CheckResult:
+    """GPU count, type and driver through NVML, compared with the devices the job needs, and
+    whether another process already holds one of them.
 
     Args:
         expected: the job's visible devices (``CUDA_VISIBLE_DEVICES`` entries: indices or
-            ``GPU-<uuid>``), or None to compare with nothing.
+            ``GPU-<uuid>``), or None to compare with nothing (and no GPU is known to be the job's).
+        in_use: what a live process on one of the job's GPUs is, other than this process and its
+            descendants (the job's workers, which an instance restart's check runs beside):
+            ``fail``, ``warn`` or ``off`` (``health.gpu_in_use``). NVML's compute processes
+            (``nvmlDeviceGetComputeRunningProcesses``) whose PID this machine shows, as
+            facebookresearch/gcm's ``running_procs`` health check reads them (CRITICAL for a real
+            process, a PID that is gone does not count): recorded on an H200, a process holding
+            the GPU's memory made the job's first CUDA call fail with ``CUDA error: out of
+            memory``, again on every restart on that node.
 
     Returns:
         ``skipped`` only where NVML is absent: no pynvml package, or no NVML library
         (``NVMLError_LibraryNotFound``: no NVIDIA driver installed). ``fail`` (``hardware_node`` /
         ``isolate_node``; seed 001: "硬件错误(如掉卡)将阻断任务") when NVML cannot start otherwise
         (driver not loaded, driver/library version mismatch), when a GPU cannot be reached
-        (``NVML_ERROR_GPU_IS_LOST``: off the bus), or when fewer GPUs are there than the job
-        needs (a GPU fallen off the bus lowers the count). ``fields["device"]`` names the
-        device to isolate where it is known (``fields["missing"]``: all of them).
+        (``NVML_ERROR_GPU_IS_LOST``: off the bus), when fewer GPUs are there than the job
+        needs (a GPU fallen off the bus lowers the count), or when another process holds one of
+        the job's GPUs (``fields["in_use"]``: ``[device, pid, name, bytes]`` each).
+        ``fields["device"]`` names the device to isolate where it is known (``fields["missing"]``:
+        all of them).
     """
     try:
         import pynvml  # nvidia-ml-py
@@ -170,14 +182,19 @@ def nvidia_check(expected: Sequence[str] | None = None) -> CheckResult:
         count = pynvml.nvmlDeviceGetCount()
         driver = _text(pynvml.nvmlSystemGetDriverVersion())
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-        names, uuids, lost = [], set(), {}
+        names, uuids, lost, held = [], set(), {}, []
         for i in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 names.append(_text(pynvml.nvmlDeviceGetName(handle)))
-                uuids.add(_text(pynvml.nvmlDeviceGetUUID(handle)))
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                uuids.add(uuid)
             except Exception as exc:  # noqa: BLE001 - NVML_ERROR_GPU_IS_LOST: off the bus
                 lost[str(i)] = f"GPU {i}: {exc}"
+                continue
+            device = _job_device(i, uuid, expected)
+            if device is not None and in_use != "off":
+                held += [(device, *p) for p in _other_processes(pynvml, handle)]
     finally:
         pynvml.nvmlShutdown()
     lines = [f"GPU Number: {count}", f"Driver Version: {driver}",
@@ -194,12 +211,52 @@ def nvidia_check(expected: Sequence[str] | None = None) -> CheckResult:
         if gone or count < len(expected):
             failed.append(f"{count} GPU(s) here, the job needs {len(expected)} ({','.join(expected)})"
                           + (f"; missing: {','.join(gone)}" if gone else ""))
-    if failed:
+    busy = [f"GPU {d} is in use by another process: pid {pid} ({name}" + (f", {used / 2**30:.1f} GiB" if used else "")
+            + ")" for d, pid, name, used in held]
+    if held:
+        fields["in_use"] = [list(h) for h in held]
+    if failed or (busy and in_use == "fail"):
         if missing:
             fields.update(device=missing[0], missing=missing)
-        return CheckResult("gpu", "fail", tuple(lines + [f"GPU Check: Failed: {x}" for x in failed]),
+        elif held:
+            fields["device"] = held[0][0]
+        return CheckResult("gpu", "fail", tuple(lines + [f"GPU Check: Failed: {x}" for x in failed + busy]),
                            failure_class=FailureClass.HARDWARE_NODE, action=Action.ISOLATE_NODE, fields=fields)
+    if busy:
+        return CheckResult("gpu", "warn", tuple(lines + [f"GPU Check: {x}" for x in busy]),
+                           failure_class=FailureClass.HARDWARE_NODE, action=Action.NOTIFY, fields=fields)
     return CheckResult("gpu", "ok", tuple(lines), fields=fields)
+
+
+def _job_device(index: int, uuid: str, expected: Sequence[str] | None) -> str | None:
+    """GPU ``index`` (``uuid``) as the job's visible-devices list names it, or None when it is not
+    the job's (or ``expected`` is None: the job's devices are not known, or it sees none)."""
+    for d in expected or ():
+        if d == str(index) or (d.startswith("GPU-") and uuid.startswith(d)):
+            return d
+    return None
+
+
+def _other_processes(pynvml, handle) -> list[tuple[int, str, int]]:
+    """(pid, name, bytes held) of each compute process on the GPU that this machine shows and that
+    is neither this process nor one of its descendants; ``[]`` where NVML cannot list them (not
+    supported, no permission)."""
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # noqa: BLE001 - NVML_ERROR_NOT_SUPPORTED / NO_PERMISSION: nothing to say
+        return []
+    found = []
+    for p in procs:
+        pid = int(getattr(p, "pid", 0) or 0)
+        if pid <= 0 or _descends_from_us(pid):
+            continue
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:           # not a process of this machine (another PID namespace), or gone
+            continue
+        used = getattr(p, "usedGpuMemory", None)
+        found.append((pid, name, int(used) if isinstance(used, int) else 0))
+    return found
 
 
 def _missing(device: str, count: int, uuids: set[str]) -> bool:
@@ -209,6 +266,22 @@ def _missing(device: str, count: int, uuids: set[str]) -> bool:
         return int(device) >= count
     if device.startswith("GPU-"):
         return not any(u.startswith(device) for u in uuids)
+    return False
+
+
+def _descends_from_us(pid: int) -> bool:
+    """Whether ``pid`` is this process or a descendant (``/proc/<pid>/stat``'s parent chain)."""
+    me = os.getpid()
+    for _ in range(64):
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])     # after "(comm)": state, ppid
     return False
 
 
@@ -375,7 +448,8 @@ def _allreduce_result(answers: Sequence[dict], backend: str, nbytes: int, min_bu
 
 def run_checks(paths: Sequence[Path], disk_bytes: int, disk_min_mb_s: float, world: int,
                allreduce: bool, allreduce_bytes: int, timeout: float, python: str | None = None,
-               min_busbw_gbs: float = 0.0, devices: Sequence[str] | None = None) -> list[CheckResult]:
+               min_busbw_gbs: float = 0.0, devices: Sequence[str] | None = None,
+               gpu_in_use: str = "fail") -> list[CheckResult]:
     """Every Bootcheck / Troubleshooting check, in order (see the module docstring).
 
     Args:
@@ -386,9 +460,10 @@ def run_checks(paths: Sequence[Path], disk_bytes: int, disk_min_mb_s: float, wor
         devices: the job's visible devices in slot order (``ftwatch.pipeline.actuators.slots.Slots.active``),
             or None: the NVML check compares the GPU count with them and agent ``i`` of the
             all-reduce sees only ``devices[i]``.
+        gpu_in_use: ``nvidia_check``'s ``in_use``.
     """
     results: list[CheckResult] = [disk_test(Path(path), disk_bytes, disk_min_mb_s) for path in paths]
-    accel = [nvidia_check(devices), ascend_check()]
+    accel = [nvidia_check(devices, gpu_in_use), ascend_check()]
     results += accel
     if all(r.status == "skipped" for r in accel):
         results.append(cpu_check())

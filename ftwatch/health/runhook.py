@@ -55,7 +55,7 @@ class HealthChecks:
         devices = list(self.devices if devices is None else devices)
         results = run_checks(cfg.paths or [self.state_dir], cfg.disk_test_bytes, cfg.disk_min_mb_s, self.nproc,
                              cfg.allreduce_check and allreduce, cfg.allreduce_bytes, cfg.check_timeout, cfg.python,
-                             cfg.min_busbw_gbs, devices or None)
+                             cfg.min_busbw_gbs, devices or None, cfg.gpu_in_use)
         outcome = verdict(results)
         findings = self.log.write(kind, started, results, end(outcome), attempt=attempt)
         for f in findings:

@@ -139,8 +139,9 @@ class _NVMLError(Exception):
                 9: "Driver Not Loaded", 15: "GPU is lost"}.get(self.value, f"error {self.value}")
 
 
-def fake_pynvml(monkeypatch, count=2, init_error=None, lost=(), uuids=None):
-    """Install a pynvml stand-in with ``count`` A100s; ``lost`` indices answer GPU_IS_LOST."""
+def fake_pynvml(monkeypatch, count=2, init_error=None, lost=(), uuids=None, procs=None):
+    """Install a pynvml stand-in with ``count`` A100s; ``lost`` indices answer GPU_IS_LOST;
+    ``procs``: GPU index -> [(pid, bytes)] its compute processes (None: listing not supported)."""
     mod = types.ModuleType("pynvml")
     mod.NVMLError = _NVMLError
     mod.NVML_ERROR_LIBRARY_NOT_FOUND = 12
@@ -165,6 +166,13 @@ def fake_pynvml(monkeypatch, count=2, init_error=None, lost=(), uuids=None):
     mod.nvmlDeviceGetHandleByIndex = handle
     mod.nvmlDeviceGetName = lambda h: b"NVIDIA A100-SXM4-40GB"
     mod.nvmlDeviceGetUUID = lambda h: uuids[h]
+
+    def running(h):
+        if procs is None:
+            raise _NVMLError(3)          # NVML_ERROR_NOT_SUPPORTED
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in procs.get(h, [])]
+
+    mod.nvmlDeviceGetComputeRunningProcesses = running
     monkeypatch.setitem(sys.modules, "pynvml", mod)
     return calls
 
@@ -254,3 +262,54 @@ def test_a_cuda_error_fails_the_versions_check(tmp_path, is_available, why):
     r = results[0]
     assert r.status == "fail" and r.blocks and r.failure_class is FailureClass.HARDWARE_NODE
     assert why in r.lines[0]
+
+
+@pytest.fixture
+def stray():
+    """A real process of this machine that is not ours (its parent shell exits, so it is
+    re-parented away from us), standing in for an earlier job's leftover on a GPU."""
+    out = subprocess.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+    pid = int(out.stdout)
+    yield pid
+    os.kill(pid, 9)
+
+
+def test_a_live_process_on_the_jobs_gpu_fails_the_check(monkeypatch, stray):
+    """Recorded on an H200 (tools/gpu_capture.sh gpu_held): another process held 139 GiB of the GPU
+    and the job's first CUDA call failed with 'CUDA error: out of memory', on every restart. The
+    check names the process; GPU 1 is not the job's, and a PID this machine does not show (another
+    PID namespace, or gone) is not counted (gcm's running_procs)."""
+    fake_pynvml(monkeypatch, count=2, procs={0: [(stray, 139 << 30), (4_000_000, 1 << 30)], 1: [(stray, 0)]})
+    r = nvidia_check(["0"])
+    assert r.status == "fail" and r.blocks and r.action is Action.ISOLATE_NODE
+    assert r.failure_class is FailureClass.HARDWARE_NODE and r.fields["device"] == "0"
+    assert r.lines[-1] == f"GPU Check: Failed: GPU 0 is in use by another process: pid {stray} (sleep, 139.0 GiB)"
+    assert r.fields["in_use"] == [["0", stray, "sleep", 139 << 30]]
+
+
+def test_a_process_on_the_gpu_only_warns_or_is_not_read_when_configured_so(monkeypatch, stray):
+    fake_pynvml(monkeypatch, count=1, procs={0: [(stray, 1 << 30)]})
+    r = nvidia_check(["0"], in_use="warn")
+    assert r.status == "warn" and not r.blocks and r.action is Action.NOTIFY
+    assert nvidia_check(["0"], in_use="off").status == "ok"
+    assert nvidia_check(None).status == "ok"             # the job's GPUs are not known: none is read
+
+
+def test_the_jobs_own_workers_on_its_gpus_are_not_counted(monkeypatch):
+    """An instance restart's Bootcheck runs while the job's other workers hold their GPUs: they
+    are ftwatch's descendants (here a child of this process, and a grandchild)."""
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess,sys,time; p=subprocess.Popen(['sleep','60']);"
+                              " print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(child.stdout.readline())
+        fake_pynvml(monkeypatch, count=1, procs={0: [(child.pid, 1 << 30), (grandchild, 1 << 30)]})
+        assert nvidia_check(["0"]).status == "ok"
+    finally:
+        subprocess.run(["pkill", "-P", str(child.pid)])
+        child.kill()
+        child.wait()
+
+
+def test_gpus_whose_processes_nvml_cannot_list_pass(monkeypatch):
+    fake_pynvml(monkeypatch, count=2, procs=None)
+    assert nvidia_check(["0", "1"]).status == "ok"

@@ -54,7 +54,7 @@ class Spy:
         self.lost_on, self.device = lost_on, device
 
     def __call__(self, paths, disk_bytes, disk_min, world, allreduce, ar_bytes, timeout, python, min_bw,
-                 devices=None):
+                 devices=None, gpu_in_use="fail"):
         self.calls.append({"world": world, "allreduce": allreduce, "devices": list(devices or [])})
         without = sum(1 for c in self.calls if not c["allreduce"])
         if not allreduce and without == self.lost_on:
