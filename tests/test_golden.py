@@ -95,8 +95,10 @@ def verdict(d: Decision | None) -> Verdict:
         return Verdict("none", None, None, None)
     rc = d.root_cause
     t = d.target
+    # the target: its rank, and whether it names an instance and a node (their names are each
+    # driver's own: run's worker-0 on this host, replay's rank0 on "replay")
     return Verdict(d.action.label, rc.rule_id if rc else None, rc.rank if rc else None,
-                   (t.instance, t.rank, t.node) if d.action.label != "none" else None)
+                   (t.rank, t.instance is not None, t.node is not None) if d.action.label != "none" else None)
 
 
 def config_of(case: Path, tmp_path: Path) -> Config:
@@ -189,7 +191,8 @@ def decide_by_run(case: Path, tmp_path: Path) -> Decision | None:
     a FakeSupervisor on a FakeClock, a capture Recorder; its first decision."""
     world, script = worker_script(case)
     config = config_of(case, tmp_path).model_copy(update={
-        "supervisor": SupervisorConfig(nproc_per_node=world, restart_delay=0, devices=[str(r) for r in range(world)]),
+        # one spare device: an isolation restarts on it, as replay's isolate_node reschedules the job
+        "supervisor": SupervisorConfig(nproc_per_node=world, restart_delay=0, devices=[str(r) for r in range(world + 1)]),
         "health": HealthConfig(bootcheck=False, troubleshooting=False)})
     recorder, _, _ = capture(tmp_path, "run")
     clock = FakeClock()
