@@ -14,9 +14,14 @@ the whole chunk, always.
 
 A full pass (every step line of the chunk, the intake as it was) is taken for a stream's first
 chunk with step lines, for a chunk whose tail shows a rank not known on the stream (it joins the
-known ranks), every ``FULL_EVERY``-th chunk of a stream (the known ranks are then those of that
-pass: a rank that stopped printing leaves them), and always where a pattern is a custom regex
-(those only propose lines) or the tails are switched off.
+known ranks), and always where a pattern is a custom regex (those only propose lines) or the
+tails are switched off. Every ``FULL_EVERY``-th chunk of a stream is a *refresh*: the known
+ranks start again from the step lines of a last stretch of the chunk (a rank that stopped
+printing leaves them), grown backwards from ``REFRESH_FIRST`` bytes (doubling) until each rank
+in it has ``window`` step lines, but for sparse ones, or it reaches the chunk's start. Each rank
+whose window it fills leaves it exactly as a full pass would (a window keeps the last ``window``
+step times); only its count of step times seen grows by less. Megatron's straggler reports are
+looked for in the rest of the chunk, as for a tail.
 
 A rank that printed fewer than one step line for every ``TAIL_SPAN`` of the busiest rank's in the
 last full pass is *sparse* (``Stream.sparse``; a stream's unprefixed lines, an occasional trainer's
@@ -36,10 +41,12 @@ chunks; its window just moves more slowly. Chunks of one or a few lines (``run``
 ``observe``) lose nothing: their tail is the whole chunk. Verdicts are those of the same
 statistics over the step times taken (``ftwatch.rules.stragglers``).
 
-Cost: the full pass's cost once every ``FULL_EVERY`` chunks, and wherever the stretch the known
-ranks need is the whole chunk (thousands of ranks: one step line each per chunk); otherwise a few regex passes over
-the tail stretch (a few times ``TAIL_PER_RANK`` x ranks lines) and one literal pass for the
-straggler reports, whatever the chunk's number of step lines.
+Cost: a full pass for a stream's first chunk and a new rank; wherever the stretch the known
+ranks need is the whole chunk (thousands of ranks: one step line each per chunk), the whole chunk;
+otherwise a few regex passes over the tail stretch (a few times ``TAIL_PER_RANK`` x ranks lines)
+and one literal pass for the straggler reports, whatever the chunk's number of step lines, and
+every ``FULL_EVERY`` chunks the refresh's stretch (``window`` x ranks lines: a quarter of a MiB of
+Megatron lines of 8 ranks, ~1.5 ms against the full pass's ~6 ms).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ TAIL_SPAN = 4            # the stretch stops growing at this x TAIL_PER_RANK x k
 #: ~4 ms, ~20 tails; at 16 the refreshes were a third of the tap's CPU in a bench replay (issue 16)
 FULL_EVERY = 32
 FIRST_STRETCH = 4096     # bytes: the least stretch read first
+REFRESH_FIRST = 64 << 10  # bytes: the refresh's first stretch
 
 #: A chunk's step lines by rank (``stepranks.by_rank``'s keys), each rank's in line order.
 Groups = dict[Any, list[Hit]]
@@ -79,11 +87,14 @@ class Tails:
     Args:
         lines: the tap's chunk pass (``StepLines``).
         enabled: False for a full pass on every chunk (the intake as it was; custom patterns).
+        window: step times a rank's window keeps (``health.straggler.window``): what a refresh
+            reads for each rank.
     """
 
-    def __init__(self, lines: StepLines, enabled: bool = True):
+    def __init__(self, lines: StepLines, enabled: bool = True, window: int = 50):
         self.lines = lines
         self.enabled = enabled
+        self.window = window
         self.inexact = frozenset(i for i, exact in enumerate(lines.exact) if not exact)
         self.reset()
 
@@ -102,8 +113,10 @@ class Tails:
             (the hits taken, in line order; the same by rank, keys in order of first line).
         """
         state = self.streams.get(stream) if self.enabled else None
-        if state is None or state.chunks + 1 >= FULL_EVERY or not state.known:
+        if state is None or not state.known:
             return self._full(stream, data, end, skip)
+        if state.chunks + 1 >= FULL_EVERY:
+            return self._refresh(stream, data, end, skip)
         state.chunks += 1
         known, need = state.known, TAIL_PER_RANK
         wanted = [key for key in known if key not in state.sparse] if state.sparse else known
@@ -151,7 +164,42 @@ class Tails:
         hits = self.lines.find(data, end, skip)
         groups = by_rank(data, hits)
         if self.enabled and groups:
-            busiest = max(map(len, groups.values()))
-            sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest)
-            self.streams[stream] = Stream(set(groups), sparse, 0, max(1.0, end / len(hits)))
+            self._know(stream, groups, end / len(hits))
         return hits, groups
+
+    def _refresh(self, stream: Any, data: bytes, end: int, skip: Container[int]) -> tuple[list[Hit], Groups]:
+        """The step lines of a last stretch holding ``window`` of every rank's in it (sparse ones
+        aside), or of the whole chunk, and the straggler reports before it; the stream's known
+        ranks start again from the stretch's."""
+        width, cut, groups, count = REFRESH_FIRST, end, {}, 0
+        while cut > 0:
+            lo = max(0, end - width)
+            lo = data.rfind(b"\n", 0, lo) + 1 if lo > 0 else 0
+            width *= 2
+            if lo >= cut:
+                continue
+            part = self.lines.find(data, cut, skip, begin=lo)
+            cut, count = lo, count + len(part)
+            for key, mine in by_rank(data, part).items():
+                before = groups.get(key)
+                groups[key] = mine if before is None else mine + before
+            if groups:
+                busiest = max(map(len, groups.values()))
+                if all(len(mine) >= self.window or len(mine) * TAIL_SPAN < busiest for mine in groups.values()):
+                    break
+        if not groups:
+            return [], {}
+        self._know(stream, groups, (end - cut) / count)
+        if cut > 0 and self.inexact:                  # straggler reports: every one counts
+            for key, mine in by_rank(data, self.lines.find(data, cut, skip, only=self.inexact)).items():
+                before = groups.get(key)
+                groups[key] = mine if before is None else mine + before
+        groups = dict(sorted(groups.items(), key=lambda item: item[1][0][0]))
+        return sorted((hit for mine in groups.values() for hit in mine), key=lambda hit: hit[0]), groups
+
+    def _know(self, stream: Any, groups: Groups, density: float) -> None:
+        """The stream's known ranks from a pass's step lines by rank (``density``: bytes of chunk per
+        step line): a rank with fewer than one of ``TAIL_SPAN`` of the busiest rank's is sparse."""
+        busiest = max(map(len, groups.values()))
+        sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest)
+        self.streams[stream] = Stream(set(groups), sparse, 0, max(1.0, density))

@@ -125,7 +125,8 @@ class StepTracker:
                                                for name, rx in zip(self.names, self.regexes))
         self.lines = StepLines(self.names)
         #: the step lines of a chunk the tap reads: its tail (``ftwatch.rules.steptail``)
-        self.tails = Tails(self.lines, enabled=tails and all(name in STEP_PATTERNS for name in self.names))
+        self.tails = Tails(self.lines, enabled=tails and all(name in STEP_PATTERNS for name in self.names),
+                           window=config.window)
         self._readers = [reader(rx) for rx in self.regexes]            # for the text of a line
         self._byte_readers = [reader(rx) for rx in self.lines.regexes]  # for a match in a chunk
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]

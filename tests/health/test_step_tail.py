@@ -1,7 +1,7 @@
 """The step tap reads a chunk's tail once a stream's ranks are known (``ftwatch.rules.steptail``,
 issue 16): a bounded number of step lines per rank and chunk, a full pass for the first chunk, a
-new rank and every ``FULL_EVERY``-th chunk, Megatron's straggler reports wherever they are, and the
-straggler verdicts still found."""
+new rank, a refresh every ``FULL_EVERY``-th chunk, Megatron's straggler reports wherever they are,
+and the straggler verdicts still found."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ftwatch.config.health import StragglerConfig
 from ftwatch.events import Origin
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
-from ftwatch.rules.steptail import FULL_EVERY, TAIL_PER_RANK
+from ftwatch.rules.steptail import FULL_EVERY, REFRESH_FIRST, TAIL_PER_RANK
 from ftwatch.rules.stragglers import StepTracker
 
 MEGATRON = ("[rank{r}]: [2026-11-21 09:00:00] iteration {n:8d}/ 1000000 | consumed samples: 64 | "
@@ -55,12 +55,33 @@ def test_a_rank_new_to_the_stream_takes_a_full_pass(rules):
     assert seen == {"rank0": 80, "rank1": 80, "rank2": 40}
 
 
-def test_every_full_every_th_chunk_is_read_whole(rules):
+def test_every_full_every_th_chunk_of_a_stretch_shorter_than_the_refresh_is_read_whole(rules):
     chunks = [chunk(1 + 20 * k, 20, range(2)) for k in range(FULL_EVERY + 1)]
+    assert all(len(c) < REFRESH_FIRST for c in chunks)
     tracker, _ = feed(True, rules, chunks)
     # the first chunk whole, then FULL_EVERY - 1 tails, then a whole one, then a tail
     want = 20 + (FULL_EVERY - 1) * TAIL_PER_RANK + 20
     assert {rank.seen for rank in tracker.jobs["job1"].ranks.values()} == {want}
+
+
+def test_a_refresh_reads_a_stretch_that_fills_each_ranks_window_as_a_full_pass_would(rules):
+    """The FULL_EVERY-th chunk, far longer than a window of 8 ranks' lines: the refresh reads a
+    last stretch, yet every rank's window (its last ``window`` step times) is the one reading
+    every line leaves; a rank that printed only at the chunk's start leaves the known ranks."""
+    ms = lambda r: 1000.0 + r                                    # noqa: E731 - per rank, so windows differ
+    step = 1 + 20 * FULL_EVERY
+    big = chunk(step, 5, range(9), ms) + chunk(step + 5, 600, range(8), lambda r: 900.0 + r)
+    assert len(big) > 4 * REFRESH_FIRST
+    # the first chunk whole, FULL_EVERY - 1 tails, then the refresh
+    chunks = [chunk(1 + 20 * k, 20, range(9), ms) for k in range(FULL_EVERY)] + [big]
+    tailed, _ = feed(True, rules, chunks)
+    whole, _ = feed(False, rules, chunks)
+    ranks, every = tailed.jobs["job1"].ranks, whole.jobs["job1"].ranks
+    for r in range(8):
+        assert list(ranks[f"rank{r}"].samples) == list(every[f"rank{r}"].samples), r
+        assert ranks[f"rank{r}"].seen < every[f"rank{r}"].seen      # fewer lines read
+    stream = tailed.tails.streams[Origin("combined", None, "job1", "n", "stdout", "replay")]
+    assert stream.known == set(range(8)) and stream.chunks == 0
 
 
 def test_a_slow_rank_is_still_found_from_the_tails(rules):
