@@ -12,41 +12,47 @@ passed over). Megatron's straggler reports (the one built-in pattern whose lines
 ``exact``) are rare and each one counts (``detector_reports`` in a row): those are looked for in
 the whole chunk, always.
 
-A full pass (every step line of the chunk, the intake as it was) is taken for a stream's first
-chunk with step lines, for a chunk whose tail shows a rank not known on the stream (it joins the
-known ranks), and always where a pattern is a custom regex (those only propose lines) or the
-tails are switched off. Every ``FULL_EVERY``-th chunk of a stream is a *refresh*: the known
-ranks start again from the step lines of a last stretch of the chunk (a rank that stopped
-printing leaves them), grown backwards from ``REFRESH_FIRST`` bytes (doubling) until each rank
-in it has ``window`` step lines, but for sparse ones, or it reaches the chunk's start. Each rank
-whose window it fills leaves it exactly as a full pass would (a window keeps the last ``window``
-step times); only its count of step times seen grows by less. Megatron's straggler reports are
-looked for in the rest of the chunk, as for a tail.
+A full pass (every step line of the chunk, the intake as it was) is taken for a chunk whose
+tail shows a rank not known on the stream (it joins the known ranks), and always where a pattern
+is a custom regex (those only propose lines) or the tails are switched off. Every
+``FULL_EVERY``-th chunk of a stream is a *refresh*: the known ranks start again from the step
+lines of a last stretch of the chunk (a rank that stopped printing leaves them), grown backwards
+from ``REFRESH_FIRST`` bytes (doubling) until each rank in it has ``window`` step lines, but for
+sparse ones, or it reaches the chunk's start. A stream's first chunk with step lines reads such
+a last stretch and, before it, a *head* stretch grown forwards from the chunk's start until each
+rank in it has ``min_steps`` step lines (the baseline of ``slowdown``, the first bar's length):
+the whole chunk where the two meet. A window keeps the last ``window`` step times and a baseline
+the first ``min_steps``, so each rank whose lines fill both stretches is left exactly as a full
+pass leaves it; only its count of step times seen grows by less (a duration-less pattern's first
+line after the gap takes the average over the lines passed over, as in a tail). Megatron's
+straggler reports are looked for in the rest of the chunk, as for a tail.
 
 A rank that printed fewer than one step line for every ``TAIL_SPAN`` of the busiest rank's in the
-last full pass is *sparse* (``Stream.sparse``; a stream's unprefixed lines, an occasional trainer's
+last full pass, refresh or first chunk is *sparse* (``Stream.sparse``; a stream's unprefixed lines, an occasional trainer's
 line): it stays known (its lines start no full pass), but the stretch does not grow to find
 ``TAIL_PER_RANK`` of its lines; it stops once the other known ranks have theirs (a sparse rank
 would otherwise make every tail read up to its ``TAIL_SPAN`` bound, ~4x the stretch, issue 16).
-It takes the lines it has in that stretch, and all of them on each full pass.
+It takes the lines it has in that stretch, and those in a refresh's stretch (one that holds none
+leaves the known ranks, and the next tail that shows it is a full pass).
 
 What this means for the statistics: a rank gets at most ``TAIL_PER_RANK`` step times per chunk
 (1 MiB in ``replay``), so its window of ``window`` step times spans the last ``window /
 TAIL_PER_RANK`` chunks, not the last ``window`` steps, and ``min_steps`` step times need a few
-chunks after the first (whose full pass usually gives them at once). A rank that prints less
+chunks after the first (whose head and end usually give them at once). A rank that prints less
 often than the others (say one line for every ``TAIL_SPAN`` of theirs, or fewer) may fall outside
 the stretch: it gets no step time from that chunk, but still one wherever its line is in the
-tail, and all of its lines on each full pass, so it is sampled at least every ``FULL_EVERY``
-chunks; its window just moves more slowly. Chunks of one or a few lines (``run``, ``watch``,
+tail, and a refresh whose stretch misses it makes its next line in a tail a full pass; its window
+just moves more slowly. Chunks of one or a few lines (``run``, ``watch``,
 ``observe``) lose nothing: their tail is the whole chunk. Verdicts are those of the same
 statistics over the step times taken (``ftwatch.rules.stragglers``).
 
-Cost: a full pass for a stream's first chunk and a new rank; wherever the stretch the known
+Cost: a full pass for a new rank; wherever the stretch the known
 ranks need is the whole chunk (thousands of ranks: one step line each per chunk), the whole chunk;
 otherwise a few regex passes over the tail stretch (a few times ``TAIL_PER_RANK`` x ranks lines)
 and one literal pass for the straggler reports, whatever the chunk's number of step lines, and
 every ``FULL_EVERY`` chunks the refresh's stretch (``window`` x ranks lines: a quarter of a MiB of
-Megatron lines of 8 ranks, ~1.5 ms against the full pass's ~6 ms).
+Megatron lines of 8 ranks, ~1.5 ms against the full pass's ~6 ms), and a stream's first chunk
+its two stretches.
 """
 
 from __future__ import annotations
@@ -61,11 +67,11 @@ from ftwatch.rules.steplines import StepLines
 
 TAIL_PER_RANK = 4        # step lines per rank taken from a chunk's tail
 TAIL_SPAN = 4            # the stretch stops growing at this x TAIL_PER_RANK x known ranks step lines
-#: every this many chunks of a stream, a full pass. A full pass of a MiB of Megatron lines costs
-#: ~4 ms, ~20 tails; at 16 the refreshes were a third of the tap's CPU in a bench replay (issue 16)
+#: every this many chunks of a stream, a refresh. A full pass of a MiB of Megatron lines costs
+#: ~4 ms, ~20 tails; at 16 such refreshes were a third of the tap's CPU in a bench replay (issue 16)
 FULL_EVERY = 32
 FIRST_STRETCH = 4096     # bytes: the least stretch read first
-REFRESH_FIRST = 64 << 10  # bytes: the refresh's first stretch
+REFRESH_FIRST = 64 << 10  # bytes: the first stretch of a refresh, and of a first chunk's head and tail
 
 #: A chunk's step lines by rank (``stepranks.by_rank``'s keys), each rank's in line order.
 Groups = dict[Any, list[Hit]]
@@ -89,12 +95,15 @@ class Tails:
         enabled: False for a full pass on every chunk (the intake as it was; custom patterns).
         window: step times a rank's window keeps (``health.straggler.window``): what a refresh
             reads for each rank.
+        head: step times of a rank's baseline (``health.straggler.min_steps``): what a stream's
+            first chunk reads for each rank from its start.
     """
 
-    def __init__(self, lines: StepLines, enabled: bool = True, window: int = 50):
+    def __init__(self, lines: StepLines, enabled: bool = True, window: int = 50, head: int = 10):
         self.lines = lines
         self.enabled = enabled
-        self.window = window
+        self.need = max(window, head)     # lines per rank a refresh (a first chunk's end) reads
+        self.head = head
         self.inexact = frozenset(i for i, exact in enumerate(lines.exact) if not exact)
         self.reset()
 
@@ -113,6 +122,8 @@ class Tails:
             (the hits taken, in line order; the same by rank, keys in order of first line).
         """
         state = self.streams.get(stream) if self.enabled else None
+        if state is None and self.enabled:
+            return self._first(stream, data, end, skip)
         if state is None or not state.known:
             return self._full(stream, data, end, skip)
         if state.chunks + 1 >= FULL_EVERY:
@@ -167,33 +178,84 @@ class Tails:
             self._know(stream, groups, end / len(hits))
         return hits, groups
 
+    def _first(self, stream: Any, data: bytes, end: int, skip: Container[int]) -> tuple[list[Hit], Groups]:
+        """A stream's first chunk: each rank's first ``head`` step lines (its baseline, a bar's
+        length) and a last stretch holding its last ``window`` (sparse ranks aside, both), the
+        straggler reports between; the whole chunk where the two meet. Each such rank's state is
+        then what a full pass leaves, but for its count of step times seen."""
+        head, cut = self._stretch(data, 0, end, skip, self.head, forward=True)
+        if cut >= end:
+            return self._known(stream, head, end)
+        tail, lo = self._stretch(data, cut, end, skip, self.need)
+        middle = by_rank(data, self.lines.find(data, lo, skip, begin=cut, only=self.inexact)) \
+            if self.inexact and lo > cut else {}
+        groups: Groups = {}
+        for part in (head, middle, tail):
+            for key, mine in part.items():
+                before = groups.get(key)
+                groups[key] = mine if before is None else before + mine
+        if tail:
+            self._know(stream, groups, (end - lo) / sum(map(len, tail.values())))
+            return self._in_order(groups)
+        return self._known(stream, groups, end)
+
     def _refresh(self, stream: Any, data: bytes, end: int, skip: Container[int]) -> tuple[list[Hit], Groups]:
         """The step lines of a last stretch holding ``window`` of every rank's in it (sparse ones
         aside), or of the whole chunk, and the straggler reports before it; the stream's known
         ranks start again from the stretch's."""
-        width, cut, groups, count = REFRESH_FIRST, end, {}, 0
-        while cut > 0:
-            lo = max(0, end - width)
-            lo = data.rfind(b"\n", 0, lo) + 1 if lo > 0 else 0
-            width *= 2
-            if lo >= cut:
-                continue
-            part = self.lines.find(data, cut, skip, begin=lo)
-            cut, count = lo, count + len(part)
-            for key, mine in by_rank(data, part).items():
-                before = groups.get(key)
-                groups[key] = mine if before is None else mine + before
-            if groups:
-                busiest = max(map(len, groups.values()))
-                if all(len(mine) >= self.window or len(mine) * TAIL_SPAN < busiest for mine in groups.values()):
-                    break
+        groups, cut = self._stretch(data, 0, end, skip, self.need)
         if not groups:
             return [], {}
-        self._know(stream, groups, (end - cut) / count)
+        self._know(stream, groups, (end - cut) / sum(map(len, groups.values())))
         if cut > 0 and self.inexact:                  # straggler reports: every one counts
             for key, mine in by_rank(data, self.lines.find(data, cut, skip, only=self.inexact)).items():
                 before = groups.get(key)
                 groups[key] = mine if before is None else mine + before
+        return self._in_order(groups)
+
+    def _stretch(self, data: bytes, lo: int, hi: int, skip: Container[int], need: int,
+                 forward: bool = False) -> tuple[Groups, int]:
+        """The step lines by rank of a stretch of the lines in ``[lo, hi)`` ending at ``hi`` (from
+        ``lo`` with ``forward``), grown from ``REFRESH_FIRST`` bytes (doubling) until every rank in
+        it has ``need`` lines, but for sparse ones (fewer than one of ``TAIL_SPAN`` of the busiest
+        rank's), or it is the whole range. Returns (the groups, where the stretch stops: its
+        start, or with ``forward`` its end)."""
+        width, groups = REFRESH_FIRST, {}
+        done = hi if not forward else lo                 # the stretch read so far ends (starts) here
+        while (done > lo) if not forward else (done < hi):
+            if forward:
+                at = min(hi, lo + width)
+                at = data.find(b"\n", at - 1) + 1 if at < hi else hi
+                at = at if at > 0 else hi
+                part, done_next = self.lines.find(data, at, skip, begin=done), at
+            else:
+                at = max(lo, hi - width)
+                at = data.rfind(b"\n", 0, at) + 1 if at > lo else lo
+                at = max(at, lo)
+                part, done_next = (self.lines.find(data, done, skip, begin=at), at) if at < done else ([], done)
+            width *= 2
+            if done_next == done:
+                continue
+            done = done_next
+            for key, mine in by_rank(data, part).items():
+                before = groups.get(key)
+                groups[key] = mine if before is None else (before + mine if forward else mine + before)
+            if groups:
+                busiest = max(map(len, groups.values()))
+                if all(len(mine) >= need or len(mine) * TAIL_SPAN < busiest for mine in groups.values()):
+                    break
+        return groups, done
+
+    def _known(self, stream: Any, groups: Groups, end: int) -> tuple[list[Hit], Groups]:
+        """Every step line by rank of a first chunk whose lines end at ``end``: the stream's known
+        ranks from them, and the hits in line order."""
+        if groups:
+            self._know(stream, groups, end / sum(map(len, groups.values())))
+        return self._in_order(groups)
+
+    @staticmethod
+    def _in_order(groups: Groups) -> tuple[list[Hit], Groups]:
+        """(the hits in line order, the groups with keys in order of first line)."""
         groups = dict(sorted(groups.items(), key=lambda item: item[1][0][0]))
         return sorted((hit for mine in groups.values() for hit in mine), key=lambda hit: hit[0]), groups
 

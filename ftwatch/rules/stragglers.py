@@ -33,8 +33,8 @@ the job's slowdown) is reported again only after its slowdown fell below half wa
 line for ``forget_after`` seconds (the tracker's clock) is dropped.
 
 Which step lines: once a stream's ranks are known, only a chunk's tail (each rank's last few
-step lines, ``ftwatch.rules.steptail``, with a full pass for a stream's first chunk, a new rank
-and every few chunks): the verdicts read each rank's latest step times, not every line; its
+step lines, ``ftwatch.rules.steptail``, with a full pass for a new rank, the head and end of a
+stream's first chunk, and a refresh every few chunks): the verdicts read each rank's latest step times, not every line; its
 docstring says what that means for ranks that print less often than others.
 
 Cost per step line (DESIGN.md "Speed on the hot path"): the engine hands over whole chunks
@@ -126,7 +126,7 @@ class StepTracker:
         self.lines = StepLines(self.names)
         #: the step lines of a chunk the tap reads: its tail (``ftwatch.rules.steptail``)
         self.tails = Tails(self.lines, enabled=tails and all(name in STEP_PATTERNS for name in self.names),
-                           window=config.window)
+                           window=config.window, head=config.min_steps)
         self._readers = [reader(rx) for rx in self.regexes]            # for the text of a line
         self._byte_readers = [reader(rx) for rx in self.lines.regexes]  # for a match in a chunk
         self._vetoed = [name in ("tqdm_its", "tqdm_sit", "plain") for name in self.names]

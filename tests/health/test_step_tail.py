@@ -1,7 +1,7 @@
 """The step tap reads a chunk's tail once a stream's ranks are known (``ftwatch.rules.steptail``,
 issue 16): a bounded number of step lines per rank and chunk, a full pass for the first chunk, a
-new rank, a refresh every ``FULL_EVERY``-th chunk, Megatron's straggler reports wherever they are,
-and the straggler verdicts still found."""
+new rank, a refresh every ``FULL_EVERY``-th chunk, a head and a tail of a stream's first chunk,
+Megatron's straggler reports wherever they are, and the straggler verdicts still found."""
 
 from __future__ import annotations
 
@@ -82,6 +82,36 @@ def test_a_refresh_reads_a_stretch_that_fills_each_ranks_window_as_a_full_pass_w
         assert ranks[f"rank{r}"].seen < every[f"rank{r}"].seen      # fewer lines read
     stream = tailed.tails.streams[Origin("combined", None, "job1", "n", "stdout", "replay")]
     assert stream.known == set(range(8)) and stream.chunks == 0
+
+
+def state(rank) -> tuple:
+    """What the verdicts read of a rank: its window, recent window, baseline, last step."""
+    return list(rank.samples), list(rank.recent), list(rank.baseline), rank.base_median, rank.last[0]
+
+
+def test_a_long_first_chunk_reads_a_head_and_a_tail_that_leave_every_rank_as_a_full_pass_does(rules):
+    """A first chunk far longer than 8 ranks' windows, slower at its start (the baseline) than at
+    its end: each rank's window, recent window and baseline are those of reading every line."""
+    first = chunk(1, 20, range(8), lambda r: 2000.0 + r) + chunk(21, 600, range(8), lambda r: 1000.0 + r) \
+        + DETECTOR.encode() + chunk(621, 200, range(8), lambda r: 900.0 + r)
+    assert len(first) > 8 * REFRESH_FIRST
+    tailed, found = feed(True, rules, [first])
+    whole, found_whole = feed(False, rules, [first])
+    ranks, every = tailed.jobs["job1"].ranks, whole.jobs["job1"].ranks
+    for r in range(8):
+        assert state(ranks[f"rank{r}"]) == state(every[f"rank{r}"]), r
+        assert ranks[f"rank{r}"].seen < every[f"rank{r}"].seen
+    assert [(f.rule_id, f.rank) for f in found] == [(f.rule_id, f.rank) for f in found_whole]
+
+
+def test_a_slowdown_inside_the_first_chunk_of_a_one_rank_job_is_still_found(rules):
+    """One rank prints (Megatron's last rank): its baseline is its first step times, so a job that
+    slowed down 3x within its first chunk is found with a head and tail as with every line."""
+    first = chunk(1, 300, range(1)) + chunk(301, 5000, range(1), lambda r: 3000.0)
+    assert len(first) > 8 * REFRESH_FIRST
+    for tails in (True, False):
+        _, found = feed(tails, rules, [first])
+        assert [f.rule_id for f in found] == ["straggler.job_slowdown"], tails
 
 
 def test_a_slow_rank_is_still_found_from_the_tails(rules):
