@@ -150,7 +150,8 @@ def nvidia_check(expected: Sequence[str] | None = None, in_use: str = "fail") ->
             ``fail``, ``warn`` or ``off`` (``health.gpu_in_use``). NVML's compute processes
             (``nvmlDeviceGetComputeRunningProcesses``) whose PID this machine shows, as
             facebookresearch/gcm's ``running_procs`` health check reads them (CRITICAL for a real
-            process, a PID that is gone does not count): recorded on an H200, a process holding
+            process, a PID that is gone does not count; not read inside a container's own PID
+            namespace, where NVML's PIDs are the host's): recorded on an H200, a process holding
             the GPU's memory made the job's first CUDA call fail with ``CUDA error: out of
             memory``, again on every restart on that node.
 
@@ -240,7 +241,9 @@ def _job_device(index: int, uuid: str, expected: Sequence[str] | None) -> str | 
 def _other_processes(pynvml, handle) -> list[tuple[int, str, int]]:
     """(pid, name, bytes held) of each compute process on the GPU that this machine shows and that
     is neither this process nor one of its descendants; ``[]`` where NVML cannot list them (not
-    supported, no permission)."""
+    supported, no permission) or names them in another PID namespace than this process's."""
+    if not _host_pid_namespace():
+        return []
     try:
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # noqa: BLE001 - NVML_ERROR_NOT_SUPPORTED / NO_PERMISSION: nothing to say
@@ -267,6 +270,19 @@ def _missing(device: str, count: int, uuids: set[str]) -> bool:
     if device.startswith("GPU-"):
         return not any(u.startswith(device) for u in uuids)
     return False
+
+
+def _host_pid_namespace() -> bool:
+    """Whether this process sees PIDs as the kernel driver reports them: NVML gives the PIDs of
+    the initial PID namespace, so in a container's own PID namespace (``NSpid`` of
+    ``/proc/self/status`` lists more than one PID) they would name other processes, or none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return len(line.split()) == 2
+    except OSError:
+        pass
+    return True
 
 
 def _descends_from_us(pid: int) -> bool:

@@ -264,6 +264,13 @@ def test_a_cuda_error_fails_the_versions_check(tmp_path, is_available, why):
     assert why in r.lines[0]
 
 
+@pytest.fixture(autouse=True)
+def host_pids(monkeypatch):
+    """NVML's PIDs read as this machine's (the tests' fake NVML hands out local PIDs), wherever
+    the tests run."""
+    monkeypatch.setattr(bootcheck, "_host_pid_namespace", lambda: True)
+
+
 @pytest.fixture
 def stray():
     """A real process of this machine that is not ours (its parent shell exits, so it is
@@ -308,6 +315,14 @@ def test_the_jobs_own_workers_on_its_gpus_are_not_counted(monkeypatch):
         subprocess.run(["pkill", "-P", str(child.pid)])
         child.kill()
         child.wait()
+
+
+def test_inside_a_containers_pid_namespace_nvmls_pids_are_not_read(monkeypatch, stray):
+    """NVML reports the host's PIDs: in a container's own PID namespace a PID there names another
+    process (or none), so no process is counted and the check passes."""
+    monkeypatch.setattr(bootcheck, "_host_pid_namespace", lambda: False)
+    fake_pynvml(monkeypatch, count=1, procs={0: [(stray, 1 << 30)]})
+    assert nvidia_check(["0"]).status == "ok"
 
 
 def test_gpus_whose_processes_nvml_cannot_list_pass(monkeypatch):
