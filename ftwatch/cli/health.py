@@ -171,7 +171,7 @@ def network_check(config: Config, job: str, exclude: bool) -> tuple[int, Config]
     need = config.health.nodecheck.min_nodes or rng.min
     nproc = len(active)
     status, result = _run_nodecheck(config, nproc, 1, exclude, min(need, nproc), job, name="worker slot",
-                                    devices=active)
+                                    devices=active if slots.checked is not None else None)
     for slot in result.excluded:
         slots.isolate(active[slot], rank=slot, rule="health.nodecheck", time=time.time(), attempt=0,
                       line=f"network check: worker slot {slot} excluded")

@@ -68,3 +68,27 @@ def test_network_check_isolates_the_failed_slots_device_in_the_slots_store(tmp_p
     seen = {a["env"]["CUDA_VISIBLE_DEVICES"] for a in answers if a.get("ok")}
     assert seen == {"d0", "d2"}, answers
     assert all(a["env"]["FTWATCH_HEALTH_DEVICE"] == "0" for a in answers if a.get("ok"))
+
+
+def test_network_check_leaves_gpus_hidden_by_the_environment_hidden(tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES= (the job sees no GPU): the node check's agents see it so too, not the
+    modelled slot devices the slots store keeps."""
+    pytest.importorskip("torch")
+    answers: list[dict] = []
+    real = nodes.run_group
+
+    def spy(agents, request, timeout, *a, **k):
+        got = real(agents, request, timeout, *a, **k)
+        answers.extend(got)
+        return got
+
+    monkeypatch.setattr(nodes, "run_group", spy)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    config = Config.model_validate({
+        "supervisor": {"nproc_per_node": 2},
+        "storage": {"state_dir": str(tmp_path)},
+        "health": {"nodecheck": {"gemm_size": 64, "allreduce_bytes": 4096, "timeout": 20}},
+    })
+    status, _ = network_check(config, "job1", exclude=False)
+    assert status == 0
+    assert answers and {a["env"].get("CUDA_VISIBLE_DEVICES") for a in answers} == {""}, answers
