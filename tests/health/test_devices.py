@@ -40,19 +40,25 @@ def test_a_slot_whose_device_is_missing_skips_the_all_reduce_instead_of_waiting_
     assert by["allreduce"].lines == ("AllReduce Check: skipped: no GPU for the slot(s) of device 1 (GPU Check)",)
 
 
-def test_network_check_isolates_the_failed_slots_device_in_the_slots_store(tmp_path, monkeypatch):
-    """Slot 1 (device d1) goes down in every check: d1 is isolated in the job's slots store, so the
-    run's slots are d0, d2 (not the first two devices d0, d1); every agent saw its own device."""
-    pytest.importorskip("torch")
-    answers: list[dict] = []
+@pytest.fixture
+def answers(monkeypatch) -> list[dict]:
+    """The node check agents' answers, as ``nodes.run_group`` returns them (real agents)."""
+    got_all: list[dict] = []
     real = nodes.run_group
 
     def spy(agents, request, timeout, *a, **k):
         got = real(agents, request, timeout, *a, **k)
-        answers.extend(got)
+        got_all.extend(got)
         return got
 
     monkeypatch.setattr(nodes, "run_group", spy)
+    return got_all
+
+
+def test_network_check_isolates_the_failed_slots_device_in_the_slots_store(tmp_path, monkeypatch, answers):
+    """Slot 1 (device d1) goes down in every check: d1 is isolated in the job's slots store, so the
+    run's slots are d0, d2 (not the first two devices d0, d1); every agent saw its own device."""
+    pytest.importorskip("torch")
     monkeypatch.setenv("FTWATCH_HEALTH_CRASH", "1")
     config = Config.model_validate({
         "supervisor": {"nproc_per_node": 3, "devices": ["d0", "d1", "d2"]},
@@ -70,19 +76,10 @@ def test_network_check_isolates_the_failed_slots_device_in_the_slots_store(tmp_p
     assert all(a["env"]["FTWATCH_HEALTH_DEVICE"] == "0" for a in answers if a.get("ok"))
 
 
-def test_network_check_leaves_gpus_hidden_by_the_environment_hidden(tmp_path, monkeypatch):
+def test_network_check_leaves_gpus_hidden_by_the_environment_hidden(tmp_path, monkeypatch, answers):
     """CUDA_VISIBLE_DEVICES= (the job sees no GPU): the node check's agents see it so too, not the
     modelled slot devices the slots store keeps."""
     pytest.importorskip("torch")
-    answers: list[dict] = []
-    real = nodes.run_group
-
-    def spy(agents, request, timeout, *a, **k):
-        got = real(agents, request, timeout, *a, **k)
-        answers.extend(got)
-        return got
-
-    monkeypatch.setattr(nodes, "run_group", spy)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     config = Config.model_validate({
         "supervisor": {"nproc_per_node": 2},
