@@ -18,11 +18,23 @@ is almost full (``FULL_SHARE`` free at most), the memory was taken before the jo
 device: the job's need did not exhaust it, and a relaunch on that GPU meets the same held memory
 until someone cleans the node. :func:`held_elsewhere` regrades such an OOM ``hardware_node`` /
 ``isolate_node`` (take the node out of the job's placement; a person frees it). Only when the
-incident has one instance: in a job of several processes a misplaced peer on the same GPU (every
+incident has one instance (of those with a rank, where any has one: a launcher's own lines, such
+as torchrun's summary, are no process on the GPU): in a job of several processes a misplaced peer on the same GPU (every
 rank on ``cuda:0``) takes memory the same way, and that is the program's. An OOM after the
 process had used a real share of the device is its own need, whatever else shares the GPU (a
 co-located inference engine of the same job, the PID lines of PyTorch 2.1+ that a container
 prints for the process itself).
+
+The same holds, with no figures, for the CUDA runtime's own ``CUDA error: out of memory``
+(``cudaErrorMemoryAllocation``) raised while the process makes its CUDA context: the traceback's
+innermost frame is ``torch._C._cuda_setDevice`` (``torch.cuda.set_device``) or
+``torch._C._cuda_init`` (the lazy initialisation of the first CUDA call). The runtime initialises
+a device's primary context there (CUDA Runtime API, "Interactions with the CUDA Driver API":
+``cudaSetDevice`` makes the primary context current, the first call that needs a context
+initialises it), before the process allocated anything of its own, so the device had no room
+even for a context. Recorded on an H200 (``tools/gpu_capture.sh gpu_held``): a process holding
+139 of the GPU's 140 GiB made a one-rank job's ``torch.cuda.set_device`` fail this way, on every
+start on that node.
 """
 
 from __future__ import annotations
@@ -42,6 +54,15 @@ FULL_SHARE = 0.05
 _SOURCE = ("pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (OOM message: total capacity and free from "
            "cudaMemGetInfo, reserved = what this process's allocator holds); PyTorch 'CUDA semantics: Memory "
            "management'; nvidia-smi(1) --gpu-reset (a GPU held outside the job is freed on the node)")
+_CONTEXT_SOURCE = ("CUDA Runtime API, 'Interactions with the CUDA Driver API' (cudaSetDevice makes the device's "
+                   "primary context current; the first call that needs a context initialises it); pytorch/pytorch "
+                   "torch/cuda/__init__.py (set_device -> torch._C._cuda_setDevice, _lazy_init -> "
+                   "torch._C._cuda_init); recorded on an H200 with another process holding the GPU's memory "
+                   "(tools/gpu_capture.sh gpu_held)")
+#: The CUDA runtime's out-of-memory error as PyTorch raises it (not the caching allocator's message).
+_RUNTIME_OOM = "CUDA error: out of memory"
+#: The frames of a process making its CUDA context: ``torch.cuda.set_device``, the lazy init.
+_CONTEXT_FRAME = re.compile(r"\btorch\._C\._cuda_(?:setDevice|init)\(")
 _UNITS = {"B": 2 ** -30, "bytes": 2 ** -30, "KiB": 2 ** -20, "MiB": 2 ** -10, "GiB": 1.0, "TiB": 2 ** 10}
 _NUM = r"([\d.]+) (B|bytes|KiB|MiB|GiB|TiB)"
 _OLD = re.compile(rf"\(GPU \d+; {_NUM} total capacity; .*?{_NUM} free; {_NUM} reserved in total by PyTorch\)")
@@ -82,16 +103,22 @@ def held_elsewhere(head: Finding, order: Sequence[Finding]) -> Finding | None:
     Returns:
         A copy of ``head`` with rule ``cuda.memory_held_elsewhere``, ``hardware_node`` /
         ``isolate_node``, when ``head`` is an out-of-memory error whose own figures show a full
-        device that its process's allocator holds (almost) none of, in a one-instance incident;
-        else None.
+        device that its process's allocator holds (almost) none of, or the CUDA runtime's
+        out-of-memory error raised while its process made its CUDA context, in a one-instance
+        incident; else None.
     """
     if head.failure_class is not FailureClass.OOM:
         return None
-    if len({f.origin.instance for f in order}) > 1:
+    ranked = {f.origin.instance for f in order if f.origin.rank is not None}
+    if len(ranked or {f.origin.instance for f in order}) > 1:   # a launcher's own lines are no process of the job
         return None
     got = figures(" ".join((head.line, *head.evidence)))
     if got is None:
-        return None
+        if _RUNTIME_OOM not in head.line or not any(map(_CONTEXT_FRAME.search, head.evidence)):
+            return None
+        return dataclasses.replace(head, rule_id=HELD_RULE, failure_class=FailureClass.HARDWARE_NODE,
+                                   action=Action.ISOLATE_NODE, fields={**head.fields, "at": "context creation"},
+                                   source=_CONTEXT_SOURCE)
     total, free, own = got
     if total <= 0 or own > OWN_SHARE * total or free > FULL_SHARE * total:
         return None

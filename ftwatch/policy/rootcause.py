@@ -145,8 +145,10 @@ The root cause is the earliest (time, seq) *real* error: severity >= ERROR and a
    the job's own errors decide.
 
 18. An out-of-memory error whose allocator figures show a full device that the one failing
-   process held (almost) none of is the node's state, a GPU held outside the job
-   (``ftwatch.policy.heldmemory``: hardware_node, isolate_node), read where rule 5 is.
+   process held (almost) none of, or the CUDA runtime's ``out of memory`` raised while that
+   process made its CUDA context (``torch.cuda.set_device``, the lazy init), is the node's state,
+   a GPU held outside the job (``ftwatch.policy.heldmemory``: hardware_node, isolate_node), read
+   where rule 5 is.
 19. A runtime's "no device" error (``cudaErrorNoDevice``, ``No CUDA GPUs are available``) in an
    incident whose scheduler or launcher said the process was given no GPU (Ray trials holding
    CPUs and 0 GPUs, NNI's trial GPU number 0, ``CUDA_VISIBLE_DEVICES`` exported empty or -1) is

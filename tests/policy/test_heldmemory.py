@@ -55,3 +55,42 @@ def test_a_peer_of_the_same_job_may_hold_the_gpu():
     fs = [oom(HELD_OLD, "rank1", 1.0), oom(OWN_OLD, "rank0", 0.5)]
     assert held_elsewhere(fs[0], fs) is None
     assert analyse([oom(HELD_OLD, "rank1")] * 1 + [oom(OWN_OLD, "rank0", 5.0)]).root_cause.rule_id == "cuda.out_of_memory"
+
+
+# Recorded on an H200 (tools/gpu_capture.sh gpu_held): another process held 139 of 140 GiB, and the
+# one-rank job's torch.cuda.set_device failed while making its CUDA context.
+CONTEXT = ("Traceback (most recent call last):",
+           '  File "/work/main/examples/train_gpu.py", line 108, in main',
+           "    torch.cuda.set_device(device)",
+           '  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/cuda/__init__.py", line 638, in set_device',
+           "    torch._C._cuda_setDevice(device)",
+           "torch.AcceleratorError: CUDA error: out of memory")
+# The same error at a tensor's move to the GPU: the program's first use of the device, not its context.
+MOVED = ("Traceback (most recent call last):",
+         '  File "/site-packages/torch/nn/modules/module.py", line 379, in convert',
+         "    return t.to(device, dtype if t.is_floating_point() else None, non_blocking)",
+         "RuntimeError: CUDA error: out of memory")
+
+
+def runtime_oom(evidence: tuple[str, ...], instance: str = "rank0", rank: int | None = 0) -> Finding:
+    return Finding("cuda.error_out_of_memory", "keyword", FailureClass.OOM, Action.FAIL_JOB, Severity.ERROR,
+                   Origin(instance, rank, "job", "node-0", "stderr", "process"), evidence[-1], T0, seq=0,
+                   evidence=evidence)
+
+
+def test_out_of_memory_while_making_the_cuda_context_isolates_its_node():
+    """Also with the launcher's own lines in the incident (torchrun's summary: no process on the GPU)."""
+    launcher = Finding("torchelastic.child_failed", "keyword", FailureClass.FALLOUT, Action.RESTART_JOB,
+                       Severity.ERROR, Origin("combined", None, "job", "node-0", "stderr", "process"),
+                       "failed (exitcode: 1) local_rank: 0", T0 + 1, seq=1)
+    head = runtime_oom(CONTEXT)
+    held = held_elsewhere(head, [head, launcher])
+    assert held is not None and held.rule_id == HELD_RULE and held.fields["at"] == "context creation"
+    assert held.failure_class is FailureClass.HARDWARE_NODE and held.action is Action.ISOLATE_NODE
+
+
+def test_out_of_memory_elsewhere_or_beside_a_peer_stays_the_jobs():
+    moved = runtime_oom(MOVED)
+    assert held_elsewhere(moved, [moved]) is None
+    first, peer = runtime_oom(CONTEXT), runtime_oom(CONTEXT, "rank1", 1)
+    assert held_elsewhere(first, [first, peer]) is None      # every rank on one GPU: the program's placement
