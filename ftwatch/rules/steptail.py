@@ -146,20 +146,16 @@ class Tails:
                 continue
             part = self.lines.find(data, cut, skip, begin=lo)
             cut, count = lo, count + len(part)
-            for key, mine in by_rank(data, part).items():
-                if key not in known:                 # a rank new to the stream: read everything
-                    return self._full(stream, data, end, skip)
-                before = groups.get(key)
-                groups[key] = mine if before is None else mine + before
+            ranks = by_rank(data, part)
+            if not known.issuperset(ranks):          # a rank new to the stream: read everything
+                return self._full(stream, data, end, skip)
+            _join(groups, ranks, first=True)
             if count >= bound or all(len(groups.get(key, ())) >= need for key in wanted):
                 break
             width *= 2
         if count:
             state.density = max(1.0, (end - cut) / count)
-        if cut > 0 and self.inexact:                  # straggler reports: every one counts
-            for key, mine in by_rank(data, self.lines.find(data, cut, skip, only=self.inexact)).items():
-                before = groups.get(key)
-                groups[key] = mine if before is None else mine + before
+        _join(groups, self._reports(data, 0, cut, skip), first=True)
         taken: Groups = {}
         for key, mine in sorted(groups.items(), key=lambda item: item[1][0][0]):
             exact = [hit for hit in mine if hit[2] is not None]
@@ -187,13 +183,9 @@ class Tails:
         if cut >= end:
             return self._known(stream, head, end)
         tail, lo = self._stretch(data, cut, end, skip, self.need)
-        middle = by_rank(data, self.lines.find(data, lo, skip, begin=cut, only=self.inexact)) \
-            if self.inexact and lo > cut else {}
-        groups: Groups = {}
-        for part in (head, middle, tail):
-            for key, mine in part.items():
-                before = groups.get(key)
-                groups[key] = mine if before is None else before + mine
+        groups = dict(head)
+        _join(groups, self._reports(data, cut, lo, skip))
+        _join(groups, tail)
         if tail:
             self._know(stream, groups, (end - lo) / sum(map(len, tail.values())))
             return self._in_order(groups)
@@ -207,10 +199,7 @@ class Tails:
         if not groups:
             return [], {}
         self._know(stream, groups, (end - cut) / sum(map(len, groups.values())))
-        if cut > 0 and self.inexact:                  # straggler reports: every one counts
-            for key, mine in by_rank(data, self.lines.find(data, cut, skip, only=self.inexact)).items():
-                before = groups.get(key)
-                groups[key] = mine if before is None else mine + before
+        _join(groups, self._reports(data, 0, cut, skip), first=True)
         return self._in_order(groups)
 
     def _stretch(self, data: bytes, lo: int, hi: int, skip: Container[int], need: int,
@@ -237,14 +226,19 @@ class Tails:
             if done_next == done:
                 continue
             done = done_next
-            for key, mine in by_rank(data, part).items():
-                before = groups.get(key)
-                groups[key] = mine if before is None else (before + mine if forward else mine + before)
+            _join(groups, by_rank(data, part), first=not forward)
             if groups:
                 busiest = max(map(len, groups.values()))
                 if all(len(mine) >= need or len(mine) * TAIL_SPAN < busiest for mine in groups.values()):
                     break
         return groups, done
+
+    def _reports(self, data: bytes, lo: int, hi: int, skip: Container[int]) -> Groups:
+        """Megatron's straggler reports among the lines in ``[lo, hi)`` by rank (every one counts,
+        wherever it is)."""
+        if hi <= lo or not self.inexact:
+            return {}
+        return by_rank(data, self.lines.find(data, hi, skip, begin=lo, only=self.inexact))
 
     def _known(self, stream: Any, groups: Groups, end: int) -> tuple[list[Hit], Groups]:
         """Every step line by rank of a first chunk whose lines end at ``end``: the stream's known
@@ -265,3 +259,11 @@ class Tails:
         busiest = max(map(len, groups.values()))
         sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest)
         self.streams[stream] = Stream(set(groups), sparse, 0, max(1.0, density))
+
+
+def _join(groups: Groups, part: Groups, first: bool = False) -> None:
+    """Each rank's lines of ``part`` into ``groups``: before the lines it holds with ``first``
+    (``part`` is earlier in the chunk), else after them."""
+    for key, mine in part.items():
+        before = groups.get(key)
+        groups[key] = mine if before is None else (mine + before if first else before + mine)

@@ -151,3 +151,18 @@ def test_the_straggler_report_pass_finds_what_the_full_gate_finds(rules):
     every = [hit for hit in lines.find(data, len(data)) if hit[1] in inexact]
     assert every and lines.find(data, len(data), only=inexact) == every
     assert lines.find(chunk(1, 10, range(2)), 10 ** 6, only=inexact) == []
+
+
+def test_a_first_chunks_lines_of_each_rank_stay_in_line_order(rules):
+    """Head, the straggler reports between, then the end stretch: each rank's lines in line order
+    (the tap takes them so), also for the rank whose report sits in the middle."""
+    first = chunk(1, 400, range(8)) + DETECTOR.encode() + chunk(401, 400, range(8))
+    tracker = StepTracker(StragglerConfig(min_steps=5))
+    stream = Origin("combined", None, "job1", "n", "stdout", "replay")
+    hits, groups = tracker.tails.find(stream, first, len(first), ())
+    for key, mine in groups.items():
+        starts = [hit[0] for hit in mine]
+        assert starts == sorted(starts), key
+    assert len(hits) < len(tracker.lines.find(first, len(first)))       # not every line was read
+    report = first.rfind(b"\n", 0, first.index(b"MnRtt")) + 1
+    assert report in [hit[0] for hit in groups[0]]
