@@ -116,13 +116,11 @@ def held_elsewhere(head: Finding, order: Sequence[Finding]) -> Finding | None:
     if got is None:
         if _RUNTIME_OOM not in head.line or not any(map(_CONTEXT_FRAME.search, head.evidence)):
             return None
-        return dataclasses.replace(head, rule_id=HELD_RULE, failure_class=FailureClass.HARDWARE_NODE,
-                                   action=Action.ISOLATE_NODE, fields={**head.fields, "at": "context creation"},
-                                   source=_CONTEXT_SOURCE)
-    total, free, own = got
-    if total <= 0 or own > OWN_SHARE * total or free > FULL_SHARE * total:
-        return None
+        fields, source = {"at": "context creation"}, _CONTEXT_SOURCE
+    else:
+        total, free, own = got
+        if total <= 0 or own > OWN_SHARE * total or free > FULL_SHARE * total:
+            return None
+        fields, source = {"total_gib": round(total, 2), "own_gib": round(own, 3)}, _SOURCE
     return dataclasses.replace(head, rule_id=HELD_RULE, failure_class=FailureClass.HARDWARE_NODE,
-                               action=Action.ISOLATE_NODE,
-                               fields={**head.fields, "total_gib": round(total, 2), "own_gib": round(own, 3)},
-                               source=_SOURCE)
+                               action=Action.ISOLATE_NODE, fields={**head.fields, **fields}, source=source)
