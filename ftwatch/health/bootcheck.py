@@ -484,5 +484,5 @@ def run_checks(paths: Sequence[Path], disk_bytes: int, disk_min_mb_s: float, wor
     if all(r.status == "skipped" for r in accel):
         results.append(cpu_check())
     results += torch_checks(world, allreduce_bytes, timeout, python, min_busbw_gbs, allreduce, devices,
-                            accel[0].fields.get("missing", ()) if accel[0].fields else ())
+                            accel[0].fields.get("missing", ()))
     return results
