@@ -6,6 +6,8 @@ On the shared corpus (``benchlib.build_corpus``), per rule count:
 - ``Engine.feed`` alone, 1 MiB chunks from memory, no tap;
 - ``rg -c -a -f`` over the rules' patterns (ripgrep, the C/Rust floor for "find lines that hit");
 - raw chunked Hyperscan from Python (one database, 1 MiB chunks, hits mapped to line starts);
+- at 1,000 and 10,000 rules, replay's floor (``time_floor``: read, lines counted, ``Matcher.scan``)
+  and, per hit line, replay's CPU beyond it beside what the goal leaves beyond it;
 
 and once: ``grep -F`` (the 1,000-rule set's literals), ``grep -E`` (all its patterns), the read floor
 (1 MiB chunks read and their lines counted). Start-up: a subprocess loads 10,000 generated rules
@@ -107,6 +109,25 @@ def time_feed(parts: list[bytes], rules: list[Rule]) -> float:
             engine.feed(origin, b"", t, final=True, sim_step=0.001)
         return cpu_of(run)
     return min(once() for _ in range(REPEAT))
+
+
+def time_floor(path: Path, rules: list[Rule]) -> tuple[float, int]:
+    """The least CPU seconds of ``REPEAT`` passes of what every replay of ``path`` must do before any
+    per-line Python work: read it in 1 MiB chunks cut at line ends, count their lines and scan each
+    with ftwatch's own matcher (``Matcher.scan``, the engine's database); and the lines a rule hit.
+
+    Replay's time beyond it, per hit line, is what its Python costs a hit (records, blocks, judging,
+    the incident's reading and decision); the goals' time beyond it, per hit line, is what they leave
+    for that: the two side by side say how far per-hit work stands from a goal, whatever the scan costs."""
+    matcher = Engine(rules).matcher
+    hit_lines = [0]
+
+    def run():
+        hit_lines[0] = 0
+        for part in chunks(path):
+            part.count(b"\n")
+            hit_lines[0] += len({start for start, _ in matcher.scan(part)})
+    return cpu_of(run, repeat=REPEAT), hit_lines[0]
 
 
 def exprs(rules: list[Rule]):
@@ -251,6 +272,7 @@ def main() -> None:
     counts = [c for c in RULE_COUNTS if not (args.quick and c > 1000)]
     figures: list[Figure] = []
     rate: dict[tuple[str, int], float] = {}
+    floors: dict[int, tuple[float, int]] = {}       # rules -> (floor CPU seconds, hit lines)
     read = cpu_of(lambda: [p.count(b"\n") for p in chunks(path)], repeat=3)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -269,6 +291,8 @@ def main() -> None:
             rg_time = time_tool(["rg", "-c", "-a", "--no-config", "-f", str(rg), str(path)]) if rg else None
             if rg_time:
                 rate["rg", count] = n / rg_time
+            if count in (1_000, 10_000):
+                floors[count] = time_floor(path, rules)
         thousand = rule_set(1_000)
         fixed, ere = pattern_file(thousand, tmp, "fixed"), pattern_file(thousand, tmp, "ere")
         grep_f = time_tool(["grep", "-F", "-c", "-a", "-f", str(fixed), str(path)]) if fixed else None
@@ -305,6 +329,18 @@ def main() -> None:
                                 rate["replay", 1000] / rate["hs", 1000], "x", 0.5))
     if ("replay", 10_000) in rate:
         figures.append(at_least("replay with tap, 10,000 rules", rate["replay", 10_000], "lines/s", 2_000_000))
+    goals = {1_000: ("0.5x raw hyperscan", 0.5 * rate["hs", 1_000]) if ("hs", 1_000) in rate else None,
+             10_000: ("2 M lines/s", 2_000_000.0)}
+    for count, (spent, hits) in floors.items():
+        figures.append(info(f"replay floor (read, count, Matcher.scan), {count:,} rules", n / spent, "lines/s",
+                            f"{hits:,} hit lines; replay {n / rate['replay', count]:.3f} s, the floor {spent:.3f} s"))
+        now = (n / rate["replay", count] - spent) / max(1, hits) * 1e6
+        figures.append(info(f"replay CPU per hit line beyond the floor, {count:,} rules", now, "us"))
+        goal = goals.get(count)
+        if goal is not None:
+            left = (n / goal[1] - spent) / max(1, hits) * 1e6
+            figures.append(info(f"what the goal ({goal[0]}) leaves per hit line, {count:,} rules", left, "us",
+                                "negative: the floor alone misses it"))
     for count in (1_000, 10_000):
         if ("replay-notap", count) in rate:
             overhead = (rate["replay-notap", count] / rate["replay", count] - 1.0) * 100.0
