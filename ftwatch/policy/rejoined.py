@@ -38,6 +38,10 @@ _COUNTS = re.compile(r"Timed out initializing process group in store based barri
                      r"\(world_size=(\d+), (?:worker_count|num_workers_joined)=(\d+)")
 
 
+#: Words every :data:`_COUNTS` match holds
+_GATE = "store based barrier"
+
+
 def counts(line: str) -> tuple[int, int] | None:
     """(world size, arrivals) of a store-based barrier's timeout message, or None."""
     m = _COUNTS.search(line)
@@ -49,6 +53,8 @@ def rejoined(f: Finding) -> bool:
     catalog did not already file as another failure's fallout)."""
     if not is_error(f) or f.failure_class in (FailureClass.FALLOUT, FailureClass.INFO):
         return False
+    if _GATE not in f.line and not (f.evidence and _GATE in "\n".join(f.evidence)):
+        return False                    # (root cause asks every finding of an incident: a substring test first)
     got = counts(f.line) or next((c for c in map(counts, f.evidence) if c), None)
     return got is not None and got[1] > got[0]
 

@@ -44,7 +44,8 @@ _CUT_WORDS = ("Ran out of input", "pickle data was truncated")
 
 def start_cut(f: Finding) -> bool:
     """True when ``f`` is a spawned child's failure to read its start from its parent."""
-    if not any(w in text for text in (f.line, *f.evidence) for w in _CUT_WORDS):
+    text = "\n".join((f.line, *f.evidence)) if f.evidence else f.line    # (no word holds a newline)
+    if not any(w in text for w in _CUT_WORDS):
         return False
     frames, exception = traceback_of(f)
     if not frames or not (_CUT.search(exception or f.line) or _CUT.search(f.line)):
