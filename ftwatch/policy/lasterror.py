@@ -122,8 +122,25 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
     """
     if not nccl_result(f):
         return False
-    return _next_is_error(f, order, errors, skip=lambda g: nccl_result(g) or g.rule_id in LOCATION_ONLY_RULES,
-                          start=start)
+    return _next_is_error(f, order, errors, skip=_before_last_error, start=start)
+
+
+def _before_last_error(g: Finding) -> bool:
+    """``g`` is passed over on the way from a result code to NCCL's last-error text: another
+    result code or its detail line, or a report that names only a location."""
+    return nccl_result(g) or g.rule_id in LOCATION_ONLY_RULES
+
+
+def last_error_starts(own: Sequence[Finding]) -> list[int]:
+    """For each place ``k`` (0 to ``len(own)``) of one instance's findings sorted by (time, seq), the
+    first place from ``k`` on whose finding :func:`named_by_last_error` does not pass over
+    (``len(own)``: none): the ``start`` that reads a candidate's next finding at once. A job that
+    prints its NCCL result code again on each retry has a long run of them; each read to the run's
+    end made root cause O(n^2) in the run (10,000 result codes of one job: ~11 s a decision)."""
+    starts = [len(own)] * (len(own) + 1)
+    for k in range(len(own) - 1, -1, -1):
+        starts[k] = starts[k + 1] if _before_last_error(own[k]) else k
+    return starts
 
 
 def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding], start: int = 0) -> bool:

@@ -158,3 +158,28 @@ def test_marians_own_check_with_no_library_error_is_the_root_cause():
                   "(std::vector<long unsigned int>) in /home/mt/marian-mpi/src/training/graph_group.h:180")
     rc = analyse(fs).root_cause
     assert rc.rule_id == "marian.abort_report" and rc.failure_class is FailureClass.USER_CODE
+
+
+def test_the_next_finding_after_a_run_of_result_codes_is_read_once_per_instance_with_the_same_answers():
+    """A job that prints its result code again on each retry: ``last_error_starts`` hands each code of
+    a run the place of the finding after the run, and every answer is the one a read from the code's
+    own place gives (root cause reads each instance's run once, not once per code in it)."""
+    import random
+
+    from ftwatch.policy.lasterror import last_error_starts
+    from ftwatch.testing import finding
+    rng = random.Random(16)
+    rules = ["nccl.unhandled_system_error", "nccl.code.ncclSystemError", "marian.abort_report",
+             "nccl.socket_address_not_ip", "python.key_error"]
+    for _ in range(200):
+        own, t = [], T0
+        for seq in range(rng.randint(1, 40)):
+            t += rng.choice([0.0, 0.0, 0.3, 2.0])
+            own.append(finding(rng.choice(rules), time=t, seq=seq))
+        errors = [f for f in own if rng.random() < 0.7]
+        starts = last_error_starts(own)
+        assert len(starts) == len(own) + 1 and starts[-1] == len(own)
+        for place, f in enumerate(own, start=1):
+            assert starts[place] >= place
+            assert (named_by_last_error(f, own, errors, starts[place])
+                    == named_by_last_error(f, own, errors, place) == named_by_last_error(f, own, errors))
