@@ -21,7 +21,10 @@ key                            kind counted              what is dropped, and wh
                                                          e.g. a launcher's "exited 0")
 ``max_findings_per_job``       ``finding``               all of a job's evidence of the current attempt:
                                                          the oldest info findings first (warnings,
-                                                         errors and exits last)
+                                                         errors and exits last); and the open
+                                                         incident's openers: all but the earliest of
+                                                         each instance, rule and class and the newest
+                                                         (``triggers.trim_openers``)
 ``max_notices_per_job``        ``notice``                a job's notices of the current attempt (errors
                                                          its instances outlived, ``policy.progress``):
                                                          the oldest first, out of its evidence too
@@ -79,7 +82,7 @@ class LimitsConfig(BaseModel):
                                            "the oldest go.")
     max_findings_per_job: int = Field(20000, gt=0, description="Findings kept as one job's evidence per "
                                       "attempt; past it the oldest info findings go first, then the "
-                                      "oldest of the rest.")
+                                      "oldest of the rest. Also bounds the open incident's openers.")
     max_notices_per_job: int = Field(MAX_NOTICES_PER_JOB, gt=0, description="Notices (errors the job "
                                      "outlived) kept for one job's attempt; past it the oldest are "
                                      "forgotten, out of its evidence too.")

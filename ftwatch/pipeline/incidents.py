@@ -64,7 +64,7 @@ from ftwatch.policy.plan import RunFacts, Verdict
 from ftwatch.policy import initphase, lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
 from ftwatch.policy.triggers import (HANG_KINDS, failed_instances, is_error, opens_incident,
-                                    pick_trigger, fatal_rules, outside_rules)
+                                    pick_trigger, fatal_rules, outside_rules, trim_openers)
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
 
@@ -283,6 +283,8 @@ class IncidentDesk:
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):
                 continue
             self._openers.append(f)
+            if len(self._openers) > self.limits.max_findings_per_job:     # errors printed again and again
+                trim_openers(self._openers, self.limits.max_findings_per_job, self._outside | notices.BOOT_RULES)
             held = survivable and not self.exits
             wait = 0.0 if f.kind in HANG_KINDS else self.settle
             if self.open is None:

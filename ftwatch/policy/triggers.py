@@ -41,8 +41,10 @@ import csv
 import importlib.resources
 import io
 from functools import lru_cache
+from itertools import compress
 from typing import Collection, Iterable, Sequence
 
+from ftwatch.bounded import EVICTIONS
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
 from ftwatch.policy.c4d import LEVELS, C4DSettings, grade, is_c4d, parse_line
 from ftwatch.policy.catchsite import ended_program
@@ -158,6 +160,57 @@ def pick_trigger(openers: Sequence[Finding]) -> Finding:
     if exits:
         return min(exits, key=_order)
     return min(errors or openers, key=_order)
+
+
+def trim_openers(openers: list[Finding], cap: int, by_rule: Collection[str] = ()) -> int:
+    """Bound an open incident's openers (``IncidentDesk``: the findings that could trigger it, in
+    arrival order) once there are more than ``cap``: down to three quarters of it, in place.
+
+    Kept: of each (instance, rule id, kind, class) the earliest by (time, seq), so that
+    :func:`pick_trigger` names the same finding (it reads only the earliest error, exit and hang, and
+    whether an error of another class came before the hang: each is the earliest of its key); every
+    opener whose rule is in ``by_rule`` (the desk looks those up by rule: a boot the job outlived, a
+    scheduler's verdict on a job that finished); then the newest up to the target (a quarter of it at
+    least), the errors that may still wait for their instance's progress and be taken back as notices. An incident held open by
+    errors printed again and again (a job that logs the same NCCL failure on every retry, a replay of
+    its log) kept every one: memory and each notice's search grew with the input. One difference: a
+    notice that takes back an earliest opener whose later peers were dropped falls back to a later one.
+
+    Args:
+        openers: oldest first; shortened in place.
+        cap: the most it may hold (``limits.max_findings_per_job``, the bound of the evidence they are of).
+        by_rule: rule ids whose openers all stay.
+
+    Returns:
+        How many were dropped (0 while ``len(openers) <= cap``).
+    """
+    if len(openers) <= cap:
+        return 0
+    earliest: dict[tuple, int] = {}
+    keep = [False] * len(openers)
+    for i, f in enumerate(openers):
+        if f.rule_id in by_rule:
+            keep[i] = True
+            continue
+        key = (f.origin.instance, f.rule_id, f.kind, f.failure_class)
+        j = earliest.get(key)
+        if j is None or _order(f) < _order(openers[j]):
+            earliest[key] = i
+    for i in earliest.values():
+        keep[i] = True
+    target = max(1, cap - cap // 4)
+    room = max(target - keep.count(True), target // 4)     # the newest always have some
+    for i in range(len(openers) - 1, -1, -1):
+        if room <= 0:
+            break
+        if not keep[i]:
+            keep[i] = True
+            room -= 1
+    kept = list(compress(openers, keep))
+    dropped = len(openers) - len(kept)
+    openers[:] = kept
+    EVICTIONS.count("finding", dropped)
+    return dropped
 
 
 def failed_instances(findings: Iterable[Finding], trigger: Finding, exited: Collection[str],

@@ -181,3 +181,50 @@ def test_desks_share_the_fatal_rule_sets_and_follow_the_engines_rules_when_they_
     later = IncidentDesk("other", engine, d.policy, d.recorder, exits=False)
     assert "site.cancelled" in later._outside and "site.cancelled" in later._sticky
     assert "site.cancelled" not in d._outside                 # a desk keeps the sets it was made with
+
+
+def test_trimmed_openers_name_the_same_trigger_and_keep_the_rules_looked_up_by_rule():
+    """``trim_openers`` bounds an incident's openers and leaves ``pick_trigger``'s answer as it was,
+    whatever their order and mix (errors of several classes, hangs, exits, instances)."""
+    import random
+
+    from ftwatch.policy.triggers import trim_openers
+    rng = random.Random(16)
+    kinds = [("python.key_error", "keyword", FailureClass.USER_CODE),
+             ("nccl.unhandled_system_error", "keyword", FailureClass.RETRYABLE_INFRA),
+             ("gloo.pair_io_error", "keyword", FailureClass.FALLOUT),
+             ("hang.job", "hang", FailureClass.HANG), ("exit.1", "exit_code", FailureClass.USER_CODE),
+             ("os.kernel_boot", "keyword", FailureClass.HARDWARE_NODE)]
+    for _ in range(100):
+        openers = []
+        for seq in range(rng.randint(50, 400)):
+            rule, kind, cls = rng.choices(kinds, weights=[30, 30, 20, 1, 1, 2])[0]
+            openers.append(finding(rule, kind=kind, failure_class=cls, time=T0 + rng.uniform(0, 100), seq=seq,
+                                   at=worker(rng.randint(0, 3))))
+        before, boots = pick_trigger(openers), [f for f in openers if f.rule_id == "os.kernel_boot"]
+        trimmed = list(openers)
+        dropped = trim_openers(trimmed, 40, by_rule={"os.kernel_boot"})
+        assert dropped == len(openers) - len(trimmed) and (dropped > 0) == (len(openers) > 40)
+        assert pick_trigger(trimmed) is before
+        assert [f for f in trimmed if f.rule_id == "os.kernel_boot"] == boots
+        assert all(f in openers for f in trimmed)
+        assert trimmed[-7:] == openers[-7:]                    # the newest stay (a quarter of 30): they may still wait
+
+
+def test_an_error_printed_again_and_again_keeps_the_incidents_openers_bounded(tmp_path):
+    """Without exits (``watch``, ``replay``) the same NCCL error on every retry joins the open incident
+    each time; its openers stay within ``limits.max_findings_per_job`` and the incident is still
+    decided on the first one."""
+    from ftwatch.config.limits import LimitsConfig
+    config = Config.model_validate({"storage": {"state_dir": str(tmp_path)}}).with_policy(enable_job_restart=True)
+    d = IncidentDesk(JOB, build_engine(config), build_policy(config, JOB),
+                     Recorder(CaptureSink(), out=io.StringIO(), resolve_after=None), exits=False,
+                     settle=0.0, cooldown=0.0, summaries="live", limits=LimitsConfig(max_findings_per_job=40))
+    d.new_attempt(T0)
+    first = d.output(worker(1), NCCL, T0)
+    assert first is not None
+    for k in range(1, 200):
+        d.output(worker(k % 2), NCCL * 3, T0 + k)
+        assert len(d._openers) <= 40
+    decision = d.decide(None, T0 + 300)
+    assert decision.root_cause.line == first.line and decision.root_cause.time == first.time
