@@ -8,7 +8,10 @@ one file after the other, to one :class:`ftwatch.pipeline.incidents.IncidentDesk
 ``run`` and ``watch`` decide through; errors open incidents, as in ``watch``); each chunk is
 scanned whole (no per-line Python work on lines that do not hit a rule); a traceback or a
 torchelastic summary cut by a chunk boundary is joined, and a line longer than a chunk is read
-whole. Findings and the decision go through the Recorder (the CLI's prints nothing; tests hand
+whole up to ``sources.process.MAX_LINE`` (8 MiB); as ``run``'s readers do, a longer one is handed
+over in pieces of that size, each with a newline added, and a chunk with no newline at all (a
+progress bar's redraws written to a file: ``\r`` and no ``\n`` until the bar closes) is handed over
+at its last bare ``\r``, so memory stays bounded whatever the file holds. Findings and the decision go through the Recorder (the CLI's prints nothing; tests hand
 in one with capture doubles and check the alerts).
 
 Time: a line with a timestamp is at its own time. A line without one is at the time of the last
@@ -48,6 +51,7 @@ from ftwatch.pipeline.replay_hang import HangScan
 from ftwatch.pipeline.replay_phases import PhaseScan
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, is_host_file
 from ftwatch.pipeline.sources.phases import PhaseTracker
+from ftwatch.pipeline.sources.process import MAX_LINE
 from ftwatch.policy.policy import Policy
 from ftwatch.policy.progress import PROGRESS
 from ftwatch.rules.engine import Engine
@@ -209,24 +213,33 @@ def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
     total = 0
     year = desk.engine.year or fields.year_of(base)
     with open(path, "rb") as fh:
-        parts: list[bytes] = []         # a line longer than a chunk, read so far
+        parts: list[bytes] = []         # a line longer than a chunk, read so far ...
+        held = 0                        # ... and its bytes
         while True:
             block = fh.read(CHUNK_BYTES)
             if not block:
                 break
             cut = block.rfind(b"\n") + 1
+            if cut == 0:                # no newline in a whole chunk: a bar's redraws end at a bare \r
+                cut = block.rfind(b"\r", 0, len(block) - 1) + 1     # (not the last byte: "\r\n" cut)
+            added = 0
             if cut == 0:
                 parts.append(block)
-                continue
-            chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
-            parts = [block[cut:]] if cut < len(block) else []
+                held += len(block)
+                if held < MAX_LINE:
+                    continue
+                chunk, parts, held, added = b"".join(parts) + b"\n", [], 0, 1    # with a newline added
+            else:
+                chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
+                parts = [block[cut:]] if cut < len(block) else []
+                held = len(block) - cut
             desk.output(origin, chunk, base, sim_step=SIM_STEP)
             if scan is not None:
                 scan.take(chunk, base)
             base = _next_base(chunk, base, year)
-            total += len(chunk)
+            total += len(chunk) - added
             if progress:
-                progress(len(chunk))
+                progress(len(chunk) - added)
         carry = b"".join(parts)
         desk.output(origin, carry, base, final=True, sim_step=SIM_STEP)
         if scan is not None:

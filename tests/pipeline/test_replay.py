@@ -400,3 +400,26 @@ def test_a_c4d_error_with_c4d_detection_isolates_the_node_it_names(run, tmp_path
     result = run([log], enable_job_hang_detection=True, enable_c4d_hang_detection=True, enable_job_restart=True)
     assert result.decision.action is Action.ISOLATE_NODE, result.decision.policy_clause
     assert result.decision.target.node == "gpu-node-7"
+
+
+def test_a_line_past_max_line_and_a_bars_redraws_are_handed_over_in_bounded_pieces(run, tmp_path, monkeypatch):
+    """A file with no newline for megabytes (one huge line; a progress bar's ``\\r`` redraws written to a
+    file until the bar closes) reaches the desk in pieces of at most ``MAX_LINE`` plus a chunk, as
+    ``run``'s readers hand them over: nothing is read whole into memory, every byte is counted, and
+    the error after them is found."""
+    from ftwatch.pipeline import incidents, replay as replay_module
+    monkeypatch.setattr(replay_module, "MAX_LINE", 2 * CHUNK_BYTES)
+    seen: list[int] = []
+    output = incidents.IncidentDesk.output
+    monkeypatch.setattr(incidents.IncidentDesk, "output",
+                        lambda self, origin, data, *a, **k: (seen.append(len(data)), output(self, origin, data, *a, **k))[1])
+    blob = b"[rank1]: " + b"0123456789abcdef" * (5 * CHUNK_BYTES // 16)                 # 5 chunks, no line end
+    bars = b"".join(b"\rEpoch 0:  %d%%|%s| %d/500" % (k % 100, b"#" * 60, k) for k in range(60_000))   # ~5 MiB
+    path = write(tmp_path / "rank1.log", blob + b"\n" + bars + b"\n" + "".join(f"{l}\n" for l in KEYERROR_TB).encode())
+
+    result = run([path])
+
+    assert [f.rule_id for f in result.findings] == ["python.key_error"]
+    assert result.bytes == path.stat().st_size
+    assert max(seen) <= 2 * CHUNK_BYTES + CHUNK_BYTES + 1
+    assert len([n for n in seen if n > 0]) > 5
