@@ -207,8 +207,8 @@ from ftwatch.policy.gidchange import pinned_gid_moved
 from ftwatch.policy.retried import retried_on_target
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.heldmemory import held_elsewhere
-from ftwatch.policy.lasterror import (assert_reported, last_error_starts, message_named_by_next,
-                                      named_by_last_error)
+from ftwatch.policy.lasterror import (assert_reported, assert_reports, last_error_starts,
+                                      message_named_by_next, named_by_last_error)
 from ftwatch.policy.leftpath import left_before_hang, left_rank, stalled_until_stopped, waited_after_finish
 from ftwatch.policy.lifecycle import finish
 from ftwatch.policy.trialloop import trial_finish
@@ -438,10 +438,11 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     after = {id(c): 0 if c.origin.instance in unsorted else place[id(c)] for c in candidates}
     # 7: a run of result codes is passed over once per instance, not once per code in it
     named_at = {instance: last_error_starts(own) for instance, own in mine.items() if instance not in unsorted}
+    reports = assert_reports(candidates)      # 13: each instance's latest cudaErrorAssert, read once
     candidates = [c for c in candidates if not spelled_out(c, candidates)
                   and not named_by_last_error(c, mine[c.origin.instance], candidates,   # 7, 13
                                               named_at[c.origin.instance][after[id(c)]] if after[id(c)] else 0)
-                  and not assert_reported(c, candidates)      # 13: the kernel assert its process raised
+                  and not assert_reported(c, reports)         # 13: the kernel assert its process raised
                   and not message_named_by_next(c, mine[c.origin.instance], candidates, after[id(c)])]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 9: the OOM killer's SIGKILL
         candidates = killed_when_reported(candidates, [c for c in candidates if sigkill_report(c)])

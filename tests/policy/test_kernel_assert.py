@@ -51,3 +51,23 @@ def test_another_ranks_assert_report_does_not_explain_the_print():
     found = [*logged(2, 0.0, ASSERT), *logged(5, 0.5, "RuntimeError: CUDA error: device-side assert triggered")]
     rc = analyse(found, world=8).root_cause
     assert rc is not None and rc.rule_id == "cuda.kernel_assert_failed" and rc.rank == 2, rc
+
+
+def test_whether_a_print_is_reported_later_is_read_from_each_instances_latest_report():
+    """``assert_reports`` (each instance's latest cudaErrorAssert, made once) gives every print the
+    answer a search of all the errors gives: its own instance reported the assert after it."""
+    import random
+
+    from ftwatch.policy.lasterror import assert_reported, assert_reports
+    from ftwatch.testing import finding
+    rng = random.Random(13)
+    rules = ["cuda.kernel_assert_failed", "cuda.device_side_assert", "cuda.rt.assert", "nccl.watchdog_timeout"]
+    for _ in range(200):
+        errors = [finding(rng.choice(rules), time=T0 + rng.choice([0.0, 1.0, 2.0, 3.0]), seq=seq,
+                          rank=rng.randint(0, 2)) for seq in range(rng.randint(1, 30))]
+        reports = assert_reports(errors)
+        for f in errors:
+            searched = f.rule_id == "cuda.kernel_assert_failed" and any(
+                e.rule_id in ("cuda.device_side_assert", "cuda.rt.assert") and e.origin.instance == f.origin.instance
+                and (f.time, f.seq) < (e.time, e.seq) for e in errors)
+            assert assert_reported(f, reports) is searched
