@@ -291,3 +291,42 @@ def test_ranks_whose_rendezvous_connect_timed_out_while_rank_0_mapped_the_datase
     # without rank 0's bar the connect keeps its own reading
     rc = analyse(logged(1, 1800.0, *rendezvous_connect(1)), world=2).root_cause
     assert rc is not None and rc.rule_id != "collective.busy_rank"
+
+
+def test_which_bars_advanced_after_their_timeout_is_the_answer_of_reading_every_later_line():
+    """``_advanced_bars`` (one sweep from the end, each total's later updates kept) names the same
+    timeouts as reading every later finding's bar for each timeout: the same total, more elapsed
+    and more done (either count not a plain number counts as more)."""
+    import random
+
+    from ftwatch.policy.busy import _BAR, _advanced_bars, _clock, _unfinished
+    from ftwatch.testing import finding
+    rng = random.Random(3)
+
+    def reference(f, order):
+        m = _BAR.match(f.line)
+        if m is None or _unfinished(f) is None:
+            return False
+        done, total, elapsed = m.group(2), m.group(3), _clock(m.group(4))
+        for g in order:
+            n = _BAR.match(g.line)
+            if (g.time, g.seq) <= (f.time, f.seq) or n is None or n.group(3) != total or _clock(n.group(4)) <= elapsed:
+                continue
+            if not (done.isdigit() and n.group(2).isdigit()) or int(n.group(2)) > int(done):
+                return True
+        return False
+
+    for _ in range(300):
+        order = []
+        for seq in range(rng.randint(1, 25)):
+            total = rng.choice(["500", "2000"])
+            done = rng.choice([str(rng.randint(0, 40)), "1.2k"])
+            clock = f"{rng.randint(0, 2):02d}:{rng.randint(0, 59):02d}<00:10"
+            line = (f"Map:  {rng.randint(0, 99)}%|##  | {done}/{total} [{clock}, 3.1 examples/s]"
+                    f"[E ProcessGroupNCCL.cpp:475] [Rank {seq}] Watchdog caught collective operation timeout")
+            if rng.random() < 0.2:
+                line = "no bar on this line"
+            order.append(finding("nccl.watchdog_timeout", line=line, time=T0 + rng.choice([0.0, 1.0, 2.0]), seq=seq))
+        order.sort(key=lambda f: (f.time, f.seq))
+        timeouts = [f for f in order if rng.random() < 0.6]
+        assert _advanced_bars(timeouts, order) == {id(f) for f in timeouts if reference(f, order)}
