@@ -3,16 +3,17 @@
 
 torch_npu raises a failed ACL or HCCL call as one message whose first line carries only the
 return code; the error CANN recorded for it follows on lines of their own (below), which a
-traceback record does not take in. :func:`spelled_out` says when such a code is followed by that
+traceback record does not take in. :meth:`CannRecords.spelled_out` says when such a code is followed by that
 specific reading, so that the root cause is the recorded error, not the code.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Sequence
 
-from ftwatch.events import NOT_LOG_LINES, Finding, precedes
+from ftwatch.events import NOT_LOG_LINES, Finding
 
 #: Ascend return-code lines (issue 12 item 2): torch_npu raises a failed ACL or HCCL call as one
 #: message, ``<func>:<file>:<line> NPU function error: <call>, error code is N``, then its
@@ -45,24 +46,53 @@ def wrapped_code(f: Finding) -> bool:
     return f.kind == "keyword" and (f.rule_id.startswith(WRAPPED_CODE_PREFIXES) or f.rule_id in WRAPPED_CODE_RULES)
 
 
-def spelled_out(f: Finding, errors: Sequence[Finding]) -> bool:
-    """Says whether the return-code line ``f`` is followed, on its instance and within
-    ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
-    message; or whether ``f`` (a return-code line or an internal ``EZ9999`` / ``EE9999`` record) is
-    followed by an AI Core ``errorStr`` with only internal records between them."""
-    internal = f.rule_id in INTERNAL_RECORD_RULES
-    return (wrapped_code(f) or internal) and any(
-        not wrapped_code(e) and e.kind not in NOT_LOG_LINES and e.origin.instance == f.origin.instance
-        and precedes(f, e)
-        and ((not internal and e.time - f.time <= WRAPPED_WINDOW and _CANN_CODE.search(e.line))
-             or (e.rule_id in SPELLED_OUT_RULES and _same_record(f, e, errors)))
-        for e in errors)
+class CannRecords:
+    """An incident's real errors read once per instance, so that :meth:`spelled_out` asks about one
+    return code in O(log n): each code searching every error (and, for an ``errorStr``, every error
+    again between them) made root cause O(n^2) and worse in the codes (a 16-card job's log with its
+    ``EE1002`` message repeated, ~30,000 lines: over 100 s).
+
+    Args:
+        errors: the real errors (root cause's candidates).
+    """
+
+    def __init__(self, errors: Sequence[Finding]):
+        mine: dict[str, list[Finding]] = {}
+        for e in errors:
+            mine.setdefault(e.origin.instance, []).append(e)
+        self._by: dict[str, tuple] = {}
+        for instance, own in mine.items():
+            own.sort(key=_key)
+            keys = [_key(e) for e in own]
+            # the errors on a line with a CANN code that may spell a return code out (their keys and times)
+            spelling = [e for e in own if _may_spell(e) and _CANN_CODE.search(e.line)]
+            plain = [len(own)] * (len(own) + 1)         # the first error from each place on that is no internal record
+            for k in range(len(own) - 1, -1, -1):
+                plain[k] = plain[k + 1] if own[k].rule_id in INTERNAL_RECORD_RULES else k
+            self._by[instance] = (own, keys, [_key(e) for e in spelling], [e.time for e in spelling], plain)
+
+    def spelled_out(self, f: Finding) -> bool:
+        """Says whether the return-code line ``f`` is followed, on its instance and within
+        ``WRAPPED_WINDOW`` seconds, by a real error on a line with a CANN error code: the rest of its
+        message; or whether ``f`` (a return-code line or an internal ``EZ9999`` / ``EE9999`` record) is
+        followed by an AI Core ``errorStr`` with only internal records between them."""
+        internal = f.rule_id in INTERNAL_RECORD_RULES
+        if not (wrapped_code(f) or internal) or f.origin.instance not in self._by:
+            return False
+        own, keys, spelling, times, plain = self._by[f.origin.instance]
+        at = _key(f)
+        if not internal:                # the first such error after it is the earliest: within the window?
+            k = bisect.bisect_right(spelling, at)
+            if k < len(spelling) and times[k] - f.time <= WRAPPED_WINDOW:
+                return True
+        nxt = plain[bisect.bisect_right(keys, at)]      # past the internal records right after it
+        return nxt < len(own) and own[nxt].rule_id in SPELLED_OUT_RULES and _may_spell(own[nxt])
 
 
-def _same_record(f: Finding, e: Finding, errors: Sequence[Finding]) -> bool:
-    """Says whether only CANN's internal error records (``INTERNAL_RECORD_RULES``: ``EZ9999`` /
-    ``EE9999``) of the instance lie between the return-code line ``f`` and ``e``: ``e`` ends the
-    message ``f`` began, whatever the clock says (the return-code line often has no timestamp of
-    its own and carries an earlier line's)."""
-    return all(g.rule_id in INTERNAL_RECORD_RULES for g in errors
-               if g.origin.instance == f.origin.instance and precedes(f, g) and precedes(g, e))
+def _key(f: Finding) -> tuple[float, int]:
+    return f.time, f.seq
+
+
+def _may_spell(e: Finding) -> bool:
+    """``e`` may be the rest of a return code's message: no return code itself, a logged line."""
+    return not wrapped_code(e) and e.kind not in NOT_LOG_LINES

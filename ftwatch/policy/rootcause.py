@@ -200,7 +200,7 @@ from typing import Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity, is_error, precedes
 from ftwatch.policy.busy import busy_rank, working_rank
-from ftwatch.policy.cannrecord import spelled_out
+from ftwatch.policy.cannrecord import CannRecords
 from ftwatch.policy.collectives import mismatch, mismatch_under_hang, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
 from ftwatch.policy.gidchange import pinned_gid_moved
@@ -439,7 +439,8 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     # 7: a run of result codes is passed over once per instance, not once per code in it
     named_at = {instance: last_error_starts(own) for instance, own in mine.items() if instance not in unsorted}
     reports = assert_reports(candidates)      # 13: each instance's latest cudaErrorAssert, read once
-    candidates = [c for c in candidates if not spelled_out(c, candidates)
+    records = CannRecords(candidates)        # 7: the errors CANN recorded, read once per instance
+    candidates = [c for c in candidates if not records.spelled_out(c)
                   and not named_by_last_error(c, mine[c.origin.instance], candidates,   # 7, 13
                                               named_at[c.origin.instance][after[id(c)]] if after[id(c)] else 0)
                   and not assert_reported(c, reports)         # 13: the kernel assert its process raised
