@@ -171,10 +171,11 @@ def trim_openers(openers: list[Finding], cap: int, by_rule: Collection[str] = ()
     whether an error of another class came before the hang: each is the earliest of its key); every
     opener whose rule is in ``by_rule`` (the desk looks those up by rule: a boot the job outlived, a
     scheduler's verdict on a job that finished); then the newest up to the target (a quarter of it at
-    least), the errors that may still wait for their instance's progress and be taken back as notices. An incident held open by
-    errors printed again and again (a job that logs the same NCCL failure on every retry, a replay of
-    its log) kept every one: memory and each notice's search grew with the input. One difference: a
-    notice that takes back an earliest opener whose later peers were dropped falls back to a later one.
+    least), the errors that may still wait for their instance's progress and be taken back as
+    notices. An incident held open by errors printed again and again (a job that logs the same NCCL
+    failure on every retry, a replay of its log) kept every one: memory and each notice's search
+    grew with the input. One difference: a notice that takes back an earliest opener whose later
+    peers were dropped falls back to a later one.
 
     Args:
         openers: oldest first; shortened in place.
