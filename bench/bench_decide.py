@@ -7,6 +7,12 @@ default config's engine (the step tap on) and reports the CPU seconds from the f
 decision and the memory the replay added (peak RSS minus RSS before).
 
 Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512.
+
+Beside it (no goal): an error-dense log, the same failures printed again and again (``REPEATS``
+times one unit: two recorded corpus failures, a hung NCCL watchdog glued to a progress bar and an
+Ascend stream-sync timeout, then a kernel's assert printed by 64 threads before its process raises
+cudaErrorAssert, then a run of NCCL result codes), and its CPU per unit at the most repeats against
+the fewest: ~1x while the decision's reading of each finding stays linear in the findings.
 """
 
 from __future__ import annotations
@@ -26,6 +32,36 @@ from benchlib import ROOT, at_most, info, report, say, step_lines, workdir  # no
 
 RANKS = (8, 64, 512, 4_096)
 STEPS = 20
+REPEATS = (100, 400)
+#: recorded failures the repeated unit holds (tests/corpus)
+UNIT_CASES = ("flagembedding-negatives-cross-device-all-gather-watchdog-timeout-4gpu/train.log",
+              "npu-16card-ee1002-stream-sync-timeout/combined.log")
+ASSERT = ("[rank{r}]: /opt/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [{b},0,0], "
+          "thread: [{t},0,0] Assertion `index >= -sizes[i] && index < sizes[i] && \"index out of bounds\"` failed.")
+NCCL_CODE = ("[rank{r}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+             "NCCLUtils.hpp:275, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1")
+
+
+def repeated_log(repeats: int, path: Path) -> Path:
+    """The error-dense log: ``repeats`` units (the module docstring) in one combined file."""
+    unit = "".join((ROOT / "tests" / "corpus" / case).read_text() for case in UNIT_CASES).splitlines()
+    with path.open("w") as fh:
+        for k in range(repeats):
+            fh.writelines(line + "\n" for line in unit)
+            fh.writelines(ASSERT.format(r=k % 4, b=k, t=t) + "\n" for t in range(64))
+            fh.write(f"[rank{k % 4}]: RuntimeError: CUDA error: device-side assert triggered\n")
+            fh.writelines(NCCL_CODE.format(r=r) + "\n" for r in range(8))
+    return path
+
+
+def run_child(path: Path) -> dict | None:
+    """The child's figures for one log (None when it failed: said)."""
+    proc = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    if proc.returncode:
+        say(f"child failed: {proc.stderr.strip()[-400:]}")
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def failure_log(ranks: int, path: Path) -> Path:
@@ -74,18 +110,29 @@ def main() -> None:
     for ranks in RANKS:
         say(f"failure log, {ranks} ranks")
         path = failure_log(ranks, workdir() / f"fail-{ranks}.log")
-        proc = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
-        if proc.returncode:
-            say(f"child failed: {proc.stderr.strip()[-400:]}")
+        r = run_child(path)
+        if r is None:
             continue
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
         per_rank[ranks] = r["cpu"] / ranks
         figures.append(info(f"decision, {ranks:,} ranks", r["cpu"] * 1000.0, "ms",
                             f"{r['action']}, {r['findings']} findings, {(STEPS + 1) * ranks:,} lines"))
         figures.append(info(f"memory, {ranks:,} ranks", r["added_mib"], "MiB"))
     if 512 in per_rank and 4_096 in per_rank:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
+    per_unit = {}
+    for repeats in REPEATS:
+        say(f"error-dense log, {repeats} repeats")
+        r = run_child(repeated_log(repeats, workdir() / f"repeated-{repeats}.log"))
+        if r is None:
+            continue
+        per_unit[repeats] = r["cpu"] / repeats
+        figures.append(info(f"replay and decision, {repeats} repeated failures", r["cpu"] * 1000.0, "ms",
+                            f"{r['action']}, {r['findings']} findings"))
+        figures.append(info(f"memory, {repeats} repeated failures", r["added_mib"], "MiB"))
+    if len(per_unit) == len(REPEATS):
+        few, most = REPEATS[0], REPEATS[-1]
+        figures.append(info(f"CPU per repeat, {most} vs {few} repeats", per_unit[most] / per_unit[few], "x",
+                            "~1x: linear in the findings"))
     report("decide (failure logs by rank count, step tap on)", figures)
 
 
