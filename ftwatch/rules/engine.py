@@ -40,7 +40,8 @@ from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
 from ftwatch.rules import batches
 from ftwatch.rules.batches import ScanHits
-from ftwatch.rules.blocks import MAX_BLOCK_LINES, MAX_CARRY_BYTES, OpenBlocks, collect_block, starts_block
+from ftwatch.rules.blocks import (MAX_BLOCK_LINES, MAX_CARRY_BYTES, OpenBlocks, RankLines, collect_block,
+                                  starts_block)
 from ftwatch.rules.exceptions import ExceptionCatalog
 from ftwatch.rules.faultcodes import FaultTables
 from ftwatch.rules.judge import Judge
@@ -271,12 +272,15 @@ class Engine:
         findings: list[Finding] = []
         end_of_work = len(data)
         self._line_pos, self._line_no = 0, 0     # incremental line numbering for sim_step
+        index = None
         for start in starts:
             if start in consumed:
                 continue
             ids = by_line[start]
             if ids & self._block_ids and starts_block(data, start):
-                block = collect_block(data, start, final)
+                if index is None:
+                    index = RankLines(data)            # the chunk's lines by rank, built if its blocks need it
+                block = collect_block(data, start, final, index)
                 if block is None:                      # open block: carry it over
                     self._pending.carry(origin, data, start, now, self._base_time(data, start, time, sim_step),
                                 consumed)

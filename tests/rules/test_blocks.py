@@ -69,3 +69,47 @@ def test_an_ipython_traceback_is_collected_and_handed_on_in_cpythons_shape():
     data = ("\n".join(IPYTHON) + "\n").encode()
     _, texts, _ = collect_block(data, 0, final=True)
     assert texts[0] == multiline.PY_START and texts[-1] == "RuntimeError: Training failed with:"
+
+
+@given(st.lists(st.tuples(st.sampled_from(["[rank0]: ", "[rank1]:", "[default1]:[rank1]: ", "[rank2]: ", "",
+                                           "2: "]),
+                          st.sampled_from(["Traceback (most recent call last):", '  File "x.py", line 3, in f',
+                                           "    f()", "KeyError: 'lr'", "step 3 loss 2.0", "During handling of "
+                                           "the above exception, another exception occurred:", WATCHDOG[2]])),
+                min_size=1, max_size=40),
+       st.booleans(), st.integers(min_value=1, max_value=8))
+def test_a_chunks_blocks_read_over_its_rank_index_as_line_by_line(lines, final, budget):
+    """``RankLines`` (a chunk's lines by rank, built once the blocks passed over enough other ranks'
+    lines) gives every block the lines, texts and end that reading each line where it is gives."""
+    from ftwatch.rules.blocks import RankLines
+    chunk = b"".join((prefix + text).encode() + b"\n" for prefix, text in lines)
+    starts = [0] + [i + 1 for i, byte in enumerate(chunk[:-1]) if byte == ord("\n")]
+    index = RankLines(chunk)
+    index.budget = budget                             # built after this many lines passed over
+    assert [collect_block(chunk, s, final, index) for s in starts] == [collect_block(chunk, s, final) for s in starts]
+
+
+def test_a_chunk_of_many_ranks_tracebacks_costs_its_lines_not_ranks_times_lines(monkeypatch):
+    """256 ranks each print a traceback that nothing of theirs follows (they died): each block used
+    to read every later line of every other rank; with the chunk's rank index the lines are read
+    about twice in all."""
+    from ftwatch.parsers import fields
+    from ftwatch.rules.blocks import RankLines
+    body = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    dist.barrier()",
+            "torch.distributed.DistBackendError: store->get('0') got error: Socket Timeout",
+            "Exception raised from recvBytes at ../torch/csrc/distributed/c10d/Utils.hpp:604 (most recent call first):"]
+    chunk = "".join(f"[rank{r}]: {line}\n" for r in range(256) for line in body).encode()
+    starts, pos = [], 0
+    for line in chunk.split(b"\n")[:-1]:
+        if line.partition(b"]: ")[2].startswith(b"Traceback"):
+            starts.append(pos)
+        pos += len(line) + 1
+    assert len(starts) == 256
+    calls = [0]
+    clean = fields.clean
+    monkeypatch.setattr(fields, "clean", lambda raw: (calls.__setitem__(0, calls[0] + 1), clean(raw))[1])
+    index = RankLines(chunk)
+    blocks = [collect_block(chunk, s, True, index) for s in starts]
+    assert calls[0] <= 4 * 256 * len(body)             # was ~256 x 1,280 / 2 (every later line, per block)
+    assert [b[2] for b in blocks] == list(range(256))
+    assert blocks[::51] == [collect_block(chunk, s, True) for s in starts[::51]]
