@@ -6,7 +6,9 @@ other rank prints gloo's ``Connection closed by peer`` fallout. A child process 
 default config's engine (the step tap on) and reports the CPU seconds from the first line to the
 decision and the memory the replay added (peak RSS minus RSS before).
 
-Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512.
+Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512; and
+the same where every rank prints a traceback of its own and then nothing (``traceback_log``: a
+store timeout, as every rank of a job whose store went away prints it).
 
 Beside it (no goal): an error-dense log, the same failures printed again and again (``REPEATS``
 times one unit: two recorded corpus failures, a hung NCCL watchdog glued to a progress bar and an
@@ -40,6 +42,25 @@ ASSERT = ("[rank{r}]: /opt/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: 
           "thread: [{t},0,0] Assertion `index >= -sizes[i] && index < sizes[i] && \"index out of bounds\"` failed.")
 NCCL_CODE = ("[rank{r}]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
              "NCCLUtils.hpp:275, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1")
+
+
+#: every rank's own traceback in ``traceback_log``: a store timeout at the start, as each rank of a job whose store
+#: went away prints it (c10d's ``DistBackendError``), the C++ stack's heading last (the rank prints nothing after)
+STORE_TIMEOUT = ["Traceback (most recent call last):", '  File "train.py", line 9, in <module>', "    dist.barrier()",
+                 "torch.distributed.DistBackendError: [{r}] is setting up NCCL communicator and retrieving ncclUniqueId "
+                 "from [0] via c10d key-value store by key '0', but store->get('0') got error: Socket Timeout",
+                 "Exception raised from recvBytes at ../torch/csrc/distributed/c10d/Utils.hpp:604 (most recent call "
+                 "first):"]
+
+
+def traceback_log(ranks: int, path: Path) -> Path:
+    """Every rank's step lines, then every rank's own traceback (:data:`STORE_TIMEOUT`), in one file."""
+    with path.open("w") as fh:
+        for line in step_lines(STEPS * ranks, ranks=ranks):
+            fh.write(line.decode() + "\n")
+        for r in range(ranks):
+            fh.writelines(f"[rank{r}]: {line.format(r=r)}\n" for line in STORE_TIMEOUT)
+    return path
 
 
 def repeated_log(repeats: int, path: Path) -> Path:
@@ -119,6 +140,18 @@ def main() -> None:
         figures.append(info(f"memory, {ranks:,} ranks", r["added_mib"], "MiB"))
     if 512 in per_rank and 4_096 in per_rank:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
+    per_rank_tb = {}
+    for ranks in (512, 4_096):
+        say(f"every rank's traceback, {ranks} ranks")
+        r = run_child(traceback_log(ranks, workdir() / f"tracebacks-{ranks}.log"))
+        if r is None:
+            continue
+        per_rank_tb[ranks] = r["cpu"] / ranks
+        figures.append(info(f"decision, {ranks:,} ranks, every rank's traceback", r["cpu"] * 1000.0, "ms",
+                            f"{r['action']}, {r['findings']} findings"))
+    if len(per_rank_tb) == 2:
+        figures.append(at_most("CPU per rank, 4,096 vs 512 ranks, every rank's traceback",
+                               per_rank_tb[4_096] / per_rank_tb[512], "x", 1.5))
     per_unit = {}
     for repeats in REPEATS:
         say(f"error-dense log, {repeats} repeats")
