@@ -152,7 +152,7 @@ class IncidentDesk:
             cap, "instance", on_evict=lambda instance, _: self._started_at.pop(instance, None))
         self.ranks: set[int] = set()
         self.open: Finding | None = None       # the finding that opened the current incident
-        self._openers: list[Finding] = []      # findings that could trigger it
+        self._openers: dict[int, Finding] = {}  # findings that could trigger it, by id, in arrival order
         self._settle_until = 0.0
         self._settle_from = 0.0                # mono: where the open incident's settle clock started
         self._errors: dict[str, tuple[float, float]] = {}   # instance -> mono of (first, latest) own error
@@ -282,9 +282,11 @@ class IncidentDesk:
                 self.survival.wait(f)
             if not opens_incident(f, self.policy.c4d, errors=not self.exits):
                 continue
-            self._openers.append(f)
+            self._openers[id(f)] = f
             if len(self._openers) > self.limits.max_findings_per_job:     # errors printed again and again
-                trim_openers(self._openers, self.limits.max_findings_per_job, self._outside | notices.BOOT_RULES)
+                kept = list(self._openers.values())
+                trim_openers(kept, self.limits.max_findings_per_job, self._outside | notices.BOOT_RULES)
+                self._openers = {id(g): g for g in kept}
             held = survivable and not self.exits
             wait = 0.0 if f.kind in HANG_KINDS else self.settle
             if self.open is None:
@@ -356,7 +358,7 @@ class IncidentDesk:
         """:meth:`decide` with the plan that carries the decision out (``Policy.verdict``);
         ``facts``: what a local run knows (``ftwatch run``), None elsewhere (the decision is
         then :meth:`decide`'s)."""
-        trigger = trigger or pick_trigger(self._openers)
+        trigger = trigger or pick_trigger(list(self._openers.values()))
         evidence = self.evidence()
         failed = failed_instances([f for f in evidence if not is_host(f.origin)], trigger, self.failed,
                                   exits_only=self.exits)
