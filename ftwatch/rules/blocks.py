@@ -173,9 +173,10 @@ def collect_block(data: bytes, start: int, final: bool,
     ends = multiline.BlockEnd(texts)   # reads each line once as texts grows: O(n) in the block's lines
     pos = data.find(b"\n", start)
     truncated = False
+    own = None      # once the chunk's index is built (``index``): this rank's next lines, the others passed by
     while pos >= 0 and pos + 1 < len(data):
         s = pos + 1
-        run = frames[0].match(data, s) if frames is not None else None
+        run = frames[0].match(data, s) if frames is not None and own is None else None
         if run is not None:
             # indented lines behind the first line's own prefix: taken together (see _frame_run)
             lines = data[s:run.end() - 1].split(b"\n")[:MAX_BLOCK_LINES - len(texts)]
@@ -185,13 +186,20 @@ def collect_block(data: bytes, start: int, final: bool,
                          b"\n".join(lines).decode("utf-8", errors="replace").split("\n"))
             pos = line_starts[-1] + len(lines[-1])
         else:
-            pos = data.find(b"\n", s)
-            raw = data[s:] if pos < 0 else data[s:pos]
-            rank, text = fields.split_rank_prefix(fields.clean(raw))
-            if rank != first_rank:
-                if index is not None and index.passed_over():
-                    return _own_lines(index, s, first_rank, line_starts, texts, ends, stamped, lead, final)
-                continue
+            if own is not None:
+                s = next(own, -1)
+                if s < 0:
+                    break
+                text = index.texts[s]
+                pos = data.find(b"\n", s)
+            else:
+                pos = data.find(b"\n", s)
+                raw = data[s:] if pos < 0 else data[s:pos]
+                rank, text = fields.split_rank_prefix(fields.clean(raw))
+                if rank != first_rank:
+                    if index is not None and index.passed_over():
+                        own = iter(index.after(first_rank, s))
+                    continue
             if stamped:
                 text = fields.strip_stamp_prefix(text)
             if lead and text.startswith(lead):
@@ -209,33 +217,6 @@ def collect_block(data: bytes, start: int, final: bool,
         return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), first_rank
     if final or truncated or len(data) - start > MAX_CARRY_BYTES:
         return line_starts, texts, first_rank
-    return None
-
-
-def _own_lines(index: RankLines, pos: int, rank: int | None, line_starts: list[int], texts: list[str],
-               ends: multiline.BlockEnd, stamped: bool, lead: str, final: bool
-               ) -> tuple[list[int], list[str], int | None] | None:
-    """:func:`collect_block`'s read from the line at ``pos`` (another rank's) on, over ``rank``'s own
-    lines alone (``index``, built), with what it read so far: the same lines, texts and end."""
-    data = index.data
-    for s in index.after(rank, pos):
-        text = index.texts[s]
-        if stamped:
-            text = fields.strip_stamp_prefix(text)
-        if lead and text.startswith(lead):
-            text = text[len(lead):]
-        line_starts.append(s)
-        texts.append(text)
-        end = ends.end()
-        if end is not None:
-            return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), rank
-        if len(texts) >= MAX_BLOCK_LINES:
-            return line_starts, texts, rank
-    end = ends.end()
-    if end is not None:
-        return line_starts[: end + 1], multiline.as_cpython(texts[: end + 1]), rank
-    if final or len(data) - line_starts[0] > MAX_CARRY_BYTES:
-        return line_starts, texts, rank
     return None
 
 
