@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -122,46 +123,41 @@ def child(path: str) -> None:
                       "action": result.decision.action.label, "findings": len(result.findings)}))
 
 
+def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], label: str,
+           lines: Callable[[int], str] | None = None) -> dict[int, float]:
+    """Replay the log ``make(size)`` of each size in a child; its decision and memory figures go to
+    ``figures``, labelled ``label`` (``{size}`` in it); returns per size the CPU seconds per unit of
+    size (a rank, a repeat)."""
+    per: dict[int, float] = {}
+    for size in sizes:
+        name = label.format(size=f"{size:,}")
+        say(name)
+        r = run_child(make(size))
+        if r is None:
+            continue
+        per[size] = r["cpu"] / size
+        note = f"{r['action']}, {r['findings']} findings" + (f", {lines(size)}" if lines else "")
+        figures.append(info(f"decision, {name}", r["cpu"] * 1000.0, "ms", note))
+        figures.append(info(f"memory, {name}", r["added_mib"], "MiB"))
+    return per
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2])
         return
-    figures = []
-    per_rank = {}
-    for ranks in RANKS:
-        say(f"failure log, {ranks} ranks")
-        path = failure_log(ranks, workdir() / f"fail-{ranks}.log")
-        r = run_child(path)
-        if r is None:
-            continue
-        per_rank[ranks] = r["cpu"] / ranks
-        figures.append(info(f"decision, {ranks:,} ranks", r["cpu"] * 1000.0, "ms",
-                            f"{r['action']}, {r['findings']} findings, {(STEPS + 1) * ranks:,} lines"))
-        figures.append(info(f"memory, {ranks:,} ranks", r["added_mib"], "MiB"))
+    figures: list = []
+    per_rank = series(figures, RANKS, lambda n: failure_log(n, workdir() / f"fail-{n}.log"), "{size} ranks",
+                      lambda n: f"{(STEPS + 1) * n:,} lines")
     if 512 in per_rank and 4_096 in per_rank:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
-    per_rank_tb = {}
-    for ranks in (512, 4_096):
-        say(f"every rank's traceback, {ranks} ranks")
-        r = run_child(traceback_log(ranks, workdir() / f"tracebacks-{ranks}.log"))
-        if r is None:
-            continue
-        per_rank_tb[ranks] = r["cpu"] / ranks
-        figures.append(info(f"decision, {ranks:,} ranks, every rank's traceback", r["cpu"] * 1000.0, "ms",
-                            f"{r['action']}, {r['findings']} findings"))
-    if len(per_rank_tb) == 2:
+    per_rank = series(figures, (512, 4_096), lambda n: traceback_log(n, workdir() / f"tracebacks-{n}.log"),
+                      "{size} ranks, every rank's traceback")
+    if len(per_rank) == 2:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks, every rank's traceback",
-                               per_rank_tb[4_096] / per_rank_tb[512], "x", 1.5))
-    per_unit = {}
-    for repeats in REPEATS:
-        say(f"error-dense log, {repeats} repeats")
-        r = run_child(repeated_log(repeats, workdir() / f"repeated-{repeats}.log"))
-        if r is None:
-            continue
-        per_unit[repeats] = r["cpu"] / repeats
-        figures.append(info(f"replay and decision, {repeats} repeated failures", r["cpu"] * 1000.0, "ms",
-                            f"{r['action']}, {r['findings']} findings"))
-        figures.append(info(f"memory, {repeats} repeated failures", r["added_mib"], "MiB"))
+                               per_rank[4_096] / per_rank[512], "x", 1.5))
+    per_unit = series(figures, REPEATS, lambda n: repeated_log(n, workdir() / f"repeated-{n}.log"),
+                      "{size} repeated failures")
     if len(per_unit) == len(REPEATS):
         few, most = REPEATS[0], REPEATS[-1]
         figures.append(info(f"CPU per repeat, {most} vs {few} repeats", per_unit[most] / per_unit[few], "x",
