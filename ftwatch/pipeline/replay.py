@@ -11,8 +11,9 @@ torchelastic summary cut by a chunk boundary is joined, and a line longer than a
 whole up to ``sources.process.MAX_LINE`` (8 MiB); as ``run``'s readers do, a longer one is handed
 over in pieces of that size, each with a newline added, and a chunk with no newline at all (a
 progress bar's redraws written to a file: ``\r`` and no ``\n`` until the bar closes) is handed over
-at its last bare ``\r``, so memory stays bounded whatever the file holds. Findings and the decision go through the Recorder (the CLI's prints nothing; tests hand
-in one with capture doubles and check the alerts).
+at its last bare ``\r``, so memory stays bounded whatever the file holds. Findings and the
+decision go through the Recorder (the CLI's prints nothing; tests hand in one with capture doubles
+and check the alerts).
 
 Time: a line with a timestamp is at its own time. A line without one is at the time of the last
 timestamped line before it in the same file, plus ``SIM_STEP`` seconds per line between them
