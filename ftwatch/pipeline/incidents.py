@@ -60,6 +60,7 @@ from ftwatch.pipeline import intake, notices
 from ftwatch.pipeline.exits import ExitReader, rank_origin
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.hostlog import is_host
+from ftwatch.policy.catchsite import ended_program
 from ftwatch.policy.plan import RunFacts, Verdict
 from ftwatch.policy import initphase, lifecycle, progress
 from ftwatch.policy.policy import Incident, Policy
@@ -275,6 +276,8 @@ class IncidentDesk:
                 first, last = self._errors.get(f.origin.instance, (mono, float("-inf")))
                 self._errors[f.origin.instance] = (first if mono - last <= self.settle else mono, mono)
             survivable = notices.survivable(self, f)
+            if is_error(f) and ended_program(f):            # its process's earlier errors can no longer be outlived
+                self.survival.program_ended(f)
             if survivable and self.survival.repeat(f):      # caught where it was caught before
                 notices.notice(self, f, f.time, "the same traceback, caught at the same frame, was outlived before")
                 continue

@@ -37,6 +37,17 @@ rank's errors, not only its printer's: most trainers log on rank 0 alone, and ra
 finish the steps after another rank's error without that rank taking part (Megatron's line even
 follows a barrier, ``print_datetime``).
 
+The program's end (:meth:`Survival.program_ended`): once an instance printed a traceback that
+unwound its main program, a progress line of that instance dated after the traceback outlives
+none of its errors from before it: they stop waiting and stand (and one read later never
+waits). The lines of that process read after the traceback were written before it (see above),
+and where they fell among its earlier errors the two streams, read apart, do not say. Progress
+dated before the traceback (a log read whole, in the order it was written) reads as before. Recorded on an H200 (``tests/golden/gpu_nccl_init_oom``):
+NCCL's ``Cuda failure 2 'out of memory'`` on standard output, stamped before the traceback it
+caused, came after it with the step lines printed before both, and those read as progress that
+outlived the out-of-memory error; ``ftwatch run`` restarted the job twice where ``replay`` of
+the same log failed it.
+
 The same traceback again (:meth:`Survival.repeat`): one its instance already outlived, caught at
 the same frame (``ftwatch.policy.catchsite``), is a notice at once, not a new wait.
 
@@ -369,6 +380,11 @@ class Survival:
         #: instances whose latest finding is a traceback of a thread's report ("Exception in
         #: thread <name>:" and its chain, :meth:`ignored`)
         self._thread_report: dict[str, bool] = BoundedDict(max_instances)
+        #: instance -> the time of its latest traceback that unwound the main program, until a
+        #: progress line after it is read (:meth:`program_ended`) ...
+        self._ended: dict[str, float] = BoundedDict(max_instances)
+        #: ... then here: its errors at or before this time stood, and never wait again
+        self._stood: dict[str, float] = BoundedDict(max_instances)
 
     def is_notice(self, f: Finding) -> bool:
         """``f`` was outlived (or ignored by Python)."""
@@ -618,9 +634,30 @@ class Survival:
         prefix = origin.instance + "/rank"
         return any(instance.startswith(prefix) for instance in self._waiting.instances())
 
+    def program_ended(self, f: Finding) -> None:
+        """``f`` is a traceback that unwound its instance's main program
+        (``catchsite.ended_program``; the caller checks): the instance's first progress line dated
+        after it makes the instance's errors at or before it stand, not outlived, and
+        :meth:`wait` then refuses those read later (see the module docstring)."""
+        instance = f.origin.instance
+        if f.time > max(self._ended.get(instance, float("-inf")), self._stood.get(instance, float("-inf"))):
+            self._ended[instance] = f.time
+
+    def _stand(self, instance: str, ended: float) -> None:
+        """A progress line of ``instance`` after its program ended at ``ended``: its errors at or
+        before then stop waiting (they stand). O(errors waiting of the instance), once per end."""
+        del self._ended[instance]
+        self._stood[instance] = ended
+        for key in self._waiting.keys(instance):
+            if self._waiting.finding(key).time <= ended:
+                self._drop(key)
+
     def wait(self, finding: Finding) -> None:
         """``finding`` waits for its instance's progress (the oldest stops waiting past
-        :data:`MAX_WAITING`)."""
+        :data:`MAX_WAITING`); not when its instance's program ended after it and progress after
+        that end was read (:meth:`program_ended`)."""
+        if finding.time <= self._stood.get(finding.origin.instance, float("-inf")):
+            return
         if len(self._waiting) >= MAX_WAITING:
             self._drop(self._waiting.oldest())
         if self._waiting.add(finding):
@@ -635,7 +672,12 @@ class Survival:
         """``instance`` printed a progress line at ``time`` (with ``counters``, see :func:`marks`):
         the errors it now outlived (they stop waiting). An error of the instance whose window
         ``time`` is past, or a counter of which went back (the process started over), stops
-        waiting (``ftwatch.policy.waiting``: O(log n) in the errors waiting)."""
+        waiting (``ftwatch.policy.waiting``: O(log n) in the errors waiting). A line after the
+        instance's program ended outlives none of its errors from before that end
+        (:meth:`program_ended`)."""
+        ended = self._ended.get(instance) if self._ended else None
+        if ended is not None and time > ended:
+            self._stand(instance, ended)
         out, gone = self._waiting.progress(instance, time, counters or {}, self.window, self.needed)
         for emptied in gone:
             self._index(emptied, False)
@@ -686,3 +728,5 @@ class Survival:
         self._last.clear()
         self._sites.clear()
         self._thread_report.clear()
+        self._ended.clear()
+        self._stood.clear()

@@ -404,3 +404,74 @@ def test_only_the_errorcode_line_right_after_the_abort_report_reads_it():
     assert progress.abort_zero(report, zero)
     assert not progress.abort_zero(None, zero) and not progress.abort_zero(finding("python.key_error"), zero)
     assert not progress.abort_zero(report, finding("python.key_error"))
+
+
+#: recorded on an H200 (tests/golden/gpu_nccl_init_oom, ``ftwatch run``): NCCL could not allocate a
+#: new communicator's buffers with the GPU's memory full; torch raised on standard error at once,
+#: while the step lines printed before, and NCCL's own WARN naming the CUDA error (stamped before
+#: the traceback), came on standard output only as the process exited
+NCCL_OOM_TRACEBACK = (
+    b"[rank0]: Traceback (most recent call last):\n"
+    b'[rank0]:   File "/work/main/examples/train_gpu.py", line 211, in <module>\n'
+    b"[rank0]:     sys.exit(main())\n"
+    b'[rank0]:   File "/opt/torch/.venv/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py", '
+    b"line 2253, in _new_process_group_helper\n"
+    b"[rank0]:     eager_backend.eager_connect_single_device(device_id)\n"
+    b"[rank0]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+    b"NCCLUtils.cpp:253, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.28.9\n"
+    b"[rank0]: ncclUnhandledCudaError: Call to CUDA function failed.\n"
+    b"[rank0]: Last error:\n"
+    b"[rank0]: Failed to CUDA calloc async 4 bytes\n")
+NCCL_OOM_STDOUT = (
+    b"step 2/20 loss 0.6072\nstep 3/20 loss 0.5620\nstep 4/20 loss 0.5939\n\n"
+    b"[2026-11-20 23:59:59] vm:1003:1003 [0] include/alloc.h:228 NCCL WARN Cuda failure 2 'out of memory'\n\n"
+    b"[2026-11-20 23:59:59] vm:1003:1003 [0] include/alloc.h:346 NCCL WARN Failed to CUDA calloc async 4 bytes\n")
+
+
+def test_lines_read_after_the_traceback_that_ended_the_program_outlive_none_of_its_errors(tmp_path):
+    """The step lines on standard output, read after the traceback that unwound the main program
+    on standard error, were written before it: they outlive neither the error line inside that
+    traceback nor NCCL's out-of-memory WARN stamped before it (``Survival.program_ended``).
+    Live, they did, and the job was restarted on ``unhandled cuda error`` (retryable) twice."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=True, settle=1.0)
+    stdout = Origin("worker-0", 0, JOB, "node-a", "stdout", "process")
+    d.started(worker(0), clock.time())
+    d.output(stdout, b"step 1/20 loss 0.6009\n", clock.time(), clock.mono())
+    clock.advance(1.0)
+    d.output(worker(0), NCCL_OOM_TRACEBACK, clock.time(), clock.mono())
+    clock.advance(1.5)
+    d.output(stdout, NCCL_OOM_STDOUT, clock.time(), clock.mono())
+    assert d.notices == []
+    trigger = d.exited(ProcessExit(worker(0), 4121, 1, None, clock.time()), clock.mono())
+    decision = d.decide(trigger, clock.time(), clock.mono())
+    assert (decision.action, decision.root_cause.rule_id, decision.root_cause.failure_class) == (
+        Action.FAIL_JOB, "cuda.rt.memory_allocation", FailureClass.OOM)
+
+
+def test_an_error_after_the_traceback_that_ended_the_program_still_waits(tmp_path):
+    """Only the errors up to that traceback stop waiting: a later one (a process started again
+    under the same instance) is outlived by the progress after it, as before."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False, survive=60.0)
+    d.output(worker(1), UNCAUGHT, clock.time(), clock.mono())
+    clock.advance(30)
+    d.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    assert d.survival                                   # it waits
+    for n in (1, 2):
+        clock.advance(1)
+        d.output(worker(1), step(n), clock.time(), clock.mono())
+    assert [(f.rule_id, f.line) for f in d.notices] == [("python.key_error", "KeyError: 'lr'")]
+    assert d.notices[0] is d.findings[1]                # the later one, not the one that ended the program
+
+
+def test_progress_before_the_traceback_that_ended_the_program_still_outlives_an_earlier_error(tmp_path):
+    """The steps between a caught error and the traceback that later ended the program are dated
+    before that traceback, and outlive the error; the end takes nothing back."""
+    clock = FakeClock()
+    d, _ = desk(tmp_path, exits=False, survive=60.0)
+    d.output(worker(1), KEYERROR, clock.time(), clock.mono())
+    for chunk in (step(1), step(2), UNCAUGHT.replace(b"KeyError: 'lr'", b"ValueError: nan loss")):
+        clock.advance(1)
+        d.output(worker(1), chunk, clock.time(), clock.mono())
+    assert [(f.rule_id, f.line) for f in d.notices] == [("python.key_error", "KeyError: 'lr'")]

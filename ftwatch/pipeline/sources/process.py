@@ -14,7 +14,11 @@ of a busy stream waits at most ``LINGER``, less when its writers all close the p
 that printed its last words and exited): the linger waits on the pipe's hang-up, not a plain
 sleep, so those words are not held back. The 80 ms a busy rank's error line may wait is inside
 the decision's goal (error line to decision within 100 ms plus the settle bound; the bench's
-"every rank reports" case: p99 67 ms).
+"every rank reports" case: p99 67 ms). So a busy stream's lines may be read up to ``LINGER`` after
+lines another stream wrote later: on an H200, the step lines a trainer printed on standard output
+just before a CUDA OOM were read after the traceback on standard error (``tools/gpu_capture.sh``
+cuda_oom and nccl_init_oom, 2026-11-27). No reading may rely on the order of two streams' lines
+(progress read after a traceback that ended the program: ``progress.Survival.program_ended``).
 
 :class:`Started` is the matching "a worker process was started" event. The supervisor
 (``ftwatch.pipeline.sources.supervisor``) spawns the processes and calls :func:`start_readers`.
