@@ -17,6 +17,15 @@ Fault injection (``FTWATCH_INJECT_FAULT``, on rank ``FTWATCH_INJECT_RANK``, defa
   assert, then ``CUDA error: device-side assert triggered``);
 * ``illegal_address``: a Triton kernel that stores 2^40 bytes past its tensor (``CUDA error: an
   illegal memory access was encountered``, a sticky error: the process's context is unusable);
+* ``misaligned_address``: a Triton kernel that stores an 8-byte integer one byte into its buffer
+  (``CUDA error: misaligned address``, cudaErrorMisalignedAddress, also sticky);
+* ``launch_failure``: a Triton kernel that executes PTX ``trap;`` (the kernel aborts:
+  ``CUDA error: unspecified launch failure``, cudaErrorLaunchFailure, the message a GPU's own
+  faults are also reported with);
+* ``nccl_init_oom``: the rank fills the GPU's free memory through the caching allocator, keeps it,
+  then all-reduces on a new process group, whose NCCL communicator cannot allocate its buffers
+  (``ncclUnhandledCudaError`` ... ``Cuda failure 2 'out of memory'``), as a job that sized its
+  batch to the last MiB and then made a group for evaluation does;
 * ``slow_collective``: the rank's compute stream spins for ``FTWATCH_SLEEP_SECONDS`` (default 90)
   before the step's all-reduce (``torch.cuda._sleep``), so the collective cannot finish within the
   process group's timeout (``FTWATCH_PG_TIMEOUT`` seconds, default torch's): ProcessGroupNCCL's
@@ -77,12 +86,21 @@ def inject(kind: str, device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif kind == "illegal_address":
         _store_far_out_of_bounds(device)
+    elif kind == "misaligned_address":
+        _store_misaligned(device)
+    elif kind == "launch_failure":
+        _trap(device)
+    elif kind == "nccl_init_oom":
+        _fill_memory(device)
+        group = dist.new_group(list(range(dist.get_world_size())))
+        dist.all_reduce(torch.ones(1, device=device), group=group)
+        torch.cuda.synchronize(device)
     elif kind == "slow_collective":
         seconds = float(os.environ.get("FTWATCH_SLEEP_SECONDS", "90"))
         torch.cuda._sleep(int(seconds * 2e9))    # GPU clock cycles: >= ``seconds`` at clocks <= 2 GHz
     elif kind:
         raise SystemExit(f"FTWATCH_INJECT_FAULT={kind}: not one of cuda_oom, device_assert, illegal_address, "
-                         "slow_collective, shared_gpu")
+                         "misaligned_address, launch_failure, nccl_init_oom, slow_collective, shared_gpu")
 
 
 def _store_far_out_of_bounds(device: torch.device) -> None:
@@ -96,6 +114,52 @@ def _store_far_out_of_bounds(device: torch.device) -> None:
     buf = torch.zeros(4, device=device)
     far_store[(1,)](buf, 1 << 40)
     torch.cuda.synchronize(device)
+
+
+def _store_misaligned(device: torch.device) -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def misaligned_store(ptr):
+        tl.store((ptr + 1).to(tl.pointer_type(tl.int64)), 1)
+
+    buf = torch.zeros(64, dtype=torch.uint8, device=device)
+    misaligned_store[(1,)](buf)
+    torch.cuda.synchronize(device)
+
+
+def _trap(device: torch.device) -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def trap(ptr):
+        x = tl.load(ptr)
+        y = tl.inline_asm_elementwise("trap; mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+        tl.store(ptr, y)
+
+    buf = torch.zeros(1, dtype=torch.int32, device=device)
+    trap[(1,)](buf)
+    torch.cuda.synchronize(device)
+
+
+_held: list[torch.Tensor] = []
+
+
+def _fill_memory(device: torch.device) -> None:
+    """Take the device's free memory through the caching allocator, 1 GiB at a time, then smaller,
+    down to 2 MiB (the allocator's smallest segment for large blocks), and keep it."""
+    size = 1 << 30
+    while size >= 1 << 21:
+        try:
+            _held.append(torch.empty(size, dtype=torch.uint8, device=device))
+        except torch.OutOfMemoryError:
+            size >>= 2
+    free, total = torch.cuda.mem_get_info(device)
+    print(f"holding {sum(t.numel() for t in _held) / 2**30:.2f} GiB of {total / 2**30:.2f}; "
+          f"{free / 2**20:.0f} MiB free", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

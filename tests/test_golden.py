@@ -29,7 +29,7 @@ from ftwatch.config.health import HealthConfig
 from ftwatch.config.model import Config, parse_aimaster_flags
 from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.events import Decision
-from ftwatch.parsers.fields import clean, split_rank_prefix
+from ftwatch.parsers.fields import clean, parse_timestamp, split_rank_prefix
 from ftwatch.parsers.torchelastic import parse_summary
 from ftwatch.pipeline.build import build_engine, build_policy, build_run
 from ftwatch.pipeline.recorder import Recorder
@@ -37,7 +37,7 @@ from ftwatch.pipeline.replay import origin_for, replay
 from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.watch import Watcher
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.testing import CaptureNotifier, CaptureSink, Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
+from ftwatch.testing import T0, CaptureNotifier, CaptureSink, Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p for p in GOLDEN.iterdir() if (p / "expected.json").exists())
@@ -124,10 +124,13 @@ def decide_by_replay(case: Path, tmp_path: Path, recorder: Recorder | None = Non
 
 def decide_by_watch(case: Path, tmp_path: Path) -> Decision | None:
     """Each file's lines as shipped records (origin as replay names it), at one FakeClock time,
-    then the end of the input (``watch`` on stdin at EOF)."""
+    then the end of the input (``watch`` on stdin at EOF). The clock starts at the first stamp the
+    logs carry (as ftwatch reads it), if any: a shipper sends lines as they are written, so their
+    shipped time and their own stamps agree (a recorded NCCL WARN line's stamp is days from the
+    clock's default start)."""
     config = config_of(case, tmp_path)
     recorder, _, _ = capture(tmp_path, "watch")
-    clock = FakeClock()
+    clock = FakeClock(first_stamp(case) or T0)
     watcher = Watcher(config, build_engine(config), recorder,
                       lambda batch: ((s.meta["origin"], s.line, s.time) for s in batch), clock=clock)
     for path in logs_of(case):
@@ -137,6 +140,16 @@ def decide_by_watch(case: Path, tmp_path: Path) -> Decision | None:
     watcher.close()
     assert len(recorder.decisions) <= 1, recorder.decisions
     return recorder.decisions[0] if recorder.decisions else None
+
+
+def first_stamp(case: Path) -> float | None:
+    """The first time of day a line of the case's logs carries, in epoch seconds (None: none)."""
+    for path in logs_of(case):
+        for raw in path.read_bytes().splitlines():
+            at = parse_timestamp(clean(raw), None)
+            if at is not None:
+                return at
+    return None
 
 
 def decide_by_evaluate(case: Path, tmp_path: Path) -> Verdict:
@@ -188,14 +201,15 @@ def worker_script(case: Path) -> tuple[int, dict[tuple[int, int], list]]:
 
 def decide_by_run(case: Path, tmp_path: Path) -> Decision | None:
     """``ftwatch run``'s loop over the scenario: scripted workers (:func:`worker_script`) under
-    a FakeSupervisor on a FakeClock, a capture Recorder; its first decision."""
+    a FakeSupervisor on a FakeClock (from the logs' first stamp, as :func:`decide_by_watch`), a
+    capture Recorder; its first decision."""
     world, script = worker_script(case)
     config = config_of(case, tmp_path).model_copy(update={
         # one spare device: an isolation restarts on it, as replay's isolate_node reschedules the job
         "supervisor": SupervisorConfig(nproc_per_node=world, restart_delay=0, devices=[str(r) for r in range(world + 1)]),
         "health": HealthConfig(bootcheck=False, troubleshooting=False)})
     recorder, _, _ = capture(tmp_path, "run")
-    clock = FakeClock()
+    clock = FakeClock(first_stamp(case) or T0)
     sup = FakeSupervisor(clock, script_of(script, [Exit(1)]), job=JOB)
     build_run(config, ["train"], JOB, recorder, out=io.StringIO(), clock=clock, supervisor=sup,
               control=FakeControl()).run()
