@@ -148,6 +148,41 @@ def test_a_busy_streams_last_words_are_not_held_for_the_linger_when_the_pipe_clo
     assert [o.data for o in q.take(0)] == [b"FATAL\n"]
 
 
+def test_lines_that_waited_through_a_linger_are_dated_when_it_began(monkeypatch):
+    """A step line written on a busy standard output just before the error on standard error is
+    read after the error (its stream lingers); it is dated at the linger's start, before the
+    error's read, so a reading by time keeps the order they were written in (recorded on an
+    H200: tools/gpu_capture.sh cuda_oom). A line that came after the linger is dated when read."""
+    from ftwatch.pipeline.sources import process
+    monkeypatch.setattr(process, "LINGER", 60.0)
+    q = OutputQueue()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    threads = start_readers({"stdout": os.fdopen(out_r, "rb"), "stderr": os.fdopen(err_r, "rb")}, W0, q)
+    os.write(out_w, b"step 1\n")
+    [first] = q.take(30.0)                          # handed over at once; the stream now lingers
+    os.write(out_w, b"step 2\n")
+    os.write(err_w, b"RuntimeError: CUDA error: out of memory\n")
+    [error] = q.take(30.0)                          # the quiet stream's line: at once
+    assert error.data.startswith(b"RuntimeError") and first.time <= error.time
+    os.close(out_w)                                 # the exit ends the linger: step 2 comes now
+    os.close(err_w)
+    for t in threads:
+        t.join(30)
+    [step2] = q.take(0)
+    assert step2.data == b"step 2\n" and first.time <= step2.time <= error.time
+
+    r, w = os.pipe()                                # a linger that ran out with nothing waiting:
+    try:                                            # the next line is dated when read
+        ready = process._ready(r)
+        assert not ready()
+        os.write(w, b"step 3\n")
+        assert ready()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_the_linger_ends_on_a_hang_up_not_on_waiting_data():
     r, w = os.pipe()
     try:

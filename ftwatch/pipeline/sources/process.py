@@ -17,8 +17,12 @@ the decision's goal (error line to decision within 100 ms plus the settle bound;
 "every rank reports" case: p99 67 ms). So a busy stream's lines may be read up to ``LINGER`` after
 lines another stream wrote later: on an H200, the step lines a trainer printed on standard output
 just before a CUDA OOM were read after the traceback on standard error (``tools/gpu_capture.sh``
-cuda_oom and nccl_init_oom, 2026-11-27). No reading may rely on the order of two streams' lines
-(progress read after a traceback that ended the program: ``progress.Survival.program_ended``).
+cuda_oom and nccl_init_oom, 2026-11-27). Lines that were waiting in the pipe when a linger ended
+are therefore dated when the linger began (:attr:`Output.time`), the earliest they can have been
+written, not when they were read: dated on read, those step lines came ~80 ms after the error
+and read as progress after it. Where two streams' lines fall within one linger their order stays
+unknown, and no reading may rely on it (progress read after a traceback that ended the program:
+``progress.Survival.program_ended``).
 
 :class:`Started` is the matching "a worker process was started" event. The supervisor
 (``ftwatch.pipeline.sources.supervisor``) spawns the processes and calls :func:`start_readers`.
@@ -50,7 +54,8 @@ class Output:
         data: one or more complete lines as written (not decoded), each ending in ``b"\\n"`` (a final
             partial line at EOF, or a line longer than ``MAX_LINE`` bytes, gets one added); the last
             may instead end in a bare ``b"\\r"``: progress-bar updates, the bar not yet closed.
-        time: epoch seconds when read.
+        time: epoch seconds when read; for lines that were already waiting when the reader's
+            linger ended, when that linger began (see the module docstring).
     """
     origin: Origin
     data: bytes
@@ -119,29 +124,34 @@ def read_lines(pipe: IO[bytes], origin: Origin, out: "queue.SimpleQueue | Any",
     carried = 0
     last = float("-inf")       # monotonic time of the last hand-over
     full = False               # the last read filled READ_SIZE: more is waiting, read on
-    hangup = _hangup(fd)
+    hangup, ready = _hangup(fd), _ready(fd)
     try:
         while True:
             wait = last + LINGER - time.monotonic()
+            since = None                # the linger's start, when lines waited through it
             if wait > 0 and not full:
+                began = time.time()
                 hangup(wait)
+                if ready():
+                    since = began
             try:
                 chunk = os.read(fd, READ_SIZE)
             except OSError:
                 chunk = b""
             if not chunk:
                 break
+            at = time.time() if since is None else since
             full = len(chunk) == READ_SIZE
             cut = line_end(chunk)
             if cut < 0:
                 carry.append(chunk)
                 carried += len(chunk)
                 if carried > MAX_LINE:
-                    out.put(Output(origin, b"".join(carry) + b"\n", time.time()))
+                    out.put(Output(origin, b"".join(carry) + b"\n", at))
                     carry, carried = [], 0
                 continue
             data = b"".join([*carry, chunk[:cut + 1]]) if carry else chunk[:cut + 1]
-            out.put(Output(origin, data, time.time()))
+            out.put(Output(origin, data, at))
             last = time.monotonic()
             rest = chunk[cut + 1:]
             carry, carried = ([rest], len(rest)) if rest else ([], 0)
@@ -153,6 +163,17 @@ def read_lines(pipe: IO[bytes], origin: Origin, out: "queue.SimpleQueue | Any",
         if eof is not None:
             eof.set()
         pipe.close()
+
+
+def _ready(fd: int) -> Callable[[], bool]:
+    """Whether pipe ``fd`` has data to read now (a poll that does not wait); always False where
+    ``fd`` cannot be polled (lines are then dated when read)."""
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+    except (AttributeError, OSError, ValueError):
+        return lambda: False
+    return lambda: any(events & select.POLLIN for _, events in poller.poll(0))
 
 
 def _hangup(fd: int) -> Callable[[float], object]:
