@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 CUDA_COLUMNS = ["enum", "number", "message", "sticky", "grade", "covered_by", "source", "meaning",
                 "driver_enum"]
@@ -203,8 +203,13 @@ def cuda_keywords(row: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(k for k in (row["message"], row["enum"], row.get("driver_enum")) if k))
 
 
-def cuda_condition(row: dict[str, str]) -> str:
-    """The rule's ``when:``: :func:`cuda_regex` on a line that holds one of :func:`cuda_keywords`.
+def cuda_condition(row: dict[str, str], longer: Sequence[str] = ()) -> str:
+    """The rule's ``when:``: :func:`cuda_regex` on a line that holds one of :func:`cuda_keywords`,
+    and none of ``longer``: the catalog's messages that begin with this row's and say more
+    (``operation not permitted`` / ``operation not permitted when stream is capturing``, 800 and
+    900; ``unspecified launch failure`` / ``... in prior launch``): a line that prints the longer
+    message is that error, not the shorter one its first words spell (recorded on an H200, a
+    synchronising call inside a CUDA graph capture: tests/golden/gpu_graph_capture).
 
     Why not the regex as the rule's pattern: Hyperscan compiled the 131 rules' regexes (each its
     own copy of the dozen prefixes, with digit runs, word boundaries and an anchored form) in ~4 s, twice on a start with
@@ -213,11 +218,20 @@ def cuda_condition(row: dict[str, str]) -> str:
     on the lines they hit, the rule reads the same lines (``ftwatch.rules.conditions``: a
     condition's regex matches the raw line as a rule pattern does; every alternative of the regex
     holds one of the keywords)."""
-    return 'regex "' + cuda_regex(row).replace('"', '""') + '"'
+    when = 'regex "' + cuda_regex(row).replace('"', '""') + '"'
+    return when + "".join(f' and not keyword "{m.replace(chr(34), chr(34) * 2)}"' for m in longer)
 
 
-def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> dict:
-    """One rule from a ``cuda_errors.tsv`` row (class, action, priority from its grade)."""
+def longer_messages(rows: Sequence[dict[str, str]]) -> dict[str, list[str]]:
+    """Each row's enum -> the messages of the other rows that begin with its message and a space
+    (:func:`cuda_condition`)."""
+    return {r["enum"]: [o["message"] for o in rows if o is not r and r["message"]
+                        and o["message"].startswith(r["message"] + " ")] for r in rows}
+
+
+def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str], longer: Sequence[str] = ()) -> dict:
+    """One rule from a ``cuda_errors.tsv`` row (class, action, priority from its grade); ``longer``:
+    the catalog's messages that extend the row's (:func:`longer_messages`)."""
     failure_class, action, priority, why = GRADES[row["grade"]]
     msg, enum, number = row["message"], row["enum"], row["number"]
     notes = f"grade {row['grade']}: {why}. sticky: {row['sticky']}."
@@ -228,6 +242,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
         notes += f" PyTorch's 'CUDA error: {msg}' is {row['covered_by']}'s (same grade, its id stays)."
         first = f"[rank0]: RuntimeError: CUDA driver error: {msg}"
         counter.append(f"[rank0]: RuntimeError: CUDA error: {msg}")
+    counter += [f"[rank0]: RuntimeError: CUDA error: {m}" for m in longer]    # the longer error's
     driver = row.get("driver_enum", "")
     examples = [first,
                 f"gpu-node-3:2111:2190 [1] transport/nvls.cc:223 NCCL WARN Cuda failure {number} '{msg}'",
@@ -246,7 +261,7 @@ def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str]) -> d
         examples.append(f"jax.errors.JaxRuntimeError: INTERNAL: CUDA error: : {driver}: {msg}")
         counter.append(f"E0905 17:34:36.549112 allocator.cc:414] {driver}_X: not the enum")
     return {
-        "id": f"cuda.rt.{snake(enum)}", "keywords": cuda_keywords(row), "when": cuda_condition(row),
+        "id": f"cuda.rt.{snake(enum)}", "keywords": cuda_keywords(row), "when": cuda_condition(row, longer),
         "caseless": False,
         "class": failure_class, "action": action, "severity": severity_for(action, failure_class),
         "priority": priority, "tags": ["cuda", "cuda_errors", row["grade"]],
@@ -286,7 +301,9 @@ def build(folder: Path, render_rules: Callable[[list[dict]], str],
     for catalog, (pack, title) in CATALOGS.items():
         path = folder / catalog
         if catalog == "cuda_errors.tsv":
-            rules = [cuda_rule(r, severity_for) for r in read_tsv(path, CUDA_COLUMNS)]
+            rows = read_tsv(path, CUDA_COLUMNS)
+            longer = longer_messages(rows)
+            rules = [cuda_rule(r, severity_for, longer[r["enum"]]) for r in rows]
         else:
             rules = [vocab_rule(r, catalog, severity_for) for r in read_tsv(path, VOCAB_COLUMNS)
                      if r["regex"] != EXISTING]
