@@ -26,6 +26,11 @@ Fault injection (``FTWATCH_INJECT_FAULT``, on rank ``FTWATCH_INJECT_RANK``, defa
   then all-reduces on a new process group, whose NCCL communicator cannot allocate its buffers
   (``ncclUnhandledCudaError`` ... ``Cuda failure 2 'out of memory'``), as a job that sized its
   batch to the last MiB and then made a group for evaluation does;
+* ``graph_capture``: a synchronising call (``.item()``) inside a CUDA graph capture (``CUDA error:
+  operation not permitted when stream is capturing``, cudaErrorStreamCaptureUnsupported);
+* ``fill_then_compute``: the rank fills the GPU's free memory (as ``nccl_init_oom``) and goes on
+  with its step (with ``FTWATCH_INJECT_STEP=1``, before its first matrix product: cuBLAS makes
+  its handle and workspace then);
 * ``slow_collective``: the rank's compute stream spins for ``FTWATCH_SLEEP_SECONDS`` (default 90)
   before the step's all-reduce (``torch.cuda._sleep``), so the collective cannot finish within the
   process group's timeout (``FTWATCH_PG_TIMEOUT`` seconds, default torch's): ProcessGroupNCCL's
@@ -95,12 +100,19 @@ def inject(kind: str, device: torch.device) -> None:
         group = dist.new_group(list(range(dist.get_world_size())))
         dist.all_reduce(torch.ones(1, device=device), group=group)
         torch.cuda.synchronize(device)
+    elif kind == "graph_capture":
+        graph, x = torch.cuda.CUDAGraph(), torch.ones(4, device=device)
+        with torch.cuda.graph(graph):
+            (x * 2).sum().item()
+    elif kind == "fill_then_compute":
+        _fill_memory(device)
     elif kind == "slow_collective":
         seconds = float(os.environ.get("FTWATCH_SLEEP_SECONDS", "90"))
         torch.cuda._sleep(int(seconds * 2e9))    # GPU clock cycles: >= ``seconds`` at clocks <= 2 GHz
     elif kind:
         raise SystemExit(f"FTWATCH_INJECT_FAULT={kind}: not one of cuda_oom, device_assert, illegal_address, "
-                         "misaligned_address, launch_failure, nccl_init_oom, slow_collective, shared_gpu")
+                         "misaligned_address, launch_failure, nccl_init_oom, graph_capture, fill_then_compute, "
+                         "slow_collective, shared_gpu")
 
 
 def _store_far_out_of_bounds(device: torch.device) -> None:

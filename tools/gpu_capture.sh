@@ -6,7 +6,8 @@
 #
 # For each scenario of examples/train_gpu.py (a clean NCCL_DEBUG=INFO run, a CUDA OOM, a
 # device-side assert, an illegal address, a misaligned address, a kernel's trap, an NCCL communicator
-# made with the GPU's memory full, two ranks sharing one GPU under NCCL; buffered_oom: the
+# made with the GPU's memory full, a sync inside a CUDA graph capture, a step run with the GPU's
+# memory full, two ranks sharing one GPU under NCCL; buffered_oom: the
 # OOM with standard output block-buffered, as a job writing to a pipe or file without -u; NCCL told
 # to use a socket interface, an algorithm or a network that does not exist; a collective that
 # outlives the process group's 15 s timeout, so ProcessGroupNCCL's watchdog fires; gpu_held: another
@@ -89,6 +90,8 @@ declare -A env_of=(
     [misaligned_address]="1 FTWATCH_INJECT_FAULT=misaligned_address"
     [launch_failure]="1 FTWATCH_INJECT_FAULT=launch_failure"
     [nccl_init_oom]="1 FTWATCH_INJECT_FAULT=nccl_init_oom NCCL_DEBUG=WARN"
+    [graph_capture]="1 FTWATCH_INJECT_FAULT=graph_capture"
+    [fill_then_compute]="1 FTWATCH_INJECT_FAULT=fill_then_compute FTWATCH_INJECT_STEP=1"
     [collective_timeout]="1 FTWATCH_INJECT_FAULT=slow_collective FTWATCH_PG_TIMEOUT=15"
     [gpu_held]="1 HOLD_GPU=1"
     [too_many_ranks]="2 FTWATCH_GPU_PER_RANK=local"
@@ -98,7 +101,7 @@ chosen=("${@:2}")
 [ ${#chosen[@]} -gt 0 ] || chosen=(clean_info cuda_oom device_assert illegal_address shared_gpu buffered_oom
                                     nccl_bad_ifname nccl_bad_algo nccl_net_ib collective_timeout
                                     gpu_held too_many_ranks no_gpu misaligned_address launch_failure
-                                    nccl_init_oom checks)
+                                    nccl_init_oom graph_capture fill_then_compute checks)
 for name in "${chosen[@]}"; do
     [ "$name" = checks ] || [ -n "${env_of[$name]:-}" ] || { echo "no such scenario: $name" >&2; exit 2; }
 done
