@@ -37,7 +37,8 @@ from ftwatch.pipeline.replay import origin_for, replay
 from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.watch import Watcher
 from ftwatch.policy.budgets import BudgetStore
-from ftwatch.testing import T0, CaptureNotifier, CaptureSink, Exit, FakeClock, FakeControl, FakeSupervisor, Say, script_of
+from ftwatch.testing import (T0, CaptureNotifier, CaptureSink, Exit, FakeClock, FakeControl, FakeSupervisor, Say,
+                             script_of)
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p for p in GOLDEN.iterdir() if (p / "expected.json").exists())

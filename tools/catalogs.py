@@ -229,7 +229,8 @@ def longer_messages(rows: Sequence[dict[str, str]]) -> dict[str, list[str]]:
                         and o["message"].startswith(r["message"] + " ")] for r in rows}
 
 
-def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str], longer: Sequence[str] = ()) -> dict:
+def cuda_rule(row: dict[str, str], severity_for: Callable[[str, str], str],
+              longer: Sequence[str] = ()) -> dict:
     """One rule from a ``cuda_errors.tsv`` row (class, action, priority from its grade); ``longer``:
     the catalog's messages that extend the row's (:func:`longer_messages`)."""
     failure_class, action, priority, why = GRADES[row["grade"]]

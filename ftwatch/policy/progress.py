@@ -42,11 +42,11 @@ unwound its main program, a progress line of that instance dated after the trace
 none of its errors from before it: they stop waiting and stand (and one read later never
 waits). The lines of that process read after the traceback were written before it (see above),
 and where they fell among its earlier errors the two streams, read apart, do not say. Progress
-dated before the traceback (a log read whole, in the order it was written) reads as before. Recorded on an H200 (``tests/golden/gpu_nccl_init_oom``):
-NCCL's ``Cuda failure 2 'out of memory'`` on standard output, stamped before the traceback it
-caused, came after it with the step lines printed before both, and those read as progress that
-outlived the out-of-memory error; ``ftwatch run`` restarted the job twice where ``replay`` of
-the same log failed it.
+dated before the traceback (a log read whole, in the order it was written) reads as before.
+Recorded on an H200 (``tests/golden/gpu_nccl_init_oom``): NCCL's ``Cuda failure 2 'out of
+memory'`` on standard output, stamped before the traceback it caused, came after it with the
+step lines printed before both, and those read as progress that outlived the out-of-memory
+error; ``ftwatch run`` restarted the job twice where ``replay`` of the same log failed it.
 
 The same traceback again (:meth:`Survival.repeat`): one its instance already outlived, caught at
 the same frame (``ftwatch.policy.catchsite``), is a notice at once, not a new wait.
