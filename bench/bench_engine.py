@@ -340,7 +340,7 @@ def main() -> None:
         if goal is not None:
             left = (n / goal[1] - spent) / max(1, hits) * 1e6
             figures.append(info(f"what the goal ({goal[0]}) leaves per hit line, {count:,} rules", left, "us",
-                                "negative: the floor alone misses it"))
+                                "negative: the floor alone misses it" if left < 0 else ""))
     for count in (1_000, 10_000):
         if ("replay-notap", count) in rate:
             overhead = (rate["replay-notap", count] / rate["replay", count] - 1.0) * 100.0
