@@ -4,7 +4,8 @@ Each log is one combined file (torchrun's ``[rankN]:`` prefixes): every rank pri
 step lines, then one rank raises a KeyError (the recorded traceback of ``tests/golden``) and every
 other rank prints gloo's ``Connection closed by peer`` fallout. A child process replays it with the
 default config's engine (the step tap on) and reports the CPU seconds from the first line to the
-decision and the memory the replay added (peak RSS minus RSS before).
+decision and the memory the replay added (peak RSS minus RSS before); each log is replayed by
+``RUNS`` children and the median CPU counts.
 
 Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512; and
 the same where every rank prints a traceback of its own and then nothing (``traceback_log``: a
@@ -23,6 +24,7 @@ import io
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -36,6 +38,7 @@ from benchlib import ROOT, at_most, info, report, say, step_lines, workdir  # no
 RANKS = (8, 64, 512, 4_096)
 STEPS = 20
 REPEATS = (100, 400)
+RUNS = 3            # children per log; the median CPU counts (``series``)
 #: recorded failures the repeated unit holds (tests/corpus)
 UNIT_CASES = ("flagembedding-negatives-cross-device-all-gather-watchdog-timeout-4gpu/train.log",
               "npu-16card-ee1002-stream-sync-timeout/combined.log")
@@ -125,16 +128,19 @@ def child(path: str) -> None:
 
 def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], label: str,
            lines: Callable[[int], str] | None = None) -> dict[int, float]:
-    """Replay the log ``make(size)`` of each size in a child; its decision and memory figures go to
-    ``figures``, labelled ``label`` (``{size}`` in it); returns per size the CPU seconds per unit of
-    size (a rank, a repeat)."""
+    """Replay the log ``make(size)`` of each size in a child, ``RUNS`` times (the median CPU: one
+    run's CPU varied by ~15 % from run to run); its decision and memory figures go to ``figures``,
+    labelled ``label`` (``{size}`` in it); returns per size the CPU seconds per unit of size (a
+    rank, a repeat)."""
     per: dict[int, float] = {}
     for size in sizes:
         name = label.format(size=f"{size:,}")
         say(name)
-        r = run_child(make(size))
-        if r is None:
+        path = make(size)
+        runs = [r for r in (run_child(path) for _ in range(RUNS)) if r is not None]
+        if not runs:
             continue
+        r = {**runs[0], "cpu": statistics.median(x["cpu"] for x in runs)}
         per[size] = r["cpu"] / size
         note = f"{r['action']}, {r['findings']} findings" + (f", {lines(size)}" if lines else "")
         figures.append(info(f"decision, {name}", r["cpu"] * 1000.0, "ms", note))
