@@ -275,9 +275,9 @@ class IncidentDesk:
             if is_error(f) and f.kind not in HANG_KINDS and not is_host(f.origin):   # its own report (settled)
                 first, last = self._errors.get(f.origin.instance, (mono, float("-inf")))
                 self._errors[f.origin.instance] = (first if mono - last <= self.settle else mono, mono)
-            survivable = notices.survivable(self, f)
-            if is_error(f) and ended_program(f):            # its process's earlier errors can no longer be outlived
-                self.survival.program_ended(f)
+            survivable = notices.survivable(self, f)       # (never a traceback that ended the program)
+            if not survivable and is_error(f) and ended_program(f):     # its process's earlier errors
+                self.survival.program_ended(f)                          # can no longer be outlived
             if survivable and self.survival.repeat(f):      # caught where it was caught before
                 notices.notice(self, f, f.time, "the same traceback, caught at the same frame, was outlived before")
                 continue
