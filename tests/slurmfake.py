@@ -2,7 +2,8 @@
 a directory put first on PATH. Each records its argv (one JSON list per line in ``calls.jsonl``);
 its answers are queued per command and first argument (``respond("scontrol requeue", 1, "...")``),
 an empty queue answers exit 0; ``sinfo`` prints ``sinfo.txt``, ``scontrol show hostnames``
-``hostnames.txt``."""
+``hostnames.txt``. Several agents run them at once, so each takes one file lock around the log
+and the queue and replaces the queue's file whole."""
 
 from __future__ import annotations
 
@@ -11,17 +12,22 @@ import sys
 from pathlib import Path
 
 SCRIPT = """#!{python}
-import json, os, sys
+import fcntl, json, os, sys
 d = {dir!r}
 name = os.path.basename(sys.argv[0])
-with open(os.path.join(d, "calls.jsonl"), "a") as f:
-    f.write(json.dumps([name] + sys.argv[1:]) + "\\n")
 key = " ".join([name] + sys.argv[1:2]) if name == "scontrol" else name
 path = os.path.join(d, "answers.json")
-answers = json.load(open(path)) if os.path.exists(path) else {{}}
-queue = answers.get(key) or []
-status, message = queue.pop(0) if queue else (0, "")
-json.dump(answers, open(path, "w"))
+# several agents run these at once: one lock around the log and the answer queue
+with open(os.path.join(d, "lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    with open(os.path.join(d, "calls.jsonl"), "a") as f:
+        f.write(json.dumps([name] + sys.argv[1:]) + "\\n")
+    answers = json.load(open(path)) if os.path.exists(path) else {{}}
+    queue = answers.get(key) or []
+    status, message = queue.pop(0) if queue else (0, "")
+    with open(path + ".new", "w") as f:
+        json.dump(answers, f)
+    os.replace(path + ".new", path)
 if name == "sinfo" and status == 0 and os.path.exists(os.path.join(d, "sinfo.txt")):
     sys.stdout.write(open(os.path.join(d, "sinfo.txt")).read())
 if sys.argv[1:3] == ["show", "hostnames"] and status == 0 and os.path.exists(os.path.join(d, "hostnames.txt")):
