@@ -127,7 +127,9 @@ class Engine:
         self._pending = OpenBlocks()
         self._line_pos = self._line_no = 0
         self._carry_end, self._carry_time = 0, 0.0   # the carried part of the current feed
-        self._stamped: tuple[int, tuple[int, float] | None] = (0, None)   # searched up to, found
+        #: the last stamp search of the feed: searched up to, the stamp found (its line's start, time),
+        #: the number of that line (``_line_index``)
+        self._stamped: tuple[int, tuple[int, float] | None, int] = (0, None, 0)
         self._year = year or 0                        # the current feed's year for stamps without one
         #: the last feed's chunk (the caller's object) and, by id, its findings with where their line
         #: starts in it (:meth:`position`); None: no offsets (escapes were removed from the chunk)
@@ -230,7 +232,7 @@ class Engine:
         now = time
         consumed: set[int] = set()
         self._carry_end, self._carry_time = 0, time
-        self._stamped = (0, None)                   # the last stamp search of this feed
+        self._stamped = (0, None, 0)                # the last stamp search of this feed
         pending = self._pending.take(origin)
         carried = 0
         if pending is not None:
@@ -424,17 +426,23 @@ class Engine:
     def _base_time(self, data: bytes, start: int, time: float, sim_step: float) -> float:
         """The time of the line at ``start`` when it carries no timestamp of its own (see
         ``feed``'s ``sim_step``). Hits come mostly in order, so each search for the stamp
-        before a hit covers only the lines since the previous one."""
+        before a hit covers only the lines since the previous one, and so does the count of the
+        lines since that stamp (the stamp's line number is kept with it: a chunk of untimed hit
+        lines under one stamp counted back to it for every hit, issue 16)."""
         if sim_step:
-            searched, found = self._stamped
+            searched, found, found_line = self._stamped
             year = self._year
             if start >= searched:
-                found = fields.last_timestamp(data, searched, start, year) or found
-                self._stamped = (start, found)
+                newer = fields.last_timestamp(data, searched, start, year)
+                if newer is not None:
+                    found, found_line = newer, self._line_index(data, newer[0])
+                self._stamped = (start, found, found_line)
+                if found is not None:
+                    return found[1] + (self._line_index(data, start) - found_line) * sim_step
             else:                                   # a block's first line, before the last hit
                 found = fields.last_timestamp(data, 0, start, year)
-            if found is not None:
-                return found[1] + data.count(b"\n", found[0], start) * sim_step
+                if found is not None:
+                    return found[1] + data.count(b"\n", found[0], start) * sim_step
             return time + self._line_index(data, start) * sim_step
         return self._carry_time if start < self._carry_end else time
 

@@ -34,7 +34,11 @@ class LineClock:
     def __init__(self, engine: Engine, data: bytes, time: float, sim_step: float):
         self.engine, self.data, self.time, self.sim_step = engine, data, time, sim_step
         self.marks = [0]                                              # offsets asked, sorted
-        self.before: dict[int, tuple[int, float] | None] = {0: None}  # -> the last stamp before it
+        #: an offset asked -> (its line's number, the last stamp before it (its line's start, time)
+        #: and that line's number): each count of lines, like each stamp search, covers only the
+        #: lines since the nearest offset asked before it (issue 16: thousands of ranks' untimed
+        #: step lines each counted from the chunk's start, 15 of 20 s of a 120,000-line replay)
+        self.before: dict[int, tuple[int, tuple[int, float] | None, int]] = {0: (0, None, 0)}
         self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
         self._plain: bool | None = None
 
@@ -86,14 +90,19 @@ class LineClock:
         marks = self.marks
         i = bisect.bisect_right(marks, start)
         pos = marks[i - 1]
-        found = self.before[pos]
+        line, found, found_line = self.before[pos]
         if pos < start:
-            found = self.stamps.last(pos, start) or found
+            newer = self.stamps.last(pos, start)
+            if newer is not None:
+                found, found_line = newer, line + data.count(b"\n", pos, newer[0])
+                line = found_line + data.count(b"\n", newer[0], start)
+            else:
+                line += data.count(b"\n", pos, start)
             marks.insert(i, start)
-            self.before[start] = found
+            self.before[start] = (line, found, found_line)
         if found is not None:
-            return found[1] + data.count(b"\n", found[0], start) * self.sim_step
-        return self.time + data.count(b"\n", 0, start) * self.sim_step      # the line's number, counted
+            return found[1] + (line - found_line) * self.sim_step
+        return self.time + line * self.sim_step                          # the line's number
 
 
 class Later:

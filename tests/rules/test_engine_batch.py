@@ -9,6 +9,7 @@ import pytest
 
 from ftwatch.config.health import StragglerConfig
 from ftwatch.events import Origin
+from ftwatch.parsers import fields
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
 from ftwatch.rules.stragglers import StepTracker
@@ -182,3 +183,33 @@ def test_a_batch_clock_reads_the_year_once_where_every_chunk_is_in_one_and_per_c
     streams = StreamAt(bounds, origins)
     starts = [0, 5, len(line), 2 * len(line) + 1]
     assert streams.each(starts) == [streams(s) for s in starts] == [origins[0], origins[0], origins[1], origins[2]]
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_untimed_hit_line_times_count_the_lines_since_the_last_stamp(rules, seed):
+    """``Engine._base_time`` in a replay: an untimed line's time is the last stamp before it plus
+    ``sim_step`` per line between them (else the chunk's time plus ``sim_step`` per line before
+    it), asked in line order with now and then a line before the last one asked (a block's first
+    line), as ``feed`` asks; the lines since the stamp are counted from the last ask, not again
+    from the stamp for every hit line (issue 16)."""
+    rnd = random.Random(seed)
+    lines = [f"[2026-11-21 09:{rnd.randint(0, 59):02d}:{rnd.randint(0, 59):02d}] stamped" if rnd.random() < 0.05
+             else f"plain {i}" for i in range(400)]
+    data = ("\n".join(lines) + "\n").encode()
+    starts = [0] + [i + 1 for i, b in enumerate(data[:-1]) if b == 10]
+    engine = Engine(rules)
+    engine._year = 2026
+    engine._stamped, engine._line_pos, engine._line_no = (0, None, 0), 0, 0   # as ``feed`` starts a chunk
+    asked = sorted(rnd.sample(range(len(starts)), 150))
+    for k in range(10, len(asked), 10):                    # a block's first line, before the last hit
+        asked.insert(k, max(0, asked[k - 1] - rnd.randint(1, 5)))
+    for i in asked:
+        start = starts[i]
+        before = [j for j in range(i) if lines[j].startswith("[")]
+        if before:
+            j = before[-1]
+            stamp = fields.parse_timestamp(lines[j], 2026)
+            want = stamp + (i - j) * 0.01
+        else:
+            want = T0 + i * 0.01
+        assert engine._base_time(data, start, T0, 0.01) == pytest.approx(want), i
