@@ -95,17 +95,23 @@ def _progress(f: Finding) -> int | None:
     return seq - 1 if isinstance(seq, int) else None
 
 
-def _origin_for(rank: int, findings: Sequence[Finding], reporters: dict[int, Finding]) -> Origin:
-    """The suspect's origin: its own findings' when it has any, else a reporter's with the rank
-    swapped in (``worker-2`` -> ``worker-3``); the node only when every reporter shares it."""
-    own = next((f.origin for f in findings if f.rank == rank), None)
-    if own is not None:
-        return own
+def _origins_for(ranks: Sequence[int], findings: Sequence[Finding], reporters: dict[int, Finding]) -> list[Origin]:
+    """The suspects' origins, in the order of ``ranks``: a suspect's own first finding's when it
+    has any, else a reporter's with the rank swapped in (``worker-2`` -> ``worker-3``); the node
+    only when every reporter shares it. One pass over ``findings`` for all of them (a suspect
+    each looked through every finding: O(ranks²) with thousands of silent ranks, issue 16)."""
+    wanted = set(ranks)
+    own: dict[int, Origin] = {}
+    for f in findings:
+        if f.rank in wanted and f.rank not in own:
+            own[f.rank] = f.origin
     o = next(iter(reporters.values())).origin
-    nodes = {f.origin.node for f in reporters.values()}
-    instance = re.sub(r"\d+$", str(rank), o.instance) if o.rank is not None and o.instance.endswith(str(o.rank)) \
-        else f"rank{rank}"
-    return Origin(instance, rank, o.job, o.node if len(nodes) == 1 else "unknown", o.stream, o.source)
+    node = o.node if len({f.origin.node for f in reporters.values()}) == 1 else "unknown"
+    swap = o.rank is not None and o.instance.endswith(str(o.rank))
+    return [own[rank] if rank in own else
+            Origin(re.sub(r"\d+$", str(rank), o.instance) if swap else f"rank{rank}", rank, o.job, node,
+                   o.stream, o.source)
+            for rank in ranks]
 
 
 def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | None:
@@ -131,8 +137,11 @@ def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | Non
             why = (f"ranks {sorted(reporters)} report a timeout of collective SeqNum={seq} ({op}); "
                    f"rank(s) {suspects} reported none")
     if not rule:
-        progress = {r: min(p for f in reports if f.rank == r and (p := _progress(f)) is not None)
-                    for r in reporters if any(_progress(f) is not None for f in reports if f.rank == r)}
+        progress: dict[int, int] = {}               # rank -> the least work its reports completed
+        for f in reports:                           # (one pass: per rank over every report was O(ranks²))
+            p = _progress(f)
+            if p is not None and (f.rank not in progress or p < progress[f.rank]):
+                progress[f.rank] = p
         if len(progress) > 1 and min(progress.values()) < max(progress.values()):
             low = min(progress.values())
             suspects = sorted(r for r, p in progress.items() if p == low)
@@ -140,7 +149,7 @@ def silent_rank(findings: Sequence[Finding], world: int | None) -> Finding | Non
             why = (f"rank(s) {suspects} last completed work {low}, the others up to {max(progress.values())}")
     if not rule:
         return None
-    origins = [_origin_for(r, findings, reporters) for r in suspects]
+    origins = _origins_for(suspects, findings, reporters)
     nodes = {o.node for o in origins}
     if len(suspects) > 1 and (len(nodes) != 1 or "unknown" in nodes):
         return None                 # several suspects on different (or unknown) nodes: no one culprit

@@ -67,6 +67,36 @@ def test_the_silent_ranks_own_hardware_warning_makes_it_the_nodes_fault():
     assert suspect.origin.node == "n2"
 
 
+
+def test_many_ranks_each_reporting_again_and_again_name_the_rank_behind(seed=5):
+    """Hundreds of ranks, several timeout reports each, some ranks behind: the suspects are the
+    ranks whose least completed work is the lowest, read in one pass over the reports (per rank
+    over all of them was O(ranks²), issue 16), with the suspect's own origin."""
+    import random
+    rnd = random.Random(seed)
+    found = []
+    for r in range(600):
+        low = 130 if r in (17, 403) else 134
+        for k in range(3):
+            found.append(timeout(r, 600 + rnd.random() * 60, seq=low + 1 + k, last_completed=low + k))
+    rnd.shuffle(found)
+    suspect = silent_rank(found, world=600)
+    assert suspect is not None and suspect.rule_id == "collective.behind_rank"
+    assert suspect.fields["suspects"] == [17, 403] and suspect.rank == 17
+    assert suspect.origin == Origin("worker-17", 17, "j", "n1")
+    assert "last completed work 130, the others up to 134" in suspect.line
+
+
+def test_thousands_of_silent_ranks_beside_more_reporters_take_a_reporters_origin():
+    """World 5,000: 3,000 ranks report one collective, 2,000 say nothing. The silent ranks are
+    the suspects; having no finding of their own, each gets a reporter's origin with its rank
+    swapped in (one pass over the findings for all of them)."""
+    found = [timeout(r, 600 + r / 1000, seq=812, op="ALLREDUCE") for r in range(3000)]
+    suspect = silent_rank(found, world=5000)
+    assert suspect is not None and suspect.rule_id == "collective.silent_rank"
+    assert suspect.fields["suspects"][:2] == [3000, 3001] and len(suspect.fields["suspects"]) == 2000
+    assert suspect.origin == Origin("worker-3000", 3000, "j", "n1")
+
 def test_dlrovers_exit_14_only_under_dlrover():
     table = ExitCodeTable.load()
     exit = ProcessExit(Origin("worker-1", 1), 101, 14, None, T0)
