@@ -13,6 +13,7 @@ Pure functions of the rows; no I/O. The page (``templates/report.html.j2``) draw
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from typing import Any, Iterable
 
@@ -63,11 +64,50 @@ def lifetimes(events: Iterable[Row], end: float) -> list[Row]:
     return sorted(out, key=lambda r: (r["start"], r["instance"]))
 
 
-def _pick_findings(findings: list[Row]) -> list[Row]:
-    if len(findings) <= MAX_FINDINGS:
-        return findings
-    ranked = sorted(findings, key=lambda f: (_SEVERITY_RANK.get(f.get("severity") or "", 0), f["epoch"]))
-    return sorted(ranked[-MAX_FINDINGS:], key=lambda f: f["epoch"])
+class _Findings:
+    """What the report reads of a job's findings, folded in one pass as they come (a long job's
+    store holds hundreds of thousands; holding them all took ~2.5 KB each, issue 16): their
+    count, first and last time, each instance's first rank and first and last time, the hangs,
+    the failure classes counted, and the :data:`MAX_FINDINGS` plotted: all of them when no more,
+    else the most severe, then the latest (a heap keyed by severity, time and arrival, so the
+    pick is the one a stable sort of them all would make)."""
+
+    def __init__(self, findings: Iterable[Row], ranks: dict[str, int | None]):
+        self.count = 0
+        self.first = self.last = None
+        self.spans: dict[str, list[float]] = {}            # instance -> [first, last] epoch
+        self.hangs: list[Row] = []
+        self.classes: Counter[str] = Counter()
+        heap: list[tuple[int, float, int, Row]] = []
+        for n, f in enumerate(findings):
+            epoch = f["epoch"]
+            self.count += 1
+            self.first = epoch if self.first is None else min(self.first, epoch)
+            self.last = epoch if self.last is None else max(self.last, epoch)
+            inst = f.get("instance")
+            if inst:
+                if ranks.get(inst) is None:
+                    ranks[inst] = f.get("rank")
+                span = self.spans.get(inst)
+                if span is None:
+                    self.spans[inst] = [epoch, epoch]
+                else:
+                    span[0], span[1] = min(span[0], epoch), max(span[1], epoch)
+            if f.get("kind") in _HANG_KINDS:
+                self.hangs.append(f)
+            self.classes[f.get("failure_class") or "unknown"] += 1
+            point = dict(epoch=epoch, instance=inst or JOB_ROW, severity=f.get("severity") or "info",
+                         failure_class=f.get("failure_class") or "", rule_id=f.get("rule_id") or "",
+                         line=(f.get("line") or "")[:300])
+            item = (_SEVERITY_RANK.get(f.get("severity") or "", 0), epoch, n, point)
+            if len(heap) < MAX_FINDINGS:
+                heapq.heappush(heap, item)
+            elif item[:3] > heap[0][:3]:
+                heapq.heapreplace(heap, item)
+        if self.count <= MAX_FINDINGS:                      # every one, in the store's order
+            self.plotted = [item[3] for item in sorted(heap, key=lambda item: item[2])]
+        else:                                               # by time, then severity, then arrival
+            self.plotted = [item[3] for item in sorted(heap, key=lambda item: (item[1], item[0], item[2]))]
 
 
 def output_series(output: list[Row], t0: float, t_end: float,
@@ -106,7 +146,7 @@ def output_series(output: list[Row], t0: float, t_end: float,
     return step_out, series
 
 
-def job_view(job: str, runs: list[Row], events: list[Row], findings: list[Row],
+def job_view(job: str, runs: list[Row], events: list[Row], findings: Iterable[Row],
              decisions: list[Row], output: list[Row]) -> Row:
     """One job's section of the report.
 
@@ -117,41 +157,49 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: list[Row],
         failure_classes, root_causes, runs, totals. Every ``x`` / ``start`` / ``end`` is
         seconds since t0.
     """
+    ranks: dict[str, int | None] = {}
+    for r in events:
+        if r.get("instance") and ranks.get(r["instance"]) is None:
+            ranks[r["instance"]] = r.get("rank")
+    folded = _Findings(findings, ranks)                    # (read once: it may be a generator)
+    spans: dict[str, list[float]] = {}                     # instance -> [first bucket, last bucket's end]
+    for o in output:
+        inst = o["instance"]
+        if inst and ranks.get(inst) is None:
+            ranks[inst] = o.get("rank")
+        span = spans.get(inst)
+        if span is None:
+            spans[inst] = [o["bucket"], o["bucket"] + o["seconds"]]
+        else:
+            span[0], span[1] = min(span[0], o["bucket"]), max(span[1], o["bucket"] + o["seconds"])
+    instances = sorted(ranks, key=lambda i: _rank_key(i, ranks))
+
     times = [r["started"] for r in runs if r.get("started")] + [r["ended"] for r in runs if r.get("ended")]
-    times += [e["time"] for e in events] + [f["epoch"] for f in findings] + [d["epoch"] for d in decisions]
-    times += [o["bucket"] for o in output] + [o["bucket"] + o["seconds"] for o in output]   # output counts too
+    times += [e["time"] for e in events] + [d["epoch"] for d in decisions]
+    times += [t for t in (folded.first, folded.last) if t is not None]
+    times += [t for span in spans.values() for t in span]  # output counts too
     t0 = min(times) if times else 0.0
     t_end = max(times) if times else 0.0
 
     def x(t: float) -> float:
         return round(t - t0, 3)
 
-    ranks: dict[str, int | None] = {}
-    for src in (events, findings, output):
-        for r in src:
-            if r.get("instance") and ranks.get(r["instance"]) is None:
-                ranks[r["instance"]] = r.get("rank")
-    instances = sorted(ranks, key=lambda i: _rank_key(i, ranks))
-
     lives = lifetimes(events, t_end)
     seen = {lv["instance"] for lv in lives}
     for inst in instances:         # shipped logs (watch) have no starts: the span of its output
         if inst in seen:           # (each bucket to its end) and findings, within the job's span
             continue
-        mine = [o for o in output if o["instance"] == inst]
-        starts = [o["bucket"] for o in mine] + [f["epoch"] for f in findings if f["instance"] == inst]
-        ends = [o["bucket"] + o["seconds"] for o in mine] + starts
-        if starts:
-            lives.append(dict(instance=inst, start=max(min(starts), t0), end=min(max(ends), t_end),
-                              status="seen", returncode=None, signal=None))
+        own = [span for span in (spans.get(inst), folded.spans.get(inst)) if span is not None]
+        if own:
+            lives.append(dict(instance=inst, start=max(min(s[0] for s in own), t0),
+                              end=min(max(s[1] for s in own), t_end), status="seen", returncode=None, signal=None))
 
     hangs = []
-    for f in findings:
-        if f.get("kind") in _HANG_KINDS:
-            fields = f.get("fields") or {}
-            silent = fields.get("silent_for", fields.get("culprit_silent_for", 0.0)) or 0.0
-            hangs.append(dict(instance=f["instance"], start=x(f["epoch"] - float(silent)),
-                              end=x(f["epoch"]), kind=f["kind"], line=f.get("line") or ""))
+    for f in folded.hangs:
+        fields = f.get("fields") or {}
+        silent = fields.get("silent_for", fields.get("culprit_silent_for", 0.0)) or 0.0
+        hangs.append(dict(instance=f["instance"], start=x(f["epoch"] - float(silent)),
+                          end=x(f["epoch"]), kind=f["kind"], line=f.get("line") or ""))
 
     restarts = []
     for e in events:
@@ -164,11 +212,7 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: list[Row],
             restarts.append(dict(x=x(e["time"]), instance=e.get("instance") or JOB_ROW,
                                  kind=e["detail"].get("action", "restart_instance")))
 
-    plotted = _pick_findings(findings)
-    finding_points = [dict(x=x(f["epoch"]), instance=f.get("instance") or JOB_ROW,
-                           severity=f.get("severity") or "info", failure_class=f.get("failure_class") or "",
-                           rule_id=f.get("rule_id") or "", line=(f.get("line") or "")[:300])
-                      for f in plotted]
+    finding_points = [dict(x=x(p.pop("epoch")), **p) for p in folded.plotted]
 
     bucket, series = output_series(output, t0, t_end)
 
@@ -186,18 +230,18 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: list[Row],
         "job": job, "t0": t0, "t0_iso": iso(t0) if times else "", "span": round(t_end - t0, 3),
         "rows": [JOB_ROW] + instances,
         "lifetimes": [dict(lv, start=x(lv["start"]), end=x(lv["end"])) for lv in lives],
-        "hangs": hangs, "findings": finding_points, "findings_total": len(findings),
+        "hangs": hangs, "findings": finding_points, "findings_total": folded.count,
         "restarts": restarts,
         "decision_marks": [dict(x=x(d["epoch"]), action=d["action"], decision_id=d["decision_id"])
                            for d in decisions],
         "output": {"bucket": bucket, "series": [{"instance": i, "points": series[i]}
                                                 for i in sorted(series, key=lambda i: _rank_key(i, ranks))]},
         "decisions_by_action": dict(Counter(d["action"] for d in decisions).most_common()),
-        "failure_classes": dict(Counter(f.get("failure_class") or "unknown" for f in findings).most_common()),
+        "failure_classes": dict(folded.classes.most_common()),
         "root_causes": root_causes,
         "runs": [dict(r, started_iso=iso(r["started"]) if r.get("started") else "",
                       ended_iso=iso(r["ended"]) if r.get("ended") else "") for r in runs],
-        "totals": {"lines": sum(o["lines"] for o in output), "findings": len(findings),
+        "totals": {"lines": sum(o["lines"] for o in output), "findings": folded.count,
                    "decisions": len(decisions), "restarts": len(restarts), "hangs": len(hangs),
                    "instances": len(instances)},
     }

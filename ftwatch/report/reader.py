@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from ftwatch.pipeline.sinks.sqlite import SqliteStore
 
@@ -38,14 +38,15 @@ Row = dict[str, Any]
 
 
 class ReportReader(Protocol):
-    """What the report reads; each method returns rows in time order (``jobs``: sorted)."""
+    """What the report reads; each method returns rows in time order (``jobs``: sorted);
+    ``findings`` may be a generator, read once."""
 
     source: str        # shown in the page, e.g. the database path
 
     def jobs(self) -> list[str]: ...
     def runs(self, job: str) -> list[Row]: ...
     def events(self, job: str) -> list[Row]: ...
-    def findings(self, job: str) -> list[Row]: ...
+    def findings(self, job: str) -> Iterable[Row]: ...   # iterated once (a generator at most)
     def decisions(self, job: str) -> list[Row]: ...
     def output(self, job: str) -> list[Row]: ...
     def close(self) -> None: ...
@@ -100,8 +101,13 @@ class SqliteReader:
     def events(self, job: str) -> list[Row]:
         return self._keep(self._store.events(job), "time")
 
-    def findings(self, job: str) -> list[Row]:
-        return self._keep(self._store.findings_for(job), "epoch")
+    def findings(self, job: str) -> Iterator[Row]:
+        """The job's findings in time order, read as they are used (a store may hold hundreds
+        of thousands: the report folds them one by one, ``ftwatch.report.model``)."""
+        since, until = self.since, self.until
+        for r in self._store.iter_findings(job):
+            if in_window(r["epoch"], since, until):
+                yield r
 
     def decisions(self, job: str) -> list[Row]:
         return self._keep(self._store.decisions(job), "epoch")

@@ -136,3 +136,44 @@ def test_a_watched_job_without_starts_gets_an_activity_bar_per_instance_from_its
     lives = {lv["instance"]: (lv["start"], lv["end"], lv["status"]) for lv in job["lifetimes"]}
     assert lives == {"w0": (0.0, 7.0, "seen"), "w1": (5.0, 10.0, "seen")}
     assert all(lv["end"] > lv["start"] and lv["end"] <= job["span"] for lv in job["lifetimes"])
+
+
+def test_past_the_plotted_cap_the_most_severe_then_the_latest_are_plotted_from_one_pass(monkeypatch):
+    """More findings than ``MAX_FINDINGS``: the plotted ones are the most severe, then the latest
+    (ties: the later in the store), in time order; the counts, classes and spans still cover every
+    finding; the findings are read once, as a generator (a long job's store: issue 16)."""
+    monkeypatch.setattr(model, "MAX_FINDINGS", 4)
+    severities = ["info", "error", "warning", "error", "info", "critical", "warning", "error", "info"]
+    rows = [dict(rule_id=f"r{i}", kind="error", failure_class="info" if s == "info" else "retryable_infra",
+                 severity=s, instance=f"w{i % 2}", rank=i % 2, epoch=T0 + (i // 2), line=f"line {i}", fields={})
+            for i, s in enumerate(severities)]
+    read = []
+
+    def once():
+        for r in rows:
+            read.append(r["rule_id"])
+            yield r
+    job = model.job_view("j", [], [], once(), [], [])
+    assert read == [r["rule_id"] for r in rows]
+    # critical r5; the errors r1, r3, r7 (same severity: all three fit)
+    assert [f["rule_id"] for f in job["findings"]] == ["r1", "r3", "r5", "r7"]
+    assert [f["x"] for f in job["findings"]] == [0.0, 1.0, 2.0, 3.0]
+    assert job["findings_total"] == job["totals"]["findings"] == 9
+    assert job["failure_classes"] == {"info": 3, "retryable_infra": 6}
+    lives = {lv["instance"]: (lv["start"], lv["end"]) for lv in job["lifetimes"]}
+    assert lives == {"w0": (0.0, 4.0), "w1": (0.0, 3.0)}
+
+
+def test_a_store_of_many_findings_is_read_a_page_at_a_time(tmp_path: Path):
+    """``SqliteStore.iter_findings`` pages through the rows in time order, the same rows
+    ``findings_for`` returns; the report reader yields them as it goes."""
+    s = SqliteStore(tmp_path / "ftwatch.db")
+    s.write([FindingBatch([finding(f"worker-{k % 3}", k % 3, T0 + (k * 7919) % 2500) for k in range(2500)])])
+    pages = list(s.iter_findings("j", page=1000))
+    assert pages == s.findings_for("j") and len(pages) == 2500
+    assert [f["epoch"] for f in pages] == sorted(f["epoch"] for f in pages)
+    s.close()
+    with SqliteReader(tmp_path / "ftwatch.db", since=T0 + 100, until=T0 + 200) as reader:
+        got = reader.findings("j")
+        assert not isinstance(got, list)
+        assert [f["epoch"] for f in got] == [T0 + t for t in range(100, 200)]

@@ -330,21 +330,36 @@ class SqliteStore:
             "ORDER BY job, instance, bucket", args)]
 
     def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]:
-        """The findings of ``job`` (of one attempt, or all), in time order."""
+        """The findings of ``job`` (of one attempt, or all), in time order (:meth:`iter_findings`)."""
+        return list(self.iter_findings(job, attempt))
+
+    def iter_findings(self, job: str, attempt: int | None = None, page: int = 1000) -> Iterator[dict[str, Any]]:
+        """The findings of ``job`` (of one attempt, or all), in time order, read ``page`` rows at
+        a time: a long job's store holds hundreds of thousands (a warning per step), which
+        ``ftwatch report`` folds as they come instead of holding them all (~2.5 KB each).
+
+        Yields:
+            ``Finding.to_dict()`` keys with ``time`` as ISO text, ``epoch`` (epoch s), ``attempt``.
+        """
         sql = f"SELECT {', '.join(_FINDING_COLUMNS)} FROM findings WHERE job = ?"
         args: list[Any] = [job]
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
-        out = []
-        for r in self._rows(sql + " ORDER BY time, seq, id", args):
-            d = dict(r)
-            d["epoch"] = d["time"]
-            d["time"] = iso(d["time"])
-            d["evidence"] = json.loads(d["evidence"])
-            d["fields"] = json.loads(d["fields"])
-            out.append(d)
-        return out
+        with self._lock:
+            cursor = self._conn.execute(sql + " ORDER BY time, seq, id", tuple(args))
+        while True:
+            with self._lock:
+                rows = cursor.fetchmany(page)
+            if not rows:
+                return
+            for r in rows:
+                d = dict(r)
+                d["epoch"] = d["time"]
+                d["time"] = iso(d["time"])
+                d["evidence"] = json.loads(d["evidence"])
+                d["fields"] = json.loads(d["fields"])
+                yield d
 
     def decisions(self, job: str | None = None) -> list[dict[str, Any]]:
         """Decisions in time order (see :meth:`decision` for their shape)."""
