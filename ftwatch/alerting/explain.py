@@ -11,13 +11,19 @@ The store is duck-typed (``decision``, ``last_decision``, ``findings_for`` as in
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol
+from collections import deque
+from typing import Any, Iterable, Iterator, Protocol
 
+from ftwatch.config.limits import MAX_FINDINGS_PER_JOB
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
 from ftwatch.policy.rootcause import analyse
 
 MAX_FINDINGS_PER_INSTANCE = 10
 MAX_EVIDENCE_LINES = 8
+#: the newest findings of the attempt read for what was fallout: as many as the incident desk keeps
+#: as one job's evidence (``limits.max_findings_per_job``' default). A long attempt's store holds
+#: far more (a retryable warning printed on every step: 200,000 took 21 s and 650 MB to read)
+MAX_ANALYSED = MAX_FINDINGS_PER_JOB
 
 
 class DecisionStore(Protocol):
@@ -28,6 +34,9 @@ class DecisionStore(Protocol):
     def last_decision(self) -> dict[str, Any] | None: ...
 
     def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]: ...
+
+    # Optional, used where present (SqliteStore has it): the same in time order, read as used.
+    # def iter_findings(self, job: str, attempt: int | None = None) -> Iterator[dict[str, Any]]: ...
 
 
 def explain(store: DecisionStore, decision_id: str | None = None) -> str:
@@ -53,12 +62,16 @@ def explain(store: DecisionStore, decision_id: str | None = None) -> str:
         if d is None:
             raise LookupError(f"no decision has the id {decision_id!r}")
     root = d.get("root_cause")
-    findings = _merge(store.findings_for(d["job"], d.get("attempt")),
-                      [root] if root else [], d.get("findings") or [])
+    reader = getattr(store, "iter_findings", None)
+    stored = (reader(d["job"], d.get("attempt")) if reader is not None else
+              sorted(store.findings_for(d["job"], d.get("attempt")), key=_order))
+    extra: dict[tuple, dict[str, Any]] = {}          # the decision's own, once each
+    for f in ([root] if root else []) + list(d.get("findings") or []):
+        extra.setdefault(_key(f), f)
     out: list[str] = []
     out += _decision_block(d)
     out += _root_block(root)
-    out += _evidence_block(d, findings, root)
+    out += _evidence_block(d, _Evidence(stored, extra, _key(root) if root else None), root)
     out += _acted_block(store, d)
     out += ["", "Budgets",
             f"  restarts used  {d.get('restarts_used', 0)}",
@@ -122,16 +135,88 @@ def _root_block(root: dict[str, Any] | None) -> list[str]:
             f"  rule source    {root.get('source') or '(not given)'}"]
 
 
-def _evidence_block(d: dict[str, Any], findings: list[dict[str, Any]],
-                    root: dict[str, Any] | None) -> list[str]:
+class _Evidence:
+    """The attempt's findings, each once, in time order, read in one pass over the store (a long
+    attempt's holds hundreds of thousands): per instance its count, whether the root cause is
+    among them and its first :data:`MAX_FINDINGS_PER_INSTANCE` (those shown); and the newest
+    :data:`MAX_ANALYSED`, read for what was fallout (:func:`_fallout_keys`); a finding older than
+    those counts as no fallout. The decision's own findings (``extra``, by key) join where they
+    fall, unless the store holds them too: a stored one goes first among those of its time. A
+    finding is counted once however often it is stored.
+
+    Args:
+        stored: the stored findings in time order (:func:`_order`).
+        extra: the decision's root cause and findings by :func:`_key`.
+        root_key: the root cause's key, or None.
+    """
+
+    def __init__(self, stored: Iterable[dict[str, Any]], extra: dict[tuple, dict[str, Any]],
+                 root_key: tuple | None):
+        self.root_key = root_key
+        self.total = 0
+        self.counts: dict[str, int] = {}
+        self.has_root: set[str] = set()
+        shown: dict[str, list[tuple]] = {}           # instance -> (order, 0 stored / 1 extra, n, finding)
+        newest: deque[tuple] = deque(maxlen=MAX_ANALYSED)
+        matched: set[tuple] = set()
+        moment, here = None, set()                   # the keys stored at one ISO time (ms): a finding
+        for n, f in enumerate(stored):               # stored twice is read twice, next to each other
+            key = _key(f)
+            if key[2] != moment:
+                moment, here = key[2], set()
+            elif key in here:
+                continue
+            here.add(key)
+            if key in extra:
+                matched.add(key)
+            entry = (_order(f), 0, n, f)
+            self._count(f, key, entry, shown, stored=True)
+            newest.append(entry)
+        added = [(_order(f), 1, n, f) for n, (key, f) in enumerate(extra.items()) if key not in matched]
+        for entry in added:
+            self._count(entry[3], _key(entry[3]), entry, shown, stored=False)
+            shown[str(entry[3].get("instance"))].sort(key=lambda e: e[:3])     # where it falls
+        for name, entries in shown.items():
+            del entries[MAX_FINDINGS_PER_INSTANCE:]
+        self.shown = {name: [e[3] for e in entries] for name, entries in shown.items()}
+        analysed = [e[3] for e in sorted([*newest, *added], key=lambda e: e[:3])[-MAX_ANALYSED:]]
+        self.fallout = _fallout_keys(analysed)
+        self.analysed: dict[str, int] = {}           # instance -> how many of its findings were read
+        self.real: set[str] = set()                  # instances with one of those that is no fallout
+        for f in analysed:
+            name = str(f.get("instance"))
+            self.analysed[name] = self.analysed.get(name, 0) + 1
+            if _key(f) not in self.fallout:
+                self.real.add(name)
+
+    def _count(self, f: dict[str, Any], key: tuple, entry: tuple, shown: dict[str, list[tuple]],
+               stored: bool) -> None:
+        self.total += 1
+        name = str(f.get("instance"))
+        self.counts[name] = self.counts.get(name, 0) + 1
+        if self.root_key and key == self.root_key:
+            self.has_root.add(name)
+        mine = shown.setdefault(name, [])
+        if not stored or len(mine) < MAX_FINDINGS_PER_INSTANCE:   # (stored ones come in time order)
+            mine.append(entry)
+
+    def verdict(self, name: str) -> str:
+        """``root cause here``, ``fallout only`` or ``errors, not fallout``."""
+        if name in self.has_root:
+            return "root cause here"
+        real = name in self.real or self.counts[name] > self.analysed.get(name, 0)
+        return "errors, not fallout" if real else "fallout only"
+
+
+def _evidence_block(d: dict[str, Any], ev: _Evidence, root: dict[str, Any] | None) -> list[str]:
     out = ["", f"Evidence by instance (job {d['job']}, attempt {d.get('attempt', 0)})"]
-    if not findings:
+    if not ev.total:
         return out + ["  no findings recorded"]
-    root_key = _key(root) if root else None
-    fallout = _fallout_keys(findings)
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for f in findings:
-        groups.setdefault(str(f.get("instance")), []).append(f)
+    if ev.total > MAX_ANALYSED:
+        out.append(f"  (fallout read from the newest {MAX_ANALYSED:,} of {ev.total:,} findings, as many as "
+                   "the incident desk keeps)")
+    root_key = ev.root_key
+    groups = ev.shown
 
     def order(name: str) -> tuple[int, int, str]:
         rank = groups[name][0].get("rank")
@@ -140,15 +225,12 @@ def _evidence_block(d: dict[str, Any], findings: list[dict[str, Any]],
     for name in sorted(groups, key=order):
         items = groups[name]
         first = items[0]
-        has_root = any(_key(f) == root_key for f in items)
-        real = [f for f in items if _key(f) not in fallout]
-        verdict = ("root cause here" if has_root else
-                   "fallout only" if not real else "errors, not fallout")
+        count = ev.counts[name]
         out.append(f"  {name}  rank {_dash(first.get('rank'))}  node {_dash(first.get('node'))}"
-                   f"  ({len(items)} finding{'s' if len(items) != 1 else ''}; {verdict})")
-        for f in items[:MAX_FINDINGS_PER_INSTANCE]:
+                   f"  ({count} finding{'s' if count != 1 else ''}; {ev.verdict(name)})")
+        for f in items:
             mark = ("root cause" if _key(f) == root_key else
-                    "fallout" if _key(f) in fallout else "finding")
+                    "fallout" if _key(f) in ev.fallout else "finding")
             out.append(f"    [{mark}] {f.get('time', '?')}  {f.get('rule_id', '?')} "
                        f"({f.get('failure_class', '?')})")
             out.append(f"      {f.get('line', '')}")
@@ -157,19 +239,14 @@ def _evidence_block(d: dict[str, Any], findings: list[dict[str, Any]],
                 out.append(f"      | {e}")
             if len(evidence) > MAX_EVIDENCE_LINES:
                 out.append(f"      | ... {len(evidence) - MAX_EVIDENCE_LINES} more lines")
-        if len(items) > MAX_FINDINGS_PER_INSTANCE:
-            out.append(f"    ... {len(items) - MAX_FINDINGS_PER_INSTANCE} more findings")
+        if count > MAX_FINDINGS_PER_INSTANCE:
+            out.append(f"    ... {count - MAX_FINDINGS_PER_INSTANCE} more findings")
     return out
 
 
-def _merge(*sources: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """All findings once each, in time order (stored ones and the decision's own)."""
-    seen: dict[tuple, dict[str, Any]] = {}
-    for source in sources:
-        for f in source:
-            seen.setdefault(_key(f), f)
-    return sorted(seen.values(), key=lambda f: (f.get("epoch") or 0.0, str(f.get("time")),
-                                                f.get("seq") or 0))
+def _order(f: dict[str, Any]) -> tuple:
+    """A finding's place in time (``epoch``, then its ISO time, then its sequence number)."""
+    return (f.get("epoch") or 0.0, str(f.get("time")), f.get("seq") or 0)
 
 
 def _fallout_keys(findings: list[dict[str, Any]]) -> set[tuple]:

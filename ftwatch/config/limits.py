@@ -65,6 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_INSTANCES_PER_JOB = 16384
 MAX_TRACKED_INSTANCES = 262144
 MAX_NOTICES_PER_JOB = 1000
+MAX_FINDINGS_PER_JOB = 20000
 MAX_ALERT_GROUPS = 10000
 MAX_REMEMBERED_ALERTS = 10000
 
@@ -80,7 +81,7 @@ class LimitsConfig(BaseModel):
     max_info_findings_per_job: int = Field(1000, gt=0, description="Info findings (below warning, "
                                            "not exits) kept as one job's evidence per attempt; past it "
                                            "the oldest go.")
-    max_findings_per_job: int = Field(20000, gt=0, description="Findings kept as one job's evidence per "
+    max_findings_per_job: int = Field(MAX_FINDINGS_PER_JOB, gt=0, description="Findings kept as one job's evidence per "
                                       "attempt; past it the oldest info findings go first, then the "
                                       "oldest of the rest. Also bounds the open incident's openers.")
     max_notices_per_job: int = Field(MAX_NOTICES_PER_JOB, gt=0, description="Notices (errors the job "

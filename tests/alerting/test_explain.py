@@ -140,3 +140,30 @@ def test_survivor_exit_after_only_fallout_is_marked_fallout(tmp_path: Path):
     assert "[fallout] " + iso(T0 + 0.4) in text
     assert "worker-0  rank 0" in text and "fallout only" in text
     s.close()
+
+
+def test_a_long_attempt_is_read_once_and_its_newest_findings_read_for_fallout(tmp_path: Path, monkeypatch):
+    """An attempt whose store holds more findings than the incident desk keeps: every one is
+    counted, the first ones of each instance are shown, a finding stored twice counts once, and
+    what was fallout is read from the newest ``MAX_ANALYSED`` (said in the text), so a long
+    attempt's explain stays small; the decision's own findings join where they fall."""
+    from ftwatch.alerting import explain as explain_module
+    monkeypatch.setattr(explain_module, "MAX_ANALYSED", 6)
+    s = SqliteStore(tmp_path / "ftwatch.db")
+    warnings = [f("worker-0", 0, T0 + k, "nccl.ib_retry", FailureClass.RETRYABLE_INFRA, f"NCCL WARN retry {k}")
+                for k in range(20)]
+    s.write([FindingBatch(warnings[:10], attempt=1)])
+    s.write([FindingBatch(warnings[9:], attempt=1)])             # warning 9 stored twice
+    s.write([FindingBatch([FALLOUT_1], attempt=1)])               # T0 + 3, worker-1
+    late = f("worker-1", 1, T0 + 30, "nccl.watchdog_timeout", FailureClass.FALLOUT, "[Rank 1] Watchdog timeout")
+    s.write([FindingBatch([late], attempt=1)])
+    d = decision(t=T0 + 40, root=ROOT, findings=(late,))          # ROOT (T0, worker-2) is not stored
+    s.write([d])
+    text = explain(s, d.decision_id)
+    assert "(fallout read from the newest 6 of 23 findings, as many as the incident desk keeps)" in text
+    assert "worker-0  rank 0  node host-0  (20 findings; errors, not fallout)" in text
+    assert text.count("NCCL WARN retry") == 10 and "... 10 more findings" in text
+    assert "worker-1  rank 1  node host-1  (2 findings; errors, not fallout)" in text   # FALLOUT_1: too old to read
+    assert "[fallout] " + iso(T0 + 30) in text and "[finding] " + iso(T0 + 3) in text
+    assert "worker-2  rank 2  node host-2  (1 finding; root cause here)" in text
+    s.close()
