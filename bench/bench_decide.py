@@ -7,9 +7,11 @@ default config's engine (the step tap on) and reports the CPU seconds from the f
 decision and the memory the replay added (peak RSS minus RSS before); each log is replayed by
 ``RUNS`` children and the median CPU counts.
 
-Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512; and
-the same where every rank prints a traceback of its own and then nothing (``traceback_log``: a
-store timeout, as every rank of a job whose store went away prints it).
+Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512; the
+same where the step lines carry no time and state no duration (``failure_log(untimed=True)``:
+each line's time is counted from the lines before it, a count that once ran from the chunk's
+start for every line); and the same where every rank prints a traceback of its own and then
+nothing (``traceback_log``: a store timeout, as every rank of a job whose store went away prints it).
 
 Beside it (no goal): an error-dense log, the same failures printed again and again (``REPEATS``
 times one unit: two recorded corpus failures, a hung NCCL watchdog glued to a progress bar and an
@@ -89,13 +91,20 @@ def run_child(path: Path) -> dict | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def failure_log(ranks: int, path: Path) -> Path:
+def failure_log(ranks: int, path: Path, untimed: bool = False) -> Path:
+    """The module docstring's failure log; ``untimed``: its step lines carry no timestamp and
+    state no duration (``[rankN]: step S loss X``), so the step tap times each from the lines
+    before it in its chunk, asked rank by rank (``ftwatch.rules.lineclock``)."""
     golden = (ROOT / "tests" / "golden" / "torchrun_keyerror" / "combined.log").read_text().splitlines()
     traceback = [line.split("]:", 1)[1] for line in golden if line.startswith("[default1]:")]
     bad = ranks // 2
     with path.open("w") as fh:
-        for line in step_lines(STEPS * ranks, ranks=ranks):
-            fh.write(line.decode() + "\n")
+        if untimed:
+            for s in range(STEPS):
+                fh.writelines(f"[rank{r}]: step {s} loss 0.{r % 97:02d} lr 1e-4\n" for r in range(ranks))
+        else:
+            for line in step_lines(STEPS * ranks, ranks=ranks):
+                fh.write(line.decode() + "\n")
         for line in traceback:
             fh.write(f"[rank{bad}]:{line}\n")
         for r in range(ranks):
@@ -157,6 +166,11 @@ def main() -> None:
                       lambda n: f"{(STEPS + 1) * n:,} lines")
     if 512 in per_rank and 4_096 in per_rank:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
+    per_rank = series(figures, (512, 4_096), lambda n: failure_log(n, workdir() / f"untimed-{n}.log", untimed=True),
+                      "{size} ranks, untimed step lines")
+    if len(per_rank) == 2:
+        figures.append(at_most("CPU per rank, 4,096 vs 512 ranks, untimed step lines",
+                               per_rank[4_096] / per_rank[512], "x", 1.5))
     per_rank = series(figures, (512, 4_096), lambda n: traceback_log(n, workdir() / f"tracebacks-{n}.log"),
                       "{size} ranks, every rank's traceback")
     if len(per_rank) == 2:
