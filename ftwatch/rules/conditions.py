@@ -73,7 +73,7 @@ from ftwatch.rules import faultcodes
 from ftwatch.rules.model import Pattern
 from ftwatch.rules.patterns import _BadPattern, _re2_compile, _re2_options, _translate
 
-__all__ = ["Condition", "ConditionError", "compile_condition", "FIELDS"]
+__all__ = ["Condition", "ConditionError", "compile_condition", "compile_parsed", "FIELDS"]
 
 Predicate = Callable[[bytes, Origin], bool]
 _Test = Callable[["_Facts"], bool]
@@ -138,6 +138,13 @@ def compile_condition(text: str, caseless: bool = False) -> Condition:
         expr = parse_condition(text)
     except ConditionSyntaxError as exc:
         raise ConditionError(str(exc)) from None
+    return compile_parsed(text, expr, caseless)
+
+
+def compile_parsed(text: str, expr: Expr, caseless: bool = False) -> Condition:
+    """:func:`compile_condition` of a condition parsed before (``expr``: its AST, as the rule cache
+    keeps it, ``ftwatch.rules.rulecache``). Raises ConditionError as :func:`compile_condition`
+    does for everything but syntax."""
     test = _compile(expr, caseless)
     required = _required(expr, True)
     prefilter = None if required is None else tuple(

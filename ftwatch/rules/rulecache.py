@@ -12,9 +12,9 @@ pattern engines (``Matcher.engines``: with or without Hyperscan, its version). S
 rule file, another ftwatch, or another Hyperscan is another key, and the file is loaded and
 checked in full again; a file with any issue is never stored, so its problems are reported
 with file:line on every load. Names are not in the key: a rule's ``location`` is rebuilt from
-the name it is loaded under and its line. ``when:`` conditions are compiled again from their
-text (a predicate is code); one that no longer compiles (the fault tables changed) makes the
-entry a miss. Stored with ``ftwatch.rules.diskcache`` (suffix ``rules``).
+the name it is loaded under and its line. ``when:`` conditions are kept parsed (their AST as
+tuples: a warm start neither parses nor imports pyparsing) and compiled again from that (a
+predicate is code); one that no longer compiles (the fault tables changed) makes the entry a miss. Stored with ``ftwatch.rules.diskcache`` (suffix ``rules``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Severity
 from ftwatch.rules import diskcache
-from ftwatch.rules.conditions import ConditionError, compile_condition
+from ftwatch.parsers.grammars.conditions import ConditionSyntaxError, from_tuple, parse_condition, to_tuple
+from ftwatch.rules.conditions import ConditionError, compile_parsed
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern, Rule
 
-FORMAT = 1
-"""The stored tuples' layout (``_encode``); bump it when that changes."""
+FORMAT = 2
+"""The stored tuples' layout (``_encode``); bump it when that changes (2: a ``when:``'s AST)."""
 
 CODE: tuple[str, ...] = (
     "ftwatch.events", "ftwatch.config.yamlsource", "ftwatch.parsers.grammars.conditions",
@@ -88,7 +89,7 @@ def store(cache_key: str | None, rules: Sequence[Rule]) -> None:
         return
     try:
         data = marshal.dumps((FORMAT, [_encode(rule) for rule in rules]))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, ConditionSyntaxError):
         return
     diskcache.store("rules", cache_key, "rules", data)
 
@@ -98,17 +99,18 @@ def _encode(rule: Rule) -> tuple:
     line = int(rule.location.rsplit(":", 1)[1])
     return (rule.id, tuple((p.text, p.regex, p.caseless) for p in rule.patterns), rule.failure_class.value,
             rule.action.name, rule.severity.name, rule.priority, rule.examples, rule.counterexamples,
-            rule.source, rule.description, rule.tags, line, rule.when)
+            rule.source, rule.description, rule.tags, line, rule.when,
+            to_tuple(parse_condition(rule.when)) if rule.when else None)
 
 
 def _decode(row: tuple, name: str) -> Rule:
     """The Rule of an ``_encode``d row, in file ``name`` (raises on a damaged row)."""
     (rule_id, patterns, failure_class, action, severity, priority, examples, counterexamples,
-     source, description, tags, line, when) = row
+     source, description, tags, line, when, ast) = row
     patterns = tuple(Pattern(text, regex=regex, caseless=caseless) for text, regex, caseless in patterns)
     predicate = None
     if when:    # every pattern of a rule carries the rule's caseless (the loader's, the prefilter's)
-        predicate = compile_condition(when, patterns[0].caseless if patterns else False).predicate
+        predicate = compile_parsed(when, from_tuple(ast), patterns[0].caseless if patterns else False).predicate
     return Rule(id=rule_id, patterns=patterns, failure_class=FailureClass(failure_class), action=Action[action],
                 severity=Severity[severity], priority=priority, examples=examples,
                 counterexamples=counterexamples, source=source, description=description, tags=tags,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftwatch.parsers.grammars.conditions import (OPS, And, Compare, ConditionSyntaxError, Not, Or, Text,
-                                                 parse_condition, render)
+                                                 parse_condition, render, to_tuple, from_tuple)
 
 A, B, C = (Compare(f, "==", "1") for f in ("a", "b", "c"))
 
@@ -96,3 +96,11 @@ def _tree(children):
 def test_render_then_parse_gives_the_same_tree(expr):
     assert parse_condition(render(expr)) == expr
     assert render(parse_condition(render(expr))) == render(expr)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(_LEAF, _tree, max_leaves=8))
+def test_the_tuples_the_rule_cache_keeps_give_the_same_tree(expr):
+    """``to_tuple`` / ``from_tuple``: the AST as plain tuples (``marshal``-able) and back."""
+    import marshal
+    assert from_tuple(marshal.loads(marshal.dumps(to_tuple(expr)))) == expr

@@ -142,3 +142,23 @@ def test_more_checked_sets_than_databases_kept_all_stay_marked(cache, monkeypatc
     for patterns in sets:
         assert Matcher.check_many(patterns) == [None] * 3
     assert len(compiles) == len(sets)
+
+
+def test_a_warm_load_parses_no_condition_and_imports_no_pyparsing(tmp_path, cache):
+    """The cache keeps each ``when:`` parsed (its AST as tuples): a second process loading the
+    same files parses no condition, so pyparsing is never imported, and its predicates answer
+    as the first process's."""
+    import subprocess
+    import sys
+    path = tmp_path / "team.yaml"
+    path.write_text(RULES)
+    probe = ("import sys\n"
+             "from ftwatch.events import Origin\n"
+             "from ftwatch.rules.loader import load_rules\n"
+             f"rules = {{r.id: r for r in load_rules([{str(path)!r}])}}\n"
+             "p = rules['team.when_only'].predicate\n"
+             "print(p(b'ERROR disk full', Origin('t')), p(b'INFO disk full', Origin('t')), 'pyparsing' in sys.modules)\n")
+    env = {**os.environ, diskcache.CACHE_ENV: str(cache)}
+    runs = [subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True).stdout
+            for _ in range(2)]
+    assert runs == ["True False True\n", "True False False\n"]

@@ -26,15 +26,16 @@ reserved (lower case).
 
 from __future__ import annotations
 
+import functools
 import re
-
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
-import pyparsing as pp
+if TYPE_CHECKING:
+    import pyparsing as pp
 
 __all__ = ["Text", "Compare", "Not", "And", "Or", "Expr", "ConditionSyntaxError", "parse_condition",
-           "render", "OPS"]
+           "render", "to_tuple", "from_tuple", "OPS"]
 
 OPS: tuple[str, ...] = ("==", "!=", "<=", ">=", "<", ">")
 """The comparison operators (``in`` apart)."""
@@ -96,7 +97,11 @@ class ConditionSyntaxError(ValueError):
         self.reason, self.column = reason, column
 
 
+@functools.lru_cache(maxsize=1)
 def _grammar() -> pp.ParserElement:
+    """The grammar, built at the first parse: pyparsing is imported only then (a start whose rule
+    files all come from the rule cache, ``ftwatch.rules.rulecache``, parses nothing)."""
+    import pyparsing as pp
     kw = {w: pp.Keyword(w) for w in RESERVED}
     string = (pp.QuotedString('"', esc_quote='""', multiline=False, convert_whitespace_escapes=False)
               | pp.QuotedString("'", esc_quote="''", multiline=False, convert_whitespace_escapes=False)).set_name("quoted string")
@@ -125,8 +130,6 @@ def _grammar() -> pp.ParserElement:
     return condition
 
 
-_GRAMMAR = _grammar()
-
 
 def parse_condition(text: str) -> Expr:
     """Parses one condition.
@@ -142,8 +145,10 @@ def parse_condition(text: str) -> Expr:
     """
     if not text.strip():
         raise ConditionSyntaxError("empty condition", 1)
+    grammar = _grammar()
+    import pyparsing as pp
     try:
-        return _GRAMMAR.parse_string(text, parse_all=True)[0]
+        return grammar.parse_string(text, parse_all=True)[0]
     except pp.ParseBaseException as exc:
         found = text[exc.loc:exc.loc + 20].split("\n")[0]
         where = f"found {found!r}" if found else "found the end"
@@ -188,3 +193,29 @@ def render(expr: Expr) -> str:
         s = render(e)
         parts.append(f"({s})" if isinstance(e, (And, Or)) else s)
     return word.join(parts)
+
+
+def to_tuple(expr: Expr) -> tuple:
+    """The AST as nested tuples of strings (``marshal``-able: the rule cache keeps it, so a warm
+    start parses nothing); :func:`from_tuple` builds it back, ``from_tuple(to_tuple(e)) == e``."""
+    if isinstance(expr, Text):
+        return ("t", expr.kind, expr.value)
+    if isinstance(expr, Compare):
+        return ("c", expr.field, expr.op, expr.value)
+    if isinstance(expr, Not):
+        return ("n", to_tuple(expr.operand))
+    return ("a" if isinstance(expr, And) else "o", tuple(to_tuple(e) for e in expr.operands))
+
+
+def from_tuple(t: tuple) -> Expr:
+    """The AST of :func:`to_tuple`'s tuples (raises ``ValueError`` on a tuple it did not make)."""
+    tag = t[0]
+    if tag == "t":
+        return Text(t[1], t[2])
+    if tag == "c":
+        return Compare(t[1], t[2], t[3])
+    if tag == "n":
+        return Not(from_tuple(t[1]))
+    if tag in ("a", "o"):
+        return (And if tag == "a" else Or)(tuple(from_tuple(e) for e in t[1]))
+    raise ValueError(f"not a condition tuple: {t!r}")
