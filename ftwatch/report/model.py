@@ -110,6 +110,68 @@ class _Findings:
             self.plotted = [item[3] for item in sorted(heap, key=lambda item: (item[1], item[0], item[2]))]
 
 
+class _Output:
+    """A job's output counts folded in one pass as they come (``watch`` stores a row per instance
+    and bucket: 1,000 pods printing all day, 17 M rows): each instance's first rank, first bucket
+    and last bucket's end, the lines in all, and each instance's lines per plotted bucket.
+
+    Args:
+        output: the rows by instance, then bucket (``ReportReader.output``).
+        ranks: instance -> rank, filled in where still None (the caller's, shared).
+        bounds: the first and the last bucket start of ``output`` when the reader knows them
+            beforehand (``output_bounds``: then ``output`` may be a generator); None: ``output`` is
+            read into a list to find them.
+        max_points: points per instance: buckets merge into longer ones beyond.
+    """
+
+    def __init__(self, output: Iterable[Row], ranks: dict[str, int | None],
+                 bounds: tuple[float, float] | None = None, max_points: int = MAX_POINTS):
+        if bounds is None:
+            output = list(output)
+            bounds = (min(o["bucket"] for o in output), max(o["bucket"] for o in output)) if output else (0.0, 0.0)
+        self.first = bounds[0]
+        self.step = 0.0                                     # the first row's bucket length
+        self.merge = 1
+        self.lines = 0
+        self.spans: dict[str, list[float]] = {}            # instance -> [first bucket, last bucket's end]
+        self.per: dict[str, dict[int, int]] = {}           # instance -> plotted bucket -> lines
+        for o in output:
+            if not self.step:
+                self.step = o["seconds"]
+                count = int(round((bounds[1] - self.first) / self.step)) + 1
+                self.merge = max(1, -(-count // max_points))
+            inst, bucket = o["instance"], o["bucket"]
+            if inst and ranks.get(inst) is None:
+                ranks[inst] = o.get("rank")
+            span = self.spans.get(inst)
+            if span is None:
+                self.spans[inst] = [bucket, bucket + o["seconds"]]
+            else:
+                span[0], span[1] = min(span[0], bucket), max(span[1], bucket + o["seconds"])
+            self.lines += o["lines"]
+            slot = int(round((bucket - self.first) / self.step)) // self.merge
+            lines = self.per.setdefault(inst, {})
+            lines[slot] = lines.get(slot, 0) + o["lines"]
+
+    def series(self, t0: float, t_end: float) -> tuple[float, dict[str, list[list[float]]]]:
+        """:func:`output_series`'s answer for what was folded."""
+        if not self.per:
+            return 0.0, {}
+        step_out = self.step * self.merge
+        span = t_end - t0
+
+        def x(t: float) -> float:
+            return round(min(max(t - t0, 0.0), span), 3)
+
+        series = {}
+        for inst, lines in self.per.items():
+            lo, hi = min(lines), max(lines)
+            pts = [[x(self.first + k * step_out), lines.get(k, 0)] for k in range(lo, hi + 1)]
+            pts.append([x(self.first + (hi + 1) * step_out), pts[-1][1]])
+            series[inst] = pts
+        return step_out, series
+
+
 def output_series(output: list[Row], t0: float, t_end: float,
                   max_points: int = MAX_POINTS) -> tuple[float, dict[str, list[list[float]]]]:
     """Each instance's output as ``[[x, lines], ...]`` steps (x: seconds since ``t0``, clamped
@@ -120,34 +182,11 @@ def output_series(output: list[Row], t0: float, t_end: float,
     Returns:
         (the bucket length plotted in seconds, instance -> points).
     """
-    if not output:
-        return 0.0, {}
-    step = output[0]["seconds"]
-    first = min(o["bucket"] for o in output)
-    count = int(round((max(o["bucket"] for o in output) - first) / step)) + 1
-    merge = max(1, -(-count // max_points))
-    step_out = step * merge
-    per: dict[str, dict[int, int]] = {}
-    for o in output:
-        slot = int(round((o["bucket"] - first) / step)) // merge
-        lines = per.setdefault(o["instance"], {})
-        lines[slot] = lines.get(slot, 0) + o["lines"]
-    span = t_end - t0
-
-    def x(t: float) -> float:
-        return round(min(max(t - t0, 0.0), span), 3)
-
-    series = {}
-    for inst, lines in per.items():
-        lo, hi = min(lines), max(lines)
-        pts = [[x(first + k * step_out), lines.get(k, 0)] for k in range(lo, hi + 1)]
-        pts.append([x(first + (hi + 1) * step_out), pts[-1][1]])
-        series[inst] = pts
-    return step_out, series
+    return _Output(output, {}, max_points=max_points).series(t0, t_end)
 
 
 def job_view(job: str, runs: list[Row], events: list[Row], findings: Iterable[Row],
-             decisions: list[Row], output: list[Row]) -> Row:
+             decisions: list[Row], output: Iterable[Row], output_bounds: tuple[float, float] | None = None) -> Row:
     """One job's section of the report.
 
     Returns:
@@ -162,16 +201,8 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: Iterable[Ro
         if r.get("instance") and ranks.get(r["instance"]) is None:
             ranks[r["instance"]] = r.get("rank")
     folded = _Findings(findings, ranks)                    # (read once: it may be a generator)
-    spans: dict[str, list[float]] = {}                     # instance -> [first bucket, last bucket's end]
-    for o in output:
-        inst = o["instance"]
-        if inst and ranks.get(inst) is None:
-            ranks[inst] = o.get("rank")
-        span = spans.get(inst)
-        if span is None:
-            spans[inst] = [o["bucket"], o["bucket"] + o["seconds"]]
-        else:
-            span[0], span[1] = min(span[0], o["bucket"]), max(span[1], o["bucket"] + o["seconds"])
+    counts = _Output(output, ranks, output_bounds)         # (so may the output counts)
+    spans = counts.spans
     instances = sorted(ranks, key=lambda i: _rank_key(i, ranks))
 
     times = [r["started"] for r in runs if r.get("started")] + [r["ended"] for r in runs if r.get("ended")]
@@ -214,7 +245,7 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: Iterable[Ro
 
     finding_points = [dict(x=x(p.pop("epoch")), **p) for p in folded.plotted]
 
-    bucket, series = output_series(output, t0, t_end)
+    bucket, series = counts.series(t0, t_end)
 
     root_causes = []
     for d in decisions:
@@ -241,7 +272,7 @@ def job_view(job: str, runs: list[Row], events: list[Row], findings: Iterable[Ro
         "root_causes": root_causes,
         "runs": [dict(r, started_iso=iso(r["started"]) if r.get("started") else "",
                       ended_iso=iso(r["ended"]) if r.get("ended") else "") for r in runs],
-        "totals": {"lines": sum(o["lines"] for o in output), "findings": folded.count,
+        "totals": {"lines": counts.lines, "findings": folded.count,
                    "decisions": len(decisions), "restarts": len(restarts), "hangs": len(hangs),
                    "instances": len(instances)},
     }
@@ -263,8 +294,19 @@ def build(reader: Any, jobs: list[str] | None = None) -> Row:
         raise LookupError(f"no such job in {reader.source}: {', '.join(missing)} "
                           f"(known: {', '.join(known) or 'none'})")
     return {"source": reader.source,
-            "jobs": [job_view(j, reader.runs(j), reader.events(j), reader.findings(j),
-                              reader.decisions(j), reader.output(j)) for j in wanted]}
+            "jobs": [_job_view(reader, j) for j in wanted]}
+
+
+def _job_view(reader: Any, job: str) -> Row:
+    """:func:`job_view` of one job from ``reader``; its output counts as a generator where the
+    reader knows their bounds beforehand (``output_bounds``)."""
+    bounds = getattr(reader, "output_bounds", None)
+    known = bounds(job) if bounds is not None else None
+    output = reader.output(job) if bounds is not None else list(reader.output(job))
+    if bounds is not None and known is None:
+        output = []                                 # no rows in the window
+    return job_view(job, reader.runs(job), reader.events(job), reader.findings(job), reader.decisions(job),
+                    output, known)
 
 
 def signature_rows(signatures: Iterable[Any], limit: int = 20) -> list[Row]:

@@ -39,7 +39,7 @@ Row = dict[str, Any]
 
 class ReportReader(Protocol):
     """What the report reads; each method returns rows in time order (``jobs``: sorted);
-    ``findings`` may be a generator, read once."""
+    ``findings`` and ``output`` may be generators, read once."""
 
     source: str        # shown in the page, e.g. the database path
 
@@ -48,8 +48,10 @@ class ReportReader(Protocol):
     def events(self, job: str) -> list[Row]: ...
     def findings(self, job: str) -> Iterable[Row]: ...   # iterated once (a generator at most)
     def decisions(self, job: str) -> list[Row]: ...
-    def output(self, job: str) -> list[Row]: ...
+    def output(self, job: str) -> Iterable[Row]: ...    # iterated once, like findings
     def close(self) -> None: ...
+    # optional: output_bounds(job) -> (first, last bucket start) | None, so that ``output`` can be
+    # a generator (SqliteReader); without it, ``output`` is read into a list to find them
 
 
 def in_window(t: float, since: float | None, until: float | None) -> bool:
@@ -112,8 +114,16 @@ class SqliteReader:
     def decisions(self, job: str) -> list[Row]:
         return self._keep(self._store.decisions(job), "epoch")
 
-    def output(self, job: str) -> list[Row]:
-        return self._keep(self._store.output(job), "bucket")
+    def output(self, job: str) -> Iterator[Row]:
+        """The job's output counts by instance, then bucket, read as they are used."""
+        since, until = self.since, self.until
+        for r in self._store.iter_output(job):
+            if in_window(r["bucket"], since, until):
+                yield r
+
+    def output_bounds(self, job: str) -> tuple[float, float] | None:
+        """The first and the last bucket start of :meth:`output`'s rows (None: it has none)."""
+        return self._store.output_bounds(job, self.since, self.until)
 
     def close(self) -> None:
         self._store.close()

@@ -177,3 +177,28 @@ def test_a_store_of_many_findings_is_read_a_page_at_a_time(tmp_path: Path):
         got = reader.findings("j")
         assert not isinstance(got, list)
         assert [f["epoch"] for f in got] == [T0 + t for t in range(100, 200)]
+
+
+def test_output_counts_are_folded_as_the_store_pages_them_with_their_bounds_asked_first(tmp_path: Path):
+    """The SQLite reader hands the output counts over as a generator, their first and last bucket
+    asked of the store beforehand (``output_bounds``, in the window too); the job's view is the one
+    a list of the same rows gives, merged buckets included."""
+    s = SqliteStore(tmp_path / "ftwatch.db")
+    counts = OutputCounts(1.0)
+    for k in range(9000):                                  # 3 instances, 3,000 buckets each: past MAX_POINTS
+        counts.add("j", f"w{k % 3}", k % 3, T0 + k // 3 + (k % 3) * 0.1, 2, 20)
+    s.write([OutputBatch(counts.drain())])
+    s.close()
+    for since, until in ((None, None), (T0 + 100, T0 + 1500)):
+        with SqliteReader(tmp_path / "ftwatch.db", since=since, until=until) as reader:
+            rows = reader.output("j")
+            assert not isinstance(rows, list)
+            listed = list(reader.output("j"))
+            assert reader.output_bounds("j") == (listed[0]["bucket"] if since is None else since,
+                                                 max(r["bucket"] for r in listed))
+            streamed = model.build(reader)["jobs"][0]
+        assert streamed == model.job_view("j", [], [], [], [], listed)
+        assert streamed["totals"]["lines"] == 2 * len(listed)
+        assert streamed["output"]["bucket"] == (2.0 if since is None else 1.0)  # 1,400 buckets fit at 1 s
+    with SqliteReader(tmp_path / "ftwatch.db", since=T0 + 9000) as reader:
+        assert reader.output_bounds("j") is None
