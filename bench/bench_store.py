@@ -1,14 +1,16 @@
 """`make bench` (store): ``ftwatch report`` and ``ftwatch explain`` over a long attempt's store.
 
 A job that prints a retryable warning on every step stores a finding per step: hundreds of
-thousands in one attempt. This part writes two SQLite stores of one job and one attempt, of
-``SIZES`` findings each (an NCCL retry warning with a three-line evidence, spread over 8
-instances, one decision at the end whose root cause is the last of them), and runs each command
-over each store in a child process, which reports its CPU seconds and peak RSS.
+thousands in one attempt, and its output counts a row per instance and 5 s bucket. This part
+writes two SQLite stores of one job and one attempt, of ``SIZES`` findings each (an NCCL retry
+warning with a three-line evidence, spread over 8 instances, one decision at the end whose root
+cause is the last of them) and as many output count rows, and runs each command over each store in
+a child process, which reports its CPU seconds and peak RSS.
 
 Goals: both stay bounded in memory whatever the store holds: the peak RSS over the larger store
-at most 1.5x that over the smaller (report: it folds the findings as the store pages them;
-explain: it keeps the first ten of each instance and the newest ``limits.max_findings_per_job``).
+at most 1.5x that over the smaller (report: it folds the findings and the output counts as the
+store pages them; explain: it keeps the first ten findings of each instance and the newest
+``limits.max_findings_per_job``).
 Beside them (no goal): the CPU per finding at the larger size against the smaller (at most ~1x:
 linear; the fixed start-up, shared over more findings, makes it less).
 """
@@ -39,7 +41,8 @@ def build_store(size: int, path: Path) -> Path:
     if path.exists():
         return path
     from ftwatch.events import Action, Decision, FailureClass, Finding, Origin, Severity, Target
-    from ftwatch.pipeline.sinks.base import FindingBatch, RunStart
+    from ftwatch.pipeline.sinks.base import FindingBatch, OutputBatch, RunStart
+    from ftwatch.pipeline.sinks.outputcounts import OutputCounts
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
     store = SqliteStore(path)
     store.write([RunStart("bench", 0, T0, ["python", "train.py"])])
@@ -54,6 +57,13 @@ def build_store(size: int, path: Path) -> Path:
                            T0 + k * 0.5, k, (f"[rank{r}] step {k}", line, "NCCL INFO retrying"))
             batch.append(last)
         store.write([FindingBatch(batch, attempt=0)])
+    counts = OutputCounts(5.0)                          # as many output count rows: 5 s buckets
+    for b in range(size // INSTANCES):
+        for r in range(INSTANCES):
+            counts.add("bench", f"worker-{r}", r, T0 + b * 5.0, 40, 4000)
+        if b % 1000 == 999:
+            store.write([OutputBatch(counts.closed())])
+    store.write([OutputBatch(counts.drain())])
     store.write([Decision(T0 + size * 0.5 + 1, Action.RESTART_JOB, Target("bench"), last,
                           "D2 ExitCodeAndErrorMsg: retryable_infra root cause -> restart_job", 1, 2, (last,), 0)])
     store.close()
