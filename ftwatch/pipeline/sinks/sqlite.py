@@ -35,8 +35,8 @@ Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()``
 ISO-8601) with ``epoch`` (epoch seconds) and ``attempt`` added; decisions likewise carry
 ``time`` (ISO) and ``epoch``.
 
-A little over 400 lines: the readers share the writer's connection and lock; split off, they
-would reach into both.
+About 450 lines, one job (the embedded store): the readers, paged ones included, share the
+writer's connection and lock; split off, they would reach into both.
 """
 
 from __future__ import annotations
