@@ -76,8 +76,13 @@ def build_store(config: Any, state_dir: Path) -> Any:
         ConfigError: the Elasticsearch buffer directory cannot be used (e.g. another ftwatch
             holds it).
     """
+    from ftwatch.pipeline.sinks.downsample import OutputDownsampler
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
-    sqlite = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db")
+    metrics = config.storage.metrics
+    downsample = (OutputDownsampler(metrics.output_full_window, metrics.coarse_bucket)
+                  if metrics.output_full_window is not None else None)
+    sqlite = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db",
+                         downsample)
     es_cfg = config.storage.elasticsearch
     if es_cfg is None:
         return sqlite

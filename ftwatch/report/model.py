@@ -14,6 +14,7 @@ Pure functions of the rows; no I/O. The page (``templates/report.html.j2``) draw
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from typing import Any, Iterable
 
@@ -115,43 +116,58 @@ class _Output:
     and bucket: 1,000 pods printing all day, 17 M rows): each instance's first rank, first bucket
     and last bucket's end, the lines in all, and each instance's lines per plotted bucket.
 
+    Rows may differ in length: the store merges a job's old rows into coarser buckets
+    (``ftwatch.pipeline.sinks.downsample``). The plot steps by the finest length (merged into
+    longer plotted buckets beyond ``max_points``); a row longer than a plotted bucket spreads its
+    lines over those it covers, in proportion (so the plot shows its mean rate there).
+
     Args:
         output: the rows by instance, then bucket (``ReportReader.output``).
         ranks: instance -> rank, filled in where still None (the caller's, shared).
-        bounds: the first and the last bucket start of ``output`` when the reader knows them
-            beforehand (``output_bounds``: then ``output`` may be a generator); None: ``output`` is
-            read into a list to find them.
+        bounds: the first and the last bucket start (epoch s) of ``output`` and its shortest
+            bucket (s), when the reader knows them beforehand (``output_bounds``: then ``output``
+            may be a generator); None: ``output`` is read into a list to find them.
         max_points: points per instance: buckets merge into longer ones beyond.
     """
 
     def __init__(self, output: Iterable[Row], ranks: dict[str, int | None],
-                 bounds: tuple[float, float] | None = None, max_points: int = MAX_POINTS):
+                 bounds: tuple[float, float, float] | None = None, max_points: int = MAX_POINTS):
         if bounds is None:
             output = list(output)
-            bounds = (min(o["bucket"] for o in output), max(o["bucket"] for o in output)) if output else (0.0, 0.0)
-        self.first = bounds[0]
-        self.step = 0.0                                     # the first row's bucket length
-        self.merge = 1
+            bounds = ((min(o["bucket"] for o in output), max(o["bucket"] for o in output),
+                       min(o["seconds"] for o in output)) if output else (0.0, 0.0, 1.0))
+        self.first, last, self.step = bounds                # the shortest bucket plotted as is
+        self.merge = max(1, -(-(int(round((last - self.first) / self.step)) + 1) // max_points))
         self.lines = 0
         self.spans: dict[str, list[float]] = {}            # instance -> [first bucket, last bucket's end]
-        self.per: dict[str, dict[int, int]] = {}           # instance -> plotted bucket -> lines
+        self.per: dict[str, dict[int, float]] = {}         # instance -> plotted bucket -> lines
         for o in output:
-            if not self.step:
-                self.step = o["seconds"]
-                count = int(round((bounds[1] - self.first) / self.step)) + 1
-                self.merge = max(1, -(-count // max_points))
-            inst, bucket = o["instance"], o["bucket"]
+            inst, bucket, seconds = o["instance"], o["bucket"], o["seconds"]
             if inst and ranks.get(inst) is None:
                 ranks[inst] = o.get("rank")
             span = self.spans.get(inst)
             if span is None:
-                self.spans[inst] = [bucket, bucket + o["seconds"]]
+                self.spans[inst] = [bucket, bucket + seconds]
             else:
-                span[0], span[1] = min(span[0], bucket), max(span[1], bucket + o["seconds"])
+                span[0], span[1] = min(span[0], bucket), max(span[1], bucket + seconds)
             self.lines += o["lines"]
-            slot = int(round((bucket - self.first) / self.step)) // self.merge
             lines = self.per.setdefault(inst, {})
-            lines[slot] = lines.get(slot, 0) + o["lines"]
+            if seconds <= self.step:
+                slot = int(round((bucket - self.first) / self.step)) // self.merge
+                lines[slot] = lines.get(slot, 0) + o["lines"]
+            else:
+                self._spread(lines, bucket, seconds, o["lines"])
+
+    def _spread(self, lines: dict[int, float], bucket: float, seconds: float, count: int) -> None:
+        """Add ``count`` lines of the row ``[bucket, bucket + seconds)`` to the plotted buckets
+        it overlaps, each its share of the row's length."""
+        width = self.step * self.merge
+        a, z = (bucket - self.first) / width, (bucket + seconds - self.first) / width
+        k = math.floor(a + 1e-9)
+        while k < z - 1e-9:
+            share = (min(z, k + 1) - max(a, k)) / (z - a)
+            lines[k] = lines.get(k, 0) + (count if share > 1 - 1e-9 else count * share)
+            k += 1
 
     def series(self, t0: float, t_end: float) -> tuple[float, dict[str, list[list[float]]]]:
         """:func:`output_series`'s answer for what was folded."""
@@ -166,10 +182,15 @@ class _Output:
         series = {}
         for inst, lines in self.per.items():
             lo, hi = min(lines), max(lines)
-            pts = [[x(self.first + k * step_out), lines.get(k, 0)] for k in range(lo, hi + 1)]
+            pts = [[x(self.first + k * step_out), _count(lines.get(k, 0))] for k in range(lo, hi + 1)]
             pts.append([x(self.first + (hi + 1) * step_out), pts[-1][1]])
             series[inst] = pts
         return step_out, series
+
+
+def _count(lines: float) -> float:
+    """A plotted bucket's lines: whole when no merged row was spread into it, else to 0.01."""
+    return lines if isinstance(lines, int) else round(lines, 2)
 
 
 def output_series(output: list[Row], t0: float, t_end: float,
@@ -186,7 +207,7 @@ def output_series(output: list[Row], t0: float, t_end: float,
 
 
 def job_view(job: str, runs: list[Row], events: list[Row], findings: Iterable[Row],
-             decisions: list[Row], output: Iterable[Row], output_bounds: tuple[float, float] | None = None) -> Row:
+             decisions: list[Row], output: Iterable[Row], output_bounds: tuple[float, float, float] | None = None) -> Row:
     """One job's section of the report.
 
     Returns:

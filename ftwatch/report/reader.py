@@ -50,7 +50,7 @@ class ReportReader(Protocol):
     def decisions(self, job: str) -> list[Row]: ...
     def output(self, job: str) -> Iterable[Row]: ...    # iterated once, like findings
     def close(self) -> None: ...
-    # optional: output_bounds(job) -> (first, last bucket start) | None, so that ``output`` can be
+    # optional: output_bounds(job) -> (first, last bucket start, shortest bucket) | None, so that ``output`` can be
     # a generator (SqliteReader); without it, ``output`` is read into a list to find them
 
 
@@ -121,8 +121,9 @@ class SqliteReader:
             if in_window(r["bucket"], since, until):
                 yield r
 
-    def output_bounds(self, job: str) -> tuple[float, float] | None:
-        """The first and the last bucket start of :meth:`output`'s rows (None: it has none)."""
+    def output_bounds(self, job: str) -> tuple[float, float, float] | None:
+        """The first and the last bucket start of :meth:`output`'s rows and their shortest
+        bucket (None: it has none)."""
         return self._store.output_bounds(job, self.since, self.until)
 
     def close(self) -> None:

@@ -82,6 +82,22 @@ def test_long_output_is_merged_into_fewer_points():
     assert series["w"][-1][0] == 100.0
 
 
+def test_merged_old_output_spreads_over_the_plotted_buckets_it_covers():
+    """The store merges old rows into longer buckets (``sinks.downsample``): the plot keeps the
+    shortest bucket, and a longer row's lines spread evenly over the plotted buckets it covers."""
+    rows = ([dict(instance="w", rank=0, bucket=T0 + 30 * k, seconds=30.0, lines=60, bytes=1) for k in range(2)]
+            + [dict(instance="w", rank=0, bucket=T0 + 60 + k, seconds=1.0, lines=k, bytes=1) for k in range(40)])
+    step, series = model.output_series(rows, T0, T0 + 100, max_points=20)
+    assert step == 5.0                                    # 100 one-second buckets, at most 20 points
+    assert [p[1] for p in series["w"][:12]] == [10] * 12  # 60 lines over 30 s: 10 per 5 s
+    assert [p[1] for p in series["w"][12:-1]] == [sum(range(k, k + 5)) for k in range(0, 40, 5)]
+    uneven = [dict(rows[0], seconds=7.0, lines=7), dict(rows[0], bucket=T0 + 8, seconds=2.0, lines=3)]
+    step, series = model.output_series(uneven, T0, T0 + 10, max_points=20)
+    assert step == 2.0 and [p[1] for p in series["w"]] == [2, 2, 2, 1, 3, 3]   # shares 2/7, 2/7, 2/7, 1/7
+    view = model.job_view("j", [], [], [], [], rows)
+    assert view["totals"]["lines"] == 120 + sum(range(40))
+
+
 def test_an_unknown_job_is_an_error_naming_the_known_ones(store):
     with SqliteReader(store.path) as reader, pytest.raises(LookupError, match="nope.*known: j"):
         model.build(reader, ["nope"])
@@ -195,7 +211,7 @@ def test_output_counts_are_folded_as_the_store_pages_them_with_their_bounds_aske
             assert not isinstance(rows, list)
             listed = list(reader.output("j"))
             assert reader.output_bounds("j") == (listed[0]["bucket"] if since is None else since,
-                                                 max(r["bucket"] for r in listed))
+                                                 max(r["bucket"] for r in listed), 1.0)
             streamed = model.build(reader)["jobs"][0]
         assert streamed == model.job_view("j", [], [], [], [], listed)
         assert streamed["totals"]["lines"] == 2 * len(listed)

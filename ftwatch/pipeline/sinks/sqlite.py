@@ -10,14 +10,15 @@ JSON columns hold text)::
     decisions(decision_id PK, time, job, action, target JSON, root_cause JSON, policy_clause,
               restarts_used, restarts_left, attempt, findings JSON)
     alerts(notification_id, decision_id, receiver, status, attempts, error, text, time)
-    output(job, instance, rank, bucket, seconds, lines, bytes)     primary key (job, instance, bucket)
+    output(job, instance, rank, bucket, seconds, lines, bytes, merged) primary key (job, instance, bucket)
     positions(key, seq, document BLOB, time)                       primary key (key)
     chunks(id, source, chunk, time)                                unique (source, chunk)
     open_blocks(origin JSON PK, labels JSON, data BLOB, base, skip JSON, time)
 
 ``output`` (schema 2) is the output volume per instance over time: ``lines`` and ``bytes`` read
 from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
-same bucket again adds to it.
+same bucket again adds to it. Rows older than a job's newest ``output_full_window`` are merged
+into coarser ones (``merged``, schema 5: ``ftwatch.pipeline.sinks.downsample``).
 
 ``positions`` (schema 3), ``chunks`` and ``open_blocks`` (schema 4) are the exactly-once marks
 that a batch leaves for ``watch``'s next start, written in that batch's transaction (issue 17):
@@ -53,9 +54,10 @@ from typing import Any, Iterator, Sequence
 from ftwatch.errors import SinkError
 from ftwatch.events import Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks import marks
+from ftwatch.pipeline.sinks.downsample import SCHEMA_V5, OutputDownsampler
 from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd, RunStart, encode
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -94,7 +96,7 @@ CREATE TABLE output (
 """
 
 # version reached -> the script that gets there from the one before
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4, 5: SCHEMA_V5}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
@@ -183,14 +185,17 @@ class SqliteStore:
 
     Args:
         path: the database file; its parent directory is created if missing.
+        downsample: merges old output counts into coarser buckets in the transaction of the
+            write that made them old (``storage.metrics.output_full_window``); None: never.
 
     Raises:
         SinkError: (not retryable) when the file cannot be opened, is not a database, or
             was written by a newer ftwatch (its ``user_version`` is above ours).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, downsample: OutputDownsampler | None = None):
         self.path = Path(path)
+        self.downsample = downsample
         self._lock = threading.RLock()
         self._depth = 0
         try:
@@ -279,6 +284,14 @@ class SqliteStore:
         with self.batch():
             for sql, rows in statements:
                 self._conn.executemany(sql, rows)
+            if self.downsample is not None:
+                newest: dict[str, float] = {}
+                for record in batch:
+                    if isinstance(record, OutputBatch):
+                        for row in record.rows:
+                            newest[row[0]] = max(row[3], newest.get(row[0], row[3]))
+                if newest:
+                    self.downsample.after_write(self._conn, newest)
 
     # -- readers ----------------------------------------------------------------------------
 
@@ -336,16 +349,17 @@ class SqliteStore:
             yield dict(r)
 
     def output_bounds(self, job: str, since: float | None = None,
-                      until: float | None = None) -> tuple[float, float] | None:
+                      until: float | None = None) -> tuple[float, float, float] | None:
         """The first and the last bucket start (epoch s) of ``job``'s output counts starting in
-        ``[since, until)`` (either open), or None when it has none there."""
-        sql, args = "SELECT min(bucket), max(bucket) FROM output WHERE job = ?", [job]
+        ``[since, until)`` (either open) and their shortest bucket (s; older rows are merged into
+        longer ones), or None when it has none there."""
+        sql, args = "SELECT min(bucket), max(bucket), min(seconds) FROM output WHERE job = ?", [job]
         if since is not None:
             sql, args = sql + " AND bucket >= ?", args + [since]
         if until is not None:
             sql, args = sql + " AND bucket < ?", args + [until]
-        lo, hi = self._rows(sql, args)[0]
-        return None if lo is None else (lo, hi)
+        lo, hi, step = self._rows(sql, args)[0]
+        return None if lo is None else (lo, hi, step)
 
     def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]:
         """The findings of ``job`` (of one attempt, or all), in time order (:meth:`iter_findings`)."""
