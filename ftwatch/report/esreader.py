@@ -10,8 +10,10 @@ Reading is complete however large the job: every query pages through a point in 
 (``POST <index>/_pit``, then ``_search`` with ``pit`` + ``search_after`` sorted on
 ``_shard_doc``, Elasticsearch "Paginate search results"), and the jobs come from a
 ``composite`` aggregation paged with ``after``. Rows are put in time order here, ties broken by
-``event.sequence`` (the order the sink wrote them). A data stream not created yet (no decision
-ever) reads as empty (``ignore_unavailable``).
+``event.sequence`` (the order the sink wrote them). The output counts are summed per instance and
+bucket by Elasticsearch (a ``composite`` aggregation too, with ``min`` / ``max`` ones for their
+bounds), so the report folds them page by page, as it folds the SQLite store's. A data stream not
+created yet (no decision ever) reads as empty (``ignore_unavailable``).
 
 A hub (tests/test_layering.py): the report reads what the pipeline's sink wrote.
 """
@@ -200,8 +202,61 @@ class EsReader:
         docs = sorted(self._docs("decisions", job), key=lambda d: (ecsread.epoch(d), ecsread.sequence(d)))
         return [ecsread.decision_row(d) for d in docs]
 
-    def output(self, job: str) -> list[Row]:
-        return ecsread.output_rows(self._docs("output", job))
+    def _output_filters(self, job: str) -> list[Row]:
+        """The job's output documents in the window: exact on ``ftwatch.epoch`` (the bucket's
+        start, as the SQLite reader's ``bucket``)."""
+        exact: Row = {}
+        if self.since is not None:
+            exact["gte"] = self.since
+        if self.until is not None:
+            exact["lt"] = self.until
+        return ([{"term": {"ftwatch.job": job}}] + self._range()
+                + ([{"range": {"ftwatch.epoch": exact}}] if exact else []))
+
+    def _aggregate(self, what: str, filters: list[Row], aggs: Row) -> Row:
+        """One ``size: 0`` search of ``<prefix>-output`` with ``aggs``; its aggregations ({} when
+        the data stream was never written)."""
+        index = f"{self.prefix}-output"
+        answer = self._call(f"{what} of {index}", self.client.search, index=index, size=0,
+                            query={"bool": {"filter": filters}}, aggs=aggs,
+                            ignore_unavailable=True, allow_no_indices=True)
+        self.searches += 1
+        return answer.get("aggregations") or {}
+
+    def output(self, job: str) -> Iterator[Row]:
+        """The job's output counts by instance, then bucket, a bucket's documents summed (the
+        sink writes a bucket again as another document), as the SQLite store gives them.
+
+        Summed by Elasticsearch and read page by page (a ``composite`` aggregation over
+        instance and bucket, paged with ``after``): a long ``watch`` writes a document per
+        instance and bucket (1,000 pods: 17 M a day), which are never all held here."""
+        sums = {"lines": {"sum": {"field": "ftwatch.lines"}}, "bytes": {"sum": {"field": "ftwatch.bytes"}},
+                "seconds": {"max": {"field": "ftwatch.seconds"}}, "rank": {"max": {"field": "ftwatch.rank"}}}
+        comp: Row = {"size": self.page_size, "sources": [
+            {"instance": {"terms": {"field": "ftwatch.instance"}}},
+            {"bucket": {"terms": {"field": "ftwatch.epoch"}}}]}
+        filters = self._output_filters(job)
+        while True:
+            result = self._aggregate("the output counts", filters,
+                                     {"rows": {"composite": comp, "aggs": sums}}).get("rows") or {}
+            buckets = result.get("buckets") or []
+            for b in buckets:
+                rank = b["rank"]["value"]
+                yield {"job": job, "instance": b["key"]["instance"], "rank": None if rank is None else int(rank),
+                       "bucket": float(b["key"]["bucket"]), "seconds": float(b["seconds"]["value"]),
+                       "lines": int(b["lines"]["value"]), "bytes": int(b["bytes"]["value"])}
+            if not buckets or "after_key" not in result:
+                return
+            comp = {**comp, "after": result["after_key"]}
+
+    def output_bounds(self, job: str) -> tuple[float, float, float] | None:
+        """The first and the last bucket start (epoch s) of :meth:`output`'s rows and their
+        shortest bucket (s), or None when it has none (``min`` / ``max`` aggregations)."""
+        got = self._aggregate("the output bounds", self._output_filters(job), {
+            "first": {"min": {"field": "ftwatch.epoch"}}, "last": {"max": {"field": "ftwatch.epoch"}},
+            "step": {"min": {"field": "ftwatch.seconds"}}})
+        values = [(got.get(k) or {}).get("value") for k in ("first", "last", "step")]
+        return None if None in values else (float(values[0]), float(values[1]), float(values[2]))
 
     def close(self) -> None:
         self.client.close()

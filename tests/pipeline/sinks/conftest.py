@@ -1,7 +1,8 @@
 """A small Elasticsearch stand-in: a real HTTP server on 127.0.0.1 that speaks enough of the REST
 API for the official client (bulk, templates, ILM, the root endpoint; and for readers point in
 time, ``_search`` with ``pit`` + ``search_after`` on ``_shard_doc``, ``bool``/``term``/``terms``/
-``range`` filters and a one-source ``composite`` aggregation) and checks the wire format.
+``range`` filters, ``composite`` aggregations of ``terms`` sources and ``min`` / ``max`` / ``sum``
+ones) and checks the wire format.
 
 It keeps documents by (index, _id) and answers ``create`` of an existing id with 409, as
 Elasticsearch does. Tests script trouble with ``fail_next``: a whole-request status (429, 503),
@@ -283,6 +284,12 @@ class FakeElasticsearch:
             return arg in values
         if kind == "terms":
             return any(v in arg for v in values)
+        if kind == "range" and field != "@timestamp":         # a numeric field (ftwatch.epoch)
+            if not isinstance(value, (int, float)) or set(arg) - {"gte", "gt", "lt", "lte"}:
+                self.problems.append(f"range {arg!r} on {field} = {value!r}")
+                return False
+            return (("gte" not in arg or value >= arg["gte"]) and ("gt" not in arg or value > arg["gt"])
+                    and ("lt" not in arg or value < arg["lt"]) and ("lte" not in arg or value <= arg["lte"]))
         if kind == "range" and field == "@timestamp":
             if arg.get("format") != "epoch_millis":
                 self.problems.append(f"range format {arg.get('format')!r}")
@@ -332,7 +339,8 @@ class FakeElasticsearch:
         if "pit" in body:
             answer["pit_id"] = body["pit"]["id"]
         if body.get("aggs"):
-            answer["aggregations"] = {name: self._composite(spec, hits) for name, spec in body["aggs"].items()}
+            answer["aggregations"] = {name: self._aggregation(spec, [h[3] for h in hits])
+                                      for name, spec in body["aggs"].items()}
         size = body.get("size", 10)
         if size:
             if body.get("sort") != ["_shard_doc"]:
@@ -366,21 +374,42 @@ class FakeElasticsearch:
             node[keys[-1]] = value
         return out
 
-    def _composite(self, spec: dict[str, Any], hits: list[tuple]) -> dict[str, Any]:
+    _METRICS = {"min": min, "max": max, "sum": sum}
+
+    def _aggregation(self, spec: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, Any]:
+        """A ``composite`` aggregation (``terms`` sources, paged with ``after``, metric
+        sub-aggregations per bucket) or a ``min`` / ``max`` / ``sum`` one over ``docs``."""
+        kinds = set(spec) - {"aggs"}
+        if len(kinds) != 1 or not kinds <= {"composite", *self._METRICS}:
+            self.problems.append(f"aggregation not supported here: {spec}")
+            return {}
+        (kind,) = kinds
+        if kind != "composite":
+            values = [v for d in docs if isinstance(v := self._field(d, spec[kind]["field"]), (int, float))]
+            value = self._METRICS[kind](values) if values else (0 if kind == "sum" else None)
+            return {"value": None if value is None else float(value)}   # as Elasticsearch: doubles
         comp = spec["composite"]
-        (source,) = comp["sources"]
-        (name, terms), = source.items()
-        field = terms["terms"]["field"]
-        counts: dict[Any, int] = {}
-        for _, _, _, doc in hits:
-            value = self._field(doc, field)
-            if value is not None:
-                counts[value] = counts.get(value, 0) + 1
-        after = (comp.get("after") or {}).get(name)
-        keys = [k for k in sorted(counts) if after is None or k > after][:comp.get("size", 10)]
-        out: dict[str, Any] = {"buckets": [{"key": {name: k}, "doc_count": counts[k]} for k in keys]}
+        names, fields = [], []
+        for source in comp["sources"]:
+            (name, terms), = source.items()
+            if set(terms) != {"terms"}:
+                self.problems.append(f"composite source not supported here: {source}")
+            names.append(name)
+            fields.append(terms["terms"]["field"])
+        groups: dict[tuple, list[dict[str, Any]]] = {}
+        for doc in docs:
+            key = tuple(self._field(doc, f) for f in fields)
+            if None not in key:                         # no missing_bucket: such documents are left out
+                groups.setdefault(key, []).append(doc)
+        after = comp.get("after")
+        start = tuple(after[n] for n in names) if after is not None else None
+        keys = [k for k in sorted(groups) if start is None or k > start][:comp.get("size", 10)]
+        subs = spec.get("aggs") or {}
+        out: dict[str, Any] = {"buckets": [
+            {"key": dict(zip(names, k)), "doc_count": len(groups[k]),
+             **{n: self._aggregation(s, groups[k]) for n, s in subs.items()}} for k in keys]}
         if keys:
-            out["after_key"] = {name: keys[-1]}
+            out["after_key"] = dict(zip(names, keys[-1]))
         return out
 
     # -- control ----------------------------------------------------------------------------------

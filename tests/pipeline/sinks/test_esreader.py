@@ -96,7 +96,8 @@ def test_elasticsearch_gives_the_rows_and_the_report_the_sqlite_store_gives(both
             assert rd.runs(job) == sq.runs(job)
             assert rd.events(job) == sq.events(job)
             assert rd.findings(job) == list(sq.findings(job))          # (SQLite: read as used)
-            assert rd.output(job) == list(sq.output(job))            # (SQLite: read as used)
+            assert list(rd.output(job)) == list(sq.output(job))      # (both: read as used)
+            assert rd.output_bounds(job) == sq.output_bounds(job)
             strip = [{**d, "findings": [], "root_cause": d["root_cause"] and {
                 k: d["root_cause"][k] for k in ("rule_id", "failure_class", "instance", "rank", "node", "line")}}
                 for d in sq.decisions(job)]
@@ -104,7 +105,9 @@ def test_elasticsearch_gives_the_rows_and_the_report_the_sqlite_store_gives(both
         assert comparable(model.build(rd)) == comparable(model.build(sq))
         assert rd.source == f"{es.url} (ftwatch-*)"
         assert [o["lines"] for o in rd.output("j") if o["instance"] == "worker-0"] == [7, 2]   # written twice: summed
-    assert es.pits == {}                                   # every point in time closed
+        output = [s for s in es.searches if "aggs" in s and "rows" in s["aggs"]]
+        assert output and all(s["size"] == 0 for s in output)  # summed by Elasticsearch, paged, no document read
+    assert es.pits == {} and es.problems == []            # every point in time closed; the wire format right
     assert all(s["sort"] == ["_shard_doc"] and s["_source"]["includes"] for s in es.searches if s.get("size"))
 
 
@@ -129,12 +132,15 @@ def test_a_time_window_keeps_the_same_records_from_both_stores(both):
             "instance_exit", "instance_exit", "job_restart", "job_start", "instance_start"]
         assert rd.findings("j") == list(sq.findings("j")) and len(list(sq.findings("j"))) == 2
         assert [r["attempt"] for r in rd.runs("j")] == [r["attempt"] for r in sq.runs("j")] == [0, 1]
+        assert list(rd.output("j")) == list(sq.output("j")) and rd.output_bounds("j") == sq.output_bounds("j")
         assert comparable(model.build(rd)) == comparable(model.build(sq))
+    assert es.problems == []
 
 
 def test_a_data_stream_never_written_reads_as_empty(fake_es):
     with reader(fake_es.url) as rd:
-        assert rd.jobs() == [] and rd.decisions("j") == [] and rd.output("j") == []
+        assert rd.jobs() == [] and rd.decisions("j") == [] and list(rd.output("j")) == []
+        assert rd.output_bounds("j") is None
     assert fake_es.problems == []
 
 
@@ -230,7 +236,7 @@ def test_a_real_run_gives_the_same_report_from_elasticsearch_as_from_sqlite(fake
     with SqliteReader(tmp_path / "state" / "ftwatch.db") as sq, reader(fake_es.url, page_size=50) as rd:
         from_sqlite, from_es = model.build(sq), model.build(rd)
         assert [r["status"] for r in rd.runs("es-e2e")] == ["restarted", "succeeded"]
-        assert rd.output("es-e2e") == list(sq.output("es-e2e"))
+        assert list(rd.output("es-e2e")) == list(sq.output("es-e2e"))
     (job,) = from_es["jobs"]
     assert job["decisions_by_action"] == {"restart_job": 1, "none": 1}
     assert {s["instance"] for s in job["output"]["series"]} == {"worker-0", "worker-1"}

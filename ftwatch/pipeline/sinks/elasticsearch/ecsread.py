@@ -75,25 +75,6 @@ def decision_row(source: Row) -> Row:
             "attempt": ftw.get("attempt", 0), "findings": []}
 
 
-def output_rows(sources: Iterable[Row]) -> list[Row]:
-    """``output`` documents -> one row per (instance, bucket), the documents of a bucket summed
-    (as the SQLite store adds a bucket written twice): job, instance, rank, bucket, seconds,
-    lines, bytes; by instance, then bucket."""
-    rows: dict[tuple[str, float], Row] = {}
-    for s in sources:
-        ftw = s["ftwatch"]
-        key = (ftw["instance"], epoch(s))
-        row = rows.get(key)
-        if row is None:
-            rows[key] = {"job": ftw.get("job"), "instance": ftw["instance"], "rank": ftw.get("rank"),
-                         "bucket": key[1], "seconds": float(ftw["seconds"]), "lines": int(ftw["lines"]),
-                         "bytes": int(ftw["bytes"])}
-        else:
-            row["lines"] += int(ftw["lines"])
-            row["bytes"] += int(ftw["bytes"])
-    return [rows[k] for k in sorted(rows)]
-
-
 def _command(value: Any) -> str:
     if isinstance(value, list):
         return shlex.join(str(c) for c in value)
