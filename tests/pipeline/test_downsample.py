@@ -149,3 +149,16 @@ def test_the_config_builds_the_merging_and_refuses_a_coarse_bucket_that_is_no_wh
     assert MetricsConfig(output_bucket=0.5).coarse_bucket == 30.0
     with pytest.raises(ValueError, match="whole multiple"):
         MetricsConfig(output_bucket=7, output_coarse_bucket=300)
+
+
+def test_the_jobs_remembered_are_capped_and_a_forgotten_one_is_still_merged(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(downsample, "MAX_JOBS", 2)
+    store = SqliteStore(tmp_path / "ftwatch.db", OutputDownsampler(HOUR, 300.0))
+    for job in ("a", "b", "c"):
+        write_buckets(store, job, T0, T0 + HOUR + 600, instances=1)
+    assert list(store.downsample._done) == ["b", "c"]
+    write_buckets(store, "a", T0 + HOUR + 600, T0 + 2 * HOUR, instances=1)
+    assert list(store.downsample._done) == ["c", "a"]
+    for job in ("a", "b", "c"):
+        fine = [r["bucket"] for r in store.output(job) if r["seconds"] == 5.0]
+        assert min(fine) == store.downsample.cutoff(max(fine))

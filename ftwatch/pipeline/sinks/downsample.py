@@ -25,11 +25,17 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from typing import Sequence
+
+from ftwatch.pipeline.sinks.base import OutputBatch, Record
 
 SCHEMA_V5 = """
 ALTER TABLE output ADD COLUMN merged INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX output_unmerged ON output (job, bucket) WHERE merged = 0;
 """
+
+MAX_JOBS = 10_000
+"""Jobs whose merged boundary is remembered (the least recently merged forgotten first)."""
 
 MAX_ROWS = 100_000
 """Rows merged at most in one pass (one write's transaction): ~0.3 s of SQLite work on 2 cores.
@@ -79,9 +85,14 @@ class OutputDownsampler:
         ``newest`` is merged."""
         return math.floor((newest - self.full_window) / self.coarse) * self.coarse
 
-    def after_write(self, conn: sqlite3.Connection, newest: dict[str, float]) -> int:
-        """One pass for each job of ``newest`` (job -> the newest bucket start just written)
-        whose cutoff moved on; run inside the writing transaction. Returns the rows merged."""
+    def after_write(self, conn: sqlite3.Connection, batch: Sequence[Record]) -> int:
+        """One pass for each job whose newest bucket in ``batch``'s output rows moved its cutoff
+        on; run inside the transaction that wrote ``batch``. Returns the rows merged."""
+        newest: dict[str, float] = {}
+        for record in batch:
+            if isinstance(record, OutputBatch):
+                for row in record.rows:                 # (job, instance, rank, bucket, ...)
+                    newest[row[0]] = max(row[3], newest.get(row[0], row[3]))
         merged = 0
         for job, bucket in newest.items():
             cut = self.cutoff(bucket)
@@ -89,7 +100,10 @@ class OutputDownsampler:
                 done, rows = self._pass(conn, job, cut)
                 merged += rows
                 if done:
+                    self._done.pop(job, None)           # most recently merged last
                     self._done[job] = cut
+                    if len(self._done) > MAX_JOBS:      # a forgotten job costs one indexed query
+                        del self._done[next(iter(self._done))]
         return merged
 
     def _pass(self, conn: sqlite3.Connection, job: str, cut: float) -> tuple[bool, int]:

@@ -36,7 +36,7 @@ Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()``
 ISO-8601) with ``epoch`` (epoch seconds) and ``attempt`` added; decisions likewise carry
 ``time`` (ISO) and ``epoch``.
 
-About 450 lines, one job (the embedded store): the readers, paged ones included, share the
+About 460 lines, one job (the embedded store): the readers, paged ones included, share the
 writer's connection and lock; split off, they would reach into both.
 """
 
@@ -285,13 +285,7 @@ class SqliteStore:
             for sql, rows in statements:
                 self._conn.executemany(sql, rows)
             if self.downsample is not None:
-                newest: dict[str, float] = {}
-                for record in batch:
-                    if isinstance(record, OutputBatch):
-                        for row in record.rows:
-                            newest[row[0]] = max(row[3], newest.get(row[0], row[3]))
-                if newest:
-                    self.downsample.after_write(self._conn, newest)
+                self.downsample.after_write(self._conn, batch)
 
     # -- readers ----------------------------------------------------------------------------
 
