@@ -10,7 +10,8 @@ Reading is complete however large the job: every query pages through a point in 
 (``POST <index>/_pit``, then ``_search`` with ``pit`` + ``search_after`` sorted on
 ``_shard_doc``, Elasticsearch "Paginate search results"), and the jobs come from a
 ``composite`` aggregation paged with ``after``. Rows are put in time order here, ties broken by
-``event.sequence`` (the order the sink wrote them). The output counts are summed per instance and
+``event.sequence`` (the order the sink wrote them); findings, which may be many, are sorted so by
+Elasticsearch (``_shard_doc`` the last key) and handed over page by page. The output counts are summed per instance and
 bucket by Elasticsearch (a ``composite`` aggregation too, with ``min`` / ``max`` ones for their
 bounds), so the report folds them page by page, as it folds the SQLite store's. A data stream not
 created yet (no decision ever) reads as empty (``ignore_unavailable``).
@@ -31,6 +32,11 @@ from ftwatch.report.reader import in_window, run_in_window
 Row = dict[str, Any]
 _READ_KINDS = ("events", "findings", "decisions", "output")
 _FIELDS = ["@timestamp", "ftwatch", "event.sequence", "error.stack_trace"]   # what ecsread uses
+# findings in ecsread.epoch order (@timestamp is ftwatch.epoch to the millisecond, and the time of
+# a document written before ftwatch.epoch), then seq and event.sequence (0 when absent)
+_FINDING_ORDER = [{"@timestamp": "asc"}, {"ftwatch.epoch": {"order": "asc", "missing": "_first"}},
+                  {"ftwatch.seq": {"order": "asc", "missing": 0}},
+                  {"event.sequence": {"order": "asc", "missing": 0}}, "_shard_doc"]
 
 
 class EsReadError(FtwatchError):
@@ -120,9 +126,10 @@ class EsReader:
             bounds["lt"] = math.ceil(self.until * 1000) + 1
         return [{"range": {"@timestamp": bounds}}]
 
-    def _scan(self, kind: str, filters: list[Row]) -> Iterator[Row]:
+    def _scan(self, kind: str, filters: list[Row], sort: list[Any] | None = None) -> Iterator[Row]:
         """Every document ``_source`` of ``<prefix>-<kind>`` matching ``filters``, through a point
-        in time paged with ``search_after`` (unordered: callers sort)."""
+        in time paged with ``search_after``: in ``sort``'s order (its last key ``_shard_doc``, so
+        that a page boundary never splits ties), else unordered (callers sort)."""
         index = f"{self.prefix}-{kind}"
         try:
             pit = self._call(f"a point in time on {index}", self.client.open_point_in_time, index=index,
@@ -135,7 +142,7 @@ class EsReader:
         try:
             while True:
                 kwargs: Row = {"pit": {"id": pit, "keep_alive": self.keep_alive}, "size": self.page_size,
-                               "sort": ["_shard_doc"], "query": {"bool": {"filter": filters}},
+                               "sort": sort or ["_shard_doc"], "query": {"bool": {"filter": filters}},
                                "source": {"includes": _FIELDS}, "track_total_hits": False}
                 if after is not None:
                     kwargs["search_after"] = after
@@ -193,10 +200,13 @@ class EsReader:
         docs = sorted(self._docs("events", job), key=lambda d: (ecsread.epoch(d), ecsread.sequence(d)))
         return [ecsread.event_row(d) for d in docs if not ecsread.is_run_end(d)]
 
-    def findings(self, job: str) -> list[Row]:
-        rows = [(ecsread.finding_row(d), ecsread.sequence(d)) for d in self._docs("findings", job)]
-        rows.sort(key=lambda r: (r[0]["epoch"], r[0]["seq"] or 0, r[1]))
-        return [r for r, _ in rows]
+    def findings(self, job: str) -> Iterator[Row]:
+        """The job's findings in time order (ties: the finding's ``seq``, then the order the sink
+        wrote them), sorted by Elasticsearch and read page by page: a long job holds hundreds of
+        thousands (a warning per step), which the report folds as they come."""
+        for doc in self._scan("findings", [{"term": {"ftwatch.job": job}}] + self._range(), _FINDING_ORDER):
+            if in_window(ecsread.epoch(doc), self.since, self.until):
+                yield ecsread.finding_row(doc)
 
     def decisions(self, job: str) -> list[Row]:
         docs = sorted(self._docs("decisions", job), key=lambda d: (ecsread.epoch(d), ecsread.sequence(d)))

@@ -1,8 +1,8 @@
 """A small Elasticsearch stand-in: a real HTTP server on 127.0.0.1 that speaks enough of the REST
 API for the official client (bulk, templates, ILM, the root endpoint; and for readers point in
-time, ``_search`` with ``pit`` + ``search_after`` on ``_shard_doc``, ``bool``/``term``/``terms``/
-``range`` filters, ``composite`` aggregations of ``terms`` sources and ``min`` / ``max`` / ``sum``
-ones) and checks the wire format.
+time, ``_search`` with ``pit`` + ``search_after`` (sorted on ascending fields, then ``_shard_doc``),
+``bool``/``term``/``terms``/``range`` filters, ``composite`` aggregations of ``terms`` sources and
+``min`` / ``max`` / ``sum`` ones) and checks the wire format.
 
 It keeps documents by (index, _id) and answers ``create`` of an existing id with 409, as
 Elasticsearch does. Tests script trouble with ``fail_next``: a whole-request status (429, 503),
@@ -343,19 +343,39 @@ class FakeElasticsearch:
                                       for name, spec in body["aggs"].items()}
         size = body.get("size", 10)
         if size:
-            if body.get("sort") != ["_shard_doc"]:
-                self.problems.append(f"sort {body.get('sort')!r} (a full read sorts on _shard_doc)")
+            sort = body.get("sort") or []
+            if not sort or sort[-1] != "_shard_doc":
+                self.problems.append(f"sort {sort!r} (a full read's sort ends on _shard_doc)")
+            keyed = sorted(([self._sort_value(spec, h) for spec in sort], h) for h in hits)
             after = body.get("search_after")
-            page = [h for h in hits if after is None or h[0] > after[0]][:size]
+            page = [(key, h) for key, h in keyed if after is None or key > after][:size]
             includes = (body.get("_source") or {}).get("includes") if isinstance(body.get("_source"), dict) else None
-            answer["hits"] = {"hits": [{"_index": i, "_id": d_id, "_score": None, "sort": [n],
+            answer["hits"] = {"hits": [{"_index": i, "_id": d_id, "_score": None, "sort": key,
                                         "_source": self._only(doc, includes) if includes else doc}
-                                       for n, i, d_id, doc in page]}
+                                       for key, (n, i, d_id, doc) in page]}
         else:
             answer["hits"] = {"hits": []}
         if body.get("track_total_hits") is not False:
             answer["hits"]["total"] = {"value": len(hits), "relation": "eq"}
         return 200, answer
+
+    def _sort_value(self, spec: Any, hit: tuple) -> Any:
+        """A hit's value of one ``sort`` key, as Elasticsearch returns it: ``_shard_doc`` its
+        place, ``@timestamp`` epoch milliseconds, a missing value ``missing``'s (``_first`` /
+        ``_last``: the long's least / greatest, the default ``_last``)."""
+        if spec == "_shard_doc":
+            return hit[0]
+        (field, how), = spec.items()
+        how = {"order": how} if isinstance(how, str) else how
+        if how.get("order", "asc") != "asc" or set(how) - {"order", "missing"}:
+            self.problems.append(f"sort {spec!r} not supported here")
+        value = self._field(hit[3], field)
+        if field == "@timestamp" and value is not None:
+            return int(datetime.fromisoformat(value).timestamp() * 1000 + 0.5)
+        if value is None:
+            missing = how.get("missing", "_last")
+            return -2 ** 63 if missing == "_first" else 2 ** 63 - 1 if missing == "_last" else missing
+        return value
 
     @staticmethod
     def _only(doc: dict[str, Any], includes: list[str]) -> dict[str, Any]:
