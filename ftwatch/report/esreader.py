@@ -11,10 +11,10 @@ Reading is complete however large the job: every query pages through a point in 
 ``_shard_doc``, Elasticsearch "Paginate search results"), and the jobs come from a
 ``composite`` aggregation paged with ``after``. Rows are put in time order here, ties broken by
 ``event.sequence`` (the order the sink wrote them); findings, which may be many, are sorted so by
-Elasticsearch (``_shard_doc`` the last key) and handed over page by page. The output counts are summed per instance and
-bucket by Elasticsearch (a ``composite`` aggregation too, with ``min`` / ``max`` ones for their
-bounds), so the report folds them page by page, as it folds the SQLite store's. A data stream not
-created yet (no decision ever) reads as empty (``ignore_unavailable``).
+Elasticsearch (``_shard_doc`` the last key) and handed over page by page. The output counts are
+summed per instance and bucket by Elasticsearch (a ``composite`` aggregation too, with ``min`` /
+``max`` ones for their bounds), so the report folds them page by page, as it folds the SQLite
+store's. A data stream not created yet (no decision ever) reads as empty (``ignore_unavailable``).
 
 A hub (tests/test_layering.py): the report reads what the pipeline's sink wrote.
 """
