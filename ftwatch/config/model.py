@@ -26,7 +26,7 @@ from ftwatch.config.mindcluster import MindClusterConfig
 from ftwatch.config.policy import AIMASTER_FLAGS, PolicyConfig, parse_aimaster_flags
 from ftwatch.config.reference import flat_args, model_reference
 from ftwatch.config.storage import ElasticsearchConfig
-from ftwatch.config.routes import CROSS_REFERENCE, EventCenterFields, reference_problems
+from ftwatch.config.routes import CROSS_REFERENCE, Duration, EventCenterFields, reference_problems
 from ftwatch.config.slurm import SlurmConfig
 from ftwatch.config.supervisor import SupervisorConfig
 from ftwatch.config.health import HealthConfig
@@ -149,6 +149,10 @@ class StorageConfig(BaseModel):
     model_config = _STRICT
     state_dir: Path = Field(Path(".ftwatch-state"), description="Budgets, spool and offsets live here.")
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
+    sqlite_retention: Duration | None = Field(
+        90 * 86400.0, gt=0, description="Delete a job from the SQLite store once the store has not written "
+        "it for this long (e.g. 90d; by the clock, so a replayed old log counts as new); null: keep every "
+        "job. The default matches storage.elasticsearch.retention.")
     elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig,
                                    description="Prometheus endpoint and output counts (ftwatch.config.metrics).")

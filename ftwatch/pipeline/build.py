@@ -77,12 +77,13 @@ def build_store(config: Any, state_dir: Path) -> Any:
             holds it).
     """
     from ftwatch.pipeline.sinks.downsample import OutputDownsampler
+    from ftwatch.pipeline.sinks.retention import JobRetention
     from ftwatch.pipeline.sinks.sqlite import SqliteStore
-    metrics = config.storage.metrics
+    metrics, keep = config.storage.metrics, config.storage.sqlite_retention
     downsample = (OutputDownsampler(metrics.output_full_window, metrics.coarse_bucket)
                   if metrics.output_full_window is not None else None)
     sqlite = SqliteStore(Path(config.storage.sqlite) if config.storage.sqlite else state_dir / "ftwatch.db",
-                         downsample)
+                         downsample, JobRetention(keep) if keep is not None else None)
     es_cfg = config.storage.elasticsearch
     if es_cfg is None:
         return sqlite

@@ -14,11 +14,15 @@ JSON columns hold text)::
     positions(key, seq, document BLOB, time)                       primary key (key)
     chunks(id, source, chunk, time)                                unique (source, chunk)
     open_blocks(origin JSON PK, labels JSON, data BLOB, base, skip JSON, time)
+    written(job PK, time)
 
 ``output`` (schema 2) is the output volume per instance over time: ``lines`` and ``bytes`` read
 from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
 same bucket again adds to it. Rows older than a job's newest ``output_full_window`` are merged
 into coarser ones (``merged``, schema 5: ``ftwatch.pipeline.sinks.downsample``).
+
+``written(job PK, time)`` (schema 6) is when the store last wrote each job (wall clock); a job
+not written for ``storage.sqlite_retention`` is deleted (``ftwatch.pipeline.sinks.retention``).
 
 ``positions`` (schema 3), ``chunks`` and ``open_blocks`` (schema 4) are the exactly-once marks
 that a batch leaves for ``watch``'s next start, written in that batch's transaction (issue 17):
@@ -36,7 +40,7 @@ Readers return plain dicts. Findings come back shaped like ``Finding.to_dict()``
 ISO-8601) with ``epoch`` (epoch seconds) and ``attempt`` added; decisions likewise carry
 ``time`` (ISO) and ``epoch``.
 
-About 460 lines, one job (the embedded store): the readers, paged ones included, share the
+About 470 lines, one job (the embedded store): the readers, paged ones included, share the
 writer's connection and lock; split off, they would reach into both.
 """
 
@@ -55,9 +59,10 @@ from ftwatch.errors import SinkError
 from ftwatch.events import Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks import marks
 from ftwatch.pipeline.sinks.downsample import SCHEMA_V5, OutputDownsampler
+from ftwatch.pipeline.sinks.retention import SCHEMA_V6, JobRetention
 from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd, RunStart, encode
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -96,7 +101,8 @@ CREATE TABLE output (
 """
 
 # version reached -> the script that gets there from the one before
-_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4, 5: SCHEMA_V5}
+_MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4, 5: SCHEMA_V5,
+                                6: SCHEMA_V6}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
@@ -187,15 +193,19 @@ class SqliteStore:
         path: the database file; its parent directory is created if missing.
         downsample: merges old output counts into coarser buckets in the transaction of the
             write that made them old (``storage.metrics.output_full_window``); None: never.
+        retention: deletes the jobs not written for ``storage.sqlite_retention``, in a write's
+            transaction; None: keeps every job.
 
     Raises:
         SinkError: (not retryable) when the file cannot be opened, is not a database, or
             was written by a newer ftwatch (its ``user_version`` is above ours).
     """
 
-    def __init__(self, path: Path, downsample: OutputDownsampler | None = None):
+    def __init__(self, path: Path, downsample: OutputDownsampler | None = None,
+                 retention: JobRetention | None = None):
         self.path = Path(path)
         self.downsample = downsample
+        self.retention = retention
         self._lock = threading.RLock()
         self._depth = 0
         try:
@@ -286,6 +296,8 @@ class SqliteStore:
                 self._conn.executemany(sql, rows)
             if self.downsample is not None:
                 self.downsample.after_write(self._conn, batch)
+            if self.retention is not None:
+                self.retention.after_write(self._conn, batch)
 
     # -- readers ----------------------------------------------------------------------------
 

@@ -1,0 +1,116 @@
+"""Issue 16 (bounds): the SQLite store deletes a job it has not written for
+``storage.sqlite_retention``, by the clock, so a watch that runs for months keeps the recent jobs."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from ftwatch.events import DeliveryResult
+from ftwatch.testing import T0, decision, finding
+from ftwatch.pipeline.sinks import retention
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, RunEnd, RunStart
+from ftwatch.pipeline.sinks.retention import EVERY, JobRetention
+from ftwatch.pipeline.sinks.sqlite import SqliteStore
+
+DAY = 86400.0
+
+
+class Clock:
+    def __init__(self, now: float):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_job(store: SqliteStore, job: str, t: float = T0, findings: int = 3) -> None:
+    """Every kind of row a job has: a run, events, findings, a decision and its delivery, output."""
+    d = decision(root_cause=finding(time=t, job=job))
+    store.write([RunStart(job, 0, t, ["python", "train.py"]), LifecycleEvent(t, job, "instance_start", "worker-0", 0),
+                 FindingBatch([finding(time=t + k, job=job, seq=k) for k in range(findings)]),
+                 OutputBatch([(job, "worker-0", 0, t, 5.0, 10, 100)]), d,
+                 DeliveryResult("ops", f"{d.decision_id}-ops", "delivered", 1),
+                 RunEnd(job, 0, t + 9, "failed")])
+
+
+def counts(store: SqliteStore, job: str) -> dict[str, int]:
+    rows = {t: store._rows(f"SELECT count(*) FROM {t} WHERE job = ?", (job,))[0][0]
+            for t in ("runs", "events", "findings", "decisions", "output")}
+    rows["alerts"] = store._rows("SELECT count(*) FROM alerts a JOIN decisions d USING (decision_id) "
+                                 "WHERE d.job = ?", (job,))[0][0]
+    return rows
+
+
+def test_a_job_not_written_for_the_retention_is_deleted_whole_and_the_others_kept(tmp_path: Path):
+    clock = Clock(T0)
+    store = SqliteStore(tmp_path / "ftwatch.db", retention=JobRetention(90 * DAY, clock))
+    write_job(store, "old")
+    clock.now += 60 * DAY
+    write_job(store, "recent")
+    clock.now += 31 * DAY                                  # "old" last written 91 days ago
+    write_job(store, "new")
+    assert set(counts(store, "old").values()) == {0}
+    assert store._rows("SELECT count(*) FROM alerts")[0][0] == 2
+    for job in ("recent", "new"):
+        assert counts(store, job) == {"runs": 1, "events": 1, "findings": 3, "decisions": 1, "output": 1, "alerts": 1}
+    assert store.jobs() == ["new", "recent"]
+    assert [r[0] for r in store._rows("SELECT job FROM written ORDER BY job")] == ["new", "recent"]
+
+
+def test_the_clock_not_the_records_times_dates_a_job(tmp_path: Path):
+    clock = Clock(T0)
+    store = SqliteStore(tmp_path / "ftwatch.db", retention=JobRetention(90 * DAY, clock))
+    write_job(store, "replayed", t=T0 - 3 * 365 * DAY)   # a replay of a three-year-old log
+    clock.now += EVERY + 1
+    write_job(store, "live")
+    assert counts(store, "replayed")["findings"] == 3
+
+
+def test_a_pass_runs_once_an_hour_and_deletes_a_bounded_number_of_rows(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(retention, "MAX_ROWS", 50)
+    clock = Clock(T0)
+    store = SqliteStore(tmp_path / "ftwatch.db", retention=JobRetention(DAY, clock))
+    write_job(store, "big", findings=120)
+    clock.now += DAY - 600
+    write_job(store, "live")                               # a pass 10 min before "big" is stale
+    clock.now += 1200
+    write_job(store, "live")                               # stale now, but the next pass is due in 40 min
+    assert counts(store, "big")["findings"] == 120
+    total = sum(counts(store, "big").values())              # 125: the findings, and a row of each other table
+    clock.now += EVERY
+    left = []
+    for _ in range(5):
+        write_job(store, "live")
+        left.append(sum(counts(store, "big").values()))
+    assert left == [total - 50, total - 100, 0, 0, 0]        # 50 rows a pass, then the rest
+
+
+def test_a_version_5_files_jobs_count_as_written_when_it_is_opened(tmp_path: Path):
+    path = tmp_path / "ftwatch.db"
+    with SqliteStore(path) as s:
+        write_job(s, "before")
+        s._conn.execute("DROP TABLE written")
+        s._conn.execute("PRAGMA user_version = 5")
+    with SqliteStore(path, retention=JobRetention(DAY)) as s:  # the real clock: written just now
+        assert s.schema_version == 6
+        write_job(s, "after")
+        assert counts(s, "before")["findings"] == 3
+        assert {r[0] for r in s._rows("SELECT job FROM written")} == {"before", "after"}
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT count(*) FROM written WHERE time > strftime('%s', 'now') - 60").fetchone()[0] == 2
+    conn.close()
+
+
+def test_the_config_sets_the_retention_and_null_keeps_every_job(tmp_path: Path):
+    from ftwatch.config.model import Config
+    from ftwatch.pipeline.build import build_store
+    store = build_store(Config(), tmp_path)
+    assert store.retention.keep == 90 * DAY
+    store.close()
+    store = build_store(Config.model_validate({"storage": {"sqlite_retention": "7d"}}), tmp_path)
+    assert store.retention.keep == 7 * DAY
+    store.close()
+    store = build_store(Config.model_validate({"storage": {"sqlite_retention": None}}), tmp_path)
+    assert store.retention is None
+    store.close()
