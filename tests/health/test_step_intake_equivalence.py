@@ -66,7 +66,9 @@ def ref_by_rank(data: bytes, hits, stream_at=None):
 
 def ref_take_lines(rank, min_steps, hits, readers, time_at) -> int:
     """``stepranks._take_each`` as it was, line by line on ``re.Match`` objects (no bulk run): a
-    frozen copy on purpose (the reference must not follow the code it checks)."""
+    frozen copy on purpose (the reference must not follow the code it checks), changed once since
+    for what a step time is, not how it is taken: lines dated alike widen one step time
+    (``stepranks``' module doc; the stamps here are of whole seconds, so streams have them)."""
     took = -1
     for start, index, match in hits:
         step_group, total_group, durations = readers[index]
@@ -98,8 +100,22 @@ def ref_take_lines(rank, min_steps, hits, readers, time_at) -> int:
                     before = before() if callable(before) else before
                     time = time_at(start)
                     rank.last = (step_no, time, start)
-                    if time >= before:
+                    if time > before:
                         seconds = (time - before) / (step_no - prev[0])
+                        rank.ref = (prev[0], before, rank.last, rank.seen + 1)
+                    elif time == before and rank.ref is not None and rank.ref[2] is prev \
+                            and rank.ref[3] == rank.seen:     # dated alike: the last step time widened
+                        seconds = (time - rank.ref[1]) / (step_no - rank.ref[0])
+                        rank.ref = (*rank.ref[:2], rank.last, rank.ref[3])
+                        rank.ordered = None
+                        rank.samples[-1] = rank.recent[-1] = seconds
+                        if rank.seen <= min_steps:
+                            rank.baseline[-1] = seconds
+                            if len(rank.baseline) == min_steps:
+                                rank.base_median = statistics.median(rank.baseline)
+                        rank.index = index
+                        took = start
+                        continue
                 else:
                     rank.last = (step_no, None, start)
         if seconds is None:
@@ -186,7 +202,7 @@ def time_at_of(data: bytes, base: float):
 
 
 def state(tracker: StepTracker) -> list:
-    return [(j, i, list(r.samples), list(r.recent), r.baseline, r.base_median, r.seen, r.last, r.total, r.median,
+    return [(j, i, list(r.samples), list(r.recent), r.baseline, r.base_median, r.seen, r.last, r.ref, r.total, r.median,
              r.reported, r.index, sorted(r.samples) if r.ordered is None else r.ordered)
             for j, job in sorted(tracker.jobs.items()) for i, r in job.ranks.items()] + [
         (j, job.medians, job.node_medians, sorted(job.nodes_reported), job.detector, sorted(job.detector_reported),

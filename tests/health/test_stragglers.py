@@ -511,7 +511,57 @@ def test_step_lines_after_an_open_block_are_taken_once(rules):
     engine.feed(origin, b"[rank0]: Traceback (most recent call last):\n[rank1]: step 1 loss 0.5\n", 10.0)
     assert "job1" not in tracker.jobs                          # carried, not taken yet
     engine.feed(origin, b"[rank1]: step 2 loss 0.5\n[rank0]: ValueError: boom\n[rank1]: step 3 loss 0.5\n", 20.0)
-    assert list(tracker.jobs["job1"].ranks["rank1"].samples) == [10.0, 0.0]   # 10 s -> 20 s -> 20 s
+    rank = tracker.jobs["job1"].ranks["rank1"]
+    assert list(rank.samples) == [5.0] and rank.seen == 1     # 10 s -> 20 s, steps 2 and 3 dated alike
+
+
+def test_step_lines_dated_alike_make_one_step_time_over_their_steps(rules):
+    """Live, every line of a hand-over has its time: of a rank's lines dated alike, the last
+    stands for them all, measured from the last line of the hand-over before (no 0 s steps)."""
+    tracker = StepTracker(StragglerConfig(min_steps=5))
+    engine = Engine(rules, steps=tracker)
+    origin = Origin("worker-0", 0, "job1", "n", "stdout", "process")
+    for t, steps in [(100.0, (1, 2)), (100.1, (3, 4)), (100.2, (5,)), (100.5, (6, 7, 8))]:
+        engine.feed(origin, b"".join(b"step %d/100 loss 0.5\n" % n for n in steps), t)
+    rank = tracker.jobs["job1"].ranks["worker-0"]
+    assert list(rank.samples) == pytest.approx([0.05, 0.1, 0.1]) and rank.seen == 3
+    assert rank.baseline == list(rank.samples) and sorted(rank.samples) == rank.ordered
+
+
+def handovers(period: float, phase: float, steps: int, linger: float = 0.08) -> list[tuple[float, list[int]]]:
+    """(time, step numbers) of each hand-over of a rank printing a step every ``period`` s from
+    ``phase`` to a reader like ``sources.process.read_lines``: a line of a quiet stream goes at
+    once; lines written during a linger go at its end, dated when it began."""
+    prints = [(phase + k * period, k) for k in range(1, steps + 1)]
+    out: list[tuple[float, list[int]]] = []
+    last, i = None, 0
+    while i < len(prints):
+        if last is None or prints[i][0] >= last + linger:
+            last = prints[i][0]
+            out.append((last, [prints[i][1]]))
+            i += 1
+        else:
+            waited = [k for at, k in prints[i:] if at <= last + linger]
+            out.append((last, waited))
+            last += linger
+            i += len(waited)
+    return out
+
+
+@pytest.mark.parametrize("phases", [(0.0, 0.0), (0.0, 0.02), (0.01, 0.04), (0.03, 0.01)])
+def test_fast_ranks_read_through_lingering_hand_overs_are_no_stragglers(rules, phases):
+    """Two ranks step every 50 ms, a third every 150 ms; ``run``'s reader hands each rank's lines
+    over 80 ms apart, dated when the linger began. Only the slow rank is a straggler, whatever
+    the phases (line by line, one of the fast ranks was one too, at every phase)."""
+    engine = Engine(rules, steps=StepTracker(StragglerConfig(min_steps=8)))
+    parts = []
+    for rank, (period, phase) in enumerate([(0.05, phases[0]), (0.05, phases[1]), (0.15, 0.0)]):
+        origin = Origin(f"worker-{rank}", rank, "job1", "n", "stdout", "process")
+        parts += [(t, rank, origin, b"".join(b"step %d/40 loss 0.5\n" % k for k in steps))
+                  for t, steps in handovers(period, phase, 40)]
+    found = [f for t, _, origin, data in sorted(parts, key=lambda p: p[:2])
+             for f in engine.feed(origin, data, 1.8e9 + t)]
+    assert [f.rank for f in found if f.kind == "straggler"] == [2]
 
 
 def test_engines_with_other_taps_share_one_database(rules):

@@ -233,22 +233,25 @@ def test_a_trickle_behind_a_full_queue_holds_the_consumer_gather_seconds_at_most
 def test_rank_prefixes_of_many_pods_stay_each_pods_own(tmp_path):
     """Two pods running torchrun (no rank from the pod) both print ``[rank0]:`` and ``[rank1]:``
     step lines, interleaved in one batch: the step tap, handed the batch's step lines in one
-    call, keeps four ranks (``<pod>/rank<k>``), each with its own six lines' five step times
-    (mixed by rank alone: two ranks, each with both pods' repeated step numbers)."""
+    call, keeps four ranks (``<pod>/rank<k>``), each with its own lines' step times (mixed by rank
+    alone: two ranks, each with both pods' repeated step numbers). A pod's lines of a batch share
+    its latest time, so each rank takes one step time a batch: the pod's own, 0.1 s or 0.2 s."""
     clock = FakeClock()
     w, _ = make(tmp_path, clock)
-    batch = []
-    for n in range(1, 7):
-        for pod in ("llm-a", "llm-b"):
-            for r in (0, 1):
-                batch.append(Shipped(clock.time() + n * (0.2 if pod == "llm-b" else 0.1),
-                                     f"[rank{r}]: step {n}/100 loss 0.5".encode(),
-                                     {"job": "llm", "node": "node-0", "pod": pod, "rank": None}))
-    w.ingest(batch)
+    for steps in ((1, 2, 3), (4, 5, 6)):
+        batch = []
+        for n in steps:
+            for pod in ("llm-a", "llm-b"):
+                for r in (0, 1):
+                    batch.append(Shipped(clock.time() + n * (0.2 if pod == "llm-b" else 0.1),
+                                         f"[rank{r}]: step {n}/100 loss 0.5".encode(),
+                                         {"job": "llm", "node": "node-0", "pod": pod, "rank": None}))
+        w.ingest(batch)
     ranks = w.engine.steps.jobs["llm"].ranks
     assert sorted(ranks) == ["llm-a/rank0", "llm-a/rank1", "llm-b/rank0", "llm-b/rank1"]
-    assert {name: len(rank.samples) for name, rank in ranks.items()} == dict.fromkeys(ranks, 5)  # steps 2-6
-
+    assert {name: list(rank.samples) for name, rank in ranks.items()} == {
+        "llm-a/rank0": [pytest.approx(0.1)], "llm-a/rank1": [pytest.approx(0.1)],
+        "llm-b/rank0": [pytest.approx(0.2)], "llm-b/rank1": [pytest.approx(0.2)]}
 
 
 def test_a_backlog_in_flight_stays_under_the_ingest_collector_threshold():
