@@ -1,8 +1,8 @@
 """``ftwatch explain``: why a decision was taken, in plain text (SPEC D6).
 
 It prints the decision (action, target, time), the root-cause line with its rule, failure
-class and the rule's source, the evidence from each instance (the findings of the same job
-and attempt, grouped by instance, each marked root cause / fallout / finding), the restart
+class and the rule's source, the evidence from each instance (the findings of the same job,
+attempt and run, grouped by instance, each marked root cause / fallout / finding), the restart
 budgets left, and the policy clause.
 
 The store is duck-typed (``decision``, ``last_decision``, ``findings_for`` as in
@@ -34,6 +34,8 @@ class DecisionStore(Protocol):
     def last_decision(self) -> dict[str, Any] | None: ...
 
     def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]: ...
+    # A decision with a ``run`` (the store's run of a job id used again) is asked with ``run=`` too:
+    # findings_for(job, attempt, run=R) -> that run's only (None: of no known run).
 
     # Optional, used where present (SqliteStore has it): the same in time order, read as used.
     # def iter_findings(self, job: str, attempt: int | None = None) -> Iterator[dict[str, Any]]: ...
@@ -63,8 +65,9 @@ def explain(store: DecisionStore, decision_id: str | None = None) -> str:
             raise LookupError(f"no decision has the id {decision_id!r}")
     root = d.get("root_cause")
     reader = getattr(store, "iter_findings", None)
-    stored = (reader(d["job"], d.get("attempt")) if reader is not None else
-              sorted(store.findings_for(d["job"], d.get("attempt")), key=_order))
+    run = {"run": d["run"]} if "run" in d else {}      # its own run's (a job id used again: sinks.runs)
+    stored = (reader(d["job"], d.get("attempt"), **run) if reader is not None else
+              sorted(store.findings_for(d["job"], d.get("attempt"), **run), key=_order))
     extra: dict[tuple, dict[str, Any]] = {}          # the decision's own, once each
     for f in ([root] if root else []) + list(d.get("findings") or []):
         extra.setdefault(_key(f), f)

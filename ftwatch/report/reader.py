@@ -13,7 +13,8 @@ Shapes (times are epoch seconds unless named ``*_iso``; see ``ftwatch.pipeline.s
 
 =============  ===========================================================================
 ``jobs``       job ids, sorted
-``runs``       job, attempt, started, ended (or None), status, command
+``runs``       job, attempt, started, ended (or None), status, command; in the order they
+               started (a job id used again: a run per start, ``sinks.runs``)
 ``events``     time, job, instance, rank, kind, detail (dict); kinds the report uses:
                ``job_start``, ``instance_start``, ``instance_exit`` (detail: returncode,
                signal, stopped_by_us), ``job_restart``, ``instance_restart``, ``actuator``
@@ -112,7 +113,9 @@ class SqliteReader:
                 yield r
 
     def decisions(self, job: str) -> list[Row]:
-        return self._keep(self._store.decisions(job), "epoch")
+        """The job's decisions in time order, without the store's own ``run`` (a row id that
+        ``explain`` reads; no other store has it)."""
+        return [{k: v for k, v in d.items() if k != "run"} for d in self._keep(self._store.decisions(job), "epoch")]
 
     def output(self, job: str) -> Iterator[Row]:
         """The job's output counts by instance, then bucket, read as they are used."""

@@ -86,14 +86,25 @@ def test_a_pass_runs_once_an_hour_and_deletes_a_bounded_number_of_rows(tmp_path:
     assert left == [total - 50, total - 100, 0, 0, 0]        # 50 rows a pass, then the rest
 
 
+def version_5_file(path: Path, job: str) -> None:
+    """A store file as schema 5 left it, holding a run and three findings of ``job``."""
+    from ftwatch.pipeline.sinks import downsample, marks, sqlite as mod
+    conn = sqlite3.connect(path)
+    conn.executescript(mod._SCHEMA_V1 + mod._SCHEMA_V2 + marks.SCHEMA_V3 + marks.SCHEMA_V4 + downsample.SCHEMA_V5
+                       + "PRAGMA user_version = 5;")
+    conn.execute("INSERT INTO runs (job, attempt, started, status) VALUES (?, 0, ?, 'failed')", (job, T0))
+    conn.executemany("INSERT INTO findings (job, attempt, rule_id, time, seq) VALUES (?, 0, 'x.y', ?, ?)",
+                     [(job, T0 + k, k) for k in range(3)])
+    conn.commit()
+    conn.close()
+
+
 def test_a_version_5_files_jobs_count_as_written_when_it_is_opened(tmp_path: Path):
+    from ftwatch.pipeline.sinks.sqlite import SCHEMA_VERSION
     path = tmp_path / "ftwatch.db"
-    with SqliteStore(path) as s:
-        write_job(s, "before")
-        s._conn.execute("DROP TABLE written")
-        s._conn.execute("PRAGMA user_version = 5")
+    version_5_file(path, "before")
     with SqliteStore(path, retention=JobRetention(DAY)) as s:  # the real clock: written just now
-        assert s.schema_version == 6
+        assert s.schema_version == SCHEMA_VERSION
         write_job(s, "after")
         assert counts(s, "before")["findings"] == 3
         assert {r[0] for r in s._rows("SELECT job FROM written")} == {"before", "after"}

@@ -3,12 +3,12 @@
 ``ftwatch report`` and ``ftwatch explain`` read it. Tables (times are epoch seconds, REAL;
 JSON columns hold text)::
 
-    runs(job, attempt, started, ended, status, command)           primary key (job, attempt)
+    runs(id, job, attempt, started, ended, status, command)       one row per start of an attempt
     events(time, job, instance, rank, kind, detail JSON)          process starts/exits, restarts, stops
     findings(job, attempt, instance, rank, node, stream, rule_id, kind, failure_class, action,
-             severity, line, time, seq, evidence JSON, fields JSON, source)
+             severity, line, time, seq, evidence JSON, fields JSON, source, run)
     decisions(decision_id PK, time, job, action, target JSON, root_cause JSON, policy_clause,
-              restarts_used, restarts_left, attempt, findings JSON)
+              restarts_used, restarts_left, attempt, findings JSON, run)
     alerts(notification_id, decision_id, receiver, status, attempts, error, text, time)
     output(job, instance, rank, bucket, seconds, lines, bytes, merged) primary key (job, instance, bucket)
     positions(key, seq, document BLOB, time)                       primary key (key)
@@ -20,6 +20,10 @@ JSON columns hold text)::
 from ``instance`` in the ``seconds`` long bucket starting at ``bucket`` (epoch s); writing the
 same bucket again adds to it. Rows older than a job's newest ``output_full_window`` are merged
 into coarser ones (``merged``, schema 5: ``ftwatch.pipeline.sinks.downsample``).
+
+``runs`` has a row per start (schema 7), and ``run`` marks the row a finding or decision belongs
+to, so a job id used again (the same command run again) keeps its runs apart
+(``ftwatch.pipeline.sinks.runs``).
 
 ``written(job PK, time)`` (schema 6) is when the store last wrote each job (wall clock); a job
 not written for ``storage.sqlite_retention`` is deleted (``ftwatch.pipeline.sinks.retention``).
@@ -47,7 +51,6 @@ writer's connection and lock; split off, they would reach into both.
 from __future__ import annotations
 
 import json
-import shlex
 import sqlite3
 import threading
 import time as _time
@@ -57,12 +60,12 @@ from typing import Any, Iterator, Sequence
 
 from ftwatch.errors import SinkError
 from ftwatch.events import Decision, DeliveryResult, Finding, Origin, iso
-from ftwatch.pipeline.sinks import marks
+from ftwatch.pipeline.sinks import marks, runs
 from ftwatch.pipeline.sinks.downsample import SCHEMA_V5, OutputDownsampler
 from ftwatch.pipeline.sinks.retention import SCHEMA_V6, JobRetention
-from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, RunEnd, RunStart, encode
+from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, encode
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -102,7 +105,7 @@ CREATE TABLE output (
 
 # version reached -> the script that gets there from the one before
 _MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4, 5: SCHEMA_V5,
-                                6: SCHEMA_V6}
+                                6: SCHEMA_V6, 7: runs.SCHEMA_V7}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
@@ -120,20 +123,6 @@ def finding_record(f: Finding) -> dict[str, Any]:
 
 # -- the encoder: record -> [(SQL, rows)] ------------------------------------------------------
 
-def _run_start_rows(r: RunStart) -> list[tuple[str, list[tuple]]]:
-    command = r.command if isinstance(r.command, str) else shlex.join(str(c) for c in r.command)
-    return [("INSERT INTO runs (job, attempt, started, status, command) "
-             "VALUES (?, ?, ?, 'running', ?) ON CONFLICT (job, attempt) DO UPDATE SET "
-             "started = excluded.started, status = 'running', command = excluded.command",
-             [(r.job, r.attempt, r.time, command)])]
-
-
-def _run_end_rows(r: RunEnd) -> list[tuple[str, list[tuple]]]:
-    return [("INSERT INTO runs (job, attempt, ended, status) VALUES (?, ?, ?, ?) "
-             "ON CONFLICT (job, attempt) DO UPDATE SET ended = excluded.ended, "
-             "status = excluded.status", [(r.job, r.attempt, r.time, r.status)])]
-
-
 def _event_rows(e: LifecycleEvent) -> list[tuple[str, list[tuple]]]:
     return [("INSERT INTO events (time, job, instance, rank, kind, detail) VALUES (?, ?, ?, ?, ?, ?)",
              [(e.time, e.job, e.instance, e.rank, e.kind, _dumps(dict(e.detail or {})))])]
@@ -144,21 +133,22 @@ def _findings_rows(b: FindingBatch) -> list[tuple[str, list[tuple]]]:
     for f in b.findings:
         d = f.to_dict()
         d.update(attempt=b.attempt, time=f.time, evidence=_dumps(d["evidence"]), fields=_dumps(d["fields"]))
-        rows.append(tuple(d[c] for c in _FINDING_COLUMNS))
+        rows.append((*(d[c] for c in _FINDING_COLUMNS), d["job"], b.attempt))
     marks = ", ".join("?" * len(_FINDING_COLUMNS))
-    return [(f"INSERT INTO findings ({', '.join(_FINDING_COLUMNS)}) VALUES ({marks})", rows)] if rows else []
+    return [(f"INSERT INTO findings ({', '.join(_FINDING_COLUMNS)}, run) VALUES ({marks}, {runs.RUN_OF})",
+             rows)] if rows else []
 
 
 def _decision_rows(d: Decision) -> list[tuple[str, list[tuple]]]:
     t, rc = d.target, d.root_cause
     return [("INSERT OR REPLACE INTO decisions (decision_id, time, job, action, target, root_cause, "
-             "policy_clause, restarts_used, restarts_left, attempt, findings) "
-             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             "policy_clause, restarts_used, restarts_left, attempt, findings, run) "
+             f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {runs.RUN_OF})",
              [(d.decision_id, d.time, t.job, d.action.label,
                _dumps({"job": t.job, "instance": t.instance, "rank": t.rank, "node": t.node}),
                None if rc is None else _dumps(finding_record(rc)), d.policy_clause,
                d.restarts_used, d.restarts_left, d.attempt,
-               _dumps([finding_record(f) for f in d.findings]))])]
+               _dumps([finding_record(f) for f in d.findings]), t.job, d.attempt)])]
 
 
 def _delivery_rows(r: DeliveryResult) -> list[tuple[str, list[tuple]]]:
@@ -177,7 +167,7 @@ def _output_rows(b: OutputBatch) -> list[tuple[str, list[tuple]]]:
              "lines = lines + excluded.lines, bytes = bytes + excluded.bytes", list(b.rows))]
 
 
-_ENCODERS = {RunStart: _run_start_rows, RunEnd: _run_end_rows, LifecycleEvent: _event_rows,
+_ENCODERS = {**runs.ENCODERS, LifecycleEvent: _event_rows,
              FindingBatch: _findings_rows, Decision: _decision_rows, DeliveryResult: _delivery_rows,
              OutputBatch: _output_rows, **marks.ENCODERS}
 """Every sink record -> the statements and rows that store it."""
@@ -306,12 +296,12 @@ class SqliteStore:
             return self._conn.execute(sql, tuple(args)).fetchall()
 
     def runs(self, job: str | None = None) -> list[dict[str, Any]]:
-        """Runs by job, then attempt: job, attempt, started, ended (epoch s or None), status,
-        command."""
+        """Runs by job, then in the order they started (a job id used again has a run per start,
+        each from attempt 0): job, attempt, started, ended (epoch s or None), status, command."""
         where, args = ("WHERE job = ?", (job,)) if job is not None else ("", ())
         return [dict(r) for r in self._rows(
             f"SELECT job, attempt, started, ended, status, command FROM runs {where} "
-            "ORDER BY job, attempt", args)]
+            "ORDER BY job, id", args)]
 
     def events(self, job: str | None = None) -> list[dict[str, Any]]:
         """Events in time order: time (epoch s), job, instance, rank, kind, detail (dict)."""
@@ -367,14 +357,16 @@ class SqliteStore:
         lo, hi, step = self._rows(sql, args)[0]
         return None if lo is None else (lo, hi, step)
 
-    def findings_for(self, job: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    def findings_for(self, job: str, attempt: int | None = None, **run: int | None) -> list[dict[str, Any]]:
         """The findings of ``job`` (of one attempt, or all), in time order (:meth:`iter_findings`)."""
-        return list(self.iter_findings(job, attempt))
+        return list(self.iter_findings(job, attempt, **run))
 
-    def iter_findings(self, job: str, attempt: int | None = None, page: int = 1000) -> Iterator[dict[str, Any]]:
+    def iter_findings(self, job: str, attempt: int | None = None, page: int = 1000,
+                      **run: int | None) -> Iterator[dict[str, Any]]:
         """The findings of ``job`` (of one attempt, or all), in time order, read ``page`` rows at
         a time: a long job's store holds hundreds of thousands (a warning per step), which
         ``ftwatch report`` folds as they come instead of holding them all (~2.5 KB each).
+        ``run=R``: only those of run ``R`` (a decision's ``run``; None: those of no known run).
 
         Yields:
             ``Finding.to_dict()`` keys with ``time`` as ISO text, ``epoch`` (epoch s), ``attempt``.
@@ -384,6 +376,9 @@ class SqliteStore:
         if attempt is not None:
             sql += " AND attempt = ?"
             args.append(attempt)
+        if "run" in run:
+            sql += " AND run IS ?"
+            args.append(run["run"])
         for r in self._iter_rows(sql + " ORDER BY time, seq, id", args, page):
             d = dict(r)
             d["epoch"] = d["time"]
@@ -415,7 +410,7 @@ class SqliteStore:
         Returns:
             dict: decision_id, time (ISO), epoch, job, action, target (dict), root_cause
             (finding dict or None), policy_clause, restarts_used, restarts_left, attempt,
-            findings (list of finding dicts).
+            findings (list of finding dicts), run (the ``runs`` row's id, or None: not known).
 
         Raises:
             ValueError: the prefix matches several decisions, or is empty.

@@ -44,7 +44,8 @@ def finding(instance: str, rank: int, t: float, kind: str = "error", seq: int = 
 
 
 def write_run(store) -> None:
-    """Two attempts with ties in time, a bucket written twice, a run ended but never started."""
+    """Two attempts with ties in time, a bucket written twice, a run ended but never started, then
+    that job's id used again (a second run from attempt 0, its start written twice: ftwatch restarted)."""
     cmd = ["python", "train.py", "--lr", "0.1 0.2"]          # as Recorder.run_started: the run and its event
     store.write([RunStart("j", 0, T0, cmd)])
     store.write([LifecycleEvent(T0, "j", "job_start", detail={"attempt": 0, "command": cmd})])
@@ -73,6 +74,10 @@ def write_run(store) -> None:
     store.write([OutputBatch(counts.drain())])
     store.write([RunEnd("other", 0, T0 + 12, "failed")])           # never started: started None
     store.write([LifecycleEvent(T0 + 12, "other", "instance_exit", "o-0", 0, {"returncode": 1})])
+    for t in (T0 + 13, T0 + 14):             # its id used again, from attempt 0; ftwatch restarted at T0 + 14
+        store.write([RunStart("other", 0, t, ["python", "o.py"])])
+        store.write([LifecycleEvent(t, "other", "job_start", detail={"attempt": 0, "command": ["python", "o.py"]})])
+    store.write([RunEnd("other", 0, T0 + 15, "succeeded")])
 
 
 @pytest.fixture
@@ -94,6 +99,9 @@ def test_elasticsearch_gives_the_rows_and_the_report_the_sqlite_store_gives(both
         assert rd.jobs() == sq.jobs() == ["j", "other"]
         for job in ("j", "other"):
             assert rd.runs(job) == sq.runs(job)
+        assert [(r["attempt"], r["started"], r["ended"], r["status"]) for r in sq.runs("other")] == [
+            (0, None, T0 + 12, "failed"), (0, T0 + 14, T0 + 15, "succeeded")]
+        for job in ("j", "other"):
             assert rd.events(job) == sq.events(job)
             assert list(rd.findings(job)) == list(sq.findings(job))    # (both: read as used)
             assert list(rd.output(job)) == list(sq.output(job))      # (both: read as used)

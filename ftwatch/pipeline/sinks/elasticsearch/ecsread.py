@@ -88,23 +88,31 @@ def _new_run(job: Any, attempt: int) -> Row:
 
 def run_rows(sources: Iterable[Row]) -> list[Row]:
     """``job_start`` events and ``job_end`` documents of one job, in written order -> its runs
-    (job, attempt, started, ended, status, command) by attempt, as the SQLite store's
-    ``RunStart`` / ``RunEnd`` records keep them: a start sets started, command and status ``running``;
-    an end sets ended and status."""
-    runs: dict[int, Row] = {}
+    (job, attempt, started, ended, status, command) in the order they started, as the SQLite
+    store keeps them (``sinks.runs``): a start sets started, command and status ``running`` on
+    its attempt's newest run where that still runs (ftwatch restarted), else begins a new run (a
+    job id used again); an end sets ended and status on its attempt's newest run."""
+    runs: list[Row] = []
+    newest: dict[int, Row] = {}                      # attempt -> its newest run
     for s in sources:
         ftw = s["ftwatch"]
         if is_run_end(s):
             attempt = ftw.get("attempt")
             if not isinstance(attempt, int):
                 continue
-            run = runs.setdefault(attempt, _new_run(ftw.get("job"), attempt))
+            run = newest.get(attempt)
+            if run is None:
+                run = newest[attempt] = _new_run(ftw.get("job"), attempt)
+                runs.append(run)
             run.update(ended=epoch(s), status=ftw.get("status"))
         elif ftw.get("kind") == "job_start":
             detail = ftw.get("detail") or {}
             attempt = detail.get("attempt")
             if not isinstance(attempt, int):
                 continue
-            run = runs.setdefault(attempt, _new_run(ftw.get("job"), attempt))
+            run = newest.get(attempt)
+            if run is None or run["status"] != "running":
+                run = newest[attempt] = _new_run(ftw.get("job"), attempt)
+                runs.append(run)
             run.update(started=epoch(s), status="running", command=_command(detail.get("command")))
-    return [runs[a] for a in sorted(runs)]
+    return runs
