@@ -36,6 +36,11 @@ forgotten (desk, SDK handler and the retryable-error rules it added, phase, metr
 ``job``); either starts fresh if it speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
 oldest first, into their job's desk (kind ``open_block``).
 
+The store has a run of a job from when ``watch`` meets it (``RunStart``), and one for each
+attempt its restarts start; failing the job ends its run, so a job of the same name that the
+cluster runs again later is a run of its own and ``explain`` keeps their findings apart
+(``ftwatch.pipeline.sinks.runs``); a job let go for silence goes on with its run when it speaks.
+
 Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve once
 ``resolve_after`` seconds pass with no new such incident of that job (and none settling), at
 once when a launcher of the job logs that its worker group finished successfully
@@ -400,6 +405,7 @@ class Watcher:
                                 settle=self.config.watch.settle, cooldown=self.config.watch.cooldown,
                                 summaries="live", limits=self.config.limits)
             desk.new_attempt(self.clock.time())
+            self.recorder.run_started(job, desk.attempt, self.clock.time(), [])   # met now (sinks.runs)
             self.attempt_start[job] = float("-inf")  # its first attempt began before ftwatch saw it
             desk.progress.reset(known=False)         # ... so whether it made progress is not known (R6)
             self.jobs_met += 1
@@ -426,11 +432,15 @@ class Watcher:
             return                                  # nothing was done: no new attempt, the job goes on
         if decision.action in _NEW_ATTEMPT:
             desk.new_attempt(self.clock.time())     # a new attempt: instances start again
+            if desk.attempt != decision.attempt:    # (the store's runs: one per attempt, sinks.runs)
+                self.recorder.run_ended(desk.job, decision.attempt, self.clock.time(), "restarted")
+                self.recorder.run_started(desk.job, desk.attempt, self.clock.time(), [])
             if desk.job in self.controls:
                 self.controls[desk.job].new_attempt()   # its hang scopes end with its workers
             self.phases.pop(desk.job, None)             # the next output is initialization again
             self.attempt_start[desk.job] = self.clock.time()
         if decision.action is Action.FAIL_JOB:
+            self.recorder.run_ended(desk.job, decision.attempt, self.clock.time(), "failed")
             self.recorder.resolve_open(self.clock.time(), "superseded: the job failed", job=desk.job)
             # ended (its decision is stored); a job of that name later starts fresh
             self._forget(desk.job, None, self.clock.time(), self.clock.mono())

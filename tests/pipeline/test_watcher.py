@@ -239,6 +239,30 @@ def test_a_failed_job_resolves_its_restart_alerts_as_superseded(tmp_path):
     assert reasons == ["superseded: the job failed"]
 
 
+def test_a_job_run_again_under_the_name_of_one_watch_failed_is_explained_by_its_own_findings(tmp_path):
+    """The store keeps a run per attempt of a job from when watch meets it; failing the job ends
+    its run, so the cluster's next job of that name (attempt 0 again: fresh budgets) is a run of
+    its own, and explain gives its decision its own findings, not the failed job's."""
+    from ftwatch.alerting.explain import explain
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, max_num_of_job_restart=1)
+    for _ in range(2):                                     # restart_job (attempt 0), then fail_job (1)
+        fail(clock, w, "a")
+        clock.advance(6)
+        w.tick()
+        clock.advance(70)
+    w.ingest([line(clock, "a", "n0", "a-worker-0", 0, XID_79)])      # the same name again
+    clock.advance(6)
+    w.tick()
+    assert [(d.action.label, d.attempt) for d in rec.decisions] == [
+        ("restart_job", 0), ("fail_job", 1), ("isolate_node", 0)]
+    assert [(r["attempt"], r["status"]) for r in rec.store.runs("a")] == [
+        (0, "restarted"), (1, "failed"), (0, "restarted"), (1, "running")]     # isolating starts attempt 1
+    first, again = explain(rec.store, rec.decisions[0].decision_id), explain(rec.store, rec.decisions[2].decision_id)
+    assert "NCCL" in first and "Xid" not in first
+    assert "Xid" in again and "NCCL" not in again
+
+
 C4D_WARN = "[C4D] Warn RankCommHang rank=1 node=node-1 duration=12s times=1"
 C4D_ERROR = "[C4D] Error RankCommHang rank=1 node=node-1 times=18"
 

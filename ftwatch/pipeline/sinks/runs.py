@@ -12,8 +12,14 @@ Schema 7 gives every start its own row, ``runs(id, job, attempt, started, ended,
 command)``, and marks each finding and decision with the run it belongs to (``run``: the id of
 the newest ``runs`` row of its job and attempt when it was written; the store writes records in
 their order, and a run's start is recorded before its workers start). A start whose job and
-attempt have a row still ``running`` continues that row: ftwatch itself was restarted and goes
-on with the job (the budgets say so); a start after that row ended makes a new one.
+attempt have a row still ``running`` continues that row, which keeps its first start: ftwatch
+itself was restarted and goes on with the job (the budgets say so), or ``watch`` met again a job
+it had let go when it fell silent; a start after that row ended makes a new one.
+
+``run`` records a start per attempt; ``watch`` one when it first meets a job (when it saw the
+job's output first: the job began earlier) and one per attempt its decisions start, and an end
+when it restarts or fails the job, so a job of the same name that a cluster runs again after
+``watch`` failed it is a run of its own.
 
 ``ftwatch explain`` reads the findings of a decision's own run (``run IS`` the decision's:
 rows written before schema 7, and those of jobs no ``RunStart`` names, ``watch``'s and
@@ -49,11 +55,11 @@ _NEWEST = "id = (SELECT max(id) FROM runs WHERE job = :job AND attempt = :attemp
 
 
 def _start_rows(r: RunStart) -> list[tuple[str, list]]:
-    """A start: the newest row of its job and attempt again where it is still running (ftwatch
-    restarted), else a new row."""
+    """A start: the newest row of its job and attempt goes on where it is still running (ftwatch
+    restarted; the run keeps its first start), else a new row."""
     command = r.command if isinstance(r.command, str) else shlex.join(str(c) for c in r.command)
     row = {"job": r.job, "attempt": r.attempt, "time": r.time, "command": command}
-    return [(f"UPDATE runs SET started = :time, command = :command WHERE {_NEWEST} AND status = 'running'", [row]),
+    return [(f"UPDATE runs SET command = :command WHERE {_NEWEST} AND status = 'running'", [row]),
             ("INSERT INTO runs (job, attempt, started, status, command) "
              "SELECT :job, :attempt, :time, 'running', :command WHERE changes() = 0", [row])]
 

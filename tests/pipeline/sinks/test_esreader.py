@@ -100,7 +100,7 @@ def test_elasticsearch_gives_the_rows_and_the_report_the_sqlite_store_gives(both
         for job in ("j", "other"):
             assert rd.runs(job) == sq.runs(job)
         assert [(r["attempt"], r["started"], r["ended"], r["status"]) for r in sq.runs("other")] == [
-            (0, None, T0 + 12, "failed"), (0, T0 + 14, T0 + 15, "succeeded")]
+            (0, None, T0 + 12, "failed"), (0, T0 + 13, T0 + 15, "succeeded")]
         for job in ("j", "other"):
             assert rd.events(job) == sq.events(job)
             assert list(rd.findings(job)) == list(sq.findings(job))    # (both: read as used)

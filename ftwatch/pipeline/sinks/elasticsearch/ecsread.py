@@ -89,9 +89,10 @@ def _new_run(job: Any, attempt: int) -> Row:
 def run_rows(sources: Iterable[Row]) -> list[Row]:
     """``job_start`` events and ``job_end`` documents of one job, in written order -> its runs
     (job, attempt, started, ended, status, command) in the order they started, as the SQLite
-    store keeps them (``sinks.runs``): a start sets started, command and status ``running`` on
-    its attempt's newest run where that still runs (ftwatch restarted), else begins a new run (a
-    job id used again); an end sets ended and status on its attempt's newest run."""
+    store keeps them (``sinks.runs``): a start sets command on its attempt's newest run where
+    that still runs (ftwatch restarted: the run keeps its first start), else begins a new run
+    with started, command and status ``running`` (a job id used again); an end sets ended and
+    status on its attempt's newest run."""
     runs: list[Row] = []
     newest: dict[int, Row] = {}                      # attempt -> its newest run
     for s in sources:
@@ -113,6 +114,7 @@ def run_rows(sources: Iterable[Row]) -> list[Row]:
             run = newest.get(attempt)
             if run is None or run["status"] != "running":
                 run = newest[attempt] = _new_run(ftw.get("job"), attempt)
+                run["started"] = epoch(s)
                 runs.append(run)
-            run.update(started=epoch(s), status="running", command=_command(detail.get("command")))
+            run["command"] = _command(detail.get("command"))
     return runs
