@@ -22,8 +22,8 @@ when it restarts or fails the job, so a job of the same name that a cluster runs
 ``watch`` failed it is a run of its own.
 
 ``ftwatch explain`` reads the findings of a decision's own run (``run IS`` the decision's:
-rows written before schema 7, and those of jobs no ``RunStart`` names, ``watch``'s and
-``replay``'s, have none, and are read as before, by job and attempt).
+rows written before schema 7, and those of jobs no ``RunStart`` names, have none, and are read
+as before, by job and attempt).
 
 ``ftwatch.pipeline.sinks.sqlite`` owns the file, its migrations and transactions; this module
 gives it the schema step, the two records' encoders (:data:`ENCODERS`) and :data:`RUN_OF`.
