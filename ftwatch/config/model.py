@@ -151,8 +151,9 @@ class StorageConfig(BaseModel):
     sqlite: Path | None = Field(None, description="SQLite event store; null: <state_dir>/ftwatch.db.")
     sqlite_retention: Duration | None = Field(
         90 * 86400.0, gt=0, description="Delete a job from the SQLite store once the store has not written "
-        "it for this long (e.g. 90d; by the clock, so a replayed old log counts as new); null: keep every "
-        "job. The default matches storage.elasticsearch.retention.")
+        "it for this long (e.g. 90d; by the clock, so a replayed old log counts as new), and a run of a job "
+        "(not its newest) the same way; null: keep every job and run. The default matches "
+        "storage.elasticsearch.retention.")
     elasticsearch: ElasticsearchConfig | None = Field(None, description="Also write to Elasticsearch; null: SQLite only.")
     metrics: MetricsConfig = Field(default_factory=MetricsConfig,
                                    description="Prometheus endpoint and output counts (ftwatch.config.metrics).")

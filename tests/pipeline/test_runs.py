@@ -74,7 +74,7 @@ def test_a_version_6_file_keeps_its_runs_and_explains_its_old_decisions_as_befor
     conn.commit()
     conn.close()
     with SqliteStore(path) as store:
-        assert store.schema_version == SCHEMA_VERSION == 7
+        assert store.schema_version == SCHEMA_VERSION == 8
         done = second_run(store)
         assert [(r["started"], r["status"]) for r in store.runs(JOB)] == [(T0, "failed"), (T0 + 60, "succeeded")]
         old, new = explain(store, "d6"), explain(store, done.decision_id)

@@ -40,7 +40,7 @@ def store(tmp_path: Path):
 
 
 def test_schema_is_versioned_and_in_wal_mode(store: SqliteStore, tmp_path: Path):
-    assert store.schema_version == SCHEMA_VERSION == 7
+    assert store.schema_version == SCHEMA_VERSION == 8
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -224,7 +224,7 @@ def test_a_version_1_file_is_migrated_and_keeps_its_data(tmp_path: Path):
     conn.commit()
     conn.close()
     with SqliteStore(path) as s:
-        assert s.schema_version == SCHEMA_VERSION == 7
+        assert s.schema_version == SCHEMA_VERSION == 8
         assert [e["kind"] for e in s.events()] == ["job_start"]
         s.write([OutputBatch([("job-1", "worker-0", 0, T0, 5.0, 1, 2)])])
         assert s.output()[0]["lines"] == 1

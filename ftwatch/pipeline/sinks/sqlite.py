@@ -25,8 +25,9 @@ into coarser ones (``merged``, schema 5: ``ftwatch.pipeline.sinks.downsample``).
 to, so a job id used again (the same command run again) keeps its runs apart
 (``ftwatch.pipeline.sinks.runs``).
 
-``written(job PK, time)`` (schema 6) is when the store last wrote each job (wall clock); a job
-not written for ``storage.sqlite_retention`` is deleted (``ftwatch.pipeline.sinks.retention``).
+``written(job PK, time)`` (schema 6) is when the store last wrote each job (wall clock), and
+``runs.written`` (schema 8) each run; a job, or a run that is not its job's newest, not written
+for ``storage.sqlite_retention`` is deleted (``ftwatch.pipeline.sinks.retention``).
 
 ``positions`` (schema 3), ``chunks`` and ``open_blocks`` (schema 4) are the exactly-once marks
 that a batch leaves for ``watch``'s next start, written in that batch's transaction (issue 17):
@@ -62,10 +63,10 @@ from ftwatch.errors import SinkError
 from ftwatch.events import Decision, DeliveryResult, Finding, Origin, iso
 from ftwatch.pipeline.sinks import marks, runs
 from ftwatch.pipeline.sinks.downsample import SCHEMA_V5, OutputDownsampler
-from ftwatch.pipeline.sinks.retention import SCHEMA_V6, JobRetention
+from ftwatch.pipeline.sinks.retention import SCHEMA_V6, SCHEMA_V8, JobRetention
 from ftwatch.pipeline.sinks.base import FindingBatch, LifecycleEvent, OutputBatch, Record, encode
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -105,7 +106,7 @@ CREATE TABLE output (
 
 # version reached -> the script that gets there from the one before
 _MIGRATIONS: dict[int, str] = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: marks.SCHEMA_V3, 4: marks.SCHEMA_V4, 5: SCHEMA_V5,
-                                6: SCHEMA_V6, 7: runs.SCHEMA_V7}
+                                6: SCHEMA_V6, 7: runs.SCHEMA_V7, 8: SCHEMA_V8}
 
 _FINDING_COLUMNS = ("job", "attempt", "instance", "rank", "node", "stream", "rule_id", "kind",
                     "failure_class", "action", "severity", "line", "time", "seq", "evidence",
