@@ -225,7 +225,10 @@ class Metrics:
     def forget_job(self, job: str) -> int:
         """Drop every series labelled ``job_id=job`` (its state was dropped: ``limits``); returns
         how many went. Reads prometheus_client's children map (``_metrics``, under its lock): the
-        library removes a child only by its full label values."""
+        library removes a child only by its full label values. The job's cached output counters go
+        too: kept, a job that speaks again would count into children no longer registered, and its
+        output series would not come back."""
+        self._output.pop(job, None)
         gone = 0
         for metric in (self.lines, self.bytes, self.findings, self.decisions, self.restarts):
             with metric._lock:

@@ -170,6 +170,8 @@ def test_an_idle_job_is_forgotten_with_its_metrics_and_starts_fresh(tmp_path):
     assert 'ftwatch_state_evicted_total{kind="job_idle"}' in scrape
     w.ingest([line(clock, "a", "a-w0", "back")])
     assert set(w.jobs) == {"a", "b"} and w.jobs["a"].findings == [] and w.jobs_met == 3
+    scrape = generate_latest(rec.metrics.registry).decode()     # its output series back, counted afresh
+    assert 'ftwatch_lines_total{job_id="a"} 1.0' in scrape
 
 
 def test_a_silent_job_stays_while_its_hang_timer_judges_it(tmp_path):
