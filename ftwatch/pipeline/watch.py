@@ -34,7 +34,8 @@ Bounded (issue 17 item 3, the ``limits`` section, ``ftwatch.config.limits``): a 
 forgotten (desk, SDK handler and the retryable-error rules it added, phase, metrics series; kind
 ``job_idle``), and a new job beyond ``max_jobs`` forgets the job whose output is the oldest (kind
 ``job``); either starts fresh if it speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
-oldest first, into their job's desk (kind ``open_block``).
+oldest first, into their job's desk (kind ``open_block``). A forgotten or failed job's desk is
+freed by a full collection at most every ``FORGOTTEN_GC_SECONDS`` (its parts refer back to it).
 
 The store has a run of a job from when ``watch`` meets it (``RunStart``), and one for each
 attempt its restarts start; failing the job ends its run, so a job of the same name that the
@@ -54,6 +55,7 @@ none of it is beside it: taking a backlog and grouping its lines per origin
 
 from __future__ import annotations
 
+import gc
 import itertools
 import queue
 import threading
@@ -95,11 +97,13 @@ def tune_gc_for_ingest() -> None:
     they set off one collection of ~35 ms per 200,000 records). Only ``ftwatch watch`` (which
     owns its process) calls this.
     """
-    import gc
     gc.set_threshold(INGEST_GC_THRESHOLD, 20, 20)
 
 
 INGEST_GC_THRESHOLD = 200_000   # young tracked objects alive before a collection (tune_gc_for_ingest)
+
+FORGOTTEN_GC_SECONDS = 30.0
+"""Seconds at least between two full collections that free forgotten jobs (``Watcher._collect``)."""
 
 
 class Watcher:
@@ -143,6 +147,8 @@ class Watcher:
         self.phases: dict[str, PhaseTracker] = {}       # job -> its run's phase (config.phases)
         self._active: dict[str, float] = {}             # job -> its last output (mono s), oldest first
         self._ended_rules: list[str] = []               # SDK rules of forgotten jobs, removed before the next scan
+        self._forgotten = 0                             # jobs forgotten since the last full collection
+        self._collected = self.clock.mono()             # ... which ran then (mono s)
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -265,6 +271,7 @@ class Watcher:
                 self._acted("", "readmit_node", result, node=node)
         self._drop_rules()
         self.recorder.blocks(self.engine.changed_blocks(), now)   # blocks an action closed
+        self._collect(mono)
 
     def close(self) -> None:
         """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
@@ -372,7 +379,8 @@ class Watcher:
                     desk.add(self.engine.flush(origin, now), mono)
             if desk.open is not None or (kind == "job_idle" and desk.tracker.hang_due):
                 return False
-        self.jobs.pop(job, None)
+        if self.jobs.pop(job, None) is not None:
+            self._forgotten += 1
         handler = self.controls.pop(job, None)
         if handler is not None:      # its set_retryable_errors rules leave the engine (_drop_rules)
             self._ended_rules += handler.rule_ids
@@ -383,6 +391,18 @@ class Watcher:
             self.recorder.metrics.forget_job(job)
             EVICTIONS.count(kind)
         return True
+
+    def _collect(self, mono: float) -> None:
+        """Run a full collection when jobs were forgotten, at most every ``FORGOTTEN_GC_SECONDS``.
+        A job's desk is held in reference cycles (its parts call back into it: the exits reader,
+        the notices, the instances' eviction hook), so dropping it frees nothing until the
+        collector runs, and under ``tune_gc_for_ingest``'s thresholds its full passes almost never
+        do: a watch whose jobs came and went kept every forgotten job's desk and findings (soak
+        part 5: the traced heap grew 0.6 MB/min, 2.6 -> 6.6 MB in 7 minutes). A full pass over
+        ``watch`` with 10,000 rules (~70,000 tracked objects) takes ~10 ms."""
+        if self._forgotten and mono - self._collected >= FORGOTTEN_GC_SECONDS:
+            gc.collect()
+            self._forgotten, self._collected = 0, mono
 
     def _drop_rules(self) -> None:
         """The ``set_retryable_errors`` rules of the jobs forgotten since the last call leave the

@@ -4,7 +4,9 @@ of a live job as they were. Idle eviction runs on a FakeClock."""
 
 from __future__ import annotations
 
+import gc
 import io
+import weakref
 from pathlib import Path
 
 from prometheus_client import generate_latest
@@ -172,6 +174,37 @@ def test_an_idle_job_is_forgotten_with_its_metrics_and_starts_fresh(tmp_path):
     assert set(w.jobs) == {"a", "b"} and w.jobs["a"].findings == [] and w.jobs_met == 3
     scrape = generate_latest(rec.metrics.registry).decode()     # its output series back, counted afresh
     assert 'ftwatch_lines_total{job_id="a"} 1.0' in scrape
+
+
+def test_forgotten_jobs_are_freed_though_the_collector_is_tuned_away(tmp_path):
+    """A desk is held in reference cycles, so only the collector frees a forgotten job; ``watch``
+    tunes the collector's own passes away (``tune_gc_for_ingest``), here it is off: the watcher's
+    full collection after forgetting jobs frees them, at most once per FORGOTTEN_GC_SECONDS (30 s)."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, {"job_idle_seconds": 100})
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        first, late = [f"first-{i}" for i in range(5)], [f"late-{i}" for i in range(3)]
+        w.ingest([line(clock, job, f"{job}-w0", "progress marker") for job in first])        # t = 0
+        clock.advance(10)
+        w.ingest([line(clock, job, f"{job}-w0", "progress marker") for job in late])         # t = 10
+        desks = {job: weakref.ref(w.jobs[job]) for job in first + late}
+        seen = {}
+        for t in range(20, 150, 10):           # "keep" speaks every 10 s; the others fall idle
+            clock.advance(10)
+            w.ingest([line(clock, "keep", "keep-w0", "step")])
+            w.tick()
+            seen[t] = ({job for job in first + late if job in w.jobs},
+                       {job for job, desk in desks.items() if desk() is not None})
+        assert seen[90] == (set(first + late), set(first + late))
+        assert seen[100] == (set(late), set(late))       # forgotten at 100 s, collected at once
+        assert seen[110] == (set(), set(late))           # forgotten at 110 s, 10 s after a collection
+        assert seen[120] == (set(), set(late))
+        assert seen[130] == (set(), set())               # 30 s after it: collected
+    finally:
+        if was:
+            gc.enable()
 
 
 def test_a_silent_job_stays_while_its_hang_timer_judges_it(tmp_path):
