@@ -39,14 +39,14 @@ def test_rss_flat_compares_the_last_third_with_the_middle_one():
 
 
 def test_rss_slope_is_fitted_from_when_the_findings_cap_is_full():
-    # 30 samples, 3 s apart: RSS rises while the cap fills (to sample 18), then stays flat
-    filling = [(3.0 * i, 70_000 + 1_000 * min(i, 18)) for i in range(30)]
-    start = rss.steady_from(len(filling), full=18)
-    assert start == 18 and rss.slope_mib_per_min(filling[start:]) == 0.0
+    # 40 samples, 3 s apart: RSS rises while the cap fills (to sample 24), then stays flat
+    filling = [(3.0 * i, 70_000 + 1_000 * min(i, 24)) for i in range(40)]
+    start = rss.steady_from(len(filling), full=24)
+    assert start == 24 and rss.slope_mib_per_min(filling[start:]) == 0.0
     assert rss.slope_mib_per_min(filling[len(filling) // 3:]) > 1.0    # from the first third: the filling
-    assert rss.steady_from(30, None) == 10                  # the cap never full: the first third
-    assert rss.steady_from(30, 4) == 10                     # full early: still past the first third
-    assert rss.steady_from(30, 27) == 30 - rss.MIN_STEADY   # full late: at least MIN_STEADY samples
+    assert rss.steady_from(40, None) == 20                  # the cap never full: the first half
+    assert rss.steady_from(40, 4) == 20                     # full early: still past the first half
+    assert rss.steady_from(40, 37) == 40 - rss.MIN_STEADY   # full late: at least MIN_STEADY samples
     assert rss.steady_from(6, 5) == 0                       # fewer than that: all of them
 
 

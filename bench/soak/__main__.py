@@ -12,7 +12,7 @@ Parts, in order (each module's doc says what it does and counts):
 5. ``rss``: VmRSS of ``watch`` under a steady load: growth of the last third over the middle.
 
 ``SOAK_SCALE`` (default 1) multiplies counts and durations; ``SOAK_PARTS`` (e.g. ``1,4``) runs
-some parts only. Scale 1 takes about 8 minutes on two cores. Prints a table (figure, value,
+some parts only. Scale 1 takes about 6 minutes on two cores. Prints a table (figure, value,
 goal, ok/MISSED) and exits 1 when any goal is missed (2 when a part failed to run at all).
 """
 
