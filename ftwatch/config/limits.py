@@ -52,6 +52,9 @@ key                            kind counted              what is dropped, and wh
                                ``unsent_alert``          inhibit sources, and (muted or inhibited when
                                                          they fired) to hold back their resolution:
                                                          the oldest first
+``budget_retention``           ``budget_file``           ``watch``: the budget files of jobs it keeps no
+                                                         state for (``<state_dir>/budgets``, a file per
+                                                         job ever met) not written for this long
 =============================  ========================  ================================================
 
 A finished job's state goes with its decision: a ``fail_job`` drops the desk at once (the
@@ -61,6 +64,8 @@ decision is stored first), a job that ends by itself is dropped once idle.
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ftwatch.config.routes import Duration
 
 MAX_INSTANCES_PER_JOB = 16384
 MAX_TRACKED_INSTANCES = 262144
@@ -110,3 +115,7 @@ class LimitsConfig(BaseModel):
     max_remembered_alerts: int = Field(MAX_REMEMBERED_ALERTS, gt=0, description="Firing alerts remembered "
                                        "as inhibit sources, and as muted or inhibited (their resolution held "
                                        "back), each; past it the oldest are forgotten.")
+    budget_retention: Duration | None = Field(
+        90 * 86400.0, gt=0, description="ftwatch watch: delete the budget file (state_dir/budgets) of a job it "
+        "keeps no state for once the file has not been written for this long (e.g. 90d; checked hourly); "
+        "null: keep every file. The default matches storage.sqlite_retention.")

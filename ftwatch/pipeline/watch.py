@@ -36,6 +36,8 @@ forgotten (desk, SDK handler and the retryable-error rules it added, phase, metr
 ``job``); either starts fresh if it speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
 oldest first, into their job's desk (kind ``open_block``). A forgotten or failed job's desk is
 freed by a full collection at most every ``FORGOTTEN_GC_SECONDS`` (its parts refer back to it).
+Hourly, the budget files of jobs it keeps no state for that were not written for
+``limits.budget_retention`` are deleted (kind ``budget_file``).
 
 The store has a run of a job from when ``watch`` meets it (``RunStart``), and one for each
 attempt its restarts start; failing the job ends its run, so a job of the same name that the
@@ -70,6 +72,7 @@ from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.pipeline.actuators.exec import ActResult, Actuator, NoneActuator
 from ftwatch.pipeline.actuators.outcome import record_outcome
 from ftwatch.pipeline.build import build_policy
+from ftwatch.policy.budgets import prune_budgets
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
 from ftwatch.pipeline.sources.base import Shipped
@@ -104,6 +107,9 @@ INGEST_GC_THRESHOLD = 200_000   # young tracked objects alive before a collectio
 
 FORGOTTEN_GC_SECONDS = 30.0
 """Seconds at least between two full collections that free forgotten jobs (``Watcher._collect``)."""
+
+BUDGET_SWEEP_SECONDS = 3600.0
+"""Seconds between two sweeps of stale budget files (``limits.budget_retention``)."""
 
 
 class Watcher:
@@ -149,6 +155,7 @@ class Watcher:
         self._ended_rules: list[str] = []               # SDK rules of forgotten jobs, removed before the next scan
         self._forgotten = 0                             # jobs forgotten since the last full collection
         self._collected = self.clock.mono()             # ... which ran then (mono s)
+        self._budgets_swept = float("-inf")             # mono s of the last sweep of budget files
         self._stop = threading.Event()
 
     # -- public ---------------------------------------------------------------------------
@@ -364,6 +371,10 @@ class Watcher:
             idle.append(job)
         for job in idle:
             self._forget(job, "job_idle", now, mono)
+        keep = limits.budget_retention
+        if keep is not None and mono - self._budgets_swept >= BUDGET_SWEEP_SECONDS:
+            self._budgets_swept = mono          # a file per job ever met: those of jobs gone long ago go
+            EVICTIONS.count("budget_file", prune_budgets(self.state_dir, now - keep, self.jobs))
 
     def _forget(self, job: str, kind: str | None, now: float, mono: float) -> bool:
         """Drop a job's state; counted under ``kind``. A cap or idleness (``kind`` ``job`` /

@@ -32,6 +32,7 @@ One process at a time may own a job's file; nothing here locks.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -44,6 +45,38 @@ ENDED = ("succeeded", "failed", "stopped")
 _FORMAT = "ftwatch-budgets"
 _VERSION = 1
 _HISTORY = 20
+
+
+def budget_path(state_dir: Path, job: str) -> Path:
+    """``<state_dir>/budgets/<job>.json``, the job id made safe for a file name."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", job) or "_"
+    return Path(state_dir) / "budgets" / f"{safe}.json"
+
+
+def prune_budgets(state_dir: Path, before: float, keep: Iterable[str] = ()) -> int:
+    """Delete the budget files under ``<state_dir>/budgets`` last written (mtime) before
+    ``before`` (epoch s), except those of the jobs in ``keep`` (a job in use: its store writes
+    it only when something changes). ``watch`` meets a job it keeps a file for, for ever, on an
+    open-ended stream of jobs: this bounds the folder (``limits.budget_retention``). A job whose
+    file went starts its budgets afresh, as after a clean end. Returns the files deleted; a
+    file that cannot be read or deleted is left (never raises)."""
+    folder = Path(state_dir) / "budgets"
+    kept = {budget_path(state_dir, job).name for job in keep}
+    gone = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.endswith(".json") or entry.name in kept:
+            continue
+        try:
+            if entry.stat().st_mtime < before:
+                os.unlink(entry.path)
+                gone += 1
+        except OSError:
+            continue
+    return gone
 
 
 class BudgetStore:
@@ -77,8 +110,7 @@ class BudgetStore:
     @classmethod
     def for_job(cls, state_dir: Path, job: str) -> "BudgetStore":
         """The store at ``<state_dir>/budgets/<job>.json`` (the job id made safe for a file name)."""
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", job) or "_"
-        return cls(Path(state_dir) / "budgets" / f"{safe}.json", job)
+        return cls(budget_path(state_dir, job), job)
 
     # ------------------------------------------------------------------ reading
 
