@@ -6,6 +6,7 @@ per job; they differ only in how input reaches it and what they do with a decisi
     output(origin, chunk, time)  -> engine.feed, hang tracker, recorder (counts, findings),
                                     torchelastic summary -> exits (watch: at once; replay: at close)
     exited(ProcessExit)          -> that instance's open blocks closed, exit finding (run)
+    finished(origin, time)       -> a launcher's clean finish (watch): its workers' silence is no hang
     add(findings)                -> findings made beside the engine (a replayed hang, a Bootcheck)
     tick(now, mono)              -> stale blocks closed, hang check; returns a trigger that is due:
                                     a hang (at once) or an incident whose settle time ran out
@@ -148,6 +149,7 @@ class IncidentDesk:
         self._info = 0                         # how many of them are not _relevant
         self.failed: set[str] = set()          # instances with a failing exit ftwatch did not cause
         self.ok: set[str] = set()              # instances that exited 0
+        self.finished_at: float | None = None  # a launcher's clean finish in this attempt (:meth:`finished`)
         self._started_at: dict[str, float] = {}   # instance -> its latest start (epoch s)
         self.instances: dict[str, Origin] = BoundedDict(    # least recently active first out
             cap, "instance", on_evict=lambda instance, _: self._started_at.pop(instance, None))
@@ -221,6 +223,13 @@ class IncidentDesk:
         :meth:`output` of each in order (``ftwatch.pipeline.intake.output_many``). Returns the first
         trigger :meth:`output` returned for one of them, else None."""
         return intake.output_many(self, parts, mono)
+
+    def finished(self, origin: Origin, time: float) -> None:
+        """A launcher said at ``time`` that its worker group finished successfully (``watch``): its
+        workers leave the hang timers (``HangTracker.launcher_finished``); the attempt counts as
+        finished from then (:attr:`finished_at`: ``watch`` ends the job as succeeded when it lets it go)."""
+        self.tracker.launcher_finished(origin, time)
+        self.finished_at = time if self.finished_at is None else max(self.finished_at, time)
 
     def exited(self, exit: ProcessExit, mono: float = 0.0, expected: bool = False) -> Finding | None:
         """A worker process ended: its open blocks close, then its exit is judged.
@@ -402,9 +411,9 @@ class IncidentDesk:
         return self.decide(None, now) if self.open is not None else None
 
     def new_attempt(self, now: float, world_size: int | None = None) -> None:
-        """The job (re)starts at ``now``: the evidence, failed and finished instances and any open
-        incident are forgotten; the hang timers re-arm (``world_size``: the driver's count of
-        instances, None to count them)."""
+        """The job (re)starts at ``now``: the evidence, failed and finished instances, a clean
+        finish (:attr:`finished_at`) and any open incident are forgotten; the hang timers re-arm
+        (``world_size``: the driver's count of instances, None to count them)."""
         self.findings.clear()
         self._info = 0
         self._openers.clear()
@@ -413,6 +422,7 @@ class IncidentDesk:
         self._tails.clear()
         self._exits.new_attempt()
         self.ok.clear()
+        self.finished_at = None
         self.open = None
         self._held = False
         self.survival.clear()

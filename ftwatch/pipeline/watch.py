@@ -15,10 +15,15 @@ job, so jobs never mix). The desk decides as for every driver (``ftwatch.policy.
     findings -> recorder (store, alerts) -> actuator -> ``cooldown`` s in which the job's new
     errors (the fallout of acting) open no incident (none after a ``notify``: nothing was done).
 
-A job hang (every instance of the job silent for ``job_hang_interval``) decides at once. A job
-that ended is simply quiet; a restart starts a new attempt of the job (its instances are met
-again by their output), a ``fail_job`` ends the job's desk (a job of that name later starts
-fresh).
+A job hang (every instance of the job silent for ``job_hang_interval``) decides at once. A
+restart starts a new attempt of the job (its instances are met again by their output), a
+``fail_job`` ends the job's desk (a job of that name later starts fresh). Shipped logs carry no
+process exits: the one sign of a clean end is a launcher's "worker group successfully finished"
+(``ftwatch.parsers.torchelastic.CLEAN_FINISH``), after which that launcher's workers are no
+longer timed (their silence is no hang: ``IncidentDesk.finished``), and the job, once let go
+for silence (or at the end of stdin), ends as succeeded: a ``none`` decision, its run
+``succeeded``, its budgets closed as ``run`` closes them (a job of that name later starts afresh).
+A job that ended otherwise is simply quiet.
 
 Host evidence (issue 12 item 5, ``ftwatch.pipeline.sources.hostlog``): a node's kernel / driver
 line names a node but no job. Each is handed, as output of ``host_origin(node, job)``, to the desk
@@ -42,7 +47,8 @@ Hourly, the budget files of jobs it keeps no state for that were not written for
 The store has a run of a job from when ``watch`` meets it (``RunStart``), and one for each
 attempt its restarts start; failing the job ends its run, so a job of the same name that the
 cluster runs again later is a run of its own and ``explain`` keeps their findings apart
-(``ftwatch.pipeline.sinks.runs``); a job let go for silence goes on with its run when it speaks.
+(``ftwatch.pipeline.sinks.runs``); a job let go for silence goes on with its run when it speaks,
+unless a launcher had finished it cleanly (above).
 
 Alerts resolve per job (SPEC N2): a job's restart/hang/isolate alerts resolve once
 ``resolve_after`` seconds pass with no new such incident of that job (and none settling), at
@@ -243,12 +249,15 @@ class Watcher:
         self._feed_jobs(by_job, now, mono, clean)
 
     def _feed_jobs(self, by_job: dict[str, list], now: float, mono: float, clean: bool) -> None:
-        """Each job's chunks to its desk; a launcher's clean finish resolves the job's alerts."""
+        """Each job's chunks to its desk; a launcher's clean finish resolves the job's alerts and
+        is the desk's (``IncidentDesk.finished``)."""
         for job, parts in by_job.items():
-            self.jobs[job].output_many(parts, mono)
+            desk = self.jobs[job]
+            desk.output_many(parts, mono)
             if clean:
-                for origin, data, _, _ in parts:
+                for origin, data, t, _ in parts:
                     if finished_cleanly(data):
+                        desk.finished(origin, t)
                         self.recorder.resolve_open(now, f"the workers of {origin.instance} finished successfully",
                                                    job=job)
 
@@ -281,7 +290,8 @@ class Watcher:
         self._collect(mono)
 
     def close(self) -> None:
-        """The input ended (stdin at EOF): flush open blocks and decide every open incident now."""
+        """The input ended (stdin at EOF): flush open blocks, decide every open incident now and
+        end the jobs a launcher finished cleanly (``_end``)."""
         now = self.clock.time()
         if self.flush_partials is not None:
             self.ingest(self.flush_partials(float("inf")) or [])
@@ -294,6 +304,8 @@ class Watcher:
             decision = desk.close(now)
             if decision is not None:
                 self._act(desk, decision)
+            elif desk.finished_at is not None:
+                self._end(desk)
         self.recorder.blocks(self.engine.changed_blocks(), now)
 
     def restore_blocks(self, blocks: Iterable[tuple[Origin, bytes, float, frozenset[int]]]) -> None:
@@ -379,8 +391,8 @@ class Watcher:
     def _forget(self, job: str, kind: str | None, now: float, mono: float) -> bool:
         """Drop a job's state; counted under ``kind``. A cap or idleness (``kind`` ``job`` /
         ``job_idle``) closes the job's open blocks into its desk first and keeps a job whose
-        incident is open, or (idle) whose hang timer still judges its silence; its metrics
-        series go too. ``kind`` None: the job failed (a ``fail_job`` decision, stored): its desk
+        incident is open, or (idle) whose hang timer still judges its silence, and ends a job a
+        launcher finished cleanly (``_end``); its metrics series go too. ``kind`` None: the job failed (a ``fail_job`` decision, stored): its desk
         goes at once, its series stay until it has been idle ``job_idle_seconds`` (so the failing
         decision is scraped). Returns whether the job's state was dropped."""
         desk = self.jobs.get(job)
@@ -390,6 +402,8 @@ class Watcher:
                     desk.add(self.engine.flush(origin, now), mono)
             if desk.open is not None or (kind == "job_idle" and desk.tracker.hang_due):
                 return False
+            if desk.finished_at is not None:
+                self._end(desk)
         if self.jobs.pop(job, None) is not None:
             self._forgotten += 1
         handler = self.controls.pop(job, None)
@@ -402,6 +416,16 @@ class Watcher:
             self.recorder.metrics.forget_job(job)
             EVICTIONS.count(kind)
         return True
+
+    def _end(self, desk: IncidentDesk) -> None:
+        """A job whose launcher finished cleanly, let go (or the input ended): it ended as
+        succeeded at that finish, as ``run`` ends a job whose workers all exited 0: a ``none``
+        decision (``Policy.finished``, which closes its budgets: a job of that name later starts
+        afresh) and its run ends ``succeeded``."""
+        at, desk.finished_at = desk.finished_at, None
+        self.recorder.attempt = desk.attempt
+        self.recorder.decision(desk.policy.finished(at, ok=True))
+        self.recorder.run_ended(desk.job, desk.attempt, at, "succeeded")
 
     def _collect(self, mono: float) -> None:
         """Run a full collection when jobs were forgotten, at most every ``FORGOTTEN_GC_SECONDS``.

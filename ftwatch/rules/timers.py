@@ -99,6 +99,17 @@ class HangTracker:
         if self._running.pop(origin.instance, None) is not None and ok and self._first_ok_exit is None:
             self._first_ok_exit = time
 
+    def launcher_finished(self, origin: Origin, time: float) -> None:
+        """A launcher's stream said at ``time`` that its worker group finished successfully (a
+        torchelastic agent logs it once every worker of its group exited 0; ``watch`` has no
+        process exits): that stream's instance and its workers' (``<instance>/rank<N>``,
+        ``Origin.with_rank``: a pod running torchrun) exit with status 0, so the silence of a
+        finished job is no job hang. Other launchers' workers stay timed."""
+        prefix = origin.instance + "/"
+        for inst in [i for i in self._running.values()
+                     if i.origin.instance == origin.instance or i.origin.instance.startswith(prefix)]:
+            self.exited(inst.origin, True, time)
+
     def set_job_hang_interval(self, seconds: float | None, time: float, phase: str | None = None) -> None:
         """Change the job-hang interval at ``time`` (R6 staged intervals, SDK ``reset_config`` and
         ``hang_detect``); None/<=0 = off. ``phase``: the run's phase the interval belongs to

@@ -218,6 +218,71 @@ def test_a_clean_finish_in_the_launchers_log_resolves_that_job_at_once(tmp_path)
     assert "finished successfully" in rec.store.events("a")[-1]["detail"]["reason"]
 
 
+FINISHED = ("I1121 11:02:19.507000 18964 torch/distributed/elastic/agent/server/api.py:933] "
+            "[default] worker group successfully finished. Waiting 300.0 seconds for other agents to finish.")
+
+
+def test_a_job_its_launchers_finished_is_no_hang_and_ends_succeeded_when_let_go(tmp_path):
+    """Two pods, each a torchrun agent with its rank: after a restart, both agents log their
+    clean finish and the job falls silent. Its silence is no hang (detection on, 600 s); let go
+    after job_idle_seconds, it ends as succeeded at the finish (a none decision, its run
+    "succeeded", its budgets closed), so the same name failing later restarts on a fresh budget."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, max_num_of_job_restart=2, enable_job_hang_detection=True,
+                  job_hang_interval=600)
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    clock.advance(60)
+    w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
+    clock.advance(10)
+    finished_at = clock.time()
+    w.ingest([line(clock, "a", "node-0", f"a-worker-{r}", None, FINISHED) for r in range(2)])
+    for _ in range(40):                       # 4,000 s: past the hang interval and job_idle_seconds
+        clock.advance(100)
+        w.tick()
+    assert "a" not in w.jobs
+    assert [(d.action.label, d.restarts_used) for d in rec.decisions] == [("restart_job", 1), ("none", 1)]
+    assert rec.decisions[-1].policy_clause == "the job ended by itself: job succeeded → none"
+    assert rec.decisions[-1].time == finished_at
+    assert [(r["attempt"], r["status"], r["ended"]) for r in rec.store.runs("a")] == [
+        (0, "restarted", finished_at - 70), (1, "succeeded", finished_at)]
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    assert [(d.action.label, d.restarts_used, d.restarts_left) for d in rec.decisions[2:]] == [("restart_job", 1, 1)]
+
+
+def test_a_launchers_clean_finish_leaves_the_other_launchers_workers_timed(tmp_path):
+    """Only pod a-worker-0's agent finished; a-worker-1 went silent with it: the job hangs
+    (restart_job, a-worker-1 the culprit), and a job that restarted has no clean finish to end."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, enable_job_hang_detection=True, job_hang_interval=600)
+    w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
+    w.ingest([line(clock, "a", "node-0", "a-worker-0", None, FINISHED)])
+    for _ in range(7):
+        clock.advance(100)
+        w.tick()
+    [d] = rec.decisions
+    assert (d.action.label, d.root_cause.rule_id, d.root_cause.origin.instance) == (
+        "restart_job", "hang.job", "a-worker-1")
+    assert w.jobs["a"].finished_at is None
+
+
+def test_stdin_at_eof_ends_the_jobs_a_launcher_finished(tmp_path):
+    """The input ended: a job whose agent finished ends as succeeded then; one without a clean
+    finish is left as it was (no decision, its run open)."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=1) + cluster_batch(clock, "b", nodes=1, ranks_per_node=1))
+    w.ingest([line(clock, "a", "node-0", "a-worker-0", None, FINISHED)])
+    clock.advance(5)
+    w.close()
+    assert [(d.target.job, d.action.label) for d in rec.decisions] == [("a", "none")]
+    assert [r["status"] for r in rec.store.runs("a")] == ["succeeded"]
+    assert [r["status"] for r in rec.store.runs("b")] == ["running"]
+
+
 def test_a_failed_job_resolves_its_restart_alerts_as_superseded(tmp_path):
     """Budget spent: the job's second incident fails it; its open restart alert resolves
     (superseded), the fail_job alert itself stays (it never resolves)."""

@@ -152,6 +152,27 @@ def test_no_running_instance_no_hang():
     assert hang.check(clock.time()) == []
 
 
+def test_a_launchers_clean_finish_ends_its_own_workers_only():
+    """A pod's torchrun agent (instance ``pod-1``) finished its group: the pod's stream and its
+    ranks' (``pod-1/rank0``, ``pod-1/rank1``) stop being timed; ``pod-10`` (a prefix, no ``/``)
+    and ``pod-2`` are another launcher's and still hang."""
+    clock = FakeClock()
+    hang = HangTracker(60, None)
+    own = [Origin("pod-1", job="j"), Origin("pod-1/rank0", rank=0, job="j"), Origin("pod-1/rank1", rank=1, job="j")]
+    others = [Origin("pod-10", job="j"), Origin("pod-2/rank2", rank=2, job="j")]
+    for o in own + others:
+        hang.started(o, clock.time())
+    clock.advance(5)
+    hang.launcher_finished(own[0], clock.time())
+    assert hang.running == tuple(others)
+    clock.advance(60)
+    [f] = hang.check(clock.time())
+    assert f.fields["instances"] == 2
+    for o in others:
+        hang.launcher_finished(o, clock.time())
+    assert hang.running == () and not hang.hang_due
+
+
 def test_output_from_unknown_or_exited_instance_is_ignored():
     clock = FakeClock()
     hang = HangTracker(10, None)
