@@ -20,7 +20,8 @@ restart starts a new attempt of the job (its instances are met again by their ou
 ``fail_job`` ends the job's desk (a job of that name later starts fresh). Shipped logs carry no
 process exits: the one sign of a clean end is a launcher's "worker group successfully finished"
 (``ftwatch.parsers.torchelastic.CLEAN_FINISH``), after which that launcher's workers are no
-longer timed (their silence is no hang: ``IncidentDesk.finished``), and the job, once let go
+longer timed (their silence is no hang: ``IncidentDesk.finished``; the first such finish starts
+the exit-hang timer, R5, for the launchers yet to finish), and the job, once let go
 for silence (or at the end of stdin), ends as succeeded: a ``none`` decision, its run
 ``succeeded``, its budgets closed as ``run`` closes them (a job of that name later starts afresh).
 A job that ended otherwise is simply quiet.
@@ -86,6 +87,7 @@ from ftwatch.pipeline.sources.batches import chunks_of, group_lines, positions_o
 from ftwatch.pipeline.sources.control import ControlHandler, for_job
 from ftwatch.pipeline.sources.hostlog import host_origin, is_host, share_host_lines
 from ftwatch.rules.engine import Engine
+from ftwatch.rules.timers import HangTracker
 
 _NEW_ATTEMPT = (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE)
 
@@ -392,9 +394,10 @@ class Watcher:
         """Drop a job's state; counted under ``kind``. A cap or idleness (``kind`` ``job`` /
         ``job_idle``) closes the job's open blocks into its desk first and keeps a job whose
         incident is open, or (idle) whose hang timer still judges its silence, and ends a job a
-        launcher finished cleanly (``_end``); its metrics series go too. ``kind`` None: the job failed (a ``fail_job`` decision, stored): its desk
-        goes at once, its series stay until it has been idle ``job_idle_seconds`` (so the failing
-        decision is scraped). Returns whether the job's state was dropped."""
+        launcher finished cleanly (``_end``); its metrics series go too. ``kind`` None: the job
+        failed (a ``fail_job`` decision, stored): its desk goes at once, its series stay until it
+        has been idle ``job_idle_seconds`` (so the failing decision is scraped). Returns whether
+        the job's state was dropped."""
         desk = self.jobs.get(job)
         if desk is not None and kind is not None:
             for origin in self.engine.pending_origins():
@@ -456,9 +459,12 @@ class Watcher:
                 for old in oldest:                  # the oldest output first; an open incident stays
                     if self._forget(old, "job", now, mono):
                         break
-            desk = IncidentDesk(job, self.engine, build_policy(self.config, job), self.recorder, exits=False,
+            policy, limits = build_policy(self.config, job), self.config.limits
+            tracker = HangTracker.from_policy(      # a launcher's clean finish is its workers' exit 0
+                policy.policy, exits=True, max_instances=limits.max_instances_per_job)
+            desk = IncidentDesk(job, self.engine, policy, self.recorder, exits=False, tracker=tracker,
                                 settle=self.config.watch.settle, cooldown=self.config.watch.cooldown,
-                                summaries="live", limits=self.config.limits)
+                                summaries="live", limits=limits)
             desk.new_attempt(self.clock.time())
             self.recorder.run_started(job, desk.attempt, self.clock.time(), [])   # met now (sinks.runs)
             self.attempt_start[job] = float("-inf")  # its first attempt began before ftwatch saw it

@@ -72,8 +72,9 @@ class HangTracker:
 
         Args:
             policy: the AIMaster flags.
-            exits: the source reports process exits; without them (shipped logs, replay) there
-                is no exit hang to detect.
+            exits: the source reports process exits (``run``), or its launchers' clean finishes
+                (``watch``: :meth:`launcher_finished`); without either (replay) there is no exit
+                hang to detect.
         """
         sync = policy.job_execution_mode == "Sync"
         return cls(policy.job_hang_interval if sync and policy.enable_job_hang_detection else None,
@@ -104,7 +105,8 @@ class HangTracker:
         torchelastic agent logs it once every worker of its group exited 0; ``watch`` has no
         process exits): that stream's instance and its workers' (``<instance>/rank<N>``,
         ``Origin.with_rank``: a pod running torchrun) exit with status 0, so the silence of a
-        finished job is no job hang. Other launchers' workers stay timed."""
+        finished job is no job hang. Other launchers' workers stay timed, and the first such
+        finish starts the exit-hang timer as a first exit 0 does."""
         prefix = origin.instance + "/"
         for inst in [i for i in self._running.values()
                      if i.origin.instance == origin.instance or i.origin.instance.startswith(prefix)]:
@@ -149,9 +151,14 @@ class HangTracker:
 
     @property
     def hang_due(self) -> bool:
-        """Whether a job hang can still fire this attempt (detection on, instances tracked, not
-        fired yet): a silent job is then still being judged (``watch`` keeps its state)."""
-        return self.job_hang_interval is not None and not self._hang_fired and bool(self._running)
+        """Whether a job hang, or an exit hang whose timer runs, can still fire this attempt
+        (detection on, instances tracked, not fired yet): a silent job is then still being judged
+        (``watch`` keeps its state)."""
+        if not self._running:
+            return False
+        return ((self.job_hang_interval is not None and not self._hang_fired)
+                or (self._first_ok_exit is not None and self.exit_hang_interval is not None
+                    and not self._exit_hang_fired))
 
     @property
     def running(self) -> tuple[Origin, ...]:

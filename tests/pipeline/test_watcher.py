@@ -269,6 +269,30 @@ def test_a_launchers_clean_finish_leaves_the_other_launchers_workers_timed(tmp_p
     assert w.jobs["a"].finished_at is None
 
 
+def test_a_pod_still_running_job_exit_hang_interval_after_another_finished_is_an_exit_hang(tmp_path):
+    """Exit-hang detection on (600 s), job-hang off: a-worker-0's agent finished; a-worker-1
+    keeps printing (no job hang) but has not finished 600 s later: an exit hang restarts the job,
+    a-worker-1 the culprit. Without the finish line, no exit hang (nothing exited 0)."""
+    for finish in (True, False):
+        clock = FakeClock()
+        w, rec = make(tmp_path / str(finish), clock, enable_job_exit_hang_detection=True,
+                      job_exit_hang_interval=600)
+        w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
+        if finish:
+            w.ingest([line(clock, "a", "node-0", "a-worker-0", None, FINISHED)])
+        for _ in range(12):
+            clock.advance(50)
+            w.ingest([line(clock, "a", "node-0", "a-worker-1", 1, "waiting for the exit barrier")])
+            w.tick()
+        if not finish:
+            assert rec.decisions == []
+            continue
+        [d] = rec.decisions
+        assert (d.action.label, d.root_cause.kind, d.root_cause.origin.instance) == (
+            "restart_job", "exit_hang", "a-worker-1")
+        assert d.time == clock.time()
+
+
 def test_stdin_at_eof_ends_the_jobs_a_launcher_finished(tmp_path):
     """The input ended: a job whose agent finished ends as succeeded then; one without a clean
     finish is left as it was (no decision, its run open)."""

@@ -173,6 +173,20 @@ def test_a_launchers_clean_finish_ends_its_own_workers_only():
     assert hang.running == () and not hang.hang_due
 
 
+def test_a_running_exit_hang_timer_is_still_due():
+    """Job-hang detection off: nothing is due until an instance exits 0; then the exit hang is,
+    until it fires (``watch`` keeps such a job's state however long it is silent)."""
+    clock = FakeClock()
+    hang = HangTracker(None, 60)
+    start_all(hang, clock)
+    assert not hang.hang_due
+    hang.exited(W[0], ok=True, time=clock.time())
+    assert hang.hang_due
+    clock.advance(60)
+    [f] = hang.check(clock.time())
+    assert f.kind == "exit_hang" and not hang.hang_due
+
+
 def test_output_from_unknown_or_exited_instance_is_ignored():
     clock = FakeClock()
     hang = HangTracker(10, None)
