@@ -1,6 +1,7 @@
 """README "Watching a cluster", step 3: `ftwatch watch` on standard input decides at end of input."""
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,24 @@ def test_clean_log_on_stdin_decides_nothing(tmp_path):
     proc, rows = watch_stdin(tmp_path, ROOT / "tests" / "golden" / "torchrun_clean" / "combined.log")
     assert proc.returncode == 0, proc.stderr
     assert rows == []
+
+
+def test_a_clean_log_whose_launcher_says_it_finished_ends_the_job_as_succeeded(tmp_path):
+    """The clean recorded run, then torchrun's INFO line that its worker group finished: at the end
+    of input the job ends as succeeded (one none decision), its run is "succeeded" in the store
+    and its budgets file is closed, so a job of that name later starts afresh."""
+    log = tmp_path / "in.log"
+    log.write_bytes((ROOT / "tests" / "golden" / "torchrun_clean" / "combined.log").read_bytes()
+                    + b"I1121 11:02:19.507000 18964 torch/distributed/elastic/agent/server/api.py:933] [default] "
+                      b"worker group successfully finished. Waiting 300.0 seconds for other agents to finish.\n")
+    proc, rows = watch_stdin(tmp_path, log)
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["action"], r["policy_clause"]) for r in rows] == [
+        ("none", "the job ended by itself: job succeeded → none")]
+    with sqlite3.connect(tmp_path / "s" / "ftwatch.db") as conn:
+        assert conn.execute("SELECT status FROM runs").fetchall() == [("succeeded",)]
+    [budgets] = (tmp_path / "s" / "budgets").glob("*.json")
+    assert json.loads(budgets.read_text())["status"] == "succeeded"
 
 
 def test_torchrun_summary_on_stdin_names_the_sigkilled_rank(tmp_path):
