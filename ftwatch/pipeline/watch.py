@@ -444,7 +444,7 @@ class Watcher:
 
     def _drop_rules(self) -> None:
         """The ``set_retryable_errors`` rules of the jobs forgotten since the last call leave the
-        engine, in one recompile; never while a batch is fed (its scan's hits index the compiled
+        engine, in one compile of the rules added at run time; never while a batch is fed (its scan's hits index the compiled
         rules), so a job forgotten mid-batch keeps them to the batch's end."""
         if self._ended_rules:
             self.engine.remove_rules(self._ended_rules)

@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Finding, Origin, Record
 from ftwatch.parsers import fields, multiline
-from ftwatch.rules import batches
+from ftwatch.rules import added_rules, batches
 from ftwatch.rules.batches import ScanHits
 from ftwatch.rules.blocks import (MAX_BLOCK_LINES, MAX_CARRY_BYTES, OpenBlocks, RankLines, collect_block,
                                   starts_block)
@@ -139,6 +139,7 @@ class Engine:
             self._compile(rules)
         else:                                        # the compiled parts are never mutated, only replaced
             self.rules, self.matcher, self._owner = like.rules, like.matcher, like._owner
+            self._compiled = like._compiled
             self._block_ids, self._fault_ids = like._block_ids, like._fault_ids
             self.judge = like.judge if tables is like.tables else Judge(
                 self.rules, self._owner, self.matcher, self.tables, self.exceptions)
@@ -152,6 +153,7 @@ class Engine:
 
     def _compile(self, rules: list[Rule]) -> None:
         self.rules = rules
+        self._compiled = len(rules)                 # rules in the database; more: ``added_rules``
         patterns, owner = [], []
         for index, rule in enumerate(rules):
             for pattern in rule.patterns:
@@ -171,20 +173,26 @@ class Engine:
         self.judge = Judge(rules, owner, self.matcher, self.tables, self.exceptions)
 
     def add_rules(self, rules: Sequence[Rule]) -> list[str]:
-        """Add rules at run time (R2: ``set_retryable_errors``); recompiles the database. A rule
-        whose id the engine has already is left out. Returns the ids added."""
+        """Add rules at run time (R2: ``set_retryable_errors``). A rule whose id the engine has
+        already is left out. Only the rules added at run time are compiled, into a small
+        database beside the compiled one (``added_rules``: milliseconds, where the
+        whole set took seconds and stalled the loop). Returns the ids added."""
         known = {r.id for r in self.rules}
         added = [r for r in rules if r.id not in known]
-        self._compile(self.rules + added)
+        if added:
+            added_rules.layer(self, self.rules + added)
         return [r.id for r in added]
 
     def remove_rules(self, ids: Iterable[str]) -> int:
         """Remove the rules with these ids (``watch``: a job's ``set_retryable_errors`` rules when
-        the job ends); recompiles the database when any was there. Returns how many went."""
+        the job ends): the small database of rules added at run time is compiled again, the
+        whole set only when a compiled rule goes. Returns how many went."""
         gone = set(ids)
         kept = [r for r in self.rules if r.id not in gone]
         removed = len(self.rules) - len(kept)
-        if removed:
+        if removed and all(r.id not in gone for r in self.rules[:self._compiled]):
+            added_rules.layer(self, kept)
+        elif removed:
             self._compile(kept)
         return removed
 

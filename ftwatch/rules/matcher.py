@@ -242,13 +242,16 @@ class Matcher:
         patterns: the patterns, as given (a tuple).
     """
 
-    def __init__(self, patterns: Sequence[Pattern], backend: str | None = None):
+    def __init__(self, patterns: Sequence[Pattern], backend: str | None = None, cache: bool = True):
         """Compiles the patterns.
 
         Args:
             patterns: what to look for; a pattern's id is its index here. May be empty.
             backend: ``"hyperscan"``, ``"re2"``, or None for ``$FTWATCH_MATCHER`` else the best
                 available.
+            cache: look the database up in, and store it to, the disk cache (False: a few
+                patterns, compiled in milliseconds, that would only push out the files of the
+                large sets a start reads).
 
         Raises:
             PatternError (a ValueError): ``pattern {i}: {text!r}: {reason}`` for the first pattern that is invalid
@@ -265,7 +268,7 @@ class Matcher:
             exprs = [_translate(pattern) for pattern in self.patterns]
         except _BadPattern:
             pass                        # reported in order with RE2's problems below
-        if _hs is not None and exprs:   # a cached database: every pattern passed both engines
+        if _hs is not None and exprs and cache:   # a cached database: every pattern passed both engines
             key = _db_key(exprs)
             db = load_database(key)
         if db is None:
@@ -439,3 +442,4 @@ class Matcher:
                     out.extend((offset, pattern_id) for pattern_id in sorted(ids))
             offset += len(line) + 1
         return out
+

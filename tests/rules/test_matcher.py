@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftwatch.rules import matcher as matcher_mod
+from ftwatch.rules.added_rules import LayeredMatcher
 from ftwatch.rules.matcher import Matcher
 from ftwatch.rules.model import Pattern
 
@@ -66,6 +67,25 @@ def lines_of(data: bytes, hits: list[tuple[int, int]]) -> list[tuple[bytes, int]
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
+
+
+def test_a_layered_matcher_answers_as_one_matcher_of_both_sets_and_caches_nothing(backend, tmp_path, monkeypatch):
+    """The first 8 patterns compiled, the other 6 added beside them: every scan and match_text
+    answer is the one Matcher of all 14 gives (ids of the added after the base's), and the small
+    set's database is never stored in the disk cache (it would push out the large sets')."""
+    monkeypatch.setenv("FTWATCH_CACHE_DIR", str(tmp_path))
+    base = Matcher(PATTERNS[:8], backend=backend)
+    cached = sorted(tmp_path.rglob("*"))
+    layered = LayeredMatcher(base, PATTERNS[8:])
+    assert sorted(tmp_path.rglob("*")) == cached
+    whole = Matcher(PATTERNS, backend=backend)
+    data = b"\n".join([INFO, NCCL_ERR, "中文 was Killed".encode(), GLOO_ERR, b"a b, x..y and p  q",
+                       WATCHDOG, b"\x00nul"]) + b"\n"
+    assert layered.patterns == whole.patterns and layered.backend == backend
+    assert layered.scan(data) == whole.scan(data) == oracle(PATTERNS, data)
+    assert {i for _, i in layered.scan(data)} & set(range(8)) and {i for _, i in layered.scan(data)} - set(range(8))
+    for text in (data.decode("utf-8", "replace"), INFO.decode(), "nothing here"):
+        assert layered.match_text(text) == whole.match_text(text)
 
 
 def test_scan_reports_line_starts_of_matching_lines(backend):

@@ -344,7 +344,7 @@ class ControlHandler:
         except Exception as exc:  # noqa: BLE001 - RuleError names the bad keyword
             return {"ok": False, "error": str(exc)}
         new = [e for e in errors if e not in self.retryable]
-        if new:                     # every rank sends the same list: recompile the database once
+        if new:                     # every rank sends the same list: compile the added rules once
             self.rule_ids += self.engine.add_rules(rules)    # only those new to the engine
         self.retryable += new
         self._event("retryable_errors", m, errors=errors)
