@@ -442,4 +442,3 @@ class Matcher:
                     out.extend((offset, pattern_id) for pattern_id in sorted(ids))
             offset += len(line) + 1
         return out
-
