@@ -386,6 +386,41 @@ def test_stop_from_a_signal_handler_during_a_stop_kills_at_once(make):
     assert nested == [[]] and exit_.signal == signal.SIGKILL and exit_.stopped_by_us
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_asked_for_as_the_first_stop_signals_cuts_its_grace_short(make, monkeypatch):
+    """The window the test above meets only by chance (it then waited out its grace): the
+    worker's answer to SIGTERM is handled as soon as the signal is sent, before the first stop
+    has begun to wait. Here sending SIGTERM itself asks for the nested stop, every time: the
+    first stop is already hurried when it begins to wait, and ends in SIGKILL at once."""
+    from ftwatch.pipeline.sources import supervisor as module
+    sup, log = make(py("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        while True: time.sleep(60)
+    """))
+    real, nested, hurried = module.killpg, [], []
+
+    def killpg(worker, sig):
+        real(worker, sig)
+        if sig == signal.SIGTERM and not nested:
+            nested.append(sup.stop_all())               # as the SIGUSR1 handler above does
+
+    waits = sup._stop_unbounded
+
+    def wait(*args, **kwargs):
+        hurried.append(sup._hurry.is_set())
+        return waits(*args, **kwargs)
+
+    monkeypatch.setattr(module, "killpg", killpg)
+    monkeypatch.setattr(sup, "_stop_unbounded", wait)
+    sup.start_all(0)
+    log.until(lambda lg: lg.has(0, b"ready"))
+    [exit_] = sup.stop_all(grace=30)
+    assert nested == [[]] and hurried[0] is True
+    assert exit_.signal == signal.SIGKILL and exit_.stopped_by_us
+
+
 def test_stop_from_a_signal_handler_while_polling(make, tmp_path):
     # The worker signals us once start_all has returned (it waits for the file we create then),
     # so the handler interrupts poll() and its stop_all does the whole stop there and then.

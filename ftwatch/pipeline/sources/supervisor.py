@@ -327,16 +327,23 @@ class Supervisor:
         return [w for w in [*self._old, *self._workers.values()] if not w.reaped]
 
     def _stop(self, grace: float, term: bool = True) -> list[ProcessExit]:
-        """Stop every group: SIGTERM + SIGCONT (``term``), ``grace`` s, SIGKILL; reap; the exits."""
-        with self._lock:
-            targets = [w for w in self._all() if not w.exited.is_set()]
-            for w in targets:
-                w.stop_requested = True
-            everyone = self._all()
-            for w in everyone if term else ():
-                killpg(w, signal.SIGTERM)
-                killpg(w, signal.SIGCONT)
+        """Stop every group: SIGTERM + SIGCONT (``term``), ``grace`` s, SIGKILL; reap; the exits.
+        Marked as stopping before the first signal: a worker may answer its SIGTERM at once (a
+        signal to us whose handler stops again), and that second stop must cut this one's grace
+        short (``_reentered``), not find no stop under way and wait it out."""
         self._stopping = True
+        try:
+            with self._lock:
+                targets = [w for w in self._all() if not w.exited.is_set()]
+                for w in targets:
+                    w.stop_requested = True
+                everyone = self._all()
+                for w in everyone if term else ():
+                    killpg(w, signal.SIGTERM)
+                    killpg(w, signal.SIGCONT)
+        except BaseException:
+            self._stopping = False
+            raise
         with self._queue.unbounded():      # the loop waits here, it takes no output: no reader may wait
             return self._stop_unbounded(grace, term, targets, everyone)
 
