@@ -313,6 +313,20 @@ def holding_summary(chunks: Sequence[bytes]) -> set[int]:
     return {k for k in candidates if may_hold_summary(chunks[k])}
 
 
+AGENT_STARTS = (b"starting workers for entrypoint", b"Rendezvous'ing worker group")
+"""What a torchelastic agent logs (INFO) as it starts: ``[default] starting workers for entrypoint:
+python`` once as its run begins, ``[default] Rendezvous'ing worker group`` before every start of
+its workers (``torch/distributed/elastic/agent/server/api.py``, ``SimpleElasticAgent._invoke_run``
+and ``_initialize_workers``; torch 1.9 to 2.x). An agent that logged :data:`CLEAN_FINISH` has
+returned, so either line later in that pod's output is a new agent: the job runs again."""
+
+
+def agent_started(data: bytes) -> bool:
+    """True when a chunk of a launcher's output says a torchelastic agent starts its worker group
+    (:data:`AGENT_STARTS`)."""
+    return any(start in data for start in AGENT_STARTS)
+
+
 def finished_cleanly(data: bytes) -> bool:
     """True when a chunk of a launcher's output says its worker group finished successfully
     (:data:`CLEAN_FINISH`); the only sign of a clean end that shipped logs carry."""

@@ -293,6 +293,80 @@ def test_a_pod_still_running_job_exit_hang_interval_after_another_finished_is_an
         assert d.time == clock.time()
 
 
+AGENT_START = ("I1121 11:40:02.101000 20011 torch/distributed/elastic/agent/server/api.py:889] "
+               "[default] starting workers for entrypoint: python")
+
+
+def finish_and_rerun(clock, w, pods, trailing=""):
+    """Job a's two pods (each a torchrun agent) finish; 300 s later (inside job_idle_seconds)
+    ``pods`` print a torchelastic agent's start, after ``trailing`` from a-worker-0 if given."""
+    w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
+    clock.advance(10)
+    w.ingest([line(clock, "a", "node-0", f"a-worker-{r}", None, FINISHED) for r in range(2)])
+    finished_at = clock.time()
+    for _ in range(3):
+        clock.advance(100)
+        w.tick()
+    if trailing:
+        w.ingest([line(clock, "a", "node-0", "a-worker-0", None, trailing)])
+    w.ingest([line(clock, "a", "node-0", pod, None, AGENT_START) for pod in pods])
+    return finished_at
+
+
+def test_a_job_run_again_after_its_clean_finish_is_a_new_run_with_fresh_budgets_and_timers(tmp_path):
+    """The job restarted once (its one restart spent), both agents finished, and 300 s later the
+    same pods start agents again (the PyTorchJob applied again): the finished run ends succeeded
+    at its finish, the new run is a run of its own, and its silence is a hang restarted on a
+    fresh budget. Before, the pods stayed finished: the new run was never timed (no decision)."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, max_num_of_job_restart=1, enable_job_hang_detection=True,
+                  job_hang_interval=600)
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    clock.advance(60)
+    finished_at = finish_and_rerun(clock, w, ["a-worker-0", "a-worker-1"])
+    rerun_at = clock.time()
+    assert [(d.action.label, d.time) for d in rec.decisions[1:]] == [("none", finished_at)]
+    for _ in range(7):
+        clock.advance(100)
+        w.tick()
+    assert [(d.action.label, d.root_cause.rule_id, d.restarts_used, d.restarts_left)
+            for d in rec.decisions[2:]] == [("restart_job", "hang.job", 1, 0)]
+    assert [(r["attempt"], r["status"]) for r in rec.store.runs("a")] == [
+        (0, "restarted"), (1, "succeeded"), (0, "restarted"), (1, "running")]
+    assert rec.store.runs("a")[2]["started"] == rerun_at
+
+
+def test_new_pods_starting_agents_once_every_pod_finished_are_a_new_run(tmp_path):
+    """The job applied again with new pod names (a plain Job's generated ones): once none of its
+    pods runs, an agent starting anywhere in it is a new run too."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    finished_at = finish_and_rerun(clock, w, ["a-worker-7"])
+    assert [(d.action.label, d.time) for d in rec.decisions] == [("none", finished_at)]
+    assert [r["status"] for r in rec.store.runs("a")] == ["succeeded", "running"]
+
+
+def test_what_a_finished_pod_prints_after_its_finish_is_not_a_new_run(tmp_path):
+    """After a-worker-0's agent finished: its trailing lines and a script run after torchrun are
+    the finished run's, and an agent starting in a pod new to the job while a-worker-1 still runs
+    (a node joining) is the same run. No decision, one run."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock)
+    w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
+    w.ingest([line(clock, "a", "node-0", "a-worker-0", None, FINISHED)])
+    clock.advance(100)
+    w.ingest([line(clock, "a", "node-0", "a-worker-0", None, text) for text in (
+        "I1121 11:07:19.511000 18964 torch/distributed/elastic/agent/server/api.py:948] "
+        "Done waiting for other agents. Elapsed: 0.0012 seconds", "uploading checkpoint to s3://ckpt/a")])
+    w.ingest([line(clock, "a", "node-0", "a-worker-9", None, AGENT_START)])
+    w.tick()
+    assert rec.decisions == []
+    assert [r["status"] for r in rec.store.runs("a")] == ["running"]
+    assert w.jobs["a"].finished_at is not None
+
+
 def test_stdin_at_eof_ends_the_jobs_a_launcher_finished(tmp_path):
     """The input ended: a job whose agent finished ends as succeeded then; one without a clean
     finish is left as it was (no decision, its run open)."""
