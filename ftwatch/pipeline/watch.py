@@ -39,8 +39,9 @@ The lines no job takes are still scanned and their findings stored; they open no
 
 Bounded (issue 17 item 3, the ``limits`` section, ``ftwatch.config.limits``): a job silent for
 ``job_idle_seconds`` whose incident is not open and whose hang timer has nothing left to judge is
-forgotten (desk, SDK handler and the retryable-error rules it added, phase, metrics series; kind
-``job_idle``), and a new job beyond ``max_jobs`` forgets the job whose output is the oldest (kind
+forgotten (desk, SDK handler and the retryable-error rules it added, phase, metrics series: a
+job that this ends as succeeded keeps its series, its ``none`` decision among them, one more
+``job_idle_seconds``, as a failed job does; kind ``job_idle``), and a new job beyond ``max_jobs`` forgets the job whose output is the oldest (kind
 ``job``); either starts fresh if it speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
 oldest first, into their job's desk (kind ``open_block``). A forgotten or failed job's desk is
 freed by a full collection at most every ``FORGOTTEN_GC_SECONDS`` (its parts refer back to it).
@@ -440,10 +441,11 @@ class Watcher:
         """Drop a job's state; counted under ``kind``. A cap or idleness (``kind`` ``job`` /
         ``job_idle``) closes the job's open blocks into its desk first and keeps a job whose
         incident is open, or (idle) whose hang timer still judges its silence, and ends a job a
-        launcher finished cleanly (``_end``); its metrics series go too. ``kind`` None: the job
-        failed (a ``fail_job`` decision, stored): its desk goes at once, its series stay until it
-        has been idle ``job_idle_seconds`` (so the failing decision is scraped). Returns whether
-        the job's state was dropped."""
+        launcher finished cleanly (``_end``); its metrics series go too, but those of a job that
+        idleness ended so stay another ``job_idle_seconds`` (its ``none`` decision is scraped).
+        ``kind`` None: the job failed (a ``fail_job`` decision, stored): its desk goes at once,
+        its series stay until it has been idle ``job_idle_seconds`` (so the failing decision is
+        scraped). Returns whether the job's state was dropped."""
         desk = self.jobs.get(job)
         if desk is not None and kind is not None:
             for origin in self.engine.pending_origins():
@@ -453,6 +455,10 @@ class Watcher:
                 return False
             if desk.finished_at is not None:
                 self._end(desk)
+                if kind == "job_idle":          # as a failed job: its series go when idle again
+                    self._active.pop(job, None)
+                    self._active[job] = mono
+                    kind = None
         if self.jobs.pop(job, None) is not None:
             self._forgotten += 1
         handler = self.controls.pop(job, None)

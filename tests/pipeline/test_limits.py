@@ -176,6 +176,30 @@ def test_an_idle_job_is_forgotten_with_its_metrics_and_starts_fresh(tmp_path):
     assert 'ftwatch_lines_total{job_id="a"} 1.0' in scrape
 
 
+def test_a_finished_job_let_go_keeps_its_none_decision_scrapeable_for_another_idle_time(tmp_path):
+    """A job its launcher finished cleanly, let go at 100 s idle, ends with a none decision: its
+    desk goes then, its series (that decision's among them) 100 s later, counted once, as a
+    failed job's. Before, they went in the step that counted the decision: never scraped."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, {"job_idle_seconds": 100})
+    before = EVICTIONS.snapshot()
+    w.ingest([line(clock, "a", "a-w0", "step"), line(clock, "a", "a-w0",
+              "[default] worker group successfully finished. Waiting 300 seconds for other agents to finish.")])
+    decided = 'ftwatch_decisions_total{action="none",job_id="a"} 1.0'
+    seen = []
+    for _ in range(21):
+        clock.advance(10)
+        w.tick()
+        seen.append(("a" in w.jobs, decided in generate_latest(rec.metrics.registry).decode(),
+                     counted(before).get("job_idle", 0)))
+    assert [d.action.label for d in rec.decisions] == ["none"]
+    assert seen[8] == (True, False, 0)           # 90 s: still the job's
+    assert seen[9] == (False, True, 0)           # 100 s: ended, its decision scrapeable
+    assert seen[18] == (False, True, 0)
+    assert seen[19] == (False, False, 1)         # 200 s: its series go, counted once
+    assert seen[20] == (False, False, 1)
+
+
 def test_forgotten_jobs_are_freed_though_the_collector_is_tuned_away(tmp_path):
     """A desk is held in reference cycles, so only the collector frees a forgotten job; ``watch``
     tunes the collector's own passes away (``tune_gc_for_ingest``), here it is off: the watcher's
