@@ -321,10 +321,25 @@ and ``_initialize_workers``; torch 1.9 to 2.x). An agent that logged :data:`CLEA
 returned, so either line later in that pod's output is a new agent: the job runs again."""
 
 
-def agent_started(data: bytes) -> bool:
-    """True when a chunk of a launcher's output says a torchelastic agent starts its worker group
-    (:data:`AGENT_STARTS`)."""
-    return any(start in data for start in AGENT_STARTS)
+def agent_start_at(data: bytes, after: int = 0) -> int:
+    """Where, in a chunk of a launcher's output, the first line from offset ``after`` (a line's
+    start) saying a torchelastic agent starts its worker group (:data:`AGENT_STARTS`) starts;
+    -1: none does."""
+    found = [at for at in (data.find(start, after) for start in AGENT_STARTS) if at >= 0]
+    if not found:
+        return -1
+    newline = data.rfind(b"\n", after, min(found))
+    return after if newline < 0 else newline + 1
+
+
+def finish_end(data: bytes) -> int:
+    """Where the line after a chunk's first :data:`CLEAN_FINISH` line starts (``len(data)``: it
+    is the last line); -1: the chunk holds none."""
+    at = data.find(CLEAN_FINISH)
+    if at < 0:
+        return -1
+    end = data.find(b"\n", at)
+    return len(data) if end < 0 else end + 1
 
 
 def finished_cleanly(data: bytes) -> bool:

@@ -25,7 +25,7 @@ the exit-hang timer, R5, for the launchers yet to finish), and the job, once let
 for silence (or at the end of stdin), ends as succeeded: a ``none`` decision, its run
 ``succeeded``, its budgets closed as ``run`` closes them (a job of that name later starts afresh).
 A torchelastic agent starting in a pod whose agent finished, or in any pod once none runs, ends it
-so at once: the job runs again (:func:`runs_again`), a run of its own from there. A job that ended
+so at once: the job runs again (``pipeline.reruns``), a run of its own from there. A job that ended
 otherwise is simply quiet.
 
 Host evidence (issue 12 item 5, ``ftwatch.pipeline.sources.hostlog``): a node's kernel / driver
@@ -77,7 +77,7 @@ from typing import Callable, Iterable, Mapping
 from ftwatch.bounded import EVICTIONS
 from ftwatch.clock import SystemClock
 from ftwatch.events import Action, Decision, Origin
-from ftwatch.parsers.torchelastic import agent_started, finished_cleanly
+from ftwatch.parsers.torchelastic import finished_cleanly
 from ftwatch.pipeline.sources.phases import PhaseTracker
 from ftwatch.pipeline.actuators.exec import ActResult, Actuator, NoneActuator
 from ftwatch.pipeline.actuators.outcome import record_outcome
@@ -85,6 +85,7 @@ from ftwatch.pipeline.build import build_policy
 from ftwatch.policy.budgets import prune_budgets
 from ftwatch.pipeline.incidents import BLOCK_FLUSH_SECONDS, POLL_SECONDS, IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
+from ftwatch.pipeline.reruns import finishes_first, next_cut
 from ftwatch.pipeline.sources.base import Shipped
 from ftwatch.pipeline.sources.batches import chunks_of, group_lines, positions_of, take_backlog
 from ftwatch.pipeline.sources.control import ControlHandler, for_job
@@ -93,19 +94,6 @@ from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
 
 _NEW_ATTEMPT = (Action.RESTART_JOB, Action.ISOLATE_NODE, Action.RESTART_IN_PLACE)
-
-
-def runs_again(desk: IncidentDesk, origin: Origin, data: bytes) -> bool:
-    """Whether ``data``, a chunk of ``origin`` in a job a launcher finished cleanly
-    (``desk.finished_at`` set), shows the job running again: a torchelastic agent starts
-    (``torchelastic.agent_started``) in a pod whose agent had finished (met, and no longer timed
-    as running), or in any pod once none of the job's is running (a PyTorchJob applied again
-    under its name: the same pod names, or new ones). What else a finished pod prints (its
-    agent's "Done waiting for other agents", a script run after torchrun) is the finished run's."""
-    if not agent_started(data):
-        return False
-    running = {o.instance for o in desk.tracker.running}
-    return not running or (origin.instance in desk.instances and origin.instance not in running)
 
 
 def tune_gc_for_ingest() -> None:
@@ -269,17 +257,21 @@ class Watcher:
     def _feed_jobs(self, by_job: dict[str, list], now: float, mono: float, clean: bool) -> None:
         """Each job's chunks to its desk; a launcher's clean finish resolves the job's alerts and
         is the desk's (``IncidentDesk.finished``). A job a launcher finished that runs again
-        (:func:`runs_again`) ends there: the chunks before go to the finished run, the rest to
-        the new one (``_run_again``)."""
+        (``reruns.next_cut``) ends there: the lines before go to the finished run, the rest to
+        the new one (``_run_again``); a chunk cut so is scanned again (its halves' hits)."""
         for job, parts in by_job.items():
             desk = self.jobs[job]
-            if desk.finished_at is not None and desk.open is None:
-                again = next((k for k, (origin, data, _, _) in enumerate(parts) if runs_again(desk, origin, data)),
-                             None)
-                if again is not None:
-                    self._feed(desk, parts[:again], now, mono, clean)
-                    desk = self._run_again(desk, parts[again][2], now, mono)
-                    parts = parts[again:]
+            if clean:
+                parts = finishes_first(parts)
+            cut = next_cut(desk, parts, clean) if clean or desk.finished_at is not None else None
+            while cut is not None:
+                k, at, again = cut
+                origin, data, t, _ = parts[k]
+                self._feed(desk, parts[:k] + ([(origin, data[:at], t, None)] if at else []), now, mono, clean)
+                if again:
+                    desk = self._run_again(desk, t, now, mono)
+                parts = ([(origin, data[at:], t, None)] if at < len(data) else []) + parts[k + 1:]
+                cut = next_cut(desk, parts, clean)
             self._feed(desk, parts, now, mono, clean)
 
     def _feed(self, desk: IncidentDesk, parts: list, now: float, mono: float, clean: bool) -> None:
@@ -294,7 +286,7 @@ class Watcher:
                                                job=desk.job)
 
     def _run_again(self, desk: IncidentDesk, t: float, now: float, mono: float) -> IncidentDesk:
-        """A job a launcher finished cleanly runs again from ``t`` (epoch s; :func:`runs_again`):
+        """A job a launcher finished cleanly runs again from ``t`` (epoch s; ``reruns.runs_again``):
         its finished run ends as succeeded (``_end``, its open blocks closed into it first) and
         its state goes as a failed job's does; the new run is met now, a run of its own (fresh
         budgets, hang timers and phase) whose start was seen (host lines before ``t`` are not its

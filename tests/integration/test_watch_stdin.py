@@ -54,6 +54,26 @@ def test_a_clean_log_whose_launcher_says_it_finished_ends_the_job_as_succeeded(t
     assert json.loads(budgets.read_text())["status"] == "succeeded"
 
 
+def test_a_job_that_runs_again_after_its_finish_is_a_second_run(tmp_path):
+    """The clean recorded run and its launcher's finish, then a torchelastic agent starts again on
+    the same stream and the recorded KeyError run follows: the first run ends succeeded (none),
+    the second is a run of its own that fails (fail_job naming rank 1)."""
+    golden = ROOT / "tests" / "golden"
+    log = tmp_path / "in.log"
+    log.write_bytes((golden / "torchrun_clean" / "combined.log").read_bytes()
+                    + b"I1121 11:02:19.507000 18964 torch/distributed/elastic/agent/server/api.py:933] [default] "
+                      b"worker group successfully finished. Waiting 300.0 seconds for other agents to finish.\n"
+                    + b"I1121 11:40:02.101000 20011 torch/distributed/elastic/agent/server/api.py:889] [default] "
+                      b"starting workers for entrypoint: python\n"
+                    + (golden / "torchrun_keyerror" / "combined.log").read_bytes())
+    proc, rows = watch_stdin(tmp_path, log)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["action"] for r in rows] == ["none", "fail_job"]
+    assert rows[1]["root_cause"]["rank"] == 1 and "KeyError" in rows[1]["root_cause"]["line"]
+    with sqlite3.connect(tmp_path / "s" / "ftwatch.db") as conn:
+        assert conn.execute("SELECT status FROM runs ORDER BY rowid").fetchall() == [("succeeded",), ("failed",)]
+
+
 def test_torchrun_summary_on_stdin_names_the_sigkilled_rank(tmp_path):
     """torchrun's failure summary in the stream gives the exits: rank 1's SIGKILL is the root cause,
     not the survivors' gloo resets nor the agent's SIGTERM to them."""

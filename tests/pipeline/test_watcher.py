@@ -348,6 +348,24 @@ def test_new_pods_starting_agents_once_every_pod_finished_are_a_new_run(tmp_path
     assert [r["status"] for r in rec.store.runs("a")] == ["succeeded", "running"]
 
 
+def test_finishes_and_starts_again_in_one_batch_end_the_run_once(tmp_path):
+    """One batch holds both pods' finishes and their agents' starts after them (one chunk per pod,
+    finish then start), then the new run's error: the finished run ends once (none), the new
+    run takes both starts (no second end) and restarts for its error on its own budget."""
+    clock = FakeClock()
+    w, rec = make(tmp_path, clock, max_num_of_job_restart=1)
+    w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
+    clock.advance(10)
+    w.ingest([line(clock, "a", "node-0", f"a-worker-{r}", None, text)
+              for text in (FINISHED, AGENT_START) for r in range(2)])
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    assert [(d.action.label, d.restarts_used) for d in rec.decisions] == [("none", 0), ("restart_job", 1)]
+    assert [(r["attempt"], r["status"]) for r in rec.store.runs("a")] == [
+        (0, "succeeded"), (0, "restarted"), (1, "running")]
+
+
 def test_what_a_finished_pod_prints_after_its_finish_is_not_a_new_run(tmp_path):
     """After a-worker-0's agent finished: its trailing lines and a script run after torchrun are
     the finished run's, and an agent starting in a pod new to the job while a-worker-1 still runs
