@@ -222,18 +222,23 @@ FINISHED = ("I1121 11:02:19.507000 18964 torch/distributed/elastic/agent/server/
             "[default] worker group successfully finished. Waiting 300.0 seconds for other agents to finish.")
 
 
+def restarted(tmp_path, clock, **policy):
+    """A watch with job-hang detection on (600 s) whose job a restarted once, 60 s ago."""
+    w, rec = make(tmp_path, clock, enable_job_hang_detection=True, job_hang_interval=600, **policy)
+    fail(clock, w, "a")
+    clock.advance(6)
+    w.tick()
+    clock.advance(60)
+    return w, rec
+
+
 def test_a_job_its_launchers_finished_is_no_hang_and_ends_succeeded_when_let_go(tmp_path):
     """Two pods, each a torchrun agent with its rank: after a restart, both agents log their
     clean finish and the job falls silent. Its silence is no hang (detection on, 600 s); let go
     after job_idle_seconds, it ends as succeeded at the finish (a none decision, its run
     "succeeded", its budgets closed), so the same name failing later restarts on a fresh budget."""
     clock = FakeClock()
-    w, rec = make(tmp_path, clock, max_num_of_job_restart=2, enable_job_hang_detection=True,
-                  job_hang_interval=600)
-    fail(clock, w, "a")
-    clock.advance(6)
-    w.tick()
-    clock.advance(60)
+    w, rec = restarted(tmp_path, clock, max_num_of_job_restart=2)
     w.ingest(cluster_batch(clock, "a", nodes=1, ranks_per_node=2))
     clock.advance(10)
     finished_at = clock.time()
@@ -319,12 +324,7 @@ def test_a_job_run_again_after_its_clean_finish_is_a_new_run_with_fresh_budgets_
     at its finish, the new run is a run of its own, and its silence is a hang restarted on a
     fresh budget. Before, the pods stayed finished: the new run was never timed (no decision)."""
     clock = FakeClock()
-    w, rec = make(tmp_path, clock, max_num_of_job_restart=1, enable_job_hang_detection=True,
-                  job_hang_interval=600)
-    fail(clock, w, "a")
-    clock.advance(6)
-    w.tick()
-    clock.advance(60)
+    w, rec = restarted(tmp_path, clock, max_num_of_job_restart=1)
     finished_at = finish_and_rerun(clock, w, ["a-worker-0", "a-worker-1"])
     rerun_at = clock.time()
     assert [(d.action.label, d.time) for d in rec.decisions[1:]] == [("none", finished_at)]
