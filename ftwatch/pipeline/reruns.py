@@ -54,13 +54,15 @@ def next_cut(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, obj
              clean: bool) -> tuple[int, int, bool] | None:
     """The first place the chunks ``parts`` (:func:`finishes_first`'s) of ``desk``'s job must be
     cut: ``(k, offset, again)``, the chunk ``parts[k]`` at ``offset``. ``again``: the job runs
-    again from there (an agent's start line, :func:`runs_again`); else the chunk holds a clean
-    finish and a later chunk of the batch an agent's start (the desk takes the finish before that
-    start is judged). None: no cut (``clean`` false: no chunk of the batch holds a finish)."""
+    again from there (an agent's start line, :func:`runs_again`); else ``parts[k]`` is the last
+    chunk holding a clean finish and a later one holds an agent's start (the desk takes the
+    batch's finishes before that start is judged). None: no cut (``clean`` false: no chunk of the
+    batch holds a finish). One pass over ``parts``."""
+    last = max((k for k, part in enumerate(parts) if finish_end(part[1]) >= 0), default=-1) if clean else -1
     for k, (origin, data, _, _) in enumerate(parts):
         start = agent_start_at(data)
         if start >= 0 and runs_again(desk, origin):
             return k, start, True
-        if clean and finish_end(data) >= 0 and any(agent_start_at(later[1]) >= 0 for later in parts[k + 1:]):
-            return k, len(data), False
+        if k == last:
+            return (k, len(data), False) if any(agent_start_at(p[1]) >= 0 for p in parts[k + 1:]) else None
     return None
