@@ -41,8 +41,9 @@ Bounded (issue 17 item 3, the ``limits`` section, ``ftwatch.config.limits``): a 
 ``job_idle_seconds`` whose incident is not open and whose hang timer has nothing left to judge is
 forgotten (desk, SDK handler and the retryable-error rules it added, phase, metrics series: a
 job that this ends as succeeded keeps its series, its ``none`` decision among them, one more
-``job_idle_seconds``, as a failed job does; kind ``job_idle``), and a new job beyond ``max_jobs`` forgets the job whose output is the oldest (kind
-``job``); either starts fresh if it speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
+``job_idle_seconds``, as a failed job does; kind ``job_idle``), and a new job beyond
+``max_jobs`` forgets the job whose output is the oldest (kind ``job``); either starts fresh if it
+speaks again. Open blocks past ``max_open_blocks`` / ``max_open_block_bytes`` are closed early,
 oldest first, into their job's desk (kind ``open_block``). A forgotten or failed job's desk is
 freed by a full collection at most every ``FORGOTTEN_GC_SECONDS`` (its parts refer back to it).
 Hourly, the budget files of jobs it keeps no state for that were not written for

@@ -2,8 +2,8 @@
 removed again when the job ends), matched by a small database beside the compiled one.
 
 Compiling the whole set again for a few added keywords took 2.1-2.5 s of CPU at 1,082 rules and
-4.5-4.8 s at 10,000 (2-vCPU EPYC, ``make bench``), in the loop that reads every job's output, past the SDK's 4 s
-answer limit. Here only the added rules' patterns are compiled (milliseconds), into a
+4.5-4.8 s at 10,000 (2-vCPU EPYC, ``make bench``), in the loop that reads every job's output,
+past the SDK's 4 s answer limit. Here only the added rules' patterns are compiled (milliseconds), into a
 :class:`LayeredMatcher` that answers as one matcher of both sets, their ids after the compiled
 database's. ``Engine.add_rules`` and ``Engine.remove_rules`` call :func:`layer`; split from
 ``ftwatch.rules.engine`` (this module's one job: the added rules), as ``batches`` is.
