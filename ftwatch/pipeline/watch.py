@@ -293,9 +293,7 @@ class Watcher:
         budgets, hang timers and phase) whose start was seen (host lines before ``t`` are not its
         evidence; its progress is known from the start). Returns the new run's desk."""
         job = desk.job
-        for origin in self.engine.pending_origins():
-            if origin.job == job:
-                desk.add(self.engine.flush(origin, now), mono)
+        self._close_blocks(desk, now, mono)
         self._end(desk)
         self._forget(job, None, now, mono)
         desk = self._desk(job)
@@ -441,9 +439,7 @@ class Watcher:
         scraped). Returns whether the job's state was dropped."""
         desk = self.jobs.get(job)
         if desk is not None and kind is not None:
-            for origin in self.engine.pending_origins():
-                if origin.job == job:
-                    desk.add(self.engine.flush(origin, now), mono)
+            self._close_blocks(desk, now, mono)
             if desk.open is not None or (kind == "job_idle" and desk.tracker.hang_due):
                 return False
             if desk.finished_at is not None:
@@ -464,6 +460,12 @@ class Watcher:
             self.recorder.metrics.forget_job(job)
             EVICTIONS.count(kind)
         return True
+
+    def _close_blocks(self, desk: IncidentDesk, now: float, mono: float) -> None:
+        """The job's open blocks closed into its desk (it is let go, or its run ended)."""
+        for origin in self.engine.pending_origins():
+            if origin.job == desk.job:
+                desk.add(self.engine.flush(origin, now), mono)
 
     def _end(self, desk: IncidentDesk) -> None:
         """A job whose launcher finished cleanly, let go (or the input ended): it ended as
