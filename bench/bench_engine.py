@@ -10,9 +10,9 @@ On the shared corpus (``benchlib.build_corpus``), per rule count:
   and, per hit line, replay's CPU beyond it beside what the goal leaves beyond it;
 
 and once: ``grep -F`` (the 1,000-rule set's literals), ``grep -E`` (all its patterns), the read floor
-(1 MiB chunks read and their lines counted). Start-up: a subprocess loads 10,000 generated rules
-from YAML beside the built-in packs and builds the default engine, with a cold and a warm database
-cache; its CPU time (wall time beside it: other work on the machine inflates it) and the memory it added (peak RSS minus the RSS after imports).
+(1 MiB chunks read and their lines counted). Start-up: a subprocess builds the engine as ``run``,
+``watch`` and ``replay`` do, from a config naming a file of 10,000 generated rules (beside the
+built-in packs), with a cold and a warm cache; its CPU time (wall time beside it: other work on the machine inflates it) and the memory it added (peak RSS minus the RSS after imports).
 
 Goals (issue 16, "Done when"): replay with the tap at 1,000 rules >= 1.5x ripgrep and >= 0.5x raw
 Hyperscan; at 10,000 rules >= 2 M lines/s; the tap adds <= 10 %; start-up <= 2 s and <= 64 MiB at
@@ -248,7 +248,7 @@ def pattern_file(rules: list[Rule], tmp: Path, kind: str) -> Path | None:
 
 
 def startup(n: int) -> dict:
-    """Start-up in a subprocess: load n generated rules + the packs, build the default engine."""
+    """Start-up in a subprocess: the engine of a config naming a file of n generated rules (+ the packs)."""
     rules_file = rule_yaml(n, workdir() / f"rules-{n}.yaml")
     cache = workdir() / "cache"
     shutil.rmtree(cache, ignore_errors=True)
@@ -274,11 +274,10 @@ def startup_child(rules_file: str) -> None:
         return 0.0
     from ftwatch.config.model import Config
     from ftwatch.pipeline.build import build_engine
-    from ftwatch.rules.loader import load_rules
+    config = Config.model_validate({"rules": {"files": [rules_file]}})
     base = rss()
     wall, cpu = time.perf_counter(), time.process_time()
-    rules = load_rules([rules_file])
-    engine = build_engine(Config(), rules=rules)
+    engine = build_engine(config)                     # as ``run``, ``watch`` and ``replay`` build it
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     after, count = rss(), len(engine.rules)

@@ -10,14 +10,16 @@ from typing import Any
 from ftwatch.errors import ConfigError
 
 
-def build_rules(config):
+def build_rules(config, *, hyperscan: bool = True):
     """The built-in packs (unless ``rules.builtin`` is off), the rule files, and the retryable
-    keywords as rules. Raises RuleError naming file:line."""
+    keywords as rules. ``hyperscan``: ``load_rules``' (False: an engine's compile checks the
+    rule files' patterns on Hyperscan). Raises RuleError naming file:line."""
     from ftwatch.rules.loader import load_rules, rules_from_keywords
-    rules = load_rules(config.rules.files, builtin=config.rules.builtin)
+    rules = load_rules(config.rules.files, builtin=config.rules.builtin, hyperscan=hyperscan)
     if config.rules.retryable_errors:
         rules += rules_from_keywords(list(config.rules.retryable_errors))
     return rules
+
 
 def build_engine(config, rules=None, say=None, like=None):
     """The rule engine of ``run``, ``watch``, ``replay`` and ``evaluate``, its database compiled
@@ -32,8 +34,11 @@ def build_engine(config, rules=None, say=None, like=None):
             are the same (``evaluate``: one compile for every case; ``Engine``'s ``like``).
 
     Raises:
-        RuleError: a rule file is bad (file:line).
+        RuleError: a rule file is bad (file:line). Rules loaded here are compiled once, by the
+            engine (``load_rules``' ``hyperscan``); a pattern it rejects has the rule files
+            loaded again with the check, so each problem is named at its own line.
     """
+    from ftwatch.errors import RuleError
     from ftwatch.rules.engine import Engine
     steps = None
     straggler = config.health.straggler
@@ -44,7 +49,14 @@ def build_engine(config, rules=None, say=None, like=None):
         else:
             from ftwatch.rules.stragglers import StepTracker
             steps = StepTracker(straggler, max_ranks=config.limits.max_instances_per_job)
-    return Engine(build_rules(config) if rules is None else rules, steps=steps, like=like)
+    if rules is not None:
+        return Engine(rules, steps=steps, like=like)
+    try:
+        return Engine(build_rules(config, hyperscan=False), steps=steps, like=like)
+    except RuleError as exc:
+        rejected = exc
+    build_rules(config)                 # the files' own check: every problem at its own line
+    raise rejected                      # none in the files (a built-in pack's): the engine's
 
 
 def build_policy(config, job: str, budgets=None, state_dir: Path | None = None, in_memory: bool = False):

@@ -66,12 +66,19 @@ def _expand(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load_rules(paths: Sequence[str | Path] = (), builtin: bool = True) -> list[Rule]:
+def load_rules(paths: Sequence[str | Path] = (), builtin: bool = True, *, hyperscan: bool = True) -> list[Rule]:
     """Loads keyword rules: the built-in packs (unless ``builtin=False``), then each file in ``paths``.
 
     Args:
         paths: rule files, or folders whose ``*.yaml``/``*.yml`` files are read in name order.
         builtin: include ``ftwatch/rules/packs/*.yaml``.
+        hyperscan: check each file's patterns on Hyperscan here (``rules_from_text``: one compile
+            of the file's set; the built-in packs never are). False where the caller compiles the
+            rules into an engine's database next (``pipeline.build.build_engine``): that compile
+            checks them, and a user's file is not compiled twice (a 10,000-rule file: ~2.3 s of a
+            ~11 s start with an empty cache, issue 16: "validated and compiled once"). The caller
+            then loads again with the check when the engine rejects a pattern, for issues at the
+            pattern's own line.
 
     Returns:
         The rules in file order; each ``location`` is ``file:line`` of the rule's ``- id:`` item.
@@ -92,7 +99,7 @@ def load_rules(paths: Sequence[str | Path] = (), builtin: bool = True) -> list[R
         except (OSError, UnicodeDecodeError) as exc:
             issues.append(Issue(str(path), 0, f"cannot read rule file: {exc}"))
     for name, text, packed in sources:
-        for rule in _file_rules(text, name, issues, packed):
+        for rule in _file_rules(text, name, issues, hyperscan and not packed):
             if rule.id in seen:
                 line = int(rule.location.rsplit(":", 1)[1])
                 issues.append(Issue(name, line, f"duplicate rule id {rule.id!r} (first at {seen[rule.id]})"))
@@ -106,16 +113,19 @@ def load_rules(paths: Sequence[str | Path] = (), builtin: bool = True) -> list[R
     return rules
 
 
-def _file_rules(text: str, name: str, issues: list[Issue], packed: bool = False) -> list[Rule]:
+def _file_rules(text: str, name: str, issues: list[Issue], hyperscan: bool = True) -> list[Rule]:
     """``rules_from_text``, served from ``ftwatch.rules.rulecache`` when this content loaded
-    without an issue before (and stored there when it does now). ``packed``: a built-in pack,
-    its patterns checked on RE2 only (``rules_from_text``'s ``hyperscan``)."""
-    cache_key = rulecache.key(text)
+    without an issue before (and stored there when it does now). ``hyperscan``: as
+    ``rules_from_text``'s (False: its patterns checked on RE2 only). A load without the check
+    takes an entry stored with it too; one with the check only such an entry."""
+    cache_key = rulecache.key(text, hyperscan)
     cached = rulecache.load(cache_key, name)
+    if cached is None and not hyperscan:
+        cached = rulecache.load(rulecache.key(text, True), name)
     if cached is not None:
         return cached
     found: list[Issue] = []
-    rules = rules_from_text(text, name, found, hyperscan=not packed)
+    rules = rules_from_text(text, name, found, hyperscan=hyperscan)
     if found:
         issues.extend(found)
     else:
@@ -134,9 +144,9 @@ def rules_from_text(text: str, name: str, issues: list[Issue], *, hyperscan: boo
             for the built-in packs (``load_rules``): the engine compiles every pattern into its
             one database anyway, and names the rule of any it rejects (``Engine``); the packs'
             compile is what every test's engine does. A user's file is checked here, so its
-            problems name their own lines before anything starts. (With an empty cache the
-            packs' own check cost ~1.7 s of a ~3.6 s start, issue 16: "validated and compiled
-            once".)
+            problems name their own lines, unless the caller builds an engine next
+            (``load_rules``' ``hyperscan``). (With an empty cache the packs' own check cost
+            ~1.7 s of a ~3.6 s start, issue 16: "validated and compiled once".)
     """
     data, found = parse_yaml(text, name)
     issues.extend(found)

@@ -8,7 +8,8 @@ is stored here, as plain tuples (``marshal``), and the next load of the same con
 
 The key (``key``) hashes the file's text with everything else its validity depends on: this
 format's version, the source of the modules that parse and check rules (``CODE``), and the
-pattern engines (``Matcher.engines``: with or without Hyperscan, its version). So an edited
+pattern engines it was checked on (``Matcher.engines``: with or without Hyperscan, its version;
+RE2 alone for a file whose Hyperscan side an engine's compile checks). So an edited
 rule file, another ftwatch, or another Hyperscan is another key, and the file is loaded and
 checked in full again; a file with any issue is never stored, so its problems are reported
 with file:line on every load. Names are not in the key: a rule's ``location`` is rebuilt from
@@ -56,12 +57,16 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
-def key(text: str) -> str | None:
-    """The cache key of a rule file's text, or None when caching is off or impossible."""
+def key(text: str, hyperscan: bool = True) -> str | None:
+    """The cache key of a rule file's text, loaded with its patterns checked on Hyperscan
+    (``hyperscan``) or on RE2 only (``ftwatch.rules.loader.rules_from_text``'s), or None when
+    caching is off or impossible. The two are two keys: a file that loaded without an issue
+    unchecked may still hold a pattern Hyperscan rejects."""
     code = _code_digest()
     if not code or diskcache.cache_root() is None:
         return None
-    digest = hashlib.sha256(f"ftwatch-rules-{FORMAT} {code} {Matcher.engines()}\n".encode())
+    checked = Matcher.engines() if hyperscan else "re2"
+    digest = hashlib.sha256(f"ftwatch-rules-{FORMAT} {code} {checked}\n".encode())
     digest.update(text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftwatch.errors import RuleError
+from ftwatch.events import Origin
 from ftwatch.rules import diskcache
 from ftwatch.rules import matcher as matcher_mod
 from ftwatch.rules.loader import load_rules
@@ -142,6 +143,53 @@ def test_the_built_in_packs_are_compiled_once_with_the_engine_and_a_users_file_i
     assert compiles == [1]                               # the user's file alone
     Engine(rules)
     assert len(compiles) == 2 and compiles[1] > len(rules)   # then the engine's whole database
+
+
+def _user_rules(tmp_path, name: str, regexes: list[str]):
+    """A user's rule file of one rule per regex (rule ``team.r<k>``, its regex on line 4 + 5k)."""
+    body = ["rules:"]
+    for k, regex in enumerate(regexes):
+        body += [f"  - id: team.r{k}", "    class: user_code", f"    regex: ['{regex}']", "    action: fail_job",
+                 "    severity: error"]
+    path = tmp_path / name
+    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    return path
+
+
+@needs_hs
+def test_the_engine_of_run_watch_and_replay_compiles_a_users_rule_file_once(tmp_path, cache, compiles):
+    """Validated and compiled once (issue 16): ``build_engine`` leaves a user's file's Hyperscan
+    check to its own compile (with an empty cache, one compile in all); the next start compiles
+    nothing; a later ``load_rules`` with the check (``ftwatch check``) does not take the
+    unchecked file from the cache: it compiles the file's set."""
+    from ftwatch.config.model import Config
+    from ftwatch.pipeline.build import build_engine
+    user = _user_rules(tmp_path, "mine.yaml", ["thing [0-9]+ broke", "other (thing|part) failed"])
+    config = Config.model_validate({"rules": {"files": [str(user)]}})
+    engine = build_engine(config)
+    assert len(compiles) == 1 and compiles[0] == len(engine.matcher.patterns)
+    assert [f.rule_id for f in engine.feed(Origin("w"), b"x\nthing 7 broke\n", 0.0)] == ["team.r0"]
+    build_engine(config)
+    assert len(compiles) == 1                               # rules and database from the cache
+    load_rules([user], builtin=False)
+    assert compiles[1:] == [2]                              # the file's own check, as before
+
+
+@needs_hs
+def test_a_pattern_hyperscan_rejects_in_a_users_file_is_named_at_its_own_line_by_the_engine(tmp_path, cache):
+    """The engine's compile finds it; the rule files loaded again with the check name it (and any
+    other) at its own line, as ``load_rules`` and ``ftwatch check`` do. ``(?U)``: RE2's, not
+    Hyperscan's."""
+    from ftwatch.config.model import Config
+    from ftwatch.pipeline.build import build_engine
+    bad = _user_rules(tmp_path, "bad.yaml", ["fine [0-9]+", "(?U)ba+d", "also (?U)wro+ng"])
+    with pytest.raises(RuleError) as checked:
+        load_rules([bad])
+    with pytest.raises(RuleError) as built:
+        build_engine(Config.model_validate({"rules": {"files": [str(bad)]}}))
+    assert built.value.issues == checked.value.issues
+    assert [(i.file, i.line) for i in built.value.issues] == [(str(bad), 9), (str(bad), 14)]
+    assert all("Hyperscan" in i.message for i in built.value.issues)
 
 
 @needs_hs
