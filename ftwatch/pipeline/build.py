@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ftwatch.errors import ConfigError
+from ftwatch.errors import ConfigError, RuleError
 
 
 def build_rules(config, *, hyperscan: bool = True):
@@ -38,7 +38,6 @@ def build_engine(config, rules=None, say=None, like=None):
             engine (``load_rules``' ``hyperscan``); a pattern it rejects has the rule files
             loaded again with the check, so each problem is named at its own line.
     """
-    from ftwatch.errors import RuleError
     from ftwatch.rules.engine import Engine
     steps = None
     straggler = config.health.straggler
