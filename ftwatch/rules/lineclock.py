@@ -54,7 +54,8 @@ class LineClock:
     @property
     def keeps_chunk(self) -> bool:
         """Whether what :meth:`later` returns holds the chunk until called (a replay's ``Later``;
-        live it holds the line only): the step tap reads those at its next chunk."""
+        live it holds the line only): the step tap reads those a few chunks on
+        (``stragglers.HELD_CHUNKS``) where no later line of the rank replaced them."""
         return bool(self.sim_step)
 
     def later(self, start: int) -> Callable[[], float]:
@@ -62,8 +63,9 @@ class LineClock:
         time a later duration-less line may need). Live, the line and the chunk's time are kept,
         not the chunk. In a replay the answer is the one a call now gives (``sim_step`` needs
         the lines before it), read when first called (the step tap reads those still held once
-        the next chunk is taken, so no chunk is kept long): with thousands of ranks a chunk holds one step line per rank, and reading each rank's
-        last line's stamp now costs a parse per line that a duration-stating pattern never uses."""
+        a few more chunks are taken, so no chunk is kept long: ``stragglers.HELD_CHUNKS``): with
+        thousands of ranks a chunk holds one step line per rank, and reading each rank's last
+        line's stamp now costs a parse per line that a duration-stating pattern never uses."""
         if self.sim_step:
             return Later(self, start, self.engine._year)
         engine = self.engine

@@ -55,8 +55,8 @@ rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank
 slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
 others' median) is passed over without a verdict; a rank's Origin is made once; its last step
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
-next chunk does not replace it, then (no rank keeps an older chunk; live, where it holds only
-its line, ``keeps_chunk``, only if ever needed). A finding comes at the end of the chunk that made the statistics
+next ``HELD_CHUNKS`` chunks do not replace it, then (no more chunks than that are kept; live,
+where it holds only its line, ``keeps_chunk``, only if ever needed). A finding comes at the end of the chunk that made the statistics
 cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
 verdicts on one rank (or node, or the job) in ``ftwatch.rules.stepverdicts``.
@@ -89,6 +89,13 @@ from ftwatch.rules.stepstats import is_straggler, median_without, sorted_median,
 from ftwatch.rules.stepverdicts import LineOf, detector, judge, node_verdict
 
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
+#: replay: the chunks (1 MiB each) whose ranks' last step line's time may stay unread, held by
+#: their ``LineClock.later`` (module doc). With more ranks than a chunk has step lines a rank
+#: prints in every second or third chunk, not every one: read as soon as the next chunk missed
+#: it, every such line's stamp was parsed (8,192 ranks of Megatron lines in ``make bench``:
+#: 158,469 parses, 1.2 s of a 5 s replay), for a pattern that states its own duration and never
+#: needs it. Four chunks hold a rank of 16,384 (``limits.max_instances_per_job``) of 260-byte lines.
+HELD_CHUNKS = 4
 _GROUPS = operator.itemgetter(2)
 
 
@@ -138,9 +145,12 @@ class StepTracker:
         self.jobs: dict[str, Job] = {}
         self.tails.reset()
         self._swept = self.clock.time()
-        #: the ranks whose last step line's time (``time_at.later``) the last chunk left unread: those
-        #: the next chunk does not replace are read then, so no rank keeps an older chunk's clock
-        self._unsettled: list[Rank] = []
+        #: per chunk that left ranks' last step line's time unread (``time_at.later``: a ``Later``
+        #: holding the chunk's clock), that clock and those ranks; past ``HELD_CHUNKS`` chunks, the
+        #: oldest's ranks whose ``Later`` is still that clock's are read (module doc). Only the clock
+        #: and the ranks are kept, not the replaced ``last`` tuples: kept 4 chunks, 4,000 a chunk
+        #: went to the oldest generation and tripled the full collections' CPU (4,096 ranks)
+        self._held: deque[tuple[Callable[[int], float], list[Rank]]] = deque()
         #: (id(stream Origin), rank) -> (that Origin, the rank's Origin): one ``with_rank`` per rank
         self._who: dict[tuple[int, int | None], tuple[Origin, Origin]] = {}
 
@@ -276,12 +286,16 @@ class StepTracker:
                 else:
                     rank.last = (last[0], later(last[2]), -1)
                     unread[id(rank)] = rank
-        for rank in self._unsettled:                   # the last chunk's, not replaced in this one: read now
-            last = rank.last
-            if id(rank) not in unread and last is not None and callable(last[1]):
-                rank.last = (last[0], last[1](), -1)
-        # only a ``later`` holding its chunk (a replay's) is read at the next chunk (module doc)
-        self._unsettled = list(unread.values()) if getattr(time_at, "keeps_chunk", True) else []
+        # only a ``later`` holding its chunk (a replay's) is held, for at most HELD_CHUNKS chunks (module doc)
+        held, keeps = self._held, getattr(time_at, "keeps_chunk", True)
+        if unread and keeps:
+            held.append((time_at, list(unread.values())))
+        while len(held) > (HELD_CHUNKS if keeps else 0):   # (live: a replay's left are read at once)
+            clock, ranks = held.popleft()
+            for rank in ranks:                         # that chunk's, not replaced since: read now
+                last = rank.last
+                if last is not None and getattr(last[1], "clock", None) is clock:
+                    rank.last = (last[0], last[1](), -1)
 
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
         starts: dict[str, int] = {}                    # instance -> the line a finding about it names

@@ -49,19 +49,28 @@ def test_a_replayed_line_time_asked_for_later_is_parsed_only_when_read(monkeypat
     assert first() == want[0] and len(calls) == read              # read once
 
 
-def test_a_rank_missing_from_the_next_chunk_has_its_time_read_then(rules):
-    """A rank's last line's time stays unread while the rank keeps printing; a rank the next chunk
-    does not print has it read then, so no chunk is kept for it."""
+def test_a_rank_missing_from_the_next_chunks_has_its_time_read_after_held_chunks(rules, monkeypatch):
+    """A rank's last line's time stays unread while the rank keeps printing, and while it misses
+    fewer than ``HELD_CHUNKS`` chunks (more ranks than a chunk has step lines: a rank prints in
+    every second or third chunk, its stamp never parsed); once it missed that many it is read, so
+    no more than ``HELD_CHUNKS`` chunks are kept for it."""
     tracker = StepTracker(StragglerConfig(min_steps=3), clock=FakeClock(0.0))
     engine = Engine(rules, steps=tracker)
     origin = Origin("combined", None, "job1", "n", "stdout", "replay")
+    parsed = []
+    real = fields.parse_timestamp
+    monkeypatch.setattr(fields, "parse_timestamp", lambda *a: parsed.append(a[0]) or real(*a))
     both = "".join(MEGATRON.format(r=r, m=0, s=1, n=1, ms=1000.0) for r in (0, 1)).encode()
     engine.feed(origin, both, 100.0, sim_step=0.001)
     ranks = tracker.jobs["job1"].ranks
     assert all(isinstance(ranks[r].last[1], Later) for r in ("rank0", "rank1"))
-    engine.feed(origin, MEGATRON.format(r=0, m=0, s=2, n=2, ms=1000.0).encode(), 100.0, sim_step=0.001)
-    assert isinstance(ranks["rank0"].last[1], Later)
+    rank1_first = MEGATRON.format(r=1, m=0, s=1, n=1, ms=1000.0).split("]: ", 1)[1].strip()
+    for n in range(2, 2 + stragglers.HELD_CHUNKS):
+        assert isinstance(ranks["rank1"].last[1], Later) and rank1_first not in parsed
+        engine.feed(origin, MEGATRON.format(r=0, m=0, s=n, n=n, ms=1000.0).encode(), 100.0, sim_step=0.001)
+    assert rank1_first in parsed and isinstance(ranks["rank0"].last[1], Later)
     assert ranks["rank1"].last[1] == 1795251601.0                 # its own stamp, 2026-11-21 09:00:01
+    assert len(tracker._held) <= stragglers.HELD_CHUNKS
 
 
 def test_a_duration_less_line_reads_the_previous_chunks_time(rules):
@@ -149,7 +158,7 @@ def test_live_a_rank_missing_from_the_next_chunk_keeps_its_time_unread(rules, mo
         engine.feed(origin, "".join(DEEPSPEED.format(r=r, m=0, s=1, n=10) for r in (0, 1)).encode(), 100.0)
         engine.feed(origin, DEEPSPEED.format(r=0, m=0, s=2, n=20).encode(), 100.0)
         ranks = tracker.jobs["job1"].ranks
-        assert callable(ranks["combined/rank1"].last[1]) is lazy      # read at the next chunk only where it keeps it
+        assert callable(ranks["combined/rank1"].last[1])              # unread either way (a replay's: held)
         engine.feed(origin, DEEPSPEED.format(r=1, m=0, s=4, n=20).encode(), 100.0)
         monkeypatch.undo()
         return [list(r.samples) for r in ranks.values()]
