@@ -355,18 +355,17 @@ def waits(order: Sequence[Finding], errors: Sequence[Finding]) -> Waits | None:
     return Waits(waiting, by_rank, unranked, timeouts, first, window)
 
 
-def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+def busy_rank(order: Sequence[Finding], w: Waits | None) -> Finding | None:
     """``collective.busy_rank`` on the rank the others waited for (see the module docstring), or None.
 
     Args:
         order: the incident's findings by (time, seq).
-        errors: the errors to explain (:func:`waits`).
+        w: :func:`waits` of ``order`` and the errors to explain (None: they are not all waits).
 
     Returns:
         A Finding on the busy rank's phase line's origin, at the first timeout's (time, seq), or
         None when the errors are not all waits or no other rank shows unfinished work of its own.
     """
-    w = waits(order, errors)
     if w is None:
         return None
     waiting, first, window = w.waiting, w.first, w.window
@@ -401,20 +400,19 @@ def busy_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | 
     return None
 
 
-def working_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+def working_rank(order: Sequence[Finding], w: Waits | None) -> Finding | None:
     """``collective.busy_rank`` on a rank that wrote lines of its own work while its peers waited (the
     module docstring's last paragraph), or None.
 
     Args:
         order: the incident's findings by (time, seq).
-        errors: the errors to explain (:func:`waits`).
+        w: :func:`waits` of ``order`` and the errors to explain (None: they are not all waits).
 
     Returns:
         A Finding on the working rank's latest such line's origin, at the first timeout's (time,
         seq), or None when the errors are not all waits or no other rank wrote such a line inside
         the wait.
     """
-    w = waits(order, errors)
     if w is None:
         return None
     given = [t for f in w.timeouts if (t := _timeout_s(f)) is not None]

@@ -90,7 +90,7 @@ from __future__ import annotations
 from typing import AbstractSet, Iterator, Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity, is_error
-from ftwatch.policy.busy import Waits, died_on_its_own, waits
+from ftwatch.policy.busy import Waits, died_on_its_own
 from ftwatch.policy.collectives import TIMEOUT_RULES
 from ftwatch.policy.rankcounts import RANK_BATCHES, unequal_counts
 
@@ -106,18 +106,17 @@ SOURCE = ("pytorch.org/tutorials/advanced/generic_join.html (uneven inputs: the 
           "code run on some processes only); ProcessGroupNCCL.cpp watchdog timeout message")
 
 
-def left_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+def left_rank(order: Sequence[Finding], w: Waits | None) -> Finding | None:
     """``collective.left_path`` on the rank that left its peers' path (the module docstring), or None.
 
     Args:
         order: the incident's findings by (time, seq).
-        errors: the errors to explain (the real ones, or the fallout when there is none;
-            ``ftwatch.policy.busy.waits``).
+        w: ``ftwatch.policy.busy.waits`` of ``order`` and the errors to explain (the real ones,
+            or the fallout when there is none); None: they are not all waits.
 
     Returns:
         A Finding on the left rank's line's origin, at the first timeout's (time, seq), or None.
     """
-    w = waits(order, errors)
     if w is None:
         return None
     first = w.first

@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ftwatch.events import Action, FailureClass, Finding, Severity
-from ftwatch.policy.busy import waits
+from ftwatch.policy.busy import Waits
 from ftwatch.policy.leftpath import last_words, line_before_hang
 
 #: The rules whose line names the program's cause of a wait (waits.yaml's tag ``names_wait``;
@@ -93,19 +93,18 @@ def named_wait_before_hang(order: Sequence[Finding], real: Sequence[Finding]) ->
                    {"wait": named.rule_id, "hang": hang.rule_id}, named.source)
 
 
-def named_wait_rank(order: Sequence[Finding], errors: Sequence[Finding]) -> Finding | None:
+def named_wait_rank(order: Sequence[Finding], w: Waits | None) -> Finding | None:
     """``hang.named_wait`` on the rank whose named wait its peers' collective timed out on (the
     module docstring), or None.
 
     Args:
         order: the incident's findings by (time, seq).
-        errors: the errors to explain (the real ones, or the fallout when there is none;
-            ``ftwatch.policy.busy.waits``).
+        w: ``ftwatch.policy.busy.waits`` of ``order`` and the errors to explain (the real ones,
+            or the fallout when there is none); None: they are not all waits.
 
     Returns:
         A Finding on the named-wait line's origin, at the first timeout's (time, seq), or None.
     """
-    w = waits(order, errors)
     named = None if w is None else next(
         ((who, last) for who, last in last_words(w) if last.rule_id in NAMED_WAIT_RULES and not any(
             f.rule_id in WAIT_END_RULES and (f.time, f.seq) > (last.time, last.seq) for f in order)), None)

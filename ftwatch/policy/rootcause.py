@@ -199,7 +199,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Action, FailureClass, Finding, Severity, is_error, precedes
-from ftwatch.policy.busy import busy_rank, working_rank
+from ftwatch.policy.busy import busy_rank, waits, working_rank
 from ftwatch.policy.cannrecord import CannRecords
 from ftwatch.policy.collectives import mismatch, mismatch_under_hang, silent_rank, timeouts_only
 from ftwatch.policy.devicefault import device_fault, interconnect_stall, reporting_rank, worst_of_gpu
@@ -466,9 +466,10 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
 
     cascades = {id(c) for c in candidates if c.rule_id in CASCADE_RULES and outranked(c)}
     real = tuple(f for f in candidates if id(f) not in cascades)
-    busy = (busy_rank(order, real or fallout) or left_rank(order, real or fallout)   # 8: the ranks only waited,
-            or named_wait_rank(order, real or fallout)   # for a rank in a wait its framework named,
-            or working_rank(order, real or fallout)   # or one that wrote its own work's lines inside the wait
+    waited = waits(order, real or fallout)     # 8: the ranks only waited (read once, for the four that ask),
+    busy = (busy_rank(order, waited) or left_rank(order, waited)   # for a busy rank or one that left their path,
+            or named_wait_rank(order, waited)   # for a rank in a wait its framework named,
+            or working_rank(order, waited)   # or one that wrote its own work's lines inside the wait
             or left_before_hang(order, real)    # for a rank busy with its own work or one that left their path
             or stalled_until_stopped(order, real)   # or a stop while Horovod reported the ranks stalled
             or named_wait_before_hang(order, real)     # or a job hang its framework named the program's wait

@@ -6,7 +6,7 @@ evidence the waits keep their own reading."""
 from __future__ import annotations
 
 from ftwatch.events import FailureClass, Finding, Origin, ProcessExit
-from ftwatch.policy.busy import PHASE_RULES, busy_rank
+from ftwatch.policy.busy import PHASE_RULES, busy_rank, waits
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.exitcodes import ExitCodeTable, exit_finding
@@ -59,6 +59,19 @@ def test_replicas_timing_out_while_the_main_process_maps_the_dataset_is_a_progra
     assert rc.fields["waiting"] == [1, 2, 3] and rc.fields["percent"] == 61
 
 
+def test_the_waits_are_read_once_for_the_four_readings_that_start_from_them(monkeypatch):
+    """The waits (every waiting rank's findings read with regexes: a quarter of the decision where
+    4,096 ranks each printed a traceback) are read once per analysis, not once by each of busy,
+    left, named-wait and working rank; a phase line none of them names leaves all four asked."""
+    from ftwatch.policy import busy
+    read = []
+    real = busy._waiting
+    monkeypatch.setattr(busy, "_waiting", lambda mine: read.append(1) or real(mine))
+    an = analyse(incident("a line of no phase", t_phase=1500.0), world=4)
+    assert an.root_cause is not None and an.root_cause.rule_id != "collective.busy_rank"
+    assert len(read) == 3                                  # ranks 1-3, once each (was 12)
+
+
 def test_without_the_busy_ranks_phase_line_the_waits_keep_their_reading():
     an = analyse(incident(None), world=4)
     assert an.root_cause is not None and an.root_cause.rule_id != "collective.busy_rank"
@@ -77,7 +90,8 @@ def test_a_phase_line_older_than_the_wait_is_not_what_they_waited_for():
 def test_a_waiting_rank_with_a_fault_of_its_own_is_not_only_waiting():
     found = incident(bar(61, 1_221_000), t_phase=1500.0)
     found += logged(2, 1790.0, "RuntimeError: CUDA error: uncorrectable ECC error encountered")
-    assert busy_rank(sorted(found, key=lambda f: (f.time, f.seq)), found) is None
+    order = sorted(found, key=lambda f: (f.time, f.seq))
+    assert busy_rank(order, waits(order, found)) is None
 
 
 def test_a_rank_killed_meanwhile_is_not_explained_by_the_wait():
@@ -86,7 +100,8 @@ def test_a_rank_killed_meanwhile_is_not_explained_by_the_wait():
     o = Origin("worker-3", 3, "busy", "node-0", "stderr", "process")
     death = exit_finding(ProcessExit(o, 4242, None, 9, T0 + 1790.0), ExitCodeTable.load())
     assert death is not None and death.fields.get("signal") == 9
-    assert busy_rank(sorted(found, key=lambda f: (f.time, f.seq)), [*found, death]) is None
+    order = sorted(found, key=lambda f: (f.time, f.seq))
+    assert busy_rank(order, waits(order, [*found, death])) is None
 
 
 def test_a_busy_rank_that_failed_itself_is_no_busy_rank():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ftwatch.events import Action, FailureClass, Finding, Origin, Severity
+from ftwatch.policy.busy import waits
 from ftwatch.policy.leftpath import LEFT_PATH_RULES, UNEVEN_SPLIT_RULES, left_rank
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
@@ -88,7 +89,11 @@ def test_a_rank_whose_last_line_is_other_work_is_not_read_as_gone():
 def test_waiting_ranks_that_said_the_same_did_not_part_there():
     """Every rank ended its epoch: the end of the epoch is where all of them were, not a split."""
     found = incident("epoch 3 done", waiting_too="epoch 3 done")
-    assert left_rank(sorted(found, key=lambda f: (f.time, f.seq)), found) is None
+    order = sorted(found, key=lambda f: (f.time, f.seq))
+    w = waits(order, [f for f in found if "Watchdog caught" in f.line])    # ranks 1-3 only waited
+    assert w is not None and w.waiting == [1, 2, 3] and left_rank(order, w) is None
+    rc = analyse(found, world=4).root_cause
+    assert rc is not None and rc.rule_id != "collective.left_path", rc
 
 
 def test_a_line_older_than_the_wait_is_not_where_the_rank_is():

@@ -6,6 +6,7 @@ keeps the hang reading."""
 from __future__ import annotations
 
 from ftwatch.events import Action, FailureClass, Finding, Origin
+from ftwatch.policy.busy import waits
 from ftwatch.policy.namedwait import (NAMED_WAIT_RULES, SLACK_SECONDS, WAIT_END_RULES, named_wait_before_hang,
                                       named_wait_rank)
 from ftwatch.policy.rootcause import analyse
@@ -117,7 +118,7 @@ def megatron_start(rank0_lines: list[tuple[float, str]]) -> list[Finding]:
 def test_peers_timing_out_on_a_rank_left_in_megatrons_kernel_build_is_the_named_wait():
     # megatron/training/initialize.py: rank 0 builds under a lock while the others sit in the barrier
     found = megatron_start([(0.0, FUSED)])
-    assert named_wait_rank(found, [f for f in found if f.rule_id != "wait.megatron_fused_kernels_build"]) is not None
+    assert named_wait_rank(found, waits(found, [f for f in found if f.rule_id != "wait.megatron_fused_kernels_build"])) is not None
     rc = analyse(found, world=4).root_cause
     assert rc is not None and rc.rule_id == "hang.named_wait", rc
     assert rc.failure_class is FailureClass.USER_CODE and rc.action is Action.FAIL_JOB

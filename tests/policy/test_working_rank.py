@@ -6,7 +6,7 @@ the moment the wait began (a save stuck on its storage) keeps the hang reading."
 from __future__ import annotations
 
 from ftwatch.events import FailureClass, Finding, Origin
-from ftwatch.policy.busy import INSIDE_SECONDS, WORK_RULES, working_rank
+from ftwatch.policy.busy import INSIDE_SECONDS, WORK_RULES, waits, working_rank
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -57,7 +57,7 @@ def test_a_save_line_at_the_moment_the_wait_began_keeps_the_hang_reading():
     """Rank 0 said it saves and then nothing: stuck on its storage looks the same."""
     began = FIRED + 0.1 - TIMEOUT_S
     found = incident((began + INSIDE_SECONDS - 60, WRITE))
-    assert working_rank(found, [f for f in found if f.rank != 0]) is None
+    assert working_rank(found, waits(found, [f for f in found if f.rank != 0])) is None
     rc = analyse(found, world=4).root_cause
     assert rc is None or rc.rule_id != "collective.busy_rank", rc
 
