@@ -113,3 +113,36 @@ def test_a_chunk_of_many_ranks_tracebacks_costs_its_lines_not_ranks_times_lines(
     assert calls[0] <= 4 * 256 * len(body)             # was ~256 x 1,280 / 2 (every later line, per block)
     assert [b[2] for b in blocks] == list(range(256))
     assert blocks[::51] == [collect_block(chunk, s, True) for s in starts[::51]]
+
+
+def test_thousands_of_ranks_tracebacks_share_one_frame_pattern_and_keep_their_own_lines(monkeypatch):
+    """Each rank's traceback, its frames interleaved with the next rank's (same shape of prefix,
+    another number): one pattern for the runs of every rank's frames (one per rank was compiled
+    anew past ``re``'s cache of 512), and each block still takes only its own rank's lines."""
+    import re
+
+    from ftwatch.rules import blocks as module
+    module._run_of.cache_clear()
+    compiled = []
+    real = re.compile
+    monkeypatch.setattr(re, "compile", lambda *a, **k: compiled.append(a[0]) or real(*a, **k))
+    frames = ['  File "train.py", line 9, in <module>', "    dist.barrier()"]
+    lines = []
+    for r in range(0, 1200, 2):                       # ranks r and r + 1 print their frames by turns
+        lines += [f"[rank{r}]: Traceback (most recent call last):", f"[rank{r + 1}]: Traceback (most recent call last):"]
+        for frame in frames:
+            lines += [f"[rank{r}]: {frame}", f"[rank{r}]: {frame}", f"[rank{r + 1}]: {frame}"]
+        lines += [f"[rank{r}]: RuntimeError: rank {r} failed", f"[rank{r + 1}]: RuntimeError: rank {r + 1} failed"]
+    chunk = "".join(line + "\n" for line in lines).encode()
+    starts, pos = [], 0
+    for line in chunk.split(b"\n")[:-1]:
+        if line.endswith(b"Traceback (most recent call last):"):
+            starts.append(pos)
+        pos += len(line) + 1
+    index = module.RankLines(chunk)
+    found = [collect_block(chunk, s, True, index) for s in starts]
+    assert [b[2] for b in found] == list(range(1200))
+    assert all(b[1][1:] == [*frames[:1], *frames[:1], *frames[1:], *frames[1:], f"RuntimeError: rank {r} failed"]
+               if r % 2 == 0 else b[1][1:] == [*frames[:1], *frames[1:], f"RuntimeError: rank {r} failed"]
+               for r, b in enumerate(found))
+    assert len([p for p in compiled if b"[ \\t][^\\n\\x1b]*\\n" in p]) == 1     # one frame-run pattern
