@@ -10,7 +10,9 @@ decision and the memory the replay added (peak RSS minus RSS before); each log i
 Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512 (and
 beside it, no goal, 8,192 against 4,096: more ranks than a 1 MiB chunk has step lines, each rank
 printing in every second chunk, no longer in every one, where a per-rank cost of a chunk that
-misses the rank shows; a parse of each such rank's last stamp made it 1.8x); the
+misses the rank shows: a parse of each such rank's last stamp, ~1 s of a 5-7 s replay, until the
+step tap held those unread (``stragglers.HELD_CHUNKS``); with the same work per chunk, it still
+reads 1.3-1.4x here, the chunks' work costing more beside twice the ranks' state); the
 same where the step lines carry no time and state no duration (``failure_log(untimed=True)``:
 each line's time is counted from the lines before it, a count that once ran from the chunk's
 start for every line); and the same where every rank prints a traceback of its own and then
