@@ -93,8 +93,7 @@ def _run_case(case: Case, rules: Sequence[Rule], base: Config | None,
     engine = build_engine(config, rules, like=like)
     with tempfile.TemporaryDirectory(prefix="ftwatch-eval-") as tmp:
         # as ``ftwatch replay`` builds them: history and blame in memory, the step tap on
-        policy = build_policy(config, job, BudgetStore(Path(tmp) / "budgets.json", job), state_dir=Path(tmp),
-                              in_memory=True)
+        policy = build_policy(config, job, BudgetStore(None, job), state_dir=Path(tmp), in_memory=True)
         try:
             result = replay(list(case.logs), engine, policy, job)
         except OSError as exc:

@@ -52,9 +52,8 @@ def mine_files(files: list[Path], config, all_lines: bool = False):
         return miner
     engine = build_engine(config, rules=rules)
     with tempfile.TemporaryDirectory() as tmp:
-        for n, (job, paths) in enumerate(jobs.items()):
-            policy = build_policy(config, job, BudgetStore(Path(tmp) / f"budgets-{n}.json", job),
-                                  state_dir=Path(tmp), in_memory=True)
+        for job, paths in jobs.items():
+            policy = build_policy(config, job, BudgetStore(None, job), state_dir=Path(tmp), in_memory=True)
             recorder = Recorder(out=io.StringIO(), resolve_after=None)
             recorder.miner = miner
             replay(paths, engine, policy, job, recorder=recorder)

@@ -42,8 +42,8 @@ def cmd_replay(argv: list[str]) -> int:
         state = Path(args.state_dir or tmp)
         state.mkdir(parents=True, exist_ok=True)
         # Fault history and blame stay in memory: a replay must not count against the real jobs.
-        policy = build_policy(config, args.job_id, BudgetStore(state / "budgets-replay.json", args.job_id),
-                              state_dir=state, in_memory=True)
+        budgets = BudgetStore(state / "budgets-replay.json" if args.state_dir else None, args.job_id)
+        policy = build_policy(config, args.job_id, budgets, state_dir=state, in_memory=True)
         engine = build_engine(config)           # H3: stragglers in replayed logs too (like watch)
         total = sum(f.stat().st_size for f in args.files)
         result = _with_progress(total, lambda cb: replay(args.files, engine, policy, args.job_id, cb,

@@ -78,3 +78,28 @@ def test_null_keeps_every_budget_file(tmp_path: Path):
     age(budget_path(tmp_path, "old"), clock.time() - 1000 * DAY)
     w.tick()
     assert budget_path(tmp_path, "old").exists()
+
+
+def test_a_store_in_memory_counts_as_one_on_a_file_and_writes_nothing(tmp_path: Path, monkeypatch):
+    """``BudgetStore(None, job)`` (replay without --state-dir, evaluate, mine): the same budgets as
+    a file's store after the same steps, and no file written (nor a temporary one)."""
+    from ftwatch.policy import budgets as module
+    writes = []
+    real = module.write_state
+    monkeypatch.setattr(module, "write_state", lambda path, data: writes.append(path) or real(path, data))
+
+    def steps(store: BudgetStore) -> dict:
+        store.count_errors(["xid.79@worker-3"], "0:1")
+        store.use_job_restart()
+        store.next_attempt()
+        store.use_instance_restart("worker-3")
+        store.set_streaks(hang=2)
+        store.set_memo("in_place", {"step": 7})
+        store.close("failed")
+        return store.to_dict()
+
+    on_file = steps(BudgetStore(tmp_path / "b.json", "train-1"))
+    assert writes and (tmp_path / "b.json").exists()
+    writes.clear()
+    in_memory = steps(BudgetStore(None, "train-1"))
+    assert in_memory == on_file and writes == [] and sorted(os.listdir(tmp_path)) == ["b.json"]
