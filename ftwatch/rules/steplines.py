@@ -24,6 +24,7 @@ hyperscan, and for custom patterns, every pattern gets its pass.
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from itertools import repeat, tee
@@ -144,14 +145,23 @@ def _gate(names: Sequence[str], only: Container[int] | None = None):
     """(Hyperscan database, scratch) telling which built-in patterns' literals occur in a chunk
     (ids: pattern indexes), or None (no hyperscan, or no built-in pattern); ``only``: of these
     pattern indexes only (None: all)."""
-    gated = [(i, _GATES[name]) for i, name in enumerate(names)
-             if name in _GATES and (only is None or i in only)]
+    gated = tuple((i, _GATES[name]) for i, name in enumerate(names)
+                  if name in _GATES and (only is None or i in only))
     if _hs is None or not gated:
         return None
+    db = _gate_db(gated)
+    return db, _hs.Scratch(db)                   # a scratch of its own: a tracker per thread
+
+
+@functools.lru_cache(maxsize=64)
+def _gate_db(gated: tuple[tuple[int, str], ...]):
+    """The compiled gate of ``(pattern index, literal)`` pairs, once per process (a database is
+    read-only once compiled): ~0.2-1 ms a compile, once per step tracker, was ~2 s of an evaluate
+    of the corpus, which makes one tracker per case."""
     db = _hs.Database(mode=_hs.HS_MODE_BLOCK)
     db.compile(expressions=[re.escape(text).encode() for _, text in gated], ids=[i for i, _ in gated],
                flags=[_hs.HS_FLAG_SINGLEMATCH] * len(gated))
-    return db, _hs.Scratch(db)
+    return db
 
 
 class StepLines:

@@ -23,7 +23,7 @@ from ftwatch.config.health import StragglerConfig
 from ftwatch.events import Origin
 from ftwatch.parsers import fields
 from ftwatch.rules import stragglers
-from ftwatch.rules.steplines import _NOT_A_STEP_BYTES, _plain_ok
+from ftwatch.rules.steplines import _NOT_A_STEP_BYTES, StepLines, _plain_ok
 from ftwatch.rules.stepranks import PREFIX_CHAIN
 from ftwatch.rules.stragglers import StepTracker
 
@@ -279,3 +279,17 @@ def test_short_and_long_runs_leave_the_state_of_one_line_at_a_time(lines):
         assert getattr(bulk, name) == getattr(each, name), name
     assert sorted(bulk.samples) == (bulk.ordered if bulk.ordered is not None else sorted(each.samples))
     assert (bulk.ordered is None) == (lines >= stepranks.TAKE_ALL_LINES)
+
+
+def test_step_trackers_of_one_process_share_the_compiled_gate_each_with_its_own_scratch():
+    """One tracker per replay (each case of an evaluation): the gate is compiled once per set of
+    patterns, not per tracker; the scratch, which a scan may not share, is each tracker's own."""
+    from ftwatch.rules import steplines
+    if steplines._hs is None:
+        pytest.skip("hyperscan not installed")
+    steplines._gate_db.cache_clear()
+    a, b = StepLines(["megatron", "deepspeed"]), StepLines(["megatron", "deepspeed"])
+    assert steplines._gate_db.cache_info().misses == 1
+    assert a._gate[0] is b._gate[0] and a._gate[1] is not b._gate[1]
+    chunk = b"[rank0]: step=10, skipped=0, lr=[1e-4]\n"
+    assert a.find(chunk, len(chunk)) == b.find(chunk, len(chunk)) != []

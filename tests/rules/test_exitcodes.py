@@ -148,3 +148,14 @@ def test_bad_header():
         ExitCodeTable.parse("code\tclass\n1\tuser_code\n")
     with pytest.raises(ConfigError):
         ExitCodeTable.load("/nonexistent/exit_codes.tsv")
+
+
+def test_the_packaged_table_is_read_once_per_process_and_is_what_reading_it_gives():
+    """Every replay's exit tracker asks for it (each case of an evaluation): read once, shared."""
+    from ftwatch.rules import exitcodes
+    exitcodes._packaged.cache_clear()
+    first = ExitCodeTable.load()
+    assert ExitCodeTable.load() is first and exitcodes._packaged.cache_info().misses == 1
+    fresh = ExitCodeTable._load(None)
+    assert (first.rows, first.location, first.private) == (fresh.rows, fresh.location, fresh.private)
+    assert first.rows and ExitCodeTable.load(PACKAGED) is not first       # an explicit path: read then
