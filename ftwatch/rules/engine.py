@@ -149,7 +149,7 @@ class Engine:
     def _compiled_for(self, rules: list[Rule], steps: StepTap | None) -> bool:
         """Whether this engine's database is the one ``rules`` would compile (the step tap's
         patterns are not in it: the tap finds its lines itself)."""
-        return len(rules) == len(self.rules) and all(a is b or a == b for a, b in zip(rules, self.rules))
+        return rules == self.rules      # (in C, each pair by identity first: per case of an evaluation, ~1,000 rules)
 
     def _compile(self, rules: list[Rule]) -> None:
         self.rules = rules
