@@ -21,7 +21,7 @@ def cmd_replay(argv: list[str]) -> int:
     p.add_argument("--job-id", default="replay")
     p.add_argument("--rules", action="append", default=[], metavar="FILE",
                    help="another rule file (after rules.files; repeat it), e.g. a draft of ftwatch mine")
-    p.add_argument("--state-dir", help="keep budgets here (default: a temporary directory); the chip-fault "
+    p.add_argument("--state-dir", help="keep budgets in a file here (default: in memory); the chip-fault "
                                        "history and node blame always stay in memory, so a replay never "
                                        "counts against real jobs")
     args = p.parse_args(rest + tail)
