@@ -56,8 +56,8 @@ slow (not reported, no node to compare, its median under ``factor`` x a lower bo
 others' median) is passed over without a verdict; a rank's Origin is made once; its last step
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
 next ``HELD_CHUNKS`` chunks do not replace it, then (no more chunks than that are kept; live,
-where it holds only its line, ``keeps_chunk``, only if ever needed). A finding comes at the end of the chunk that made the statistics
-cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
+where it holds only its line, ``keeps_chunk``, only if ever needed). A finding comes at the end
+of the chunk that made the statistics cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
 verdicts on one rank (or node, or the job) in ``ftwatch.rules.stepverdicts``.
 
