@@ -64,6 +64,12 @@ SIM_START = 1_795_219_200.0  # 2026-11-21T00:00:00Z: the simulated clock's origi
 ANCHOR_LINES = 200          # lines at the head of a file searched for the clock's anchor
 ANCHOR_BYTES = 64 << 10     # bytes at the head of a file searched for it
 _ANCHOR_CHARS = 256         # of each line: every timestamp format starts well within it
+#: young tracked objects alive before the collector's youngest pass during a replay (CPython's
+#: default: 700). A MiB chunk of thousands of ranks' step lines holds ~20,000 tracked objects
+#: while it is read (each step line's hit and groups, each rank's last step), so at 700 the
+#: collector ran dozens of passes a chunk, each finding nothing to free: 0.2-0.35 s of a 4,096-rank
+#: failure log's ~2 s replay, 0.73-0.76 s of an 8,192-rank one's ~4 s; at this bound 0.01-0.06 s (issue 16)
+REPLAY_GC_THRESHOLD = 50_000
 #: a rank in a log file's name; ``workerlog.N`` is the file Paddle's launcher writes for local worker N
 #: (paddle/distributed/utils/launch_utils.py and fleet/launch_utils.py: ``open("%s/workerlog.%d" % (log_dir, idx))``)
 _RANK_IN_NAME = re.compile(r"(?:rank|worker(?:log)?|default|node)[-_.]?(\d+)", re.IGNORECASE)
@@ -133,7 +139,7 @@ def replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str = "re
     Raises:
         OSError: a file cannot be read.
     """
-    with _older_objects_left_alone():
+    with _older_objects_left_alone(), _young_passes_fewer():
         return _replay(paths, engine, policy, job, progress, recorder, phases)
 
 
@@ -151,6 +157,21 @@ def _older_objects_left_alone():
         yield
     finally:
         gc.unfreeze()
+
+
+@contextlib.contextmanager
+def _young_passes_fewer():
+    """The collector's youngest threshold raised to at least ``REPLAY_GC_THRESHOLD`` for a
+    replay's length, and put back after (a higher one, as ``watch`` sets, is left as it is)."""
+    before = gc.get_threshold()
+    if before[0] >= REPLAY_GC_THRESHOLD or before[0] == 0:     # 0: the collector is off
+        yield
+        return
+    gc.set_threshold(REPLAY_GC_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _replay(paths: Sequence[Path], engine: Engine, policy: Policy, job: str,

@@ -42,3 +42,24 @@ def test_a_freeze_made_by_the_caller_is_left_as_it_is(tmp_path):
     finally:
         gc.unfreeze()
     assert any(o is sentinel for o in gc.get_objects())             # the check above can fail
+
+
+def test_the_youngest_threshold_is_raised_while_it_runs_and_put_back(tmp_path):
+    from ftwatch.pipeline.replay import REPLAY_GC_THRESHOLD
+    rules = load_rules([], builtin=True)
+    path = tmp_path / "rank0.log"
+    path.write_bytes(b"step 1 loss 0.5\n" * 100)
+    policy = Policy(Config().policy, BudgetStore(tmp_path / "b.json", "job"), "job")
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+    try:
+        gc.set_threshold(700, before[1], before[2])
+        replay([path], Engine(rules), policy, "job", progress=lambda _n: seen.append(gc.get_threshold()))
+        assert seen and all(t == (REPLAY_GC_THRESHOLD, before[1], before[2]) for t in seen)
+        assert gc.get_threshold() == (700, before[1], before[2])          # put back
+        gc.set_threshold(REPLAY_GC_THRESHOLD * 4, before[1], before[2])   # higher (watch's): left as it is
+        seen.clear()
+        replay([path], Engine(rules), policy, "job", progress=lambda _n: seen.append(gc.get_threshold()))
+        assert seen and all(t[0] == REPLAY_GC_THRESHOLD * 4 for t in seen)
+    finally:
+        gc.set_threshold(*before)
