@@ -20,8 +20,16 @@ def echo_text(origin: Origin, data: bytes) -> str:
     prefix = f"[rank{origin.rank}]" if origin.rank is not None else f"[{origin.instance}]"
     if origin.stream == "stderr":
         prefix += "!"
+    if b"\r" not in data and prefix.isascii():
+        # no progress bar: the prefixes put in as bytes, one decode after (the same text: an
+        # invalid byte sequence ends at a newline either way). Replacing in the decoded text cost
+        # ~6x as much: ~240 us against ~40 us, the write included, for 66 KiB of step lines; ~10 %
+        # of ``run``'s loop at 10,000 lines/s (issue 16)
+        head = prefix.encode() + b" "
+        body = data[:-1] if data.endswith(b"\n") else data
+        return (head + body.replace(b"\n", b"\n" + head) + b"\n").decode("utf-8", "replace")
     text = data.decode("utf-8", "replace")
-    if "\r" not in text:          # no progress bar: one replace, no per-line Python work
+    if "\r" not in text:          # a prefix of other characters: one replace, no per-line Python work
         body = text[:-1] if text.endswith("\n") else text
         return f"{prefix} " + body.replace("\n", f"\n{prefix} ") + "\n"
     lines = text.split("\n")
