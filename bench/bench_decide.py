@@ -5,14 +5,15 @@ step lines, then one rank raises a KeyError (the recorded traceback of ``tests/g
 other rank prints gloo's ``Connection closed by peer`` fallout. A child process replays it with the
 default config's engine (the step tap on) and reports the CPU seconds from the first line to the
 decision and the memory the replay added (peak RSS minus RSS before); each log is replayed by
-``RUNS`` children and the median CPU counts.
+``RUNS`` children, the runs going round the sizes (``series``), and the median CPU counts.
 
 Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512 (and
 beside it, no goal, 8,192 against 4,096: more ranks than a 1 MiB chunk has step lines, each rank
 printing in every second chunk, no longer in every one, where a per-rank cost of a chunk that
 misses the rank shows: a parse of each such rank's last stamp, ~1 s of a 5-7 s replay, until the
-step tap held those unread (``stragglers.HELD_CHUNKS``); with the same work per chunk, it still
-reads 1.3-1.4x here, the chunks' work costing more beside twice the ranks' state); the
+step tap held those unread (``stragglers.HELD_CHUNKS``); with the same work per chunk, it then read
+1.3-1.5x, the collector's young passes rescanning twice the ranks' state, until a replay raised their
+threshold (``replay.REPLAY_GC_THRESHOLD``): ~1.2x since); the
 same where the step lines carry no time and state no duration (``failure_log(untimed=True)``:
 each line's time is counted from the lines before it, a count that once ran from the chunk's
 start for every line); and the same where every rank prints a traceback of its own and then
@@ -145,16 +146,26 @@ def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], l
     """Replay the log ``make(size)`` of each size in a child, ``RUNS`` times (the median CPU: one
     run's CPU varied by ~15 % from run to run); its decision and memory figures go to ``figures``,
     labelled ``label`` (``{size}`` in it); returns per size the CPU seconds per unit of size (a
-    rank, a repeat)."""
+    rank, a repeat).
+
+    The runs go round the sizes (every size once, then again): the sizes' medians then span the
+    same stretch of time, so a machine that slows for a while slows every size alike, not the last
+    size's runs only (run one size after the other, the ratio of 4,096 to 512 ranks read 1.36x to
+    1.93x from one ``make bench`` to the next, issue 16)."""
+    paths = {size: make(size) for size in sizes}
+    runs: dict[int, list[dict]] = {size: [] for size in sizes}
+    for round_no in range(RUNS):
+        for size in sizes:
+            say(f"{label.format(size=f'{size:,}')} ({round_no + 1} of {RUNS})")
+            result = run_child(paths[size])
+            if result is not None:
+                runs[size].append(result)
     per: dict[int, float] = {}
     for size in sizes:
-        name = label.format(size=f"{size:,}")
-        say(name)
-        path = make(size)
-        runs = [r for r in (run_child(path) for _ in range(RUNS)) if r is not None]
-        if not runs:
+        if not runs[size]:
             continue
-        r = {**runs[0], "cpu": statistics.median(x["cpu"] for x in runs)}
+        name = label.format(size=f"{size:,}")
+        r = {**runs[size][0], "cpu": statistics.median(x["cpu"] for x in runs[size])}
         per[size] = r["cpu"] / size
         note = f"{r['action']}, {r['findings']} findings" + (f", {lines(size)}" if lines else "")
         figures.append(info(f"decision, {name}", r["cpu"] * 1000.0, "ms", note))
