@@ -125,9 +125,13 @@ def child(path: str) -> None:
     from ftwatch.pipeline.build import build_engine, build_policy
     from ftwatch.pipeline.recorder import Recorder
     from ftwatch.pipeline.replay import replay
+    from ftwatch.policy.budgets import BudgetStore
     config = Config()
     engine = build_engine(config)
-    policy = build_policy(config, "bench", in_memory=True, state_dir=Path(path).parent)
+    # budgets in memory, as ``ftwatch replay`` keeps them without --state-dir: a file under the
+    # bench's folder was read and written by every child in turn, so a child's decision wrote
+    # back every earlier child's attempts and same-error counts (4,096 after the tracebacks' log)
+    policy = build_policy(config, "bench", BudgetStore(None, "bench"), in_memory=True, state_dir=Path(path).parent)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rss = 0.0
     for line in Path("/proc/self/status").read_text().splitlines():
