@@ -13,7 +13,7 @@ printing in every second chunk, no longer in every one, where a per-rank cost of
 misses the rank shows: a parse of each such rank's last stamp, ~1 s of a 5-7 s replay, until the
 step tap held those unread (``stragglers.HELD_CHUNKS``); with the same work per chunk, it then read
 1.3-1.5x, the collector's young passes rescanning twice the ranks' state, until a replay raised their
-threshold (``replay.REPLAY_GC_THRESHOLD``): ~1.2x since); the
+threshold (``replay.REPLAY_GC_THRESHOLD``): 1.0-1.2x since); the
 same where the step lines carry no time and state no duration (``failure_log(untimed=True)``:
 each line's time is counted from the lines before it, a count that once ran from the chunk's
 start for every line); and the same where every rank prints a traceback of its own and then
@@ -152,10 +152,13 @@ def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], l
     labelled ``label`` (``{size}`` in it); returns per size the CPU seconds per unit of size (a
     rank, a repeat).
 
-    The runs go round the sizes (every size once, then again): the sizes' medians then span the
-    same stretch of time, so a machine that slows for a while slows every size alike, not the last
-    size's runs only (run one size after the other, the ratio of 4,096 to 512 ranks read 1.36x to
-    1.93x from one ``make bench`` to the next, issue 16)."""
+    The runs go round the sizes (every size once, then again): the sizes' medians then span the same
+    stretch of time, not each its own. That did not remove the ratios' swing; its likely cause is a
+    machine whose caches are shared: a 4,096-rank replay's state (~30 MiB) does not fit in them, a
+    512-rank one's (~8 MiB) mostly does, so another tenant's load slows the larger more (in the run
+    that read 1.55x, 8,192 against 4,096 ranks read 1.03x: the large ones alike). The ratio of 4,096
+    to 512 ranks read 1.36x-1.93x in earlier stops' runs (one size after the other) and 0.96x, 1.09x
+    and 1.55x in three runs of one day (going round, issue 16)."""
     paths = {size: make(size) for size in sizes}
     runs: dict[int, list[dict]] = {size: [] for size in sizes}
     for round_no in range(RUNS):
