@@ -84,7 +84,7 @@ def reader(rx: re.Pattern) -> Reader:
             tuple((kind, groups[kind]) for kind in ("ms", "s", "sit", "its") if kind in groups))
 
 
-@dataclass
+@dataclass(slots=True)
 class Rank:
     """One rank's step times (module docstring)."""
 
@@ -211,7 +211,11 @@ def by_rank(data: bytes, hits: list[Hit], stream_at: Callable[[int], Any] | None
             groups[key] = [hit]
         else:
             mine.append(hit)
-    out: dict[Any, list[Hit]] = {}
+    if stream_at is None:                             # digits -> rank, in one comprehension ...
+        out: dict[Any, list[Hit]] = {None if key is None else int(key): mine for key, mine in groups.items()}
+        if len(out) == len(groups):                   # ... where no rank is spelt two ways
+            return out
+    out = {}
     for key, mine in groups.items():                  # digits -> rank ("03" and "3" are one rank)
         if stream_at is None:
             key = None if key is None else int(key)

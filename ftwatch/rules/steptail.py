@@ -257,7 +257,8 @@ class Tails:
         """The stream's known ranks from a pass's step lines by rank (``density``: bytes of chunk per
         step line): a rank with fewer than one of ``TAIL_SPAN`` of the busiest rank's is sparse."""
         busiest = max(map(len, groups.values()))
-        sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest)
+        sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest) \
+            if busiest > TAIL_SPAN else frozenset()   # (none with at most that: a chunk of thousands of ranks)
         self.streams[stream] = Stream(set(groups), sparse, 0, max(1.0, density))
 
 
