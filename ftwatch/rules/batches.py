@@ -103,10 +103,11 @@ class BatchClock:
 
     keeps_chunk = False   # ``later`` holds the line only (``LineClock.keeps_chunk``)
 
-    def later(self, start: int) -> Callable[[], float]:
-        """The time of the line at ``start``, read only if called (``LineClock.later``, live)."""
+    def later(self, start: int) -> Callable[[int], float]:
+        """A reader of the time of the line at ``start``, read only if called (``LineClock.later``,
+        live: it holds the line, and its argument is not needed)."""
         line, year, time = self._at(start)
-        return lambda: own_time(line, year, time)
+        return lambda _start: own_time(line, year, time)
 
 
 def scan_many(engine: Engine, parts: Sequence[bytes]) -> list[list[tuple[int, int]] | None]:

@@ -8,6 +8,7 @@ feed's state this reads (the carried block's end and time, the feed's year, the 
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from typing import TYPE_CHECKING, Callable
 
@@ -58,21 +59,25 @@ class LineClock:
         (``stragglers.HELD_CHUNKS``) where no later line of the rank replaced them."""
         return bool(self.sim_step)
 
-    def later(self, start: int) -> Callable[[], float]:
-        """The time of the line at ``start``, read only if called (a rank's last step line, whose
-        time a later duration-less line may need). Live, the line and the chunk's time are kept,
-        not the chunk. In a replay the answer is the one a call now gives (``sim_step`` needs
-        the lines before it), read when first called (the step tap reads those still held once
-        a few more chunks are taken, so no chunk is kept long: ``stragglers.HELD_CHUNKS``): with
-        thousands of ranks a chunk holds one step line per rank, and reading each rank's last
-        line's stamp now costs a parse per line that a duration-stating pattern never uses."""
-        if self.sim_step:
-            return Later(self, start, self.engine._year)
+    def later(self, start: int) -> Callable[[int], float]:
+        """A reader of the time of the line at ``start``, read only when called with that start
+        again (a rank's last step line, whose time a later duration-less line may need). In a
+        replay (``keeps_chunk``) it reads any line of the chunk (``functools.partial`` of
+        :meth:`at` in this chunk's year), so the step tap asks for one per chunk and shares it
+        among the ranks: with thousands of ranks a chunk holds one step line per rank, and an
+        object made per rank and chunk was a tenth of the step tap's CPU (4,096 ranks, issue 16).
+        Its answer is the one a call now gives (``sim_step`` needs the lines before it), and it
+        holds the chunk until the step tap reads those still unread a few chunks on
+        (``stragglers.HELD_CHUNKS``). Live, the line and the chunk's time are kept, not the chunk
+        (the argument is not needed then). Reading each rank's last line's stamp at once cost a
+        parse per line that a duration-stating pattern never uses."""
+        if self.sim_step:                   # (not kept here: the reader holds the clock, no cycle)
+            return functools.partial(self.at, year=self.engine._year)
         engine = self.engine
         line = line_at(self.data, start)
         default = engine._carry_time if start < engine._carry_end else self.time
         year = engine._year
-        return lambda: own_time(line, year, default)
+        return lambda _start: own_time(line, year, default)
 
     def __call__(self, start: int) -> float:
         return self.at(start, self.engine._year)
@@ -105,23 +110,6 @@ class LineClock:
         if found is not None:
             return found[1] + (line - found_line) * self.sim_step
         return self.time + line * self.sim_step                          # the line's number
-
-
-class Later:
-    """A replayed line's time (``LineClock.later``): read once, when first called; the chunk is
-    let go then."""
-
-    __slots__ = ("clock", "start", "year", "value")
-
-    def __init__(self, clock: LineClock, start: int, year: int):
-        self.clock: LineClock | None = clock
-        self.start, self.year, self.value = start, year, 0.0
-
-    def __call__(self) -> float:
-        clock = self.clock
-        if clock is not None:
-            self.value, self.clock = clock.at(self.start, self.year), None
-        return self.value
 
 
 def own_time(line: str, year: int, default: float) -> float:

@@ -93,7 +93,8 @@ class Rank:
     baseline: list[float] = field(default_factory=list)
     base_median: float | None = None        # of ``baseline``, once it is full
     seen: int = 0                           # step times taken
-    #: (step number, time; None: not read yet, the line start gives it; a callable: read it then, line start)
+    #: (step number, time; None: not read yet, the line start gives it; a callable: ``LineClock.later``'s
+    #: reader, called with the line start, line start (-1: none))
     last: tuple[int, float | Callable[[], float] | None, int] | None = None
     #: the last step time's measure, where a time difference gave it: (the step number and time it
     #: was measured from, the ``last`` it was measured at, ``seen`` then); a line dated as that
@@ -328,9 +329,11 @@ def _take_each(rank: Rank, min_steps: int, hits: list[Hit], readers: Sequence[Re
                 step_no = int(step)
                 prev = rank.last
                 if seconds is None and prev is not None and step_no > prev[0]:
-                    before = prev[1] if prev[1] is not None else time_at(prev[2])
-                    if callable(before):
-                        before = before()
+                    before = prev[1]
+                    if before is None:
+                        before = time_at(prev[2])
+                    elif callable(before):            # read now (``LineClock.later``)
+                        before = before(prev[2])
                     time = time_at(start)
                     rank.last = last = (step_no, time, start)
                     ref = rank.ref

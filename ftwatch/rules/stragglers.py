@@ -145,9 +145,9 @@ class StepTracker:
         self.jobs: dict[str, Job] = {}
         self.tails.reset()
         self._swept = self.clock.time()
-        #: per chunk that left ranks' last step line's time unread (``time_at.later``: a ``Later``
-        #: holding the chunk's clock), that clock and those ranks; past ``HELD_CHUNKS`` chunks, the
-        #: oldest's ranks whose ``Later`` is still that clock's are read (module doc). Only the clock
+        #: per chunk that left ranks' last step line's time unread (``time_at.later``: the chunk's one
+        #: reader, holding its clock), that reader and those ranks; past ``HELD_CHUNKS`` chunks, the
+        #: oldest's ranks whose ``last`` still holds that reader are read (module doc). Only the reader
         #: and the ranks are kept, not the replaced ``last`` tuples: kept 4 chunks, 4,000 a chunk
         #: went to the oldest generation and tripled the full collections' CPU (4,096 ranks)
         self._held: deque[tuple[Callable[[int], float], list[Rank]]] = deque()
@@ -200,7 +200,7 @@ class StepTracker:
             skip: line starts to leave (lines a block took).
             time_at: the time (epoch s) of the line starting at an offset; called only for lines
                 whose pattern states no duration and for the lines findings name. Its optional
-                ``later(start)`` gives a callable reading that time after the chunk, when needed.
+                ``later(start)`` gives a reader of that time (called with the start) after the chunk, when needed.
             next_seq: a sequence number for a finding.
             hits: ``find(data)``, where the caller found them already (None: found here).
 
@@ -221,8 +221,8 @@ class StepTracker:
         if now - self._swept >= SWEEP_EVERY:
             self._sweep(now)
         out: list[Finding] = []
-        took_at: dict[tuple[str, str], tuple[Origin, Rank]] = {}   # ranks that took step times
-        took_start: dict[tuple[str, str], int] = {}   # rank -> its last step time's line
+        #: (job, instance) -> (its Origin, its rank, its last step time's line): the ranks that took step times
+        took: dict[tuple[str, str], tuple[Origin, Rank, int]] = {}
         stepped: dict[int, Rank] = {}                 # ranks that took step lines in this chunk
         readers, min_steps = self._byte_readers, self.config.min_steps
         stream_at = None if isinstance(origin, Origin) else origin    # watch: a batch of many streams
@@ -251,8 +251,7 @@ class StepTracker:
                 stepped[id(rank)] = rank
                 last = take_lines(rank, min_steps, mine, readers, time_at)
                 if last >= 0:
-                    at = who.job, who.instance
-                    took_at[at], took_start[at] = (who, rank), last
+                    took[who.job, who.instance] = who, rank, last
                 continue
             for exact, run in itertools.groupby(mine, key=lambda hit: hit[2] is not None):
                 if exact:                              # matched on the chunk's bytes: one tight loop
@@ -260,48 +259,53 @@ class StepTracker:
                     stepped[id(rank)] = rank
                     last = take_lines(rank, min_steps, list(run), readers, time_at)
                     if last >= 0:
-                        at = who.job, who.instance
-                        took_at[at], took_start[at] = (who, rank), last
+                        took[who.job, who.instance] = who, rank, last
                     continue
                 for start, index, _ in run:            # a custom pattern, Megatron's report: read the text
                     text = _text_at(data, start)
-                    found, rank, took = self._read(job, who, index, text, start, time_at,
+                    found, rank, took_one = self._read(job, who, index, text, start, time_at,
                                                    lambda s=start, t=text: (t, time_at(s), next_seq()))
                     if found is not None:
                         out.append(found)
                         self.said(found)
                     if rank is None:
                         continue
-                    if took:
-                        at = who.job, who.instance
-                        took_at[at], took_start[at] = (who, rank), start
+                    if took_one:
+                        took[who.job, who.instance] = who, rank, start
                     stepped[id(rank)] = rank
         later = getattr(time_at, "later", None)
+        held, keeps = self._held, getattr(time_at, "keeps_chunk", True)
+        shared = later(0) if later is not None and keeps else None   # a replay's: one reader for the chunk
         unread: dict[int, Rank] = {}                   # ranks whose last line's time is read later
         for rank in stepped.values():                  # offsets mean nothing after this chunk
             last = rank.last
             if last is not None and last[1] is None:   # read when a later line needs it
                 if later is None:
                     rank.last = (last[0], time_at(last[2]), -1)
-                else:
+                elif shared is None:                   # live: a reader holding the line
                     rank.last = (last[0], later(last[2]), -1)
+                else:
+                    rank.last = (last[0], shared, last[2])
                     unread[id(rank)] = rank
         # only a ``later`` holding its chunk (a replay's) is held, for at most HELD_CHUNKS chunks (module doc)
-        held, keeps = self._held, getattr(time_at, "keeps_chunk", True)
-        if unread and keeps:
-            held.append((time_at, list(unread.values())))
+        if unread:
+            held.append((shared, list(unread.values())))
         while len(held) > (HELD_CHUNKS if keeps else 0):   # (live: a replay's left are read at once)
-            clock, ranks = held.popleft()
+            read, ranks = held.popleft()
             for rank in ranks:                         # that chunk's, not replaced since: read now
                 last = rank.last
-                if last is not None and getattr(last[1], "clock", None) is clock:
-                    rank.last = (last[0], last[1](), -1)
+                if last is not None and last[1] is read:
+                    rank.last = (last[0], read(last[2]), -1)
 
         by_job: dict[str, list[tuple[Origin, Rank]]] = {}
         starts: dict[str, int] = {}                    # instance -> the line a finding about it names
-        for key, pair in took_at.items():
-            by_job.setdefault(key[0], []).append(pair)
-            starts[key[1]] = took_start[key]
+        for who, rank, start in took.values():
+            members = by_job.get(who.job)
+            if members is None:
+                by_job[who.job] = [(who, rank)]
+            else:
+                members.append((who, rank))
+            starts[who.instance] = start
 
         def line_of(who: Origin) -> LineOf:            # made only for a finding
             start = starts[who.instance]
