@@ -158,7 +158,16 @@ def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], l
     512-rank one's (~8 MiB) mostly does, so another tenant's load slows the larger more (in the run
     that read 1.55x, 8,192 against 4,096 ranks read 1.03x: the large ones alike). The ratio of 4,096
     to 512 ranks read 1.36x-1.93x in earlier stops' runs (one size after the other) and 0.96x, 1.09x
-    and 1.55x in three runs of one day (going round, issue 16)."""
+    and 1.55x in three runs of one day (going round, issue 16).
+
+    What grows from 512 to 4,096 ranks is the step tap's work per rank and chunk: a 1 MiB chunk
+    holds ~8 Megatron lines of each of 512 ranks (the tap reads each rank's last 4,
+    ``rules.steptail``) but one of each of 4,096, so that work runs once per line (the tap's CPU
+    per rank, the least of 3: ~90 us at 512 ranks, ~220 us at 4,096; the rest of the replay ~100
+    and ~80 us). A slotted ``Rank``, one time reader per chunk instead of an object per rank, and
+    fewer dicts per chunk took 12 % of the tap's Python opcodes at 4,096 ranks (counted with
+    ``sys.settrace``, which the machine's load does not move); one ``bench_decide`` run then read
+    1.35x (issue 16)."""
     paths = {size: make(size) for size in sizes}
     runs: dict[int, list[dict]] = {size: [] for size in sizes}
     for round_no in range(RUNS):
