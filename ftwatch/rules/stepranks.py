@@ -93,9 +93,9 @@ class Rank:
     baseline: list[float] = field(default_factory=list)
     base_median: float | None = None        # of ``baseline``, once it is full
     seen: int = 0                           # step times taken
-    #: (step number, time; None: not read yet, the line start gives it; a callable: ``LineClock.later``'s
-    #: reader, called with the line start, line start (-1: none))
-    last: tuple[int, float | Callable[[], float] | None, int] | None = None
+    #: (step number, time, line start): the time None where not read yet (the line start in this
+    #: chunk gives it), or a reader called with the line start (``LineClock.later``); start -1: none
+    last: tuple[int, float | Callable[[int], float] | None, int] | None = None
     #: the last step time's measure, where a time difference gave it: (the step number and time it
     #: was measured from, the ``last`` it was measured at, ``seen`` then); a line dated as that
     #: ``last`` (the same object still) widens that step time instead of taking one of 0 s
