@@ -4,8 +4,10 @@ Each log is one combined file (torchrun's ``[rankN]:`` prefixes): every rank pri
 step lines, then one rank raises a KeyError (the recorded traceback of ``tests/golden``) and every
 other rank prints gloo's ``Connection closed by peer`` fallout. A child process replays it with the
 default config's engine (the step tap on) and reports the CPU seconds from the first line to the
-decision and the memory the replay added (peak RSS minus RSS before); each log is replayed by
-``RUNS`` children, the runs going round the sizes (``series``), and the median CPU counts.
+decision, the step tap's own share of it, and the memory the replay added (peak RSS minus RSS
+before); each log is replayed by ``RUNS`` children, the runs going round the sizes (``series``),
+and the median CPU counts. Beside the 4,096-vs-512 ratio, the same ratio of the step tap's CPU
+and of the rest's (no goal): which part grows.
 
 Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5x that at 512 (and
 beside it, no goal, 8,192 against 4,096: more ranks than a 1 MiB chunk has step lines, each rank
@@ -132,6 +134,15 @@ def child(path: str) -> None:
     # bench's folder was read and written by every child in turn, so a child's decision wrote
     # back every earlier child's attempts and same-error counts (4,096 after the tracebacks' log)
     policy = build_policy(config, "bench", BudgetStore(None, "bench"), in_memory=True, state_dir=Path(path).parent)
+    steps, tap = engine._steps, [0.0]
+
+    def timed_steps(*args, **kwargs):                 # the step tap's own CPU (as bench_engine times it)
+        start = time.process_time()
+        try:
+            return steps(*args, **kwargs)
+        finally:
+            tap[0] += time.process_time() - start
+    engine._steps = timed_steps
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rss = 0.0
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -141,16 +152,16 @@ def child(path: str) -> None:
     result = replay([Path(path)], engine, policy, "bench", recorder=Recorder(out=io.StringIO(), resolve_after=None))
     cpu = time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"cpu": cpu, "added_mib": (peak - max(rss, 0)) / 1024.0 if peak > before else 0.0,
+    print(json.dumps({"cpu": cpu, "tap": tap[0], "added_mib": (peak - max(rss, 0)) / 1024.0 if peak > before else 0.0,
                       "action": result.decision.action.label, "findings": len(result.findings)}))
 
 
 def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], label: str,
-           lines: Callable[[int], str] | None = None) -> dict[int, float]:
+           lines: Callable[[int], str] | None = None, taps: dict[int, float] | None = None) -> dict[int, float]:
     """Replay the log ``make(size)`` of each size in a child, ``RUNS`` times (the median CPU: one
     run's CPU varied by ~15 % from run to run); its decision and memory figures go to ``figures``,
     labelled ``label`` (``{size}`` in it); returns per size the CPU seconds per unit of size (a
-    rank, a repeat).
+    rank, a repeat), and puts the step tap's own share of them (its median) in ``taps``.
 
     The runs go round the sizes (every size once, then again): the sizes' medians then span the same
     stretch of time, not each its own. That did not remove the ratios' swing; its likely cause is a
@@ -181,9 +192,13 @@ def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], l
         if not runs[size]:
             continue
         name = label.format(size=f"{size:,}")
-        r = {**runs[size][0], "cpu": statistics.median(x["cpu"] for x in runs[size])}
+        r = {**runs[size][0], "cpu": statistics.median(x["cpu"] for x in runs[size]),
+             "tap": statistics.median(x["tap"] for x in runs[size])}
         per[size] = r["cpu"] / size
-        note = f"{r['action']}, {r['findings']} findings" + (f", {lines(size)}" if lines else "")
+        if taps is not None:
+            taps[size] = r["tap"] / size
+        note = (f"{r['action']}, {r['findings']} findings" + (f", {lines(size)}" if lines else "")
+                + f"; the step tap {r['tap'] * 1000.0:.0f} ms of it")
         figures.append(info(f"decision, {name}", r["cpu"] * 1000.0, "ms", note))
         figures.append(info(f"memory, {name}", r["added_mib"], "MiB"))
     return per
@@ -194,10 +209,17 @@ def main() -> None:
         child(sys.argv[2])
         return
     figures: list = []
+    taps: dict[int, float] = {}
     per_rank = series(figures, RANKS, lambda n: failure_log(n, workdir() / f"fail-{n}.log"), "{size} ranks",
-                      lambda n: f"{(STEPS + 1) * n:,} lines")
+                      lambda n: f"{(STEPS + 1) * n:,} lines", taps)
     if 512 in per_rank and 4_096 in per_rank:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
+        figures.append(info("of it, the step tap's CPU per rank, 4,096 vs 512 ranks", taps[4_096] / taps[512], "x",
+                            f"{taps[512] * 1e6:.0f} and {taps[4_096] * 1e6:.0f} us a rank: one step line a rank "
+                            "and chunk at 4,096 (series)"))
+        rest = {n: per_rank[n] - taps[n] for n in (512, 4_096)}
+        figures.append(info("the rest's CPU per rank, 4,096 vs 512 ranks", rest[4_096] / rest[512], "x",
+                            f"{rest[512] * 1e6:.0f} and {rest[4_096] * 1e6:.0f} us a rank"))
     if 4_096 in per_rank and 8_192 in per_rank:
         figures.append(info("CPU per rank, 8,192 vs 4,096 ranks", per_rank[8_192] / per_rank[4_096], "x",
                             "~1x: past a chunk's step lines per rank too"))
