@@ -3,7 +3,8 @@
 Each file is one instance's log (its rank read from the file name, e.g. ``rank3.log`` or
 ``worker-3.err``), a node's kernel log (``kern.log``: host evidence, never an instance) or one
 combined log whose lines carry rank prefixes (``[rank3]:``,
-torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks cut at line ends and fed,
+torchrun's ``[default3]:`` / ``3:``). Files are read in 1 MiB chunks (up to 4 MiB where a file
+holds thousands of ranks' step lines: ``Engine.chunk_bytes``) cut at line ends and fed,
 one file after the other, to one :class:`ftwatch.pipeline.incidents.IncidentDesk` (the core
 ``run`` and ``watch`` decide through; errors open incidents, as in ``watch``); each chunk is
 scanned whole (no per-line Python work on lines that do not hit a rule); a traceback or a
@@ -59,6 +60,9 @@ from ftwatch.rules.engine import Engine
 from ftwatch.rules.timers import HangTracker
 
 CHUNK_BYTES = 1 << 20
+#: the longest chunk: where a file holds thousands of ranks' step lines, a chunk is as long as the
+#: step tap needs to find a few of each rank's (``Engine.chunk_bytes``), up to this (issue 16)
+MAX_CHUNK_BYTES = 4 << 20
 SIM_STEP = 0.001            # simulated seconds per line without a timestamp
 SIM_START = 1_795_219_200.0  # 2026-11-21T00:00:00Z: the simulated clock's origin without an anchor
 ANCHOR_LINES = 200          # lines at the head of a file searched for the clock's anchor
@@ -228,17 +232,22 @@ def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
                  progress: Callable[[int], None] | None, scan: HangScan | None = None) -> tuple[int, float]:
     """Feed one file to ``desk`` in chunks, its clock starting at ``base``.
 
+    A chunk is ``CHUNK_BYTES`` long, or, where the step tap needs longer ones to find a few step
+    lines of each of the file's ranks (thousands of ranks), that long, up to ``MAX_CHUNK_BYTES``:
+    its work once per rank and chunk is then shared by a few lines of each rank (issue 16).
+
     Each chunk's time is that of its first line when it has no timestamp: the last stamp before
     it plus ``SIM_STEP`` per line since (``_next_base``). Gives each chunk to ``scan``, opened for
     this file, when hang detection is on; returns (bytes read, the clock at the end).
     """
     total = 0
-    year = desk.engine.year or fields.year_of(base)
+    engine = desk.engine
+    year = engine.year or fields.year_of(base)
     with open(path, "rb") as fh:
         parts: list[bytes] = []         # a line longer than a chunk, read so far ...
         held = 0                        # ... and its bytes
         while True:
-            block = fh.read(CHUNK_BYTES)
+            block = fh.read(min(MAX_CHUNK_BYTES, max(CHUNK_BYTES, engine.chunk_bytes(origin))))
             if not block:
                 break
             cut = block.rfind(b"\n") + 1

@@ -350,6 +350,12 @@ class Engine:
         return self.steps.take_chunk(origin, data, end, consumed, LineClock(self, data, time, sim_step),
                                      self.next_seq, found)
 
+    def chunk_bytes(self, origin: Origin) -> int:
+        """Bytes of ``origin``'s output a chunk should hold for the step tap
+        (``StepTracker.chunk_bytes``: thousands of ranks in one stream); 0: no wish (no tap, or
+        no rank known yet)."""
+        return 0 if self.steps is None else self.steps.chunk_bytes(origin)
+
     def count_if_quiet(self, origin: Origin, data: bytes, hits: list[tuple[int, int]] | None) -> bool:
         """Count ``data`` and return True when :meth:`feed` of it with ``hits`` (from
         :meth:`scan_many`) would only count it: no rule hit, no step line, no open block of

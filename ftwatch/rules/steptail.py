@@ -36,7 +36,8 @@ It takes the lines it has in that stretch, and those in a refresh's stretch (one
 leaves the known ranks, and the next tail that shows it is a full pass).
 
 What this means for the statistics: a rank gets at most ``TAIL_PER_RANK`` step times per chunk
-(1 MiB in ``replay``), so its window of ``window`` step times spans the last ``window /
+(1 MiB in ``replay``; where that holds fewer than ``TAIL_PER_RANK`` of each rank's, longer:
+:meth:`Tails.width`), so its window of ``window`` step times spans the last ``window /
 TAIL_PER_RANK`` chunks, not the last ``window`` steps, and ``min_steps`` step times need a few
 chunks after the first (whose head and end usually give them at once). A rank that prints less
 often than the others (say one line for every ``TAIL_SPAN`` of theirs, or fewer) may fall outside
@@ -111,6 +112,13 @@ class Tails:
         """Forget every stream (a new attempt)."""
         self.streams: BoundedDict[Any, Stream] = BoundedDict(MAX_INSTANCES_PER_JOB, "step_tail_stream")
 
+    def width(self, stream: Any) -> int:
+        """Bytes of ``stream`` whose tail holds ``TAIL_PER_RANK`` step lines of each rank known on it
+        (by the last chunk's bytes per step line, with half again to spare): where a chunk is
+        shorter, :meth:`find` reads the whole chunk. 0 where no rank is known (or tails are off)."""
+        state = self.streams.get(stream) if self.enabled else None
+        return _stretch_bytes(state) if state is not None and state.known else 0
+
     def find(self, stream: Any, data: bytes, end: int, skip: Container[int]) -> tuple[list[Hit], Groups]:
         """The step lines of ``data``'s lines before ``end`` (not in ``skip``) that the tap takes.
 
@@ -132,7 +140,7 @@ class Tails:
         known, need = state.known, TAIL_PER_RANK
         wanted = [key for key in known if key not in state.sparse] if state.sparse else known
         bound = TAIL_SPAN * need * len(known)
-        width = max(FIRST_STRETCH, int(state.density * need * len(known) * 1.5))
+        width = max(FIRST_STRETCH, _stretch_bytes(state))
         if width >= end:                              # the tail is the whole chunk (thousands of ranks)
             state.chunks -= 1
             return self._full(stream, data, end, skip)
@@ -260,6 +268,12 @@ class Tails:
         sparse = frozenset(key for key, mine in groups.items() if len(mine) * TAIL_SPAN < busiest) \
             if busiest > TAIL_SPAN else frozenset()   # (none with at most that: a chunk of thousands of ranks)
         self.streams[stream] = Stream(set(groups), sparse, 0, max(1.0, density))
+
+
+def _stretch_bytes(state: Stream) -> int:
+    """Bytes of a stretch holding ``TAIL_PER_RANK`` step lines of each of ``state``'s known ranks, with
+    half again to spare (``Stream.density``: bytes per step line, last seen)."""
+    return int(state.density * TAIL_PER_RANK * len(state.known) * 1.5)
 
 
 def _join(groups: Groups, part: Groups, first: bool = False) -> None:

@@ -55,7 +55,7 @@ rank (issue 16), so nothing per rank and chunk may cost more than a line: a rank
 slow (not reported, no node to compare, its median under ``factor`` x a lower bound of the
 others' median) is passed over without a verdict; a rank's Origin is made once; its last step
 line's time is read only if a duration-less line needs it (``LineClock.later``), or, where the
-next ``HELD_CHUNKS`` chunks do not replace it, then (no more chunks than that are kept; live,
+next ``HELD_CHUNKS`` chunks (``HELD_BYTES`` at most) do not replace it, then (no more are kept; live,
 where it holds only its line, ``keeps_chunk``, only if ever needed). A finding comes at the end
 of the chunk that made the statistics cross (``observe``, one line, is a chunk of one). The per-rank state and its intake live in
 ``ftwatch.rules.stepranks``, finding step lines in ``ftwatch.rules.steplines``, the three
@@ -89,13 +89,16 @@ from ftwatch.rules.stepstats import is_straggler, median_without, sorted_median,
 from ftwatch.rules.stepverdicts import LineOf, detector, judge, node_verdict
 
 SWEEP_EVERY = 60.0            # seconds between sweeps for forgotten jobs
-#: replay: the chunks (1 MiB each) whose ranks' last step line's time may stay unread, held by
-#: their ``LineClock.later`` (module doc). With more ranks than a chunk has step lines a rank
-#: prints in every second or third chunk, not every one: read as soon as the next chunk missed
-#: it, every such line's stamp was parsed (8,192 ranks of Megatron lines in ``make bench``:
-#: 158,469 parses, 1.2 s of a 5 s replay), for a pattern that states its own duration and never
-#: needs it. Four chunks hold a rank of 16,384 (``limits.max_instances_per_job``) of 260-byte lines.
+#: replay: the latest chunks whose ranks' last step line's time may stay unread, held by
+#: their ``LineClock.later`` (module doc); the latest chunk is always held. With more ranks than a
+#: chunk has step lines a rank prints in every second or third chunk, not every one: read as soon
+#: as the next chunk missed it, every such line's stamp was parsed (8,192 ranks of Megatron lines
+#: in ``make bench``: 158,469 parses, 1.2 s of a 5 s replay), for a pattern that states its own
+#: duration and never needs it. At most ``HELD_CHUNKS`` chunks and ``HELD_BYTES`` bytes: 4 MiB
+#: hold a line of each of 16,384 ranks (``limits.max_instances_per_job``) of 260-byte lines, four
+#: of replay's 1 MiB chunks, one of its longest (``StepTracker.chunk_bytes``).
 HELD_CHUNKS = 4
+HELD_BYTES = 4 << 20
 _GROUPS = operator.itemgetter(2)
 
 
@@ -147,10 +150,12 @@ class StepTracker:
         self._swept = self.clock.time()
         #: per chunk that left ranks' last step line's time unread (``time_at.later``: the chunk's one
         #: reader, holding its clock), that reader and those ranks; past ``HELD_CHUNKS`` chunks, the
-        #: oldest's ranks whose ``last`` still holds that reader are read (module doc). Only the reader
-        #: and the ranks are kept, not the replaced ``last`` tuples: kept 4 chunks, 4,000 a chunk
-        #: went to the oldest generation and tripled the full collections' CPU (4,096 ranks)
-        self._held: deque[tuple[Callable[[int], float], list[Rank]]] = deque()
+        #: oldest's ranks whose ``last`` still holds that reader are read (module doc), and the chunk's
+        #: bytes (``HELD_BYTES``). Only the reader and the ranks are kept, not the replaced ``last``
+        #: tuples: kept 4 chunks, 4,000 a chunk went to the oldest generation and tripled the full
+        #: collections' CPU (4,096 ranks)
+        self._held: deque[tuple[Callable[[int], float], list[Rank], int]] = deque()
+        self._held_bytes = 0
         #: (id(stream Origin), rank) -> (that Origin, the rank's Origin): one ``with_rank`` per rank
         self._who: dict[tuple[int, int | None], tuple[Origin, Origin]] = {}
 
@@ -180,6 +185,14 @@ class StepTracker:
         if found is not None:
             self.said(found)
         return found
+
+    def chunk_bytes(self, origin: Origin) -> int:
+        """Bytes of ``origin``'s output a chunk should hold for the tap to find ``TAIL_PER_RANK``
+        step lines of each of its known ranks (``Tails.width``; 0: none known). A replay of
+        thousands of ranks in one file reads chunks that long (``ftwatch.pipeline.replay``): its
+        work once per rank and chunk is then shared by that rank's few lines, as at hundreds of
+        ranks, and the lines read are the same."""
+        return self.tails.width(origin)
 
     def find(self, data: bytes) -> list[StepHit]:
         """The step lines of ``data`` (complete lines, ANSI removed), for ``take_chunk``'s ``hits``:
@@ -287,11 +300,14 @@ class StepTracker:
                 else:
                     rank.last = (last[0], shared, last[2])
                     unread[id(rank)] = rank
-        # only a ``later`` holding its chunk (a replay's) is held, for at most HELD_CHUNKS chunks (module doc)
+        # only a ``later`` holding its chunk (a replay's) is held: the latest chunks, HELD_CHUNKS and
+        # HELD_BYTES at most, the latest always (module doc); live, a replay's left are read at once
         if unread:
-            held.append((shared, list(unread.values())))
-        while len(held) > (HELD_CHUNKS if keeps else 0):   # (live: a replay's left are read at once)
-            read, ranks = held.popleft()
+            held.append((shared, list(unread.values()), len(data)))
+            self._held_bytes += len(data)
+        while held and (not keeps or len(held) > HELD_CHUNKS or (len(held) > 1 and self._held_bytes > HELD_BYTES)):
+            read, ranks, size = held.popleft()
+            self._held_bytes -= size
             for rank in ranks:                         # that chunk's, not replaced since: read now
                 last = rank.last
                 if last is not None and last[1] is read:
