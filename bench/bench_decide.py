@@ -13,7 +13,7 @@ Goal: decision time linear in ranks: the CPU per rank at 4,096 ranks at most 1.5
 beside it, no goal, 8,192 against 4,096: more ranks than a 1 MiB chunk has step lines, each rank
 printing in every second chunk, no longer in every one, where a per-rank cost of a chunk that
 misses the rank shows: a parse of each such rank's last stamp, ~1 s of a 5-7 s replay, until the
-step tap held those unread (``stragglers.HELD_CHUNKS``); with the same work per chunk, it then read
+step tap held those unread (``stragglers.HELD_CHUNKS``, now ``HELD_BYTES`` too); with the same work per chunk, it then read
 1.3-1.5x, the collector's young passes rescanning twice the ranks' state, until a replay raised their
 threshold (``replay.REPLAY_GC_THRESHOLD``): 1.0-1.2x since); the
 same where the step lines carry no time and state no duration (``failure_log(untimed=True)``:
@@ -178,7 +178,11 @@ def series(figures: list, sizes: tuple[int, ...], make: Callable[[int], Path], l
     and ~80 us). A slotted ``Rank``, one time reader per chunk instead of an object per rank, and
     fewer dicts per chunk took 12 % of the tap's Python opcodes at 4,096 ranks (counted with
     ``sys.settrace``, which the machine's load does not move); one ``bench_decide`` run then read
-    1.35x (issue 16)."""
+    1.35x. A replay now reads chunks long enough for the tap to find ~4 lines of each rank
+    (``Engine.chunk_bytes``, 4 MiB at most: at 4,096 ranks 4 MiB), so that work is shared by a
+    rank's few lines again: the instructions of the 4,096-rank replay (cachegrind) 14 % fewer, the
+    CPU per rank in one run 1.06x that at 512 (tracebacks 1.22x), at ~13 MiB more memory (the longer
+    chunk's step lines in flight; issue 16)."""
     paths = {size: make(size) for size in sizes}
     runs: dict[int, list[dict]] = {size: [] for size in sizes}
     for round_no in range(RUNS):
@@ -215,8 +219,8 @@ def main() -> None:
     if 512 in per_rank and 4_096 in per_rank:
         figures.append(at_most("CPU per rank, 4,096 vs 512 ranks", per_rank[4_096] / per_rank[512], "x", 1.5))
         figures.append(info("of it, the step tap's CPU per rank, 4,096 vs 512 ranks", taps[4_096] / taps[512], "x",
-                            f"{taps[512] * 1e6:.0f} and {taps[4_096] * 1e6:.0f} us a rank: one step line a rank "
-                            "and chunk at 4,096 (series)"))
+                            f"{taps[512] * 1e6:.0f} and {taps[4_096] * 1e6:.0f} us a rank: at 4,096 ~4 step lines a "
+                            "rank and 4 MiB chunk, at 512 ~8 a rank and 1 MiB (series)"))
         rest = {n: per_rank[n] - taps[n] for n in (512, 4_096)}
         figures.append(info("the rest's CPU per rank, 4,096 vs 512 ranks", rest[4_096] / rest[512], "x",
                             f"{rest[512] * 1e6:.0f} and {rest[4_096] * 1e6:.0f} us a rank"))
