@@ -261,9 +261,10 @@ def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
                     continue
                 chunk, parts, held, added = b"".join(parts) + b"\n", [], 0, 1    # with a newline added
             else:
-                chunk = b"".join(parts) + block[:cut] if parts else block[:cut]
+                chunk = b"".join([*parts, memoryview(block)[:cut]]) if parts else block[:cut]   # one copy
                 parts = [block[cut:]] if cut < len(block) else []
                 held = len(block) - cut
+            block = b""                 # the chunk is its copy: not both kept while the chunk is read
             desk.output(origin, chunk, base, sim_step=SIM_STEP)
             if scan is not None:
                 scan.take(chunk, base)
