@@ -149,11 +149,11 @@ class StepTracker:
         self.tails.reset()
         self._swept = self.clock.time()
         #: per chunk that left ranks' last step line's time unread (``time_at.later``: the chunk's one
-        #: reader, holding its clock), that reader and those ranks; past ``HELD_CHUNKS`` chunks, the
-        #: oldest's ranks whose ``last`` still holds that reader are read (module doc), and the chunk's
-        #: bytes (``HELD_BYTES``). Only the reader and the ranks are kept, not the replaced ``last``
-        #: tuples: kept 4 chunks, 4,000 a chunk went to the oldest generation and tripled the full
-        #: collections' CPU (4,096 ranks)
+        #: reader, holding its clock), that reader, those ranks and the chunk's length; past
+        #: ``HELD_CHUNKS`` chunks or ``HELD_BYTES`` bytes, the oldest's ranks whose ``last`` still holds
+        #: that reader are read (module doc). Only the reader and the ranks are kept, not the replaced
+        #: ``last`` tuples: kept 4 chunks, 4,000 a chunk went to the oldest generation and tripled the
+        #: full collections' CPU (4,096 ranks)
         self._held: deque[tuple[Callable[[int], float], list[Rank], int]] = deque()
         self._held_bytes = 0
         #: (id(stream Origin), rank) -> (that Origin, the rank's Origin): one ``with_rank`` per rank
