@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 
 from ftwatch.events import Origin, ProcessExit
 from ftwatch.pipeline.sources.outqueue import OutputQueue, coalesce
-from ftwatch.pipeline.sources.process import LINGER, Output, Started, read_lines, start_readers
+from ftwatch.pipeline.sources.process import LINGER, Output, Started, next_tick, read_lines, start_readers
 from ftwatch.pipeline.sources.process import _hangup as process_hangup
 from ftwatch.pipeline.sources.supervisor import Supervisor
 from ftwatch.telemetry import Metrics
@@ -129,11 +129,49 @@ def test_a_busy_stream_is_handed_over_in_chunks_not_a_line_per_read():
     assert len(got) <= 30 < n
 
 
+def test_next_tick_is_the_grids_next_multiple_of_the_linger():
+    for now in (0.0, 0.01, LINGER, 7 * LINGER + 0.001, 12345.678):
+        tick = next_tick(now)
+        assert now < tick <= now + LINGER + 1e-9
+        assert abs(tick / LINGER - round(tick / LINGER)) < 1e-6
+
+
+def test_busy_streams_hand_over_together_on_the_grids_ticks(monkeypatch):
+    """Two busy streams (two workers' stdout) hand over on the same ticks, the multiples of the
+    linger on the monotonic clock, not each on its own clock: the loop takes them in one wake."""
+    from ftwatch.pipeline.sources import process
+    monkeypatch.setattr(process, "LINGER", 0.25)
+    puts: list[tuple[float, Origin]] = []
+
+    class Timed(OutputQueue):
+        def put(self, item, nbytes=None):
+            puts.append((time.monotonic(), item.origin))
+            super().put(item, nbytes)
+    q = Timed()
+    pipes = [os.pipe(), os.pipe()]
+    origins = [W0, Origin("worker-1", 1, "job", "n1", "stdout", "process")]
+    threads = [t for (r, _), o in zip(pipes, origins) for t in start_readers({"stdout": os.fdopen(r, "rb")}, o, q)]
+    time.sleep((0.125 - time.monotonic()) % 0.25)      # start between two ticks: each stream's own clock
+    end = time.monotonic() + 6 * 0.25                  # would hand over between them
+    while time.monotonic() < end:
+        for _, w in pipes:
+            os.write(w, LINE)
+        time.sleep(0.002)
+    for _, w in pipes:
+        os.close(w)
+    for t in threads:
+        t.join(10)
+    for origin in origins:                   # after each stream's first (at once) and before its last (the close)
+        phases = sorted(at % 0.25 for at, o in [p for p in puts if p[1] == origin][1:-1])
+        assert len(phases) >= 3
+        assert phases[len(phases) // 2] < 0.25 / 4, phases      # most just after a tick
+
+
 def test_a_busy_streams_last_words_are_not_held_for_the_linger_when_the_pipe_closes(monkeypatch):
     """The linger waits on the pipe's hang-up: with a 60 s linger, a line written right after a
     hand-over and the writer's close still reach the queue (and EOF) at once, not 60 s later."""
     from ftwatch.pipeline.sources import process
-    monkeypatch.setattr(process, "LINGER", 60.0)
+    monkeypatch.setattr(process, "next_tick", lambda now: now + 60.0)    # a 60 s linger from each hand-over
     q = OutputQueue()
     r, w = os.pipe()
     eof = threading.Event()
@@ -154,7 +192,7 @@ def test_lines_that_waited_through_a_linger_are_dated_when_it_began(monkeypatch)
     error's read, so a reading by time keeps the order they were written in (recorded on an
     H200: tools/gpu_capture.sh cuda_oom). A line that came after the linger is dated when read."""
     from ftwatch.pipeline.sources import process
-    monkeypatch.setattr(process, "LINGER", 60.0)
+    monkeypatch.setattr(process, "next_tick", lambda now: now + 60.0)    # a 60 s linger from each hand-over
     q = OutputQueue()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
