@@ -241,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                         "cost without the engine's per-step-line work")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
-    # default: this checkout's ftwatch, run by this Python (not whatever the venv's script imports)
-    ftwatch = [args.ftwatch] if args.ftwatch else [sys.executable, "-m", "ftwatch"]
+    # default: this checkout's ftwatch, run by this Python (not whatever the venv's script imports);
+    # -P: ``-m`` would put the working directory first on sys.path, so a bench started from another
+    # checkout would measure that one's ftwatch (PYTHONPATH below names this one)
+    ftwatch = [args.ftwatch] if args.ftwatch else [sys.executable, "-P", "-m", "ftwatch"]
     if not args.ftwatch:
         root = str(Path(__file__).resolve().parents[1])
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
