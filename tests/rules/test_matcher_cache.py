@@ -22,10 +22,11 @@ DATA = (b"x\nNCCL error: unhandled system error\nConnection Closed By Peer\n"
 
 @pytest.fixture
 def compiles(monkeypatch):
-    """Counts Hyperscan compiles (each call of the matcher's ``_hs_compile``)."""
+    """Counts Hyperscan compiles (each call of the matcher's ``_hs_compile``: its expressions)."""
     calls: list[int] = []
     real = matcher_mod._hs_compile
-    monkeypatch.setattr(matcher_mod, "_hs_compile", lambda exprs: calls.append(len(exprs)) or real(exprs))
+    monkeypatch.setattr(matcher_mod, "_hs_compile",
+                        lambda exprs, ids=None: calls.append(len(exprs)) or real(exprs, ids))
     return calls
 
 
@@ -142,7 +143,9 @@ def test_the_built_in_packs_are_compiled_once_with_the_engine_and_a_users_file_i
     rules = load_rules([user])
     assert compiles == [1]                               # the user's file alone
     Engine(rules)
-    assert len(compiles) == 2 and compiles[1] > len(rules)   # then the engine's whole database
+    # then the engine's databases: the scan's (every pattern not gated, the gated ones' literals)
+    # and the gated patterns' own (ftwatch.rules.gates: the built-in packs hold some)
+    assert len(compiles) == 3 and compiles[1] + compiles[2] > len(rules)
 
 
 def _user_rules(tmp_path, name: str, regexes: list[str]):
@@ -159,20 +162,21 @@ def _user_rules(tmp_path, name: str, regexes: list[str]):
 @needs_hs
 def test_the_engine_of_run_watch_and_replay_compiles_a_users_rule_file_once(tmp_path, cache, compiles):
     """Validated and compiled once (issue 16): ``build_engine`` leaves a user's file's Hyperscan
-    check to its own compile (with an empty cache, one compile in all); the next start compiles
-    nothing; a later ``load_rules`` with the check (``ftwatch check``) does not take the
-    unchecked file from the cache: it compiles the file's set."""
+    check to its own compile (with an empty cache, one build in all: the scan's database and the
+    gated patterns', ``ftwatch.rules.gates``); the next start compiles nothing; a later
+    ``load_rules`` with the check (``ftwatch check``) does not take the unchecked file from the
+    cache: it compiles the file's set."""
     from ftwatch.config.model import Config
     from ftwatch.pipeline.build import build_engine
     user = _user_rules(tmp_path, "mine.yaml", ["thing [0-9]+ broke", "other (thing|part) failed"])
     config = Config.model_validate({"rules": {"files": [str(user)]}})
     engine = build_engine(config)
-    assert len(compiles) == 1 and compiles[0] == len(engine.matcher.patterns)
+    assert len(compiles) == 2 and sum(compiles) > len(engine.matcher.patterns)
     assert [f.rule_id for f in engine.feed(Origin("w"), b"x\nthing 7 broke\n", 0.0)] == ["team.r0"]
     build_engine(config)
-    assert len(compiles) == 1                               # rules and database from the cache
+    assert len(compiles) == 2                               # rules and databases from the cache
     load_rules([user], builtin=False)
-    assert compiles[1:] == [2]                              # the file's own check, as before
+    assert compiles[2:] == [2]                              # the file's own check, as before
 
 
 @needs_hs

@@ -134,7 +134,8 @@ def test_more_checked_sets_than_databases_kept_all_stay_marked(cache, monkeypatc
     compiled every file again. Marks are kept by the thousand, and by last use."""
     compiles: list[int] = []
     real = matcher_mod._hs_compile
-    monkeypatch.setattr(matcher_mod, "_hs_compile", lambda exprs: compiles.append(len(exprs)) or real(exprs))
+    monkeypatch.setattr(matcher_mod, "_hs_compile",
+                        lambda exprs, ids=None: compiles.append(len(exprs)) or real(exprs, ids))
     sets = [[Pattern(f"set {k} keyword {i}") for i in range(3)] for k in range(diskcache.CACHE_KEEP + 4)]
     for patterns in sets:
         Matcher.check_many(patterns)
