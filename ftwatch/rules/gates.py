@@ -4,9 +4,10 @@ Hyperscan finds a regex by its literals: it looks for them all at once and runs 
 other parts only around what it finds. A regex that *begins* with a literal costs little, but
 one that begins with a class run (``\\S+: line \\d+: ...``, ``(\\.mm?|\\.swift|\\]):\\d+: failed
 assertion``) and reaches its rare literal only later makes Hyperscan track that start wherever
-it may begin. On ``make bench``'s corpus (real log text, 28 % step lines) three such built-in
-regexes of 1,264 took a third of the scan's instructions (cachegrind: 120 M against 80 M per
-4 MB with them gated), since short pieces such as ``]:`` and ``/`` are on most lines.
+it may begin. On ``make bench``'s corpus (real log text, 28 % step lines) a few such built-in
+regexes of 1,264 took a third of the scan's instructions (cachegrind, per 4 MB: 120 M with them
+scanned as written, 80 M with them gated), since short pieces such as ``]:`` and ``/`` are on
+most lines.
 
 Such a pattern is *gated* (:func:`gate`): the matcher's scan looks for its required literals
 instead (:attr:`Gate.literals`; a line holding none of them cannot match), and only the lines

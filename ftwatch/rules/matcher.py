@@ -248,8 +248,8 @@ def _load_pair(key: str):
 
 
 def load_database(key: str):
-    """The cached database for ``key`` (the matcher's, or one ``store_database`` kept), or None
-    (missing, unreadable, or not loadable)."""
+    """The cached database ``store_database`` kept for ``key``, or None (missing, unreadable, or
+    not loadable). The matcher's own are a pair (``_load_pair``)."""
     data = diskcache.read("hyperscan", key, "hsdb")
     if data is None:
         return None
