@@ -5,7 +5,10 @@ On the shared corpus (``benchlib.build_corpus``), per rule count:
 - ``ftwatch replay`` end to end with the step tap (the default config's engine), and without it;
 - ``Engine.feed`` alone, 1 MiB chunks from memory, no tap;
 - ``rg -c -a -f`` over the rules' patterns (ripgrep, the C/Rust floor for "find lines that hit");
-- raw chunked Hyperscan from Python (one database, 1 MiB chunks, hits mapped to line starts);
+- raw chunked Hyperscan from Python (one database, 1 MiB chunks, hits mapped to line starts), and
+  beside it ftwatch's own ``Matcher.scan`` of the same chunks against raw Hyperscan of the same
+  patterns (the engine's: the rules' and those it adds; its slow regexes gated,
+  ``ftwatch.rules.gates``), the three alternated;
 - at 1,000 and 10,000 rules, replay's floor (``time_floor``: read, lines counted, ``Matcher.scan``)
   and, per hit line, replay's CPU beyond it beside what the goal leaves beyond it;
 
@@ -161,25 +164,42 @@ def exprs(rules: list[Rule]):
     return [_translate(p) for r in rules for p in r.patterns]
 
 
-def time_raw_hyperscan(parts: list[bytes], rules: list[Rule]) -> float | None:
+def time_scans(parts: list[bytes], rules: list[Rule]) -> tuple[float | None, float | None, float]:
+    """The least CPU seconds of ``REPEAT`` passes over ``parts`` of: raw chunked Hyperscan (one
+    database of the rules' patterns as written, hits mapped to line starts; None without
+    hyperscan); the same over the engine's own patterns (the rules' and those it adds: block
+    starts, fault-code candidates); and ftwatch's ``Matcher.scan`` of those (its slow regexes
+    gated, ``ftwatch.rules.gates``: found by their literals, verified on those lines). The three
+    alternate, so each is the best of the same stretch of time."""
+    matcher = Engine(rules).matcher
+    ours = float("inf")
     try:
         import hyperscan as hs
     except ImportError:
-        return None
+        return None, None, cpu_of(lambda: [matcher.scan(data) for data in parts], repeat=REPEAT)
     from ftwatch.rules.matcher import _hs_compile
-    db = _hs_compile(exprs(rules))
-    scratch = hs.Scratch(db)
 
-    def run():
-        for data in parts:
-            hits: set[tuple[int, int]] = set()
-            rfind = data.rfind
+    def raw(db):
+        scratch = hs.Scratch(db)
 
-            def on_match(pid, _s, end, _f, _c):
-                hits.add((rfind(b"\n", 0, end) + 1, pid))
-            db.scan(data, match_event_handler=on_match, scratch=scratch)
-            sorted(hits)
-    return cpu_of(run, repeat=REPEAT)
+        def run():
+            for data in parts:
+                hits: set[tuple[int, int]] = set()
+                rfind = data.rfind
+
+                def on_match(pid, _s, end, _f, _c):
+                    hits.add((rfind(b"\n", 0, end) + 1, pid))
+                db.scan(data, match_event_handler=on_match, scratch=scratch)
+                sorted(hits)
+        return run
+    plain = raw(_hs_compile(exprs(rules)))
+    same = raw(_hs_compile([_translate(p) for p in matcher.patterns]))
+    plain_best = same_best = float("inf")
+    for _ in range(REPEAT):
+        plain_best = min(plain_best, cpu_of(plain))
+        same_best = min(same_best, cpu_of(same))
+        ours = min(ours, cpu_of(lambda: [matcher.scan(data) for data in parts]))
+    return plain_best, same_best, ours
 
 
 def time_tool(argv: list[str]) -> float | None:
@@ -316,9 +336,10 @@ def main() -> None:
                 rate["replay-notap", count] = n / without
                 rate["tap-share", count] = tap_share
             rate["feed", count] = n / time_feed(parts, rules)
-            hs_time = time_raw_hyperscan(parts, rules)
-            if hs_time:
-                rate["hs", count] = n / hs_time
+            hs_time, same_time, scan_time = time_scans(parts, rules)
+            rate["scan", count] = n / scan_time
+            if hs_time and same_time:
+                rate["hs", count], rate["hs-same", count] = n / hs_time, n / same_time
             rg = pattern_file(rules, tmp, "rg")
             rg_time = time_tool(["rg", "-c", "-a", "--no-config", "-f", str(rg), str(path)]) if rg else None
             if rg_time:
@@ -346,6 +367,10 @@ def main() -> None:
         if ("hs", count) in rate:
             figures.append(info(f"Engine.feed / raw hyperscan, {count:,} rules",
                                 rate["feed", count] / rate["hs", count], "x"))
+            figures.append(info(f"Matcher.scan / raw hyperscan of the same patterns, {count:,} rules",
+                                rate["scan", count] / rate["hs-same", count], "x",
+                                f"Matcher.scan {rate['scan', count]:,.0f} lines/s, its slow regexes gated; "
+                                f"raw {rate['hs-same', count]:,.0f} (the engine's patterns: the rules' and its own)"))
         figures.append(info(f"replay / read floor, {count:,} rules", rate["replay", count] / floor, "x"))
     if grep_f:
         figures.append(info("replay / grep -F (1,000 rules' literals)", rate["replay", 1000] / (n / grep_f), "x",

@@ -11,23 +11,23 @@ threads' work), so at 10,000 lines/s over 3 workers (``bench/bench_run.py``, 2 c
 hand-overs 30 ms apart cost 5.5-6.5 % of a core, 60 ms apart 4.5-5 % and 80 ms apart 3.5-3.7 %.
 They fall on the ticks of one grid, the multiples of ``LINGER`` on the monotonic clock, the same
 for every stream (:func:`next_tick`): the busy streams of all workers hand over within a
-millisecond of each other, so the loop takes most of them in one wake, and its work per wake
-(the queue's wait, the kernel log, the alert spool, the timers) and the caches it warms are
-shared. Each stream on its own clock, 3 workers at 10,000 lines/s woke the loop ~33 times a
-second and its thread used 3.6-3.75 % of a core; on one grid ~25 times and 2.4-2.6 %, and the
-whole monitor 3.5-4.0 % against 5.0 % (same bench, medians of 5 trials, 2026-11-28). A line of a quiet stream goes out at once (its read is the first since the
-last hand-over); one of a busy stream waits at most ``LINGER`` (until the grid's next tick),
-less when its writers all close the pipe (a worker
-that printed its last words and exited): the linger waits on the pipe's hang-up, not a plain
-sleep, so those words are not held back. The 80 ms a busy rank's error line may wait is inside
-the decision's goal (error line to decision within 100 ms plus the settle bound; the bench's
-"every rank reports" case: p99 67 ms). So a busy stream's lines may be read up to ``LINGER`` after
-lines another stream wrote later: on an H200, the step lines a trainer printed on standard output
-just before a CUDA OOM were read after the traceback on standard error (``tools/gpu_capture.sh``
+millisecond of each other, so the loop takes most of them in one wake, and its work per wake (the
+queue's wait, the kernel log, the alert spool, the timers) and the caches it warms are shared. Each
+stream on its own clock, 3 workers at 10,000 lines/s woke the loop ~33 times a second and its
+thread used 3.6-3.75 % of a core; on one grid ~25 times and 2.4-2.6 %, and the whole monitor
+3.5-4.0 % against 5.0 % (same bench, medians of 5 trials, 2026-11-28). A line of a quiet stream
+goes out at once (its read is the first since the last hand-over); one of a busy stream waits at
+most ``LINGER`` (until the grid's next tick), less when its writers all close the pipe (a worker
+that printed its last words and exited): the linger waits on the pipe's hang-up, not a plain sleep,
+so those words are not held back. The 80 ms a busy rank's error line may wait is inside the
+decision's goal (error line to decision within 100 ms plus the settle bound; the bench's "every
+rank reports" case: p99 67 ms). So a busy stream's lines may be read up to ``LINGER`` after lines
+another stream wrote later: on an H200, the step lines a trainer printed on standard output just
+before a CUDA OOM were read after the traceback on standard error (``tools/gpu_capture.sh``
 cuda_oom and nccl_init_oom, 2026-11-27). Lines that were waiting in the pipe when a linger ended
 are therefore dated when the linger began (:attr:`Output.time`), the earliest they can have been
-written, not when they were read: dated on read, those step lines came ~80 ms after the error
-and read as progress after it. Where two streams' lines fall within one linger their order stays
+written, not when they were read: dated on read, those step lines came ~80 ms after the error and
+read as progress after it. Where two streams' lines fall within one linger their order stays
 unknown, and no reading may rely on it (progress read after a traceback that ended the program:
 ``progress.Survival.program_ended``).
 
