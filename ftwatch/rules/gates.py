@@ -211,6 +211,19 @@ def _minimal(strings: frozenset[str]) -> tuple[str, ...]:
     return tuple(kept)
 
 
+def parse(expression: bytes):
+    """Python's parse tree (``re._parser``'s ``SubPattern``) of a Hyperscan expression, its bytes
+    read as Latin-1 (one character per byte, as Hyperscan reads them); None where that parser
+    could read it otherwise than Hyperscan (module doc) or refuses it."""
+    text = expression.decode("latin-1")
+    if _UNSURE.search(text):
+        return None
+    try:
+        return _P.parse(text, 0)
+    except (_C.error, RecursionError, OverflowError, ValueError):
+        return None
+
+
 def gate(expression: bytes, caseless: bool) -> Gate | None:
     """The gate of a Hyperscan expression (a rule pattern as ``ftwatch.rules.patterns`` translates
     it), or None when it should be scanned as it is (module doc: no literals long enough, a lead
@@ -222,12 +235,8 @@ def gate(expression: bytes, caseless: bool) -> Gate | None:
     """
     if _PLAIN_LEAD.fullmatch(expression):
         return None
-    text = expression.decode("latin-1")          # one character per byte, as Hyperscan reads it
-    if _UNSURE.search(text):
-        return None
-    try:
-        tree = _P.parse(text, 0)
-    except (_C.error, RecursionError, OverflowError, ValueError):
+    tree = parse(expression)
+    if tree is None:
         return None
     info = _sequence(list(tree))
     prefix, suffix, match = info.sets()
@@ -236,5 +245,5 @@ def gate(expression: bytes, caseless: bool) -> Gate | None:
     best = _best(prefix, suffix, match)
     if min(map(len, best)) < MIN_GATE_BYTES:
         return None
-    icase = caseless or bool(tree.state.flags & _C.SRE_FLAG_IGNORECASE) or "(?i" in text
+    icase = caseless or bool(tree.state.flags & _C.SRE_FLAG_IGNORECASE) or b"(?i" in expression
     return Gate(tuple(s.encode("latin-1") for s in _minimal(best)), icase)
