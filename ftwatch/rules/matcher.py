@@ -5,7 +5,8 @@ lines is scanned in one call, and Python only sees the (line, pattern) pairs tha
 loops over non-matching lines or over rules (DESIGN.md, "Speed on the hot path").
 
 Backends:
-    ``hyperscan`` (primary): block mode over the whole chunk, ``HS_FLAG_MULTILINE``; a match's end
+    ``hyperscan`` (primary): block mode over the whole chunk (a newline before it, for the
+        ``^`` read as newlines, ``ftwatch.rules.anchors``), ``HS_FLAG_MULTILINE``; a match's end
         offset is mapped to the start of its line. Several million lines/s.
     ``re2`` (fallback, when hyperscan cannot be imported, or ``backend="re2"``, or the environment
         variable ``FTWATCH_MATCHER=re2``): google-re2's ``re2.Set``, one call per line.
@@ -42,6 +43,7 @@ with RE2. That costs only on hits, and keeps the answer exact.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -52,7 +54,7 @@ from itertools import accumulate
 import msgpack
 import re2
 
-from ftwatch.rules import diskcache, gates
+from ftwatch.rules import anchors, diskcache, gates
 from ftwatch.rules.model import Pattern
 from ftwatch.rules.patterns import _BadPattern, _Expr, _re2_compile, _re2_options, _translate, escape_bytes
 
@@ -104,19 +106,23 @@ def _hs_compile(exprs: Sequence[_Expr], ids: Sequence[int] | None = None):
 
 def _hs_compile_gated(exprs: Sequence[_Expr]):
     """The scan's databases (module doc, ``ftwatch.rules.gates``): (main, verify). ``main`` holds
-    every pattern not gated, each reported as its index, and the gated ones' literals, all
-    reported as ``len(exprs)``; ``verify`` the gated patterns themselves, each reported as its
-    index (None: none is gated, and ``main`` is ``_hs_compile(exprs)``). Raises ``hyperscan.error``."""
+    every pattern not gated, each reported as its index and led by a newline where it begins
+    with ``^`` (``ftwatch.rules.anchors``: it scans a chunk with a newline before it), and the
+    gated ones' literals, all reported as ``len(exprs)``; ``verify`` the gated patterns
+    themselves, each reported as its index (None: none is gated). Raises ``hyperscan.error``."""
     plan = {i: g for i, g in enumerate(gates.gate(e.hs, e.caseless) for e in exprs) if g is not None}
-    if not plan:
-        return _hs_compile(exprs), None
     main = [e for i, e in enumerate(exprs) if i not in plan]
     ids = [i for i in range(len(exprs)) if i not in plan]
     literals = {(literal, g.caseless) for g in plan.values() for literal in g.literals}
     for literal, caseless in sorted(literals):
         main.append(_Expr(escape_bytes(literal), b"", caseless, False))
         ids.append(len(exprs))
-    return _hs_compile(main, ids), _hs_compile([exprs[i] for i in plan], list(plan))
+    led = [e if (hs := anchors.newline_led(e.hs)) is None else dataclasses.replace(e, hs=hs) for e in main]
+    try:
+        main_db = _hs_compile(led, ids)
+    except _hs.error:       # a rewrite Hyperscan refuses: as written (a newline-led buffer scans those alike)
+        main_db = _hs_compile(main, ids)
+    return main_db, (_hs_compile([exprs[i] for i in plan], list(plan)) if plan else None)
 
 
 def _hs_first_error(exprs: Sequence[_Expr]) -> tuple[int, str] | None:
@@ -200,7 +206,7 @@ def _hs_bad(exprs: Sequence[_Expr], index: Sequence[int]) -> list[tuple[int, str
 def _db_key(exprs: Sequence[_Expr]) -> str:
     """The cache key of a database: the expressions, their flags, the Hyperscan version (and the
     gates' bounds: the stored pair is the gated one, ``_hs_compile_gated``)."""
-    digest = hashlib.sha256(f"ftwatch-hs-2 {getattr(_hs, '__version__', '?')} {platform.machine()} "
+    digest = hashlib.sha256(f"ftwatch-hs-3 {getattr(_hs, '__version__', '?')} {platform.machine()} "
                             f"{gates.MIN_GATE_BYTES} {gates.MIN_LEAD_BYTES} {len(exprs)}\n".encode())
     for e in exprs:
         digest.update(b"%d %d %d\n" % (len(e.hs), e.caseless, e.may_span))
@@ -466,15 +472,19 @@ class Matcher:
         return frozenset(pattern_id for _, pattern_id in self.scan(data))
 
     def _scan_hs(self, data: bytes) -> list[tuple[int, int]]:
-        """Scans the whole chunk with Hyperscan; Python runs once per match, never per line."""
+        """Scans the whole chunk with Hyperscan, a newline before it (``ftwatch.rules.anchors``:
+        the newline before each line at offset ``o`` of the chunk is at offset ``o`` of what is
+        scanned); Python runs once per match, never per line."""
         hits: set[tuple[int, int]] = set()
         add = hits.add
-        rfind = data.rfind
+        led = b"\n" + data
+        rfind = led.rfind
 
         def on_match(pattern_id: int, _start: int, end: int, _flags: int, _context: object) -> None:
-            add((rfind(b"\n", 0, end) + 1, pattern_id))
+            add((rfind(b"\n", 0, end), pattern_id))
 
-        self._db.scan(data, match_event_handler=on_match, scratch=self._scratch)
+        self._db.scan(led, match_event_handler=on_match, scratch=self._scratch)
+        del led
         if self._verify is not None and hits:
             self._verify_gated(data, hits)
         if self._recheck and hits:
