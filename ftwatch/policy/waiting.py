@@ -20,9 +20,12 @@ every error and emptied past ``LOG_LINES`` lines.
 from __future__ import annotations
 
 import bisect
-from typing import Iterable
+import operator
+from typing import Iterable, Iterator
 
 from ftwatch.events import Finding
+
+_FIRST = operator.itemgetter(0)   # an entry's finding
 
 LOG_LINES = 1024          # logged lines per instance before they are folded into its errors
 
@@ -87,9 +90,12 @@ class Waiting:
         """The instances with an error waiting."""
         return self._by.keys()
 
-    def findings(self) -> list[Finding]:
-        """The waiting errors, the oldest first."""
-        return [entry[0] for entry in self._entries.values()]
+    def findings(self) -> Iterator[Finding]:
+        """The waiting errors, the oldest first, read as they are asked for (not copied: a
+        caller that stops at the first, ``Survival._begin`` once per chunk of an instance with
+        an error waiting, costs O(1), not O(errors waiting)); none may start or stop waiting
+        while it is read."""
+        return map(_FIRST, self._entries.values())
 
     def keys(self, instance: str | None = None) -> list[int]:
         """The keys of the errors waiting: ``instance``'s (None: every instance's), each

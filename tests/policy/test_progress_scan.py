@@ -140,7 +140,7 @@ def test_the_waiting_ranks_progress_still_outlives_its_error(per_line_calls):
     origin = Origin("corpus", None, "j", "n", "stderr", "replay")
     data = b"".join(b"[rank%d]: step %d loss 0.5\n" % (i % 4, i) for i in range(N))
     s = held("rank3")
-    f = s._waiting.findings()[0]
+    f = next(s._waiting.findings())
     outlived = s.outlived(origin, data, T0 + 1, 0.0, 2026)
     assert [g for g, _ in outlived] == [f] and not s
     assert per_line_calls.count("parse_timestamp") == 2        # rank 3's first two progress lines only
