@@ -64,7 +64,7 @@ from __future__ import annotations
 import re
 from itertools import islice, repeat
 from operator import is_
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from ftwatch.events import NOT_LOG_LINES, Finding
 from ftwatch.rules.exceptions import ExceptionCatalog
@@ -105,7 +105,7 @@ def nccl_result(f: Finding) -> bool:
     return f.kind == "keyword" and (f.rule_id in NCCL_RESULT_RULES or f.rule_id.startswith(NCCL_RESULT_PREFIX))
 
 
-def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding], start: int = 0) -> bool:
+def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Collection[Finding], start: int = 0) -> bool:
     """Says whether the NCCL result code ``f`` is spelled out by NCCL's last-error text: the first
     finding of its instance after it that is no result code is one of ``errors`` (a real error),
     printed less than ``LAST_ERROR_WINDOW`` seconds after it.
@@ -113,7 +113,7 @@ def named_by_last_error(f: Finding, order: Sequence[Finding], errors: Sequence[F
     Args:
         f: a candidate root cause.
         order: every finding of the incident, by (time, seq) (or only those of ``f``'s instance: no other is read).
-        errors: the real errors (the root-cause candidates).
+        errors: the real errors (the root-cause candidates; an :class:`Errors` answers each ask in O(1)).
         start: where in ``order`` to look from: an index no finding after ``f`` stands before
             (``f``'s own place + 1 in a list sorted by (time, seq); 0: from the start).
 
@@ -143,7 +143,7 @@ def last_error_starts(own: Sequence[Finding]) -> list[int]:
     return starts
 
 
-def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Sequence[Finding], start: int = 0) -> bool:
+def message_named_by_next(f: Finding, order: Sequence[Finding], errors: Collection[Finding], start: int = 0) -> bool:
     """Says whether the catch-all traceback ``f`` (``CATCH_ALL_RULE``), or one graded only by its
     generic class's fallback (:func:`generic_fallback`), is spelled out by the rest
     of its exception's message (a generic write failure, :data:`GENERIC_WRITE_RULES`, by the errno
@@ -192,7 +192,7 @@ def _next(f: Finding, order: Sequence[Finding], skip: Callable[[Finding], bool],
     return nxt
 
 
-def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Finding],
+def _next_is_error(f: Finding, order: Sequence[Finding], errors: Collection[Finding],
                    skip: Callable[[Finding], bool], start: int = 0) -> bool:
     """The first finding of ``f``'s instance after ``f`` that ``skip`` does not pass over is a logged
     real error (one of ``errors``) printed within ``LAST_ERROR_WINDOW`` seconds of ``f``."""
@@ -200,9 +200,38 @@ def _next_is_error(f: Finding, order: Sequence[Finding], errors: Sequence[Findin
     return nxt is not None and _among(nxt, errors)
 
 
-def _among(f: Finding, errors: Sequence[Finding]) -> bool:
-    """``f`` is one of ``errors`` (the object itself, not an equal one), the list walked in C: root
-    cause asks this once per candidate over every candidate (~150k comparisons a bench replay)."""
+class Errors:
+    """The real errors as the functions here take them (``errors``), asked whether a finding is one
+    of them by identity in O(1): root cause asks once per candidate over every candidate, and a
+    list walked for each made that O(candidates^2) (a bench replay's decision: 510 asks over ~300
+    errors, 6 ms of its 33; thousands of ranks' catch-all tracebacks, each before its own error,
+    grow it with the square).
+
+    Args:
+        findings: the errors; kept, so that their ids stay theirs while this lives.
+    """
+
+    __slots__ = ("findings", "_ids")
+
+    def __init__(self, findings: Iterable[Finding]):
+        self.findings = tuple(findings)
+        self._ids = frozenset(map(id, self.findings))
+
+    def __contains__(self, f: object) -> bool:
+        return id(f) in self._ids
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.findings)
+
+    def __len__(self) -> int:
+        return len(self.findings)
+
+
+def _among(f: Finding, errors: Collection[Finding]) -> bool:
+    """``f`` is one of ``errors`` (the object itself, not an equal one): by :class:`Errors`' ids,
+    else the collection walked in C."""
+    if type(errors) is Errors:
+        return f in errors
     return any(map(is_, repeat(f), errors))
 
 

@@ -207,7 +207,7 @@ from ftwatch.policy.gidchange import pinned_gid_moved
 from ftwatch.policy.retried import retried_on_target
 from ftwatch.policy.gpureset import required_reset
 from ftwatch.policy.heldmemory import held_elsewhere
-from ftwatch.policy.lasterror import (assert_reported, assert_reports, last_error_starts,
+from ftwatch.policy.lasterror import (Errors, assert_reported, assert_reports, last_error_starts,
                                       message_named_by_next, named_by_last_error)
 from ftwatch.policy.leftpath import left_before_hang, left_rank, stalled_until_stopped, waited_after_finish
 from ftwatch.policy.lifecycle import finish
@@ -440,11 +440,12 @@ def analyse(findings: Sequence[Finding], world: int | None = None) -> Analysis:
     named_at = {instance: last_error_starts(own) for instance, own in mine.items() if instance not in unsorted}
     reports = assert_reports(candidates)      # 13: each instance's latest cudaErrorAssert, read once
     records = CannRecords(candidates)        # 7: the errors CANN recorded, read once per instance
+    errors = Errors(candidates)              # 7, 13 ask of each candidate whether a finding is one
     candidates = [c for c in candidates if not records.spelled_out(c)
-                  and not named_by_last_error(c, mine[c.origin.instance], candidates,   # 7, 13
+                  and not named_by_last_error(c, mine[c.origin.instance], errors,   # 7, 13
                                               named_at[c.origin.instance][after[id(c)]] if after[id(c)] else 0)
                   and not assert_reported(c, reports)         # 13: the kernel assert its process raised
-                  and not message_named_by_next(c, mine[c.origin.instance], candidates, after[id(c)])]
+                  and not message_named_by_next(c, mine[c.origin.instance], errors, after[id(c)])]
     if any(c.failure_class is FailureClass.OOM for c in candidates):     # 9: the OOM killer's SIGKILL
         candidates = killed_when_reported(candidates, [c for c in candidates if sigkill_report(c)])
     strong = [r for r in candidates if r.rule_id not in CASCADE_RULES]

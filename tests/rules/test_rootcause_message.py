@@ -10,8 +10,10 @@ record's end, which the multiline parser puts at the message's first line.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ftwatch.events import Action, FailureClass, Origin
-from ftwatch.policy.lasterror import message_named_by_next
+from ftwatch.policy.lasterror import Errors, message_named_by_next
 from ftwatch.policy.rootcause import analyse
 from ftwatch.rules.engine import Engine
 from ftwatch.rules.loader import load_rules
@@ -46,6 +48,19 @@ def test_the_catch_all_yields_to_the_error_its_message_goes_on_to_name():
     assert (rc.rule_id, rc.failure_class, rc.action) == ("azureml.preemption_error", FailureClass.RETRYABLE_INFRA,
                                                          Action.RESTART_JOB)
     assert message_named_by_next(fs[0], fs, fs)
+
+
+def test_the_errors_are_asked_by_identity_whether_a_list_or_an_errors_set():
+    """Root cause hands the candidates over as :class:`Errors` (O(1) an ask): the same answers as
+    the list, and a finding equal to an error but not one of them is not among them."""
+    fs = feed([(0.0, TRACEBACK + JSON_ERROR)])
+    assert message_named_by_next(fs[0], fs, Errors(fs)) and message_named_by_next(fs[0], fs, fs)
+    twin = dataclasses.replace(fs[1])                 # equal to the error, another object
+    assert twin == fs[1] and twin is not fs[1]
+    assert fs[1] in Errors(fs) and twin not in Errors(fs)
+    assert not message_named_by_next(fs[0], [fs[0], twin], Errors(fs))
+    assert not message_named_by_next(fs[0], [fs[0], twin], fs)
+    assert not message_named_by_next(fs[0], fs, Errors(fs[:1]))
 
 
 def test_a_message_no_rule_knows_leaves_the_catch_all():
