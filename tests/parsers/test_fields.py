@@ -444,3 +444,52 @@ def test_sparks_log4j_console_stamp_is_the_line_time(line):
 ])
 def test_a_two_digit_year_date_without_sparks_shape_is_no_stamp(line):
     assert parse_timestamp(line, None) is None
+
+
+# what ``fields.last_clock`` replaced (issue 16): the greedy regex that backtracks from the span's end
+_BACKTRACKING_LAST_CLOCK = re.compile(rb"(?s).*(\d\d:\d\d:\d\d)")
+
+
+@given(st.binary(max_size=80).map(lambda b: bytes(b"0123456789:: \na"[x % 15] for x in b)),
+       st.integers(0, 80), st.integers(0, 80), st.sampled_from([1, 2, 3, 5, 8, 256]))
+def test_last_clock_finds_what_the_backtracking_regex_finds(data, a, b, first):
+    """Every span of text dense with digits and colons (overlapping clocks), its first window
+    ``first`` bytes (so that clocks fall across the windows' borders at every width): the same
+    offset as the regex's group 1, -1 for its None."""
+    lo, hi = sorted((min(a, len(data)), min(b, len(data))))
+    m = _BACKTRACKING_LAST_CLOCK.match(data, lo, hi)
+    kept = fields._FIRST_LOOK
+    fields._FIRST_LOOK = first
+    try:
+        assert fields.last_clock(data, lo, hi) == (-1 if m is None else m.start(1))
+    finally:
+        fields._FIRST_LOOK = kept
+
+
+@pytest.mark.parametrize("first", [1, 2, 3, 5, 8, 13])
+def test_last_clock_finds_one_clock_at_every_place_about_the_windows_borders(first):
+    """One clock at every offset of 60 bytes of text without one, the first window ``first`` bytes,
+    the span cut at every end: the clock is found exactly where it ends by the span's end."""
+    kept = fields._FIRST_LOOK
+    fields._FIRST_LOOK = first
+    try:
+        for at in range(53):
+            data = b"a: 1" * 4 + b"x" * at + b"12:34:56" + b" :9" * 10
+            data = data[16:16 + 60]
+            for hi in range(len(data) + 1):
+                m = _BACKTRACKING_LAST_CLOCK.match(data, 0, hi)
+                assert fields.last_clock(data, 0, hi) == (-1 if m is None else m.start(1)), (at, hi)
+    finally:
+        fields._FIRST_LOOK = kept
+
+
+@pytest.mark.parametrize("far", [0, 250, 256, 257, 1_300, 5_000, 40_000])
+def test_last_clock_reaches_a_clock_far_back_across_the_windows(far):
+    """A clock ``far`` bytes of untimed lines before the span's end (the windows grow 4x from 256
+    bytes): found wherever it falls, and not one of them before ``lo``."""
+    head = b"[default0]:12:00:01 started\n"
+    lines = b"".join(b"[default0]:step %d/9 loss 0.5\n" % i for i in range(far // 30 + 1))[:far]
+    data = head + lines
+    assert fields.last_clock(data, 0, len(data)) == head.index(b"12:00:01")
+    assert fields.last_clock(data, head.index(b"12:00:01") + 1, len(data)) == -1
+    assert fields.last_clock(data, 0, head.index(b"12:00:01") + 7) == -1     # it must end by ``hi``
