@@ -16,8 +16,8 @@ import functools
 import re
 from datetime import datetime, timezone
 
-__all__ = ["clean", "split_rank_prefix", "strip_stamp_prefix", "parse_timestamp", "last_timestamp", "Stamps",
-           "year_of", "level_of"]
+__all__ = ["clean", "split_rank_prefix", "strip_stamp_prefix", "parse_timestamp", "last_timestamp", "last_clock",
+           "Stamps", "newlines", "year_of", "level_of"]
 
 # ECMA-48 escape sequences, as terminals print them:
 #   CSI  ESC [ params intermediates final        colours \x1b[31m, cursor moves \x1b[2K
@@ -541,6 +541,32 @@ class Stamps:
                 return line, stamp
             end = line
         return None
+
+
+_REPLACE_FROM = 2048       # ``newlines``: spans of this many bytes and more are counted by a replace
+
+
+def newlines(data: bytes, start: int = 0, end: int | None = None) -> int:
+    """``data.count(b"\\n", start, end)``, faster for a long span.
+
+    ``bytes.count`` of one byte compares byte by byte (CPython 3.11: ~0.33-0.54 ms a MiB, the
+    most of a bench replay's line counting: a chunk's lines are counted whole for the metrics and
+    the engine, issue 16); ``bytes.replace`` finds the newlines with ``memchr`` and copies what
+    is between them, ~4x faster over a MiB (0.13 ms) even with its copy and the span's, and
+    faster from a few KiB on (measured: 4 KiB 2.6 against 1.1 us). The copies live only during
+    the call. Shorter spans are counted in place.
+
+    Args:
+        data: the bytes.
+        start, end: the span, as for ``bytes.count`` (offsets within ``data``; ``end`` None: its end).
+    """
+    size = len(data)
+    if end is None or end > size:
+        end = size
+    if start < 0 or end - start < _REPLACE_FROM:
+        return data.count(b"\n", start, end)
+    part = data if start == 0 and end == size else data[start:end]
+    return len(part) - len(part.replace(b"\n", b""))
 
 
 def year_of(t: float) -> int:

@@ -65,7 +65,7 @@ def output(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: f
         if desk._hang_notified:
             desk._hang_notified = False
             desk.tracker.rearm()
-    lines = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    lines = line_fields.newlines(data) + (1 if data and not data.endswith(b"\n") else 0)
     desk.recorder.output(origin, lines, len(data), time)
     end = len(data)
     while end and data[end - 1] in b" \t\r\n":     # the last non-empty line, without copying the chunk
@@ -146,7 +146,7 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
             desk._hang_notified = False
             desk.tracker.rearm()
         end = len(data)
-        counts.append((origin, data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0), end, time))
+        counts.append((origin, line_fields.newlines(data) + (1 if data and not data.endswith(b"\n") else 0), end, time))
         while end and data[end - 1] in b" \t\r\n":
             end -= 1
         if end:

@@ -288,8 +288,8 @@ def _next_base(chunk: bytes, base: float, year: int) -> float:
     timestamped line plus ``SIM_STEP`` per line since it, else ``base`` plus the chunk's lines."""
     found = fields.last_timestamp(chunk, 0, len(chunk), year)
     if found is None:
-        return base + chunk.count(b"\n") * SIM_STEP
-    return found[1] + chunk.count(b"\n", found[0]) * SIM_STEP
+        return base + fields.newlines(chunk) * SIM_STEP
+    return found[1] + fields.newlines(chunk, found[0]) * SIM_STEP
 
 
 def anchor(path: Path, year: int) -> tuple[float, int] | None:

@@ -235,10 +235,10 @@ class HangScan:
         for m in _STAMPED.finditer(chunk):
             start = m.start()
             if start > pos:                                         # lines between that carry no stamp
-                self._untimed(f, own, chunk, pos, start, chunk.count(b"\n", pos, start))
+                self._untimed(f, own, chunk, pos, start, fields.newlines(chunk, pos, start))
             pos = self._parse(f, chunk, start, own) + 1
         if pos < len(chunk):
-            self._untimed(f, own, chunk, pos, len(chunk), chunk.count(b"\n", pos) or 1)
+            self._untimed(f, own, chunk, pos, len(chunk), fields.newlines(chunk, pos) or 1)
 
     def _witness(self, f: _File, chunk: bytes) -> None:
         """A witness file's chunk: its stamps move ``last`` on, nothing is any instance's output."""

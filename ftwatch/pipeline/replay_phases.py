@@ -78,8 +78,8 @@ class PhaseScan:
         end = chunk.find(b"\n", pos)
         found = fields.last_timestamp(chunk, 0, len(chunk) if end < 0 else end, self._year)
         if found is None:
-            return base + chunk.count(b"\n", 0, start) * self.sim_step
-        return found[1] + chunk.count(b"\n", found[0], start) * self.sim_step
+            return base + fields.newlines(chunk, 0, start) * self.sim_step
+        return found[1] + fields.newlines(chunk, found[0], start) * self.sim_step
 
     def interval_at(self, t: float) -> tuple[float | None, str]:
         """(the job-hang interval in force at ``t``, None: none; the phase then)."""

@@ -336,7 +336,7 @@ class Clock:
         self.searched = start
         if found is not None:
             self.base, self.counted, self.lines = found[1], found[0], 0
-        self.lines += self.data.count(b"\n", self.counted, start)
+        self.lines += fields.newlines(self.data, self.counted, start)
         self.counted = start
         return self.base + self.lines * self.sim_step
 

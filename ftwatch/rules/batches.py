@@ -199,7 +199,7 @@ def feed_steps(engine: Engine, parts: Sequence[tuple[Origin, bytes, float, ScanH
     found = list(itertools.chain.from_iterable(hits.found for _, _, _, hits in parts))
     for _, data, _, _ in parts:
         engine.stats.bytes += len(data)
-        engine.stats.lines += data.count(b"\n")
+        engine.stats.lines += fields.newlines(data)
 
     findings = engine.steps.take_chunk(StreamAt(bases, origins), whole, len(whole), (),
                                        BatchClock(whole, bases, [p[2] for p in parts], engine.year or 0),

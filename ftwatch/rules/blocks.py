@@ -146,7 +146,7 @@ class RankLines:
             return True
         self.passed += 1
         if self.budget < 0:
-            self.budget = max(64, self.data.count(b"\n"))
+            self.budget = max(64, fields.newlines(self.data))
         if self.passed < self.budget:
             return False
         starts: dict[int | None, list[int]] = {}

@@ -433,7 +433,7 @@ class Engine:
         if counted is not None and end == len(data):
             self.stats.lines += counted
             return
-        self.stats.lines += data.count(b"\n", 0, end)
+        self.stats.lines += fields.newlines(data, 0, end)
         if end == len(data) and data and not data.endswith(b"\n"):
             self.stats.lines += 1                   # a last line without its newline
 
@@ -456,7 +456,7 @@ class Engine:
             else:                                   # a block's first line, before the last hit
                 found = fields.last_timestamp(data, 0, start, year)
                 if found is not None:
-                    return found[1] + data.count(b"\n", found[0], start) * sim_step
+                    return found[1] + fields.newlines(data, found[0], start) * sim_step
             return time + self._line_index(data, start) * sim_step
         return self._carry_time if start < self._carry_end else time
 
@@ -471,8 +471,8 @@ class Engine:
     def _line_index(self, data: bytes, start: int) -> int:
         """The 0-based line number of offset ``start``; hits come in order, so count forward only."""
         if start >= self._line_pos:
-            self._line_no += data.count(b"\n", self._line_pos, start)
+            self._line_no += fields.newlines(data, self._line_pos, start)
         else:                                   # a block's first line, before the last hit
-            self._line_no -= data.count(b"\n", start, self._line_pos)
+            self._line_no -= fields.newlines(data, start, self._line_pos)
         self._line_pos = start
         return self._line_no

@@ -101,10 +101,10 @@ class LineClock:
         if pos < start:
             newer = self.stamps.last(pos, start)
             if newer is not None:
-                found, found_line = newer, line + data.count(b"\n", pos, newer[0])
-                line = found_line + data.count(b"\n", newer[0], start)
+                found, found_line = newer, line + fields.newlines(data, pos, newer[0])
+                line = found_line + fields.newlines(data, newer[0], start)
             else:
-                line += data.count(b"\n", pos, start)
+                line += fields.newlines(data, pos, start)
             marks.insert(i, start)
             self.before[start] = (line, found, found_line)
         if found is not None:

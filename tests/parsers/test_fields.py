@@ -493,3 +493,21 @@ def test_last_clock_reaches_a_clock_far_back_across_the_windows(far):
     assert fields.last_clock(data, 0, len(data)) == head.index(b"12:00:01")
     assert fields.last_clock(data, head.index(b"12:00:01") + 1, len(data)) == -1
     assert fields.last_clock(data, 0, head.index(b"12:00:01") + 7) == -1     # it must end by ``hi``
+
+
+@given(st.binary(max_size=6000).map(lambda b: bytes(b"\nab"[x % 3] for x in b)),
+       st.integers(-50, 6100), st.one_of(st.none(), st.integers(-50, 6100)))
+def test_newlines_counts_as_bytes_count_does(data, start, end):
+    """Short and long spans (a replace from ``_REPLACE_FROM`` bytes on), whole data, negative and
+    past-the-end offsets: ``bytes.count``'s answer."""
+    assert fields.newlines(data, start, end) == data.count(b"\n", start, end)
+    assert fields.newlines(data) == data.count(b"\n")
+
+
+def test_newlines_counts_long_spans_as_bytes_count_does():
+    import random
+    rnd = random.Random(16)
+    data = bytes(rnd.choice(b"\n\nabc ") for _ in range(20_000))
+    for start, end in [(0, None), (0, len(data)), (1, None), (0, 2048), (1, 2049), (100, 19_999), (0, 99_999),
+                       (5_000, 7_047), (5_000, 7_048), (5_000, 7_049), (-3_000, None), (20_000, None)]:
+        assert fields.newlines(data, start, end) == data.count(b"\n", start, end), (start, end)
