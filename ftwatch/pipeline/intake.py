@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from ftwatch.events import Finding, Origin
+from ftwatch.parsers import chunks
 from ftwatch.parsers import fields as line_fields
 from ftwatch.parsers.torchelastic import holding_summary, may_hold_summary
 from ftwatch.pipeline.notices import notice
@@ -65,7 +66,7 @@ def output(desk: IncidentDesk, origin: Origin, data: bytes, time: float, mono: f
         if desk._hang_notified:
             desk._hang_notified = False
             desk.tracker.rearm()
-    lines = line_fields.newlines(data) + (1 if data and not data.endswith(b"\n") else 0)
+    lines = chunks.newlines(data) + (1 if data and not data.endswith(b"\n") else 0)
     desk.recorder.output(origin, lines, len(data), time)
     end = len(data)
     while end and data[end - 1] in b" \t\r\n":     # the last non-empty line, without copying the chunk
@@ -146,7 +147,7 @@ def output_many(desk: IncidentDesk, parts: Sequence[tuple[Origin, bytes, float, 
             desk._hang_notified = False
             desk.tracker.rearm()
         end = len(data)
-        counts.append((origin, line_fields.newlines(data) + (1 if data and not data.endswith(b"\n") else 0), end, time))
+        counts.append((origin, chunks.newlines(data) + (1 if data and not data.endswith(b"\n") else 0), end, time))
         while end and data[end - 1] in b" \t\r\n":
             end -= 1
         if end:

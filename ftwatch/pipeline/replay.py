@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from ftwatch.config.phases import PhasesConfig
 from ftwatch.events import Decision, Finding, Origin
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks, fields
 from ftwatch.parsers.torchelastic import SummaryFailure
 from ftwatch.pipeline.incidents import IncidentDesk
 from ftwatch.pipeline.recorder import Recorder
@@ -286,10 +286,10 @@ def _replay_file(path: Path, origin: Origin, desk: IncidentDesk, base: float,
 def _next_base(chunk: bytes, base: float, year: int) -> float:
     """The time of the line after ``chunk`` when it carries no timestamp: the chunk's last
     timestamped line plus ``SIM_STEP`` per line since it, else ``base`` plus the chunk's lines."""
-    found = fields.last_timestamp(chunk, 0, len(chunk), year)
+    found = chunks.last_timestamp(chunk, 0, len(chunk), year)
     if found is None:
-        return base + fields.newlines(chunk) * SIM_STEP
-    return found[1] + fields.newlines(chunk, found[0]) * SIM_STEP
+        return base + chunks.newlines(chunk) * SIM_STEP
+    return found[1] + chunks.newlines(chunk, found[0]) * SIM_STEP
 
 
 def anchor(path: Path, year: int) -> tuple[float, int] | None:

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ftwatch.events import Finding, Origin
-from ftwatch.parsers import fields, silence
+from ftwatch.parsers import chunks, fields, silence
 
 _MONTHS = b"Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec"
 # C's ctime()/asctime() form opens the line bare ("Thu Dec 31 02:15:38 2020"): nvidia-smi's header,
@@ -235,10 +235,10 @@ class HangScan:
         for m in _STAMPED.finditer(chunk):
             start = m.start()
             if start > pos:                                         # lines between that carry no stamp
-                self._untimed(f, own, chunk, pos, start, fields.newlines(chunk, pos, start))
+                self._untimed(f, own, chunk, pos, start, chunks.newlines(chunk, pos, start))
             pos = self._parse(f, chunk, start, own) + 1
         if pos < len(chunk):
-            self._untimed(f, own, chunk, pos, len(chunk), fields.newlines(chunk, pos) or 1)
+            self._untimed(f, own, chunk, pos, len(chunk), chunks.newlines(chunk, pos) or 1)
 
     def _witness(self, f: _File, chunk: bytes) -> None:
         """A witness file's chunk: its stamps move ``last`` on, nothing is any instance's output."""

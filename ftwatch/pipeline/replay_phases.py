@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 from typing import Iterator, Protocol
 
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks
 
 
 class Tracker(Protocol):
@@ -76,10 +76,10 @@ class PhaseScan:
     def _time(self, chunk: bytes, pos: int, base: float) -> float:
         start = chunk.rfind(b"\n", 0, pos) + 1
         end = chunk.find(b"\n", pos)
-        found = fields.last_timestamp(chunk, 0, len(chunk) if end < 0 else end, self._year)
+        found = chunks.last_timestamp(chunk, 0, len(chunk) if end < 0 else end, self._year)
         if found is None:
-            return base + fields.newlines(chunk, 0, start) * self.sim_step
-        return found[1] + fields.newlines(chunk, found[0], start) * self.sim_step
+            return base + chunks.newlines(chunk, 0, start) * self.sim_step
+        return found[1] + chunks.newlines(chunk, found[0], start) * self.sim_step
 
     def interval_at(self, t: float) -> tuple[float | None, str]:
         """(the job-hang interval in force at ``t``, None: none; the phase then)."""

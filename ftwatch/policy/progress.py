@@ -77,7 +77,7 @@ from ftwatch.bounded import EVICTIONS, BoundedDict
 from ftwatch.config.health import STEP_PATTERNS
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB, MAX_NOTICES_PER_JOB
 from ftwatch.events import Finding, Origin
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks, fields
 from ftwatch.parsers.multiline import PY_START as _TRACEBACK
 from ftwatch.policy.catchsite import catch_site, ended_thread, going_on
 from ftwatch.policy.progresslines import iter_lines as _lines
@@ -231,7 +231,7 @@ def marks(data: bytes, time: float, sim_step: float, year: int | None,
     ``_PROGRESS.finditer`` over the whole chunk starts a match on: a match may run on (``\\s``) into the next line, so the lines before a wanted one that could
     carry one into it (:data:`_TAIL`) are matched too, unread. One difference from dating every
     progress line: an untimed line's stamp is looked for back to the last line read, not the last
-    progress line of any rank (``fields.last_timestamp`` tries at most 16 clock-bearing lines a
+    progress line of any rank (``chunks.last_timestamp`` tries at most 16 clock-bearing lines a
     search, so only 16+ unparseable stamps in a row between them could tell).
 
     Args:
@@ -325,7 +325,7 @@ class Clock:
 
     def __init__(self, data: bytes, time: float, sim_step: float, year: int | None):
         self.data, self.time, self.sim_step, self.year = data, time, sim_step, year
-        self.stamps = fields.Stamps(data, year)  # ``fields.last_timestamp``, its times of day found once
+        self.stamps = chunks.Stamps(data, year)  # ``chunks.last_timestamp``, its times of day found once
         self.searched = 0                       # the last stamp search ended here
         self.base = time                        # the last stamp's time (else ``time``) ...
         self.counted, self.lines = 0, 0         # ... and the newlines from its line (else 0) up to ``counted``
@@ -336,7 +336,7 @@ class Clock:
         self.searched = start
         if found is not None:
             self.base, self.counted, self.lines = found[1], found[0], 0
-        self.lines += fields.newlines(self.data, self.counted, start)
+        self.lines += chunks.newlines(self.data, self.counted, start)
         self.counted = start
         return self.base + self.lines * self.sim_step
 

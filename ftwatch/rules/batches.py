@@ -16,7 +16,7 @@ import operator
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ftwatch.events import Finding, Origin
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks, fields
 from ftwatch.rules.judge import line_at
 from ftwatch.rules.lineclock import own_time
 
@@ -199,7 +199,7 @@ def feed_steps(engine: Engine, parts: Sequence[tuple[Origin, bytes, float, ScanH
     found = list(itertools.chain.from_iterable(hits.found for _, _, _, hits in parts))
     for _, data, _, _ in parts:
         engine.stats.bytes += len(data)
-        engine.stats.lines += fields.newlines(data)
+        engine.stats.lines += chunks.newlines(data)
 
     findings = engine.steps.take_chunk(StreamAt(bases, origins), whole, len(whole), (),
                                        BatchClock(whole, bases, [p[2] for p in parts], engine.year or 0),

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from ftwatch.events import Origin
-from ftwatch.parsers import fields, multiline
+from ftwatch.parsers import chunks, fields, multiline
 from ftwatch.rules.judge import line_at
 
 MAX_BLOCK_LINES = 400          # a block longer than this is closed where it is
@@ -146,7 +146,7 @@ class RankLines:
             return True
         self.passed += 1
         if self.budget < 0:
-            self.budget = max(64, fields.newlines(self.data))
+            self.budget = max(64, chunks.newlines(self.data))
         if self.passed < self.budget:
             return False
         starts: dict[int | None, list[int]] = {}

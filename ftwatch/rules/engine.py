@@ -19,7 +19,7 @@ traceback's final exception, ``when:`` conditions, NCCL INFO lines, fault codes)
 A hit line without a timestamp is at the time its chunk was read (live), or, in a replay
 (``feed``'s ``sim_step``), at the time of the last timestamped line before it in the chunk,
 found by one backward search over the lines since the previous hit
-(``ftwatch.parsers.fields.last_timestamp``). Scanning and dating records share one feed's state
+(``ftwatch.parsers.chunks.last_timestamp``). Scanning and dating records share one feed's state
 (the carried part, the line count, the last stamp found), so they stay here; judging a finished
 Record needs none of it and lives in ``ftwatch.rules.judge``. A block's lines and the table of
 open blocks carried between feeds (with what ``watch`` stores of them) are
@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 from ftwatch.errors import Issue, RuleError
 from ftwatch.events import Finding, Origin, Record
-from ftwatch.parsers import fields, multiline
+from ftwatch.parsers import chunks, fields, multiline
 from ftwatch.rules import added_rules, batches
 from ftwatch.rules.batches import ScanHits
 from ftwatch.rules.blocks import (MAX_BLOCK_LINES, MAX_CARRY_BYTES, OpenBlocks, RankLines, collect_block,
@@ -433,7 +433,7 @@ class Engine:
         if counted is not None and end == len(data):
             self.stats.lines += counted
             return
-        self.stats.lines += fields.newlines(data, 0, end)
+        self.stats.lines += chunks.newlines(data, 0, end)
         if end == len(data) and data and not data.endswith(b"\n"):
             self.stats.lines += 1                   # a last line without its newline
 
@@ -447,16 +447,16 @@ class Engine:
             searched, found, found_line = self._stamped
             year = self._year
             if start >= searched:
-                newer = fields.last_timestamp(data, searched, start, year)
+                newer = chunks.last_timestamp(data, searched, start, year)
                 if newer is not None:
                     found, found_line = newer, self._line_index(data, newer[0])
                 self._stamped = (start, found, found_line)
                 if found is not None:
                     return found[1] + (self._line_index(data, start) - found_line) * sim_step
             else:                                   # a block's first line, before the last hit
-                found = fields.last_timestamp(data, 0, start, year)
+                found = chunks.last_timestamp(data, 0, start, year)
                 if found is not None:
-                    return found[1] + fields.newlines(data, found[0], start) * sim_step
+                    return found[1] + chunks.newlines(data, found[0], start) * sim_step
             return time + self._line_index(data, start) * sim_step
         return self._carry_time if start < self._carry_end else time
 
@@ -471,8 +471,8 @@ class Engine:
     def _line_index(self, data: bytes, start: int) -> int:
         """The 0-based line number of offset ``start``; hits come in order, so count forward only."""
         if start >= self._line_pos:
-            self._line_no += fields.newlines(data, self._line_pos, start)
+            self._line_no += chunks.newlines(data, self._line_pos, start)
         else:                                   # a block's first line, before the last hit
-            self._line_no -= fields.newlines(data, start, self._line_pos)
+            self._line_no -= chunks.newlines(data, start, self._line_pos)
         self._line_pos = start
         return self._line_no

@@ -12,7 +12,7 @@ import functools
 import re
 from typing import TYPE_CHECKING, Callable
 
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks, fields
 from ftwatch.rules.judge import line_at
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class LineClock:
     """The time of a chunk's line at an offset, asked in any order (the step tap asks rank by
     rank): its own timestamp, else ``Engine._base_time``'s answer, with the stamp search resumed
     from the nearest line asked before it, so each search covers only the lines between two asks
-    (a bisection over the chunk's times of day, found once: ``fields.Stamps``). A line is decoded
+    (a bisection over the chunk's times of day, found once: ``chunks.Stamps``). A line is decoded
     and parsed for its own stamp only where it holds a time of day (or, in a chunk that is not
     plain ASCII, a byte that decoding could make one of)."""
 
@@ -40,7 +40,7 @@ class LineClock:
         #: lines since the nearest offset asked before it (issue 16: thousands of ranks' untimed
         #: step lines each counted from the chunk's start, 15 of 20 s of a 120,000-line replay)
         self.before: dict[int, tuple[int, tuple[int, float] | None, int]] = {0: (0, None, 0)}
-        self.stamps = fields.Stamps(data, engine._year)                # its times of day, found once
+        self.stamps = chunks.Stamps(data, engine._year)                # its times of day, found once
         self._plain: bool | None = None
 
     @property
@@ -101,10 +101,10 @@ class LineClock:
         if pos < start:
             newer = self.stamps.last(pos, start)
             if newer is not None:
-                found, found_line = newer, line + fields.newlines(data, pos, newer[0])
-                line = found_line + fields.newlines(data, newer[0], start)
+                found, found_line = newer, line + chunks.newlines(data, pos, newer[0])
+                line = found_line + chunks.newlines(data, newer[0], start)
             else:
-                line += fields.newlines(data, pos, start)
+                line += chunks.newlines(data, pos, start)
             marks.insert(i, start)
             self.before[start] = (line, found, found_line)
         if found is not None:

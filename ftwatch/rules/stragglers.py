@@ -44,7 +44,7 @@ kept matches a chunk set off full collections of the process), and ``ftwatch.rul
 takes each rank's lines in one tight loop (or, for a run of Megatron lines, ``map`` in C): a
 step line costs its share of that pass, its rank prefix's match and two deque appends (O(1)). Its time is read only where it
 is needed: for a pattern without a duration (the time between step lines; the chunk's times of
-day are found once, ``fields.Stamps``), and for the line a finding names. The verdict runs once
+day are found once, ``chunks.Stamps``), and for the line a finding names. The verdict runs once
 per chunk, for the ranks that printed in it: each rank's median over its window (sorted once),
 the job's ranks' medians and, per node, its ranks' medians and the nodes' medians kept in
 sorted lists by bisection, so the median of the *other* ranks is read in O(1) and never a scan
@@ -81,7 +81,7 @@ from ftwatch.clock import Clock, SystemClock
 from ftwatch.config.health import STEP_PATTERNS, StragglerConfig
 from ftwatch.config.limits import MAX_INSTANCES_PER_JOB
 from ftwatch.events import Finding, Origin
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks, fields
 from ftwatch.rules.stepranks import Job, Rank, Reader, by_rank, reader, take, take_lines
 from ftwatch.rules.steplines import StepHit, StepLines, accepts, scan_form
 from ftwatch.rules.steptail import Tails

@@ -16,7 +16,7 @@ import pytest
 
 from ftwatch.config.model import Config
 from ftwatch.events import Action
-from ftwatch.parsers.fields import last_timestamp
+from ftwatch.parsers.chunks import last_timestamp
 from ftwatch.pipeline.build import build_engine, build_policy
 from ftwatch.pipeline.replay import CHUNK_BYTES, SIM_STEP, replay
 from ftwatch.policy.budgets import BudgetStore

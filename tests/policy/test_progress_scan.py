@@ -10,7 +10,7 @@ import re
 import pytest
 
 from ftwatch.events import Origin
-from ftwatch.parsers import fields
+from ftwatch.parsers import chunks, fields
 from ftwatch.policy import progress, progresslines
 from ftwatch.rules import diskcache
 from ftwatch.testing import T0, finding
@@ -103,9 +103,10 @@ def per_line_calls(monkeypatch) -> list:
     monkeypatch.setattr(progresslines, "HAS_LITERAL", Counting(progresslines.HAS_LITERAL, calls))
     monkeypatch.setattr(progress, "_GATED_COUNTERS",
                         tuple((k, g, Counting(rx, calls)) for k, g, rx in progress._GATED_COUNTERS))
-    for name in ("clean", "split_rank_prefix", "parse_timestamp", "last_timestamp", "rank_prefix_at"):
-        real = getattr(fields, name)
-        monkeypatch.setattr(fields, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    for module, name in ((fields, "clean"), (fields, "split_rank_prefix"), (fields, "parse_timestamp"),
+                         (chunks, "last_timestamp"), (fields, "rank_prefix_at")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     return calls
 
 
