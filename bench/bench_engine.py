@@ -51,7 +51,7 @@ from benchlib import (RULE_COUNTS, ROOT, Figure, at_least, at_most, corpus, cpu_
 from ftwatch.config.health import StragglerConfig  # noqa: E402
 from ftwatch.config.model import PolicyConfig  # noqa: E402
 from ftwatch.events import Origin  # noqa: E402
-from ftwatch.parsers import chunks  # noqa: E402
+from ftwatch.parsers.chunks import newlines  # noqa: E402
 from ftwatch.pipeline.recorder import Recorder  # noqa: E402
 from ftwatch.pipeline.replay import CHUNK_BYTES, replay  # noqa: E402
 from ftwatch.policy.budgets import BudgetStore  # noqa: E402
@@ -145,8 +145,8 @@ def time_feed(parts: list[bytes], rules: list[Rule]) -> float:
 def time_floor(path: Path, rules: list[Rule]) -> tuple[float, int]:
     """The least CPU seconds of ``REPEAT`` passes of what every replay of ``path`` must do before any
     per-line Python work: read it in 1 MiB chunks cut at line ends, count their lines (as ftwatch
-    counts them: ``chunks.newlines``) and scan each with ftwatch's own matcher (``Matcher.scan``,
-    the engine's database); and the lines a rule hit.
+    counts them: ``ftwatch.parsers.chunks.newlines``) and scan each with ftwatch's own matcher
+    (``Matcher.scan``, the engine's database); and the lines a rule hit.
 
     Replay's time beyond it, per hit line, is what its Python costs a hit (records, blocks, judging,
     the incident's reading and decision); the goals' time beyond it, per hit line, is what they leave
@@ -157,7 +157,7 @@ def time_floor(path: Path, rules: list[Rule]) -> tuple[float, int]:
     def run():
         hit_lines[0] = 0
         for part in chunks(path):
-            chunks.newlines(part)
+            newlines(part)
             hit_lines[0] += len({start for start, _ in matcher.scan(part)})
     return cpu_of(run, repeat=REPEAT), hit_lines[0]
 
